@@ -1,0 +1,1 @@
+"""Built-in codecs, one package per protocol. Imported as ``gateway.codecs``."""

@@ -1,0 +1,19 @@
+"""V1 pipe-delimited text protocol codec (seed 000, PROTOCOLS.md section 1)."""
+
+from gateway.codec import CodecPlugin
+
+from .batch import FORMAT
+from .codec import V1Connection
+
+DEFAULT_PORT = 9192
+MAX_LINE = 64 * 1024
+
+plugin = CodecPlugin(
+    name="v1",
+    default_port=DEFAULT_PORT,
+    new_connection=V1Connection,
+    max_frame_size=MAX_LINE,
+    description="V1 pipe-delimited text protocol (Flux/RTES)",
+    versions="V1",
+    batch_format=FORMAT,
+)

@@ -1,0 +1,288 @@
+"""The one Twisted protocol that drives any sans-IO codec.
+
+It owns what every protocol needs and no codec should write again:
+
+* answers in request order when a client pipelines, whatever order the
+  commands complete in;
+* back-pressure: it stops reading a connection while its answers are not
+  being drained by the peer (transport write buffer full) or while too many
+  requests are in flight, and resumes when they are;
+* long-polls and acks=all (Deferred results), greetings and push streams
+  (``Subscribe``: long-polled fetches whose results the codec frames);
+* isolation: a codec bug closes that connection, never the process.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+import attrs
+from twisted.internet import defer, protocol
+from twisted.python.failure import Failure
+from zope.interface import implementer
+from twisted.internet.interfaces import IPushProducer
+
+from gateway import model as m
+from gateway.codec import Close, CodecPlugin, Connection, ListenerSettings, Reply, Request, Subscribe
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class _Slot:
+    """One answer in the response queue."""
+
+    data: bytes | None = None
+    close: bool = False
+    stream: Subscribe | None = None
+    pending: defer.Deferred | None = None
+
+
+@implementer(IPushProducer)
+class CodecProtocol(protocol.Protocol):
+    """Adapter between one TCP connection and one codec ``Connection``."""
+
+    def __init__(self, factory: CodecFactory):
+        self.factory = factory
+        self.broker = factory.broker
+        self.codec: Connection | None = None
+        self.queue: collections.deque[_Slot] = collections.deque()
+        self.closing = False
+        self.streaming = False
+        self.write_paused = False
+        self.read_paused = False
+        self._stream_calls: list[Any] = []
+
+    # ------------------------------------------------------------------ connection
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        settings = attrs.evolve(self.factory.settings, peer=f"{getattr(peer, 'host', '')}:{getattr(peer, 'port', '')}")
+        self.transport.registerProducer(self, True)
+        try:
+            self.codec = self.factory.plugin.new_connection(settings)
+            greeting = self.codec.connection_made()
+        except Exception:
+            self._codec_bug()
+            return
+        if greeting:
+            self.transport.write(greeting)
+        self.factory.connections.add(self)
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self.closing = True
+        self.factory.connections.discard(self)
+        for slot in self.queue:
+            if slot.pending is not None and not slot.pending.called:
+                slot.pending.cancel()
+        self.queue.clear()
+        for call in self._stream_calls:
+            if isinstance(call, defer.Deferred) and not call.called:
+                call.cancel()
+            elif hasattr(call, "active") and call.active():
+                call.cancel()
+        self._stream_calls.clear()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.closing or self.codec is None:
+            return
+        try:
+            self.codec.receive_data(data)
+        except Exception:
+            self._codec_bug()
+            return
+        self._pump()
+
+    def readConnectionLost(self) -> None:  # pragma: no cover - half-close not enabled
+        self.dataReceived(b"")
+
+    # ------------------------------------------------------------------ events
+
+    def _pump(self) -> None:
+        """Take events from the codec while we may read more."""
+        while not self.closing and not self.streaming and not self._too_busy():
+            try:
+                event = self.codec.next_event()
+            except Exception:
+                self._codec_bug()
+                return
+            if event is None:
+                break
+            if isinstance(event, Request):
+                self._request(event)
+            elif isinstance(event, Reply):
+                self.queue.append(_Slot(event.data, event.close))
+                if event.close:
+                    self.closing = True
+            elif isinstance(event, Close):
+                self.queue.append(_Slot(event.data, True))
+                self.closing = True
+                if event.reason:
+                    log.info("%s %s: closing: %s", self.factory.plugin.name, self.transport.getPeer(), event.reason)
+            elif isinstance(event, Subscribe):
+                self.queue.append(_Slot(stream=event))
+                self.streaming = event.exclusive
+            else:  # pragma: no cover
+                raise TypeError(f"unknown codec event {event!r}")
+        self._flush()
+        self._update_reading()
+
+    def _request(self, request: Request) -> None:
+        slot = _Slot()
+        self.queue.append(slot)
+        d = defer.gatherResults([self.broker.execute(c) for c in request.commands], consumeErrors=True)
+        slot.pending = d
+
+        def done(results: list[Any]) -> None:
+            slot.pending = None
+            if self.closing and slot not in self.queue:
+                return
+            try:
+                slot.data = self.codec.respond(request, results)
+            except Exception:
+                self._codec_bug()
+                return
+            self._flush()
+            self._pump()
+
+        def failed(f: Failure) -> None:
+            slot.pending = None
+            if f.check(defer.CancelledError):
+                return
+            if isinstance(f.value, defer.FirstError):
+                f = f.value.subFailure
+            log.error("%s: internal error executing %r: %s", self.factory.plugin.name, request.commands,
+                      f.getTraceback())
+            slot.data = b""
+            slot.close = True
+            self._flush()
+
+        d.addCallbacks(done, failed)
+
+    def _flush(self) -> None:
+        while self.queue:
+            slot = self.queue[0]
+            if slot.stream is not None:
+                self.queue.popleft()
+                self._start_stream(slot.stream)
+                continue
+            if slot.data is None:
+                break
+            self.queue.popleft()
+            if slot.data:
+                self.transport.write(slot.data)
+            if slot.close:
+                self.closing = True
+                self.queue.clear()
+                self.transport.loseConnection()
+                return
+
+    # ------------------------------------------------------------------ back-pressure
+
+    def _too_busy(self) -> bool:
+        return len(self.queue) >= self.factory.max_in_flight
+
+    def _update_reading(self) -> None:
+        want_pause = self.write_paused or self._too_busy()
+        if want_pause and not self.read_paused:
+            self.read_paused = True
+            self.transport.pauseProducing()
+        elif not want_pause and self.read_paused and not self.closing:
+            self.read_paused = False
+            self.transport.resumeProducing()
+
+    # IPushProducer, driven by the transport's write buffer
+    def pauseProducing(self) -> None:
+        self.write_paused = True
+        self._update_reading()
+
+    def resumeProducing(self) -> None:
+        self.write_paused = False
+        self._update_reading()
+        self._pump()
+
+    def stopProducing(self) -> None:
+        self.closing = True
+
+    # ------------------------------------------------------------------ push streams
+
+    def _start_stream(self, sub: Subscribe) -> None:
+        offsets = {(f.topic, f.partition): f.offset for f in sub.fetches}
+        state = {"last_push": self.factory.reactor.seconds()}
+
+        def poll(fetch: m.Fetch) -> None:
+            if self.closing:
+                return
+            wait = sub.keepalive_ms or 5000
+            cmd = attrs.evolve(fetch, offset=offsets[(fetch.topic, fetch.partition)], max_wait_ms=wait)
+            d = self.broker.execute(cmd)
+            self._stream_calls.append(d)
+            d.addCallbacks(lambda r: delivered(fetch, r, d), lambda f: stream_failed(f, d))
+
+        def delivered(fetch: m.Fetch, result: m.FetchResult, d: defer.Deferred) -> None:
+            if d in self._stream_calls:
+                self._stream_calls.remove(d)
+            if self.closing:
+                return
+            try:
+                if result.batches:
+                    offsets[(fetch.topic, fetch.partition)] = result.batches[-1].last_offset + 1
+                    data = self.codec.push(sub.context, result)
+                    state["last_push"] = self.factory.reactor.seconds()
+                elif result.error is not None:
+                    data = self.codec.push(sub.context, result)
+                else:
+                    data = b""
+                    now = self.factory.reactor.seconds()
+                    if sub.keepalive_ms and now - state["last_push"] >= sub.keepalive_ms / 1000 - 0.01:
+                        data = self.codec.keepalive(sub.context)
+                        state["last_push"] = now
+            except Exception:
+                self._codec_bug()
+                return
+            if data:
+                self.transport.write(data)
+            if result.error is not None:
+                self.transport.loseConnection()
+                return
+            if self.write_paused:
+                # resume the stream once the peer drained what we wrote
+                call = self.factory.reactor.callLater(0.05, poll, fetch)
+                self._stream_calls.append(call)
+            else:
+                poll(fetch)
+
+        def stream_failed(f: Failure, d: defer.Deferred) -> None:
+            if not f.check(defer.CancelledError):
+                log.error("stream failed: %s", f.getTraceback())
+                self.transport.loseConnection()
+
+        for fetch in sub.fetches:
+            poll(fetch)
+
+    # ------------------------------------------------------------------ failures
+
+    def _codec_bug(self) -> None:
+        log.error("%s codec error on %s; closing the connection\n%s", self.factory.plugin.name,
+                  self.transport.getPeer(), Failure().getTraceback())
+        self.closing = True
+        self.queue.clear()
+        self.transport.abortConnection()
+
+
+class CodecFactory(protocol.Factory):
+    """Builds a ``CodecProtocol`` per connection of one listener."""
+
+    def __init__(self, plugin: CodecPlugin, settings: ListenerSettings, broker: Any, reactor: Any,
+                 max_in_flight: int = 1024):
+        self.plugin = plugin
+        self.settings = settings
+        self.broker = broker
+        self.reactor = reactor
+        self.max_in_flight = max_in_flight
+        self.connections: set[CodecProtocol] = set()
+
+    def buildProtocol(self, addr: Any) -> CodecProtocol:
+        return CodecProtocol(self)

@@ -1,0 +1,533 @@
+"""The broker: executes model commands against the storage engine.
+
+Runs in the reactor thread. Every command returns a ``Deferred`` that fires
+with its result object; failures the client should hear about are results
+with ``error`` set, never errbacks. Waiting (long-poll fetches, acks=all,
+fsync group commit) never blocks the reactor.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from twisted.internet import defer, task, threads
+from twisted.internet.interfaces import IReactorTime
+
+from gateway import model as m
+from gateway.codec import BatchFormat
+from gateway.model import CommandError, Error, ErrorCode
+from gateway.partitioners import choose
+from gateway.storage.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class FsyncPolicy:
+    """``always`` (acknowledge after fsync, one fsync per group of writes),
+    ``interval`` (fsync every ``interval_ms``) or ``never`` (leave it to the OS)."""
+
+    mode: str = "interval"
+    interval_ms: int = 1000
+
+    @classmethod
+    def parse(cls, text: str) -> FsyncPolicy:
+        if text in ("always", "never"):
+            return cls(text, 0)
+        if text.startswith("interval:") and text[9:].isdigit() and int(text[9:]) > 0:
+            return cls("interval", int(text[9:]))
+        raise ValueError(f"fsync policy must be always, never or interval:<ms>, not {text!r}")
+
+
+@attrs.frozen
+class BrokerConfig:
+    ack_timeout_ms: int = 2000
+    fsync: FsyncPolicy = FsyncPolicy()
+    retention_check_ms: int = 60_000
+    housekeeping_ms: int = 1000
+    conversion_cache_bytes: int = 64 << 20
+    auto_create_topics: bool = True
+
+
+class GroupCommit:
+    """Acknowledge writes only once fsynced, sharing one fsync among all the
+    writes made while the previous fsync ran (policy ``always``)."""
+
+    def __init__(self, engine: Engine, reactor: Any):
+        self.engine = engine
+        self.reactor = reactor
+        self.written = 0
+        self.synced = 0
+        self.waiters: collections.deque[tuple[int, defer.Deferred]] = collections.deque()
+        self.running = False
+        self.fsyncs = 0
+
+    def durable(self) -> defer.Deferred:
+        self.written += 1
+        d: defer.Deferred = defer.Deferred()
+        self.waiters.append((self.written, d))
+        if not self.running:
+            self.running = True
+            self.reactor.callLater(0, self._sync)
+        return d
+
+    def _sync(self) -> None:
+        target = self.written
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.engine.sync)
+
+        def done(result: Any) -> None:
+            self.fsyncs += 1
+            if isinstance(result, defer.Failure):
+                log.error("fsync failed: %s", result.getErrorMessage())
+            self.synced = target
+            while self.waiters and self.waiters[0][0] <= target:
+                self.waiters.popleft()[1].callback(None)
+            if self.written > self.synced:
+                self._sync()
+            else:
+                self.running = False
+
+        d.addBoth(done)
+
+
+class ConversionCache:
+    """Converted batches keyed by ``(topic id, partition, base offset, format)``, LRU by bytes."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.used = 0
+        self.items: collections.OrderedDict[tuple, m.StoredBatch] = collections.OrderedDict()
+
+    def get(self, key: tuple) -> m.StoredBatch | None:
+        item = self.items.get(key)
+        if item is not None:
+            self.items.move_to_end(key)
+        return item
+
+    def put(self, key: tuple, batch: m.StoredBatch) -> None:
+        if len(batch.payload) > self.budget // 4:
+            return
+        self.items[key] = batch
+        self.used += len(batch.payload)
+        while self.used > self.budget:
+            _, old = self.items.popitem(last=False)
+            self.used -= len(old.payload)
+
+
+def _errors(result_type: Callable[..., Any], *args: Any) -> Callable[[Callable], Callable]:
+    """Turn a ``CommandError`` raised by a handler into ``result_type(*args, error=...)``."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(self: Broker, cmd: Any) -> Any:
+            try:
+                return fn(self, cmd)
+            except CommandError as e:
+                fields = {a: getattr(cmd, a) for a in args}
+                return result_type(**fields, error=e.error)
+
+        return run
+
+    return wrap
+
+
+class Broker:
+    """Executes commands; ``formats`` maps storage format names to ``BatchFormat``s."""
+
+    def __init__(self, engine: Engine, formats: dict[str, BatchFormat], reactor: IReactorTime,
+                 config: BrokerConfig | None = None):
+        self.engine = engine
+        self.formats = formats
+        self.reactor = reactor
+        self.config = config or BrokerConfig()
+        self.commit = GroupCommit(engine, reactor)
+        self.cache = ConversionCache(self.config.conversion_cache_bytes)
+        self._round_robin = itertools.count()
+        self._loops: list[task.LoopingCall] = []
+        self.listeners: tuple[tuple[str, str, int], ...] = ()
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            m.Produce: self.produce,
+            m.Fetch: self.fetch,
+            m.ListOffsets: self.list_offsets,
+            m.CreateTopic: self.create_topic,
+            m.DeleteTopic: self.delete_topic,
+            m.CreatePartitions: self.create_partitions,
+            m.ListTopics: self.list_topics,
+            m.JoinGroup: self.join_group,
+            m.SyncGroup: self.sync_group,
+            m.Heartbeat: self.heartbeat,
+            m.LeaveGroup: self.leave_group,
+            m.CommitOffsets: self.commit_offsets,
+            m.FetchOffsets: self.fetch_offsets,
+            m.DescribeGroups: self.describe_groups,
+            m.ListGroups: self.list_groups,
+            m.DeleteGroups: self.delete_groups,
+            m.ReplicaProgress: self.replica_progress,
+            m.SetPartitionRole: self.set_partition_role,
+            m.Ping: lambda cmd: m.PingResult(),
+            m.InitProducerId: self.init_producer_id,
+            m.ServerInfo: self.server_info,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start housekeeping: group expiry, ISR lag, retention, fsync interval."""
+        every = [
+            (self.config.housekeeping_ms, self._housekeeping),
+            (self.config.retention_check_ms, self.engine.enforce_retention),
+        ]
+        if self.config.fsync.mode == "interval":
+            every.append((self.config.fsync.interval_ms, self._interval_sync))
+        for ms, fn in every:
+            loop = task.LoopingCall(fn)
+            loop.clock = self.reactor
+            loop.start(ms / 1000, now=False).addErrback(lambda f: log.error("housekeeping: %s", f))
+            self._loops.append(loop)
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            if loop.running:
+                loop.stop()
+        self._loops.clear()
+
+    def _housekeeping(self) -> None:
+        self.engine.groups.expire_all()
+        self.engine.refresh_watermarks()
+        self.engine.compact_journal()
+
+    def _interval_sync(self) -> defer.Deferred | None:
+        if self.engine.dirty:
+            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.engine.sync)
+        return None
+
+    def _durable(self, value: Any) -> defer.Deferred:
+        if self.config.fsync.mode == "always":
+            return self.commit.durable().addCallback(lambda _: value)
+        return defer.succeed(value)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def execute(self, command: Any) -> defer.Deferred:
+        """Run ``command``; the Deferred fires with its result."""
+        handler = self._handlers.get(type(command))
+        if handler is None:
+            return defer.fail(TypeError(f"no handler for {type(command).__name__}"))
+        try:
+            return defer.maybeDeferred(handler, command)
+        except Exception:  # pragma: no cover - maybeDeferred catches
+            return defer.fail()
+
+    # ------------------------------------------------------------------ topics
+
+    def _ensure_topic(self, topic: str, auto_create: bool) -> None:
+        if topic not in self.engine.topics and auto_create and self.config.auto_create_topics:
+            self.engine.create_topic(topic)
+
+    @_errors(m.CreateTopicResult, "topic")
+    def create_topic(self, cmd: m.CreateTopic) -> Any:
+        existing = self.engine.topics.get(cmd.topic)
+        if existing is not None and cmd.if_not_exists:
+            if cmd.partitions and cmd.partitions > len(existing.partitions):
+                self.engine.add_partitions(cmd.topic, cmd.partitions)
+            return self._durable(m.CreateTopicResult(cmd.topic, len(existing.partitions), config=existing.config))
+        t = self.engine.create_topic(cmd.topic, cmd.partitions, cmd.config)
+        return self._durable(m.CreateTopicResult(cmd.topic, len(t.partitions), config=t.config))
+
+    @_errors(m.DeleteTopicResult, "topic")
+    def delete_topic(self, cmd: m.DeleteTopic) -> Any:
+        self.engine.delete_topic(cmd.topic)
+        self.cache.items.clear()
+        self.cache.used = 0
+        return self._durable(m.DeleteTopicResult(cmd.topic))
+
+    @_errors(m.CreatePartitionsResult, "topic")
+    def create_partitions(self, cmd: m.CreatePartitions) -> Any:
+        self.engine.add_partitions(cmd.topic, cmd.count)
+        return self._durable(m.CreatePartitionsResult(cmd.topic))
+
+    def list_topics(self, cmd: m.ListTopics) -> m.ListTopicsResult:
+        names = sorted(self.engine.topics) if cmd.topics is None else cmd.topics
+        out = []
+        for name in names:
+            try:
+                self._ensure_topic(name, cmd.auto_create)
+                out.append(self.engine.topic_info(name))
+            except CommandError as e:
+                out.append(m.TopicInfo(name, error=e.error))
+        return m.ListTopicsResult(tuple(out))
+
+    # ------------------------------------------------------------------ produce
+
+    @_errors(m.ProduceResult, "topic")
+    def produce(self, cmd: m.Produce) -> Any:
+        self._ensure_topic(cmd.topic, cmd.auto_create)
+        topic = self.engine.topic(cmd.topic)
+        if cmd.partition is None:
+            partition = choose(cmd.partitioner, cmd.key, len(topic.partitions), next(self._round_robin))
+        else:
+            partition = cmd.partition
+        part = self.engine.partition(cmd.topic, partition)
+        batch = cmd.batch
+        fmt = self.formats.get(batch.format)
+        if fmt is None:
+            raise CommandError(ErrorCode.UNSUPPORTED, f"no storage format {batch.format!r}")
+        if part.replicas.role != "leader":
+            raise CommandError(ErrorCode.NOT_LEADER, "partition leader unavailable on this broker")
+        base = part.log_end_offset if batch.base_offset is None else batch.base_offset
+        payload = fmt.assign_offsets(batch.payload, base)
+        base, last = self.engine.append(cmd.topic, partition, batch.format, payload, batch.count,
+                                        batch.max_timestamp, batch.base_offset)
+
+        def result(error: Error | None = None) -> m.ProduceResult:
+            return m.ProduceResult(cmd.topic, partition, base, last, part.high_watermark,
+                                   part.log_start_offset, error=error)
+
+        if cmd.acks != m.Acks.ALL:
+            return self._durable(result())
+        timeout = cmd.timeout_ms if cmd.timeout_ms is not None else self.config.ack_timeout_ms
+        d = self._await_replication(cmd.topic, partition, last, timeout)
+        d.addCallback(lambda ok: result() if ok else result(
+            Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")))
+        return d.addCallback(self._durable)
+
+    def _await_replication(self, topic: str, partition: int, last: int, timeout_ms: int) -> defer.Deferred:
+        """Fire True once the high watermark passes ``last`` with enough
+        replicas in sync, False after ``timeout_ms``."""
+        d: defer.Deferred = defer.Deferred()
+        state: dict[str, Any] = {}
+
+        def satisfied() -> bool:
+            part = self.engine.partition(topic, partition)
+            return part.high_watermark > last and part.replicas.enough_replicas(
+                part.log_end_offset, self.engine.now_ms())
+
+        def check() -> None:
+            try:
+                ok = satisfied()
+            except CommandError:
+                ok = False
+                finish(False)
+                return
+            if ok:
+                finish(True)
+            else:
+                state["cancel"] = self.engine.wait_for_data(topic, partition, check)
+
+        def finish(ok: bool) -> None:
+            if d.called:
+                return
+            if state.get("cancel"):
+                state["cancel"]()
+            timer = state.get("timer")
+            if timer and timer.active():
+                timer.cancel()
+            d.callback(ok)
+
+        state["timer"] = self.reactor.callLater(timeout_ms / 1000, lambda: finish(False))
+        check()
+        return d
+
+    # ------------------------------------------------------------------ fetch
+
+    def _convert(self, topic_id: str, partition: int, batch: m.StoredBatch, target: str) -> m.StoredBatch:
+        if batch.format == target:
+            return batch
+        key = (topic_id, partition, batch.base_offset, target)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        source = self.formats.get(batch.format)
+        dest = self.formats.get(target)
+        if source is None or dest is None:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE,
+                               f"cannot convert {batch.format!r} batches to {target!r}: format not installed")
+        records = list(source.records(batch))
+        out = m.StoredBatch(target, batch.base_offset, batch.last_offset, batch.max_timestamp,
+                            dest.encode(records, batch.base_offset))
+        self.cache.put(key, out)
+        return out
+
+    def _read(self, cmd: m.Fetch) -> m.FetchResult:
+        part = self.engine.partition(cmd.topic, cmd.partition)
+        hw = part.high_watermark
+        start = part.log_start_offset
+        if cmd.offset < start or cmd.offset > max(hw, part.log_end_offset):
+            return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw,
+                                 error=Error(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                             f"offset {cmd.offset} is outside [{start}, {hw}]"))
+        stored = part.log.read(cmd.offset, cmd.max_bytes, hw)
+        tid = part.topic.topic_id
+        batches = tuple(self._convert(tid, cmd.partition, b, cmd.format) for b in stored)
+        return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, batches)
+
+    @_errors(m.FetchResult, "topic", "partition")
+    def fetch(self, cmd: m.Fetch) -> Any:
+        result = self._read(cmd)
+        if result.error or result.size >= cmd.min_bytes or cmd.max_wait_ms <= 0:
+            return result
+        d: defer.Deferred = defer.Deferred(lambda _: finish())
+        state: dict[str, Any] = {}
+
+        def reread() -> m.FetchResult:
+            try:
+                return self._read(cmd)
+            except CommandError as e:
+                return m.FetchResult(cmd.topic, cmd.partition, error=e.error)
+
+        def changed() -> None:
+            r = reread()
+            if r.error or r.size >= cmd.min_bytes:
+                finish(r)
+            else:
+                state["cancel"] = self.engine.wait_for_data(cmd.topic, cmd.partition, changed)
+
+        def finish(r: m.FetchResult | None = None) -> None:
+            if state.get("cancel"):
+                state["cancel"]()
+            timer = state.get("timer")
+            if timer and timer.active():
+                timer.cancel()
+            if not d.called:
+                d.callback(r if r is not None else reread())
+
+        state["timer"] = self.reactor.callLater(cmd.max_wait_ms / 1000, finish)
+        state["cancel"] = self.engine.wait_for_data(cmd.topic, cmd.partition, changed)
+        return d
+
+    @_errors(m.ListOffsetsResult, "topic", "partition")
+    def list_offsets(self, cmd: m.ListOffsets) -> m.ListOffsetsResult:
+        part = self.engine.partition(cmd.topic, cmd.partition)
+        if cmd.timestamp == m.OffsetSpec.EARLIEST:
+            return m.ListOffsetsResult(cmd.topic, cmd.partition, part.log_start_offset)
+        if cmd.timestamp == m.OffsetSpec.LATEST:
+            return m.ListOffsetsResult(cmd.topic, cmd.partition, part.high_watermark)
+        if cmd.timestamp == m.OffsetSpec.MAX_TIMESTAMP:
+            offset, ts = part.log.max_timestamp_offset()
+            return m.ListOffsetsResult(cmd.topic, cmd.partition, offset, ts)
+        offset = part.log.offset_for_timestamp(cmd.timestamp)
+        if offset is None or offset >= part.high_watermark:
+            return m.ListOffsetsResult(cmd.topic, cmd.partition, -1, -1)
+        return m.ListOffsetsResult(cmd.topic, cmd.partition, max(offset, part.log_start_offset), cmd.timestamp)
+
+    # ------------------------------------------------------------------ groups
+
+    def _assignment(self, group: Any, member_id: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        owned = self.engine.groups.assignment_of(group, member_id)
+        return tuple((t, tuple(ps)) for t, ps in sorted(owned.items()))
+
+    @_errors(m.JoinGroupResult, "group")
+    def join_group(self, cmd: m.JoinGroup) -> Any:
+        if cmd.protocol_type != "server":
+            raise CommandError(ErrorCode.UNSUPPORTED, f"membership protocol {cmd.protocol_type!r}")
+        for t in cmd.topics:
+            self._ensure_topic(t, True)
+        group = self.engine.groups.join_server(cmd.group, cmd.member_id, cmd.topics, cmd.assignor,
+                                               cmd.session_timeout_ms, cmd.client_id, cmd.client_host)
+        return self._durable(m.JoinGroupResult(cmd.group, cmd.member_id, group.generation,
+                                               self._assignment(group, cmd.member_id)))
+
+    @_errors(m.SyncGroupResult, "group")
+    def sync_group(self, cmd: m.SyncGroup) -> Any:
+        groups = self.engine.groups
+        group = groups.check_member(cmd.group, cmd.member_id, cmd.generation)
+        group.members[cmd.member_id].last_heartbeat_ms = self.engine.now_ms()
+        return m.SyncGroupResult(cmd.group, group.generation, self._assignment(group, cmd.member_id))
+
+    @_errors(m.HeartbeatResult, "group")
+    def heartbeat(self, cmd: m.Heartbeat) -> m.HeartbeatResult:
+        self.engine.groups.heartbeat(cmd.group, cmd.member_id, cmd.generation)
+        return m.HeartbeatResult(cmd.group)
+
+    @_errors(m.LeaveGroupResult, "group")
+    def leave_group(self, cmd: m.LeaveGroup) -> Any:
+        self.engine.groups.leave(cmd.group, cmd.member_id, cmd.generation)
+        return self._durable(m.LeaveGroupResult(cmd.group))
+
+    @_errors(m.CommitOffsetsResult, "group")
+    def commit_offsets(self, cmd: m.CommitOffsets) -> Any:
+        self.engine.groups.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation,
+                                  cmd.require_assignment)
+        return self._durable(m.CommitOffsetsResult(
+            cmd.group, tuple((t, p, None) for t, p, _, _ in cmd.offsets)))
+
+    def fetch_offsets(self, cmd: m.FetchOffsets) -> m.FetchOffsetsResult:
+        groups = self.engine.groups
+        if cmd.partitions is None:
+            found = groups.committed_all(cmd.group)
+            return m.FetchOffsetsResult(cmd.group, tuple(
+                (t, p, o, meta) for (t, p), (o, meta) in sorted(found.items())))
+        out = []
+        for t, p in cmd.partitions:
+            c = groups.committed(cmd.group, t, p)
+            out.append((t, p, c[0], c[1]) if c else (t, p, -1, ""))
+        return m.FetchOffsetsResult(cmd.group, tuple(out))
+
+    def describe_groups(self, cmd: m.DescribeGroups) -> m.DescribeGroupsResult:
+        out = []
+        for name in cmd.groups:
+            group = self.engine.groups.groups.get(name)
+            if group is None:
+                out.append(m.GroupInfo(name, "Dead"))
+                continue
+            members = tuple(
+                m.GroupMemberInfo(mem.member_id, mem.client_id, mem.client_host, group.protocol_type,
+                                  dict(mem.protocols).get(group.protocol, b""), mem.assignment,
+                                  self._assignment(group, mem.member_id))
+                for mem in group.members.values()
+            )
+            out.append(m.GroupInfo(name, group.state, group.protocol_type,
+                                   group.protocol or group.assignor, group.generation, members))
+        return m.DescribeGroupsResult(tuple(out))
+
+    def list_groups(self, cmd: m.ListGroups) -> m.ListGroupsResult:
+        groups = self.engine.groups
+        names = set(groups.groups) | set(groups.offsets)
+        return m.ListGroupsResult(tuple(
+            (n, groups.groups[n].protocol_type if n in groups.groups else "") for n in sorted(names)))
+
+    def delete_groups(self, cmd: m.DeleteGroups) -> Any:
+        errors = []
+        for name in cmd.groups:
+            try:
+                self.engine.groups.delete(name)
+                errors.append((name, None))
+            except CommandError as e:
+                errors.append((name, e.error))
+        return self._durable(m.DeleteGroupsResult(tuple(errors)))
+
+    # ------------------------------------------------------------------ replication
+
+    @_errors(m.ReplicaProgressResult, "topic", "partition", "replica_id")
+    def replica_progress(self, cmd: m.ReplicaProgress) -> m.ReplicaProgressResult:
+        part = self.engine.report_replica(cmd.topic, cmd.partition, cmd.replica_id, cmd.offset)
+        now = self.engine.now_ms()
+        isr = part.replicas.isr(part.log_end_offset, now)
+        return m.ReplicaProgressResult(cmd.topic, cmd.partition, cmd.replica_id, cmd.offset,
+                                       part.high_watermark, isr,
+                                       len(isr) < part.replicas.replication_factor)
+
+    @_errors(m.SetPartitionRoleResult, "topic", "partition")
+    def set_partition_role(self, cmd: m.SetPartitionRole) -> m.SetPartitionRoleResult:
+        if cmd.role not in ("leader", "follower"):
+            raise CommandError(ErrorCode.INVALID_REQUEST, "invalid role")
+        part = self.engine.set_role(cmd.topic, cmd.partition, cmd.role)
+        return m.SetPartitionRoleResult(cmd.topic, cmd.partition, cmd.role, part.high_watermark)
+
+    # ------------------------------------------------------------------ misc
+
+    def init_producer_id(self, cmd: m.InitProducerId) -> Any:
+        if cmd.producer_id >= 0:
+            return self._durable(m.InitProducerIdResult(cmd.producer_id, cmd.epoch + 1))
+        return self._durable(m.InitProducerIdResult(self.engine.allocate_producer_id(), 0))
+
+    def server_info(self, cmd: m.ServerInfo) -> m.ServerInfoResult:
+        topics = self.engine.topics.values()
+        return m.ServerInfoResult(self.engine.started_at, len(topics),
+                                  sum(len(t.partitions) for t in topics), self.listeners)

@@ -1,0 +1,221 @@
+"""``gateway``: serve, list codecs, and talk to a running gateway."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from gateway import __version__
+from gateway.broker import BrokerConfig, FsyncPolicy
+from gateway.registry import Registry
+from gateway.server import Gateway, ListenerConfig, default_data_dir
+from gateway.storage.engine import EngineConfig
+
+
+def _split_kv(values: tuple[str, ...], what: str) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, rest = v.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected CODEC=VALUE, got {v!r}", param_hint=what)
+        out[key] = rest
+    return out
+
+
+def _host_port(text: str, default_port: int | None = None) -> tuple[str, int | None]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, default_port
+    if not port.isdigit():
+        raise click.BadParameter(f"bad port in {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@click.group()
+@click.version_option(__version__, prog_name="polygate")
+def main() -> None:
+    """polygate: one log, many protocols."""
+
+
+@main.command()
+def codecs() -> None:
+    """List the installed codecs with their default ports."""
+    reg = Registry.discover()
+    for name, plugin in sorted(reg.codecs.items()):
+        click.echo(f"{name:<8} port {plugin.default_port:<6} frame limit {plugin.max_frame_size:<10} "
+                   f"{plugin.versions:<12} {plugin.description}")
+    for name, reason in sorted(reg.failures.items()):
+        click.echo(f"{name:<8} BROKEN: {reason}")
+
+
+@main.command()
+@click.option("--protocols", default=None, help="Comma-separated codecs to serve (default: every installed one).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help=f"Where topics and metadata live (default {default_data_dir()}).")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Interface for listeners without --listen.")
+@click.option("--listen", multiple=True, metavar="CODEC=HOST:PORT", help="Listener address of a codec (port 0: any).")
+@click.option("--advertised-host", default=None, help="Host that clients are told to connect to.")
+@click.option("--max-frame", multiple=True, metavar="CODEC=BYTES", help="Frame size limit of a codec.")
+@click.option("--codec-option", multiple=True, metavar="CODEC.KEY=VALUE", help="Codec-specific listener option.")
+@click.option("--fsync", default="interval:1000", show_default=True, help="always | interval:<ms> | never")
+@click.option("--default-partitions", default=3, show_default=True, type=int)
+@click.option("--replication-factor", default=1, show_default=True, type=int)
+@click.option("--min-insync-replicas", default=1, show_default=True, type=int)
+@click.option("--replica-lag-timeout-ms", default=10_000, show_default=True, type=int)
+@click.option("--ack-timeout-ms", default=2000, show_default=True, type=int)
+@click.option("--segment-bytes", default=64 << 20, show_default=True, type=int)
+@click.option("--retention-bytes", default=None, type=int, help="Per-partition size limit (default: none).")
+@click.option("--retention-ms", default=7 * 24 * 3600 * 1000, show_default=True, type=int)
+@click.option("--log-level", default="INFO", show_default=True)
+def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
+          default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
+          ack_timeout_ms, segment_bytes, retention_bytes, retention_ms, log_level) -> None:
+    """Serve the given protocols from one storage engine."""
+    from twisted.internet import reactor
+    from twisted.python import log as twisted_log
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    twisted_log.PythonLoggingObserver().start()
+    registry = Registry.discover()
+    names = [p.strip() for p in protocols.split(",") if p.strip()] if protocols else sorted(registry.codecs)
+    for name in names:
+        if name not in registry.codecs:
+            reason = registry.failures.get(name, "not installed")
+            click.echo(f"polygate: codec {name} unavailable: {reason}", err=True)
+    names = [n for n in names if n in registry.codecs]
+    if not names:
+        raise click.ClickException("no codec to serve")
+    addresses = _split_kv(listen, "--listen")
+    frames = {k: int(v) for k, v in _split_kv(max_frame, "--max-frame").items()}
+    options: dict[str, dict[str, str]] = {}
+    for item in codec_option:
+        key, sep, value = item.partition("=")
+        codec, dot, opt = key.partition(".")
+        if not (sep and dot):
+            raise click.BadParameter(f"expected CODEC.KEY=VALUE, got {item!r}", param_hint="--codec-option")
+        options.setdefault(codec, {})[opt] = value
+    listeners = []
+    for name in names:
+        h, p = _host_port(addresses[name]) if name in addresses else (host, None)
+        listeners.append(ListenerConfig(name, h, p, frames.get(name), advertised_host, options.get(name, {})))
+    data_dir = data_dir or default_data_dir()
+    try:
+        policy = FsyncPolicy.parse(fsync)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--fsync") from None
+    gateway = Gateway(
+        reactor, registry, data_dir, listeners,
+        EngineConfig(default_partitions=default_partitions, replication_factor=replication_factor,
+                     min_insync_replicas=min_insync_replicas, replica_lag_timeout_ms=replica_lag_timeout_ms,
+                     segment_bytes=segment_bytes, retention_bytes=retention_bytes, retention_ms=retention_ms),
+        BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy),
+    )
+    try:
+        bound = gateway.start()
+    except Exception as e:  # noqa: BLE001 - report and exit non-zero
+        raise click.ClickException(str(e)) from e
+    click.echo(f"polygate {__version__}: data dir {os.path.abspath(data_dir)}, fsync {fsync}")
+    for codec, h, p in bound:
+        click.echo(f"polygate: {codec} listening on {h}:{p}")
+    sys.stdout.flush()
+    reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
+    reactor.run()
+    click.echo("polygate: stopped")
+
+
+# --------------------------------------------------------------------------- client commands
+
+
+def _client(protocol: str, server: str):
+    from gateway.clients import connect
+
+    host, port = _host_port(server)
+    try:
+        return connect(protocol, host if host != "0.0.0.0" else "127.0.0.1", port)
+    except (OSError, KeyError) as e:
+        raise click.ClickException(f"cannot reach {protocol} gateway at {server}: {e}") from e
+
+
+_server_option = click.option("--server", "-s", default="127.0.0.1:9192", show_default=True,
+                              help="Gateway listener HOST:PORT.")
+_protocol_option = click.option("--protocol", "-p", default="v1", show_default=True,
+                                help="Protocol to talk to the gateway with.")
+
+
+@main.group()
+def topics() -> None:
+    """Create, list, describe and delete topics on a running gateway."""
+
+
+@topics.command("create")
+@click.argument("topic")
+@click.option("--partitions", type=int, default=None)
+@_server_option
+@_protocol_option
+def topics_create(topic, partitions, server, protocol) -> None:
+    with _client(protocol, server) as c:
+        click.echo(c.create_topic(topic, partitions))
+
+
+@topics.command("list")
+@_server_option
+@_protocol_option
+def topics_list(server, protocol) -> None:
+    with _client(protocol, server) as c:
+        for name, count in sorted(c.list_topics().items()):
+            click.echo(f"{name}\t{count}")
+
+
+@topics.command("describe")
+@click.argument("topic")
+@_server_option
+@_protocol_option
+def topics_describe(topic, server, protocol) -> None:
+    with _client(protocol, server) as c:
+        for key, value in c.describe_topic(topic).items():
+            click.echo(f"{key}\t{value}")
+
+
+@topics.command("delete")
+@click.argument("topic")
+@_server_option
+@_protocol_option
+def topics_delete(topic, server, protocol) -> None:
+    with _client(protocol, server) as c:
+        c.delete_topic(topic)
+        click.echo(f"deleted {topic}")
+
+
+@main.command()
+@click.argument("topic")
+@click.argument("messages", nargs=-1)
+@click.option("--key", "-k", default="", help="Key of every message.")
+@_server_option
+@_protocol_option
+def produce(topic, messages, key, server, protocol) -> None:
+    """Produce MESSAGES (or one per stdin line) to TOPIC."""
+    lines = messages or (line.rstrip("\n") for line in sys.stdin)
+    with _client(protocol, server) as c:
+        for value in lines:
+            click.echo(c.produce(topic, key, value))
+
+
+@main.command()
+@click.argument("topic")
+@click.option("--partition", default=0, show_default=True)
+@click.option("--offset", default=0, show_default=True)
+@_server_option
+@_protocol_option
+def consume(topic, partition, offset, server, protocol) -> None:
+    """Print the records of one partition from OFFSET, as ``offset<TAB>value``."""
+    with _client(protocol, server) as c:
+        for off, value in c.consume_all(topic, partition, offset):
+            click.echo(f"{off}\t{value}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,152 @@
+"""The plugin API: what a codec gives the gateway, and what it gets back.
+
+A codec is sans-IO. For every accepted connection the adapter creates one
+``Connection`` with ``CodecPlugin.new_connection(settings)`` and then:
+
+* writes ``connection.connection_made()`` (a greeting; ``b""`` for none);
+* feeds received bytes to ``receive_data`` (``b""`` means end of stream);
+* takes events from ``next_event()`` until it returns ``None`` (more bytes
+  needed). Events are ``Request`` (commands to execute), ``Reply`` (bytes to
+  send with no command, e.g. a parse error), ``Subscribe`` (a server push
+  stream) and ``Close``;
+* for each ``Request`` executes its commands concurrently and writes
+  ``connection.respond(request, results)``, where ``results`` are in the
+  order of ``request.commands``. Answers are written in request order,
+  whatever order the commands complete in.
+
+A codec never blocks and never raises on bad input: it answers with its
+protocol's own error (``Reply``) or asks to close (``Close``). An exception
+escaping a codec is a bug; the adapter logs it and closes that connection.
+
+Each codec also names the storage format of the batches it produces
+(``batch_format``), so that records it wrote can be stored as they arrived and
+read back by any other codec through ``Record``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from .model import EMPTY, Fetch, Record, StoredBatch
+
+
+@attrs.frozen
+class ListenerSettings:
+    """What a connection knows of its listener.
+
+    ``max_frame_size`` is the largest frame the codec must accept;
+    ``advertised_host``/``advertised_port`` the address clients should use to
+    reach this listener; ``options`` are codec-specific (``--codec-option``).
+    """
+
+    max_frame_size: int
+    advertised_host: str = "127.0.0.1"
+    advertised_port: int = 0
+    peer: str = ""
+    options: Mapping[str, str] = EMPTY
+
+
+@attrs.frozen
+class Request:
+    """Commands to execute for one client request; ``context`` is the codec's."""
+
+    commands: tuple[Any, ...]
+    context: Any = None
+
+
+@attrs.frozen
+class Reply:
+    """Bytes to send in request order, with no command to run."""
+
+    data: bytes
+    close: bool = False
+
+
+@attrs.frozen
+class Close:
+    """Send ``data`` (after every earlier answer) and close the connection."""
+
+    data: bytes = b""
+    reason: str = ""
+
+
+@attrs.frozen
+class Subscribe:
+    """Turn the connection into a push stream (Cursus STREAM, MQTT SUBSCRIBE).
+
+    The adapter long-polls ``fetches`` and, whenever one returns data, writes
+    ``connection.push(context, result)`` and advances that fetch past what
+    was returned. Every ``keepalive_ms`` without data it writes
+    ``connection.keepalive(context)``. ``exclusive`` streams take the
+    connection over: later requests are not read.
+    """
+
+    fetches: tuple[Fetch, ...]
+    context: Any = None
+    keepalive_ms: int | None = None
+    exclusive: bool = True
+
+
+Event = Request | Reply | Close | Subscribe
+
+
+class Connection(Protocol):
+    """One client connection's protocol state (see the module docstring)."""
+
+    def connection_made(self) -> bytes: ...
+
+    def receive_data(self, data: bytes) -> None: ...
+
+    def next_event(self) -> Event | None: ...
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes: ...
+
+
+class PushConnection(Connection, Protocol):
+    """A connection that emits ``Subscribe`` events also implements these."""
+
+    def push(self, context: Any, result: Any) -> bytes: ...
+
+    def keepalive(self, context: Any) -> bytes: ...
+
+
+class BatchFormat(Protocol):
+    """A storage format: how a codec's batches map to and from ``Record``.
+
+    ``records`` decodes a stored batch (offsets set from the stored
+    base offset); ``encode`` builds one payload holding ``records`` (with
+    their offsets, relative to ``base_offset``) for a reader of this format; ``assign_offsets`` patches a
+    received payload with the base offset the engine gave it, before it is
+    stored (identity where the format carries no offsets).
+    """
+
+    name: str
+
+    def records(self, batch: StoredBatch) -> Iterable[Record]: ...
+
+    def encode(self, records: Sequence[Record], base_offset: int) -> bytes: ...
+
+    def assign_offsets(self, payload: bytes, base_offset: int) -> bytes: ...
+
+
+@attrs.frozen
+class CodecPlugin:
+    """What a ``gateway.codecs`` entry point names.
+
+    ``new_connection`` builds a ``Connection``; ``default_port`` is used when
+    the listener is not given; ``max_frame_size`` is the default frame limit;
+    ``batch_format`` is the format of the batches the codec produces
+    (``None`` for a codec that writes through another codec's format);
+    ``versions`` lists the protocol versions it speaks, for ``gateway codecs``.
+    """
+
+    name: str
+    default_port: int
+    new_connection: Callable[[ListenerSettings], Connection]
+    max_frame_size: int
+    description: str = ""
+    versions: str = ""
+    batch_format: BatchFormat | None = None

@@ -1,0 +1,586 @@
+"""The protocol-neutral command model shared by every codec.
+
+A codec turns the bytes of its protocol into the commands below and turns the
+results back into bytes. The broker executes commands against the storage
+engine. Commands and results are frozen, slotted ``attrs`` classes; fields that
+one protocol has and the model has no common home for travel in ``extras``.
+
+Offsets are the engine's: the first record of a partition is offset 0 and the
+high watermark is the offset of the next record to become visible (Kafka's
+convention). Codecs with another convention (V1's ``hw`` is the last visible
+offset, TANK's sequence numbers start at 1) convert at their edge.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+frozen = attrs.frozen  # frozen + slotted + auto_attribs
+
+
+def _extras(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return EMPTY if not value else MappingProxyType(dict(value))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ErrorCode(enum.Enum):
+    """Failure kinds that every codec maps onto its own error codes."""
+
+    UNKNOWN_TOPIC = "unknown_topic"
+    UNKNOWN_PARTITION = "unknown_partition"
+    TOPIC_EXISTS = "topic_exists"
+    INVALID_TOPIC = "invalid_topic"
+    INVALID_REQUEST = "invalid_request"
+    NOT_LEADER = "not_leader"
+    REPLICATION_TIMEOUT = "replication_timeout"
+    OFFSET_OUT_OF_RANGE = "offset_out_of_range"
+    GENERATION_MISMATCH = "generation_mismatch"
+    UNKNOWN_MEMBER = "unknown_member"
+    GROUP_NOT_FOUND = "group_not_found"
+    REBALANCE_IN_PROGRESS = "rebalance_in_progress"
+    NOT_ASSIGNED = "not_assigned"
+    INVALID_SEQUENCE = "invalid_sequence"
+    DUPLICATE_SEQUENCE = "duplicate_sequence"
+    FENCED_PRODUCER = "fenced_producer"
+    CORRUPT_MESSAGE = "corrupt_message"
+    STORAGE_ERROR = "storage_error"
+    UNSUPPORTED = "unsupported"
+
+
+@frozen
+class Error:
+    """A failed command: a model error code and a human-readable message."""
+
+    code: ErrorCode
+    message: str = ""
+
+
+class CommandError(Exception):
+    """Raised by the broker's handlers; turned into ``Error`` in the result."""
+
+    def __init__(self, code: ErrorCode, message: str = ""):
+        super().__init__(message or code.value)
+        self.error = Error(code, message or code.value)
+
+
+# --------------------------------------------------------------------------- records and batches
+
+
+@frozen
+class Record:
+    """One record as every format sees it.
+
+    ``offset`` is the engine offset (``None`` before the engine assigned one);
+    ``timestamp`` is milliseconds since the epoch; ``headers`` is a tuple of
+    ``(name, value)`` pairs, names as ``str``, values as ``bytes`` or ``None``.
+    ``extras`` keeps format fields with no common home (Cursus event-sourcing
+    fields, producer ids), so that a conversion can carry them on.
+    """
+
+    value: bytes | None
+    key: bytes | None = None
+    timestamp: int = -1
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    offset: int | None = None
+    extras: Mapping[str, Any] = attrs.field(default=EMPTY, converter=_extras)
+
+
+@frozen
+class Batch:
+    """Records in one format's wire encoding, as a codec received them.
+
+    ``payload`` is the format's own bytes; ``count`` is how many offsets the
+    batch spans (``last_offset - base_offset + 1``), ``record_count`` how many
+    records it really holds (fewer where the format allows gaps).
+    ``base_offset`` is ``None`` unless the producer asked for an explicit
+    position (TANK's ProduceWithSeqnum). ``max_timestamp`` is the newest record
+    timestamp, used by retention and lookups by time.
+    """
+
+    format: str
+    payload: bytes
+    count: int
+    max_timestamp: int = -1
+    base_offset: int | None = None
+    producer: ProducerState | None = None
+
+
+@frozen
+class StoredBatch:
+    """A batch as the engine returns it: the stored payload and its offsets."""
+
+    format: str
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    payload: bytes
+
+
+@frozen
+class ProducerState:
+    """Idempotent producer identity of a batch (Kafka pid/epoch/sequence, Cursus ids)."""
+
+    producer_id: int | str
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+
+
+# --------------------------------------------------------------------------- topics
+
+
+@frozen
+class TopicConfig:
+    """Per-topic settings; ``None`` means the server default."""
+
+    retention_bytes: int | None = None
+    retention_ms: int | None = None
+    segment_bytes: int | None = None
+    replication_factor: int | None = None
+    extras: Mapping[str, Any] = attrs.field(default=EMPTY, converter=_extras)
+
+
+@frozen
+class CreateTopic:
+    topic: str
+    partitions: int | None = None
+    config: TopicConfig = TopicConfig()
+    # Re-creating an existing topic is an error unless this is set; with it,
+    # the partition count may only grow (Cursus' CREATE semantics).
+    if_not_exists: bool = False
+
+
+@frozen
+class CreateTopicResult:
+    topic: str
+    partitions: int = 0
+    error: Error | None = None
+    config: TopicConfig = TopicConfig()
+
+
+@frozen
+class DeleteTopic:
+    topic: str
+
+
+@frozen
+class DeleteTopicResult:
+    topic: str
+    error: Error | None = None
+
+
+@frozen
+class CreatePartitions:
+    topic: str
+    count: int
+
+
+@frozen
+class CreatePartitionsResult:
+    topic: str
+    error: Error | None = None
+
+
+@frozen
+class ListTopics:
+    """List topics; ``topics=None`` means all of them."""
+
+    topics: tuple[str, ...] | None = None
+    auto_create: bool = False
+
+
+@frozen
+class PartitionInfo:
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    role: str = "leader"
+    replicas: tuple[int, ...] = (0,)
+    isr: tuple[int, ...] = (0,)
+
+
+@frozen
+class TopicInfo:
+    topic: str
+    partitions: tuple[PartitionInfo, ...] = ()
+    config: TopicConfig = TopicConfig()
+    error: Error | None = None
+
+
+@frozen
+class ListTopicsResult:
+    topics: tuple[TopicInfo, ...]
+
+
+# --------------------------------------------------------------------------- produce / fetch
+
+
+class Acks(enum.IntEnum):
+    NONE = 0
+    LEADER = 1
+    ALL = -1
+
+
+@frozen
+class Produce:
+    """Append one batch to a topic partition.
+
+    ``partition=None`` asks the broker to choose with ``partitioner`` applied
+    to ``key`` (``"fnv1a_32"``, ``"fnv1a_64"``, ``"murmur2"`` or
+    ``"round_robin"``). ``auto_create`` creates a missing topic with the
+    server's default partition count.
+    """
+
+    topic: str
+    partition: int | None
+    batch: Batch
+    acks: Acks = Acks.LEADER
+    timeout_ms: int | None = None
+    key: bytes | None = None
+    partitioner: str = "round_robin"
+    auto_create: bool = False
+
+
+@frozen
+class ProduceResult:
+    """``base_offset``/``last_offset`` of the appended batch; for a duplicate
+    idempotent batch, the offsets it had when first appended."""
+
+    topic: str
+    partition: int = -1
+    base_offset: int = -1
+    last_offset: int = -1
+    high_watermark: int = 0
+    log_start_offset: int = 0
+    duplicate: bool = False
+    error: Error | None = None
+
+
+@frozen
+class Fetch:
+    """Read from ``offset`` on, in the codec's ``format``.
+
+    Only records below the high watermark are returned. With ``max_wait_ms``
+    the broker waits until ``min_bytes`` are available or the time is up.
+    ``max_bytes`` caps the answer, but the first batch is always returned
+    whole so that a consumer can make progress.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    format: str
+    max_bytes: int = 1 << 20
+    max_wait_ms: int = 0
+    min_bytes: int = 1
+
+
+@frozen
+class FetchResult:
+    topic: str
+    partition: int
+    high_watermark: int = 0
+    log_start_offset: int = 0
+    last_stable_offset: int = 0
+    batches: tuple[StoredBatch, ...] = ()
+    error: Error | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(len(b.payload) for b in self.batches)
+
+
+class OffsetSpec(enum.IntEnum):
+    LATEST = -1
+    EARLIEST = -2
+    MAX_TIMESTAMP = -3
+
+
+@frozen
+class ListOffsets:
+    """Find an offset: ``timestamp`` is ms or an ``OffsetSpec`` value."""
+
+    topic: str
+    partition: int
+    timestamp: int
+
+
+@frozen
+class ListOffsetsResult:
+    topic: str
+    partition: int
+    offset: int = -1
+    timestamp: int = -1
+    error: Error | None = None
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@frozen
+class JoinGroup:
+    """Join a consumer group.
+
+    ``protocol_type`` tells which membership protocol the member speaks:
+    ``"server"`` (V1, Cursus: the broker assigns partitions of ``topics``
+    with ``assignor`` and answers at once) or ``"consumer"`` (Kafka: the
+    broker waits for every member to rejoin, then the leader assigns).
+    ``member_id`` empty means "give me a new one" for protocols that do so.
+    """
+
+    group: str
+    member_id: str
+    topics: tuple[str, ...] = ()
+    protocol_type: str = "server"
+    assignor: str = "round_robin"
+    session_timeout_ms: int | None = None
+    rebalance_timeout_ms: int | None = None
+    client_id: str = ""
+    client_host: str = ""
+    protocols: tuple[tuple[str, bytes], ...] = ()
+    group_instance_id: str | None = None
+    extras: Mapping[str, Any] = attrs.field(default=EMPTY, converter=_extras)
+
+
+@frozen
+class JoinGroupResult:
+    group: str
+    member_id: str = ""
+    generation: int = -1
+    assignment: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    leader: str = ""
+    protocol: str = ""
+    members: tuple[tuple[str, bytes], ...] = ()
+    error: Error | None = None
+
+
+@frozen
+class SyncGroup:
+    group: str
+    member_id: str
+    generation: int
+    assignments: tuple[tuple[str, bytes], ...] = ()
+    topic: str | None = None
+
+
+@frozen
+class SyncGroupResult:
+    group: str
+    generation: int = -1
+    assignment: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    member_assignment: bytes = b""
+    error: Error | None = None
+
+
+@frozen
+class Heartbeat:
+    group: str
+    member_id: str
+    generation: int
+    topic: str | None = None
+
+
+@frozen
+class HeartbeatResult:
+    group: str
+    error: Error | None = None
+
+
+@frozen
+class LeaveGroup:
+    group: str
+    member_id: str
+    generation: int | None = None
+    topic: str | None = None
+
+
+@frozen
+class LeaveGroupResult:
+    group: str
+    error: Error | None = None
+
+
+@frozen
+class CommitOffsets:
+    """Commit ``offsets`` (``(topic, partition, offset, metadata)``).
+
+    ``generation=None`` skips membership checks (a simple, group-less
+    commit, as Kafka's generation -1). ``require_assignment`` also checks that
+    each partition is assigned to the member (V1's rule).
+    """
+
+    group: str
+    offsets: tuple[tuple[str, int, int, str], ...]
+    member_id: str = ""
+    generation: int | None = None
+    require_assignment: bool = False
+
+
+@frozen
+class CommitOffsetsResult:
+    group: str
+    errors: tuple[tuple[str, int, Error | None], ...] = ()
+    error: Error | None = None
+
+
+@frozen
+class FetchOffsets:
+    """Committed offsets; ``partitions=None`` means all of the group's."""
+
+    group: str
+    partitions: tuple[tuple[str, int], ...] | None = None
+
+
+@frozen
+class FetchOffsetsResult:
+    group: str
+    offsets: tuple[tuple[str, int, int, str], ...] = ()
+    error: Error | None = None
+
+
+@frozen
+class DescribeGroups:
+    groups: tuple[str, ...]
+
+
+@frozen
+class GroupMemberInfo:
+    member_id: str
+    client_id: str
+    client_host: str
+    protocol_type: str
+    metadata: bytes = b""
+    assignment: bytes = b""
+    partitions: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+@frozen
+class GroupInfo:
+    group: str
+    state: str
+    protocol_type: str = ""
+    protocol: str = ""
+    generation: int = 0
+    members: tuple[GroupMemberInfo, ...] = ()
+    error: Error | None = None
+
+
+@frozen
+class DescribeGroupsResult:
+    groups: tuple[GroupInfo, ...]
+
+
+@frozen
+class ListGroups:
+    pass
+
+
+@frozen
+class ListGroupsResult:
+    groups: tuple[tuple[str, str], ...]  # (group, protocol_type)
+
+
+@frozen
+class DeleteGroups:
+    groups: tuple[str, ...]
+
+
+@frozen
+class DeleteGroupsResult:
+    errors: tuple[tuple[str, Error | None], ...]
+
+
+# --------------------------------------------------------------------------- replication
+
+
+@frozen
+class ReplicaProgress:
+    """A follower reports that it holds every record below ``offset`` + 1.
+
+    ``offset`` is the last offset the follower has (V1's REPLICA_FETCH).
+    """
+
+    topic: str
+    partition: int
+    replica_id: int
+    offset: int
+
+
+@frozen
+class ReplicaProgressResult:
+    topic: str
+    partition: int
+    replica_id: int
+    acked_offset: int = -1
+    high_watermark: int = 0
+    isr: tuple[int, ...] = ()
+    under_replicated: bool = False
+    error: Error | None = None
+
+
+@frozen
+class SetPartitionRole:
+    topic: str
+    partition: int
+    role: str  # "leader" | "follower"
+
+
+@frozen
+class SetPartitionRoleResult:
+    topic: str
+    partition: int
+    role: str = "leader"
+    high_watermark: int = 0
+    error: Error | None = None
+
+
+# --------------------------------------------------------------------------- misc
+
+
+@frozen
+class Ping:
+    pass
+
+
+@frozen
+class PingResult:
+    pass
+
+
+@frozen
+class InitProducerId:
+    """Allocate a producer id (or bump the epoch of ``producer_id``)."""
+
+    transactional_id: str | None = None
+    producer_id: int = -1
+    epoch: int = -1
+
+
+@frozen
+class InitProducerIdResult:
+    producer_id: int = -1
+    epoch: int = -1
+    error: Error | None = None
+
+
+@frozen
+class ServerInfo:
+    """Facts about the running gateway a codec may report (TANK Status)."""
+
+
+@frozen
+class ServerInfoResult:
+    started_at: float
+    topics: int
+    partitions: int
+    listeners: tuple[tuple[str, str, int], ...] = ()

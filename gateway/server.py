@@ -1,0 +1,93 @@
+"""Wires the storage engine, the broker and one listener per codec."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+import attrs
+from twisted.internet import defer
+
+from gateway.adapter import CodecFactory
+from gateway.broker import Broker, BrokerConfig
+from gateway.codec import ListenerSettings
+from gateway.registry import Registry
+from gateway.storage.engine import Engine, EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+def default_data_dir() -> str:
+    """``$XDG_DATA_HOME/polygate`` (``~/.local/share/polygate`` by default)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "polygate")
+
+
+@attrs.frozen
+class ListenerConfig:
+    codec: str
+    host: str = "0.0.0.0"
+    port: int | None = None  # None: the codec's default port
+    max_frame_size: int | None = None
+    advertised_host: str | None = None
+    options: Mapping[str, str] = attrs.field(factory=dict)
+
+
+class Gateway:
+    """One process: one engine, one broker, one listening port per codec."""
+
+    def __init__(self, reactor, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
+                 engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None):
+        self.reactor = reactor
+        self.registry = registry
+        self.data_dir = data_dir
+        self.listener_configs = listeners
+        self.engine_config = engine_config or EngineConfig()
+        self.broker_config = broker_config or BrokerConfig()
+        self.engine: Engine | None = None
+        self.broker: Broker | None = None
+        self.ports: list = []
+        self.factories: list[CodecFactory] = []
+        self.bound: list[tuple[str, str, int]] = []
+
+    def start(self) -> list[tuple[str, str, int]]:
+        """Open storage and listen; returns ``(codec, host, port)`` per listener."""
+        self.engine = Engine(self.data_dir, self.engine_config)
+        self.broker = Broker(self.engine, self.registry.batch_formats, self.reactor, self.broker_config)
+        try:
+            for lc in self.listener_configs:
+                plugin = self.registry.get(lc.codec)
+                port = plugin.default_port if lc.port is None else lc.port
+                settings = ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=lc.options)
+                factory = CodecFactory(plugin, settings, self.broker, self.reactor)
+                listening = self.reactor.listenTCP(port, factory, interface=lc.host)
+                bound = listening.getHost()
+                advertised = lc.advertised_host or (lc.host if lc.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+                factory.settings = attrs.evolve(settings, advertised_host=advertised, advertised_port=bound.port)
+                self.ports.append(listening)
+                self.factories.append(factory)
+                self.bound.append((lc.codec, bound.host, bound.port))
+        except Exception:
+            self._close_storage()
+            raise
+        self.broker.listeners = tuple(self.bound)
+        self.broker.start()
+        return self.bound
+
+    @defer.inlineCallbacks
+    def stop(self):
+        """Stop listening, drop connections, flush and close storage."""
+        yield defer.DeferredList([defer.maybeDeferred(p.stopListening) for p in self.ports])
+        for f in self.factories:
+            for conn in list(f.connections):
+                conn.transport.loseConnection()
+        if self.broker is not None:
+            self.broker.stop()
+        self._close_storage()
+
+    def _close_storage(self) -> None:
+        if self.engine is not None:
+            self.engine.sync()
+            self.engine.close()
+            self.engine = None

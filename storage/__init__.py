@@ -1,0 +1,1 @@
+"""The storage engine (imported as ``gateway.storage``): segments, index, journal, groups."""

@@ -1,0 +1,406 @@
+"""The storage engine: topics, partitions, watermarks, replicas, metadata.
+
+Synchronous and single-threaded (the broker calls it from the reactor
+thread); ``sync`` is the one call that may run in a worker thread, and only
+touches file descriptors. Metadata (topics, groups, offsets, producer ids)
+lives in an append-only msgpack journal under ``<data_dir>/meta.journal``;
+partition data under ``<data_dir>/logs/<topic-id>-<partition>/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from gateway.model import (
+    CommandError,
+    ErrorCode,
+    PartitionInfo,
+    StoredBatch,
+    TopicConfig,
+    TopicInfo,
+)
+
+from .groups import GroupCoordinator
+from .journal import Journal
+from .log import PartitionLog
+from .replication import ReplicaSet
+
+log = logging.getLogger(__name__)
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._=\-]{1,249}$")
+
+
+@attrs.frozen
+class EngineConfig:
+    default_partitions: int = 3
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    replica_lag_timeout_ms: int = 10_000
+    replica_max_lag: int = 0
+    segment_bytes: int = 64 << 20
+    retention_bytes: int | None = None
+    retention_ms: int | None = 7 * 24 * 3600 * 1000
+    index_interval_bytes: int = 4096
+
+
+class Partition:
+    """One partition: its log, replica set and listeners for new data."""
+
+    def __init__(self, topic: Topic, index: int, plog: PartitionLog, replicas: ReplicaSet):
+        self.topic = topic
+        self.index = index
+        self.log = plog
+        self.replicas = replicas
+        self.listeners: list[Callable[[], None]] = []
+        self.producers: dict[Any, dict[str, Any]] = {}
+
+    @property
+    def high_watermark(self) -> int:
+        return self.replicas.high_watermark
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.next_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.log.log_start_offset
+
+    def notify(self) -> None:
+        listeners, self.listeners = self.listeners, []
+        for cb in listeners:
+            cb()
+
+    def info(self, now_ms: int) -> PartitionInfo:
+        return PartitionInfo(
+            partition=self.index,
+            log_start_offset=self.log_start_offset,
+            high_watermark=self.high_watermark,
+            log_end_offset=self.log_end_offset,
+            role=self.replicas.role,
+            replicas=tuple(range(self.replicas.replication_factor)),
+            isr=self.replicas.isr(self.log_end_offset, now_ms),
+        )
+
+
+@attrs.define
+class Topic:
+    name: str
+    topic_id: str
+    config: TopicConfig
+    partitions: list[Partition] = attrs.Factory(list)
+
+
+class Engine:
+    """Owns every topic's data and the metadata journal.
+
+    Call ``close`` to fsync and close everything. ``clock`` returns seconds.
+    """
+
+    def __init__(self, data_dir: str, config: EngineConfig | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.data_dir = os.path.abspath(data_dir)
+        self.config = config or EngineConfig()
+        self.clock = clock
+        self.started_at = clock()
+        os.makedirs(os.path.join(self.data_dir, "logs"), exist_ok=True)
+        self._lock_file = self._lock()
+        self.topics: dict[str, Topic] = {}
+        self._next_producer_id = 1000
+        self.journal = Journal(os.path.join(self.data_dir, "meta.journal"))
+        self.groups = GroupCoordinator(self.journal, self.partition_count, self.now_ms)
+        self._sync_lock = threading.Lock()
+        self.recovered_bytes = 0
+        self._replay()
+
+    def _lock(self) -> Any:
+        import fcntl
+
+        f = open(os.path.join(self.data_dir, ".lock"), "w")  # noqa: SIM115 - held for the engine's life
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            f.close()
+            raise RuntimeError(f"data dir {self.data_dir} is in use by another gateway") from e
+        return f
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ------------------------------------------------------------------ journal
+
+    def _replay(self) -> None:
+        topics: dict[str, tuple[str, int, dict[str, Any]]] = {}
+        for entry in self.journal.replay():
+            kind = entry.get("t")
+            if kind == "topic":
+                topics[entry["name"]] = (entry["id"], entry["n"], entry["cfg"])
+            elif kind == "topic-del":
+                topics.pop(entry["name"], None)
+            elif kind == "pid":
+                self._next_producer_id = max(self._next_producer_id, entry["next"])
+            elif kind == "producer":
+                pass  # applied once partitions exist, below
+            elif not self.groups.apply(entry):
+                log.warning("unknown journal entry %r", kind)
+        for name, (topic_id, n, cfg) in topics.items():
+            self._open_topic(name, topic_id, n, _config_from_state(cfg))
+        # producer state needs partitions: a second, cheap pass
+        for entry in self.journal.replay():
+            if entry.get("t") == "producer":
+                part = self._partition_or_none(entry["tp"], entry["p"])
+                if part is not None:
+                    part.producers[_pkey(entry["pid"])] = entry["s"]
+        self.journal.maybe_compact(self._live_entries(), self._snapshot)
+
+    def _live_entries(self) -> int:
+        return len(self.topics) + self.groups.live_entries + sum(
+            len(p.producers) for t in self.topics.values() for p in t.partitions) + 1
+
+    def _snapshot(self) -> Iterable[dict[str, Any]]:
+        yield {"t": "pid", "next": self._next_producer_id}
+        for t in self.topics.values():
+            yield {"t": "topic", "name": t.name, "id": t.topic_id, "n": len(t.partitions),
+                   "cfg": _config_state(t.config)}
+        yield from self.groups.snapshot()
+        for t in self.topics.values():
+            for p in t.partitions:
+                for pid, state in p.producers.items():
+                    yield {"t": "producer", "tp": t.name, "p": p.index, "pid": pid, "s": state}
+
+    def compact_journal(self, force: bool = False) -> None:
+        if force:
+            self.journal.compact(self._snapshot())
+        else:
+            self.journal.maybe_compact(self._live_entries(), self._snapshot)
+
+    # ------------------------------------------------------------------ topics
+
+    def _open_topic(self, name: str, topic_id: str, partitions: int, config: TopicConfig) -> Topic:
+        topic = Topic(name, topic_id, config)
+        self.topics[name] = topic
+        self._add_partitions(topic, partitions)
+        return topic
+
+    def _add_partitions(self, topic: Topic, total: int) -> None:
+        now = self.now_ms()
+        rf = topic.config.replication_factor or self.config.replication_factor
+        for i in range(len(topic.partitions), total):
+            directory = os.path.join(self.data_dir, "logs", f"{topic.topic_id}-{i}")
+            plog = PartitionLog(directory, topic.config.segment_bytes or self.config.segment_bytes,
+                                self.config.index_interval_bytes)
+            self.recovered_bytes += plog.truncated_bytes
+            replicas = ReplicaSet(rf, self.config.min_insync_replicas, self.config.replica_lag_timeout_ms,
+                                  self.config.replica_max_lag)
+            replicas.update(plog.next_offset, now)
+            topic.partitions.append(Partition(topic, i, plog, replicas))
+
+    def create_topic(self, name: str, partitions: int | None = None,
+                     config: TopicConfig | None = None) -> Topic:
+        """Create a topic; raises ``CommandError`` if it exists or is invalid."""
+        if name in self.topics:
+            raise CommandError(ErrorCode.TOPIC_EXISTS, f"topic {name} already exists")
+        if not TOPIC_NAME.match(name) or name in (".", ".."):
+            raise CommandError(ErrorCode.INVALID_TOPIC, f"invalid topic name {name!r}")
+        n = self.config.default_partitions if partitions is None else partitions
+        if n < 1:
+            raise CommandError(ErrorCode.INVALID_REQUEST, "partitions must be a positive integer")
+        config = config or TopicConfig()
+        topic_id = uuid.uuid4().hex
+        self.journal.append({"t": "topic", "name": name, "id": topic_id, "n": n, "cfg": _config_state(config)})
+        return self._open_topic(name, topic_id, n, config)
+
+    def add_partitions(self, name: str, total: int) -> Topic:
+        topic = self.topic(name)
+        if total < len(topic.partitions):
+            raise CommandError(ErrorCode.INVALID_REQUEST,
+                               f"topic {name} has {len(topic.partitions)} partitions; cannot shrink to {total}")
+        if total > len(topic.partitions):
+            self.journal.append({"t": "topic", "name": name, "id": topic.topic_id, "n": total,
+                                 "cfg": _config_state(topic.config)})
+            self._add_partitions(topic, total)
+        return topic
+
+    def delete_topic(self, name: str) -> None:
+        topic = self.topic(name)
+        self.journal.append({"t": "topic-del", "name": name})
+        del self.topics[name]
+        for p in topic.partitions:
+            p.log.delete()
+            p.notify()
+        self.groups.forget_topic(name)
+
+    def topic(self, name: str) -> Topic:
+        try:
+            return self.topics[name]
+        except KeyError:
+            raise CommandError(ErrorCode.UNKNOWN_TOPIC, f"unknown topic {name}") from None
+
+    def partition(self, topic: str, partition: int) -> Partition:
+        t = self.topic(topic)
+        if not 0 <= partition < len(t.partitions):
+            raise CommandError(ErrorCode.UNKNOWN_PARTITION, f"unknown partition {topic}/{partition}")
+        return t.partitions[partition]
+
+    def _partition_or_none(self, topic: str, partition: int) -> Partition | None:
+        t = self.topics.get(topic)
+        return t.partitions[partition] if t and 0 <= partition < len(t.partitions) else None
+
+    def partition_count(self, topic: str) -> int:
+        t = self.topics.get(topic)
+        return len(t.partitions) if t else 0
+
+    def topic_info(self, name: str) -> TopicInfo:
+        t = self.topic(name)
+        now = self.now_ms()
+        return TopicInfo(name, tuple(p.info(now) for p in t.partitions), t.config)
+
+    # ------------------------------------------------------------------ data
+
+    def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
+               max_timestamp: int, base_offset: int | None = None) -> tuple[int, int]:
+        """Append a batch spanning ``count`` offsets; returns ``(base, last)``.
+
+        With ``base_offset`` the batch is placed there (it must not be below
+        the log end); otherwise at the log end. Listeners are notified.
+        """
+        part = self.partition(topic, partition)
+        if part.replicas.role != "leader":
+            raise CommandError(ErrorCode.NOT_LEADER, "partition leader unavailable on this broker")
+        end = part.log.next_offset
+        if base_offset is None:
+            base_offset = end
+        elif base_offset < end:
+            raise CommandError(ErrorCode.INVALID_SEQUENCE,
+                               f"base offset {base_offset} is below the log end offset {end}")
+        last = base_offset + max(count, 1) - 1
+        try:
+            part.log.append(fmt, base_offset, last, max_timestamp, payload)
+        except OSError as e:
+            raise CommandError(ErrorCode.STORAGE_ERROR, str(e)) from e
+        part.replicas.update(part.log.next_offset, self.now_ms())
+        part.notify()
+        return base_offset, last
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int,
+             upto: int | None = None) -> list[StoredBatch]:
+        """Stored batches from the one holding ``offset``, below the high watermark."""
+        part = self.partition(topic, partition)
+        limit = part.high_watermark if upto is None else min(upto, part.high_watermark)
+        return part.log.read(offset, max_bytes, limit)
+
+    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once, at the next change of the partition; returns a cancel function."""
+        part = self.partition(topic, partition)
+        part.listeners.append(callback)
+
+        def cancel() -> None:
+            if callback in part.listeners:
+                part.listeners.remove(callback)
+
+        return cancel
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> int | None:
+        return self.partition(topic, partition).log.offset_for_timestamp(timestamp)
+
+    # ------------------------------------------------------------------ replication
+
+    def report_replica(self, topic: str, partition: int, replica_id: int, offset: int) -> Partition:
+        part = self.partition(topic, partition)
+        if part.replicas.role != "leader":
+            raise CommandError(ErrorCode.NOT_LEADER, "partition is not leader")
+        if not 1 <= replica_id < part.replicas.replication_factor:
+            raise CommandError(ErrorCode.INVALID_REQUEST, "invalid replica id")
+        now = self.now_ms()
+        part.replicas.report(replica_id, offset, now)
+        part.replicas.update(part.log.next_offset, now)
+        part.notify()  # the ISR may have changed even where the high watermark did not
+        return part
+
+    def set_role(self, topic: str, partition: int, role: str) -> Partition:
+        part = self.partition(topic, partition)
+        part.replicas.set_role(role, part.log.next_offset, self.now_ms())
+        part.notify()
+        return part
+
+    def refresh_watermarks(self) -> None:
+        """Re-evaluate ISR membership (lag timeouts) of every partition."""
+        now = self.now_ms()
+        for t in self.topics.values():
+            for p in t.partitions:
+                before = p.high_watermark
+                p.replicas.update(p.log.next_offset, now)
+                if p.high_watermark != before:
+                    p.notify()
+
+    # ------------------------------------------------------------------ producers
+
+    def allocate_producer_id(self) -> int:
+        pid = self._next_producer_id
+        self._next_producer_id += 1
+        self.journal.append({"t": "pid", "next": self._next_producer_id})
+        return pid
+
+    def producer_state(self, topic: str, partition: int, producer_id: Any) -> dict[str, Any] | None:
+        return self.partition(topic, partition).producers.get(_pkey(producer_id))
+
+    def set_producer_state(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:
+        self.partition(topic, partition).producers[_pkey(producer_id)] = state
+        self.journal.append({"t": "producer", "tp": topic, "p": partition, "pid": producer_id, "s": state})
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def enforce_retention(self) -> int:
+        now = self.now_ms()
+        deleted = 0
+        for t in self.topics.values():
+            rb = t.config.retention_bytes if t.config.retention_bytes is not None else self.config.retention_bytes
+            rm = t.config.retention_ms if t.config.retention_ms is not None else self.config.retention_ms
+            for p in t.partitions:
+                deleted += p.log.enforce_retention(rb, rm, now)
+        return deleted
+
+    @property
+    def dirty(self) -> bool:
+        return self.journal.dirty or any(p.log.dirty for t in self.topics.values() for p in t.partitions)
+
+    def sync(self) -> None:
+        """fsync every file written since the last sync (safe from a worker thread)."""
+        with self._sync_lock:
+            for t in list(self.topics.values()):
+                for p in list(t.partitions):
+                    try:
+                        p.log.sync()
+                    except OSError:  # a topic deleted meanwhile
+                        pass
+            self.journal.sync()
+
+    def close(self) -> None:
+        with self._sync_lock:
+            for t in self.topics.values():
+                for p in t.partitions:
+                    p.log.close()
+            self.journal.close()
+        self._lock_file.close()
+
+
+def _pkey(producer_id: Any) -> Any:
+    return tuple(producer_id) if isinstance(producer_id, list) else producer_id
+
+
+def _config_state(c: TopicConfig) -> dict[str, Any]:
+    return {"rb": c.retention_bytes, "rm": c.retention_ms, "sb": c.segment_bytes,
+            "rf": c.replication_factor, "x": dict(c.extras)}
+
+
+def _config_from_state(s: dict[str, Any]) -> TopicConfig:
+    return TopicConfig(s.get("rb"), s.get("rm"), s.get("sb"), s.get("rf"), s.get("x") or {})

@@ -1,0 +1,310 @@
+"""Consumer groups and committed offsets, shared by every protocol.
+
+A group is named once for all protocols. Its membership protocol is set by
+the first member: ``"server"`` groups (V1, Cursus) have partitions assigned
+by the broker with the group's assignor, and a JOIN is answered at once;
+``"consumer"`` groups (Kafka) follow Kafka's rebalance: the broker collects
+the members' joins, elects a leader that assigns, and hands each member its
+assignment in SyncGroup (that barrier lives in the broker, which can wait;
+this module only keeps state). Committed offsets are keyed by
+``(group, topic, partition)`` whatever protocol committed them: the offset
+is the next one to consume.
+
+All state changes are written to the journal; ``replay`` rebuilds them.
+Times are milliseconds from an injected clock; members whose session
+expired are removed on the next call for their group and by ``expire``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from gateway.model import CommandError, ErrorCode
+
+DEFAULT_SESSION_TIMEOUT_MS = 10_000
+
+
+@attrs.define
+class Member:
+    member_id: str
+    last_heartbeat_ms: int
+    session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
+    rebalance_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
+    client_id: str = ""
+    client_host: str = ""
+    protocols: tuple[tuple[str, bytes], ...] = ()
+    assignment: bytes = b""  # consumer groups: the leader's assignment blob
+    group_instance_id: str | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "id": self.member_id, "st": self.session_timeout_ms, "rt": self.rebalance_timeout_ms,
+            "cid": self.client_id, "host": self.client_host,
+            "pr": [[n, m] for n, m in self.protocols], "as": self.assignment,
+            "gi": self.group_instance_id,
+        }
+
+    @classmethod
+    def from_state(cls, s: dict[str, Any], now_ms: int) -> Member:
+        return cls(s["id"], now_ms, s["st"], s["rt"], s["cid"], s["host"],
+                   tuple((n, bytes(m)) for n, m in s["pr"]), bytes(s["as"]), s.get("gi"))
+
+
+@attrs.define
+class Group:
+    name: str
+    protocol_type: str
+    topics: tuple[str, ...] = ()
+    generation: int = 1
+    assignor: str = "round_robin"
+    protocol: str = ""  # consumer groups: the chosen assignment protocol
+    leader: str = ""
+    state: str = "Empty"  # Empty | PreparingRebalance | CompletingRebalance | Stable | Dead
+    members: dict[str, Member] = attrs.Factory(dict)
+    # server groups: member -> {topic: [partitions]}, computed at each generation
+    assignments: dict[str, dict[str, list[int]]] = attrs.Factory(dict)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "pt": self.protocol_type, "topics": list(self.topics),
+            "gen": self.generation, "assignor": self.assignor, "proto": self.protocol,
+            "leader": self.leader, "state": self.state,
+            "members": [m.to_state() for m in self.members.values()],
+            "assign": self.assignments,
+        }
+
+    @classmethod
+    def from_state(cls, s: dict[str, Any], now_ms: int) -> Group:
+        g = cls(s["name"], s["pt"], tuple(s["topics"]), s["gen"], s["assignor"], s["proto"],
+                s["leader"], s["state"])
+        g.members = {m["id"]: Member.from_state(m, now_ms) for m in s["members"]}
+        g.assignments = {m: {t: list(ps) for t, ps in a.items()} for m, a in s["assign"].items()}
+        return g
+
+
+def assign(assignor: str, members: list[str], partitions: list[tuple[str, int]]) -> dict[str, dict[str, list[int]]]:
+    """Assign ``(topic, partition)`` pairs to sorted member ids.
+
+    ``round_robin``: the p-th partition goes to ``members[p % n]``.
+    ``range``: contiguous blocks per topic; the first ``N % n`` members get one extra.
+    """
+    members = sorted(members)
+    out: dict[str, dict[str, list[int]]] = {m: {} for m in members}
+    if not members:
+        return out
+    n = len(members)
+    if assignor == "range":
+        by_topic: dict[str, list[int]] = {}
+        for t, p in partitions:
+            by_topic.setdefault(t, []).append(p)
+        for t, ps in by_topic.items():
+            per, extra = divmod(len(ps), n)
+            start = 0
+            for i, m in enumerate(members):
+                count = per + (1 if i < extra else 0)
+                out[m].setdefault(t, []).extend(ps[start : start + count])
+                start += count
+    else:
+        for i, (t, p) in enumerate(partitions):
+            out[members[i % n]].setdefault(t, []).append(p)
+    return out
+
+
+class GroupCoordinator:
+    """Group membership and committed offsets.
+
+    ``journal`` has ``append(dict)``; ``partitions_of(topic)`` gives a
+    topic's partition count (0 if unknown); ``clock()`` gives ms.
+    """
+
+    def __init__(self, journal: Any, partitions_of: Callable[[str], int], clock: Callable[[], int]):
+        self.journal = journal
+        self.partitions_of = partitions_of
+        self.clock = clock
+        self.groups: dict[str, Group] = {}
+        self.offsets: dict[str, dict[tuple[str, int], tuple[int, str]]] = {}
+        self._member_seq = itertools.count(1)
+
+    # ------------------------------------------------------------------ persistence
+
+    def apply(self, entry: dict[str, Any]) -> bool:
+        """Apply one journal entry during replay; False if not a group entry."""
+        kind = entry.get("t")
+        if kind == "group":
+            self.groups[entry["g"]["name"]] = Group.from_state(entry["g"], self.clock())
+        elif kind == "group-del":
+            self.groups.pop(entry["g"], None)
+            self.offsets.pop(entry["g"], None)
+        elif kind == "offset":
+            self.offsets.setdefault(entry["g"], {})[(entry["tp"], entry["p"])] = (entry["o"], entry.get("m", ""))
+        elif kind == "offset-del":
+            self.offsets.get(entry["g"], {}).pop((entry["tp"], entry["p"]), None)
+        else:
+            return False
+        return True
+
+    def snapshot(self) -> Iterable[dict[str, Any]]:
+        for g in self.groups.values():
+            yield {"t": "group", "g": g.to_state()}
+        for name, offs in self.offsets.items():
+            for (topic, p), (o, meta) in offs.items():
+                yield {"t": "offset", "g": name, "tp": topic, "p": p, "o": o, "m": meta}
+
+    @property
+    def live_entries(self) -> int:
+        return len(self.groups) + sum(len(o) for o in self.offsets.values())
+
+    def _save(self, group: Group) -> None:
+        self.journal.append({"t": "group", "g": group.to_state()})
+
+    # ------------------------------------------------------------------ membership helpers
+
+    def new_member_id(self, prefix: str) -> str:
+        return f"{prefix}-{self.clock():x}{next(self._member_seq):04d}"
+
+    def _expire(self, group: Group, now: int) -> bool:
+        expired = [m for m in group.members.values() if now - m.last_heartbeat_ms > m.session_timeout_ms]
+        for m in expired:
+            del group.members[m.member_id]
+        if expired:
+            self._rebalance(group)
+        return bool(expired)
+
+    def expire_all(self) -> list[str]:
+        """Remove expired members of every group; returns the groups that changed."""
+        now = self.clock()
+        return [g.name for g in list(self.groups.values()) if self._expire(g, now)]
+
+    def _partitions(self, topics: Iterable[str]) -> list[tuple[str, int]]:
+        return [(t, p) for t in sorted(set(topics)) for p in range(self.partitions_of(t))]
+
+    def _rebalance(self, group: Group) -> None:
+        """A membership change: next generation, new server-side assignment."""
+        group.generation += 1
+        if group.protocol_type == "server":
+            group.assignments = assign(group.assignor, list(group.members), self._partitions(group.topics))
+            group.state = "Stable" if group.members else "Empty"
+        else:
+            group.state = "PreparingRebalance" if group.members else "Empty"
+            for m in group.members.values():
+                m.assignment = b""
+        if not group.members:
+            group.leader = ""
+        self._save(group)
+
+    def get(self, name: str) -> Group:
+        group = self.groups.get(name)
+        if group is None:
+            raise CommandError(ErrorCode.GROUP_NOT_FOUND, "group not found")
+        return group
+
+    def check_member(self, name: str, member_id: str, generation: int | None) -> Group:
+        """Validate a member's generation (V1/Cursus order: group, member, generation)."""
+        group = self.get(name)
+        self._expire(group, self.clock())
+        member = group.members.get(member_id)
+        if member is None:
+            raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member")
+        if generation is not None and generation != group.generation:
+            raise CommandError(ErrorCode.GENERATION_MISMATCH, "stale generation")
+        return group
+
+    # ------------------------------------------------------------------ server-assigned groups
+
+    def join_server(self, name: str, member_id: str, topics: tuple[str, ...], assignor: str,
+                    session_timeout_ms: int | None = None, client_id: str = "", client_host: str = "") -> Group:
+        """V1/Cursus JOIN: add or refresh the member; answer with its assignment at once.
+
+        A new group starts at generation 1 and every new member bumps it;
+        a different topic set clears the members; a different assignor bumps it.
+        """
+        now = self.clock()
+        group = self.groups.get(name)
+        if group is None:
+            group = self.groups[name] = Group(name, "server", topics, assignor=assignor)
+        elif group.protocol_type != "server":
+            raise CommandError(ErrorCode.INVALID_REQUEST,
+                               f"group {name} uses the {group.protocol_type} membership protocol")
+        self._expire(group, now)
+        changed = False
+        if set(group.topics) != set(topics):
+            group.topics = topics
+            group.members.clear()
+            changed = True
+        if group.assignor != assignor:
+            group.assignor = assignor
+            changed = True
+        member = group.members.get(member_id)
+        if member is None:
+            group.members[member_id] = Member(member_id, now, session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
+                                              client_id=client_id, client_host=client_host)
+            changed = True
+        else:
+            member.last_heartbeat_ms = now
+        if not changed and self._partitions(group.topics) != sorted(
+            (t, p) for a in group.assignments.values() for t, ps in a.items() for p in ps
+        ):
+            changed = True  # partitions were added since the last assignment
+        if changed:
+            self._rebalance(group)
+        return group
+
+    def heartbeat(self, name: str, member_id: str, generation: int) -> Group:
+        group = self.check_member(name, member_id, generation)
+        group.members[member_id].last_heartbeat_ms = self.clock()
+        return group
+
+    def leave(self, name: str, member_id: str, generation: int | None) -> Group:
+        group = self.check_member(name, member_id, generation)
+        del group.members[member_id]
+        self._rebalance(group)
+        return group
+
+    def assignment_of(self, group: Group, member_id: str) -> dict[str, list[int]]:
+        return group.assignments.get(member_id, {})
+
+    # ------------------------------------------------------------------ offsets
+
+    def commit(self, name: str, offsets: Iterable[tuple[str, int, int, str]], member_id: str = "",
+               generation: int | None = None, require_assignment: bool = False) -> None:
+        """Store committed offsets, after the membership checks asked for."""
+        offsets = list(offsets)
+        if generation is not None:
+            group = self.check_member(name, member_id, generation)
+            group.members[member_id].last_heartbeat_ms = self.clock()
+            if require_assignment:
+                owned = self.assignment_of(group, member_id)
+                for topic, partition, _, _ in offsets:
+                    if partition not in owned.get(topic, ()):
+                        raise CommandError(ErrorCode.NOT_ASSIGNED, "partition not assigned to member")
+        store = self.offsets.setdefault(name, {})
+        for topic, partition, offset, meta in offsets:
+            store[(topic, partition)] = (offset, meta)
+            self.journal.append({"t": "offset", "g": name, "tp": topic, "p": partition, "o": offset, "m": meta})
+
+    def committed(self, name: str, topic: str, partition: int) -> tuple[int, str] | None:
+        return self.offsets.get(name, {}).get((topic, partition))
+
+    def committed_all(self, name: str) -> dict[tuple[str, int], tuple[int, str]]:
+        return dict(self.offsets.get(name, {}))
+
+    def delete(self, name: str) -> None:
+        group = self.groups.get(name)
+        if group is None and name not in self.offsets:
+            raise CommandError(ErrorCode.GROUP_NOT_FOUND, "group not found")
+        if group is not None and group.members:
+            raise CommandError(ErrorCode.INVALID_REQUEST, "group is not empty")
+        self.groups.pop(name, None)
+        self.offsets.pop(name, None)
+        self.journal.append({"t": "group-del", "g": name})
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop the committed offsets of a deleted topic."""
+        for name, offs in self.offsets.items():
+            for key in [k for k in offs if k[0] == topic]:
+                del offs[key]
+                self.journal.append({"t": "offset-del", "g": name, "tp": topic, "p": key[1]})

@@ -1,0 +1,170 @@
+"""A partition's log: an ordered list of segments in one directory."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import shutil
+
+from gateway.model import StoredBatch
+
+from .segment import LOG_SUFFIX, Segment
+
+log = logging.getLogger(__name__)
+
+
+class PartitionLog:
+    """Append-only log of one partition.
+
+    ``next_offset`` is the log end offset (the offset the next record gets);
+    ``log_start_offset`` the first offset still stored. Offsets may have gaps
+    (a batch may be placed at an explicit base offset above the end).
+    """
+
+    def __init__(self, directory: str, segment_bytes: int, index_interval: int = 4096):
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.index_interval = index_interval
+        os.makedirs(directory, exist_ok=True)
+        bases = sorted(
+            int(name[: -len(LOG_SUFFIX)])
+            for name in os.listdir(directory)
+            if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit()
+        )
+        self.segments: list[Segment] = []
+        self.truncated_bytes = 0
+        for i, base in enumerate(bases):
+            seg = Segment(directory, base, index_interval)
+            if i == len(bases) - 1:
+                self.truncated_bytes = seg.recover()
+                if self.truncated_bytes:
+                    log.warning("%s: truncated %d bytes of torn tail", directory, self.truncated_bytes)
+            else:
+                seg.load()
+            self.segments.append(seg)
+        if not self.segments:
+            self.segments.append(self._new_segment(0))
+        self._bases = [s.base_offset for s in self.segments]
+
+    def _new_segment(self, base: int) -> Segment:
+        seg = Segment(self.directory, base, self.index_interval)
+        seg.recover()  # empty: creates the index file
+        return seg
+
+    @property
+    def active(self) -> Segment:
+        return self.segments[-1]
+
+    @property
+    def next_offset(self) -> int:
+        return self.active.next_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.segments[0].base_offset
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, fmt: str, base_offset: int, last_offset: int, max_ts: int, payload: bytes) -> None:
+        if base_offset < self.next_offset:
+            raise ValueError(f"offset {base_offset} below log end {self.next_offset}")
+        if self.active.size and self.active.size + len(payload) > self.segment_bytes:
+            self.roll(base_offset)
+        elif not self.active.size and base_offset > self.active.base_offset:
+            # An empty active segment is renamed by replacing it at the new base.
+            self.active.delete()
+            self.segments[-1] = self._new_segment(base_offset)
+            self._bases[-1] = base_offset
+        self.active.append(fmt, base_offset, last_offset, max_ts, payload)
+
+    def roll(self, base_offset: int | None = None) -> None:
+        base = self.next_offset if base_offset is None else base_offset
+        self.active.sync()
+        self.segments.append(self._new_segment(base))
+        self._bases.append(base)
+
+    def sync(self) -> None:
+        for seg in self.segments[-2:]:
+            seg.sync()
+        for seg in self.segments[:-2]:
+            if seg.dirty:
+                seg.sync()
+
+    @property
+    def dirty(self) -> bool:
+        return self.active.dirty or (len(self.segments) > 1 and self.segments[-2].dirty)
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, offset: int, max_bytes: int, upto: int) -> list[StoredBatch]:
+        """Whole batches from the one holding ``offset``, below ``upto``.
+
+        The first batch is returned whole even if larger than ``max_bytes``.
+        """
+        if offset >= upto:
+            return []
+        i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        out: list[StoredBatch] = []
+        total = 0
+        for seg in self.segments[i:]:
+            if seg.base_offset >= upto:
+                break
+            batches, n = seg.read(offset, max_bytes - total, upto, first_whole=not out)
+            out.extend(batches)
+            total += n
+            if total >= max_bytes:
+                break
+        return out
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        for seg in self.segments:
+            if seg.max_timestamp >= timestamp:
+                found = seg.offset_for_timestamp(timestamp)
+                if found is not None:
+                    return found
+        return None
+
+    def max_timestamp_offset(self) -> tuple[int, int]:
+        """``(offset, timestamp)`` of the batch with the largest timestamp."""
+        best = (-1, -1)
+        for seg in self.segments:
+            if seg.max_timestamp > best[1]:
+                for header in seg.headers_from(0):
+                    if header.max_timestamp > best[1]:
+                        best = (header.last_offset, header.max_timestamp)
+        return best
+
+    # ------------------------------------------------------------------ retention
+
+    def enforce_retention(self, retention_bytes: int | None, retention_ms: int | None, now_ms: int) -> int:
+        """Delete whole sealed segments past the limits; returns how many."""
+        deleted = 0
+        total = self.size
+        while len(self.segments) > 1:
+            oldest = self.segments[0]
+            too_big = retention_bytes is not None and retention_bytes >= 0 and total - oldest.size >= retention_bytes
+            too_old = (retention_ms is not None and retention_ms >= 0 and oldest.max_timestamp >= 0
+                       and oldest.max_timestamp < now_ms - retention_ms)
+            if not (too_big or too_old):
+                break
+            total -= oldest.size
+            oldest.delete()
+            self.segments.pop(0)
+            self._bases.pop(0)
+            deleted += 1
+        return deleted
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.sync()
+            seg.close()
+
+    def delete(self) -> None:
+        for seg in self.segments:
+            seg.close()
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,310 @@
+"""One log segment: an append-only file of framed batches and its sparse index.
+
+File ``<base_offset:020d>.log`` holds entries::
+
+    u32 crc32      of everything after this field (header rest + format + payload)
+    u32 payload_len
+    i64 base_offset
+    u32 last_offset_delta
+    i64 max_timestamp
+    u8  format_len, format name (ASCII)
+    payload
+
+``<base_offset:020d>.index`` holds sparse entries ``u32 relative_offset,
+u32 position, i64 running_max_timestamp``, one at most every
+``index_interval`` bytes. The index is a cache: it is rebuilt from the log
+whenever it does not match.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+
+import attrs
+
+from gateway.model import StoredBatch
+
+HEADER = struct.Struct(">IIqIqB")
+INDEX_ENTRY = struct.Struct(">IIq")
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+
+
+class CorruptSegment(Exception):
+    """A segment entry failed its checksum or is cut short."""
+
+
+@attrs.define
+class EntryHeader:
+    position: int
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    format: str
+    payload_len: int
+
+    @property
+    def size(self) -> int:
+        return HEADER.size + len(self.format) + self.payload_len
+
+    @property
+    def payload_position(self) -> int:
+        return self.position + HEADER.size + len(self.format)
+
+
+def encode_entry(fmt: str, base_offset: int, last_offset: int, max_ts: int, payload: bytes) -> bytes:
+    name = fmt.encode("ascii")
+    rest = HEADER.pack(0, len(payload), base_offset, last_offset - base_offset, max_ts, len(name))[4:]
+    crc = zlib.crc32(payload, zlib.crc32(name, zlib.crc32(rest)))
+    return b"".join((struct.pack(">I", crc), rest, name, payload))
+
+
+def parse_header(buf: bytes | memoryview, pos: int, file_pos: int) -> EntryHeader:
+    crc, plen, base, delta, max_ts, flen = HEADER.unpack_from(buf, pos)
+    fmt = bytes(buf[pos + HEADER.size : pos + HEADER.size + flen]).decode("ascii", "replace")
+    return EntryHeader(file_pos, base, base + delta, max_ts, fmt, plen)
+
+
+class Segment:
+    """An open segment. Appends go to the end; reads use ``pread``.
+
+    Not thread-safe: the engine calls it from one thread.
+    """
+
+    def __init__(self, directory: str, base_offset: int, index_interval: int = 4096):
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval = index_interval
+        stem = os.path.join(directory, f"{base_offset:020d}")
+        self.log_path = stem + LOG_SUFFIX
+        self.index_path = stem + INDEX_SUFFIX
+        self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.size = os.fstat(self.fd).st_size
+        self.index_offsets: list[int] = []  # absolute offsets, ascending
+        self.index_positions: list[int] = []
+        self.index_max_ts: list[int] = []
+        self.index_fd: int | None = None
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+        self._bytes_since_index = 0
+        self.dirty = False
+
+    # ------------------------------------------------------------------ opening
+
+    def recover(self) -> int:
+        """Scan the whole log, verify checksums, truncate a torn or corrupt tail.
+
+        Rebuilds the index. Returns the number of bytes truncated.
+        """
+        self._reset_index()
+        pos = 0
+        for header, ok in self._scan(0, verify=True):
+            if not ok:
+                break
+            self._note(header)
+            pos = header.position + header.size
+        truncated = self.size - pos
+        if truncated:
+            os.ftruncate(self.fd, pos)
+            self.size = pos
+        self._write_index_file()
+        return truncated
+
+    def load(self) -> None:
+        """Open a sealed segment: trust a consistent index, rebuild otherwise."""
+        if not self._load_index_file():
+            self._reset_index()
+            for header, ok in self._scan(0, verify=False):
+                if not ok:
+                    break
+                self._note(header)
+            self._write_index_file()
+            return
+        # Replay the tail after the last index entry to learn next_offset/max_ts.
+        start = self.index_positions[-1] if self.index_positions else 0
+        for header, ok in self._scan(start, verify=False):
+            if not ok:
+                break
+            self.next_offset = header.last_offset + 1
+            self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+
+    def _scan(self, start: int, verify: bool) -> Iterator[tuple[EntryHeader, bool]]:
+        pos = start
+        chunk = 1 << 20
+        while pos < self.size:
+            head = os.pread(self.fd, HEADER.size + 255, pos)
+            if len(head) < HEADER.size:
+                yield EntryHeader(pos, -1, -1, -1, "", 0), False
+                return
+            header = parse_header(head, 0, pos)
+            end = pos + header.size
+            if header.payload_len > self.size or end > self.size or header.base_offset < self.next_offset and verify:
+                yield header, False
+                return
+            if verify:
+                crc = struct.unpack_from(">I", head)[0]
+                body_start = pos + 4
+                running = 0
+                p = body_start
+                while p < end:
+                    n = min(chunk, end - p)
+                    running = zlib.crc32(os.pread(self.fd, n, p), running)
+                    p += n
+                if running != crc:
+                    yield header, False
+                    return
+            yield header, True
+            pos = end
+
+    def _reset_index(self) -> None:
+        self.index_offsets, self.index_positions, self.index_max_ts = [], [], []
+        self.next_offset = self.base_offset
+        self.max_timestamp = -1
+        self._bytes_since_index = 0
+
+    def _note(self, header: EntryHeader) -> None:
+        """Account for an entry appended or found at ``header.position``."""
+        self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+        if not self.index_offsets or self._bytes_since_index >= self.index_interval:
+            self.index_offsets.append(header.base_offset)
+            self.index_positions.append(header.position)
+            self.index_max_ts.append(self.max_timestamp)
+            self._bytes_since_index = 0
+            if self.index_fd is not None:
+                os.write(self.index_fd, INDEX_ENTRY.pack(header.base_offset - self.base_offset,
+                                                         header.position, self.max_timestamp))
+        self._bytes_since_index += header.size
+        self.next_offset = header.last_offset + 1
+
+    def _load_index_file(self) -> bool:
+        try:
+            with open(self.index_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return False
+        n = len(raw) // INDEX_ENTRY.size
+        offsets, positions, max_ts = [], [], []
+        for i in range(n):
+            rel, pos, ts = INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY.size)
+            offsets.append(self.base_offset + rel)
+            positions.append(pos)
+            max_ts.append(ts)
+        if not positions or positions[-1] >= self.size or positions[0] != 0:
+            return False
+        head = os.pread(self.fd, HEADER.size + 255, positions[-1])
+        if len(head) < HEADER.size or parse_header(head, 0, positions[-1]).base_offset != offsets[-1]:
+            return False
+        self.index_offsets, self.index_positions, self.index_max_ts = offsets, positions, max_ts
+        self.max_timestamp = max_ts[-1]
+        self.next_offset = offsets[-1]
+        return True
+
+    def _write_index_file(self) -> None:
+        data = b"".join(
+            INDEX_ENTRY.pack(o - self.base_offset, p, t)
+            for o, p, t in zip(self.index_offsets, self.index_positions, self.index_max_ts)
+        )
+        tmp = self.index_path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, self.index_path)
+        if self.index_fd is None:
+            self.index_fd = os.open(self.index_path, os.O_WRONLY | os.O_APPEND)
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, fmt: str, base_offset: int, last_offset: int, max_ts: int, payload: bytes) -> None:
+        entry = encode_entry(fmt, base_offset, last_offset, max_ts, payload)
+        position = self.size
+        written = os.pwrite(self.fd, entry, position)
+        if written != len(entry):  # pragma: no cover - disk full
+            os.ftruncate(self.fd, position)
+            raise OSError("short write to segment")
+        self.size += len(entry)
+        self.dirty = True
+        self._note(EntryHeader(position, base_offset, last_offset, max_ts, fmt, len(payload)))
+
+    def sync(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self.index_fd is not None:
+            os.close(self.index_fd)
+            self.index_fd = None
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.log_path, self.index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    # ------------------------------------------------------------------ reading
+
+    def _position_for(self, offset: int) -> int:
+        i = bisect.bisect_right(self.index_offsets, offset) - 1
+        return self.index_positions[i] if i >= 0 else 0
+
+    def read(self, offset: int, max_bytes: int, upto: int, first_whole: bool) -> tuple[list[StoredBatch], int]:
+        """Batches holding offsets ``>= offset`` and ``< upto``.
+
+        Stops before the batch that would take the total past ``max_bytes``,
+        except that with ``first_whole`` the first batch is always returned.
+        Returns ``(batches, bytes)``.
+        """
+        out: list[StoredBatch] = []
+        total = 0
+        pos = self._position_for(offset)
+        want = max(max_bytes, 1 << 16) + HEADER.size + 255
+        while pos < self.size:
+            buf = os.pread(self.fd, min(want, self.size - pos), pos)
+            view = memoryview(buf)
+            i = 0
+            while i + HEADER.size <= len(buf):
+                header = parse_header(view, i, pos + i)
+                size = header.size
+                if header.base_offset >= upto:
+                    return out, total
+                if i + size > len(buf):
+                    if i == 0:  # one entry larger than the window
+                        want = size
+                    break
+                if header.last_offset >= offset:
+                    plen = header.payload_len
+                    if out or not first_whole:
+                        if total + plen > max_bytes:
+                            return out, total
+                    start = i + size - plen
+                    out.append(StoredBatch(header.format, header.base_offset, header.last_offset,
+                                           header.max_timestamp, bytes(view[start : start + plen])))
+                    total += plen
+                    if total >= max_bytes:
+                        return out, total
+                i += size
+            if i == 0 and want <= len(buf):
+                break
+            pos += i
+        return out, total
+
+    def headers_from(self, position: int = 0) -> Iterator[EntryHeader]:
+        for header, ok in self._scan(position, verify=False):
+            if not ok:
+                return
+            yield header
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """First offset whose batch has ``max_timestamp >= timestamp``, or None."""
+        i = bisect.bisect_left(self.index_max_ts, timestamp)
+        start = self.index_positions[i - 1] if i > 0 else 0
+        for header in self.headers_from(start):
+            if header.max_timestamp >= timestamp:
+                return header.base_offset
+        return None
