@@ -10,7 +10,7 @@ DATA   ?= .data
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet --upgrade pip setuptools wheel
 	$(PIP) install --quiet -e '.[test]'
 	touch $(STAMP)
 
@@ -19,9 +19,13 @@ venv: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/gateway serve --data-dir $(DATA)
 
+# import-linter walks the installed tree, so it checks a real build (the
+# editable install maps gateway.codecs/gateway.storage without such a tree).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks
-	$(VENV)/bin/lint-imports
+	rm -rf build/lint
+	$(PIP) install --quiet --no-deps --no-build-isolation --target build/lint .
+	cd build/lint && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../setup.cfg
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q

@@ -20,12 +20,20 @@ from typing import Any
 
 import attrs
 from twisted.internet import defer, protocol
+from twisted.internet.interfaces import IPushProducer
 from twisted.python.failure import Failure
 from zope.interface import implementer
-from twisted.internet.interfaces import IPushProducer
 
 from gateway import model as m
-from gateway.codec import Close, CodecPlugin, Connection, ListenerSettings, Reply, Request, Subscribe
+from gateway.codec import (
+    Close,
+    CodecPlugin,
+    Connection,
+    ListenerSettings,
+    Reply,
+    Request,
+    Subscribe,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +87,7 @@ class CodecProtocol(protocol.Protocol):
                 slot.pending.cancel()
         self.queue.clear()
         for call in self._stream_calls:
-            if isinstance(call, defer.Deferred) and not call.called:
-                call.cancel()
-            elif hasattr(call, "active") and call.active():
+            if isinstance(call, defer.Deferred) and not call.called or hasattr(call, "active") and call.active():
                 call.cancel()
         self._stream_calls.clear()
 

@@ -9,6 +9,7 @@ fsync group commit) never blocks the reactor.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 import logging
@@ -19,6 +20,7 @@ import attrs
 from twisted.internet import defer, task, threads
 from twisted.internet.interfaces import IReactorTime
 
+from gateway import idempotence
 from gateway import model as m
 from gateway.codec import BatchFormat
 from gateway.model import CommandError, Error, ErrorCode
@@ -154,6 +156,7 @@ class Broker:
         self._handlers: dict[type, Callable[[Any], Any]] = {
             m.Produce: self.produce,
             m.Fetch: self.fetch,
+            m.FetchMany: self.fetch_many,
             m.ListOffsets: self.list_offsets,
             m.CreateTopic: self.create_topic,
             m.DeleteTopic: self.delete_topic,
@@ -280,10 +283,21 @@ class Broker:
             raise CommandError(ErrorCode.UNSUPPORTED, f"no storage format {batch.format!r}")
         if part.replicas.role != "leader":
             raise CommandError(ErrorCode.NOT_LEADER, "partition leader unavailable on this broker")
+        producer = batch.producer
+        state = None
+        if producer is not None:
+            state = self.engine.producer_state(cmd.topic, partition, producer.producer_id)
+            duplicate = idempotence.check(state, producer)
+            if duplicate is not None:
+                return m.ProduceResult(cmd.topic, partition, duplicate[0], duplicate[1], part.high_watermark,
+                                       part.log_start_offset, duplicate=True)
         base = part.log_end_offset if batch.base_offset is None else batch.base_offset
         payload = fmt.assign_offsets(batch.payload, base)
         base, last = self.engine.append(cmd.topic, partition, batch.format, payload, batch.count,
                                         batch.max_timestamp, batch.base_offset)
+        if producer is not None:
+            self.engine.set_producer_state(cmd.topic, partition, producer.producer_id,
+                                           idempotence.after_append(state, producer, base, last))
 
         def result(error: Error | None = None) -> m.ProduceResult:
             return m.ProduceResult(cmd.topic, partition, base, last, part.high_watermark,
@@ -354,51 +368,105 @@ class Broker:
         self.cache.put(key, out)
         return out
 
-    def _read(self, cmd: m.Fetch) -> m.FetchResult:
-        part = self.engine.partition(cmd.topic, cmd.partition)
+    def _start_offset(self, cmd: m.Fetch, part: Any) -> int:
+        if cmd.group is not None:
+            committed = self.engine.groups.committed(cmd.group, cmd.topic, cmd.partition)
+            if committed is not None and committed[0] >= 0:
+                return committed[0]
+        if cmd.offset == m.OffsetSpec.EARLIEST:
+            return part.log_start_offset
+        if cmd.offset == m.OffsetSpec.LATEST:
+            return part.high_watermark
+        return cmd.offset
+
+    def _read(self, cmd: m.Fetch, max_bytes: int | None = None) -> m.FetchResult:
+        """Read now, without waiting; errors come back in the result."""
+        try:
+            part = self.engine.partition(cmd.topic, cmd.partition)
+        except CommandError as e:
+            return m.FetchResult(cmd.topic, cmd.partition, error=e.error, offset=cmd.offset)
         hw = part.high_watermark
         start = part.log_start_offset
-        if cmd.offset < start or cmd.offset > max(hw, part.log_end_offset):
-            return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw,
+        offset = self._start_offset(cmd, part)
+        if offset < start or offset > max(hw, part.log_end_offset):
+            return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset,
                                  error=Error(ErrorCode.OFFSET_OUT_OF_RANGE,
-                                             f"offset {cmd.offset} is outside [{start}, {hw}]"))
-        stored = part.log.read(cmd.offset, cmd.max_bytes, hw)
+                                             f"offset {offset} is outside [{start}, {hw}]"))
+        limit = cmd.max_bytes if max_bytes is None else min(max_bytes, cmd.max_bytes)
+        stored = part.log.read(offset, limit, hw) if limit > 0 else []
         tid = part.topic.topic_id
-        batches = tuple(self._convert(tid, cmd.partition, b, cmd.format) for b in stored)
-        return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, batches)
+        try:
+            batches = tuple(self._convert(tid, cmd.partition, b, cmd.format) for b in stored)
+        except CommandError as e:
+            return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=e.error)
+        return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, batches, offset=offset)
 
-    @_errors(m.FetchResult, "topic", "partition")
+    def _read_many(self, cmd: m.FetchMany) -> tuple[m.FetchResult, ...]:
+        out = []
+        budget = cmd.max_bytes
+        for f in cmd.fetches:
+            r = self._read(f, budget if out and any(o.batches for o in out) else max(budget, 1))
+            budget -= r.size
+            out.append(r)
+        return tuple(out)
+
     def fetch(self, cmd: m.Fetch) -> Any:
-        result = self._read(cmd)
-        if result.error or result.size >= cmd.min_bytes or cmd.max_wait_ms <= 0:
-            return result
-        d: defer.Deferred = defer.Deferred(lambda _: finish())
-        state: dict[str, Any] = {}
+        many = m.FetchMany((cmd,), cmd.max_wait_ms, cmd.min_bytes, cmd.max_bytes)
+        return self.fetch_many(many).addCallback(lambda r: r.results[0])
 
-        def reread() -> m.FetchResult:
+    def fetch_many(self, cmd: m.FetchMany) -> defer.Deferred:
+        """Answer at once if there is ``min_bytes`` of data (or an error, or no
+        wait asked); otherwise when an append brings enough, or at the timeout."""
+        # Resolve EARLIEST/LATEST/group offsets once, so that waiting for "latest"
+        # waits for records appended after the request arrived.
+        fetches = []
+        for f in cmd.fetches:
             try:
-                return self._read(cmd)
-            except CommandError as e:
-                return m.FetchResult(cmd.topic, cmd.partition, error=e.error)
+                part = self.engine.partition(f.topic, f.partition)
+                fetches.append(attrs.evolve(f, offset=self._start_offset(f, part), group=None))
+            except CommandError:
+                fetches.append(f)
+        cmd = attrs.evolve(cmd, fetches=tuple(fetches))
+        results = self._read_many(cmd)
+
+        def enough(rs: tuple[m.FetchResult, ...]) -> bool:
+            return (any(r.error for r in rs) or sum(r.size for r in rs) >= cmd.min_bytes)
+
+        if cmd.max_wait_ms <= 0 or enough(results):
+            return defer.succeed(m.FetchManyResult(results))
+        state: dict[str, Any] = {"cancels": []}
+
+        def cancel_waits() -> None:
+            for c in state["cancels"]:
+                c()
+            state["cancels"] = []
+
+        def wait() -> None:
+            for f in cmd.fetches:
+                with contextlib.suppress(CommandError):
+                    state["cancels"].append(self.engine.wait_for_data(f.topic, f.partition, changed))
 
         def changed() -> None:
-            r = reread()
-            if r.error or r.size >= cmd.min_bytes:
-                finish(r)
+            if d.called:
+                return
+            cancel_waits()
+            rs = self._read_many(cmd)
+            if enough(rs):
+                finish(rs)
             else:
-                state["cancel"] = self.engine.wait_for_data(cmd.topic, cmd.partition, changed)
+                wait()
 
-        def finish(r: m.FetchResult | None = None) -> None:
-            if state.get("cancel"):
-                state["cancel"]()
+        def finish(rs: tuple[m.FetchResult, ...] | None = None) -> None:
+            cancel_waits()
             timer = state.get("timer")
             if timer and timer.active():
                 timer.cancel()
             if not d.called:
-                d.callback(r if r is not None else reread())
+                d.callback(m.FetchManyResult(rs if rs is not None else self._read_many(cmd)))
 
+        d: defer.Deferred = defer.Deferred(lambda _: finish(()))
         state["timer"] = self.reactor.callLater(cmd.max_wait_ms / 1000, finish)
-        state["cancel"] = self.engine.wait_for_data(cmd.topic, cmd.partition, changed)
+        wait()
         return d
 
     @_errors(m.ListOffsetsResult, "topic", "partition")

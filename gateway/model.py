@@ -127,12 +127,18 @@ class StoredBatch:
 
 @frozen
 class ProducerState:
-    """Idempotent producer identity of a batch (Kafka pid/epoch/sequence, Cursus ids)."""
+    """Idempotent producer identity of a batch.
+
+    ``rules`` names the protocol's deduplication rules (``"kafka"``: per
+    batch, sequences from 0, the last five batches remembered; ``"cursus"``:
+    per message, sequences from 1); see ``gateway.idempotence``.
+    """
 
     producer_id: int | str
     epoch: int
     first_sequence: int
     last_sequence: int
+    rules: str = "kafka"
 
 
 # --------------------------------------------------------------------------- topics
@@ -270,10 +276,14 @@ class ProduceResult:
 class Fetch:
     """Read from ``offset`` on, in the codec's ``format``.
 
-    Only records below the high watermark are returned. With ``max_wait_ms``
-    the broker waits until ``min_bytes`` are available or the time is up.
-    ``max_bytes`` caps the answer, but the first batch is always returned
-    whole so that a consumer can make progress.
+    ``offset`` may be ``OffsetSpec.EARLIEST`` (the log start) or
+    ``OffsetSpec.LATEST`` (the high watermark: only records appended from now
+    on). With ``group``, a committed offset of that group for this partition
+    takes the place of ``offset`` (Cursus' CONSUME rule). Only records below
+    the high watermark are returned. With ``max_wait_ms`` the broker waits
+    until ``min_bytes`` are available or the time is up. ``max_bytes`` caps
+    the answer, but the first batch is always returned whole so that a
+    consumer can make progress.
     """
 
     topic: str
@@ -283,10 +293,34 @@ class Fetch:
     max_bytes: int = 1 << 20
     max_wait_ms: int = 0
     min_bytes: int = 1
+    group: str | None = None
+
+
+@frozen
+class FetchMany:
+    """Several fetches answered together (Kafka Fetch, TANK Consume).
+
+    The answer comes as soon as the results hold ``min_bytes`` in all, or
+    after ``max_wait_ms``; the ``max_wait_ms``/``min_bytes`` of the inner
+    fetches are ignored. ``max_bytes`` caps the total (the first batch of the
+    first partition with data is always returned whole).
+    """
+
+    fetches: tuple[Fetch, ...]
+    max_wait_ms: int = 0
+    min_bytes: int = 1
+    max_bytes: int = 64 << 20
+
+
+@frozen
+class FetchManyResult:
+    results: tuple[FetchResult, ...]
 
 
 @frozen
 class FetchResult:
+    """``offset`` is where the read started (after resolving specs and group offsets)."""
+
     topic: str
     partition: int
     high_watermark: int = 0
@@ -294,6 +328,7 @@ class FetchResult:
     last_stable_offset: int = 0
     batches: tuple[StoredBatch, ...] = ()
     error: Error | None = None
+    offset: int = -1
 
     @property
     def size(self) -> int:

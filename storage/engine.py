@@ -9,6 +9,7 @@ partition data under ``<data_dir>/logs/<topic-id>-<partition>/``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -378,10 +379,8 @@ class Engine:
         with self._sync_lock:
             for t in list(self.topics.values()):
                 for p in list(t.partitions):
-                    try:
+                    with contextlib.suppress(OSError):  # a topic deleted meanwhile
                         p.log.sync()
-                    except OSError:  # a topic deleted meanwhile
-                        pass
             self.journal.sync()
 
     def close(self) -> None:

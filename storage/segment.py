@@ -19,6 +19,7 @@ whenever it does not match.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import struct
 import zlib
@@ -242,10 +243,8 @@ class Segment:
     def delete(self) -> None:
         self.close()
         for path in (self.log_path, self.index_path):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
 
     # ------------------------------------------------------------------ reading
 
@@ -279,9 +278,8 @@ class Segment:
                     break
                 if header.last_offset >= offset:
                     plen = header.payload_len
-                    if out or not first_whole:
-                        if total + plen > max_bytes:
-                            return out, total
+                    if (out or not first_whole) and total + plen > max_bytes:
+                        return out, total
                     start = i + size - plen
                     out.append(StoredBatch(header.format, header.base_offset, header.last_offset,
                                            header.max_timestamp, bytes(view[start : start + plen])))

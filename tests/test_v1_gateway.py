@@ -196,9 +196,9 @@ def test_admin_commands(client):
 
 
 def test_cli_topics_produce_consume(v1_gateway, tmp_path):
+    import os
     import subprocess
     import sys
-    import os
 
     gw = os.path.join(os.path.dirname(sys.executable), "gateway")
     server = ["--server", v1_gateway.address("v1")]
