@@ -82,10 +82,11 @@ class CodecProtocol(protocol.Protocol):
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.closing = True
         self.factory.connections.discard(self)
-        for slot in self.queue:
+        slots = list(self.queue)
+        self.queue.clear()
+        for slot in slots:
             if slot.pending is not None and not slot.pending.called:
                 slot.pending.cancel()
-        self.queue.clear()
         for call in self._stream_calls:
             if isinstance(call, defer.Deferred) and not call.called or hasattr(call, "active") and call.active():
                 call.cancel()
@@ -155,10 +156,10 @@ class CodecProtocol(protocol.Protocol):
 
         def failed(f: Failure) -> None:
             slot.pending = None
-            if f.check(defer.CancelledError):
-                return
             if isinstance(f.value, defer.FirstError):
                 f = f.value.subFailure
+            if f.check(defer.CancelledError):
+                return
             log.error("%s: internal error executing %r: %s", self.factory.plugin.name, request.commands,
                       f.getTraceback())
             slot.data = b""

@@ -55,6 +55,7 @@ class BrokerConfig:
     housekeeping_ms: int = 1000
     conversion_cache_bytes: int = 64 << 20
     auto_create_topics: bool = True
+    group_session_timeout_ms: int = 10_000
 
 
 class GroupCommit:
@@ -497,7 +498,8 @@ class Broker:
         for t in cmd.topics:
             self._ensure_topic(t, True)
         group = self.engine.groups.join_server(cmd.group, cmd.member_id, cmd.topics, cmd.assignor,
-                                               cmd.session_timeout_ms, cmd.client_id, cmd.client_host)
+                                               cmd.session_timeout_ms or self.config.group_session_timeout_ms,
+                                               cmd.client_id, cmd.client_host)
         return self._durable(m.JoinGroupResult(cmd.group, cmd.member_id, group.generation,
                                                self._assignment(group, cmd.member_id)))
 

@@ -66,13 +66,15 @@ def codecs() -> None:
 @click.option("--min-insync-replicas", default=1, show_default=True, type=int)
 @click.option("--replica-lag-timeout-ms", default=10_000, show_default=True, type=int)
 @click.option("--ack-timeout-ms", default=2000, show_default=True, type=int)
+@click.option("--group-session-timeout-ms", default=10_000, show_default=True, type=int,
+              help="Session timeout of group members whose protocol does not send one (V1).")
 @click.option("--segment-bytes", default=64 << 20, show_default=True, type=int)
 @click.option("--retention-bytes", default=None, type=int, help="Per-partition size limit (default: none).")
 @click.option("--retention-ms", default=7 * 24 * 3600 * 1000, show_default=True, type=int)
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
-          ack_timeout_ms, segment_bytes, retention_bytes, retention_ms, log_level) -> None:
+          ack_timeout_ms, group_session_timeout_ms, segment_bytes, retention_bytes, retention_ms, log_level) -> None:
     """Serve the given protocols from one storage engine."""
     from twisted.internet import reactor
     from twisted.python import log as twisted_log
@@ -112,7 +114,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         EngineConfig(default_partitions=default_partitions, replication_factor=replication_factor,
                      min_insync_replicas=min_insync_replicas, replica_lag_timeout_ms=replica_lag_timeout_ms,
                      segment_bytes=segment_bytes, retention_bytes=retention_bytes, retention_ms=retention_ms),
-        BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy),
+        BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms),
     )
     try:
         bound = gateway.start()

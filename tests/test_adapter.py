@@ -1,0 +1,293 @@
+"""The generic adapter and the broker, with in-memory transports and clocks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from twisted.internet import defer
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+
+from gateway import model as m
+from gateway.adapter import CodecFactory
+from gateway.broker import Broker, BrokerConfig, FsyncPolicy
+from gateway.codec import CodecPlugin, Close, ListenerSettings, Reply, Request, Subscribe
+from gateway.codecs.v1 import plugin as v1_plugin
+from gateway.framing import ReceiveBuffer
+from gateway.storage.engine import Engine
+
+
+class _Threadpool:
+    """Runs "threaded" work inline, so deferToThreadPool is synchronous in tests."""
+
+    def callInThreadWithCallback(self, onResult, f, *a, **kw):  # noqa: N802 - Twisted's name
+        try:
+            onResult(True, f(*a, **kw))
+        except Exception as e:  # noqa: BLE001
+            onResult(False, e)
+
+
+class Reactor(MemoryReactorClock):
+    def getThreadPool(self):  # noqa: N802 - Twisted's name
+        return _Threadpool()
+
+    def callFromThread(self, f, *a, **kw):  # noqa: N802 - Twisted's name
+        f(*a, **kw)
+
+
+class Script:
+    """A test codec: each line ``<name> <arg>`` becomes one request.
+
+    ``wait N`` returns a Deferred the test fires; ``boom`` raises in the codec;
+    ``close`` asks to close; ``sub`` subscribes to topic t partition 0.
+    """
+
+    def __init__(self, settings: ListenerSettings, waits: dict[str, defer.Deferred]):
+        self.buffer = ReceiveBuffer()
+        self.waits = waits
+
+    def connection_made(self) -> bytes:
+        return b"hello\n"
+
+    def receive_data(self, data: bytes) -> None:
+        self.buffer.feed(data)
+
+    def next_event(self):
+        i = self.buffer.find(b"\n", 1 << 20)
+        if i < 0:
+            return None
+        name, _, arg = self.buffer.take(i + 1).decode().strip().partition(" ")
+        if name == "boom":
+            raise RuntimeError("codec bug")
+        if name == "close":
+            return Close(b"bye\n")
+        if name == "reply":
+            return Reply(f"{arg}\n".encode())
+        if name == "sub":
+            return Subscribe((m.Fetch("t", 0, 0, "v1"),), "sub", keepalive_ms=1000)
+        return Request((("wait", arg),), arg)
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+        return f"{request.context}={results[0]}\n".encode()
+
+    def push(self, context, result: m.FetchResult) -> bytes:
+        return b"push %d\n" % len(result.batches)
+
+    def keepalive(self, context) -> bytes:
+        return b"keepalive\n"
+
+
+class ScriptBroker:
+    def __init__(self, waits):
+        self.waits = waits
+
+    def execute(self, command):
+        if isinstance(command, tuple):
+            d = defer.Deferred()
+            self.waits[command[1]] = d
+            return d
+        return defer.succeed(m.FetchResult("t", 0))
+
+
+def connect(factory) -> tuple[Any, StringTransport]:
+    proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
+    proto.makeConnection(transport)
+    return proto, transport
+
+
+@pytest.fixture
+def script():
+    waits: dict[str, defer.Deferred] = {}
+    plugin = CodecPlugin("script", 1, lambda s: Script(s, waits), 1 << 20)
+    factory = CodecFactory(plugin, ListenerSettings(1 << 20), ScriptBroker(waits), Reactor(), max_in_flight=4)
+    return factory, waits
+
+
+def test_greeting_and_answers_in_request_order(script):
+    factory, waits = script
+    proto, transport = connect(factory)
+    assert transport.value() == b"hello\n"
+    transport.clear()
+    proto.dataReceived(b"wait a\nwait b\nreply now\nwait c\n")
+    waits["c"].callback(3)
+    waits["b"].callback(2)
+    assert transport.value() == b""  # a is not answered yet
+    waits["a"].callback(1)
+    assert transport.value() == b"a=1\nb=2\nnow\nc=3\n"
+
+
+def test_byte_at_a_time_delivery(script):
+    factory, waits = script
+    proto, transport = connect(factory)
+    for byte in b"wait x\n":
+        proto.dataReceived(bytes([byte]))
+    waits["x"].callback("ok")
+    assert transport.value().endswith(b"x=ok\n")
+
+
+def test_too_many_in_flight_pauses_reading_until_answers_drain(script):
+    factory, waits = script
+    proto, transport = connect(factory)
+    proto.dataReceived(b"".join(b"wait %d\n" % i for i in range(6)))
+    assert transport.producerState == "paused"
+    assert set(waits) == {"0", "1", "2", "3"}  # the rest waits in the codec's buffer
+    waits["0"].callback(0)  # one answer out lets exactly one more request in
+    assert set(waits) == {"0", "1", "2", "3", "4"}
+    assert transport.producerState == "paused"
+    for i in "12345":
+        waits[i].callback(int(i))
+    assert transport.producerState == "producing"
+    assert transport.value().endswith(b"".join(b"%d=%d\n" % (i, i) for i in range(6)))
+
+
+def test_peer_not_draining_pauses_reading(script):
+    factory, waits = script
+    proto, transport = connect(factory)
+    proto.pauseProducing()  # the transport's write buffer is full
+    assert transport.producerState == "paused"
+    proto.resumeProducing()
+    assert transport.producerState == "producing"
+
+
+def test_codec_bug_closes_only_that_connection(script):
+    factory, waits = script
+    proto, transport = connect(factory)
+    other, other_transport = connect(factory)
+    proto.dataReceived(b"boom\n")
+    assert transport.disconnecting or transport.disconnected
+    other.dataReceived(b"reply alive\n")
+    assert other_transport.value().endswith(b"alive\n")
+
+
+def test_close_event_writes_earlier_answers_then_closes(script):
+    factory, waits = script
+    proto, transport = connect(factory)
+    proto.dataReceived(b"wait a\nclose\nreply never\n")
+    assert not transport.disconnecting
+    waits["a"].callback(1)
+    assert transport.value() == b"hello\na=1\nbye\n"
+    assert transport.disconnecting
+
+
+def test_lost_connection_cancels_pending_requests(script):
+    factory, waits = script
+    proto, transport = connect(factory)
+    proto.dataReceived(b"wait a\n")
+    proto.connectionLost()
+    assert waits["a"].called  # cancelled
+
+
+# --------------------------------------------------------------------------- broker
+
+
+@pytest.fixture
+def broker(tmp_path):
+    reactor = Reactor()
+    engine = Engine(str(tmp_path))
+    formats = {"v1": v1_plugin.batch_format}
+    b = Broker(engine, formats, reactor, BrokerConfig(fsync=FsyncPolicy("always")))
+    yield b, reactor, engine
+    engine.close()
+
+
+def produce(topic: str, value: bytes, acks: m.Acks = m.Acks.LEADER, partition: int = 0) -> m.Produce:
+    from gateway.codecs.v1.batch import encode_record
+
+    return m.Produce(topic, partition, m.Batch("v1", encode_record(0, 1, b"k", value), 1, 1), acks,
+                     auto_create=True)
+
+
+def test_group_commit_shares_one_fsync_between_writes(broker):
+    b, reactor, engine = broker
+    calls = []
+    original = engine.sync
+    engine.sync = lambda: (calls.append(1), original())[1]
+    ds = [b.execute(produce("gc", b"v%d" % i)) for i in range(50)]
+    assert not any(d.called for d in ds)  # not acknowledged before the fsync
+    reactor.advance(0)
+    assert all(d.called for d in ds)
+    assert len(calls) == 1
+
+
+def test_long_poll_fetch_answers_when_data_arrives_or_times_out(broker):
+    b, reactor, engine = broker
+    engine.create_topic("lp", 1)
+    fetch = m.Fetch("lp", 0, 0, "v1", max_wait_ms=500)
+    d = b.execute(fetch)
+    assert not d.called
+    b.execute(produce("lp", b"late"))
+    result = d.result
+    assert [r.value for bt in result.batches for r in v1_plugin.batch_format.records(bt)] == [b"late"]
+    d2 = b.execute(m.Fetch("lp", 0, 1, "v1", max_wait_ms=500))
+    reactor.advance(0.4)
+    assert not d2.called
+    reactor.advance(0.2)
+    assert d2.result.batches == ()
+
+
+def test_fetch_latest_waits_for_new_records_only(broker):
+    b, reactor, engine = broker
+    b.execute(produce("tail", b"old"))
+    reactor.advance(0)
+    many = m.FetchMany((m.Fetch("tail", 0, m.OffsetSpec.LATEST, "v1"),), max_wait_ms=1000)
+    d = b.execute(many)
+    assert not d.called
+    b.execute(produce("tail", b"new"))
+    [result] = d.result.results
+    assert result.offset == 1 and result.batches[0].base_offset == 1
+
+
+def test_acks_all_waits_for_followers_without_blocking(tmp_path):
+    from gateway.storage.engine import EngineConfig
+
+    reactor = Reactor()
+    engine = Engine(str(tmp_path), EngineConfig(replication_factor=2, min_insync_replicas=2))
+    b = Broker(engine, {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
+    engine.create_topic("r", 1)
+    d = b.execute(produce("r", b"x", m.Acks.ALL))
+    assert not d.called
+    b.execute(m.ReplicaProgress("r", 0, 1, 0))
+    assert d.result.error is None and d.result.base_offset == 0
+    d2 = b.execute(produce("r", b"y", m.Acks.ALL))
+    reactor.advance(1.1)
+    assert d2.result.error.code is m.ErrorCode.REPLICATION_TIMEOUT
+    engine.close()
+
+
+def test_conversion_goes_through_records_and_is_cached(broker):
+    b, reactor, engine = broker
+    engine.create_topic("conv", 1)
+    engine.append("conv", 0, "v1", __import__("gateway.codecs.v1.batch", fromlist=["x"]).encode_record(
+        0, 5, b"k", b"hello world"), 1, 5)
+
+    class Upper:
+        name = "upper"
+        encoded = 0
+
+        def records(self, batch):
+            return []
+
+        def encode(self, records, base_offset):
+            Upper.encoded += 1
+            return b"|".join(r.value.upper() for r in records)
+
+        def assign_offsets(self, payload, base_offset):
+            return payload
+
+    b.formats["upper"] = Upper()
+    for _ in range(3):
+        result = b.execute(m.Fetch("conv", 0, 0, "upper")).result
+        assert result.batches[0].payload == b"HELLO WORLD"
+    assert Upper.encoded == 1
+
+
+def test_unknown_topic_and_out_of_range_are_results_not_failures(broker):
+    b, reactor, engine = broker
+    r = b.execute(m.Fetch("nope", 0, 0, "v1")).result
+    assert r.error.code is m.ErrorCode.UNKNOWN_TOPIC
+    engine.create_topic("t", 1)
+    r = b.execute(m.Fetch("t", 0, 5, "v1")).result
+    assert r.error.code is m.ErrorCode.OFFSET_OUT_OF_RANGE

@@ -1,0 +1,94 @@
+"""The V1 codec without IO: framing conformance and fuzzing."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import model as m
+from gateway.codec import ListenerSettings, Reply, Request
+from gateway.codecs.v1.batch import FORMAT, line_safe
+from gateway.codecs.v1.codec import V1Connection
+
+
+def events(chunks: list[bytes], max_line: int = 256) -> list:
+    conn = V1Connection(ListenerSettings(max_line))
+    out = []
+    for chunk in chunks:
+        conn.receive_data(chunk)
+        while (event := conn.next_event()) is not None:
+            out.append(event)
+    return out
+
+
+def describe(event) -> object:
+    if isinstance(event, Reply):
+        return ("reply", event.data)
+    return ("request", event.commands[0].__class__.__name__, event.context.cid, tuple(event.context.args))
+
+
+def test_whole_split_and_joined_frames_give_the_same_events():
+    data = b"V1|1|PING|\nV1|2|PRODUCE|t k:v\nV1|x|NOPE|\n"
+    whole = [describe(e) for e in events([data])]
+    assert [describe(e) for e in events([bytes([b]) for b in data])] == whole
+    assert [describe(e) for e in events([data[:7], data[7:30], data[30:]])] == whole
+    assert whole[0] == ("request", "Ping", "1", ())
+    assert whole[2] == ("reply", b"V1|x|ERR|UNKNOWN_COMMAND|unsupported command\n")
+
+
+def test_truncated_frame_waits_and_eof_midframe_gives_nothing():
+    assert events([b"V1|1|PI"]) == []
+    assert events([b"V1|1|PI", b""]) == []
+
+
+def test_line_limit_is_checked_before_buffering_more():
+    out = events([b"V1|1|PRODUCE|t k:" + b"x" * 300, b"x" * 300, b"\nV1|2|PING|\n"])
+    assert [describe(e)[0] for e in out] == ["reply", "request"]
+    assert out[0].data.startswith(b"V1|0|ERR|BAD_REQUEST|line exceeds")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=8), st.integers(1, 50))
+def test_fuzz_garbage_never_raises_and_answers_are_v1_lines(chunks, step):
+    data = b"".join(chunks)
+    pieces = [data[i : i + step] for i in range(0, len(data), step)]
+    for event in events(pieces):
+        assert isinstance(event, Reply | Request)
+        if isinstance(event, Reply):
+            assert event.data.startswith(b"V1|") and event.data.endswith(b"\n")
+            assert event.data.count(b"\n") == 1
+            assert not event.close
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([
+    b"V1|1|PRODUCE|t k:v acks=all", b"V1|2|CONSUME|t 0 0", b"V1|3|JOIN|g t c", b"V1|4|COMMIT|g t c 1 0 0",
+    b"V1|5|ping|", b"V1|6|SYNC|g t c 2", b"garbage", b"V1|7|OFFSET|g t 0", b"|||", b"V1|8|LEAVE|g t c 1",
+]), max_size=10), st.integers(1, 40))
+def test_fuzz_valid_commands_in_any_chunking(lines, step):
+    data = b"".join(line + b"\n" for line in lines)
+    pieces = [data[i : i + step] for i in range(0, len(data), step)]
+    assert len(events(pieces)) == len(lines)
+
+
+def test_respond_renders_results():
+    conn = V1Connection(ListenerSettings(1024))
+    conn.receive_data(b"V1|9|PRODUCE|orders k:v\n")
+    request = conn.next_event()
+    data = conn.respond(request, [m.ProduceResult("orders", 2, 5, 5, 6)])
+    assert data == b"V1|9|OK|partition=2 offset=5 hw=5\n"
+    data = conn.respond(request, [m.ProduceResult("orders", error=m.Error(m.ErrorCode.REPLICATION_TIMEOUT, "x"))])
+    assert data == b"V1|9|ERR|REPLICATION_TIMEOUT|x\n"
+
+
+def test_foreign_values_are_made_line_safe():
+    assert line_safe(b"plain") == b"plain"
+    assert line_safe(b"a,b") == b"b64:YSxi"
+    assert line_safe(b"two words") == b"b64:dHdvIHdvcmRz"
+    assert line_safe(b"\xff\x00") == b"b64:/wA="
+    assert line_safe(b"") == b"b64:"
+    assert line_safe(None) == b""
+    records = [m.Record(b"x,y", b"k", 7, offset=10), m.Record(None, None, 8, offset=12)]
+    stored = m.StoredBatch("v1", 10, 12, 8, FORMAT.encode(records, 10))
+    back = list(FORMAT.records(stored))
+    assert [(r.offset, r.value, r.key, r.timestamp) for r in back] == [(10, b"b64:eCx5", b"k", 7), (12, b"", None, 8)]
