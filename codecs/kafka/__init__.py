@@ -1,0 +1,20 @@
+"""Apache Kafka wire protocol codec (seeds 002 and 004, PROTOCOLS.md section 4)."""
+
+from gateway.codec import CodecPlugin
+
+from .apis import APIS
+from .codec import KafkaConnection
+from .records import FORMAT
+
+DEFAULT_PORT = 9092
+MAX_FRAME = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+
+plugin = CodecPlugin(
+    name="kafka",
+    default_port=DEFAULT_PORT,
+    new_connection=KafkaConnection,
+    max_frame_size=MAX_FRAME,
+    description="Apache Kafka wire protocol (0.8 to 3.x clients)",
+    versions=f"{len(APIS)} APIs",
+    batch_format=FORMAT,
+)

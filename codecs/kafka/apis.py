@@ -1,0 +1,506 @@
+"""What each Kafka API does: request body -> model commands -> response body.
+
+Every handler takes the connection's ``Session``, the request version and
+the parsed request body (a ``Container`` with Kafka's field names) and
+returns an ``Answer`` (a response body, no command to run) or a ``Run``
+(commands, and a ``render(results)`` that returns the response body, or
+``None`` for no response at all: Produce with acks=0). Bodies are dicts with
+Kafka's field names; fields left out take their defaults.
+
+``APIS`` lists the advertised APIs and version ranges (PROTOCOLS.md §4.2
+plus the 0.8-era versions of seed 002).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from gateway import model as m
+from gateway.model import ErrorCode
+
+from . import records, sasl
+
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+INVALID_TOPIC = 17
+ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+UNKNOWN_MEMBER_ID = 25
+REBALANCE_IN_PROGRESS = 27
+UNSUPPORTED_SASL_MECHANISM = 33
+ILLEGAL_SASL_STATE = 34
+UNSUPPORTED_VERSION = 35
+TOPIC_ALREADY_EXISTS = 36
+INVALID_PARTITIONS = 37
+INVALID_REQUEST = 42
+SASL_AUTHENTICATION_FAILED = 58
+NON_EMPTY_GROUP = 68
+GROUP_ID_NOT_FOUND = 69
+UNKNOWN_SERVER_ERROR = -1
+
+ERRORS = {
+    ErrorCode.UNKNOWN_TOPIC: UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.UNKNOWN_PARTITION: UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.TOPIC_EXISTS: TOPIC_ALREADY_EXISTS,
+    ErrorCode.INVALID_TOPIC: INVALID_TOPIC,
+    ErrorCode.INVALID_REQUEST: INVALID_REQUEST,
+    ErrorCode.NOT_LEADER: 6,  # NOT_LEADER_OR_FOLLOWER
+    ErrorCode.REPLICATION_TIMEOUT: 7,  # REQUEST_TIMED_OUT
+    ErrorCode.OFFSET_OUT_OF_RANGE: OFFSET_OUT_OF_RANGE,
+    ErrorCode.GENERATION_MISMATCH: ILLEGAL_GENERATION,
+    ErrorCode.UNKNOWN_MEMBER: UNKNOWN_MEMBER_ID,
+    ErrorCode.GROUP_NOT_FOUND: GROUP_ID_NOT_FOUND,
+    ErrorCode.REBALANCE_IN_PROGRESS: REBALANCE_IN_PROGRESS,
+    ErrorCode.NOT_ASSIGNED: ILLEGAL_GENERATION,
+    ErrorCode.INVALID_SEQUENCE: 45,  # OUT_OF_ORDER_SEQUENCE_NUMBER
+    ErrorCode.DUPLICATE_SEQUENCE: 46,  # DUPLICATE_SEQUENCE_NUMBER
+    ErrorCode.FENCED_PRODUCER: 47,  # INVALID_PRODUCER_EPOCH
+    ErrorCode.CORRUPT_MESSAGE: CORRUPT_MESSAGE,
+    ErrorCode.STORAGE_ERROR: 56,  # KAFKA_STORAGE_ERROR
+    ErrorCode.UNSUPPORTED: UNKNOWN_SERVER_ERROR,
+}
+
+
+def code(error: m.Error | None, **overrides: int) -> int:
+    """The Kafka error code of a model error (0 for none); ``overrides`` by model code name."""
+    if error is None:
+        return NONE
+    return overrides.get(error.code.name, ERRORS.get(error.code, UNKNOWN_SERVER_ERROR))
+
+
+def message(error: m.Error | None) -> str | None:
+    return None if error is None else error.message
+
+
+class Session(Protocol):
+    """What handlers know of their connection."""
+
+    advertised_host: str
+    advertised_port: int
+    client_id: str
+    client_host: str
+    sasl_config: sasl.SaslConfig | None
+    sasl_exchange: sasl.Exchange | None
+    sasl_raw: bool
+
+
+@attrs.frozen
+class Answer:
+    body: dict[str, Any]
+
+
+@attrs.frozen
+class Run:
+    commands: tuple[Any, ...]
+    render: Callable[[Sequence[Any]], dict[str, Any] | None]
+
+
+Outcome = Answer | Run
+Handler = Callable[[Session, int, Any], Outcome]
+
+
+@attrs.frozen
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    handle: Handler
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _by_topic(items: Sequence[tuple[str, dict[str, Any]]], topic_field: str = "Name",
+              partitions_field: str = "Partitions") -> list[dict[str, Any]]:
+    """Group ``(topic, partition body)`` pairs into Kafka's topic -> partitions arrays, in order."""
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for topic, part in items:
+        topics.setdefault(topic, []).append(part)
+    return [{topic_field: t, partitions_field: ps} for t, ps in topics.items()]
+
+
+# --------------------------------------------------------------------------- produce / fetch
+
+
+def produce(session: Session, version: int, req: Any) -> Outcome:
+    acks = {0: m.Acks.NONE, 1: m.Acks.LEADER}.get(req.Acks, m.Acks.ALL)
+    commands: list[Any] = []
+    slots: list[tuple[str, int, int, int, int]] = []  # topic, partition, first command, count, error
+    now = int(time.time() * 1000)
+    for topic in req.TopicData:
+        for part in topic.PartitionData:
+            try:
+                batches = records.split_batches(part.Records or b"", now)
+            except (records.CorruptRecords, ValueError) as e:
+                slots.append((topic.Name, part.Index, len(commands), 0, CORRUPT_MESSAGE))
+                del e
+                continue
+            slots.append((topic.Name, part.Index, len(commands), len(batches), NONE))
+            commands += [m.Produce(topic.Name, part.Index, b, acks, req.TimeoutMs) for b in batches]
+
+    def render(results: Sequence[m.ProduceResult]) -> dict[str, Any] | None:
+        if acks == m.Acks.NONE:
+            return None
+        parts = []
+        for topic, partition, first, count, error in slots:
+            body: dict[str, Any] = {"Index": partition, "ErrorCode": error, "BaseOffset": -1}
+            mine = results[first : first + count]
+            failed = next((r.error for r in mine if r.error is not None), None)
+            if failed is not None:
+                body.update(ErrorCode=code(failed), ErrorMessage=failed.message)
+            elif mine:
+                body.update(BaseOffset=mine[0].base_offset, LogStartOffset=mine[0].log_start_offset)
+            parts.append((topic, body))
+        return {"Responses": _by_topic(parts, "Name", "PartitionResponses")}
+
+    return Run(tuple(commands), render)
+
+
+def fetch(session: Session, version: int, req: Any) -> Outcome:
+    if req.get("SessionId", 0) != 0:
+        return Answer({"ErrorCode": 70, "SessionId": 0})  # FETCH_SESSION_ID_NOT_FOUND
+    fetches = tuple(
+        m.Fetch(t.Topic, p.Partition, p.FetchOffset, records.NAME, max_bytes=max(p.PartitionMaxBytes, 0))
+        for t in req.Topics for p in t.Partitions
+    )
+    max_bytes = req.get("MaxBytes", 0x7FFFFFFF)
+    cmd = m.FetchMany(fetches, max(req.MaxWaitMs, 0), req.MinBytes, max(max_bytes, 1))
+    legacy_magic = None if version >= 4 else (0 if version < 2 else 1)
+
+    def render(results: Sequence[m.FetchManyResult]) -> dict[str, Any]:
+        parts = []
+        for f, r in zip(fetches, results[0].results, strict=True):
+            if legacy_magic is None:
+                data = b"".join(b.payload for b in r.batches)
+            else:
+                data = records.encode_message_set(
+                    (rec for b in r.batches for rec in records.FORMAT.records(b) if rec.offset >= f.offset),
+                    legacy_magic)
+            parts.append((f.topic, {
+                "PartitionIndex": f.partition, "ErrorCode": code(r.error),
+                "HighWatermark": r.high_watermark, "LastStableOffset": r.last_stable_offset,
+                "LogStartOffset": r.log_start_offset, "Records": data,
+            }))
+        return {"Responses": _by_topic(parts, "Topic", "Partitions")}
+
+    return Run((cmd,), render)
+
+
+def list_offsets(session: Session, version: int, req: Any) -> Outcome:
+    commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, p.Timestamp) for t in req.Topics for p in t.Partitions)
+
+    def render(results: Sequence[m.ListOffsetsResult]) -> dict[str, Any]:
+        parts = []
+        for r in results:
+            body: dict[str, Any] = {"PartitionIndex": r.partition, "ErrorCode": code(r.error)}
+            if version == 0:
+                body["OldStyleOffsets"] = [r.offset] if r.error is None and r.offset >= 0 else []
+            else:
+                body.update(Timestamp=r.timestamp, Offset=r.offset)
+            parts.append((r.topic, body))
+        return {"Topics": _by_topic(parts)}
+
+    return Run(commands, render)
+
+
+# --------------------------------------------------------------------------- metadata and topics
+
+
+def metadata(session: Session, version: int, req: Any) -> Outcome:
+    names = None if req.Topics is None or (version == 0 and not req.Topics) else tuple(t.Name for t in req.Topics)
+    auto = req.get("AllowAutoTopicCreation", True)
+
+    def render(results: Sequence[m.ListTopicsResult]) -> dict[str, Any]:
+        topics = []
+        for t in results[0].topics:
+            topics.append({
+                "ErrorCode": code(t.error, INVALID_REQUEST=INVALID_TOPIC), "Name": t.topic,
+                "Partitions": [{"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": 0,
+                                "ReplicaNodes": [0], "IsrNodes": [0]} for p in t.partitions],
+            })
+        return {"Brokers": [{"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port}],
+                "ClusterId": "polygate", "ControllerId": 0, "Topics": topics}
+
+    return Run((m.ListTopics(names, auto),), render)
+
+
+def _topic_config(configs: Sequence[Any]) -> m.TopicConfig:
+    known = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes", "segment.bytes": "segment_bytes"}
+    fields: dict[str, Any] = {}
+    extras = {}
+    for c in configs:
+        if c.Name in known and c.Value is not None and c.Value.lstrip("-").isdigit():
+            fields[known[c.Name]] = int(c.Value)
+        elif c.Value is not None:
+            extras[c.Name] = c.Value
+    return m.TopicConfig(**fields, extras=extras)
+
+
+def create_topics(session: Session, version: int, req: Any) -> Outcome:
+    if req.get("validateOnly"):
+        return Answer({"Topics": [{"Name": t.Name} for t in req.Topics]})
+    commands = tuple(
+        m.CreateTopic(t.Name, t.NumPartitions if t.NumPartitions > 0 else None,
+                      attrs.evolve(_topic_config(t.Configs),
+                                   replication_factor=t.ReplicationFactor if t.ReplicationFactor > 0 else None))
+        for t in req.Topics)
+
+    def render(results: Sequence[m.CreateTopicResult]) -> dict[str, Any]:
+        return {"Topics": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
+                            "ErrorMessage": message(r.error)} for r in results]}
+
+    return Run(commands, render)
+
+
+def delete_topics(session: Session, version: int, req: Any) -> Outcome:
+    commands = tuple(m.DeleteTopic(name) for name in req.TopicNames)
+
+    def render(results: Sequence[m.DeleteTopicResult]) -> dict[str, Any]:
+        return {"Responses": [{"Name": r.topic, "ErrorCode": code(r.error)} for r in results]}
+
+    return Run(commands, render)
+
+
+def create_partitions(session: Session, version: int, req: Any) -> Outcome:
+    if req.ValidateOnly:
+        return Answer({"Results": [{"Name": t.Name} for t in req.Topics]})
+    commands = tuple(m.CreatePartitions(t.Name, t.Count) for t in req.Topics)
+
+    def render(results: Sequence[m.CreatePartitionsResult]) -> dict[str, Any]:
+        return {"Results": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
+                             "ErrorMessage": message(r.error)} for r in results]}
+
+    return Run(commands, render)
+
+
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG = 5, 1
+
+
+def describe_configs(session: Session, version: int, req: Any) -> Outcome:
+    topics = tuple(r.ResourceName for r in req.Resources if r.ResourceType == TOPIC_RESOURCE)
+
+    def entries(pairs: list[tuple[str, Any, bool]], keys: Sequence[str] | None) -> list[dict[str, Any]]:
+        return [{"Name": n, "Value": None if v is None else str(v), "ReadOnly": False, "IsDefault": default,
+                 "ConfigSource": DEFAULT_CONFIG if default else DYNAMIC_TOPIC_CONFIG, "IsSensitive": False}
+                for n, v, default in pairs if keys is None or n in keys]
+
+    def render(results: Sequence[m.ListTopicsResult]) -> dict[str, Any]:
+        infos = {t.topic: t for t in results[0].topics} if results else {}
+        out = []
+        for r in req.Resources:
+            body: dict[str, Any] = {"ResourceType": r.ResourceType, "ResourceName": r.ResourceName}
+            if r.ResourceType == TOPIC_RESOURCE:
+                info = infos[r.ResourceName]
+                c = info.config
+                pairs = [("cleanup.policy", "delete", True),
+                         ("retention.ms", c.retention_ms if c.retention_ms is not None else -1,
+                          c.retention_ms is None),
+                         ("retention.bytes", c.retention_bytes if c.retention_bytes is not None else -1,
+                          c.retention_bytes is None),
+                         ("segment.bytes", c.segment_bytes, c.segment_bytes is None),
+                         ("compression.type", "producer", True)]
+                pairs += [(k, v, False) for k, v in c.extras.items()]
+                body.update(ErrorCode=code(info.error), ErrorMessage=message(info.error),
+                            Configs=[] if info.error else entries(pairs, r.ConfigurationKeys))
+            elif r.ResourceType == BROKER_RESOURCE:
+                body["Configs"] = entries([("advertised.listeners",
+                                            f"PLAINTEXT://{session.advertised_host}:{session.advertised_port}",
+                                            True), ("auto.create.topics.enable", "true", True)],
+                                          r.ConfigurationKeys)
+            else:
+                body.update(ErrorCode=INVALID_REQUEST, ErrorMessage="unsupported resource type")
+            out.append(body)
+        return {"Results": out}
+
+    if not topics:
+        return Answer(render(()))
+    return Run((m.ListTopics(topics),), render)
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def find_coordinator(session: Session, version: int, req: Any) -> Outcome:
+    return Answer({"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port})
+
+
+def join_group(session: Session, version: int, req: Any) -> Outcome:
+    rebalance = req.get("RebalanceTimeoutMs", -1)
+    cmd = m.JoinGroup(req.GroupId, req.MemberId, protocol_type="consumer",
+                      session_timeout_ms=req.SessionTimeoutMs,
+                      rebalance_timeout_ms=rebalance if rebalance > 0 else req.SessionTimeoutMs,
+                      client_id=session.client_id, client_host=session.client_host,
+                      protocols=tuple((p.Name, p.Metadata) for p in req.Protocols),
+                      group_instance_id=req.get("GroupInstanceId"),
+                      extras={"protocol_type": req.ProtocolType})
+
+    def render(results: Sequence[m.JoinGroupResult]) -> dict[str, Any]:
+        r = results[0]
+        return {"ErrorCode": code(r.error, INVALID_REQUEST=INCONSISTENT_GROUP_PROTOCOL,
+                                  GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID),
+                "GenerationId": r.generation, "ProtocolName": r.protocol, "Leader": r.leader,
+                "MemberId": r.member_id or req.MemberId,
+                "Members": [{"MemberId": mid, "Metadata": meta} for mid, meta in r.members]}
+
+    return Run((cmd,), render)
+
+
+def sync_group(session: Session, version: int, req: Any) -> Outcome:
+    cmd = m.SyncGroup(req.GroupId, req.MemberId, req.GenerationId,
+                      tuple((a.MemberId, a.Assignment) for a in req.Assignments))
+
+    def render(results: Sequence[m.SyncGroupResult]) -> dict[str, Any]:
+        r = results[0]
+        return {"ErrorCode": code(r.error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment}
+
+    return Run((cmd,), render)
+
+
+def heartbeat(session: Session, version: int, req: Any) -> Outcome:
+    def render(results: Sequence[m.HeartbeatResult]) -> dict[str, Any]:
+        return {"ErrorCode": code(results[0].error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID)}
+
+    return Run((m.Heartbeat(req.GroupId, req.MemberId, req.GenerationId),), render)
+
+
+def leave_group(session: Session, version: int, req: Any) -> Outcome:
+    members = [req.MemberId] if version < 3 else [mem.MemberId for mem in req.Members]
+
+    def render(results: Sequence[m.LeaveGroupResult]) -> dict[str, Any]:
+        errors = [code(r.error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID) for r in results]
+        return {"ErrorCode": errors[0] if version < 3 and errors else NONE,
+                "Members": [{"MemberId": mid, "ErrorCode": e} for mid, e in zip(members, errors, strict=True)]}
+
+    return Run(tuple(m.LeaveGroup(req.GroupId, mid) for mid in members), render)
+
+
+def offset_commit(session: Session, version: int, req: Any) -> Outcome:
+    generation = req.get("GenerationIdOrMemberEpoch", -1)
+    offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
+                    for t in req.Topics for p in t.Partitions)
+    cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None)
+
+    def render(results: Sequence[m.CommitOffsetsResult]) -> dict[str, Any]:
+        r = results[0]
+        failed = code(r.error, GROUP_NOT_FOUND=ILLEGAL_GENERATION)
+        per = {(t, p): e for t, p, e in r.errors}
+        parts = [(t, {"PartitionIndex": p, "ErrorCode": failed or code(per.get((t, p)))}) for t, p, _, _ in offsets]
+        return {"Topics": _by_topic(parts)}
+
+    return Run((cmd,), render)
+
+
+def offset_fetch(session: Session, version: int, req: Any) -> Outcome:
+    wanted = None if req.Topics is None else tuple((t.Name, p) for t in req.Topics for p in t.PartitionIndexes)
+
+    def render(results: Sequence[m.FetchOffsetsResult]) -> dict[str, Any]:
+        r = results[0]
+        parts = [(t, {"PartitionIndex": p, "CommittedOffset": o, "Metadata": meta, "ErrorCode": NONE})
+                 for t, p, o, meta in r.offsets]
+        return {"Topics": _by_topic(parts), "ErrorCode": code(r.error)}
+
+    return Run((m.FetchOffsets(req.GroupId, wanted),), render)
+
+
+def describe_groups(session: Session, version: int, req: Any) -> Outcome:
+    def render(results: Sequence[m.DescribeGroupsResult]) -> dict[str, Any]:
+        return {"Groups": [{
+            "ErrorCode": code(g.error), "GroupId": g.group, "GroupState": g.state,
+            "ProtocolType": g.protocol_type, "ProtocolData": g.protocol,
+            "Members": [{"MemberId": mem.member_id, "ClientId": mem.client_id, "ClientHost": mem.client_host,
+                         "MemberMetadata": mem.metadata, "MemberAssignment": mem.assignment}
+                        for mem in g.members],
+        } for g in results[0].groups]}
+
+    return Run((m.DescribeGroups(tuple(req.Groups)),), render)
+
+
+def list_groups(session: Session, version: int, req: Any) -> Outcome:
+    def render(results: Sequence[m.ListGroupsResult]) -> dict[str, Any]:
+        return {"Groups": [{"GroupId": g, "ProtocolType": pt} for g, pt in results[0].groups]}
+
+    return Run((m.ListGroups(),), render)
+
+
+def delete_groups(session: Session, version: int, req: Any) -> Outcome:
+    def render(results: Sequence[m.DeleteGroupsResult]) -> dict[str, Any]:
+        return {"Results": [{"GroupId": g, "ErrorCode": code(e, INVALID_REQUEST=NON_EMPTY_GROUP)}
+                            for g, e in results[0].errors]}
+
+    return Run((m.DeleteGroups(tuple(req.GroupsNames)),), render)
+
+
+# --------------------------------------------------------------------------- producers, versions, SASL
+
+
+def init_producer_id(session: Session, version: int, req: Any) -> Outcome:
+    def render(results: Sequence[m.InitProducerIdResult]) -> dict[str, Any]:
+        r = results[0]
+        return {"ErrorCode": code(r.error), "ProducerId": r.producer_id, "ProducerEpoch": r.epoch}
+
+    cmd = m.InitProducerId(req.TransactionalId, req.get("ProducerId", -1), req.get("ProducerEpoch", -1))
+    return Run((cmd,), render)
+
+
+def api_versions(session: Session, version: int, req: Any) -> Outcome:
+    return Answer({"ApiKeys": advertised()})
+
+
+def sasl_handshake(session: Session, version: int, req: Any) -> Outcome:
+    config = session.sasl_config
+    offered = list(config.mechanisms) if config else []
+    if config is None or req.Mechanism not in offered:
+        return Answer({"ErrorCode": UNSUPPORTED_SASL_MECHANISM, "Mechanisms": offered})
+    session.sasl_exchange = sasl.Exchange(config, req.Mechanism)
+    session.sasl_raw = version == 0  # v0: raw tokens follow, without Kafka headers
+    return Answer({"Mechanisms": offered})
+
+
+def sasl_authenticate(session: Session, version: int, req: Any) -> Outcome:
+    exchange = session.sasl_exchange
+    if exchange is None:
+        return Answer({"ErrorCode": ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"})
+    try:
+        token = exchange.step(req.AuthBytes)
+    except sasl.AuthFailed as e:
+        return Answer({"ErrorCode": SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)})
+    return Answer({"AuthBytes": token})
+
+
+APIS: dict[int, Api] = {api.key: api for api in (
+    Api(0, 0, 8, produce),
+    Api(1, 0, 11, fetch),
+    Api(2, 0, 5, list_offsets),
+    Api(3, 0, 8, metadata),
+    Api(8, 0, 7, offset_commit),
+    Api(9, 0, 5, offset_fetch),
+    Api(10, 0, 2, find_coordinator),
+    Api(11, 0, 5, join_group),
+    Api(12, 0, 3, heartbeat),
+    Api(13, 0, 3, leave_group),
+    Api(14, 0, 3, sync_group),
+    Api(15, 0, 4, describe_groups),
+    Api(16, 0, 2, list_groups),
+    Api(17, 0, 1, sasl_handshake),
+    Api(18, 0, 3, api_versions),
+    Api(19, 0, 4, create_topics),
+    Api(20, 0, 3, delete_topics),
+    Api(22, 0, 4, init_producer_id),
+    Api(32, 0, 2, describe_configs),
+    Api(36, 0, 1, sasl_authenticate),
+    Api(37, 0, 1, create_partitions),
+    Api(42, 0, 1, delete_groups),
+)}
+API_VERSIONS = 18
+SASL_APIS = frozenset({17, 18, 36})
+
+
+def advertised() -> list[dict[str, int]]:
+    return [{"ApiKey": a.key, "MinVersion": a.min_version, "MaxVersion": a.max_version} for a in APIS.values()]
