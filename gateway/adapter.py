@@ -8,7 +8,8 @@ It owns what every protocol needs and no codec should write again:
   being drained by the peer (transport write buffer full) or while too many
   requests are in flight, and resumes when they are;
 * long-polls and acks=all (Deferred results), greetings and push streams
-  (``Subscribe``: long-polled fetches whose results the codec frames);
+  (``Subscribe``: long-polled fetches whose results the codec frames;
+  ``Unsubscribe`` stops them), and per-connection timers (``Timer``);
 * isolation: a codec bug closes that connection, never the process.
 """
 
@@ -33,6 +34,8 @@ from gateway.codec import (
     Reply,
     Request,
     Subscribe,
+    Timer,
+    Unsubscribe,
 )
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,22 @@ class _Slot:
     pending: defer.Deferred | None = None
 
 
+@attrs.define(eq=False)
+class _Stream:
+    """A running ``Subscribe``: its pending fetches and delayed polls."""
+
+    sub: Subscribe
+    calls: list[Any] = attrs.Factory(list)
+    stopped: bool = False
+
+    def stop(self) -> None:
+        self.stopped = True
+        calls, self.calls = self.calls, []
+        for call in calls:
+            if isinstance(call, defer.Deferred) and not call.called or hasattr(call, "active") and call.active():
+                call.cancel()
+
+
 @implementer(IPushProducer)
 class CodecProtocol(protocol.Protocol):
     """Adapter between one TCP connection and one codec ``Connection``."""
@@ -61,13 +80,15 @@ class CodecProtocol(protocol.Protocol):
         self.streaming = False
         self.write_paused = False
         self.read_paused = False
-        self._stream_calls: list[Any] = []
+        self._streams: list[_Stream] = []
+        self._timers: dict[Any, Any] = {}
 
     # ------------------------------------------------------------------ connection
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
-        settings = attrs.evolve(self.factory.settings, peer=f"{getattr(peer, 'host', '')}:{getattr(peer, 'port', '')}")
+        settings = attrs.evolve(self.factory.settings, peer=f"{getattr(peer, 'host', '')}:{getattr(peer, 'port', '')}",
+                                clock=self.factory.reactor.seconds)
         self.transport.registerProducer(self, True)
         try:
             self.codec = self.factory.plugin.new_connection(settings)
@@ -78,6 +99,7 @@ class CodecProtocol(protocol.Protocol):
         if greeting:
             self.transport.write(greeting)
         self.factory.connections.add(self)
+        self._pump()
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.closing = True
@@ -87,10 +109,13 @@ class CodecProtocol(protocol.Protocol):
         for slot in slots:
             if slot.pending is not None and not slot.pending.called:
                 slot.pending.cancel()
-        for call in self._stream_calls:
-            if isinstance(call, defer.Deferred) and not call.called or hasattr(call, "active") and call.active():
+        streams, self._streams = self._streams, []
+        for stream in streams:
+            stream.stop()
+        timers, self._timers = self._timers, {}
+        for call in timers.values():
+            if call.active():
                 call.cancel()
-        self._stream_calls.clear()
 
     def dataReceived(self, data: bytes) -> None:
         if self.closing or self.codec is None:
@@ -131,6 +156,10 @@ class CodecProtocol(protocol.Protocol):
             elif isinstance(event, Subscribe):
                 self.queue.append(_Slot(stream=event))
                 self.streaming = event.exclusive
+            elif isinstance(event, Unsubscribe):
+                self._stop_streams(event.context)
+            elif isinstance(event, Timer):
+                self._set_timer(event)
             else:  # pragma: no cover
                 raise TypeError(f"unknown codec event {event!r}")
         self._flush()
@@ -218,20 +247,22 @@ class CodecProtocol(protocol.Protocol):
     def _start_stream(self, sub: Subscribe) -> None:
         offsets = {(f.topic, f.partition): f.offset for f in sub.fetches}
         state = {"last_push": self.factory.reactor.seconds()}
+        stream = _Stream(sub)
+        self._streams.append(stream)
 
         def poll(fetch: m.Fetch) -> None:
-            if self.closing:
+            if self.closing or stream.stopped:
                 return
             wait = sub.keepalive_ms or 5000
             cmd = attrs.evolve(fetch, offset=offsets[(fetch.topic, fetch.partition)], max_wait_ms=wait)
             d = self.broker.execute(cmd)
-            self._stream_calls.append(d)
+            stream.calls.append(d)
             d.addCallbacks(lambda r: delivered(fetch, r, d), lambda f: stream_failed(f, d))
 
         def delivered(fetch: m.Fetch, result: m.FetchResult, d: defer.Deferred) -> None:
-            if d in self._stream_calls:
-                self._stream_calls.remove(d)
-            if self.closing:
+            if d in stream.calls:
+                stream.calls.remove(d)
+            if self.closing or stream.stopped:
                 return
             try:
                 if result.batches:
@@ -241,6 +272,8 @@ class CodecProtocol(protocol.Protocol):
                 elif result.error is not None:
                     data = self.codec.push(sub.context, result)
                 else:
+                    if result.offset >= 0:  # keep where LATEST/EARLIEST resolved
+                        offsets[(fetch.topic, fetch.partition)] = result.offset
                     data = b""
                     now = self.factory.reactor.seconds()
                     if sub.keepalive_ms and now - state["last_push"] >= sub.keepalive_ms / 1000 - 0.01:
@@ -252,22 +285,60 @@ class CodecProtocol(protocol.Protocol):
             if data:
                 self.transport.write(data)
             if result.error is not None:
-                self.transport.loseConnection()
+                if sub.exclusive:
+                    self.transport.loseConnection()
+                else:
+                    self._stop_streams(sub.context)
+                    self._pump()
                 return
+            if not sub.exclusive:
+                self._pump()  # events the push left (timers, replies)
             if self.write_paused:
                 # resume the stream once the peer drained what we wrote
                 call = self.factory.reactor.callLater(0.05, poll, fetch)
-                self._stream_calls.append(call)
+                stream.calls.append(call)
             else:
                 poll(fetch)
 
         def stream_failed(f: Failure, d: defer.Deferred) -> None:
+            if stream.stopped or self.closing:
+                return
             if not f.check(defer.CancelledError):
                 log.error("stream failed: %s", f.getTraceback())
                 self.transport.loseConnection()
 
         for fetch in sub.fetches:
             poll(fetch)
+
+    def _stop_streams(self, context: Any) -> None:
+        """Stop the running and the queued streams of ``context`` (``Unsubscribe``)."""
+        for stream in [s for s in self._streams if s.sub.context == context]:
+            self._streams.remove(stream)
+            stream.stop()
+        for slot in self.queue:
+            if slot.stream is not None and slot.stream.context == context:
+                slot.stream, slot.data = None, b""
+
+    # ------------------------------------------------------------------ timers
+
+    def _set_timer(self, event: Timer) -> None:
+        old = self._timers.pop(event.context, None)
+        if old is not None and old.active():
+            old.cancel()
+        if event.seconds is not None:
+            self._timers[event.context] = self.factory.reactor.callLater(
+                max(event.seconds, 0), self._timer_fired, event.context)
+
+    def _timer_fired(self, context: Any) -> None:
+        self._timers.pop(context, None)
+        if self.closing or self.codec is None:
+            return
+        try:
+            self.codec.timer(context)
+        except Exception:
+            self._codec_bug()
+            return
+        self._pump()
 
     # ------------------------------------------------------------------ failures
 

@@ -14,6 +14,13 @@ A codec is sans-IO. For every accepted connection the adapter creates one
   order of ``request.commands``. Answers are written in request order,
   whatever order the commands complete in.
 
+The adapter takes events again after each call into the codec
+(``connection_made``, ``receive_data``, ``respond``, ``push`` and ``timer``),
+so any of them may leave events for ``next_event`` to return. Two events ask
+for no answer and take no place in the answer order: ``Timer`` (call
+``connection.timer(context)`` later, e.g. MQTT keep-alive) and
+``Unsubscribe`` (stop push streams, e.g. MQTT UNSUBSCRIBE).
+
 A codec never blocks and never raises on bad input: it answers with its
 protocol's own error (``Reply``) or asks to close (``Close``). An exception
 escaping a codec is a bug; the adapter logs it and closes that connection.
@@ -25,7 +32,8 @@ read back by any other codec through ``Record``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -40,6 +48,8 @@ class ListenerSettings:
     ``max_frame_size`` is the largest frame the codec must accept;
     ``advertised_host``/``advertised_port`` the address clients should use to
     reach this listener; ``options`` are codec-specific (``--codec-option``).
+    ``clock`` returns the adapter's time in seconds (the reactor's, so that
+    tests can drive it), for codecs that measure time between events.
     """
 
     max_frame_size: int
@@ -47,6 +57,7 @@ class ListenerSettings:
     advertised_port: int = 0
     peer: str = ""
     options: Mapping[str, str] = EMPTY
+    clock: Callable[[], float] = time.monotonic
 
 
 @attrs.frozen
@@ -81,7 +92,11 @@ class Subscribe:
     ``connection.push(context, result)`` and advances that fetch past what
     was returned. Every ``keepalive_ms`` without data it writes
     ``connection.keepalive(context)``. ``exclusive`` streams take the
-    connection over: later requests are not read.
+    connection over: later requests are not read. A fetch that starts at an
+    ``OffsetSpec`` stays where the broker resolved it, so ``LATEST`` means
+    "records appended after the stream started". A fetch error is pushed,
+    then ends the stream: an exclusive one by closing the connection, a
+    non-exclusive one by stopping only that stream.
     """
 
     fetches: tuple[Fetch, ...]
@@ -90,7 +105,32 @@ class Subscribe:
     exclusive: bool = True
 
 
-Event = Request | Reply | Close | Subscribe
+@attrs.frozen
+class Unsubscribe:
+    """Stop every push stream whose ``Subscribe.context`` equals ``context``.
+
+    Takes effect at once, also for a ``Subscribe`` still waiting for earlier
+    answers; no ``push`` for those streams follows. Asks for no answer.
+    """
+
+    context: Any = None
+
+
+@attrs.frozen
+class Timer:
+    """Call ``connection.timer(context)`` once, ``seconds`` from now.
+
+    A later ``Timer`` with an equal (hashable) ``context`` replaces a pending
+    one; ``seconds=None`` cancels it. Timers die with the connection. After
+    the call the adapter takes events again, so the codec can react with a
+    ``Reply`` or a ``Close`` (an idle or keep-alive timeout, a retry).
+    """
+
+    seconds: float | None
+    context: Hashable = None
+
+
+Event = Request | Reply | Close | Subscribe | Unsubscribe | Timer
 
 
 class Connection(Protocol):
@@ -111,6 +151,12 @@ class PushConnection(Connection, Protocol):
     def push(self, context: Any, result: Any) -> bytes: ...
 
     def keepalive(self, context: Any) -> bytes: ...
+
+
+class TimerConnection(Connection, Protocol):
+    """A connection that emits ``Timer`` events also implements ``timer``."""
+
+    def timer(self, context: Any) -> None: ...
 
 
 class BatchFormat(Protocol):

@@ -1,0 +1,26 @@
+"""MQTT 3.1.1 for polygate, as a third-party codec plugin.
+
+Installed with ``pip install ./plugins/polygate-mqtt``, it registers
+``mqtt = polygate_mqtt:plugin`` in the ``gateway.codecs`` entry-point group;
+``gateway serve --protocols v1,mqtt`` then serves it on port 1883. It uses
+only the public plugin API (``gateway.codec``, ``gateway.model``,
+``gateway.framing``) and no Twisted, like every codec.
+"""
+
+from gateway.codec import CodecPlugin
+
+from .batch import FORMAT
+from .codec import MqttConnection
+
+DEFAULT_PORT = 1883
+MAX_FRAME = 1 << 20  # remaining length of one packet; --max-frame mqtt=BYTES
+
+plugin = CodecPlugin(
+    name="mqtt",
+    default_port=DEFAULT_PORT,
+    new_connection=MqttConnection,
+    max_frame_size=MAX_FRAME,
+    description="MQTT 3.1.1 (QoS 0/1, + and # subscriptions) - third-party plugin",
+    versions="3.1.1",
+    batch_format=FORMAT,
+)

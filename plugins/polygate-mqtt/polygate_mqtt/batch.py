@@ -1,0 +1,59 @@
+"""The ``mqtt`` storage format: one record per PUBLISH, key = topic name.
+
+A payload is a run of records, each::
+
+    u32 offset_delta | i64 timestamp_ms | u8 qos | i32 key_len (-1: null) | key | i32 value_len | value
+
+``key`` is the MQTT topic name (UTF-8), ``value`` the application message,
+``qos`` the QoS it was published with (0xFF for a record converted from
+another format: the subscriber's granted QoS then applies). In ``Record``
+the QoS travels as ``extras["mqtt_qos"]``; other formats ignore it, and read
+an MQTT message as a record with that key and value.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+
+from gateway.model import Record, StoredBatch
+
+NAME = "mqtt"
+UNKNOWN_QOS = 0xFF
+HEAD = struct.Struct(">IqBi")
+LEN = struct.Struct(">i")
+
+
+def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None) -> bytes:
+    value = value or b""
+    return b"".join((HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
+                     LEN.pack(len(value)), value))
+
+
+class MqttFormat:
+    name = NAME
+
+    def records(self, batch: StoredBatch) -> Iterable[Record]:
+        data = batch.payload
+        pos = 0
+        while pos < len(data):
+            delta, ts, qos, klen = HEAD.unpack_from(data, pos)
+            pos += HEAD.size
+            key = None if klen < 0 else bytes(data[pos : pos + klen])
+            pos += max(klen, 0)
+            (vlen,) = LEN.unpack_from(data, pos)
+            pos += LEN.size
+            value = bytes(data[pos : pos + vlen])
+            pos += vlen
+            extras = {} if qos == UNKNOWN_QOS else {"mqtt_qos": qos}
+            yield Record(value, key, ts, offset=batch.base_offset + delta, extras=extras)
+
+    def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
+        return b"".join(encode_record(r.offset - base_offset, r.timestamp, r.extras.get("mqtt_qos", UNKNOWN_QOS),
+                                      r.key, r.value) for r in records)
+
+    def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
+        return payload
+
+
+FORMAT = MqttFormat()

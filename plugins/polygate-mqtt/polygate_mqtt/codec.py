@@ -1,0 +1,430 @@
+"""MQTT 3.1.1 server side of one connection (sans-IO).
+
+What a client gets (see the README for the full list and its reasons):
+
+* CONNECT/CONNACK. Only protocol level 4 (3.1.1) is accepted; another level
+  is answered CONNACK 0x01 and closed. Every session is clean: a client
+  asking for a persistent session (clean session 0) is accepted with
+  "session present" 0 and must subscribe again. Will messages, user names
+  and passwords are accepted and not used.
+* Keep-alive: with a keep-alive of K seconds the connection is closed once
+  no byte arrived for 1.5 K. A connection that sends no CONNECT within
+  ``connect_timeout_ms`` is closed.
+* PUBLISH QoS 0, 1 (PUBACK once stored) and 2 (PUBREC once stored,
+  PUBCOMP on PUBREL; a resent PUBLISH awaiting PUBREL is not stored twice).
+  The RETAIN flag is not honoured: the message is stored and delivered like
+  any other and not kept for later subscribers, since a subscription starts
+  at the end of the log (the log itself is the history).
+* SUBSCRIBE/SUBACK with ``+`` and ``#``; granted QoS is at most 1. A
+  subscription delivers every record appended after the SUBSCRIBE was
+  handled, by any protocol, whose MQTT topic name matches, once, at the
+  highest granted QoS of the matching filters, capped by the QoS it was
+  published with. UNSUBSCRIBE/UNSUBACK stops them.
+* QoS 1 deliveries are resent (DUP set) every ``retry_ms`` until PUBACKed,
+  while the connection lives. At most ``max_inflight`` are unacknowledged;
+  later ones wait, up to ``max_queued_bytes``, past which the subscriber is
+  disconnected as too slow.
+* PINGREQ/PINGRESP, DISCONNECT.
+
+Anything the spec calls a protocol violation (a malformed packet, a first
+packet that is not CONNECT, a second CONNECT, wrong fixed-header flags, a
+remaining length over the frame limit, a topic name outside the mapping in
+``topics``) closes the connection without an answer, as section 4.8 asks.
+
+Options (``--codec-option mqtt.KEY=VALUE``): ``retry_ms`` (default 10000),
+``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
+(10000).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from gateway import model as m
+from gateway.codec import (
+    Close,
+    Event,
+    ListenerSettings,
+    Reply,
+    Request,
+    Subscribe,
+    Timer,
+    Unsubscribe,
+)
+from gateway.framing import ReceiveBuffer
+
+from . import batch, packets, topics
+from .packets import MalformedPacket, PacketType
+
+OPTIONS = {"retry_ms": 10_000, "max_inflight": 1000, "max_queued_bytes": 64 << 20, "connect_timeout_ms": 10_000}
+MAX_PACKET_ID = 0xFFFF
+
+
+def options(settings: ListenerSettings) -> dict[str, int]:
+    """The codec options with their defaults; ``ValueError`` for an unknown or non-integer one."""
+    unknown = set(settings.options) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown mqtt option(s): {', '.join(sorted(unknown))}")
+    return {k: int(settings.options.get(k, v)) for k, v in OPTIONS.items()}
+
+
+@attrs.frozen
+class _Publish:
+    """Context of a PUBLISH being stored: how to acknowledge it."""
+
+    qos: int
+    packet_id: int | None
+    topic: str
+
+
+@attrs.frozen
+class _Subscribe:
+    """Context of a SUBSCRIBE waiting for its log topics' partitions."""
+
+    packet_id: int
+    entries: tuple[tuple[str, int, str | None], ...]  # (filter, requested qos, log topic or None)
+
+
+@attrs.define
+class _TopicSubscription:
+    """The filters subscribed in one log topic, served by one push stream.
+
+    ``filters`` maps a filter to ``(granted qos, {partition: first offset})``:
+    records below the high watermark seen at SUBSCRIBE time are not its.
+    """
+
+    stream: tuple[str, int]  # the Subscribe context: (log topic, generation)
+    filters: dict[str, tuple[int, dict[int, int]]] = attrs.Factory(dict)
+
+
+@attrs.define
+class _Outgoing:
+    """A QoS 1 delivery waiting for its PUBACK."""
+
+    topic: bytes
+    payload: bytes
+    packet_id: int = 0
+    sent_at: float = 0.0
+
+
+class MqttConnection:
+    """One client connection (see the module docstring)."""
+
+    def __init__(self, settings: ListenerSettings):
+        self.options = options(settings)
+        self.max_frame = settings.max_frame_size
+        self.clock = settings.clock
+        self.peer = settings.peer
+        self.buffer = ReceiveBuffer()
+        self.events: collections.deque[Event] = collections.deque()
+        self.connected = False
+        self.closed = False
+        self.waiting = False  # a SUBSCRIBE waits for its partitions: later packets wait too
+        self.keep_alive = 0.0
+        self.last_seen = self.clock()
+        self.subscriptions: dict[str, _TopicSubscription] = {}
+        self.generation = 0
+        self.inflight: collections.OrderedDict[int, _Outgoing] = collections.OrderedDict()
+        self.queued: collections.deque[_Outgoing] = collections.deque()
+        self.queued_bytes = 0
+        self.next_id = 0
+        self.awaiting_release: set[int] = set()
+        self.events.append(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
+
+    # ------------------------------------------------------------------ Connection API
+
+    def connection_made(self) -> bytes:
+        return b""
+
+    def receive_data(self, data: bytes) -> None:
+        self.last_seen = self.clock()
+        self.buffer.feed(data)
+
+    def next_event(self) -> Event | None:
+        while not self.events:
+            if self.closed or self.waiting:
+                return None
+            try:
+                frame = self._next_frame()
+                if frame is None:
+                    return None
+                self._handle(*frame)
+            except MalformedPacket as e:
+                self._close(str(e))
+        return self.events.popleft()
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+        ctx = request.context
+        if isinstance(ctx, _Subscribe):
+            return self._subscribed(ctx, results[0])
+        result: m.ProduceResult = results[0]
+        if result.error is not None:
+            # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
+            self._close(f"PUBLISH to {ctx.topic!r} not stored: {result.error.code.value}: {result.error.message}")
+            return b""
+        if ctx.qos == 1:
+            return packets.with_packet_id(PacketType.PUBACK, ctx.packet_id)
+        if ctx.qos == 2:
+            return packets.with_packet_id(PacketType.PUBREC, ctx.packet_id)
+        return b""
+
+    def push(self, context: tuple[str, int], result: m.FetchResult) -> bytes:
+        sub = self.subscriptions.get(context[0])
+        if sub is None or sub.stream != context or self.closed:
+            return b""
+        if result.error is not None:
+            del self.subscriptions[context[0]]
+            self._close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
+            return b""
+        out = []
+        for stored in result.batches:
+            for record in batch.FORMAT.records(stored):
+                data = self._deliver(sub, result.partition, record)
+                if data:
+                    out.append(data)
+        return b"".join(out)
+
+    def keepalive(self, context: Any) -> bytes:
+        return b""
+
+    def timer(self, context: str) -> None:
+        now = self.clock()
+        if context == "connect" and not self.connected:
+            self._close(f"no CONNECT within {self.options['connect_timeout_ms']} ms")
+        elif context == "keepalive" and self.keep_alive:
+            idle = now - self.last_seen
+            limit = 1.5 * self.keep_alive
+            if idle >= limit - 0.001:
+                self._close(f"keep-alive: nothing received for {idle:.1f} s (keep-alive {self.keep_alive:g} s)")
+            else:
+                self.events.append(Timer(limit - idle, "keepalive"))
+        elif context == "retry":
+            self._retry(now)
+
+    # ------------------------------------------------------------------ framing
+
+    def _next_frame(self) -> tuple[int, int, bytes] | None:
+        header = packets.split_header(self.buffer.peek(min(len(self.buffer), 5)) or b"")
+        if header is None:
+            if self.buffer.eof:
+                self._close("end of stream")
+            return None
+        kind, flags, head_len, length = header
+        if length > self.max_frame:
+            raise MalformedPacket(f"remaining length {length} over the frame limit {self.max_frame}")
+        if len(self.buffer) < head_len + length:
+            if self.buffer.eof:
+                self._close("end of stream inside a packet")
+            return None
+        self.buffer.skip(head_len)
+        return kind, flags, self.buffer.take(length)
+
+    def _handle(self, kind: int, flags: int, body: bytes) -> None:
+        if not 1 <= kind <= 14:
+            raise MalformedPacket(f"reserved packet type {kind}")
+        kind = PacketType(kind)
+        if kind is not PacketType.PUBLISH and flags != packets.REQUIRED_FLAGS[kind]:
+            raise MalformedPacket(f"{kind.name} with flags {flags:#x}")
+        if not self.connected:
+            if kind is not PacketType.CONNECT:
+                raise MalformedPacket(f"{kind.name} before CONNECT")
+            self._connect(body)
+            return
+        handler = self._HANDLERS.get(kind)
+        if handler is None:
+            raise MalformedPacket(f"{kind.name} is not sent by clients" if kind is not PacketType.CONNECT
+                                  else "second CONNECT")
+        handler(self, body, flags)
+
+    def _close(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.events.append(Close(reason=reason))
+
+    # ------------------------------------------------------------------ packets
+
+    def _connect(self, body: bytes) -> None:
+        head = packets.parse(packets.CONNECT_PROTOCOL, body)
+        if head.protocol_name not in ("MQTT", "MQIsdp"):
+            raise MalformedPacket(f"unknown protocol name {head.protocol_name!r}")
+        if (head.protocol_name, head.protocol_level) != (packets.PROTOCOL_NAME, packets.PROTOCOL_LEVEL):
+            self.events.append(Reply(packets.connack(packets.ConnectReturn.UNACCEPTABLE_PROTOCOL_VERSION)))
+            self._close(f"protocol {head.protocol_name} level {head.protocol_level}: only MQTT 3.1.1 (4) is served")
+            return
+        c = packets.parse(packets.CONNECT, body)
+        f = c.flags
+        if f.reserved or f.will_qos == 3 or (not f.will and (f.will_qos or f.will_retain)) \
+                or (f.password and not f.username):
+            raise MalformedPacket("CONNECT with invalid flags")
+        if not c.client_id and not f.clean_session:
+            self.events.append(Reply(packets.connack(packets.ConnectReturn.IDENTIFIER_REJECTED)))
+            self._close("empty client identifier with clean session 0")
+            return
+        self.connected = True
+        self.keep_alive = float(c.keep_alive)
+        self.events.append(Timer(None, "connect"))
+        if self.keep_alive:
+            self.events.append(Timer(1.5 * self.keep_alive, "keepalive"))
+        self.events.append(Reply(packets.connack(packets.ConnectReturn.ACCEPTED)))
+
+    def _publish(self, body: bytes, flags: int) -> None:
+        name, qos, packet_id, payload = packets.parse_publish(flags, body)
+        if not topics.valid_name(name):
+            raise MalformedPacket(f"invalid topic name {name!r}")
+        log_topic = topics.log_topic(name)
+        if log_topic is None:
+            raise MalformedPacket(f"topic {name!r}: first level is not a log topic name [A-Za-z0-9._=-]{{1,249}}")
+        if qos == 2 and packet_id in self.awaiting_release:
+            self.events.append(Reply(packets.with_packet_id(PacketType.PUBREC, packet_id)))
+            return
+        if qos == 2:
+            self.awaiting_release.add(packet_id)
+        key = name.encode("utf-8")
+        ts = int(time.time() * 1000)
+        record = batch.encode_record(0, ts, qos, key, payload)
+        produce = m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), m.Acks.LEADER, key=key,
+                            partitioner="murmur2", auto_create=True)
+        self.events.append(Request((produce,), _Publish(qos, packet_id, name)))
+
+    def _pubrel(self, body: bytes, flags: int) -> None:
+        packet_id = packets.parse(packets.PACKET_ID, body).packet_id
+        self.awaiting_release.discard(packet_id)
+        self.events.append(Reply(packets.with_packet_id(PacketType.PUBCOMP, packet_id)))
+
+    def _puback(self, body: bytes, flags: int) -> None:
+        packet_id = packets.parse(packets.PACKET_ID, body).packet_id
+        if self.inflight.pop(packet_id, None) is not None:
+            data = self._send_queued()
+            if data:
+                self.events.append(Reply(data))
+
+    def _subscribe(self, body: bytes, flags: int) -> None:
+        s = packets.parse(packets.SUBSCRIBE, body)
+        if not s.topics:
+            raise MalformedPacket("SUBSCRIBE without a topic filter")
+        entries = []
+        for t in s.topics:
+            if t.qos > 2:
+                raise MalformedPacket(f"SUBSCRIBE requested QoS byte {t.qos:#x}")
+            if not topics.valid_filter(t.filter):
+                raise MalformedPacket(f"invalid topic filter {t.filter!r}")
+            entries.append((t.filter, t.qos, topics.log_topic(t.filter)))
+        wanted = tuple(dict.fromkeys(e[2] for e in entries if e[2] is not None))
+        if not wanted:
+            self.events.append(Reply(packets.suback(s.packet_id, [packets.SUBACK_FAILURE] * len(entries))))
+            return
+        self.waiting = True
+        self.events.append(Request((m.ListTopics(wanted, auto_create=True),), _Subscribe(s.packet_id, tuple(entries))))
+
+    def _subscribed(self, ctx: _Subscribe, result: m.ListTopicsResult) -> bytes:
+        """Grant what the partitions allow, start streams for new log topics, answer SUBACK."""
+        self.waiting = False
+        infos = {t.topic: t for t in result.topics}
+        codes = []
+        for topic_filter, qos, log_topic in ctx.entries:
+            info = infos.get(log_topic)
+            if info is None or info.error is not None or not info.partitions:
+                codes.append(packets.SUBACK_FAILURE)
+                continue
+            granted = min(qos, 1)
+            since = {p.partition: p.high_watermark for p in info.partitions}
+            sub = self.subscriptions.get(log_topic)
+            if sub is None:
+                self.generation += 1
+                sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation))
+                fetches = tuple(m.Fetch(log_topic, p, offset, batch.NAME) for p, offset in since.items())
+                self.events.append(Subscribe(fetches, sub.stream, exclusive=False))
+            sub.filters[topic_filter] = (granted, since)
+            codes.append(granted)
+        return packets.suback(ctx.packet_id, codes)
+
+    def _unsubscribe(self, body: bytes, flags: int) -> None:
+        u = packets.parse(packets.UNSUBSCRIBE, body)
+        if not u.filters:
+            raise MalformedPacket("UNSUBSCRIBE without a topic filter")
+        for topic_filter in u.filters:
+            sub = self.subscriptions.get(topics.log_topic(topic_filter) or "")
+            if sub is not None and sub.filters.pop(topic_filter, None) is not None and not sub.filters:
+                del self.subscriptions[sub.stream[0]]
+                self.events.append(Unsubscribe(sub.stream))
+        self.events.append(Reply(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id)))
+
+    def _pingreq(self, body: bytes, flags: int) -> None:
+        self.events.append(Reply(packets.PINGRESP))
+
+    def _disconnect(self, body: bytes, flags: int) -> None:
+        self._close("client sent DISCONNECT")
+
+    _HANDLERS = {
+        PacketType.PUBLISH: _publish,
+        PacketType.PUBACK: _puback,
+        PacketType.PUBREL: _pubrel,
+        PacketType.SUBSCRIBE: _subscribe,
+        PacketType.UNSUBSCRIBE: _unsubscribe,
+        PacketType.PINGREQ: _pingreq,
+        PacketType.DISCONNECT: _disconnect,
+    }
+
+    # ------------------------------------------------------------------ deliveries
+
+    def _deliver(self, sub: _TopicSubscription, partition: int, record: m.Record) -> bytes:
+        name = topics.record_topic(sub.stream[0], record.key)
+        granted = -1
+        for topic_filter, (qos, since) in sub.filters.items():
+            if record.offset >= since.get(partition, 0) and qos > granted and topics.matches(topic_filter, name):
+                granted = qos
+        if granted < 0:
+            return b""
+        qos = min(granted, record.extras.get("mqtt_qos", granted))
+        topic = name.encode("utf-8")
+        payload = record.value or b""
+        if qos == 0:
+            return packets.publish(topic, payload)
+        out = _Outgoing(topic, payload)
+        self.queued.append(out)
+        self.queued_bytes += len(topic) + len(payload)
+        if self.queued_bytes > self.options["max_queued_bytes"]:
+            self._close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 messages "
+                        "waiting for acknowledgements")
+            return b""
+        return self._send_queued()
+
+    def _send_queued(self) -> bytes:
+        """Send waiting QoS 1 messages while the in-flight window has room."""
+        out = []
+        now = self.clock()
+        while self.queued and len(self.inflight) < min(self.options["max_inflight"], MAX_PACKET_ID):
+            msg = self.queued.popleft()
+            self.queued_bytes -= len(msg.topic) + len(msg.payload)
+            msg.packet_id = self._packet_id()
+            msg.sent_at = now
+            if not self.inflight:
+                self.events.append(Timer(self.options["retry_ms"] / 1000, "retry"))
+            self.inflight[msg.packet_id] = msg
+            out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id))
+        return b"".join(out)
+
+    def _packet_id(self) -> int:
+        while True:
+            self.next_id = self.next_id % MAX_PACKET_ID + 1
+            if self.next_id not in self.inflight:
+                return self.next_id
+
+    def _retry(self, now: float) -> None:
+        """Resend, DUP set, every QoS 1 delivery unacknowledged for ``retry_ms``."""
+        retry = self.options["retry_ms"] / 1000
+        out = []
+        for msg in self.inflight.values():
+            if now - msg.sent_at >= retry - 0.001:
+                msg.sent_at = now
+                out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id, dup=True))
+        if out:
+            self.events.append(Reply(b"".join(out)))
+        if self.inflight:
+            oldest = min(msg.sent_at for msg in self.inflight.values())
+            self.events.append(Timer(max(oldest + retry - now, 0.001), "retry"))

@@ -1,0 +1,221 @@
+"""MQTT 3.1.1 control packets (OASIS standard, section 2 and 3): one schema each.
+
+Every packet is a fixed header (type, flags, remaining length) and a body
+of ``remaining length`` bytes. ``split_header`` reads the fixed header
+without consuming anything, so the codec can check the frame limit before
+the body is buffered. Bodies are ``construct`` schemas named after the
+spec's packets; PUBLISH, the hot path both ways, also has hand-written
+``struct`` functions (``parse_publish``/``publish``) that the tests hold to
+the schema.
+
+Strings are UTF-8 with a 16-bit length prefix. A schema raises
+``MalformedPacket`` (not construct's own errors) on bytes that do not fit.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+from construct import (
+    BitsInteger,
+    BitStruct,
+    ConstructError,
+    Flag,
+    GreedyBytes,
+    GreedyRange,
+    If,
+    Int8ub,
+    Int16ub,
+    PascalString,
+    Prefixed,
+    Struct,
+    Terminated,
+    this,
+)
+
+PROTOCOL_NAME = "MQTT"
+PROTOCOL_LEVEL = 4  # 3.1.1
+MAX_REMAINING_LENGTH = 268_435_455  # four length bytes
+
+
+class PacketType(enum.IntEnum):
+    CONNECT = 1
+    CONNACK = 2
+    PUBLISH = 3
+    PUBACK = 4
+    PUBREC = 5
+    PUBREL = 6
+    PUBCOMP = 7
+    SUBSCRIBE = 8
+    SUBACK = 9
+    UNSUBSCRIBE = 10
+    UNSUBACK = 11
+    PINGREQ = 12
+    PINGRESP = 13
+    DISCONNECT = 14
+
+
+class ConnectReturn(enum.IntEnum):
+    """CONNACK return codes (3.2.2.3)."""
+
+    ACCEPTED = 0
+    UNACCEPTABLE_PROTOCOL_VERSION = 1
+    IDENTIFIER_REJECTED = 2
+    SERVER_UNAVAILABLE = 3
+
+
+SUBACK_FAILURE = 0x80
+
+# Fixed-header flags each packet type must carry (2.2.2); PUBLISH's are its own.
+REQUIRED_FLAGS = {t: 0 for t in PacketType} | {
+    PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010, PacketType.UNSUBSCRIBE: 0b0010}
+
+
+class MalformedPacket(Exception):
+    """The bytes break the spec: the server closes the connection (4.8)."""
+
+
+Utf8 = PascalString(Int16ub, "utf8")
+Binary = Prefixed(Int16ub, GreedyBytes)
+
+# 3.1: the version firewall reads only these two fields first, so that a
+# client of another level (MQTT 5 adds properties) is answered, not misparsed.
+CONNECT_PROTOCOL = Struct("protocol_name" / Utf8, "protocol_level" / Int8ub)
+
+CONNECT = Struct(
+    "protocol_name" / Utf8,
+    "protocol_level" / Int8ub,
+    "flags" / BitStruct(
+        "username" / Flag,
+        "password" / Flag,
+        "will_retain" / Flag,
+        "will_qos" / BitsInteger(2),
+        "will" / Flag,
+        "clean_session" / Flag,
+        "reserved" / Flag,
+    ),
+    "keep_alive" / Int16ub,
+    "client_id" / Utf8,
+    "will_topic" / If(this.flags.will, Utf8),
+    "will_message" / If(this.flags.will, Binary),
+    "username" / If(this.flags.username, Utf8),
+    "password" / If(this.flags.password, Binary),
+    Terminated,
+)
+
+CONNACK = Struct("session_present" / Int8ub, "return_code" / Int8ub)
+
+# Parsed with the fixed header's QoS: ``PUBLISH.parse(body, qos=1)``.
+PUBLISH = Struct(
+    "topic" / Utf8,
+    "packet_id" / If(this._.qos > 0, Int16ub),
+    "payload" / GreedyBytes,
+)
+
+# PUBACK, PUBREC, PUBREL, PUBCOMP and UNSUBACK carry only a packet identifier.
+PACKET_ID = Struct("packet_id" / Int16ub, Terminated)
+
+SUBSCRIBE = Struct(
+    "packet_id" / Int16ub,
+    "topics" / GreedyRange(Struct("filter" / Utf8, "qos" / Int8ub)),
+    Terminated,
+)
+
+SUBACK = Struct("packet_id" / Int16ub, "return_codes" / GreedyRange(Int8ub))
+
+UNSUBSCRIBE = Struct("packet_id" / Int16ub, "filters" / GreedyRange(Utf8), Terminated)
+
+# PINGREQ, PINGRESP and DISCONNECT have no body.
+EMPTY = Terminated
+
+
+def parse(schema: Struct, body: bytes, **context: object) -> object:
+    """Parse ``body`` with ``schema``; ``MalformedPacket`` if it does not fit."""
+    try:
+        return schema.parse(body, **context)
+    except (ConstructError, UnicodeDecodeError) as e:
+        raise MalformedPacket(f"malformed packet: {e}") from None
+
+
+# --------------------------------------------------------------------------- fixed header
+
+
+def split_header(data: bytes) -> tuple[int, int, int, int] | None:
+    """``(type, flags, header length, remaining length)`` from the first bytes
+    of a packet, or ``None`` while the length bytes are incomplete.
+
+    Raises ``MalformedPacket`` for a length of more than four bytes.
+    """
+    if len(data) < 2:
+        return None
+    length = 0
+    for i in range(1, 5):
+        if i >= len(data):
+            return None
+        byte = data[i]
+        length |= (byte & 0x7F) << (7 * (i - 1))
+        if not byte & 0x80:
+            return data[0] >> 4, data[0] & 0x0F, i + 1, length
+    raise MalformedPacket("remaining length longer than four bytes")
+
+
+def encode_length(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def packet(kind: PacketType, body: bytes = b"", flags: int = 0) -> bytes:
+    """One packet: fixed header and ``body``."""
+    return bytes((kind << 4 | flags,)) + encode_length(len(body)) + body
+
+
+def connack(return_code: ConnectReturn, session_present: bool = False) -> bytes:
+    return packet(PacketType.CONNACK, CONNACK.build({"session_present": int(session_present),
+                                                     "return_code": return_code}))
+
+
+def with_packet_id(kind: PacketType, packet_id: int) -> bytes:
+    return packet(kind, PACKET_ID.build({"packet_id": packet_id}), REQUIRED_FLAGS[kind])
+
+
+def suback(packet_id: int, return_codes: list[int]) -> bytes:
+    return packet(PacketType.SUBACK, SUBACK.build({"packet_id": packet_id, "return_codes": return_codes}))
+
+
+PINGRESP = packet(PacketType.PINGRESP)
+
+# --------------------------------------------------------------------------- PUBLISH, hot path
+
+_U16 = struct.Struct(">H")
+
+
+def parse_publish(flags: int, body: bytes) -> tuple[str, int, int | None, bytes]:
+    """``(topic, qos, packet_id, payload)`` of a PUBLISH body, as ``PUBLISH`` parses it."""
+    qos = (flags >> 1) & 3
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")
+    if len(body) < 2:
+        raise MalformedPacket("PUBLISH without a topic name")
+    end = 2 + _U16.unpack_from(body)[0]
+    head = end + (2 if qos else 0)
+    if len(body) < head:
+        raise MalformedPacket("PUBLISH shorter than its topic name and packet identifier")
+    try:
+        topic = body[2:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedPacket("PUBLISH topic name is not UTF-8") from None
+    packet_id = _U16.unpack_from(body, end)[0] if qos else None
+    return topic, qos, packet_id, body[head:]
+
+
+def publish(topic: bytes, payload: bytes, qos: int = 0, packet_id: int | None = None, dup: bool = False,
+            retain: bool = False) -> bytes:
+    """A PUBLISH packet; ``topic`` is the UTF-8 topic name."""
+    head = _U16.pack(len(topic)) + topic + (_U16.pack(packet_id) if qos else b"")
+    flags = (0b1000 if dup else 0) | qos << 1 | (1 if retain else 0)
+    return bytes((PacketType.PUBLISH << 4 | flags,)) + encode_length(len(head) + len(payload)) + head + payload
