@@ -1,0 +1,24 @@
+"""TANK binary protocol codec (seed 003, PROTOCOLS.md section 3), compatible
+with the TANK 4.0 broker and ``tank-cli``.
+
+TANK sequence numbers are the engine's offsets plus one (TANK numbers each
+partition's messages from 1), in every partition; see ``codec.py``.
+"""
+
+from gateway.codec import CodecPlugin
+
+from .bundle import FORMAT
+from .codec import TankConnection
+
+DEFAULT_PORT = 11011
+MAX_FRAME = 64 << 20
+
+plugin = CodecPlugin(
+    name="tank",
+    default_port=DEFAULT_PORT,
+    new_connection=TankConnection,
+    max_frame_size=MAX_FRAME,
+    description="TANK binary protocol (phaistos-networks/TANK 4.0)",
+    versions="client 2-3",
+    batch_format=FORMAT,
+)

@@ -1,0 +1,356 @@
+"""TANK bundles (``tank_encoding.md``) and the ``tank`` storage format.
+
+A bundle is a header (flags, message count, for SPARSE bundles the first
+and last sequence numbers) and a message set, snappy-compressed as a whole
+(raw block format) when the codec bits say so; ``schema.BundleHeader`` and
+``schema.BundleMessage`` give the layout. This module is the fast, hand-written
+form of those schemas.
+
+A stored ``tank`` batch payload is exactly what a produce request carries for
+one partition, ``varint bundle_len | bundle``, so a consume chunk is the
+stored payloads one after the other. Sequence numbers are engine offsets
+plus one. In a non-SPARSE bundle they are implicit: a consumer numbers the
+first bundle of a chunk from the response header and every further bundle
+from where the previous one ended; ``build_chunk`` turns a bundle that does
+not follow on (a gap in the log) into a SPARSE one.
+
+Converting from other formats keeps keys, values and timestamps (TANK has no
+headers; a key is at most 255 bytes, longer keys are cut); records with gaps
+between their offsets become a SPARSE bundle.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterable, Sequence
+
+import cramjam
+
+from gateway.model import CommandError, ErrorCode, Record, StoredBatch
+
+NAME = "tank"
+
+CODEC_MASK = 0x03
+CODEC_SNAPPY = 1
+SPARSE = 0x40
+EXTRA_FLAGS = 0x80
+RICH_PRODUCER_INFO = 0x01
+
+HAVE_KEY = 0x01
+USE_LAST_TS = 0x02
+SEQ_PREV_PLUS_ONE = 0x04
+
+# The C++ client compresses above these (TankClient::choose_compression_codec).
+COMPRESS_MESSAGES = 512
+COMPRESS_BYTES = 1024
+
+_U64 = struct.Struct("<Q")
+_PRODUCER = struct.Struct("<IQH")
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be decoded."""
+
+
+def varint(n: int) -> bytes:
+    """Unsigned LEB128."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def read_varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """``(value, next position)``; raises ``BundleError`` if cut short or over 5 bytes."""
+    if pos < end:
+        b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+    value = 0
+    shift = 0
+    while pos < end and shift < 35:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+    raise BundleError("truncated or over-long varint")
+
+
+class Header:
+    """A parsed bundle header; ``body`` is where the message set starts."""
+
+    __slots__ = ("flags", "count", "first_seq", "last_seq", "body", "end")
+
+    def __init__(self, flags: int, count: int, first_seq: int | None, last_seq: int | None, body: int, end: int):
+        self.flags = flags
+        self.count = count
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.body = body
+        self.end = end
+
+    @property
+    def sparse(self) -> bool:
+        return bool(self.flags & SPARSE)
+
+    @property
+    def codec(self) -> int:
+        return self.flags & CODEC_MASK
+
+
+def parse_header(buf: bytes | memoryview, pos: int, end: int) -> Header:
+    """The header of the bundle occupying ``buf[pos:end]``."""
+    if pos >= end:
+        raise BundleError("empty bundle")
+    flags = buf[pos]
+    pos += 1
+    if flags & CODEC_MASK > CODEC_SNAPPY:
+        raise BundleError(f"unknown bundle codec {flags & CODEC_MASK}")
+    if flags & EXTRA_FLAGS:
+        if pos >= end:
+            raise BundleError("bundle extra flags missing")
+        extra = buf[pos]
+        pos += 1
+        if extra & RICH_PRODUCER_INFO:
+            pos += _PRODUCER.size
+    count = (flags >> 2) & 0x0F
+    if not count:
+        count, pos = read_varint(buf, pos, end)
+    first = last = None
+    if flags & SPARSE:
+        if pos + 8 > end:
+            raise BundleError("sparse bundle sequence number missing")
+        (first,) = _U64.unpack_from(buf, pos)
+        pos += 8
+        if count != 1:
+            delta, pos = read_varint(buf, pos, end)
+            last = first + delta + 1
+        else:
+            last = first
+    if pos > end:
+        raise BundleError("bundle header cut short")
+    return Header(flags, count, first, last, pos, end)
+
+
+def framed_header(payload: bytes | memoryview) -> Header:
+    """The header of the single bundle in a stored payload (``varint len | bundle``)."""
+    n, pos = read_varint(payload, 0, len(payload))
+    if pos + n != len(payload):
+        raise BundleError("bundle length does not match its payload")
+    return parse_header(payload, pos, pos + n)
+
+
+def message_set(buf: bytes | memoryview, header: Header) -> bytes | memoryview:
+    """The (decompressed) message set of a whole bundle."""
+    if header.codec == CODEC_SNAPPY:
+        try:
+            return bytes(cramjam.snappy.decompress_raw(bytes(buf[header.body : header.end])))
+        except Exception as e:  # noqa: BLE001 - cramjam raises its own error type
+            raise BundleError(f"bad snappy message set: {e}") from None
+    return memoryview(buf)[header.body : header.end]
+
+
+def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
+                    partial: bool = False) -> list[tuple[int, int, bytes | None, bytes]]:
+    """``(seq, timestamp, key, value)`` of each message of a message set.
+
+    ``first_seq`` numbers a non-SPARSE bundle. With ``partial`` a message cut
+    short ends the list (the last bundle of a consume chunk may be cut);
+    otherwise it raises ``BundleError``.
+    """
+    out = []
+    pos = 0
+    end = len(data)
+    ts = 0
+    sparse = header.flags & SPARSE
+    seq = header.first_seq if sparse else first_seq
+    last_index = header.count - 1
+    unpack_u64 = _U64.unpack_from
+    try:
+        for i in range(header.count):
+            flags = data[pos]
+            pos += 1
+            if sparse and i:
+                if flags & SEQ_PREV_PLUS_ONE:
+                    seq += 1
+                elif i == last_index:
+                    seq = header.last_seq
+                else:
+                    delta, pos = read_varint(data, pos, end)
+                    seq += delta + 1
+            elif i:
+                seq += 1
+            if not flags & USE_LAST_TS:
+                (ts,) = unpack_u64(data, pos)
+                pos += 8
+            key = None
+            if flags & HAVE_KEY:
+                klen = data[pos]
+                key = bytes(data[pos + 1 : pos + 1 + klen])
+                pos += 1 + klen
+            vlen = data[pos]
+            if vlen < 0x80:
+                pos += 1
+            else:
+                vlen, pos = read_varint(data, pos, end)
+            if pos + vlen > end:
+                raise BundleError("message cut short")
+            out.append((seq, ts, key, bytes(data[pos : pos + vlen])))
+            pos += vlen
+    except (IndexError, struct.error, BundleError) as e:
+        if partial:
+            return out
+        raise BundleError(f"message set cut short: {e}") from None
+    if pos != end and not partial:
+        raise BundleError("bytes after the last message of a bundle")
+    return out
+
+
+def encode(messages: Sequence[tuple[int, bytes | None, bytes]], seqs: Sequence[int] | None = None,
+           compress: bool | None = None) -> bytes:
+    """One bundle (without its length) holding ``(timestamp, key, value)`` messages.
+
+    With ``seqs`` (ascending sequence numbers, one per message) the bundle is
+    SPARSE. ``compress=None`` follows the C++ client: snappy above 512
+    messages or 1024 bytes of keys and values.
+    """
+    n = len(messages)
+    parts = []
+    append = parts.append
+    prev_ts = None
+    payload_bytes = 0
+    for i, (ts, key, value) in enumerate(messages):
+        flags = HAVE_KEY if key else 0
+        delta = 0
+        if seqs is not None and 0 < i < n - 1:
+            delta = seqs[i] - seqs[i - 1] - 1
+            if not delta:
+                flags |= SEQ_PREV_PLUS_ONE
+        same_ts = i and ts == prev_ts
+        if same_ts:
+            flags |= USE_LAST_TS
+        append(bytes((flags,)))
+        if delta:
+            append(varint(delta))
+        if not same_ts:
+            append(_U64.pack(ts))
+            prev_ts = ts
+        if key:
+            key = key[:255]
+            append(bytes((len(key),)))
+            append(key)
+            payload_bytes += len(key)
+        vlen = len(value)
+        append(bytes((vlen,)) if vlen < 0x80 else varint(vlen))
+        append(value)
+        payload_bytes += vlen
+    body = b"".join(parts)
+    if compress is None:
+        compress = n > COMPRESS_MESSAGES or payload_bytes > COMPRESS_BYTES
+    flags = CODEC_SNAPPY if compress else 0
+    if compress:
+        body = bytes(cramjam.snappy.compress_raw(body))
+    if seqs is not None:
+        flags |= SPARSE
+    head = [bytes((flags | (n << 2),)) if 0 < n < 16 else bytes((flags,)) + varint(n)]
+    if seqs is not None:
+        head.append(_U64.pack(seqs[0]))
+        if n != 1:
+            head.append(varint(seqs[-1] - seqs[0] - 1))
+    return b"".join(head) + body
+
+
+def frame(bundle: bytes) -> bytes:
+    """``varint len | bundle``: the form bundles take in requests, chunks and storage."""
+    return varint(len(bundle)) + bundle
+
+
+def first_timestamp(payload: bytes, header: Header) -> int:
+    """The first message's timestamp of an uncompressed bundle, else the time now (ms)."""
+    pos = header.body  # the first message never has a sequence delta
+    if header.codec == 0 and pos + 9 <= header.end and not payload[pos] & USE_LAST_TS:
+        (ts,) = _U64.unpack_from(payload, pos + 1)
+        if ts:
+            return ts
+    return int(time.time() * 1000)
+
+
+# --------------------------------------------------------------------------- consume chunks
+
+
+def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, int, bytes]:
+    """Join stored ``tank`` batches into a consume chunk.
+
+    Returns ``(first_sparse, first_seq, chunk)``: whether the first bundle
+    is SPARSE and, if not, the sequence number of its first message. A bundle
+    that does not follow on from the previous one is re-encoded as SPARSE.
+    """
+    parts = []
+    first_sparse = False
+    first_seq = 0
+    next_seq = None
+    for b in batches:
+        payload = b.payload
+        if not payload:
+            continue
+        try:
+            header = framed_header(payload)
+        except BundleError as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {b.base_offset}: {e}") from None
+        if header.flags & SPARSE:
+            last = header.last_seq
+            seq = header.first_seq
+        else:
+            seq = b.base_offset + 1
+            if next_seq is not None and seq != next_seq:
+                payload = fmt.encode(list(fmt.records(b)), b.base_offset, sparse=True)
+                header = framed_header(payload)
+                last = header.last_seq
+            else:
+                last = seq + header.count - 1
+        if next_seq is None:
+            first_sparse = bool(header.flags & SPARSE)
+            first_seq = seq
+        parts.append(payload)
+        next_seq = last + 1
+    return first_sparse, first_seq, b"".join(parts)
+
+
+# --------------------------------------------------------------------------- storage format
+
+
+class TankFormat:
+    """The ``tank`` storage format (see the module docstring)."""
+
+    name = NAME
+
+    def records(self, batch: StoredBatch) -> Iterable[Record]:
+        try:
+            header = framed_header(batch.payload)
+            data = message_set(batch.payload, header)
+            messages = decode_messages(data, header, batch.base_offset + 1)
+        except BundleError as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {batch.base_offset}: {e}") from None
+        return [Record(value, key, ts, offset=seq - 1) for seq, ts, key, value in messages]
+
+    def encode(self, records: Sequence[Record], base_offset: int, sparse: bool = False) -> bytes:
+        if not records:
+            return b""
+        seqs = [r.offset + 1 for r in records]
+        if not sparse and seqs[0] == base_offset + 1 and seqs[-1] - seqs[0] == len(seqs) - 1:
+            seqs = None
+        messages = [(max(r.timestamp, 0), r.key, r.value or b"") for r in records]
+        return frame(encode(messages, seqs, compress=False))
+
+    def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
+        return payload
+
+
+FORMAT = TankFormat()

@@ -1,0 +1,515 @@
+"""TANK binary protocol, server side (sans-IO).
+
+Frames are ``msgId:u8 size:u32`` little-endian, then ``size`` bytes. On
+accept the server greets with a Ping (``03 00000000``), as TANK does. A Ping
+from the client is ignored. An unknown message id, a request cut short, or a
+frame over the size limit (checked from the header, before the body is
+buffered) closes the connection without an answer, as TANK does.
+
+Sequence numbers: TANK numbers a partition's messages from 1, so a TANK
+sequence number is the engine offset plus one, in every partition. The last
+assigned sequence number (TANK's ``hwmark``) is the engine's high watermark;
+the first available one is the log start offset plus one (0 for an empty
+partition). In Consume, sequence number 0 asks for the first available
+message (``OffsetSpec.EARLIEST``) and 2^64-1 for the next new one
+(``OffsetSpec.LATEST``), both resolved by the broker; asking for hwmark + 1
+long-polls. A ProduceWithSeqnum base N places its bundle at engine offset
+N - 1; a SPARSE bundle is placed at its own first sequence number - 1.
+
+Produced bundles are stored as received (format ``tank``) after a check of
+their header only; consume chunks are the stored bundles joined, cut at the
+fetch size as TANK may cut the last bundle.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from construct import ConstructError
+
+from gateway import model as m
+from gateway.codec import Close, ListenerSettings, Reply, Request
+from gateway.framing import ReceiveBuffer
+
+from . import schema
+from .bundle import (
+    FORMAT,
+    NAME,
+    SPARSE,
+    BundleError,
+    build_chunk,
+    first_timestamp,
+    parse_header,
+    read_varint,
+)
+
+HEADER = struct.Struct("<BI")
+PING = HEADER.pack(3, 0)
+U64_MAX = schema.U64_MAX
+MAX_CHUNK = 64 << 20  # TANK caps fetch size and min bytes at 64 MiB
+MAX_WAIT_MS = 24 * 3600 * 1000
+MAX_TOPIC_NAME = 64
+
+_U16 = struct.Struct("<H")
+_U64 = struct.Struct("<Q")
+_REQUEST_HEAD = struct.Struct("<HI")  # client version, request id
+_PRODUCE_OPTIONS = struct.Struct("<BIB")  # required acks, ack timeout, topics count
+_CONSUME_OPTIONS = struct.Struct("<QI")  # max wait ms, min bytes
+_FETCH = struct.Struct("<HQI")  # partition, sequence number, fetch size
+_DATA = struct.Struct("<HBQQI")  # partition, 0, first seq, hwmark, chunk length
+_SPARSE_DATA = struct.Struct("<HBQI")  # partition, 0xfe, hwmark, chunk length
+_BOUNDARY = struct.Struct("<HBQQIQ")  # partition, 1, 0, hwmark, 0, first available
+_FAULT = struct.Struct("<HB")
+
+
+class MsgId(enum.IntEnum):
+    PRODUCE = 0x01
+    CONSUME = 0x02
+    PING = 0x03
+    PRODUCE_WITH_SEQNUM = 0x05
+    DISCOVER_PARTITIONS = 0x06
+    CREATE_TOPIC = 0x07
+    STATUS = 0x0A
+    DISCOVER_TOPICS = 0x0B
+    DISCOVER_TOPOLOGY = 0x0C
+
+
+class ProduceError(enum.IntEnum):
+    OK = 0
+    UNKNOWN_PARTITION = 1
+    IO_FAULT = 2  # also a malformed bundle (the seed's "invalid request")
+    ACKS_FAILED = 3
+    INVALID_SEQ_NUMS = 10
+    NO_LEADER = 0xFD
+    READ_ONLY = 0xFE
+    UNKNOWN_TOPIC = 0xFF
+
+
+class ConsumeFlags(enum.IntEnum):
+    OK = 0
+    BOUNDARY_CHECK = 1
+    SYSTEM_ERROR = 0xFB
+    NO_LEADER = 0xFD
+    SPARSE_FIRST_BUNDLE = 0xFE
+    UNKNOWN_PARTITION = 0xFF
+
+
+class CreateTopicError(enum.IntEnum):
+    OK = 0
+    EXISTS = 1
+    SYSTEM = 2
+    INVALID_CONFIG = 4
+    INVALID_REQUEST = 10
+
+
+class Malformed(Exception):
+    """A request TANK would shut the connection for."""
+
+
+def frame(msg_id: int, body: bytes) -> bytes:
+    return HEADER.pack(msg_id, len(body)) + body
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def first_available(log_start_offset: int, high_watermark: int) -> int:
+    """TANK's first available sequence number (0 when the partition is empty)."""
+    return log_start_offset + 1 if high_watermark > log_start_offset else 0
+
+
+# --------------------------------------------------------------------------- produce
+
+
+_PRODUCE_CODES = {
+    m.ErrorCode.UNKNOWN_TOPIC: ProduceError.UNKNOWN_TOPIC,
+    m.ErrorCode.UNKNOWN_PARTITION: ProduceError.UNKNOWN_PARTITION,
+    m.ErrorCode.INVALID_SEQUENCE: ProduceError.INVALID_SEQ_NUMS,
+    m.ErrorCode.NOT_LEADER: ProduceError.NO_LEADER,
+    m.ErrorCode.REPLICATION_TIMEOUT: ProduceError.ACKS_FAILED,
+}
+
+
+def _batch(stored: bytes, at: int, base_seq: int) -> m.Batch | int:
+    """The batch of one partition's bundle (``stored[at:]``), or a produce error code."""
+    try:
+        header = parse_header(stored, at, len(stored))
+    except BundleError:
+        return ProduceError.IO_FAULT
+    if header.flags & SPARSE:
+        first, last = header.first_seq, header.last_seq
+        if not first or last < first or not 0 < header.count <= last - first + 1:
+            return ProduceError.INVALID_SEQ_NUMS
+        return m.Batch(NAME, stored, last - first + 1, first_timestamp(stored, header), first - 1)
+    if not header.count:
+        return ProduceError.IO_FAULT
+    return m.Batch(NAME, stored, header.count, first_timestamp(stored, header), base_seq - 1 if base_seq else None)
+
+
+def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[str, list[tuple[int, m.Batch | int]]]]]:
+    """``(request_id, [(topic, [(partition, batch or error code)])])`` of a Produce request.
+
+    The hand-written equivalent of ``schema.ProduceRequest`` (and
+    ``ProduceWithSeqnumRequest``); raises ``Malformed`` on a request cut short.
+    """
+    end = len(payload)
+    try:
+        _, request_id = _REQUEST_HEAD.unpack_from(payload, 0)
+        pos = 7 + payload[6]
+        _, _, topics_count = _PRODUCE_OPTIONS.unpack_from(payload, pos)
+        pos += _PRODUCE_OPTIONS.size
+        topics = []
+        for _ in range(topics_count):
+            name_end = pos + 1 + payload[pos]
+            name = _text(payload[pos + 1 : name_end])
+            count = payload[name_end]
+            pos = name_end + 1
+            parts = []
+            for _ in range(count):
+                (partition,) = _U16.unpack_from(payload, pos)
+                start = pos + 2
+                length, pos = read_varint(payload, start, end)
+                if with_seqnum:
+                    (base_seq,) = _U64.unpack_from(payload, pos)
+                    body = pos + 8
+                    stored = payload[start:pos] + payload[body : body + length]
+                    at = pos - start
+                    pos = body + length
+                else:
+                    base_seq = 0
+                    at = pos - start
+                    pos += length
+                    stored = payload[start:pos]
+                if pos > end:
+                    raise Malformed("bundle past the end of the request")
+                parts.append((partition, _batch(stored, at, base_seq)))
+            topics.append((name, parts))
+    except (IndexError, struct.error, BundleError) as e:
+        raise Malformed(f"produce request cut short: {e}") from None
+    return request_id, topics
+
+
+# --------------------------------------------------------------------------- consume
+
+
+def _fetch_offset(seq: int) -> int:
+    if seq == 0:
+        return m.OffsetSpec.EARLIEST
+    if seq == U64_MAX:
+        return m.OffsetSpec.LATEST
+    return seq - 1
+
+
+def parse_consume(payload: bytes) -> tuple[int, int, int, list[tuple[str, list[tuple[int, int, int]]]]]:
+    """``(request_id, max_wait_ms, min_bytes, [(topic, [(partition, seq, fetch_size)])])``.
+
+    The hand-written equivalent of ``schema.ConsumeRequest``.
+    """
+    try:
+        version, request_id = _REQUEST_HEAD.unpack_from(payload, 0)
+        pos = 7 + payload[6]
+        max_wait, min_bytes = _CONSUME_OPTIONS.unpack_from(payload, pos)
+        pos += _CONSUME_OPTIONS.size + (1 if version >= 3 else 0)
+        topics_count = payload[pos]
+        pos += 1
+        topics = []
+        for _ in range(topics_count):
+            name_end = pos + 1 + payload[pos]
+            name = _text(payload[pos + 1 : name_end])
+            count = payload[name_end]
+            pos = name_end + 1
+            parts = []
+            for _ in range(count):
+                parts.append(_FETCH.unpack_from(payload, pos))
+                pos += _FETCH.size
+            topics.append((name, parts))
+    except (IndexError, struct.error) as e:
+        raise Malformed(f"consume request cut short: {e}") from None
+    return request_id, max_wait, min_bytes, topics
+
+
+def _partition_answer(r: m.FetchResult, fetch_size: int, chunks: list[bytes]) -> bytes:
+    """One partition's consume response header; appends its chunk to ``chunks``."""
+    error = r.error
+    hw = r.high_watermark
+    if error is None:
+        if r.batches:
+            try:
+                sparse, first_seq, chunk = build_chunk(r.batches, FORMAT)
+            except m.CommandError:
+                return _FAULT.pack(r.partition, ConsumeFlags.SYSTEM_ERROR)
+            if len(chunk) > fetch_size:
+                chunk = chunk[:fetch_size]
+            chunks.append(chunk)
+            if sparse:
+                return _SPARSE_DATA.pack(r.partition, ConsumeFlags.SPARSE_FIRST_BUNDLE, hw, len(chunk))
+            return _DATA.pack(r.partition, ConsumeFlags.OK, first_seq, hw, len(chunk))
+        return _DATA.pack(r.partition, ConsumeFlags.OK, first_available(r.log_start_offset, hw), hw, 0)
+    code = error.code
+    if code is m.ErrorCode.OFFSET_OUT_OF_RANGE:
+        return _BOUNDARY.pack(r.partition, ConsumeFlags.BOUNDARY_CHECK, 0, hw, 0,
+                              first_available(r.log_start_offset, hw))
+    if code is m.ErrorCode.UNKNOWN_PARTITION:
+        return _FAULT.pack(r.partition, ConsumeFlags.UNKNOWN_PARTITION)
+    if code is m.ErrorCode.NOT_LEADER:
+        return _FAULT.pack(r.partition, ConsumeFlags.NO_LEADER)
+    return _FAULT.pack(r.partition, ConsumeFlags.SYSTEM_ERROR)
+
+
+def consume_response(request_id: int, layout: Sequence[tuple[str, Sequence[int]]], fetch_sizes: Sequence[int],
+                     results: Sequence[m.FetchResult]) -> bytes:
+    """The Consume response frame (``schema.ConsumeResponse``); ``layout`` maps each
+    requested topic to the indexes of its partitions' results."""
+    header = [struct.pack("<IB", request_id, len(layout))]
+    chunks: list[bytes] = []
+    for topic, indexes in layout:
+        name = topic.encode("utf-8", "surrogateescape")
+        header.append(bytes((len(name),)) + name + bytes((len(indexes),)))
+        rs = [results[i] for i in indexes]
+        if rs and all(r.error is not None and r.error.code is m.ErrorCode.UNKNOWN_TOPIC for r in rs):
+            header.append(_U16.pack(schema.UNKNOWN_TOPIC))
+            continue
+        for i, r in zip(indexes, rs):
+            header.append(_partition_answer(r, fetch_sizes[i], chunks))
+    head = b"".join(header)
+    size = 4 + len(head) + sum(len(c) for c in chunks)
+    return b"".join((HEADER.pack(MsgId.CONSUME, size), struct.pack("<I", len(head)), head, *chunks))
+
+
+# --------------------------------------------------------------------------- admin
+
+_CONFIG_KEYS = {
+    "log.retention.bytes": ("retention_bytes", 1),
+    "log.segment.bytes": ("segment_bytes", 1),
+    "log.retention.secs": ("retention_ms", 1000),
+}
+_CONFIG_LINE = re.compile(r"^\s*([^=\s]+)\s*=\s*(\S.*?)\s*$")
+
+
+def topic_config(text: str) -> m.TopicConfig:
+    """TANK's ``key = value`` topic configuration; raises ``ValueError`` when invalid.
+
+    Keys the gateway has no use for are ignored, as TANK ignores unknown keys.
+    """
+    fields = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0]
+        if not line.strip():
+            continue
+        match = _CONFIG_LINE.match(line)
+        if not match:
+            raise ValueError(f"bad configuration line {line!r}")
+        key, value = match.group(1).lower(), match.group(2)
+        if key in _CONFIG_KEYS:
+            name, scale = _CONFIG_KEYS[key]
+            if not value.isdigit():
+                raise ValueError(f"{key} must be a number")
+            fields[name] = int(value) * scale
+    return m.TopicConfig(**fields)
+
+
+def _watermarks(p: m.PartitionInfo) -> dict[str, Any]:
+    if p.role != "leader":
+        return {"first_available": U64_MAX, "hwmark": U64_MAX, "reason": ConsumeFlags.NO_LEADER, "leader": None}
+    return {"first_available": first_available(p.log_start_offset, p.high_watermark), "hwmark": p.high_watermark,
+            "reason": None, "leader": None}
+
+
+_NO_PARTITION = {"first_available": U64_MAX, "hwmark": U64_MAX, "reason": ConsumeFlags.SYSTEM_ERROR, "leader": None}
+
+
+# --------------------------------------------------------------------------- connection
+
+
+class TankConnection:
+    """Server side of one TANK connection (see the module docstring)."""
+
+    def __init__(self, settings: ListenerSettings):
+        self.max_frame = settings.max_frame_size
+        self.buffer = ReceiveBuffer()
+        self._requests = {
+            MsgId.PRODUCE: lambda p: self._produce(p, False),
+            MsgId.PRODUCE_WITH_SEQNUM: lambda p: self._produce(p, True),
+            MsgId.CONSUME: self._consume,
+            MsgId.DISCOVER_PARTITIONS: self._discover_partitions,
+            MsgId.CREATE_TOPIC: self._create_topic,
+            MsgId.STATUS: self._status,
+            MsgId.DISCOVER_TOPICS: self._discover_topics,
+            MsgId.DISCOVER_TOPOLOGY: self._discover_topology,
+        }
+
+    def connection_made(self) -> bytes:
+        return PING
+
+    def receive_data(self, data: bytes) -> None:
+        self.buffer.feed(data)
+
+    def next_event(self) -> Request | Reply | Close | None:
+        buf = self.buffer
+        while True:
+            head = buf.unpack_from(HEADER)
+            if head is None:
+                return None
+            msg_id, size = head
+            if size > self.max_frame:
+                return Close(reason=f"frame of {size} bytes over the {self.max_frame} byte limit")
+            if len(buf) < HEADER.size + size:
+                return None
+            buf.skip(HEADER.size)
+            payload = buf.take(size)
+            if msg_id == MsgId.PING:
+                continue
+            handler = self._requests.get(msg_id)
+            if handler is None:
+                return Close(reason=f"unknown message id {msg_id:#04x}")
+            try:
+                return handler(payload)
+            except (Malformed, ConstructError, UnicodeError) as e:
+                return Close(reason=f"malformed {MsgId(msg_id).name} request: {e}")
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+        render, context = request.context
+        return render(context, results)
+
+    # ------------------------------------------------------------------ produce
+
+    def _produce(self, payload: bytes, with_seqnum: bool) -> Request:
+        request_id, topics = parse_produce(payload, with_seqnum)
+        commands = []
+        layout = []
+        for topic, parts in topics:
+            slots = []
+            for partition, batch in parts:
+                if isinstance(batch, int):
+                    slots.append(-1 - batch)  # an error code, encoded below zero
+                else:
+                    slots.append(len(commands))
+                    commands.append(m.Produce(topic, partition, batch))
+            layout.append(slots)
+        return Request(tuple(commands), (self._render_produce, (request_id, layout)))
+
+    @staticmethod
+    def _render_produce(context: tuple[int, list[list[int]]], results: Sequence[m.ProduceResult]) -> bytes:
+        request_id, layout = context
+        codes = bytearray()
+        for slots in layout:
+            for i, slot in enumerate(slots):
+                if slot < 0:
+                    code = -1 - slot
+                else:
+                    error = results[slot].error
+                    code = ProduceError.OK if error is None else _PRODUCE_CODES.get(error.code, ProduceError.IO_FAULT)
+                codes.append(code)
+                if i == 0 and code in (ProduceError.UNKNOWN_TOPIC, ProduceError.READ_ONLY):
+                    break
+        return frame(MsgId.PRODUCE, struct.pack("<I", request_id) + codes)
+
+    # ------------------------------------------------------------------ consume
+
+    def _consume(self, payload: bytes) -> Request:
+        request_id, max_wait, min_bytes, topics = parse_consume(payload)
+        fetches = []
+        sizes = []
+        layout = []
+        for topic, parts in topics:
+            indexes = []
+            for partition, seq, fetch_size in parts:
+                size = max(min(fetch_size, MAX_CHUNK), 1)
+                indexes.append(len(fetches))
+                sizes.append(size)
+                # Ask for more than the fetch size so that the last bundle can be cut, as TANK's may be.
+                fetches.append(m.Fetch(topic, partition, _fetch_offset(seq), NAME,
+                                       max_bytes=size + min(size, 1 << 20)))
+            layout.append((topic, indexes))
+        command = m.FetchMany(tuple(fetches), max_wait_ms=min(max_wait, MAX_WAIT_MS),
+                              min_bytes=max(min(min_bytes, MAX_CHUNK), 1), max_bytes=MAX_CHUNK * 2)
+        return Request((command,), (self._render_consume, (request_id, layout, sizes)))
+
+    @staticmethod
+    def _render_consume(context: Any, results: Sequence[m.FetchManyResult]) -> bytes:
+        request_id, layout, sizes = context
+        return consume_response(request_id, layout, sizes, results[0].results)
+
+    # ------------------------------------------------------------------ admin
+
+    def _create_topic(self, payload: bytes) -> Request | Reply:
+        req = schema.CreateTopicRequest.parse(payload)
+
+        def answer(code: int) -> bytes:
+            body = schema.CreateTopicResponse.build({"request_id": req.request_id, "topic": req.topic, "error": code})
+            return frame(MsgId.CREATE_TOPIC, body)
+
+        if not req.partitions or not 0 < len(req.topic) <= MAX_TOPIC_NAME:
+            return Reply(answer(CreateTopicError.INVALID_REQUEST))
+        try:
+            config = topic_config(req.config.decode("utf-8", "replace"))
+        except ValueError:
+            return Reply(answer(CreateTopicError.INVALID_CONFIG))
+
+        def render(_: Any, results: Sequence[m.CreateTopicResult]) -> bytes:
+            error = results[0].error
+            if error is None:
+                return answer(CreateTopicError.OK)
+            return answer({
+                m.ErrorCode.TOPIC_EXISTS: CreateTopicError.EXISTS,
+                m.ErrorCode.INVALID_TOPIC: CreateTopicError.INVALID_REQUEST,
+                m.ErrorCode.INVALID_REQUEST: CreateTopicError.INVALID_REQUEST,
+            }.get(error.code, CreateTopicError.SYSTEM))
+
+        return Request((m.CreateTopic(req.topic, req.partitions, config),), (render, None))
+
+    def _discover_partitions(self, payload: bytes) -> Request:
+        req = schema.DiscoverPartitionsRequest.parse(payload)
+        wanted = list(req.partitions)
+
+        def render(_: Any, results: Sequence[m.ListTopicsResult]) -> bytes:
+            info = results[0].topics[0]
+            parts: list[dict[str, Any]] = []
+            if info.error is None:
+                if wanted:
+                    parts = [_watermarks(info.partitions[p]) if p < len(info.partitions) else _NO_PARTITION
+                             for p in wanted]
+                else:
+                    parts = [_watermarks(p) for p in info.partitions]
+            body = schema.DiscoverPartitionsResponse.build(
+                {"request_id": req.request_id, "topic": req.topic, "partitions": parts})
+            return frame(MsgId.DISCOVER_PARTITIONS, body)
+
+        return Request((m.ListTopics((req.topic,)),), (render, None))
+
+    def _discover_topics(self, payload: bytes) -> Request:
+        req = schema.DiscoverTopicsRequest.parse(payload)
+
+        def render(_: Any, results: Sequence[m.ListTopicsResult]) -> bytes:
+            topics = [{"name": t.topic, "enabled": True, "partitions": len(t.partitions), "replication_factor": None}
+                      for t in results[0].topics if t.error is None]
+            body = schema.DiscoverTopicsResponse.build(
+                {"request_id": req.request_id, "cluster_aware": False, "topics": topics})
+            return frame(MsgId.DISCOVER_TOPICS, body)
+
+        return Request((m.ListTopics(),), (render, None))
+
+    def _status(self, payload: bytes) -> Request:
+        req = schema.StatusRequest.parse(payload)
+
+        def render(_: Any, results: Sequence[m.ServerInfoResult]) -> bytes:
+            info = results[0]
+            body = schema.StatusResponse.build({
+                "request_id": req.request_id, "global_flags": 0, "cluster_aware": False,
+                "topics": info.topics, "partitions": info.partitions, "cluster": None,
+                "open_partitions": info.partitions, "open_partitions_time_us": 0,
+                "startup_ts": int(info.started_at), "version": 400,
+            })
+            return frame(MsgId.STATUS, body)
+
+        return Request((m.ServerInfo(),), (render, None))
+
+    def _discover_topology(self, payload: bytes) -> Reply:
+        req = schema.DiscoverTopologyRequest.parse(payload)
+        body = schema.DiscoverTopologyResponse.build({"request_id": req.request_id, "nodes": 0xFFFF})
+        return Reply(frame(MsgId.DISCOVER_TOPOLOGY, body))
