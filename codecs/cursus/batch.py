@@ -1,0 +1,385 @@
+"""The Cursus 0xBA7C binary batch and the ``cursus`` storage format.
+
+Layout (big-endian; PROTOCOLS.md section 2.7, as cursus-python, cursus-java
+and the broker's ``util/encode.go`` write it)::
+
+    u16 0xBA7C | u16 topicLen | topic | i32 partition | u8 acksLen | acks
+    | u8 isIdempotent | u64 batchStartSeq | u64 batchEndSeq | i32 count
+    record x count:
+      u64 offset | u64 seqNum | u16 len + producerId | u16 len + key | i64 epoch
+      | u32 len + payload | u16 len + eventType | u32 schemaVersion
+      | u64 aggregateVersion | u16 len + metadata
+
+The seed document's header (``u16 len`` + decimal partition string, ``u16
+len`` + acks) is accepted too and rewritten into the real layout: the two are
+told apart by the second byte after the topic (0 in the real layout for any
+partition below 65536, the low byte of a non-zero length in the seed's).
+
+Storage keeps a produced batch as received (after decompression, in the real
+layout) with each record's offset field set to its log offset. Readers of
+other formats get, per record (``Record``): ``value`` = payload, ``key`` =
+key (``None`` when empty), ``timestamp`` = the time the batch was appended,
+and, when a record carries event-sourcing data (any of the four fields not
+empty or zero), the headers ``cursus.event_type``, ``cursus.schema_version``,
+``cursus.aggregate_version`` (decimal ASCII) and ``cursus.metadata``; the
+producer id, epoch and sequence number go into ``extras`` as
+``cursus.producer_id``, ``cursus.epoch`` and ``cursus.seq_num``. ``encode``
+reads the same headers and extras back, so a record produced by a Kafka
+client with those headers reaches a Cursus consumer with its event fields;
+other headers have no place in a Cursus record and are dropped. Payloads are
+carried as bytes: cursus-python decodes them as UTF-8.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+
+import attrs
+from construct import (
+    Bytes,
+    Const,
+    ConstructError,
+    Flag,
+    Int8ub,
+    Int16ub,
+    Int32sb,
+    Int32ub,
+    Int64sb,
+    Int64ub,
+    Struct,
+    this,
+)
+
+from gateway.model import Record, StoredBatch
+
+NAME = "cursus"
+MAGIC = 0xBA7C
+MAX_MESSAGES = 100_000
+
+# Declarative schemas of the wire layout (the hot paths below use struct).
+HEADER = Struct(
+    "magic" / Const(MAGIC, Int16ub),
+    "topic_len" / Int16ub,
+    "topic" / Bytes(this.topic_len),
+    "partition" / Int32sb,
+    "acks_len" / Int8ub,
+    "acks" / Bytes(this.acks_len),
+    "idempotent" / Flag,
+    "seq_start" / Int64ub,
+    "seq_end" / Int64ub,
+    "count" / Int32sb,
+)
+SEED_HEADER = Struct(  # the seed document's table: partition and acks as u16-length strings
+    "magic" / Const(MAGIC, Int16ub),
+    "topic_len" / Int16ub,
+    "topic" / Bytes(this.topic_len),
+    "partition_len" / Int16ub,
+    "partition" / Bytes(this.partition_len),
+    "acks_len" / Int16ub,
+    "acks" / Bytes(this.acks_len),
+)
+RECORD = Struct(
+    "offset" / Int64ub,
+    "seq_num" / Int64ub,
+    "producer_id_len" / Int16ub,
+    "producer_id" / Bytes(this.producer_id_len),
+    "key_len" / Int16ub,
+    "key" / Bytes(this.key_len),
+    "epoch" / Int64sb,
+    "payload_len" / Int32ub,
+    "payload" / Bytes(this.payload_len),
+    "event_type_len" / Int16ub,
+    "event_type" / Bytes(this.event_type_len),
+    "schema_version" / Int32ub,
+    "aggregate_version" / Int64ub,
+    "metadata_len" / Int16ub,
+    "metadata" / Bytes(this.metadata_len),
+)
+
+_U16 = struct.Struct(">H")
+_U64 = struct.Struct(">Q")
+_HEAD_FIXED = struct.Struct(">iB")  # partition, acksLen
+_HEAD_TAIL = struct.Struct(">BQQi")  # idempotent, seqStart, seqEnd, count
+_REC_HEAD = struct.Struct(">QQH")  # offset, seqNum, producerIdLen
+_REC_MID = struct.Struct(">qI")  # epoch, payloadLen
+_REC_TAIL = struct.Struct(">IQH")  # schemaVersion, aggregateVersion, metadataLen
+_SEQ = struct.Struct(">Q")
+
+H_EVENT_TYPE = "cursus.event_type"
+H_SCHEMA_VERSION = "cursus.schema_version"
+H_AGGREGATE_VERSION = "cursus.aggregate_version"
+H_METADATA = "cursus.metadata"
+X_PRODUCER_ID = "cursus.producer_id"
+X_EPOCH = "cursus.epoch"
+X_SEQ_NUM = "cursus.seq_num"
+
+
+class BatchError(ValueError):
+    """A batch that does not decode; the message is the broker's reason text."""
+
+
+@attrs.frozen
+class Header:
+    """A batch header; ``size`` is where the first record starts."""
+
+    topic: str
+    partition: int
+    acks: str
+    idempotent: bool
+    seq_start: int
+    seq_end: int
+    count: int
+    size: int
+
+
+@attrs.frozen
+class Scan:
+    """What the broker needs of a produced batch's records.
+
+    ``producer_id`` is ``None`` when the records name different producers.
+    """
+
+    first_seq: int = 0
+    last_seq: int = 0
+    producer_id: bytes | None = b""
+    last_producer_id: bytes = b""
+    epoch: int = 0
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def parse_header(data: bytes) -> Header:
+    """The header of a real-layout batch; raises ``BatchError``."""
+    try:
+        (topic_len,) = _U16.unpack_from(data, 2)
+        pos = 4 + topic_len
+        partition, acks_len = _HEAD_FIXED.unpack_from(data, pos)
+        pos += 5
+        acks = data[pos : pos + acks_len]
+        pos += acks_len
+        idempotent, seq_start, seq_end, count = _HEAD_TAIL.unpack_from(data, pos)
+    except struct.error:
+        raise BatchError("failed to read batch header: unexpected EOF") from None
+    if count < 0:
+        raise BatchError(f"invalid negative message count: {count}")
+    if count > MAX_MESSAGES:
+        raise BatchError(f"message count too high: {count} (max: {MAX_MESSAGES})")
+    return Header(_text(data[4 : 4 + topic_len]), partition, _text(acks), idempotent != 0, seq_start, seq_end,
+                  count, pos + _HEAD_TAIL.size)
+
+
+def is_seed_layout(data: bytes) -> bool:
+    """True for the seed document's header (u16-length partition string)."""
+    (topic_len,) = _U16.unpack_from(data, 2)
+    pos = 4 + topic_len
+    return len(data) > pos + 1 and data[pos + 1] != 0
+
+
+def normalize(data: bytes) -> bytes:
+    """Rewrite a seed-layout header into the real layout; raises ``BatchError``."""
+    try:
+        seed = SEED_HEADER.parse(data)
+    except ConstructError:
+        raise BatchError("failed to read batch header: unexpected EOF") from None
+    text = seed.partition.decode("ascii", "replace")
+    if not text.isdigit() or int(text) > 0x7FFFFFFF:
+        raise BatchError(f"invalid partition: {text!r}")
+    if len(seed.acks) > 255:
+        raise BatchError("acks value too long")
+    rest = 8 + seed.topic_len + seed.partition_len + seed.acks_len
+    return b"".join((data[: 4 + seed.topic_len], _HEAD_FIXED.pack(int(text), len(seed.acks)), seed.acks,
+                     data[rest:]))
+
+
+def walk(data: bytes, pos: int, count: int) -> Iterator[int]:
+    """Yield the start of each record, then the end of the last; raises ``BatchError``."""
+    i = 0
+    try:
+        for i in range(count):  # noqa: B007 - i names the record in errors
+            yield pos
+            (plen,) = _U16.unpack_from(data, pos + 16)
+            pos += 18 + plen
+            (klen,) = _U16.unpack_from(data, pos)
+            pos += 2 + klen
+            _, vlen = _REC_MID.unpack_from(data, pos)
+            pos += 12 + vlen
+            (elen,) = _U16.unpack_from(data, pos)
+            pos += 2 + elen
+            (mlen,) = _U16.unpack_from(data, pos + 12)
+            pos += 14 + mlen
+            if pos > len(data):
+                raise struct.error
+    except struct.error:
+        raise BatchError(f"failed to read message[{i}]: unexpected EOF") from None
+    yield pos
+
+
+def scan(data: bytes, header: Header) -> tuple[list[int], Scan]:
+    """Validate the records of a batch; returns their starts (and the end) and a ``Scan``."""
+    starts = list(walk(data, header.size, header.count))
+    if header.count == 0:
+        return starts, Scan()
+    first = starts[0]
+    last = starts[-2]
+    pid: bytes | None = _producer_id(data, first)
+    for s in starts[1:-1]:
+        if _producer_id(data, s) != pid:
+            pid = None
+            break
+    (plen,) = _U16.unpack_from(data, last + 16)
+    (klen,) = _U16.unpack_from(data, last + 18 + plen)
+    epoch, _ = _REC_MID.unpack_from(data, last + 20 + plen + klen)
+    return starts, Scan(record_seq(data, first), record_seq(data, last), pid, _producer_id(data, last), epoch)
+
+
+def _producer_id(data: bytes, start: int) -> bytes:
+    (plen,) = _U16.unpack_from(data, start + 16)
+    return data[start + 18 : start + 18 + plen]
+
+
+def decode_record(data: bytes, start: int) -> dict:
+    """One record as a dict of the ``RECORD`` fields."""
+    return RECORD.parse(data[start:])
+
+
+def encode_header(topic: str, partition: int, acks: str, idempotent: bool, seq_start: int, seq_end: int,
+                  count: int) -> bytes:
+    t = topic.encode("utf-8", "surrogateescape")
+    a = acks.encode()
+    return b"".join((_U16.pack(MAGIC), _U16.pack(len(t)), t, _HEAD_FIXED.pack(partition, len(a)), a,
+                     _HEAD_TAIL.pack(1 if idempotent else 0, seq_start, seq_end, count)))
+
+
+_REC_PACK = struct.Struct(">QQH")
+
+
+def encode_record(offset: int, seq_num: int, producer_id: bytes, key: bytes, epoch: int, payload: bytes,
+                  event_type: bytes = b"", schema_version: int = 0, aggregate_version: int = 0,
+                  metadata: bytes = b"") -> bytes:
+    """One record; variable fields longer than their length prefix allows are cut."""
+    producer_id, key, event_type, metadata = (v[:0xFFFF] for v in (producer_id, key, event_type, metadata))
+    return b"".join((
+        _REC_PACK.pack(offset & 0xFFFFFFFFFFFFFFFF, seq_num & 0xFFFFFFFFFFFFFFFF, len(producer_id)), producer_id,
+        _U16.pack(len(key)), key,
+        _REC_MID.pack(epoch, len(payload)), payload,
+        _U16.pack(len(event_type)), event_type,
+        _REC_TAIL.pack(schema_version & 0xFFFFFFFF, aggregate_version & 0xFFFFFFFFFFFFFFFF, len(metadata)),
+        metadata,
+    ))
+
+
+def set_offsets(data: bytes, starts: Sequence[int], base_offset: int) -> bytes:
+    """``data`` with the offset of the record at ``starts[i]`` set to ``base_offset + i``."""
+    out = bytearray(data)
+    for i, s in enumerate(starts):
+        _U64.pack_into(out, s, base_offset + i)
+    return bytes(out)
+
+
+def record_offset(data: bytes, start: int) -> int:
+    return _U64.unpack_from(data, start)[0]
+
+
+def record_seq(data: bytes, start: int) -> int:
+    return _SEQ.unpack_from(data, start + 8)[0]
+
+
+def reply_batch(topic: str, partition: int, batches: Iterable[StoredBatch], start: int,
+                limit: int | None = None) -> tuple[bytes, int]:
+    """A CONSUME/STREAM answer: the records at ``start`` and after, up to ``limit``.
+
+    Returns the batch (acks "1", not idempotent, as the broker answers) and
+    the offset after its last record (``start`` when it holds none).
+    """
+    parts: list[bytes] = []
+    count = 0
+    seq_start = seq_end = 0
+    next_offset = start
+    for b in batches:
+        header = parse_header(b.payload)
+        starts = list(walk(b.payload, header.size, header.count))
+        data = b.payload
+        i = max(0, start - b.base_offset)
+        j = header.count if limit is None else min(header.count, i + limit - count)
+        if i >= j:
+            continue
+        if count == 0:
+            seq_start = record_seq(data, starts[i])
+        seq_end = record_seq(data, starts[j - 1])
+        parts.append(data[starts[i] : starts[j]])
+        count += j - i
+        next_offset = b.base_offset + j
+        if limit is not None and count >= limit:
+            break
+    return encode_header(topic, partition, "1", False, seq_start, seq_end, count) + b"".join(parts), next_offset
+
+
+def _header_value(headers: dict[str, bytes | None], name: str) -> bytes:
+    return headers.get(name) or b""
+
+
+def _header_int(headers: dict[str, bytes | None], name: str) -> int:
+    raw = headers.get(name)
+    try:
+        return int(raw) if raw else 0
+    except ValueError:
+        return 0
+
+
+class CursusFormat:
+    """The ``cursus`` storage format (see the module docstring)."""
+
+    name = NAME
+
+    def records(self, batch: StoredBatch) -> Iterable[Record]:
+        data = batch.payload
+        header = parse_header(data)
+        starts = list(walk(data, header.size, header.count))
+        for i, s in enumerate(starts[:-1]):
+            offset, seq, plen = _REC_HEAD.unpack_from(data, s)
+            pos = s + 18
+            pid = data[pos : pos + plen]
+            pos += plen
+            (klen,) = _U16.unpack_from(data, pos)
+            key = data[pos + 2 : pos + 2 + klen]
+            pos += 2 + klen
+            epoch, vlen = _REC_MID.unpack_from(data, pos)
+            value = data[pos + 12 : pos + 12 + vlen]
+            pos += 12 + vlen
+            (elen,) = _U16.unpack_from(data, pos)
+            event_type = data[pos + 2 : pos + 2 + elen]
+            pos += 2 + elen
+            schema, aggregate, mlen = _REC_TAIL.unpack_from(data, pos)
+            metadata = data[pos + 14 : pos + 14 + mlen]
+            headers: tuple[tuple[str, bytes | None], ...] = ()
+            if event_type or metadata or schema or aggregate:
+                headers = ((H_EVENT_TYPE, event_type), (H_SCHEMA_VERSION, b"%d" % schema),
+                           (H_AGGREGATE_VERSION, b"%d" % aggregate), (H_METADATA, metadata))
+            yield Record(value, key or None, batch.max_timestamp, headers, batch.base_offset + i,
+                         {X_PRODUCER_ID: _text(pid), X_EPOCH: epoch, X_SEQ_NUM: seq})
+
+    def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
+        parts = []
+        for r in records:
+            headers = dict(r.headers)
+            x = r.extras
+            pid = str(x.get(X_PRODUCER_ID, "")).encode("utf-8", "surrogateescape")
+            parts.append(encode_record(
+                r.offset if r.offset is not None else base_offset + len(parts), int(x.get(X_SEQ_NUM, 0)), pid,
+                r.key or b"", int(x.get(X_EPOCH, 0)), r.value or b"",
+                _header_value(headers, H_EVENT_TYPE), _header_int(headers, H_SCHEMA_VERSION),
+                _header_int(headers, H_AGGREGATE_VERSION), _header_value(headers, H_METADATA)))
+        seqs = [int(r.extras.get(X_SEQ_NUM, 0)) for r in records[:1] + records[-1:]]
+        return encode_header("", 0, "1", False, seqs[0] if seqs else 0, seqs[-1] if seqs else 0,
+                             len(parts)) + b"".join(parts)
+
+    def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
+        header = parse_header(payload)
+        starts = list(walk(payload, header.size, header.count))
+        return set_offsets(payload, starts[:-1], base_offset)
+
+
+FORMAT = CursusFormat()

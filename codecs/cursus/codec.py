@@ -1,0 +1,784 @@
+"""Cursus protocol, server side (sans-IO): PROTOCOLS.md section 2, seed 001.
+
+Frames are ``u32 BE length | body`` both ways; a length over the listener's
+frame limit is answered ``ERROR: frame_too_large ...`` and the connection
+closed, before anything of that size is buffered. With a listener
+compression (``cursus.compression``), bodies are decompressed first; a body
+that does not decompress is taken as sent (cursus-python compresses batches
+only, never its commands).
+
+A body is classified as the broker does (``processMessage``): a 0xBA7C batch;
+else raw text starting with a known command; else the envelope ``u16
+topicLen | topic | command`` (real clients send an empty topic, the
+producer's CREATE ``admin``) whose command must be known; else ``ERROR:
+malformed_input reason=missing_topic_or_payload`` and a close. An envelope
+that does not decode gets ``ERROR: decode_failed reason=...``.
+
+Commands take the ``key=value`` form of the real clients and the positional
+form of the seed (told apart by the ``=`` of the first argument). Every
+produced batch is answered with a JSON ack (``"status":"OK"`` also for
+acks=0, ``"status":"ERROR"`` with the reason on failure), which is what
+cursus-python needs. Commands that must look before they act (JOIN_GROUP
+checks that the topic exists; commits check ownership and regression;
+STREAM resolves the group's committed offset) run as two requests: the
+connection reads no further frame until the second one is issued, so
+answers keep the request order.
+
+Offsets are the engine's (0-based, as Cursus). Groups are "server" groups:
+the broker assigns partitions at JOIN; member ids get a ``-NNNN`` suffix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import struct
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from gateway import model as m
+from gateway.codec import Close, Event, ListenerSettings, Reply, Request, Subscribe
+from gateway.framing import ReceiveBuffer
+
+from . import batch as b
+from .compression import DecompressionError, decompress, decompressor
+
+U32 = struct.Struct(">I")
+KEEPALIVE = U32.pack(0)
+DEFAULT_GROUP = "default-group"
+DEFAULT_PARTITIONS = 4
+DEFAULT_CONSUME_BATCH = 8192
+STREAM_KEEPALIVE_MS = 5000
+FETCH_MAX_BYTES = 4 << 20
+
+# The broker's command table (pkg/protocol/commands.go) plus the seed's SUBSCRIBE and COMMIT.
+KNOWN_COMMANDS = frozenset((
+    "AUTH", "CREATE", "DELETE", "LIST", "LIST_CLUSTER", "CLUSTER_STATUS", "ELECT_LEADER", "PUBLISH",
+    "CONSUME", "STREAM", "HELP", "HEARTBEAT", "JOIN_GROUP", "LEAVE_GROUP", "COMMIT_OFFSET", "BATCH_COMMIT",
+    "REGISTER_GROUP", "GROUP_STATUS", "FETCH_OFFSET", "LIST_GROUPS", "LIST_OFFSETS", "SYNC_GROUP",
+    "DESCRIBE", "INIT_PRODUCER_ID", "BEGIN_TXN", "TXN_PUBLISH", "SEND_OFFSETS_TO_TXN", "END_TXN",
+    "TXN_STATUS", "APPEND_STREAM", "READ_STREAM", "SAVE_SNAPSHOT", "READ_SNAPSHOT", "STREAM_VERSION",
+    "REPLICATE_MESSAGE", "REPLICATE_SNAPSHOT", "LIST_SNAPSHOTS", "FETCH_SNAPSHOT", "CATCHUP_SNAPSHOTS",
+    "FIND_COORDINATOR", "RAFT_APPLY", "METADATA", "INTERNAL_BATCH", "PROTOCOL_INFO", "NEGOTIATE",
+    "SUBSCRIBE", "COMMIT",
+))
+_MAX_NAME = max(len(n) for n in KNOWN_COMMANDS)
+_TOPIC = re.compile(r"[A-Za-z0-9._\-=]{1,249}")
+_ACKS = {"0": m.Acks.NONE, "1": m.Acks.LEADER, "-1": m.Acks.ALL, "all": m.Acks.ALL}
+_ISOLATION = ("read_committed", "read_uncommitted")
+_TOKEN = re.compile(r"\S+")
+
+# Seed positional forms: command -> parameter names in order.
+POSITIONAL = {
+    "CREATE": ("topic", "partitions"),
+    "DELETE": ("topic",),
+    "CONSUME": ("topic", "partition", "offset"),
+    "SUBSCRIBE": ("topic", "group"),
+    "JOIN_GROUP": ("topic", "group", "member"),
+    "LEAVE_GROUP": ("topic", "group", "member"),
+    "STREAM": ("topic", "partition", "offset"),
+    "COMMIT": ("topic", "group", "partition", "offset"),
+    "HEARTBEAT": ("topic", "group", "consumer", "member", "generation"),
+    "BATCH_COMMIT": ("topic", "group", "member", "generation", "offsets"),
+    "SYNC_GROUP": ("topic", "group", "member", "generation"),
+}
+
+
+def frame(body: bytes | str) -> bytes:
+    data = body.encode("utf-8", "surrogateescape") if isinstance(body, str) else body
+    return U32.pack(len(data)) + data
+
+
+def q(text: str) -> str:
+    """Go's ``%q``, near enough: a double-quoted, escaped string."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def command_name(text: str) -> str | None:
+    """The upper-cased command of ``text`` if it starts with a known one (``IsTextCommand``)."""
+    text = text.lstrip(" \t\r\n")
+    if not text or not ("A" <= text[0] <= "Z" or "a" <= text[0] <= "z"):
+        return None
+    word = text[: _MAX_NAME + 1].split(None, 1)[0]
+    name = word.upper()
+    return name if name in KNOWN_COMMANDS else None
+
+
+class Reject(Exception):
+    """A command answered with a text error (``str(self)`` is the whole line)."""
+
+
+@attrs.frozen
+class Args:
+    """A parsed text command: upper-cased ``name``, ``params`` by name, the trimmed ``raw`` text."""
+
+    name: str
+    raw: str
+    params: dict[str, str]
+    positional: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Args:
+        raw = text.strip(" \t\r\n\x00")
+        tokens = list(_TOKEN.finditer(raw))
+        name = tokens[0].group().upper()
+        rest = tokens[1:]
+        params: dict[str, str] = {}
+        names = POSITIONAL.get(name)
+        if names and rest and "=" not in rest[0].group():
+            for key, tok in zip(names, rest, strict=False):
+                params[key] = tok.group()
+            return cls(name, raw, params, True)
+        for tok in rest:
+            key, sep, value = tok.group().partition("=")
+            if key == "message" and sep:
+                params["message"] = raw[tok.start() + len("message=") :]
+                break
+            if sep:
+                params.setdefault(key, value)
+        if rest and "=" not in rest[-1].group():
+            params.setdefault("offsets", rest[-1].group())  # BATCH_COMMIT's trailing payload
+        return cls(name, raw, params)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.params.get(key, default)
+
+    def need(self, key: str, missing: str | None = None) -> str:
+        value = self.params.get(key)
+        if not value:
+            raise Reject(missing or f"ERROR: missing_{key} command={self.name}")
+        return value
+
+    def int(self, key: str, error: str, minimum: int = 0) -> int:
+        value = self.params.get(key, "")
+        if not value.lstrip("-").isdigit() or int(value) < minimum:
+            raise Reject(error)
+        return int(value)
+
+
+@attrs.define(eq=False)
+class StreamState:
+    """A running STREAM: where it is, and whether a batch went out yet."""
+
+    topic: str
+    partition: int
+    next_offset: int
+    started: bool = False
+
+
+Render = Callable[[Sequence[Any]], "bytes | Event"]
+
+
+# --------------------------------------------------------------------------- error texts
+
+
+def _topic_error(error: m.Error, topic: str, partition: int | None = None) -> str:
+    if error.code is m.ErrorCode.UNKNOWN_PARTITION and partition is not None:
+        return f"ERROR: partition_not_found partition={partition}"
+    if error.code in (m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION):
+        return f"ERROR: topic_not_found topic={topic}"
+    return f"ERROR: command_failed reason={q(error.message)}"
+
+
+def _group_error(error: m.Error, group: str, member: str, generation: int | None, current: int,
+                 partition: int | None = None) -> str:
+    code = error.code
+    if code is m.ErrorCode.GROUP_NOT_FOUND:
+        return f"ERROR: group_not_found reason={q(f'group {group} not found')}"
+    if code is m.ErrorCode.UNKNOWN_MEMBER:
+        return f"ERROR: member_not_found member={member} group={group}"
+    if code is m.ErrorCode.GENERATION_MISMATCH:
+        return f"ERROR: GEN_MISMATCH current={current} requested={generation} group={group} member={member}"
+    if code is m.ErrorCode.NOT_ASSIGNED:
+        return f"ERROR: NOT_OWNER partition={partition} member={member} group={group} generation={generation}"
+    if code is m.ErrorCode.UNKNOWN_TOPIC:
+        return f"ERROR: topic_not_found reason={q(error.message)}"
+    return f"ERROR: coordinator_error reason={q(error.message)}"
+
+
+def _assignments(result: m.JoinGroupResult | m.SyncGroupResult, topic: str) -> str:
+    return "[" + " ".join(str(p) for p in dict(result.assignment).get(topic, ())) + "]"
+
+
+def _member_check(info: m.GroupInfo, group: str, member: str, generation: int) -> None:
+    """Raise the coordinator error a stale or unknown member gets."""
+    if info.state == "Dead":
+        raise Reject(f"ERROR: group_not_found reason={q(f'group {group} not found')}")
+    if member not in {mem.member_id for mem in info.members}:
+        raise Reject(f"ERROR: member_not_found member={member} group={group}")
+    if generation != info.generation:
+        raise Reject(f"ERROR: GEN_MISMATCH current={info.generation} requested={generation} group={group} "
+                     f"member={member}")
+
+
+def _owned(info: m.GroupInfo, member: str, topic: str) -> tuple[int, ...]:
+    for mem in info.members:
+        if mem.member_id == member:
+            return dict(mem.partitions).get(topic, ())
+    return ()
+
+
+# --------------------------------------------------------------------------- connection
+
+
+class CursusConnection:
+    """Server side of one Cursus connection (see the module docstring)."""
+
+    def __init__(self, settings: ListenerSettings):
+        self.settings = settings
+        self.max_frame = settings.max_frame_size
+        self.decompress = decompressor(settings.options.get("compression", "none"))
+        self.keepalive_ms = int(settings.options.get("stream_keepalive_ms", STREAM_KEEPALIVE_MS))
+        self.leader = f"{settings.advertised_host}:{settings.advertised_port}"
+        self.buffer = ReceiveBuffer()
+        self.follow_up: Event | None = None
+        self.waiting = False  # a two-step command is between its steps
+        self.closed = False
+        self._handlers: dict[str, Callable[[Args], Event]] = {
+            "CREATE": self._create, "DELETE": self._delete, "LIST": self._list, "HELP": self._help,
+            "PUBLISH": self._publish, "CONSUME": self._consume, "STREAM": self._stream,
+            "JOIN_GROUP": self._join, "SYNC_GROUP": self._sync, "HEARTBEAT": self._heartbeat,
+            "LEAVE_GROUP": self._leave, "COMMIT_OFFSET": self._commit_offset, "COMMIT": self._commit,
+            "BATCH_COMMIT": self._batch_commit, "FETCH_OFFSET": self._fetch_offset,
+            "LIST_OFFSETS": self._list_offsets, "METADATA": self._metadata,
+            "FIND_COORDINATOR": self._find_coordinator, "SUBSCRIBE": self._subscribe,
+        }
+
+    # ------------------------------------------------------------------ Connection API
+
+    def connection_made(self) -> bytes:
+        return b""
+
+    def receive_data(self, data: bytes) -> None:
+        self.buffer.feed(data)
+
+    def next_event(self) -> Event | None:
+        if self.follow_up is not None:
+            event, self.follow_up = self.follow_up, None
+            return event
+        if self.waiting or self.closed:
+            return None
+        head = self.buffer.unpack_from(U32)
+        if head is None:
+            return self._eof() if self.buffer.eof else None
+        (length,) = head
+        if length > self.max_frame:
+            self.closed = True
+            return Close(frame(f"ERROR: frame_too_large size={length} max={self.max_frame}"),
+                         f"frame of {length} bytes over the {self.max_frame} limit")
+        if len(self.buffer) < U32.size + length:
+            return self._eof() if self.buffer.eof else None
+        self.buffer.skip(U32.size)
+        return self._body(self.buffer.take(length))
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+        render: Render = request.context
+        try:
+            out = render(results)
+        except Reject as e:
+            out = frame(str(e))
+        if isinstance(out, bytes):
+            self.waiting = False
+            return out
+        self.follow_up = out
+        if not isinstance(out, Request):
+            self.waiting = False
+        return b""
+
+    def push(self, context: StreamState, result: m.FetchResult) -> bytes:
+        if result.error is not None:
+            return frame(self._stream_close(context, result))
+        data, next_offset = b.reply_batch(context.topic, context.partition, result.batches, result.offset)
+        if next_offset == result.offset:
+            return b""
+        context.next_offset = next_offset
+        context.started = True
+        return frame(data)
+
+    def keepalive(self, context: StreamState) -> bytes:
+        return KEEPALIVE
+
+    # ------------------------------------------------------------------ classification
+
+    def _eof(self) -> Close | None:
+        self.closed = True
+        return Close(reason="end of stream") if len(self.buffer) else None
+
+    def _body(self, body: bytes) -> Event:
+        if self.decompress is not None:
+            with contextlib.suppress(DecompressionError):  # a command sent uncompressed
+                body = decompress(self.decompress, body)
+        if len(body) >= 6 and body[0] == 0xBA and body[1] == 0x7C:
+            (topic_len,) = struct.unpack_from(">H", body, 2)
+            if topic_len and topic_len + 2 <= len(body):
+                return self._batch(body)
+        text = body.decode("utf-8", "surrogateescape")
+        if command_name(text):
+            return self._command(text)
+        if len(body) < 2:
+            return Reply(frame(f"ERROR: decode_failed reason={q('data too short')}"))
+        (topic_len,) = struct.unpack_from(">H", body)
+        if topic_len + 2 > len(body):
+            return Reply(frame(f"ERROR: decode_failed reason={q('invalid topic length')}"))
+        payload = body[2 + topic_len :].decode("utf-8", "surrogateescape").strip("\x00 \t\n\r")
+        if command_name(payload):
+            return self._command(payload)
+        self.closed = True
+        return Close(frame("ERROR: malformed_input reason=missing_topic_or_payload"), "malformed input")
+
+    def _command(self, text: str) -> Event:
+        args = Args.parse(text)
+        handler = self._handlers.get(args.name)
+        if args.name in ("LIST", "HELP") and args.raw.upper() != args.name:
+            handler = None  # these must be the whole command
+        if handler is None:
+            return Reply(frame(f"ERROR: unknown_command command={q(args.raw)}"))
+        try:
+            return handler(args)
+        except Reject as e:
+            return Reply(frame(str(e)))
+
+    def _request(self, commands: Sequence[Any], render: Render, two_step: bool = False) -> Request:
+        if two_step:
+            self.waiting = True
+        return Request(tuple(commands), render)
+
+    # ------------------------------------------------------------------ produce
+
+    def _ack(self, status: str, last_offset: int = 0, epoch: int = 0, producer_id: str = "", seq_start: int = 0,
+             seq_end: int = 0, error: str = "") -> bytes:
+        return frame(json.dumps({
+            "status": status, "last_offset": last_offset, "producer_epoch": epoch, "producer_id": producer_id,
+            "seq_start": seq_start, "seq_end": seq_end, "leader": self.leader, "error": error,
+        }, separators=(",", ":")))
+
+    def _batch(self, body: bytes) -> Event:
+        try:
+            if b.is_seed_layout(body):
+                body = b.normalize(body)
+            header = b.parse_header(body)
+            _, scan = b.scan(body, header)
+        except b.BatchError as e:
+            return Reply(self._ack("ERROR", error=f"batch_decode_failed reason={q(str(e))}"))
+        acks = _ACKS.get(header.acks.lower())
+        if acks is None:
+            return Reply(self._ack("ERROR", error=f"invalid_acks value={header.acks}"))
+        if header.count == 0:
+            return Reply(self._ack("ERROR", error=f"broker_error reason={q('empty batch messages')}"))
+        if header.partition < 0:
+            return Reply(self._ack("ERROR", error=f"partition_not_found partition={header.partition}"))
+        producer = None
+        if header.idempotent and scan.producer_id and scan.first_seq > 0:
+            producer = m.ProducerState(b._text(scan.producer_id), scan.epoch, scan.first_seq, scan.last_seq, "cursus")
+        batch = m.Batch(b.NAME, body, header.count, int(time.time() * 1000), producer=producer)
+        cmd = m.Produce(header.topic, header.partition, batch, acks)
+        pid = b._text(scan.last_producer_id)
+
+        def render(results: Sequence[Any]) -> bytes:
+            r: m.ProduceResult = results[0]
+            if r.error is not None:
+                return self._ack("ERROR", epoch=scan.epoch, producer_id=pid, seq_start=scan.first_seq,
+                                 seq_end=scan.last_seq, error=self._produce_error(r, header.topic, header.partition))
+            return self._ack("OK", r.last_offset, scan.epoch, pid, scan.first_seq, scan.last_seq)
+
+        return self._request((cmd,), render)
+
+    def _produce_error(self, r: m.ProduceResult, topic: str, partition: int | None) -> str:
+        e = r.error
+        if e.code is m.ErrorCode.UNKNOWN_TOPIC:
+            return f"topic_not_found topic={topic}"
+        if e.code is m.ErrorCode.UNKNOWN_PARTITION:
+            return f"partition_not_found partition={partition}"
+        if e.code in (m.ErrorCode.INVALID_SEQUENCE, m.ErrorCode.FENCED_PRODUCER):
+            return e.message
+        if e.code is m.ErrorCode.NOT_LEADER:
+            return f"NOT_LEADER LEADER_IS {self.leader}"
+        return f"broker_error reason={q(e.message)}"
+
+    def _publish(self, a: Args) -> Event:
+        topic = a.need("topic")
+        message = a.get("message")
+        if message is None:
+            raise Reject("ERROR: missing_message command=PUBLISH")
+        producer_id = a.need("producerId", "ERROR: missing_producer_id command=PUBLISH")
+        acks_text = a.get("acks", "1")
+        acks = _ACKS.get(acks_text.lower())
+        if acks is None:
+            raise Reject(f"ERROR: invalid_acks value={acks_text}")
+        partition = a.int("partition", "ERROR: invalid_partition command=PUBLISH") if "partition" in a.params \
+            else None
+        seq = a.int("seqNum", "ERROR: invalid_seq_num command=PUBLISH") if "seqNum" in a.params else 0
+        epoch = a.int("epoch", "ERROR: invalid_epoch command=PUBLISH", -(1 << 62)) if "epoch" in a.params else 0
+        key = (a.get("key") or "").encode("utf-8", "surrogateescape")
+        pid = producer_id.encode("utf-8", "surrogateescape")
+        payload = b.encode_header(topic, partition or 0, acks_text, False, seq, seq, 1) + b.encode_record(
+            0, seq, pid, key, epoch, message.encode("utf-8", "surrogateescape"))
+        producer = None
+        if (a.get("isIdempotent") or "").lower() == "true" and seq > 0:
+            producer = m.ProducerState(producer_id, epoch, seq, seq, "cursus")
+        batch = m.Batch(b.NAME, payload, 1, int(time.time() * 1000), producer=producer)
+        cmd = m.Produce(topic, partition, batch, acks, key=key or None, partitioner="fnv1a_64")
+
+        def render(results: Sequence[Any]) -> bytes:
+            r: m.ProduceResult = results[0]
+            if r.error is not None:
+                text = self._produce_error(r, topic, partition)
+                return frame(text if text.startswith("NOT_LEADER") else f"ERROR: {text}")
+            if acks is m.Acks.NONE:
+                return frame("OK")
+            return self._ack("OK", r.last_offset, epoch, producer_id, seq, seq)
+
+        return self._request((cmd,), render)
+
+    # ------------------------------------------------------------------ topics
+
+    def _create(self, a: Args) -> Event:
+        topic = a.need("topic", 'ERROR: missing_topic expected="CREATE topic=<name> [partitions=<N>]"')
+        if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+            raise Reject(f"ERROR: invalid_topic_name topic={q(topic)} reason="
+                         f"{q('must be 1-249 characters of [A-Za-z0-9._-=], not . or ..')}")
+        partitions = DEFAULT_PARTITIONS
+        if "partitions" in a.params:
+            partitions = a.int("partitions", 'ERROR: invalid_partitions reason="must be a positive integer"', 1)
+        if "replication_factor" in a.params:
+            a.int("replication_factor", 'ERROR: invalid_replication_factor reason="must be a positive integer"', 1)
+
+        def render(results: Sequence[Any]) -> bytes:
+            r: m.CreateTopicResult = results[0]
+            if r.error is not None:
+                return frame(f"ERROR: create_topic_failed topic={topic} reason={q(r.error.message)}")
+            return frame(f"OK topic={topic} partitions={r.partitions} cleanup_policy=delete partitioner=hash_key "
+                         f"auth_policy=open read_acl= write_acl= retention_hours=0 retention_bytes=0")
+
+        return self._request((m.CreateTopic(topic, partitions, if_not_exists=True),), render)
+
+    def _delete(self, a: Args) -> Event:
+        topic = a.need("topic", 'ERROR: missing_topic expected="DELETE topic=<name>"')
+
+        def render(results: Sequence[Any]) -> bytes:
+            r: m.DeleteTopicResult = results[0]
+            if r.error is None:
+                return frame(f"OK topic={topic} deleted=true")
+            if r.error.code is m.ErrorCode.UNKNOWN_TOPIC:
+                return frame(f"ERROR: topic_not_found topic={topic}")
+            return frame(f"ERROR: delete_topic_failed topic={topic} reason={q(r.error.message)}")
+
+        return self._request((m.DeleteTopic(topic),), render)
+
+    def _list(self, a: Args) -> Event:
+        def render(results: Sequence[Any]) -> bytes:
+            names = [t.topic for t in results[0].topics]
+            return frame(f"OK count={len(names)} topics={','.join(names)}")
+
+        return self._request((m.ListTopics(),), render)
+
+    def _help(self, a: Args) -> Event:
+        return Reply(frame("OK commands=" + ",".join(sorted(self._handlers))))
+
+    def _topic_info(self, a: Args, command: str) -> tuple[str, Callable[[Sequence[Any]], m.TopicInfo]]:
+        """The ``topic`` argument, and a function that picks its TopicInfo or raises topic_not_found."""
+        topic = a.need("topic", f"ERROR: missing_topic command={command}")
+
+        def info(results: Sequence[Any]) -> m.TopicInfo:
+            t: m.TopicInfo = results[0].topics[0]
+            if t.error is not None:
+                raise Reject(f"ERROR: topic_not_found topic={topic}")
+            return t
+
+        return topic, info
+
+    def _metadata(self, a: Args) -> Event:
+        topic, info = self._topic_info(a, "METADATA")
+
+        def render(results: Sequence[Any]) -> bytes:
+            n = len(info(results).partitions)
+            return frame(f"OK topic={topic} partitions={n} leaders={','.join([self.leader] * n)} "
+                         f"epochs={','.join(['0'] * n)} cleanup_policy=delete partitioner=hash_key auth_policy=open "
+                         f"read_acl= write_acl= retention_hours=0 retention_bytes=0")
+
+        return self._request((m.ListTopics((topic,)),), render)
+
+    def _list_offsets(self, a: Args) -> Event:
+        topic, info = self._topic_info(a, "LIST_OFFSETS")
+        wanted = None
+        if "partition" in a.params:
+            wanted = a.int("partition", "ERROR: invalid_partition command=LIST_OFFSETS")
+
+        def render(results: Sequence[Any]) -> bytes:
+            parts = info(results).partitions
+            if wanted is not None:
+                parts = tuple(p for p in parts if p.partition == wanted)
+                if not parts:
+                    return frame(f"ERROR: partition_not_found partition={wanted}")
+            offsets = ",".join(f"P{p.partition}:earliest={p.log_start_offset}:latest={p.high_watermark}"
+                               f":leo={p.log_end_offset}:hwm={p.high_watermark}" for p in parts)
+            return frame(f"OK topic={topic} partitions={len(parts)} offsets={offsets}")
+
+        return self._request((m.ListTopics((topic,)),), render)
+
+    def _find_coordinator(self, a: Args) -> Event:
+        if a.get("group"):
+            kind = "group"
+        elif a.get("transactional_id") or a.get("txn") or a.get("transaction"):
+            kind = "transaction"
+        else:
+            raise Reject("ERROR: missing_coordinator_key command=FIND_COORDINATOR")
+        return Reply(frame(f"OK coordinator_id=standalone coordinator_type={kind} "
+                           f"host={self.settings.advertised_host} port={self.settings.advertised_port}"))
+
+    # ------------------------------------------------------------------ consume
+
+    def _consume(self, a: Args) -> Event:
+        if not all(k in a.params for k in ("topic", "partition", "offset")) or (
+                not a.positional and "member" not in a.params):
+            raise Reject("ERROR: invalid_consume_syntax")
+        topic = a.params["topic"]
+        partition = a.int("partition", "ERROR: invalid_consume_syntax")
+        offset = a.int("offset", "ERROR: invalid_consume_syntax")
+        isolation = a.get("isolation", "read_committed")
+        if isolation not in _ISOLATION:
+            raise Reject(f"ERROR: invalid_isolation isolation={isolation}")
+        limit = a.int("batch", "ERROR: invalid_consume_syntax", 1) if "batch" in a.params else DEFAULT_CONSUME_BATCH
+        wait_ms = a.int("wait_ms", "ERROR: invalid_consume_syntax") if "wait_ms" in a.params else 0
+        group = None if a.positional else _group(a.get("group"))
+        fetch = m.Fetch(topic, partition, offset, b.NAME, FETCH_MAX_BYTES, wait_ms, 1, group)
+
+        def render(results: Sequence[Any]) -> bytes:
+            r: m.FetchResult = results[0]
+            if r.error is not None:
+                if r.error.code is m.ErrorCode.OFFSET_OUT_OF_RANGE:
+                    return frame(f"ERROR: OFFSET_OUT_OF_RANGE requested={r.offset} earliest={r.log_start_offset} "
+                                 f"latest={r.high_watermark}")
+                return frame(_topic_error(r.error, topic, partition))
+            return frame(b.reply_batch(topic, partition, r.batches, r.offset, limit)[0])
+
+        return self._request((fetch,), render)
+
+    def _stream(self, a: Args) -> Event:
+        topic = a.need("topic")
+        if "partition" not in a.params:
+            raise Reject("ERROR: missing_partition command=STREAM")
+        partition = a.int("partition", "ERROR: invalid_partition command=STREAM")
+        offset: int | None = None
+        if "offset" in a.params:
+            offset = a.int("offset", "ERROR: invalid_offset command=STREAM")
+        latest = (a.get("autoOffsetReset") or "").lower() == "latest"
+        group = None if a.positional else _group(a.get("group"))
+        commands: list[Any] = [m.ListTopics((topic,))]
+        if group is not None:
+            commands.append(m.FetchOffsets(group, ((topic, partition),)))
+
+        def start(results: Sequence[Any]) -> Event:
+            t: m.TopicInfo = results[0].topics[0]
+            if t.error is not None:
+                raise Reject(f"ERROR: topic_not_found topic={topic}")
+            if partition >= len(t.partitions):
+                raise Reject(f"ERROR: partition_not_found partition={partition}")
+            committed = results[1].offsets[0][2] if group is not None else -1
+            if committed >= 0:
+                begin = committed
+            elif offset is not None:
+                begin = offset
+            else:
+                begin = m.OffsetSpec.LATEST if latest else m.OffsetSpec.EARLIEST
+            fetch = m.Fetch(topic, partition, begin, b.NAME, FETCH_MAX_BYTES)
+            info = t.partitions[partition]
+            at = {m.OffsetSpec.LATEST: info.high_watermark, m.OffsetSpec.EARLIEST: info.log_start_offset}
+            state = StreamState(topic, partition, at.get(begin, begin))
+            return Subscribe((fetch,), state, self.keepalive_ms, exclusive=True)
+
+        return self._request(commands, start, two_step=True)
+
+    def _stream_close(self, state: StreamState, r: m.FetchResult) -> str:
+        code = r.error.code
+        if code is m.ErrorCode.OFFSET_OUT_OF_RANGE:
+            return (f"STREAM_CONTROL type=CLOSE reason=offset_out_of_range offset={r.offset} requested={r.offset} "
+                    f"earliest={r.log_start_offset} latest={r.high_watermark}")
+        if code in (m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION):
+            if not state.started:
+                return _topic_error(r.error, state.topic)
+            return f"STREAM_CONTROL type=CLOSE reason=removed offset={state.next_offset}"
+        return f"STREAM_CONTROL type=CLOSE reason=error offset={state.next_offset}"
+
+    # ------------------------------------------------------------------ groups
+
+    def _group_args(self, a: Args, command: str, generation: bool = True) -> tuple[str, str, str, int | None]:
+        topic = a.need("topic")
+        group = a.need("group")
+        member = a.need("member")
+        gen = None
+        if generation or "generation" in a.params:
+            a.need("generation")
+            gen = a.int("generation", f"ERROR: invalid_generation command={command}")
+        return topic, group, member, gen
+
+    def _join(self, a: Args) -> Event:
+        topic, group, member, gen = self._group_args(a, "JOIN_GROUP", generation=False)
+        member_id = member if gen is not None else f"{member}-{random.randrange(10000):04d}"
+
+        def join(results: Sequence[Any]) -> Event:
+            if results[0].topics[0].error is not None:
+                raise Reject(f"ERROR: topic_not_found topic={topic}")
+            return self._request((m.JoinGroup(group, member_id, (topic,), "server", "range"),), joined)
+
+        def joined(results: Sequence[Any]) -> bytes:
+            r: m.JoinGroupResult = results[0]
+            if r.error is not None:
+                return frame(f"ERROR: register_group_failed reason={q(r.error.message)}")
+            resumed = " resumed=true" if gen is not None else ""
+            return frame(f"OK generation={r.generation} member={member_id} assignments={_assignments(r, topic)}"
+                         + resumed)
+
+        return self._request((m.ListTopics((topic,)),), join, two_step=True)
+
+    def _sync(self, a: Args) -> Event:
+        topic, group, member, gen = self._group_args(a, "SYNC_GROUP")
+
+        def render(results: Sequence[Any]) -> bytes:
+            info: m.GroupInfo = results[0].groups[0]
+            r: m.SyncGroupResult = results[1]
+            if r.error is not None:
+                return frame(_group_error(r.error, group, member, gen, info.generation))
+            return frame(f"OK generation={r.generation} member={member} assignments={_assignments(r, topic)}")
+
+        return self._request((m.DescribeGroups((group,)), m.SyncGroup(group, member, gen, topic=topic)), render)
+
+    def _heartbeat(self, a: Args) -> Event:
+        topic, group, member, gen = self._group_args(a, "HEARTBEAT")
+
+        def render(results: Sequence[Any]) -> bytes:
+            info: m.GroupInfo = results[0].groups[0]
+            r: m.HeartbeatResult = results[1]
+            if r.error is None:
+                return frame(f"OK member={member} generation={gen}")
+            if a.positional and r.error.code is m.ErrorCode.GENERATION_MISMATCH:
+                # the seed's clients wait for REBALANCE_REQUIRED
+                return frame(f"ERROR: REBALANCE_REQUIRED current={info.generation} requested={gen} group={group} "
+                             f"member={member}")
+            return frame(_group_error(r.error, group, member, gen, info.generation))
+
+        return self._request((m.DescribeGroups((group,)), m.Heartbeat(group, member, gen, topic=topic)), render)
+
+    def _leave(self, a: Args) -> Event:
+        topic, group, member, gen = self._group_args(a, "LEAVE_GROUP", generation=False)
+
+        def render(results: Sequence[Any]) -> bytes:
+            info: m.GroupInfo = results[0].groups[0]
+            r: m.LeaveGroupResult = results[1]
+            if r.error is not None:
+                return frame(_group_error(r.error, group, member, gen, info.generation))
+            return frame(f"OK group={group} member={member} left=true")
+
+        return self._request((m.DescribeGroups((group,)), m.LeaveGroup(group, member, gen, topic=topic)), render)
+
+    def _subscribe(self, a: Args) -> Event:
+        topic, info = self._topic_info(a, "SUBSCRIBE")
+        group = a.need("group")
+
+        def render(results: Sequence[Any]) -> bytes:
+            info(results)
+            return frame(f"OK group={group} topic={topic} subscribed=true")
+
+        return self._request((m.ListTopics((topic,)),), render)
+
+    # ------------------------------------------------------------------ offsets
+
+    def _fetch_offset(self, a: Args) -> Event:
+        topic = a.need("topic")
+        if "partition" not in a.params:
+            raise Reject("ERROR: missing_partition command=FETCH_OFFSET")
+        partition = a.int("partition", "ERROR: invalid_partition")
+        group = a.need("group")
+
+        def render(results: Sequence[Any]) -> bytes:
+            info: m.GroupInfo = results[0].groups[0]
+            offset = results[1].offsets[0][2]
+            if offset < 0 and info.state == "Dead":
+                return frame(f"ERROR: group_not_found group={group}")
+            return frame(f"OK offset={max(offset, 0)}")
+
+        return self._request((m.DescribeGroups((group,)), m.FetchOffsets(group, ((topic, partition),))), render)
+
+    def _commit_offset(self, a: Args) -> Event:
+        topic = a.need("topic")
+        partition = a.int("partition", "ERROR: invalid_partition") if a.need("partition") else 0
+        group = a.need("group")
+        offset = a.int("offset", "ERROR: invalid_offset") if a.need("offset") else 0
+        member = a.need("member")
+        a.need("generation")
+        gen = a.int("generation", "ERROR: invalid_generation command=COMMIT_OFFSET")
+        validate_only = (a.get("validate_only") or "").lower() == "true"
+        return self._commit_flow(topic, group, member, gen, {partition: offset}, "OK", validate_only)
+
+    def _commit(self, a: Args) -> Event:
+        """The seed's ``COMMIT <topic> <group> <partition> <offset>``: no membership check."""
+        topic = a.need("topic")
+        group = a.need("group")
+        partition = a.int("partition", "ERROR: invalid_partition") if a.need("partition") else 0
+        offset = a.int("offset", "ERROR: invalid_offset") if a.need("offset") else 0
+        return self._commit_flow(topic, group, None, None, {partition: offset}, "OK")
+
+    def _batch_commit(self, a: Args) -> Event:
+        topic = a.need("topic")
+        group = a.need("group")
+        member = a.need("member")
+        a.need("generation")
+        gen = a.int("generation", "ERROR: invalid_generation command=BATCH_COMMIT")
+        payload = a.get("offsets")
+        if not payload or " " not in a.raw:
+            raise Reject("ERROR: invalid_batch_commit_format")
+        offsets: dict[int, int] = {}
+        for entry in payload.split(","):
+            p, sep, o = entry.partition(":")
+            if not sep or not p.startswith("P"):
+                raise Reject(f"ERROR: invalid_batch_commit_entry entry={q(entry)}")
+            if not p[1:].isdigit():
+                raise Reject(f"ERROR: invalid_partition entry={q(entry)}")
+            if not o.isdigit() or int(o) >= 1 << 64:
+                raise Reject(f"ERROR: invalid_offset entry={q(entry)}")
+            if int(p[1:]) in offsets:
+                raise Reject(f"ERROR: duplicate_partition partition={int(p[1:])} group={group} topic={topic}")
+            offsets[int(p[1:])] = int(o)
+        if not offsets:
+            raise Reject("ERROR: no_valid_offsets")
+        return self._commit_flow(topic, group, member, gen, offsets, f"OK batched={len(offsets)}")
+
+    def _commit_flow(self, topic: str, group: str, member: str | None, gen: int | None, offsets: dict[int, int],
+                     ok: str, validate_only: bool = False) -> Event:
+        """Check membership, ownership and regression, then commit every offset or none."""
+        partitions = tuple((topic, p) for p in offsets)
+
+        def check(results: Sequence[Any]) -> Event | bytes:
+            info: m.GroupInfo = results[0].groups[0]
+            if member is not None:
+                _member_check(info, group, member, gen)
+                owned = _owned(info, member, topic)
+                for p in offsets:
+                    if p not in owned:
+                        raise Reject(f"ERROR: NOT_OWNER partition={p} member={member} group={group} generation={gen}")
+            for t, p, current, _ in results[1].offsets:
+                if current > offsets[p]:
+                    raise Reject(f"ERROR: offset_regression reason="
+                                 f"{q(f'offset regression group={group} topic={t} partition={p} current={current} got={offsets[p]}')}")
+            if validate_only:
+                return frame("OK validated=true")
+            commit = m.CommitOffsets(group, tuple((topic, p, o, "") for p, o in offsets.items()), member or "", gen,
+                                     require_assignment=member is not None)
+            return self._request((commit,), lambda rs: committed(rs, info.generation))
+
+        def committed(results: Sequence[Any], current: int) -> bytes:
+            r: m.CommitOffsetsResult = results[0]
+            if r.error is not None:
+                return frame(_group_error(r.error, group, member or "", gen, current, next(iter(offsets))))
+            return frame(ok)
+
+        return self._request((m.DescribeGroups((group,)), m.FetchOffsets(group, partitions)), check, two_step=True)
+
+
+def _group(name: str | None) -> str:
+    return DEFAULT_GROUP if not name or name == "-" else name
