@@ -25,6 +25,7 @@ from gateway import model as m
 from gateway.codec import BatchFormat
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
+from gateway.rebalance import ConsumerRebalance
 from gateway.storage.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class Broker:
         self._round_robin = itertools.count()
         self._loops: list[task.LoopingCall] = []
         self.listeners: tuple[tuple[str, str, int], ...] = ()
+        self.rebalance = ConsumerRebalance(engine.groups, reactor)
         self._handlers: dict[type, Callable[[Any], Any]] = {
             m.Produce: self.produce,
             m.Fetch: self.fetch,
@@ -202,7 +204,8 @@ class Broker:
         self._loops.clear()
 
     def _housekeeping(self) -> None:
-        self.engine.groups.expire_all()
+        for name in self.engine.groups.expire_all():
+            self.rebalance.changed(name)
         self.engine.refresh_watermarks()
         self.engine.compact_journal()
 
@@ -493,6 +496,8 @@ class Broker:
 
     @_errors(m.JoinGroupResult, "group")
     def join_group(self, cmd: m.JoinGroup) -> Any:
+        if cmd.protocol_type == "consumer":
+            return self.rebalance.join(cmd)
         if cmd.protocol_type != "server":
             raise CommandError(ErrorCode.UNSUPPORTED, f"membership protocol {cmd.protocol_type!r}")
         for t in cmd.topics:
@@ -506,9 +511,15 @@ class Broker:
     @_errors(m.SyncGroupResult, "group")
     def sync_group(self, cmd: m.SyncGroup) -> Any:
         groups = self.engine.groups
+        if self._consumer_group(cmd.group):
+            return self.rebalance.sync(cmd)
         group = groups.check_member(cmd.group, cmd.member_id, cmd.generation)
         group.members[cmd.member_id].last_heartbeat_ms = self.engine.now_ms()
         return m.SyncGroupResult(cmd.group, group.generation, self._assignment(group, cmd.member_id))
+
+    def _consumer_group(self, name: str) -> bool:
+        group = self.engine.groups.groups.get(name)
+        return group is not None and group.protocol_type == "consumer"
 
     @_errors(m.HeartbeatResult, "group")
     def heartbeat(self, cmd: m.Heartbeat) -> m.HeartbeatResult:
@@ -518,6 +529,7 @@ class Broker:
     @_errors(m.LeaveGroupResult, "group")
     def leave_group(self, cmd: m.LeaveGroup) -> Any:
         self.engine.groups.leave(cmd.group, cmd.member_id, cmd.generation)
+        self.rebalance.changed(cmd.group)
         return self._durable(m.LeaveGroupResult(cmd.group))
 
     @_errors(m.CommitOffsetsResult, "group")

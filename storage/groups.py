@@ -67,6 +67,8 @@ class Group:
     members: dict[str, Member] = attrs.Factory(dict)
     # server groups: member -> {topic: [partitions]}, computed at each generation
     assignments: dict[str, dict[str, list[int]]] = attrs.Factory(dict)
+    # consumer groups: members that joined the rebalance in progress (not persisted)
+    joined: set[str] = attrs.Factory(set)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -167,7 +169,8 @@ class GroupCoordinator:
         return f"{prefix}-{self.clock():x}{next(self._member_seq):04d}"
 
     def _expire(self, group: Group, now: int) -> bool:
-        expired = [m for m in group.members.values() if now - m.last_heartbeat_ms > m.session_timeout_ms]
+        expired = [m for m in group.members.values()
+                   if now - m.last_heartbeat_ms > m.session_timeout_ms and m.member_id not in group.joined]
         for m in expired:
             del group.members[m.member_id]
         if expired:
@@ -183,15 +186,21 @@ class GroupCoordinator:
         return [(t, p) for t in sorted(set(topics)) for p in range(self.partitions_of(t))]
 
     def _rebalance(self, group: Group) -> None:
-        """A membership change: next generation, new server-side assignment."""
-        group.generation += 1
+        """A membership change: server groups get the next generation and a new
+        assignment; consumer groups start a rebalance (the generation moves on
+        when it completes, see ``complete_rebalance``)."""
         if group.protocol_type == "server":
+            group.generation += 1
             group.assignments = assign(group.assignor, list(group.members), self._partitions(group.topics))
             group.state = "Stable" if group.members else "Empty"
+        elif group.members:
+            if group.state != "PreparingRebalance":
+                group.state = "PreparingRebalance"
+                group.joined = set()
         else:
-            group.state = "PreparingRebalance" if group.members else "Empty"
-            for m in group.members.values():
-                m.assignment = b""
+            group.generation += 1
+            group.state = "Empty"
+            group.joined = set()
         if not group.members:
             group.leader = ""
         self._save(group)
@@ -254,8 +263,11 @@ class GroupCoordinator:
         return group
 
     def heartbeat(self, name: str, member_id: str, generation: int) -> Group:
+        """Keep a member alive; a consumer group in rebalance answers REBALANCE_IN_PROGRESS."""
         group = self.check_member(name, member_id, generation)
         group.members[member_id].last_heartbeat_ms = self.clock()
+        if group.protocol_type == "consumer" and group.state == "PreparingRebalance":
+            raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress: rejoin the group")
         return group
 
     def leave(self, name: str, member_id: str, generation: int | None) -> Group:
@@ -263,6 +275,89 @@ class GroupCoordinator:
         del group.members[member_id]
         self._rebalance(group)
         return group
+
+    # ------------------------------------------------------------------ consumer groups (Kafka)
+
+    def join_consumer(self, name: str, member_id: str, protocols: tuple[tuple[str, bytes], ...],
+                      session_timeout_ms: int, rebalance_timeout_ms: int, client_id: str = "",
+                      client_host: str = "", group_instance_id: str | None = None) -> tuple[Group, str]:
+        """Kafka JoinGroup: add or refresh the member and put the group in (or keep it
+        in) PreparingRebalance, with this member counted as rejoined.
+
+        Returns the group and the member id (a new one when ``member_id`` is
+        empty). Raises UNKNOWN_MEMBER for an id the group does not know and
+        INVALID_REQUEST when the group uses another membership protocol or has
+        no assignment protocol in common with the member.
+        """
+        now = self.clock()
+        group = self.groups.get(name)
+        if group is None or (group.protocol_type != "consumer" and not group.members):
+            group = self.groups[name] = Group(name, "consumer", generation=0)
+        elif group.protocol_type != "consumer":
+            raise CommandError(ErrorCode.INVALID_REQUEST,
+                               f"group {name} uses the {group.protocol_type} membership protocol")
+        self._expire(group, now)
+        if member_id and member_id not in group.members:
+            raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member")
+        others = [m for mid, m in group.members.items() if mid != member_id]
+        names = {n for n, _ in protocols}
+        if not names or any(not names & {n for n, _ in m.protocols} for m in others):
+            raise CommandError(ErrorCode.INVALID_REQUEST, "inconsistent group protocol")
+        member_id = member_id or self.new_member_id(client_id or "consumer")
+        group.members[member_id] = Member(member_id, now, session_timeout_ms, rebalance_timeout_ms, client_id,
+                                          client_host, protocols, b"", group_instance_id)
+        if group.state != "PreparingRebalance":
+            group.state = "PreparingRebalance"
+            group.joined = set()
+        group.joined.add(member_id)
+        return group, member_id
+
+    @staticmethod
+    def everyone_joined(group: Group) -> bool:
+        return group.state == "PreparingRebalance" and group.joined >= set(group.members)
+
+    def complete_rebalance(self, name: str) -> Group:
+        """End the join phase: drop members that did not rejoin, move to the next
+        generation, keep (or elect) the leader and choose the protocol that every
+        member supports, preferring the leader's order."""
+        group = self.get(name)
+        now = self.clock()
+        for mid in [mid for mid in group.members if mid not in group.joined]:
+            del group.members[mid]
+        group.joined = set()
+        group.generation += 1
+        if not group.members:
+            group.state, group.leader, group.protocol = "Empty", "", ""
+        else:
+            if group.leader not in group.members:
+                group.leader = next(iter(group.members))
+            common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
+            group.protocol = next(n for n, _ in group.members[group.leader].protocols if n in common)
+            group.state = "CompletingRebalance"
+            for m in group.members.values():
+                m.last_heartbeat_ms = now
+                m.assignment = b""
+        self._save(group)
+        return group
+
+    def sync_consumer(self, name: str, member_id: str, generation: int,
+                      assignments: tuple[tuple[str, bytes], ...]) -> bytes | None:
+        """Kafka SyncGroup: the leader's call stores every member's assignment and
+        makes the group Stable. Returns the member's assignment once the group is
+        Stable, ``None`` while the leader has not synced yet."""
+        group = self.check_member(name, member_id, generation)
+        if group.state == "PreparingRebalance":
+            raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress: rejoin the group")
+        group.members[member_id].last_heartbeat_ms = self.clock()
+        if member_id == group.leader and group.state == "CompletingRebalance":
+            for mid, blob in assignments:
+                if mid in group.members:
+                    group.members[mid].assignment = bytes(blob)
+            group.state = "Stable"
+            self._save(group)
+        if group.state == "Stable":
+            return group.members[member_id].assignment
+        return None
 
     def assignment_of(self, group: Group, member_id: str) -> dict[str, list[int]]:
         return group.assignments.get(member_id, {})
@@ -276,6 +371,8 @@ class GroupCoordinator:
         if generation is not None:
             group = self.check_member(name, member_id, generation)
             group.members[member_id].last_heartbeat_ms = self.clock()
+            if group.protocol_type == "consumer" and group.state == "CompletingRebalance":
+                raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress")
             if require_assignment:
                 owned = self.assignment_of(group, member_id)
                 for topic, partition, _, _ in offsets:

@@ -1,0 +1,96 @@
+"""Kafka's rebalance barrier for ``"consumer"`` groups, with Deferreds (reactor thread).
+
+JoinGroup answers only when every known member has rejoined, or when the
+longest rebalance timeout of the members has passed (members that did not
+rejoin are then dropped). The leader's answer lists the members and their
+metadata; it assigns partitions and sends the result in its SyncGroup, which
+the broker distributes: followers whose SyncGroup arrived first wait for it.
+A new rebalance answers waiting SyncGroups with REBALANCE_IN_PROGRESS. The
+group state itself lives in ``gateway.storage.groups`` (pure).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer
+
+from gateway import model as m
+from gateway.model import Error, ErrorCode
+from gateway.storage.groups import GroupCoordinator
+
+
+class ConsumerRebalance:
+    def __init__(self, groups: GroupCoordinator, reactor: Any):
+        self.groups = groups
+        self.reactor = reactor
+        self.joins: dict[str, dict[str, defer.Deferred]] = {}
+        self.syncs: dict[str, dict[str, defer.Deferred]] = {}
+        self.timers: dict[str, Any] = {}
+
+    def join(self, cmd: m.JoinGroup) -> defer.Deferred:
+        """Fires with the member's ``JoinGroupResult`` once the join phase ends."""
+        group, member_id = self.groups.join_consumer(
+            cmd.group, cmd.member_id, cmd.protocols, cmd.session_timeout_ms or 10_000,
+            cmd.rebalance_timeout_ms or cmd.session_timeout_ms or 10_000, cmd.client_id, cmd.client_host,
+            cmd.group_instance_id)
+        waiting = self.joins.setdefault(cmd.group, {})
+        previous = waiting.pop(member_id, None)
+        if previous is not None:
+            _fire(previous, m.JoinGroupResult(cmd.group, member_id, error=Error(
+                ErrorCode.REBALANCE_IN_PROGRESS, "superseded by a newer JoinGroup")))
+        d: defer.Deferred = defer.Deferred(lambda _: waiting.pop(member_id, None))
+        waiting[member_id] = d
+        timer = self.timers.get(cmd.group)
+        if timer is None or not timer.active():
+            timeout = max(mem.rebalance_timeout_ms for mem in group.members.values())
+            self.timers[cmd.group] = self.reactor.callLater(timeout / 1000, self._complete, cmd.group)
+        self.changed(cmd.group)
+        return d
+
+    def sync(self, cmd: m.SyncGroup) -> Any:
+        """The member's ``SyncGroupResult`` now, or a Deferred until the leader syncs."""
+        assignment = self.groups.sync_consumer(cmd.group, cmd.member_id, cmd.generation, cmd.assignments)
+        if assignment is None:
+            waiting = self.syncs.setdefault(cmd.group, {})
+            d: defer.Deferred = defer.Deferred(lambda _: waiting.pop(cmd.member_id, None))
+            waiting[cmd.member_id] = d
+            return d
+        group = self.groups.get(cmd.group)
+        for mid, d in self.syncs.pop(cmd.group, {}).items():
+            member = group.members.get(mid)
+            _fire(d, m.SyncGroupResult(cmd.group, group.generation, member_assignment=member.assignment)
+                  if member is not None else
+                  m.SyncGroupResult(cmd.group, error=Error(ErrorCode.UNKNOWN_MEMBER, "unknown member")))
+        return m.SyncGroupResult(cmd.group, cmd.generation, member_assignment=assignment)
+
+    def changed(self, name: str) -> None:
+        """Call after a membership change (join, leave, expiry) of group ``name``."""
+        group = self.groups.groups.get(name)
+        if group is None or group.state != "PreparingRebalance":
+            return
+        for d in self.syncs.pop(name, {}).values():
+            _fire(d, m.SyncGroupResult(name, error=Error(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress")))
+        if self.groups.everyone_joined(group):
+            self._complete(name)
+
+    def _complete(self, name: str) -> None:
+        timer = self.timers.pop(name, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        group = self.groups.groups.get(name)
+        if group is None or group.state != "PreparingRebalance":
+            return
+        group = self.groups.complete_rebalance(name)
+        members = tuple((mid, dict(mem.protocols).get(group.protocol, b"")) for mid, mem in group.members.items())
+        for mid, d in self.joins.pop(name, {}).items():
+            if mid in group.members:
+                _fire(d, m.JoinGroupResult(name, mid, group.generation, leader=group.leader, protocol=group.protocol,
+                                           members=members if mid == group.leader else ()))
+            else:
+                _fire(d, m.JoinGroupResult(name, mid, error=Error(ErrorCode.UNKNOWN_MEMBER, "unknown member")))
+
+
+def _fire(d: defer.Deferred, result: Any) -> None:
+    if not d.called:
+        d.callback(result)
