@@ -152,3 +152,64 @@ def structure(frame: bytes) -> dict[str, Any]:
             pos = start + n
         parsed["bundles"] = bundles
     return {"msg_id": msg_id, **parsed}
+
+
+class CaptureBroker:
+    """Plays the broker side of one capture on a real socket.
+
+    On accept it writes the captured broker stream (greeting ping and every
+    answer) and records what the client writes, until the client has written
+    as much as tank-cli did or closes.
+    """
+
+    def __init__(self, capture: Capture):
+        import threading
+
+        self.capture = capture
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.received = b""
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            conn.settimeout(10)
+            conn.sendall(self.capture.server_raw)
+            try:
+                while len(self.received) < len(self.capture.client_raw):
+                    data = conn.recv(1 << 16)
+                    if not data:
+                        break
+                    self.received += data
+            except OSError:
+                pass
+        self.done.set()
+
+    def client_bytes(self, timeout: float = 10.0) -> bytes:
+        self.done.wait(timeout)
+        return self.received
+
+    def __enter__(self) -> CaptureBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listener.close()
+
+
+def produced_timestamps(capture: Capture) -> list[int]:
+    """Message timestamps of every bundle the client produced in a capture, in order."""
+    from gateway.codecs.tank.bundle import decode_messages, message_set, parse_header
+
+    out = []
+    for f in capture.client_frames:
+        if f.msg_id not in (0x01, 0x05):
+            continue
+        req = (schema.ProduceRequest if f.msg_id == 0x01 else schema.ProduceWithSeqnumRequest).parse(f.payload)
+        for topic in req.topics:
+            for p in topic.partitions:
+                header = parse_header(p.bundle, 0, len(p.bundle))
+                out += [ts for _, ts, _, _ in decode_messages(message_set(p.bundle, header), header, 1)]
+    return out
