@@ -619,14 +619,20 @@ class CursusConnection:
 
     def _join(self, a: Args) -> Event:
         topic, group, member, gen = self._group_args(a, "JOIN_GROUP", generation=False)
-        member_id = member if gen is not None else f"{member}-{random.randrange(10000):04d}"
+        suffixed = f"{member}-{random.randrange(10000):04d}"
 
         def join(results: Sequence[Any]) -> Event:
             if results[0].topics[0].error is not None:
                 raise Reject(f"ERROR: topic_not_found topic={topic}")
-            return self._request((m.JoinGroup(group, member_id, (topic,), "server", "range"),), joined)
+            # A member still in the group (a rejoin after GEN_MISMATCH, or a resume with
+            # generation=) keeps its id and takes the current assignment; a new one gets a
+            # suffix. Re-suffixing a live member would rebalance the group at every rejoin.
+            live = member in {mem.member_id for mem in results[1].groups[0].members}
+            member_id = member if live or gen is not None else suffixed
+            join = m.JoinGroup(group, member_id, (topic,), "server", "range")
+            return self._request((join,), lambda rs: joined(rs, member_id))
 
-        def joined(results: Sequence[Any]) -> bytes:
+        def joined(results: Sequence[Any], member_id: str) -> bytes:
             r: m.JoinGroupResult = results[0]
             if r.error is not None:
                 return frame(f"ERROR: register_group_failed reason={q(r.error.message)}")
@@ -634,7 +640,7 @@ class CursusConnection:
             return frame(f"OK generation={r.generation} member={member_id} assignments={_assignments(r, topic)}"
                          + resumed)
 
-        return self._request((m.ListTopics((topic,)),), join, two_step=True)
+        return self._request((m.ListTopics((topic,)), m.DescribeGroups((group,))), join, two_step=True)
 
     def _sync(self, a: Args) -> Event:
         topic, group, member, gen = self._group_args(a, "SYNC_GROUP")
