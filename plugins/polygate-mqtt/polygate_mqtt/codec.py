@@ -152,11 +152,11 @@ class MqttConnection:
             try:
                 frame = self._next_frame()
                 if frame is None:
-                    return None
+                    break
                 self._handle(*frame)
             except MalformedPacket as e:
                 self._close(str(e))
-        return self.events.popleft()
+        return self.events.popleft() if self.events else None
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         ctx = request.context

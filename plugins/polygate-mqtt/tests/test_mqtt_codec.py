@@ -1,0 +1,274 @@
+"""The MQTT codec's schemas, topic rules and storage format, and the codec
+driven by the real adapter and broker on an in-memory clock."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mqtt_support import Rig, connect_packet, puback, subscribe_packet, unsubscribe_packet
+from polygate_mqtt import batch, packets, topics
+from polygate_mqtt.packets import MalformedPacket, PacketType
+
+from gateway import model as m
+from gateway.codecs.v1 import batch as v1_batch
+
+# --------------------------------------------------------------------------- schemas
+
+
+@pytest.mark.parametrize("length", [0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 268_435_455])
+def test_remaining_length_round_trips_at_every_boundary(length):
+    encoded = packets.encode_length(length)
+    assert len(encoded) == 1 + (length >= 128) + (length >= 16_384) + (length >= 2_097_152)
+    assert packets.split_header(b"\x30" + encoded) == (3, 0, 1 + len(encoded), length)
+    assert packets.split_header((b"\x30" + encoded)[:-1]) is None
+
+
+def test_a_fifth_length_byte_is_malformed():
+    with pytest.raises(MalformedPacket):
+        packets.split_header(b"\x30\xff\xff\xff\xff\x01")
+
+
+@pytest.mark.parametrize("schema, value", [
+    (packets.CONNECT, {"protocol_name": "MQTT", "protocol_level": 4,
+                       "flags": {"username": True, "password": True, "will_retain": False, "will_qos": 1,
+                                 "will": True, "clean_session": True, "reserved": False},
+                       "keep_alive": 60, "client_id": "dev-1", "will_topic": "dev/1/status",
+                       "will_message": b"gone", "username": "u", "password": b"p\x00w"}),
+    (packets.CONNACK, {"session_present": 0, "return_code": 0}),
+    (packets.PACKET_ID, {"packet_id": 65535}),
+    (packets.SUBSCRIBE, {"packet_id": 7, "topics": [{"filter": "a/+/c", "qos": 1}, {"filter": "#", "qos": 0}]}),
+    (packets.SUBACK, {"packet_id": 7, "return_codes": [1, 0x80]}),
+    (packets.UNSUBSCRIBE, {"packet_id": 8, "filters": ["a/+/c", "ü/#"]}),
+])
+def test_schemas_round_trip(schema, value):
+    data = schema.build(value)
+    parsed = packets.parse(schema, data)
+    assert schema.build(parsed) == data
+    assert plain(parsed) == value
+
+
+def plain(x):
+    """A parsed construct value as plain dicts and lists (without construct's ``_io``)."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items() if not k.startswith("_")}
+    if isinstance(x, list):
+        return [plain(v) for v in x]
+    return x
+
+
+@given(st.text(min_size=1, max_size=40), st.binary(max_size=64), st.integers(0, 2), st.integers(1, 65535),
+       st.booleans())
+def test_publish_fast_path_agrees_with_the_schema(topic, payload, qos, packet_id, dup):
+    data = packets.publish(topic.encode(), payload, qos, packet_id if qos else None, dup)
+    [(kind, flags, body)] = _packets(data)
+    assert kind == PacketType.PUBLISH and flags == (8 if dup else 0) | qos << 1
+    parsed = packets.parse(packets.PUBLISH, body, qos=qos)
+    assert packets.parse_publish(flags, body) == (parsed.topic, qos, parsed.packet_id, parsed.payload)
+    assert (parsed.topic, parsed.payload) == (topic, payload)
+    assert packets.PUBLISH.build(parsed, qos=qos) == body
+
+
+def _packets(data: bytes) -> list[tuple[int, int, bytes]]:
+    from mqtt_support import split_packets
+
+    return split_packets(data)
+
+
+@pytest.mark.parametrize("body, flags", [(b"", 0), (b"\x00\x05ab", 0), (b"\x00\x01a\x00", 2), (b"\x00\x01\xff", 0),
+                                         (b"\x00\x01a", 6)])
+def test_malformed_publish_bodies(body, flags):
+    with pytest.raises(MalformedPacket):
+        packets.parse_publish(flags, body)
+
+
+# --------------------------------------------------------------------------- topics
+
+
+@pytest.mark.parametrize("topic_filter, name, expected", [
+    # the examples of MQTT 3.1.1 section 4.7.1
+    ("sport/tennis/player1/#", "sport/tennis/player1", True),
+    ("sport/tennis/player1/#", "sport/tennis/player1/ranking", True),
+    ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", True),
+    ("sport/#", "sport", True),
+    ("sport/tennis/+", "sport/tennis/player1", True),
+    ("sport/tennis/+", "sport/tennis/player1/tournament", False),
+    ("sport/+", "sport", False),
+    ("sport/+", "sport/", True),
+    ("+/+", "/finance", True),
+    ("/+", "/finance", True),
+    ("+", "/finance", False),
+    ("a/b", "a/b", True),
+    ("a/b", "a/bc", False),
+    ("a/+/c", "a//c", True),
+])
+def test_filter_matching_follows_the_spec(topic_filter, name, expected):
+    assert topics.valid_filter(topic_filter)
+    assert topics.matches(topic_filter, name) is expected
+
+
+@pytest.mark.parametrize("text", ["", "a/#/b", "a#", "a/b+", "+a", "a\x00b"])
+def test_invalid_filters(text):
+    assert not topics.valid_filter(text)
+
+
+@pytest.mark.parametrize("name, log", [("sensors/a/b", "sensors"), ("sensors", "sensors"), ("a.b=c-d_e/x", "a.b=c-d_e"),
+                                       ("/a", None), ("$SYS/x", None), ("bad level/x", None), ("ü/x", None),
+                                       ("#", None), ("+/x", None), ("x" * 250, None), ("x" * 249, "x" * 249)])
+def test_log_topic_is_the_first_level_when_it_is_a_log_topic_name(name, log):
+    assert topics.log_topic(name) == log
+
+
+@pytest.mark.parametrize("key, name", [(b"t/a/b", "t/a/b"), (b"t", "t"), (b"tx/a", "t"), (b"user1", "t"),
+                                       (None, "t"), (b"\xff", "t"), (b"t/+", "t")])
+def test_records_of_other_protocols_are_named_after_their_log_topic(key, name):
+    assert topics.record_topic("t", key) == name
+
+
+# --------------------------------------------------------------------------- storage format
+
+
+def test_format_round_trips_and_reads_other_formats_through_record():
+    payload = batch.encode_record(0, 5, 1, b"t/a", b"v1") + batch.encode_record(1, 6, 0, b"t/b", b"")
+    stored = m.StoredBatch("mqtt", 10, 11, 6, payload)
+    records = list(batch.FORMAT.records(stored))
+    assert [(r.key, r.value, r.offset, r.timestamp, r.extras["mqtt_qos"]) for r in records] == [
+        (b"t/a", b"v1", 10, 5, 1), (b"t/b", b"", 11, 6, 0)]
+    assert batch.FORMAT.encode(records, 10) == payload
+    foreign = v1_batch.encode_record(0, 7, b"user1", b"hello")
+    converted = batch.FORMAT.encode(list(v1_batch.FORMAT.records(m.StoredBatch("v1", 3, 3, 7, foreign))), 3)
+    [r] = batch.FORMAT.records(m.StoredBatch("mqtt", 3, 3, 7, converted))
+    assert (r.key, r.value, r.offset, r.timestamp, dict(r.extras)) == (b"user1", b"hello", 3, 7, {})
+
+
+# --------------------------------------------------------------------------- codec through the adapter
+
+
+@pytest.fixture
+def rig(tmp_path):
+    r = Rig(str(tmp_path), retry_ms="1000", max_inflight="2", max_queued_bytes="64")
+    yield r
+    r.close()
+
+
+def v1_produce(rig: Rig, topic: str, value: bytes, partition: int = 0) -> None:
+    record = v1_batch.encode_record(0, 1, b"k", value)
+    rig.broker.execute(m.Produce(topic, partition, m.Batch("v1", record, 1, 1), auto_create=True))
+
+
+def publish_of(pkt: tuple[int, int, bytes]) -> tuple[str, int, int | None, bytes, bool]:
+    kind, flags, body = pkt
+    assert kind == PacketType.PUBLISH
+    return (*packets.parse_publish(flags, body), bool(flags & 8))
+
+
+def test_keep_alive_closes_after_one_and_a_half_periods_of_silence(rig):
+    c = rig.client(keep_alive=10)
+    rig.reactor.advance(9)
+    assert c.send(packets.packet(PacketType.PINGREQ)) == [(PacketType.PINGRESP, 0, b"")]
+    rig.reactor.advance(14.9)  # 14.9 s since the last byte
+    assert not c.closed
+    rig.reactor.advance(0.2)
+    assert c.closed
+
+
+def test_a_connection_without_connect_is_closed_after_the_connect_timeout(rig):
+    c = rig.client(client_id=b"")
+    rig.reactor.advance(9.9)
+    assert not c.closed
+    rig.reactor.advance(0.2)
+    assert c.closed
+
+
+def test_qos1_deliveries_are_resent_with_dup_until_acknowledged(rig):
+    c = rig.client()
+    assert c.send(subscribe_packet(1, ("t/#", 1))) == [(PacketType.SUBACK, 0, b"\x00\x01\x01")]
+    v1_produce(rig, "t", b"hello")
+    [first] = [publish_of(p) for p in c.received()]
+    assert first == ("t", 1, 1, b"hello", False)
+    rig.reactor.advance(1.0)
+    assert [publish_of(p) for p in c.received()] == [("t", 1, 1, b"hello", True)]
+    c.send(puback(1))
+    rig.reactor.advance(5)
+    assert c.received() == []
+
+
+def test_the_in_flight_window_holds_later_deliveries_until_acks_free_it(rig):
+    c = rig.client()
+    c.send(subscribe_packet(1, ("t", 1)))
+    for i in range(3):
+        v1_produce(rig, "t", b"m%d" % i)
+    assert [publish_of(p)[3] for p in c.received()] == [b"m0", b"m1"]
+    assert [publish_of(p)[3] for p in c.send(puback(1))] == [b"m2"]
+    for _ in range(3):  # 63 bytes wait; one more is past max_queued_bytes (64): too slow
+        v1_produce(rig, "t", b"x" * 20)
+        assert not c.closed
+    v1_produce(rig, "t", b"x" * 20)
+    assert c.closed
+
+
+def test_a_qos0_publish_is_delivered_at_qos0_to_a_qos1_subscription(rig):
+    c = rig.client()
+    c.send(subscribe_packet(1, ("t/+", 1)))
+    got = c.send(packets.publish(b"t/x", b"zero") + packets.publish(b"t/y", b"one", 1, 9))
+    assert got[0] == (PacketType.PUBLISH, 0, packets.publish(b"t/x", b"zero")[2:])
+    assert publish_of(got[1])[:2] == ("t/y", 1)
+    assert got[2] == (PacketType.PUBACK, 0, b"\x00\x09")
+
+
+def test_qos2_publish_is_stored_once_and_completed(rig):
+    c = rig.client()
+    publish = packets.publish(b"q/two", b"x", 2, 5)
+    assert c.send(publish) == [(PacketType.PUBREC, 0, b"\x00\x05")]
+    assert c.send(publish) == [(PacketType.PUBREC, 0, b"\x00\x05")]  # resent before PUBREL: not stored again
+    assert c.send(packets.with_packet_id(PacketType.PUBREL, 5)) == [(PacketType.PUBCOMP, 0, b"\x00\x05")]
+    assert sum(rig.engine.partition("q", p).high_watermark for p in range(3)) == 1
+
+
+def test_pipelined_subscribe_unsubscribe_leaves_no_stream(rig):
+    c = rig.client()
+    got = c.send(subscribe_packet(1, ("t/#", 0)) + unsubscribe_packet(2, "t/#"))
+    assert [p[0] for p in got] == [PacketType.SUBACK, PacketType.UNSUBACK]
+    assert c.proto._streams == []
+    v1_produce(rig, "t", b"late")
+    assert c.received() == []
+
+
+def test_overlapping_filters_deliver_once_at_the_highest_qos(rig):
+    c = rig.client()
+    c.send(subscribe_packet(1, ("t/#", 0), ("t/+", 1), ("t/a", 0)))
+    got = c.send(packets.publish(b"t/a", b"v", 1, 1))
+    assert [publish_of(p)[:2] for p in got if p[0] == PacketType.PUBLISH] == [("t/a", 1)]
+
+
+@pytest.mark.parametrize("data", [
+    connect_packet(level=3, name=b"MQIsdp"),
+    connect_packet(level=5),
+])
+def test_other_protocol_levels_are_refused_with_connack_1(rig, data):
+    c = rig.client(client_id=b"")
+    assert c.send(data) == [(PacketType.CONNACK, 0, b"\x00\x01")]
+    assert c.closed
+
+
+def test_empty_client_id_needs_a_clean_session(rig):
+    c = rig.client(client_id=b"")
+    assert c.send(connect_packet(b"", clean=False)) == [(PacketType.CONNACK, 0, b"\x00\x02")]
+    assert c.closed
+
+
+@pytest.mark.parametrize("data", [
+    connect_packet(),                                          # a second CONNECT
+    b"\x82\x05\x00\x01\x00\x01t",                              # SUBSCRIBE with QoS byte missing (Terminated)
+    b"\x80\x06\x00\x01\x00\x01t\x00",                          # SUBSCRIBE with flags 0
+    subscribe_packet(1, ("a/#/b", 0)),                          # invalid filter
+    subscribe_packet(1, ("a", 3)),                              # QoS 3
+    b"\x82\x02\x00\x01",                                       # no filter
+    packets.publish(b"a/+", b"x"),                             # wildcard in a topic name
+    b"\xf0\x00",                                               # reserved type 15
+    b"\x20\x02\x00\x00",                                       # CONNACK is not sent by clients
+])
+def test_protocol_violations_close_without_an_answer(rig, data):
+    c = rig.client()
+    assert c.send(data) == []
+    assert c.closed

@@ -1,0 +1,118 @@
+"""Hypothesis fuzzing of the sans-IO MQTT codec: garbage, truncated packets, any split."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mqtt_support import connect_packet, puback, subscribe_packet, unsubscribe_packet
+from polygate_mqtt import packets
+from polygate_mqtt.codec import MqttConnection
+from polygate_mqtt.packets import PacketType
+
+from gateway import model as m
+from gateway.codec import Close, ListenerSettings, Reply, Request, Subscribe, Timer, Unsubscribe
+
+FRAME = 4096
+
+
+def new_connection() -> MqttConnection:
+    return MqttConnection(ListenerSettings(FRAME, clock=lambda: 0.0))
+
+
+def results_for(request: Request) -> list:
+    out = []
+    for cmd in request.commands:
+        if isinstance(cmd, m.Produce):
+            out.append(m.ProduceResult(cmd.topic, 0, 0, 0, 1))
+        else:
+            out.append(m.ListTopicsResult(tuple(
+                m.TopicInfo(t, (m.PartitionInfo(0, 0, 0, 0),)) for t in cmd.topics)))
+    return out
+
+
+def drive(conn: MqttConnection) -> list:
+    """Take every event, answering requests as the broker would; events in comparable form."""
+    out = []
+    while (event := conn.next_event()) is not None:
+        assert isinstance(event, Request | Reply | Close | Subscribe | Unsubscribe | Timer)
+        assert not out or out[-1][0] != "close", "event after Close"
+        if isinstance(event, Request):
+            out.append(("request", tuple(type(c).__name__ for c in event.commands), event.context))
+            out.append(("answer", conn.respond(event, results_for(event))))
+        elif isinstance(event, Reply):
+            out.append(("reply", event.data))
+        elif isinstance(event, Close):
+            out.append(("close", event.data))
+        else:
+            out.append((type(event).__name__, event))
+    return out
+
+
+def feed(chunks: list[bytes]) -> list:
+    conn = new_connection()
+    events = drive(conn)
+    for chunk in filter(None, chunks):  # b"" would mean end of stream
+        conn.receive_data(chunk)
+        events += drive(conn)
+    return events
+
+
+topic_names = st.sampled_from(["a", "a/b", "a/b/c", "t/x", "b//c"])
+topic_filters = st.sampled_from(["a", "a/#", "a/+/c", "t/+", "#", "+/x", "b/+/c"])
+
+valid_packets = st.one_of(
+    st.builds(lambda t, p, q, i: packets.publish(t.encode(), p, q, i if q else None),
+              topic_names, st.binary(max_size=32), st.integers(0, 2), st.integers(1, 65535)),
+    st.builds(lambda i, fs: subscribe_packet(i, *fs), st.integers(1, 65535),
+              st.lists(st.tuples(topic_filters, st.integers(0, 2)), min_size=1, max_size=3)),
+    st.builds(lambda i, fs: unsubscribe_packet(i, *fs), st.integers(1, 65535),
+              st.lists(topic_filters, min_size=1, max_size=3)),
+    st.builds(puback, st.integers(1, 65535)),
+    st.builds(lambda i: packets.with_packet_id(PacketType.PUBREL, i), st.integers(1, 65535)),
+    st.just(packets.packet(PacketType.PINGREQ)),
+)
+
+sessions = st.builds(lambda ka, ps: connect_packet(b"fuzz", ka) + b"".join(ps),
+                     st.integers(0, 600), st.lists(valid_packets, max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.booleans())
+def test_garbage_never_raises_and_ends_in_one_close(garbage, after_connect):
+    conn = new_connection()
+    conn.receive_data((connect_packet() if after_connect else b"") + garbage)
+    events = drive(conn)
+    conn.receive_data(b"")  # end of stream
+    events += drive(conn)
+    kinds = [e[0] for e in events]
+    assert kinds.count("close") == 1 and kinds[-1] == "close"
+
+
+@settings(max_examples=200, deadline=None)
+@given(sessions)
+def test_byte_at_a_time_equals_whole(data):
+    assert feed([data[i : i + 1] for i in range(len(data))]) == feed([data])
+
+
+@settings(max_examples=200, deadline=None)
+@given(sessions, st.data())
+def test_truncated_packets_wait_for_the_rest(data, draw):
+    cut = draw.draw(st.integers(0, len(data)))
+    whole = feed([data])
+    assert feed([data[:cut], data[cut:]]) == whole
+    conn = new_connection()
+    if cut:
+        conn.receive_data(data[:cut])
+    prefix = drive(conn)
+    assert prefix == whole[: len(prefix)]
+    conn.receive_data(b"")
+    rest = drive(conn)
+    if cut < len(data):
+        assert rest[-1][0] == "close"  # end of stream inside a packet
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(FRAME + 1, packets.MAX_REMAINING_LENGTH))
+def test_frames_over_the_limit_close_before_the_body_arrives(length):
+    events = feed([connect_packet() + b"\x30" + packets.encode_length(length)])
+    assert events[-1][0] == "close" and not any(e[0] == "request" for e in events)
