@@ -1,0 +1,224 @@
+"""The TANK listener of a real ``gateway serve``, through the project's TANK client and raw sockets."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from tank_support import read_frames
+
+from gateway.clients.tank import LATEST, TankClient, TankError, consume_request, produce_request
+from gateway.clients.v1 import V1Client
+from gateway.codecs.tank import schema
+from gateway.codecs.tank.bundle import encode
+
+GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
+
+
+@pytest.fixture
+def gw(gateway_factory):
+    return gateway_factory(("tank", "v1"), ("--default-partitions", "1"))
+
+
+@pytest.fixture
+def client(gw):
+    with TankClient("127.0.0.1", gw.port("tank")) as c:
+        yield c
+
+
+def test_round_trip_of_keys_values_timestamps_and_bundle_shapes(client):
+    client.create_topic("events", 2)
+    client.produce_ack(client.send_produce("events", 0, [(1000, b"k", b"v1"), (1000, None, b"v2")]))
+    many = [(2000 + i % 3, b"key%d" % i if i % 2 else None, b"x" * (i % 300)) for i in range(600)]
+    client.produce_ack(client.send_produce("events", 0, many))  # varint count, snappy
+    client.produce_ack(client.send_produce("events", 1, [(5, None, b"")]))
+    got = [(m.seq, m.timestamp, m.key, m.value) for m in client.messages("events", 0)]
+    expected = [(1, 1000, b"k", b"v1"), (2, 1000, None, b"v2")]
+    expected += [(3 + i, ts, k, v) for i, (ts, k, v) in enumerate(many)]
+    assert got == expected
+    assert [(m.seq, m.value) for m in client.messages("events", 1)] == [(1, b"")]
+    assert [(m.seq, m.value) for m in client.messages("events", 0, 500)][0] == (500, many[497][2])
+    assert client.discover_partitions("events") == [(1, 602), (1, 1)]
+    assert client.discover_topics() == {"events": 2}
+    assert client.status()["partitions"] == 2
+
+
+def test_errors_of_produce_create_and_consume(client):
+    client.create_topic("t", 1)
+    with pytest.raises(TankError) as e:
+        client.create_topic("t", 1)
+    assert e.value.code == 1
+    with pytest.raises(TankError) as e:
+        client.create_topic("bad/name", 1)
+    assert e.value.code == 10
+    with pytest.raises(TankError) as e:
+        client.create_topic("cfg", 1, config="log.segment.bytes = lots")
+    assert e.value.code == 4
+    client.create_topic("cfg2", 1, config="# comment\nlog.segment.bytes = 1048576\nunknown.key = 1\n")
+    for topic, partition, code in (("nosuch", 0, 0xFF), ("t", 3, 1)):
+        with pytest.raises(TankError) as e:
+            client.produce_messages(topic, partition, [b"x"])
+        assert e.value.code == code
+    client.produce_messages("t", 0, [b"a", b"b"])
+    with pytest.raises(TankError) as e:  # below the last assigned sequence number
+        client.produce_messages("t", 0, [b"c"], base_seq=2)
+    assert e.value.code == 10
+    with pytest.raises(TankError) as e:  # past last assigned + 1: boundary check
+        client.consume("t", 0, 10)
+    assert e.value.code == 1 and "first available 1, last assigned 2" in e.value.message
+    with pytest.raises(TankError) as e:
+        client.consume("t", 5, 1)
+    assert e.value.code == 0xFF
+    with pytest.raises(TankError):
+        client.delete_topic("t")
+
+
+def test_consume_answers_per_error_kind_in_one_response(client, gw):
+    client.create_topic("a", 1)
+    client.produce_messages("a", 0, [b"m"])
+    with socket.create_connection(("127.0.0.1", gw.port("tank"))) as s:
+        s.sendall(consume_request(7, [("a", 0, 1), ("a", 3, 1), ("a", 0, 9), ("zz", 0, 0), ("zz", 1, 0)]))
+        (_, ping), (_, data) = read_frames(s, 2)
+    resp = schema.ConsumeResponse.parse(data[5:]).header
+    assert resp.request_id == 7
+    (a, zz) = resp.topics
+    assert zz.name == "zz" and zz.count == 2 and zz.partitions is None
+    ok, unknown, boundary = a.partitions
+    assert (ok.error_or_flags, ok.first_seq, ok.hwmark, ok.chunk_len) == (0, 1, 1, 13)
+    assert (unknown.partition, unknown.error_or_flags) == (3, 0xFF)
+    assert (boundary.error_or_flags, boundary.first_seq, boundary.hwmark, boundary.chunk_len,
+            boundary.first_available) == (1, 0, 1, 0, 1)
+
+
+def test_gaps_become_sparse_bundles_and_first_available_follows_the_log(client, gw):
+    client.create_topic("gaps", 1)
+    client.produce_messages("gaps", 0, [b"a"], base_seq=50)  # a sparse bundle at seq 50
+    client.produce_messages("gaps", 0, [b"b", b"c"])  # 51, 52
+    # a plain (not sparse) bundle placed by ProduceWithSeqnum past a gap
+    with socket.create_connection(("127.0.0.1", gw.port("tank"))) as s:
+        s.sendall(produce_request(1, [("gaps", 0, encode([(1, None, b"d"), (1, None, b"e")]))], [80]))
+        (_, _), (_, ack) = read_frames(s, 2)
+    assert ack[-1] == 0
+    client.produce_messages("gaps", 0, [b"f"])
+    assert client.discover_partitions("gaps") == [(50, 82)]
+    got = [(m.seq, m.value) for m in client.messages("gaps", 0)]
+    assert got == [(50, b"a"), (51, b"b"), (52, b"c"), (80, b"d"), (81, b"e"), (82, b"f")]
+    assert [(m.seq, m.value) for m in client.messages("gaps", 0, 60)] == got[3:]
+    with pytest.raises(TankError) as e:  # below the first available
+        client.consume("gaps", 0, 10)
+    assert e.value.code == 1
+
+
+def test_fetch_size_cuts_the_last_bundle(client, gw):
+    client.create_topic("cut", 1)
+    for i in range(3):
+        client.produce_messages("cut", 0, [bytes([65 + i]) * 100])
+    with socket.create_connection(("127.0.0.1", gw.port("tank"))) as s:
+        s.sendall(consume_request(1, [("cut", 0, 1)], fetch_size=150) +
+                  consume_request(2, [("cut", 0, 1)], fetch_size=20))
+        frames = read_frames(s, 3)
+    for (_, data), size in zip(frames[1:], (150, 20)):
+        part = schema.ConsumeResponse.parse(data[5:]).header.topics[0].partitions[0]
+        (header_len,) = struct.unpack_from("<I", data, 5)
+        assert part.chunk_len == size and len(data) - 9 - header_len == size
+    # the client copes with cut bundles, growing its fetch size when it must
+    assert [m.value[:1] for m in client.messages("cut", 0, 0, fetch_size=20)] == [b"A", b"B", b"C"]
+
+
+def test_tail_consume_long_polls_without_blocking_other_connections(client, gw):
+    client.create_topic("tail", 2)
+    client.produce_messages("tail", 0, [b"old"])
+    result = {}
+    started = time.monotonic()
+
+    def wait() -> None:
+        with TankClient("127.0.0.1", gw.port("tank")) as c:
+            result["r"] = c.consume_many([("tail", 0, LATEST), ("tail", 1, LATEST)], max_wait_ms=30_000)
+            result["elapsed"] = time.monotonic() - started
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.3)
+    # other connections are served while the long-poll waits
+    assert client.discover_topics() == {"tail": 2}
+    assert "r" not in result
+    client.produce_messages("tail", 1, [b"new"])
+    t.join(20)
+    p0, p1 = result["r"]
+    assert result["elapsed"] < 15  # answered when the data came, not at the 30 s max wait
+    assert (p0.messages, p0.hwmark, p0.first_available) == ((), 1, 1)
+    assert [(m.seq, m.value) for m in p1.messages] == [(1, b"new")]
+
+
+def test_long_poll_min_bytes_and_max_wait(client):
+    client.create_topic("mb", 1)
+    start = time.monotonic()
+    empty = client.consume("mb", 0, LATEST, max_wait_ms=200)
+    assert empty.drained and empty.messages == () and time.monotonic() - start >= 0.15
+    result = {}
+    rid = client.send_consume([("mb", 0, 1)], max_wait_ms=30_000, min_bytes=2000)
+    with TankClient("127.0.0.1", client.sock.getpeername()[1]) as producer:
+        producer.produce_messages("mb", 0, [b"s" * 100])
+        time.sleep(0.3)
+        producer.produce_messages("mb", 0, [os.urandom(3000)])  # stays 3000 bytes under snappy
+    result = client.consume_answer(rid, [("mb", 0, 1)])[0]
+    assert [len(m.value) for m in result.messages] == [100, 3000]
+
+
+def test_records_cross_between_tank_and_v1(client, gw):
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.create_topic("mixed", 1)
+        v1.produce("mixed", "k1", "from-v1")
+        client.produce_messages("mixed", 0, [(b"k2", b"from-tank"), (None, b"second")])
+        v1.produce("mixed", "k3", "again-v1")
+        got = [(m.seq, m.key, m.value) for m in client.messages("mixed", 0)]
+        assert got == [(1, b"k1", b"from-v1"), (2, b"k2", b"from-tank"), (3, None, b"second"),
+                       (4, b"k3", b"again-v1")]
+        messages, hw = v1.consume("mixed", 0, 0)
+        assert messages == [(0, "from-v1"), (1, "from-tank"), (2, "second"), (3, "again-v1")]
+
+
+def test_protocol_violations_close_the_connection_and_pings_are_ignored(gw):
+    port = gw.port("tank")
+    ping = struct.pack("<BI", 3, 0)
+    status = struct.pack("<BII", 0x0A, 4, 9)
+    cases = {
+        "unknown id": struct.pack("<BI", 0x04, 2) + b"\x00\x00",
+        "too large": struct.pack("<BI", 0x01, 1 << 30),
+        "cut short": struct.pack("<BI", 0x01, 3) + b"\x02\x00\x01",
+    }
+    for name, data in cases.items():
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(ping + data)
+            assert read_frames(s, 1)[0][0] == 3, name  # the greeting
+            s.settimeout(10)
+            assert s.recv(100) == b"", name
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(ping + status + ping)
+        frames = read_frames(s, 2)
+    assert [f[0] for f in frames] == [3, 0x0A]
+    gw.assert_alive()
+
+
+def test_cli_uses_the_tank_client(gw):
+    server = f"--server=127.0.0.1:{gw.port('tank')}"
+
+    def cli(*args: str, stdin: str = "") -> str:
+        done = subprocess.run([GATEWAY, *args, server, "--protocol", "tank"], input=stdin, text=True,
+                              capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    cli("topics", "create", "clitopic", "--partitions", "2")
+    assert "clitopic\t2" in cli("topics", "list")
+    cli("produce", "clitopic", "one", "two")
+    cli("produce", "clitopic", stdin="three\n")
+    assert cli("consume", "clitopic") == "1\tone\n2\ttwo\n3\tthree\n"
+    assert cli("consume", "clitopic", "--offset", "2") == "2\ttwo\n3\tthree\n"
+    assert "partition.0\tfirst=1 last=3" in cli("topics", "describe", "clitopic")
