@@ -1,0 +1,171 @@
+"""The plugin API's timers and stream control (``Timer``, ``Unsubscribe``,
+``ListenerSettings.clock``), driven through the real adapter and broker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from test_adapter import Reactor, connect
+
+from gateway import model as m
+from gateway.adapter import CodecFactory
+from gateway.broker import Broker
+from gateway.codec import (
+    CodecPlugin,
+    ListenerSettings,
+    Reply,
+    Request,
+    Subscribe,
+    Timer,
+    Unsubscribe,
+)
+from gateway.codecs.v1 import plugin as v1_plugin
+from gateway.codecs.v1.batch import encode_record
+from gateway.framing import ReceiveBuffer
+from gateway.storage.engine import Engine
+
+
+class Ticker:
+    """A line codec: ``arm S`` arms timer "t" for S seconds (``arm -`` cancels),
+    ``sub T`` streams topic T partition 0 from the end (not exclusively),
+    ``unsub T`` stops it, ``poll T`` long-polls T for new records, any other
+    word is a request answered at once; requests are answered ``done``."""
+
+    def __init__(self, settings: ListenerSettings):
+        self.clock = settings.clock
+        self.buffer = ReceiveBuffer()
+        self.pending: list[Any] = [Timer(1.0, "greeting")]  # armed before any byte arrives
+        self.pushed: list[m.FetchResult] = []
+
+    def connection_made(self) -> bytes:
+        return b""
+
+    def receive_data(self, data: bytes) -> None:
+        self.buffer.feed(data)
+
+    def next_event(self):
+        if self.pending:
+            return self.pending.pop(0)
+        i = self.buffer.find(b"\n", 1024)
+        if i < 0:
+            return None
+        word, _, arg = self.buffer.take(i + 1).decode().strip().partition(" ")
+        if word == "arm":
+            return Timer(None if arg == "-" else float(arg), "t")
+        if word == "sub":
+            return Subscribe((m.Fetch(arg, 0, m.OffsetSpec.LATEST, "v1"),), arg, exclusive=False)
+        if word == "unsub":
+            return Unsubscribe(arg)
+        if word == "poll":
+            return Request((m.Fetch(arg, 0, m.OffsetSpec.LATEST, "v1", max_wait_ms=60_000),), word)
+        return Request((m.Ping(),), word)
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+        return b"done\n"
+
+    def timer(self, context: str) -> None:
+        self.pending.append(Reply(f"{context} fired at {self.clock():g}\n".encode()))
+
+    def push(self, context: str, result: m.FetchResult) -> bytes:
+        self.pushed.append(result)
+        if result.error is not None:
+            return f"{context} ended: {result.error.code.value}\n".encode()
+        values = [r.value.decode() for b in result.batches for r in v1_plugin.batch_format.records(b)]
+        return f"{context}: {' '.join(values)}\n".encode()
+
+    def keepalive(self, context: str) -> bytes:
+        return b""
+
+
+@pytest.fixture
+def rig(tmp_path):
+    reactor = Reactor()
+    engine = Engine(str(tmp_path))
+    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor)
+    factory = CodecFactory(CodecPlugin("ticker", 1, Ticker, 1024), ListenerSettings(1024), broker, reactor)
+    proto, transport = connect(factory)
+    yield reactor, engine, broker, proto, transport
+    engine.close()
+
+
+def produce(broker: Broker, topic: str, value: bytes) -> None:
+    broker.execute(m.Produce(topic, 0, m.Batch("v1", encode_record(0, 1, b"k", value), 1, 1), auto_create=True))
+
+
+def test_timers_fire_on_the_reactor_clock_and_can_be_replaced_or_cancelled(rig):
+    reactor, engine, broker, proto, transport = rig
+    reactor.advance(1.0)
+    assert transport.value() == b"greeting fired at 1\n"  # armed from next_event before any byte
+    transport.clear()
+    proto.dataReceived(b"arm 5\n")
+    reactor.advance(2)
+    proto.dataReceived(b"arm 5\n")  # replaces the pending one: fires at 8, not 6
+    reactor.advance(4.9)
+    assert transport.value() == b""
+    reactor.advance(0.1)
+    assert transport.value() == b"t fired at 8\n"
+    transport.clear()
+    proto.dataReceived(b"arm 1\narm -\n")
+    reactor.advance(10)
+    assert transport.value() == b""
+
+
+def test_timers_die_with_the_connection(rig):
+    reactor, engine, broker, proto, transport = rig
+    proto.dataReceived(b"arm 1\n")
+    proto.connectionLost()
+    assert reactor.getDelayedCalls() == []
+
+
+def test_unsubscribe_stops_a_running_stream_and_requests_keep_flowing(rig):
+    reactor, engine, broker, proto, transport = rig
+    engine.create_topic("a", 1)
+    engine.create_topic("b", 1)
+    proto.dataReceived(b"sub a\nsub b\nwait\n")
+    produce(broker, "a", b"a1")
+    produce(broker, "b", b"b1")
+    proto.dataReceived(b"unsub a\nwait\n")
+    produce(broker, "a", b"a2")
+    produce(broker, "b", b"b2")
+    assert transport.value() == b"done\na: a1\nb: b1\ndone\nb: b2\n"
+    assert [s.sub.context for s in proto._streams] == ["b"]
+
+
+def test_unsubscribe_also_drops_a_subscribe_still_waiting_for_earlier_answers(rig):
+    reactor, engine, broker, proto, transport = rig
+    engine.create_topic("a", 1)
+    engine.create_topic("slow", 1)
+    proto.dataReceived(b"poll slow\nsub a\nunsub a\n")  # "sub a" waits behind the long-poll
+    assert proto._streams == []
+    produce(broker, "slow", b"x")  # answers the poll: the dropped Subscribe must not start
+    produce(broker, "a", b"never")
+    assert transport.value() == b"done\n"
+    assert proto._streams == []
+
+
+def test_a_stream_from_latest_keeps_its_place_while_the_peer_is_slow(rig):
+    reactor, engine, broker, proto, transport = rig
+    engine.create_topic("t", 1)
+    produce(broker, "t", b"old")
+    proto.dataReceived(b"sub t\n")
+    proto.pauseProducing()  # the peer does not drain: the next poll is delayed
+    reactor.advance(5.0)  # the first long-poll ends empty
+    produce(broker, "t", b"between polls")
+    proto.resumeProducing()
+    reactor.advance(0.05)
+    assert transport.value().endswith(b"t: between polls\n")
+
+
+def test_a_fetch_error_ends_only_a_non_exclusive_stream(rig):
+    reactor, engine, broker, proto, transport = rig
+    proto.dataReceived(b"sub missing\nwait\n")
+    assert transport.value() == b"missing ended: unknown_topic\ndone\n"
+    assert not transport.disconnecting and proto._streams == []
+
+
+def test_listener_settings_clock_is_the_reactors(rig):
+    reactor, engine, broker, proto, transport = rig
+    reactor.advance(42)
+    assert proto.codec.clock() == 42
