@@ -53,6 +53,8 @@ U64_MAX = schema.U64_MAX
 MAX_CHUNK = 64 << 20  # TANK caps fetch size and min bytes at 64 MiB
 MAX_WAIT_MS = 24 * 3600 * 1000
 MAX_TOPIC_NAME = 64
+MAX_SEQ = 1 << 63  # the engine's offsets are signed 64-bit
+MAX_SPAN = 1 << 31  # offsets one stored batch may span
 
 _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
@@ -143,11 +145,13 @@ def _batch(stored: bytes, at: int, base_seq: int) -> m.Batch | int:
         return ProduceError.IO_FAULT
     if header.flags & SPARSE:
         first, last = header.first_seq, header.last_seq
-        if not first or last < first or not 0 < header.count <= last - first + 1:
+        if not 0 < first <= last < MAX_SEQ or not 0 < header.count <= last - first + 1 or last - first >= MAX_SPAN:
             return ProduceError.INVALID_SEQ_NUMS
         return m.Batch(NAME, stored, last - first + 1, first_timestamp(stored, header), first - 1)
-    if not header.count:
+    if not 0 < header.count <= MAX_SPAN:
         return ProduceError.IO_FAULT
+    if base_seq + header.count >= MAX_SEQ:
+        return ProduceError.INVALID_SEQ_NUMS
     return m.Batch(NAME, stored, header.count, first_timestamp(stored, header), base_seq - 1 if base_seq else None)
 
 

@@ -1,0 +1,265 @@
+"""The TANK codec without sockets: schema parity, bundles, storage format, fuzzing."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tank_support import captures
+
+from gateway import model as m
+from gateway.codec import Close, ListenerSettings, Reply, Request
+from gateway.codecs.tank import plugin, schema
+from gateway.codecs.tank.bundle import (
+    FORMAT,
+    BundleError,
+    build_chunk,
+    decode_messages,
+    encode,
+    frame,
+    framed_header,
+    message_set,
+    parse_header,
+)
+from gateway.codecs.tank.codec import (
+    PING,
+    TankConnection,
+    consume_response,
+    parse_consume,
+    parse_produce,
+)
+
+CAPTURES = captures()
+CLIENT_FRAMES = [f for c in CAPTURES for f in c.client_frames]
+
+
+def connection(max_frame: int = plugin.max_frame_size) -> TankConnection:
+    return TankConnection(ListenerSettings(max_frame))
+
+
+def events(conn: TankConnection, data: bytes, step: int | None = None) -> list:
+    """Feed ``data`` (in ``step``-byte pieces) and take every event; stops at a Close."""
+    out = []
+    pieces = [data] if step is None else [data[i : i + step] for i in range(0, len(data), step)]
+    for piece in pieces:
+        conn.receive_data(piece)
+        while (event := conn.next_event()) is not None:
+            out.append(event)
+            if isinstance(event, Close):
+                return out
+    return out
+
+
+def comparable(event: object) -> object:
+    """An event with wall-clock values (timestamps of compressed bundles) blanked."""
+    if isinstance(event, Request):
+        return tuple(attrs.evolve(c, batch=attrs.evolve(c.batch, max_timestamp=0)) if isinstance(c, m.Produce)
+                     else c for c in event.commands)
+    return event
+
+
+# --------------------------------------------------------------------------- schemas and fast paths
+
+
+@pytest.mark.parametrize("f", [f for f in CLIENT_FRAMES if f.msg_id in (1, 5)], ids=str)
+def test_produce_fast_path_agrees_with_the_schema(f):
+    parsed = (schema.ProduceRequest if f.msg_id == 1 else schema.ProduceWithSeqnumRequest).parse(f.payload)
+    request_id, topics = parse_produce(f.payload, f.msg_id == 5)
+    assert request_id == parsed.request_id
+    assert [(t, [p for p, _ in ps]) for t, ps in topics] == [
+        (t.name, [p.partition for p in t.partitions]) for t in parsed.topics]
+    for (_, parts), topic in zip(topics, parsed.topics):
+        for (_, batch), p in zip(parts, topic.partitions):
+            assert batch.payload == frame(p.bundle)
+            header = parse_header(p.bundle, 0, len(p.bundle))
+            if header.sparse:
+                assert batch.base_offset == header.first_seq - 1
+            elif f.msg_id == 5:
+                assert batch.base_offset == p.base_seq - 1
+            else:
+                assert batch.base_offset is None
+    rebuilt = (schema.ProduceRequest if f.msg_id == 1 else schema.ProduceWithSeqnumRequest).build(parsed)
+    assert rebuilt == f.payload
+
+
+@pytest.mark.parametrize("f", [f for f in CLIENT_FRAMES if f.msg_id == 2], ids=str)
+def test_consume_fast_path_agrees_with_the_schema(f):
+    parsed = schema.ConsumeRequest.parse(f.payload)
+    assert parse_consume(f.payload) == (parsed.request_id, parsed.max_wait_ms, parsed.min_bytes, [
+        (t.name, [(p.partition, p.seq, p.fetch_size) for p in t.partitions]) for t in parsed.topics])
+    v3 = schema.ConsumeRequest.build({**parsed, "client_version": 3, "flags": 1})
+    assert parse_consume(v3) == parse_consume(f.payload)
+
+
+def test_consume_response_builder_agrees_with_the_schema():
+    bundle = frame(encode([(7, b"k", b"v"), (7, None, b"w")]))
+    sparse = frame(encode([(7, None, b"s")], [100]))
+    results = [
+        m.FetchResult("t", 0, 12, 0, batches=(m.StoredBatch("tank", 4, 5, 7, bundle),)),
+        m.FetchResult("t", 1, 101, 99, batches=(m.StoredBatch("tank", 99, 99, 7, sparse),)),
+        m.FetchResult("t", 2, 12, 3),
+        m.FetchResult("t", 3, 12, 3, error=m.Error(m.ErrorCode.OFFSET_OUT_OF_RANGE)),
+        m.FetchResult("t", 4, error=m.Error(m.ErrorCode.UNKNOWN_PARTITION)),
+        m.FetchResult("t", 5, error=m.Error(m.ErrorCode.NOT_LEADER)),
+        m.FetchResult("t", 6, error=m.Error(m.ErrorCode.STORAGE_ERROR)),
+        m.FetchResult("u", 0, error=m.Error(m.ErrorCode.UNKNOWN_TOPIC)),
+    ]
+    data = consume_response(9, [("t", range(7)), ("u", [7])], [1 << 20] * 7 + [5], results)
+    parsed = schema.ConsumeResponse.parse(data[5:])
+    assert schema.ConsumeResponse.build(parsed) == data[5:]
+    t, u = parsed.header.topics
+    assert u.partitions is None
+    flat = [(p.partition, p.error_or_flags, p.first_seq, p.hwmark, p.chunk_len, p.first_available)
+            for p in t.partitions]
+    assert flat == [(0, 0, 5, 12, len(bundle), None), (1, 0xFE, None, 101, len(sparse), None),
+                    (2, 0, 4, 12, 0, None), (3, 1, 0, 12, 0, 4), (4, 0xFF, None, None, None, None),
+                    (5, 0xFD, None, None, None, None), (6, 0xFB, None, None, None, None)]
+    assert parsed.chunks == bundle + sparse
+
+
+def test_bundle_header_and_messages_agree_with_the_schema():
+    messages = [(1, b"key", b"a"), (1, None, b"b" * 200), (2, None, b"")]
+    for seqs in (None, [10, 11, 15]):
+        bundle = encode(messages, seqs, compress=False)
+        header = parse_header(bundle, 0, len(bundle))
+        h = schema.BundleHeader.parse(bundle)
+        assert (h.flags, h.first_seq) == (header.flags, header.first_seq)
+        if seqs:
+            assert h.first_seq + h.last_seq_delta + 1 == header.last_seq == 15
+        body = bundle[header.body :]
+        first = schema.BundleMessage.parse(body)
+        assert (first.timestamp, first.key, first.value) == (1, b"key", b"a")
+    many = encode([(5, None, b"x")] * 20, compress=False)
+    assert schema.BundleHeader.parse(many).count == 20 == parse_header(many, 0, len(many)).count
+
+
+# --------------------------------------------------------------------------- bundles and the storage format
+
+_message = st.tuples(st.integers(0, 2**64 - 1), st.one_of(st.none(), st.binary(min_size=1, max_size=255)),
+                     st.binary(max_size=300))
+
+
+@given(st.lists(_message, min_size=1, max_size=40), st.booleans(), st.booleans(), st.data())
+def test_bundles_round_trip(messages, sparse, compress, data):
+    seqs = None
+    if sparse:
+        gaps = data.draw(st.lists(st.integers(0, 1000), min_size=len(messages), max_size=len(messages)))
+        seqs, seq = [], 0
+        for g in gaps:
+            seq += g + 1
+            seqs.append(seq)
+    bundle = encode(messages, seqs, compress)
+    header = parse_header(bundle, 0, len(bundle))
+    got = decode_messages(message_set(bundle, header), header, 77)
+    expected_seqs = seqs or list(range(77, 77 + len(messages)))
+    assert got == [(s, ts, k, v) for s, (ts, k, v) in zip(expected_seqs, messages)]
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=30), st.integers(0, 1000))
+def test_storage_format_round_trips_records_with_gaps(gaps, base):
+    offsets, offset = [], base - 1
+    for g in gaps:
+        offset += g + 1
+        offsets.append(offset)
+    records = [m.Record(b"v%d" % o, b"k" if o % 2 else None, 1000 + o, offset=o) for o in offsets]
+    payload = FORMAT.encode(records, base)
+    header = framed_header(payload)
+    assert header.sparse == (offsets != list(range(base, base + len(offsets))))
+    batch = m.StoredBatch("tank", base, offsets[-1], 0, payload)
+    assert list(FORMAT.records(batch)) == records
+    assert FORMAT.encode([], base) == b""
+
+
+def test_chunks_renumber_a_bundle_after_a_gap():
+    a = m.StoredBatch("tank", 0, 1, 0, frame(encode([(1, None, b"a"), (1, None, b"b")])))
+    b = m.StoredBatch("tank", 10, 10, 0, frame(encode([(1, None, b"c")])))
+    sparse, first, chunk = build_chunk([a, b], FORMAT)
+    assert (sparse, first) == (False, 1)
+    assert chunk.startswith(a.payload) and chunk != a.payload + b.payload
+    second = framed_header(chunk[len(a.payload) :])
+    assert (second.sparse, second.first_seq) == (True, 11)
+    with pytest.raises(m.CommandError):
+        build_chunk([m.StoredBatch("tank", 0, 0, 0, b"\x05\x04")], FORMAT)
+
+
+def test_malformed_bundles_are_refused_with_produce_error_codes():
+    from gateway.codecs.tank.codec import _batch
+
+    assert _batch(b"\x01\x03", 1, 0) == 2  # unknown codec
+    assert _batch(b"\x01\x00", 1, 0) == 2  # varint count 0
+    sparse = frame(encode([(1, None, b"a"), (1, None, b"b")], [5, 6]))
+    assert isinstance(_batch(sparse, 1, 0), m.Batch)
+    assert _batch(frame(encode([(1, None, b"a")], [0])), 1, 0) == 10  # seq 0
+    with pytest.raises(BundleError):
+        framed_header(sparse[:-1])
+
+
+# --------------------------------------------------------------------------- connection and fuzzing
+
+
+def test_greeting_ping_and_client_pings_ignored():
+    conn = connection()
+    assert conn.connection_made() == PING == b"\x03\x00\x00\x00\x00"
+    assert events(conn, PING * 3) == []
+
+
+def test_frame_over_the_limit_closes_before_its_body_arrives():
+    conn = connection(max_frame=100)
+    got = events(conn, b"\x01\x65\x00\x00\x00")  # 101 bytes announced, none sent
+    assert len(got) == 1 and isinstance(got[0], Close) and "limit" in got[0].reason
+
+
+def test_unknown_message_ids_close():
+    for msg_id in (0, 4, 8, 9, 0x0D, 0xFF):
+        got = events(connection(), bytes((msg_id,)) + b"\x00\x00\x00\x00")
+        assert len(got) == 1 and isinstance(got[0], Close)
+
+
+@pytest.mark.parametrize("capture", CAPTURES, ids=lambda c: c.name)
+def test_byte_at_a_time_gives_the_same_events(capture):
+    whole = events(connection(), capture.client_raw)
+    assert whole and not any(isinstance(e, Close) for e in whole)
+    one = events(connection(), capture.client_raw, step=1)
+    assert [comparable(e) for e in one] == [comparable(e) for e in whole]
+
+
+@pytest.mark.parametrize("capture", CAPTURES, ids=lambda c: c.name)
+def test_truncated_streams_wait_for_more(capture):
+    full = [comparable(e) for e in events(connection(), capture.client_raw)]
+    for cut in range(len(capture.client_raw)):
+        got = [comparable(e) for e in events(connection(), capture.client_raw[:cut])]
+        assert got == full[: len(got)]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=400), st.integers(1, 50))
+def test_garbage_never_raises(data, step):
+    conn = connection(max_frame=1 << 16)
+    for e in events(conn, data, step):
+        assert isinstance(e, Request | Reply | Close)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(CLIENT_FRAMES), st.data())
+def test_mutated_requests_never_raise(f, data):
+    payload = bytearray(f.payload)
+    for _ in range(data.draw(st.integers(1, 4))):
+        if payload:
+            payload[data.draw(st.integers(0, len(payload) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(payload)))
+    body = bytes(payload[:cut])
+    for e in events(connection(), bytes((f.msg_id,)) + len(body).to_bytes(4, "little") + body):
+        assert isinstance(e, Request | Reply | Close)
+
+
+def test_sequence_numbers_beyond_the_engine_are_refused():
+    from gateway.codecs.tank.codec import _batch
+
+    huge = frame(encode([(1, None, b"a")], [1 << 63]))
+    assert _batch(huge, 1, 0) == 10
+    wide = frame(encode([(1, None, b"a"), (1, None, b"b")], [1, 1 << 32]))
+    assert _batch(wide, 1, 0) == 10
+    plain = frame(encode([(1, None, b"a")]))
+    assert _batch(plain, 1, (1 << 63) - 1) == 10
+    assert _batch(plain, 1, 5).base_offset == 4
