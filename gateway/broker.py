@@ -486,7 +486,17 @@ class Broker:
         offset = part.log.offset_for_timestamp(cmd.timestamp)
         if offset is None or offset >= part.high_watermark:
             return m.ListOffsetsResult(cmd.topic, cmd.partition, -1, -1)
-        return m.ListOffsetsResult(cmd.topic, cmd.partition, max(offset, part.log_start_offset), cmd.timestamp)
+        offset, ts = self._first_record_at(part, max(offset, part.log_start_offset), cmd.timestamp)
+        return m.ListOffsetsResult(cmd.topic, cmd.partition, offset, ts)
+
+    def _first_record_at(self, part: Any, offset: int, timestamp: int) -> tuple[int, int]:
+        """Within the batch found by the time index, the first record at or after ``timestamp``."""
+        for batch in part.log.read(offset, 1, part.high_watermark)[:1]:
+            fmt = self.formats.get(batch.format)
+            for record in fmt.records(batch) if fmt is not None else ():
+                if record.offset >= offset and record.timestamp >= timestamp:
+                    return record.offset, record.timestamp
+        return offset, timestamp
 
     # ------------------------------------------------------------------ groups
 

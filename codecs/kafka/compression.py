@@ -3,7 +3,9 @@
 gzip (zlib), snappy, lz4 and zstd (PyPI ``cramjam``). Snappy is written in
 the xerial/snappy-java framing that the Java clients use, and read both
 framed and raw (librdkafka sends raw blocks and reads both). LZ4 is the
-standard LZ4 frame format of record batch v2.
+standard LZ4 frame format of record batch v2; frames whose header checksum
+is wrong (Kafka 0.8 clients hash the magic too, KAFKA-3160) are read block
+by block without checking it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ def decompress(codec: int, data: bytes) -> bytes:
         if codec == SNAPPY:
             return _snappy_decompress(data)
         if codec == LZ4:
-            return bytes(cramjam.lz4.decompress(data))
+            try:
+                return bytes(cramjam.lz4.decompress(data))
+            except cramjam.DecompressionError:
+                return _lz4_kafka08(data)
         if codec == ZSTD:
             return bytes(cramjam.zstd.decompress(data))
     except (zlib.error, cramjam.DecompressionError, struct.error) as e:
@@ -71,3 +76,38 @@ def _snappy_decompress(data: bytes) -> bytes:
         out.append(bytes(cramjam.snappy.decompress_raw(data[pos : pos + n])))
         pos += n
     return b"".join(out)
+
+
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_P1, _P2, _P3, _P4, _P5 = 2654435761, 2246822519, 3266489917, 668265263, 374761393
+_M32 = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _xxh32_short(data: bytes) -> int:
+    """xxHash32 (seed 0) of fewer than 16 bytes: an LZ4 frame descriptor."""
+    h = (_P5 + len(data)) & _M32
+    pos = 0
+    while pos + 4 <= len(data):
+        (word,) = struct.unpack_from("<I", data, pos)
+        h = _rotl((h + word * _P3) & _M32, 17) * _P4 & _M32
+        pos += 4
+    for b in data[pos:]:
+        h = _rotl((h + b * _P5) & _M32, 11) * _P1 & _M32
+    h ^= h >> 15
+    h = h * _P2 & _M32
+    h ^= h >> 13
+    h = h * _P3 & _M32
+    return h ^ (h >> 16)
+
+
+def _lz4_kafka08(data: bytes) -> bytes:
+    """An LZ4 frame whose header checksum was computed over the magic too (KAFKA-3160)."""
+    if not data.startswith(_LZ4_MAGIC) or len(data) < 7:
+        raise CompressionError("lz4: not an LZ4 frame")
+    end = 6 + (8 if data[4] & 0x08 else 0)
+    fixed = data[:end] + bytes([(_xxh32_short(data[4:end]) >> 8) & 0xFF]) + data[end + 1 :]
+    return bytes(cramjam.lz4.decompress(fixed))

@@ -1,0 +1,90 @@
+"""Fixtures and helpers shared by the Kafka tests.
+
+``kafka_gateway`` is a real ``gateway serve`` with the Kafka and V1
+listeners. The external clients the tests drive are installed here when
+missing (never skipped): kcat from Debian, kafkajs from npm into
+``tests/.kafkajs`` (git-ignored). An install that fails fails the test with
+the installer's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+KAFKAJS_DIR = HERE / ".kafkajs"
+KAFKAJS_VERSION = "2.2.4"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def wait_until(check: Callable[[], object], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> object:
+    """Poll ``check`` until it returns a true value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what or check}")
+        time.sleep(interval)
+
+
+def _run(args: list[str], what: str, **kw) -> None:
+    proc = subprocess.run(args, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        pytest.fail(f"installing {what} failed ({' '.join(args)}):\n{proc.stdout}\n{proc.stderr}")
+
+
+@pytest.fixture(scope="session")
+def kcat() -> str:
+    """Path of Debian's kcat, installed with apt-get if missing."""
+    path = shutil.which("kcat")
+    if path is None:
+        _run(["apt-get", "update", "-q"], "kcat (apt-get update)")
+        _run(["apt-get", "install", "-y", "-q", "kcat"], "kcat", env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        path = shutil.which("kcat")
+    if path is None:
+        pytest.fail("kcat is not on PATH after apt-get install kcat")
+    return path
+
+
+@pytest.fixture(scope="session")
+def kafkajs() -> Path:
+    """Directory whose node_modules holds kafkajs (npm install on first use)."""
+    if not (KAFKAJS_DIR / "node_modules" / "kafkajs" / "package.json").exists():
+        KAFKAJS_DIR.mkdir(exist_ok=True)
+        _run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(KAFKAJS_DIR),
+              f"kafkajs@{KAFKAJS_VERSION}"], "kafkajs")
+    return KAFKAJS_DIR
+
+
+def run_node(kafkajs_dir: Path, script: str, config: dict, timeout: float = 120) -> dict:
+    """Run a kafkajs script (``tests/kafkajs/<script>``) with ``config`` as JSON in argv; returns its JSON output."""
+    proc = subprocess.run(["node", str(HERE / "kafkajs" / script), json.dumps(config)], capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, NODE_PATH=str(kafkajs_dir / "node_modules"),
+                                                               KAFKAJS_NO_PARTITIONER_WARNING="1"))
+    if proc.returncode != 0:
+        pytest.fail(f"kafkajs {script} failed:\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def kafka_gateway(gateway_factory):
+    """A gateway serving Kafka (and V1, for cross-protocol checks)."""
+    return gateway_factory(("kafka", "v1"), ("--default-partitions", "1"))
+
+
+def bootstrap(gw) -> str:
+    return gw.address("kafka")

@@ -1,0 +1,180 @@
+"""confluent-kafka (librdkafka) against a real gateway: produce, consume, groups, idempotence, admin, SASL."""
+
+from __future__ import annotations
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from kafka_support import bootstrap, kafka_gateway, unique, wait_until  # noqa: F401
+
+from gateway.clients.v1 import V1Client
+
+COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+FAST_GROUP = {"heartbeat.interval.ms": 200, "session.timeout.ms": 6000, "auto.offset.reset": "earliest",
+              "enable.auto.commit": False}
+
+
+def produce_all(servers: str, topic: str, extra: dict | None = None) -> list[tuple]:
+    """Keyed records with headers and one unkeyed record per compression type; returns what was sent."""
+    sent = []
+    for comp in COMPRESSIONS:
+        p = ck.Producer({"bootstrap.servers": servers, "compression.type": comp, "linger.ms": 5, **(extra or {})})
+        for i in range(5):
+            key, value = f"{comp}-k{i}".encode(), f"{comp}-v{i}".encode()
+            p.produce(topic, key=key, value=value, headers=[("codec", comp.encode()), ("i", str(i).encode())])
+            sent.append((key, value, [("codec", comp.encode()), ("i", str(i).encode())]))
+        p.produce(topic, value=f"{comp}-unkeyed".encode())
+        sent.append((None, f"{comp}-unkeyed".encode(), None))
+        assert p.flush(15) == 0
+    return sent
+
+
+def consume(consumer: ck.Consumer, count: int, timeout: float = 20) -> list[ck.Message]:
+    out = []
+
+    def more():
+        msg = consumer.poll(0.2)
+        if msg is not None:
+            assert msg.error() is None, msg.error()
+            out.append(msg)
+        return len(out) >= count
+
+    wait_until(more, timeout, 0, f"{count} records")
+    return out
+
+
+def test_produce_every_compression_and_consume_from_beginning(kafka_gateway):
+    servers, topic = bootstrap(kafka_gateway), unique("cf")
+    sent = produce_all(servers, topic)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g"), **FAST_GROUP})
+    c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+    got = consume(c, len(sent))
+    c.close()
+    assert [(m.key(), m.value(), m.headers()) for m in got] == sent
+    assert [m.offset() for m in got] == list(range(len(sent)))
+    assert all(m.timestamp()[1] > 0 for m in got)
+
+
+def test_consume_from_committed_offset_visible_to_v1(kafka_gateway):
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    sent = produce_all(servers, topic)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    c.commit(offsets=[ck.TopicPartition(topic, 0, 7)], asynchronous=False)
+    c.close()
+    with V1Client("127.0.0.1", kafka_gateway.port("v1")) as v1:
+        assert v1.request("OFFSET", group, topic, "0").check().fields["offset"] == "7"
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    c.subscribe([topic])
+    got = consume(c, len(sent) - 7)
+    assert got[0].offset() == 7 and got[0].value() == sent[7][1]
+    c.commit(message=got[-1], asynchronous=False)
+    c.close()
+    with V1Client("127.0.0.1", kafka_gateway.port("v1")) as v1:
+        assert v1.request("OFFSET", group, topic, "0").check().fields["offset"] == str(len(sent))
+
+
+def test_group_of_two_rebalances_when_one_leaves(kafka_gateway):
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(10)
+    assignments: dict[str, set] = {"a": set(), "b": set()}
+
+    def consumer(name: str) -> ck.Consumer:
+        c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+
+        def on_assign(_c, parts):
+            assignments[name] = {p.partition for p in parts}
+
+        def on_revoke(_c, parts):
+            assignments[name] = set()
+
+        c.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
+        return c
+
+    a = consumer("a")
+    wait_until(lambda: a.poll(0.1) or assignments["a"] == {0, 1, 2, 3}, 30, 0, "first member owns everything")
+    b = consumer("b")
+
+    def split():
+        a.poll(0.05)
+        b.poll(0.05)
+        return len(assignments["a"]) == 2 and len(assignments["b"]) == 2 and not assignments["a"] & assignments["b"]
+
+    wait_until(split, 30, 0, "two members share the partitions")
+    described = admin.describe_consumer_groups([group])[group].result(10)
+    assert len(described.members) == 2
+    b.close()
+    wait_until(lambda: a.poll(0.1) or assignments["a"] == {0, 1, 2, 3}, 30, 0, "survivor owns everything again")
+    a.close()
+
+
+def test_idempotent_producer(kafka_gateway):
+    servers, topic = bootstrap(kafka_gateway), unique("idem")
+    p = ck.Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 2})
+    for i in range(300):
+        p.produce(topic, key=b"k", value=str(i).encode())
+        if i % 50 == 0:
+            p.poll(0)
+    assert p.flush(15) == 0
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g"), **FAST_GROUP})
+    c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+    got = consume(c, 300)
+    c.close()
+    assert [m.value() for m in got] == [str(i).encode() for i in range(300)]
+
+
+def test_admin_topics_configs_and_groups(kafka_gateway):
+    servers, topic, group = bootstrap(kafka_gateway), unique("adm"), unique("g")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 2, 1, config={"retention.ms": "3600000"})])[topic].result(10)
+    with pytest.raises(ck.KafkaException) as exc:
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(10)
+    assert exc.value.args[0].code() == ck.KafkaError.TOPIC_ALREADY_EXISTS
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(10)
+    assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 3
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["retention.ms"].value == "3600000"
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    c.commit(offsets=[ck.TopicPartition(topic, 0, 0)], asynchronous=False)
+    c.close()
+    listed = admin.list_consumer_groups().result(10)
+    assert group in {g.group_id for g in listed.valid}
+    admin.delete_consumer_groups([group])[group].result(10)
+    admin.delete_topics([topic])[topic].result(10)
+    assert topic not in admin.list_topics(timeout=10).topics
+
+
+def test_list_offsets_earliest_latest_and_by_time(kafka_gateway):
+    servers, topic = bootstrap(kafka_gateway), unique("lo")
+    p = ck.Producer({"bootstrap.servers": servers})
+    for i in range(10):
+        p.produce(topic, value=b"x", timestamp=1_000_000 + i * 1000)
+    assert p.flush(10) == 0
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g")})
+    assert c.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10) == (0, 10)
+    found = c.offsets_for_times([ck.TopicPartition(topic, 0, 1_004_500)], timeout=10)
+    assert found[0].offset == 5
+    c.close()
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
+def test_sasl(gateway_factory, mechanism):
+    gw = gateway_factory(("kafka",), ("--default-partitions", "1", "--codec-option", "kafka.sasl.users=alice:s3cret,bob:pw"))
+    servers, topic = bootstrap(gw), unique("sasl")
+    auth = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": "alice"}
+    p = ck.Producer({"bootstrap.servers": servers, **auth, "sasl.password": "s3cret"})
+    p.produce(topic, key=b"k", value=b"secret value")
+    assert p.flush(15) == 0
+    c = ck.Consumer({"bootstrap.servers": servers, **auth, "sasl.password": "s3cret", "group.id": unique("g"),
+                     **FAST_GROUP})
+    c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+    assert consume(c, 1)[0].value() == b"secret value"
+    c.close()
+    errors = []
+    bad = ck.Producer({"bootstrap.servers": servers, **auth, "sasl.password": "wrong",
+                       "error_cb": lambda e: errors.append(e)})
+    bad.produce(topic, value=b"nope")
+    wait_until(lambda: bad.poll(0.1) or any(e.code() == ck.KafkaError._AUTHENTICATION for e in errors), 20, 0,
+               "authentication failure")
+    bad.purge()
