@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import confluent_kafka as ck
+import kafka_support
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
-from kafka_support import bootstrap, kafka_gateway, unique, wait_until  # noqa: F401
+from kafka_support import bootstrap, unique, wait_until
 
 from gateway.clients.v1 import V1Client
+
+kafka_gateway = kafka_support.kafka_gateway
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 FAST_GROUP = {"heartbeat.interval.ms": 200, "session.timeout.ms": 6000, "auto.offset.reset": "earliest",
