@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -169,3 +170,38 @@ def test_listener_settings_clock_is_the_reactors(rig):
     reactor, engine, broker, proto, transport = rig
     reactor.advance(42)
     assert proto.codec.clock() == 42
+
+
+# --------------------------------------------------------------------------- docs/plugins.md walk-through
+
+
+def walkthrough_plugin() -> CodecPlugin:
+    """Run the walk-through's ``polygate_hello/__init__.py`` from docs/plugins.md."""
+    text = pathlib.Path(__file__).parent.parent.joinpath("docs", "plugins.md").read_text(encoding="utf-8")
+    code = text.split("`polygate_hello/__init__.py`:\n\n```python\n", 1)[1].split("\n```", 1)[0]
+    namespace: dict[str, Any] = {"__name__": "polygate_hello"}
+    exec(compile(code, "docs/plugins.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    return namespace["plugin"]
+
+
+def test_the_documented_hello_codec_works(tmp_path):
+    hello = walkthrough_plugin()
+    reactor = Reactor()
+    engine = Engine(str(tmp_path))
+    broker = Broker(engine, {"v1": v1_plugin.batch_format, "hello": hello.batch_format}, reactor)
+    factory = CodecFactory(hello, ListenerSettings(hello.max_frame_size), broker, reactor)
+    proto, transport = connect(factory)
+    proto.dataReceived(b"PUT greetings hi\nnonsense\n")
+    assert transport.value() == b"hello\nOK 0 0\nERR expected PUT <topic> <text> or BYE\n"
+    read = broker.execute(m.Fetch("greetings", 0, 0, "v1")).result
+    assert [r.value for b in read.batches for r in v1_plugin.batch_format.records(b)] == [b"hi"]
+    reactor.advance(59)
+    proto.dataReceived(b"PUT greetings again\n")
+    reactor.advance(59)  # 59 s idle: the timer re-arms for the last second
+    assert not transport.disconnecting
+    reactor.advance(1)
+    assert transport.value().endswith(b"OK 1 0\nERR idle\n") and transport.disconnecting
+    other, other_transport = connect(factory)
+    other.dataReceived(b"x" * 5000)
+    assert other_transport.value() == b"hello\nERR line too long\n" and other_transport.disconnecting
+    engine.close()
