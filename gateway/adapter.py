@@ -80,6 +80,7 @@ class CodecProtocol(protocol.Protocol):
         self.streaming = False
         self.write_paused = False
         self.read_paused = False
+        self._pumping = False
         self._streams: list[_Stream] = []
         self._timers: dict[Any, Any] = {}
 
@@ -133,7 +134,22 @@ class CodecProtocol(protocol.Protocol):
     # ------------------------------------------------------------------ events
 
     def _pump(self) -> None:
-        """Take events from the codec while we may read more."""
+        """Take events from the codec while we may read more.
+
+        Not re-entrant: a request answered synchronously calls back into
+        ``_pump``, which returns at once and leaves the loop to the outer call.
+        """
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            self._take_events()
+        finally:
+            self._pumping = False
+        self._flush()
+        self._update_reading()
+
+    def _take_events(self) -> None:
         while not self.closing and not self.streaming and not self._too_busy():
             try:
                 event = self.codec.next_event()
@@ -162,8 +178,6 @@ class CodecProtocol(protocol.Protocol):
                 self._set_timer(event)
             else:  # pragma: no cover
                 raise TypeError(f"unknown codec event {event!r}")
-        self._flush()
-        self._update_reading()
 
     def _request(self, request: Request) -> None:
         slot = _Slot()

@@ -291,3 +291,17 @@ def test_unknown_topic_and_out_of_range_are_results_not_failures(broker):
     engine.create_topic("t", 1)
     r = b.execute(m.Fetch("t", 0, 5, "v1")).result
     assert r.error.code is m.ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+def test_thousands_of_pipelined_requests_answered_synchronously(tmp_path):
+    """Results that fire at once must not recurse once per pipelined request."""
+    reactor = Reactor()
+    engine = Engine(str(tmp_path))
+    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor)  # fsync interval: no wait
+    factory = CodecFactory(v1_plugin, ListenerSettings(1 << 16), broker, reactor)
+    proto, transport = connect(factory)
+    proto.dataReceived(b"".join(b"V1|%d|PRODUCE|deep k:v%d\n" % (i, i) for i in range(5000)))
+    lines = transport.value().splitlines()
+    assert len(lines) == 5000
+    assert lines[-1].startswith(b"V1|4999|OK|")
+    engine.close()
