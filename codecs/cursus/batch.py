@@ -33,7 +33,7 @@ carried as bytes: cursus-python decodes them as UTF-8.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 from construct import (
@@ -194,41 +194,55 @@ def normalize(data: bytes) -> bytes:
                      data[rest:]))
 
 
-def walk(data: bytes, pos: int, count: int) -> Iterator[int]:
-    """Yield the start of each record, then the end of the last; raises ``BatchError``."""
+def walk(data: bytes, pos: int, count: int) -> list[int]:
+    """The start of each record, then the end of the last; raises ``BatchError``.
+
+    A length that runs past the end makes the next read fail, so only the
+    end of the last record needs checking (this loop is the produce hot path).
+    """
+    u16 = _U16.unpack_from
+    mid = _REC_MID.unpack_from
+    starts = [0] * (count + 1)
     i = 0
     try:
         for i in range(count):  # noqa: B007 - i names the record in errors
-            yield pos
-            (plen,) = _U16.unpack_from(data, pos + 16)
+            starts[i] = pos
+            (plen,) = u16(data, pos + 16)
             pos += 18 + plen
-            (klen,) = _U16.unpack_from(data, pos)
+            (klen,) = u16(data, pos)
             pos += 2 + klen
-            _, vlen = _REC_MID.unpack_from(data, pos)
+            vlen = mid(data, pos)[1]
             pos += 12 + vlen
-            (elen,) = _U16.unpack_from(data, pos)
+            (elen,) = u16(data, pos)
             pos += 2 + elen
-            (mlen,) = _U16.unpack_from(data, pos + 12)
+            (mlen,) = u16(data, pos + 12)
             pos += 14 + mlen
-            if pos > len(data):
-                raise struct.error
     except struct.error:
         raise BatchError(f"failed to read message[{i}]: unexpected EOF") from None
-    yield pos
+    if pos > len(data):
+        raise BatchError(f"failed to read message[{count - 1}]: unexpected EOF")
+    starts[count] = pos
+    return starts
 
 
 def scan(data: bytes, header: Header) -> tuple[list[int], Scan]:
-    """Validate the records of a batch; returns their starts (and the end) and a ``Scan``."""
-    starts = list(walk(data, header.size, header.count))
+    """Validate the records of a batch; returns their starts (and the end) and a ``Scan``.
+
+    Whether every record names one producer is only worked out for an
+    idempotent batch (``producer_id`` is ``b""`` otherwise).
+    """
+    starts = walk(data, header.size, header.count)
     if header.count == 0:
         return starts, Scan()
     first = starts[0]
     last = starts[-2]
-    pid: bytes | None = _producer_id(data, first)
-    for s in starts[1:-1]:
-        if _producer_id(data, s) != pid:
-            pid = None
-            break
+    pid: bytes | None = b""
+    if header.idempotent:
+        pid = _producer_id(data, first)
+        for s in starts[1:-1]:
+            if _producer_id(data, s) != pid:
+                pid = None
+                break
     (plen,) = _U16.unpack_from(data, last + 16)
     (klen,) = _U16.unpack_from(data, last + 18 + plen)
     epoch, _ = _REC_MID.unpack_from(data, last + 20 + plen + klen)
@@ -274,8 +288,9 @@ def encode_record(offset: int, seq_num: int, producer_id: bytes, key: bytes, epo
 def set_offsets(data: bytes, starts: Sequence[int], base_offset: int) -> bytes:
     """``data`` with the offset of the record at ``starts[i]`` set to ``base_offset + i``."""
     out = bytearray(data)
-    for i, s in enumerate(starts):
-        _U64.pack_into(out, s, base_offset + i)
+    pack = _U64.pack_into
+    for offset, s in enumerate(starts, base_offset):
+        pack(out, s, offset)
     return bytes(out)
 
 
@@ -300,7 +315,7 @@ def reply_batch(topic: str, partition: int, batches: Iterable[StoredBatch], star
     next_offset = start
     for b in batches:
         header = parse_header(b.payload)
-        starts = list(walk(b.payload, header.size, header.count))
+        starts = walk(b.payload, header.size, header.count)
         data = b.payload
         i = max(0, start - b.base_offset)
         j = header.count if limit is None else min(header.count, i + limit - count)
@@ -337,7 +352,7 @@ class CursusFormat:
     def records(self, batch: StoredBatch) -> Iterable[Record]:
         data = batch.payload
         header = parse_header(data)
-        starts = list(walk(data, header.size, header.count))
+        starts = walk(data, header.size, header.count)
         for i, s in enumerate(starts[:-1]):
             offset, seq, plen = _REC_HEAD.unpack_from(data, s)
             pos = s + 18
@@ -378,7 +393,7 @@ class CursusFormat:
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         header = parse_header(payload)
-        starts = list(walk(payload, header.size, header.count))
+        starts = walk(payload, header.size, header.count)
         return set_offsets(payload, starts[:-1], base_offset)
 
 
