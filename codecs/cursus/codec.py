@@ -25,7 +25,18 @@ connection reads no further frame until the second one is issued, so
 answers keep the request order.
 
 Offsets are the engine's (0-based, as Cursus). Groups are "server" groups:
-the broker assigns partitions at JOIN; member ids get a ``-NNNN`` suffix.
+the broker assigns partitions at JOIN (range assignor); a new member's id gets
+a ``-NNNN`` suffix, while a member still in the group that joins again (a
+rejoin after GEN_MISMATCH) keeps its id and the current generation, so that
+rejoins do not rebalance the group over and over. Idempotence (the broker's
+``cursus`` rules) applies to batches whose header sets ``isIdempotent`` and
+whose records name one producer with sequence numbers from 1, and to PUBLISH
+with ``isIdempotent=true seqNum=N``. A seed-form HEARTBEAT with a stale
+generation is answered ``ERROR: REBALANCE_REQUIRED ...`` (what the seed's
+clients wait for), the key=value form ``ERROR: GEN_MISMATCH ...``.
+
+Listener options (``--codec-option cursus.KEY=VALUE``): ``compression``
+(none, gzip, snappy, lz4) and ``stream_keepalive_ms`` (5000).
 """
 
 from __future__ import annotations
