@@ -1,0 +1,86 @@
+// kafkajs 2.2 scenarios driven by tests/test_kafka_kafkajs.py; prints one JSON line.
+const { Kafka, CompressionTypes, logLevel } = require('kafkajs');
+
+const config = JSON.parse(process.argv[2]);
+const kafka = new Kafka({ clientId: 'polygate-test', brokers: [config.broker], logLevel: logLevel.NOTHING });
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor(check, what, timeoutMs = 30000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+async function produceConsume() {
+  const producer = kafka.producer();
+  await producer.connect();
+  const sent = [];
+  for (const [name, codec] of [['none', CompressionTypes.None], ['gzip', CompressionTypes.GZIP]]) {
+    const messages = [];
+    for (let i = 0; i < 4; i++) {
+      messages.push({ key: `${name}-k${i}`, value: `${name}-v${i}`, headers: { codec: name }, partition: 0 });
+    }
+    messages.push({ value: `${name}-unkeyed`, partition: 0 });
+    await producer.send({ topic: config.topic, compression: codec, messages });
+    sent.push(...messages.map((m) => [m.key || null, m.value, m.headers ? m.headers.codec : null]));
+  }
+  await producer.disconnect();
+
+  const read = async (groupId, fromBeginning, count) => {
+    const consumer = kafka.consumer({ groupId, heartbeatInterval: 200 });
+    await consumer.connect();
+    await consumer.subscribe({ topic: config.topic, fromBeginning });
+    const got = [];
+    await consumer.run({
+      autoCommit: false,
+      eachMessage: async ({ message }) => {
+        got.push([message.key ? message.key.toString() : null, message.value.toString(),
+          message.headers.codec ? message.headers.codec.toString() : null, Number(message.offset)]);
+      },
+    });
+    await waitFor(() => got.length >= count, `${count} messages`);
+    return [consumer, got];
+  };
+
+  const [first, all] = await read(config.group, true, sent.length);
+  await first.commitOffsets([{ topic: config.topic, partition: 0, offset: '3' }]);
+  await first.disconnect();
+  const [second, rest] = await read(config.group, true, sent.length - 3);
+  await second.disconnect();
+  console.log(JSON.stringify({ sent, all, rest }));
+}
+
+async function group() {
+  const admin = kafka.admin();
+  await admin.connect();
+  await admin.createTopics({ topics: [{ topic: config.topic, numPartitions: 4 }] });
+  await admin.disconnect();
+  const member = async () => {
+    const consumer = kafka.consumer({ groupId: config.group, heartbeatInterval: 200, sessionTimeout: 6000 });
+    const state = { consumer, owned: [] };
+    consumer.on(consumer.events.GROUP_JOIN, (e) => {
+      state.owned = (e.payload.memberAssignment[config.topic] || []).slice().sort();
+    });
+    await consumer.connect();
+    await consumer.subscribe({ topic: config.topic });
+    await consumer.run({ eachMessage: async () => {} });
+    return state;
+  };
+  const a = await member();
+  await waitFor(() => a.owned.length === 4, 'first member owns everything');
+  const b = await member();
+  await waitFor(() => a.owned.length === 2 && b.owned.length === 2, 'two members share the partitions');
+  const split = [a.owned, b.owned];
+  await b.consumer.disconnect();
+  await waitFor(() => a.owned.length === 4, 'survivor owns everything again');
+  const after = a.owned;
+  await a.consumer.disconnect();
+  console.log(JSON.stringify({ split, after }));
+}
+
+({ 'produce-consume': produceConsume, group })[config.mode]().then(
+  () => process.exit(0),
+  (e) => { console.error(e && e.stack ? e.stack : e); process.exit(1); },
+);
