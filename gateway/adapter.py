@@ -182,34 +182,48 @@ class CodecProtocol(protocol.Protocol):
     def _request(self, request: Request) -> None:
         slot = _Slot()
         self.queue.append(slot)
-        d = defer.gatherResults([self.broker.execute(c) for c in request.commands], consumeErrors=True)
+        try:
+            results = [self.broker.run(c) for c in request.commands]
+        except Exception:
+            self._internal_error(slot, request, Failure())
+            return
+        if not any(isinstance(r, defer.Deferred) for r in results):
+            self._answer(slot, request, results)  # the common case: no waiting, no Deferreds
+            return
+        d = defer.gatherResults([r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in results],
+                                consumeErrors=True)
         slot.pending = d
 
         def done(results: list[Any]) -> None:
             slot.pending = None
-            if self.closing and slot not in self.queue:
-                return
-            try:
-                slot.data = self.codec.respond(request, results)
-            except Exception:
-                self._codec_bug()
-                return
-            self._flush()
-            self._pump()
+            self._answer(slot, request, results)
 
         def failed(f: Failure) -> None:
             slot.pending = None
             if isinstance(f.value, defer.FirstError):
                 f = f.value.subFailure
-            if f.check(defer.CancelledError):
-                return
-            log.error("%s: internal error executing %r: %s", self.factory.plugin.name, request.commands,
-                      f.getTraceback())
-            slot.data = b""
-            slot.close = True
-            self._flush()
+            if not f.check(defer.CancelledError):
+                self._internal_error(slot, request, f)
 
         d.addCallbacks(done, failed)
+
+    def _answer(self, slot: _Slot, request: Request, results: list[Any]) -> None:
+        if self.closing and slot not in self.queue:
+            return
+        try:
+            slot.data = self.codec.respond(request, results)
+        except Exception:
+            self._codec_bug()
+            return
+        self._flush()
+        self._pump()
+
+    def _internal_error(self, slot: _Slot, request: Request, f: Failure) -> None:
+        log.error("%s: internal error executing %r: %s", self.factory.plugin.name, request.commands,
+                  f.getTraceback())
+        slot.data = b""
+        slot.close = True
+        self._flush()
 
     def _flush(self) -> None:
         while self.queue:

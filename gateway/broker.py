@@ -214,22 +214,28 @@ class Broker:
             return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.engine.sync)
         return None
 
-    def _durable(self, value: Any) -> defer.Deferred:
+    def _durable(self, value: Any) -> Any:
+        """``value`` once the writes made so far are durable under the fsync policy."""
         if self.config.fsync.mode == "always":
             return self.commit.durable().addCallback(lambda _: value)
-        return defer.succeed(value)
+        return value
 
     # ------------------------------------------------------------------ dispatch
 
-    def execute(self, command: Any) -> defer.Deferred:
-        """Run ``command``; the Deferred fires with its result."""
+    def run(self, command: Any) -> Any:
+        """Run ``command``: its result, or a Deferred of it when it has to wait.
+
+        The hot path: most commands complete at once and need no Deferred.
+        Raises on a bug (an unknown command, an unexpected exception).
+        """
         handler = self._handlers.get(type(command))
         if handler is None:
-            return defer.fail(TypeError(f"no handler for {type(command).__name__}"))
-        try:
-            return defer.maybeDeferred(handler, command)
-        except Exception:  # pragma: no cover - maybeDeferred catches
-            return defer.fail()
+            raise TypeError(f"no handler for {type(command).__name__}")
+        return handler(command)
+
+    def execute(self, command: Any) -> defer.Deferred:
+        """Run ``command``; the Deferred fires with its result."""
+        return defer.maybeDeferred(self.run, command)
 
     # ------------------------------------------------------------------ topics
 
@@ -416,9 +422,12 @@ class Broker:
 
     def fetch(self, cmd: m.Fetch) -> Any:
         many = m.FetchMany((cmd,), cmd.max_wait_ms, cmd.min_bytes, cmd.max_bytes)
-        return self.fetch_many(many).addCallback(lambda r: r.results[0])
+        result = self.fetch_many(many)
+        if isinstance(result, defer.Deferred):
+            return result.addCallback(lambda r: r.results[0])
+        return result.results[0]
 
-    def fetch_many(self, cmd: m.FetchMany) -> defer.Deferred:
+    def fetch_many(self, cmd: m.FetchMany) -> Any:
         """Answer at once if there is ``min_bytes`` of data (or an error, or no
         wait asked); otherwise when an append brings enough, or at the timeout."""
         # Resolve EARLIEST/LATEST/group offsets once, so that waiting for "latest"
@@ -437,7 +446,7 @@ class Broker:
             return (any(r.error for r in rs) or sum(r.size for r in rs) >= cmd.min_bytes)
 
         if cmd.max_wait_ms <= 0 or enough(results):
-            return defer.succeed(m.FetchManyResult(results))
+            return m.FetchManyResult(results)
         state: dict[str, Any] = {"cancels": []}
 
         def cancel_waits() -> None:
