@@ -18,8 +18,8 @@ The adapter takes events again after each call into the codec
 (``connection_made``, ``receive_data``, ``respond``, ``push`` and ``timer``),
 so any of them may leave events for ``next_event`` to return. Two events ask
 for no answer and take no place in the answer order: ``Timer`` (call
-``connection.timer(context)`` later, e.g. MQTT keep-alive) and
-``Unsubscribe`` (stop push streams, e.g. MQTT UNSUBSCRIBE).
+``connection.timer(context)`` later: keep-alive deadlines, retries) and
+``Unsubscribe`` (stop push streams a client no longer wants).
 
 A codec never blocks and never raises on bad input: it answers with its
 protocol's own error (``Reply``) or asks to close (``Close``). An exception
@@ -86,7 +86,7 @@ class Close:
 
 @attrs.frozen
 class Subscribe:
-    """Turn the connection into a push stream (Cursus STREAM, MQTT SUBSCRIBE).
+    """Start a server push stream (Cursus STREAM; a subscription of a pub/sub protocol).
 
     The adapter long-polls ``fetches`` and, whenever one returns data, writes
     ``connection.push(context, result)`` and advances that fetch past what
