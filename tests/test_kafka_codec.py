@@ -1,0 +1,224 @@
+"""Kafka codec units: the schema engine, record batches, framing, version firewall, sans-IO fuzzing."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import model as m
+from gateway.codec import Close, ListenerSettings, Reply, Request
+from gateway.codecs.kafka import apis, compression, records, schema
+from gateway.codecs.kafka.codec import KafkaConnection
+
+SETTINGS = ListenerSettings(max_frame_size=1 << 20, advertised_host="gw.example", advertised_port=9092)
+
+
+def request(api_key: int, version: int, body: dict, correlation_id: int = 7, client_id: str | None = "t") -> bytes:
+    message = schema.MESSAGES[api_key]
+    header = schema.build(schema.request_header(message.flexible(version)),
+                          {"RequestApiKey": api_key, "RequestApiVersion": version, "CorrelationId": correlation_id,
+                           "ClientId": client_id})
+    data = header + schema.build(message.request(version), body)
+    return struct.pack(">i", len(data)) + data
+
+
+def events(conn: KafkaConnection) -> list:
+    out = []
+    while (event := conn.next_event()) is not None:
+        out.append(event)
+        if isinstance(event, Close):
+            break
+    return out
+
+
+def answer(api_key: int, version: int, frame: bytes) -> tuple[int, object]:
+    """Correlation id and body of a response frame."""
+    (size,) = struct.unpack_from(">i", frame)
+    assert size == len(frame) - 4
+    message = schema.MESSAGES[api_key]
+    header, pos = schema.parse(schema.response_header(api_key, message.flexible(version)), frame, 4)
+    body, end = schema.parse(message.response(version), frame, pos)
+    assert end == len(frame)
+    return header.CorrelationId, body
+
+
+# --------------------------------------------------------------------------- schema engine
+
+
+@pytest.mark.parametrize("api_key", sorted(schema.MESSAGES))
+def test_every_version_round_trips(api_key):
+    message = schema.MESSAGES[api_key]
+    for version in range(message.valid[0], message.valid[1] + 1):
+        for s in (message.request(version), message.response(version)):
+            data = schema.build(s, {})
+            value, end = schema.parse(s, data)
+            assert end == len(data)
+            assert schema.build(s, value) == data
+
+
+def test_nullable_compact_and_tagged_fields():
+    s = schema.MESSAGES[1].response(12)  # flexible Fetch response
+    body = {"Responses": [{"Topic": "t", "Partitions": [{"PartitionIndex": 1, "Records": None,
+                                                         "CurrentLeader": {"LeaderId": 3, "LeaderEpoch": 4}}]}]}
+    data = schema.build(s, body)
+    value, _ = schema.parse(s, data)
+    part = value.Responses[0].Partitions[0]
+    assert part.Records is None and part.CurrentLeader.LeaderId == 3 and part.AbortedTransactions == []
+    assert schema.build(s, value) == data
+    # unknown tags are skipped
+    s = schema.MESSAGES[18].request(3)
+    tagged = b"\x02a\x021\x01\x05\x02hi"  # ClientSoftwareName, ClientSoftwareVersion, tag 5 of 2 bytes
+    assert schema.parse(s, tagged)[0].ClientSoftwareName == "a"
+
+
+def test_api_versions_v3_golden_answer():
+    conn = KafkaConnection(SETTINGS)
+    conn.receive_data(request(18, 3, {"ClientSoftwareName": "librdkafka", "ClientSoftwareVersion": "2.0.2"}, 42))
+    (reply,) = events(conn)
+    data = reply.data
+    assert data[4:8] == struct.pack(">i", 42)  # header v0: no tagged fields
+    assert data[8:10] == b"\x00\x00"
+    assert data[10] == len(apis.APIS) + 1  # compact array
+    entries = data[11 : 11 + 7 * len(apis.APIS)]
+    assert entries[:7] == b"\x00\x00\x00\x00\x00\x08\x00"  # Produce 0-8, empty entry tags
+    assert data[11 + 7 * len(apis.APIS) :] == b"\x00\x00\x00\x00\x00"  # throttle, no top-level tags
+
+
+def test_unsupported_api_versions_gets_kip511_v0_answer():
+    conn = KafkaConnection(SETTINGS)
+    frame = request(18, 4, {}, 9)
+    conn.receive_data(frame)
+    (reply,) = events(conn)
+    assert reply.data == struct.pack(">ii", 16, 9) + bytes.fromhex("0023 00000001 0012 0000 0003")
+
+
+def test_unsupported_version_answers_and_keeps_the_connection():
+    conn = KafkaConnection(SETTINGS)
+    conn.receive_data(request(12, 4, {"GroupId": "g"}, 1) + request(18, 0, {}, 2))
+    first, second = events(conn)
+    assert isinstance(first, Reply) and not first.close
+    assert answer(12, 4, first.data) == (1, answer(12, 4, first.data)[1])
+    assert answer(12, 4, first.data)[1].ErrorCode == apis.UNSUPPORTED_VERSION
+    assert answer(18, 0, second.data)[0] == 2
+
+
+@pytest.mark.parametrize("frame", [
+    struct.pack(">i", (1 << 20) + 1),  # over the frame limit
+    struct.pack(">i", -5),
+    struct.pack(">ihhi", 8, 999, 0, 1),  # unknown API key
+    struct.pack(">ihhi", 8, 3, 1, 1) + b"\xff\xff",  # body cut short
+])
+def test_bad_frames_close(frame):
+    conn = KafkaConnection(SETTINGS)
+    conn.receive_data(frame)
+    assert isinstance(events(conn)[-1], Close)
+
+
+def test_byte_at_a_time_matches_whole_frames():
+    data = request(3, 8, {"Topics": None}, 1) + request(18, 2, {}, 2)
+    whole, split = KafkaConnection(SETTINGS), KafkaConnection(SETTINGS)
+    whole.receive_data(data)
+    expected = events(whole)
+    got = []
+    for i in range(len(data)):
+        split.receive_data(data[i : i + 1])
+        got += events(split)
+    assert [type(e) for e in got] == [type(e) for e in expected] == [Request, Reply]
+    assert got[0].commands == expected[0].commands == (m.ListTopics(None, True),)
+
+
+def test_metadata_advertises_the_listener():
+    conn = KafkaConnection(SETTINGS)
+    conn.receive_data(request(3, 1, {"Topics": [{"Name": "a"}]}))
+    (req,) = events(conn)
+    info = m.TopicInfo("a", (m.PartitionInfo(0, 0, 5, 5),))
+    _, body = answer(3, 1, conn.respond(req, [m.ListTopicsResult((info,))]))
+    assert [(b.NodeId, b.Host, b.Port) for b in body.Brokers] == [(0, "gw.example", 9092)]
+    assert body.Topics[0].Partitions[0].LeaderId == 0
+
+
+def test_sasl_required_before_other_requests():
+    conn = KafkaConnection(attrs_evolve_options({"sasl.users": "u:p"}))
+    conn.receive_data(request(18, 0, {}) + request(3, 1, {"Topics": None}))
+    first, second = events(conn)
+    assert isinstance(first, Reply) and isinstance(second, Close)
+
+
+def attrs_evolve_options(options: dict) -> ListenerSettings:
+    return ListenerSettings(max_frame_size=1 << 20, options=options)
+
+
+# --------------------------------------------------------------------------- records
+
+
+RECORDS = [m.Record(b"v1", b"k1", 1000, (("h", b"x"), ("n", None))), m.Record(None, None, 1005),
+           m.Record(b"x" * 300, b"k", 1010, extras={"event_id": "e-1"})]
+
+
+@pytest.mark.parametrize("codec", sorted(compression.NAMES))
+def test_batch_round_trip_with_every_codec(codec):
+    data = records.encode_batch(RECORDS, 0, codec)
+    (batch,) = records.split_batches(data)
+    assert batch.count == 3 and batch.max_timestamp == 1010
+    stored = records.assign_offsets(batch.payload, 40)
+    (again,) = records.split_batches(stored)  # the CRC does not cover the base offset
+    got = list(records.FORMAT.records(m.StoredBatch("kafka", 40, 42, 1010, stored)))
+    assert [r.offset for r in got] == [40, 41, 42]
+    assert [(r.value, r.key, r.timestamp) for r in got] == [(r.value, r.key, r.timestamp) for r in RECORDS]
+    assert got[0].headers == RECORDS[0].headers
+    assert got[2].headers == (("polygate.event_id", b"e-1"),)
+
+
+def test_corrupt_batch_is_refused():
+    data = bytearray(records.encode_batch(RECORDS, 0))
+    data[-1] ^= 1
+    with pytest.raises(records.CorruptRecords):
+        records.split_batches(bytes(data))
+    with pytest.raises(records.CorruptRecords):
+        records.split_batches(bytes(data[:40]))
+
+
+@pytest.mark.parametrize("magic", [0, 1])
+def test_legacy_message_sets_both_ways(magic):
+    with_offsets = [m.Record(r.value, r.key, r.timestamp, offset=i) for i, r in enumerate(RECORDS)]
+    data = records.encode_message_set(with_offsets, magic)
+    (batch,) = records.split_batches(data, now_ms=777)
+    got = list(records.read_batches(batch.payload))
+    assert [(r.value, r.key) for r in got] == [(r.value, r.key) for r in RECORDS]
+    assert [r.timestamp for r in got] == ([777] * 3 if magic == 0 else [1000, 1005, 1010])
+
+
+def test_snappy_xerial_and_raw_lz4_kafka08():
+    data = b"polygate " * 5000
+    framed = compression.compress(compression.SNAPPY, data)
+    assert framed.startswith(compression.XERIAL_MAGIC)
+    assert compression.decompress(compression.SNAPPY, framed) == data
+    frame = bytearray(compression.compress(compression.LZ4, data))
+    frame[6 + (8 if frame[4] & 8 else 0)] ^= 0x5A  # a wrong header checksum, as Kafka 0.8 clients write it
+    assert compression.decompress(compression.LZ4, bytes(frame)) == data
+
+
+# --------------------------------------------------------------------------- sans-IO fuzzing
+
+
+def _valid_frames() -> st.SearchStrategy[bytes]:
+    apis_and_versions = [(k, v) for k, a in apis.APIS.items() for v in range(a.min_version, a.max_version + 1)]
+    return st.sampled_from(apis_and_versions).map(lambda kv: request(kv[0], kv[1], {}, 3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.one_of(st.binary(max_size=64), _valid_frames(),
+                                 _valid_frames().flatmap(lambda f: st.integers(0, len(f)).map(lambda n: f[:n]))),
+                       max_size=6))
+def test_codec_never_raises(chunks):
+    conn = KafkaConnection(SETTINGS)
+    for chunk in [*chunks, b""]:
+        conn.receive_data(chunk)
+        for event in events(conn):
+            assert isinstance(event, Request | Reply | Close)
+            if isinstance(event, Reply):
+                (size,) = struct.unpack_from(">i", event.data)
+                assert size == len(event.data) - 4
