@@ -32,6 +32,7 @@ carried as bytes: cursus-python decodes them as UTF-8.
 
 from __future__ import annotations
 
+import collections
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -345,9 +346,24 @@ def _header_int(headers: dict[str, bytes | None], name: str) -> int:
 
 
 class CursusFormat:
-    """The ``cursus`` storage format (see the module docstring)."""
+    """The ``cursus`` storage format (see the module docstring).
+
+    The codec validates every produced batch by walking its records; it hands
+    the record starts to ``remember`` so that ``assign_offsets`` (called by
+    the broker with the same payload object) need not walk it again. Only
+    the last few payloads are remembered; any other payload is walked.
+    """
 
     name = NAME
+    REMEMBERED = 64
+
+    def __init__(self) -> None:
+        self._walked: collections.OrderedDict[int, tuple[bytes, list[int]]] = collections.OrderedDict()
+
+    def remember(self, payload: bytes, starts: list[int]) -> None:
+        self._walked[id(payload)] = (payload, starts)
+        if len(self._walked) > self.REMEMBERED:
+            self._walked.popitem(last=False)
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
         data = batch.payload
@@ -392,8 +408,12 @@ class CursusFormat:
                              len(parts)) + b"".join(parts)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
-        header = parse_header(payload)
-        starts = walk(payload, header.size, header.count)
+        known = self._walked.pop(id(payload), None)
+        if known is not None and known[0] is payload:
+            starts = known[1]
+        else:
+            header = parse_header(payload)
+            starts = walk(payload, header.size, header.count)
         return set_offsets(payload, starts[:-1], base_offset)
 
 

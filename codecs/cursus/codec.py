@@ -373,7 +373,7 @@ class CursusConnection:
             if b.is_seed_layout(body):
                 body = b.normalize(body)
             header = b.parse_header(body)
-            _, scan = b.scan(body, header)
+            starts, scan = b.scan(body, header)
         except b.BatchError as e:
             return Reply(self._ack("ERROR", error=f"batch_decode_failed reason={q(str(e))}"))
         acks = _ACKS.get(header.acks.lower())
@@ -386,6 +386,7 @@ class CursusConnection:
         producer = None
         if header.idempotent and scan.producer_id and scan.first_seq > 0:
             producer = m.ProducerState(b._text(scan.producer_id), scan.epoch, scan.first_seq, scan.last_seq, "cursus")
+        b.FORMAT.remember(body, starts)
         batch = m.Batch(b.NAME, body, header.count, int(time.time() * 1000), producer=producer)
         cmd = m.Produce(header.topic, header.partition, batch, acks)
         pid = b._text(scan.last_producer_id)
