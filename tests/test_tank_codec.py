@@ -263,3 +263,26 @@ def test_sequence_numbers_beyond_the_engine_are_refused():
     plain = frame(encode([(1, None, b"a")]))
     assert _batch(plain, 1, (1 << 63) - 1) == 10
     assert _batch(plain, 1, 5).base_offset == 4
+
+
+def test_pipelined_produce_requests_to_one_partition_share_one_append():
+    from gateway.clients.tank import produce_request
+
+    def req(rid: int, topic: str, value: bytes, partition: int = 0) -> bytes:
+        return produce_request(rid, [(topic, partition, encode([(rid, None, value)]))])
+
+    conn = connection()
+    stream = req(1, "t", b"a") + PING + req(2, "t", b"bb") + req(3, "t", b"c") + req(4, "t", b"d", 1)
+    stream += req(5, "u", b"e") + b"\x01\x02\x00\x00\x00\x02\x00"
+    got = events(conn, stream)
+    assert [type(e) for e in got] == [Request, Request, Request, Close]
+    (merged,) = got[0].commands
+    assert (merged.topic, merged.partition, merged.batch.count, merged.batch.max_timestamp) == ("t", 0, 3, 3)
+    stored = m.StoredBatch("tank", 10, 12, 3, merged.batch.payload)
+    assert [(r.offset, r.value) for r in FORMAT.records(stored)] == [(10, b"a"), (11, b"bb"), (12, b"c")]
+    assert build_chunk([stored], FORMAT) == (False, 11, merged.batch.payload)
+    assert got[1].commands[0].partition == 1 and got[2].commands[0].topic == "u"
+    acks = conn.respond(got[0], [m.ProduceResult("t", 0, 10, 12)])
+    assert acks == b"".join(b"\x01\x05\x00\x00\x00" + bytes((rid, 0, 0, 0, 0)) for rid in (1, 2, 3))
+    unknown = conn.respond(got[0], [m.ProduceResult("t", error=m.Error(m.ErrorCode.UNKNOWN_TOPIC))])
+    assert [unknown[i + 9] for i in range(0, 30, 10)] == [0xFF] * 3

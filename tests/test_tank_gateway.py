@@ -222,3 +222,20 @@ def test_cli_uses_the_tank_client(gw):
     assert cli("consume", "clitopic") == "1\tone\n2\ttwo\n3\tthree\n"
     assert cli("consume", "clitopic", "--offset", "2") == "2\ttwo\n3\tthree\n"
     assert "partition.0\tfirst=1 last=3" in cli("topics", "describe", "clitopic")
+
+
+def test_pipelined_produce_requests_are_acknowledged_one_by_one(client, gw):
+    client.create_topic("pipe", 2)
+    frames = [produce_request(i, [("pipe", i % 2 if i > 400 else 0, encode([(i, None, b"m%d" % i)]))])
+              for i in range(1, 501)]
+    with socket.create_connection(("127.0.0.1", gw.port("tank"))) as s:
+        s.sendall(b"".join(frames))
+        acks = read_frames(s, 501)[1:]
+    assert [struct.unpack("<IB", a[5:]) for _, a in acks] == [(i, 0) for i in range(1, 501)]
+    p0 = [(m.seq, m.value) for m in client.messages("pipe", 0)]
+    expected = [i for i in range(1, 501) if i <= 400 or i % 2 == 0]
+    assert p0 == [(n + 1, b"m%d" % i) for n, i in enumerate(expected)]
+    assert [m.seq for m in client.messages("pipe", 0, 350)] == list(range(350, len(expected) + 1))
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        messages, hw = v1.consume("pipe", 1, 0)
+        assert messages == [(n, f"m{i}") for n, i in enumerate(range(401, 501, 2))]

@@ -6,9 +6,10 @@ and last sequence numbers) and a message set, snappy-compressed as a whole
 ``schema.BundleMessage`` give the layout. This module is the fast, hand-written
 form of those schemas.
 
-A stored ``tank`` batch payload is exactly what a produce request carries for
-one partition, ``varint bundle_len | bundle``, so a consume chunk is the
-stored payloads one after the other. Sequence numbers are engine offsets
+A stored ``tank`` batch payload is what produce requests carry for one
+partition, ``varint bundle_len | bundle``, one bundle or (pipelined requests
+merged into one append) several plain ones, so a consume chunk is the stored
+payloads one after the other. Sequence numbers are engine offsets
 plus one. In a non-SPARSE bundle they are implicit: a consumer numbers the
 first bundle of a chunk from the response header and every further bundle
 from where the previous one ended; ``build_chunk`` turns a bundle that does
@@ -289,8 +290,9 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
     """Join stored ``tank`` batches into a consume chunk.
 
     Returns ``(first_sparse, first_seq, chunk)``: whether the first bundle
-    is SPARSE and, if not, the sequence number of its first message. A bundle
-    that does not follow on from the previous one is re-encoded as SPARSE.
+    is SPARSE and, if not, the sequence number of its first message. A
+    batch that does not follow on from the previous one is re-encoded as one
+    SPARSE bundle. Only the first bundle of each batch is looked at.
     """
     parts = []
     first_sparse = False
@@ -301,22 +303,24 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
         if not payload:
             continue
         try:
-            header = framed_header(payload)
+            n, body = read_varint(payload, 0, len(payload))
+            if body + n > len(payload):
+                raise BundleError("bundle cut short")
+            header = parse_header(payload, body, body + n)
+            if not header.flags & SPARSE and next_seq is not None and b.base_offset + 1 != next_seq:
+                payload = fmt.encode(fmt.records(b), b.base_offset, sparse=True)
+                n, body = read_varint(payload, 0, len(payload))
+                header = parse_header(payload, body, body + n)
         except BundleError as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {b.base_offset}: {e}") from None
-        if header.flags & SPARSE:
-            last = header.last_seq
-            seq = header.first_seq
+        sparse = header.flags & SPARSE
+        seq = header.first_seq if sparse else b.base_offset + 1
+        if body + n != len(payload):  # bundles of merged produce requests, all plain, spanning the batch
+            last = b.last_offset + 1
         else:
-            seq = b.base_offset + 1
-            if next_seq is not None and seq != next_seq:
-                payload = fmt.encode(list(fmt.records(b)), b.base_offset, sparse=True)
-                header = framed_header(payload)
-                last = header.last_seq
-            else:
-                last = seq + header.count - 1
+            last = header.last_seq if sparse else seq + header.count - 1
         if next_seq is None:
-            first_sparse = bool(header.flags & SPARSE)
+            first_sparse = bool(sparse)
             first_seq = seq
         parts.append(payload)
         next_seq = last + 1
@@ -331,14 +335,26 @@ class TankFormat:
 
     name = NAME
 
-    def records(self, batch: StoredBatch) -> Iterable[Record]:
+    def records(self, batch: StoredBatch) -> list[Record]:
+        """Records of every bundle of the payload (several when produce requests were merged)."""
+        payload = batch.payload
+        end = len(payload)
+        pos = 0
+        seq = batch.base_offset + 1
+        out = []
         try:
-            header = framed_header(batch.payload)
-            data = message_set(batch.payload, header)
-            messages = decode_messages(data, header, batch.base_offset + 1)
+            while pos < end:
+                n, body = read_varint(payload, pos, end)
+                if body + n > end:
+                    raise BundleError("bundle cut short")
+                header = parse_header(payload, body, body + n)
+                messages = decode_messages(message_set(payload, header), header, seq)
+                out += [Record(value, key, ts, offset=s - 1) for s, ts, key, value in messages]
+                seq = (header.last_seq if header.flags & SPARSE else seq + header.count - 1) + 1
+                pos = body + n
         except BundleError as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {batch.base_offset}: {e}") from None
-        return [Record(value, key, ts, offset=seq - 1) for seq, ts, key, value in messages]
+        return out
 
     def encode(self, records: Sequence[Record], base_offset: int, sparse: bool = False) -> bytes:
         if not records:

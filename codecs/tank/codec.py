@@ -17,8 +17,10 @@ long-polls. A ProduceWithSeqnum base N places its bundle at engine offset
 N - 1; a SPARSE bundle is placed at its own first sequence number - 1.
 
 Produced bundles are stored as received (format ``tank``) after a check of
-their header only; consume chunks are the stored bundles joined, cut at the
-fetch size as TANK may cut the last bundle.
+their header only; pipelined Produce requests that each write one plain
+bundle to the same partition are appended together (one acknowledgement
+each). Consume chunks are the stored bundles joined, cut at the fetch size
+as TANK may cut the last bundle.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ MAX_WAIT_MS = 24 * 3600 * 1000
 MAX_TOPIC_NAME = 64
 MAX_SEQ = 1 << 63  # the engine's offsets are signed 64-bit
 MAX_SPAN = 1 << 31  # offsets one stored batch may span
+MERGE_BYTES = 1 << 20  # pipelined produce requests merged into one append, at most
+MERGE_REQUESTS = 4096
 
 _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
@@ -66,6 +70,8 @@ _DATA = struct.Struct("<HBQQI")  # partition, 0, first seq, hwmark, chunk length
 _SPARSE_DATA = struct.Struct("<HBQI")  # partition, 0xfe, hwmark, chunk length
 _BOUNDARY = struct.Struct("<HBQQIQ")  # partition, 1, 0, hwmark, 0, first available
 _FAULT = struct.Struct("<HB")
+_ID = struct.Struct("<I")
+_ACK = struct.Struct("<IB")  # request id, error of a one-partition produce
 
 
 class MsgId(enum.IntEnum):
@@ -196,6 +202,30 @@ def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[st
     except (IndexError, struct.error, BundleError) as e:
         raise Malformed(f"produce request cut short: {e}") from None
     return request_id, topics
+
+
+def _single_batch(topics: list[tuple[str, list[tuple[int, m.Batch | int]]]]) -> tuple[str, int, m.Batch] | None:
+    """``(topic, partition, batch)`` of a request writing one plain bundle, else None."""
+    if len(topics) == 1 and len(topics[0][1]) == 1:
+        partition, batch = topics[0][1][0]
+        if isinstance(batch, m.Batch) and batch.base_offset is None:
+            return topics[0][0], partition, batch
+    return None
+
+
+def _plain_bundle(payload: bytes, at: int) -> tuple[bytes, int, int] | None:
+    """``(stored payload, message count, timestamp)`` when ``payload[at:]`` is
+    exactly one plain (not SPARSE) bundle with a valid count, else None."""
+    try:
+        n, body = read_varint(payload, at, len(payload))
+        if body + n != len(payload):
+            return None
+        header = parse_header(payload, body, body + n)
+    except BundleError:
+        return None
+    if header.flags & SPARSE or not 0 < header.count <= MAX_SPAN:
+        return None
+    return payload[at:], header.count, first_timestamp(payload, header)
 
 
 # --------------------------------------------------------------------------- consume
@@ -336,6 +366,7 @@ class TankConnection:
     def __init__(self, settings: ListenerSettings):
         self.max_frame = settings.max_frame_size
         self.buffer = ReceiveBuffer()
+        self._pending: Request | Close | None = None  # an event read ahead while merging
         self._requests = {
             MsgId.PRODUCE: lambda p: self._produce(p, False),
             MsgId.PRODUCE_WITH_SEQNUM: lambda p: self._produce(p, True),
@@ -354,6 +385,9 @@ class TankConnection:
         self.buffer.feed(data)
 
     def next_event(self) -> Request | Reply | Close | None:
+        if self._pending is not None:
+            event, self._pending = self._pending, None
+            return event
         buf = self.buffer
         while True:
             head = buf.unpack_from(HEADER)
@@ -384,6 +418,68 @@ class TankConnection:
 
     def _produce(self, payload: bytes, with_seqnum: bool) -> Request:
         request_id, topics = parse_produce(payload, with_seqnum)
+        single = None if with_seqnum else _single_batch(topics)
+        if single is not None:
+            return self._merge(payload, request_id, *single)
+        return self._produce_request(request_id, topics)
+
+    def _merge(self, payload: bytes, request_id: int, topic: str, partition: int, batch: m.Batch) -> Request:
+        """One append for this request and the Produce requests after it that are
+        already buffered and write one plain bundle to the same partition.
+
+        Each still gets its own acknowledgement; the stored payload is their
+        bundles one after the other, as a consumer would read them anyway. A
+        follower whose bytes up to its bundle equal this request's (same client,
+        topic and partition: the usual pipelined producer) is taken without a
+        full parse.
+        """
+        ids = [request_id]
+        payloads = [batch.payload]
+        count = batch.count
+        newest = batch.max_timestamp
+        size = len(batch.payload)
+        at = len(payload) - size  # where the bundle (its varint length) starts
+        template = payload[6:at]
+        buf = self.buffer
+        while size < MERGE_BYTES and len(ids) < MERGE_REQUESTS:
+            head = buf.unpack_from(HEADER)
+            if head == (MsgId.PING, 0):
+                buf.skip(HEADER.size)
+                continue
+            if head is None or head[0] != MsgId.PRODUCE or head[1] > self.max_frame or len(buf) < HEADER.size + head[1]:
+                break
+            buf.skip(HEADER.size)
+            follower = buf.take(head[1])
+            if follower[6:at] == template and (fast := _plain_bundle(follower, at)) is not None:
+                rid = _ID.unpack_from(follower, 2)[0]
+                stored, n, ts = fast
+            else:
+                try:
+                    rid, topics = parse_produce(follower, False)
+                except Malformed as e:
+                    self._pending = Close(reason=f"malformed PRODUCE request: {e}")
+                    break
+                single = _single_batch(topics)
+                if single is None or single[0] != topic or single[1] != partition:
+                    self._pending = self._produce_request(rid, topics)
+                    break
+                stored, n, ts = single[2].payload, single[2].count, single[2].max_timestamp
+            ids.append(rid)
+            payloads.append(stored)
+            count += n
+            newest = max(newest, ts)
+            size += len(stored)
+        if len(ids) > 1:
+            batch = m.Batch(NAME, b"".join(payloads), count, newest)
+        return Request((m.Produce(topic, partition, batch),), (self._render_acks, ids))
+
+    @staticmethod
+    def _render_acks(ids: list[int], results: Sequence[m.ProduceResult]) -> bytes:
+        error = results[0].error
+        code = ProduceError.OK if error is None else _PRODUCE_CODES.get(error.code, ProduceError.IO_FAULT)
+        return b"".join(HEADER.pack(MsgId.PRODUCE, 5) + _ACK.pack(rid, code) for rid in ids)
+
+    def _produce_request(self, request_id: int, topics: list[tuple[str, list[tuple[int, m.Batch | int]]]]) -> Request:
         commands = []
         layout = []
         for topic, parts in topics:
