@@ -66,6 +66,7 @@ class ConnectReturn(enum.IntEnum):
 
 
 SUBACK_FAILURE = 0x80
+_U16 = struct.Struct(">H")
 
 # Fixed-header flags each packet type must carry (2.2.2); PUBLISH's are its own.
 REQUIRED_FLAGS = {t: 0 for t in PacketType} | {
@@ -180,7 +181,8 @@ def connack(return_code: ConnectReturn, session_present: bool = False) -> bytes:
 
 
 def with_packet_id(kind: PacketType, packet_id: int) -> bytes:
-    return packet(kind, PACKET_ID.build({"packet_id": packet_id}), REQUIRED_FLAGS[kind])
+    """PUBACK, PUBREC, PUBREL, PUBCOMP or UNSUBACK (hot path: ``PACKET_ID`` by hand)."""
+    return bytes((kind << 4 | REQUIRED_FLAGS[kind], 2)) + _U16.pack(packet_id)
 
 
 def suback(packet_id: int, return_codes: list[int]) -> bytes:
@@ -190,9 +192,6 @@ def suback(packet_id: int, return_codes: list[int]) -> bytes:
 PINGRESP = packet(PacketType.PINGRESP)
 
 # --------------------------------------------------------------------------- PUBLISH, hot path
-
-_U16 = struct.Struct(">H")
-
 
 def parse_publish(flags: int, body: bytes) -> tuple[str, int, int | None, bytes]:
     """``(topic, qos, packet_id, payload)`` of a PUBLISH body, as ``PUBLISH`` parses it."""

@@ -272,3 +272,10 @@ def test_protocol_violations_close_without_an_answer(rig, data):
     c = rig.client()
     assert c.send(data) == []
     assert c.closed
+
+
+@pytest.mark.parametrize("kind", [PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP,
+                                  PacketType.UNSUBACK])
+def test_packet_id_fast_path_agrees_with_the_schema(kind):
+    flags = packets.REQUIRED_FLAGS[kind]
+    assert packets.with_packet_id(kind, 513) == packets.packet(kind, packets.PACKET_ID.build({"packet_id": 513}), flags)
