@@ -90,6 +90,9 @@ class CodecProtocol(protocol.Protocol):
         peer = self.transport.getPeer()
         settings = attrs.evolve(self.factory.settings, peer=f"{getattr(peer, 'host', '')}:{getattr(peer, 'port', '')}",
                                 clock=self.factory.reactor.seconds)
+        if hasattr(self.transport, "setTcpNoDelay"):
+            # Answers are whole frames: Nagle would hold their tails until the peer's delayed ACK.
+            self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         try:
             self.codec = self.factory.plugin.new_connection(settings)
