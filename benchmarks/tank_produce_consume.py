@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Gateway, progress, write_result  # noqa: E402
 
 from gateway.clients.tank import TankClient, consume_request, produce_request  # noqa: E402
-from gateway.codecs.tank.bundle import encode, parse_header, read_varint  # noqa: E402
+from gateway.codecs.tank.bundle import encode, read_varint  # noqa: E402
 
 SIZE = 100
 REFERENCE_PRODUCE = {1: 0.1e6, 100: 1.0e6, 1000: 2.9e6}  # TANK C++ broker, msg/s (1000: 2.6-3.2 M)
@@ -103,13 +103,13 @@ def consume(port: int, topic: str, total: int) -> float:
         chunk = memoryview(payload)[4 + header_len :]
         pos = 0
         next_seq = first_seq
-        while pos < chunk_len:
+        while pos < chunk_len:  # bundle headers only: varint length, flags, [varint count]
             n, body = read_varint(chunk, pos, chunk_len)
             if body + n > chunk_len:
                 break  # the last bundle, cut by the fetch size
-            h = parse_header(chunk, body, body + n)
-            count += h.count
-            next_seq += h.count
+            messages = (chunk[body] >> 2) & 0x0F or read_varint(chunk, body + 1, body + n)[0]
+            count += messages
+            next_seq += messages
             pos = body + n
         if next_seq == seq:
             raise RuntimeError(f"no progress at {seq}")
