@@ -220,6 +220,7 @@ COMMANDS = [
     "BATCH_COMMIT topic=t group=fz member=c generation=1 P0:1,P1:2", "FETCH_OFFSET topic=t partition=0 group=fz",
     "LEAVE_GROUP topic=t group=fz member=c", "PUBLISH topic=t acks=1 producerId=p message=hi there",
     "FIND_COORDINATOR group=fz", "SUBSCRIBE t fz", "DELETE topic=nothing", "LIST topic=x", "NEGOTIATE version=1",
+    "PUBLISH topic=t producerId=p epoch=-99999999999999999999 partition=1 message=x", "COMMIT t fz 1 99999999999",
 ]
 
 
@@ -264,3 +265,21 @@ def test_fuzz_frames_in_any_chunking_get_one_answer_each_until_a_close(broker, i
         assert d.closed
     for body in answers:
         assert body[:1] in (b"O", b"E", b"{", b"\xba"), body
+
+
+BIG = "99999999999999999999"
+
+
+@pytest.mark.parametrize(("text", "answer"), [
+    (f"PUBLISH topic=t producerId=p epoch={BIG} message=x", b"ERROR: invalid_epoch command=PUBLISH"),
+    (f"PUBLISH topic=t producerId=p seqNum={BIG} message=x", b"ERROR: invalid_seq_num command=PUBLISH"),
+    (f"PUBLISH topic=t producerId=p partition={BIG} message=x", b"ERROR: invalid_partition command=PUBLISH"),
+    ("CREATE topic=huge partitions=99999999999", b'ERROR: invalid_partitions reason="at most 1000"'),
+    (f"COMMIT t g 0 {BIG}", b"ERROR: invalid_offset"),
+    (f"BATCH_COMMIT topic=t group=g member=m generation=1 P0:{BIG}", b'ERROR: invalid_offset entry="P0:' + BIG.encode()
+     + b'"'),
+    (f"CONSUME topic=t partition=0 offset={BIG} member=m", b"ERROR: invalid_consume_syntax"),
+    (f"JOIN_GROUP topic=t group=g member=m generation={BIG}", b"ERROR: invalid_generation command=JOIN_GROUP"),
+])
+def test_numbers_out_of_the_wire_ranges_are_refused(broker, text, answer):
+    assert Driver(broker).feed(framed(encode_message("", text))).frames() == [answer]

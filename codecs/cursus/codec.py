@@ -66,6 +66,9 @@ DEFAULT_PARTITIONS = 4
 DEFAULT_CONSUME_BATCH = 8192
 STREAM_KEEPALIVE_MS = 5000
 FETCH_MAX_BYTES = 4 << 20
+MAX_INT = (1 << 63) - 1  # offsets, sequence numbers and epochs are 64-bit on the wire
+MAX_PARTITION = (1 << 31) - 1
+MAX_PARTITIONS = 1000  # per topic: each partition holds files open
 
 # The broker's command table (pkg/protocol/commands.go) plus the seed's SUBSCRIBE and COMMIT.
 KNOWN_COMMANDS = frozenset((
@@ -165,9 +168,9 @@ class Args:
             raise Reject(missing or f"ERROR: missing_{key} command={self.name}")
         return value
 
-    def int(self, key: str, error: str, minimum: int = 0) -> int:
+    def int(self, key: str, error: str, minimum: int = 0, maximum: int = MAX_INT) -> int:
         value = self.params.get(key, "")
-        if not value.lstrip("-").isdigit() or int(value) < minimum:
+        if not value.lstrip("-").isdigit() or not minimum <= int(value) <= maximum:
             raise Reject(error)
         return int(value)
 
@@ -422,10 +425,11 @@ class CursusConnection:
         acks = _ACKS.get(acks_text.lower())
         if acks is None:
             raise Reject(f"ERROR: invalid_acks value={acks_text}")
-        partition = a.int("partition", "ERROR: invalid_partition command=PUBLISH") if "partition" in a.params \
-            else None
+        partition = None
+        if "partition" in a.params:
+            partition = a.int("partition", "ERROR: invalid_partition command=PUBLISH", 0, MAX_PARTITION)
         seq = a.int("seqNum", "ERROR: invalid_seq_num command=PUBLISH") if "seqNum" in a.params else 0
-        epoch = a.int("epoch", "ERROR: invalid_epoch command=PUBLISH", -(1 << 62)) if "epoch" in a.params else 0
+        epoch = a.int("epoch", "ERROR: invalid_epoch command=PUBLISH", -MAX_INT) if "epoch" in a.params else 0
         key = (a.get("key") or "").encode("utf-8", "surrogateescape")
         pid = producer_id.encode("utf-8", "surrogateescape")
         payload = b.encode_header(topic, partition or 0, acks_text, False, seq, seq, 1) + b.encode_record(
@@ -457,6 +461,8 @@ class CursusConnection:
         partitions = DEFAULT_PARTITIONS
         if "partitions" in a.params:
             partitions = a.int("partitions", 'ERROR: invalid_partitions reason="must be a positive integer"', 1)
+            if partitions > MAX_PARTITIONS:
+                raise Reject(f"ERROR: invalid_partitions reason={q(f'at most {MAX_PARTITIONS}')}")
         if "replication_factor" in a.params:
             a.int("replication_factor", 'ERROR: invalid_replication_factor reason="must be a positive integer"', 1)
 
@@ -757,7 +763,7 @@ class CursusConnection:
                 raise Reject(f"ERROR: invalid_batch_commit_entry entry={q(entry)}")
             if not p[1:].isdigit():
                 raise Reject(f"ERROR: invalid_partition entry={q(entry)}")
-            if not o.isdigit() or int(o) >= 1 << 64:
+            if not o.isdigit() or int(o) > MAX_INT:
                 raise Reject(f"ERROR: invalid_offset entry={q(entry)}")
             if int(p[1:]) in offsets:
                 raise Reject(f"ERROR: duplicate_partition partition={int(p[1:])} group={group} topic={topic}")
