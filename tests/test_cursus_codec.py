@@ -283,3 +283,19 @@ BIG = "99999999999999999999"
 ])
 def test_numbers_out_of_the_wire_ranges_are_refused(broker, text, answer):
     assert Driver(broker).feed(framed(encode_message("", text))).frames() == [answer]
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "snappy", "lz4"])
+def test_decompression_is_held_to_the_frame_limit(broker, algorithm):
+    import gzip
+
+    from cursus_support import Lz4Frame, XerialSnappy
+
+    compress = {"gzip": gzip.compress, "snappy": XerialSnappy().compress, "lz4": Lz4Frame().compress}[algorithm]
+    small = batch("t", 0, ["fits"])
+    bomb = batch("t", 0, ["\0" * (1 << 20)])  # compresses to a few kB, expands past 64 kB
+    assert len(compress(bomb)) < 65536
+    d = Driver(broker, 65536, compression=algorithm).feed(framed(compress(small)) + framed(compress(bomb)))
+    ok, refused = d.frames()
+    assert b'"status":"OK"' in ok
+    assert not refused.startswith(b'{"status":"OK"')

@@ -326,7 +326,7 @@ class CursusConnection:
     def _body(self, body: bytes) -> Event:
         if self.decompress is not None:
             with contextlib.suppress(DecompressionError):  # a command sent uncompressed
-                body = decompress(self.decompress, body)
+                body = decompress(self.decompress, body, self.max_frame)
         if len(body) >= 6 and body[0] == 0xBA and body[1] == 0x7C:
             (topic_len,) = struct.unpack_from(">H", body, 2)
             if topic_len and topic_len + 2 <= len(body):

@@ -4,12 +4,13 @@ One algorithm per listener (``--codec-option cursus.compression=NAME``):
 ``none`` (or empty), ``gzip``, ``snappy`` (the xerial framing of
 ``eapache/go-xerial-snappy``, whose decoder also takes a raw snappy block) or
 ``lz4`` (the LZ4 frame format of ``pierrec/lz4``). There is no per-frame
-detection in the protocol; responses are never compressed.
+detection in the protocol; responses are never compressed. A decompressed
+body is held to the listener's frame limit (checked before decompressing
+where the format tells the size: snappy, LZ4 block headers).
 """
 
 from __future__ import annotations
 
-import gzip
 import struct
 import zlib
 from collections.abc import Callable
@@ -25,10 +26,34 @@ class DecompressionError(ValueError):
     pass
 
 
-def _snappy(data: bytes) -> bytes:
+def _gzip(data: bytes, limit: int) -> bytes:
+    """gzip members (as Go's reader, several in a row), never more than ``limit`` bytes out."""
+    out: list[bytes] = []
+    total = 0
+    while data:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        chunk = d.decompress(data, limit + 1 - total)
+        total += len(chunk)
+        out.append(chunk)
+        if total > limit:
+            raise DecompressionError(f"decompressed body over {limit} bytes")
+        if not d.eof:
+            raise DecompressionError("truncated gzip data")
+        data = d.unused_data
+    return b"".join(out)
+
+
+def _snappy_block(block: bytes, budget: int) -> bytes:
+    if cramjam.snappy.decompress_raw_len(block) > budget:
+        raise DecompressionError("decompressed body over the frame limit")
+    return bytes(cramjam.snappy.decompress_raw(block))
+
+
+def _snappy(data: bytes, limit: int) -> bytes:
     if not data.startswith(XERIAL_MAGIC):
-        return bytes(cramjam.snappy.decompress_raw(data))
+        return _snappy_block(data, limit)
     out = []
+    total = 0
     pos = _XERIAL_HEADER
     while pos < len(data):
         if pos + 4 > len(data):
@@ -37,25 +62,57 @@ def _snappy(data: bytes) -> bytes:
         pos += 4
         if pos + size > len(data):
             raise DecompressionError("truncated xerial chunk")
-        out.append(bytes(cramjam.snappy.decompress_raw(data[pos : pos + size])))
+        out.append(_snappy_block(data[pos : pos + size], limit - total))
+        total += len(out[-1])
         pos += size
     return b"".join(out)
 
 
-def _lz4(data: bytes) -> bytes:
+_LZ4_MAGIC = 0x184D2204
+_LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}
+
+
+def _lz4_bound(data: bytes) -> int:
+    """The most an LZ4 frame sequence can decompress to, read from its block headers."""
+    pos = 0
+    bound = 0
+    while pos < len(data):
+        if pos + 7 > len(data) or struct.unpack_from("<I", data, pos)[0] != _LZ4_MAGIC:
+            raise DecompressionError("not an LZ4 frame")
+        flg, bd = data[pos + 4], data[pos + 5]
+        block_max = _LZ4_BLOCK_MAX.get((bd >> 4) & 7)
+        if block_max is None:
+            raise DecompressionError("bad LZ4 block size")
+        pos += 7 + (8 if flg & 0x08 else 0) + (4 if flg & 0x01 else 0)
+        while True:
+            if pos + 4 > len(data):
+                raise DecompressionError("truncated LZ4 frame")
+            (size,) = struct.unpack_from("<I", data, pos)
+            pos += 4
+            if size == 0:
+                break
+            pos += (size & 0x7FFFFFFF) + (4 if flg & 0x10 else 0)
+            bound += block_max
+        pos += 4 if flg & 0x04 else 0
+    return bound
+
+
+def _lz4(data: bytes, limit: int) -> bytes:
+    if _lz4_bound(data) > limit:
+        raise DecompressionError("decompressed body over the frame limit")
     return bytes(cramjam.lz4.decompress(data))
 
 
-DECOMPRESSORS: dict[str, Callable[[bytes], bytes] | None] = {
+DECOMPRESSORS: dict[str, Callable[[bytes, int], bytes] | None] = {
     "none": None,
     "": None,
-    "gzip": gzip.decompress,
+    "gzip": _gzip,
     "snappy": _snappy,
     "lz4": _lz4,
 }
 
 
-def decompressor(name: str) -> Callable[[bytes], bytes] | None:
+def decompressor(name: str) -> Callable[[bytes, int], bytes] | None:
     """The decompressor of ``name`` (``None`` for none); raises ``ValueError`` if unknown."""
     try:
         return DECOMPRESSORS[name.lower()]
@@ -63,9 +120,11 @@ def decompressor(name: str) -> Callable[[bytes], bytes] | None:
         raise ValueError(f"unsupported compression type: {name}") from None
 
 
-def decompress(fn: Callable[[bytes], bytes], data: bytes) -> bytes:
-    """Run ``fn``; every failure becomes ``DecompressionError``."""
+def decompress(fn: Callable[[bytes, int], bytes], data: bytes, limit: int) -> bytes:
+    """Run ``fn`` with an output ``limit`` (a decompressed body is held to the frame
+    limit, so a small compressed frame cannot expand into gigabytes); every
+    failure becomes ``DecompressionError``."""
     try:
-        return fn(data)
+        return fn(data, limit)
     except (OSError, EOFError, zlib.error, ValueError, cramjam.DecompressionError) as e:
         raise DecompressionError(str(e)) from None
