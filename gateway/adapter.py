@@ -120,6 +120,25 @@ class CodecProtocol(protocol.Protocol):
         for call in timers.values():
             if call.active():
                 call.cancel()
+        self._last_commands()
+
+    def _last_commands(self) -> None:
+        """Run what ``connection_lost()`` returns (a last will): results are dropped.
+
+        Not at shutdown: the listener is closed and storage is closing.
+        """
+        hook = getattr(self.codec, "connection_lost", None)
+        if hook is None or self.factory.stopped:
+            return
+        try:
+            commands = hook()
+        except Exception:
+            log.error("%s codec error at connection end\n%s", self.factory.plugin.name, Failure().getTraceback())
+            return
+        for command in commands:
+            self.broker.execute(command).addErrback(
+                lambda f, c=command: log.warning("%s: %r after connection end failed: %s",
+                                                 self.factory.plugin.name, c, f.getErrorMessage()))
 
     def dataReceived(self, data: bytes) -> None:
         if self.closing or self.codec is None:
@@ -392,6 +411,10 @@ class CodecFactory(protocol.Factory):
         self.reactor = reactor
         self.max_in_flight = max_in_flight
         self.connections: set[CodecProtocol] = set()
+        self.stopped = False
 
     def buildProtocol(self, addr: Any) -> CodecProtocol:
         return CodecProtocol(self)
+
+    def stopFactory(self) -> None:  # noqa: N802 - Twisted's name
+        self.stopped = True  # the listener closed: the gateway is shutting down

@@ -159,6 +159,15 @@ class TimerConnection(Connection, Protocol):
     def timer(self, context: Any) -> None: ...
 
 
+class LastWordsConnection(Connection, Protocol):
+    """Optional: ``connection_lost()`` is called once when the connection
+    ended, whoever closed it, and returns commands for the broker to run
+    with no one to answer (a last will, a cleanup); their results are
+    dropped and a failure is only logged. No call into the codec follows."""
+
+    def connection_lost(self) -> Sequence[Any]: ...
+
+
 class BatchFormat(Protocol):
     """A storage format: how a codec's batches map to and from ``Record``.
 

@@ -79,6 +79,9 @@ class Ticker:
     def keepalive(self, context: str) -> bytes:
         return b""
 
+    def connection_lost(self) -> tuple[m.Produce, ...]:
+        return (m.Produce("goodbyes", 0, m.Batch("v1", encode_record(0, 1, b"k", b"bye"), 1, 1), auto_create=True),)
+
 
 @pytest.fixture
 def rig(tmp_path):
@@ -164,6 +167,14 @@ def test_a_fetch_error_ends_only_a_non_exclusive_stream(rig):
     proto.dataReceived(b"sub missing\nwait\n")
     assert transport.value() == b"missing ended: unknown_topic\ndone\n"
     assert not transport.disconnecting and proto._streams == []
+
+
+def test_connection_lost_commands_run_after_the_connection_ended(rig):
+    reactor, engine, broker, proto, transport = rig
+    proto.dataReceived(b"wait\n")
+    assert "goodbyes" not in engine.topics
+    proto.connectionLost()
+    assert engine.partition("goodbyes", 0).high_watermark == 1
 
 
 def test_listener_settings_clock_is_the_reactors(rig):

@@ -5,8 +5,12 @@ What a client gets (see the README for the full list and its reasons):
 * CONNECT/CONNACK. Only protocol level 4 (3.1.1) is accepted; another level
   is answered CONNACK 0x01 and closed. Every session is clean: a client
   asking for a persistent session (clean session 0) is accepted with
-  "session present" 0 and must subscribe again. Will messages, user names
-  and passwords are accepted and not used.
+  "session present" 0 and must subscribe again. User names and passwords
+  are accepted and not checked.
+* A will message is published (stored, RETAIN ignored) when the connection
+  ends for any reason but a DISCONNECT from the client (or the gateway
+  shutting down); its topic follows the same mapping as a PUBLISH's, or the
+  CONNECT is refused by closing.
 * Keep-alive: with a keep-alive of K seconds the connection is closed once
   no byte arrived for 1.5 K. A connection that sends no CONNECT within
   ``connect_timeout_ms`` is closed.
@@ -134,6 +138,7 @@ class MqttConnection:
         self.queued_bytes = 0
         self.next_id = 0
         self.awaiting_release: set[int] = set()
+        self.will: m.Produce | None = None
         self.events.append(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API
@@ -191,6 +196,10 @@ class MqttConnection:
 
     def keepalive(self, context: Any) -> bytes:
         return b""
+
+    def connection_lost(self) -> tuple[m.Produce, ...]:
+        """The will message, unless the client said DISCONNECT."""
+        return (self.will,) if self.will is not None else ()
 
     def timer(self, context: str) -> None:
         now = self.clock()
@@ -265,6 +274,8 @@ class MqttConnection:
             self.events.append(Reply(packets.connack(packets.ConnectReturn.IDENTIFIER_REJECTED)))
             self._close("empty client identifier with clean session 0")
             return
+        if f.will:
+            self.will = self._produce(c.will_topic, f.will_qos, c.will_message)
         self.connected = True
         self.keep_alive = float(c.keep_alive)
         self.events.append(Timer(None, "connect"))
@@ -274,22 +285,27 @@ class MqttConnection:
 
     def _publish(self, body: bytes, flags: int) -> None:
         name, qos, packet_id, payload = packets.parse_publish(flags, body)
+        if qos == 2 and packet_id in self.awaiting_release:
+            self.events.append(Reply(packets.with_packet_id(PacketType.PUBREC, packet_id)))
+            return
+        produce = self._produce(name, qos, payload)
+        if qos == 2:
+            self.awaiting_release.add(packet_id)
+        self.events.append(Request((produce,), _Publish(qos, packet_id, name)))
+
+    @staticmethod
+    def _produce(name: str, qos: int, payload: bytes) -> m.Produce:
+        """The command storing an application message published to ``name``."""
         if not topics.valid_name(name):
             raise MalformedPacket(f"invalid topic name {name!r}")
         log_topic = topics.log_topic(name)
         if log_topic is None:
             raise MalformedPacket(f"topic {name!r}: first level is not a log topic name [A-Za-z0-9._=-]{{1,249}}")
-        if qos == 2 and packet_id in self.awaiting_release:
-            self.events.append(Reply(packets.with_packet_id(PacketType.PUBREC, packet_id)))
-            return
-        if qos == 2:
-            self.awaiting_release.add(packet_id)
         key = name.encode("utf-8")
         ts = int(time.time() * 1000)
         record = batch.encode_record(0, ts, qos, key, payload)
-        produce = m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), m.Acks.LEADER, key=key,
-                            partitioner="murmur2", auto_create=True)
-        self.events.append(Request((produce,), _Publish(qos, packet_id, name)))
+        return m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), m.Acks.LEADER, key=key,
+                         partitioner="murmur2", auto_create=True)
 
     def _pubrel(self, body: bytes, flags: int) -> None:
         packet_id = packets.parse(packets.PACKET_ID, body).packet_id
@@ -358,6 +374,7 @@ class MqttConnection:
         self.events.append(Reply(packets.PINGRESP))
 
     def _disconnect(self, body: bytes, flags: int) -> None:
+        self.will = None
         self._close("client sent DISCONNECT")
 
     _HANDLERS = {

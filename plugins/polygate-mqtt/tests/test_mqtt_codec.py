@@ -279,3 +279,43 @@ def test_protocol_violations_close_without_an_answer(rig, data):
 def test_packet_id_fast_path_agrees_with_the_schema(kind):
     flags = packets.REQUIRED_FLAGS[kind]
     assert packets.with_packet_id(kind, 513) == packets.packet(kind, packets.PACKET_ID.build({"packet_id": 513}), flags)
+
+
+def will_connect(keep_alive: int = 0) -> bytes:
+    body = packets.CONNECT.build({
+        "protocol_name": "MQTT", "protocol_level": 4,
+        "flags": {"username": False, "password": False, "will_retain": False, "will_qos": 1, "will": True,
+                  "clean_session": True, "reserved": False},
+        "keep_alive": keep_alive, "client_id": "w", "will_topic": "status/w", "will_message": b"offline",
+        "username": None, "password": None})
+    return packets.packet(PacketType.CONNECT, body)
+
+
+def stored(rig: Rig, topic: str) -> list[bytes]:
+    out = []
+    for p in range(3):
+        result = rig.broker.execute(m.Fetch(topic, p, 0, "mqtt")).result
+        out += [r.value for b in result.batches for r in batch.FORMAT.records(b)]
+    return out
+
+
+@pytest.mark.parametrize("ending, published", [
+    ("disconnect", []), ("lost", [b"offline"]), ("keep-alive", [b"offline"]), ("violation", [b"offline"])])
+def test_the_will_is_published_unless_the_client_disconnects(rig, ending, published):
+    c = rig.client(client_id=b"")
+    assert c.send(will_connect(keep_alive=5)) == [(PacketType.CONNACK, 0, b"\x00\x00")]
+    if ending == "disconnect":
+        c.send(packets.packet(PacketType.DISCONNECT))
+    elif ending == "keep-alive":
+        rig.reactor.advance(8)
+    elif ending == "violation":
+        c.send(b"\xf0\x00")
+    assert c.closed or ending == "lost"
+    c.proto.connectionLost()
+    assert stored(rig, "status") == published
+
+
+def test_a_will_topic_outside_the_mapping_is_refused(rig):
+    c = rig.client(client_id=b"")
+    c.send(will_connect().replace(b"status/w", b"$tatus/w"))
+    assert c.closed

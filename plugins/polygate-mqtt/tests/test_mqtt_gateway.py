@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import paho.mqtt.client as mqtt
 import pytest
 from polygate_mqtt import packets
 
@@ -221,6 +222,17 @@ def test_keep_alive_closes_a_silent_client_and_pings_keep_it(gateway):
     assert time.monotonic() - start >= 1.4
     pinging.close()
     quiet.close()
+
+
+def test_a_dropped_connection_publishes_its_will_to_subscribers(gateway, device_factory):
+    watcher = device_factory(gateway.port("mqtt"), "watcher")
+    watcher.subscribe(("presence/#", 1))
+    device = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="lamp", protocol=mqtt.MQTTv311)
+    device.will_set("presence/lamp", b"offline", qos=1)
+    device.connect("127.0.0.1", gateway.port("mqtt"))
+    device.loop(2)
+    device.socket().close()  # gone without DISCONNECT
+    assert watcher.wait_messages(1) == [("presence/lamp", b"offline", 1)]
 
 
 def test_frame_limit_and_protocol_violations_close_without_answer(gateway_factory):
