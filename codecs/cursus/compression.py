@@ -98,7 +98,8 @@ def _lz4_bound(data: bytes) -> int:
 
 
 def _lz4(data: bytes, limit: int) -> bytes:
-    if _lz4_bound(data) > limit:
+    # LZ4 cannot expand a block more than 255 times, nor past the block size.
+    if min(_lz4_bound(data), 255 * len(data)) > limit:
         raise DecompressionError("decompressed body over the frame limit")
     return bytes(cramjam.lz4.decompress(data))
 
