@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import socket
 import struct
 import subprocess
@@ -11,7 +13,7 @@ import threading
 import time
 
 import pytest
-from tank_support import read_frames
+from tank_support import captures, read_frames
 
 from gateway.clients.tank import LATEST, TankClient, TankError, consume_request, produce_request
 from gateway.clients.v1 import V1Client
@@ -239,3 +241,37 @@ def test_pipelined_produce_requests_are_acknowledged_one_by_one(client, gw):
     with V1Client("127.0.0.1", gw.port("v1")) as v1:
         messages, hw = v1.consume("pipe", 1, 0)
         assert messages == [(n, f"m{i}") for n, i in enumerate(range(401, 501, 2))]
+
+
+def test_mutated_capture_requests_never_hurt_the_gateway(gw):
+    """Real answers to corrupted tank-cli requests: the gateway answers, closes, or waits, and lives on."""
+    rng = random.Random(4)
+    frames = [f for c in captures() for f in c.client_frames]
+    port = gw.port("tank")
+    with TankClient("127.0.0.1", port) as c:
+        c.create_topic("golden", 1)
+        c.create_topic("golden3", 3)
+    for i in range(300):
+        f = rng.choice(frames)
+        body = bytearray(f.payload)
+        for _ in range(rng.randint(1, 3)):
+            body[rng.randrange(len(body))] = rng.randrange(256)
+        body = bytes(body[: rng.randint(len(body) // 2, len(body))]) if i % 3 == 0 else bytes(body)
+        data = struct.pack("<BI", f.msg_id if i % 10 else rng.randrange(256), len(body)) + body
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(data)
+            s.settimeout(0.05)
+            with contextlib.suppress(TimeoutError):
+                s.recv(1 << 16)
+    with TankClient("127.0.0.1", port) as c, V1Client("127.0.0.1", gw.port("v1")) as v1:
+        c.produce_messages("golden", 0, [b"still here"])
+        assert [m.value for m in c.messages("golden", 0)][-1] == b"still here"
+        for topic, count in c.discover_topics().items():
+            for p in range(count):
+                try:
+                    list(c.messages(topic, p))
+                except TankError as e:  # a corrupted bundle was stored as received, as TANK stores it
+                    assert e.code == 0xFB, e
+                v1.request("CONSUME", topic, str(p), "0")  # converts whatever was stored, or answers an error
+    gw.assert_alive()
+    assert " ERROR " not in gw.log, gw.log

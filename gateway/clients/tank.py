@@ -167,9 +167,12 @@ def parse_chunk(chunk: bytes, first_seq: int | None, wanted: int, hwmark: int) -
             return out, last, pos + 16
         if start + length > end:  # the last bundle was cut by the fetch size
             return out, last, start + length
-        header = parse_header(chunk, start, start + length)
-        data = message_set(chunk, header)
-        for s, ts, key, value in decode_messages(data, header, seq):
+        try:
+            header = parse_header(chunk, start, start + length)
+            messages = decode_messages(message_set(chunk, header), header, seq)
+        except BundleError as e:
+            raise TankError(0xFB, f"corrupt bundle after sequence number {last}: {e}") from None
+        for s, ts, key, value in messages:
             if s > hwmark:
                 return out, last, 0
             last = s
