@@ -352,3 +352,20 @@ def test_batch_commit(addr, topic):
     assert command(addr, f"FETCH_OFFSET topic={topic} partition=0 group={group}") == "OK offset=10"
     assert command(addr, f"BATCH_COMMIT {topic} {group} {member} {gen} P0:15,P1:25") == "OK batched=2"
     assert command(addr, f"FETCH_OFFSET topic={topic} partition=1 group={group}") == "OK offset=25"
+
+
+def test_protocol_discovery_and_negotiation(addr):
+    assert command(addr, "PROTOCOL_INFO") == (
+        "OK protocol=cursus min_version=1 max_version=1 default_version=1 "
+        "features=idempotent_producer_v1,offset_resume_v1,stream_control_v1 "
+        "error_classes=authorization,availability,conflict,fencing,internal,not_found,routing,validation")
+    assert command(addr, "NEGOTIATE version=1 features=stream_control_v1,structured_errors_v1") == (
+        "OK protocol_version=1 enabled=stream_control_v1 unsupported=structured_errors_v1")
+    assert command(addr, "NEGOTIATE version=1 features=*") == (
+        "OK protocol_version=1 enabled=idempotent_producer_v1,offset_resume_v1,stream_control_v1 unsupported=")
+    assert command(addr, "NEGOTIATE version=1 features=event_sourcing_v1 require_features=true") == (
+        "ERROR: UNSUPPORTED_FEATURE features=event_sourcing_v1")
+    assert command(addr, "NEGOTIATE version=2") == (
+        "ERROR: UNSUPPORTED_PROTOCOL_VERSION requested=2 min_version=1 max_version=1")
+    assert command(addr, "NEGOTIATE version=1 features=Bad-Name") == (
+        'ERROR: invalid_features reason="invalid feature name Bad-Name"')

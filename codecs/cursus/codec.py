@@ -86,6 +86,10 @@ _TOPIC = re.compile(r"[A-Za-z0-9._\-=]{1,249}")
 _ACKS = {"0": m.Acks.NONE, "1": m.Acks.LEADER, "-1": m.Acks.ALL, "all": m.Acks.ALL}
 _ISOLATION = ("read_committed", "read_uncommitted")
 _TOKEN = re.compile(r"\S+")
+_FEATURE = re.compile(r"[a-z0-9_]{1,64}")
+# Protocol discovery (PROTOCOL_INFO / NEGOTIATE, wire version 1): the features whose contract this codec keeps.
+FEATURES = ("idempotent_producer_v1", "offset_resume_v1", "stream_control_v1")
+ERROR_CLASSES = "authorization,availability,conflict,fencing,internal,not_found,routing,validation"
 
 # Seed positional forms: command -> parameter names in order.
 POSITIONAL = {
@@ -261,6 +265,7 @@ class CursusConnection:
             "BATCH_COMMIT": self._batch_commit, "FETCH_OFFSET": self._fetch_offset,
             "LIST_OFFSETS": self._list_offsets, "METADATA": self._metadata,
             "FIND_COORDINATOR": self._find_coordinator, "SUBSCRIBE": self._subscribe,
+            "PROTOCOL_INFO": self._protocol_info, "NEGOTIATE": self._negotiate,
         }
 
     # ------------------------------------------------------------------ Connection API
@@ -348,7 +353,7 @@ class CursusConnection:
     def _command(self, text: str) -> Event:
         args = Args.parse(text)
         handler = self._handlers.get(args.name)
-        if args.name in ("LIST", "HELP") and args.raw.upper() != args.name:
+        if args.name in ("LIST", "HELP", "PROTOCOL_INFO") and args.raw.upper() != args.name:
             handler = None  # these must be the whole command
         if handler is None:
             return Reply(frame(f"ERROR: unknown_command command={q(args.raw)}"))
@@ -497,6 +502,26 @@ class CursusConnection:
 
     def _help(self, a: Args) -> Event:
         return Reply(frame("OK commands=" + ",".join(sorted(self._handlers))))
+
+    def _protocol_info(self, a: Args) -> Event:
+        return Reply(frame(f"OK protocol=cursus min_version=1 max_version=1 default_version=1 "
+                           f"features={','.join(FEATURES)} error_classes={ERROR_CLASSES}"))
+
+    def _negotiate(self, a: Args) -> Event:
+        """Wire version 1 only; the features of ``FEATURES`` are enabled, others listed unsupported."""
+        version = a.get("version", "1")
+        if version != "1":
+            raise Reject(f"ERROR: UNSUPPORTED_PROTOCOL_VERSION requested={version} min_version=1 max_version=1")
+        wanted = (a.get("features") or "").strip()
+        names = list(FEATURES) if wanted == "*" else [n.strip() for n in wanted.split(",") if wanted]
+        bad = [n for n in names if not _FEATURE.fullmatch(n)]
+        if bad or len(names) > 64:
+            raise Reject(f"ERROR: invalid_features reason={q(f'invalid feature name {bad[0]}' if bad else 'too many')}")
+        enabled = sorted({n for n in names if n in FEATURES})
+        unsupported = sorted({n for n in names if n not in FEATURES})
+        if unsupported and (a.get("require_features") or "").lower() == "true":
+            raise Reject(f"ERROR: UNSUPPORTED_FEATURE features={','.join(unsupported)}")
+        return Reply(frame(f"OK protocol_version=1 enabled={','.join(enabled)} unsupported={','.join(unsupported)}"))
 
     def _topic_info(self, a: Args, command: str) -> tuple[str, Callable[[Sequence[Any]], m.TopicInfo]]:
         """The ``topic`` argument, and a function that picks its TopicInfo or raises topic_not_found."""
