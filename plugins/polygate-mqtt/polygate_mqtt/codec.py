@@ -355,7 +355,8 @@ class MqttConnection:
                 sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation))
                 fetches = tuple(m.Fetch(log_topic, p, offset, batch.NAME) for p, offset in since.items())
                 self.events.append(Subscribe(fetches, sub.stream, exclusive=False))
-            sub.filters[topic_filter] = (granted, since)
+            # The same filter again replaces its QoS and loses nothing (3.8.4): it keeps its start.
+            sub.filters[topic_filter] = (granted, sub.filters.get(topic_filter, (0, since))[1])
             codes.append(granted)
         return packets.suback(ctx.packet_id, codes)
 

@@ -319,3 +319,11 @@ def test_a_will_topic_outside_the_mapping_is_refused(rig):
     c = rig.client(client_id=b"")
     c.send(will_connect().replace(b"status/w", b"$tatus/w"))
     assert c.closed
+
+
+def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
+    c = rig.client()
+    c.send(subscribe_packet(1, ("t/#", 0)))
+    got = c.send(subscribe_packet(2, ("t/#", 1)) + packets.publish(b"t/a", b"v", 1, 3))
+    assert got[0] == (PacketType.SUBACK, 0, b"\x00\x02\x01")
+    assert [publish_of(p)[:2] for p in got if p[0] == PacketType.PUBLISH] == [("t/a", 1)]
