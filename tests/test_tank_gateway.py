@@ -275,3 +275,31 @@ def test_mutated_capture_requests_never_hurt_the_gateway(gw):
                 v1.request("CONSUME", topic, str(p), "0")  # converts whatever was stored, or answers an error
     gw.assert_alive()
     assert " ERROR " not in gw.log, gw.log
+
+
+def test_records_cross_between_tank_and_kafka(gateway_factory):
+    """TANK bundles read by kafka-python, and a Kafka record batch read by the TANK client."""
+    kafka = pytest.importorskip("kafka")
+    from gateway.registry import Registry
+
+    if "kafka" not in Registry.discover().codecs:
+        pytest.skip("the kafka codec is not installed")
+    gw = gateway_factory(("tank", "kafka"))
+    with TankClient("127.0.0.1", gw.port("tank")) as c:
+        c.create_topic("x", 1)
+        c.produce_ack(c.send_produce("x", 0, [(1000, b"k1", b"v1"), (1000, None, b"v2")]))
+        c.produce_messages("x", 0, [b"v3"] * 20)
+    server = f"127.0.0.1:{gw.port('kafka')}"
+    consumer = kafka.KafkaConsumer(bootstrap_servers=server, auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    consumer.assign([kafka.TopicPartition("x", 0)])
+    got = [(r.offset, r.key, r.value, r.timestamp) for r in consumer]
+    consumer.close()
+    assert got[:2] == [(0, b"k1", b"v1", 1000), (1, None, b"v2", 1000)]
+    assert [(o, v) for o, _, v, _ in got[2:]] == [(o, b"v3") for o in range(2, 22)]
+    producer = kafka.KafkaProducer(bootstrap_servers=server)
+    producer.send("x", key=b"kk", value=b"from-kafka", partition=0, timestamp_ms=5000)
+    producer.flush()
+    producer.close()
+    with TankClient("127.0.0.1", gw.port("tank")) as c:
+        last = list(c.messages("x", 0, 23))
+    assert [(m.seq, m.key, m.value, m.timestamp) for m in last] == [(23, b"kk", b"from-kafka", 5000)]
