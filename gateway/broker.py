@@ -23,6 +23,7 @@ from twisted.internet.interfaces import IReactorTime
 from gateway import idempotence
 from gateway import model as m
 from gateway.codec import BatchFormat
+from gateway.convert import ConversionCache, convert
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
 from gateway.rebalance import ConsumerRebalance
@@ -98,30 +99,6 @@ class GroupCommit:
                 self.running = False
 
         d.addBoth(done)
-
-
-class ConversionCache:
-    """Converted batches keyed by ``(topic id, partition, base offset, format)``, LRU by bytes."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.used = 0
-        self.items: collections.OrderedDict[tuple, m.StoredBatch] = collections.OrderedDict()
-
-    def get(self, key: tuple) -> m.StoredBatch | None:
-        item = self.items.get(key)
-        if item is not None:
-            self.items.move_to_end(key)
-        return item
-
-    def put(self, key: tuple, batch: m.StoredBatch) -> None:
-        if len(batch.payload) > self.budget // 4:
-            return
-        self.items[key] = batch
-        self.used += len(batch.payload)
-        while self.used > self.budget:
-            _, old = self.items.popitem(last=False)
-            self.used -= len(old.payload)
 
 
 def _errors(result_type: Callable[..., Any], *args: Any) -> Callable[[Callable], Callable]:
@@ -256,8 +233,7 @@ class Broker:
     @_errors(m.DeleteTopicResult, "topic")
     def delete_topic(self, cmd: m.DeleteTopic) -> Any:
         self.engine.delete_topic(cmd.topic)
-        self.cache.items.clear()
-        self.cache.used = 0
+        self.cache.clear()
         return self._durable(m.DeleteTopicResult(cmd.topic))
 
     @_errors(m.CreatePartitionsResult, "topic")
@@ -360,24 +336,6 @@ class Broker:
 
     # ------------------------------------------------------------------ fetch
 
-    def _convert(self, topic_id: str, partition: int, batch: m.StoredBatch, target: str) -> m.StoredBatch:
-        if batch.format == target:
-            return batch
-        key = (topic_id, partition, batch.base_offset, target)
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
-        source = self.formats.get(batch.format)
-        dest = self.formats.get(target)
-        if source is None or dest is None:
-            raise CommandError(ErrorCode.CORRUPT_MESSAGE,
-                               f"cannot convert {batch.format!r} batches to {target!r}: format not installed")
-        records = list(source.records(batch))
-        out = m.StoredBatch(target, batch.base_offset, batch.last_offset, batch.max_timestamp,
-                            dest.encode(records, batch.base_offset))
-        self.cache.put(key, out)
-        return out
-
     def _start_offset(self, cmd: m.Fetch, part: Any) -> int:
         if cmd.group is not None:
             committed = self.engine.groups.committed(cmd.group, cmd.topic, cmd.partition)
@@ -406,7 +364,7 @@ class Broker:
         stored = part.log.read(offset, limit, hw) if limit > 0 else []
         tid = part.topic.topic_id
         try:
-            batches = tuple(self._convert(tid, cmd.partition, b, cmd.format) for b in stored)
+            batches = tuple(convert(stored, cmd.format, self.formats, self.cache, (tid, cmd.partition)))
         except CommandError as e:
             return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=e.error)
         return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, batches, offset=offset)
