@@ -105,7 +105,6 @@ _HEAD_TAIL = struct.Struct(">BQQi")  # idempotent, seqStart, seqEnd, count
 _REC_HEAD = struct.Struct(">QQH")  # offset, seqNum, producerIdLen
 _REC_MID = struct.Struct(">qI")  # epoch, payloadLen
 _REC_TAIL = struct.Struct(">IQH")  # schemaVersion, aggregateVersion, metadataLen
-_SEQ = struct.Struct(">Q")
 
 H_EVENT_TYPE = "cursus.event_type"
 H_SCHEMA_VERSION = "cursus.schema_version"
@@ -268,16 +267,13 @@ def encode_header(topic: str, partition: int, acks: str, idempotent: bool, seq_s
                      _HEAD_TAIL.pack(1 if idempotent else 0, seq_start, seq_end, count)))
 
 
-_REC_PACK = struct.Struct(">QQH")
-
-
 def encode_record(offset: int, seq_num: int, producer_id: bytes, key: bytes, epoch: int, payload: bytes,
                   event_type: bytes = b"", schema_version: int = 0, aggregate_version: int = 0,
                   metadata: bytes = b"") -> bytes:
     """One record; variable fields longer than their length prefix allows are cut."""
     producer_id, key, event_type, metadata = (v[:0xFFFF] for v in (producer_id, key, event_type, metadata))
     return b"".join((
-        _REC_PACK.pack(offset & 0xFFFFFFFFFFFFFFFF, seq_num & 0xFFFFFFFFFFFFFFFF, len(producer_id)), producer_id,
+        _REC_HEAD.pack(offset & 0xFFFFFFFFFFFFFFFF, seq_num & 0xFFFFFFFFFFFFFFFF, len(producer_id)), producer_id,
         _U16.pack(len(key)), key,
         _REC_MID.pack(epoch, len(payload)), payload,
         _U16.pack(len(event_type)), event_type,
@@ -295,12 +291,8 @@ def set_offsets(data: bytes, starts: Sequence[int], base_offset: int) -> bytes:
     return bytes(out)
 
 
-def record_offset(data: bytes, start: int) -> int:
-    return _U64.unpack_from(data, start)[0]
-
-
 def record_seq(data: bytes, start: int) -> int:
-    return _SEQ.unpack_from(data, start + 8)[0]
+    return _U64.unpack_from(data, start + 8)[0]
 
 
 def reply_batch(topic: str, partition: int, batches: Iterable[StoredBatch], start: int,
