@@ -56,9 +56,10 @@ def test_errors_of_produce_create_and_consume(client):
     with pytest.raises(TankError) as e:
         client.create_topic("t", 1)
     assert e.value.code == 1
-    with pytest.raises(TankError) as e:
-        client.create_topic("bad/name", 1)
-    assert e.value.code == 10
+    for name, partitions in (("bad/name", 1), ("x" * 65, 1), ("many", 65531)):
+        with pytest.raises(TankError) as e:
+            client.create_topic(name, partitions)
+        assert e.value.code == 10
     with pytest.raises(TankError) as e:
         client.create_topic("cfg", 1, config="log.segment.bytes = lots")
     assert e.value.code == 4

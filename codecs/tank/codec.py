@@ -55,6 +55,7 @@ U64_MAX = schema.U64_MAX
 MAX_CHUNK = 64 << 20  # TANK caps fetch size and min bytes at 64 MiB
 MAX_WAIT_MS = 24 * 3600 * 1000
 MAX_TOPIC_NAME = 64
+MAX_PARTITIONS = 65530
 MAX_SEQ = 1 << 63  # the engine's offsets are signed 64-bit
 MAX_SPAN = 1 << 31  # offsets one stored batch may span
 MERGE_BYTES = 1 << 20  # pipelined produce requests merged into one append, at most
@@ -544,7 +545,7 @@ class TankConnection:
             body = schema.CreateTopicResponse.build({"request_id": req.request_id, "topic": req.topic, "error": code})
             return frame(MsgId.CREATE_TOPIC, body)
 
-        if not req.partitions or not 0 < len(req.topic) <= MAX_TOPIC_NAME:
+        if not 0 < req.partitions <= MAX_PARTITIONS or not 0 < len(req.topic) <= MAX_TOPIC_NAME:
             return Reply(answer(CreateTopicError.INVALID_REQUEST))
         try:
             config = topic_config(req.config.decode("utf-8", "replace"))
