@@ -36,6 +36,7 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(PY) benchmarks/v1_produce.py
+	$(PY) benchmarks/tank_produce_consume.py
 
 clean:
 	rm -rf $(VENV) $(DATA) build *.egg-info
