@@ -210,6 +210,27 @@ def test_two_step_commands_hold_later_frames_until_answered(broker):
     assert isinstance(conn.next_event().commands[0], m.ListTopics)
 
 
+def test_an_earlier_answer_does_not_release_a_two_step_hold(broker):
+    conn = CursusConnection(ListenerSettings(1 << 16))
+    conn.receive_data(_stream(encode_message("", "PUBLISH topic=t partition=0 producerId=p message=x"),
+                              encode_message("", "JOIN_GROUP topic=t group=hold2 member=c"),
+                              encode_message("", "LIST")))
+
+    def run(request):
+        results: list = []
+        for c in request.commands:
+            broker.execute(c).addBoth(results.append)
+        return conn.respond(request, results)
+
+    publish, join = conn.next_event(), conn.next_event()
+    assert conn.next_event() is None
+    assert run(publish).startswith(b"\x00")  # answered while the join is between its steps
+    assert conn.next_event() is None  # LIST still waits
+    assert run(join) == b""
+    assert run(conn.next_event())[4:].startswith(b"OK generation=")
+    assert isinstance(conn.next_event().commands[0], m.ListTopics)
+
+
 # --------------------------------------------------------------------------- fuzzing
 
 COMMANDS = [

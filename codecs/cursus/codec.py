@@ -255,7 +255,7 @@ class CursusConnection:
         self.leader = f"{settings.advertised_host}:{settings.advertised_port}"
         self.buffer = ReceiveBuffer()
         self.follow_up: Event | None = None
-        self.waiting = False  # a two-step command is between its steps
+        self.chain: Request | None = None  # the step of a two-step command still to be answered
         self.closed = False
         self._handlers: dict[str, Callable[[Args], Event]] = {
             "CREATE": self._create, "DELETE": self._delete, "LIST": self._list, "HELP": self._help,
@@ -280,7 +280,7 @@ class CursusConnection:
         if self.follow_up is not None:
             event, self.follow_up = self.follow_up, None
             return event
-        if self.waiting or self.closed:
+        if self.chain is not None or self.closed:
             return None
         head = self.buffer.unpack_from(U32)
         if head is None:
@@ -301,12 +301,11 @@ class CursusConnection:
             out = render(results)
         except Reject as e:
             out = frame(str(e))
+        if request is self.chain:
+            self.chain = out if isinstance(out, Request) else None
         if isinstance(out, bytes):
-            self.waiting = False
             return out
         self.follow_up = out
-        if not isinstance(out, Request):
-            self.waiting = False
         return b""
 
     def push(self, context: StreamState, result: m.FetchResult) -> bytes:
@@ -363,9 +362,12 @@ class CursusConnection:
             return Reply(frame(str(e)))
 
     def _request(self, commands: Sequence[Any], render: Render, two_step: bool = False) -> Request:
+        """A request answered by ``render``; a ``two_step`` one holds later frames until its
+        last step is answered (``render`` may return the next ``Request`` instead of bytes)."""
+        request = Request(tuple(commands), render)
         if two_step:
-            self.waiting = True
-        return Request(tuple(commands), render)
+            self.chain = request
+        return request
 
     # ------------------------------------------------------------------ produce
 
