@@ -187,6 +187,25 @@ def test_records_cross_between_tank_and_v1(client, gw):
         assert messages == [(0, "from-v1"), (1, "from-tank"), (2, "second"), (3, "again-v1")]
 
 
+def test_reload_conf_and_discover_topology(client, gw):
+    client.create_topic("conf", 2)
+
+    def reload(topic: str, partition: int) -> int:
+        body = schema.ReloadConfRequest.build({"request_id": 5, "topic": topic, "partition": partition})
+        with socket.create_connection(("127.0.0.1", gw.port("tank"))) as s:
+            s.sendall(struct.pack("<BI", 0x08, len(body)) + body)
+            (_, _), (msg_id, data) = read_frames(s, 2)
+        resp = schema.ReloadConfResponse.parse(data[5:])
+        assert (msg_id, resp.request_id, resp.topic, resp.partition) == (0x08, 5, topic, partition)
+        return resp.error
+
+    assert [reload("conf", 1), reload("conf", 2), reload("none", 0)] == [2, 10, 11]
+    with socket.create_connection(("127.0.0.1", gw.port("tank"))) as s:
+        s.sendall(bytes.fromhex("0c05000000090000000" + "0"))
+        (_, _), (msg_id, data) = read_frames(s, 2)
+    assert data == bytes.fromhex("0c0600000009000000ffff")
+
+
 def test_protocol_violations_close_the_connection_and_pings_are_ignored(gw):
     port = gw.port("tank")
     ping = struct.pack("<BI", 3, 0)

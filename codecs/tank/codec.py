@@ -82,6 +82,7 @@ class MsgId(enum.IntEnum):
     PRODUCE_WITH_SEQNUM = 0x05
     DISCOVER_PARTITIONS = 0x06
     CREATE_TOPIC = 0x07
+    RELOAD_CONF = 0x08
     STATUS = 0x0A
     DISCOVER_TOPICS = 0x0B
     DISCOVER_TOPOLOGY = 0x0C
@@ -374,6 +375,7 @@ class TankConnection:
             MsgId.CONSUME: self._consume,
             MsgId.DISCOVER_PARTITIONS: self._discover_partitions,
             MsgId.CREATE_TOPIC: self._create_topic,
+            MsgId.RELOAD_CONF: self._reload_conf,
             MsgId.STATUS: self._status,
             MsgId.DISCOVER_TOPICS: self._discover_topics,
             MsgId.DISCOVER_TOPOLOGY: self._discover_topology,
@@ -609,6 +611,19 @@ class TankConnection:
             return frame(MsgId.STATUS, body)
 
         return Request((m.ServerInfo(),), (render, None))
+
+    def _reload_conf(self, payload: bytes) -> Request:
+        """The gateway keeps no per-partition configuration files: an existing
+        partition answers 2, as TANK does for a partition without one."""
+        req = schema.ReloadConfRequest.parse(payload)
+
+        def render(_: Any, results: Sequence[m.ListTopicsResult]) -> bytes:
+            info = results[0].topics[0]
+            code = 11 if info.error is not None else 10 if req.partition >= len(info.partitions) else 2
+            body = schema.ReloadConfResponse.build({**req, "error": code})
+            return frame(MsgId.RELOAD_CONF, body)
+
+        return Request((m.ListTopics((req.topic,)),), (render, None))
 
     def _discover_topology(self, payload: bytes) -> Reply:
         req = schema.DiscoverTopologyRequest.parse(payload)

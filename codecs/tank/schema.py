@@ -210,6 +210,11 @@ StatusResponse = Struct(
     "version" / Int32ul,  # 400 for TANK 4.0
 )
 
+ReloadConfRequest = Struct("request_id" / Int32ul, "topic" / Str8, "partition" / Int16ul)
+
+# 0 reloaded, 2 no configuration file, 3 unparsable, 10 unknown partition, 11 unknown topic
+ReloadConfResponse = Struct("request_id" / Int32ul, "topic" / Str8, "partition" / Int16ul, "error" / Int8ul)
+
 DiscoverTopologyRequest = Struct("request_id" / Int32ul, "flags" / Int8ul)
 
 # A standalone broker has no topology: node count 0xFFFF and nothing more.
