@@ -286,3 +286,31 @@ def test_pipelined_produce_requests_to_one_partition_share_one_append():
     assert acks == b"".join(b"\x01\x05\x00\x00\x00" + bytes((rid, 0, 0, 0, 0)) for rid in (1, 2, 3))
     unknown = conn.respond(got[0], [m.ProduceResult("t", error=m.Error(m.ErrorCode.UNKNOWN_TOPIC))])
     assert [unknown[i + 9] for i in range(0, 30, 10)] == [0xFF] * 3
+
+
+def test_produce_error_codes_for_every_model_error():
+    conn = connection()
+    frame_ = CAPTURES[4].client_frames[0].data  # 05_produce_1msg
+    (request,) = events(conn, frame_)
+    codes = {}
+    for code in m.ErrorCode:
+        data = conn.respond(request, [m.ProduceResult("golden", 0, error=m.Error(code))])
+        codes[code.name] = data[-1]
+    assert codes["UNKNOWN_TOPIC"] == 0xFF and codes["UNKNOWN_PARTITION"] == 1
+    assert codes["INVALID_SEQUENCE"] == 10 and codes["NOT_LEADER"] == 0xFD and codes["REPLICATION_TIMEOUT"] == 3
+    assert codes["STORAGE_ERROR"] == 2 and set(codes.values()) == {0xFF, 1, 2, 3, 10, 0xFD}
+    assert conn.respond(request, [m.ProduceResult("golden", 0, 0, 0)]) == bytes.fromhex("01050000000100000000")
+
+
+def test_bundle_extra_flags_and_producer_info_are_skipped():
+    import struct
+
+    message = b"\x00" + struct.pack("<Q", 9) + b"\x02hi"
+    bundle = bytes((0x80 | 0x04, 0x01)) + struct.pack("<IQH", 7, 123, 1) + message
+    header = parse_header(bundle, 0, len(bundle))
+    assert header.count == 1 and header.body == 2 + 14
+    assert decode_messages(message_set(bundle, header), header, 5) == [(5, 9, None, b"hi")]
+    parsed = schema.BundleHeader.parse(bundle)
+    assert (parsed.extra_flags, parsed.producer.producer_id) == (1, 123)
+    plain_extra = bytes((0x80 | 0x04, 0x00)) + message
+    assert parse_header(plain_extra, 0, len(plain_extra)).body == 2

@@ -323,3 +323,14 @@ def test_records_cross_between_tank_and_kafka(gateway_factory):
     with TankClient("127.0.0.1", gw.port("tank")) as c:
         last = list(c.messages("x", 0, 23))
     assert [(m.seq, m.key, m.value, m.timestamp) for m in last] == [(23, b"kk", b"from-kafka", 5000)]
+
+
+def test_frame_limit_is_configurable(gateway_factory):
+    gw = gateway_factory(("tank",), ("--max-frame", "tank=1000"))
+    with TankClient("127.0.0.1", gw.port("tank")) as c:
+        c.create_topic("small", 1)
+        c.produce_messages("small", 0, [b"x" * 900])
+        with pytest.raises(ConnectionError):
+            c.produce_messages("small", 0, [os.urandom(1100)])
+    with TankClient("127.0.0.1", gw.port("tank")) as c:
+        assert [len(m.value) for m in c.messages("small", 0)] == [900]
