@@ -10,6 +10,7 @@ import uuid
 import pytest
 from cursus import (
     Acks,
+    AsyncConsumer,
     AsyncProducer,
     Consumer,
     ConsumerConfig,
@@ -217,6 +218,27 @@ def test_consumer_group_reads_commits_and_leaves(cursus, mode):
     rest = _consume_all(again, 2)
     again.close()
     assert sorted(m.payload for m in rest) == ["m0", "m1"] and all(m.offset == 30 for m in rest)
+
+
+@pytest.mark.parametrize("mode", [ConsumerMode.POLLING, ConsumerMode.STREAMING])
+def test_async_consumer_reads_and_commits(cursus, mode):
+    address, topic = cursus.address("cursus"), _topic()
+    _produce(address, topic, 40).close()
+    group = f"async-{mode.value}"
+
+    async def run() -> list:
+        got = []
+        async with AsyncConsumer(ConsumerConfig(topic=topic, brokers=[address], group_id=group, mode=mode)) as c:
+            async for msg in c:
+                got.append(msg)
+                if len(got) == 40:
+                    break
+        return got
+
+    got = asyncio.run(asyncio.wait_for(run(), 60))
+    assert sorted(int(m.payload[1:]) for m in got) == list(range(40))
+    for part in (0, 1):
+        assert command(address, f"FETCH_OFFSET topic={topic} partition={part} group={group}") == "OK offset=20"
 
 
 def test_second_member_syncs_and_the_first_gets_gen_mismatch(cursus):
