@@ -26,8 +26,11 @@ producer id, epoch and sequence number go into ``extras`` as
 ``cursus.producer_id``, ``cursus.epoch`` and ``cursus.seq_num``. ``encode``
 reads the same headers and extras back, so a record produced by a Kafka
 client with those headers reaches a Cursus consumer with its event fields;
-other headers have no place in a Cursus record and are dropped. Payloads are
-carried as bytes: cursus-python decodes them as UTF-8.
+other headers have no place in a Cursus record and are dropped. The real
+clients decode keys and payloads as UTF-8, so a key or value written by
+another protocol that is not UTF-8 reaches a Cursus reader as ``b64:`` plus
+its base64 (``gateway.text.as_text``); Cursus-written records are served as
+stored.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from construct import (
 )
 
 from gateway.model import Record, StoredBatch
+from gateway.text import as_text
 
 NAME = "cursus"
 MAGIC = 0xBA7C
@@ -392,7 +396,7 @@ class CursusFormat:
             pid = str(x.get(X_PRODUCER_ID, "")).encode("utf-8", "surrogateescape")
             parts.append(encode_record(
                 r.offset if r.offset is not None else base_offset + len(parts), int(x.get(X_SEQ_NUM, 0)), pid,
-                r.key or b"", int(x.get(X_EPOCH, 0)), r.value or b"",
+                as_text(r.key), int(x.get(X_EPOCH, 0)), as_text(r.value),
                 _header_value(headers, H_EVENT_TYPE), _header_int(headers, H_SCHEMA_VERSION),
                 _header_int(headers, H_AGGREGATE_VERSION), _header_value(headers, H_METADATA)))
         seqs = [int(r.extras.get(X_SEQ_NUM, 0)) for r in records[:1] + records[-1:]]

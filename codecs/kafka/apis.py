@@ -13,6 +13,7 @@ plus the 0.8-era versions of seed 002).
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -409,14 +410,36 @@ def offset_fetch(session: Session, version: int, req: Any) -> Outcome:
     return Run((m.FetchOffsets(req.GroupId, wanted),), render)
 
 
+def _consumer_protocol(partitions: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[bytes, bytes]:
+    """Kafka ConsumerProtocol v0 subscription and assignment of a broker-assigned member."""
+    def string(s: str) -> bytes:
+        raw = s.encode()
+        return struct.pack(">h", len(raw)) + raw
+
+    topics = [t for t, _ in partitions]
+    subscription = struct.pack(">hi", 0, len(topics)) + b"".join(map(string, topics)) + struct.pack(">i", -1)
+    assignment = struct.pack(">hi", 0, len(partitions)) + b"".join(
+        string(t) + struct.pack(f">i{len(ps)}i", len(ps), *ps) for t, ps in partitions) + struct.pack(">i", -1)
+    return subscription, assignment
+
+
 def describe_groups(session: Session, version: int, req: Any) -> Outcome:
+    """Groups of every protocol. Broker-assigned (V1, Cursus) groups are shown as Kafka
+    ``consumer`` groups, members' subscriptions and assignments in ConsumerProtocol v0."""
+
+    def member(g: m.GroupInfo, mem: m.GroupMemberInfo) -> dict[str, Any]:
+        metadata, assignment = mem.metadata, mem.assignment
+        if g.protocol_type == "server":
+            metadata, assignment = _consumer_protocol(mem.partitions)
+        return {"MemberId": mem.member_id, "ClientId": mem.client_id, "ClientHost": mem.client_host,
+                "MemberMetadata": metadata, "MemberAssignment": assignment}
+
     def render(results: Sequence[m.DescribeGroupsResult]) -> dict[str, Any]:
         return {"Groups": [{
             "ErrorCode": code(g.error), "GroupId": g.group, "GroupState": g.state,
-            "ProtocolType": g.protocol_type, "ProtocolData": g.protocol,
-            "Members": [{"MemberId": mem.member_id, "ClientId": mem.client_id, "ClientHost": mem.client_host,
-                         "MemberMetadata": mem.metadata, "MemberAssignment": mem.assignment}
-                        for mem in g.members],
+            "ProtocolType": "consumer" if g.protocol_type == "server" else g.protocol_type,
+            "ProtocolData": g.protocol,
+            "Members": [member(g, mem) for mem in g.members],
         } for g in results[0].groups]}
 
     return Run((m.DescribeGroups(tuple(req.Groups)),), render)
@@ -424,7 +447,8 @@ def describe_groups(session: Session, version: int, req: Any) -> Outcome:
 
 def list_groups(session: Session, version: int, req: Any) -> Outcome:
     def render(results: Sequence[m.ListGroupsResult]) -> dict[str, Any]:
-        return {"Groups": [{"GroupId": g, "ProtocolType": pt} for g, pt in results[0].groups]}
+        return {"Groups": [{"GroupId": g, "ProtocolType": "consumer" if pt == "server" else pt}
+                           for g, pt in results[0].groups]}
 
     return Run((m.ListGroups(),), render)
 

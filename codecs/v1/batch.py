@@ -7,20 +7,21 @@ A V1 payload is a run of records, each::
 A V1 PRODUCE stores one record. Records written by other protocols are
 converted into this format when a V1 client reads them; since a V1 CONSUME
 answer is one text line of ``offset:value`` items separated by ``,``, a
-foreign value that is not plain text safe on that line (not UTF-8, empty,
-or holding whitespace, ``,`` or control characters) is carried as
-``b64:<base64 of the bytes>``, and a null value as the empty string.
+foreign value that is not plain text safe on that line (not UTF-8, or
+holding whitespace, ``,`` or control characters, or starting with ``b64:``)
+is carried as ``b64:<base64 of the bytes>``; an empty or null value as the
+empty string.
 Values written by V1 clients are returned exactly as written.
 """
 
 from __future__ import annotations
 
-import base64
 import re
 import struct
 from collections.abc import Iterable, Sequence
 
 from gateway.model import Record, StoredBatch
+from gateway.text import as_text
 
 NAME = "v1"
 HEAD = struct.Struct(">Iqi")
@@ -40,15 +41,7 @@ def encode_record(offset_delta: int, timestamp: int, key: bytes | None, value: b
 
 def line_safe(value: bytes | None) -> bytes:
     """The bytes a V1 line carries for a value written by another protocol."""
-    if value is None:
-        return b""
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text and not _UNSAFE.search(text) and not text.startswith("b64:"):
-        return value
-    return b"b64:" + base64.b64encode(value)
+    return as_text(value, _UNSAFE)
 
 
 class V1Format:

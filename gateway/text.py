@@ -1,0 +1,30 @@
+"""Carrying arbitrary bytes to readers whose protocol only takes text.
+
+A V1 CONSUME line and the real Cursus clients (which decode every key and
+payload as UTF-8) cannot take arbitrary bytes. Such readers get a value
+written by another protocol as it is when it is text they can take, and
+otherwise as ``b64:`` followed by the standard base64 of the bytes. One
+rule for every text-only reader, documented in ``docs/conversions.md``.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+
+B64_PREFIX = b"b64:"
+
+
+def as_text(value: bytes | None, unsafe: re.Pattern[str] | None = None) -> bytes:
+    """``value`` if it is UTF-8 text matching none of ``unsafe`` (and does not
+    itself start with ``b64:``), else ``b64:<base64>``; empty or null: ``b""``."""
+    if not value:
+        return b""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        if not text.startswith("b64:") and (unsafe is None or not unsafe.search(text)):
+            return value
+    return B64_PREFIX + base64.b64encode(value)
