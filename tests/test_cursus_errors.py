@@ -246,6 +246,14 @@ def test_consume_group_offset_overrides_and_wait_ms_long_polls(addr, topic):
         assert [(m.offset, m.payload) for m in decode_batch(c.read_frame())[0]] == [(3, "late")]
 
 
+def test_seed_positional_stream(addr, topic):
+    _ack(addr, batch(topic, 1, ["a", "b"]))
+    with RawCursus(addr) as c:
+        c.send_body(f"STREAM {topic} 1 1".encode())
+        assert [(m.offset, m.payload) for m in decode_batch(c.read_frame())[0]] == [(1, "b")]
+        assert c.read_frame() == b""  # keepalive
+
+
 def test_stream_errors(addr, topic):
     assert command(addr, f"STREAM topic={topic}") == "ERROR: missing_partition command=STREAM"
     assert command(addr, "STREAM partition=0") == "ERROR: missing_topic command=STREAM"
@@ -273,6 +281,7 @@ def test_join_sync_heartbeat_leave(addr, topic):
         "ERROR: invalid_generation command=SYNC_GROUP")
     assert command(addr, f"SYNC_GROUP topic={topic} group={group} member={member} generation={gen}") == (
         f"OK generation={gen} member={member} assignments=[{0 if member < first else 1}]")
+    assert command(addr, f"SYNC_GROUP {topic} {group} {member} {gen}").startswith(f"OK generation={gen} member=")
     assert command(addr, f"SYNC_GROUP topic={topic} group=nogroup member={member} generation={gen}") == (
         'ERROR: group_not_found reason="group nogroup not found"')
     assert command(addr, f"HEARTBEAT topic={topic} group={group} member={first} generation={gen - 1}") == (
