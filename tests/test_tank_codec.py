@@ -314,3 +314,15 @@ def test_bundle_extra_flags_and_producer_info_are_skipped():
     assert (parsed.extra_flags, parsed.producer.producer_id) == (1, 123)
     plain_extra = bytes((0x80 | 0x04, 0x00)) + message
     assert parse_header(plain_extra, 0, len(plain_extra)).body == 2
+
+
+def test_merging_never_misreads_a_request_with_bytes_after_its_bundle():
+    from gateway.clients.tank import produce_request
+
+    bundle = encode([(1, None, b"abc")])
+    odd = produce_request(1, [("t", 0, bundle)])
+    odd = odd[:1] + (len(odd) - 5 + 2).to_bytes(4, "little") + odd[5:] + b"\x03\x04"  # two stray bytes
+    follower = produce_request(2, [("t", 0, bundle)])
+    (merged,) = [e for e in events(connection(), odd + follower)]
+    stored = m.StoredBatch("tank", 0, 1, 0, merged.commands[0].batch.payload)
+    assert [r.value for r in FORMAT.records(stored)] == [b"abc", b"abc"]

@@ -442,7 +442,9 @@ class TankConnection:
         newest = batch.max_timestamp
         size = len(batch.payload)
         at = len(payload) - size  # where the bundle (its varint length) starts
-        template = payload[6:at]
+        name_at = 13 + payload[6]  # after version, id, client id, acks, timeout, topic count
+        # The fast path needs the bundle to end the request (nothing after it).
+        template = payload[6:at] if at == name_at + 1 + payload[name_at] + 3 else None
         buf = self.buffer
         while size < MERGE_BYTES and len(ids) < MERGE_REQUESTS:
             head = buf.unpack_from(HEADER)
@@ -453,7 +455,7 @@ class TankConnection:
                 break
             buf.skip(HEADER.size)
             follower = buf.take(head[1])
-            if follower[6:at] == template and (fast := _plain_bundle(follower, at)) is not None:
+            if template is not None and follower[6:at] == template and (fast := _plain_bundle(follower, at)):
                 rid = _ID.unpack_from(follower, 2)[0]
                 stored, n, ts = fast
             else:
