@@ -151,7 +151,7 @@ class Scan:
     epoch: int = 0
 
 
-def _text(raw: bytes) -> str:
+def decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
@@ -171,7 +171,7 @@ def parse_header(data: bytes) -> Header:
         raise BatchError(f"invalid negative message count: {count}")
     if count > MAX_MESSAGES:
         raise BatchError(f"message count too high: {count} (max: {MAX_MESSAGES})")
-    return Header(_text(data[4 : 4 + topic_len]), partition, _text(acks), idempotent != 0, seq_start, seq_end,
+    return Header(decode_text(data[4 : 4 + topic_len]), partition, decode_text(acks), idempotent != 0, seq_start, seq_end,
                   count, pos + _HEAD_TAIL.size)
 
 
@@ -386,7 +386,7 @@ class CursusFormat:
                 headers = ((H_EVENT_TYPE, event_type), (H_SCHEMA_VERSION, b"%d" % schema),
                            (H_AGGREGATE_VERSION, b"%d" % aggregate), (H_METADATA, metadata))
             yield Record(value, key or None, batch.max_timestamp, headers, batch.base_offset + i,
-                         {X_PRODUCER_ID: _text(pid), X_EPOCH: epoch, X_SEQ_NUM: seq})
+                         {X_PRODUCER_ID: decode_text(pid), X_EPOCH: epoch, X_SEQ_NUM: seq})
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         parts = []

@@ -395,11 +395,11 @@ class CursusConnection:
             return Reply(self._ack("ERROR", error=f"partition_not_found partition={header.partition}"))
         producer = None
         if header.idempotent and scan.producer_id and scan.first_seq > 0:
-            producer = m.ProducerState(b._text(scan.producer_id), scan.epoch, scan.first_seq, scan.last_seq, "cursus")
+            producer = m.ProducerState(b.decode_text(scan.producer_id), scan.epoch, scan.first_seq, scan.last_seq, "cursus")
         b.FORMAT.remember(body, starts)
         batch = m.Batch(b.NAME, body, header.count, int(time.time() * 1000), producer=producer)
         cmd = m.Produce(header.topic, header.partition, batch, acks)
-        pid = b._text(scan.last_producer_id)
+        pid = b.decode_text(scan.last_producer_id)
 
         def render(results: Sequence[Any]) -> bytes:
             r: m.ProduceResult = results[0]
