@@ -5,45 +5,24 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 
+from gateway.launcher import GatewayProcess
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-BANNER = re.compile(r"^polygate: (\S+) listening on (\S+):(\d+)$")
 
 
-class Gateway:
-    """``gateway serve`` in a subprocess on a fresh data dir, ports read from its banner."""
+class Gateway(GatewayProcess):
+    """``gateway serve`` in a subprocess on a fresh data dir, ports in ``ports``, started at once."""
 
     def __init__(self, protocols: Sequence[str], args: Sequence[str] = ()):
-        self.tmp = tempfile.TemporaryDirectory(prefix="polygate-bench-")
-        exe = os.path.join(os.path.dirname(sys.executable), "gateway")
-        cmd = [exe, "serve", "--data-dir", self.tmp.name, "--protocols", ",".join(protocols),
-               "--log-level", "WARNING", *[f"--listen={p}=127.0.0.1:0" for p in protocols], *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.ports: dict[str, int] = {}
-        while len(self.ports) < len(protocols):
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("gateway failed to start")
-            if match := BANNER.match(line.strip()):
-                self.ports[match.group(1)] = int(match.group(3))
+        super().__init__(None, protocols, ("--log-level", "WARNING", *args))
+        self.start()
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self.tmp.cleanup()
-
-    def __enter__(self) -> Gateway:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.__exit__(None, None, None)
 
 
 def write_result(name: str, result: dict) -> str:

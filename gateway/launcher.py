@@ -1,0 +1,102 @@
+"""Run ``gateway serve`` as a child process (tests, benchmarks, examples).
+
+Every listener binds to port 0 on 127.0.0.1; the ports are read from the
+start banner (``polygate: <codec> listening on <host>:<port>``). The
+process's output is kept in ``output`` (``log``) for assertions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+
+BANNER = re.compile(r"^polygate: (\S+) listening on (\S+):(\d+)$")
+GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
+
+
+class GatewayProcess:
+    def __init__(self, data_dir: str | None = None, protocols: Sequence[str] = ("v1",),
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None):
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="polygate-")
+        self.data_dir = data_dir or self._tmp.name
+        self.protocols = list(protocols)
+        self.extra_args = list(extra_args)
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.ports: dict[str, int] = {}
+        self.output: list[str] = []
+
+    def start(self, timeout: float = 30.0) -> GatewayProcess:
+        args = [GATEWAY, "serve", "--data-dir", self.data_dir, "--protocols", ",".join(self.protocols),
+                *[f"--listen={p}=127.0.0.1:0" for p in self.protocols], *self.extra_args]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.ports = {}
+        deadline = time.monotonic() + timeout
+        while len(self.ports) < len(self.protocols):
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("gateway exited during start:\n" + "".join(self.output))
+            self.output.append(line)
+            match = BANNER.match(line.strip())
+            if match:
+                self.ports[match.group(1)] = int(match.group(3))
+            if time.monotonic() > deadline:
+                raise RuntimeError("gateway did not start:\n" + "".join(self.output))
+        threading.Thread(target=self._drain, daemon=True).start()
+        return self
+
+    def _drain(self) -> None:
+        assert self.proc is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    def port(self, protocol: str) -> int:
+        return self.ports[protocol]
+
+    def address(self, protocol: str) -> str:
+        return f"127.0.0.1:{self.ports[protocol]}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = None
+        return code
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> GatewayProcess:
+        self.stop()
+        self.output = []
+        return self.start()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.output)
+
+    def assert_alive(self) -> None:
+        assert self.proc is not None and self.proc.poll() is None, "gateway died:\n" + self.log
+        assert "Traceback" not in self.log, "traceback in gateway log:\n" + self.log
