@@ -6,14 +6,14 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DATA   ?= .data
 
-.PHONY: serve test lint venv bench clean
+.PHONY: serve test lint venv bench clean java
 
 MQTT   := plugins/polygate-mqtt
 
 $(STAMP): setup.cfg pyproject.toml $(MQTT)/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[test,spark]'
 	$(PIP) install --quiet -e './$(MQTT)[test]'
 	touch $(STAMP)
 
@@ -25,13 +25,18 @@ serve: $(STAMP)
 # import-linter walks the installed tree, so it checks a real build (the
 # editable install maps gateway.codecs/gateway.storage without such a tree).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins
+	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins examples
 	rm -rf build/lint
 	$(PIP) install --quiet --no-deps --no-build-isolation --target build/lint .
 	cd build/lint && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../setup.cfg
 	cd build/lint && PYTHONPATH=.:../../$(MQTT) ../../$(VENV)/bin/lint-imports --config ../../$(MQTT)/pyproject.toml
 
-test: $(STAMP) lint
+# The Spark tests (tests/test_spark_*.py) run Spark in a local JVM.
+java:
+	@command -v java >/dev/null || { echo "make test needs Java 17 for the Spark tests:" \
+	  "apt-get install -y openjdk-17-jre-headless (Debian/Ubuntu), or set JAVA_HOME/PATH to a JDK 17"; exit 1; }
+
+test: $(STAMP) lint java
 	$(PY) -m pytest -q tests $(MQTT)/tests
 
 bench: $(STAMP)

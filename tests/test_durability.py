@@ -153,3 +153,20 @@ def test_group_member_expires_after_session_timeout(gateway_factory):
         assert sync["assigned"] == "[0 1 2]"
         reply = c.request("HEARTBEAT", "g", "t", "b", str(int(gen) + 1))
         assert reply.message == "unknown member"
+
+
+def test_sigint_and_sigterm_stop_cleanly_and_keep_data(gateway_factory, tmp_path):
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        gw = gateway_factory(("v1",), ("--fsync", "never"), data_dir=tmp_path / "clean")
+        with V1Client("127.0.0.1", gw.port("v1")) as c:
+            c.produce("clean", "k", f"before-{sig.name}")
+        assert gw.stop(sig) == 0
+        assert "polygate: stopped" in gw.log
+        assert "Traceback" not in gw.log
+    gw.start()
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        p = c.produce("clean", "k", "after")["partition"]
+        values = [v for _, v in c.consume_all("clean", int(p), 0)]
+    assert values == ["before-SIGINT", "before-SIGTERM", "after"]
