@@ -76,6 +76,7 @@ class CodecProtocol(protocol.Protocol):
         self.broker = factory.broker
         self.codec: Connection | None = None
         self.queue: collections.deque[_Slot] = collections.deque()
+        self.unordered: list[_Slot] = []  # answers of Request(ordered=False) still pending
         self.closing = False
         self.streaming = False
         self.write_paused = False
@@ -108,8 +109,9 @@ class CodecProtocol(protocol.Protocol):
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.closing = True
         self.factory.connections.discard(self)
-        slots = list(self.queue)
+        slots = [*self.queue, *self.unordered]
         self.queue.clear()
+        self.unordered.clear()
         for slot in slots:
             if slot.pending is not None and not slot.pending.called:
                 slot.pending.cancel()
@@ -203,7 +205,7 @@ class CodecProtocol(protocol.Protocol):
 
     def _request(self, request: Request) -> None:
         slot = _Slot()
-        self.queue.append(slot)
+        (self.queue if request.ordered else self.unordered).append(slot)
         try:
             results = [self.broker.run(c) for c in request.commands]
         except Exception:
@@ -237,6 +239,7 @@ class CodecProtocol(protocol.Protocol):
         except Exception:
             self._codec_bug()
             return
+        self._jump_queue(slot)
         self._flush()
         self._pump()
 
@@ -245,7 +248,14 @@ class CodecProtocol(protocol.Protocol):
                   f.getTraceback())
         slot.data = b""
         slot.close = True
+        self._jump_queue(slot)
         self._flush()
+
+    def _jump_queue(self, slot: _Slot) -> None:
+        """An unordered answer, once ready, goes out before those still waiting."""
+        if slot in self.unordered:
+            self.unordered.remove(slot)
+            self.queue.appendleft(slot)
 
     def _flush(self) -> None:
         while self.queue:
@@ -268,7 +278,7 @@ class CodecProtocol(protocol.Protocol):
     # ------------------------------------------------------------------ back-pressure
 
     def _too_busy(self) -> bool:
-        return len(self.queue) >= self.factory.max_in_flight
+        return len(self.queue) + len(self.unordered) >= self.factory.max_in_flight
 
     def _update_reading(self) -> None:
         want_pause = self.write_paused or self._too_busy()

@@ -62,10 +62,16 @@ class ListenerSettings:
 
 @attrs.frozen
 class Request:
-    """Commands to execute for one client request; ``context`` is the codec's."""
+    """Commands to execute for one client request; ``context`` is the codec's.
+
+    ``ordered=False`` lets the answer go out as soon as it is ready, ahead of
+    earlier answers still waiting, for protocols whose answers name their
+    request (a TANK long-poll must not hold back later answers).
+    """
 
     commands: tuple[Any, ...]
     context: Any = None
+    ordered: bool = True
 
 
 @attrs.frozen

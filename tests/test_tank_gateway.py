@@ -159,6 +159,19 @@ def test_tail_consume_long_polls_without_blocking_other_connections(client, gw):
     assert [(m.seq, m.value) for m in p1.messages] == [(1, b"new")]
 
 
+def test_a_long_poll_holds_back_no_later_answer_on_its_connection(client):
+    """One connection, as the C++ TankClient keeps per broker: tail one partition, produce to another."""
+    client.create_topic("mux", 2)
+    tail = client.send_consume([("mux", 0, LATEST)], max_wait_ms=30_000)
+    started = time.monotonic()
+    client.produce_ack(client.send_produce("mux", 1, [(1, None, b"elsewhere")]))
+    assert client.discover_partitions("mux") == [(0, 0), (1, 1)]
+    assert time.monotonic() - started < 10  # not held until the tail's 30 s max wait
+    client.produce_ack(client.send_produce("mux", 0, [(2, None, b"here")]))
+    (got,) = client.consume_answer(tail, [("mux", 0, LATEST)])
+    assert [(m.seq, m.value) for m in got.messages] == [(1, b"here")]
+
+
 def test_long_poll_min_bytes_and_max_wait(client):
     client.create_topic("mb", 1)
     start = time.monotonic()

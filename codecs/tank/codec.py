@@ -533,7 +533,8 @@ class TankConnection:
             layout.append((topic, indexes))
         command = m.FetchMany(tuple(fetches), max_wait_ms=min(max_wait, MAX_WAIT_MS),
                               min_bytes=max(min(min_bytes, MAX_CHUNK), 1), max_bytes=MAX_CHUNK * 2)
-        return Request((command,), (self._render_consume, (request_id, layout, sizes)))
+        # A TANK client matches answers by request id: a long-poll holds back no later answer.
+        return Request((command,), (self._render_consume, (request_id, layout, sizes)), ordered=not max_wait)
 
     @staticmethod
     def _render_consume(context: Any, results: Sequence[m.FetchManyResult]) -> bytes:
