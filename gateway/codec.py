@@ -66,7 +66,7 @@ class Request:
 
     ``ordered=False`` lets the answer go out as soon as it is ready, ahead of
     earlier answers still waiting, for protocols whose answers name their
-    request (a TANK long-poll must not hold back later answers).
+    request (so that a long-poll holds back no later answer).
     """
 
     commands: tuple[Any, ...]
