@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -378,3 +381,24 @@ def test_protocol_discovery_and_negotiation(addr):
         "ERROR: UNSUPPORTED_PROTOCOL_VERSION requested=2 min_version=1 max_version=1")
     assert command(addr, "NEGOTIATE version=1 features=Bad-Name") == (
         'ERROR: invalid_features reason="invalid feature name Bad-Name"')
+
+
+def test_gateway_cli_speaks_cursus(gw):
+    exe = os.path.join(os.path.dirname(sys.executable), "gateway")
+    server = ["--server", gw.address("cursus"), "--protocol", "cursus"]
+
+    def cli(*args: str, stdin: str | None = None) -> str:
+        done = subprocess.run([exe, *args, *server], input=stdin, text=True, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    cli("topics", "create", name, "--partitions", "1")
+    assert f"{name}\t1" in cli("topics", "list")
+    cli("produce", name, "one", "two")
+    cli("produce", name, stdin="three words\n")
+    assert cli("consume", name) == "0\tone\n1\ttwo\n2\tthree words\n"
+    assert cli("consume", name, "--offset", "1") == "1\ttwo\n2\tthree words\n"
+    assert "partition.0\tearliest=0 latest=3 leo=3 hwm=3" in cli("topics", "describe", name)
+    cli("topics", "delete", name)
+    assert name not in cli("topics", "list")

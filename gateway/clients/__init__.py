@@ -8,6 +8,7 @@ from typing import Any
 CLIENTS = {
     "v1": "gateway.clients.v1:V1Client",
     "tank": "gateway.clients.tank:TankClient",
+    "cursus": "gateway.clients.cursus:CursusClient",
 }
 
 
