@@ -141,10 +141,11 @@ def parse_header(buf: bytes | memoryview, pos: int, end: int) -> Header:
 
 
 def framed_header(payload: bytes | memoryview) -> Header:
-    """The header of the single bundle in a stored payload (``varint len | bundle``)."""
+    """The header of the first bundle of a stored payload (``varint len | bundle``...);
+    its ``end`` is the payload's length when the payload holds that one bundle only."""
     n, pos = read_varint(payload, 0, len(payload))
-    if pos + n != len(payload):
-        raise BundleError("bundle length does not match its payload")
+    if pos + n > len(payload):
+        raise BundleError("bundle cut short")
     return parse_header(payload, pos, pos + n)
 
 
@@ -303,19 +304,15 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
         if not payload:
             continue
         try:
-            n, body = read_varint(payload, 0, len(payload))
-            if body + n > len(payload):
-                raise BundleError("bundle cut short")
-            header = parse_header(payload, body, body + n)
+            header = framed_header(payload)
             if not header.flags & SPARSE and next_seq is not None and b.base_offset + 1 != next_seq:
                 payload = fmt.encode(fmt.records(b), b.base_offset, sparse=True)
-                n, body = read_varint(payload, 0, len(payload))
-                header = parse_header(payload, body, body + n)
+                header = framed_header(payload)
         except BundleError as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {b.base_offset}: {e}") from None
         sparse = header.flags & SPARSE
         seq = header.first_seq if sparse else b.base_offset + 1
-        if body + n != len(payload):  # bundles of merged produce requests, all plain, spanning the batch
+        if header.end != len(payload):  # bundles of merged produce requests, all plain, spanning the batch
             last = b.last_offset + 1
         else:
             last = header.last_seq if sparse else seq + header.count - 1
