@@ -52,7 +52,7 @@ def main() -> None:
     for src_name, src in sorted(formats.items()):
         per_batch = 1 if src_name == "v1" else args.batch
         stored = stored_batches(src, records, per_batch)
-        for dst_name, dst in sorted(formats.items()):
+        for dst_name in sorted(formats):
             start = time.perf_counter()
             if src_name == dst_name:
                 converted = sum(len(b.payload) for b in stored)  # a same-format read returns the bytes

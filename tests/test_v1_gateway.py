@@ -217,3 +217,47 @@ def test_cli_topics_produce_consume(v1_gateway, tmp_path):
 def test_parse_helpers():
     assert parse_list("[0 1 2]") == [0, 1, 2]
     assert parse_messages("0:a,1:b:c") == [(0, "a"), (1, "b:c")]
+
+
+def test_a_client_that_does_not_read_its_answers_is_paused(v1_gateway):
+    """Back-pressure end to end: the gateway stops reading a connection whose answers pile up,
+    other connections are served meanwhile, and every answer comes once the client reads."""
+    import threading
+
+    port = v1_gateway.port("v1")
+    writer = socket.create_connection(("127.0.0.1", port))
+    writer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    line = b"V1|1|PRODUCE|bp k:" + b"v" * 200 + b"\n"
+    sent = [0]
+    stop = threading.Event()
+
+    def flood() -> None:
+        writer.settimeout(0.5)
+        while not stop.is_set():
+            try:
+                writer.sendall(line * 100)
+                sent[0] += 100
+            except TimeoutError:
+                pass
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    # kernel buffers on loopback autotune to megabytes, so reading stops after a while, not at once
+    deadline = time.monotonic() + 30
+    last = -1
+    while sent[0] != last:
+        assert time.monotonic() < deadline, "the gateway kept reading a client that reads nothing"
+        last = sent[0]
+        time.sleep(1.5)
+    assert sent[0] * len(line) < 64 << 20  # bounded by buffers, not by what the client sends
+    with V1Client("127.0.0.1", port) as other:  # another connection is served meanwhile
+        assert other.request("PING").ok
+        appended = sum(int(p.split(",")[2].split(":")[1]) for k, p in other.describe_topic("bp").items()
+                       if k[0] == "p" and k[1:].isdigit())
+    assert appended < sent[0]  # the unread requests were not all executed ahead of their answers
+    stop.set()
+    t.join()
+    reader = writer.makefile("rb")
+    for _ in range(sent[0]):
+        assert reader.readline().startswith(b"V1|1|OK|")
+    writer.close()
