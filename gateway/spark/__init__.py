@@ -1,0 +1,235 @@
+"""polygate topics as a PySpark data source named ``polygate`` (``pip install polygate[spark]``).
+
+    from gateway.spark import register
+    register(spark)
+    df = (spark.read.format("polygate").option("bootstrap", "127.0.0.1:9092")
+          .option("topic", "orders").load())
+
+Rows have Spark's Kafka source columns (key, value, topic, partition, offset,
+timestamp, timestampType, headers), whatever protocol produced the records.
+Batch reads plan one Spark partition per topic partition, split into ranges of
+at most ``maxRecordsPerPartition`` records. Streaming reads keep per-partition
+offsets (``{"topic": {"0": next_offset}}``) in Spark's checkpoint, honour
+``maxRecordsPerTrigger`` and the availableNow trigger. Writes produce the
+``value`` column (optional ``key``, ``partition``, ``headers``, ``topic``) of
+each Spark partition from its own task; like Spark's Kafka sink, delivery is
+at least once (a retried task or micro-batch produces its rows again).
+Option reference: ``gateway.spark.options``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from . import kafka
+from .options import SourceOptions, TopicPartition, client_config, parse
+
+SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+          "timestampType int, headers array<struct<key:string,value:binary>>")
+
+__all__ = ["SCHEMA", "PolygateDataSource", "register"]
+
+
+def register(spark) -> None:
+    """Make ``format("polygate")`` available in ``spark`` (a SparkSession)."""
+    spark.dataSource.register(PolygateDataSource)
+
+
+@dataclass(frozen=True)
+class OffsetRange(InputPartition):
+    """Records ``start <= offset < end`` of one topic partition: one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def split(start: dict[TopicPartition, int], end: dict[TopicPartition, int], most: int) -> list[OffsetRange]:
+    """Ranges of at most ``most`` records covering ``start..end`` of every partition."""
+    ranges = []
+    for (topic, part), last in sorted(end.items()):
+        first = start.get((topic, part), 0)
+        ranges.extend(OffsetRange(topic, part, lo, min(lo + most, last)) for lo in range(first, last, most))
+    return ranges
+
+
+def to_json(offsets: dict[TopicPartition, int]) -> dict:
+    out: dict[str, dict[str, int]] = {}
+    for (topic, part), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(part)] = offset
+    return out
+
+
+def from_json(offsets: dict) -> dict[TopicPartition, int]:
+    return {(topic, int(part)): int(offset) for topic, parts in offsets.items() for part, offset in parts.items()}
+
+
+def rate_limit(start: dict[TopicPartition, int], latest: dict[TopicPartition, int],
+               most: int) -> dict[TopicPartition, int]:
+    """End offsets that admit at most ``most`` records, shared in proportion to each partition's backlog."""
+    backlog = {tp: max(0, latest[tp] - start.get(tp, latest[tp])) for tp in latest}
+    total = sum(backlog.values())
+    if total <= most:
+        return dict(latest)
+    share = {tp: most * n // total for tp, n in backlog.items()}
+    leftover = most - sum(share.values())
+    for tp in sorted(backlog, key=lambda tp: most * backlog[tp] % total, reverse=True)[:leftover]:
+        share[tp] += 1
+    return {tp: start.get(tp, latest[tp]) + share[tp] for tp in latest}
+
+
+class _Reading:
+    """What batch and stream readers share: options, output schema, the read of one range."""
+
+    def __init__(self, options: SourceOptions, schema: StructType):
+        self.options = options
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, OffsetRange):  # Spark's placeholder when there is nothing to read
+            return iter(())
+        return kafka.read_range(self.options.bootstrap, self.options.client_config, partition.topic,
+                                partition.partition, partition.start, partition.end, self.arrow_schema,
+                                self.options.poll_timeout_ms)
+
+    def topics(self) -> kafka.Topics:
+        return kafka.Topics(self.options.bootstrap, self.options.client_config)
+
+
+class PolygateBatchReader(_Reading, DataSourceReader):
+    def partitions(self) -> list[OffsetRange]:
+        with self.topics() as topics:
+            tps = topics.partitions(self.options.topics)
+            start = topics.resolve(self.options.starting, tps)
+            end = topics.resolve(self.options.ending, tps)
+        return split(start, end, self.options.max_records_per_partition)
+
+
+class PolygateStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are ``{"topic": {"partition": next offset to read}}``; partitions that appear later start at their earliest offset."""
+
+    def __init__(self, options: SourceOptions, schema: StructType):
+        super().__init__(options, schema)
+        self._topics: kafka.Topics | None = None
+        self._target: dict[TopicPartition, int] | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_topics": None}
+
+    def _meta(self) -> kafka.Topics:
+        if self._topics is None:
+            self._topics = self.topics()
+        return self._topics
+
+    def _latest(self) -> dict[TopicPartition, int]:
+        meta = self._meta()
+        return {tp: meta.watermarks(tp)[1] for tp in meta.partitions(self.options.topics)}
+
+    def initialOffset(self) -> dict:
+        meta = self._meta()
+        return to_json(meta.resolve(self.options.starting, meta.partitions(self.options.topics)))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        most = self.options.max_records_per_trigger
+        return ReadMaxRows(most) if most else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._latest()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begun = from_json(start)
+        latest = self._target if self._target is not None else self._latest()
+        meta = self._meta()
+        for tp in latest.keys() - begun.keys():
+            begun[tp] = meta.watermarks(tp)[0]
+        latest = {tp: max(offset, begun[tp]) for tp, offset in latest.items()}
+        if isinstance(limit, ReadMaxRows):
+            latest = rate_limit(begun, latest, limit.max_rows)
+        return to_json({**begun, **latest})
+
+    def reportLatestOffset(self) -> dict:
+        return to_json(self._latest())
+
+    def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
+        return split(from_json(start), from_json(end), self.options.max_records_per_partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the offsets live in Spark's checkpoint, not in a consumer group."""
+
+    def stop(self) -> None:
+        if self._topics is not None:
+            self._topics.close()
+            self._topics = None
+
+
+@dataclass(frozen=True)
+class Written(WriterCommitMessage):
+    """Records one task wrote, per (topic, partition)."""
+
+    records: dict[TopicPartition, int]
+
+
+class PolygateWriter(DataSourceArrowWriter):
+    def __init__(self, options: dict[str, str]):
+        self.bootstrap = options.get("bootstrap") or options.get("kafka.bootstrap.servers")
+        if not self.bootstrap:
+            raise ValueError('option "bootstrap" (host:port of the gateway\'s Kafka listener) is required')
+        self.topic = options.get("topic")
+        self.client_config = client_config(options)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
+        return Written(kafka.produce(self.bootstrap, self.client_config, self.topic, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int | None = None) -> None:
+        """The rows are already acknowledged by the gateway."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int | None = None) -> None:
+        """Produced rows cannot be taken back; a retry produces them again (at least once)."""
+
+
+class PolygateStreamWriter(PolygateWriter, DataSourceStreamArrowWriter):
+    pass
+
+
+class PolygateDataSource(DataSource):
+    """Spark's entry point: ``format("polygate")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "polygate"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> PolygateBatchReader:
+        return PolygateBatchReader(parse(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> PolygateStreamReader:
+        return PolygateStreamReader(parse(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> PolygateWriter:
+        return PolygateWriter(self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PolygateStreamWriter:
+        return PolygateStreamWriter(self.options)

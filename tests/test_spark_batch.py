@@ -1,0 +1,165 @@
+"""Batch reads and writes of the ``polygate`` Spark data source against a real gateway, record by record."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import spark_support
+from spark_support import consume, create_topic, produce
+
+from gateway.clients.v1 import V1Client
+from gateway.spark import options as opts
+from gateway.spark import rate_limit, split
+
+pytestmark = pytest.mark.spark
+spark = spark_support.spark
+spark_gateway = spark_support.spark_gateway
+
+BASE_MS = 1_700_000_000_000
+
+
+def rows_of(df) -> dict[tuple[int, int], tuple]:
+    """``{(partition, offset): (key, value, headers, timestamp ms)}`` of a polygate DataFrame."""
+    out = {}
+    for row in df.collect():
+        assert (row.partition, row.offset) not in out, f"duplicate {row.partition}/{row.offset}"
+        stamp = round(row.timestamp.replace(tzinfo=datetime.UTC).timestamp() * 1000)
+        out[row.partition, row.offset] = (row.key and bytes(row.key), bytes(row.value),
+                                          [(h.key, bytes(h.value)) for h in row.headers], stamp)
+    return out
+
+
+def sample(partitions: int = 3, per_partition: int = 10) -> list[dict]:
+    return [{"partition": p, "key": f"k{p}-{i}".encode(), "value": f"v{p}-{i}".encode(),
+             "headers": [("n", str(i).encode())], "timestamp": BASE_MS + 1000 * i + p}
+            for i in range(per_partition) for p in range(partitions)]
+
+
+def read(spark, gw, topic, **options):
+    reader = spark.read.format("polygate").option("bootstrap", gw.address("kafka")).option("topic", topic)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def test_schema_is_spark_kafka_sources(spark, spark_gateway):
+    topic = create_topic(spark_gateway.address("kafka"))
+    df = read(spark, spark_gateway, topic)
+    assert df.schema.simpleString() == ("struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+                                        "timestamp:timestamp,timestampType:int,"
+                                        "headers:array<struct<key:string,value:binary>>>")
+    assert df.count() == 0
+
+
+def test_batch_read_every_record_one_task_per_partition(spark, spark_gateway):
+    servers = spark_gateway.address("kafka")
+    topic = create_topic(servers)
+    sent = produce(servers, topic, sample())
+    df = read(spark, spark_gateway, topic)
+    assert df.rdd.getNumPartitions() == 3
+    assert rows_of(df) == sent
+    assert {r.topic for r in df.select("topic").collect()} == {topic}
+    assert {r.timestampType for r in df.select("timestampType").collect()} == {0}
+
+
+def test_batch_read_with_offset_bounds(spark, spark_gateway):
+    servers = spark_gateway.address("kafka")
+    topic = create_topic(servers)
+    sent = produce(servers, topic, sample())
+    df = read(spark, spark_gateway, topic, startingOffsets=f'{{"{topic}":{{"0":2,"1":-2}}}}',
+              endingOffsets=f'{{"{topic}":{{"0":5,"2":7}}}}')
+    assert rows_of(df) == {(p, o): r for (p, o), r in sent.items()
+                           if (p == 0 and 2 <= o < 5) or p == 1 or (p == 2 and o < 7)}
+    # Ranges of at most 4 records: 3 + 10 + 7 records -> 1 + 3 + 2 tasks, same rows.
+    split_df = read(spark, spark_gateway, topic, startingOffsets=f'{{"{topic}":{{"0":2,"1":-2}}}}',
+                    endingOffsets=f'{{"{topic}":{{"0":5,"2":7}}}}', maxRecordsPerPartition=4)
+    assert split_df.rdd.getNumPartitions() == 6
+    assert rows_of(split_df) == rows_of(df)
+
+
+def test_batch_read_with_timestamp_bounds(spark, spark_gateway):
+    servers = spark_gateway.address("kafka")
+    topic = create_topic(servers)
+    sent = produce(servers, topic, sample())
+    start, end = BASE_MS + 3000, BASE_MS + 6000  # records i = 3, 4, 5 of every partition
+    df = read(spark, spark_gateway, topic, startingTimestamp=str(start), endingTimestamp=str(end))
+    assert rows_of(df) == {k: r for k, r in sent.items() if start <= r[3] < end}
+    by_partition = read(spark, spark_gateway, topic,
+                        startingOffsetsByTimestamp=f'{{"{topic}":{{"1":{BASE_MS + 8000}}}}}')
+    assert rows_of(by_partition) == {(p, o): r for (p, o), r in sent.items() if p != 1 or r[3] >= BASE_MS + 8000}
+
+
+def test_batch_read_sees_records_of_other_protocols(spark, spark_gateway):
+    servers = spark_gateway.address("kafka")
+    topic = create_topic(servers, partitions=1)
+    with V1Client("127.0.0.1", spark_gateway.port("v1")) as v1:
+        placed = [v1.produce(topic, f"c{i}", f"order-{i}") for i in range(5)]
+    df = read(spark, spark_gateway, topic).orderBy("offset")
+    got = [(r.offset, bytes(r.key), bytes(r.value)) for r in df.collect()]
+    assert got == [(int(f["offset"]), f"c{i}".encode(), f"order-{i}".encode()) for i, f in enumerate(placed)]
+
+
+def test_batch_write_then_kafka_consumer_reads_each_row(spark, spark_gateway):
+    servers = spark_gateway.address("kafka")
+    topic = create_topic(servers)
+    rows = [(f"k{i}", f"value-{i}".encode(), i % 3, [(f"h{i}", b"x")] if i % 2 else []) for i in range(300)]
+    df = spark.createDataFrame(rows, "key string, value binary, partition int, "
+                                     "headers array<struct<key:string,value:binary>>").repartition(4)
+    df.write.format("polygate").option("bootstrap", servers).option("topic", topic).mode("append").save()
+    got = consume(servers, topic, 3, len(rows))
+    assert len(got) == len(rows)
+    assert sorted((m.key().decode(), m.value(), m.partition(), m.headers() or []) for m in got) == sorted(
+        (k, v, p, h) for k, v, p, h in rows)
+    for part in range(3):
+        assert sorted(m.offset() for m in got if m.partition() == part) == list(range(100))
+
+
+def test_batch_write_to_topic_column_and_read_back(spark, spark_gateway):
+    servers = spark_gateway.address("kafka")
+    first, second = create_topic(servers, 1), create_topic(servers, 1)
+    df = spark.createDataFrame([(first, "a"), (second, "b"), (first, "c")], "topic string, value string")
+    df.coalesce(1).write.format("polygate").option("bootstrap", servers).mode("append").save()
+    assert [bytes(r.value) for r in read(spark, spark_gateway, first).orderBy("offset").collect()] == [b"a", b"c"]
+    assert [bytes(r.value) for r in read(spark, spark_gateway, second).collect()] == [b"b"]
+
+
+def test_unknown_topic_and_bad_options_are_reported(spark, spark_gateway):
+    with pytest.raises(Exception, match="Unknown topic"):
+        read(spark, spark_gateway, "no-such-topic").collect()
+    with pytest.raises(Exception, match="startingOffsets"):
+        read(spark, spark_gateway, "t", startingOffsets="{not json").collect()
+
+
+# ---------------------------------------------------------------- planning units (no Spark)
+
+
+def test_offset_options_parse_like_spark_kafka_source():
+    parsed = opts.parse({"bootstrap": "h:1", "topic": "a,b", "startingOffsets": '{"a":{"0":23,"1":-2}}',
+                         "kafka.fetch.max.bytes": "1000"}, streaming=False)
+    assert parsed.topics == ("a", "b")
+    assert parsed.starting == opts.Bound(opts.EARLIEST, offsets={("a", 0): 23, ("a", 1): opts.EARLIEST})
+    assert parsed.ending == opts.Bound(opts.LATEST)
+    assert parsed.client_config == {"fetch.max.bytes": "1000"}
+    assert opts.parse({"bootstrap": "h:1", "topic": "a"}, streaming=True).starting == opts.Bound(opts.LATEST)
+    assert opts.parse({"bootstrap": "h:1", "topic": "a", "startingTimestamp": "5"},
+                      streaming=True).starting.timestamp == 5
+    for bad in ({"topic": "a"}, {"bootstrap": "h:1"}, {"bootstrap": "h:1", "topic": "a", "protocol": "mqtt"},
+                {"bootstrap": "h:1", "topic": "a", "startingOffsets": '{"a":{"0":-3}}'},
+                {"bootstrap": "h:1", "topic": "a", "maxRecordsPerTrigger": "0"}):
+        with pytest.raises(opts.OptionError):
+            opts.parse(bad, streaming=False)
+    with pytest.raises(opts.OptionError, match="batch"):
+        opts.parse({"bootstrap": "h:1", "topic": "a", "endingOffsets": "latest"} | {"endingTimestamp": "1"},
+                   streaming=True)
+
+
+def test_rate_limit_shares_the_limit_by_backlog_and_split_cuts_ranges():
+    start = {("t", 0): 0, ("t", 1): 10, ("t", 2): 5}
+    latest = {("t", 0): 60, ("t", 1): 40, ("t", 2): 5}
+    assert rate_limit(start, latest, 1000) == latest
+    limited = rate_limit(start, latest, 9)
+    assert sum(limited[tp] - start[tp] for tp in start) == 9
+    assert limited == {("t", 0): 6, ("t", 1): 13, ("t", 2): 5}
+    assert [(r.partition, r.start, r.end) for r in split(start, latest, 25)] == [
+        (0, 0, 25), (0, 25, 50), (0, 50, 60), (1, 10, 35), (1, 35, 40)]
