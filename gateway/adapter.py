@@ -353,9 +353,10 @@ class CodecProtocol(protocol.Protocol):
                 return
             if not sub.exclusive:
                 self._pump()  # events the push left (timers, replies)
-            if self.write_paused:
-                # resume the stream once the peer drained what we wrote
-                call = self.factory.reactor.callLater(0.05, poll, fetch)
+            if self.write_paused or result.batches:
+                # After data, poll again on the next reactor turn: records appended meanwhile (the
+                # rest of a producer's burst) are then read together. Paused: once the peer drained.
+                call = self.factory.reactor.callLater(0.05 if self.write_paused else 0, poll, fetch)
                 stream.calls.append(call)
             else:
                 poll(fetch)

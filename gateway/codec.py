@@ -96,7 +96,8 @@ class Subscribe:
 
     The adapter long-polls ``fetches`` and, whenever one returns data, writes
     ``connection.push(context, result)`` and advances that fetch past what
-    was returned. Every ``keepalive_ms`` without data it writes
+    was returned (it polls again on the next reactor turn, so the records
+    of a producer's burst come in few pushes). Every ``keepalive_ms`` without data it writes
     ``connection.keepalive(context)``. ``exclusive`` streams take the
     connection over: later requests are not read. A fetch that starts at an
     ``OffsetSpec`` stays where the broker resolved it, so ``LATEST`` means

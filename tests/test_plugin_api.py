@@ -130,10 +130,16 @@ def test_unsubscribe_stops_a_running_stream_and_requests_keep_flowing(rig):
     proto.dataReceived(b"sub a\nsub b\nwait\n")
     produce(broker, "a", b"a1")
     produce(broker, "b", b"b1")
+    reactor.advance(0)
     proto.dataReceived(b"unsub a\nwait\n")
     produce(broker, "a", b"a2")
     produce(broker, "b", b"b2")
-    assert transport.value() == b"done\na: a1\nb: b1\ndone\nb: b2\n"
+    reactor.advance(0)
+    produce(broker, "b", b"b3")  # wakes the waiting poll
+    produce(broker, "b", b"b4")  # appended before the stream polls again: read together
+    produce(broker, "b", b"b5")
+    reactor.advance(0)
+    assert transport.value() == b"done\na: a1\nb: b1\ndone\nb: b2\nb: b3\nb: b4 b5\n"
     assert [s.sub.context for s in proto._streams] == ["b"]
 
 

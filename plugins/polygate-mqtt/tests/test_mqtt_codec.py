@@ -154,6 +154,7 @@ def rig(tmp_path):
 def v1_produce(rig: Rig, topic: str, value: bytes, partition: int = 0) -> None:
     record = v1_batch.encode_record(0, 1, b"k", value)
     rig.broker.execute(m.Produce(topic, partition, m.Batch("v1", record, 1, 1), auto_create=True))
+    rig.reactor.advance(0)  # a reactor turn: streams poll again
 
 
 def publish_of(pkt: tuple[int, int, bytes]) -> tuple[str, int, int | None, bytes, bool]:
