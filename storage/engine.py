@@ -77,9 +77,10 @@ class Partition:
         return self.log.log_start_offset
 
     def notify(self) -> None:
-        listeners, self.listeners = self.listeners, []
-        for cb in listeners:
-            cb()
+        if self.listeners:
+            listeners, self.listeners = self.listeners, []
+            for cb in listeners:
+                cb()
 
     def info(self, now_ms: int) -> PartitionInfo:
         return PartitionInfo(
@@ -288,7 +289,11 @@ class Engine:
             part.log.append(fmt, base_offset, last, max_timestamp, payload)
         except OSError as e:
             raise CommandError(ErrorCode.STORAGE_ERROR, str(e)) from e
-        part.replicas.update(part.log.next_offset, self.now_ms())
+        replicas = part.replicas
+        if replicas.followers:
+            replicas.update(part.log.next_offset, self.now_ms())
+        else:  # no follower: the high watermark is the log end
+            replicas.high_watermark = part.log.next_offset
         part.notify()
         return base_offset, last
 
