@@ -120,10 +120,8 @@ class MqttConnection:
     """One client connection (see the module docstring)."""
 
     def __init__(self, settings: ListenerSettings):
-        self.options = options(settings)
         self.max_frame = settings.max_frame_size
         self.clock = settings.clock
-        self.peer = settings.peer
         self.buffer = ReceiveBuffer()
         self.events: collections.deque[Event] = collections.deque()
         self.connected = False
@@ -139,6 +137,11 @@ class MqttConnection:
         self.next_id = 0
         self.awaiting_release: set[int] = set()
         self.will: m.Produce | None = None
+        try:
+            self.options = options(settings)
+        except ValueError as e:  # a bad --codec-option: refuse connections, say why
+            self.options = dict(OPTIONS)
+            self._close(f"bad --codec-option: {e}")
         self.events.append(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API

@@ -3,6 +3,8 @@ driven by the real adapter and broker on an in-memory clock."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -328,3 +330,13 @@ def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
     got = c.send(subscribe_packet(2, ("t/#", 1)) + packets.publish(b"t/a", b"v", 1, 3))
     assert got[0] == (PacketType.SUBACK, 0, b"\x00\x02\x01")
     assert [publish_of(p)[:2] for p in got if p[0] == PacketType.PUBLISH] == [("t/a", 1)]
+
+
+@pytest.mark.parametrize("options", [{"retry_ms": "soon"}, {"no_such_option": "1"}])
+def test_a_bad_codec_option_closes_connections_without_a_codec_error(tmp_path, options, caplog):
+    caplog.set_level(logging.INFO)
+    r = Rig(str(tmp_path), **options)
+    c = r.client(client_id=b"")
+    assert c.closed and c.received() == []
+    assert "bad --codec-option" in caplog.text and "codec error" not in caplog.text
+    r.close()

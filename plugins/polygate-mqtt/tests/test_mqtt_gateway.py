@@ -35,9 +35,24 @@ def v1_records(gateway, topic: str) -> dict[int, list[str]]:
         return {p: [v for _, v in c.consume_all(topic, p)] for p in range(3)}
 
 
-def test_codecs_lists_the_plugin_and_serve_uses_its_default_port():
+def test_codecs_lists_the_plugin_and_serve_uses_its_default_port(tmp_path):
     listing = {line.split()[0]: line for line in installed_codecs().splitlines()}
     assert "port 1883" in listing["mqtt"] and "3.1.1" in listing["mqtt"]
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 1883)) == 0:
+            pytest.skip("port 1883 is taken on this machine")
+    proc = subprocess.Popen([GATEWAY, "serve", "--data-dir", str(tmp_path), "--protocols", "v1,mqtt",
+                             "--host", "127.0.0.1", "--listen", "v1=127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while "polygate: mqtt listening" not in (lines[-1] if lines else "") and len(lines) < 30:
+            lines.append(proc.stdout.readline().strip())
+        assert lines[-1] == "polygate: mqtt listening on 127.0.0.1:1883", lines
+        raw_connect(1883).close()
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
 def test_publish_qos0_1_2_stores_under_the_first_level_keyed_by_topic(gateway, device_factory):
