@@ -38,6 +38,8 @@ from .replication import ReplicaSet
 log = logging.getLogger(__name__)
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._=\-]{1,249}$")
+MAX_PARTITIONS = 10_000  # per topic: each open partition holds file descriptors
+MAX_OFFSET = (1 << 63) - 1
 
 
 @attrs.frozen
@@ -116,6 +118,7 @@ class Engine:
         self.started_at = clock()
         os.makedirs(os.path.join(self.data_dir, "logs"), exist_ok=True)
         self._lock_file = self._lock()
+        _raise_open_file_limit()
         self.topics: dict[str, Topic] = {}
         self._next_producer_id = 1000
         self.journal = Journal(os.path.join(self.data_dir, "meta.journal"))
@@ -214,8 +217,8 @@ class Engine:
         if not TOPIC_NAME.match(name) or name in (".", ".."):
             raise CommandError(ErrorCode.INVALID_TOPIC, f"invalid topic name {name!r}")
         n = self.config.default_partitions if partitions is None else partitions
-        if n < 1:
-            raise CommandError(ErrorCode.INVALID_REQUEST, "partitions must be a positive integer")
+        if not 1 <= n <= MAX_PARTITIONS:
+            raise CommandError(ErrorCode.INVALID_REQUEST, f"partitions must be between 1 and {MAX_PARTITIONS}")
         config = config or TopicConfig()
         topic_id = uuid.uuid4().hex
         self.journal.append({"t": "topic", "name": name, "id": topic_id, "n": n, "cfg": _config_state(config)})
@@ -223,6 +226,8 @@ class Engine:
 
     def add_partitions(self, name: str, total: int) -> Topic:
         topic = self.topic(name)
+        if total > MAX_PARTITIONS:
+            raise CommandError(ErrorCode.INVALID_REQUEST, f"a topic has at most {MAX_PARTITIONS} partitions")
         if total < len(topic.partitions):
             raise CommandError(ErrorCode.INVALID_REQUEST,
                                f"topic {name} has {len(topic.partitions)} partitions; cannot shrink to {total}")
@@ -395,6 +400,16 @@ class Engine:
                     p.log.close()
             self.journal.close()
         self._lock_file.close()
+
+
+def _raise_open_file_limit() -> None:
+    """Open segments hold file descriptors: use the hard limit, as Kafka brokers are told to."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
 
 
 def _pkey(producer_id: Any) -> Any:

@@ -368,6 +368,9 @@ class GroupCoordinator:
                generation: int | None = None, require_assignment: bool = False) -> None:
         """Store committed offsets, after the membership checks asked for."""
         offsets = list(offsets)
+        for topic, partition, offset, _ in offsets:
+            if not -1 <= offset < 1 << 63 or not 0 <= partition < 1 << 31:
+                raise CommandError(ErrorCode.INVALID_REQUEST, f"offset {offset} out of range for {topic}/{partition}")
         if generation is not None:
             group = self.check_member(name, member_id, generation)
             group.members[member_id].last_heartbeat_ms = self.clock()

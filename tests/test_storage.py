@@ -194,3 +194,18 @@ def test_replication_high_watermark_and_isr(tmp_path):
     e.refresh_watermarks()
     assert part.replicas.isr(part.log_end_offset, e.now_ms()) == (0,)
     e.close()
+
+
+def test_limits_that_protect_the_process(engine):
+    with pytest.raises(CommandError):
+        engine.create_topic("huge", 10_001)
+    engine.create_topic("small", 1)
+    with pytest.raises(CommandError):
+        engine.add_partitions("small", 10_001)
+    with pytest.raises(CommandError) as e:
+        engine.groups.commit("g", [("small", 0, 1 << 64, "")])
+    assert e.value.error.code is ErrorCode.INVALID_REQUEST
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft == hard or hard == resource.RLIM_INFINITY
