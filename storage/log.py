@@ -111,13 +111,17 @@ class PartitionLog:
         i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
         out: list[StoredBatch] = []
         total = 0
-        for seg in self.segments[i:]:
+        for k, seg in enumerate(self.segments[i:], i):
             if seg.base_offset >= upto:
                 break
             batches, n = seg.read(offset, max_bytes - total, upto, first_whole=not out)
             out.extend(batches)
             total += n
             if total >= max_bytes:
+                break
+            # go on to the next segment only if this one was read to its end
+            nxt = self.segments[k + 1].base_offset if k + 1 < len(self.segments) else None
+            if nxt is None or (batches and batches[-1].last_offset + 1 < nxt) or (not batches and out):
                 break
         return out
 
