@@ -17,9 +17,7 @@ from collections.abc import Callable
 
 import cramjam
 
-XERIAL_MAGIC = b"\x82SNAPPY\x00"
-_XERIAL_HEADER = 16  # magic, version, compatible version
-_U32 = struct.Struct(">I")
+from gateway import compression as snappy
 
 
 class DecompressionError(ValueError):
@@ -40,31 +38,6 @@ def _gzip(data: bytes, limit: int) -> bytes:
         if not d.eof:
             raise DecompressionError("truncated gzip data")
         data = d.unused_data
-    return b"".join(out)
-
-
-def _snappy_block(block: bytes, budget: int) -> bytes:
-    if cramjam.snappy.decompress_raw_len(block) > budget:
-        raise DecompressionError("decompressed body over the frame limit")
-    return bytes(cramjam.snappy.decompress_raw(block))
-
-
-def _snappy(data: bytes, limit: int) -> bytes:
-    if not data.startswith(XERIAL_MAGIC):
-        return _snappy_block(data, limit)
-    out = []
-    total = 0
-    pos = _XERIAL_HEADER
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise DecompressionError("truncated xerial chunk header")
-        (size,) = _U32.unpack_from(data, pos)
-        pos += 4
-        if pos + size > len(data):
-            raise DecompressionError("truncated xerial chunk")
-        out.append(_snappy_block(data[pos : pos + size], limit - total))
-        total += len(out[-1])
-        pos += size
     return b"".join(out)
 
 
@@ -108,7 +81,7 @@ DECOMPRESSORS: dict[str, Callable[[bytes, int], bytes] | None] = {
     "none": None,
     "": None,
     "gzip": _gzip,
-    "snappy": _snappy,
+    "snappy": snappy.decompress,
     "lz4": _lz4,
 }
 

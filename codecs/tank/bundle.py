@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 import cramjam
 
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
+from gateway.varint import VarintError, read_uvarint, uvarint
 
 NAME = "tank"
 
@@ -54,16 +55,7 @@ class BundleError(ValueError):
     """A bundle that cannot be decoded."""
 
 
-def varint(n: int) -> bytes:
-    """Unsigned LEB128."""
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+varint = uvarint  # unsigned LEB128
 
 
 def read_varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
@@ -72,16 +64,10 @@ def read_varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
         b = buf[pos]
         if b < 0x80:
             return b, pos + 1
-    value = 0
-    shift = 0
-    while pos < end and shift < 35:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-    raise BundleError("truncated or over-long varint")
+    try:
+        return read_uvarint(buf, pos, end, 5)
+    except VarintError as e:
+        raise BundleError(str(e)) from None
 
 
 class Header:
