@@ -42,6 +42,7 @@ test: $(STAMP) lint java
 bench: $(STAMP)
 	$(PY) benchmarks/v1_produce.py
 	$(PY) benchmarks/tank_produce_consume.py
+	$(PY) benchmarks/kafka_produce_consume.py
 	$(PY) $(MQTT)/benchmarks/mqtt_publish.py
 
 clean:
