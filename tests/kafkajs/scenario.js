@@ -29,7 +29,7 @@ async function produceConsume() {
   await producer.disconnect();
 
   const read = async (groupId, fromBeginning, count) => {
-    const consumer = kafka.consumer({ groupId, heartbeatInterval: 200 });
+    const consumer = kafka.consumer({ groupId, heartbeatInterval: 200, maxWaitTimeInMs: 300 });
     await consumer.connect();
     await consumer.subscribe({ topic: config.topic, fromBeginning });
     const got = [];
@@ -58,7 +58,7 @@ async function group() {
   await admin.createTopics({ topics: [{ topic: config.topic, numPartitions: 4 }] });
   await admin.disconnect();
   const member = async () => {
-    const consumer = kafka.consumer({ groupId: config.group, heartbeatInterval: 200, sessionTimeout: 6000 });
+    const consumer = kafka.consumer({ groupId: config.group, heartbeatInterval: 200, sessionTimeout: 6000, maxWaitTimeInMs: 300 });
     const state = { consumer, owned: [] };
     consumer.on(consumer.events.GROUP_JOIN, (e) => {
       state.owned = (e.payload.memberAssignment[config.topic] || []).slice().sort();
