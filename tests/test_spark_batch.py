@@ -76,6 +76,7 @@ def test_batch_read_with_offset_bounds(spark, spark_gateway):
                     endingOffsets=f'{{"{topic}":{{"0":5,"2":7}}}}', maxRecordsPerPartition=4)
     assert split_df.rdd.getNumPartitions() == 6
     assert rows_of(split_df) == rows_of(df)
+    assert read(spark, spark_gateway, topic, minPartitions=5).rdd.getNumPartitions() == 6  # ranges of 6
 
 
 def test_batch_read_with_timestamp_bounds(spark, spark_gateway):
@@ -163,3 +164,6 @@ def test_rate_limit_shares_the_limit_by_backlog_and_split_cuts_ranges():
     assert limited == {("t", 0): 6, ("t", 1): 13, ("t", 2): 5}
     assert [(r.partition, r.start, r.end) for r in split(start, latest, 25)] == [
         (0, 0, 25), (0, 25, 50), (0, 50, 60), (1, 10, 35), (1, 35, 40)]
+    # minPartitions 4 of 90 records: ranges of at most 23
+    assert [(r.partition, r.start, r.end) for r in split(start, latest, 1000, 4)] == [
+        (0, 0, 23), (0, 23, 46), (0, 46, 60), (1, 10, 33), (1, 33, 40)]

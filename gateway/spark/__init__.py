@@ -65,8 +65,13 @@ class OffsetRange(InputPartition):
     end: int
 
 
-def split(start: dict[TopicPartition, int], end: dict[TopicPartition, int], most: int) -> list[OffsetRange]:
-    """Ranges of at most ``most`` records covering ``start..end`` of every partition."""
+def split(start: dict[TopicPartition, int], end: dict[TopicPartition, int], most: int,
+          at_least: int = 1) -> list[OffsetRange]:
+    """Ranges covering ``start..end`` of every partition, of at most ``most`` records, and cut
+    smaller where that makes at least ``at_least`` ranges."""
+    total = sum(max(0, last - start.get(tp, 0)) for tp, last in end.items())
+    if at_least > 1 and total:
+        most = min(most, -(-total // at_least))
     ranges = []
     for (topic, part), last in sorted(end.items()):
         first = start.get((topic, part), 0)
@@ -123,7 +128,7 @@ class PolygateBatchReader(_Reading, DataSourceReader):
             tps = topics.partitions(self.options.topics)
             start = topics.resolve(self.options.starting, tps)
             end = topics.resolve(self.options.ending, tps)
-        return split(start, end, self.options.max_records_per_partition)
+        return split(start, end, self.options.max_records_per_partition, self.options.min_partitions)
 
 
 class PolygateStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -172,7 +177,8 @@ class PolygateStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvai
         return to_json(self._latest())
 
     def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
-        return split(from_json(start), from_json(end), self.options.max_records_per_partition)
+        return split(from_json(start), from_json(end), self.options.max_records_per_partition,
+                     self.options.min_partitions)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the offsets live in Spark's checkpoint, not in a consumer group."""

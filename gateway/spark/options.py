@@ -5,8 +5,11 @@ the format name: ``startingOffsets``/``endingOffsets`` are ``"earliest"``,
 ``"latest"`` or JSON ``{"orders": {"0": 23, "1": -2}}`` (-2 earliest, -1
 latest); ``startingTimestamp``/``endingTimestamp`` (ms, every partition) and
 ``startingOffsetsByTimestamp``/``endingOffsetsByTimestamp`` (JSON of ms per
-partition) take precedence over offsets. Options named ``kafka.<key>`` go
-unchanged to the client (librdkafka configuration).
+partition) take precedence over offsets. A read plans one Spark partition per
+topic partition, cut into ranges of at most ``maxRecordsPerPartition`` records
+and, like Spark's ``minPartitions``, into at least ``minPartitions`` ranges.
+Options named ``kafka.<key>`` go unchanged to the client (librdkafka
+configuration).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class SourceOptions:
     ending: Bound
     max_records_per_trigger: int | None
     max_records_per_partition: int
+    min_partitions: int
     poll_timeout_ms: int
     client_config: Mapping[str, str]
 
@@ -125,6 +129,7 @@ def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
         max_records_per_trigger=_int(options, "maxRecordsPerTrigger", None)
         or _int(options, "maxOffsetsPerTrigger", None),
         max_records_per_partition=_int(options, "maxRecordsPerPartition", DEFAULT_MAX_RECORDS_PER_PARTITION),
+        min_partitions=_int(options, "minPartitions", 1),
         poll_timeout_ms=_int(options, "pollTimeoutMs", 120_000),
         client_config=client_config(options),
     )
