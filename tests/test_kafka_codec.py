@@ -83,7 +83,7 @@ def test_api_versions_v3_golden_answer():
     assert data[8:10] == b"\x00\x00"
     assert data[10] == len(apis.APIS) + 1  # compact array
     entries = data[11 : 11 + 7 * len(apis.APIS)]
-    assert entries[:7] == b"\x00\x00\x00\x00\x00\x08\x00"  # Produce 0-8, empty entry tags
+    assert entries[:7] == b"\x00\x00\x00\x00\x00\x09\x00"  # Produce 0-9, empty entry tags
     assert data[11 + 7 * len(apis.APIS) :] == b"\x00\x00\x00\x00\x00"  # throttle, no top-level tags
 
 
@@ -97,11 +97,11 @@ def test_unsupported_api_versions_gets_kip511_v0_answer():
 
 def test_unsupported_version_answers_and_keeps_the_connection():
     conn = KafkaConnection(SETTINGS)
-    conn.receive_data(request(12, 4, {"GroupId": "g"}, 1) + request(18, 0, {}, 2))
+    conn.receive_data(request(16, 4, {}, 1) + request(18, 0, {}, 2))  # ListGroups v4 is not advertised
     first, second = events(conn)
     assert isinstance(first, Reply) and not first.close
-    assert answer(12, 4, first.data) == (1, answer(12, 4, first.data)[1])
-    assert answer(12, 4, first.data)[1].ErrorCode == apis.UNSUPPORTED_VERSION
+    correlation, body = answer(16, 4, first.data)
+    assert (correlation, body.ErrorCode) == (1, apis.UNSUPPORTED_VERSION)
     assert answer(18, 0, second.data)[0] == 2
 
 

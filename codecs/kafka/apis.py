@@ -7,8 +7,10 @@ returns an ``Answer`` (a response body, no command to run) or a ``Run``
 ``None`` for no response at all: Produce with acks=0). Bodies are dicts with
 Kafka's field names; fields left out take their defaults.
 
-``APIS`` lists the advertised APIs and version ranges (PROTOCOLS.md §4.2
-plus the 0.8-era versions of seed 002).
+``APIS`` lists the advertised APIs and version ranges: PROTOCOLS.md §4.2
+widened with the 0.8-era versions of seed 002 and with the flexible versions
+that need no topic IDs (Fetch <= 12, Metadata <= 12) and no fields the
+command model lacks (SyncGroup v5's protocol echo, ListGroups v4's states).
 """
 
 from __future__ import annotations
@@ -214,7 +216,8 @@ def list_offsets(session: Session, version: int, req: Any) -> Outcome:
 
 
 def metadata(session: Session, version: int, req: Any) -> Outcome:
-    names = None if req.Topics is None or (version == 0 and not req.Topics) else tuple(t.Name for t in req.Topics)
+    names = None if req.Topics is None or (version == 0 and not req.Topics) else tuple(
+        t.Name for t in req.Topics if t.Name is not None)
     auto = req.get("AllowAutoTopicCreation", True)
 
     def render(results: Sequence[m.ListTopicsResult]) -> dict[str, Any]:
@@ -254,7 +257,9 @@ def create_topics(session: Session, version: int, req: Any) -> Outcome:
 
     def render(results: Sequence[m.CreateTopicResult]) -> dict[str, Any]:
         return {"Topics": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
-                            "ErrorMessage": message(r.error)} for r in results]}
+                            "ErrorMessage": message(r.error), "NumPartitions": r.partitions if not r.error else -1,
+                            "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1}
+                           for r in results]}
 
     return Run(commands, render)
 
@@ -346,7 +351,8 @@ def join_group(session: Session, version: int, req: Any) -> Outcome:
         r = results[0]
         return {"ErrorCode": code(r.error, INVALID_REQUEST=INCONSISTENT_GROUP_PROTOCOL,
                                   GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID),
-                "GenerationId": r.generation, "ProtocolName": r.protocol, "Leader": r.leader,
+                "GenerationId": r.generation, "ProtocolType": req.ProtocolType, "ProtocolName": r.protocol,
+                "Leader": r.leader,
                 "MemberId": r.member_id or req.MemberId,
                 "Members": [{"MemberId": mid, "Metadata": meta} for mid, meta in r.members]}
 
@@ -499,28 +505,28 @@ def sasl_authenticate(session: Session, version: int, req: Any) -> Outcome:
 
 
 APIS: dict[int, Api] = {api.key: api for api in (
-    Api(0, 0, 8, produce),
-    Api(1, 0, 11, fetch),
-    Api(2, 0, 5, list_offsets),
-    Api(3, 0, 8, metadata),
-    Api(8, 0, 7, offset_commit),
-    Api(9, 0, 5, offset_fetch),
-    Api(10, 0, 2, find_coordinator),
-    Api(11, 0, 5, join_group),
-    Api(12, 0, 3, heartbeat),
-    Api(13, 0, 3, leave_group),
-    Api(14, 0, 3, sync_group),
-    Api(15, 0, 4, describe_groups),
-    Api(16, 0, 2, list_groups),
+    Api(0, 0, 9, produce),
+    Api(1, 0, 12, fetch),
+    Api(2, 0, 7, list_offsets),
+    Api(3, 0, 12, metadata),
+    Api(8, 0, 8, offset_commit),
+    Api(9, 0, 7, offset_fetch),
+    Api(10, 0, 3, find_coordinator),
+    Api(11, 0, 7, join_group),
+    Api(12, 0, 4, heartbeat),
+    Api(13, 0, 4, leave_group),
+    Api(14, 0, 4, sync_group),
+    Api(15, 0, 5, describe_groups),
+    Api(16, 0, 3, list_groups),
     Api(17, 0, 1, sasl_handshake),
     Api(18, 0, 3, api_versions),
-    Api(19, 0, 4, create_topics),
-    Api(20, 0, 3, delete_topics),
+    Api(19, 0, 5, create_topics),
+    Api(20, 0, 4, delete_topics),
     Api(22, 0, 4, init_producer_id),
-    Api(32, 0, 2, describe_configs),
-    Api(36, 0, 1, sasl_authenticate),
-    Api(37, 0, 1, create_partitions),
-    Api(42, 0, 1, delete_groups),
+    Api(32, 0, 4, describe_configs),
+    Api(36, 0, 2, sasl_authenticate),
+    Api(37, 0, 3, create_partitions),
+    Api(42, 0, 2, delete_groups),
 )}
 API_VERSIONS = 18
 SASL_APIS = frozenset({17, 18, 36})
