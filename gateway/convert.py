@@ -8,18 +8,79 @@ stream of single-record V1 produces reaches a Kafka consumer as a few large
 record batches rather than one batch header and checksum per record.
 Converted runs are cached by ``(topic id, partition, first offset, last
 offset, format)`` in a byte-bounded LRU.
+
+A format may also offer the optional column methods ``columns(batches)``
+(the records of consecutive stored batches of that format as one
+``Columns``) and ``encode_columns(columns, base_offset)`` (``encode`` of
+records given as ``Columns``): a run whose target has ``encode_columns``
+skips building a ``Record`` per record, its sources giving ``Columns``
+directly where they can and through ``records`` otherwise. Formats without
+them are converted through ``Record``s.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from gateway.codec import BatchFormat
-from gateway.model import CommandError, ErrorCode, StoredBatch
+from gateway.model import EMPTY, CommandError, ErrorCode, Record, StoredBatch
 
 MAX_RUN_RECORDS = 4096
 MAX_RUN_BYTES = 1 << 20
+
+
+class Columns:
+    """Records field by field: parallel lists with one item per record, as
+    ``Record`` has them. ``headers`` (tuples of pairs) and ``extras``
+    (mappings, read only) are ``None`` when no record has any.
+    """
+
+    __slots__ = ("offsets", "timestamps", "keys", "values", "headers", "extras")
+
+    def __init__(self, offsets: list[int | None], timestamps: list[int], keys: list[bytes | None],
+                 values: list[bytes | None], headers: list[tuple[tuple[str, bytes | None], ...]] | None = None,
+                 extras: list[Mapping[str, Any]] | None = None):
+        self.offsets = offsets
+        self.timestamps = timestamps
+        self.keys = keys
+        self.values = values
+        self.headers = headers
+        self.extras = extras
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @classmethod
+    def of_records(cls, records: Iterable[Record]) -> Columns:
+        records = list(records)
+        headers = [r.headers for r in records]
+        extras = [r.extras for r in records]
+        return cls([r.offset for r in records], [r.timestamp for r in records], [r.key for r in records],
+                   [r.value for r in records], headers if any(headers) else None, extras if any(extras) else None)
+
+    def records(self) -> list[Record]:
+        return list(map(Record, self.values, self.keys, self.timestamps,
+                        self.headers or itertools.repeat(()), self.offsets, self.extras or itertools.repeat(EMPTY)))
+
+    def extend(self, other: Columns) -> None:
+        """Append ``other``'s records."""
+        for name, empty in (("headers", ()), ("extras", EMPTY)):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if theirs is not None:
+                if mine is None:
+                    setattr(self, name, [empty] * len(self) + theirs)
+                else:
+                    mine += theirs
+            elif mine is not None:
+                mine += [empty] * len(other)
+        self.offsets += other.offsets
+        self.timestamps += other.timestamps
+        self.keys += other.keys
+        self.values += other.values
 
 
 class ConversionCache:
@@ -75,16 +136,30 @@ def runs(batches: Iterable[StoredBatch], target: str) -> Iterable[StoredBatch | 
 def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
                 formats: Mapping[str, BatchFormat]) -> StoredBatch:
     """Decode ``run`` (consecutive foreign batches) and encode it as one ``target`` batch."""
-    records = []
-    for b in run:
-        source = formats.get(b.format)
+    by_columns = hasattr(target, "encode_columns")
+    records: list[Record] = []
+    columns: Columns | None = None
+    for name, group in itertools.groupby(run, key=operator.attrgetter("format")):
+        source = formats.get(name)
         if source is None:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE,
-                               f"cannot convert {b.format!r} batches to {target.name!r}: format not installed")
-        records.extend(source.records(b))
+                               f"cannot convert {name!r} batches to {target.name!r}: format not installed")
+        if not by_columns:
+            for b in group:
+                records.extend(source.records(b))
+            continue
+        if hasattr(source, "columns"):
+            part = source.columns(list(group))
+        else:
+            part = Columns.of_records(itertools.chain.from_iterable(source.records(b) for b in group))
+        if columns is None:
+            columns = part
+        else:
+            columns.extend(part)
     first, last = run[0], run[-1]
-    return StoredBatch(target.name, first.base_offset, last.last_offset,
-                       max(b.max_timestamp for b in run), target.encode(records, first.base_offset))
+    base = first.base_offset
+    payload = target.encode_columns(columns, base) if columns is not None else target.encode(records, base)
+    return StoredBatch(target.name, base, last.last_offset, max(b.max_timestamp for b in run), payload)
 
 
 def convert(batches: Iterable[StoredBatch], target: str, formats: Mapping[str, BatchFormat],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Sequence
 
 B64_PREFIX = b"b64:"
 
@@ -28,3 +29,15 @@ def as_text(value: bytes | None, unsafe: re.Pattern[str] | None = None) -> bytes
         if not text.startswith("b64:") and (unsafe is None or not unsafe.search(text)):
             return value
     return B64_PREFIX + base64.b64encode(value)
+
+
+def as_texts(values: Sequence[bytes | None], unsafe: re.Pattern[str] | None = None) -> list[bytes]:
+    """``as_text`` of each value, checked in one pass when they are all plain ASCII."""
+    try:
+        joined = b"".join(values)  # type: ignore[arg-type]
+    except TypeError:  # null values
+        values = [v or b"" for v in values]
+        joined = b"".join(values)
+    if joined.isascii() and B64_PREFIX not in joined and (unsafe is None or not unsafe.search(joined.decode())):
+        return list(values)  # type: ignore[arg-type]
+    return [as_text(v, unsafe) for v in values]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import cramjam
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway import compression, varint
+from gateway.text import as_text, as_texts
+
+_UNSAFE = re.compile(r"[\s,\x00-\x1f\x7f]")
 
 
 def _reference_uvarint(n: int) -> bytes:
@@ -93,3 +98,10 @@ def test_xerial_truncated_or_garbage(cut):
         compression.decompress(framed[:-cut])
     with pytest.raises(compression.SnappyError):
         compression.decompress(compression.XERIAL_HEADER + b"\x00\x00\x00\x04" + b"\xff" * 4)
+
+
+@given(st.lists(st.none() | st.binary(max_size=12) | st.sampled_from([b"b64:x", b"a,b", b"plain", b"caf\xc3\xa9"]),
+                max_size=8))
+def test_as_texts_is_as_text_of_each(values):
+    for unsafe in (None, _UNSAFE):
+        assert as_texts(values, unsafe) == [as_text(v, unsafe) for v in values]

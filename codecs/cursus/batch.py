@@ -55,8 +55,9 @@ from construct import (
     this,
 )
 
-from gateway.model import Record, StoredBatch
-from gateway.text import as_text
+from gateway.convert import Columns
+from gateway.model import EMPTY, Record, StoredBatch
+from gateway.text import as_texts
 
 NAME = "cursus"
 MAGIC = 0xBA7C
@@ -109,6 +110,8 @@ _HEAD_TAIL = struct.Struct(">BQQi")  # idempotent, seqStart, seqEnd, count
 _REC_HEAD = struct.Struct(">QQH")  # offset, seqNum, producerIdLen
 _REC_MID = struct.Struct(">qI")  # epoch, payloadLen
 _REC_TAIL = struct.Struct(">IQH")  # schemaVersion, aggregateVersion, metadataLen
+_REC_HEAD_NO_PRODUCER = struct.Struct(">QQHH")  # offset, seqNum, producerIdLen 0, keyLen
+_NO_EVENT = _U16.pack(0) + _REC_TAIL.pack(0, 0, 0)  # no event type, schema, aggregate version, metadata
 
 H_EVENT_TYPE = "cursus.event_type"
 H_SCHEMA_VERSION = "cursus.schema_version"
@@ -117,6 +120,7 @@ H_METADATA = "cursus.metadata"
 X_PRODUCER_ID = "cursus.producer_id"
 X_EPOCH = "cursus.epoch"
 X_SEQ_NUM = "cursus.seq_num"
+_EVENT_HEADERS = frozenset((H_EVENT_TYPE, H_SCHEMA_VERSION, H_AGGREGATE_VERSION, H_METADATA))
 
 
 class BatchError(ValueError):
@@ -362,46 +366,81 @@ class CursusFormat:
             self._walked.popitem(last=False)
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
-        data = batch.payload
-        header = parse_header(data)
-        starts = walk(data, header.size, header.count)
-        for i, s in enumerate(starts[:-1]):
-            offset, seq, plen = _REC_HEAD.unpack_from(data, s)
-            pos = s + 18
-            pid = data[pos : pos + plen]
-            pos += plen
-            (klen,) = _U16.unpack_from(data, pos)
-            key = data[pos + 2 : pos + 2 + klen]
-            pos += 2 + klen
-            epoch, vlen = _REC_MID.unpack_from(data, pos)
-            value = data[pos + 12 : pos + 12 + vlen]
-            pos += 12 + vlen
-            (elen,) = _U16.unpack_from(data, pos)
-            event_type = data[pos + 2 : pos + 2 + elen]
-            pos += 2 + elen
-            schema, aggregate, mlen = _REC_TAIL.unpack_from(data, pos)
-            metadata = data[pos + 14 : pos + 14 + mlen]
-            headers: tuple[tuple[str, bytes | None], ...] = ()
-            if event_type or metadata or schema or aggregate:
-                headers = ((H_EVENT_TYPE, event_type), (H_SCHEMA_VERSION, b"%d" % schema),
-                           (H_AGGREGATE_VERSION, b"%d" % aggregate), (H_METADATA, metadata))
-            yield Record(value, key or None, batch.max_timestamp, headers, batch.base_offset + i,
-                         {X_PRODUCER_ID: decode_text(pid), X_EPOCH: epoch, X_SEQ_NUM: seq})
+        return self.columns((batch,)).records()
+
+    def columns(self, batches: Iterable[StoredBatch]) -> Columns:
+        """The records of ``batches``, field by field (``gateway.convert.Columns``)."""
+        rec_head, u16, mid, tail = _REC_HEAD.unpack_from, _U16.unpack_from, _REC_MID.unpack_from, _REC_TAIL.unpack_from
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        headers: list[tuple[tuple[str, bytes | None], ...]] = []
+        extras: list[dict] = []
+        with_headers = False
+        offsets: list[int | None] = []
+        stamps: list[int] = []
+        for batch in batches:
+            data = batch.payload
+            header = parse_header(data)
+            starts = walk(data, header.size, header.count)
+            offsets += range(batch.base_offset, batch.base_offset + header.count)
+            stamps += [batch.max_timestamp] * header.count
+            for s in starts[:-1]:
+                _, seq, plen = rec_head(data, s)
+                pos = s + 18
+                pid = data[pos : pos + plen]
+                pos += plen
+                (klen,) = u16(data, pos)
+                keys.append(data[pos + 2 : pos + 2 + klen] or None)
+                pos += 2 + klen
+                epoch, vlen = mid(data, pos)
+                values.append(data[pos + 12 : pos + 12 + vlen])
+                pos += 12 + vlen
+                (elen,) = u16(data, pos)
+                event_type = data[pos + 2 : pos + 2 + elen]
+                pos += 2 + elen
+                schema, aggregate, mlen = tail(data, pos)
+                metadata = data[pos + 14 : pos + 14 + mlen]
+                if event_type or metadata or schema or aggregate:
+                    with_headers = True
+                    headers.append(((H_EVENT_TYPE, event_type), (H_SCHEMA_VERSION, b"%d" % schema),
+                                    (H_AGGREGATE_VERSION, b"%d" % aggregate), (H_METADATA, metadata)))
+                else:
+                    headers.append(())
+                extras.append({X_PRODUCER_ID: decode_text(pid), X_EPOCH: epoch, X_SEQ_NUM: seq})
+        return Columns(offsets, stamps, keys, values, headers if with_headers else None, extras)
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
-        parts = []
-        for r in records:
-            headers = dict(r.headers)
-            x = r.extras
+        return self.encode_columns(Columns.of_records(records), base_offset)
+
+    def encode_columns(self, columns: Columns, base_offset: int) -> bytes:
+        """``encode`` of records given field by field (``gateway.convert.Columns``)."""
+        parts: list[bytes] = []
+        plain_head, mid = _REC_HEAD_NO_PRODUCER.pack, _REC_MID.pack
+        headers, extras = columns.headers, columns.extras
+        seqs = [0, 0]
+        n = len(columns)
+        keys, values = as_texts(columns.keys), as_texts(columns.values)
+        for i, (offset, key, value) in enumerate(zip(columns.offsets, keys, values, strict=True)):
+            if offset is None:
+                offset = base_offset + i
+            x = extras[i] if extras is not None else EMPTY
+            h = headers[i] if headers is not None else ()
+            seq = int(x.get(X_SEQ_NUM, 0)) if x else 0
+            if i == 0 or i == n - 1:
+                seqs[i and 1] = seq
+            if not x and not (h and any(name in _EVENT_HEADERS for name, _ in h)) and len(key) <= 0xFFFF:
+                parts += (plain_head(offset & 0xFFFFFFFFFFFFFFFF, 0, 0, len(key)), key, mid(0, len(value)), value,
+                          _NO_EVENT)
+                continue
+            h = dict(h)
             pid = str(x.get(X_PRODUCER_ID, "")).encode("utf-8", "surrogateescape")
             parts.append(encode_record(
-                r.offset if r.offset is not None else base_offset + len(parts), int(x.get(X_SEQ_NUM, 0)), pid,
-                as_text(r.key), int(x.get(X_EPOCH, 0)), as_text(r.value),
-                _header_value(headers, H_EVENT_TYPE), _header_int(headers, H_SCHEMA_VERSION),
-                _header_int(headers, H_AGGREGATE_VERSION), _header_value(headers, H_METADATA)))
-        seqs = [int(r.extras.get(X_SEQ_NUM, 0)) for r in records[:1] + records[-1:]]
-        return encode_header("", 0, "1", False, seqs[0] if seqs else 0, seqs[-1] if seqs else 0,
-                             len(parts)) + b"".join(parts)
+                offset, seq, pid, key, int(x.get(X_EPOCH, 0)), value,
+                _header_value(h, H_EVENT_TYPE), _header_int(h, H_SCHEMA_VERSION),
+                _header_int(h, H_AGGREGATE_VERSION), _header_value(h, H_METADATA)))
+        if n == 1:
+            seqs[1] = seqs[0]
+        return encode_header("", 0, "1", False, seqs[0], seqs[1], n) + b"".join(parts)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         known = self._walked.pop(id(payload), None)

@@ -28,8 +28,9 @@ from collections.abc import Iterable, Sequence
 
 import cramjam
 
+from gateway.convert import Columns
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
-from gateway.varint import VarintError, read_uvarint, uvarint
+from gateway.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
 
 NAME = "tank"
 
@@ -48,6 +49,8 @@ COMPRESS_MESSAGES = 512
 COMPRESS_BYTES = 1024
 
 _U64 = struct.Struct("<Q")
+_FLAGS_TS = struct.Struct("<BQ")
+_BYTES = tuple(bytes((i,)) for i in range(256))
 _PRODUCER = struct.Struct("<IQH")
 
 
@@ -209,35 +212,47 @@ def encode(messages: Sequence[tuple[int, bytes | None, bytes]], seqs: Sequence[i
     SPARSE. ``compress=None`` follows the C++ client: snappy above 512
     messages or 1024 bytes of keys and values.
     """
-    n = len(messages)
-    parts = []
+    stamps, keys, values = ([list(c) for c in zip(*messages, strict=True)] if messages else ([], [], []))
+    return encode_fields(stamps, keys, values, seqs, compress)
+
+
+def encode_fields(stamps: Sequence[int], keys: Sequence[bytes | None], values: Sequence[bytes],
+                  seqs: Sequence[int] | None = None, compress: bool | None = None) -> bytes:
+    """``encode`` with the messages given field by field (the conversion hot path)."""
+    n = len(values)
+    parts: list[bytes] = []
     append = parts.append
+    byte = _BYTES
+    uv = UVARINTS
+    flags_ts = _FLAGS_TS.pack
+    u64 = _U64.pack
     prev_ts = None
     payload_bytes = 0
-    for i, (ts, key, value) in enumerate(messages):
+    for i in range(n):
+        ts = stamps[i]
+        key = keys[i]
+        value = values[i]
         flags = HAVE_KEY if key else 0
         delta = 0
         if seqs is not None and 0 < i < n - 1:
             delta = seqs[i] - seqs[i - 1] - 1
             if not delta:
                 flags |= SEQ_PREV_PLUS_ONE
-        same_ts = i and ts == prev_ts
-        if same_ts:
-            flags |= USE_LAST_TS
-        append(bytes((flags,)))
-        if delta:
-            append(varint(delta))
-        if not same_ts:
-            append(_U64.pack(ts))
-            prev_ts = ts
+        if i and ts == prev_ts:
+            append(byte[flags | USE_LAST_TS])
+            if delta:
+                append(varint(delta))
+        elif delta:
+            parts += (byte[flags], varint(delta), u64(ts))
+        else:
+            append(flags_ts(flags, ts))
+        prev_ts = ts
         if key:
             key = key[:255]
-            append(bytes((len(key),)))
-            append(key)
+            parts += (byte[len(key)], key)
             payload_bytes += len(key)
         vlen = len(value)
-        append(bytes((vlen,)) if vlen < 0x80 else varint(vlen))
-        append(value)
+        parts += (uv[vlen] if vlen < TABLE_SIZE else varint(vlen), value)
         payload_bytes += vlen
     body = b"".join(parts)
     if compress is None:
@@ -320,6 +335,19 @@ class TankFormat:
 
     def records(self, batch: StoredBatch) -> list[Record]:
         """Records of every bundle of the payload (several when produce requests were merged)."""
+        return [Record(value, key, ts, offset=s - 1) for s, ts, key, value in self._messages(batch)]
+
+    def columns(self, batches: Iterable[StoredBatch]) -> Columns:
+        """The records of ``batches``, field by field (``gateway.convert.Columns``)."""
+        messages = []
+        for batch in batches:
+            messages += self._messages(batch)
+        if not messages:
+            return Columns([], [], [], [])
+        seqs, stamps, keys, values = zip(*messages, strict=True)
+        return Columns([s - 1 for s in seqs], list(stamps), list(keys), list(values))
+
+    def _messages(self, batch: StoredBatch) -> list[tuple[int, int, bytes | None, bytes]]:
         payload = batch.payload
         end = len(payload)
         pos = 0
@@ -331,8 +359,7 @@ class TankFormat:
                 if body + n > end:
                     raise BundleError("bundle cut short")
                 header = parse_header(payload, body, body + n)
-                messages = decode_messages(message_set(payload, header), header, seq)
-                out += [Record(value, key, ts, offset=s - 1) for s, ts, key, value in messages]
+                out += decode_messages(message_set(payload, header), header, seq)
                 seq = (header.last_seq if header.flags & SPARSE else seq + header.count - 1) + 1
                 pos = body + n
         except BundleError as e:
@@ -340,13 +367,19 @@ class TankFormat:
         return out
 
     def encode(self, records: Sequence[Record], base_offset: int, sparse: bool = False) -> bytes:
-        if not records:
+        return self.encode_columns(Columns.of_records(records), base_offset, sparse)
+
+    def encode_columns(self, columns: Columns, base_offset: int, sparse: bool = False) -> bytes:
+        """``encode`` of records given field by field (``gateway.convert.Columns``)."""
+        offsets = columns.offsets
+        if not offsets:
             return b""
-        seqs = [r.offset + 1 for r in records]
-        if not sparse and seqs[0] == base_offset + 1 and seqs[-1] - seqs[0] == len(seqs) - 1:
+        seqs: list[int] | None = [o + 1 for o in offsets]
+        if not sparse and offsets[0] == base_offset and offsets[-1] - offsets[0] == len(offsets) - 1:
             seqs = None
-        messages = [(max(r.timestamp, 0), r.key, r.value or b"") for r in records]
-        return frame(encode(messages, seqs, compress=False))
+        stamps = [t if t > 0 else 0 for t in columns.timestamps]
+        values = [v or b"" for v in columns.values]
+        return frame(encode_fields(stamps, columns.keys, values, seqs, compress=False))
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return payload

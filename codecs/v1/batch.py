@@ -20,8 +20,9 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 
+from gateway.convert import Columns
 from gateway.model import Record, StoredBatch
-from gateway.text import as_text
+from gateway.text import as_text, as_texts
 
 NAME = "v1"
 HEAD = struct.Struct(">Iqi")
@@ -48,23 +49,50 @@ class V1Format:
     name = NAME
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
-        data = batch.payload
-        pos = 0
-        while pos < len(data):
-            delta, ts, klen = HEAD.unpack_from(data, pos)
-            pos += HEAD.size
-            key = None if klen < 0 else bytes(data[pos : pos + klen])
-            pos += max(klen, 0)
-            (vlen,) = LEN.unpack_from(data, pos)
-            pos += LEN.size
-            value = None if vlen < 0 else bytes(data[pos : pos + vlen])
-            pos += max(vlen, 0)
-            yield Record(value, key, ts, offset=batch.base_offset + delta)
+        return self.columns((batch,)).records()
+
+    def columns(self, batches: Iterable[StoredBatch]) -> Columns:
+        """The records of ``batches``, field by field (``gateway.convert.Columns``)."""
+        head, length = HEAD.unpack_from, LEN.unpack_from
+        offsets, stamps, keys, values = [], [], [], []
+        for batch in batches:
+            data = bytes(batch.payload)
+            base = batch.base_offset
+            pos = 0
+            end = len(data)
+            while pos < end:
+                delta, ts, klen = head(data, pos)
+                pos += 16  # HEAD.size
+                if klen < 0:
+                    keys.append(None)
+                else:
+                    keys.append(data[pos : pos + klen])
+                    pos += klen
+                (vlen,) = length(data, pos)
+                pos += 4
+                if vlen < 0:
+                    values.append(None)
+                else:
+                    values.append(data[pos : pos + vlen])
+                    pos += vlen
+                offsets.append(base + delta)
+                stamps.append(ts)
+        return Columns(offsets, stamps, keys, values)
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
-        return b"".join(
-            encode_record(r.offset - base_offset, r.timestamp, r.key, line_safe(r.value)) for r in records
-        )
+        return self.encode_columns(Columns.of_records(records), base_offset)
+
+    def encode_columns(self, columns: Columns, base_offset: int) -> bytes:
+        """``encode`` of records given field by field (``gateway.convert.Columns``)."""
+        parts: list[bytes] = []
+        head, length = HEAD.pack, LEN.pack
+        values = as_texts(columns.values, _UNSAFE)
+        for offset, ts, key, value in zip(columns.offsets, columns.timestamps, columns.keys, values, strict=True):
+            if key is None:
+                parts += (head(offset - base_offset, ts, -1), length(len(value)), value)
+            else:
+                parts += (head(offset - base_offset, ts, len(key)), key, length(len(value)), value)
+        return b"".join(parts)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return payload
