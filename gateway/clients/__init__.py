@@ -7,6 +7,7 @@ from typing import Any
 # (create_topic, list_topics, describe_topic, delete_topic, produce, consume_all).
 CLIENTS = {
     "v1": "gateway.clients.v1:V1Client",
+    "kafka": "gateway.clients.kafka:KafkaClient",
     "tank": "gateway.clients.tank:TankClient",
     "cursus": "gateway.clients.cursus:CursusClient",
 }
