@@ -222,3 +222,27 @@ def test_codec_never_raises(chunks):
             if isinstance(event, Reply):
                 (size,) = struct.unpack_from(">i", event.data)
                 assert size == len(event.data) - 4
+
+
+def test_advertised_address_can_be_set_per_listener():
+    conn = KafkaConnection(ListenerSettings(max_frame_size=1 << 20, advertised_host="a", advertised_port=1,
+                                            options={"advertised.host": "kafka.example", "advertised.port": "19092"}))
+    conn.receive_data(request(10, 1, {"Key": "g"}))
+    (reply,) = events(conn)
+    body = answer(10, 1, reply.data)[1]
+    assert (body.Host, body.Port) == ("kafka.example", 19092)
+
+
+def test_sasl_handshake_v0_raw_plain_token():
+    conn = KafkaConnection(attrs_evolve_options({"sasl.users": "alice:pw", "sasl.mechanisms": "PLAIN"}))
+    conn.receive_data(request(17, 0, {"Mechanism": "PLAIN"}))
+    (reply,) = events(conn)
+    assert answer(17, 0, reply.data)[1].Mechanisms == ["PLAIN"]
+    token = b"\x00alice\x00pw"
+    conn.receive_data(struct.pack(">i", len(token)) + token + request(3, 1, {"Topics": None}))
+    raw, metadata = events(conn)
+    assert raw.data == b"\x00\x00\x00\x00" and isinstance(metadata, Request)
+    bad = KafkaConnection(attrs_evolve_options({"sasl.users": "alice:pw"}))
+    wrong = b"\x00alice\x00no"
+    bad.receive_data(request(17, 0, {"Mechanism": "PLAIN"}) + struct.pack(">i", len(wrong)) + wrong)
+    assert isinstance(events(bad)[-1], Close)
