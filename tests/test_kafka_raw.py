@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 
+import crc32c
 import kafka_support
 from kafka_support import unique
 
@@ -121,3 +122,17 @@ def test_cli_speaks_kafka(kafka_gateway):
     assert run("consume", topic).splitlines() == ["0\tone", "1\ttwo"]
     assert f"{topic}\t2" in run("topics", "list").splitlines()
     run("topics", "delete", topic)
+
+
+def test_batch_with_good_crc_but_bad_records_gives_readers_an_error(kafka_gateway):
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    good = records.encode_batch(RECS, 0)
+    tail = good[records.CRC_START:-3] + b"\xff\xff\xff"  # records cut short, CRC recomputed
+    bad = good[:8] + struct.pack(">i", len(tail) + 9) + good[12:17] + struct.pack(">I", crc32c.crc32c(tail)) + tail
+    assert client.produce_batch(topic, 0, bad).ErrorCode == 0
+    assert client.fetch(topic, 0, 0, version=2).ErrorCode == 2  # legacy fetchers: CORRUPT_MESSAGE
+    with V1Client("127.0.0.1", kafka_gateway.port("v1")) as v1:
+        reply = v1.request("CONSUME", topic, "0", "0")  # another format's reader: an error or nothing
+        assert not reply.ok or reply.fields["messages"] == ""
+    kafka_gateway.assert_alive()

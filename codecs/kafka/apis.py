@@ -140,9 +140,8 @@ def produce(session: Session, version: int, req: Any) -> Outcome:
         for part in topic.PartitionData:
             try:
                 batches = records.split_batches(part.Records or b"", now)
-            except (records.CorruptRecords, ValueError) as e:
+            except records.CorruptRecords:
                 slots.append((topic.Name, part.Index, len(commands), 0, CORRUPT_MESSAGE))
-                del e
                 continue
             slots.append((topic.Name, part.Index, len(commands), len(batches), NONE))
             commands += [m.Produce(topic.Name, part.Index, b, acks, req.TimeoutMs) for b in batches]
@@ -179,14 +178,18 @@ def fetch(session: Session, version: int, req: Any) -> Outcome:
     def render(results: Sequence[m.FetchManyResult]) -> dict[str, Any]:
         parts = []
         for f, r in zip(fetches, results[0].results, strict=True):
+            error = r.error
             if legacy_magic is None:
                 data = b"".join(b.payload for b in r.batches)
             else:
-                data = records.encode_message_set(
-                    (rec for b in r.batches for rec in records.FORMAT.records(b) if rec.offset >= f.offset),
-                    legacy_magic)
+                try:
+                    data = records.encode_message_set(
+                        (rec for b in r.batches for rec in records.FORMAT.records(b) if rec.offset >= f.offset),
+                        legacy_magic)
+                except m.CommandError as e:
+                    data, error = b"", e.error
             parts.append((f.topic, {
-                "PartitionIndex": f.partition, "ErrorCode": code(r.error),
+                "PartitionIndex": f.partition, "ErrorCode": code(error),
                 "HighWatermark": r.high_watermark, "LastStableOffset": r.last_stable_offset,
                 "LogStartOffset": r.log_start_offset, "Records": data,
             }))

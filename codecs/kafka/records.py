@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import crc32c
 
-from gateway.model import Batch, ProducerState, Record, StoredBatch
+from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
 
 from . import compression
 
@@ -249,7 +249,10 @@ def read_message_set(data: bytes, now_ms: int, outer_offset: int | None = None) 
         value, p = _read_legacy_blob(data, p, end)
         codec = attributes & ATTR_COMPRESSION
         if codec:
-            inner = compression.decompress(codec, value or b"")
+            try:
+                inner = compression.decompress(codec, value or b"")
+            except compression.CompressionError as e:
+                raise CorruptRecords(str(e)) from None
             yield from read_message_set(inner, ts if magic == 1 else now_ms, offset)
         else:
             yield Record(value, key, ts)
@@ -291,7 +294,12 @@ class KafkaFormat:
     name = NAME
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
-        return read_batches(batch.payload, batch.base_offset)
+        """The batch's records; a batch whose CRC held but whose records do not parse
+        raises ``CommandError(CORRUPT_MESSAGE)`` (the reader gets that error)."""
+        try:
+            return list(read_batches(batch.payload, batch.base_offset))
+        except (CorruptRecords, compression.CompressionError, IndexError, struct.error) as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored Kafka batch at {batch.base_offset}: {e}") from None
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         return encode_batch(records, base_offset)
