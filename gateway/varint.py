@@ -27,6 +27,8 @@ def _encode(n: int) -> bytes:
 
 UVARINTS: tuple[bytes, ...] = tuple(_encode(n) for n in range(TABLE_SIZE))
 """``UVARINTS[n]`` is the varint of ``n`` for ``0 <= n < TABLE_SIZE`` (for inlined hot loops)."""
+ZIGZAGS: tuple[bytes, ...] = UVARINTS[::2]
+"""``ZIGZAGS[n]`` is the zigzag varint of ``n`` for ``0 <= n < TABLE_SIZE // 2`` (lengths, deltas)."""
 
 
 def uvarint(n: int) -> bytes:

@@ -105,3 +105,8 @@ def test_xerial_truncated_or_garbage(cut):
 def test_as_texts_is_as_text_of_each(values):
     for unsafe in (None, _UNSAFE):
         assert as_texts(values, unsafe) == [as_text(v, unsafe) for v in values]
+
+
+def test_tables():
+    assert all(varint.ZIGZAGS[n] == varint.zigzag(n) for n in range(varint.TABLE_SIZE // 2))
+    assert all(varint.UVARINTS[n] == _reference_uvarint(n) for n in range(varint.TABLE_SIZE))
