@@ -156,7 +156,10 @@ def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
     short ends the list (the last bundle of a consume chunk may be cut);
     otherwise it raises ``BundleError``.
     """
+    if type(data) is not bytes:
+        data = bytes(data)  # one copy, then every key and value is one slice
     out = []
+    append = out.append
     pos = 0
     end = len(data)
     ts = 0
@@ -168,7 +171,9 @@ def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
         for i in range(header.count):
             flags = data[pos]
             pos += 1
-            if sparse and i:
+            if not sparse:
+                seq = first_seq + i
+            elif i:
                 if flags & SEQ_PREV_PLUS_ONE:
                     seq += 1
                 elif i == last_index:
@@ -176,25 +181,25 @@ def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
                 else:
                     delta, pos = read_varint(data, pos, end)
                     seq += delta + 1
-            elif i:
-                seq += 1
             if not flags & USE_LAST_TS:
                 (ts,) = unpack_u64(data, pos)
                 pos += 8
-            key = None
             if flags & HAVE_KEY:
-                klen = data[pos]
-                key = bytes(data[pos + 1 : pos + 1 + klen])
-                pos += 1 + klen
+                klen = data[pos] + pos + 1
+                key = data[pos + 1 : klen]
+                pos = klen
+            else:
+                key = None
             vlen = data[pos]
             if vlen < 0x80:
                 pos += 1
             else:
                 vlen, pos = read_varint(data, pos, end)
-            if pos + vlen > end:
+            vlen += pos
+            if vlen > end:
                 raise BundleError("message cut short")
-            out.append((seq, ts, key, bytes(data[pos : pos + vlen])))
-            pos += vlen
+            append((seq, ts, key, data[pos:vlen]))
+            pos = vlen
     except (IndexError, struct.error, BundleError) as e:
         if partial:
             return out
