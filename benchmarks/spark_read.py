@@ -1,0 +1,128 @@
+"""Spark reading a polygate topic beside Spark reading the same records from Parquet, in one run.
+
+1M records of 100-byte values are produced (confluent-kafka) into a
+3-partition topic; a local Spark (``local[2]``, 1 GiB driver) then reads them
+through ``format("polygate")`` (one task per topic partition, and with
+``minPartitions`` 4) and from a Parquet file that Spark exported from
+the topic. Two queries per source: ``count()`` and a full scan
+(``count``, ``sum(length(value))``), each the best of two runs; records/s and
+the polygate/Parquet ratios. Parquet answers ``count()`` from its footers, so
+the full scan is the fair comparison.
+
+    python benchmarks/spark_read.py [--records N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Gateway, progress, write_result  # noqa: E402
+
+VALUE_SIZE = 100
+PARTITIONS = 3
+
+
+def produce(servers: str, topic: str, records: int) -> float:
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    producer = ck.Producer({"bootstrap.servers": servers, "linger.ms": 20, "batch.size": 1_000_000,
+                            "log_level": 3})
+    start = time.perf_counter()
+    for i in range(records):
+        value = (b"%010d" % i).ljust(VALUE_SIZE, b"v")
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    assert producer.flush(120) == 0
+    return time.perf_counter() - start
+
+
+def spark_session():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from gateway.spark import register
+
+    spark = (SparkSession.builder.master("local[2]").appName("polygate-bench")
+             .config("spark.driver.memory", "1g").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def best_of(runs: int, action) -> tuple[float, object]:
+    times, answer = [], None
+    for _ in range(runs):
+        start = time.perf_counter()
+        answer = action()
+        times.append(time.perf_counter() - start)
+    return min(times), answer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    args = parser.parse_args()
+    n = args.records
+    from pyspark.sql import functions as F
+
+    workdir = tempfile.mkdtemp(prefix="polygate-spark-bench-")
+    with Gateway(["kafka"], ["--default-partitions", str(PARTITIONS)]) as gw:
+        servers, topic = f"127.0.0.1:{gw.ports['kafka']}", f"bench-{time.time_ns()}"
+        progress(f"producing {n} records of {VALUE_SIZE} bytes into {PARTITIONS} partitions")
+        produced = produce(servers, topic, n)
+        progress(f"produced in {produced:.1f} s ({n / produced:,.0f} records/s); starting Spark")
+        spark = spark_session()
+        try:
+            polygate = spark.read.format("polygate").option("bootstrap", servers).option("topic", topic).load()
+            parquet_path = os.path.join(workdir, "topic.parquet")
+            start = time.perf_counter()
+            polygate.write.parquet(parquet_path)
+            exported = time.perf_counter() - start
+            progress(f"exported to Parquet in {exported:.1f} s")
+            parquet = spark.read.parquet(parquet_path)
+
+            def scan(df):
+                return lambda: tuple(df.agg(F.count("*"), F.sum(F.length("value"))).first())
+
+            split = (spark.read.format("polygate").option("bootstrap", servers).option("topic", topic)
+                     .option("minPartitions", 4).load())
+            results = {}
+            for name, df in (("polygate", polygate), ("polygate_min4", split), ("parquet", parquet)):
+                count_s, count = best_of(2, df.count)
+                scan_s, (rows, size) = best_of(2, scan(df))
+                assert count == rows == n and size == n * VALUE_SIZE, (name, count, rows, size)
+                results[name] = {"count_s": count_s, "count_records_per_s": n / count_s,
+                                 "scan_s": scan_s, "scan_records_per_s": n / scan_s}
+                progress(f"{name:13}  count() {n / count_s:>12,.0f} records/s ({count_s:.2f} s)   "
+                         f"full scan {n / scan_s:>12,.0f} records/s ({scan_s:.2f} s)")
+        finally:
+            spark.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+    ratios = {f"{name}_{kind}": results[name][f"{kind}_records_per_s"] / results["parquet"][f"{kind}_records_per_s"]
+              for name in ("polygate", "polygate_min4") for kind in ("scan", "count")}
+    print(f"polygate/Parquet full scan: {ratios['polygate_scan']:.3f}x (3 tasks), "
+          f"{ratios['polygate_min4_scan']:.3f}x (minPartitions 4); count(): {ratios['polygate_count']:.3f}x; "
+          f"export polygate -> Parquet {n / exported:,.0f} records/s")
+    path = write_result("spark_read", {"records": n, "value_size": VALUE_SIZE, "partitions": PARTITIONS,
+                                       "spark": "local[2]", "produce_records_per_s": n / produced,
+                                       "export_records_per_s": n / exported, **results, "ratios": ratios})
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
