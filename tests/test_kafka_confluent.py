@@ -181,3 +181,18 @@ def test_sasl(gateway_factory, mechanism):
     wait_until(lambda: bad.poll(0.1) or any(e.code() == ck.KafkaError._AUTHENTICATION for e in errors), 20, 0,
                "authentication failure")
     bad.purge()
+
+
+def test_v1_group_commit_is_where_a_kafka_consumer_starts(kafka_gateway):
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    sent = produce_all(servers, topic)
+    with V1Client("127.0.0.1", kafka_gateway.port("v1")) as v1:
+        joined = v1.request("JOIN", group, topic, "v1-member").check().fields
+        v1.request("COMMIT", group, topic, "v1-member", joined["generation"], "0", "11").check()
+        v1.request("LEAVE", group, topic, "v1-member", joined["generation"]).check()
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    assert c.committed([ck.TopicPartition(topic, 0)], timeout=10)[0].offset == 11
+    c.subscribe([topic])
+    got = consume(c, len(sent) - 11)
+    c.close()
+    assert got[0].offset() == 11 and got[0].value() == sent[11][1]
