@@ -100,10 +100,10 @@ def test_xerial_truncated_or_garbage(cut):
         compression.decompress(compression.XERIAL_HEADER + b"\x00\x00\x00\x04" + b"\xff" * 4)
 
 
-@given(st.lists(st.none() | st.binary(max_size=12) | st.sampled_from([b"b64:x", b"a,b", b"plain", b"caf\xc3\xa9"]),
-                max_size=8))
+@given(st.lists(st.none() | st.binary(max_size=12) | st.text(st.characters(max_codepoint=127), max_size=12).map(str.encode)
+                | st.sampled_from([b"b64:x", b"a,b", b"plain", b"caf\xc3\xa9", b"a", b"b"]), max_size=8))
 def test_as_texts_is_as_text_of_each(values):
-    for unsafe in (None, _UNSAFE):
+    for unsafe in (None, _UNSAFE, re.compile("ab")):
         assert as_texts(values, unsafe) == [as_text(v, unsafe) for v in values]
 
 

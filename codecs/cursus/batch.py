@@ -381,32 +381,41 @@ class CursusFormat:
         for batch in batches:
             data = batch.payload
             header = parse_header(data)
-            starts = walk(data, header.size, header.count)
             offsets += range(batch.base_offset, batch.base_offset + header.count)
             stamps += [batch.max_timestamp] * header.count
-            for s in starts[:-1]:
-                _, seq, plen = rec_head(data, s)
-                pos = s + 18
-                pid = data[pos : pos + plen]
-                pos += plen
-                (klen,) = u16(data, pos)
-                keys.append(data[pos + 2 : pos + 2 + klen] or None)
-                pos += 2 + klen
-                epoch, vlen = mid(data, pos)
-                values.append(data[pos + 12 : pos + 12 + vlen])
-                pos += 12 + vlen
-                (elen,) = u16(data, pos)
-                event_type = data[pos + 2 : pos + 2 + elen]
-                pos += 2 + elen
-                schema, aggregate, mlen = tail(data, pos)
-                metadata = data[pos + 14 : pos + 14 + mlen]
-                if event_type or metadata or schema or aggregate:
-                    with_headers = True
-                    headers.append(((H_EVENT_TYPE, event_type), (H_SCHEMA_VERSION, b"%d" % schema),
-                                    (H_AGGREGATE_VERSION, b"%d" % aggregate), (H_METADATA, metadata)))
-                else:
-                    headers.append(())
-                extras.append({X_PRODUCER_ID: decode_text(pid), X_EPOCH: epoch, X_SEQ_NUM: seq})
+            pos = header.size
+            try:
+                for _ in range(header.count):
+                    _, seq, plen = rec_head(data, pos)
+                    pos += 18
+                    pid = data[pos : pos + plen]
+                    pos += plen
+                    (klen,) = u16(data, pos)
+                    pos += 2
+                    keys.append(data[pos : pos + klen] or None)
+                    pos += klen
+                    epoch, vlen = mid(data, pos)
+                    pos += 12
+                    values.append(data[pos : pos + vlen])
+                    pos += vlen
+                    (elen,) = u16(data, pos)
+                    event_type = data[pos + 2 : pos + 2 + elen]
+                    pos += 2 + elen
+                    schema, aggregate, mlen = tail(data, pos)
+                    metadata = data[pos + 14 : pos + 14 + mlen]
+                    pos += 14 + mlen
+                    if event_type or metadata or schema or aggregate:
+                        with_headers = True
+                        headers.append(((H_EVENT_TYPE, event_type), (H_SCHEMA_VERSION, b"%d" % schema),
+                                        (H_AGGREGATE_VERSION, b"%d" % aggregate), (H_METADATA, metadata)))
+                    else:
+                        headers.append(())
+                    extras.append({X_PRODUCER_ID: pid.decode("utf-8", "surrogateescape"), X_EPOCH: epoch,
+                                   X_SEQ_NUM: seq})
+            except struct.error:
+                pos = len(data) + 1
+            if pos > len(data):
+                raise BatchError(f"stored batch at {batch.base_offset}: a record runs past its end")
         return Columns(offsets, stamps, keys, values, headers if with_headers else None, extras)
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
