@@ -6,7 +6,10 @@ rejoin are then dropped). The leader's answer lists the members and their
 metadata; it assigns partitions and sends the result in its SyncGroup, which
 the broker distributes: followers whose SyncGroup arrived first wait for it.
 A new rebalance answers waiting SyncGroups with REBALANCE_IN_PROGRESS. The
-group state itself lives in ``gateway.storage.groups`` (pure).
+first join of an empty group waits ``extras["initial_rebalance_delay_ms"]``
+(Kafka's ``group.initial.rebalance.delay.ms``) for more members before the
+join phase may end. The group state itself lives in
+``gateway.storage.groups`` (pure).
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ class ConsumerRebalance:
         self.joins: dict[str, dict[str, defer.Deferred]] = {}
         self.syncs: dict[str, dict[str, defer.Deferred]] = {}
         self.timers: dict[str, Any] = {}
+        self.delays: dict[str, Any] = {}
 
     def join(self, cmd: m.JoinGroup) -> defer.Deferred:
         """Fires with the member's ``JoinGroupResult`` once the join phase ends."""
+        existing = self.groups.groups.get(cmd.group)
+        empty = existing is None or not existing.members
         group, member_id = self.groups.join_consumer(
             cmd.group, cmd.member_id, cmd.protocols, cmd.session_timeout_ms or 10_000,
             cmd.rebalance_timeout_ms or cmd.session_timeout_ms or 10_000, cmd.client_id, cmd.client_host,
@@ -45,6 +51,9 @@ class ConsumerRebalance:
         if timer is None or not timer.active():
             timeout = max(mem.rebalance_timeout_ms for mem in group.members.values())
             self.timers[cmd.group] = self.reactor.callLater(timeout / 1000, self._complete, cmd.group)
+        delay = cmd.extras.get("initial_rebalance_delay_ms", 0)
+        if empty and delay > 0:
+            self.delays[cmd.group] = self.reactor.callLater(delay / 1000, self._delay_over, cmd.group)
         self.changed(cmd.group)
         return d
 
@@ -71,13 +80,19 @@ class ConsumerRebalance:
             return
         for d in self.syncs.pop(name, {}).values():
             _fire(d, m.SyncGroupResult(name, error=Error(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress")))
-        if self.groups.everyone_joined(group):
+        delay = self.delays.get(name)
+        if self.groups.everyone_joined(group) and (delay is None or not delay.active()):
             self._complete(name)
 
+    def _delay_over(self, name: str) -> None:
+        self.delays.pop(name, None)
+        self.changed(name)
+
     def _complete(self, name: str) -> None:
-        timer = self.timers.pop(name, None)
-        if timer is not None and timer.active():
-            timer.cancel()
+        for calls in (self.timers, self.delays):
+            call = calls.pop(name, None)
+            if call is not None and call.active():
+                call.cancel()
         group = self.groups.groups.get(name)
         if group is None or group.state != "PreparingRebalance":
             return

@@ -82,8 +82,9 @@ def run_node(kafkajs_dir: Path, script: str, config: dict, timeout: float = 120)
 
 @pytest.fixture
 def kafka_gateway(gateway_factory):
-    """A gateway serving Kafka (and V1, for cross-protocol checks)."""
-    return gateway_factory(("kafka", "v1"), ("--default-partitions", "1"))
+    """A gateway serving Kafka (and V1, for cross-protocol checks); new groups wait 300 ms for members."""
+    return gateway_factory(("kafka", "v1"), ("--default-partitions", "1",
+                                             "--codec-option", "kafka.group.initial.rebalance.delay.ms=300"))
 
 
 def bootstrap(gw) -> str:

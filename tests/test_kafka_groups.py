@@ -36,9 +36,10 @@ def barrier(groups, clock):
     return ConsumerRebalance(groups, clock)
 
 
-def join(barrier, member_id="", protocols=PROTOCOLS, rebalance_ms=30_000):
+def join(barrier, member_id="", protocols=PROTOCOLS, rebalance_ms=30_000, delay_ms=0):
     return barrier.join(m.JoinGroup("g", member_id, protocol_type="consumer", session_timeout_ms=10_000,
-                                    rebalance_timeout_ms=rebalance_ms, client_id="c", protocols=protocols))
+                                    rebalance_timeout_ms=rebalance_ms, client_id="c", protocols=protocols,
+                                    extras={"initial_rebalance_delay_ms": delay_ms}))
 
 
 def result(d):
@@ -122,3 +123,13 @@ def test_commit_during_completing_rebalance_is_refused(barrier, groups):
     assert e.value.error.code is ErrorCode.REBALANCE_IN_PROGRESS
     groups.commit("g", [("t", 0, 5, "")])  # generation-less commits always work
     assert groups.committed("g", "t", 0) == (5, "")
+
+
+def test_first_join_of_an_empty_group_waits_for_more_members(barrier, clock):
+    first = join(barrier, delay_ms=3000)
+    clock.advance(1)
+    second = join(barrier, delay_ms=3000)
+    assert result(first) is None and result(second) is None
+    clock.advance(2.1)
+    a, b = result(first), result(second)
+    assert a.generation == b.generation == 1 and len(a.members) == 2

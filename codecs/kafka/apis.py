@@ -88,6 +88,7 @@ class Session(Protocol):
     advertised_port: int
     client_id: str
     client_host: str
+    initial_rebalance_delay_ms: int
     sasl_config: sasl.SaslConfig | None
     sasl_exchange: sasl.Exchange | None
     sasl_raw: bool
@@ -348,7 +349,7 @@ def join_group(session: Session, version: int, req: Any) -> Outcome:
                       client_id=session.client_id, client_host=session.client_host,
                       protocols=tuple((p.Name, p.Metadata) for p in req.Protocols),
                       group_instance_id=req.get("GroupInstanceId"),
-                      extras={"protocol_type": req.ProtocolType})
+                      extras={"initial_rebalance_delay_ms": session.initial_rebalance_delay_ms})
 
     def render(results: Sequence[m.JoinGroupResult]) -> dict[str, Any]:
         r = results[0]

@@ -12,6 +12,11 @@ UNSUPPORTED_VERSION answer; for ApiVersions that answer is the KIP-511 v0
 body listing only ApiVersions' own range (PROTOCOLS.md §4.3). When the
 listener requires SASL, only ApiVersions, SaslHandshake and SaslAuthenticate
 are served until the client has authenticated; anything else closes.
+
+Listener options (``--codec-option kafka.KEY=VALUE``): ``advertised.host``,
+``advertised.port``, ``sasl.users``, ``sasl.mechanisms`` (see ``sasl``) and
+``group.initial.rebalance.delay.ms`` (default 3000, as Kafka): how long the
+first JoinGroup of an empty group waits for more members.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from . import apis, sasl, schema
 
 _SIZE = struct.Struct(">i")
 _KEY_VERSION = struct.Struct(">hhi")
+INITIAL_REBALANCE_DELAY_MS = 3000  # Kafka's group.initial.rebalance.delay.ms
 
 
 @attrs.frozen
@@ -53,6 +59,8 @@ class KafkaConnection:
         self.advertised_port = int(settings.options.get("advertised.port", settings.advertised_port))
         self.client_id = ""
         self.client_host = settings.peer.rpartition(":")[0]
+        self.initial_rebalance_delay_ms = int(settings.options.get("group.initial.rebalance.delay.ms",
+                                                                   INITIAL_REBALANCE_DELAY_MS))
         self.sasl_config = sasl.SaslConfig.from_options(settings.options)
         self.sasl_exchange: sasl.Exchange | None = None
         self.sasl_raw = False
