@@ -38,8 +38,8 @@ def spark():
 
 @pytest.fixture(scope="session")
 def spark_gateway(tmp_path_factory):
-    """A gateway serving Kafka and V1 (topics default to 3 partitions)."""
-    gw = GatewayProcess(str(tmp_path_factory.mktemp("spark-gateway")), ("kafka", "v1")).start()
+    """A gateway serving Kafka, TANK and V1 (topics default to 3 partitions)."""
+    gw = GatewayProcess(str(tmp_path_factory.mktemp("spark-gateway")), ("kafka", "tank", "v1")).start()
     yield gw
     gw.assert_alive()
     gw.stop()

@@ -36,8 +36,9 @@ def sample(partitions: int = 3, per_partition: int = 10) -> list[dict]:
             for i in range(per_partition) for p in range(partitions)]
 
 
-def read(spark, gw, topic, **options):
-    reader = spark.read.format("polygate").option("bootstrap", gw.address("kafka")).option("topic", topic)
+def read(spark, gw, topic, protocol="kafka", **options):
+    reader = (spark.read.format("polygate").option("bootstrap", gw.address(protocol)).option("protocol", protocol)
+              .option("topic", topic))
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
@@ -123,6 +124,29 @@ def test_batch_write_to_topic_column_and_read_back(spark, spark_gateway):
     df.coalesce(1).write.format("polygate").option("bootstrap", servers).mode("append").save()
     assert [bytes(r.value) for r in read(spark, spark_gateway, first).orderBy("offset").collect()] == [b"a", b"c"]
     assert [bytes(r.value) for r in read(spark, spark_gateway, second).collect()] == [b"b"]
+
+
+def test_tank_protocol_reads_and_writes_record_by_record(spark, spark_gateway):
+    servers, tank = spark_gateway.address("kafka"), spark_gateway.address("tank")
+    topic = create_topic(servers)
+    sent = produce(servers, topic, sample())
+    df = read(spark, spark_gateway, topic, "tank", startingOffsets=f'{{"{topic}":{{"0":2,"1":-2}}}}',
+              endingOffsets=f'{{"{topic}":{{"0":5,"2":7}}}}')
+    assert rows_of(df) == {(p, o): (k, v, [], ts) for (p, o), (k, v, _, ts) in sent.items()  # TANK: no headers
+                           if (p == 0 and 2 <= o < 5) or p == 1 or (p == 2 and o < 7)}
+    with pytest.raises(Exception, match="no offset lookup by time"):
+        read(spark, spark_gateway, topic, "tank", startingTimestamp="0").collect()
+
+    target = create_topic(servers)
+    rows = [(f"k{i}" if i % 4 else None, f"value-{i}", i % 3 if i % 5 else None) for i in range(90)]
+    (spark.createDataFrame(rows, "key string, value string, partition int").repartition(2).write
+     .format("polygate").option("bootstrap", tank).option("protocol", "tank").option("topic", target)
+     .mode("append").save())
+    got = consume(servers, target, 3, len(rows))
+    assert len(got) == len(rows)
+    assert {m.value(): m.key() for m in got} == {v.encode(): k and k.encode() for k, v, _ in rows}
+    placed = {m.value().decode(): m.partition() for m in got}
+    assert all(placed[v] == p for _, v, p in rows if p is not None)
 
 
 def test_unknown_topic_and_bad_options_are_reported(spark, spark_gateway):

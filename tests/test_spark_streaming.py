@@ -19,8 +19,9 @@ def records(prefix: str, count: int, partitions: int = 3) -> list[dict]:
             for i in range(count)]
 
 
-def stream(spark, gw, topic, **options):
-    reader = spark.readStream.format("polygate").option("bootstrap", gw.address("kafka")).option("topic", topic)
+def stream(spark, gw, topic, protocol="kafka", **options):
+    reader = (spark.readStream.format("polygate").option("bootstrap", gw.address(protocol))
+              .option("protocol", protocol).option("topic", topic))
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
@@ -114,3 +115,21 @@ def test_streaming_write_available_now(spark, spark_gateway, tmp_path):
     assert len(got) == 60
     assert {(m.partition(), m.offset()): (m.key(), m.value()) for m in got} == {
         k: (r[0], r[1].upper()) for k, r in sent.items()}
+
+
+def test_streaming_read_over_tank_available_now(spark, spark_gateway, tmp_path):
+    servers = spark_gateway.address("kafka")
+    topic = create_topic(servers)
+    sent = produce(servers, topic, records("t", 45))
+    batches: dict[int, list[tuple[int, int, bytes]]] = {}
+
+    def collect(df, batch_id):
+        batches[batch_id] = [(r.partition, r.offset, bytes(r.value)) for r in df.collect()]
+
+    query = (stream(spark, spark_gateway, topic, "tank", startingOffsets="earliest", maxRecordsPerTrigger=20)
+             .writeStream.foreachBatch(collect).trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+    query.awaitTermination(240)
+    assert query.exception() is None
+    assert [len(batches[b]) for b in sorted(batches)] == [20, 20, 5]
+    assert {(p, o): v for b in batches.values() for p, o, v in b} == {k: r[1] for k, r in sent.items()}

@@ -7,6 +7,9 @@
 
 Rows have Spark's Kafka source columns (key, value, topic, partition, offset,
 timestamp, timestampType, headers), whatever protocol produced the records.
+The source speaks to the gateway's Kafka listener (confluent-kafka), or with
+``option("protocol", "tank")`` to its TANK listener (no headers, no
+timestamp bounds); ``bootstrap`` is that listener's host:port.
 Batch reads plan one Spark partition per topic partition, split into ranges of
 at most ``maxRecordsPerPartition`` records. Streaming reads keep per-partition
 offsets (``{"topic": {"0": next_offset}}``) in Spark's checkpoint, honour
@@ -41,8 +44,19 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from . import kafka
-from .options import SourceOptions, TopicPartition, client_config, parse
+from . import kafka, tank
+from .options import (
+    EARLIEST,
+    LATEST,
+    Bound,
+    OptionError,
+    SourceOptions,
+    TopicPartition,
+    client_config,
+    parse,
+)
+
+TRANSPORTS = {"kafka": kafka, "tank": tank}  # the options module's PROTOCOLS
 
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
           "timestampType int, headers array<struct<key:string,value:binary>>")
@@ -90,6 +104,20 @@ def from_json(offsets: dict) -> dict[TopicPartition, int]:
     return {(topic, int(part)): int(offset) for topic, parts in offsets.items() for part, offset in parts.items()}
 
 
+def resolve(topics: kafka.Topics | tank.Topics, bound: Bound,
+            partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """Concrete offsets of ``bound`` in each partition, clamped into [earliest, high watermark]."""
+    times = {tp: bound.timestamps.get(tp, bound.timestamp) for tp in partitions
+             if tp in bound.timestamps or (bound.timestamp is not None and tp not in bound.offsets)}
+    out = topics.offsets_for_times(times)
+    for tp in partitions:
+        if tp not in out:
+            wanted = bound.offsets.get(tp, bound.default)
+            low, high = topics.watermarks(tp)
+            out[tp] = low if wanted == EARLIEST else high if wanted == LATEST else min(max(wanted, low), high)
+    return out
+
+
 def rate_limit(start: dict[TopicPartition, int], latest: dict[TopicPartition, int],
                most: int) -> dict[TopicPartition, int]:
     """End offsets that admit at most ``most`` records, shared in proportion to each partition's backlog."""
@@ -111,23 +139,27 @@ class _Reading:
         self.options = options
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
+    @property
+    def transport(self):
+        return TRANSPORTS[self.options.protocol]
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):  # Spark's placeholder when there is nothing to read
             return iter(())
-        return kafka.read_range(self.options.bootstrap, self.options.client_config, partition.topic,
+        return self.transport.read_range(self.options.bootstrap, self.options.client_config, partition.topic,
                                 partition.partition, partition.start, partition.end, self.arrow_schema,
                                 self.options.poll_timeout_ms)
 
-    def topics(self) -> kafka.Topics:
-        return kafka.Topics(self.options.bootstrap, self.options.client_config)
+    def topics(self) -> kafka.Topics | tank.Topics:
+        return self.transport.Topics(self.options.bootstrap, self.options.client_config)
 
 
 class PolygateBatchReader(_Reading, DataSourceReader):
     def partitions(self) -> list[OffsetRange]:
         with self.topics() as topics:
             tps = topics.partitions(self.options.topics)
-            start = topics.resolve(self.options.starting, tps)
-            end = topics.resolve(self.options.ending, tps)
+            start = resolve(topics, self.options.starting, tps)
+            end = resolve(topics, self.options.ending, tps)
         return split(start, end, self.options.max_records_per_partition, self.options.min_partitions)
 
 
@@ -136,13 +168,13 @@ class PolygateStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvai
 
     def __init__(self, options: SourceOptions, schema: StructType):
         super().__init__(options, schema)
-        self._topics: kafka.Topics | None = None
+        self._topics: kafka.Topics | tank.Topics | None = None
         self._target: dict[TopicPartition, int] | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_topics": None}
 
-    def _meta(self) -> kafka.Topics:
+    def _meta(self) -> kafka.Topics | tank.Topics:
         if self._topics is None:
             self._topics = self.topics()
         return self._topics
@@ -153,7 +185,7 @@ class PolygateStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvai
 
     def initialOffset(self) -> dict:
         meta = self._meta()
-        return to_json(meta.resolve(self.options.starting, meta.partitions(self.options.topics)))
+        return to_json(resolve(meta, self.options.starting, meta.partitions(self.options.topics)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         most = self.options.max_records_per_trigger
@@ -200,12 +232,16 @@ class PolygateWriter(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str]):
         self.bootstrap = options.get("bootstrap") or options.get("kafka.bootstrap.servers")
         if not self.bootstrap:
-            raise ValueError('option "bootstrap" (host:port of the gateway\'s Kafka listener) is required')
+            raise OptionError('option "bootstrap" (host:port of the gateway\'s listener) is required')
+        protocol = options.get("protocol", "kafka").lower()
+        if protocol not in TRANSPORTS:
+            raise OptionError(f"option protocol: {protocol!r} is not one of {', '.join(TRANSPORTS)}")
+        self.protocol = protocol
         self.topic = options.get("topic")
         self.client_config = client_config(options)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
-        return Written(kafka.produce(self.bootstrap, self.client_config, self.topic, iterator))
+        return Written(TRANSPORTS[self.protocol].produce(self.bootstrap, self.client_config, self.topic, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int | None = None) -> None:
         """The rows are already acknowledged by the gateway."""

@@ -16,16 +16,13 @@ import confluent_kafka as ck
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .options import EARLIEST, LATEST, Bound, TopicPartition
+from .arrow import SourceError, empty_headers, record_batch, rows
+from .options import TopicPartition
 
 TIMEOUT_S = 30.0
 CONSUME_BATCH = 10_000
 # librdkafka's 1 MiB per partition fetch halves the read rate of small records
 FETCH_SIZES = {"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20}
-
-
-class SourceError(RuntimeError):
-    """The gateway refused or could not answer a read or a write."""
 
 
 def _config(bootstrap: str, extra: Mapping[str, str], **defaults: object) -> dict[str, object]:
@@ -74,20 +71,6 @@ class Topics:
                 raise SourceError(f"offsets for times of {tp.topic}/{tp.partition}: {tp.error}")
             key = (tp.topic, tp.partition)
             out[key] = tp.offset if tp.offset >= 0 else self.watermarks(key)[1]
-        return out
-
-    def resolve(self, bound: Bound, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """Concrete offsets of ``bound`` in each partition, clamped into [earliest, high watermark]."""
-        partitions = list(partitions)
-        times = {tp: bound.timestamps.get(tp, bound.timestamp) for tp in partitions
-                 if tp in bound.timestamps or (bound.timestamp is not None and tp not in bound.offsets)}
-        out = self.offsets_for_times(times)
-        for tp in partitions:
-            if tp in out:
-                continue
-            wanted = bound.offsets.get(tp, bound.default)
-            low, high = self.watermarks(tp)
-            out[tp] = low if wanted == EARLIEST else high if wanted == LATEST else min(max(wanted, low), high)
         return out
 
 
@@ -141,34 +124,21 @@ def _arrow(messages: list[ck.Message], topic: str, partition: int, schema: pa.Sc
     n = len(messages)
     kinds, stamps = zip(*map(ck.Message.timestamp, messages))
     kinds = pa.array(kinds, pa.int32())
-    stamps = pc.if_else(pc.equal(kinds, ck.TIMESTAMP_NOT_AVAILABLE), None,
-                        pc.multiply(pa.array(stamps, pa.int64()), 1000)).cast(schema.field("timestamp").type)
     headers = list(map(ck.Message.headers, messages))
-    if any(headers):
-        headers = pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
-                           schema.field("headers").type)
-    else:
-        kind = schema.field("headers").type
-        headers = pa.ListArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n + 1),
-                                           pa.array([], kind.value_type), type=kind)
-    return pa.RecordBatch.from_arrays([
-        pa.array(map(ck.Message.key, messages), pa.binary(), size=n),
-        pa.array(map(ck.Message.value, messages), pa.binary(), size=n),
-        pa.repeat(pa.scalar(topic, pa.string()), n),
-        pa.repeat(pa.scalar(partition, pa.int32()), n),
-        pa.array(map(ck.Message.offset, messages), pa.int64(), size=n),
-        stamps,
-        pc.if_else(pc.equal(kinds, ck.TIMESTAMP_LOG_APPEND_TIME), 1, 0).cast(pa.int32()),
-        headers,
-    ], schema=schema)
+    return record_batch(
+        schema, topic, partition,
+        keys=pa.array(map(ck.Message.key, messages), pa.binary(), size=n),
+        values=pa.array(map(ck.Message.value, messages), pa.binary(), size=n),
+        offsets=pa.array(map(ck.Message.offset, messages), pa.int64(), size=n),
+        timestamps=pc.if_else(pc.equal(kinds, ck.TIMESTAMP_NOT_AVAILABLE), None, pa.array(stamps, pa.int64())),
+        timestamp_types=pc.if_else(pc.equal(kinds, ck.TIMESTAMP_LOG_APPEND_TIME), 1, 0).cast(pa.int32()),
+        headers=pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
+                         schema.field("headers").type) if any(headers) else empty_headers(schema, n))
 
 
 def produce(bootstrap: str, extra: Mapping[str, str], topic: str | None,
             batches: Iterable[pa.RecordBatch]) -> dict[TopicPartition, int]:
-    """Produce every row (columns ``value``, optional ``key``, ``partition``, ``headers``, ``topic``).
-
-    ``topic`` (the option) overrides a ``topic`` column. Waits for every
-    acknowledgement; returns records written per partition; raises
+    """Produce every row (see ``arrow.rows``). Waits for every acknowledgement; returns records written per partition; raises
     SourceError with the first delivery error.
     """
     producer = ck.Producer(_config(bootstrap, extra, **{"linger.ms": 5, "acks": "all",
@@ -184,26 +154,16 @@ def produce(bootstrap: str, extra: Mapping[str, str], topic: str | None,
             written[key] = written.get(key, 0) + 1
 
     for batch in batches:
-        names = batch.schema.names
-        if "value" not in names:
-            raise SourceError("the DataFrame written to polygate needs a value column")
-        if topic is None and "topic" not in names:
-            raise SourceError('set option "topic" or give the DataFrame a topic column')
-        n = batch.num_rows
-        columns = {name: batch.column(name).to_pylist() for name in names
-                   if name in ("key", "value", "partition", "headers", "topic")}
-        values, keys = columns["value"], columns.get("key", [None] * n)
-        parts, hdrs = columns.get("partition"), columns.get("headers")
-        topics = [topic] * n if topic is not None else columns["topic"]
-        for i in range(n):
+        todo = rows(batch, topic)
+        for i in range(len(todo)):
             kwargs = {}
-            if parts is not None and parts[i] is not None:
-                kwargs["partition"] = parts[i]
-            if hdrs is not None and hdrs[i]:
-                kwargs["headers"] = [(h["key"], h["value"]) for h in hdrs[i]]
+            if todo.partitions is not None and todo.partitions[i] is not None:
+                kwargs["partition"] = todo.partitions[i]
+            if todo.headers is not None and todo.headers[i]:
+                kwargs["headers"] = [(h["key"], h["value"]) for h in todo.headers[i]]
             while True:
                 try:
-                    producer.produce(topics[i], values[i], keys[i], on_delivery=delivered, **kwargs)
+                    producer.produce(todo.topics[i], todo.values[i], todo.keys[i], on_delivery=delivered, **kwargs)
                     break
                 except BufferError:
                     producer.poll(0.05)

@@ -9,7 +9,8 @@ partition) take precedence over offsets. A read plans one Spark partition per
 topic partition, cut into ranges of at most ``maxRecordsPerPartition`` records
 and, like Spark's ``minPartitions``, into at least ``minPartitions`` ranges.
 Options named ``kafka.<key>`` go unchanged to the client (librdkafka
-configuration).
+configuration). ``protocol`` is ``kafka`` (default) or ``tank`` and
+``bootstrap`` the host:port of that listener.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class SourceOptions:
     client_config: Mapping[str, str]
 
 
-PROTOCOLS = ("kafka",)
+PROTOCOLS = ("kafka", "tank")
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 
 
@@ -109,7 +110,7 @@ def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
     """Validate the reader options (``options`` is Spark's case-insensitive map)."""
     bootstrap = options.get("bootstrap") or options.get("kafka.bootstrap.servers")
     if not bootstrap:
-        raise OptionError('option "bootstrap" (host:port of the gateway\'s Kafka listener) is required')
+        raise OptionError('option "bootstrap" (host:port of the gateway\'s listener) is required')
     topic = options.get("topic") or options.get("subscribe")
     if not topic:
         raise OptionError('option "topic" is required')
