@@ -2,7 +2,7 @@
 
 ``kafka_gateway`` is a real ``gateway serve`` with the Kafka and V1
 listeners. The external clients the tests drive are installed here when
-missing (never skipped): kcat from Debian, kafkajs from npm into
+missing (never skipped): kcat from Debian, kafkajs (and its pure-JS snappy codec) from npm into
 ``tests/.kafkajs`` (git-ignored). An install that fails fails the test with
 the installer's output.
 """
@@ -22,7 +22,7 @@ import pytest
 
 HERE = Path(__file__).parent
 KAFKAJS_DIR = HERE / ".kafkajs"
-KAFKAJS_VERSION = "2.2.4"
+KAFKAJS_PACKAGES = ("kafkajs@2.2.4", "kafkajs-snappy@1.1.0")  # snappy codec in pure JS (lz4/zstd need native code)
 
 
 def unique(prefix: str) -> str:
@@ -63,10 +63,11 @@ def kcat() -> str:
 @pytest.fixture(scope="session")
 def kafkajs() -> Path:
     """Directory whose node_modules holds kafkajs (npm install on first use)."""
-    if not (KAFKAJS_DIR / "node_modules" / "kafkajs" / "package.json").exists():
+    if not all((KAFKAJS_DIR / "node_modules" / p.rpartition("@")[0] / "package.json").exists()
+               for p in KAFKAJS_PACKAGES):
         KAFKAJS_DIR.mkdir(exist_ok=True)
-        _run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(KAFKAJS_DIR),
-              f"kafkajs@{KAFKAJS_VERSION}"], "kafkajs")
+        _run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(KAFKAJS_DIR), *KAFKAJS_PACKAGES],
+             "kafkajs")
     return KAFKAJS_DIR
 
 

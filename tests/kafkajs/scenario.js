@@ -1,5 +1,8 @@
 // kafkajs 2.2 scenarios driven by tests/test_kafka_kafkajs.py; prints one JSON line.
-const { Kafka, CompressionTypes, logLevel } = require('kafkajs');
+const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require('kafkajs');
+const SnappyCodec = require('kafkajs-snappy');
+
+CompressionCodecs[CompressionTypes.Snappy] = SnappyCodec;
 
 const config = JSON.parse(process.argv[2]);
 const kafka = new Kafka({ clientId: 'polygate-test', brokers: [config.broker], logLevel: logLevel.NOTHING });
@@ -17,7 +20,8 @@ async function produceConsume() {
   const producer = kafka.producer();
   await producer.connect();
   const sent = [];
-  for (const [name, codec] of [['none', CompressionTypes.None], ['gzip', CompressionTypes.GZIP]]) {
+  for (const [name, codec] of [['none', CompressionTypes.None], ['gzip', CompressionTypes.GZIP],
+    ['snappy', CompressionTypes.Snappy]]) {
     const messages = [];
     for (let i = 0; i < 4; i++) {
       messages.push({ key: `${name}-k${i}`, value: `${name}-v${i}`, headers: { codec: name }, partition: 0 });
