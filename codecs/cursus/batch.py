@@ -445,20 +445,24 @@ class CursusFormat:
         parts: list[bytes] = []
         plain_head, mid = _REC_HEAD_NO_PRODUCER.pack, _REC_MID.pack
         headers, extras = columns.headers, columns.extras
+        if headers is not None and _EVENT_HEADERS.isdisjoint({name for h in headers for name, _ in h}):
+            headers = None  # no record carries event fields
         seqs = [0, 0]
         n = len(columns)
         keys, values = as_texts(columns.keys), as_texts(columns.values)
-        for i, (offset, key, value) in enumerate(zip(columns.offsets, keys, values, strict=True)):
-            if offset is None:
-                offset = base_offset + i
+        offsets = [(base_offset + i if o is None else o) & 0xFFFFFFFFFFFFFFFF for i, o in enumerate(columns.offsets)]
+        if headers is None and extras is None and all(len(k) <= 0xFFFF for k in keys):  # no record needs more
+            for offset, key, value in zip(offsets, keys, values, strict=True):
+                parts += (plain_head(offset, 0, 0, len(key)), key, mid(0, len(value)), value, _NO_EVENT)
+            return encode_header("", 0, "1", False, 0, 0, n) + b"".join(parts)
+        for i, (offset, key, value) in enumerate(zip(offsets, keys, values, strict=True)):
             x = extras[i] if extras is not None else EMPTY
             h = headers[i] if headers is not None else ()
             seq = int(x.get(X_SEQ_NUM, 0)) if x else 0
             if i == 0 or i == n - 1:
                 seqs[i and 1] = seq
             if not x and not (h and any(name in _EVENT_HEADERS for name, _ in h)) and len(key) <= 0xFFFF:
-                parts += (plain_head(offset & 0xFFFFFFFFFFFFFFFF, 0, 0, len(key)), key, mid(0, len(value)), value,
-                          _NO_EVENT)
+                parts += (plain_head(offset, 0, 0, len(key)), key, mid(0, len(value)), value, _NO_EVENT)
                 continue
             h = dict(h)
             pid = str(x.get(X_PRODUCER_ID, "")).encode("utf-8", "surrogateescape")
