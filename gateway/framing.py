@@ -42,7 +42,14 @@ class ReceiveBuffer:
 
     def take(self, n: int) -> bytes:
         """Consume exactly ``n`` bytes (the caller checked they are there)."""
-        out = bytes(self._data[self._pos : self._pos + n])
+        with memoryview(self._data) as view:  # one copy (a bytearray slice would make two)
+            out = bytes(view[self._pos : self._pos + n])
+        self.skip(n)
+        return out
+
+    def take_mutable(self, n: int) -> bytearray:
+        """Consume exactly ``n`` bytes as a new ``bytearray`` that the caller may patch in place."""
+        out = self._data[self._pos : self._pos + n]
         self.skip(n)
         return out
 

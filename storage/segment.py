@@ -57,11 +57,12 @@ class EntryHeader:
         return self.position + HEADER.size + len(self.format)
 
 
-def encode_entry(fmt: str, base_offset: int, last_offset: int, max_ts: int, payload: bytes) -> bytes:
+def entry_parts(fmt: str, base_offset: int, last_offset: int, max_ts: int, payload: bytes) -> tuple[bytes, bytes]:
+    """An entry as ``(header, payload)``, written with one ``pwritev`` (no copy of the payload)."""
     name = fmt.encode("ascii")
     rest = HEADER.pack(0, len(payload), base_offset, last_offset - base_offset, max_ts, len(name))[4:]
     crc = zlib.crc32(payload, zlib.crc32(name, zlib.crc32(rest)))
-    return b"".join((struct.pack(">I", crc), rest, name, payload))
+    return struct.pack(">I", crc) + rest + name, payload
 
 
 def parse_header(buf: bytes | memoryview, pos: int, file_pos: int) -> EntryHeader:
@@ -219,13 +220,14 @@ class Segment:
     # ------------------------------------------------------------------ writing
 
     def append(self, fmt: str, base_offset: int, last_offset: int, max_ts: int, payload: bytes) -> None:
-        entry = encode_entry(fmt, base_offset, last_offset, max_ts, payload)
+        parts = entry_parts(fmt, base_offset, last_offset, max_ts, payload)
+        size = len(parts[0]) + len(payload)
         position = self.size
-        written = os.pwrite(self.fd, entry, position)
-        if written != len(entry):  # pragma: no cover - disk full
+        written = os.pwritev(self.fd, parts, position)
+        if written != size:  # pragma: no cover - disk full
             os.ftruncate(self.fd, position)
             raise OSError("short write to segment")
-        self.size += len(entry)
+        self.size += size
         self.dirty = True
         self._note(EntryHeader(position, base_offset, last_offset, max_ts, fmt, len(payload)))
 

@@ -88,7 +88,7 @@ class KafkaConnection:
         if len(self.buffer) < _SIZE.size + size:
             return self._close("end of stream inside a frame") if self.buffer.eof else None
         self.buffer.skip(_SIZE.size)
-        frame = self.buffer.take(size)
+        frame = self.buffer.take_mutable(size)  # produce batches are patched in place (baseOffset)
         if self.sasl_raw:
             return self._raw_sasl(frame)
         if size < _KEY_VERSION.size:

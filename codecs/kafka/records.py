@@ -131,8 +131,13 @@ def split_batches(data: bytes, now_ms: int | None = None) -> list[Batch]:
     return out
 
 
-def assign_offsets(payload: bytes, base_offset: int) -> bytes:
-    return _OFFSET.pack(base_offset) + payload[8:]
+def assign_offsets(payload: bytes | memoryview, base_offset: int) -> bytes | memoryview:
+    """``payload`` with its baseOffset set: patched in place when it is a writable view
+    (a produce request's frame), else one copy."""
+    if isinstance(payload, memoryview) and not payload.readonly:
+        _OFFSET.pack_into(payload, 0, base_offset)
+        return payload
+    return b"".join((_OFFSET.pack(base_offset), memoryview(payload)[8:]))
 
 
 # --------------------------------------------------------------------------- v2 batches

@@ -112,11 +112,23 @@ class _Length(Construct):
 
 
 class KafkaBytes(_Length):
-    """``bytes``/``records``: i32 length (or compact uvarint) then the bytes; ``None`` is null."""
+    """``bytes``/``records``: i32 length (or compact uvarint) then the bytes; ``None`` is null.
 
-    def _parse(self, stream: Any, context: Any, path: str) -> bytes | None:
+    With ``view`` (``records`` fields) and a ``ViewStream``, the value is a
+    zero-copy ``memoryview`` of the parsed frame.
+    """
+
+    def __init__(self, compact: bool, nullable: bool, view: bool = False):
+        super().__init__(compact, nullable)
+        self.view = view
+
+    def _parse(self, stream: Any, context: Any, path: str) -> bytes | memoryview | None:
         n = self._read_length(stream, context, path)
-        return None if n is None else stream_read(stream, n, path)
+        if n is None:
+            return None
+        if self.view and isinstance(stream, ViewStream):
+            return stream.read_view(n)
+        return stream_read(stream, n, path)
 
     def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
         self._write_length(None if obj is None else len(obj), stream, context, path)
@@ -310,7 +322,7 @@ def _field_type(spec: dict[str, Any], f: dict[str, Any], version: int, flexible:
     if kind == "string":
         return KafkaString(flexible, nullable)
     if kind in ("bytes", "records"):
-        return KafkaBytes(flexible, nullable)
+        return KafkaBytes(flexible, nullable, view=kind == "records")
     element_kind = kind[2:] if kind.startswith("[]") else kind
     if element_kind in PRIMITIVES:
         element = PRIMITIVES[element_kind]
@@ -363,10 +375,36 @@ def response_header(api_key: int, flexible: bool) -> KafkaStruct:
 API_VERSIONS = 18
 
 
+class ViewStream:
+    """A read-only stream over bytes that can hand out zero-copy slices (``read_view``)."""
+
+    def __init__(self, data: bytes | memoryview, offset: int = 0):
+        self.view = memoryview(data)
+        self.pos = offset
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.view) if n < 0 else min(self.pos + n, len(self.view))
+        out = bytes(self.view[self.pos : end])
+        self.pos = end
+        return out
+
+    def read_view(self, n: int) -> memoryview:
+        if self.pos + n > len(self.view):
+            raise StreamError(f"stream read less than specified amount, expected {n}")
+        out = self.view[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def tell(self) -> int:
+        return self.pos
+
+
 def parse(schema: Construct, data: bytes | memoryview, offset: int = 0) -> tuple[Any, int]:
-    """Parse ``schema`` from ``data[offset:]``; returns the value and the end position."""
-    stream = io.BytesIO(data)
-    stream.seek(offset)
+    """Parse ``schema`` from ``data[offset:]``; returns the value and the end position.
+
+    ``records`` fields come back as ``memoryview``s of ``data`` (no copy).
+    """
+    stream = ViewStream(data, offset)
     value = schema._parse(stream, Container(), "")
     return value, stream.tell()
 
