@@ -246,3 +246,10 @@ def test_sasl_handshake_v0_raw_plain_token():
     wrong = b"\x00alice\x00no"
     bad.receive_data(request(17, 0, {"Mechanism": "PLAIN"}) + struct.pack(">i", len(wrong)) + wrong)
     assert isinstance(events(bad)[-1], Close)
+
+
+def test_a_bad_listener_option_closes_with_its_reason():
+    conn = KafkaConnection(attrs_evolve_options({"advertised.port": "ninety"}))
+    conn.receive_data(request(18, 0, {}))
+    (event,) = events(conn)
+    assert isinstance(event, Close) and "advertised.port" in event.reason

@@ -56,14 +56,24 @@ class KafkaConnection:
         self.buffer = ReceiveBuffer()
         self.closed = False
         self.advertised_host = settings.options.get("advertised.host", settings.advertised_host)
-        self.advertised_port = int(settings.options.get("advertised.port", settings.advertised_port))
         self.client_id = ""
         self.client_host = settings.peer.rpartition(":")[0]
-        self.initial_rebalance_delay_ms = int(settings.options.get("group.initial.rebalance.delay.ms",
-                                                                   INITIAL_REBALANCE_DELAY_MS))
+        self.option_error = ""
+        self.advertised_port = self._int_option("advertised.port", settings.advertised_port)
+        self.initial_rebalance_delay_ms = self._int_option("group.initial.rebalance.delay.ms",
+                                                           INITIAL_REBALANCE_DELAY_MS)
         self.sasl_config = sasl.SaslConfig.from_options(settings.options)
         self.sasl_exchange: sasl.Exchange | None = None
         self.sasl_raw = False
+
+    def _int_option(self, name: str, default: int) -> int:
+        text = self.settings.options.get(name)
+        if text is None:
+            return default
+        if not text.isdigit():
+            self.option_error = f"--codec-option kafka.{name}={text!r} is not a non-negative integer"
+            return default
+        return int(text)
 
     @property
     def authenticated(self) -> bool:
@@ -79,6 +89,8 @@ class KafkaConnection:
         """The next event, or ``None`` until more bytes arrive; ``Close`` on EOF or bad input."""
         if self.closed:
             return None
+        if self.option_error:
+            return self._close(self.option_error)
         head = self.buffer.unpack_from(_SIZE)
         if head is None:
             return self._close("end of stream") if self.buffer.eof else None
