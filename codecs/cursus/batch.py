@@ -426,7 +426,7 @@ class CursusFormat:
         stamps: list[int] = []
         with_headers = False
         for batch in batches:
-            data = batch.payload
+            data = batch.payload if type(batch.payload) is bytes else bytes(batch.payload)
             header = parse_header(data)
             offsets += range(batch.base_offset, batch.base_offset + header.count)
             stamps += [batch.max_timestamp] * header.count
