@@ -133,3 +133,22 @@ def test_first_join_of_an_empty_group_waits_for_more_members(barrier, clock):
     clock.advance(2.1)
     a, b = result(first), result(second)
     assert a.generation == b.generation == 1 and len(a.members) == 2
+
+
+def test_expired_member_leaves_and_the_rest_rebalance(barrier, groups, clock):
+    a = result(join(barrier))
+    b_pending = join(barrier)
+    a = result(join(barrier, a.member_id))
+    b = result(b_pending)
+    barrier.sync(m.SyncGroup("g", a.member_id, 2, ((a.member_id, b"x"), (b.member_id, b"y"))))
+    clock.advance(9)
+    groups.heartbeat("g", a.member_id, 2)  # only a keeps heartbeating
+    clock.advance(2)
+    for name in groups.expire_all():  # the broker's housekeeping
+        barrier.changed(name)
+    assert list(groups.groups["g"].members) == [a.member_id]
+    with pytest.raises(CommandError) as e:
+        groups.heartbeat("g", a.member_id, 2)
+    assert e.value.error.code is ErrorCode.REBALANCE_IN_PROGRESS
+    again = result(join(barrier, a.member_id))
+    assert again.generation == 3 and again.members == ((a.member_id, b"meta-range"),)
