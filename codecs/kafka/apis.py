@@ -181,7 +181,7 @@ def fetch(session: Session, version: int, req: Any) -> Outcome:
         for f, r in zip(fetches, results[0].results, strict=True):
             error = r.error
             if legacy_magic is None:
-                data = b"".join(b.payload for b in r.batches)
+                data = tuple(b.payload for b in r.batches)  # stored bytes, written as they are
             else:
                 try:
                     data = records.encode_message_set(

@@ -154,10 +154,8 @@ class KafkaConnection:
 
     def _frame(self, api_key: int, version: int, correlation_id: int, body: dict[str, Any]) -> bytes:
         message = schema.MESSAGES[api_key]
-        header = schema.build(schema.response_header(api_key, message.flexible(version)),
-                              {"CorrelationId": correlation_id})
-        data = schema.build(message.response(version), body)
-        return b"".join((_SIZE.pack(len(header) + len(data)), header, data))
+        return schema.build_frame(((schema.response_header(api_key, message.flexible(version)),
+                                    {"CorrelationId": correlation_id}), (message.response(version), body)))
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         pending: Pending = request.context

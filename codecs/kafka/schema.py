@@ -131,6 +131,12 @@ class KafkaBytes(_Length):
         return stream_read(stream, n, path)
 
     def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
+        """``obj`` may also be a tuple of buffers, written one after the other (no join)."""
+        if isinstance(obj, tuple):
+            self._write_length(sum(len(chunk) for chunk in obj), stream, context, path)
+            for chunk in obj:
+                stream.write(chunk)
+            return obj
         self._write_length(None if obj is None else len(obj), stream, context, path)
         if obj:
             stream_write(stream, obj, len(obj), path)
@@ -412,4 +418,17 @@ def parse(schema: Construct, data: bytes | memoryview, offset: int = 0) -> tuple
 def build(schema: Construct, value: Any) -> bytes:
     stream = io.BytesIO()
     schema._build(value, stream, Container(), "")
+    return stream.getvalue()
+
+
+def build_frame(parts: tuple[tuple[Construct, Any], ...]) -> bytes:
+    """``i32 size`` then each ``(schema, value)`` built in turn: a whole Kafka frame, one buffer."""
+    stream = io.BytesIO()
+    stream.write(bytes(4))
+    context = Container()
+    for s, value in parts:
+        s._build(value, stream, context, "")
+    size = stream.tell() - 4
+    stream.seek(0)
+    stream.write(size.to_bytes(4, "big", signed=True))
     return stream.getvalue()
