@@ -36,15 +36,7 @@ from gateway.codecs.tank.bundle import (
     read_varint,
     varint,
 )
-
-PRODUCE = 0x01
-CONSUME = 0x02
-PING = 0x03
-PRODUCE_WITH_SEQNUM = 0x05
-DISCOVER_PARTITIONS = 0x06
-CREATE_TOPIC = 0x07
-STATUS = 0x0A
-DISCOVER_TOPICS = 0x0B
+from gateway.codecs.tank.codec import MsgId
 
 CLIENT_VERSION = 2
 CLIENT_ID = "c++"
@@ -124,7 +116,7 @@ def produce_request(request_id: int, batches: Sequence[tuple[str, int, bytes]],
                 parts.append(struct.pack("<H", partition) + varint(len(bundle)) + struct.pack("<Q", base_seqs[i]))
                 parts.append(bundle)
     body = b"".join(parts)
-    return _FRAME.pack(PRODUCE if base_seqs is None else PRODUCE_WITH_SEQNUM, len(body)) + body
+    return _FRAME.pack(MsgId.PRODUCE if base_seqs is None else MsgId.PRODUCE_WITH_SEQNUM, len(body)) + body
 
 
 def consume_request(request_id: int, fetches: Sequence[tuple[str, int, int]], max_wait_ms: int = 0,
@@ -138,7 +130,7 @@ def consume_request(request_id: int, fetches: Sequence[tuple[str, int, int]], ma
         "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "flags": None,
         "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
     })
-    return _FRAME.pack(CONSUME, len(body)) + body
+    return _FRAME.pack(MsgId.CONSUME, len(body)) + body
 
 
 def _request(msg_id: int, schema_struct: Any, **fields: Any) -> bytes:
@@ -250,14 +242,14 @@ class TankClient:
             msg_id, size = _FRAME.unpack_from(self._buf)
             payload = bytes(self._buf[5 : 5 + size])
             del self._buf[: 5 + size]
-            if msg_id != PING:
+            if msg_id != MsgId.PING:
                 return msg_id, payload
 
     def answer(self, request_id: int) -> tuple[int, bytes]:
         """Wait for the answer to ``request_id`` (answers may come in any order)."""
         while request_id not in self._answers:
             msg_id, payload = self.read_frame()
-            rid = struct.unpack_from("<I", payload, 4 if msg_id == CONSUME else 0)[0]
+            rid = struct.unpack_from("<I", payload, 4 if msg_id == MsgId.CONSUME else 0)[0]
             self._answers[rid] = (msg_id, payload)
         return self._answers.pop(request_id)
 
@@ -344,7 +336,7 @@ class TankClient:
 
     def create_topic(self, topic: str, partitions: int | None = None, config: str = "") -> dict[str, Any]:
         rid = self.next_id()
-        self.sock.sendall(_request(CREATE_TOPIC, schema.CreateTopicRequest, request_id=rid, topic=topic,
+        self.sock.sendall(_request(MsgId.CREATE_TOPIC, schema.CreateTopicRequest, request_id=rid, topic=topic,
                                    partitions=partitions or 1, config=config.encode()))
         resp = schema.CreateTopicResponse.parse(self.answer(rid)[1])
         if resp.error:
@@ -357,7 +349,7 @@ class TankClient:
     def discover_partitions(self, topic: str) -> list[tuple[int, int]]:
         """``(first available, last assigned)`` sequence numbers of each partition."""
         rid = self.next_id()
-        self.sock.sendall(_request(DISCOVER_PARTITIONS, schema.DiscoverPartitionsRequest, request_id=rid,
+        self.sock.sendall(_request(MsgId.DISCOVER_PARTITIONS, schema.DiscoverPartitionsRequest, request_id=rid,
                                    topic=topic, partitions=[]))
         resp = schema.DiscoverPartitionsResponse.parse(self.answer(rid)[1])
         if not resp.partitions:
@@ -367,7 +359,7 @@ class TankClient:
     def discover_topics(self) -> dict[str, int]:
         """Topic name -> partition count."""
         rid = self.next_id()
-        self.sock.sendall(_request(DISCOVER_TOPICS, schema.DiscoverTopicsRequest, request_id=rid, flags=0))
+        self.sock.sendall(_request(MsgId.DISCOVER_TOPICS, schema.DiscoverTopicsRequest, request_id=rid, flags=0))
         resp = schema.DiscoverTopicsResponse.parse(self.answer(rid)[1])
         return {t.name: t.partitions for t in resp.topics}
 
@@ -383,7 +375,7 @@ class TankClient:
 
     def status(self) -> dict[str, int]:
         rid = self.next_id()
-        self.sock.sendall(_request(STATUS, schema.StatusRequest, request_id=rid))
+        self.sock.sendall(_request(MsgId.STATUS, schema.StatusRequest, request_id=rid))
         resp = schema.StatusResponse.parse(self.answer(rid)[1])
         return {"topics": resp.topics, "partitions": resp.partitions, "startup_ts": resp.startup_ts,
                 "version": resp.version}
