@@ -23,13 +23,21 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import crc32c
 
+from gateway.convert import Columns
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
+from gateway.varint import ZIGZAGS, read_uvarint, read_zigzag, zigzag
 
 from . import compression
+
+try:
+    from . import _speedups
+except ImportError:  # built without a C compiler: the Python loops below do the same
+    _speedups = None
 
 NAME = "kafka"
 EXTRA_HEADER = "polygate."
@@ -45,6 +53,8 @@ _PREFIX = struct.Struct(">qib")  # offset/baseOffset, length, (v2: leader epoch 
 _LEGACY = struct.Struct(">qiIbb")  # offset, message_size, crc, magic, attributes
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+_BATCH_HEAD = struct.Struct(">qiibI")  # baseOffset, batchLength, partitionLeaderEpoch, magic, crc
+_BATCH_TAIL = struct.Struct(">hiqqqhii")  # attributes .. recordCount: what the CRC covers
 
 ATTR_COMPRESSION = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
@@ -53,41 +63,6 @@ ATTR_CONTROL = 0x20
 
 class CorruptRecords(ValueError):
     """A batch or message set that fails its length, magic or CRC checks."""
-
-
-# --------------------------------------------------------------------------- varints
-
-
-def _zigzag(value: int) -> bytes:
-    v = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-        if shift > 63:
-            raise CorruptRecords("varint too long")
-
-
-def _read_blob(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    n, pos = _read_varint(data, pos)
-    if n < 0:
-        return None, pos
-    if pos + n > len(data):
-        raise CorruptRecords("record field overruns the batch")
-    return bytes(data[pos : pos + n]), pos + n
 
 
 # --------------------------------------------------------------------------- produce side
@@ -145,6 +120,29 @@ def assign_offsets(payload: bytes | memoryview, base_offset: int) -> bytes | mem
 
 def read_batches(data: bytes, base_offset: int | None = None) -> Iterator[Record]:
     """Records of the v2 batches in ``data`` (control batches skipped)."""
+    yield from read_columns(data, base_offset).records()
+
+
+def read_columns(data: bytes, base_offset: int | None = None) -> Columns:
+    """``read_batches`` field by field (``gateway.convert.Columns``)."""
+    columns = Columns([], [], [], [], [])
+    if not read_into(data, base_offset, columns):
+        columns.headers = None
+    return columns
+
+
+def read_into(data: bytes, base_offset: int | None, columns: Columns) -> bool:
+    """Append the records of the v2 batches in ``data`` to ``columns`` (whose
+    ``headers`` is a list); whether any record had headers.
+
+    The first batch is numbered from ``base_offset`` when given (a stored
+    batch), every other from its own ``baseOffset``. A trailing partial
+    batch (as fetch answers may end) is left out; control batches are skipped.
+    """
+    if type(data) is not bytes:
+        data = bytes(data)
+    read = _speedups.read_records if _speedups is not None else _read_records
+    with_headers = False
     pos = 0
     while pos + BATCH_HEADER.size <= len(data):
         (stored_base, length, _, magic, _, attributes, _, base_ts, max_ts, _, _, _,
@@ -154,78 +152,203 @@ def read_batches(data: bytes, base_offset: int | None = None) -> Iterator[Record
             raise CorruptRecords("bad stored record batch")
         base = stored_base if base_offset is None or pos else base_offset
         if not attributes & ATTR_CONTROL:
-            body = bytes(data[pos + BATCH_HEADER.size : end])
             codec = attributes & ATTR_COMPRESSION
+            body, start, stop = data, pos + BATCH_HEADER.size, end
             if codec:
-                body = compression.decompress(codec, body)
-            yield from _read_records(body, count, base, base_ts,
-                                     max_ts if attributes & ATTR_LOG_APPEND_TIME else None)
+                body = compression.decompress(codec, data[start:stop])
+                start, stop = 0, len(body)
+            try:
+                with_headers |= read(body, start, stop, count, base, base_ts,
+                                     max_ts if attributes & ATTR_LOG_APPEND_TIME else None,
+                                     columns.offsets, columns.timestamps, columns.keys, columns.values,
+                                     columns.headers)
+            except (IndexError, ValueError) as e:
+                raise CorruptRecords(f"bad record: {e}") from None
         pos = end
+    return with_headers
 
 
-def _read_records(body: bytes, count: int, base: int, base_ts: int, append_ts: int | None) -> Iterator[Record]:
-    pos = 0
+def _read_records(body: bytes, pos: int, stop: int, count: int, base: int, base_ts: int, append_ts: int | None,
+                  offsets: list, stamps: list, keys: list, values: list, headers: list) -> bool:
+    """Append the fields of ``count`` records of ``body[pos:stop]`` to the lists; whether any had headers.
+
+    The hot loop of every conversion from Kafka (``_speedups.read_records`` in
+    C when built): one- and two-byte varints are read inline.
+    """
+    any_headers = False
     for _ in range(count):
-        length, pos = _read_varint(body, pos)
-        end = pos + length
-        pos += 1  # attributes
-        ts_delta, pos = _read_varint(body, pos)
-        offset_delta, pos = _read_varint(body, pos)
-        key, pos = _read_blob(body, pos)
-        value, pos = _read_blob(body, pos)
-        n_headers, pos = _read_varint(body, pos)
-        headers = []
-        for _ in range(n_headers):
-            name, pos = _read_blob(body, pos)
-            hvalue, pos = _read_blob(body, pos)
-            headers.append(((name or b"").decode("utf-8", "replace"), hvalue))
-        if pos != end:
-            raise CorruptRecords("record length mismatch")
-        ts = append_ts if append_ts is not None else base_ts + ts_delta
-        yield Record(value, key, ts, tuple(headers), base + offset_delta)
-
-
-def _headers(record: Record) -> list[tuple[str, bytes | None]]:
-    headers = list(record.headers)
-    for key, value in record.extras.items():
-        if value is not None:
-            headers.append((EXTRA_HEADER + key, value if isinstance(value, bytes) else str(value).encode("utf-8")))
-    return headers
-
-
-def _encode_record(r: Record, offset_delta: int, ts_delta: int) -> bytes:
-    parts = [b"\x00", _zigzag(ts_delta), _zigzag(offset_delta)]
-    for blob in (r.key, r.value):
-        if blob is None:
-            parts.append(b"\x01")  # zigzag(-1)
+        v = body[pos]
+        if v < 0x80:
+            pos += 1
+        elif body[pos + 1] < 0x80:
+            v = (v & 0x7F) | (body[pos + 1] << 7)
+            pos += 2
         else:
-            parts += (_zigzag(len(blob)), blob)
-    headers = _headers(r)
-    parts.append(_zigzag(len(headers)))
-    for name, value in headers:
-        raw = name.encode("utf-8")
-        parts += (_zigzag(len(raw)), raw)
-        parts += (b"\x01",) if value is None else (_zigzag(len(value)), value)
-    body = b"".join(parts)
-    return _zigzag(len(body)) + body
+            v, pos = read_uvarint(body, pos, stop)
+        end = pos + ((v >> 1) ^ -(v & 1))
+        pos += 1  # attributes
+        v = body[pos]
+        if v < 0x80:
+            pos += 1
+        elif body[pos + 1] < 0x80:
+            v = (v & 0x7F) | (body[pos + 1] << 7)
+            pos += 2
+        else:
+            v, pos = read_uvarint(body, pos, stop)
+        stamps.append(base_ts + ((v >> 1) ^ -(v & 1)) if append_ts is None else append_ts)
+        v = body[pos]
+        if v < 0x80:
+            pos += 1
+        elif body[pos + 1] < 0x80:
+            v = (v & 0x7F) | (body[pos + 1] << 7)
+            pos += 2
+        else:
+            v, pos = read_uvarint(body, pos, stop)
+        offsets.append(base + ((v >> 1) ^ -(v & 1)))
+        v = body[pos]
+        if v < 0x80:
+            pos += 1
+        elif body[pos + 1] < 0x80:
+            v = (v & 0x7F) | (body[pos + 1] << 7)
+            pos += 2
+        else:
+            v, pos = read_uvarint(body, pos, stop)
+        if v & 1:
+            keys.append(None)
+        else:
+            v = (v >> 1) + pos
+            keys.append(body[pos:v])
+            pos = v
+        v = body[pos]
+        if v < 0x80:
+            pos += 1
+        elif body[pos + 1] < 0x80:
+            v = (v & 0x7F) | (body[pos + 1] << 7)
+            pos += 2
+        else:
+            v, pos = read_uvarint(body, pos, stop)
+        if v & 1:
+            values.append(None)
+        else:
+            v = (v >> 1) + pos
+            values.append(body[pos:v])
+            pos = v
+        n, pos = read_zigzag(body, pos, stop)
+        if n > 0:
+            pairs = []
+            for _ in range(n):
+                name, pos = _read_blob(body, pos, stop)
+                value, pos = _read_blob(body, pos, stop)
+                pairs.append(((name or b"").decode("utf-8", "replace"), value))
+            headers.append(tuple(pairs))
+            any_headers = True
+        else:
+            headers.append(())
+        if pos != end or pos > stop:
+            raise CorruptRecords("record length mismatch")
+    return any_headers
+
+
+def _read_blob(data: bytes, pos: int, stop: int) -> tuple[bytes | None, int]:
+    n, pos = read_zigzag(data, pos, stop)
+    if n < 0:
+        return None, pos
+    if pos + n > stop:
+        raise CorruptRecords("record field overruns the batch")
+    return data[pos : pos + n], pos + n
 
 
 def encode_batch(records: Sequence[Record], base_offset: int, codec: int = compression.NONE,
                  producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
     """One v2 batch of ``records``; offsets relative to ``base_offset`` (consecutive when unset)."""
-    stamps = [r.timestamp for r in records if r.timestamp >= 0]
+    return encode_columns(Columns.of_records(records), base_offset, codec, producer)
+
+
+def encode_columns(columns: Columns, base_offset: int, codec: int = compression.NONE,
+                   producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
+    """``encode_batch`` of records given field by field (``gateway.convert.Columns``)."""
+    n = len(columns)
+    stamps = [t for t in columns.timestamps if t >= 0]
     base_ts = min(stamps) if stamps else -1
     max_ts = max(stamps) if stamps else -1
-    deltas = [i if r.offset is None else r.offset - base_offset for i, r in enumerate(records)]
-    body = b"".join(_encode_record(r, d, r.timestamp - base_ts if r.timestamp >= 0 and base_ts >= 0 else 0)
-                    for r, d in zip(records, deltas, strict=True))
+    deltas = [i if o is None else o - base_offset for i, o in enumerate(columns.offsets)]
+    if len(stamps) == n:
+        ts_deltas = [t - base_ts for t in columns.timestamps]
+    else:
+        ts_deltas = [t - base_ts if t >= 0 and base_ts >= 0 else 0 for t in columns.timestamps]
+    body = None
+    if _speedups is not None:
+        try:
+            body = _speedups.encode_records(deltas, ts_deltas, columns.keys, columns.values, columns.headers,
+                                            columns.extras)
+        except (TypeError, OverflowError):  # values the C loop does not take: the Python loop takes anything
+            body = None
+    if body is None:
+        headers = columns.headers
+        if columns.extras is not None:
+            headers = _with_extras(headers or [()] * n, columns.extras)
+        body = _encode_records(deltas, ts_deltas, columns.keys, columns.values, headers)
     if codec:
         body = compression.compress(codec, body)
     pid, epoch, seq = producer
-    last_delta = max(deltas) if deltas else 0
-    tail = struct.pack(">hiqqqhii", codec, last_delta, base_ts, max_ts, pid, epoch, seq, len(records)) + body
-    crc = crc32c.crc32c(tail)
-    return struct.pack(">qiibI", base_offset, len(tail) + 9, 0, 2, crc) + tail
+    tail = _BATCH_TAIL.pack(codec, max(deltas) if deltas else 0, base_ts, max_ts, pid, epoch, seq, n) + body
+    return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
+
+
+def _encode_records(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None], values: list[bytes | None],
+                    headers: list[tuple[tuple[str, bytes | None], ...]] | None) -> bytes:
+    """The records of a batch (``_speedups.encode_records`` in C when built)."""
+    zz = ZIGZAGS
+    half = len(ZIGZAGS)
+    parts: list[bytes] = []
+    add = parts.append
+    join = b"".join
+    for i, (d, t, key, value) in enumerate(zip(deltas, ts_deltas, keys, values, strict=True)):
+        rec = [b"\x00", zz[t] if 0 <= t < half else zigzag(t), zz[d] if 0 <= d < half else zigzag(d)]
+        for blob in (key, value):
+            if blob is None:
+                rec.append(b"\x01")  # zigzag(-1)
+            else:
+                k = len(blob)
+                rec += (zz[k] if k < half else zigzag(k), blob)
+        h = headers[i] if headers is not None else ()
+        if h:
+            rec.append(zigzag(len(h)))
+            for name, hvalue in h:
+                raw = name.encode("utf-8")
+                rec += (zigzag(len(raw)), raw)
+                rec += (b"\x01",) if hvalue is None else (zigzag(len(hvalue)), hvalue)
+        else:
+            rec.append(b"\x00")
+        body = join(rec)
+        k = len(body)
+        add(zz[k] if k < half else zigzag(k))
+        add(body)
+    return join(parts)
+
+
+def _with_extras(headers: Sequence[tuple[tuple[str, bytes | None], ...]],
+                 extras: Sequence[Mapping[str, Any]]) -> list[tuple[tuple[str, bytes | None], ...]]:
+    """Each record's headers, then its extras as ``polygate.<key>`` headers (see the module docstring)."""
+    out = []
+    append = out.append
+    names: dict[str, str] = {}
+    for h, x in zip(headers, extras, strict=True):
+        if not x:
+            append(h)
+            continue
+        pairs = list(h)
+        for key, value in x.items():
+            if value is None:
+                continue
+            name = names.get(key)
+            if name is None:
+                name = names[key] = EXTRA_HEADER + key
+            if not isinstance(value, bytes):
+                value = b"%d" % value if type(value) is int else str(value).encode("utf-8")
+            pairs.append((name, value))
+        append(tuple(pairs))
+    return out
 
 
 # --------------------------------------------------------------------------- legacy message sets
@@ -306,8 +429,24 @@ class KafkaFormat:
         except (CorruptRecords, compression.CompressionError, IndexError, struct.error) as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored Kafka batch at {batch.base_offset}: {e}") from None
 
+    def columns(self, batches: Iterable[StoredBatch]) -> Columns:
+        """The records of ``batches`` field by field (``gateway.convert.Columns``); errors as ``records``."""
+        columns = Columns([], [], [], [], [])
+        with_headers = False
+        for b in batches:
+            try:
+                with_headers |= read_into(b.payload, b.base_offset, columns)
+            except (CorruptRecords, compression.CompressionError, struct.error) as e:
+                raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored Kafka batch at {b.base_offset}: {e}") from None
+        if not with_headers:
+            columns.headers = None
+        return columns
+
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         return encode_batch(records, base_offset)
+
+    def encode_columns(self, columns: Columns, base_offset: int) -> bytes:
+        return encode_columns(columns, base_offset)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return assign_offsets(payload, base_offset)

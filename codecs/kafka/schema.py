@@ -43,6 +43,8 @@ from construct import (
     stream_write,
 )
 
+from gateway.varint import uvarint
+
 MESSAGES_DIR = Path(__file__).with_name("messages")
 
 PRIMITIVES: dict[str, Construct] = {
@@ -68,15 +70,6 @@ def read_uvarint(stream: Any) -> int:
         shift += 7
         if shift > 35:
             raise StreamError("unsigned varint too long")
-
-
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 # --------------------------------------------------------------------------- Kafka's composite types

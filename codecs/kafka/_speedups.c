@@ -1,0 +1,457 @@
+/* Kafka record batch v2 record loops in C (optional; records.py has the same in Python).
+ *
+ * read_records(body, pos, stop, count, base, base_ts, append_ts, offsets, stamps, keys, values, headers)
+ *     appends the fields of ``count`` records of body[pos:stop] to the lists; returns whether any
+ *     record had headers; raises ValueError on a record that does not decode.
+ * encode_records(offset_deltas, ts_deltas, keys, values, headers, extras=None) -> bytes
+ *     the records part of a batch (headers: None or one tuple of (str, bytes | None) per record;
+ *     extras: None or one dict per record, written after the headers as ``polygate.<key>`` headers;
+ *     TypeError for what only the Python loop takes: other mappings, values other than bytes/str/int).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static int
+read_zigzag(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t stop, int64_t *out)
+{
+    uint64_t v = 0;
+    int shift = 0;
+    Py_ssize_t i = *pos;
+    while (i < stop && shift < 70) {
+        unsigned char b = p[i++];
+        if (shift < 64)
+            v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *pos = i;
+            *out = (int64_t)((v >> 1) ^ (~(v & 1) + 1));
+            return 0;
+        }
+        shift += 7;
+    }
+    return -1;
+}
+
+static PyObject *
+corrupt(const char *what)
+{
+    PyErr_SetString(PyExc_ValueError, what);
+    return NULL;
+}
+
+static PyObject *
+read_blob(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, int *failed)
+{
+    int64_t n;
+    if (read_zigzag(p, pos, end, &n) < 0) {
+        *failed = 1;
+        corrupt("bad varint in a record");
+        return NULL;
+    }
+    if (n < 0)
+        Py_RETURN_NONE;
+    if (n > end - *pos) {
+        *failed = 1;
+        corrupt("record field overruns the record");
+        return NULL;
+    }
+    PyObject *b = PyBytes_FromStringAndSize((const char *)p + *pos, (Py_ssize_t)n);
+    if (b == NULL)
+        *failed = 1;
+    *pos += (Py_ssize_t)n;
+    return b;
+}
+
+static int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL)
+        return -1;
+    int r = PyList_Append(list, item);
+    Py_DECREF(item);
+    return r;
+}
+
+static PyObject *
+read_records(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer buf;
+    Py_ssize_t pos, stop, count;
+    long long base, base_ts;
+    PyObject *append_ts, *offsets, *stamps, *keys, *values, *headers;
+    if (!PyArg_ParseTuple(args, "y*nnnLLOO!O!O!O!O!", &buf, &pos, &stop, &count, &base, &base_ts, &append_ts,
+                          &PyList_Type, &offsets, &PyList_Type, &stamps, &PyList_Type, &keys,
+                          &PyList_Type, &values, &PyList_Type, &headers))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    PyObject *result = NULL, *empty = PyTuple_New(0);
+    int any_headers = 0;
+    long long fixed_ts = 0;
+    int use_fixed = append_ts != Py_None;
+    if (empty == NULL)
+        goto done;
+    if (use_fixed) {
+        fixed_ts = PyLong_AsLongLong(append_ts);
+        if (fixed_ts == -1 && PyErr_Occurred())
+            goto done;
+    }
+    if (pos < 0 || stop > buf.len || pos > stop) {
+        corrupt("records outside the batch");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < count; r++) {
+        int64_t len, ts_delta, offset_delta, n_headers;
+        int failed = 0;
+        if (read_zigzag(p, &pos, stop, &len) < 0 || len < 1 || len > stop - pos) {
+            corrupt("record length out of range");
+            goto done;
+        }
+        Py_ssize_t end = pos + (Py_ssize_t)len;
+        pos += 1; /* attributes */
+        if (read_zigzag(p, &pos, end, &ts_delta) < 0 || read_zigzag(p, &pos, end, &offset_delta) < 0) {
+            corrupt("bad varint in a record");
+            goto done;
+        }
+        if (append_new(offsets, PyLong_FromLongLong(base + offset_delta)) < 0 ||
+            append_new(stamps, PyLong_FromLongLong(use_fixed ? fixed_ts : base_ts + ts_delta)) < 0)
+            goto done;
+        PyObject *key = read_blob(p, &pos, end, &failed);
+        if (failed || append_new(keys, key) < 0)
+            goto done;
+        PyObject *value = read_blob(p, &pos, end, &failed);
+        if (failed || append_new(values, value) < 0)
+            goto done;
+        if (read_zigzag(p, &pos, end, &n_headers) < 0) {
+            corrupt("bad varint in a record");
+            goto done;
+        }
+        if (n_headers <= 0) {
+            Py_INCREF(empty);
+            if (append_new(headers, empty) < 0)
+                goto done;
+        } else {
+            if (n_headers > end - pos) {
+                corrupt("header count out of range");
+                goto done;
+            }
+            PyObject *pairs = PyTuple_New((Py_ssize_t)n_headers);
+            if (pairs == NULL)
+                goto done;
+            for (Py_ssize_t h = 0; h < n_headers; h++) {
+                int64_t n;
+                PyObject *name;
+                if (read_zigzag(p, &pos, end, &n) < 0 || n > end - pos) {
+                    Py_DECREF(pairs);
+                    corrupt("bad header name");
+                    goto done;
+                }
+                if (n < 0) {
+                    name = PyUnicode_FromStringAndSize("", 0);
+                } else {
+                    name = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)n, "replace");
+                    pos += (Py_ssize_t)n;
+                }
+                if (name == NULL) {
+                    Py_DECREF(pairs);
+                    goto done;
+                }
+                PyObject *hvalue = read_blob(p, &pos, end, &failed);
+                if (failed) {
+                    Py_DECREF(name);
+                    Py_DECREF(pairs);
+                    goto done;
+                }
+                PyObject *pair = PyTuple_Pack(2, name, hvalue);
+                Py_DECREF(name);
+                Py_DECREF(hvalue);
+                if (pair == NULL) {
+                    Py_DECREF(pairs);
+                    goto done;
+                }
+                PyTuple_SET_ITEM(pairs, h, pair);
+            }
+            any_headers = 1;
+            if (append_new(headers, pairs) < 0)
+                goto done;
+        }
+        if (pos != end) {
+            corrupt("record length mismatch");
+            goto done;
+        }
+    }
+    result = PyBool_FromLong(any_headers);
+done:
+    Py_XDECREF(empty);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* ---------------------------------------------------------------- encoding */
+
+static Py_ssize_t
+zigzag_size(int64_t n)
+{
+    uint64_t v = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+    Py_ssize_t s = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        s++;
+    }
+    return s;
+}
+
+static unsigned char *
+put_zigzag(unsigned char *out, int64_t n)
+{
+    uint64_t v = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+    while (v >= 0x80) {
+        *out++ = (unsigned char)((v & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    *out++ = (unsigned char)v;
+    return out;
+}
+
+/* A blob (bytes or None): its size with its length prefix, -1 with an exception set on a bad type. */
+static Py_ssize_t
+blob_size(PyObject *b)
+{
+    if (b == Py_None)
+        return 1;
+    if (!PyBytes_Check(b)) {
+        PyErr_SetString(PyExc_TypeError, "record keys, values and header values must be bytes or None");
+        return -1;
+    }
+    return zigzag_size(PyBytes_GET_SIZE(b)) + PyBytes_GET_SIZE(b);
+}
+
+static unsigned char *
+put_blob(unsigned char *out, PyObject *b)
+{
+    if (b == Py_None) {
+        *out++ = 1;
+        return out;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(b);
+    out = put_zigzag(out, n);
+    memcpy(out, PyBytes_AS_STRING(b), n);
+    return out + n;
+}
+
+#define EXTRA_PREFIX "polygate."
+#define EXTRA_PREFIX_LEN 9
+
+/* An extras value as header bytes: bytes as they are, str as UTF-8, int in decimal (into ``digits``);
+ * anything else raises TypeError (the Python loop takes it). Returns the data, its length in *n. */
+static const char *
+extra_bytes(PyObject *v, char *digits, Py_ssize_t *n)
+{
+    if (PyBytes_Check(v)) {
+        *n = PyBytes_GET_SIZE(v);
+        return PyBytes_AS_STRING(v);
+    }
+    if (PyUnicode_CheckExact(v))
+        return PyUnicode_AsUTF8AndSize(v, n);
+    if (PyLong_CheckExact(v)) {
+        long long x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred())
+            return NULL;
+        *n = snprintf(digits, 24, "%lld", x);
+        return digits;
+    }
+    PyErr_SetString(PyExc_TypeError, "extras values other than bytes, str and int");
+    return NULL;
+}
+
+/* The extras of a record: NULL when it has none, or a dict; -1 (TypeError) for another mapping. */
+static int
+extras_dict(PyObject *extras, Py_ssize_t i, PyObject **x)
+{
+    *x = NULL;
+    if (extras == Py_None)
+        return 0;
+    PyObject *item = PyList_GET_ITEM(extras, i);
+    if (item == Py_None)
+        return 0;
+    if (PyDict_CheckExact(item)) {
+        if (PyDict_GET_SIZE(item))
+            *x = item;
+        return 0;
+    }
+    Py_ssize_t size = PyObject_Size(item);
+    if (size == 0)
+        return 0;
+    if (size > 0)
+        PyErr_SetString(PyExc_TypeError, "extras other than dicts");
+    return -1;
+}
+
+/* The record body size without its length prefix, and its header count in *count; -1 on error. */
+static Py_ssize_t
+record_size(int64_t d, int64_t t, PyObject *key, PyObject *value, PyObject *hdrs, PyObject *x, Py_ssize_t *count)
+{
+    Py_ssize_t size = 1 + zigzag_size(t) + zigzag_size(d), s;
+    if ((s = blob_size(key)) < 0)
+        return -1;
+    size += s;
+    if ((s = blob_size(value)) < 0)
+        return -1;
+    size += s;
+    Py_ssize_t nh = hdrs == NULL ? 0 : PyTuple_GET_SIZE(hdrs);
+    for (Py_ssize_t h = 0; h < nh; h++) {
+        PyObject *pair = PyTuple_GET_ITEM(hdrs, h);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))) {
+            PyErr_SetString(PyExc_TypeError, "headers must be (str, bytes | None) pairs");
+            return -1;
+        }
+        Py_ssize_t n;
+        if (PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &n) == NULL)
+            return -1;
+        size += zigzag_size(n) + n;
+        if ((s = blob_size(PyTuple_GET_ITEM(pair, 1))) < 0)
+            return -1;
+        size += s;
+    }
+    if (x != NULL) {
+        Py_ssize_t at = 0;
+        PyObject *k, *v;
+        char digits[24];
+        while (PyDict_Next(x, &at, &k, &v)) {
+            Py_ssize_t n;
+            if (v == Py_None)
+                continue;
+            if (!PyUnicode_CheckExact(k)) {
+                PyErr_SetString(PyExc_TypeError, "extras keys other than str");
+                return -1;
+            }
+            if (PyUnicode_AsUTF8AndSize(k, &n) == NULL)
+                return -1;
+            size += zigzag_size(EXTRA_PREFIX_LEN + n) + EXTRA_PREFIX_LEN + n;
+            if (extra_bytes(v, digits, &n) == NULL)
+                return -1;
+            size += zigzag_size(n) + n;
+            nh++;
+        }
+    }
+    *count = nh;
+    return size + zigzag_size(nh);
+}
+
+static unsigned char *
+put_bytes(unsigned char *out, const char *data, Py_ssize_t n)
+{
+    out = put_zigzag(out, n);
+    memcpy(out, data, n);
+    return out + n;
+}
+
+static unsigned char *
+put_record(unsigned char *out, const int64_t *num, PyObject *key, PyObject *value, PyObject *hdrs, PyObject *x)
+{
+    out = put_zigzag(out, num[2]);
+    *out++ = 0; /* attributes */
+    out = put_zigzag(out, num[1]);
+    out = put_zigzag(out, num[0]);
+    out = put_blob(out, key);
+    out = put_blob(out, value);
+    out = put_zigzag(out, num[3]);
+    Py_ssize_t nh = hdrs == NULL ? 0 : PyTuple_GET_SIZE(hdrs), n;
+    for (Py_ssize_t h = 0; h < nh; h++) {
+        PyObject *pair = PyTuple_GET_ITEM(hdrs, h);
+        const char *name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &n);
+        out = put_bytes(out, name, n);
+        out = put_blob(out, PyTuple_GET_ITEM(pair, 1));
+    }
+    if (x != NULL) {
+        Py_ssize_t at = 0;
+        PyObject *k, *v;
+        char digits[24];
+        while (PyDict_Next(x, &at, &k, &v)) {
+            if (v == Py_None)
+                continue;
+            const char *name = PyUnicode_AsUTF8AndSize(k, &n);
+            out = put_zigzag(out, EXTRA_PREFIX_LEN + n);
+            memcpy(out, EXTRA_PREFIX, EXTRA_PREFIX_LEN);
+            memcpy(out + EXTRA_PREFIX_LEN, name, n);
+            out += EXTRA_PREFIX_LEN + n;
+            const char *data = extra_bytes(v, digits, &n);
+            out = put_bytes(out, data, n);
+        }
+    }
+    return out;
+}
+
+static PyObject *
+encode_records(PyObject *self, PyObject *args)
+{
+    PyObject *deltas, *ts_deltas, *keys, *values, *headers, *extras = Py_None;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O|O", &PyList_Type, &deltas, &PyList_Type, &ts_deltas, &PyList_Type,
+                          &keys, &PyList_Type, &values, &headers, &extras))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(deltas);
+    if (PyList_GET_SIZE(ts_deltas) != n || PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n ||
+        (headers != Py_None && (!PyList_Check(headers) || PyList_GET_SIZE(headers) != n)) ||
+        (extras != Py_None && (!PyList_Check(extras) || PyList_GET_SIZE(extras) != n))) {
+        PyErr_SetString(PyExc_ValueError, "columns of different lengths");
+        return NULL;
+    }
+    /* per record: offset delta, timestamp delta, body size, header count */
+    int64_t *nums = PyMem_Malloc(sizeof(int64_t) * 4 * (n ? n : 1));
+    if (nums == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL, *x;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *hdrs = headers == Py_None ? NULL : PyList_GET_ITEM(headers, i);
+        if (hdrs != NULL && !PyTuple_Check(hdrs)) {
+            PyErr_SetString(PyExc_TypeError, "headers must be tuples");
+            goto done;
+        }
+        if (extras_dict(extras, i, &x) < 0)
+            goto done;
+        int64_t d = PyLong_AsLongLong(PyList_GET_ITEM(deltas, i));
+        int64_t t = PyLong_AsLongLong(PyList_GET_ITEM(ts_deltas, i));
+        if ((d == -1 || t == -1) && PyErr_Occurred())
+            goto done;
+        Py_ssize_t count;
+        Py_ssize_t size = record_size(d, t, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i), hdrs, x, &count);
+        if (size < 0)
+            goto done;
+        nums[4 * i] = d;
+        nums[4 * i + 1] = t;
+        nums[4 * i + 2] = size;
+        nums[4 * i + 3] = count;
+        total += zigzag_size(size) + size;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL)
+        goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        extras_dict(extras, i, &x);
+        out = put_record(out, nums + 4 * i, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i),
+                         headers == Py_None ? NULL : PyList_GET_ITEM(headers, i), x);
+    }
+done:
+    PyMem_Free(nums);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"read_records", read_records, METH_VARARGS, "Append the fields of v2 records to column lists."},
+    {"encode_records", encode_records, METH_VARARGS, "The records part of a v2 batch, from columns."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_speedups", "Kafka v2 record loops in C.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

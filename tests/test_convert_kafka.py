@@ -1,0 +1,170 @@
+"""Kafka record batch v2 loops of the conversion path: the C loops (``_speedups``) and the Python ones agree."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import model as m
+from gateway.codecs.kafka import records
+from gateway.convert import Columns
+
+speedups = records._speedups
+needs_c = pytest.mark.skipif(speedups is None, reason="the C loops were not built (no compiler): Python ones run")
+
+HEADERS = st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=3).map(tuple)
+RECORDS = st.lists(st.tuples(st.none() | st.binary(max_size=300), st.none() | st.binary(max_size=20),
+                             st.integers(-1, 2**42), HEADERS, st.integers(0, 20_000)), min_size=1, max_size=40)
+
+
+def _records(items) -> list[m.Record]:
+    out, offset = [], 100
+    for value, key, ts, headers, gap in items:
+        offset += gap
+        out.append(m.Record(value, key, ts, headers, offset))
+    return out
+
+
+def _python_columns(body, count, base, base_ts, append_ts):
+    cols = Columns([], [], [], [], [])
+    any_headers = records._read_records(body, 61, len(body), count, base, base_ts, append_ts, cols.offsets,
+                                        cols.timestamps, cols.keys, cols.values, cols.headers)
+    return any_headers, cols
+
+
+def _c_columns(body, count, base, base_ts, append_ts):
+    cols = Columns([], [], [], [], [])
+    any_headers = speedups.read_records(body, 61, len(body), count, base, base_ts, append_ts, cols.offsets,
+                                        cols.timestamps, cols.keys, cols.values, cols.headers)
+    return any_headers, cols
+
+
+def _fields(result):
+    any_headers, c = result
+    return any_headers, c.offsets, c.timestamps, c.keys, c.values, c.headers
+
+
+@needs_c
+@settings(max_examples=150, deadline=None)
+@given(RECORDS, st.none() | st.integers(0, 2**41))
+def test_c_and_python_read_alike(items, append_ts):
+    batch = records.encode_batch(_records(items), 100)
+    base_ts = records.BATCH_HEADER.unpack_from(batch)[7]
+    args = (batch, len(items), 7, base_ts, append_ts)
+    assert _fields(_c_columns(*args)) == _fields(_python_columns(*args))
+
+
+@needs_c
+@settings(max_examples=150, deadline=None)
+@given(RECORDS)
+def test_c_and_python_encode_alike(items):
+    cols = Columns.of_records(_records(items))
+    deltas = [o - 100 for o in cols.offsets]
+    ts = [t - 5 for t in cols.timestamps]
+    headers = cols.headers or [()] * len(cols)
+    assert (speedups.encode_records(deltas, ts, cols.keys, cols.values, headers)
+            == records._encode_records(deltas, ts, cols.keys, cols.values, headers))
+    assert speedups.encode_records(deltas, ts, cols.keys, cols.values, None) == records._encode_records(
+        deltas, ts, cols.keys, cols.values, None)
+
+
+EXTRAS = st.none() | st.dictionaries(st.text(max_size=6), st.none() | st.binary(max_size=6) | st.text(max_size=6)
+                                     | st.integers(-(2**63), 2**63 - 1), max_size=3)
+
+
+@needs_c
+@settings(max_examples=150, deadline=None)
+@given(RECORDS, st.data())
+def test_c_and_python_write_extras_alike(items, data):
+    cols = Columns.of_records(_records(items))
+    cols.extras = [data.draw(EXTRAS) for _ in items]
+    with_c = records.encode_columns(cols, 100)
+    c_loops, records._speedups = records._speedups, None
+    try:
+        assert records.encode_columns(cols, 100) == with_c
+    finally:
+        records._speedups = c_loops
+
+
+@needs_c
+def test_c_leaves_other_extras_to_python():
+    for extras in (m.Record(b"v", extras={"a": 1}).extras, {"flag": True}, {"f": 1.5}, {"big": 2**70}):
+        with pytest.raises((TypeError, OverflowError)):
+            speedups.encode_records([0], [0], [None], [b"v"], None, [extras])
+    (r,) = records.read_batches(records.encode_columns(Columns([0], [5], [None], [b"v"], None, [{"flag": True}]), 0))
+    assert r.headers == (("polygate.flag", b"True"),)
+
+
+@given(RECORDS)
+@settings(max_examples=60, deadline=None)
+def test_batch_round_trip(items):
+    recs = _records(items)
+    back = list(records.read_batches(records.encode_batch(recs, 100), 100))
+    assert [(r.value, r.key, r.headers, r.offset) for r in back] == [(r.value, r.key, r.headers, r.offset)
+                                                                      for r in recs]
+    stamps = [r.timestamp for r in recs if r.timestamp >= 0]
+    assert [r.timestamp for r in back] == [r.timestamp if r.timestamp >= 0 else min(stamps, default=-1)
+                                           for r in recs]
+
+
+@needs_c
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 50))
+def test_c_read_of_garbage_raises_value_error_only(body, count):
+    data = bytes(61) + body
+    with contextlib.suppress(ValueError):
+        _c_columns(data, count, 0, 0, None)
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(RECORDS, st.data())
+def test_c_read_of_damaged_batches(items, data):
+    batch = bytearray(records.encode_batch(_records(items), 100))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(61, len(batch) - 1))
+        batch[at] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(61, len(batch)))
+    body = bytes(batch[:cut])
+    try:
+        c = _fields(_c_columns(body, len(items), 0, 0, None))
+    except ValueError:
+        c = None
+    try:
+        p = _fields(_python_columns(body, len(items), 0, 0, None))
+    except (ValueError, IndexError):
+        p = None
+    if c is not None and p is not None:
+        assert c == p
+
+
+@needs_c
+def test_c_loops_refuse_wrong_types():
+    with pytest.raises(TypeError):
+        speedups.encode_records([0], [0], ["text"], [b"v"], None)
+    with pytest.raises(TypeError):
+        speedups.encode_records([0], [0], [b"k"], [b"v"], [((1, b"x"),)])
+    with pytest.raises(ValueError):
+        speedups.encode_records([0, 1], [0], [b"k"], [b"v"], None)
+    with pytest.raises(ValueError):
+        speedups.read_records(b"\x00" * 10, 5, 20, 1, 0, 0, None, [], [], [], [], [])
+
+
+def test_encode_takes_what_c_refuses():
+    batch = records.encode_batch([m.Record(bytearray(b"v"), None, 5, offset=7)], 2)  # type: ignore[arg-type]
+    (r,) = records.read_batches(batch, 2)
+    assert (r.value, r.offset) == (b"v", 7)
+
+
+def test_a_stored_batch_that_does_not_parse_is_corrupt_message():
+    fmt = records.FORMAT
+    good = records.encode_batch([m.Record(b"v" * 50, b"k", 5, offset=0)] * 3, 0)
+    bad = bytearray(good)
+    bad[61] = 0x7F  # first record's length: past the batch
+    stored = m.StoredBatch("kafka", 0, 2, 5, bytes(bad))
+    with pytest.raises(m.CommandError) as e:
+        fmt.columns([stored])
+    assert e.value.error.code is m.ErrorCode.CORRUPT_MESSAGE
