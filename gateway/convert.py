@@ -145,8 +145,11 @@ def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
             raise CommandError(ErrorCode.CORRUPT_MESSAGE,
                                f"cannot convert {name!r} batches to {target.name!r}: format not installed")
         if not by_columns:
-            for b in group:
-                records.extend(source.records(b))
+            if hasattr(source, "columns"):  # one call for the group, not one per (maybe one-record) batch
+                records += source.columns(list(group)).records()
+            else:
+                for b in group:
+                    records.extend(source.records(b))
             continue
         if hasattr(source, "columns"):
             part = source.columns(list(group))
