@@ -86,6 +86,7 @@ def main() -> None:
             continue
         per_batch = 1 if src_name == "v1" else args.batch
         stored = stored_batches(src, records, per_batch)
+        gc.freeze()  # set-up too: a server reads a fetch's batches from disk, it does not hold a million
         for dst_name in sorted(formats):
             if pairs and (src_name, dst_name) not in pairs:
                 continue
