@@ -92,3 +92,12 @@ def test_foreign_values_are_made_line_safe():
     stored = m.StoredBatch("v1", 10, 12, 8, FORMAT.encode(records, 10))
     back = list(FORMAT.records(stored))
     assert [(r.offset, r.value, r.key, r.timestamp) for r in back] == [(10, b"b64:eCx5", b"k", 7), (12, b"", None, 8)]
+
+
+def test_columns_of_single_and_multi_record_and_empty_batches():
+    one = m.StoredBatch("v1", 5, 5, 1, FORMAT.encode([m.Record(b"v", b"k", 1, offset=5)], 5))
+    many = m.StoredBatch("v1", 6, 8, 3, FORMAT.encode([m.Record(b"a", None, 2, offset=6),
+                                                        m.Record(None, b"k2", 3, offset=8)], 6))
+    empty = m.StoredBatch("v1", 9, 9, 3, b"")
+    cols = FORMAT.columns([one, empty, many])
+    assert list(zip(cols.offsets, cols.keys, cols.values)) == [(5, b"k", b"v"), (6, None, b"a"), (8, b"k2", b"")]
