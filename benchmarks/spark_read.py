@@ -50,18 +50,9 @@ def produce(servers: str, topic: str, records: int) -> float:
 
 
 def spark_session():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from gateway.spark import local_session
 
-    from gateway.spark import register
-
-    spark = (SparkSession.builder.master("local[2]").appName("polygate-bench")
-             .config("spark.driver.memory", "1g").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return local_session("polygate-bench")
 
 
 def best_of(runs: int, action) -> tuple[float, object]:

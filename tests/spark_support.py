@@ -7,9 +7,6 @@ its own (``unique``).
 
 from __future__ import annotations
 
-import os
-import sys
-
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -19,19 +16,9 @@ from kafka_support import unique, wait_until  # noqa: F401 (re-exported)
 
 @pytest.fixture(scope="session")
 def spark():
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from gateway.spark import local_session
 
-    from gateway.spark import register
-
-    session = (SparkSession.builder.master("local[2]").appName("polygate-tests")
-               .config("spark.driver.memory", "1g").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = local_session("polygate-tests")
     yield session
     session.stop()
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -41,18 +40,9 @@ WAVES = [
 
 
 def spark_session():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from gateway.spark import local_session
 
-    from gateway.spark import register
-
-    spark = (SparkSession.builder.master("local[2]").appName("polygate-pipeline")
-             .config("spark.driver.memory", "1g").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return local_session("polygate-pipeline")
 
 
 def produce_wave(gw: GatewayProcess, number: int, wave: dict) -> int:

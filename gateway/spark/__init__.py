@@ -69,6 +69,29 @@ def register(spark) -> None:
     spark.dataSource.register(PolygateDataSource)
 
 
+def local_session(app_name: str = "polygate"):
+    """A small ``local[2]`` SparkSession on loopback with ``polygate`` registered.
+
+    What the tests, the example and the benchmark run on: workers use this
+    interpreter, 1 GiB driver, 2 shuffle partitions, no UI.
+    """
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local[2]").appName(app_name)
+             .config("spark.driver.memory", "1g").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
 @dataclass(frozen=True)
 class OffsetRange(InputPartition):
     """Records ``start <= offset < end`` of one topic partition: one Spark task."""
