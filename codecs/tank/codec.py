@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from construct import ConstructError
@@ -163,6 +163,23 @@ def _batch(stored: bytes, at: int, base_seq: int) -> m.Batch | int:
     return m.Batch(NAME, stored, header.count, first_timestamp(stored, header), base_seq - 1 if base_seq else None)
 
 
+def _walk_topics(payload: bytes, pos: int, topics_count: int,
+                 partition: Callable[[int], tuple[Any, int]]) -> tuple[list[tuple[str, list[Any]]], int]:
+    """The ``{str8 topic | u8 count | partition × count}`` list of a Produce or
+    Consume request: ``partition(pos)`` parses one and returns ``(it, next pos)``."""
+    topics = []
+    for _ in range(topics_count):
+        name_end = pos + 1 + payload[pos]
+        name = _text(payload[pos + 1 : name_end])
+        parts = []
+        pos = name_end + 1
+        for _ in range(payload[name_end]):
+            part, pos = partition(pos)
+            parts.append(part)
+        topics.append((name, parts))
+    return topics, pos
+
+
 def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[str, list[tuple[int, m.Batch | int]]]]]:
     """``(request_id, [(topic, [(partition, batch or error code)])])`` of a Produce request.
 
@@ -175,32 +192,27 @@ def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[st
         pos = 7 + payload[6]
         _, _, topics_count = _PRODUCE_OPTIONS.unpack_from(payload, pos)
         pos += _PRODUCE_OPTIONS.size
-        topics = []
-        for _ in range(topics_count):
-            name_end = pos + 1 + payload[pos]
-            name = _text(payload[pos + 1 : name_end])
-            count = payload[name_end]
-            pos = name_end + 1
-            parts = []
-            for _ in range(count):
-                (partition,) = _U16.unpack_from(payload, pos)
-                start = pos + 2
-                length, pos = read_varint(payload, start, end)
-                if with_seqnum:
-                    (base_seq,) = _U64.unpack_from(payload, pos)
-                    body = pos + 8
-                    stored = payload[start:pos] + payload[body : body + length]
-                    at = pos - start
-                    pos = body + length
-                else:
-                    base_seq = 0
-                    at = pos - start
-                    pos += length
-                    stored = payload[start:pos]
-                if pos > end:
-                    raise Malformed("bundle past the end of the request")
-                parts.append((partition, _batch(stored, at, base_seq)))
-            topics.append((name, parts))
+
+        def produced(pos: int) -> tuple[tuple[int, m.Batch | int], int]:
+            (partition,) = _U16.unpack_from(payload, pos)
+            start = pos + 2
+            length, pos = read_varint(payload, start, end)
+            if with_seqnum:
+                (base_seq,) = _U64.unpack_from(payload, pos)
+                body = pos + 8
+                stored = payload[start:pos] + payload[body : body + length]
+                at = pos - start
+                pos = body + length
+            else:
+                base_seq = 0
+                at = pos - start
+                pos += length
+                stored = payload[start:pos]
+            if pos > end:
+                raise Malformed("bundle past the end of the request")
+            return (partition, _batch(stored, at, base_seq)), pos
+
+        topics, _ = _walk_topics(payload, pos, topics_count, produced)
     except (IndexError, struct.error, BundleError) as e:
         raise Malformed(f"produce request cut short: {e}") from None
     return request_id, topics
@@ -251,19 +263,8 @@ def parse_consume(payload: bytes) -> tuple[int, int, int, list[tuple[str, list[t
         pos = 7 + payload[6]
         max_wait, min_bytes = _CONSUME_OPTIONS.unpack_from(payload, pos)
         pos += _CONSUME_OPTIONS.size + (1 if version >= 3 else 0)
-        topics_count = payload[pos]
-        pos += 1
-        topics = []
-        for _ in range(topics_count):
-            name_end = pos + 1 + payload[pos]
-            name = _text(payload[pos + 1 : name_end])
-            count = payload[name_end]
-            pos = name_end + 1
-            parts = []
-            for _ in range(count):
-                parts.append(_FETCH.unpack_from(payload, pos))
-                pos += _FETCH.size
-            topics.append((name, parts))
+        topics, _ = _walk_topics(payload, pos + 1, payload[pos],
+                                 lambda at: (_FETCH.unpack_from(payload, at), at + _FETCH.size))
     except (IndexError, struct.error) as e:
         raise Malformed(f"consume request cut short: {e}") from None
     return request_id, max_wait, min_bytes, topics
