@@ -100,3 +100,29 @@ class GatewayProcess:
     def assert_alive(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, "gateway died:\n" + self.log
         assert "Traceback" not in self.log, "traceback in gateway log:\n" + self.log
+
+
+class Gateways:
+    """Gateways started for one test, each on its own data dir under ``base_dir``.
+
+    ``start(protocols, args, data_dir=None, env=None)`` starts one; ``close()``
+    checks that each still running is alive with no traceback logged, then
+    stops them all.
+    """
+
+    def __init__(self, base_dir: str):
+        self.base_dir = base_dir
+        self.started: list[GatewayProcess] = []
+
+    def start(self, protocols: Sequence[str] = ("v1",), args: Sequence[str] = (), data_dir: str | None = None,
+              env: dict[str, str] | None = None) -> GatewayProcess:
+        gw = GatewayProcess(str(data_dir or os.path.join(self.base_dir, f"data{len(self.started)}")),
+                            protocols, args, env)
+        self.started.append(gw)
+        return gw.start()
+
+    def close(self) -> None:
+        for gw in self.started:
+            if gw.proc is not None:
+                gw.assert_alive()
+            gw.stop()

@@ -7,24 +7,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from harness import GatewayProcess  # noqa: E402
+from gateway.launcher import Gateways  # noqa: E402
 
 
 @pytest.fixture
 def gateway_factory(tmp_path):
     """Start gateways: ``gateway_factory(protocols=("v1",), args=(...))``; all stopped at teardown."""
-    started: list[GatewayProcess] = []
-
-    def start(protocols=("v1",), args=(), data_dir=None, env=None) -> GatewayProcess:
-        gw = GatewayProcess(str(data_dir or tmp_path / f"data{len(started)}"), protocols, args, env)
-        started.append(gw)
-        return gw.start()
-
-    yield start
-    for gw in started:
-        if gw.proc is not None:
-            gw.assert_alive()
-        gw.stop()
+    gateways = Gateways(str(tmp_path))
+    yield gateways.start
+    gateways.close()
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ from __future__ import annotations
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from harness import GatewayProcess
 from kafka_support import unique, wait_until  # noqa: F401 (re-exported)
+
+from gateway.launcher import GatewayProcess
 
 
 @pytest.fixture(scope="session")

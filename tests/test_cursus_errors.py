@@ -13,8 +13,8 @@ import uuid
 import pytest
 from cursus.protocol.decoder import decode_batch
 from cursus_support import RawCursus, batch, command, consume
-from harness import GatewayProcess
 
+from gateway.launcher import GatewayProcess
 from gateway.partitioners import fnv1a_64
 
 

@@ -6,11 +6,11 @@ import socket
 import struct
 
 import pytest
-from harness import GatewayProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.codecs.kafka import apis, schema
+from gateway.launcher import GatewayProcess
 
 # JoinGroup and SyncGroup may legitimately wait for other members: not fuzzed here.
 FUZZED = [(k, v) for k, a in apis.APIS.items() if k not in (11, 14) for v in range(a.min_version, a.max_version + 1)]

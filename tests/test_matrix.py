@@ -60,7 +60,7 @@ RECORDS = {
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    from harness import GatewayProcess
+    from gateway.launcher import GatewayProcess
 
     gw = GatewayProcess(str(tmp_path_factory.mktemp("matrix")), PROTOCOLS,
                         ("--max-frame", "v1=4194304")).start()

@@ -15,10 +15,10 @@ import socket
 import time
 
 import pytest
-from harness import GatewayProcess
 from tank_support import captures, read_frames, structure, vectors_dir
 
 from gateway.codecs.tank import schema
+from gateway.launcher import GatewayProcess
 
 CAPTURES = {c.name: c for c in captures()}
 

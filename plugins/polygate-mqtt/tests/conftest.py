@@ -1,7 +1,7 @@
 """Fixtures of the MQTT plugin's tests.
 
-They drive a real ``gateway serve`` through the repository's test harness
-(``tests/harness.py``), found next to this plugin in the polygate checkout.
+They drive a real ``gateway serve`` through polygate's launcher
+(``gateway.launcher``).
 """
 
 from __future__ import annotations
@@ -15,26 +15,20 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests"))
 
-from harness import GatewayProcess  # noqa: E402
+from gateway.launcher import Gateways  # noqa: E402
 
 
 @pytest.fixture
 def gateway_factory(tmp_path):
     """``gateway_factory(protocols=("v1", "mqtt"), args=(...), env=None)``; all stopped at teardown."""
-    started: list[GatewayProcess] = []
+    gateways = Gateways(str(tmp_path))
 
-    def start(protocols=("v1", "mqtt"), args=(), env=None) -> GatewayProcess:
-        gw = GatewayProcess(str(tmp_path / f"data{len(started)}"), protocols, args, env)
-        started.append(gw)
-        return gw.start()
+    def start(protocols=("v1", "mqtt"), args=(), env=None):
+        return gateways.start(protocols, args, env=env)
 
     yield start
-    for gw in started:
-        if gw.proc is not None:
-            gw.assert_alive()
-        gw.stop()
+    gateways.close()
 
 
 @pytest.fixture
