@@ -10,7 +10,7 @@ DATA   ?= .data
 
 MQTT   := plugins/polygate-mqtt
 
-$(STAMP): setup.cfg pyproject.toml $(MQTT)/pyproject.toml
+$(STAMP): setup.cfg pyproject.toml $(MQTT)/pyproject.toml $(wildcard codecs/*/_speedups.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 	$(PIP) install --quiet -e '.[test,spark]'

@@ -8,9 +8,7 @@
  *     extras: None or one dict per record, written after the headers as ``polygate.<key>`` headers;
  *     TypeError for what only the Python loop takes: other mappings, values other than bytes/str/int).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "_speedups.h"
 #include <string.h>
 
 static int
@@ -61,16 +59,6 @@ read_blob(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, int *failed)
         *failed = 1;
     *pos += (Py_ssize_t)n;
     return b;
-}
-
-static int
-append_new(PyObject *list, PyObject *item)
-{
-    if (item == NULL)
-        return -1;
-    int r = PyList_Append(list, item);
-    Py_DECREF(item);
-    return r;
 }
 
 static PyObject *
@@ -190,29 +178,14 @@ done:
 
 /* ---------------------------------------------------------------- encoding */
 
-static Py_ssize_t
-zigzag_size(int64_t n)
+static inline uint64_t
+zigzag(int64_t n)
 {
-    uint64_t v = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
-    Py_ssize_t s = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        s++;
-    }
-    return s;
+    return ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
 }
 
-static unsigned char *
-put_zigzag(unsigned char *out, int64_t n)
-{
-    uint64_t v = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
-    while (v >= 0x80) {
-        *out++ = (unsigned char)((v & 0x7f) | 0x80);
-        v >>= 7;
-    }
-    *out++ = (unsigned char)v;
-    return out;
-}
+#define zigzag_size(n) uvarint_size(zigzag(n))
+#define put_zigzag(out, n) put_uvarint((out), zigzag(n))
 
 /* A blob (bytes or None): its size with its length prefix, -1 with an exception set on a bad type. */
 static Py_ssize_t

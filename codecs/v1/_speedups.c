@@ -1,0 +1,159 @@
+/* The V1 record loop of conversions in C (optional; batch.py has the same in Python).
+ *
+ * read_records(payloads, bases, offsets, timestamps, keys, values) -> None
+ *     appends the fields of every record of every payload (a stored V1 batch) to the
+ *     lists, as ``V1Format.columns`` does: the offset is the payload's base offset plus
+ *     the record's offset delta; a negative length is a null key or value.
+ *     Raises ValueError on a record that runs past the end of its payload.
+ * encode_records(offsets, base_offset, timestamps, keys, values) -> bytes
+ *     the payload of a V1 batch, as ``batch._encode_records`` writes it (keys bytes or None,
+ *     values bytes); TypeError or OverflowError for what only the Python loop takes (other
+ *     types, an offset delta outside 32 bits, a timestamp outside 64).
+ */
+#include "_speedups.h"
+#include <string.h>
+
+/* The i32-length-prefixed field at p[*pos] (None for a negative length); moves *pos past it. */
+static PyObject *
+field(const unsigned char *p, Py_ssize_t len, Py_ssize_t *pos)
+{
+    if (len - *pos < 4) {
+        PyErr_SetString(PyExc_ValueError, "a record runs past the end of its batch");
+        return NULL;
+    }
+    int32_t n = (int32_t)be(p + *pos, 4);
+    *pos += 4;
+    if (n < 0)
+        return Py_NewRef(Py_None);
+    if (n > len - *pos) {
+        PyErr_SetString(PyExc_ValueError, "a record runs past the end of its batch");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize((const char *)p + *pos, n);
+    *pos += n;
+    return out;
+}
+
+static int
+read_payload(const unsigned char *p, Py_ssize_t len, long long base, PyObject *offsets, PyObject *timestamps,
+             PyObject *keys, PyObject *values)
+{
+    Py_ssize_t pos = 0;
+    while (pos < len) {
+        if (len - pos < 12) {
+            PyErr_SetString(PyExc_ValueError, "a record runs past the end of its batch");
+            return -1;
+        }
+        uint64_t delta = be(p + pos, 4);
+        int64_t ts = (int64_t)be(p + pos + 4, 8);
+        pos += 12;
+        if (append_new(keys, field(p, len, &pos)) < 0 || append_new(values, field(p, len, &pos)) < 0 ||
+            append_new(offsets, base < 0 ? PyLong_FromLongLong(base + (long long)delta)
+                                         : PyLong_FromUnsignedLongLong((unsigned long long)base + delta)) < 0 ||
+            append_new(timestamps, PyLong_FromLongLong(ts)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+read_records(PyObject *self, PyObject *args)
+{
+    PyObject *payloads, *bases, *offsets, *timestamps, *keys, *values;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!", &PyList_Type, &payloads, &PyList_Type, &bases, &PyList_Type,
+                          &offsets, &PyList_Type, &timestamps, &PyList_Type, &keys, &PyList_Type, &values))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(payloads);
+    if (PyList_GET_SIZE(bases) != n) {
+        PyErr_SetString(PyExc_ValueError, "one base offset per payload");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long base = PyLong_AsLongLong(PyList_GET_ITEM(bases, i));
+        if (base == -1 && PyErr_Occurred())
+            return NULL;
+        Py_buffer buf;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(payloads, i), &buf, PyBUF_SIMPLE) < 0)
+            return NULL;
+        int r = read_payload(buf.buf, buf.len, base, offsets, timestamps, keys, values);
+        PyBuffer_Release(&buf);
+        if (r < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+encode_records(PyObject *self, PyObject *args)
+{
+    PyObject *offsets, *stamps, *keys, *values;
+    long long base;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!LO!O!O!", &PyList_Type, &offsets, &base, &PyList_Type, &stamps, &PyList_Type,
+                          &keys, &PyList_Type, &values))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(offsets);
+    if (PyList_GET_SIZE(stamps) != n || PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_TypeError, "one offset, timestamp, key and value per record");
+        return NULL;
+    }
+    /* First pass: check the types and ranges, size the payload. */
+    Py_ssize_t size = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        if ((key != Py_None && !PyBytes_Check(key)) || !PyBytes_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes or None, values bytes");
+            return NULL;
+        }
+        long long offset = PyLong_AsLongLong(PyList_GET_ITEM(offsets, i));
+        if (offset == -1 && PyErr_Occurred())
+            return NULL;
+        PyLong_AsLongLong(PyList_GET_ITEM(stamps, i));
+        if (PyErr_Occurred())
+            return NULL;
+        if (offset < base || (unsigned long long)offset - (unsigned long long)base > 0xFFFFFFFFu ||
+            (key != Py_None && PyBytes_GET_SIZE(key) > INT32_MAX) || PyBytes_GET_SIZE(value) > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "an offset delta, key or value outside its field");
+            return NULL;
+        }
+        size += 20 + (key != Py_None ? PyBytes_GET_SIZE(key) : 0) + PyBytes_GET_SIZE(value);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL)
+        return NULL;
+    /* Second pass: write (the first one checked everything that can fail). */
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        p = put_be(p, (uint64_t)(PyLong_AsLongLong(PyList_GET_ITEM(offsets, i)) - base), 4);
+        p = put_be(p, (uint64_t)PyLong_AsLongLong(PyList_GET_ITEM(stamps, i)), 8);
+        if (key == Py_None) {
+            p = put_be(p, 0xFFFFFFFFu, 4);
+        } else {
+            p = put_be(p, (uint64_t)PyBytes_GET_SIZE(key), 4);
+            memcpy(p, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+            p += PyBytes_GET_SIZE(key);
+        }
+        p = put_be(p, (uint64_t)PyBytes_GET_SIZE(value), 4);
+        memcpy(p, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
+        p += PyBytes_GET_SIZE(value);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"read_records", read_records, METH_VARARGS, "Append the fields of stored V1 records to column lists."},
+    {"encode_records", encode_records, METH_VARARGS, "The payload of a V1 batch."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_speedups", "The V1 record loops in C.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,67 @@
+/* Helpers shared by the codecs' optional C loops (codecs/<name>/_speedups.c).
+ *
+ * Each codec builds its own extension module; this header only saves them from
+ * repeating the same few lines. Everything here is static inline.
+ */
+#ifndef POLYGATE_SPEEDUPS_H
+#define POLYGATE_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* The big-endian unsigned integer of n bytes at p. */
+static inline uint64_t
+be(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Write v as an n-byte big-endian unsigned integer at p; returns the byte after it. */
+static inline unsigned char *
+put_be(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--)
+        *p++ = (unsigned char)(v >> (8 * i));
+    return p;
+}
+
+/* Append a new reference to list and drop it; -1 (exception set) if item is NULL or the append fails. */
+static inline int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL)
+        return -1;
+    int r = PyList_Append(list, item);
+    Py_DECREF(item);
+    return r;
+}
+
+/* The size of v as an unsigned LEB128 varint. */
+static inline Py_ssize_t
+uvarint_size(uint64_t v)
+{
+    Py_ssize_t s = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        s++;
+    }
+    return s;
+}
+
+/* Write v as an unsigned LEB128 varint at out; returns the byte after it. */
+static inline unsigned char *
+put_uvarint(unsigned char *out, uint64_t v)
+{
+    while (v >= 0x80) {
+        *out++ = (unsigned char)((v & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    *out++ = (unsigned char)v;
+    return out;
+}
+
+#endif

@@ -1,0 +1,109 @@
+"""The V1 record loop of the conversion path: the C loop (``_speedups``) and the Python one agree."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import model as m
+from gateway.codecs.v1 import batch
+
+speedups = batch._speedups
+needs_c = pytest.mark.skipif(speedups is None, reason="the C loop was not built (no compiler): the Python one runs")
+
+RECORD = st.tuples(st.integers(0, 2**32 - 1), st.integers(-(2**63), 2**63 - 1), st.none() | st.binary(max_size=20),
+                   st.none() | st.binary(max_size=300))
+PAYLOADS = st.lists(st.tuples(st.integers(0, 2**63 - 2**32), st.lists(RECORD, max_size=5)), max_size=8)
+
+
+def _payloads(items):
+    return ([b"".join(batch.encode_record(*r) for r in records) for _, records in items],
+            [base for base, _ in items])
+
+
+def _read(read, payloads, bases):
+    cols = ([], [], [], [])
+    read(payloads, bases, *cols)
+    return cols
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(PAYLOADS)
+def test_c_and_python_read_alike(items):
+    payloads, bases = _payloads(items)
+    c = _read(speedups.read_records, payloads, bases)
+    assert c == _read(batch._read_records, payloads, bases)
+    assert c[0] == [base + r[0] for base, records in items for r in records]
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(PAYLOADS, st.data())
+def test_c_read_of_damaged_or_cut_payloads(items, data):
+    payloads, bases = _payloads(items)
+    for i, p in enumerate(payloads):
+        damaged = bytearray(p)
+        for _ in range(data.draw(st.integers(0, 3))):
+            if damaged:
+                damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+        payloads[i] = bytes(damaged[: data.draw(st.integers(0, len(damaged)))])
+    outcomes = []
+    for read in (speedups.read_records, batch._read_records):
+        try:
+            outcomes.append(_read(read, payloads, bases))
+        except ValueError:
+            outcomes.append(None)
+    assert outcomes[0] == outcomes[1]
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=60), max_size=4))
+def test_c_read_of_garbage_raises_value_error_only(payloads):
+    with contextlib.suppress(ValueError):
+        _read(speedups.read_records, payloads, [0] * len(payloads))
+
+
+def test_columns_of_stored_batches():
+    one = batch.encode_record(0, 1000, b"k", b"a")
+    two = batch.encode_record(0, 1001, None, b"") + batch.encode_record(2, 1002, b"", None)
+    stored = [m.StoredBatch("v1", 10, 10, 1000, one), m.StoredBatch("v1", 11, 13, 1002, memoryview(two))]
+    cols = batch.FORMAT.columns(iter(stored))
+    assert (cols.offsets, cols.timestamps, cols.keys, cols.values) == (
+        [10, 11, 13], [1000, 1001, 1002], [b"k", None, b""], [b"a", b"", None])
+    with pytest.raises(ValueError, match="runs past"):
+        batch.FORMAT.columns([m.StoredBatch("v1", 0, 0, 0, one[:-1])])
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**62), st.lists(RECORD, max_size=30))
+def test_c_and_python_write_alike(base, records):
+    offsets = [base + r[0] for r in records]
+    stamps, keys = [r[1] for r in records], [r[2] for r in records]
+    values = [r[3] or b"" for r in records]
+    c = speedups.encode_records(offsets, base, stamps, keys, values)
+    assert c == batch._encode_records(offsets, base, stamps, keys, values)
+    cols = _read(speedups.read_records, [c], [base])
+    assert cols == (offsets, stamps, keys, values)
+
+
+@needs_c
+def test_what_the_c_writer_does_not_take_goes_to_the_python_loop():
+    with pytest.raises(TypeError):
+        speedups.encode_records([0], 0, [1], [bytearray(b"k")], [b"v"])
+    with pytest.raises(OverflowError):
+        speedups.encode_records([2**32], 0, [1], [None], [b"v"])
+    with pytest.raises(OverflowError):
+        speedups.encode_records([0], 1, [1], [None], [b"v"])
+    with pytest.raises(OverflowError):
+        speedups.encode_records([0], 0, [2**63], [None], [b"v"])
+    with pytest.raises(TypeError, match="per record"):
+        speedups.encode_records([0, 1], 0, [1], [None], [b"v"])
+    columns = batch.Columns([5, None], [1, 2], [bytearray(b"k"), None], [b"a", None])
+    assert batch.FORMAT.encode_columns(columns, 5) == batch._encode_records([5, 6], 5, [1, 2], [b"k", None],
+                                                                             [b"a", b""])
