@@ -22,6 +22,7 @@ between their offsets become a SPARSE bundle.
 
 from __future__ import annotations
 
+import itertools
 import struct
 import time
 from collections.abc import Iterable, Sequence
@@ -31,6 +32,11 @@ import cramjam
 from gateway.convert import Columns
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 from gateway.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
+
+try:
+    from . import _speedups
+except ImportError:  # built without a C compiler: _encode_messages below does the same
+    _speedups = None
 
 NAME = "tank"
 
@@ -156,19 +162,47 @@ def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
     short ends the list (the last bundle of a consume chunk may be cut);
     otherwise it raises ``BundleError``.
     """
+    columns: tuple[list, list, list, list] = ([], [], [], [])
+    read_messages(data, header, first_seq, *columns, partial=partial)
+    return list(zip(*columns))
+
+
+def read_messages(data: bytes | memoryview, header: Header, first_seq: int, seqs: list[int], stamps: list[int],
+                  keys: list[bytes | None], values: list[bytes], partial: bool = False) -> None:
+    """``decode_messages`` appending the fields of each message to the lists (in C when it was built)."""
+    sparse = bool(header.flags & SPARSE)
+    start, last = (header.first_seq, header.last_seq) if sparse else (first_seq, 0)
+    read = None
+    if _speedups is not None:
+        mark = len(values)
+        try:
+            read = _speedups.read_messages(data, header.count, sparse, start, last, seqs, stamps, keys, values)
+        except OverflowError:  # sequence numbers beyond 64 bits: the Python loop takes them, from the start
+            for column in (seqs, stamps, keys, values):
+                del column[mark:]
+    count, pos = read or _read_messages(data, header.count, sparse, start, last, seqs, stamps, keys, values)
+    if not partial:
+        if count < header.count:
+            raise BundleError("message set cut short")
+        if pos != len(data):
+            raise BundleError("bytes after the last message of a bundle")
+
+
+def _read_messages(data: bytes | memoryview, count: int, sparse: bool, first_seq: int, last_seq: int,
+                   seqs: list[int], stamps: list[int], keys: list[bytes | None],
+                   values: list[bytes]) -> tuple[int, int]:
+    """``_speedups.read_messages`` in Python: ``first_seq`` is the first message's sequence number
+    (a SPARSE bundle's from its header, whose ``last_seq`` the last message has)."""
     if type(data) is not bytes:
         data = bytes(data)  # one copy, then every key and value is one slice
-    out = []
-    append = out.append
     pos = 0
     end = len(data)
     ts = 0
-    sparse = header.flags & SPARSE
-    seq = header.first_seq if sparse else first_seq
-    last_index = header.count - 1
+    seq = first_seq
     unpack_u64 = _U64.unpack_from
-    try:
-        for i in range(header.count):
+    for i in range(count):
+        at = pos
+        try:
             flags = data[pos]
             pos += 1
             if not sparse:
@@ -176,37 +210,32 @@ def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
             elif i:
                 if flags & SEQ_PREV_PLUS_ONE:
                     seq += 1
-                elif i == last_index:
-                    seq = header.last_seq
+                elif i == count - 1:
+                    seq = last_seq
                 else:
-                    delta, pos = read_varint(data, pos, end)
-                    seq += delta + 1
+                    gap, pos = read_varint(data, pos, end)
+                    seq += gap + 1
             if not flags & USE_LAST_TS:
                 (ts,) = unpack_u64(data, pos)
                 pos += 8
+            key = None
             if flags & HAVE_KEY:
-                klen = data[pos] + pos + 1
-                key = data[pos + 1 : klen]
-                pos = klen
-            else:
-                key = None
-            vlen = data[pos]
-            if vlen < 0x80:
-                pos += 1
-            else:
-                vlen, pos = read_varint(data, pos, end)
-            vlen += pos
-            if vlen > end:
-                raise BundleError("message cut short")
-            append((seq, ts, key, data[pos:vlen]))
-            pos = vlen
-    except (IndexError, struct.error, BundleError) as e:
-        if partial:
-            return out
-        raise BundleError(f"message set cut short: {e}") from None
-    if pos != end and not partial:
-        raise BundleError("bytes after the last message of a bundle")
-    return out
+                key_end = data[pos] + pos + 1
+                if key_end > end:
+                    return i, at
+                key = data[pos + 1 : key_end]
+                pos = key_end
+            vlen, pos = read_varint(data, pos, end)
+        except (IndexError, struct.error, BundleError):
+            return i, at
+        if vlen > end - pos:
+            return i, at
+        seqs.append(seq)
+        stamps.append(ts)
+        keys.append(key)
+        values.append(data[pos : pos + vlen])
+        pos += vlen
+    return count, pos
 
 
 def encode(messages: Sequence[tuple[int, bytes | None, bytes]], seqs: Sequence[int] | None = None,
@@ -225,43 +254,18 @@ def encode_fields(stamps: Sequence[int], keys: Sequence[bytes | None], values: S
                   seqs: Sequence[int] | None = None, compress: bool | None = None) -> bytes:
     """``encode`` with the messages given field by field (the conversion hot path)."""
     n = len(values)
-    parts: list[bytes] = []
-    append = parts.append
-    byte = _BYTES
-    uv = UVARINTS
-    flags_ts = _FLAGS_TS.pack
-    u64 = _U64.pack
-    prev_ts = None
-    payload_bytes = 0
-    for i in range(n):
-        ts = stamps[i]
-        key = keys[i]
-        value = values[i]
-        flags = HAVE_KEY if key else 0
-        delta = 0
-        if seqs is not None and 0 < i < n - 1:
-            delta = seqs[i] - seqs[i - 1] - 1
-            if not delta:
-                flags |= SEQ_PREV_PLUS_ONE
-        if i and ts == prev_ts:
-            append(byte[flags | USE_LAST_TS])
-            if delta:
-                append(varint(delta))
-        elif delta:
-            parts += (byte[flags], varint(delta), u64(ts))
-        else:
-            append(flags_ts(flags, ts))
-        prev_ts = ts
-        if key:
-            key = key[:255]
-            parts += (byte[len(key)], key)
-            payload_bytes += len(key)
-        vlen = len(value)
-        parts += (uv[vlen] if vlen < TABLE_SIZE else varint(vlen), value)
-        payload_bytes += vlen
-    body = b"".join(parts)
+    body = None
+    if _speedups is not None:
+        try:
+            body = _speedups.encode_messages(list(stamps), list(keys), list(values),
+                                             None if seqs is None else list(seqs))
+        except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
+            body = None
+    if body is None:
+        body = _encode_messages(stamps, keys, values, seqs)
     if compress is None:
-        compress = n > COMPRESS_MESSAGES or payload_bytes > COMPRESS_BYTES
+        compress = n > COMPRESS_MESSAGES or (sum(map(len, values)) + sum(len(k[:255]) for k in keys if k)
+                                             > COMPRESS_BYTES)
     flags = CODEC_SNAPPY if compress else 0
     if compress:
         body = bytes(cramjam.snappy.compress_raw(body))
@@ -273,6 +277,36 @@ def encode_fields(stamps: Sequence[int], keys: Sequence[bytes | None], values: S
         if n != 1:
             head.append(varint(seqs[-1] - seqs[0] - 1))
     return b"".join(head) + body
+
+
+def _encode_messages(stamps: Sequence[int], keys: Sequence[bytes | None], values: Sequence[bytes],
+                     seqs: Sequence[int] | None) -> bytes:
+    """The messages of an uncompressed bundle (``_speedups.encode_messages`` in C when built)."""
+    n = len(values)
+    parts: list[bytes] = []
+    byte, uv, flags_ts = _BYTES, UVARINTS, _FLAGS_TS.pack
+    if seqs is None:
+        gaps = seq_flags = itertools.repeat(0)
+    else:  # a middle message is SEQ_PREV_PLUS_ONE or has its gap to the previous one; the last has none
+        gaps = [0, *(seqs[i] - seqs[i - 1] - 1 for i in range(1, n - 1)), 0]
+        seq_flags = [0 if gap or i in (0, n - 1) else SEQ_PREV_PLUS_ONE for i, gap in enumerate(gaps)]
+    prev_ts = None
+    for ts, key, value, gap, seq_flag in zip(stamps, keys, values, gaps, seq_flags):
+        flags = (HAVE_KEY if key else 0) | seq_flag
+        if ts == prev_ts:
+            parts += (byte[flags | USE_LAST_TS], varint(gap)) if gap else (byte[flags | USE_LAST_TS],)
+        elif gap:
+            parts += (byte[flags], varint(gap), _U64.pack(ts))
+        else:
+            parts.append(flags_ts(flags, ts))
+        prev_ts = ts
+        vlen = len(value)
+        if key:
+            key = key[:255]
+            parts += (byte[len(key)], key, uv[vlen] if vlen < TABLE_SIZE else varint(vlen), value)
+        else:
+            parts += (uv[vlen] if vlen < TABLE_SIZE else varint(vlen), value)
+    return b"".join(parts)
 
 
 def frame(bundle: bytes) -> bytes:
@@ -340,36 +374,32 @@ class TankFormat:
 
     def records(self, batch: StoredBatch) -> list[Record]:
         """Records of every bundle of the payload (several when produce requests were merged)."""
-        return [Record(value, key, ts, offset=s - 1) for s, ts, key, value in self._messages(batch)]
+        return self.columns((batch,)).records()
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
         """The records of ``batches``, field by field (``gateway.convert.Columns``)."""
-        messages = []
+        seqs: list[int] = []
+        columns = Columns(seqs, [], [], [])
         for batch in batches:
-            messages += self._messages(batch)
-        if not messages:
-            return Columns([], [], [], [])
-        seqs, stamps, keys, values = zip(*messages, strict=True)
-        return Columns([s - 1 for s in seqs], list(stamps), list(keys), list(values))
-
-    def _messages(self, batch: StoredBatch) -> list[tuple[int, int, bytes | None, bytes]]:
-        payload = batch.payload
-        end = len(payload)
-        pos = 0
-        seq = batch.base_offset + 1
-        out = []
-        try:
-            while pos < end:
-                n, body = read_varint(payload, pos, end)
-                if body + n > end:
-                    raise BundleError("bundle cut short")
-                header = parse_header(payload, body, body + n)
-                out += decode_messages(message_set(payload, header), header, seq)
-                seq = (header.last_seq if header.flags & SPARSE else seq + header.count - 1) + 1
-                pos = body + n
-        except BundleError as e:
-            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {batch.base_offset}: {e}") from None
-        return out
+            payload = batch.payload
+            end = len(payload)
+            pos = 0
+            seq = batch.base_offset + 1
+            try:
+                while pos < end:
+                    n, body = read_varint(payload, pos, end)
+                    if body + n > end:
+                        raise BundleError("bundle cut short")
+                    header = parse_header(payload, body, body + n)
+                    read_messages(message_set(payload, header), header, seq, seqs, columns.timestamps,
+                                  columns.keys, columns.values)
+                    seq = (header.last_seq if header.flags & SPARSE else seq + header.count - 1) + 1
+                    pos = body + n
+            except BundleError as e:
+                raise CommandError(ErrorCode.CORRUPT_MESSAGE,
+                                   f"stored bundle at {batch.base_offset}: {e}") from None
+        columns.offsets = [s - 1 for s in seqs]
+        return columns
 
     def encode(self, records: Sequence[Record], base_offset: int, sparse: bool = False) -> bytes:
         return self.encode_columns(Columns.of_records(records), base_offset, sparse)

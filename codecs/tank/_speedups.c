@@ -1,0 +1,226 @@
+/* The TANK message loops of conversions in C (optional; bundle.py has the same in Python).
+ *
+ * read_messages(data, count, sparse, first_seq, last_seq, seqs, stamps, keys, values) -> (read, end)
+ *     appends the fields of up to ``count`` messages of a message set to the lists, as
+ *     ``bundle._read_messages`` does, stopping at the first message cut short or undecodable;
+ *     returns how many it read and the position after the last. OverflowError for sequence
+ *     numbers beyond 64 bits (the Python loop takes them).
+ * encode_messages(stamps, keys, values, seqs) -> bytes
+ *     the messages part of an uncompressed bundle, as ``bundle._encode_messages`` writes it:
+ *     stamps are u64 timestamps (ms), keys bytes or None (cut to 255 bytes), values bytes;
+ *     seqs is None, or one ascending sequence number per message for a SPARSE bundle.
+ *     TypeError or OverflowError for what only the Python loop takes (other types, out of range).
+ */
+#include "_speedups.h"
+#include <string.h>
+
+#define HAVE_KEY 0x01
+#define USE_LAST_TS 0x02
+#define SEQ_PREV_PLUS_ONE 0x04
+
+/* The gap before message i of n in a SPARSE bundle: 0 for the first and last (their sequence numbers are
+ * in the bundle header), else the sequence numbers skipped since the previous message. */
+static int
+gap_of(PyObject *seqs, Py_ssize_t i, Py_ssize_t n, uint64_t *gap)
+{
+    *gap = 0;
+    if (seqs == Py_None || i == 0 || i == n - 1)
+        return 0;
+    unsigned long long prev = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(seqs, i - 1));
+    if (prev == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    unsigned long long seq = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(seqs, i));
+    if (seq == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (seq <= prev) {
+        PyErr_SetString(PyExc_OverflowError, "sequence numbers must ascend");
+        return -1;
+    }
+    *gap = seq - prev - 1;
+    return 0;
+}
+
+static PyObject *
+encode_messages(PyObject *self, PyObject *args)
+{
+    PyObject *stamps, *keys, *values, *seqs;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!O", &PyList_Type, &stamps, &PyList_Type, &keys, &PyList_Type, &values,
+                          &seqs))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (PyList_GET_SIZE(stamps) != n || PyList_GET_SIZE(keys) != n ||
+        (seqs != Py_None && (!PyList_Check(seqs) || PyList_GET_SIZE(seqs) != n))) {
+        PyErr_SetString(PyExc_TypeError, "one timestamp, key, value (and sequence number) per message");
+        return NULL;
+    }
+    /* First pass: check the types, size the bundle. */
+    Py_ssize_t size = 0;
+    uint64_t prev_ts = 0, gap;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        unsigned long long ts = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(stamps, i));
+        if (ts == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+        if ((key != Py_None && !PyBytes_Check(key)) || !PyBytes_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes or None, values bytes");
+            return NULL;
+        }
+        if (gap_of(seqs, i, n, &gap) < 0)
+            return NULL;
+        size += 1 + (gap ? uvarint_size(gap) : 0) + (i && ts == prev_ts ? 0 : 8);
+        prev_ts = ts;
+        if (key != Py_None && PyBytes_GET_SIZE(key)) {
+            Py_ssize_t klen = PyBytes_GET_SIZE(key);
+            size += 1 + (klen > 255 ? 255 : klen);
+        }
+        size += uvarint_size((uint64_t)PyBytes_GET_SIZE(value)) + PyBytes_GET_SIZE(value);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL)
+        return NULL;
+    /* Second pass: write (the first one checked everything that can fail). */
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        uint64_t ts = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(stamps, i));
+        gap_of(seqs, i, n, &gap);
+        Py_ssize_t klen = key != Py_None ? PyBytes_GET_SIZE(key) : 0;
+        unsigned char flags = klen ? HAVE_KEY : 0;
+        if (seqs != Py_None && i && i < n - 1 && !gap)
+            flags |= SEQ_PREV_PLUS_ONE;
+        if (i && ts == prev_ts) {
+            *p++ = flags | USE_LAST_TS;
+            if (gap)
+                p = put_uvarint(p, gap);
+        } else {
+            *p++ = flags;
+            if (gap)
+                p = put_uvarint(p, gap);
+            for (int b = 0; b < 8; b++)
+                *p++ = (unsigned char)(ts >> (8 * b));
+        }
+        prev_ts = ts;
+        if (klen) {
+            if (klen > 255)
+                klen = 255;
+            *p++ = (unsigned char)klen;
+            memcpy(p, PyBytes_AS_STRING(key), klen);
+            p += klen;
+        }
+        Py_ssize_t vlen = PyBytes_GET_SIZE(value);
+        p = put_uvarint(p, (uint64_t)vlen);
+        memcpy(p, PyBytes_AS_STRING(value), vlen);
+        p += vlen;
+    }
+    return out;
+}
+
+/* The varint (at most 5 bytes, as TANK writes them) at p[*pos]; -1 if cut short or longer. */
+static int
+read_varint5(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 5 && *pos < end; i++) {
+        unsigned char b = p[(*pos)++];
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static PyObject *
+read_messages(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t count;
+    int sparse;
+    PyObject *first_obj, *last_obj, *seqs, *stamps, *keys, *values;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*npOOO!O!O!O!", &buf, &count, &sparse, &first_obj, &last_obj, &PyList_Type, &seqs,
+                          &PyList_Type, &stamps, &PyList_Type, &keys, &PyList_Type, &values))
+        return NULL;
+    PyObject *result = NULL;
+    unsigned long long first = PyLong_AsUnsignedLongLong(first_obj), last = PyLong_AsUnsignedLongLong(last_obj);
+    if (PyErr_Occurred())
+        goto done;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t end = buf.len, pos = 0, at = 0, i = 0;
+    uint64_t ts = 0, seq = first, gap, vlen;
+    for (; i < count; i++) {
+        at = pos;
+        if (pos >= end)
+            break;
+        unsigned char flags = p[pos++];
+        if (!sparse) {
+            if ((uint64_t)i > UINT64_MAX - first) {
+                PyErr_SetString(PyExc_OverflowError, "sequence number beyond 64 bits");
+                goto done;
+            }
+            seq = first + (uint64_t)i;
+        } else if (i) {
+            if (flags & SEQ_PREV_PLUS_ONE) {
+                gap = 0;
+            } else if (i == count - 1) {
+                seq = last;
+                goto seq_known;
+            } else if (read_varint5(p, &pos, end, &gap) < 0) {
+                break;
+            }
+            if (seq >= UINT64_MAX - gap) {
+                PyErr_SetString(PyExc_OverflowError, "sequence number beyond 64 bits");
+                goto done;
+            }
+            seq += gap + 1;
+        }
+    seq_known:
+        if (!(flags & USE_LAST_TS)) {
+            if (end - pos < 8)
+                break;
+            ts = 0;
+            for (int b = 7; b >= 0; b--)
+                ts = (ts << 8) | p[pos + b];
+            pos += 8;
+        }
+        Py_ssize_t key_at = -1, klen = 0;
+        if (flags & HAVE_KEY) {
+            if (pos >= end || p[pos] > end - pos - 1)
+                break;
+            klen = p[pos];
+            key_at = pos + 1;
+            pos += 1 + klen;
+        }
+        if (read_varint5(p, &pos, end, &vlen) < 0 || vlen > (uint64_t)(end - pos))
+            break;
+        if (append_new(seqs, PyLong_FromUnsignedLongLong(seq)) < 0 ||
+            append_new(stamps, PyLong_FromUnsignedLongLong(ts)) < 0 ||
+            append_new(keys, key_at < 0 ? Py_NewRef(Py_None)
+                                        : PyBytes_FromStringAndSize((const char *)p + key_at, klen)) < 0 ||
+            append_new(values, PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)vlen)) < 0)
+            goto done;
+        pos += (Py_ssize_t)vlen;
+    }
+    result = Py_BuildValue("(nn)", i, i == count ? pos : at);
+done:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"read_messages", read_messages, METH_VARARGS, "Append the fields of TANK messages to column lists."},
+    {"encode_messages", encode_messages, METH_VARARGS, "The messages part of an uncompressed TANK bundle."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_speedups", "The TANK message loops in C.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

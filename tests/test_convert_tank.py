@@ -1,0 +1,113 @@
+"""The TANK message loop of the conversion path: the C loop (``_speedups``) and the Python one agree."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.codecs.tank import bundle
+
+speedups = bundle._speedups
+needs_c = pytest.mark.skipif(speedups is None, reason="the C loop was not built (no compiler): the Python one runs")
+
+# Timestamps drawn from few values so that runs of equal ones (USE_LAST_TS) are common.
+STAMP = st.sampled_from([0, 1, 1_700_000_000_000, 2**64 - 1]) | st.integers(0, 2**64 - 1)
+MESSAGES = st.lists(st.tuples(STAMP, st.none() | st.binary(max_size=300), st.binary(max_size=300)), max_size=40)
+
+
+def _seqs(messages, gaps):
+    seqs, seq = [], 0
+    for gap in gaps[: len(messages)]:
+        seq += gap + 1
+        seqs.append(seq)
+    return seqs
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(MESSAGES, st.none() | st.lists(st.sampled_from([0, 0, 1, 127, 128, 2**40]), min_size=40, max_size=40))
+def test_c_and_python_write_alike(messages, gaps):
+    stamps, keys, values = ([list(c) for c in zip(*messages)] if messages else ([], [], []))
+    seqs = None if gaps is None else _seqs(messages, gaps)
+    c = speedups.encode_messages(stamps, keys, values, seqs)
+    assert c == bundle._encode_messages(stamps, keys, values, seqs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(STAMP, st.none() | st.binary(min_size=1, max_size=255), st.binary(max_size=300)),
+                min_size=1, max_size=40), st.booleans())
+def test_the_python_loop_round_trips(messages, sparse):
+    c_loop, bundle._speedups = bundle._speedups, None
+    try:
+        seqs = _seqs(messages, [3] * len(messages)) if sparse else None
+        data = bundle.encode(messages, seqs, compress=False)
+    finally:
+        bundle._speedups = c_loop
+    header = bundle.parse_header(data, 0, len(data))
+    got = bundle.decode_messages(bundle.message_set(data, header), header, 1)
+    assert got == [(s, *m) for s, m in zip(seqs or range(1, len(messages) + 1), messages)]
+
+
+@needs_c
+def test_what_the_c_loop_does_not_take_goes_to_the_python_loop():
+    stamps, values = [5, 5, 6], [b"a", b"b", b"c"]
+    expected = bundle.encode_fields(stamps, [b"k", None, b"k2"], values, compress=False)
+    assert bundle.encode_fields(stamps, [bytearray(b"k"), None, b"k2"], values, compress=False) == expected
+    with pytest.raises(TypeError):
+        speedups.encode_messages(stamps, [bytearray(b"k"), None, b"k2"], values, None)
+    with pytest.raises(OverflowError):
+        speedups.encode_messages([-1], [None], [b"v"], None)
+    with pytest.raises(OverflowError, match="ascend"):
+        speedups.encode_messages([1, 1, 1], [None] * 3, [b""] * 3, [5, 4, 9])
+    with pytest.raises(TypeError, match="per message"):
+        speedups.encode_messages([1], [None], [b"v", b"w"], None)
+
+
+def _read(read, data, count, sparse, first, last):
+    cols = ([], [], [], [])
+    return read(data, count, sparse, first, last, *cols), cols
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(MESSAGES, st.booleans(), st.data())
+def test_c_and_python_read_alike_whole_damaged_or_cut(messages, sparse, data):
+    seqs = _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40, max_size=40))) if sparse else None
+    body = bundle._encode_messages(*([list(c) for c in zip(*messages)] if messages else ([], [], [])), seqs)
+    damaged = bytearray(body)
+    for _ in range(data.draw(st.integers(0, 3))):
+        if damaged:
+            damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    cut = bytes(damaged[: data.draw(st.integers(0, len(damaged)))])
+    first, last = (seqs[0], seqs[-1]) if seqs else (data.draw(st.integers(0, 2**63)), 0)
+    count = data.draw(st.sampled_from([len(messages), len(messages) + 1, max(len(messages) - 1, 0)]))
+    for payload in (body, cut):
+        try:
+            c = _read(speedups.read_messages, payload, count, sparse, first, last)
+        except OverflowError:
+            continue  # beyond 64 bits: read_messages hands such sets to the Python loop
+        assert c == _read(bundle._read_messages, payload, count, sparse, first, last)
+    if not cut or cut == body:
+        (read, end), cols = _read(speedups.read_messages, body, len(messages), sparse, first, last)
+        assert (read, end) == (len(messages), len(body))
+        expected = [(ts, k[:255] if k else None, v) for ts, k, v in messages]  # no empty keys, 255 bytes at most
+        assert list(zip(*cols)) == [(s, *m) for s, m in zip(seqs or range(first, first + len(messages)), expected)]
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 50), st.booleans(), st.integers(0, 2**64 - 1),
+       st.integers(0, 2**64 - 1))
+def test_c_read_of_garbage_agrees_or_hands_over(data, count, sparse, first, last):
+    try:
+        c = _read(speedups.read_messages, data, count, sparse, first, last)
+    except OverflowError:
+        return
+    assert c == _read(bundle._read_messages, data, count, sparse, first, last)
+
+
+def test_a_set_with_sequence_numbers_beyond_64_bits_is_read_by_the_python_loop():
+    header = bundle.Header(bundle.SPARSE, 3, 2**64 - 2, 2**64 + 5, 0, 0)
+    body = bundle._encode_messages([1, 1, 1], [None] * 3, [b"a", b"b", b"c"], [2**64 - 2, 2**64 + 1, 2**64 + 5])
+    assert [s for s, *_ in bundle.decode_messages(body, header, 0)] == [2**64 - 2, 2**64 + 1, 2**64 + 5]
