@@ -87,3 +87,31 @@ def test_columns_of_stored_batches():
     assert cols.extras[1] == {"cursus.producer_id": "p-1", "cursus.epoch": 3, "cursus.seq_num": 8}
     with pytest.raises(batch.BatchError, match="runs past"):
         batch.FORMAT.columns([m.StoredBatch("cursus", 0, 1, 0, data[:-3])])
+
+
+PLAIN = st.lists(st.tuples(U64, st.binary(max_size=40), st.binary(max_size=300)), max_size=30)
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(PLAIN)
+def test_c_and_python_write_plain_records_alike(items):
+    offsets, keys, values = ([list(c) for c in zip(*items)] if items else ([], [], []))
+    c = speedups.encode_plain_records(offsets, keys, values)
+    assert c == batch._encode_plain_records(offsets, keys, values)
+    head = batch.encode_header("", 0, "1", False, 0, 0, len(items))
+    cols = batch.FORMAT.columns([m.StoredBatch("cursus", 0, max(len(items) - 1, 0), 5, head + c)])
+    assert cols.values == values
+    assert cols.keys == [k or None for k in keys]
+    assert cols.headers is None or not any(cols.headers)
+
+
+@needs_c
+def test_what_the_c_plain_loop_does_not_take_goes_to_the_python_loop():
+    with pytest.raises(TypeError):
+        speedups.encode_plain_records([1], [None], [b"v"])
+    with pytest.raises(OverflowError):
+        speedups.encode_plain_records([-1], [b""], [b"v"])
+    with pytest.raises(OverflowError):
+        speedups.encode_plain_records([1], [b"k" * 65536], [b"v"])
+    assert batch._plain_records([1], [bytearray(b"k")], [b"v"]) == batch._encode_plain_records([1], [b"k"], [b"v"])

@@ -5,29 +5,13 @@
  *     ``CursusFormat.columns`` does; ``names`` is the tuple of header and extras names
  *     (event type, schema version, aggregate version, metadata, producer id, epoch, seq num).
  *     Raises ValueError on a record that runs past the end of ``data``.
+ * encode_plain_records(offsets, keys, values) -> bytes
+ *     records without producer or event fields, as ``batch._encode_plain_records`` writes them;
+ *     TypeError or OverflowError for what only the Python loops take (other types, a key over
+ *     65535 bytes, a value over 4 GiB, an offset outside 64 bits).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-
-static uint64_t
-be(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static int
-append_new(PyObject *list, PyObject *item)
-{
-    if (item == NULL)
-        return -1;
-    int r = PyList_Append(list, item);
-    Py_DECREF(item);
-    return r;
-}
+#include "_speedups.h"
+#include <string.h>
 
 static PyObject *
 decimal_bytes(unsigned long long v)
@@ -149,13 +133,68 @@ done:
     return result;
 }
 
+/* offset, seq num, producer id, key length; epoch, payload length; event type, schema and aggregate
+ * versions, metadata */
+#define PLAIN_RECORD_FIXED (8 + 8 + 2 + 2 + 8 + 4 + 2 + 4 + 8 + 2)
+
+static PyObject *
+encode_plain_records(PyObject *self, PyObject *args)
+{
+    PyObject *offsets, *keys, *values;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &offsets, &PyList_Type, &keys, &PyList_Type, &values))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(offsets);
+    if (PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_TypeError, "one offset, key and value per record");
+        return NULL;
+    }
+    Py_ssize_t size = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        if (!PyBytes_Check(key) || !PyBytes_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "keys and values must be bytes");
+            return NULL;
+        }
+        if (PyBytes_GET_SIZE(key) > 0xFFFF || (uint64_t)PyBytes_GET_SIZE(value) > 0xFFFFFFFFu) {
+            PyErr_SetString(PyExc_OverflowError, "a key or value longer than its length prefix allows");
+            return NULL;
+        }
+        unsigned long long offset = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(offsets, i));
+        if (offset == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+        size += PLAIN_RECORD_FIXED + PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        Py_ssize_t klen = PyBytes_GET_SIZE(key), vlen = PyBytes_GET_SIZE(value);
+        p = put_be(p, PyLong_AsUnsignedLongLong(PyList_GET_ITEM(offsets, i)), 8);
+        memset(p, 0, 10); /* seq num, producer id length */
+        p = put_be(p + 10, (uint64_t)klen, 2);
+        memcpy(p, PyBytes_AS_STRING(key), klen);
+        p += klen;
+        memset(p, 0, 8); /* epoch */
+        p = put_be(p + 8, (uint64_t)vlen, 4);
+        memcpy(p, PyBytes_AS_STRING(value), vlen);
+        p += vlen;
+        memset(p, 0, 16); /* event type length, schema and aggregate versions, metadata length */
+        p += 16;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"read_records", read_records, METH_VARARGS, "Append the fields of Cursus records to column lists."},
+    {"encode_plain_records", encode_plain_records, METH_VARARGS, "Cursus records without producer or event fields."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_speedups", "The Cursus record loop in C.", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_speedups", "The Cursus record loops in C.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC

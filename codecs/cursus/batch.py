@@ -451,10 +451,8 @@ class CursusFormat:
         n = len(columns)
         keys, values = as_texts(columns.keys), as_texts(columns.values)
         offsets = [(base_offset + i if o is None else o) & 0xFFFFFFFFFFFFFFFF for i, o in enumerate(columns.offsets)]
-        if headers is None and extras is None and all(len(k) <= 0xFFFF for k in keys):  # no record needs more
-            for offset, key, value in zip(offsets, keys, values, strict=True):
-                parts += (plain_head(offset, 0, 0, len(key)), key, mid(0, len(value)), value, _NO_EVENT)
-            return encode_header("", 0, "1", False, 0, 0, n) + b"".join(parts)
+        if headers is None and extras is None and max(map(len, keys), default=0) <= 0xFFFF:  # all plain
+            return encode_header("", 0, "1", False, 0, 0, n) + _plain_records(offsets, keys, values)
         for i, (offset, key, value) in enumerate(zip(offsets, keys, values, strict=True)):
             x = extras[i] if extras is not None else EMPTY
             h = headers[i] if headers is not None else ()
@@ -482,6 +480,25 @@ class CursusFormat:
             header = parse_header(payload)
             starts = walk(payload, header.size, header.count)
         return set_offsets(payload, starts[:-1], base_offset)
+
+
+def _plain_records(offsets: list[int], keys: list[bytes], values: list[bytes]) -> bytes:
+    """Records without producer or event fields (keys up to 65535 bytes), in C when it was built."""
+    if _speedups is not None:
+        try:
+            return _speedups.encode_plain_records(offsets, keys, values)
+        except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
+            pass
+    return _encode_plain_records(offsets, keys, values)
+
+
+def _encode_plain_records(offsets: Sequence[int], keys: Sequence[bytes], values: Sequence[bytes]) -> bytes:
+    """``_speedups.encode_plain_records`` in Python."""
+    parts: list[bytes] = []
+    head, mid = _REC_HEAD_NO_PRODUCER.pack, _REC_MID.pack
+    for offset, key, value in zip(offsets, keys, values, strict=True):
+        parts += (head(offset, 0, 0, len(key)), key, mid(0, len(value)), value, _NO_EVENT)
+    return b"".join(parts)
 
 
 FORMAT = CursusFormat()
