@@ -111,8 +111,19 @@ class ConversionCache:
         self.used = 0
 
 
+_FORMAT = operator.attrgetter("format")
+_PAYLOAD = operator.attrgetter("payload")
+_MAX_TIMESTAMP = operator.attrgetter("max_timestamp")
+
+
 def runs(batches: Iterable[StoredBatch], target: str) -> Iterable[StoredBatch | list[StoredBatch]]:
     """Yield target-format batches as they are and foreign ones grouped in runs."""
+    batches = list(batches)
+    if (batches and target not in set(map(_FORMAT, batches))
+            and batches[-1].last_offset - batches[0].base_offset < MAX_RUN_RECORDS
+            and sum(map(len, map(_PAYLOAD, batches))) <= MAX_RUN_BYTES):
+        yield batches  # all foreign and small enough for one run: the common case, without a loop in Python
+        return
     run: list[StoredBatch] = []
     size = records = 0
     for b in batches:
@@ -139,7 +150,7 @@ def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
     by_columns = hasattr(target, "encode_columns")
     records: list[Record] = []
     columns: Columns | None = None
-    for name, group in itertools.groupby(run, key=operator.attrgetter("format")):
+    for name, group in itertools.groupby(run, key=_FORMAT):
         source = formats.get(name)
         if source is None:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE,
@@ -162,7 +173,7 @@ def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
     first, last = run[0], run[-1]
     base = first.base_offset
     payload = target.encode_columns(columns, base) if columns is not None else target.encode(records, base)
-    return StoredBatch(target.name, base, last.last_offset, max(b.max_timestamp for b in run), payload)
+    return StoredBatch(target.name, base, last.last_offset, max(map(_MAX_TIMESTAMP, run)), payload)
 
 
 def convert(batches: Iterable[StoredBatch], target: str, formats: Mapping[str, BatchFormat],
