@@ -168,3 +168,22 @@ def test_a_stored_batch_that_does_not_parse_is_corrupt_message():
     with pytest.raises(m.CommandError) as e:
         fmt.columns([stored])
     assert e.value.error.code is m.ErrorCode.CORRUPT_MESSAGE
+
+
+def test_a_cursus_producer_id_that_is_not_utf8_keeps_its_bytes():
+    from gateway.codecs.cursus import batch as cursus
+    from gateway.convert import convert
+    from gateway.registry import Registry
+
+    head = cursus.encode_header("t", 0, "1", False, 0, 0, 1)
+    stored = m.StoredBatch("cursus", 3, 3, 1000, head + cursus.encode_record(3, 7, b"p\xff\xfe", b"k", 2, b"v"))
+    formats = Registry.discover().batch_formats
+    for c_loops in (records._speedups, None):
+        saved, records._speedups = records._speedups, c_loops
+        try:
+            (kafka,) = convert([stored], "kafka", formats)
+        finally:
+            records._speedups = saved
+        (record,) = records.FORMAT.records(kafka)
+        assert dict(record.headers)["polygate.cursus.producer_id"] == b"p\xff\xfe"
+        assert (record.offset, record.key, record.value) == (3, b"k", b"v")

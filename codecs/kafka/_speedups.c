@@ -217,7 +217,7 @@ put_blob(unsigned char *out, PyObject *b)
 #define EXTRA_PREFIX_LEN 9
 
 /* An extras value as header bytes: bytes as they are, str as UTF-8, int in decimal (into ``digits``);
- * anything else raises TypeError (the Python loop takes it). Returns the data, its length in *n. */
+ * anything else, and a str holding surrogate escapes, raises TypeError (the Python loop takes it). Returns the data, its length in *n. */
 static const char *
 extra_bytes(PyObject *v, char *digits, Py_ssize_t *n)
 {
@@ -225,8 +225,14 @@ extra_bytes(PyObject *v, char *digits, Py_ssize_t *n)
         *n = PyBytes_GET_SIZE(v);
         return PyBytes_AS_STRING(v);
     }
-    if (PyUnicode_CheckExact(v))
-        return PyUnicode_AsUTF8AndSize(v, n);
+    if (PyUnicode_CheckExact(v)) {
+        const char *s = PyUnicode_AsUTF8AndSize(v, n);
+        if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) { /* surrogate escapes */
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "a str holding surrogate escapes");
+        }
+        return s;
+    }
     if (PyLong_CheckExact(v)) {
         long long x = PyLong_AsLongLong(v);
         if (x == -1 && PyErr_Occurred())

@@ -14,8 +14,9 @@ from whatever is stored.
 Records written by other protocols are encoded as uncompressed v2 batches.
 ``Record.extras`` (fields Kafka has no place for, e.g. Cursus event fields)
 become record headers named ``polygate.<key>``: ``bytes`` as they are,
-other values as their UTF-8 ``str()``; headers are otherwise carried both
-ways unchanged.
+other values as their UTF-8 ``str()`` (undecodable bytes kept as surrogate
+escapes, as a non-UTF-8 Cursus producer id is read, are written back as
+they were); headers are otherwise carried both ways unchanged.
 """
 
 from __future__ import annotations
@@ -345,7 +346,7 @@ def _with_extras(headers: Sequence[tuple[tuple[str, bytes | None], ...]],
             if name is None:
                 name = names[key] = EXTRA_HEADER + key
             if not isinstance(value, bytes):
-                value = b"%d" % value if type(value) is int else str(value).encode("utf-8")
+                value = b"%d" % value if type(value) is int else str(value).encode("utf-8", "surrogateescape")
             pairs.append((name, value))
         append(tuple(pairs))
     return out
