@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gateway import model as m
 from gateway.codec import ListenerSettings, Reply, Request
-from gateway.codecs.v1.batch import FORMAT, line_safe
+from gateway.codecs.v1.batch import FORMAT
 from gateway.codecs.v1.codec import V1Connection
 
 
@@ -82,12 +82,11 @@ def test_respond_renders_results():
 
 
 def test_foreign_values_are_made_line_safe():
-    assert line_safe(b"plain") == b"plain"
-    assert line_safe(b"a,b") == b"b64:YSxi"
-    assert line_safe(b"two words") == b"b64:dHdvIHdvcmRz"
-    assert line_safe(b"\xff\x00") == b"b64:/wA="
-    assert line_safe(b"") == b""
-    assert line_safe(None) == b""
+    cases = {b"plain": b"plain", b"a,b": b"b64:YSxi", b"two words": b"b64:dHdvIHdvcmRz", b"\xff\x00": b"b64:/wA=",
+             b"b64:x": b"b64:YjY0Ong=", b"": b"", None: b""}
+    foreign = [m.Record(value, None, 1, offset=i) for i, value in enumerate(cases)]
+    stored = m.StoredBatch("v1", 0, len(cases) - 1, 1, FORMAT.encode(foreign, 0))
+    assert [r.value for r in FORMAT.records(stored)] == list(cases.values())
     records = [m.Record(b"x,y", b"k", 7, offset=10), m.Record(None, None, 8, offset=12)]
     stored = m.StoredBatch("v1", 10, 12, 8, FORMAT.encode(records, 10))
     back = list(FORMAT.records(stored))

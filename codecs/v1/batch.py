@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from gateway.convert import Columns
 from gateway.model import Record, StoredBatch
-from gateway.text import as_text, as_texts
+from gateway.text import as_texts
 
 try:
     from . import _speedups
@@ -43,11 +43,6 @@ def encode_record(offset_delta: int, timestamp: int, key: bytes | None, value: b
     if value is not None:
         parts.append(value)
     return b"".join(parts)
-
-
-def line_safe(value: bytes | None) -> bytes:
-    """The bytes a V1 line carries for a value written by another protocol."""
-    return as_text(value, _UNSAFE)
 
 
 class V1Format:
