@@ -40,9 +40,13 @@ test: $(STAMP) lint java
 	$(PY) -m pytest -q tests $(MQTT)/tests
 
 bench: $(STAMP)
+	$(PIP) install --quiet -e '.[bench]'
 	$(PY) benchmarks/v1_produce.py
 	$(PY) benchmarks/tank_produce_consume.py
 	$(PY) benchmarks/kafka_produce_consume.py
+	$(PY) benchmarks/cursus_produce.py
+	$(PY) benchmarks/convert.py --reference
+	$(PY) benchmarks/spark_read.py
 	$(PY) $(MQTT)/benchmarks/mqtt_publish.py
 
 clean:

@@ -35,5 +35,18 @@ def write_result(name: str, result: dict) -> str:
     return path
 
 
+def plot_path(name: str) -> str | None:
+    """Where a benchmark's plot goes (``results/<name>.png``), or ``None`` (said once) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        progress("no plot: matplotlib is not installed (make bench installs it)")
+        return None
+    os.makedirs(RESULTS, exist_ok=True)
+    return os.path.join(RESULTS, f"{name}.png")
+
+
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)

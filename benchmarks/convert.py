@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import progress, write_result  # noqa: E402
+from common import plot_path, progress, write_result  # noqa: E402
 
 from gateway.convert import convert  # noqa: E402
 from gateway.model import Record, StoredBatch  # noqa: E402
@@ -108,6 +108,37 @@ def main() -> None:
     path = write_result("convert", {"records": args.records, "batch": args.batch, "goal": GOAL,
                                     "records_per_s": results})
     print(f"wrote {path}")
+    png = plot_path("convert")
+    if png:
+        plot(results, args.records, png)
+        print(f"wrote {png}")
+
+
+def plot(results: dict, records: int, path: str) -> None:
+    """A heatmap of the rates: one row per source format, one column per reader's format."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    names = sorted({name for pair in results for name in pair.split("->")})
+    rates = [[results.get(f"{src}->{dst}", {}) for dst in names] for src in names]
+    shown = [[(r.get("cpu") or r.get("wall") or 0) / 1e6 if src != dst else float("nan")
+              for r, dst in zip(row, names)] for row, src in zip(rates, names)]
+    fig, ax = plt.subplots(figsize=(1.3 * len(names) + 2, 1.0 * len(names) + 1.5))
+    top = max([2 * GOAL / 1e6] + [v for row in shown for v in row if v == v])
+    image = ax.imshow(shown, cmap="RdYlGn", norm=TwoSlopeNorm(GOAL / 1e6, 0, top))  # red below the goal
+    ax.set_xticks(range(len(names)), names)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("read by (target format)")
+    ax.set_ylabel("written by (stored format)")
+    for i, row in enumerate(shown):
+        for j, value in enumerate(row):
+            ax.text(j, i, "stored\nbytes" if i == j else f"{value:.2f}M" + ("\nbelow goal" if value * 1e6 < GOAL
+                    else ""), ha="center", va="center", fontsize=8)
+    fig.colorbar(image, ax=ax, label="million records/s (CPU time)")
+    ax.set_title(f"Conversion rates, {records:,} records of 100 bytes (goal {GOAL / 1e6:.1f}M/s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
