@@ -64,4 +64,10 @@ put_uvarint(unsigned char *out, uint64_t v)
     return out;
 }
 
+/* The definition and init function of a codec's ``_speedups`` module exporting ``methods``. */
+#define SPEEDUPS_MODULE(doc, methods)                                                                  \
+    static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", doc, -1, methods,         \
+                                        NULL, NULL, NULL, NULL};                                       \
+    PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+
 #endif

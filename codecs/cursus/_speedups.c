@@ -193,12 +193,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_speedups", "The Cursus record loops in C.", -1, methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__speedups(void)
-{
-    return PyModule_Create(&module);
-}
+SPEEDUPS_MODULE("The Cursus record loops in C.", methods)

@@ -425,12 +425,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_speedups", "Kafka v2 record loops in C.", -1, methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__speedups(void)
-{
-    return PyModule_Create(&module);
-}
+SPEEDUPS_MODULE("Kafka v2 record loops in C.", methods)

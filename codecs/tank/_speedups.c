@@ -215,12 +215,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_speedups", "The TANK message loops in C.", -1, methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__speedups(void)
-{
-    return PyModule_Create(&module);
-}
+SPEEDUPS_MODULE("The TANK message loops in C.", methods)

@@ -31,6 +31,7 @@ except ImportError:  # built without a C compiler: _read_records below does the 
 
 NAME = "v1"
 HEAD = struct.Struct(">Iqi")
+_DELTA_TS = struct.Struct(">Iq")
 LEN = struct.Struct(">i")
 _UNSAFE = re.compile(r"[\s,\x00-\x1f\x7f]")
 
@@ -101,33 +102,27 @@ def _read_records(payloads: list, bases: list[int], offsets: list[int], timestam
 
     ``_speedups.read_records`` does the same in C when it was built.
     """
-    head, length = HEAD.unpack_from, LEN.unpack_from
+    head, length = _DELTA_TS.unpack_from, LEN.unpack_from
     for payload, base in zip(payloads, bases, strict=True):
         data = bytes(payload)
         pos, end = 0, len(data)
         while pos < end:
-            if end - pos < HEAD.size:
+            if end - pos < _DELTA_TS.size:
                 raise ValueError("a record runs past the end of its batch")
-            delta, ts, klen = head(data, pos)
-            pos += HEAD.size
-            if klen < 0:
-                keys.append(None)
-            elif klen > end - pos:
-                raise ValueError("a record runs past the end of its batch")
-            else:
-                keys.append(data[pos : pos + klen])
-                pos += klen
-            if end - pos < LEN.size:
-                raise ValueError("a record runs past the end of its batch")
-            (vlen,) = length(data, pos)
-            pos += LEN.size
-            if vlen < 0:
-                values.append(None)
-            elif vlen > end - pos:
-                raise ValueError("a record runs past the end of its batch")
-            else:
-                values.append(data[pos : pos + vlen])
-                pos += vlen
+            delta, ts = head(data, pos)
+            pos += _DELTA_TS.size
+            for column in (keys, values):  # each: i32 length (-1: null) | bytes
+                if end - pos < LEN.size:
+                    raise ValueError("a record runs past the end of its batch")
+                (n,) = length(data, pos)
+                pos += LEN.size
+                if n < 0:
+                    column.append(None)
+                elif n > end - pos:
+                    raise ValueError("a record runs past the end of its batch")
+                else:
+                    column.append(data[pos : pos + n])
+                    pos += n
             offsets.append(base + delta)
             timestamps.append(ts)
 
