@@ -1,8 +1,9 @@
 """Conversion rates between every pair of storage formats.
 
 Builds N records (100-byte values, 8-byte keys, one header) stored the way
-each protocol's clients write them (V1: one record per batch; Kafka, TANK,
-Cursus: batches of ``--batch`` records), then converts every stored batch
+each protocol's clients write them (V1: one record per batch, as a client
+that waits for each answer writes them; Kafka, TANK, Cursus: batches of
+``--batch`` records), then converts every stored batch
 into every other format exactly as the broker does on a cross-protocol read
 (``gateway.convert.convert``: runs of foreign batches decoded and re-encoded
 as one batch, through ``Columns`` where both formats have the column

@@ -135,6 +135,7 @@ class Broker:
         self.rebalance = ConsumerRebalance(engine.groups, reactor)
         self._handlers: dict[type, Callable[[Any], Any]] = {
             m.Produce: self.produce,
+            m.ProduceRecords: self.produce_records,
             m.Fetch: self.fetch,
             m.FetchMany: self.fetch_many,
             m.ListOffsets: self.list_offsets,
@@ -262,13 +263,9 @@ class Broker:
             partition = choose(cmd.partitioner, cmd.key, len(topic.partitions), next(self._round_robin))
         else:
             partition = cmd.partition
-        part = self.engine.partition(cmd.topic, partition)
         batch = cmd.batch
-        fmt = self.formats.get(batch.format)
-        if fmt is None:
-            raise CommandError(ErrorCode.UNSUPPORTED, f"no storage format {batch.format!r}")
-        if part.replicas.role != "leader":
-            raise CommandError(ErrorCode.NOT_LEADER, "partition leader unavailable on this broker")
+        fmt = self._format(batch.format)
+        part = self._leader(cmd.topic, partition)
         producer = batch.producer
         state = None
         if producer is not None:
@@ -296,6 +293,61 @@ class Broker:
         d.addCallback(lambda ok: result() if ok else result(
             Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")))
         return d.addCallback(self._durable)
+
+    @_errors(m.ProduceRecordsResult, "topic")
+    def produce_records(self, cmd: m.ProduceRecords) -> Any:
+        self._ensure_topic(cmd.topic, cmd.auto_create)
+        count = len(self.engine.topic(cmd.topic).partitions)
+        fmt = self._format(cmd.format)
+        routed: dict[int, list[int]] = {}  # partition -> indexes of its records
+        for i, key in enumerate(cmd.keys):
+            routed.setdefault(choose(cmd.partitioner, key, count, next(self._round_robin)), []).append(i)
+        appended: dict[int, tuple[int, int]] = {}  # partition -> (base, last)
+        errors: dict[int, Error] = {}
+        for partition, indexes in routed.items():
+            try:
+                base = self._leader(cmd.topic, partition).log_end_offset
+                payload = fmt.assign_offsets(b"".join([cmd.payloads[i] for i in indexes]), base)
+                appended[partition] = self.engine.append(cmd.topic, partition, cmd.format, payload, len(indexes),
+                                                         cmd.max_timestamp)
+            except CommandError as e:
+                errors[partition] = e.error
+
+        def result(timed_out: frozenset[int] = frozenset()) -> m.ProduceRecordsResult:
+            results: list[m.ProduceResult] = [None] * len(cmd.payloads)  # type: ignore[list-item]
+            timeout = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
+            for partition, indexes in routed.items():
+                if partition in errors:
+                    for i in indexes:
+                        results[i] = m.ProduceResult(cmd.topic, partition, error=errors[partition])
+                    continue
+                part = self.engine.partition(cmd.topic, partition)
+                error = timeout if partition in timed_out else None
+                for offset, i in enumerate(indexes, appended[partition][0]):
+                    results[i] = m.ProduceResult(cmd.topic, partition, offset, offset, part.high_watermark,
+                                                 part.log_start_offset, error=error)
+            return m.ProduceRecordsResult(cmd.topic, tuple(results))
+
+        if cmd.acks != m.Acks.ALL or not appended:
+            return self._durable(result())
+        timeout_ms = cmd.timeout_ms if cmd.timeout_ms is not None else self.config.ack_timeout_ms
+        waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, (_, last) in appended.items()]
+        d = defer.gatherResults(waits)
+        d.addCallback(lambda oks: result(frozenset(p for p, ok in zip(appended, oks) if not ok)))
+        return d.addCallback(self._durable)
+
+    def _format(self, name: str) -> BatchFormat:
+        fmt = self.formats.get(name)
+        if fmt is None:
+            raise CommandError(ErrorCode.UNSUPPORTED, f"no storage format {name!r}")
+        return fmt
+
+    def _leader(self, topic: str, partition: int) -> Any:
+        """The partition, if this broker leads it (else ``NOT_LEADER``)."""
+        part = self.engine.partition(topic, partition)
+        if part.replicas.role != "leader":
+            raise CommandError(ErrorCode.NOT_LEADER, "partition leader unavailable on this broker")
+        return part
 
     def _await_replication(self, topic: str, partition: int, last: int, timeout_ms: int) -> defer.Deferred:
         """Fire True once the high watermark passes ``last`` with enough

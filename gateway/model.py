@@ -258,6 +258,41 @@ class Produce:
 
 
 @frozen
+class ProduceRecords:
+    """Append records to ``topic``, each routed to a partition by ``partitioner``
+    applied to its key (as ``Produce`` with ``partition=None``); the records
+    that land in one partition are appended there as one batch, in order.
+
+    ``payloads`` holds one one-record payload of ``format`` per record, with
+    ``keys`` beside them: a format whose payloads, joined, make one payload
+    whose records ``BatchFormat.assign_offsets`` numbers from the batch base
+    (V1's). A pipelined burst of V1 PRODUCE lines is one such command. The
+    result is a ``ProduceRecordsResult`` with one ``ProduceResult`` per record.
+    """
+
+    topic: str
+    format: str
+    payloads: tuple[bytes, ...]
+    keys: tuple[bytes | None, ...]
+    max_timestamp: int
+    acks: Acks = Acks.LEADER
+    partitioner: str = "round_robin"
+    auto_create: bool = False
+    timeout_ms: int | None = None
+
+
+@frozen
+class ProduceRecordsResult:
+    """One ``ProduceResult`` per record of a ``ProduceRecords``, in order (the
+    offset of each record in ``base_offset`` and ``last_offset``); ``error``
+    when none was appended."""
+
+    topic: str
+    results: tuple[ProduceResult, ...] = ()
+    error: Error | None = None
+
+
+@frozen
 class ProduceResult:
     """``base_offset``/``last_offset`` of the appended batch; for a duplicate
     idempotent batch, the offsets it had when first appended."""

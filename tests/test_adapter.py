@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
@@ -307,4 +308,78 @@ def test_thousands_of_pipelined_requests_answered_synchronously(tmp_path):
     lines = transport.value().splitlines()
     assert len(lines) == 5000
     assert lines[-1].startswith(b"V1|4999|OK|")
+    engine.close()
+
+
+def _records(engine: Engine, topic: str, partition: int) -> list[tuple[int, bytes]]:
+    batches = engine.read(topic, partition, 0, 1 << 30)
+    return [(r.offset, r.value) for b in batches for r in v1_plugin.batch_format.records(b)]
+
+
+def test_produce_records_appends_one_batch_per_partition(broker):
+    from gateway.codecs.v1.batch import encode_record
+    from gateway.partitioners import choose
+
+    b, reactor, engine = broker
+    engine.create_topic("keyed", 3)
+    keys = [b"k%d" % (i % 5) for i in range(20)]
+    cmd = m.ProduceRecords("keyed", "v1", tuple(encode_record(0, 7, k, b"v%d" % i) for i, k in enumerate(keys)),
+                           tuple(keys), 7, partitioner="fnv1a_32")
+    d = b.execute(cmd)
+    reactor.advance(0)
+    results = d.result.results
+    assert [r.partition for r in results] == [choose("fnv1a_32", k, 3, 0) for k in keys]
+    for partition in range(3):
+        mine = [(r.base_offset, b"v%d" % i) for i, r in enumerate(results) if r.partition == partition]
+        assert [r.base_offset for i, r in enumerate(results) if r.partition == partition] == list(range(len(mine)))
+        assert _records(engine, "keyed", partition) == mine  # in order, offsets from 0
+        assert len(engine.read("keyed", partition, 0, 1 << 30)) == (1 if mine else 0)  # one batch each
+    d = b.execute(attrs.evolve(cmd, payloads=cmd.payloads[:2], keys=cmd.keys[:2]))
+    reactor.advance(0)
+    again = d.result.results
+    first = [r for r in results if r.partition == again[0].partition]
+    assert again[0].base_offset == len(first)  # appended after the first batch
+
+
+def test_produce_records_errors_are_per_partition(broker):
+    from gateway.codecs.v1.batch import encode_record
+
+    b, reactor, engine = broker
+    engine.create_topic("half", 2)
+    b.execute(m.SetPartitionRole("half", 1, "follower"))
+    keys = (b"a", b"b", b"c", b"d")
+    d = b.execute(m.ProduceRecords("half", "v1", tuple(encode_record(0, 1, k, k) for k in keys), keys, 1,
+                                   partitioner="fnv1a_32"))
+    reactor.advance(0)
+    for r in d.result.results:
+        if r.partition == 1:
+            assert r.error.code is m.ErrorCode.NOT_LEADER
+        else:
+            assert r.error is None and r.base_offset >= 0
+    d = b.execute(m.ProduceRecords("nope", "v1", (b"",), (None,), 1))
+    assert d.result.error.code is m.ErrorCode.UNKNOWN_TOPIC  # an error answers at once, nothing to sync
+
+
+def test_pipelined_produce_lines_share_appends_and_keep_their_answers(tmp_path):
+    reactor = Reactor()
+    engine = Engine(str(tmp_path))
+    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor)
+    engine.create_topic("burst", 3)
+    factory = CodecFactory(v1_plugin, ListenerSettings(1 << 16), broker, reactor)
+    proto, transport = connect(factory)
+    lines = [b"V1|%d|PRODUCE|burst k%d:v%d\n" % (i, i % 7, i) for i in range(300)]
+    lines.insert(150, b"V1|x|CONSUME|burst 0 0\n")  # another command splits the run
+    proto.dataReceived(b"".join(lines))
+    answers = transport.value().splitlines()
+    assert len(answers) == 301
+    produced = [a for a in answers if not a.startswith(b"V1|x|")]
+    assert [int(a.split(b"|")[1]) for a in produced] == list(range(300))  # in request order
+    expected: dict[int, list[tuple[int, bytes]]] = {}
+    for i, a in enumerate(produced):
+        fields = dict(f.split(b"=") for f in a.split(b"|")[3].split())
+        expected.setdefault(int(fields[b"partition"]), []).append((int(fields[b"offset"]), b"v%d" % i))
+    for partition, records in expected.items():
+        assert _records(engine, "burst", partition) == records  # each answer names its record
+        assert [o for o, _ in records] == list(range(len(records)))
+        assert len(engine.read("burst", partition, 0, 1 << 30)) == 2  # one batch before CONSUME, one after
     engine.close()

@@ -21,17 +21,23 @@ def events(chunks: list[bytes], max_line: int = 256) -> list:
     return out
 
 
-def describe(event) -> object:
+def describe(event) -> list:
+    """One item per request line an event stands for (a run of PRODUCE lines is one event)."""
     if isinstance(event, Reply):
-        return ("reply", event.data)
-    return ("request", event.commands[0].__class__.__name__, event.context.cid, tuple(event.context.args))
+        return [("reply", event.data)]
+    lines = getattr(event.context, "lines", [event.context])
+    return [("request", event.commands[0].__class__.__name__, c.cid, tuple(c.args)) for c in lines]
+
+
+def described(out: list) -> list:
+    return [item for event in out for item in describe(event)]
 
 
 def test_whole_split_and_joined_frames_give_the_same_events():
     data = b"V1|1|PING|\nV1|2|PRODUCE|t k:v\nV1|x|NOPE|\n"
-    whole = [describe(e) for e in events([data])]
-    assert [describe(e) for e in events([bytes([b]) for b in data])] == whole
-    assert [describe(e) for e in events([data[:7], data[7:30], data[30:]])] == whole
+    whole = described(events([data]))
+    assert described(events([bytes([b]) for b in data])) == whole
+    assert described(events([data[:7], data[7:30], data[30:]])) == whole
     assert whole[0] == ("request", "Ping", "1", ())
     assert whole[2] == ("reply", b"V1|x|ERR|UNKNOWN_COMMAND|unsupported command\n")
 
@@ -43,7 +49,7 @@ def test_truncated_frame_waits_and_eof_midframe_gives_nothing():
 
 def test_line_limit_is_checked_before_buffering_more():
     out = events([b"V1|1|PRODUCE|t k:" + b"x" * 300, b"x" * 300, b"\nV1|2|PING|\n"])
-    assert [describe(e)[0] for e in out] == ["reply", "request"]
+    assert [item[0] for item in described(out)] == ["reply", "request"]
     assert out[0].data.startswith(b"V1|0|ERR|BAD_REQUEST|line exceeds")
 
 
@@ -68,16 +74,16 @@ def test_fuzz_garbage_never_raises_and_answers_are_v1_lines(chunks, step):
 def test_fuzz_valid_commands_in_any_chunking(lines, step):
     data = b"".join(line + b"\n" for line in lines)
     pieces = [data[i : i + step] for i in range(0, len(data), step)]
-    assert len(events(pieces)) == len(lines)
+    assert len(described(events(pieces))) == len(lines)
 
 
 def test_respond_renders_results():
     conn = V1Connection(ListenerSettings(1024))
     conn.receive_data(b"V1|9|PRODUCE|orders k:v\n")
     request = conn.next_event()
-    data = conn.respond(request, [m.ProduceResult("orders", 2, 5, 5, 6)])
+    data = conn.respond(request, [m.ProduceRecordsResult("orders", (m.ProduceResult("orders", 2, 5, 5, 6),))])
     assert data == b"V1|9|OK|partition=2 offset=5 hw=5\n"
-    data = conn.respond(request, [m.ProduceResult("orders", error=m.Error(m.ErrorCode.REPLICATION_TIMEOUT, "x"))])
+    data = conn.respond(request, [m.ProduceRecordsResult("orders", error=m.Error(m.ErrorCode.REPLICATION_TIMEOUT, "x"))])
     assert data == b"V1|9|ERR|REPLICATION_TIMEOUT|x\n"
 
 
@@ -100,3 +106,32 @@ def test_columns_of_single_and_multi_record_and_empty_batches():
     empty = m.StoredBatch("v1", 9, 9, 3, b"")
     cols = FORMAT.columns([one, empty, many])
     assert list(zip(cols.offsets, cols.keys, cols.values)) == [(5, b"k", b"v"), (6, None, b"a"), (8, b"k2", b"")]
+
+
+def test_buffered_produce_lines_to_one_topic_are_one_request():
+    from gateway.codecs.v1.codec import MERGE_LINES
+
+    data = [b"V1|1|PRODUCE|a k1:x", b"V1|2|PRODUCE|a k2:y", b"V1|3|PRODUCE|b k:z", b"V1|4|PRODUCE|b k:w acks=all",
+            b"V1|5|PRODUCE|b k:u acks=all", b"V1|6|PING|", b"V1|7|PRODUCE|b k:v"]
+    out = events([b"".join(line + b"\n" for line in data)])
+    assert [[c.cid for c in e.context.lines] if hasattr(e.context, "lines") else [e.context.cid] for e in out] == [
+        ["1", "2"], ["3"], ["4", "5"], ["6"], ["7"]]
+    first = out[0].commands[0]
+    assert (first.topic, first.keys, len(first.payloads)) == ("a", (b"k1", b"k2"), 2)
+    assert out[2].commands[0].acks is m.Acks.ALL
+    many = events([b"".join(b"V1|%d|PRODUCE|t k:v\n" % i for i in range(MERGE_LINES + 3))])
+    assert [len(e.context.lines) for e in many] == [MERGE_LINES, 3]
+
+
+def test_a_run_of_produce_lines_is_answered_line_by_line():
+    conn = V1Connection(ListenerSettings(1024))
+    conn.receive_data(b"V1|1|PRODUCE|t a:1\nV1|2|PRODUCE|t b:2\nV1|3|PRODUCE|t c:3\n")
+    request = conn.next_event()
+    results = m.ProduceRecordsResult("t", (
+        m.ProduceResult("t", 0, 4, 4, 6), m.ProduceResult("t", 1, 0, 0, 1),
+        m.ProduceResult("t", 2, error=m.Error(m.ErrorCode.NOT_LEADER, "x"))))
+    assert conn.respond(request, [results]) == (
+        b"V1|1|OK|partition=0 offset=4 hw=5\nV1|2|OK|partition=1 offset=0 hw=0\n"
+        b"V1|3|ERR|NOT_LEADER|partition leader unavailable on this broker\n")
+    everything_failed = m.ProduceRecordsResult("t", error=m.Error(m.ErrorCode.UNKNOWN_TOPIC, "unknown topic t"))
+    assert conn.respond(request, [everything_failed]).count(b"|ERR|") == 3

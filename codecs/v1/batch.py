@@ -4,8 +4,12 @@ A V1 payload is a run of records, each::
 
     u32 offset_delta | i64 timestamp_ms | i32 key_len (-1: null) | key | i32 value_len (-1: null) | value
 
-A V1 PRODUCE stores one record. Records written by other protocols are
-converted into this format when a V1 client reads them; since a V1 CONSUME
+A V1 PRODUCE stores one record; the PRODUCE lines to one topic that a
+client pipelines are stored as one batch per partition (``assign_offsets``
+numbers the records of joined one-record payloads).
+
+Records written by other protocols are converted into this format when a
+V1 client reads them; since a V1 CONSUME
 answer is one text line of ``offset:value`` items separated by ``,``, a
 foreign value that is not plain text safe on that line (not UTF-8, or
 holding whitespace, ``,`` or control characters, or starting with ``b64:``)
@@ -32,6 +36,7 @@ except ImportError:  # built without a C compiler: _read_records below does the 
 NAME = "v1"
 HEAD = struct.Struct(">Iqi")
 _DELTA_TS = struct.Struct(">Iq")
+_DELTA = struct.Struct(">I")
 LEN = struct.Struct(">i")
 _UNSAFE = re.compile(r"[\s,\x00-\x1f\x7f]")
 
@@ -80,7 +85,22 @@ class V1Format:
         return _encode_records(*args)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
-        return payload
+        """``payload`` with its records numbered 0, 1, 2... from the batch base: joined
+        one-record payloads (``ProduceRecords``) become one batch."""
+        data = None
+        pos, end, index = 0, len(payload), 0
+        length = LEN.unpack_from
+        while pos < end:
+            if index and data is None:
+                data = bytearray(payload)  # a second record: the deltas may need numbering
+            if data is not None:
+                _DELTA.pack_into(data, pos, index)
+            pos += _DELTA_TS.size
+            for _ in range(2):  # key, value: i32 length (-1: null) | bytes
+                (n,) = length(payload, pos)
+                pos += LEN.size + max(n, 0)
+            index += 1
+        return payload if data is None else bytes(data)
 
 
 def _encode_records(offsets: Sequence[int], base_offset: int, timestamps: Sequence[int],

@@ -125,12 +125,12 @@ def _produce(args: list[str]) -> tuple[Any, ...]:
     k = key.encode("utf-8", "surrogateescape")
     ts = int(time.time() * 1000)
     payload = batch.encode_record(0, ts, k, value.encode("utf-8", "surrogateescape"))
-    return (m.Produce(args[0], None, m.Batch(batch.NAME, payload, 1, ts), acks,
-                      key=k, partitioner="fnv1a_32", auto_create=True),)
+    return (m.ProduceRecords(args[0], batch.NAME, (payload,), (k,), ts, acks, partitioner="fnv1a_32",
+                             auto_create=True),)
 
 
 def _render_produce(args: list[str], results: Sequence[Any]) -> str:
-    r: m.ProduceResult = results[0]
+    r: m.ProduceResult = results[0]  # this line's record (see ``V1Connection.respond``)
     if r.error and r.error.code is m.ErrorCode.NOT_LEADER:
         raise V1Error("NOT_LEADER", "partition leader unavailable on this broker")
     _fail(r.error)
@@ -285,6 +285,9 @@ COMMANDS: dict[str, Command] = {
                 lambda a: (m.ListTopics((a[0],)),), _render_describe),
     )
 }
+PRODUCE = COMMANDS["PRODUCE"]
+MERGE_LINES = 512  # buffered PRODUCE lines taken as one ProduceRecords, at most
+MERGE_BYTES = 1 << 20
 
 
 # --------------------------------------------------------------------------- connection
@@ -309,6 +312,13 @@ class _Context:
     args: list[str]
 
 
+@attrs.frozen
+class _Produces:
+    """PRODUCE lines taken as one ``ProduceRecords``: one answer line each."""
+
+    lines: list[_Context]
+
+
 class V1Connection:
     """Server side of one V1 connection (see the module docstring)."""
 
@@ -316,6 +326,7 @@ class V1Connection:
         self.max_line = settings.max_frame_size
         self.buffer = ReceiveBuffer()
         self.discarding = False
+        self._pending: Request | Reply | None = None  # the line that ended a run of PRODUCEs
 
     def connection_made(self) -> bytes:
         return b""
@@ -324,6 +335,41 @@ class V1Connection:
         self.buffer.feed(data)
 
     def next_event(self) -> Request | Reply | None:
+        if self._pending is not None:
+            event, self._pending = self._pending, None
+        else:
+            event = self._next_line()
+        if isinstance(event, Request) and event.context.command is PRODUCE:
+            return self._produces(event)
+        return event
+
+    def _produces(self, first: Request) -> Request:
+        """``first`` and the PRODUCE lines to the same topic (same acks) already
+        buffered after it, as one ``ProduceRecords``: one append per partition
+        instead of one per line. The line that ends the run is kept for next."""
+        (command,) = first.commands
+        lines, payloads, keys = [first.context], list(command.payloads), list(command.keys)
+        newest, size = command.max_timestamp, len(payloads[0])
+        while len(lines) < MERGE_LINES and size < MERGE_BYTES:
+            end = self.buffer.find(b"\n", self.max_line)
+            if end < 0 or self.discarding:
+                break
+            event = self._parse(self.buffer.take(end + 1)[:-1])
+            follower = event.commands[0] if isinstance(event, Request) and event.context.command is PRODUCE else None
+            if follower is None or follower.topic != command.topic or follower.acks != command.acks:
+                self._pending = event
+                break
+            lines.append(event.context)
+            payloads += follower.payloads
+            keys += follower.keys
+            newest = max(newest, follower.max_timestamp)
+            size += len(follower.payloads[0])
+        if len(lines) == 1:
+            return Request(first.commands, _Produces(lines))
+        merged = attrs.evolve(command, payloads=tuple(payloads), keys=tuple(keys), max_timestamp=newest)
+        return Request((merged,), _Produces(lines))
+
+    def _next_line(self) -> Request | Reply | None:
         while True:
             i = self.buffer.find(b"\n", self.max_line)
             if i < 0:
@@ -367,7 +413,15 @@ class V1Connection:
         return Request(commands, _Context(cid, command, args))
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        ctx: _Context = request.context
+        if isinstance(request.context, _Produces):
+            (produced,) = results
+            lines = request.context.lines
+            per_line = produced.results or [m.ProduceResult(produced.topic, error=produced.error)] * len(lines)
+            return b"".join(self._answer(ctx, (r,)) for ctx, r in zip(lines, per_line, strict=True))
+        return self._answer(request.context, results)
+
+    @staticmethod
+    def _answer(ctx: _Context, results: Sequence[Any]) -> bytes:
         try:
             return ok(ctx.cid, ctx.command.render(ctx.args, results))
         except V1Error as e:
