@@ -187,3 +187,15 @@ def test_a_cursus_producer_id_that_is_not_utf8_keeps_its_bytes():
         (record,) = records.FORMAT.records(kafka)
         assert dict(record.headers)["polygate.cursus.producer_id"] == b"p\xff\xfe"
         assert (record.offset, record.key, record.value) == (3, b"k", b"v")
+
+
+def test_offsets_and_timestamps_outside_64_bits_are_corrupt_in_both_loops():
+    batch = bytearray(records.encode_batch([m.Record(b"a", None, 10, offset=0), m.Record(b"b", None, 15, offset=1)], 0))
+    batch[27:35] = (2**63 - 3).to_bytes(8, "big")  # baseTimestamp: the second record's lands past 2^63 - 1
+    for c_loops in (records._speedups, None):
+        saved, records._speedups = records._speedups, c_loops
+        try:
+            with pytest.raises(records.CorruptRecords, match="outside 64 bits"):
+                records.read_into(bytes(batch), 0, Columns([], [], [], [], []))
+        finally:
+            records._speedups = saved

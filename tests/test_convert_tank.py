@@ -111,3 +111,23 @@ def test_a_set_with_sequence_numbers_beyond_64_bits_is_read_by_the_python_loop()
     header = bundle.Header(bundle.SPARSE, 3, 2**64 - 2, 2**64 + 5, 0, 0)
     body = bundle._encode_messages([1, 1, 1], [None] * 3, [b"a", b"b", b"c"], [2**64 - 2, 2**64 + 1, 2**64 + 5])
     assert [s for s, *_ in bundle.decode_messages(body, header, 0)] == [2**64 - 2, 2**64 + 1, 2**64 + 5]
+
+
+def test_a_kafka_batch_whose_offsets_do_not_ascend_reaches_tank_readers_in_order():
+    from gateway.codecs.kafka import records
+    from gateway.convert import Columns, convert
+    from gateway.model import StoredBatch
+    from gateway.registry import Registry
+
+    offsets = [100, 100, 101, 99, 102]  # offset deltas 0, 0, 1, -1, 2: only a broken producer sends them
+    columns = Columns(offsets, [1, 2, 3, 4, 5], [None] * 5, [b"a", b"b", b"c", b"d", b"e"])
+    stored = StoredBatch("kafka", 100, 102, 5, records.encode_columns(columns, 100))
+    (tank,) = convert([stored], "tank", Registry.discover().batch_formats)
+    got = bundle.FORMAT.columns([tank])
+    assert (got.offsets, got.values) == ([100, 101, 102], [b"a", b"c", b"e"])
+
+
+def test_tank_timestamps_beyond_signed_64_bits_read_as_the_largest():
+    data = bundle.frame(bundle.encode([(2**64 - 1, None, b"a"), (7, None, b"b")], compress=False))
+    got = bundle.FORMAT.columns([bundle.StoredBatch("tank", 0, 1, 0, data)])
+    assert got.timestamps == [2**63 - 1, 7]

@@ -61,6 +61,8 @@ read_blob(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, int *failed)
     return b;
 }
 
+#define OUT_OF_RANGE "a record offset or timestamp outside 64 bits"
+
 static PyObject *
 read_records(PyObject *self, PyObject *args)
 {
@@ -102,8 +104,13 @@ read_records(PyObject *self, PyObject *args)
             corrupt("bad varint in a record");
             goto done;
         }
-        if (append_new(offsets, PyLong_FromLongLong(base + offset_delta)) < 0 ||
-            append_new(stamps, PyLong_FromLongLong(use_fixed ? fixed_ts : base_ts + ts_delta)) < 0)
+        long long offset, ts = fixed_ts;
+        if (__builtin_add_overflow(base, offset_delta, &offset) ||
+            (!use_fixed && __builtin_add_overflow(base_ts, ts_delta, &ts))) {
+            corrupt(OUT_OF_RANGE);
+            goto done;
+        }
+        if (append_new(offsets, PyLong_FromLongLong(offset)) < 0 || append_new(stamps, PyLong_FromLongLong(ts)) < 0)
             goto done;
         PyObject *key = read_blob(p, &pos, end, &failed);
         if (failed || append_new(keys, key) < 0)

@@ -42,6 +42,7 @@ except ImportError:  # built without a C compiler: the Python loops below do the
 
 NAME = "kafka"
 EXTRA_HEADER = "polygate."
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
 # baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount
@@ -247,6 +248,9 @@ def _read_records(body: bytes, pos: int, stop: int, count: int, base: int, base_
             headers.append(())
         if pos != end or pos > stop:
             raise CorruptRecords("record length mismatch")
+    if count and any(min(column[-count:]) < INT64_MIN or max(column[-count:]) > INT64_MAX
+                     for column in (offsets, stamps)):
+        raise CorruptRecords("a record offset or timestamp outside 64 bits")
     return any_headers
 
 

@@ -19,12 +19,13 @@
 #define SEQ_PREV_PLUS_ONE 0x04
 
 /* The gap before message i of n in a SPARSE bundle: 0 for the first and last (their sequence numbers are
- * in the bundle header), else the sequence numbers skipped since the previous message. */
+ * in the bundle header), else the sequence numbers skipped since the previous message. OverflowError
+ * (the Python loop then refuses them) when the sequence numbers do not ascend. */
 static int
 gap_of(PyObject *seqs, Py_ssize_t i, Py_ssize_t n, uint64_t *gap)
 {
     *gap = 0;
-    if (seqs == Py_None || i == 0 || i == n - 1)
+    if (seqs == Py_None || i == 0)
         return 0;
     unsigned long long prev = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(seqs, i - 1));
     if (prev == (unsigned long long)-1 && PyErr_Occurred())
@@ -36,7 +37,8 @@ gap_of(PyObject *seqs, Py_ssize_t i, Py_ssize_t n, uint64_t *gap)
         PyErr_SetString(PyExc_OverflowError, "sequence numbers must ascend");
         return -1;
     }
-    *gap = seq - prev - 1;
+    if (i < n - 1)
+        *gap = seq - prev - 1;
     return 0;
 }
 
@@ -144,7 +146,10 @@ read_messages(PyObject *self, PyObject *args)
                           &PyList_Type, &stamps, &PyList_Type, &keys, &PyList_Type, &values))
         return NULL;
     PyObject *result = NULL;
-    unsigned long long first = PyLong_AsUnsignedLongLong(first_obj), last = PyLong_AsUnsignedLongLong(last_obj);
+    unsigned long long first = PyLong_AsUnsignedLongLong(first_obj), last = 0;
+    if (PyErr_Occurred())
+        goto done;
+    last = PyLong_AsUnsignedLongLong(last_obj);
     if (PyErr_Occurred())
         goto done;
     const unsigned char *p = buf.buf;

@@ -17,7 +17,10 @@ not follow on (a gap in the log) into a SPARSE one.
 
 Converting from other formats keeps keys, values and timestamps (TANK has no
 headers; a key is at most 255 bytes, longer keys are cut); records with gaps
-between their offsets become a SPARSE bundle.
+between their offsets become a SPARSE bundle; a record whose offset is not
+above the one before it (only a Kafka producer that breaks the protocol
+writes such a batch) is left out. Other formats read a TANK timestamp (u64)
+above 2^63-1 as 2^63-1.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ SEQ_PREV_PLUS_ONE = 0x04
 # The C++ client compresses above these (TankClient::choose_compression_codec).
 COMPRESS_MESSAGES = 512
 COMPRESS_BYTES = 1024
+INT64_MAX = 2**63 - 1
 
 _U64 = struct.Struct("<Q")
 _FLAGS_TS = struct.Struct("<BQ")
@@ -289,6 +293,8 @@ def _encode_messages(stamps: Sequence[int], keys: Sequence[bytes | None], values
         gaps = seq_flags = itertools.repeat(0)
     else:  # a middle message is SEQ_PREV_PLUS_ONE or has its gap to the previous one; the last has none
         gaps = [0, *(seqs[i] - seqs[i - 1] - 1 for i in range(1, n - 1)), 0]
+        if min(gaps) < 0 or (n > 1 and seqs[-1] <= seqs[-2]):
+            raise ValueError("sequence numbers must ascend")
         seq_flags = [0 if gap or i in (0, n - 1) else SEQ_PREV_PLUS_ONE for i, gap in enumerate(gaps)]
     prev_ts = None
     for ts, key, value, gap, seq_flag in zip(stamps, keys, values, gaps, seq_flags):
@@ -399,6 +405,8 @@ class TankFormat:
                 raise CommandError(ErrorCode.CORRUPT_MESSAGE,
                                    f"stored bundle at {batch.base_offset}: {e}") from None
         columns.offsets = [s - 1 for s in seqs]
+        if columns.timestamps and max(columns.timestamps) > INT64_MAX:  # TANK's are u64; readers' i64
+            columns.timestamps = [min(t, INT64_MAX) for t in columns.timestamps]
         return columns
 
     def encode(self, records: Sequence[Record], base_offset: int, sparse: bool = False) -> bytes:
@@ -409,15 +417,30 @@ class TankFormat:
         offsets = columns.offsets
         if not offsets:
             return b""
-        seqs: list[int] | None = [o + 1 for o in offsets]
-        if not sparse and offsets[0] == base_offset and offsets[-1] - offsets[0] == len(offsets) - 1:
-            seqs = None
-        stamps = [t if t > 0 else 0 for t in columns.timestamps]
-        values = [v or b"" for v in columns.values]
-        return frame(encode_fields(stamps, columns.keys, values, seqs, compress=False))
+        stamps, keys, values = columns.timestamps, columns.keys, columns.values
+        seqs: list[int] | None = None
+        if sparse or offsets != list(range(base_offset, base_offset + len(offsets))):
+            kept = _ascending(offsets)
+            if len(kept) < len(offsets):  # only a non-conforming Kafka producer writes such offsets
+                offsets, stamps, keys, values = ([column[i] for i in kept]
+                                                 for column in (offsets, stamps, keys, values))
+            seqs = [o + 1 for o in offsets]
+        stamps = [t if t > 0 else 0 for t in stamps]
+        values = [v or b"" for v in values]
+        return frame(encode_fields(stamps, keys, values, seqs, compress=False))
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return payload
+
+
+def _ascending(offsets: Sequence[int]) -> list[int]:
+    """Indexes of the records that keep ``offsets`` strictly ascending (each above all before it)."""
+    kept, top = [], -1
+    for i, offset in enumerate(offsets):
+        if offset > top:
+            kept.append(i)
+            top = offset
+    return kept
 
 
 FORMAT = TankFormat()
