@@ -40,6 +40,20 @@ append_new(PyObject *list, PyObject *item)
     return r;
 }
 
+/* list[i] as a long long: TypeError for anything but an int, so that no ``__index__`` code runs (and
+ * changes the lists) while a loop holds borrowed items; OverflowError outside 64 bits. */
+static inline int
+list_int64(PyObject *list, Py_ssize_t i, long long *out)
+{
+    PyObject *v = PyList_GET_ITEM(list, i);
+    if (!PyLong_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "ints expected");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* The size of v as an unsigned LEB128 varint. */
 static inline Py_ssize_t
 uvarint_size(uint64_t v)

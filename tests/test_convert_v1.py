@@ -107,3 +107,15 @@ def test_what_the_c_writer_does_not_take_goes_to_the_python_loop():
     columns = batch.Columns([5, None], [1, 2], [bytearray(b"k"), None], [b"a", None])
     assert batch.FORMAT.encode_columns(columns, 5) == batch._encode_records([5, 6], 5, [1, 2], [b"k", None],
                                                                              [b"a", b""])
+
+
+@needs_c
+def test_the_c_loops_take_only_ints_for_numbers():
+    class Sneaky:  # an __index__ that could change the lists under the loop
+        def __index__(self):
+            return 0
+
+    with pytest.raises(TypeError, match="ints expected"):
+        speedups.encode_records([Sneaky()], 0, [1], [None], [b"v"])
+    with pytest.raises(TypeError, match="ints expected"):
+        speedups.read_records([b""], [Sneaky()], [], [], [], [])

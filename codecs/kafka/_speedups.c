@@ -398,9 +398,8 @@ encode_records(PyObject *self, PyObject *args)
         }
         if (extras_dict(extras, i, &x) < 0)
             goto done;
-        int64_t d = PyLong_AsLongLong(PyList_GET_ITEM(deltas, i));
-        int64_t t = PyLong_AsLongLong(PyList_GET_ITEM(ts_deltas, i));
-        if ((d == -1 || t == -1) && PyErr_Occurred())
+        long long d, t;
+        if (list_int64(deltas, i, &d) < 0 || list_int64(ts_deltas, i, &t) < 0)
             goto done;
         Py_ssize_t count;
         Py_ssize_t size = record_size(d, t, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i), hdrs, x, &count);

@@ -70,8 +70,8 @@ read_records(PyObject *self, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        long long base = PyLong_AsLongLong(PyList_GET_ITEM(bases, i));
-        if (base == -1 && PyErr_Occurred())
+        long long base;
+        if (list_int64(bases, i, &base) < 0)
             return NULL;
         Py_buffer buf;
         if (PyObject_GetBuffer(PyList_GET_ITEM(payloads, i), &buf, PyBUF_SIMPLE) < 0)
@@ -106,11 +106,8 @@ encode_records(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_TypeError, "keys must be bytes or None, values bytes");
             return NULL;
         }
-        long long offset = PyLong_AsLongLong(PyList_GET_ITEM(offsets, i));
-        if (offset == -1 && PyErr_Occurred())
-            return NULL;
-        PyLong_AsLongLong(PyList_GET_ITEM(stamps, i));
-        if (PyErr_Occurred())
+        long long offset, ts;
+        if (list_int64(offsets, i, &offset) < 0 || list_int64(stamps, i, &ts) < 0)
             return NULL;
         if (offset < base || (unsigned long long)offset - (unsigned long long)base > 0xFFFFFFFFu ||
             (key != Py_None && PyBytes_GET_SIZE(key) > INT32_MAX) || PyBytes_GET_SIZE(value) > INT32_MAX) {
