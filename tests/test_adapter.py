@@ -383,3 +383,33 @@ def test_pipelined_produce_lines_share_appends_and_keep_their_answers(tmp_path):
         assert [o for o, _ in records] == list(range(len(records)))
         assert len(engine.read("burst", partition, 0, 1 << 30)) == 2  # one batch before CONSUME, one after
     engine.close()
+
+
+def test_produce_records_with_acks_all_waits_per_partition(tmp_path):
+    from gateway.codecs.v1.batch import encode_record
+    from gateway.partitioners import choose
+    from gateway.storage.engine import EngineConfig
+
+    reactor = Reactor()
+    engine = Engine(str(tmp_path), EngineConfig(replication_factor=2, min_insync_replicas=2))
+    b = Broker(engine, {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
+    engine.create_topic("r", 2)
+    keys = tuple(b"k%d" % i for i in range(8))
+    partitions = [choose("fnv1a_32", k, 2, 0) for k in keys]
+    assert set(partitions) == {0, 1}
+    cmd = m.ProduceRecords("r", "v1", tuple(encode_record(0, 1, k, k) for k in keys), keys, 1, m.Acks.ALL,
+                           partitioner="fnv1a_32")
+    per_partition = [partitions.count(0), partitions.count(1)]
+    d = b.execute(cmd)
+    b.execute(m.ReplicaProgress("r", 0, 1, per_partition[0]))  # the follower's log end
+    assert not d.called  # partition 0 is replicated, partition 1 is not yet
+    b.execute(m.ReplicaProgress("r", 1, 1, per_partition[1]))
+    assert all(r.error is None for r in d.result.results)
+    d2 = b.execute(cmd)
+    b.execute(m.ReplicaProgress("r", 0, 1, 2 * per_partition[0]))  # this time only partition 0 follows
+    reactor.advance(1.1)
+    for r, partition in zip(d2.result.results, partitions):
+        assert (r.error is None) == (partition == 0)
+        if r.error is not None:
+            assert r.error.code is m.ErrorCode.REPLICATION_TIMEOUT
+    engine.close()
