@@ -118,6 +118,9 @@ def _errors(result_type: Callable[..., Any], *args: Any) -> Callable[[Callable],
     return wrap
 
 
+_ACKS_TIMEOUT = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
+
+
 class Broker:
     """Executes commands; ``formats`` maps storage format names to ``BatchFormat``s."""
 
@@ -282,58 +285,64 @@ class Broker:
             self.engine.set_producer_state(cmd.topic, partition, producer.producer_id,
                                            idempotence.after_append(state, producer, base, last))
 
-        def result(error: Error | None = None) -> m.ProduceResult:
+        def result(timed_out: frozenset[int]) -> m.ProduceResult:
             return m.ProduceResult(cmd.topic, partition, base, last, part.high_watermark,
-                                   part.log_start_offset, error=error)
+                                   part.log_start_offset, error=_ACKS_TIMEOUT if timed_out else None)
 
-        if cmd.acks != m.Acks.ALL:
-            return self._durable(result())
-        timeout = cmd.timeout_ms if cmd.timeout_ms is not None else self.config.ack_timeout_ms
-        d = self._await_replication(cmd.topic, partition, last, timeout)
-        d.addCallback(lambda ok: result() if ok else result(
-            Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")))
-        return d.addCallback(self._durable)
+        return self._acknowledge(cmd, {partition: last}, result)
 
     @_errors(m.ProduceRecordsResult, "topic")
     def produce_records(self, cmd: m.ProduceRecords) -> Any:
         self._ensure_topic(cmd.topic, cmd.auto_create)
         count = len(self.engine.topic(cmd.topic).partitions)
         fmt = self._format(cmd.format)
+        if not getattr(fmt, "joinable", False):
+            raise CommandError(ErrorCode.UNSUPPORTED, f"{cmd.format!r} payloads cannot be joined")
         routed: dict[int, list[int]] = {}  # partition -> indexes of its records
         for i, key in enumerate(cmd.keys):
             routed.setdefault(choose(cmd.partitioner, key, count, next(self._round_robin)), []).append(i)
-        appended: dict[int, tuple[int, int]] = {}  # partition -> (base, last)
+        bases: dict[int, int] = {}
+        lasts: dict[int, int] = {}
         errors: dict[int, Error] = {}
         for partition, indexes in routed.items():
             try:
                 base = self._leader(cmd.topic, partition).log_end_offset
                 payload = fmt.assign_offsets(b"".join([cmd.payloads[i] for i in indexes]), base)
-                appended[partition] = self.engine.append(cmd.topic, partition, cmd.format, payload, len(indexes),
-                                                         cmd.max_timestamp)
+                bases[partition], lasts[partition] = self.engine.append(
+                    cmd.topic, partition, cmd.format, payload, len(indexes), max(cmd.timestamps[i] for i in indexes))
             except CommandError as e:
                 errors[partition] = e.error
 
-        def result(timed_out: frozenset[int] = frozenset()) -> m.ProduceRecordsResult:
+        def result(timed_out: frozenset[int]) -> m.ProduceRecordsResult:
             results: list[m.ProduceResult] = [None] * len(cmd.payloads)  # type: ignore[list-item]
-            timeout = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
             for partition, indexes in routed.items():
                 if partition in errors:
                     for i in indexes:
                         results[i] = m.ProduceResult(cmd.topic, partition, error=errors[partition])
                     continue
                 part = self.engine.partition(cmd.topic, partition)
-                error = timeout if partition in timed_out else None
-                for offset, i in enumerate(indexes, appended[partition][0]):
-                    results[i] = m.ProduceResult(cmd.topic, partition, offset, offset, part.high_watermark,
-                                                 part.log_start_offset, error=error)
+                hw, start = part.high_watermark, part.log_start_offset
+                error = _ACKS_TIMEOUT if partition in timed_out else None
+                for offset, i in enumerate(indexes, bases[partition]):  # the hw once this record was in
+                    results[i] = m.ProduceResult(cmd.topic, partition, offset, offset, min(hw, offset + 1), start,
+                                                 error=error)
             return m.ProduceRecordsResult(cmd.topic, tuple(results))
 
-        if cmd.acks != m.Acks.ALL or not appended:
-            return self._durable(result())
+        return self._acknowledge(cmd, lasts, result)
+
+    def _acknowledge(self, cmd: m.Produce | m.ProduceRecords, lasts: dict[int, int],
+                     result: Callable[[frozenset[int]], Any]) -> Any:
+        """``result(partitions that timed out)`` once ``cmd.acks`` holds for the offsets up to
+        ``lasts[partition]`` (at once but for acks=all), and the writes are durable."""
+        if not lasts:  # nothing was appended: nothing to wait for
+            return result(frozenset())
+        if cmd.acks != m.Acks.ALL:
+            return self._durable(result(frozenset()))
         timeout_ms = cmd.timeout_ms if cmd.timeout_ms is not None else self.config.ack_timeout_ms
-        waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, (_, last) in appended.items()]
-        d = defer.gatherResults(waits)
-        d.addCallback(lambda oks: result(frozenset(p for p, ok in zip(appended, oks) if not ok)))
+        waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, last in lasts.items()]
+        d = waits[0].addCallback(lambda ok: [ok]) if len(waits) == 1 else defer.gatherResults(
+            waits, consumeErrors=True).addErrback(lambda f: f.value.subFailure if f.check(defer.FirstError) else f)
+        d.addCallback(lambda oks: result(frozenset(p for p, ok in zip(lasts, oks, strict=True) if not ok)))
         return d.addCallback(self._durable)
 
     def _format(self, name: str) -> BatchFormat:

@@ -183,6 +183,10 @@ class BatchFormat(Protocol):
     their offsets, relative to ``base_offset``) for a reader of this format; ``assign_offsets`` patches a
     received payload with the base offset the engine gave it, before it is
     stored (identity where the format carries no offsets).
+
+    Optional ``joinable = True``: one-record payloads of the format, joined,
+    make one payload whose records ``assign_offsets`` numbers from the batch
+    base (V1's); only such formats take ``ProduceRecords``.
     """
 
     name: str

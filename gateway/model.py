@@ -264,9 +264,9 @@ class ProduceRecords:
     that land in one partition are appended there as one batch, in order.
 
     ``payloads`` holds one one-record payload of ``format`` per record, with
-    ``keys`` beside them: a format whose payloads, joined, make one payload
-    whose records ``BatchFormat.assign_offsets`` numbers from the batch base
-    (V1's). A pipelined burst of V1 PRODUCE lines is one such command. The
+    its key and timestamp beside it: a ``joinable`` format (V1's), whose
+    payloads joined make one payload whose records ``assign_offsets``
+    numbers. A pipelined burst of V1 PRODUCE lines is one such command. The
     result is a ``ProduceRecordsResult`` with one ``ProduceResult`` per record.
     """
 
@@ -274,7 +274,7 @@ class ProduceRecords:
     format: str
     payloads: tuple[bytes, ...]
     keys: tuple[bytes | None, ...]
-    max_timestamp: int
+    timestamps: tuple[int, ...]
     acks: Acks = Acks.LEADER
     partitioner: str = "round_robin"
     auto_create: bool = False
@@ -283,9 +283,10 @@ class ProduceRecords:
 
 @frozen
 class ProduceRecordsResult:
-    """One ``ProduceResult`` per record of a ``ProduceRecords``, in order (the
-    offset of each record in ``base_offset`` and ``last_offset``); ``error``
-    when none was appended."""
+    """One ``ProduceResult`` per record of a ``ProduceRecords``, in order: the
+    record's offset in ``base_offset`` and ``last_offset``, and the high
+    watermark as once that record was in (as if the records had been appended
+    one by one: at most its offset + 1); ``error`` when none was appended."""
 
     topic: str
     results: tuple[ProduceResult, ...] = ()

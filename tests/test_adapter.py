@@ -324,7 +324,7 @@ def test_produce_records_appends_one_batch_per_partition(broker):
     engine.create_topic("keyed", 3)
     keys = [b"k%d" % (i % 5) for i in range(20)]
     cmd = m.ProduceRecords("keyed", "v1", tuple(encode_record(0, 7, k, b"v%d" % i) for i, k in enumerate(keys)),
-                           tuple(keys), 7, partitioner="fnv1a_32")
+                           tuple(keys), (7,) * len(keys), partitioner="fnv1a_32")
     d = b.execute(cmd)
     reactor.advance(0)
     results = d.result.results
@@ -348,7 +348,7 @@ def test_produce_records_errors_are_per_partition(broker):
     engine.create_topic("half", 2)
     b.execute(m.SetPartitionRole("half", 1, "follower"))
     keys = (b"a", b"b", b"c", b"d")
-    d = b.execute(m.ProduceRecords("half", "v1", tuple(encode_record(0, 1, k, k) for k in keys), keys, 1,
+    d = b.execute(m.ProduceRecords("half", "v1", tuple(encode_record(0, 1, k, k) for k in keys), keys, (1,) * 4,
                                    partitioner="fnv1a_32"))
     reactor.advance(0)
     for r in d.result.results:
@@ -356,7 +356,7 @@ def test_produce_records_errors_are_per_partition(broker):
             assert r.error.code is m.ErrorCode.NOT_LEADER
         else:
             assert r.error is None and r.base_offset >= 0
-    d = b.execute(m.ProduceRecords("nope", "v1", (b"",), (None,), 1))
+    d = b.execute(m.ProduceRecords("nope", "v1", (b"",), (None,), (1,)))
     assert d.result.error.code is m.ErrorCode.UNKNOWN_TOPIC  # an error answers at once, nothing to sync
 
 
@@ -378,6 +378,9 @@ def test_pipelined_produce_lines_share_appends_and_keep_their_answers(tmp_path):
     for i, a in enumerate(produced):
         fields = dict(f.split(b"=") for f in a.split(b"|")[3].split())
         expected.setdefault(int(fields[b"partition"]), []).append((int(fields[b"offset"]), b"v%d" % i))
+    for answer in produced:  # hw as if appended one by one: V1's hw (last visible offset) is the offset
+        fields = dict(f.split(b"=") for f in answer.split(b"|")[3].split())
+        assert fields[b"hw"] == fields[b"offset"]
     for partition, records in expected.items():
         assert _records(engine, "burst", partition) == records  # each answer names its record
         assert [o for o, _ in records] == list(range(len(records)))
@@ -397,7 +400,7 @@ def test_produce_records_with_acks_all_waits_per_partition(tmp_path):
     keys = tuple(b"k%d" % i for i in range(8))
     partitions = [choose("fnv1a_32", k, 2, 0) for k in keys]
     assert set(partitions) == {0, 1}
-    cmd = m.ProduceRecords("r", "v1", tuple(encode_record(0, 1, k, k) for k in keys), keys, 1, m.Acks.ALL,
+    cmd = m.ProduceRecords("r", "v1", tuple(encode_record(0, 1, k, k) for k in keys), keys, (1,) * 8, m.Acks.ALL,
                            partitioner="fnv1a_32")
     per_partition = [partitions.count(0), partitions.count(1)]
     d = b.execute(cmd)
@@ -413,3 +416,42 @@ def test_produce_records_with_acks_all_waits_per_partition(tmp_path):
         if r.error is not None:
             assert r.error.code is m.ErrorCode.REPLICATION_TIMEOUT
     engine.close()
+
+
+def test_closing_while_acks_all_produce_lines_wait_is_quiet(tmp_path, caplog):
+    from gateway.storage.engine import EngineConfig
+
+    reactor = Reactor()
+    engine = Engine(str(tmp_path), EngineConfig(replication_factor=2, min_insync_replicas=2))
+    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
+    engine.create_topic("r", 3)
+    proto, transport = connect(CodecFactory(v1_plugin, ListenerSettings(1 << 16), broker, reactor))
+    proto.dataReceived(b"".join(b"V1|%d|PRODUCE|r k%d:v acks=all\n" % (i, i) for i in range(9)))
+    assert transport.value() == b""  # waiting for the follower
+    with caplog.at_level("ERROR"):
+        proto.connectionLost()
+        reactor.advance(1.1)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    engine.close()
+
+
+def test_each_partition_batch_has_its_own_records_newest_timestamp(broker):
+    from gateway.codecs.tank.bundle import FORMAT as TANK
+    from gateway.codecs.v1.batch import encode_record
+    from gateway.partitioners import choose
+
+    b, reactor, engine = broker
+    engine.create_topic("ts", 2)
+    keys = (b"k0", b"k1", b"k2", b"k3")
+    partitions = [choose("fnv1a_32", k, 2, 0) for k in keys]
+    stamps = (100, 200, 300, 400)
+    d = b.execute(m.ProduceRecords("ts", "v1", tuple(encode_record(0, t, k, b"v") for k, t in zip(keys, stamps)),
+                                   keys, stamps, partitioner="fnv1a_32"))
+    reactor.advance(0)
+    assert all(r.error is None for r in d.result.results)
+    for partition in set(partitions):
+        (stored,) = engine.read("ts", partition, 0, 1 << 20)
+        assert stored.max_timestamp == max(t for t, p in zip(stamps, partitions) if p == partition)
+    b.formats["tank"] = TANK  # a format whose payloads cannot simply be joined
+    d = b.execute(m.ProduceRecords("ts", "tank", (b"",), (None,), (1,)))
+    assert d.result.error.code is m.ErrorCode.UNSUPPORTED

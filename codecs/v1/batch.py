@@ -53,6 +53,7 @@ def encode_record(offset_delta: int, timestamp: int, key: bytes | None, value: b
 
 class V1Format:
     name = NAME
+    joinable = True  # one-record payloads joined are one payload (see assign_offsets)
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
         return self.columns((batch,)).records()
@@ -85,8 +86,9 @@ class V1Format:
         return _encode_records(*args)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
-        """``payload`` with its records numbered 0, 1, 2... from the batch base: joined
-        one-record payloads (``ProduceRecords``) become one batch."""
+        """``payload`` with its records numbered 0, 1, 2... from the batch base (``base_offset``
+        is not needed: the deltas are relative), so that joined one-record payloads
+        (``ProduceRecords``) are one batch. V1 payloads hold consecutive records only."""
         data = None
         pos, end, index = 0, len(payload), 0
         length = LEN.unpack_from

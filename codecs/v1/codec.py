@@ -125,7 +125,7 @@ def _produce(args: list[str]) -> tuple[Any, ...]:
     k = key.encode("utf-8", "surrogateescape")
     ts = int(time.time() * 1000)
     payload = batch.encode_record(0, ts, k, value.encode("utf-8", "surrogateescape"))
-    return (m.ProduceRecords(args[0], batch.NAME, (payload,), (k,), ts, acks, partitioner="fnv1a_32",
+    return (m.ProduceRecords(args[0], batch.NAME, (payload,), (k,), (ts,), acks, partitioner="fnv1a_32",
                              auto_create=True),)
 
 
@@ -287,7 +287,7 @@ COMMANDS: dict[str, Command] = {
 }
 PRODUCE = COMMANDS["PRODUCE"]
 MERGE_LINES = 512  # buffered PRODUCE lines taken as one ProduceRecords, at most
-MERGE_BYTES = 1 << 20
+MERGE_BYTES = 64 << 10  # in flight per connection: at most the adapter's max_in_flight such runs
 
 
 # --------------------------------------------------------------------------- connection
@@ -349,10 +349,10 @@ class V1Connection:
         instead of one per line. The line that ends the run is kept for next."""
         (command,) = first.commands
         lines, payloads, keys = [first.context], list(command.payloads), list(command.keys)
-        newest, size = command.max_timestamp, len(payloads[0])
+        stamps, size = list(command.timestamps), len(payloads[0])
         while len(lines) < MERGE_LINES and size < MERGE_BYTES:
             end = self.buffer.find(b"\n", self.max_line)
-            if end < 0 or self.discarding:
+            if end < 0:
                 break
             event = self._parse(self.buffer.take(end + 1)[:-1])
             follower = event.commands[0] if isinstance(event, Request) and event.context.command is PRODUCE else None
@@ -362,11 +362,11 @@ class V1Connection:
             lines.append(event.context)
             payloads += follower.payloads
             keys += follower.keys
-            newest = max(newest, follower.max_timestamp)
+            stamps += follower.timestamps
             size += len(follower.payloads[0])
         if len(lines) == 1:
             return Request(first.commands, _Produces(lines))
-        merged = attrs.evolve(command, payloads=tuple(payloads), keys=tuple(keys), max_timestamp=newest)
+        merged = attrs.evolve(command, payloads=tuple(payloads), keys=tuple(keys), timestamps=tuple(stamps))
         return Request((merged,), _Produces(lines))
 
     def _next_line(self) -> Request | Reply | None:
