@@ -31,7 +31,7 @@ import crc32c
 
 from gateway.convert import Columns
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
-from gateway.varint import ZIGZAGS, read_uvarint, read_zigzag, zigzag
+from gateway.varint import ZIGZAGS, read_zigzag, zigzag
 
 from . import compression
 
@@ -174,67 +174,21 @@ def _read_records(body: bytes, pos: int, stop: int, count: int, base: int, base_
                   offsets: list, stamps: list, keys: list, values: list, headers: list) -> bool:
     """Append the fields of ``count`` records of ``body[pos:stop]`` to the lists; whether any had headers.
 
-    The hot loop of every conversion from Kafka (``_speedups.read_records`` in
-    C when built): one- and two-byte varints are read inline.
+    The loop of every conversion from Kafka (``_speedups.read_records`` in C when built).
     """
     any_headers = False
     for _ in range(count):
-        v = body[pos]
-        if v < 0x80:
-            pos += 1
-        elif body[pos + 1] < 0x80:
-            v = (v & 0x7F) | (body[pos + 1] << 7)
-            pos += 2
-        else:
-            v, pos = read_uvarint(body, pos, stop)
-        end = pos + ((v >> 1) ^ -(v & 1))
+        length, pos = read_zigzag(body, pos, stop)
+        end = pos + length
         pos += 1  # attributes
-        v = body[pos]
-        if v < 0x80:
-            pos += 1
-        elif body[pos + 1] < 0x80:
-            v = (v & 0x7F) | (body[pos + 1] << 7)
-            pos += 2
-        else:
-            v, pos = read_uvarint(body, pos, stop)
-        stamps.append(base_ts + ((v >> 1) ^ -(v & 1)) if append_ts is None else append_ts)
-        v = body[pos]
-        if v < 0x80:
-            pos += 1
-        elif body[pos + 1] < 0x80:
-            v = (v & 0x7F) | (body[pos + 1] << 7)
-            pos += 2
-        else:
-            v, pos = read_uvarint(body, pos, stop)
-        offsets.append(base + ((v >> 1) ^ -(v & 1)))
-        v = body[pos]
-        if v < 0x80:
-            pos += 1
-        elif body[pos + 1] < 0x80:
-            v = (v & 0x7F) | (body[pos + 1] << 7)
-            pos += 2
-        else:
-            v, pos = read_uvarint(body, pos, stop)
-        if v & 1:
-            keys.append(None)
-        else:
-            v = (v >> 1) + pos
-            keys.append(body[pos:v])
-            pos = v
-        v = body[pos]
-        if v < 0x80:
-            pos += 1
-        elif body[pos + 1] < 0x80:
-            v = (v & 0x7F) | (body[pos + 1] << 7)
-            pos += 2
-        else:
-            v, pos = read_uvarint(body, pos, stop)
-        if v & 1:
-            values.append(None)
-        else:
-            v = (v >> 1) + pos
-            values.append(body[pos:v])
-            pos = v
+        ts_delta, pos = read_zigzag(body, pos, stop)
+        stamps.append(base_ts + ts_delta if append_ts is None else append_ts)
+        offset_delta, pos = read_zigzag(body, pos, stop)
+        offsets.append(base + offset_delta)
+        key, pos = _read_blob(body, pos, stop)
+        keys.append(key)
+        value, pos = _read_blob(body, pos, stop)
+        values.append(value)
         n, pos = read_zigzag(body, pos, stop)
         if n > 0:
             pairs = []
