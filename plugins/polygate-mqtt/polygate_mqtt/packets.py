@@ -34,6 +34,8 @@ from construct import (
     this,
 )
 
+from gateway.varint import VarintError, read_uvarint, uvarint
+
 PROTOCOL_NAME = "MQTT"
 PROTOCOL_LEVEL = 4  # 3.1.1
 MAX_REMAINING_LENGTH = 268_435_455  # four length bytes
@@ -150,24 +152,16 @@ def split_header(data: bytes) -> tuple[int, int, int, int] | None:
     """
     if len(data) < 2:
         return None
-    length = 0
-    for i in range(1, 5):
-        if i >= len(data):
-            return None
-        byte = data[i]
-        length |= (byte & 0x7F) << (7 * (i - 1))
-        if not byte & 0x80:
-            return data[0] >> 4, data[0] & 0x0F, i + 1, length
-    raise MalformedPacket("remaining length longer than four bytes")
+    try:
+        length, end = read_uvarint(data, 1, len(data), 4)
+    except VarintError:
+        if len(data) < 5:
+            return None  # the length bytes so far all say more follows
+        raise MalformedPacket("remaining length longer than four bytes") from None
+    return data[0] >> 4, data[0] & 0x0F, end, length
 
 
-def encode_length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+encode_length = uvarint  # the remaining length is an unsigned LEB128 varint
 
 
 def packet(kind: PacketType, body: bytes = b"", flags: int = 0) -> bytes:
