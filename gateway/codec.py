@@ -21,6 +21,11 @@ for no answer and take no place in the answer order: ``Timer`` (call
 ``connection.timer(context)`` later: keep-alive deadlines, retries) and
 ``Unsubscribe`` (stop push streams a client no longer wants).
 
+Every built-in codec, and the MQTT plugin, subclasses ``CodecConnection``
+(below), which implements this API once over a framer from
+``gateway.framing``: a codec then only turns each whole frame into one
+``Handled`` (an answer now, or commands plus a render function).
+
 A codec never blocks and never raises on bad input: it answers with its
 protocol's own error (``Reply``) or asks to close (``Close``). An exception
 escaping a codec is a bug; the adapter logs it and closes that connection.
@@ -32,13 +37,17 @@ read back by any other codec through ``Record``.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 
+from .framing import FrameTooLarge, LengthPrefixedFramer, LineFramer, MalformedFrame, TruncatedFrame
 from .model import EMPTY, Fetch, Record, StoredBatch
+
+Framer = LengthPrefixedFramer | LineFramer
 
 
 @attrs.frozen
@@ -138,6 +147,169 @@ class Timer:
 
 
 Event = Request | Reply | Close | Subscribe | Unsubscribe | Timer
+
+
+Render = Callable[[Sequence[Any]], "bytes | Handled | Event"]
+
+
+@attrs.frozen
+class Handled:
+    """What a codec's handler returns for one frame: an answer now, or commands and a render.
+
+    * ``Handled.answer(data)``: send ``data`` in request order, no command to
+      run; ``close=True`` closes the connection after it (``reason`` is logged).
+    * ``Handled.run(commands, render)``: the broker runs ``commands``; once all
+      are done ``render(results)`` (results in the order of ``commands``)
+      returns the answer's bytes, or the next step: another ``Handled`` (a
+      command that needs a second round trip to the broker) or an ``Event``
+      (``Subscribe``, ``Close``...). ``hold=True`` holds every later frame of
+      the connection back until this request (and every step it returns) has
+      been rendered: a later frame may depend on its outcome.
+      ``ordered=False`` lets the answer overtake earlier ones (see ``Request``).
+    """
+
+    commands: tuple[Any, ...] = ()
+    render: Render | None = None
+    data: bytes = b""
+    close: bool = False
+    reason: str = ""
+    hold: bool = False
+    ordered: bool = True
+
+    @classmethod
+    def answer(cls, data: bytes, close: bool = False, reason: str = "") -> Handled:
+        return cls(data=data, close=close, reason=reason)
+
+    @classmethod
+    def run(cls, commands: Sequence[Any], render: Render, hold: bool = False, ordered: bool = True) -> Handled:
+        return cls(tuple(commands), render, hold=hold, ordered=ordered)
+
+
+class CodecConnection:
+    """The one shape of a codec connection; every codec subclasses it.
+
+    A subclass gives its framer (``LengthPrefixedFramer`` or ``LineFramer``
+    from ``gateway.framing``) to ``__init__`` and implements ``handle_frame``,
+    which turns one whole frame into a ``Handled``, an ``Event`` or ``None``.
+    This class implements the adapter's side (``Connection``): framing,
+    the queue of events, holding frames back behind a ``Handled(hold=True)``,
+    and ``respond``, which calls the request's ``render``. Handlers that have
+    more to say than one result (a push protocol's timers and streams) call
+    ``emit`` with each extra event, in order.
+
+    Framing failures go to three hooks whose defaults close the connection:
+    ``frame_too_large`` (the framer drops the frame if the codec goes on),
+    ``truncated`` (the stream ended inside a frame) and ``malformed``. A
+    clean end of stream calls ``end_of_stream`` (default: nothing to say).
+    The optional capabilities default to "none": ``push``/``keepalive`` for a
+    codec that emits ``Subscribe``, ``timer`` for one that emits ``Timer``, and
+    ``connection_lost`` (the commands of a last will).
+
+    An exception escaping ``handle_frame`` or a render is a bug, never bad
+    input: the adapter logs it and closes the connection.
+    """
+
+    def __init__(self, settings: ListenerSettings, framer: Framer):
+        self.settings = settings
+        self.framer = framer
+        self.events: collections.deque[Event] = collections.deque()
+        self.held: Request | None = None  # later frames wait until this request is rendered
+        self.closed = False
+
+    # ------------------------------------------------------------------ to implement
+
+    def handle_frame(self, header: bytes, body: bytes) -> Handled | Event | None:
+        raise NotImplementedError
+
+    def frame_too_large(self, error: FrameTooLarge) -> Handled | Event | None:
+        return Close(reason=str(error))
+
+    def truncated(self, error: TruncatedFrame) -> Handled | Event | None:
+        return Close(reason=str(error))
+
+    def malformed(self, error: MalformedFrame) -> Handled | Event | None:
+        return Close(reason=str(error))
+
+    def end_of_stream(self) -> Handled | Event | None:
+        return None
+
+    # ------------------------------------------------------------------ optional capabilities
+
+    def push(self, context: Any, result: Any) -> bytes:
+        raise NotImplementedError(f"{type(self).__name__} emitted a Subscribe but cannot push")
+
+    def keepalive(self, context: Any) -> bytes:
+        return b""
+
+    def timer(self, context: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} emitted a Timer but has no timer()")
+
+    def connection_lost(self) -> Sequence[Any]:
+        return ()
+
+    # ------------------------------------------------------------------ the adapter's side
+
+    def connection_made(self) -> bytes:
+        return b""
+
+    def receive_data(self, data: bytes) -> None:
+        self.framer.feed(data)
+
+    def next_event(self) -> Event | None:
+        events = self.events
+        while not events:
+            if self.closed or self.held is not None or self.framer.finished:
+                return None
+            try:
+                frame = self.framer.next_frame()
+            except FrameTooLarge as e:
+                self.emit(self.frame_too_large(e))
+                continue
+            except TruncatedFrame as e:
+                self.emit(self.truncated(e))
+                continue
+            except MalformedFrame as e:
+                self.emit(self.malformed(e))
+                continue
+            if frame is None:
+                if self.framer.finished:
+                    self.emit(self.end_of_stream())
+                    continue
+                return None
+            self.emit(self.handle_frame(*frame))
+        return events.popleft()
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+        handled: Handled = request.context
+        out = handled.render(results)
+        held = request is self.held
+        if held:
+            self.held = None
+        if isinstance(out, bytes | bytearray):
+            return out
+        if held and isinstance(out, Handled) and out.render is not None and not out.hold:
+            out = attrs.evolve(out, hold=True)  # a held request holds through all its steps
+        self.emit(out)
+        return b""
+
+    def emit(self, item: Handled | Event | None) -> None:
+        """Queue ``item`` for the adapter (a ``Handled`` becomes a ``Reply``, ``Close`` or ``Request``)."""
+        if item is None:
+            return
+        if isinstance(item, Handled):
+            if item.render is not None:
+                event: Event = Request(item.commands, item, item.ordered)
+                if item.hold:
+                    self.held = event
+            elif item.close:
+                event = Close(item.data, item.reason)
+            else:
+                event = Reply(item.data)
+        else:
+            event = item
+        if isinstance(event, Close) or isinstance(event, Reply) and event.close:
+            self.closed = True
+        self.events.append(event)
 
 
 class Connection(Protocol):

@@ -1,13 +1,19 @@
-"""Receive buffer shared by the codecs: one ``bytearray`` plus a read position.
+"""Framing shared by the codecs: the receive buffer and the two framers.
 
-Appending is amortised O(1) and consumed bytes are dropped in bulk, so
-framing stays linear however the peer splits its writes (never
-``buf = buf + data``).
+``ReceiveBuffer`` is one ``bytearray`` plus a read position: appending is
+amortised O(1) and consumed bytes are dropped in bulk, so framing stays
+linear however the peer splits its writes (never ``buf = buf + data``).
+
+``LengthPrefixedFramer`` (a header that tells the body's size: Kafka, TANK,
+Cursus, MQTT) and ``LineFramer`` (V1's lines) cut the stream into frames with
+one contract, stated below the buffer; a codec's ``handle_frame`` only ever
+sees whole frames.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 
 class ReceiveBuffer:
@@ -64,3 +70,165 @@ class ReceiveBuffer:
         end = min(len(self._data), self._pos + limit + len(sep))
         i = self._data.find(sep, self._pos, end)
         return -1 if i < 0 else i - self._pos
+
+
+# --------------------------------------------------------------------------- framers
+#
+# A framer cuts a codec's byte stream into frames. Both framers below share one
+# contract, so that a codec's ``handle_frame`` never sees a partial frame:
+#
+# * ``feed(data)`` adds received bytes; ``feed(b"")`` marks the end of the stream;
+# * ``next_frame()`` returns ``(header, body)`` for the next whole frame, or
+#   ``None`` while more bytes are needed (and, after the end of the stream with
+#   nothing left over, for good: ``finished`` is then true);
+# * it raises ``FrameTooLarge`` as soon as a frame's declared size is over the
+#   limit, before buffering its body; the codec may then close, or go on: the
+#   framer drops that frame's bytes as they arrive and frames the rest;
+# * it raises ``TruncatedFrame`` once, when the stream ends inside a frame, and
+#   ``MalformedFrame`` for a header that cannot be a frame's (both are final).
+
+
+class FrameError(Exception):
+    """The byte stream cannot be framed further as it is."""
+
+
+class FrameTooLarge(FrameError):
+    """A frame declared (or grew to) ``size`` bytes, over ``limit``."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"frame of {size} bytes over the {limit} byte limit")
+        self.size = size
+        self.limit = limit
+
+
+class TruncatedFrame(FrameError):
+    """The stream ended inside a frame (``pending`` bytes of it had arrived)."""
+
+    def __init__(self, pending: int):
+        super().__init__(f"end of stream inside a frame ({pending} bytes pending)")
+        self.pending = pending
+
+
+class MalformedFrame(FrameError):
+    """A frame header no frame can have (a negative size, a bad length varint)."""
+
+
+HeaderReader = Callable[[ReceiveBuffer], "tuple[int, int] | None"]
+
+
+def fixed_header(layout: struct.Struct, size_field: int = -1) -> HeaderReader:
+    """A header of fixed ``layout`` whose field ``size_field`` is the body's size.
+
+    Returns a ``HeaderReader``: ``(header_size, body_size)`` once the header is
+    there, ``None`` before; a negative size is a ``MalformedFrame``.
+    """
+
+    def read(buffer: ReceiveBuffer) -> tuple[int, int] | None:
+        fields = buffer.unpack_from(layout)
+        if fields is None:
+            return None
+        size = fields[size_field]
+        if size < 0:
+            raise MalformedFrame(f"negative frame size {size}")
+        return layout.size, size
+
+    return read
+
+
+class LengthPrefixedFramer:
+    """Frames that start with a header telling the body's size (Kafka, TANK, Cursus, MQTT).
+
+    ``read_header`` (see ``fixed_header``) finds the header size and the body
+    size at the front of the buffer; ``max_frame_size`` bounds the body.
+    ``mutable_body`` returns bodies as ``bytearray`` the codec may patch in place
+    (Kafka patches produce batches' base offsets); otherwise ``bytes``.
+    """
+
+    def __init__(self, read_header: HeaderReader, max_frame_size: int, mutable_body: bool = False):
+        self.buffer = ReceiveBuffer()
+        self.read_header = read_header
+        self.max_frame_size = max_frame_size
+        self.mutable_body = mutable_body
+        self.finished = False
+        self._discard = 0  # bytes of an oversized frame still to drop
+
+    def feed(self, data: bytes) -> None:
+        self.buffer.feed(data)
+
+    def next_frame(self) -> tuple[bytes, bytes | bytearray] | None:
+        buffer = self.buffer
+        if self._discard:
+            dropped = min(self._discard, len(buffer))
+            buffer.skip(dropped)
+            self._discard -= dropped
+            if self._discard:
+                return self._end(self._discard)
+        if self.finished:
+            return None
+        sizes = self.read_header(buffer)
+        if sizes is None:
+            return self._end(len(buffer))
+        header_size, body_size = sizes
+        if body_size > self.max_frame_size:
+            buffer.skip(header_size)
+            self._discard = body_size
+            raise FrameTooLarge(body_size, self.max_frame_size)
+        if len(buffer) < header_size + body_size:
+            return self._end(len(buffer))
+        header = buffer.take(header_size)
+        body = buffer.take_mutable(body_size) if self.mutable_body else buffer.take(body_size)
+        return header, body
+
+    def _end(self, pending: int) -> None:
+        """``None`` (more bytes needed), or the end of the stream: clean, or inside a frame."""
+        if not self.buffer.eof:
+            return None
+        self.finished = True
+        if pending:
+            raise TruncatedFrame(pending)
+        return None
+
+
+class LineFramer:
+    """Frames that end at ``delimiter`` (V1's lines); the header is always ``b""``.
+
+    A line longer than ``max_frame_size`` raises ``FrameTooLarge`` once; its
+    bytes are dropped up to its end, and framing goes on with the next line.
+    The delimiter is not part of the body.
+    """
+
+    def __init__(self, max_frame_size: int, delimiter: bytes = b"\n"):
+        self.buffer = ReceiveBuffer()
+        self.max_frame_size = max_frame_size
+        self.delimiter = delimiter
+        self.finished = False
+        self._discarding = False
+
+    def feed(self, data: bytes) -> None:
+        self.buffer.feed(data)
+
+    def next_frame(self) -> tuple[bytes, bytes] | None:
+        buffer, limit, width = self.buffer, self.max_frame_size, len(self.delimiter)
+        while not self.finished:
+            if self._discarding:
+                end = buffer.find(self.delimiter, len(buffer))
+                buffer.skip(len(buffer) if end < 0 else end + width)
+                self._discarding = end < 0
+                if self._discarding:
+                    return self._end(0)
+            end = buffer.find(self.delimiter, limit)
+            if end >= 0:
+                return b"", buffer.take(end + width)[:-width]
+            if len(buffer) > limit:
+                self._discarding = True
+                raise FrameTooLarge(len(buffer), limit)
+            return self._end(len(buffer))
+        return None
+
+    def _end(self, pending: int) -> None:
+        if not self.buffer.eof:
+            return None
+        self.finished = True
+        if pending:
+            raise TruncatedFrame(pending)
+        return None

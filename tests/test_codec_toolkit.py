@@ -1,0 +1,163 @@
+"""The codec toolkit: the two framers and ``CodecConnection``'s queue, holds and steps."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from gateway.codec import (
+    Close,
+    CodecConnection,
+    Handled,
+    ListenerSettings,
+    Reply,
+    Request,
+    Subscribe,
+)
+from gateway.framing import (
+    FrameTooLarge,
+    LengthPrefixedFramer,
+    LineFramer,
+    MalformedFrame,
+    TruncatedFrame,
+    fixed_header,
+)
+
+SIZE = struct.Struct(">i")
+
+
+def framed(body: bytes) -> bytes:
+    return SIZE.pack(len(body)) + body
+
+
+def frames(framer) -> list:
+    out = []
+    while (f := framer.next_frame()) is not None:
+        out.append(f)
+    return out
+
+
+def test_length_prefixed_whole_split_and_joined_frames():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 100)
+    data = framed(b"one") + framed(b"") + framed(b"three")
+    for i in range(len(data)):  # byte at a time
+        framer.feed(data[i:i + 1])
+    assert [body for _, body in frames(framer)] == [b"one", b"", b"three"]
+    framer.feed(framed(b"a") + framed(b"b"))  # two in one chunk
+    assert frames(framer) == [(SIZE.pack(1), b"a"), (SIZE.pack(1), b"b")]
+
+
+def test_length_prefixed_checks_the_size_before_buffering_and_drops_the_frame():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 10)
+    framer.feed(SIZE.pack(1 << 30))  # only the header: the body is never waited for
+    with pytest.raises(FrameTooLarge) as e:
+        framer.next_frame()
+    assert (e.value.size, e.value.limit) == (1 << 30, 10)
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 10)
+    framer.feed(framed(b"x" * 11)[:9])
+    with pytest.raises(FrameTooLarge):
+        framer.next_frame()
+    framer.feed(b"x" * 6 + framed(b"next"))  # the rest of the big frame is dropped as it arrives
+    assert frames(framer) == [(SIZE.pack(4), b"next")]
+
+
+def test_length_prefixed_end_of_stream_inside_a_frame_and_clean():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 10)
+    framer.feed(framed(b"abc")[:5])
+    framer.feed(b"")
+    with pytest.raises(TruncatedFrame):
+        framer.next_frame()
+    assert framer.finished and framer.next_frame() is None
+    clean = LengthPrefixedFramer(fixed_header(SIZE), 10)
+    clean.feed(framed(b"abc"))
+    clean.feed(b"")
+    assert frames(clean) == [(SIZE.pack(3), b"abc")] and clean.finished
+
+
+def test_negative_size_is_malformed_and_bodies_may_be_mutable():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 10, mutable_body=True)
+    framer.feed(framed(b"ab"))
+    (_, body), = frames(framer)
+    assert isinstance(body, bytearray)
+    framer.feed(SIZE.pack(-1))
+    with pytest.raises(MalformedFrame):
+        framer.next_frame()
+
+
+def test_line_framer_drops_an_over_long_line_once_and_goes_on():
+    framer = LineFramer(8)
+    framer.feed(b"short\n" + b"x" * 20)
+    assert framer.next_frame() == (b"", b"short")
+    with pytest.raises(FrameTooLarge):
+        framer.next_frame()
+    assert framer.next_frame() is None  # still inside the long line: nothing more to report
+    framer.feed(b"yyy\nnext\n")
+    assert frames(framer) == [(b"", b"next")]
+    framer.feed(b"cut")
+    framer.feed(b"")
+    with pytest.raises(TruncatedFrame):
+        framer.next_frame()
+
+
+class Echo(CodecConnection):
+    """Answers ``a``: at once; ``r``: through a command; ``h``: held over two steps; ``s``: subscribes."""
+
+    def __init__(self):
+        super().__init__(ListenerSettings(16), LineFramer(16))
+
+    def handle_frame(self, header, body):
+        kind, text = body[:1], body[1:]
+        if kind == b"a":
+            return Handled.answer(text)
+        if kind == b"r":
+            return Handled.run(("cmd", text), lambda results: b"".join(results))
+        if kind == b"h":
+            return Handled.run((text,), lambda results: Handled.run(("second",), lambda rs: rs[0]), hold=True)
+        if kind == b"s":
+            return Handled.run((), lambda results: Subscribe((), "stream"))
+        return Handled.answer(b"bye", close=True, reason="asked")
+
+
+def test_codec_connection_turns_handled_into_events_in_order():
+    c = Echo()
+    c.receive_data(b"ahello\nrx\n")
+    assert c.next_event() == Reply(b"hello")
+    request = c.next_event()
+    assert isinstance(request, Request) and request.commands == ("cmd", b"x")
+    assert c.next_event() is None
+    assert c.respond(request, [b"1", b"2"]) == b"12"
+
+
+def test_a_held_request_holds_later_frames_through_every_step():
+    c = Echo()
+    c.receive_data(b"hfirst\nalater\n")
+    first = c.next_event()
+    assert c.next_event() is None  # held
+    assert c.respond(first, [None]) == b""
+    second = c.next_event()
+    assert second.commands == ("second",)
+    assert c.next_event() is None  # the second step holds too
+    assert c.respond(second, [b"done"]) == b"done"
+    assert c.next_event() == Reply(b"later")
+
+
+def test_a_render_may_return_an_event_and_close_ends_framing():
+    c = Echo()
+    c.receive_data(b"s\nq\nalost\n")
+    request = c.next_event()
+    c.respond(request, [])
+    assert c.next_event() == Subscribe((), "stream")
+    assert c.next_event() == Close(b"bye", "asked")
+    assert c.next_event() is None  # nothing after a close
+
+
+def test_framing_failures_reach_the_hooks():
+    c = Echo()
+    c.receive_data(b"x" * 40)
+    assert isinstance(c.next_event(), Close)  # default frame_too_large closes
+    c = Echo()
+    c.receive_data(b"apartial")
+    c.receive_data(b"")
+    event = c.next_event()
+    assert isinstance(event, Close) and "inside a frame" in event.reason
