@@ -11,7 +11,7 @@ from twisted.internet import defer
 
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig
-from gateway.codec import ListenerSettings
+from gateway.codec import ListenerSettings, parse_options
 from gateway.registry import Registry
 from gateway.storage.engine import Engine, EngineConfig
 
@@ -59,7 +59,9 @@ class Gateway:
             for lc in self.listener_configs:
                 plugin = self.registry.get(lc.codec)
                 port = plugin.default_port if lc.port is None else lc.port
-                settings = ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=lc.options)
+                # Until every codec declares its options, one that declares none gets them as given.
+                options = parse_options(plugin, lc.options) if plugin.options else lc.options
+                settings = ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=options)
                 factory = CodecFactory(plugin, settings, self.broker, self.reactor)
                 listening = self.reactor.listenTCP(port, factory, interface=lc.host)
                 bound = listening.getHost()
