@@ -265,7 +265,9 @@ def test_sequence_numbers_beyond_the_engine_are_refused():
     assert _batch(plain, 1, 5).base_offset == 4
 
 
-def test_pipelined_produce_requests_to_one_partition_share_one_append():
+def test_pipelined_produce_requests_are_plain_produces_the_broker_may_join():
+    """Each request is one plain ``Produce`` with its own ack; their payloads joined (as
+    the broker may join consecutive plain produces to a partition) read back as one append."""
     from gateway.clients.tank import produce_request
 
     def req(rid: int, topic: str, value: bytes, partition: int = 0) -> bytes:
@@ -275,17 +277,21 @@ def test_pipelined_produce_requests_to_one_partition_share_one_append():
     stream = req(1, "t", b"a") + PING + req(2, "t", b"bb") + req(3, "t", b"c") + req(4, "t", b"d", 1)
     stream += req(5, "u", b"e") + b"\x01\x02\x00\x00\x00\x02\x00"
     got = events(conn, stream)
-    assert [type(e) for e in got] == [Request, Request, Request, Close]
-    (merged,) = got[0].commands
-    assert (merged.topic, merged.partition, merged.batch.count, merged.batch.max_timestamp) == ("t", 0, 3, 3)
-    stored = m.StoredBatch("tank", 10, 12, 3, merged.batch.payload)
+    assert [type(e) for e in got] == [Request] * 5 + [Close]
+    produces = [e.commands for e in got[:5]]
+    assert [(c.topic, c.partition, c.batch.count, c.batch.max_timestamp, c.batch.base_offset)
+            for c, in produces] == [("t", 0, 1, 1, None), ("t", 0, 1, 2, None), ("t", 0, 1, 3, None),
+                                    ("t", 1, 1, 4, None), ("u", 0, 1, 5, None)]
+    joined = b"".join(c.batch.payload for c, in produces[:3])
+    stored = m.StoredBatch("tank", 10, 12, 3, joined)
     assert [(r.offset, r.value) for r in FORMAT.records(stored)] == [(10, b"a"), (11, b"bb"), (12, b"c")]
-    assert build_chunk([stored], FORMAT) == (False, 11, merged.batch.payload)
-    assert got[1].commands[0].partition == 1 and got[2].commands[0].topic == "u"
-    acks = conn.respond(got[0], [m.ProduceResult("t", 0, 10, 12)])
+    assert build_chunk([stored], FORMAT) == (False, 11, joined)
+    acks = b"".join(conn.respond(e, [m.ProduceResult("t", 0, 10 + i, 10 + i)]) for i, e in enumerate(got[:3]))
     assert acks == b"".join(b"\x01\x05\x00\x00\x00" + bytes((rid, 0, 0, 0, 0)) for rid in (1, 2, 3))
-    unknown = conn.respond(got[0], [m.ProduceResult("t", error=m.Error(m.ErrorCode.UNKNOWN_TOPIC))])
+    unknown = b"".join(conn.respond(e, [m.ProduceResult("t", error=m.Error(m.ErrorCode.UNKNOWN_TOPIC))])
+                       for e in got[:3])
     assert [unknown[i + 9] for i in range(0, 30, 10)] == [0xFF] * 3
+
 
 
 def test_produce_error_codes_for_every_model_error():
@@ -316,13 +322,14 @@ def test_bundle_extra_flags_and_producer_info_are_skipped():
     assert parse_header(plain_extra, 0, len(plain_extra)).body == 2
 
 
-def test_merging_never_misreads_a_request_with_bytes_after_its_bundle():
+def test_a_request_with_bytes_after_its_bundle_stores_only_its_bundle():
     from gateway.clients.tank import produce_request
 
     bundle = encode([(1, None, b"abc")])
     odd = produce_request(1, [("t", 0, bundle)])
     odd = odd[:1] + (len(odd) - 5 + 2).to_bytes(4, "little") + odd[5:] + b"\x03\x04"  # two stray bytes
     follower = produce_request(2, [("t", 0, bundle)])
-    (merged,) = [e for e in events(connection(), odd + follower)]
-    stored = m.StoredBatch("tank", 0, 1, 0, merged.commands[0].batch.payload)
+    first, second = events(connection(), odd + follower)
+    joined = first.commands[0].batch.payload + second.commands[0].batch.payload  # as the broker joins them
+    stored = m.StoredBatch("tank", 0, 1, 0, joined)
     assert [r.value for r in FORMAT.records(stored)] == [b"abc", b"abc"]

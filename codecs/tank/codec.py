@@ -17,10 +17,10 @@ long-polls. A ProduceWithSeqnum base N places its bundle at engine offset
 N - 1; a SPARSE bundle is placed at its own first sequence number - 1.
 
 Produced bundles are stored as received (format ``tank``) after a check of
-their header only; pipelined Produce requests that each write one plain
-bundle to the same partition are appended together (one acknowledgement
-each). Consume chunks are the stored bundles joined, cut at the fetch size
-as TANK may cut the last bundle.
+their header only: one plain ``Produce`` per partition of a request (the
+broker joins consecutive ones to a partition into one append). Consume chunks
+are the stored bundles joined, cut at the fetch size as TANK may cut the last
+bundle.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 from construct import ConstructError
 
 from gateway import model as m
-from gateway.codec import Close, ListenerSettings, Reply, Request
-from gateway.framing import ReceiveBuffer
+from gateway.codec import CodecConnection, Handled, ListenerSettings
+from gateway.framing import LengthPrefixedFramer, fixed_header
 
 from . import schema
 from .bundle import (
@@ -58,8 +58,6 @@ MAX_TOPIC_NAME = 64
 MAX_PARTITIONS = 65530
 MAX_SEQ = 1 << 63  # the engine's offsets are signed 64-bit
 MAX_SPAN = 1 << 31  # offsets one stored batch may span
-MERGE_BYTES = 1 << 20  # pipelined produce requests merged into one append, at most
-MERGE_REQUESTS = 4096
 
 _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
@@ -72,7 +70,6 @@ _SPARSE_DATA = struct.Struct("<HBQI")  # partition, 0xfe, hwmark, chunk length
 _BOUNDARY = struct.Struct("<HBQQIQ")  # partition, 1, 0, hwmark, 0, first available
 _FAULT = struct.Struct("<HB")
 _ID = struct.Struct("<I")
-_ACK = struct.Struct("<IB")  # request id, error of a one-partition produce
 
 
 class MsgId(enum.IntEnum):
@@ -163,6 +160,11 @@ def _batch(stored: bytes, at: int, base_seq: int) -> m.Batch | int:
     return m.Batch(NAME, stored, header.count, first_timestamp(stored, header), base_seq - 1 if base_seq else None)
 
 
+def _after_client_id(payload: bytes) -> int:
+    """Where a Produce or Consume request goes on after its head (version, id, str8 client id)."""
+    return _REQUEST_HEAD.size + 1 + payload[_REQUEST_HEAD.size]
+
+
 def _walk_topics(payload: bytes, pos: int, topics_count: int,
                  partition: Callable[[int], tuple[Any, int]]) -> tuple[list[tuple[str, list[Any]]], int]:
     """The ``{str8 topic | u8 count | partition × count}`` list of a Produce or
@@ -189,7 +191,7 @@ def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[st
     end = len(payload)
     try:
         _, request_id = _REQUEST_HEAD.unpack_from(payload, 0)
-        pos = 7 + payload[6]
+        pos = _after_client_id(payload)
         _, _, topics_count = _PRODUCE_OPTIONS.unpack_from(payload, pos)
         pos += _PRODUCE_OPTIONS.size
 
@@ -218,30 +220,6 @@ def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[st
     return request_id, topics
 
 
-def _single_batch(topics: list[tuple[str, list[tuple[int, m.Batch | int]]]]) -> tuple[str, int, m.Batch] | None:
-    """``(topic, partition, batch)`` of a request writing one plain bundle, else None."""
-    if len(topics) == 1 and len(topics[0][1]) == 1:
-        partition, batch = topics[0][1][0]
-        if isinstance(batch, m.Batch) and batch.base_offset is None:
-            return topics[0][0], partition, batch
-    return None
-
-
-def _plain_bundle(payload: bytes, at: int) -> tuple[bytes, int, int] | None:
-    """``(stored payload, message count, timestamp)`` when ``payload[at:]`` is
-    exactly one plain (not SPARSE) bundle with a valid count, else None."""
-    try:
-        n, body = read_varint(payload, at, len(payload))
-        if body + n != len(payload):
-            return None
-        header = parse_header(payload, body, body + n)
-    except BundleError:
-        return None
-    if header.flags & SPARSE or not 0 < header.count <= MAX_SPAN:
-        return None
-    return payload[at:], header.count, first_timestamp(payload, header)
-
-
 # --------------------------------------------------------------------------- consume
 
 
@@ -260,7 +238,7 @@ def parse_consume(payload: bytes) -> tuple[int, int, int, list[tuple[str, list[t
     """
     try:
         version, request_id = _REQUEST_HEAD.unpack_from(payload, 0)
-        pos = 7 + payload[6]
+        pos = _after_client_id(payload)
         max_wait, min_bytes = _CONSUME_OPTIONS.unpack_from(payload, pos)
         pos += _CONSUME_OPTIONS.size + (1 if version >= 3 else 0)
         topics, _ = _walk_topics(payload, pos + 1, payload[pos],
@@ -363,14 +341,12 @@ _NO_PARTITION = {"first_available": U64_MAX, "hwmark": U64_MAX, "reason": Consum
 # --------------------------------------------------------------------------- connection
 
 
-class TankConnection:
+class TankConnection(CodecConnection):
     """Server side of one TANK connection (see the module docstring)."""
 
     def __init__(self, settings: ListenerSettings):
-        self.max_frame = settings.max_frame_size
-        self.buffer = ReceiveBuffer()
-        self._pending: Request | Close | None = None  # an event read ahead while merging
-        self._requests = {
+        super().__init__(settings, LengthPrefixedFramer(fixed_header(HEADER, size_field=1), settings.max_frame_size))
+        self._handlers: dict[int, Callable[[bytes], Handled]] = {
             MsgId.PRODUCE: lambda p: self._produce(p, False),
             MsgId.PRODUCE_WITH_SEQNUM: lambda p: self._produce(p, True),
             MsgId.CONSUME: self._consume,
@@ -385,107 +361,24 @@ class TankConnection:
     def connection_made(self) -> bytes:
         return PING
 
-    def receive_data(self, data: bytes) -> None:
-        self.buffer.feed(data)
-
-    def next_event(self) -> Request | Reply | Close | None:
-        if self._pending is not None:
-            event, self._pending = self._pending, None
-            return event
-        buf = self.buffer
-        while True:
-            head = buf.unpack_from(HEADER)
-            if head is None:
-                return None
-            msg_id, size = head
-            if size > self.max_frame:
-                return Close(reason=f"frame of {size} bytes over the {self.max_frame} byte limit")
-            if len(buf) < HEADER.size + size:
-                return None
-            buf.skip(HEADER.size)
-            payload = buf.take(size)
-            if msg_id == MsgId.PING:
-                continue
-            handler = self._requests.get(msg_id)
-            if handler is None:
-                return Close(reason=f"unknown message id {msg_id:#04x}")
-            try:
-                return handler(payload)
-            except (Malformed, ConstructError, UnicodeError) as e:
-                return Close(reason=f"malformed {MsgId(msg_id).name} request: {e}")
-
-    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        render, context = request.context
-        return render(context, results)
+    def handle_frame(self, header: bytes, body: bytes) -> Handled | None:
+        """A client Ping is ignored; an unknown message id or a malformed request closes, unanswered."""
+        msg_id = header[0]
+        if msg_id == MsgId.PING:
+            return None
+        handler = self._handlers.get(msg_id)
+        if handler is None:
+            return Handled.answer(b"", close=True, reason=f"unknown message id {msg_id:#04x}")
+        try:
+            return handler(body)
+        except (Malformed, ConstructError, UnicodeError) as e:
+            return Handled.answer(b"", close=True, reason=f"malformed {MsgId(msg_id).name} request: {e}")
 
     # ------------------------------------------------------------------ produce
 
-    def _produce(self, payload: bytes, with_seqnum: bool) -> Request:
+    def _produce(self, payload: bytes, with_seqnum: bool) -> Handled:
+        """One ``Produce`` per partition; a partition refused by the parse gets its code unwritten."""
         request_id, topics = parse_produce(payload, with_seqnum)
-        single = None if with_seqnum else _single_batch(topics)
-        if single is not None:
-            return self._merge(payload, request_id, *single)
-        return self._produce_request(request_id, topics)
-
-    def _merge(self, payload: bytes, request_id: int, topic: str, partition: int, batch: m.Batch) -> Request:
-        """One append for this request and the Produce requests after it that are
-        already buffered and write one plain bundle to the same partition.
-
-        Each still gets its own acknowledgement; the stored payload is their
-        bundles one after the other, as a consumer would read them anyway. A
-        follower whose bytes up to its bundle equal this request's (same client,
-        topic and partition: the usual pipelined producer) is taken without a
-        full parse.
-        """
-        ids = [request_id]
-        payloads = [batch.payload]
-        count = batch.count
-        newest = batch.max_timestamp
-        size = len(batch.payload)
-        at = len(payload) - size  # where the bundle (its varint length) starts
-        name_at = 13 + payload[6]  # after version, id, client id, acks, timeout, topic count
-        # The fast path needs the bundle to end the request (nothing after it).
-        template = payload[6:at] if at == name_at + 1 + payload[name_at] + 3 else None
-        buf = self.buffer
-        while size < MERGE_BYTES and len(ids) < MERGE_REQUESTS:
-            head = buf.unpack_from(HEADER)
-            if head == (MsgId.PING, 0):
-                buf.skip(HEADER.size)
-                continue
-            if head is None or head[0] != MsgId.PRODUCE or head[1] > self.max_frame or len(buf) < HEADER.size + head[1]:
-                break
-            buf.skip(HEADER.size)
-            follower = buf.take(head[1])
-            if template is not None and follower[6:at] == template and (fast := _plain_bundle(follower, at)):
-                rid = _ID.unpack_from(follower, 2)[0]
-                stored, n, ts = fast
-            else:
-                try:
-                    rid, topics = parse_produce(follower, False)
-                except Malformed as e:
-                    self._pending = Close(reason=f"malformed PRODUCE request: {e}")
-                    break
-                single = _single_batch(topics)
-                if single is None or single[0] != topic or single[1] != partition:
-                    self._pending = self._produce_request(rid, topics)
-                    break
-                stored, n, ts = single[2].payload, single[2].count, single[2].max_timestamp
-            ids.append(rid)
-            payloads.append(stored)
-            count += n
-            newest = max(newest, ts)
-            size += len(stored)
-        if len(ids) > 1:
-            batch = m.Batch(NAME, b"".join(payloads), count, newest)
-        return Request((m.Produce(topic, partition, batch),), (self._render_acks, ids))
-
-    @staticmethod
-    def _render_acks(ids: list[int], results: Sequence[m.ProduceResult]) -> bytes:
-        error = results[0].error
-        code = ProduceError.OK if error is None else _PRODUCE_CODES.get(error.code, ProduceError.IO_FAULT)
-        return b"".join(HEADER.pack(MsgId.PRODUCE, 5) + _ACK.pack(rid, code) for rid in ids)
-
-    def _produce_request(self, request_id: int, topics: list[tuple[str, list[tuple[int, m.Batch | int]]]]) -> Request:
         commands = []
         layout = []
         for topic, parts in topics:
@@ -497,27 +390,27 @@ class TankConnection:
                     slots.append(len(commands))
                     commands.append(m.Produce(topic, partition, batch))
             layout.append(slots)
-        return Request(tuple(commands), (self._render_produce, (request_id, layout)))
 
-    @staticmethod
-    def _render_produce(context: tuple[int, list[list[int]]], results: Sequence[m.ProduceResult]) -> bytes:
-        request_id, layout = context
-        codes = bytearray()
-        for slots in layout:
-            for i, slot in enumerate(slots):
-                if slot < 0:
-                    code = -1 - slot
-                else:
-                    error = results[slot].error
-                    code = ProduceError.OK if error is None else _PRODUCE_CODES.get(error.code, ProduceError.IO_FAULT)
-                codes.append(code)
-                if i == 0 and code in (ProduceError.UNKNOWN_TOPIC, ProduceError.READ_ONLY):
-                    break
-        return frame(MsgId.PRODUCE, struct.pack("<I", request_id) + codes)
+        def render(results: Sequence[m.ProduceResult]) -> bytes:
+            codes = bytearray()
+            for slots in layout:
+                for i, slot in enumerate(slots):
+                    if slot < 0:
+                        code = -1 - slot
+                    else:
+                        error = results[slot].error
+                        code = ProduceError.OK if error is None else _PRODUCE_CODES.get(error.code,
+                                                                                         ProduceError.IO_FAULT)
+                    codes.append(code)
+                    if i == 0 and code in (ProduceError.UNKNOWN_TOPIC, ProduceError.READ_ONLY):
+                        break
+            return frame(MsgId.PRODUCE, _ID.pack(request_id) + codes)
+
+        return Handled.run(commands, render)
 
     # ------------------------------------------------------------------ consume
 
-    def _consume(self, payload: bytes) -> Request:
+    def _consume(self, payload: bytes) -> Handled:
         request_id, max_wait, min_bytes, topics = parse_consume(payload)
         fetches = []
         sizes = []
@@ -534,17 +427,16 @@ class TankConnection:
             layout.append((topic, indexes))
         command = m.FetchMany(tuple(fetches), max_wait_ms=min(max_wait, MAX_WAIT_MS),
                               min_bytes=max(min(min_bytes, MAX_CHUNK), 1), max_bytes=MAX_CHUNK * 2)
-        # A TANK client matches answers by request id: a long-poll holds back no later answer.
-        return Request((command,), (self._render_consume, (request_id, layout, sizes)), ordered=not max_wait)
 
-    @staticmethod
-    def _render_consume(context: Any, results: Sequence[m.FetchManyResult]) -> bytes:
-        request_id, layout, sizes = context
-        return consume_response(request_id, layout, sizes, results[0].results)
+        def render(results: Sequence[m.FetchManyResult]) -> bytes:
+            return consume_response(request_id, layout, sizes, results[0].results)
+
+        # A TANK client matches answers by request id: a long-poll holds back no later answer.
+        return Handled.run((command,), render, ordered=not max_wait)
 
     # ------------------------------------------------------------------ admin
 
-    def _create_topic(self, payload: bytes) -> Request | Reply:
+    def _create_topic(self, payload: bytes) -> Handled:
         req = schema.CreateTopicRequest.parse(payload)
 
         def answer(code: int) -> bytes:
@@ -552,13 +444,13 @@ class TankConnection:
             return frame(MsgId.CREATE_TOPIC, body)
 
         if not 0 < req.partitions <= MAX_PARTITIONS or not 0 < len(req.topic) <= MAX_TOPIC_NAME:
-            return Reply(answer(CreateTopicError.INVALID_REQUEST))
+            return Handled.answer(answer(CreateTopicError.INVALID_REQUEST))
         try:
             config = topic_config(req.config.decode("utf-8", "replace"))
         except ValueError:
-            return Reply(answer(CreateTopicError.INVALID_CONFIG))
+            return Handled.answer(answer(CreateTopicError.INVALID_CONFIG))
 
-        def render(_: Any, results: Sequence[m.CreateTopicResult]) -> bytes:
+        def render(results: Sequence[m.CreateTopicResult]) -> bytes:
             error = results[0].error
             if error is None:
                 return answer(CreateTopicError.OK)
@@ -568,13 +460,13 @@ class TankConnection:
                 m.ErrorCode.INVALID_REQUEST: CreateTopicError.INVALID_REQUEST,
             }.get(error.code, CreateTopicError.SYSTEM))
 
-        return Request((m.CreateTopic(req.topic, req.partitions, config),), (render, None))
+        return Handled.run((m.CreateTopic(req.topic, req.partitions, config),), render)
 
-    def _discover_partitions(self, payload: bytes) -> Request:
+    def _discover_partitions(self, payload: bytes) -> Handled:
         req = schema.DiscoverPartitionsRequest.parse(payload)
         wanted = list(req.partitions)
 
-        def render(_: Any, results: Sequence[m.ListTopicsResult]) -> bytes:
+        def render(results: Sequence[m.ListTopicsResult]) -> bytes:
             info = results[0].topics[0]
             parts: list[dict[str, Any]] = []
             if info.error is None:
@@ -587,24 +479,24 @@ class TankConnection:
                 {"request_id": req.request_id, "topic": req.topic, "partitions": parts})
             return frame(MsgId.DISCOVER_PARTITIONS, body)
 
-        return Request((m.ListTopics((req.topic,)),), (render, None))
+        return Handled.run((m.ListTopics((req.topic,)),), render)
 
-    def _discover_topics(self, payload: bytes) -> Request:
+    def _discover_topics(self, payload: bytes) -> Handled:
         req = schema.DiscoverTopicsRequest.parse(payload)
 
-        def render(_: Any, results: Sequence[m.ListTopicsResult]) -> bytes:
+        def render(results: Sequence[m.ListTopicsResult]) -> bytes:
             topics = [{"name": t.topic, "enabled": True, "partitions": len(t.partitions), "replication_factor": None}
                       for t in results[0].topics if t.error is None]
             body = schema.DiscoverTopicsResponse.build(
                 {"request_id": req.request_id, "cluster_aware": False, "topics": topics})
             return frame(MsgId.DISCOVER_TOPICS, body)
 
-        return Request((m.ListTopics(),), (render, None))
+        return Handled.run((m.ListTopics(),), render)
 
-    def _status(self, payload: bytes) -> Request:
+    def _status(self, payload: bytes) -> Handled:
         req = schema.StatusRequest.parse(payload)
 
-        def render(_: Any, results: Sequence[m.ServerInfoResult]) -> bytes:
+        def render(results: Sequence[m.ServerInfoResult]) -> bytes:
             info = results[0]
             body = schema.StatusResponse.build({
                 "request_id": req.request_id, "global_flags": 0, "cluster_aware": False,
@@ -614,22 +506,22 @@ class TankConnection:
             })
             return frame(MsgId.STATUS, body)
 
-        return Request((m.ServerInfo(),), (render, None))
+        return Handled.run((m.ServerInfo(),), render)
 
-    def _reload_conf(self, payload: bytes) -> Request:
+    def _reload_conf(self, payload: bytes) -> Handled:
         """The gateway keeps no per-partition configuration files: an existing
         partition answers 2, as TANK does for a partition without one."""
         req = schema.ReloadConfRequest.parse(payload)
 
-        def render(_: Any, results: Sequence[m.ListTopicsResult]) -> bytes:
+        def render(results: Sequence[m.ListTopicsResult]) -> bytes:
             info = results[0].topics[0]
             code = 11 if info.error is not None else 10 if req.partition >= len(info.partitions) else 2
             body = schema.ReloadConfResponse.build({**req, "error": code})
             return frame(MsgId.RELOAD_CONF, body)
 
-        return Request((m.ListTopics((req.topic,)),), (render, None))
+        return Handled.run((m.ListTopics((req.topic,)),), render)
 
-    def _discover_topology(self, payload: bytes) -> Reply:
+    def _discover_topology(self, payload: bytes) -> Handled:
         req = schema.DiscoverTopologyRequest.parse(payload)
         body = schema.DiscoverTopologyResponse.build({"request_id": req.request_id, "nodes": 0xFFFF})
-        return Reply(frame(MsgId.DISCOVER_TOPOLOGY, body))
+        return Handled.answer(frame(MsgId.DISCOVER_TOPOLOGY, body))
