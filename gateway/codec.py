@@ -203,7 +203,9 @@ class CodecConnection:
     clean end of stream calls ``end_of_stream`` (default: nothing to say).
     The optional capabilities default to "none": ``push``/``keepalive`` for a
     codec that emits ``Subscribe``, ``timer`` for one that emits ``Timer``, and
-    ``connection_lost`` (the commands of a last will).
+    ``connection_lost`` (the commands of a last will); ``render`` runs a
+    request's render (a codec may override it to turn its own error exception
+    into an answer).
 
     An exception escaping ``handle_frame`` or a render is a bug, never bad
     input: the adapter logs it and closes the connection.
@@ -247,6 +249,12 @@ class CodecConnection:
     def connection_lost(self) -> Sequence[Any]:
         return ()
 
+    def render(self, handled: Handled, results: Sequence[Any]) -> bytes | Handled | Event:
+        """``handled.render(results)``. A codec whose renders raise its own "answer with
+        this error" exception (Cursus's ``Reject``) overrides this to answer it, so that
+        the exception still ends the request's steps (and releases its hold)."""
+        return handled.render(results)
+
     # ------------------------------------------------------------------ the adapter's side
 
     def connection_made(self) -> bytes:
@@ -280,8 +288,7 @@ class CodecConnection:
         return events.popleft()
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        handled: Handled = request.context
-        out = handled.render(results)
+        out = self.render(request.context, results)
         held = request is self.held
         if held:
             self.held = None
