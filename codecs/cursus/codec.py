@@ -20,9 +20,9 @@ produced batch is answered with a JSON ack (``"status":"OK"`` also for
 acks=0, ``"status":"ERROR"`` with the reason on failure), which is what
 cursus-python needs. Commands that must look before they act (JOIN_GROUP
 checks that the topic exists; commits check ownership and regression;
-STREAM resolves the group's committed offset) run as two requests: the
-connection reads no further frame until the second one is issued, so
-answers keep the request order.
+STREAM resolves the group's committed offset) are held requests whose render
+returns the second step (``Handled.run(..., hold=True)``): no later frame is
+read until the last step is answered, so answers keep the request order.
 
 Offsets are the engine's (0-based, as Cursus). Groups are "server" groups:
 the broker assigns partitions at JOIN (range assignor); a new member's id gets
@@ -35,8 +35,9 @@ with ``isIdempotent=true seqNum=N``. A seed-form HEARTBEAT with a stale
 generation is answered ``ERROR: REBALANCE_REQUIRED ...`` (what the seed's
 clients wait for), the key=value form ``ERROR: GEN_MISMATCH ...``.
 
-Listener options (``--codec-option cursus.KEY=VALUE``): ``compression``
-(none, gzip, snappy, lz4) and ``stream_keepalive_ms`` (5000).
+Listener options (``--codec-option cursus.KEY=VALUE``, declared by the
+plugin in ``__init__.py``): ``compression`` (none, gzip, snappy, lz4) and
+``stream_keepalive_ms`` (5000).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ from typing import Any
 import attrs
 
 from gateway import model as m
-from gateway.codec import Close, Event, ListenerSettings, Reply, Request, Subscribe
-from gateway.framing import ReceiveBuffer
+from gateway.codec import CodecConnection, Event, Handled, ListenerSettings, Subscribe
+from gateway.framing import FrameTooLarge, LengthPrefixedFramer, TruncatedFrame, fixed_header
 
 from . import batch as b
 from .compression import DecompressionError, decompress, decompressor
@@ -189,9 +190,6 @@ class StreamState:
     started: bool = False
 
 
-Render = Callable[[Sequence[Any]], "bytes | Event"]
-
-
 # --------------------------------------------------------------------------- error texts
 
 
@@ -244,20 +242,19 @@ def _owned(info: m.GroupInfo, member: str, topic: str) -> tuple[int, ...]:
 # --------------------------------------------------------------------------- connection
 
 
-class CursusConnection:
-    """Server side of one Cursus connection (see the module docstring)."""
+class CursusConnection(CodecConnection):
+    """Server side of one Cursus connection (see the module docstring).
+
+    Reads its listener options (``codecs.cursus.plugin.options``) parsed; a
+    connection built without them (in a test) gets their defaults.
+    """
 
     def __init__(self, settings: ListenerSettings):
-        self.settings = settings
-        self.max_frame = settings.max_frame_size
+        super().__init__(settings, LengthPrefixedFramer(fixed_header(U32), settings.max_frame_size))
         self.decompress = decompressor(settings.options.get("compression", "none"))
-        self.keepalive_ms = int(settings.options.get("stream_keepalive_ms", STREAM_KEEPALIVE_MS))
+        self.keepalive_ms: int = settings.options.get("stream_keepalive_ms", STREAM_KEEPALIVE_MS)
         self.leader = f"{settings.advertised_host}:{settings.advertised_port}"
-        self.buffer = ReceiveBuffer()
-        self.follow_up: Event | None = None
-        self.chain: Request | None = None  # the step of a two-step command still to be answered
-        self.closed = False
-        self._handlers: dict[str, Callable[[Args], Event]] = {
+        self._handlers: dict[str, Callable[[Args], Handled]] = {
             "CREATE": self._create, "DELETE": self._delete, "LIST": self._list, "HELP": self._help,
             "PUBLISH": self._publish, "CONSUME": self._consume, "STREAM": self._stream,
             "JOIN_GROUP": self._join, "SYNC_GROUP": self._sync, "HEARTBEAT": self._heartbeat,
@@ -268,45 +265,21 @@ class CursusConnection:
             "PROTOCOL_INFO": self._protocol_info, "NEGOTIATE": self._negotiate,
         }
 
-    # ------------------------------------------------------------------ Connection API
+    # ------------------------------------------------------------------ CodecConnection
 
-    def connection_made(self) -> bytes:
-        return b""
+    def frame_too_large(self, error: FrameTooLarge) -> Handled:
+        return Handled.answer(frame(f"ERROR: frame_too_large size={error.size} max={error.limit}"), close=True,
+                              reason=str(error))
 
-    def receive_data(self, data: bytes) -> None:
-        self.buffer.feed(data)
+    def truncated(self, error: TruncatedFrame) -> Handled:
+        return Handled.answer(b"", close=True, reason="end of stream")
 
-    def next_event(self) -> Event | None:
-        if self.follow_up is not None:
-            event, self.follow_up = self.follow_up, None
-            return event
-        if self.chain is not None or self.closed:
-            return None
-        head = self.buffer.unpack_from(U32)
-        if head is None:
-            return self._eof() if self.buffer.eof else None
-        (length,) = head
-        if length > self.max_frame:
-            self.closed = True
-            return Close(frame(f"ERROR: frame_too_large size={length} max={self.max_frame}"),
-                         f"frame of {length} bytes over the {self.max_frame} limit")
-        if len(self.buffer) < U32.size + length:
-            return self._eof() if self.buffer.eof else None
-        self.buffer.skip(U32.size)
-        return self._body(self.buffer.take(length))
-
-    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        render: Render = request.context
+    def render(self, handled: Handled, results: Sequence[Any]) -> bytes | Handled | Event:
+        """A ``Reject`` raised by a render (a check of the results) is the request's answer."""
         try:
-            out = render(results)
+            return handled.render(results)
         except Reject as e:
-            out = frame(str(e))
-        if request is self.chain:
-            self.chain = out if isinstance(out, Request) else None
-        if isinstance(out, bytes):
-            return out
-        self.follow_up = out
-        return b""
+            return frame(str(e))
 
     def push(self, context: StreamState, result: m.FetchResult) -> bytes:
         if result.error is not None:
@@ -323,14 +296,10 @@ class CursusConnection:
 
     # ------------------------------------------------------------------ classification
 
-    def _eof(self) -> Close | None:
-        self.closed = True
-        return Close(reason="end of stream") if len(self.buffer) else None
-
-    def _body(self, body: bytes) -> Event:
+    def handle_frame(self, header: bytes, body: bytes) -> Handled:
         if self.decompress is not None:
             with contextlib.suppress(DecompressionError):  # a command sent uncompressed
-                body = decompress(self.decompress, body, self.max_frame)
+                body = decompress(self.decompress, body, self.settings.max_frame_size)
         if len(body) >= 6 and body[0] == 0xBA and body[1] == 0x7C:
             (topic_len,) = struct.unpack_from(">H", body, 2)
             if topic_len and topic_len + 2 <= len(body):
@@ -339,35 +308,27 @@ class CursusConnection:
         if command_name(text):
             return self._command(text)
         if len(body) < 2:
-            return Reply(frame(f"ERROR: decode_failed reason={q('data too short')}"))
+            return Handled.answer(frame(f"ERROR: decode_failed reason={q('data too short')}"))
         (topic_len,) = struct.unpack_from(">H", body)
         if topic_len + 2 > len(body):
-            return Reply(frame(f"ERROR: decode_failed reason={q('invalid topic length')}"))
+            return Handled.answer(frame(f"ERROR: decode_failed reason={q('invalid topic length')}"))
         payload = body[2 + topic_len :].decode("utf-8", "surrogateescape").strip("\x00 \t\n\r")
         if command_name(payload):
             return self._command(payload)
-        self.closed = True
-        return Close(frame("ERROR: malformed_input reason=missing_topic_or_payload"), "malformed input")
+        return Handled.answer(frame("ERROR: malformed_input reason=missing_topic_or_payload"), close=True,
+                              reason="malformed input")
 
-    def _command(self, text: str) -> Event:
+    def _command(self, text: str) -> Handled:
         args = Args.parse(text)
         handler = self._handlers.get(args.name)
         if args.name in ("LIST", "HELP", "PROTOCOL_INFO") and args.raw.upper() != args.name:
             handler = None  # these must be the whole command
         if handler is None:
-            return Reply(frame(f"ERROR: unknown_command command={q(args.raw)}"))
+            return Handled.answer(frame(f"ERROR: unknown_command command={q(args.raw)}"))
         try:
             return handler(args)
         except Reject as e:
-            return Reply(frame(str(e)))
-
-    def _request(self, commands: Sequence[Any], render: Render, two_step: bool = False) -> Request:
-        """A request answered by ``render``; a ``two_step`` one holds later frames until its
-        last step is answered (``render`` may return the next ``Request`` instead of bytes)."""
-        request = Request(tuple(commands), render)
-        if two_step:
-            self.chain = request
-        return request
+            return Handled.answer(frame(str(e)))
 
     # ------------------------------------------------------------------ produce
 
@@ -378,21 +339,21 @@ class CursusConnection:
             "seq_start": seq_start, "seq_end": seq_end, "leader": self.leader, "error": error,
         }, separators=(",", ":")))
 
-    def _batch(self, body: bytes) -> Event:
+    def _batch(self, body: bytes) -> Handled:
         try:
             if b.is_seed_layout(body):
                 body = b.normalize(body)
             header = b.parse_header(body)
             starts, scan = b.scan(body, header)
         except b.BatchError as e:
-            return Reply(self._ack("ERROR", error=f"batch_decode_failed reason={q(str(e))}"))
+            return Handled.answer(self._ack("ERROR", error=f"batch_decode_failed reason={q(str(e))}"))
         acks = _ACKS.get(header.acks.lower())
         if acks is None:
-            return Reply(self._ack("ERROR", error=f"invalid_acks value={header.acks}"))
+            return Handled.answer(self._ack("ERROR", error=f"invalid_acks value={header.acks}"))
         if header.count == 0:
-            return Reply(self._ack("ERROR", error=f"broker_error reason={q('empty batch messages')}"))
+            return Handled.answer(self._ack("ERROR", error=f"broker_error reason={q('empty batch messages')}"))
         if header.partition < 0:
-            return Reply(self._ack("ERROR", error=f"partition_not_found partition={header.partition}"))
+            return Handled.answer(self._ack("ERROR", error=f"partition_not_found partition={header.partition}"))
         producer = None
         if header.idempotent and scan.producer_id and scan.first_seq > 0:
             producer = m.ProducerState(b.decode_text(scan.producer_id), scan.epoch, scan.first_seq, scan.last_seq, "cursus")
@@ -408,7 +369,7 @@ class CursusConnection:
                                  seq_end=scan.last_seq, error=self._produce_error(r, header.topic, header.partition))
             return self._ack("OK", r.last_offset, scan.epoch, pid, scan.first_seq, scan.last_seq)
 
-        return self._request((cmd,), render)
+        return Handled.run((cmd,), render)
 
     def _produce_error(self, r: m.ProduceResult, topic: str, partition: int | None) -> str:
         e = r.error
@@ -422,7 +383,7 @@ class CursusConnection:
             return f"NOT_LEADER LEADER_IS {self.leader}"
         return f"broker_error reason={q(e.message)}"
 
-    def _publish(self, a: Args) -> Event:
+    def _publish(self, a: Args) -> Handled:
         topic = a.need("topic")
         message = a.get("message")
         if message is None:
@@ -456,11 +417,11 @@ class CursusConnection:
                 return frame("OK")
             return self._ack("OK", r.last_offset, epoch, producer_id, seq, seq)
 
-        return self._request((cmd,), render)
+        return Handled.run((cmd,), render)
 
     # ------------------------------------------------------------------ topics
 
-    def _create(self, a: Args) -> Event:
+    def _create(self, a: Args) -> Handled:
         topic = a.need("topic", 'ERROR: missing_topic expected="CREATE topic=<name> [partitions=<N>]"')
         if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
             raise Reject(f"ERROR: invalid_topic_name topic={q(topic)} reason="
@@ -480,9 +441,9 @@ class CursusConnection:
             return frame(f"OK topic={topic} partitions={r.partitions} cleanup_policy=delete partitioner=hash_key "
                          f"auth_policy=open read_acl= write_acl= retention_hours=0 retention_bytes=0")
 
-        return self._request((m.CreateTopic(topic, partitions, if_not_exists=True),), render)
+        return Handled.run((m.CreateTopic(topic, partitions, if_not_exists=True),), render)
 
-    def _delete(self, a: Args) -> Event:
+    def _delete(self, a: Args) -> Handled:
         topic = a.need("topic", 'ERROR: missing_topic expected="DELETE topic=<name>"')
 
         def render(results: Sequence[Any]) -> bytes:
@@ -493,23 +454,23 @@ class CursusConnection:
                 return frame(f"ERROR: topic_not_found topic={topic}")
             return frame(f"ERROR: delete_topic_failed topic={topic} reason={q(r.error.message)}")
 
-        return self._request((m.DeleteTopic(topic),), render)
+        return Handled.run((m.DeleteTopic(topic),), render)
 
-    def _list(self, a: Args) -> Event:
+    def _list(self, a: Args) -> Handled:
         def render(results: Sequence[Any]) -> bytes:
             names = [t.topic for t in results[0].topics]
             return frame(f"OK count={len(names)} topics={','.join(names)}")
 
-        return self._request((m.ListTopics(),), render)
+        return Handled.run((m.ListTopics(),), render)
 
-    def _help(self, a: Args) -> Event:
-        return Reply(frame("OK commands=" + ",".join(sorted(self._handlers))))
+    def _help(self, a: Args) -> Handled:
+        return Handled.answer(frame("OK commands=" + ",".join(sorted(self._handlers))))
 
-    def _protocol_info(self, a: Args) -> Event:
-        return Reply(frame(f"OK protocol=cursus min_version=1 max_version=1 default_version=1 "
+    def _protocol_info(self, a: Args) -> Handled:
+        return Handled.answer(frame(f"OK protocol=cursus min_version=1 max_version=1 default_version=1 "
                            f"features={','.join(FEATURES)} error_classes={ERROR_CLASSES}"))
 
-    def _negotiate(self, a: Args) -> Event:
+    def _negotiate(self, a: Args) -> Handled:
         """Wire version 1 only; the features of ``FEATURES`` are enabled, others listed unsupported."""
         version = a.get("version", "1")
         if version != "1":
@@ -523,7 +484,7 @@ class CursusConnection:
         unsupported = sorted({n for n in names if n not in FEATURES})
         if unsupported and (a.get("require_features") or "").lower() == "true":
             raise Reject(f"ERROR: UNSUPPORTED_FEATURE features={','.join(unsupported)}")
-        return Reply(frame(f"OK protocol_version=1 enabled={','.join(enabled)} unsupported={','.join(unsupported)}"))
+        return Handled.answer(frame(f"OK protocol_version=1 enabled={','.join(enabled)} unsupported={','.join(unsupported)}"))
 
     def _topic_info(self, a: Args, command: str) -> tuple[str, Callable[[Sequence[Any]], m.TopicInfo]]:
         """The ``topic`` argument, and a function that picks its TopicInfo or raises topic_not_found."""
@@ -537,7 +498,7 @@ class CursusConnection:
 
         return topic, info
 
-    def _metadata(self, a: Args) -> Event:
+    def _metadata(self, a: Args) -> Handled:
         topic, info = self._topic_info(a, "METADATA")
 
         def render(results: Sequence[Any]) -> bytes:
@@ -546,9 +507,9 @@ class CursusConnection:
                          f"epochs={','.join(['0'] * n)} cleanup_policy=delete partitioner=hash_key auth_policy=open "
                          f"read_acl= write_acl= retention_hours=0 retention_bytes=0")
 
-        return self._request((m.ListTopics((topic,)),), render)
+        return Handled.run((m.ListTopics((topic,)),), render)
 
-    def _list_offsets(self, a: Args) -> Event:
+    def _list_offsets(self, a: Args) -> Handled:
         topic, info = self._topic_info(a, "LIST_OFFSETS")
         wanted = None
         if "partition" in a.params:
@@ -564,21 +525,21 @@ class CursusConnection:
                                f":leo={p.log_end_offset}:hwm={p.high_watermark}" for p in parts)
             return frame(f"OK topic={topic} partitions={len(parts)} offsets={offsets}")
 
-        return self._request((m.ListTopics((topic,)),), render)
+        return Handled.run((m.ListTopics((topic,)),), render)
 
-    def _find_coordinator(self, a: Args) -> Event:
+    def _find_coordinator(self, a: Args) -> Handled:
         if a.get("group"):
             kind = "group"
         elif a.get("transactional_id") or a.get("txn") or a.get("transaction"):
             kind = "transaction"
         else:
             raise Reject("ERROR: missing_coordinator_key command=FIND_COORDINATOR")
-        return Reply(frame(f"OK coordinator_id=standalone coordinator_type={kind} "
+        return Handled.answer(frame(f"OK coordinator_id=standalone coordinator_type={kind} "
                            f"host={self.settings.advertised_host} port={self.settings.advertised_port}"))
 
     # ------------------------------------------------------------------ consume
 
-    def _consume(self, a: Args) -> Event:
+    def _consume(self, a: Args) -> Handled:
         if not all(k in a.params for k in ("topic", "partition", "offset")) or (
                 not a.positional and "member" not in a.params):
             raise Reject("ERROR: invalid_consume_syntax")
@@ -602,9 +563,9 @@ class CursusConnection:
                 return frame(_topic_error(r.error, topic, partition))
             return frame(b.reply_batch(topic, partition, r.batches, r.offset, limit)[0])
 
-        return self._request((fetch,), render)
+        return Handled.run((fetch,), render)
 
-    def _stream(self, a: Args) -> Event:
+    def _stream(self, a: Args) -> Handled:
         topic = a.need("topic")
         if "partition" not in a.params:
             raise Reject("ERROR: missing_partition command=STREAM")
@@ -618,7 +579,7 @@ class CursusConnection:
         if group is not None:
             commands.append(m.FetchOffsets(group, ((topic, partition),)))
 
-        def start(results: Sequence[Any]) -> Event:
+        def start(results: Sequence[Any]) -> Subscribe:
             t: m.TopicInfo = results[0].topics[0]
             if t.error is not None:
                 raise Reject(f"ERROR: topic_not_found topic={topic}")
@@ -637,7 +598,7 @@ class CursusConnection:
             state = StreamState(topic, partition, at.get(begin, begin))
             return Subscribe((fetch,), state, self.keepalive_ms, exclusive=True)
 
-        return self._request(commands, start, two_step=True)
+        return Handled.run(commands, start, hold=True)
 
     def _stream_close(self, state: StreamState, r: m.FetchResult) -> str:
         code = r.error.code
@@ -662,11 +623,11 @@ class CursusConnection:
             gen = a.int("generation", f"ERROR: invalid_generation command={command}")
         return topic, group, member, gen
 
-    def _join(self, a: Args) -> Event:
+    def _join(self, a: Args) -> Handled:
         topic, group, member, gen = self._group_args(a, "JOIN_GROUP", generation=False)
         suffixed = f"{member}-{random.randrange(10000):04d}"
 
-        def join(results: Sequence[Any]) -> Event:
+        def join(results: Sequence[Any]) -> Handled:
             if results[0].topics[0].error is not None:
                 raise Reject(f"ERROR: topic_not_found topic={topic}")
             # A member still in the group (a rejoin after GEN_MISMATCH, or a resume with
@@ -675,7 +636,7 @@ class CursusConnection:
             live = member in {mem.member_id for mem in results[1].groups[0].members}
             member_id = member if live or gen is not None else suffixed
             join = m.JoinGroup(group, member_id, (topic,), "server", "range")
-            return self._request((join,), lambda rs: joined(rs, member_id))
+            return Handled.run((join,), lambda rs: joined(rs, member_id))
 
         def joined(results: Sequence[Any], member_id: str) -> bytes:
             r: m.JoinGroupResult = results[0]
@@ -685,9 +646,9 @@ class CursusConnection:
             return frame(f"OK generation={r.generation} member={member_id} assignments={_assignments(r, topic)}"
                          + resumed)
 
-        return self._request((m.ListTopics((topic,)), m.DescribeGroups((group,))), join, two_step=True)
+        return Handled.run((m.ListTopics((topic,)), m.DescribeGroups((group,))), join, hold=True)
 
-    def _sync(self, a: Args) -> Event:
+    def _sync(self, a: Args) -> Handled:
         topic, group, member, gen = self._group_args(a, "SYNC_GROUP")
 
         def render(results: Sequence[Any]) -> bytes:
@@ -697,9 +658,9 @@ class CursusConnection:
                 return frame(_group_error(r.error, group, member, gen, info.generation))
             return frame(f"OK generation={r.generation} member={member} assignments={_assignments(r, topic)}")
 
-        return self._request((m.DescribeGroups((group,)), m.SyncGroup(group, member, gen, topic=topic)), render)
+        return Handled.run((m.DescribeGroups((group,)), m.SyncGroup(group, member, gen, topic=topic)), render)
 
-    def _heartbeat(self, a: Args) -> Event:
+    def _heartbeat(self, a: Args) -> Handled:
         topic, group, member, gen = self._group_args(a, "HEARTBEAT")
 
         def render(results: Sequence[Any]) -> bytes:
@@ -713,9 +674,9 @@ class CursusConnection:
                              f"member={member}")
             return frame(_group_error(r.error, group, member, gen, info.generation))
 
-        return self._request((m.DescribeGroups((group,)), m.Heartbeat(group, member, gen, topic=topic)), render)
+        return Handled.run((m.DescribeGroups((group,)), m.Heartbeat(group, member, gen, topic=topic)), render)
 
-    def _leave(self, a: Args) -> Event:
+    def _leave(self, a: Args) -> Handled:
         topic, group, member, gen = self._group_args(a, "LEAVE_GROUP", generation=False)
 
         def render(results: Sequence[Any]) -> bytes:
@@ -725,9 +686,9 @@ class CursusConnection:
                 return frame(_group_error(r.error, group, member, gen, info.generation))
             return frame(f"OK group={group} member={member} left=true")
 
-        return self._request((m.DescribeGroups((group,)), m.LeaveGroup(group, member, gen, topic=topic)), render)
+        return Handled.run((m.DescribeGroups((group,)), m.LeaveGroup(group, member, gen, topic=topic)), render)
 
-    def _subscribe(self, a: Args) -> Event:
+    def _subscribe(self, a: Args) -> Handled:
         topic, info = self._topic_info(a, "SUBSCRIBE")
         group = a.need("group")
 
@@ -735,11 +696,11 @@ class CursusConnection:
             info(results)
             return frame(f"OK group={group} topic={topic} subscribed=true")
 
-        return self._request((m.ListTopics((topic,)),), render)
+        return Handled.run((m.ListTopics((topic,)),), render)
 
     # ------------------------------------------------------------------ offsets
 
-    def _fetch_offset(self, a: Args) -> Event:
+    def _fetch_offset(self, a: Args) -> Handled:
         topic = a.need("topic")
         if "partition" not in a.params:
             raise Reject("ERROR: missing_partition command=FETCH_OFFSET")
@@ -753,9 +714,9 @@ class CursusConnection:
                 return frame(f"ERROR: group_not_found group={group}")
             return frame(f"OK offset={max(offset, 0)}")
 
-        return self._request((m.DescribeGroups((group,)), m.FetchOffsets(group, ((topic, partition),))), render)
+        return Handled.run((m.DescribeGroups((group,)), m.FetchOffsets(group, ((topic, partition),))), render)
 
-    def _commit_offset(self, a: Args) -> Event:
+    def _commit_offset(self, a: Args) -> Handled:
         topic = a.need("topic")
         partition = a.int("partition", "ERROR: invalid_partition") if a.need("partition") else 0
         group = a.need("group")
@@ -766,7 +727,7 @@ class CursusConnection:
         validate_only = (a.get("validate_only") or "").lower() == "true"
         return self._commit_flow(topic, group, member, gen, {partition: offset}, "OK", validate_only)
 
-    def _commit(self, a: Args) -> Event:
+    def _commit(self, a: Args) -> Handled:
         """The seed's ``COMMIT <topic> <group> <partition> <offset>``: no membership check."""
         topic = a.need("topic")
         group = a.need("group")
@@ -774,7 +735,7 @@ class CursusConnection:
         offset = a.int("offset", "ERROR: invalid_offset") if a.need("offset") else 0
         return self._commit_flow(topic, group, None, None, {partition: offset}, "OK")
 
-    def _batch_commit(self, a: Args) -> Event:
+    def _batch_commit(self, a: Args) -> Handled:
         topic = a.need("topic")
         group = a.need("group")
         member = a.need("member")
@@ -800,11 +761,11 @@ class CursusConnection:
         return self._commit_flow(topic, group, member, gen, offsets, f"OK batched={len(offsets)}")
 
     def _commit_flow(self, topic: str, group: str, member: str | None, gen: int | None, offsets: dict[int, int],
-                     ok: str, validate_only: bool = False) -> Event:
+                     ok: str, validate_only: bool = False) -> Handled:
         """Check membership, ownership and regression, then commit every offset or none."""
         partitions = tuple((topic, p) for p in offsets)
 
-        def check(results: Sequence[Any]) -> Event | bytes:
+        def check(results: Sequence[Any]) -> Handled | bytes:
             info: m.GroupInfo = results[0].groups[0]
             if member is not None:
                 _member_check(info, group, member, gen)
@@ -820,7 +781,7 @@ class CursusConnection:
                 return frame("OK validated=true")
             commit = m.CommitOffsets(group, tuple((topic, p, o, "") for p, o in offsets.items()), member or "", gen,
                                      require_assignment=member is not None)
-            return self._request((commit,), lambda rs: committed(rs, info.generation))
+            return Handled.run((commit,), lambda rs: committed(rs, info.generation))
 
         def committed(results: Sequence[Any], current: int) -> bytes:
             r: m.CommitOffsetsResult = results[0]
@@ -828,7 +789,7 @@ class CursusConnection:
                 return frame(_group_error(r.error, group, member or "", gen, current, next(iter(offsets))))
             return frame(ok)
 
-        return self._request((m.DescribeGroups((group,)), m.FetchOffsets(group, partitions)), check, two_step=True)
+        return Handled.run((m.DescribeGroups((group,)), m.FetchOffsets(group, partitions)), check, hold=True)
 
 
 def _group(name: str | None) -> str:
