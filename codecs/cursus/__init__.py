@@ -1,12 +1,20 @@
 """Cursus protocol codec (seed 001, PROTOCOLS.md section 2): what cursus-python and cursus-java speak."""
 
-from gateway.codec import CodecPlugin
+from gateway.codec import CodecPlugin, Option, choice, integer
 
 from .batch import FORMAT
-from .codec import CursusConnection
+from .codec import STREAM_KEEPALIVE_MS, CursusConnection
+from .compression import DECOMPRESSORS
 
 DEFAULT_PORT = 9000
 MAX_FRAME = 64 * 1024 * 1024
+
+OPTIONS = (
+    Option("compression", choice(*DECOMPRESSORS), "none", "one of none, gzip, snappy, lz4",
+           "how clients compress the frames they send (the broker's compression_type)"),
+    Option("stream_keepalive_ms", integer(1), STREAM_KEEPALIVE_MS, "a whole number of milliseconds, at least 1",
+           "an idle STREAM gets a keep-alive frame this often"),
+)
 
 plugin = CodecPlugin(
     name="cursus",
@@ -16,4 +24,5 @@ plugin = CodecPlugin(
     description="Cursus (cursus-io): length-prefixed text commands and 0xBA7C batches",
     versions="wire v1",
     batch_format=FORMAT,
+    options=OPTIONS,
 )
