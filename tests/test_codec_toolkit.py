@@ -161,3 +161,29 @@ def test_framing_failures_reach_the_hooks():
     c.receive_data(b"")
     event = c.next_event()
     assert isinstance(event, Close) and "inside a frame" in event.reason
+
+
+class Refusing(Echo):
+    """Renders of held requests raise ``ValueError``; ``render`` turns it into the answer."""
+
+    def handle_frame(self, header, body):
+        if body[:1] == b"x":
+            def refuse(results):
+                raise ValueError(f"no {body[1:].decode()}")
+            return Handled.run(("check",), refuse, hold=True)
+        return super().handle_frame(header, body)
+
+    def render(self, handled, results):
+        try:
+            return handled.render(results)
+        except ValueError as e:
+            return str(e).encode()
+
+
+def test_an_overridden_render_answers_a_codec_error_and_releases_the_hold():
+    c = Refusing()
+    c.receive_data(b"xthat\nalater\n")
+    request = c.next_event()
+    assert c.next_event() is None  # held
+    assert c.respond(request, [None]) == b"no that"
+    assert c.next_event() == Reply(b"later")
