@@ -45,6 +45,7 @@ _U32 = struct.Struct(">I")
 # what real producers compress (text and JSON rarely beyond 10:1); more is decompressed again.
 _FIRST_RATIO = 16
 _FIRST_BUFFER = 256 * 1024
+_GZIP_CHUNK = 1 << 20
 _FULL = "failed to write whole buffer"  # cramjam's error once a *_into output buffer is full
 
 
@@ -76,15 +77,24 @@ def gunzip(data: bytes | memoryview, limit: int, wbits: int = 47) -> tuple[bytes
     """One gzip or zlib stream (``wbits`` 47: either header, auto-detected) at the start of
     ``data``, at most ``limit`` bytes out; returns it and the bytes after the stream.
 
-    Raises ``DecompressionLimit`` past ``limit``, ``zlib.error`` on bad or truncated data.
+    Inflated ``_GZIP_CHUNK`` bytes at a time, so that data over the limit is refused
+    having held no more than the limit. Raises ``DecompressionLimit`` past ``limit``,
+    ``zlib.error`` on bad or truncated data.
     """
     d = zlib.decompressobj(wbits)
-    out = d.decompress(data, limit + 1)
-    if len(out) > limit:
-        raise DecompressionLimit(limit, "gzip data")
-    if not d.eof:
-        raise zlib.error("incomplete or truncated stream")
-    return out, d.unused_data
+    parts = []
+    total = 0
+    tail = data
+    while not d.eof:
+        chunk = d.decompress(tail, _GZIP_CHUNK)
+        tail = d.unconsumed_tail  # input left only when the chunk filled up
+        if not chunk and not tail and not d.eof:
+            raise zlib.error("incomplete or truncated stream")
+        total += len(chunk)
+        if total > limit:
+            raise DecompressionLimit(limit, "gzip data")
+        parts.append(chunk)
+    return b"".join(parts), d.unused_data
 
 
 def inflate(decompress_into: Callable[[bytes, bytearray | mmap.mmap], int], data: bytes, limit: int,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import cramjam
 
-from gateway import compression as snappy
+from gateway import compression as shared
 from gateway.compression import DecompressionLimit
 
 
@@ -35,15 +35,12 @@ def _gzip(data: bytes, limit: int) -> bytes:
     out: list[bytes] = []
     total = 0
     while data:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        chunk = d.decompress(data, limit + 1 - total)
-        total += len(chunk)
-        out.append(chunk)
-        if total > limit:
-            raise BodyLimit(limit, "gzip body")
-        if not d.eof:
-            raise DecompressionError("truncated gzip data")
-        data = d.unused_data
+        try:
+            member, data = shared.gunzip(data, limit - total, 16 + zlib.MAX_WBITS)
+        except DecompressionLimit:
+            raise BodyLimit(limit, "gzip body") from None
+        total += len(member)
+        out.append(member)
     return b"".join(out)
 
 
@@ -86,7 +83,7 @@ def _lz4(data: bytes, limit: int) -> bytes:
 def _snappy(data: bytes, limit: int) -> bytes:
     """A xerial-framed stream or a raw snappy block, never more than ``limit`` bytes out."""
     try:
-        return snappy.decompress(data, limit)
+        return shared.decompress(data, limit)
     except DecompressionLimit:
         raise BodyLimit(limit, "snappy body") from None
 
