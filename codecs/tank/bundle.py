@@ -447,7 +447,8 @@ class TankFormat:
                 pos = body + n
         except BundleLimit:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE,
-                               f"bundle refused: message sets inflate to more than {self.inflate_limit} bytes") from None
+                               "bundle refused: message sets decompress to more than the frame limit "
+                               f"({self.inflate_limit} bytes)") from None
         except BundleError as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"bundle refused: {e}") from None
         if not records:
