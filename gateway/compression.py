@@ -13,8 +13,8 @@ cap of its own, but bounds what one request may carry, which is this
 limit; the Cursus listener always held its bodies to its frame limit.)
 
 Each decompressor here works under the limit, so that a bomb never
-allocates much beyond it: gzip and zlib stream through
-``zlib.decompressobj`` with ``max_length``; snappy blocks are checked from
+allocates much beyond it: gzip and zlib are inflated a megabyte at a
+time (``gunzip``); snappy blocks are checked from
 their declared length before decompressing; zstd and LZ4 frames are
 decompressed into a buffer that cannot grow (``inflate``).
 
@@ -54,7 +54,7 @@ class DecompressionLimit(ValueError):
 
     The one type of every such refusal. Each codec raises a subclass that is also
     its own decoding error (``SnappyLimit`` here, ``CompressionLimit`` of Kafka,
-    ``BundleLimit`` of TANK, Cursus' ``DecompressionLimit``), so that the handlers
+    ``BundleLimit`` of TANK, ``BodyLimit`` of Cursus), so that the handlers
     that already answer that error with the protocol's own (Kafka ``CORRUPT_MESSAGE``,
     TANK's and Cursus' error answers, ``CommandError(CORRUPT_MESSAGE)`` from a storage
     format) answer a bomb the same way.

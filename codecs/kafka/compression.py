@@ -20,13 +20,13 @@ import zlib
 
 import cramjam
 
-from gateway import compression as xerial
+from gateway import compression as shared
 from gateway.compression import DecompressionLimit
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
 
-XERIAL_MAGIC = xerial.XERIAL_MAGIC
+XERIAL_MAGIC = shared.XERIAL_MAGIC
 INFLATE_LIMIT = 100 * 1024 * 1024  # the Kafka listener's default frame limit (socket.request.max.bytes)
 
 
@@ -46,19 +46,19 @@ def decompress(codec: int, data: bytes, limit: int = INFLATE_LIMIT) -> bytes:
     """
     try:
         if codec == GZIP:
-            return xerial.gunzip(data, limit)[0]  # one gzip or zlib stream, as Kafka's clients write
+            return shared.gunzip(data, limit)[0]  # one gzip or zlib stream, as Kafka's clients write
         if codec == SNAPPY:
-            return xerial.decompress(data, limit)
+            return shared.decompress(data, limit)
         if codec == LZ4:
             try:
-                return xerial.inflate(cramjam.lz4.decompress_into, data, limit)
+                return shared.inflate(cramjam.lz4.decompress_into, data, limit)
             except cramjam.DecompressionError:
-                return xerial.inflate(cramjam.lz4.decompress_into, _lz4_kafka08(data), limit)
+                return shared.inflate(cramjam.lz4.decompress_into, _lz4_kafka08(data), limit)
         if codec == ZSTD:
-            return xerial.inflate(cramjam.zstd.decompress_into, data, limit)
+            return shared.inflate(cramjam.zstd.decompress_into, data, limit)
     except DecompressionLimit:
         raise CompressionLimit(limit, f"{NAMES[codec]} data") from None
-    except (zlib.error, cramjam.DecompressionError, struct.error, xerial.SnappyError) as e:
+    except (zlib.error, cramjam.DecompressionError, struct.error, shared.SnappyError) as e:
         raise CompressionError(f"{NAMES[codec]}: {e}") from None
     raise CompressionError(f"unknown compression codec {codec}")
 
@@ -67,7 +67,7 @@ def compress(codec: int, data: bytes) -> bytes:
     if codec == GZIP:
         return gzip.compress(data, 6)
     if codec == SNAPPY:
-        return xerial.compress(data)
+        return shared.compress(data)
     if codec == LZ4:
         return bytes(cramjam.lz4.compress(data))
     if codec == ZSTD:
