@@ -218,6 +218,16 @@ def test_kafka_a_batch_validates_exactly_when_it_declares_what_it_holds(recs, co
         refused(KAFKA.validate, lie)
 
 
+def test_kafka_good_crc_but_bad_records_is_refused_and_meets_readers_as_corrupt_message(walker):
+    good = records.encode_batch(records_of(3), 0)
+    tail = good[records.CRC_START : -3] + b"\xff\xff\xff"  # records cut short, CRC recomputed
+    bad = good[:8] + struct.pack(">i", len(tail) + 9) + good[12:17] + struct.pack(">I", crc32c.crc32c(tail)) + tail
+    refused(KAFKA.validate, bad)
+    with pytest.raises(CommandError) as e:  # stored before produces were validated
+        convert([StoredBatch("kafka", 0, 2, 0, bad)], "v1", {"kafka": KAFKA, "v1": V1})
+    assert e.value.error.code is ErrorCode.CORRUPT_MESSAGE
+
+
 @pytest.mark.skipif(records._speedups is None, reason="the C loop was not built")
 @settings(max_examples=300, deadline=None)
 @given(RECORDS, st.integers(0, 32), st.binary(max_size=8), st.integers(0, 200))
