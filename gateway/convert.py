@@ -16,6 +16,15 @@ records given as ``Columns``): a run whose target has ``encode_columns``
 skips building a ``Record`` per record, its sources giving ``Columns``
 directly where they can and through ``records`` otherwise. Formats without
 them are converted through ``Record``s.
+
+Conversions read only what was checked when it was produced: every format
+offers ``validate(payload) -> Validated``, which the broker calls before it
+stores a produced payload. It raises ``CommandError(CORRUPT_MESSAGE)`` for a
+payload that does not hold what it declares (a record count or offset delta
+that does not match the records present, a compressed body over the
+format's ``inflate_limit``), so that no batch burns offsets it has no
+records for and none that a reader cannot decode is stored. Reads still
+decompress under the same limit and answer ``CORRUPT_MESSAGE`` past it.
 """
 
 from __future__ import annotations
@@ -24,13 +33,22 @@ import collections
 import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.codec import BatchFormat
 from gateway.model import EMPTY, CommandError, ErrorCode, Record, StoredBatch
 
 MAX_RUN_RECORDS = 4096
 MAX_RUN_BYTES = 1 << 20
+
+
+class Validated(NamedTuple):
+    """What a produced payload holds, as ``BatchFormat.validate`` checked it: ``records``,
+    the records present; ``span``, the offsets they take (``records`` unless the format
+    numbers records with gaps, as a SPARSE TANK bundle may)."""
+
+    records: int
+    span: int
 
 
 class Columns:

@@ -55,8 +55,8 @@ from construct import (
     this,
 )
 
-from gateway.convert import Columns
-from gateway.model import EMPTY, Record, StoredBatch
+from gateway.convert import Columns, Validated
+from gateway.model import EMPTY, CommandError, ErrorCode, Record, StoredBatch
 from gateway.text import as_texts
 
 try:
@@ -411,6 +411,28 @@ class CursusFormat:
         self._walked[id(payload)] = (payload, starts)
         if len(self._walked) > self.REMEMBERED:
             self._walked.popitem(last=False)
+
+    def validate(self, payload: bytes) -> Validated:
+        """What a produced payload (a batch in the real layout, decompressed) holds.
+
+        Refused with ``CommandError(CORRUPT_MESSAGE)``: a header that does not
+        decode, no records, or records that are not exactly the header's
+        count (cut short, or bytes after the last). The records are walked
+        once: a payload the codec has just walked (``remember``) is not walked again.
+        """
+        known = self._walked.get(id(payload))
+        try:
+            header = parse_header(payload)
+            starts = known[1] if known is not None and known[0] is payload else walk(payload, header.size,
+                                                                                     header.count)
+        except BatchError as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"batch refused: {e}") from None
+        if header.count == 0:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, "batch refused: no records")
+        if starts[-1] != len(payload):
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE,
+                               f"batch refused: bytes after its {header.count} records")
+        return Validated(header.count, header.count)
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
         return self.columns((batch,)).records()

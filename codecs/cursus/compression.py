@@ -6,7 +6,8 @@ One algorithm per listener (``--codec-option cursus.compression=NAME``):
 ``lz4`` (the LZ4 frame format of ``pierrec/lz4``). There is no per-frame
 detection in the protocol; responses are never compressed. A decompressed
 body is held to the listener's frame limit (checked before decompressing
-where the format tells the size: snappy, LZ4 block headers).
+where the format tells the size: snappy, LZ4 block headers); past it,
+``BodyLimit`` (``gateway.compression.DecompressionLimit``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ from collections.abc import Callable
 
 import cramjam
 
-from gateway import compression as snappy
+from gateway import compression as shared
+from gateway.compression import DecompressionLimit
 
 
 class DecompressionError(ValueError):
-    pass
+    """A body that does not decompress."""
+
+
+class BodyLimit(DecompressionLimit, DecompressionError):
+    """A body that decompresses to more than the frame limit."""
 
 
 def _gzip(data: bytes, limit: int) -> bytes:
@@ -29,15 +35,12 @@ def _gzip(data: bytes, limit: int) -> bytes:
     out: list[bytes] = []
     total = 0
     while data:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        chunk = d.decompress(data, limit + 1 - total)
-        total += len(chunk)
-        out.append(chunk)
-        if total > limit:
-            raise DecompressionError(f"decompressed body over {limit} bytes")
-        if not d.eof:
-            raise DecompressionError("truncated gzip data")
-        data = d.unused_data
+        try:
+            member, data = shared.gunzip(data, limit - total, 16 + zlib.MAX_WBITS)
+        except DecompressionLimit:
+            raise BodyLimit(limit, "gzip body") from None
+        total += len(member)
+        out.append(member)
     return b"".join(out)
 
 
@@ -73,15 +76,23 @@ def _lz4_bound(data: bytes) -> int:
 def _lz4(data: bytes, limit: int) -> bytes:
     # LZ4 cannot expand a block more than 255 times, nor past the block size.
     if min(_lz4_bound(data), 255 * len(data)) > limit:
-        raise DecompressionError("decompressed body over the frame limit")
+        raise BodyLimit(limit, "LZ4 body")
     return bytes(cramjam.lz4.decompress(data))
+
+
+def _snappy(data: bytes, limit: int) -> bytes:
+    """A xerial-framed stream or a raw snappy block, never more than ``limit`` bytes out."""
+    try:
+        return shared.decompress(data, limit)
+    except DecompressionLimit:
+        raise BodyLimit(limit, "snappy body") from None
 
 
 DECOMPRESSORS: dict[str, Callable[[bytes, int], bytes] | None] = {
     "none": None,
     "": None,
     "gzip": _gzip,
-    "snappy": snappy.decompress,
+    "snappy": _snappy,
     "lz4": _lz4,
 }
 
@@ -96,9 +107,11 @@ def decompressor(name: str) -> Callable[[bytes, int], bytes] | None:
 
 def decompress(fn: Callable[[bytes, int], bytes], data: bytes, limit: int) -> bytes:
     """Run ``fn`` with an output ``limit`` (a decompressed body is held to the frame
-    limit, so a small compressed frame cannot expand into gigabytes); every
-    failure becomes ``DecompressionError``."""
+    limit, so a small compressed frame cannot expand into gigabytes): ``BodyLimit``
+    past it; every other failure becomes ``DecompressionError``."""
     try:
         return fn(data, limit)
+    except BodyLimit:
+        raise
     except (OSError, EOFError, zlib.error, ValueError, cramjam.DecompressionError) as e:
         raise DecompressionError(str(e)) from None

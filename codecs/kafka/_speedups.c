@@ -7,6 +7,9 @@
  *     the records part of a batch (headers: None or one tuple of (str, bytes | None) per record;
  *     extras: None or one dict per record, written after the headers as ``polygate.<key>`` headers;
  *     TypeError for what only the Python loop takes: other mappings, values other than bytes/str/int).
+ * check_records(body, pos, stop, count)
+ *     checks that body[pos:stop] is exactly ``count`` well-formed records whose offset deltas are
+ *     0, 1, 2...: what a produced batch must hold; raises ValueError naming the first fault.
  */
 #include "_speedups.h"
 #include <string.h>
@@ -179,6 +182,74 @@ read_records(PyObject *self, PyObject *args)
     result = PyBool_FromLong(any_headers);
 done:
     Py_XDECREF(empty);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* Skip a varint-length blob (or null) inside a record; -1 if it does not fit. */
+static int
+skip_blob(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end)
+{
+    int64_t n;
+    if (read_zigzag(p, pos, end, &n) < 0 || n > end - *pos)
+        return -1;
+    if (n > 0)
+        *pos += (Py_ssize_t)n;
+    return 0;
+}
+
+static PyObject *
+check_records(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer buf;
+    Py_ssize_t pos, stop, count;
+    if (!PyArg_ParseTuple(args, "y*nnn", &buf, &pos, &stop, &count))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    PyObject *result = NULL;
+    if (pos < 0 || stop > buf.len || pos > stop) {
+        corrupt("records outside the batch");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < count; r++) {
+        int64_t len, ts_delta, offset_delta, n_headers;
+        if (read_zigzag(p, &pos, stop, &len) < 0 || len < 1 || len > stop - pos) {
+            corrupt(pos >= stop ? "fewer records than the batch declares" : "record length out of range");
+            goto done;
+        }
+        Py_ssize_t end = pos + (Py_ssize_t)len;
+        pos += 1; /* attributes */
+        if (read_zigzag(p, &pos, end, &ts_delta) < 0 || read_zigzag(p, &pos, end, &offset_delta) < 0) {
+            corrupt("bad varint in a record");
+            goto done;
+        }
+        if (offset_delta != r) {
+            corrupt("a record's offset delta is not its position in the batch");
+            goto done;
+        }
+        if (skip_blob(p, &pos, end) < 0 || skip_blob(p, &pos, end) < 0 ||
+            read_zigzag(p, &pos, end, &n_headers) < 0) {
+            corrupt("record field overruns the record");
+            goto done;
+        }
+        for (int64_t h = 0; h < n_headers; h++) {
+            if (skip_blob(p, &pos, end) < 0 || skip_blob(p, &pos, end) < 0) {
+                corrupt("bad record header");
+                goto done;
+            }
+        }
+        if (pos != end) {
+            corrupt("record length mismatch");
+            goto done;
+        }
+    }
+    if (pos != stop) {
+        corrupt("more records than the batch declares");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
     PyBuffer_Release(&buf);
     return result;
 }
@@ -428,6 +499,7 @@ done:
 static PyMethodDef methods[] = {
     {"read_records", read_records, METH_VARARGS, "Append the fields of v2 records to column lists."},
     {"encode_records", encode_records, METH_VARARGS, "The records part of a v2 batch, from columns."},
+    {"check_records", check_records, METH_VARARGS, "Check that a produced batch holds what it declares."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,6 +6,10 @@ framed and raw (librdkafka sends raw blocks and reads both). LZ4 is the
 standard LZ4 frame format of record batch v2; frames whose header checksum
 is wrong (Kafka 0.8 clients hash the magic too, KAFKA-3160) are read block
 by block without checking it.
+
+Decompression is bounded (``gateway.compression``): ``decompress`` stops at
+its ``limit``, by default ``INFLATE_LIMIT``, the Kafka listener's default
+frame limit, and raises ``CompressionLimit``.
 """
 
 from __future__ import annotations
@@ -16,32 +20,45 @@ import zlib
 
 import cramjam
 
-from gateway import compression as xerial
+from gateway import compression as shared
+from gateway.compression import DecompressionLimit
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
 
-XERIAL_MAGIC = xerial.XERIAL_MAGIC
+XERIAL_MAGIC = shared.XERIAL_MAGIC
+INFLATE_LIMIT = 100 * 1024 * 1024  # the Kafka listener's default frame limit (socket.request.max.bytes)
 
 
 class CompressionError(ValueError):
     """Unknown codec or undecodable data."""
 
 
-def decompress(codec: int, data: bytes) -> bytes:
+class CompressionLimit(DecompressionLimit, CompressionError):
+    """Data that decompresses to more than the limit (``gateway.compression.DecompressionLimit``)."""
+
+
+def decompress(codec: int, data: bytes, limit: int = INFLATE_LIMIT) -> bytes:
+    """``data`` decompressed with ``codec``, at most ``limit`` bytes out.
+
+    Raises ``CompressionLimit`` past ``limit`` (having allocated no more than
+    about ``limit``), ``CompressionError`` on an unknown codec or undecodable data.
+    """
     try:
         if codec == GZIP:
-            return zlib.decompress(data, 47)  # gzip or zlib header, auto-detected
+            return shared.gunzip(data, limit)[0]  # one gzip or zlib stream, as Kafka's clients write
         if codec == SNAPPY:
-            return xerial.decompress(data)
+            return shared.decompress(data, limit)
         if codec == LZ4:
             try:
-                return bytes(cramjam.lz4.decompress(data))
+                return shared.inflate(cramjam.lz4.decompress_into, data, limit)
             except cramjam.DecompressionError:
-                return _lz4_kafka08(data)
+                return shared.inflate(cramjam.lz4.decompress_into, _lz4_kafka08(data), limit)
         if codec == ZSTD:
-            return bytes(cramjam.zstd.decompress(data))
-    except (zlib.error, cramjam.DecompressionError, struct.error, xerial.SnappyError) as e:
+            return shared.inflate(cramjam.zstd.decompress_into, data, limit)
+    except DecompressionLimit:
+        raise CompressionLimit(limit, f"{NAMES[codec]} data") from None
+    except (zlib.error, cramjam.DecompressionError, struct.error, shared.SnappyError) as e:
         raise CompressionError(f"{NAMES[codec]}: {e}") from None
     raise CompressionError(f"unknown compression codec {codec}")
 
@@ -50,7 +67,7 @@ def compress(codec: int, data: bytes) -> bytes:
     if codec == GZIP:
         return gzip.compress(data, 6)
     if codec == SNAPPY:
-        return xerial.compress(data)
+        return shared.compress(data)
     if codec == LZ4:
         return bytes(cramjam.lz4.compress(data))
     if codec == ZSTD:
@@ -85,9 +102,9 @@ def _xxh32_short(data: bytes) -> int:
 
 
 def _lz4_kafka08(data: bytes) -> bytes:
-    """An LZ4 frame whose header checksum was computed over the magic too (KAFKA-3160)."""
+    """An LZ4 frame whose header checksum was computed over the magic too (KAFKA-3160),
+    with the checksum that LZ4 readers expect."""
     if not data.startswith(_LZ4_MAGIC) or len(data) < 7:
         raise CompressionError("lz4: not an LZ4 frame")
     end = 6 + (8 if data[4] & 0x08 else 0)
-    fixed = data[:end] + bytes([(_xxh32_short(data[4:end]) >> 8) & 0xFF]) + data[end + 1 :]
-    return bytes(cramjam.lz4.decompress(fixed))
+    return data[:end] + bytes([(_xxh32_short(data[4:end]) >> 8) & 0xFF]) + data[end + 1 :]

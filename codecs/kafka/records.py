@@ -17,6 +17,13 @@ become record headers named ``polygate.<key>``: ``bytes`` as they are,
 other values as their UTF-8 ``str()`` (undecodable bytes kept as surrogate
 escapes, as a non-UTF-8 Cursus producer id is read, are written back as
 they were); headers are otherwise carried both ways unchanged.
+
+Nothing here inflates compressed data past a limit
+(``gateway.compression``): ``KafkaFormat.inflate_limit``, the Kafka
+listener's frame limit, holds a produced legacy message set, the batch that
+``KafkaFormat.validate`` checks at produce time and every conversion of a
+stored batch; a batch over it is ``CorruptRecords`` at produce and
+``CommandError(CORRUPT_MESSAGE)`` when read.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 
 import crc32c
 
-from gateway.convert import Columns
+from gateway.convert import Columns, Validated
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
 from gateway.varint import ZIGZAGS, read_zigzag, zigzag
 
@@ -70,16 +77,19 @@ class CorruptRecords(ValueError):
 # --------------------------------------------------------------------------- produce side
 
 
-def split_batches(data: bytes, now_ms: int | None = None) -> list[Batch]:
+def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = None) -> list[Batch]:
     """The v2 batches of a produce request's ``records`` field, each checked.
 
-    Magic 0/1 message sets are converted to one v2 batch. Raises
-    ``CorruptRecords`` on a bad length, magic or CRC.
+    Magic 0/1 message sets are converted to one v2 batch, their compressed
+    messages inflating to at most ``limit`` bytes (by default
+    ``FORMAT.inflate_limit``). Raises ``CorruptRecords`` on a bad length,
+    magic or CRC, or a message set over the limit.
     """
     if len(data) < _PREFIX.size + 1:
         raise CorruptRecords("records too short")
     if data[MAGIC_AT] < 2:
-        records = list(read_message_set(data, now_ms if now_ms is not None else int(time.time() * 1000)))
+        records = list(read_message_set(data, now_ms if now_ms is not None else int(time.time() * 1000),
+                                        limit=FORMAT.inflate_limit if limit is None else limit))
         if not records:
             raise CorruptRecords("empty message set")
         payload = encode_batch(records, 0)
@@ -120,26 +130,29 @@ def assign_offsets(payload: bytes | memoryview, base_offset: int) -> bytes | mem
 # --------------------------------------------------------------------------- v2 batches
 
 
-def read_batches(data: bytes, base_offset: int | None = None) -> Iterator[Record]:
+def read_batches(data: bytes, base_offset: int | None = None,
+                 limit: int = compression.INFLATE_LIMIT) -> Iterator[Record]:
     """Records of the v2 batches in ``data`` (control batches skipped)."""
-    yield from read_columns(data, base_offset).records()
+    yield from read_columns(data, base_offset, limit).records()
 
 
-def read_columns(data: bytes, base_offset: int | None = None) -> Columns:
+def read_columns(data: bytes, base_offset: int | None = None, limit: int = compression.INFLATE_LIMIT) -> Columns:
     """``read_batches`` field by field (``gateway.convert.Columns``)."""
     columns = Columns([], [], [], [], [])
-    if not read_into(data, base_offset, columns):
+    if not read_into(data, base_offset, columns, limit):
         columns.headers = None
     return columns
 
 
-def read_into(data: bytes, base_offset: int | None, columns: Columns) -> bool:
+def read_into(data: bytes, base_offset: int | None, columns: Columns, limit: int = compression.INFLATE_LIMIT) -> bool:
     """Append the records of the v2 batches in ``data`` to ``columns`` (whose
     ``headers`` is a list); whether any record had headers.
 
     The first batch is numbered from ``base_offset`` when given (a stored
     batch), every other from its own ``baseOffset``. A trailing partial
     batch (as fetch answers may end) is left out; control batches are skipped.
+    A compressed batch inflates to at most ``limit`` bytes, else
+    ``compression.CompressionLimit``.
     """
     if type(data) is not bytes:
         data = bytes(data)
@@ -157,7 +170,7 @@ def read_into(data: bytes, base_offset: int | None, columns: Columns) -> bool:
             codec = attributes & ATTR_COMPRESSION
             body, start, stop = data, pos + BATCH_HEADER.size, end
             if codec:
-                body = compression.decompress(codec, data[start:stop])
+                body = compression.decompress(codec, data[start:stop], limit)
                 start, stop = 0, len(body)
             try:
                 with_headers |= read(body, start, stop, count, base, base_ts,
@@ -168,6 +181,54 @@ def read_into(data: bytes, base_offset: int | None, columns: Columns) -> bool:
                 raise CorruptRecords(f"bad record: {e}") from None
         pos = end
     return with_headers
+
+
+def _check_batch(payload: bytes, limit: int) -> int:
+    """The record count of the one v2 batch ``payload``, checked (``KafkaFormat.validate``)."""
+    if len(payload) < BATCH_HEADER.size:
+        raise CorruptRecords("truncated record batch header")
+    (_, length, _, magic, crc, attributes, last_delta, _, _, _, _, _, count) = BATCH_HEADER.unpack_from(payload)
+    if magic != 2 or BATCH_OVERHEAD + length != len(payload):
+        raise CorruptRecords("not one record batch v2")
+    if crc32c.crc32c(memoryview(payload)[CRC_START:]) != crc:
+        raise CorruptRecords("record batch CRC32C mismatch")
+    if count < 1 or last_delta != count - 1:
+        raise CorruptRecords(f"lastOffsetDelta {last_delta} does not fit a count of {count} records")
+    body, start, stop = payload, BATCH_HEADER.size, len(payload)
+    codec = attributes & ATTR_COMPRESSION
+    if codec:
+        body = compression.decompress(codec, bytes(memoryview(payload)[start:]), limit)
+        start, stop = 0, len(body)
+    try:
+        (_speedups.check_records if _speedups is not None else _check_records)(body, start, stop, count)
+    except (IndexError, ValueError) as e:
+        raise CorruptRecords(str(e)) from None
+    return count
+
+
+def _check_records(body: bytes, pos: int, stop: int, count: int) -> None:
+    """``body[pos:stop]`` is exactly ``count`` well-formed records numbered 0, 1, 2..., else
+    ``CorruptRecords`` (``_speedups.check_records`` in C when built)."""
+    for index in range(count):
+        if pos >= stop:
+            raise CorruptRecords("fewer records than the batch declares")
+        length, pos = read_zigzag(body, pos, stop)
+        end = pos + length
+        if length < 1 or end > stop:
+            raise CorruptRecords("record length out of range")
+        _, pos = read_zigzag(body, pos + 1, end)  # attributes, timestamp delta
+        offset_delta, pos = read_zigzag(body, pos, end)
+        if offset_delta != index:
+            raise CorruptRecords("a record's offset delta is not its position in the batch")
+        for _ in range(2):  # key, value
+            pos = _read_blob(body, pos, end)[1]
+        n, pos = read_zigzag(body, pos, end)
+        for _ in range(max(n, 0) * 2):  # header names and values
+            pos = _read_blob(body, pos, end)[1]
+        if pos != end:
+            raise CorruptRecords("record length mismatch")
+    if pos != stop:
+        raise CorruptRecords("more records than the batch declares")
 
 
 def _read_records(body: bytes, pos: int, stop: int, count: int, base: int, base_ts: int, append_ts: int | None,
@@ -313,8 +374,33 @@ def _with_extras(headers: Sequence[tuple[tuple[str, bytes | None], ...]],
 # --------------------------------------------------------------------------- legacy message sets
 
 
-def read_message_set(data: bytes, now_ms: int, outer_offset: int | None = None) -> Iterator[Record]:
-    """Records of a magic 0/1 message set, compressed wrappers unpacked; CRCs checked."""
+def read_message_set(data: bytes, now_ms: int, limit: int = compression.INFLATE_LIMIT) -> Iterator[Record]:
+    """Records of a magic 0/1 message set, compressed wrappers unpacked; CRCs checked.
+
+    The wrappers' messages inflate to at most ``limit`` bytes in all, and hold
+    no compressed message of their own (Kafka refuses both); else ``CorruptRecords``.
+    """
+    budget = limit
+    for ts, key, value, codec in _read_messages(data, now_ms):
+        if not codec:
+            yield Record(value, key, ts)
+            continue
+        try:
+            inner = compression.decompress(codec, value or b"", budget)
+        except compression.CompressionLimit:
+            raise CorruptRecords(f"compressed messages inflate to more than the frame limit ({limit} bytes)") from None
+        except compression.CompressionError as e:
+            raise CorruptRecords(str(e)) from None
+        budget -= len(inner)
+        for inner_ts, inner_key, inner_value, inner_codec in _read_messages(inner, ts):
+            if inner_codec:
+                raise CorruptRecords("a compressed message inside a compressed message")
+            yield Record(inner_value, inner_key, inner_ts)
+
+
+def _read_messages(data: bytes, now_ms: int) -> Iterator[tuple[int, bytes | None, bytes | None, int]]:
+    """``(timestamp, key, value, compression codec)`` of each message of a magic 0/1
+    message set (``now_ms`` for magic 0); CRCs checked."""
     pos = 0
     while pos + _LEGACY.size <= len(data):
         offset, size, crc, magic, attributes = _LEGACY.unpack_from(data, pos)
@@ -334,15 +420,7 @@ def read_message_set(data: bytes, now_ms: int, outer_offset: int | None = None) 
             p += 8
         key, p = _read_legacy_blob(data, p, end)
         value, p = _read_legacy_blob(data, p, end)
-        codec = attributes & ATTR_COMPRESSION
-        if codec:
-            try:
-                inner = compression.decompress(codec, value or b"")
-            except compression.CompressionError as e:
-                raise CorruptRecords(str(e)) from None
-            yield from read_message_set(inner, ts if magic == 1 else now_ms, offset)
-        else:
-            yield Record(value, key, ts)
+        yield ts, key, value, attributes & ATTR_COMPRESSION
         pos = end
 
 
@@ -376,15 +454,36 @@ def encode_message_set(records: Iterable[Record], magic: int) -> bytes:
 
 
 class KafkaFormat:
-    """The ``kafka`` ``BatchFormat`` (see the module docstring)."""
+    """The ``kafka`` ``BatchFormat`` (see the module docstring).
+
+    ``inflate_limit``: the most one batch may decompress to, in ``validate`` and
+    in every read (the Kafka listener's frame limit, ``gateway.compression``).
+    """
 
     name = NAME
+    inflate_limit = compression.INFLATE_LIMIT
+
+    def validate(self, payload: bytes) -> Validated:
+        """What the produced ``payload`` (one record batch, as ``split_batches`` gives it) holds.
+
+        Refused with ``CommandError(CORRUPT_MESSAGE)``, as Kafka's log validator
+        refuses them: a bad length, magic or CRC; a record count below one; a
+        ``lastOffsetDelta`` that is not ``recordCount - 1`` (a batch of one record
+        cannot claim 2^31 offsets); records that are not exactly ``recordCount``
+        well-formed records numbered 0, 1, 2...; a compressed body that does not
+        decompress within ``inflate_limit`` (decompressed once, here, to check it).
+        """
+        try:
+            count = _check_batch(payload, self.inflate_limit)
+        except (CorruptRecords, compression.CompressionError) as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"record batch refused: {e}") from None
+        return Validated(count, count)
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
         """The batch's records; a batch whose CRC held but whose records do not parse
         raises ``CommandError(CORRUPT_MESSAGE)`` (the reader gets that error)."""
         try:
-            return list(read_batches(batch.payload, batch.base_offset))
+            return list(read_batches(batch.payload, batch.base_offset, self.inflate_limit))
         except (CorruptRecords, compression.CompressionError, IndexError, struct.error) as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored Kafka batch at {batch.base_offset}: {e}") from None
 
@@ -394,7 +493,7 @@ class KafkaFormat:
         with_headers = False
         for b in batches:
             try:
-                with_headers |= read_into(b.payload, b.base_offset, columns)
+                with_headers |= read_into(b.payload, b.base_offset, columns, self.inflate_limit)
             except (CorruptRecords, compression.CompressionError, struct.error) as e:
                 raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored Kafka batch at {b.base_offset}: {e}") from None
         if not with_headers:

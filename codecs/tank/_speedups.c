@@ -10,6 +10,9 @@
  *     stamps are u64 timestamps (ms), keys bytes or None (cut to 255 bytes), values bytes;
  *     seqs is None, or one ascending sequence number per message for a SPARSE bundle.
  *     TypeError or OverflowError for what only the Python loop takes (other types, out of range).
+ * check_messages(data, count, sparse, first_seq, last_seq)
+ *     checks that a produced bundle's message set is exactly ``count`` whole messages, whose sequence
+ *     numbers ascend in a SPARSE bundle; ValueError naming the first fault.
  */
 #include "_speedups.h"
 #include <string.h>
@@ -214,7 +217,61 @@ done:
     return result;
 }
 
+static PyObject *
+check_messages(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t count;
+    int sparse;
+    unsigned long long first, last;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*npKK", &buf, &count, &sparse, &first, &last))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    const char *fault = NULL;
+    Py_ssize_t end = buf.len, pos = 0, i = 0;
+    uint64_t seq = first, gap, vlen;
+    for (; i < count && !fault; i++) {
+        if (pos >= end) {
+            fault = "message set cut short";
+            break;
+        }
+        unsigned char flags = p[pos++];
+        if (sparse && i) {
+            if (i == count - 1) {
+                if (last <= seq)
+                    fault = "sequence numbers do not ascend";
+                seq = last;
+            } else {
+                gap = 0;
+                if (!(flags & SEQ_PREV_PLUS_ONE) && read_varint5(p, &pos, end, &gap) < 0)
+                    fault = "message set cut short";
+                else if (gap >= last - seq - 1) /* seq < last here: the last message must still ascend */
+                    fault = "sequence numbers do not ascend";
+                seq += gap + 1;
+            }
+        }
+        if (!(flags & USE_LAST_TS))
+            pos += 8;
+        if (flags & HAVE_KEY)
+            pos = pos < end ? pos + 1 + p[pos] : end + 1;
+        if (pos > end || read_varint5(p, &pos, end, &vlen) < 0 || vlen > (uint64_t)(end - pos))
+            fault = "message set cut short";
+        else
+            pos += (Py_ssize_t)vlen;
+    }
+    if (!fault && pos != end)
+        fault = "bytes after the last message of a bundle";
+    PyBuffer_Release(&buf);
+    if (fault) {
+        PyErr_SetString(PyExc_ValueError, fault);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"check_messages", check_messages, METH_VARARGS, "Check that a produced message set holds what it declares."},
     {"read_messages", read_messages, METH_VARARGS, "Append the fields of TANK messages to column lists."},
     {"encode_messages", encode_messages, METH_VARARGS, "The messages part of an uncompressed TANK bundle."},
     {NULL, NULL, 0, NULL},

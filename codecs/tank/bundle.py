@@ -21,6 +21,11 @@ between their offsets become a SPARSE bundle; a record whose offset is not
 above the one before it (only a Kafka producer that breaks the protocol
 writes such a batch) is left out. Other formats read a TANK timestamp (u64)
 above 2^63-1 as 2^63-1.
+
+A snappy message set is decompressed under a limit (``gateway.compression``),
+``TankFormat.inflate_limit`` (the TANK listener's frame limit), both when
+``TankFormat.validate`` checks a produced payload and on every read;
+past it, ``BundleLimit``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from collections.abc import Iterable, Sequence
 
 import cramjam
 
-from gateway.convert import Columns
+from gateway import compression
+from gateway.convert import Columns, Validated
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 from gateway.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
 
@@ -57,6 +63,7 @@ SEQ_PREV_PLUS_ONE = 0x04
 COMPRESS_MESSAGES = 512
 COMPRESS_BYTES = 1024
 INT64_MAX = 2**63 - 1
+INFLATE_LIMIT = 64 << 20  # the TANK listener's default frame limit
 
 _U64 = struct.Struct("<Q")
 _FLAGS_TS = struct.Struct("<BQ")
@@ -66,6 +73,10 @@ _PRODUCER = struct.Struct("<IQH")
 
 class BundleError(ValueError):
     """A bundle that cannot be decoded."""
+
+
+class BundleLimit(compression.DecompressionLimit, BundleError):
+    """A message set that decompresses to more than the limit."""
 
 
 varint = uvarint  # unsigned LEB128
@@ -148,12 +159,16 @@ def framed_header(payload: bytes | memoryview) -> Header:
     return parse_header(payload, pos, pos + n)
 
 
-def message_set(buf: bytes | memoryview, header: Header) -> bytes | memoryview:
-    """The (decompressed) message set of a whole bundle."""
+def message_set(buf: bytes | memoryview, header: Header, limit: int = INFLATE_LIMIT) -> bytes | memoryview:
+    """The (decompressed) message set of a whole bundle: ``BundleLimit`` when the snappy
+    block declares more than ``limit`` bytes (checked before decompressing), ``BundleError``
+    when it does not decode."""
     if header.codec == CODEC_SNAPPY:
         try:
-            return bytes(cramjam.snappy.decompress_raw(bytes(buf[header.body : header.end])))
-        except Exception as e:  # noqa: BLE001 - cramjam raises its own error type
+            return compression.snappy_block(memoryview(buf)[header.body : header.end], limit)
+        except compression.SnappyLimit:
+            raise BundleLimit(limit, "snappy message set") from None
+        except compression.SnappyError as e:
             raise BundleError(f"bad snappy message set: {e}") from None
     return memoryview(buf)[header.body : header.end]
 
@@ -190,6 +205,22 @@ def read_messages(data: bytes | memoryview, header: Header, first_seq: int, seqs
             raise BundleError("message set cut short")
         if pos != len(data):
             raise BundleError("bytes after the last message of a bundle")
+
+
+def check_messages(data: bytes | memoryview, header: Header) -> None:
+    """The message set of a produced bundle is exactly its ``header.count`` whole messages,
+    whose sequence numbers ascend in a SPARSE bundle; else ``BundleError``
+    (``_speedups.check_messages`` in C when built)."""
+    if _speedups is not None:
+        try:
+            _speedups.check_messages(data, header.count, header.sparse, header.first_seq or 0, header.last_seq or 0)
+        except ValueError as e:
+            raise BundleError(str(e)) from None
+        return
+    seqs: list[int] = []
+    read_messages(data, header, 0, seqs, [], [], [])
+    if any(b <= a for a, b in zip(seqs, seqs[1:])):
+        raise BundleError("sequence numbers do not ascend")
 
 
 def _read_messages(data: bytes | memoryview, count: int, sparse: bool, first_seq: int, last_seq: int,
@@ -374,9 +405,55 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
 
 
 class TankFormat:
-    """The ``tank`` storage format (see the module docstring)."""
+    """The ``tank`` storage format (see the module docstring).
+
+    ``inflate_limit``: the most the message sets of one payload may decompress
+    to, in ``validate`` and in every read (the TANK listener's frame limit).
+    """
 
     name = NAME
+    inflate_limit = INFLATE_LIMIT
+
+    def validate(self, payload: bytes) -> Validated:
+        """What a produced payload (``varint len | bundle``, or several plain ones) holds.
+
+        Refused with ``CommandError(CORRUPT_MESSAGE)``: a bundle that does not
+        decode; one whose message count is not the messages it holds (a
+        bundle declaring 2^31 messages but holding one); a SPARSE bundle whose
+        sequence numbers do not ascend, or that shares its payload; message
+        sets that decompress to more than ``inflate_limit`` in all
+        (decompressed once, here, to check them). ``span`` is the offsets the
+        payload takes: its messages, or a SPARSE bundle's first to last.
+        """
+        end = len(payload)
+        pos = records = span = 0
+        budget = self.inflate_limit
+        try:
+            while pos < end:
+                n, body = read_varint(payload, pos, end)
+                if body + n > end:
+                    raise BundleError("bundle cut short")
+                header = parse_header(payload, body, body + n)
+                if header.count < 1:
+                    raise BundleError("a bundle without messages")
+                if header.sparse and (pos or body + n != end):
+                    raise BundleError("a SPARSE bundle shares its payload")
+                messages = message_set(payload, header, budget)
+                if header.codec:
+                    budget -= len(messages)
+                check_messages(messages, header)
+                records += header.count
+                span += header.last_seq - header.first_seq + 1 if header.sparse else header.count
+                pos = body + n
+        except BundleLimit:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE,
+                               "bundle refused: message sets decompress to more than the frame limit "
+                               f"({self.inflate_limit} bytes)") from None
+        except BundleError as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"bundle refused: {e}") from None
+        if not records:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, "bundle refused: an empty payload")
+        return Validated(records, span)
 
     def records(self, batch: StoredBatch) -> list[Record]:
         """Records of every bundle of the payload (several when produce requests were merged)."""
@@ -391,14 +468,17 @@ class TankFormat:
             end = len(payload)
             pos = 0
             seq = batch.base_offset + 1
+            budget = self.inflate_limit
             try:
                 while pos < end:
                     n, body = read_varint(payload, pos, end)
                     if body + n > end:
                         raise BundleError("bundle cut short")
                     header = parse_header(payload, body, body + n)
-                    read_messages(message_set(payload, header), header, seq, seqs, columns.timestamps,
-                                  columns.keys, columns.values)
+                    messages = message_set(payload, header, budget)
+                    if header.codec:
+                        budget -= len(messages)
+                    read_messages(messages, header, seq, seqs, columns.timestamps, columns.keys, columns.values)
                     seq = (header.last_seq if header.flags & SPARSE else seq + header.count - 1) + 1
                     pos = body + n
             except BundleError as e:

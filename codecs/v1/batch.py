@@ -24,8 +24,8 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 
-from gateway.convert import Columns
-from gateway.model import Record, StoredBatch
+from gateway.convert import Columns, Validated
+from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 from gateway.text import as_texts
 
 try:
@@ -54,6 +54,18 @@ def encode_record(offset_delta: int, timestamp: int, key: bytes | None, value: b
 class V1Format:
     name = NAME
     joinable = True  # one-record payloads joined are one payload (see assign_offsets)
+
+    def validate(self, payload: bytes) -> Validated:
+        """What a produced payload (one record, or one-record payloads joined) holds:
+        refused with ``CommandError(CORRUPT_MESSAGE)`` unless it is whole records, at
+        least one, with nothing after the last."""
+        try:
+            count = (_speedups.count_records if _speedups is not None else _count_records)(payload)
+        except ValueError as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"V1 payload refused: {e}") from None
+        if not count:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, "V1 payload refused: no record")
+        return Validated(count, count)
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
         return self.columns((batch,)).records()
@@ -116,6 +128,24 @@ def _encode_records(offsets: Sequence[int], base_offset: int, timestamps: Sequen
         else:
             parts += (head(offset - base_offset, ts, len(key)), key, length(len(value)), value)
     return b"".join(parts)
+
+
+def _count_records(payload: bytes) -> int:
+    """The number of whole records of ``payload``; ``ValueError`` when the last one is cut
+    short (``_speedups.count_records`` in C when it was built)."""
+    pos, end, count = 0, len(payload), 0
+    length = LEN.unpack_from
+    while pos < end:
+        pos += _DELTA_TS.size
+        for _ in range(2):  # key, value: i32 length (-1: null) | bytes
+            if pos + LEN.size > end:
+                raise ValueError("a record cut short")
+            (n,) = length(payload, pos)
+            pos += LEN.size + max(n, 0)
+        count += 1
+    if pos != end:
+        raise ValueError("a record cut short")
+    return count
 
 
 def _read_records(payloads: list, bases: list[int], offsets: list[int], timestamps: list[int],

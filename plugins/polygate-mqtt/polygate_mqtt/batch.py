@@ -16,7 +16,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
-from gateway.model import Record, StoredBatch
+from gateway.convert import Validated
+from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
 NAME = "mqtt"
 UNKNOWN_QOS = 0xFF
@@ -32,6 +33,26 @@ def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None
 
 class MqttFormat:
     name = NAME
+
+    def validate(self, payload: bytes) -> Validated:
+        """What a produced payload holds: refused with ``CommandError(CORRUPT_MESSAGE)``
+        unless it is whole records, at least one, numbered 0, 1, 2... with nothing after
+        the last (a record's offset delta is where readers place it)."""
+        pos, end, count = 0, len(payload), 0
+        try:
+            while pos < end:
+                delta, _, _, klen = HEAD.unpack_from(payload, pos)
+                if delta != count:
+                    raise ValueError(f"record {count} has offset delta {delta}")
+                pos += HEAD.size + max(klen, 0)
+                (vlen,) = LEN.unpack_from(payload, pos)
+                pos += LEN.size + max(vlen, 0)
+                count += 1
+        except (struct.error, ValueError) as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"MQTT payload refused: {e}") from None
+        if pos != end or not count:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, "MQTT payload refused: a record cut short or no record")
+        return Validated(count, count)
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
         data = batch.payload

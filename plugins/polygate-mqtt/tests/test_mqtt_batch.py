@@ -1,0 +1,32 @@
+"""The ``mqtt`` storage format's ``validate`` (issue 13, finding 6): a produced payload holds what it says."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from polygate_mqtt import batch
+
+from gateway.convert import Validated
+from gateway.model import CommandError, ErrorCode
+
+
+def refused(payload: bytes) -> str:
+    with pytest.raises(CommandError) as e:
+        batch.FORMAT.validate(payload)
+    assert e.value.error.code is ErrorCode.CORRUPT_MESSAGE
+    return str(e.value)
+
+
+@given(st.lists(st.tuples(st.none() | st.binary(max_size=30), st.binary(max_size=100)), min_size=1, max_size=20))
+def test_a_payload_of_records_numbered_from_0_validates_to_its_records(messages):
+    payload = b"".join(batch.encode_record(i, 1_700_000_000_000, 1, key, value) for i, (key, value) in enumerate(messages))
+    assert batch.FORMAT.validate(payload) == Validated(len(messages), len(messages))
+
+
+def test_a_payload_that_is_not_whole_numbered_records_is_refused():
+    one = batch.encode_record(0, 1, 0, b"t", b"v")
+    for bad in (b"", one[:-1], one + b"\0", one[:5]):
+        refused(bad)
+    assert "offset delta 2147483647" in refused(batch.encode_record(2**31 - 1, 1, 0, b"t", b"v"))
+    assert "offset delta" in refused(one + one)
