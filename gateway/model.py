@@ -465,6 +465,7 @@ class Heartbeat:
 class HeartbeatResult:
     group: str
     error: Error | None = None
+    generation: int = -1  # the group's current generation, also on an error
 
 
 @frozen
@@ -479,6 +480,7 @@ class LeaveGroup:
 class LeaveGroupResult:
     group: str
     error: Error | None = None
+    generation: int = -1  # the group's current generation, also on an error
 
 
 @frozen
@@ -502,6 +504,7 @@ class CommitOffsetsResult:
     group: str
     errors: tuple[tuple[str, int, Error | None], ...] = ()
     error: Error | None = None
+    generation: int = -1  # the group's current generation, also on an error
 
 
 @frozen

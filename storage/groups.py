@@ -262,6 +262,26 @@ class GroupCoordinator:
             self._rebalance(group)
         return group
 
+    def sync_server(self, name: str, member_id: str, generation: int) -> Group:
+        """V1/Cursus SYNC: check the member's generation and keep it alive."""
+        group = self.check_member(name, member_id, generation)
+        group.members[member_id].last_heartbeat_ms = self.clock()
+        return group
+
+    def protocol_type(self, name: str) -> str | None:
+        """The membership protocol of group ``name`` (None: no such group)."""
+        group = self.groups.get(name)
+        return group.protocol_type if group is not None else None
+
+    def generation(self, name: str) -> int:
+        """The current generation of group ``name``, -1 if there is no such group."""
+        group = self.groups.get(name)
+        return group.generation if group is not None else -1
+
+    def names(self) -> list[str]:
+        """Groups with members or with committed offsets, sorted."""
+        return sorted(set(self.groups) | set(self.offsets))
+
     def heartbeat(self, name: str, member_id: str, generation: int) -> Group:
         """Keep a member alive; a consumer group in rebalance answers REBALANCE_IN_PROGRESS."""
         group = self.check_member(name, member_id, generation)

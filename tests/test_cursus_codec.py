@@ -22,6 +22,7 @@ from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import Close, ListenerSettings, Reply, Request, Subscribe
 from gateway.codecs.cursus import batch as cb
 from gateway.codecs.cursus.codec import CursusConnection
+from gateway.localstore import LocalStore
 from gateway.storage.engine import Engine
 
 U32 = struct.Struct(">I")
@@ -30,7 +31,8 @@ U32 = struct.Struct(">I")
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     engine = Engine(str(tmp_path_factory.mktemp("cursus-codec")))
-    b = Broker(engine, {cb.NAME: cb.FORMAT}, task.Clock(), BrokerConfig(fsync=FsyncPolicy("never")))
+    clock = task.Clock()
+    b = Broker(LocalStore(engine, clock), {cb.NAME: cb.FORMAT}, clock, BrokerConfig(fsync=FsyncPolicy("never")))
     b.execute(m.CreateTopic("t", 2))
     yield b
     engine.close()

@@ -25,6 +25,7 @@ from gateway.codec import (
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record
 from gateway.framing import ReceiveBuffer
+from gateway.localstore import LocalStore
 from gateway.storage.engine import Engine
 
 
@@ -87,7 +88,7 @@ class Ticker:
 def rig(tmp_path):
     reactor = Reactor()
     engine = Engine(str(tmp_path))
-    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor)
+    broker = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor)
     factory = CodecFactory(CodecPlugin("ticker", 1, Ticker, 1024), ListenerSettings(1024), broker, reactor)
     proto, transport = connect(factory)
     yield reactor, engine, broker, proto, transport
@@ -205,7 +206,7 @@ def test_the_documented_hello_codec_works(tmp_path):
     hello = walkthrough_plugin()
     reactor = Reactor()
     engine = Engine(str(tmp_path))
-    broker = Broker(engine, {"v1": v1_plugin.batch_format, "hello": hello.batch_format}, reactor)
+    broker = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format, "hello": hello.batch_format}, reactor)
     factory = CodecFactory(hello, ListenerSettings(hello.max_frame_size), broker, reactor)
     proto, transport = connect(factory)
     proto.dataReceived(b"PUT greetings hi\nnonsense\n")
