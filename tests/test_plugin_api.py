@@ -223,3 +223,25 @@ def test_the_documented_hello_codec_works(tmp_path):
     other.dataReceived(b"x" * 5000)
     assert other_transport.value() == b"hello\nERR line too long\n" and other_transport.disconnecting
     engine.close()
+
+
+def test_serving_loads_no_client_or_spark_code(tmp_path):
+    """The server core stays small: starting a gateway with every codec imports
+    neither the bundled clients nor the Spark sources (the CLI's client
+    commands import gateway.clients only when they run)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from twisted.internet import task\n"
+        "import gateway.cli\n"
+        "from gateway.registry import Registry\n"
+        "from gateway.server import Gateway, ListenerConfig\n"
+        "registry = Registry.discover()\n"
+        f"gw = Gateway(task.Clock(), registry, {str(tmp_path)!r}, [])\n"
+        "gw.start(); gw.stop()\n"
+        "print(sorted(n for n in sys.modules if n.startswith(('gateway.clients', 'gateway.spark'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
