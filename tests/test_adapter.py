@@ -92,6 +92,9 @@ class ScriptBroker:
             return d
         return m.FetchResult("t", 0)
 
+    def run_many(self, commands):
+        return [self.run(c) for c in commands]
+
     def execute(self, command):
         return defer.maybeDeferred(self.run, command)
 

@@ -107,7 +107,7 @@ class Producer:
         """Results of ``cmds`` (equal ``merge_key``s) as if produced one by one, but
         with one append per partition: each its own offsets, and the high watermark
         as once its last record was in. The results are values, or Deferreds when
-        acknowledging waits."""
+        acknowledging waits (each partition's answers wait only for that partition)."""
         first = cmds[0]
         topic = first.topic
         try:
@@ -119,33 +119,36 @@ class Producer:
         routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
         for i, cmd in enumerate(cmds):
             routed.setdefault(self._route(cmd, partitions), []).append(i)
-        appends = {p: self._append_joined(fmt, topic, p, [cmds[i].batch for i in indexes])
-                   for p, indexes in routed.items()}
+        results: list[Any] = [None] * len(cmds)
+        for p, indexes in routed.items():
+            batches = [cmds[i].batch for i in indexes]
+            answers = then(self._append_joined(fmt, topic, p, batches),
+                           lambda appended, p=p, batches=batches: self._acknowledge_joined(first, p, batches, appended))
+            if isinstance(answers, defer.Deferred):
+                answers = fan_out(answers, len(indexes))
+            for i, answer in zip(indexes, answers, strict=True):
+                results[i] = answer
+        return results
 
-        def acknowledged(appended: dict[int, tuple[int, int] | Error]) -> Any:
-            lasts = {p: a[1] for p, a in appended.items() if not isinstance(a, Error)}
+    def _acknowledge_joined(self, first: m.Produce, partition: int, batches: list[m.Batch],
+                            appended: tuple[int, int] | Error) -> Any:
+        """The ``ProduceResult``s of ``batches`` appended together (or an ``Error``), once acknowledged."""
+        topic = first.topic
+        if isinstance(appended, Error):
+            return [m.ProduceResult(topic, error=appended)] * len(batches)
 
-            def result(timed_out: frozenset[int]) -> list[m.ProduceResult]:
-                results: list[m.ProduceResult] = [None] * len(cmds)  # type: ignore[list-item]
-                for p, indexes in routed.items():
-                    a = appended[p]
-                    if isinstance(a, Error):
-                        for i in indexes:
-                            results[i] = m.ProduceResult(topic, error=a)
-                        continue
-                    hw, start = self.store.high_watermark(topic, p), self.store.log_start_offset(topic, p)
-                    error = ACKS_TIMEOUT if p in timed_out else None
-                    base = a[0]
-                    for i in indexes:
-                        last = base + max(cmds[i].batch.count, 1) - 1
-                        results[i] = m.ProduceResult(topic, p, base, last, min(hw, last + 1), start, error=error)
-                        base = last + 1
-                return results
+        def result(timed_out: frozenset[int]) -> list[m.ProduceResult]:
+            hw, start = self.store.high_watermark(topic, partition), self.store.log_start_offset(topic, partition)
+            error = ACKS_TIMEOUT if timed_out else None
+            out = []
+            base = appended[0]
+            for batch in batches:
+                last = base + max(batch.count, 1) - 1
+                out.append(m.ProduceResult(topic, partition, base, last, min(hw, last + 1), start, error=error))
+                base = last + 1
+            return out
 
-            return self.acknowledge(first, lasts, result)
-
-        answer = then(_settle(appends), acknowledged)
-        return fan_out(answer, len(cmds)) if isinstance(answer, defer.Deferred) else answer
+        return self.acknowledge(first, {partition: appended[1]}, result)
 
     def _append_joined(self, fmt: BatchFormat, topic: str, partition: int, batches: list[m.Batch]) -> Any:
         """Append ``batches`` as one stored batch: ``(base, last)``, an ``Error``, or a Deferred of either."""
@@ -153,10 +156,13 @@ class Producer:
             self.check_leader(topic, partition)
             base = self.store.log_end_offset(topic, partition)
             payload = fmt.assign_offsets(b"".join([b.payload for b in batches]), base)
-            return self.store.append(topic, partition, fmt.name, payload, sum(max(b.count, 1) for b in batches),
-                                     max(b.max_timestamp for b in batches))
+            appended = self.store.append(topic, partition, fmt.name, payload, sum(max(b.count, 1) for b in batches),
+                                         max(b.max_timestamp for b in batches))
         except CommandError as e:
             return e.error
+        if isinstance(appended, defer.Deferred):
+            return appended.addErrback(_as_error)
+        return appended
 
     # ------------------------------------------------------------------ V1's records (until V1 sends Produce)
 
@@ -255,16 +261,7 @@ class Producer:
         return d
 
 
-def _settle(values: dict[int, Any]) -> Any:
-    """``values`` with each Deferred replaced by its result (a ``CommandError``
-    failure by its ``Error``): the dict, or a Deferred of it if any waited."""
-    waiting = {k: v for k, v in values.items() if isinstance(v, defer.Deferred)}
-    if not waiting:
-        return values
-
-    def as_error(f: Any) -> Error:
-        f.trap(CommandError)
-        return f.value.error
-
-    d = defer.gatherResults([w.addErrback(as_error) for w in waiting.values()], consumeErrors=True)
-    return d.addCallback(lambda done: {**values, **dict(zip(waiting, done, strict=True))})
+def _as_error(f: Any) -> Error:
+    """A ``CommandError`` failure as its ``Error`` (other failures pass)."""
+    f.trap(CommandError)
+    return f.value.error
