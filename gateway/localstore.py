@@ -17,7 +17,7 @@ from gateway import model as m
 from gateway.model import CommandError
 from gateway.rebalance import ConsumerRebalance
 from gateway.storage.engine import Engine
-from gateway.storage.groups import Group
+from gateway.storage.groups import CommitRefused, Group
 from gateway.storage.interface import ReplicaStatus
 
 
@@ -134,11 +134,12 @@ class LocalStore:
                 return self.rebalance.join(cmd)
             if cmd.protocol_type != "server":
                 raise CommandError(m.ErrorCode.UNSUPPORTED, f"membership protocol {cmd.protocol_type!r}")
-            group = self.groups.join_server(cmd.group, cmd.member_id, cmd.topics, cmd.assignor,
-                                            cmd.session_timeout_ms, cmd.client_id, cmd.client_host)
+            group, member_id = self.groups.join_server(cmd.group, cmd.member_id, cmd.topics, cmd.assignor,
+                                                       cmd.session_timeout_ms, cmd.client_id, cmd.client_host,
+                                                       cmd.new_member_id)
         except CommandError as e:
-            return m.JoinGroupResult(cmd.group, error=e.error)
-        return m.JoinGroupResult(cmd.group, cmd.member_id, group.generation, self._assignment(group, cmd.member_id))
+            return m.JoinGroupResult(cmd.group, generation=self.groups.generation(cmd.group), error=e.error)
+        return m.JoinGroupResult(cmd.group, member_id, group.generation, self._assignment(group, member_id))
 
     def sync_group(self, cmd: m.SyncGroup) -> Any:
         try:
@@ -146,7 +147,7 @@ class LocalStore:
                 return self.rebalance.sync(cmd)
             group = self.groups.sync_server(cmd.group, cmd.member_id, cmd.generation)
         except CommandError as e:
-            return m.SyncGroupResult(cmd.group, error=e.error)
+            return m.SyncGroupResult(cmd.group, self.groups.generation(cmd.group), error=e.error)
         return m.SyncGroupResult(cmd.group, group.generation, self._assignment(group, cmd.member_id))
 
     def heartbeat(self, cmd: m.Heartbeat) -> m.HeartbeatResult:
@@ -166,22 +167,27 @@ class LocalStore:
 
     def commit_offsets(self, cmd: m.CommitOffsets) -> m.CommitOffsetsResult:
         try:
-            self.groups.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation, cmd.require_assignment)
+            self.groups.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation, cmd.require_assignment,
+                               cmd.no_regression, cmd.validate_only)
+        except CommitRefused as e:
+            return m.CommitOffsetsResult(cmd.group, ((e.topic, e.partition, e.error),), e.error,
+                                         self.groups.generation(cmd.group))
         except CommandError as e:
             return m.CommitOffsetsResult(cmd.group, error=e.error, generation=self.groups.generation(cmd.group))
         return m.CommitOffsetsResult(cmd.group, tuple((t, p, None) for t, p, _, _ in cmd.offsets),
                                      generation=self.groups.generation(cmd.group))
 
     def fetch_offsets(self, cmd: m.FetchOffsets) -> m.FetchOffsetsResult:
+        generation = self.groups.generation(cmd.group)
         if cmd.partitions is None:
             found = self.groups.committed_all(cmd.group)
             return m.FetchOffsetsResult(cmd.group, tuple(
-                (t, p, o, meta) for (t, p), (o, meta) in sorted(found.items())))
+                (t, p, o, meta) for (t, p), (o, meta) in sorted(found.items())), generation=generation)
         out = []
         for t, p in cmd.partitions:
             c = self.groups.committed(cmd.group, t, p)
             out.append((t, p, c[0], c[1]) if c else (t, p, -1, ""))
-        return m.FetchOffsetsResult(cmd.group, tuple(out))
+        return m.FetchOffsetsResult(cmd.group, tuple(out), generation=generation)
 
     def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
         committed = self.groups.committed(group, topic, partition)

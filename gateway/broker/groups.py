@@ -42,6 +42,8 @@ class Groups:
         return then(self.store.leave_group(cmd), self._durable)
 
     def commit_offsets(self, cmd: m.CommitOffsets) -> Any:
+        if cmd.validate_only:  # nothing is written
+            return self.store.commit_offsets(cmd)
         return then(self.store.commit_offsets(cmd), self._durable)
 
     def fetch_offsets(self, cmd: m.FetchOffsets) -> Any:
