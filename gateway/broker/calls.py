@@ -38,6 +38,8 @@ def errors_as(result_type: Callable[..., Any], *fields: str) -> Callable[[Callab
                 return as_result(cmd, e)
             if isinstance(result, defer.Deferred):
                 def failed(f: Any) -> Any:
+                    if f.check(defer.FirstError):  # from one of several calls waited for together
+                        f = f.value.subFailure
                     f.trap(CommandError)
                     return as_result(cmd, f.value)
 

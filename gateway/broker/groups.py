@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import attrs
+from twisted.internet import defer
 
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
@@ -26,11 +27,12 @@ class Groups:
     def join(self, cmd: m.JoinGroup) -> Any:
         if cmd.protocol_type != "server":
             return self.store.join_group(cmd)
-        for t in cmd.topics:
-            self.broker.topics.ensure(t, True)
         if not cmd.session_timeout_ms:
             cmd = attrs.evolve(cmd, session_timeout_ms=self.broker.config.group_session_timeout_ms)
-        return then(self.store.join_group(cmd), self._durable)
+        ensured = [self.broker.topics.ensure(t, True) for t in cmd.topics]
+        waits = [d for d in ensured if isinstance(d, defer.Deferred)]
+        joined = defer.gatherResults(waits, consumeErrors=True) if waits else None
+        return then(then(joined, lambda _: self.store.join_group(cmd)), self._durable)
 
     def sync(self, cmd: m.SyncGroup) -> Any:
         return self.store.sync_group(cmd)

@@ -52,7 +52,9 @@ class Producer:
 
     @errors_as(m.ProduceResult, "topic")
     def produce(self, cmd: m.Produce) -> Any:
-        self.broker.topics.ensure(cmd.topic, cmd.auto_create)
+        return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce(cmd))
+
+    def _produce(self, cmd: m.Produce) -> Any:
         store = self.store
         partition = self._route(cmd, store.partition_count(cmd.topic))
         batch = cmd.batch
@@ -109,9 +111,20 @@ class Producer:
         as once its last record was in. The results are values, or Deferreds when
         acknowledging waits (each partition's answers wait only for that partition)."""
         first = cmds[0]
+        try:
+            ensured = self.broker.topics.ensure(first.topic, first.auto_create)
+        except CommandError as e:
+            return [m.ProduceResult(first.topic, error=e.error)] * len(cmds)
+        if isinstance(ensured, defer.Deferred):
+            answers = ensured.addCallback(lambda _: defer.gatherResults(
+                [r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in self._produce_merged(cmds)], consumeErrors=True))
+            return fan_out(answers.addErrback(_as_results, first.topic, len(cmds)), len(cmds))
+        return self._produce_merged(cmds)
+
+    def _produce_merged(self, cmds: Sequence[m.Produce]) -> list[Any]:
+        first = cmds[0]
         topic = first.topic
         try:
-            self.broker.topics.ensure(topic, first.auto_create)
             partitions = self.store.partition_count(topic)
             fmt = self.format(first.batch.format)
         except CommandError as e:
@@ -125,7 +138,7 @@ class Producer:
             answers = then(self._append_joined(fmt, topic, p, batches),
                            lambda appended, p=p, batches=batches: self._acknowledge_joined(first, p, batches, appended))
             if isinstance(answers, defer.Deferred):
-                answers = fan_out(answers, len(indexes))
+                answers = fan_out(answers.addErrback(_as_results, topic, len(indexes)), len(indexes))
             for i, answer in zip(indexes, answers, strict=True):
                 results[i] = answer
         return results
@@ -155,7 +168,8 @@ class Producer:
         try:
             self.check_leader(topic, partition)
             base = self.store.log_end_offset(topic, partition)
-            payload = fmt.assign_offsets(b"".join([b.payload for b in batches]), base)
+            joined = batches[0].payload if len(batches) == 1 else b"".join([b.payload for b in batches])
+            payload = fmt.assign_offsets(joined, base)
             appended = self.store.append(topic, partition, fmt.name, payload, sum(max(b.count, 1) for b in batches),
                                          max(b.max_timestamp for b in batches))
         except CommandError as e:
@@ -168,7 +182,9 @@ class Producer:
 
     @errors_as(m.ProduceRecordsResult, "topic")
     def produce_records(self, cmd: m.ProduceRecords) -> Any:
-        self.broker.topics.ensure(cmd.topic, cmd.auto_create)
+        return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce_records(cmd))
+
+    def _produce_records(self, cmd: m.ProduceRecords) -> Any:
         store = self.store
         count = store.partition_count(cmd.topic)
         fmt = self.format(cmd.format)
@@ -265,3 +281,11 @@ def _as_error(f: Any) -> Error:
     """A ``CommandError`` failure as its ``Error`` (other failures pass)."""
     f.trap(CommandError)
     return f.value.error
+
+
+def _as_results(f: Any, topic: str, count: int) -> list[m.ProduceResult]:
+    """A ``CommandError`` failure as ``count`` failed ``ProduceResult``s (other failures pass)."""
+    if f.check(defer.FirstError):
+        f = f.value.subFailure
+    f.trap(CommandError)
+    return [m.ProduceResult(topic, error=f.value.error)] * count
