@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from twisted.internet import defer
+
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
 from gateway.model import CommandError
@@ -49,16 +51,33 @@ class Topics:
         return then(self.store.add_partitions(cmd.topic, cmd.count),
                     lambda _: self.broker.durable(m.CreatePartitionsResult(cmd.topic)))
 
-    def list(self, cmd: m.ListTopics) -> m.ListTopicsResult:
+    def list(self, cmd: m.ListTopics) -> Any:
         names = sorted(self.store.topic_names()) if cmd.topics is None else cmd.topics
-        out = []
-        for name in names:
-            try:
-                self.ensure(name, cmd.auto_create)
-                out.append(self.store.describe_topic(name))
-            except CommandError as e:
-                out.append(m.TopicInfo(name, error=e.error))
-        return m.ListTopicsResult(tuple(out))
+        infos = [self._info(name, cmd.auto_create) for name in names]
+        if any(isinstance(i, defer.Deferred) for i in infos):
+            return defer.gatherResults([i if isinstance(i, defer.Deferred) else defer.succeed(i) for i in infos],
+                                       consumeErrors=True).addCallback(lambda infos: m.ListTopicsResult(tuple(infos)))
+        return m.ListTopicsResult(tuple(infos))
+
+    def _info(self, name: str, auto_create: bool) -> Any:
+        """The topic's ``TopicInfo`` (created first if asked and allowed), errors included."""
+        try:
+            ensured = self.ensure(name, auto_create)
+        except CommandError as e:
+            return m.TopicInfo(name, error=e.error)
+        if isinstance(ensured, defer.Deferred):
+            def failed(f: Any) -> m.TopicInfo:
+                f.trap(CommandError)
+                return m.TopicInfo(name, error=f.value.error)
+
+            return ensured.addCallbacks(lambda _: self._describe(name), failed)
+        return self._describe(name)
+
+    def _describe(self, name: str) -> m.TopicInfo:
+        try:
+            return self.store.describe_topic(name)
+        except CommandError as e:
+            return m.TopicInfo(name, error=e.error)
 
     def server_info(self, cmd: m.ServerInfo) -> m.ServerInfoResult:
         return m.ServerInfoResult(self.store.started_at, len(self.store.topic_names()),
