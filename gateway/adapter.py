@@ -218,12 +218,10 @@ class CodecProtocol(protocol.Protocol):
                 raise TypeError(f"unknown codec event {event!r}")
 
     def _run(self, requests: list[tuple[_Slot, Request]]) -> None:
-        if len(requests) == 1:  # the common case: no list to build and split
-            slot, request = requests[0]
-            self._request(slot, request)
-            return
+        """Run the commands of ``requests`` in one ``run_many`` call; answer each request."""
+        commands = requests[0][1].commands if len(requests) == 1 else [c for _, r in requests for c in r.commands]
         try:
-            results = self.broker.run_many([c for _, r in requests for c in r.commands])
+            results = self.broker.run_many(commands)
         except Exception:
             failure = Failure()
             for slot, request in requests:
@@ -234,14 +232,6 @@ class CodecProtocol(protocol.Protocol):
             end = start + len(request.commands)
             self._complete(slot, request, results[start:end])
             start = end
-
-    def _request(self, slot: _Slot, request: Request) -> None:
-        try:
-            results = self.broker.run_many(request.commands)
-        except Exception:
-            self._internal_error(slot, request, Failure())
-            return
-        self._complete(slot, request, results)
 
     def _complete(self, slot: _Slot, request: Request, results: list[Any]) -> None:
         """Answer ``request`` once its ``results`` (values or Deferreds) are all in."""
