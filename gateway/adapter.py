@@ -174,6 +174,18 @@ class CodecProtocol(protocol.Protocol):
         self._update_reading()
 
     def _take_events(self) -> None:
+        """Take events, then run the commands of every request taken in one
+        ``run_many`` call (so pipelined produces can share appends); again while
+        the answers release more events."""
+        while True:
+            requests: list[tuple[_Slot, Request]] = []
+            self._take_some(requests)
+            if not requests:
+                return
+            self._run(requests)
+
+    def _take_some(self, requests: list[tuple[_Slot, Request]]) -> None:
+        """Take events while we may; requests get their slot now and are run later."""
         while not self.closing and not self.streaming and not self._too_busy():
             try:
                 event = self.codec.next_event()
@@ -183,7 +195,9 @@ class CodecProtocol(protocol.Protocol):
             if event is None:
                 break
             if isinstance(event, Request):
-                self._request(event)
+                slot = _Slot()
+                (self.queue if event.ordered else self.unordered).append(slot)
+                requests.append((slot, event))
             elif isinstance(event, Reply):
                 self.queue.append(_Slot(event.data, event.close))
                 if event.close:
@@ -203,14 +217,24 @@ class CodecProtocol(protocol.Protocol):
             else:  # pragma: no cover
                 raise TypeError(f"unknown codec event {event!r}")
 
-    def _request(self, request: Request) -> None:
-        slot = _Slot()
-        (self.queue if request.ordered else self.unordered).append(slot)
+    def _run(self, requests: list[tuple[_Slot, Request]]) -> None:
+        """Run the commands of ``requests`` in one ``run_many`` call; answer each request."""
+        commands = requests[0][1].commands if len(requests) == 1 else [c for _, r in requests for c in r.commands]
         try:
-            results = [self.broker.run(c) for c in request.commands]
+            results = self.broker.run_many(commands)
         except Exception:
-            self._internal_error(slot, request, Failure())
+            failure = Failure()
+            for slot, request in requests:
+                self._internal_error(slot, request, failure)
             return
+        start = 0
+        for slot, request in requests:
+            end = start + len(request.commands)
+            self._complete(slot, request, results[start:end])
+            start = end
+
+    def _complete(self, slot: _Slot, request: Request, results: list[Any]) -> None:
+        """Answer ``request`` once its ``results`` (values or Deferreds) are all in."""
         if not any(isinstance(r, defer.Deferred) for r in results):
             self._answer(slot, request, results)  # the common case: no waiting, no Deferreds
             return

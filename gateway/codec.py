@@ -363,9 +363,11 @@ class BatchFormat(Protocol):
     received payload with the base offset the engine gave it, before it is
     stored (identity where the format carries no offsets).
 
-    Optional ``joinable = True``: one-record payloads of the format, joined,
-    make one payload whose records ``assign_offsets`` numbers from the batch
-    base (V1's); only such formats take ``ProduceRecords``.
+    Optional ``joinable = True``: payloads of the format, joined, make one
+    payload whose records ``assign_offsets`` numbers from the batch base, each
+    payload after the last offset of the one before (V1's records, Kafka's v2
+    batches). The broker appends consecutive produces of such a format as one
+    batch (``Broker.run_many``); only such formats take ``ProduceRecords``.
     """
 
     name: str

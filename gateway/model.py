@@ -54,6 +54,7 @@ class ErrorCode(enum.Enum):
     CORRUPT_MESSAGE = "corrupt_message"
     STORAGE_ERROR = "storage_error"
     UNSUPPORTED = "unsupported"
+    OFFSET_REGRESSION = "offset_regression"
 
 
 @frozen
@@ -407,6 +408,9 @@ class JoinGroup:
     with ``assignor`` and answers at once) or ``"consumer"`` (Kafka: the
     broker waits for every member to rejoin, then the leader assigns).
     ``member_id`` empty means "give me a new one" for protocols that do so.
+    ``new_member_id`` (server groups): the id a member not in the group gets
+    instead of ``member_id`` (Cursus suffixes new members; a member still in
+    the group keeps its id). The result's ``member_id`` is the id used.
     """
 
     group: str
@@ -421,10 +425,14 @@ class JoinGroup:
     protocols: tuple[tuple[str, bytes], ...] = ()
     group_instance_id: str | None = None
     extras: Mapping[str, Any] = attrs.field(default=EMPTY, converter=_extras)
+    new_member_id: str | None = None
 
 
 @frozen
 class JoinGroupResult:
+    """``generation`` is the group's current one, also with ``error`` for a
+    server group (-1: no such group)."""
+
     group: str
     member_id: str = ""
     generation: int = -1
@@ -446,6 +454,9 @@ class SyncGroup:
 
 @frozen
 class SyncGroupResult:
+    """``generation`` is the group's current one, also with ``error`` for a
+    server group (-1: no such group)."""
+
     group: str
     generation: int = -1
     assignment: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -465,6 +476,7 @@ class Heartbeat:
 class HeartbeatResult:
     group: str
     error: Error | None = None
+    generation: int = -1  # the group's current generation, also on an error
 
 
 @frozen
@@ -479,6 +491,7 @@ class LeaveGroup:
 class LeaveGroupResult:
     group: str
     error: Error | None = None
+    generation: int = -1  # the group's current generation, also on an error
 
 
 @frozen
@@ -487,7 +500,9 @@ class CommitOffsets:
 
     ``generation=None`` skips membership checks (a simple, group-less
     commit, as Kafka's generation -1). ``require_assignment`` also checks that
-    each partition is assigned to the member (V1's rule).
+    each partition is assigned to the member (V1's rule). ``no_regression``
+    refuses (``OFFSET_REGRESSION``) an offset below the one committed;
+    ``validate_only`` makes every check and stores nothing (Cursus' rules).
     """
 
     group: str
@@ -495,13 +510,18 @@ class CommitOffsets:
     member_id: str = ""
     generation: int | None = None
     require_assignment: bool = False
+    no_regression: bool = False
+    validate_only: bool = False
 
 
 @frozen
 class CommitOffsetsResult:
+    """``errors`` names the partition a commit was refused for, if one was."""
+
     group: str
     errors: tuple[tuple[str, int, Error | None], ...] = ()
     error: Error | None = None
+    generation: int = -1  # the group's current generation, also on an error
 
 
 @frozen
@@ -517,6 +537,7 @@ class FetchOffsetsResult:
     group: str
     offsets: tuple[tuple[str, int, int, str], ...] = ()
     error: Error | None = None
+    generation: int = -1  # the group's current generation; -1: the coordinator knows no such group
 
 
 @frozen

@@ -12,6 +12,7 @@ from twisted.internet import defer
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig
 from gateway.codec import ListenerSettings, parse_options
+from gateway.localstore import LocalStore
 from gateway.registry import Registry
 from gateway.storage.engine import Engine, EngineConfig
 
@@ -54,7 +55,7 @@ class Gateway:
     def start(self) -> list[tuple[str, str, int]]:
         """Open storage and listen; returns ``(codec, host, port)`` per listener."""
         self.engine = Engine(self.data_dir, self.engine_config)
-        self.broker = Broker(self.engine, self.registry.batch_formats, self.reactor, self.broker_config)
+        self.broker = Broker(LocalStore(self.engine, self.reactor), self.registry.batch_formats, self.reactor, self.broker_config)
         try:
             for lc in self.listener_configs:
                 plugin = self.registry.get(lc.codec)

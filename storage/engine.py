@@ -323,6 +323,9 @@ class Engine:
     def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> int | None:
         return self.partition(topic, partition).log.offset_for_timestamp(timestamp)
 
+    def max_timestamp_offset(self, topic: str, partition: int) -> tuple[int, int]:
+        return self.partition(topic, partition).log.max_timestamp_offset()
+
     # ------------------------------------------------------------------ replication
 
     def report_replica(self, topic: str, partition: int, replica_id: int, offset: int) -> Partition:

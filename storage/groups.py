@@ -116,6 +116,15 @@ def assign(assignor: str, members: list[str], partitions: list[tuple[str, int]])
     return out
 
 
+class CommitRefused(CommandError):
+    """A commit refused because of one partition (``topic``, ``partition``)."""
+
+    def __init__(self, code: ErrorCode, message: str, topic: str, partition: int):
+        super().__init__(code, message)
+        self.topic = topic
+        self.partition = partition
+
+
 class GroupCoordinator:
     """Group membership and committed offsets.
 
@@ -225,14 +234,19 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ server-assigned groups
 
     def join_server(self, name: str, member_id: str, topics: tuple[str, ...], assignor: str,
-                    session_timeout_ms: int | None = None, client_id: str = "", client_host: str = "") -> Group:
+                    session_timeout_ms: int | None = None, client_id: str = "", client_host: str = "",
+                    new_member_id: str | None = None) -> tuple[Group, str]:
         """V1/Cursus JOIN: add or refresh the member; answer with its assignment at once.
 
         A new group starts at generation 1 and every new member bumps it;
         a different topic set clears the members; a different assignor bumps it.
+        With ``new_member_id``, a member not (or no longer) in the group joins
+        under that id instead. Returns the group and the member's id.
         """
         now = self.clock()
         group = self.groups.get(name)
+        if new_member_id is not None and (group is None or member_id not in group.members):
+            member_id = new_member_id
         if group is None:
             group = self.groups[name] = Group(name, "server", topics, assignor=assignor)
         elif group.protocol_type != "server":
@@ -260,7 +274,27 @@ class GroupCoordinator:
             changed = True  # partitions were added since the last assignment
         if changed:
             self._rebalance(group)
+        return group, member_id
+
+    def sync_server(self, name: str, member_id: str, generation: int) -> Group:
+        """V1/Cursus SYNC: check the member's generation and keep it alive."""
+        group = self.check_member(name, member_id, generation)
+        group.members[member_id].last_heartbeat_ms = self.clock()
         return group
+
+    def protocol_type(self, name: str) -> str | None:
+        """The membership protocol of group ``name`` (None: no such group)."""
+        group = self.groups.get(name)
+        return group.protocol_type if group is not None else None
+
+    def generation(self, name: str) -> int:
+        """The current generation of group ``name``, -1 if there is no such group."""
+        group = self.groups.get(name)
+        return group.generation if group is not None else -1
+
+    def names(self) -> list[str]:
+        """Groups with members or with committed offsets, sorted."""
+        return sorted(set(self.groups) | set(self.offsets))
 
     def heartbeat(self, name: str, member_id: str, generation: int) -> Group:
         """Keep a member alive; a consumer group in rebalance answers REBALANCE_IN_PROGRESS."""
@@ -365,8 +399,12 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ offsets
 
     def commit(self, name: str, offsets: Iterable[tuple[str, int, int, str]], member_id: str = "",
-               generation: int | None = None, require_assignment: bool = False) -> None:
-        """Store committed offsets, after the membership checks asked for."""
+               generation: int | None = None, require_assignment: bool = False, no_regression: bool = False,
+               validate_only: bool = False) -> None:
+        """Store committed offsets, after the checks asked for: membership (with
+        ``generation``), ``require_assignment`` (``NOT_ASSIGNED``), ``no_regression``
+        (``OFFSET_REGRESSION`` below the offset committed); ``validate_only``
+        stores nothing. A check refused for one partition raises ``CommitRefused``."""
         offsets = list(offsets)
         for topic, partition, offset, _ in offsets:
             if not -1 <= offset < 1 << 63 or not 0 <= partition < 1 << 31:
@@ -380,7 +418,17 @@ class GroupCoordinator:
                 owned = self.assignment_of(group, member_id)
                 for topic, partition, _, _ in offsets:
                     if partition not in owned.get(topic, ()):
-                        raise CommandError(ErrorCode.NOT_ASSIGNED, "partition not assigned to member")
+                        raise CommitRefused(ErrorCode.NOT_ASSIGNED, "partition not assigned to member", topic,
+                                            partition)
+        if no_regression:
+            for topic, partition, offset, _ in offsets:
+                current = self.committed(name, topic, partition)
+                if current is not None and current[0] > offset:
+                    raise CommitRefused(ErrorCode.OFFSET_REGRESSION,
+                                        f"offset regression group={name} topic={topic} partition={partition} "
+                                        f"current={current[0]} got={offset}", topic, partition)
+        if validate_only:
+            return
         store = self.offsets.setdefault(name, {})
         for topic, partition, offset, meta in offsets:
             store[(topic, partition)] = (offset, meta)

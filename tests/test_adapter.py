@@ -17,6 +17,7 @@ from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import Close, CodecPlugin, ListenerSettings, Reply, Request, Subscribe
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.framing import ReceiveBuffer
+from gateway.localstore import LocalStore
 from gateway.storage.engine import Engine
 
 
@@ -90,6 +91,9 @@ class ScriptBroker:
             self.waits[command[1]] = d
             return d
         return m.FetchResult("t", 0)
+
+    def run_many(self, commands):
+        return [self.run(c) for c in commands]
 
     def execute(self, command):
         return defer.maybeDeferred(self.run, command)
@@ -192,7 +196,7 @@ def broker(tmp_path):
     reactor = Reactor()
     engine = Engine(str(tmp_path))
     formats = {"v1": v1_plugin.batch_format}
-    b = Broker(engine, formats, reactor, BrokerConfig(fsync=FsyncPolicy("always")))
+    b = Broker(LocalStore(engine, reactor), formats, reactor, BrokerConfig(fsync=FsyncPolicy("always")))
     yield b, reactor, engine
     engine.close()
 
@@ -249,7 +253,7 @@ def test_acks_all_waits_for_followers_without_blocking(tmp_path):
 
     reactor = Reactor()
     engine = Engine(str(tmp_path), EngineConfig(replication_factor=2, min_insync_replicas=2))
-    b = Broker(engine, {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
+    b = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
     engine.create_topic("r", 1)
     d = b.execute(produce("r", b"x", m.Acks.ALL))
     assert not d.called
@@ -301,7 +305,7 @@ def test_thousands_of_pipelined_requests_answered_synchronously(tmp_path):
     """Results that fire at once must not recurse once per pipelined request."""
     reactor = Reactor()
     engine = Engine(str(tmp_path))
-    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor)  # fsync interval: no wait
+    broker = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor)  # fsync interval: no wait
     factory = CodecFactory(v1_plugin, ListenerSettings(1 << 16), broker, reactor)
     proto, transport = connect(factory)
     proto.dataReceived(b"".join(b"V1|%d|PRODUCE|deep k:v%d\n" % (i, i) for i in range(5000)))
@@ -363,7 +367,7 @@ def test_produce_records_errors_are_per_partition(broker):
 def test_pipelined_produce_lines_share_appends_and_keep_their_answers(tmp_path):
     reactor = Reactor()
     engine = Engine(str(tmp_path))
-    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor)
+    broker = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor)
     engine.create_topic("burst", 3)
     factory = CodecFactory(v1_plugin, ListenerSettings(1 << 16), broker, reactor)
     proto, transport = connect(factory)
@@ -395,7 +399,7 @@ def test_produce_records_with_acks_all_waits_per_partition(tmp_path):
 
     reactor = Reactor()
     engine = Engine(str(tmp_path), EngineConfig(replication_factor=2, min_insync_replicas=2))
-    b = Broker(engine, {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
+    b = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
     engine.create_topic("r", 2)
     keys = tuple(b"k%d" % i for i in range(8))
     partitions = [choose("fnv1a_32", k, 2, 0) for k in keys]
@@ -423,7 +427,7 @@ def test_closing_while_acks_all_produce_lines_wait_is_quiet(tmp_path, caplog):
 
     reactor = Reactor()
     engine = Engine(str(tmp_path), EngineConfig(replication_factor=2, min_insync_replicas=2))
-    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
+    broker = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(ack_timeout_ms=1000))
     engine.create_topic("r", 3)
     proto, transport = connect(CodecFactory(v1_plugin, ListenerSettings(1 << 16), broker, reactor))
     proto.dataReceived(b"".join(b"V1|%d|PRODUCE|r k%d:v acks=all\n" % (i, i) for i in range(9)))

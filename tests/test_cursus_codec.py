@@ -22,6 +22,7 @@ from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import Close, ListenerSettings, Reply, Request, Subscribe
 from gateway.codecs.cursus import batch as cb
 from gateway.codecs.cursus.codec import CursusConnection
+from gateway.localstore import LocalStore
 from gateway.storage.engine import Engine
 
 U32 = struct.Struct(">I")
@@ -30,7 +31,8 @@ U32 = struct.Struct(">I")
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     engine = Engine(str(tmp_path_factory.mktemp("cursus-codec")))
-    b = Broker(engine, {cb.NAME: cb.FORMAT}, task.Clock(), BrokerConfig(fsync=FsyncPolicy("never")))
+    clock = task.Clock()
+    b = Broker(LocalStore(engine, clock), {cb.NAME: cb.FORMAT}, clock, BrokerConfig(fsync=FsyncPolicy("never")))
     b.execute(m.CreateTopic("t", 2))
     yield b
     engine.close()
@@ -229,6 +231,23 @@ def test_an_earlier_answer_does_not_release_a_two_step_hold(broker):
     assert run(join) == b""
     assert run(conn.next_event())[4:].startswith(b"OK generation=")
     assert isinstance(conn.next_event().commands[0], m.ListTopics)
+
+
+@pytest.mark.parametrize("line, command", [
+    ("SYNC_GROUP topic=t group=one member=c generation=1", m.SyncGroup),
+    ("HEARTBEAT topic=t group=one member=c generation=1", m.Heartbeat),
+    ("LEAVE_GROUP topic=t group=one member=c", m.LeaveGroup),
+    ("FETCH_OFFSET topic=t partition=0 group=one", m.FetchOffsets),
+    ("COMMIT_OFFSET topic=t partition=0 group=one offset=3 member=c generation=1", m.CommitOffsets),
+    ("BATCH_COMMIT topic=t group=one member=c generation=1 offsets=P0:1,P1:2", m.CommitOffsets),
+])
+def test_group_commands_ask_the_coordinator_once(line, command):
+    """The coordinator checks the group rules and its results carry the generation:
+    no DescribeGroups or FetchOffsets first only to learn them."""
+    conn = CursusConnection(ListenerSettings(1 << 16))
+    conn.receive_data(_stream(encode_message("", line)))
+    request = conn.next_event()
+    assert [type(c) for c in request.commands] == [command]
 
 
 # --------------------------------------------------------------------------- fuzzing

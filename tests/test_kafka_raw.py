@@ -136,3 +136,42 @@ def test_batch_with_good_crc_but_bad_records_gives_readers_an_error(kafka_gatewa
         reply = v1.request("CONSUME", topic, "0", "0")  # another format's reader: an error or nothing
         assert not reply.ok or reply.fields["messages"] == ""
     kafka_gateway.assert_alive()
+
+
+class _Collect:
+    """Stands in for the client's socket while requests are built, so that they
+    leave in one write: the gateway then finds them buffered together."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+
+def test_pipelined_produces_share_appends_and_keep_their_answers(kafka_gateway):
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    sock, client.sock = client.sock, _Collect()
+    batches = [records.encode_batch([m.Record(b"v%d" % i, None, 1_700_000_000_000 + i)] * 2, 0) for i in range(20)]
+    sent = [client.send(0, 3, {"Acks": 1, "TimeoutMs": 10_000, "TopicData": [
+        {"Name": topic, "PartitionData": [{"Index": 0, "Records": batch}]}]}) for batch in batches]
+    frames, client.sock = client.sock.data, sock
+    sock.sendall(frames)
+    answers = [client.receive(0, 3) for _ in sent]
+    assert [correlation for correlation, _ in answers] == sent
+    parts = [a.Responses[0].PartitionResponses[0] for _, a in answers]
+    assert [(p.ErrorCode, p.BaseOffset) for p in parts] == [(0, 2 * i) for i in range(20)]
+    fetched = client.fetch(topic, 0, 0)
+    assert fetched.HighWatermark == 40
+    assert [(r.offset, r.value) for r in records.read_batches(fetched.Records)] == [
+        (offset, b"v%d" % (offset // 2)) for offset in range(40)]
+    client.close()
+    kafka_gateway.stop()
+    from gateway.storage.engine import Engine
+
+    engine = Engine(kafka_gateway.data_dir)
+    try:
+        assert len(engine.read(topic, 0, 0, 1 << 30)) < len(batches)  # fewer appends than produces
+    finally:
+        engine.close()

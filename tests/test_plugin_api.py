@@ -25,6 +25,7 @@ from gateway.codec import (
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record
 from gateway.framing import ReceiveBuffer
+from gateway.localstore import LocalStore
 from gateway.storage.engine import Engine
 
 
@@ -87,7 +88,7 @@ class Ticker:
 def rig(tmp_path):
     reactor = Reactor()
     engine = Engine(str(tmp_path))
-    broker = Broker(engine, {"v1": v1_plugin.batch_format}, reactor)
+    broker = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor)
     factory = CodecFactory(CodecPlugin("ticker", 1, Ticker, 1024), ListenerSettings(1024), broker, reactor)
     proto, transport = connect(factory)
     yield reactor, engine, broker, proto, transport
@@ -205,7 +206,7 @@ def test_the_documented_hello_codec_works(tmp_path):
     hello = walkthrough_plugin()
     reactor = Reactor()
     engine = Engine(str(tmp_path))
-    broker = Broker(engine, {"v1": v1_plugin.batch_format, "hello": hello.batch_format}, reactor)
+    broker = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format, "hello": hello.batch_format}, reactor)
     factory = CodecFactory(hello, ListenerSettings(hello.max_frame_size), broker, reactor)
     proto, transport = connect(factory)
     proto.dataReceived(b"PUT greetings hi\nnonsense\n")
@@ -222,3 +223,25 @@ def test_the_documented_hello_codec_works(tmp_path):
     other.dataReceived(b"x" * 5000)
     assert other_transport.value() == b"hello\nERR line too long\n" and other_transport.disconnecting
     engine.close()
+
+
+def test_serving_loads_no_client_or_spark_code(tmp_path):
+    """The server core stays small: starting a gateway with every codec imports
+    neither the bundled clients nor the Spark sources (the CLI's client
+    commands import gateway.clients only when they run)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from twisted.internet import task\n"
+        "import gateway.cli\n"
+        "from gateway.registry import Registry\n"
+        "from gateway.server import Gateway, ListenerConfig\n"
+        "registry = Registry.discover()\n"
+        f"gw = Gateway(task.Clock(), registry, {str(tmp_path)!r}, [])\n"
+        "gw.start(); gw.stop()\n"
+        "print(sorted(n for n in sys.modules if n.startswith(('gateway.clients', 'gateway.spark'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -221,24 +221,6 @@ def _assignments(result: m.JoinGroupResult | m.SyncGroupResult, topic: str) -> s
     return "[" + " ".join(str(p) for p in dict(result.assignment).get(topic, ())) + "]"
 
 
-def _member_check(info: m.GroupInfo, group: str, member: str, generation: int) -> None:
-    """Raise the coordinator error a stale or unknown member gets."""
-    if info.state == "Dead":
-        raise Reject(f"ERROR: group_not_found reason={q(f'group {group} not found')}")
-    if member not in {mem.member_id for mem in info.members}:
-        raise Reject(f"ERROR: member_not_found member={member} group={group}")
-    if generation != info.generation:
-        raise Reject(f"ERROR: GEN_MISMATCH current={info.generation} requested={generation} group={group} "
-                     f"member={member}")
-
-
-def _owned(info: m.GroupInfo, member: str, topic: str) -> tuple[int, ...]:
-    for mem in info.members:
-        if mem.member_id == member:
-            return dict(mem.partitions).get(topic, ())
-    return ()
-
-
 # --------------------------------------------------------------------------- connection
 
 
@@ -633,60 +615,56 @@ class CursusConnection(CodecConnection):
             # A member still in the group (a rejoin after GEN_MISMATCH, or a resume with
             # generation=) keeps its id and takes the current assignment; a new one gets a
             # suffix. Re-suffixing a live member would rebalance the group at every rejoin.
-            live = member in {mem.member_id for mem in results[1].groups[0].members}
-            member_id = member if live or gen is not None else suffixed
-            join = m.JoinGroup(group, member_id, (topic,), "server", "range")
-            return Handled.run((join,), lambda rs: joined(rs, member_id))
+            join = m.JoinGroup(group, member, (topic,), "server", "range",
+                               new_member_id=suffixed if gen is None else None)
+            return Handled.run((join,), joined)
 
-        def joined(results: Sequence[Any], member_id: str) -> bytes:
+        def joined(results: Sequence[Any]) -> bytes:
             r: m.JoinGroupResult = results[0]
             if r.error is not None:
                 return frame(f"ERROR: register_group_failed reason={q(r.error.message)}")
             resumed = " resumed=true" if gen is not None else ""
-            return frame(f"OK generation={r.generation} member={member_id} assignments={_assignments(r, topic)}"
+            return frame(f"OK generation={r.generation} member={r.member_id} assignments={_assignments(r, topic)}"
                          + resumed)
 
-        return Handled.run((m.ListTopics((topic,)), m.DescribeGroups((group,))), join, hold=True)
+        return Handled.run((m.ListTopics((topic,)),), join, hold=True)
 
     def _sync(self, a: Args) -> Handled:
         topic, group, member, gen = self._group_args(a, "SYNC_GROUP")
 
         def render(results: Sequence[Any]) -> bytes:
-            info: m.GroupInfo = results[0].groups[0]
-            r: m.SyncGroupResult = results[1]
+            r: m.SyncGroupResult = results[0]
             if r.error is not None:
-                return frame(_group_error(r.error, group, member, gen, info.generation))
+                return frame(_group_error(r.error, group, member, gen, r.generation))
             return frame(f"OK generation={r.generation} member={member} assignments={_assignments(r, topic)}")
 
-        return Handled.run((m.DescribeGroups((group,)), m.SyncGroup(group, member, gen, topic=topic)), render)
+        return Handled.run((m.SyncGroup(group, member, gen, topic=topic),), render)
 
     def _heartbeat(self, a: Args) -> Handled:
         topic, group, member, gen = self._group_args(a, "HEARTBEAT")
 
         def render(results: Sequence[Any]) -> bytes:
-            info: m.GroupInfo = results[0].groups[0]
-            r: m.HeartbeatResult = results[1]
+            r: m.HeartbeatResult = results[0]
             if r.error is None:
                 return frame(f"OK member={member} generation={gen}")
             if a.positional and r.error.code is m.ErrorCode.GENERATION_MISMATCH:
                 # the seed's clients wait for REBALANCE_REQUIRED
-                return frame(f"ERROR: REBALANCE_REQUIRED current={info.generation} requested={gen} group={group} "
+                return frame(f"ERROR: REBALANCE_REQUIRED current={r.generation} requested={gen} group={group} "
                              f"member={member}")
-            return frame(_group_error(r.error, group, member, gen, info.generation))
+            return frame(_group_error(r.error, group, member, gen, r.generation))
 
-        return Handled.run((m.DescribeGroups((group,)), m.Heartbeat(group, member, gen, topic=topic)), render)
+        return Handled.run((m.Heartbeat(group, member, gen, topic=topic),), render)
 
     def _leave(self, a: Args) -> Handled:
         topic, group, member, gen = self._group_args(a, "LEAVE_GROUP", generation=False)
 
         def render(results: Sequence[Any]) -> bytes:
-            info: m.GroupInfo = results[0].groups[0]
-            r: m.LeaveGroupResult = results[1]
+            r: m.LeaveGroupResult = results[0]
             if r.error is not None:
-                return frame(_group_error(r.error, group, member, gen, info.generation))
+                return frame(_group_error(r.error, group, member, gen, r.generation))
             return frame(f"OK group={group} member={member} left=true")
 
-        return Handled.run((m.DescribeGroups((group,)), m.LeaveGroup(group, member, gen, topic=topic)), render)
+        return Handled.run((m.LeaveGroup(group, member, gen, topic=topic),), render)
 
     def _subscribe(self, a: Args) -> Handled:
         topic, info = self._topic_info(a, "SUBSCRIBE")
@@ -708,13 +686,13 @@ class CursusConnection(CodecConnection):
         group = a.need("group")
 
         def render(results: Sequence[Any]) -> bytes:
-            info: m.GroupInfo = results[0].groups[0]
-            offset = results[1].offsets[0][2]
-            if offset < 0 and info.state == "Dead":
+            r: m.FetchOffsetsResult = results[0]
+            offset = r.offsets[0][2]
+            if offset < 0 and r.generation < 0:  # no commit, and no such group
                 return frame(f"ERROR: group_not_found group={group}")
             return frame(f"OK offset={max(offset, 0)}")
 
-        return Handled.run((m.DescribeGroups((group,)), m.FetchOffsets(group, ((topic, partition),))), render)
+        return Handled.run((m.FetchOffsets(group, ((topic, partition),)),), render)
 
     def _commit_offset(self, a: Args) -> Handled:
         topic = a.need("topic")
@@ -762,34 +740,22 @@ class CursusConnection(CodecConnection):
 
     def _commit_flow(self, topic: str, group: str, member: str | None, gen: int | None, offsets: dict[int, int],
                      ok: str, validate_only: bool = False) -> Handled:
-        """Check membership, ownership and regression, then commit every offset or none."""
-        partitions = tuple((topic, p) for p in offsets)
+        """Commit every offset or none; the coordinator checks membership and
+        ownership (with ``member``) and that no offset goes backwards."""
 
-        def check(results: Sequence[Any]) -> Handled | bytes:
-            info: m.GroupInfo = results[0].groups[0]
-            if member is not None:
-                _member_check(info, group, member, gen)
-                owned = _owned(info, member, topic)
-                for p in offsets:
-                    if p not in owned:
-                        raise Reject(f"ERROR: NOT_OWNER partition={p} member={member} group={group} generation={gen}")
-            for t, p, current, _ in results[1].offsets:
-                if current > offsets[p]:
-                    raise Reject(f"ERROR: offset_regression reason="
-                                 f"{q(f'offset regression group={group} topic={t} partition={p} current={current} got={offsets[p]}')}")
-            if validate_only:
-                return frame("OK validated=true")
-            commit = m.CommitOffsets(group, tuple((topic, p, o, "") for p, o in offsets.items()), member or "", gen,
-                                     require_assignment=member is not None)
-            return Handled.run((commit,), lambda rs: committed(rs, info.generation))
-
-        def committed(results: Sequence[Any], current: int) -> bytes:
+        def render(results: Sequence[Any]) -> bytes:
             r: m.CommitOffsetsResult = results[0]
-            if r.error is not None:
-                return frame(_group_error(r.error, group, member or "", gen, current, next(iter(offsets))))
-            return frame(ok)
+            if r.error is None:
+                return frame("OK validated=true" if validate_only else ok)
+            if r.error.code is m.ErrorCode.OFFSET_REGRESSION:
+                return frame(f"ERROR: offset_regression reason={q(r.error.message)}")
+            refused = next((p for _, p, e in r.errors if e is not None), next(iter(offsets)))
+            return frame(_group_error(r.error, group, member or "", gen, r.generation, refused))
 
-        return Handled.run((m.DescribeGroups((group,)), m.FetchOffsets(group, partitions)), check, hold=True)
+        commit = m.CommitOffsets(group, tuple((topic, p, o, "") for p, o in offsets.items()), member or "", gen,
+                                 require_assignment=member is not None, no_regression=True,
+                                 validate_only=validate_only)
+        return Handled.run((commit,), render)
 
 
 def _group(name: str | None) -> str:

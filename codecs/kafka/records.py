@@ -120,11 +120,28 @@ def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = No
 
 def assign_offsets(payload: bytes | memoryview, base_offset: int) -> bytes | memoryview:
     """``payload`` with its baseOffset set: patched in place when it is a writable view
-    (a produce request's frame), else one copy."""
+    (a produce request's frame), else one copy. Several v2 batches one after the
+    other (produces the broker joined) are numbered in turn from ``base_offset``,
+    each after the last offset of the one before, as a Kafka broker numbers them."""
+    if len(payload) > BATCH_OVERHEAD + _I32.unpack_from(payload, 8)[0]:
+        return _assign_joined(payload, base_offset)
     if isinstance(payload, memoryview) and not payload.readonly:
         _OFFSET.pack_into(payload, 0, base_offset)
         return payload
     return b"".join((_OFFSET.pack(base_offset), memoryview(payload)[8:]))
+
+
+_LAST_DELTA_AT = 23  # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes
+
+
+def _assign_joined(payload: bytes | memoryview, base_offset: int) -> bytes:
+    out = bytearray(payload)
+    pos = 0
+    while pos + BATCH_HEADER.size <= len(out):
+        _OFFSET.pack_into(out, pos, base_offset)
+        base_offset += _I32.unpack_from(out, pos + _LAST_DELTA_AT)[0] + 1
+        pos += BATCH_OVERHEAD + _I32.unpack_from(out, pos + 8)[0]
+    return bytes(out)
 
 
 # --------------------------------------------------------------------------- v2 batches
@@ -461,6 +478,7 @@ class KafkaFormat:
     """
 
     name = NAME
+    joinable = True  # v2 batches one after the other are one payload (see assign_offsets)
     inflate_limit = compression.INFLATE_LIMIT
 
     def validate(self, payload: bytes) -> Validated:

@@ -14,6 +14,7 @@ from gateway.adapter import CodecFactory
 from gateway.broker import Broker
 from gateway.codec import ListenerSettings
 from gateway.codecs.v1 import plugin as v1_plugin
+from gateway.localstore import LocalStore
 from gateway.storage.engine import Engine
 
 
@@ -69,7 +70,7 @@ class Rig:
         self.reactor = Reactor()
         self.engine = Engine(data_dir)
         formats = {f.name: f for f in (plugin.batch_format, v1_plugin.batch_format)}
-        self.broker = Broker(self.engine, formats, self.reactor)
+        self.broker = Broker(LocalStore(self.engine, self.reactor), formats, self.reactor)
         self.factory = CodecFactory(plugin, ListenerSettings(plugin.max_frame_size, options=options),
                                     self.broker, self.reactor)
 

@@ -1,0 +1,172 @@
+"""The broker: executes model commands against storage.
+
+Runs in the reactor thread and reaches storage only through the storage
+interface (``gateway.storage.interface.Storage``). A command's result is a
+value, or a Deferred that fires with it when the command has to wait
+(long-poll fetches, acks=all, fsync group commit, a storage that answers
+later); failures the client should hear about are results with ``error``
+set, never errbacks. Waiting never blocks the reactor.
+
+One module per concern: ``produce`` (appends, merging, acks), ``fetch``
+(reads, long-polls, offsets), ``groups`` (calls to the coordinator),
+``topics`` (admin, server info), ``replication`` (replica progress, roles),
+``durability`` (the fsync policy).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+from twisted.internet import defer, task
+
+from gateway import model as m
+from gateway.broker.durability import FsyncPolicy, GroupCommit, _interval_sync
+from gateway.broker.fetch import Fetcher
+from gateway.broker.groups import Groups
+from gateway.broker.produce import Producer
+from gateway.broker.replication import Replication
+from gateway.broker.topics import Topics
+from gateway.codec import BatchFormat
+from gateway.convert import ConversionCache
+from gateway.storage.interface import Storage
+
+__all__ = ["Broker", "BrokerConfig", "FsyncPolicy"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class BrokerConfig:
+    ack_timeout_ms: int = 2000
+    fsync: FsyncPolicy = FsyncPolicy()
+    retention_check_ms: int = 60_000
+    housekeeping_ms: int = 1000
+    conversion_cache_bytes: int = 64 << 20
+    auto_create_topics: bool = True
+    group_session_timeout_ms: int = 10_000
+
+
+class Broker:
+    """Executes commands on ``store``; ``formats`` maps storage format names to ``BatchFormat``s."""
+
+    def __init__(self, store: Storage, formats: dict[str, BatchFormat], reactor: Any,
+                 config: BrokerConfig | None = None):
+        self.store = store
+        self.formats = formats
+        self.reactor = reactor
+        self.config = config or BrokerConfig()
+        self.commit = GroupCommit(store, reactor)
+        self.cache = ConversionCache(self.config.conversion_cache_bytes)
+        self.listeners: tuple[tuple[str, str, int], ...] = ()
+        self._loops: list[task.LoopingCall] = []
+        self.topics = Topics(self)
+        self.producer = Producer(self)
+        self.fetcher = Fetcher(self)
+        self.groups = Groups(self)
+        self.replication = Replication(self)
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            m.Produce: self.producer.produce,
+            m.ProduceRecords: self.producer.produce_records,
+            m.Fetch: self.fetcher.fetch,
+            m.FetchMany: self.fetcher.fetch_many,
+            m.ListOffsets: self.fetcher.list_offsets,
+            m.CreateTopic: self.topics.create,
+            m.DeleteTopic: self.topics.delete,
+            m.CreatePartitions: self.topics.create_partitions,
+            m.ListTopics: self.topics.list,
+            m.JoinGroup: self.groups.join,
+            m.SyncGroup: self.groups.sync,
+            m.Heartbeat: self.groups.heartbeat,
+            m.LeaveGroup: self.groups.leave,
+            m.CommitOffsets: self.groups.commit_offsets,
+            m.FetchOffsets: self.groups.fetch_offsets,
+            m.DescribeGroups: self.groups.describe,
+            m.ListGroups: self.groups.list,
+            m.DeleteGroups: self.groups.delete,
+            m.ReplicaProgress: self.replication.replica_progress,
+            m.SetPartitionRole: self.replication.set_partition_role,
+            m.Ping: lambda cmd: m.PingResult(),
+            m.InitProducerId: self.init_producer_id,
+            m.ServerInfo: self.topics.server_info,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start housekeeping: group expiry, ISR lag, retention, fsync interval."""
+        every: list[tuple[int, Callable[[], Any]]] = [
+            (self.config.housekeeping_ms, self.store.housekeeping),
+            (self.config.retention_check_ms, self.store.enforce_retention),
+        ]
+        if self.config.fsync.mode == "interval":
+            every.append((self.config.fsync.interval_ms, lambda: _interval_sync(self.store, self.reactor)))
+        for ms, fn in every:
+            loop = task.LoopingCall(fn)
+            loop.clock = self.reactor
+            loop.start(ms / 1000, now=False).addErrback(lambda f: log.error("housekeeping: %s", f))
+            self._loops.append(loop)
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            if loop.running:
+                loop.stop()
+        self._loops.clear()
+
+    def durable(self, value: Any) -> Any:
+        """``value`` once the writes made so far are durable under the fsync policy."""
+        if self.config.fsync.mode == "always":
+            return self.commit.durable().addCallback(lambda _: value)
+        return value
+
+    # ------------------------------------------------------------------ dispatch
+
+    def run(self, command: Any) -> Any:
+        """Run ``command``: its result, or a Deferred of it when it has to wait.
+
+        The hot path: most commands complete at once and need no Deferred.
+        Raises on a bug (an unknown command, an unexpected exception).
+        """
+        handler = self._handlers.get(type(command))
+        if handler is None:
+            raise TypeError(f"no handler for {type(command).__name__}")
+        return handler(command)
+
+    def run_many(self, commands: Sequence[Any]) -> list[Any]:
+        """``[run(c) for c in commands]``, except that consecutive produces that may
+        share appends (``Producer.merge_key``) share them: one append per partition,
+        each command still with its own ``ProduceResult``. A command that hits a
+        bug gets a failed Deferred instead of raising, so the others keep theirs.
+        """
+        results: list[Any] = []
+        merge_key = self.producer.merge_key
+        i, n = 0, len(commands)
+        while i < n:
+            key = merge_key(commands[i])
+            j = i + 1
+            if key is not None:
+                while j < n and merge_key(commands[j]) == key:
+                    j += 1
+            try:
+                if j - i > 1:
+                    results.extend(self.producer.produce_merged(commands[i:j]))
+                else:
+                    results.append(self.run(commands[i]))
+            except Exception:
+                failure = defer.Failure()
+                results.extend(defer.fail(failure) for _ in range(j - i))
+            i = j
+        return results
+
+    def execute(self, command: Any) -> defer.Deferred:
+        """Run ``command``; the Deferred fires with its result."""
+        return defer.maybeDeferred(self.run, command)
+
+    # ------------------------------------------------------------------ producer ids
+
+    def init_producer_id(self, cmd: m.InitProducerId) -> Any:
+        if cmd.producer_id >= 0:
+            return self.durable(m.InitProducerIdResult(cmd.producer_id, cmd.epoch + 1))
+        return self.durable(m.InitProducerIdResult(self.store.allocate_producer_id(), 0))

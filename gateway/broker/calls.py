@@ -1,0 +1,70 @@
+"""Small helpers the broker's modules share: values that may be Deferreds, errors as results."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import defer
+
+from gateway.model import CommandError
+
+
+def then(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn(value)``, or a Deferred of it when ``value`` is a Deferred.
+
+    Storage calls that may wait return either; the local engine answers at
+    once, so the hot path makes no Deferred.
+    """
+    if isinstance(value, defer.Deferred):
+        return value.addCallback(fn)
+    return fn(value)
+
+
+def errors_as(result_type: Callable[..., Any], *fields: str) -> Callable[[Callable], Callable]:
+    """Turn a ``CommandError`` raised by a handler, or failing the Deferred it
+    returns, into ``result_type(<fields of the command>, error=...)``."""
+
+    def wrap(fn: Callable) -> Callable:
+        def as_result(cmd: Any, e: CommandError) -> Any:
+            return result_type(**{f: getattr(cmd, f) for f in fields}, error=e.error)
+
+        @functools.wraps(fn)
+        def run(self: Any, cmd: Any) -> Any:
+            try:
+                result = fn(self, cmd)
+            except CommandError as e:
+                return as_result(cmd, e)
+            if isinstance(result, defer.Deferred):
+                def failed(f: Any) -> Any:
+                    if f.check(defer.FirstError):  # from one of several calls waited for together
+                        f = f.value.subFailure
+                    f.trap(CommandError)
+                    return as_result(cmd, f.value)
+
+                return result.addErrback(failed)
+            return result
+
+        return run
+
+    return wrap
+
+
+def fan_out(d: defer.Deferred, count: int) -> list[defer.Deferred]:
+    """``count`` Deferreds, the k-th firing with item k of the sequence ``d`` fires
+    with (or with its failure). Cancelling one leaves the others waiting."""
+    children = [defer.Deferred() for _ in range(count)]
+
+    def deliver(results: Any) -> None:
+        for child, result in zip(children, results, strict=True):
+            if not child.called:
+                child.callback(result)
+
+    def fail(f: Any) -> None:
+        for child in children:
+            if not child.called:
+                child.errback(f)
+
+    d.addCallbacks(deliver, fail)
+    return children

@@ -1,0 +1,78 @@
+"""When writes count as durable: the fsync policy, group commit and the interval fsync."""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+import attrs
+from twisted.internet import defer, threads
+
+from gateway.storage.interface import Storage
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class FsyncPolicy:
+    """``always`` (acknowledge after fsync, one fsync per group of writes),
+    ``interval`` (fsync every ``interval_ms``) or ``never`` (leave it to the OS)."""
+
+    mode: str = "interval"
+    interval_ms: int = 1000
+
+    @classmethod
+    def parse(cls, text: str) -> FsyncPolicy:
+        if text in ("always", "never"):
+            return cls(text, 0)
+        if text.startswith("interval:") and text[9:].isdigit() and int(text[9:]) > 0:
+            return cls("interval", int(text[9:]))
+        raise ValueError(f"fsync policy must be always, never or interval:<ms>, not {text!r}")
+
+
+class GroupCommit:
+    """Acknowledge writes only once fsynced, sharing one fsync among all the
+    writes made while the previous fsync ran (policy ``always``)."""
+
+    def __init__(self, engine: Storage, reactor: Any):
+        self.engine = engine
+        self.reactor = reactor
+        self.written = 0
+        self.synced = 0
+        self.waiters: collections.deque[tuple[int, defer.Deferred]] = collections.deque()
+        self.running = False
+        self.fsyncs = 0
+
+    def durable(self) -> defer.Deferred:
+        self.written += 1
+        d: defer.Deferred = defer.Deferred()
+        self.waiters.append((self.written, d))
+        if not self.running:
+            self.running = True
+            self.reactor.callLater(0, self._sync)
+        return d
+
+    def _sync(self) -> None:
+        target = self.written
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.engine.sync)
+
+        def done(result: Any) -> None:
+            self.fsyncs += 1
+            if isinstance(result, defer.Failure):
+                log.error("fsync failed: %s", result.getErrorMessage())
+            self.synced = target
+            while self.waiters and self.waiters[0][0] <= target:
+                self.waiters.popleft()[1].callback(None)
+            if self.written > self.synced:
+                self._sync()
+            else:
+                self.running = False
+
+        d.addBoth(done)
+
+
+def _interval_sync(engine: Storage, reactor: Any) -> defer.Deferred | None:
+    if engine.dirty:
+        return threads.deferToThreadPool(reactor, reactor.getThreadPool(), engine.sync)
+    return None

@@ -1,0 +1,193 @@
+"""Reading: fetches, long-polls that wait for data, and offset look-ups."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from twisted.internet import defer
+
+from gateway import model as m
+from gateway.broker.calls import errors_as, then
+from gateway.convert import convert
+from gateway.model import CommandError, Error, ErrorCode
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+
+class Fetcher:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.store = broker.store
+
+    def _start_offset(self, cmd: m.Fetch) -> int:
+        """The offset ``cmd`` starts at: the group's commit, else its offset with
+        EARLIEST/LATEST resolved. Raises for an unknown partition."""
+        store = self.store
+        if cmd.group is not None:
+            committed = store.committed_offset(cmd.group, cmd.topic, cmd.partition)
+            if committed is not None and committed >= 0:
+                return committed
+        if cmd.offset == m.OffsetSpec.EARLIEST:
+            return store.log_start_offset(cmd.topic, cmd.partition)
+        if cmd.offset == m.OffsetSpec.LATEST:
+            return store.high_watermark(cmd.topic, cmd.partition)
+        return cmd.offset
+
+    def _read(self, cmd: m.Fetch, max_bytes: int | None = None) -> Any:
+        """Read now, without waiting for new data: the ``FetchResult`` (or a Deferred
+        of it); errors come back in the result."""
+        store = self.store
+        try:
+            hw = store.high_watermark(cmd.topic, cmd.partition)
+            start = store.log_start_offset(cmd.topic, cmd.partition)
+            end = store.log_end_offset(cmd.topic, cmd.partition)
+            offset = self._start_offset(cmd)
+            tid = store.topic_id(cmd.topic)
+        except CommandError as e:
+            return m.FetchResult(cmd.topic, cmd.partition, error=e.error, offset=cmd.offset)
+        if offset < start or offset > max(hw, end):
+            return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset,
+                                 error=Error(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                             f"offset {offset} is outside [{start}, {hw}]"))
+        limit = cmd.max_bytes if max_bytes is None else min(max_bytes, cmd.max_bytes)
+        if limit <= 0:
+            return self._converted(cmd, [], hw, start, offset, tid)
+        try:
+            stored = store.read(cmd.topic, cmd.partition, offset, limit)
+        except CommandError as e:
+            return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=e.error)
+        if isinstance(stored, defer.Deferred):
+            def failed(f: Any) -> m.FetchResult:
+                f.trap(CommandError)
+                return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=f.value.error)
+
+            return stored.addCallbacks(lambda s: self._converted(cmd, s, hw, start, offset, tid), failed)
+        return self._converted(cmd, stored, hw, start, offset, tid)
+
+    def _converted(self, cmd: m.Fetch, stored: list[m.StoredBatch], hw: int, start: int, offset: int,
+                   tid: str) -> m.FetchResult:
+        broker = self.broker
+        try:
+            batches = tuple(convert(stored, cmd.format, broker.formats, broker.cache, (tid, cmd.partition)))
+        except CommandError as e:
+            return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=e.error)
+        return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, batches, offset=offset)
+
+    def _read_many(self, cmd: m.FetchMany) -> Any:
+        """Read each fetch in turn within ``cmd.max_bytes`` (the first data always
+        fits): the results, or a Deferred of them when a read waits."""
+        out: list[m.FetchResult] = []
+        budget = [cmd.max_bytes]
+
+        def step(index: int) -> Any:
+            for i in range(index, len(cmd.fetches)):
+                b = budget[0]
+                r = self._read(cmd.fetches[i], b if out and any(o.batches for o in out) else max(b, 1))
+                if isinstance(r, defer.Deferred):
+                    return r.addCallback(lambda r, i=i: (took(r), step(i + 1))[1])
+                took(r)
+            return tuple(out)
+
+        def took(r: m.FetchResult) -> None:
+            budget[0] -= r.size
+            out.append(r)
+
+        return step(0)
+
+    def fetch(self, cmd: m.Fetch) -> Any:
+        many = m.FetchMany((cmd,), cmd.max_wait_ms, cmd.min_bytes, cmd.max_bytes)
+        return then(self.fetch_many(many), lambda r: r.results[0])
+
+    def fetch_many(self, cmd: m.FetchMany) -> Any:
+        """Answer at once if there is ``min_bytes`` of data (or an error, or no
+        wait asked); otherwise when an append brings enough, or at the timeout."""
+        # Resolve EARLIEST/LATEST/group offsets once, so that waiting for "latest"
+        # waits for records appended after the request arrived.
+        fetches = []
+        for f in cmd.fetches:
+            try:
+                fetches.append(attrs.evolve(f, offset=self._start_offset(f), group=None))
+            except CommandError:
+                fetches.append(f)
+        cmd = attrs.evolve(cmd, fetches=tuple(fetches))
+        return then(self._read_many(cmd), lambda results: self._answer_or_wait(cmd, results))
+
+    def _answer_or_wait(self, cmd: m.FetchMany, results: tuple[m.FetchResult, ...]) -> Any:
+        def enough(rs: tuple[m.FetchResult, ...]) -> bool:
+            return (any(r.error for r in rs) or sum(r.size for r in rs) >= cmd.min_bytes)
+
+        if cmd.max_wait_ms <= 0 or enough(results):
+            return m.FetchManyResult(results)
+        store = self.store
+        state: dict[str, Any] = {"cancels": []}
+
+        def cancel_waits() -> None:
+            for c in state["cancels"]:
+                c()
+            state["cancels"] = []
+
+        def wait() -> None:
+            for f in cmd.fetches:
+                with contextlib.suppress(CommandError):
+                    state["cancels"].append(store.wait_for_data(f.topic, f.partition, changed))
+
+        def changed() -> None:
+            if d.called:
+                return
+            cancel_waits()
+            then(self._read_many(cmd), reread)
+
+        def reread(rs: tuple[m.FetchResult, ...]) -> None:
+            if d.called:
+                return
+            if enough(rs):
+                finish(rs)
+            else:
+                wait()
+
+        def finish(rs: tuple[m.FetchResult, ...] | None = None) -> None:
+            cancel_waits()
+            timer = state.get("timer")
+            if timer and timer.active():
+                timer.cancel()
+            if d.called:
+                return
+            if rs is not None:
+                d.callback(m.FetchManyResult(rs))
+            else:
+                then(self._read_many(cmd), lambda rs: d.called or d.callback(m.FetchManyResult(rs)))
+
+        d: defer.Deferred = defer.Deferred(lambda _: finish(()))
+        state["timer"] = self.broker.reactor.callLater(cmd.max_wait_ms / 1000, finish)
+        wait()
+        return d
+
+    @errors_as(m.ListOffsetsResult, "topic", "partition")
+    def list_offsets(self, cmd: m.ListOffsets) -> Any:
+        store, topic, partition = self.store, cmd.topic, cmd.partition
+        if cmd.timestamp == m.OffsetSpec.EARLIEST:
+            return m.ListOffsetsResult(topic, partition, store.log_start_offset(topic, partition))
+        if cmd.timestamp == m.OffsetSpec.LATEST:
+            return m.ListOffsetsResult(topic, partition, store.high_watermark(topic, partition))
+        if cmd.timestamp == m.OffsetSpec.MAX_TIMESTAMP:
+            offset, ts = store.max_timestamp_offset(topic, partition)
+            return m.ListOffsetsResult(topic, partition, offset, ts)
+        offset = store.offset_for_timestamp(topic, partition, cmd.timestamp)
+        if offset is None or offset >= store.high_watermark(topic, partition):
+            return m.ListOffsetsResult(topic, partition, -1, -1)
+        offset = max(offset, store.log_start_offset(topic, partition))
+        return then(store.read(topic, partition, offset, 1),
+                    lambda stored: m.ListOffsetsResult(topic, partition,
+                                                       *self._first_record_at(stored, offset, cmd.timestamp)))
+
+    def _first_record_at(self, stored: list[m.StoredBatch], offset: int, timestamp: int) -> tuple[int, int]:
+        """Within the batch found by the time index, the first record at or after ``timestamp``."""
+        for batch in stored[:1]:
+            fmt = self.broker.formats.get(batch.format)
+            for record in fmt.records(batch) if fmt is not None else ():
+                if record.offset >= offset and record.timestamp >= timestamp:
+                    return record.offset, record.timestamp
+        return offset, timestamp

@@ -1,0 +1,291 @@
+"""Appending: produce commands, merging pipelined produces, and acks.
+
+A produce is acknowledged once ``acks`` holds (acks=all: the high watermark
+passed its last offset with enough replicas in sync, or the timeout) and the
+write is durable under the fsync policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+from gateway import idempotence
+from gateway import model as m
+from gateway.broker.calls import errors_as, fan_out, then
+from gateway.codec import BatchFormat
+from gateway.model import CommandError, Error, ErrorCode
+from gateway.partitioners import choose
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+ACKS_TIMEOUT = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
+
+
+class Producer:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.store = broker.store
+        self._round_robin = itertools.count()
+
+    def format(self, name: str) -> BatchFormat:
+        fmt = self.broker.formats.get(name)
+        if fmt is None:
+            raise CommandError(ErrorCode.UNSUPPORTED, f"no storage format {name!r}")
+        return fmt
+
+    def check_leader(self, topic: str, partition: int) -> None:
+        """Raise ``NOT_LEADER`` unless this broker leads the partition."""
+        if not self.store.is_leader(topic, partition):
+            raise CommandError(ErrorCode.NOT_LEADER, "partition leader unavailable on this broker")
+
+    def _route(self, cmd: m.Produce, partitions: int) -> int:
+        if cmd.partition is None:
+            return choose(cmd.partitioner, cmd.key, partitions, next(self._round_robin))
+        return cmd.partition
+
+    # ------------------------------------------------------------------ one batch
+
+    @errors_as(m.ProduceResult, "topic")
+    def produce(self, cmd: m.Produce) -> Any:
+        return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce(cmd))
+
+    def _produce(self, cmd: m.Produce) -> Any:
+        store = self.store
+        partition = self._route(cmd, store.partition_count(cmd.topic))
+        batch = cmd.batch
+        fmt = self.format(batch.format)
+        self.check_leader(cmd.topic, partition)
+        producer = batch.producer
+        state = None
+        if producer is not None:
+            state = store.producer_state(cmd.topic, partition, producer.producer_id)
+            duplicate = idempotence.check(state, producer)
+            if duplicate is not None:
+                return m.ProduceResult(cmd.topic, partition, duplicate[0], duplicate[1],
+                                       store.high_watermark(cmd.topic, partition),
+                                       store.log_start_offset(cmd.topic, partition), duplicate=True)
+        base = store.log_end_offset(cmd.topic, partition) if batch.base_offset is None else batch.base_offset
+        payload = fmt.assign_offsets(batch.payload, base)
+
+        def appended(offsets: tuple[int, int]) -> Any:
+            base, last = offsets
+            if producer is not None:
+                store.set_producer_state(cmd.topic, partition, producer.producer_id,
+                                         idempotence.after_append(state, producer, base, last))
+
+            def result(timed_out: frozenset[int]) -> m.ProduceResult:
+                return m.ProduceResult(cmd.topic, partition, base, last, store.high_watermark(cmd.topic, partition),
+                                       store.log_start_offset(cmd.topic, partition),
+                                       error=ACKS_TIMEOUT if timed_out else None)
+
+            return self.acknowledge(cmd, {partition: last}, result)
+
+        return then(store.append(cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp,
+                                 batch.base_offset), appended)
+
+    # ------------------------------------------------------------------ merged batches
+
+    def merge_key(self, cmd: Any) -> tuple | None:
+        """Produces with equal keys may share appends (``produce_merged``); None: this one may not.
+
+        Only plain batches (no idempotent producer, no explicit offset) of a
+        ``joinable`` format merge, and only with the same topic, acks and timeout.
+        """
+        if type(cmd) is not m.Produce:
+            return None
+        batch = cmd.batch
+        if batch.producer is not None or batch.base_offset is not None:
+            return None
+        if not getattr(self.broker.formats.get(batch.format), "joinable", False):
+            return None
+        return cmd.topic, batch.format, cmd.acks, cmd.timeout_ms, cmd.auto_create
+
+    def produce_merged(self, cmds: Sequence[m.Produce]) -> list[Any]:
+        """Results of ``cmds`` (equal ``merge_key``s) as if produced one by one, but
+        with one append per partition: each its own offsets, and the high watermark
+        as once its last record was in. The results are values, or Deferreds when
+        acknowledging waits (each partition's answers wait only for that partition)."""
+        first = cmds[0]
+        try:
+            ensured = self.broker.topics.ensure(first.topic, first.auto_create)
+        except CommandError as e:
+            return [m.ProduceResult(first.topic, error=e.error)] * len(cmds)
+        if isinstance(ensured, defer.Deferred):
+            answers = ensured.addCallback(lambda _: defer.gatherResults(
+                [r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in self._produce_merged(cmds)], consumeErrors=True))
+            return fan_out(answers.addErrback(_as_results, first.topic, len(cmds)), len(cmds))
+        return self._produce_merged(cmds)
+
+    def _produce_merged(self, cmds: Sequence[m.Produce]) -> list[Any]:
+        first = cmds[0]
+        topic = first.topic
+        try:
+            partitions = self.store.partition_count(topic)
+            fmt = self.format(first.batch.format)
+        except CommandError as e:
+            return [m.ProduceResult(topic, error=e.error)] * len(cmds)
+        routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
+        for i, cmd in enumerate(cmds):
+            routed.setdefault(self._route(cmd, partitions), []).append(i)
+        results: list[Any] = [None] * len(cmds)
+        for p, indexes in routed.items():
+            batches = [cmds[i].batch for i in indexes]
+            answers = then(self._append_joined(fmt, topic, p, batches),
+                           lambda appended, p=p, batches=batches: self._acknowledge_joined(first, p, batches, appended))
+            if isinstance(answers, defer.Deferred):
+                answers = fan_out(answers.addErrback(_as_results, topic, len(indexes)), len(indexes))
+            for i, answer in zip(indexes, answers, strict=True):
+                results[i] = answer
+        return results
+
+    def _acknowledge_joined(self, first: m.Produce, partition: int, batches: list[m.Batch],
+                            appended: tuple[int, int] | Error) -> Any:
+        """The ``ProduceResult``s of ``batches`` appended together (or an ``Error``), once acknowledged."""
+        topic = first.topic
+        if isinstance(appended, Error):
+            return [m.ProduceResult(topic, error=appended)] * len(batches)
+
+        def result(timed_out: frozenset[int]) -> list[m.ProduceResult]:
+            hw, start = self.store.high_watermark(topic, partition), self.store.log_start_offset(topic, partition)
+            error = ACKS_TIMEOUT if timed_out else None
+            out = []
+            base = appended[0]
+            for batch in batches:
+                last = base + max(batch.count, 1) - 1
+                out.append(m.ProduceResult(topic, partition, base, last, min(hw, last + 1), start, error=error))
+                base = last + 1
+            return out
+
+        return self.acknowledge(first, {partition: appended[1]}, result)
+
+    def _append_joined(self, fmt: BatchFormat, topic: str, partition: int, batches: list[m.Batch]) -> Any:
+        """Append ``batches`` as one stored batch: ``(base, last)``, an ``Error``, or a Deferred of either."""
+        try:
+            self.check_leader(topic, partition)
+            base = self.store.log_end_offset(topic, partition)
+            joined = batches[0].payload if len(batches) == 1 else b"".join([b.payload for b in batches])
+            payload = fmt.assign_offsets(joined, base)
+            appended = self.store.append(topic, partition, fmt.name, payload, sum(max(b.count, 1) for b in batches),
+                                         max(b.max_timestamp for b in batches))
+        except CommandError as e:
+            return e.error
+        if isinstance(appended, defer.Deferred):
+            return appended.addErrback(_as_error)
+        return appended
+
+    # ------------------------------------------------------------------ V1's records (until V1 sends Produce)
+
+    @errors_as(m.ProduceRecordsResult, "topic")
+    def produce_records(self, cmd: m.ProduceRecords) -> Any:
+        return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce_records(cmd))
+
+    def _produce_records(self, cmd: m.ProduceRecords) -> Any:
+        store = self.store
+        count = store.partition_count(cmd.topic)
+        fmt = self.format(cmd.format)
+        if not getattr(fmt, "joinable", False):
+            raise CommandError(ErrorCode.UNSUPPORTED, f"{cmd.format!r} payloads cannot be joined")
+        routed: dict[int, list[int]] = {}  # partition -> indexes of its records
+        for i, key in enumerate(cmd.keys):
+            routed.setdefault(choose(cmd.partitioner, key, count, next(self._round_robin)), []).append(i)
+        bases: dict[int, int] = {}
+        lasts: dict[int, int] = {}
+        errors: dict[int, Error] = {}
+        for partition, indexes in routed.items():
+            try:
+                self.check_leader(cmd.topic, partition)
+                base = store.log_end_offset(cmd.topic, partition)
+                payload = fmt.assign_offsets(b"".join([cmd.payloads[i] for i in indexes]), base)
+                bases[partition], lasts[partition] = store.append(
+                    cmd.topic, partition, cmd.format, payload, len(indexes), max(cmd.timestamps[i] for i in indexes))
+            except CommandError as e:
+                errors[partition] = e.error
+
+        def result(timed_out: frozenset[int]) -> m.ProduceRecordsResult:
+            results: list[m.ProduceResult] = [None] * len(cmd.payloads)  # type: ignore[list-item]
+            for partition, indexes in routed.items():
+                if partition in errors:
+                    for i in indexes:
+                        results[i] = m.ProduceResult(cmd.topic, partition, error=errors[partition])
+                    continue
+                hw = store.high_watermark(cmd.topic, partition)
+                start = store.log_start_offset(cmd.topic, partition)
+                error = ACKS_TIMEOUT if partition in timed_out else None
+                for offset, i in enumerate(indexes, bases[partition]):  # the hw once this record was in
+                    results[i] = m.ProduceResult(cmd.topic, partition, offset, offset, min(hw, offset + 1), start,
+                                                 error=error)
+            return m.ProduceRecordsResult(cmd.topic, tuple(results))
+
+        return self.acknowledge(cmd, lasts, result)
+
+    # ------------------------------------------------------------------ acks
+
+    def acknowledge(self, cmd: m.Produce | m.ProduceRecords, lasts: dict[int, int],
+                    result: Callable[[frozenset[int]], Any]) -> Any:
+        """``result(partitions that timed out)`` once ``cmd.acks`` holds for the offsets up to
+        ``lasts[partition]`` (at once but for acks=all), and the writes are durable."""
+        if not lasts:  # nothing was appended: nothing to wait for
+            return result(frozenset())
+        if cmd.acks != m.Acks.ALL:
+            return self.broker.durable(result(frozenset()))
+        timeout_ms = cmd.timeout_ms if cmd.timeout_ms is not None else self.broker.config.ack_timeout_ms
+        waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, last in lasts.items()]
+        d = waits[0].addCallback(lambda ok: [ok]) if len(waits) == 1 else defer.gatherResults(
+            waits, consumeErrors=True).addErrback(lambda f: f.value.subFailure if f.check(defer.FirstError) else f)
+        d.addCallback(lambda oks: result(frozenset(p for p, ok in zip(lasts, oks, strict=True) if not ok)))
+        return d.addCallback(self.broker.durable)
+
+    def _await_replication(self, topic: str, partition: int, last: int, timeout_ms: int) -> defer.Deferred:
+        """Fire True once the high watermark passes ``last`` with enough
+        replicas in sync, False after ``timeout_ms``."""
+        store = self.store
+        d: defer.Deferred = defer.Deferred()
+        state: dict[str, Any] = {}
+
+        def satisfied() -> bool:
+            return store.high_watermark(topic, partition) > last and store.enough_replicas(topic, partition)
+
+        def check() -> None:
+            try:
+                ok = satisfied()
+            except CommandError:
+                ok = False
+                finish(False)
+                return
+            if ok:
+                finish(True)
+            else:
+                state["cancel"] = store.wait_for_data(topic, partition, check)
+
+        def finish(ok: bool) -> None:
+            if d.called:
+                return
+            if state.get("cancel"):
+                state["cancel"]()
+            timer = state.get("timer")
+            if timer and timer.active():
+                timer.cancel()
+            d.callback(ok)
+
+        state["timer"] = self.broker.reactor.callLater(timeout_ms / 1000, lambda: finish(False))
+        check()
+        return d
+
+
+def _as_error(f: Any) -> Error:
+    """A ``CommandError`` failure as its ``Error`` (other failures pass)."""
+    f.trap(CommandError)
+    return f.value.error
+
+
+def _as_results(f: Any, topic: str, count: int) -> list[m.ProduceResult]:
+    """A ``CommandError`` failure as ``count`` failed ``ProduceResult``s (other failures pass)."""
+    if f.check(defer.FirstError):
+        f = f.value.subFailure
+    f.trap(CommandError)
+    return [m.ProduceResult(topic, error=f.value.error)] * count

@@ -1,0 +1,84 @@
+"""Topic commands and admin: create, delete, add partitions, list; server info."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+from gateway import model as m
+from gateway.broker.calls import errors_as, then
+from gateway.model import CommandError
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+
+class Topics:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.store = broker.store
+
+    def ensure(self, topic: str, auto_create: bool) -> Any:
+        """Create ``topic`` with the default partition count when it is missing, the
+        command asks for it and the broker allows it: None, or a Deferred of the creation."""
+        if auto_create and self.broker.config.auto_create_topics and not self.store.has_topic(topic):
+            return self.store.create_topic(topic)
+        return None
+
+    @errors_as(m.CreateTopicResult, "topic")
+    def create(self, cmd: m.CreateTopic) -> Any:
+        if cmd.if_not_exists and self.store.has_topic(cmd.topic):
+            existing = self.store.describe_topic(cmd.topic)
+            if cmd.partitions and cmd.partitions > len(existing.partitions):
+                return then(self.store.add_partitions(cmd.topic, cmd.partitions), self._created)
+            return self._created(existing)
+        return then(self.store.create_topic(cmd.topic, cmd.partitions, cmd.config), self._created)
+
+    def _created(self, info: m.TopicInfo) -> Any:
+        return self.broker.durable(m.CreateTopicResult(info.topic, len(info.partitions), config=info.config))
+
+    @errors_as(m.DeleteTopicResult, "topic")
+    def delete(self, cmd: m.DeleteTopic) -> Any:
+        def deleted(_: Any) -> Any:
+            self.broker.cache.clear()
+            return self.broker.durable(m.DeleteTopicResult(cmd.topic))
+
+        return then(self.store.delete_topic(cmd.topic), deleted)
+
+    @errors_as(m.CreatePartitionsResult, "topic")
+    def create_partitions(self, cmd: m.CreatePartitions) -> Any:
+        return then(self.store.add_partitions(cmd.topic, cmd.count),
+                    lambda _: self.broker.durable(m.CreatePartitionsResult(cmd.topic)))
+
+    def list(self, cmd: m.ListTopics) -> Any:
+        names = sorted(self.store.topic_names()) if cmd.topics is None else cmd.topics
+        infos = [self._info(name, cmd.auto_create) for name in names]
+        if any(isinstance(i, defer.Deferred) for i in infos):
+            return defer.gatherResults([i if isinstance(i, defer.Deferred) else defer.succeed(i) for i in infos],
+                                       consumeErrors=True).addCallback(lambda infos: m.ListTopicsResult(tuple(infos)))
+        return m.ListTopicsResult(tuple(infos))
+
+    def _info(self, name: str, auto_create: bool) -> Any:
+        """The topic's ``TopicInfo`` (created first if asked and allowed), errors included."""
+        try:
+            ensured = self.ensure(name, auto_create)
+        except CommandError as e:
+            return m.TopicInfo(name, error=e.error)
+        if isinstance(ensured, defer.Deferred):
+            def failed(f: Any) -> m.TopicInfo:
+                f.trap(CommandError)
+                return m.TopicInfo(name, error=f.value.error)
+
+            return ensured.addCallbacks(lambda _: self._describe(name), failed)
+        return self._describe(name)
+
+    def _describe(self, name: str) -> m.TopicInfo:
+        try:
+            return self.store.describe_topic(name)
+        except CommandError as e:
+            return m.TopicInfo(name, error=e.error)
+
+    def server_info(self, cmd: m.ServerInfo) -> m.ServerInfoResult:
+        return m.ServerInfoResult(self.store.started_at, len(self.store.topic_names()),
+                                  self.store.total_partitions(), self.broker.listeners)

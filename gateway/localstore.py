@@ -1,0 +1,241 @@
+"""``LocalStore``: the storage interface (``gateway.storage.interface``) on the local engine.
+
+It joins the synchronous engine, its group coordinator and Kafka's rebalance
+barrier (``gateway.rebalance``, which needs the reactor); every call answers
+at once except a consumer group's JoinGroup and a follower's SyncGroup,
+which return Deferreds. Group rules stay in the coordinator: this module
+only turns its answers and ``CommandError``s into results, adding the
+group's current generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gateway import model as m
+from gateway.model import CommandError
+from gateway.rebalance import ConsumerRebalance
+from gateway.storage.engine import Engine
+from gateway.storage.groups import CommitRefused, Group
+from gateway.storage.interface import ReplicaStatus
+
+
+class LocalStore:
+    """Implements ``Storage`` over ``engine``; the engine stays the caller's to close."""
+
+    def __init__(self, engine: Engine, reactor: Any):
+        self.engine = engine
+        self.groups = engine.groups
+        self.rebalance = ConsumerRebalance(engine.groups, reactor)
+        self.started_at = engine.started_at
+
+    def now_ms(self) -> int:
+        return self.engine.now_ms()
+
+    # ------------------------------------------------------------------ topics
+
+    def has_topic(self, topic: str) -> bool:
+        return topic in self.engine.topics
+
+    def topic_names(self) -> list[str]:
+        return list(self.engine.topics)
+
+    def partition_count(self, topic: str) -> int:
+        return len(self.engine.topic(topic).partitions)
+
+    def total_partitions(self) -> int:
+        return sum(len(t.partitions) for t in self.engine.topics.values())
+
+    def topic_id(self, topic: str) -> str:
+        return self.engine.topic(topic).topic_id
+
+    def describe_topic(self, topic: str) -> m.TopicInfo:
+        return self.engine.topic_info(topic)
+
+    def create_topic(self, topic: str, partitions: int | None = None,
+                     config: m.TopicConfig | None = None) -> m.TopicInfo:
+        self.engine.create_topic(topic, partitions, config)
+        return self.engine.topic_info(topic)
+
+    def add_partitions(self, topic: str, total: int) -> m.TopicInfo:
+        self.engine.add_partitions(topic, total)
+        return self.engine.topic_info(topic)
+
+    def delete_topic(self, topic: str) -> None:
+        self.engine.delete_topic(topic)
+
+    # ------------------------------------------------------------------ data
+
+    def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
+               max_timestamp: int, base_offset: int | None = None) -> tuple[int, int]:
+        return self.engine.append(topic, partition, fmt, payload, count, max_timestamp, base_offset)
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> list[m.StoredBatch]:
+        return self.engine.read(topic, partition, offset, max_bytes)
+
+    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
+        return self.engine.wait_for_data(topic, partition, callback)
+
+    # ------------------------------------------------------------------ offsets and watermarks
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self.engine.partition(topic, partition).log_start_offset
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        return self.engine.partition(topic, partition).high_watermark
+
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        return self.engine.partition(topic, partition).log_end_offset
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> int | None:
+        return self.engine.offset_for_timestamp(topic, partition, timestamp)
+
+    def max_timestamp_offset(self, topic: str, partition: int) -> tuple[int, int]:
+        return self.engine.max_timestamp_offset(topic, partition)
+
+    # ------------------------------------------------------------------ replicas
+
+    def is_leader(self, topic: str, partition: int) -> bool:
+        return self.engine.partition(topic, partition).replicas.role == "leader"
+
+    def enough_replicas(self, topic: str, partition: int) -> bool:
+        part = self.engine.partition(topic, partition)
+        return part.replicas.enough_replicas(part.log_end_offset, self.engine.now_ms())
+
+    def report_replica(self, topic: str, partition: int, replica_id: int, offset: int) -> ReplicaStatus:
+        part = self.engine.report_replica(topic, partition, replica_id, offset)
+        isr = part.replicas.isr(part.log_end_offset, self.engine.now_ms())
+        return ReplicaStatus(part.high_watermark, isr, part.replicas.replication_factor)
+
+    def set_role(self, topic: str, partition: int, role: str) -> int:
+        return self.engine.set_role(topic, partition, role).high_watermark
+
+    # ------------------------------------------------------------------ producers
+
+    def allocate_producer_id(self) -> int:
+        return self.engine.allocate_producer_id()
+
+    def producer_state(self, topic: str, partition: int, producer_id: Any) -> dict[str, Any] | None:
+        return self.engine.producer_state(topic, partition, producer_id)
+
+    def set_producer_state(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:
+        self.engine.set_producer_state(topic, partition, producer_id, state)
+
+    # ------------------------------------------------------------------ groups and commits
+
+    def _assignment(self, group: Group, member_id: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        owned = self.groups.assignment_of(group, member_id)
+        return tuple((t, tuple(ps)) for t, ps in sorted(owned.items()))
+
+    def join_group(self, cmd: m.JoinGroup) -> Any:
+        try:
+            if cmd.protocol_type == "consumer":
+                return self.rebalance.join(cmd)
+            if cmd.protocol_type != "server":
+                raise CommandError(m.ErrorCode.UNSUPPORTED, f"membership protocol {cmd.protocol_type!r}")
+            group, member_id = self.groups.join_server(cmd.group, cmd.member_id, cmd.topics, cmd.assignor,
+                                                       cmd.session_timeout_ms, cmd.client_id, cmd.client_host,
+                                                       cmd.new_member_id)
+        except CommandError as e:
+            return m.JoinGroupResult(cmd.group, generation=self.groups.generation(cmd.group), error=e.error)
+        return m.JoinGroupResult(cmd.group, member_id, group.generation, self._assignment(group, member_id))
+
+    def sync_group(self, cmd: m.SyncGroup) -> Any:
+        try:
+            if self.groups.protocol_type(cmd.group) == "consumer":
+                return self.rebalance.sync(cmd)
+            group = self.groups.sync_server(cmd.group, cmd.member_id, cmd.generation)
+        except CommandError as e:
+            return m.SyncGroupResult(cmd.group, self.groups.generation(cmd.group), error=e.error)
+        return m.SyncGroupResult(cmd.group, group.generation, self._assignment(group, cmd.member_id))
+
+    def heartbeat(self, cmd: m.Heartbeat) -> m.HeartbeatResult:
+        try:
+            group = self.groups.heartbeat(cmd.group, cmd.member_id, cmd.generation)
+        except CommandError as e:
+            return m.HeartbeatResult(cmd.group, e.error, self.groups.generation(cmd.group))
+        return m.HeartbeatResult(cmd.group, generation=group.generation)
+
+    def leave_group(self, cmd: m.LeaveGroup) -> m.LeaveGroupResult:
+        try:
+            group = self.groups.leave(cmd.group, cmd.member_id, cmd.generation)
+        except CommandError as e:
+            return m.LeaveGroupResult(cmd.group, e.error, self.groups.generation(cmd.group))
+        self.rebalance.changed(cmd.group)
+        return m.LeaveGroupResult(cmd.group, generation=group.generation)
+
+    def commit_offsets(self, cmd: m.CommitOffsets) -> m.CommitOffsetsResult:
+        try:
+            self.groups.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation, cmd.require_assignment,
+                               cmd.no_regression, cmd.validate_only)
+        except CommitRefused as e:
+            return m.CommitOffsetsResult(cmd.group, ((e.topic, e.partition, e.error),), e.error,
+                                         self.groups.generation(cmd.group))
+        except CommandError as e:
+            return m.CommitOffsetsResult(cmd.group, error=e.error, generation=self.groups.generation(cmd.group))
+        return m.CommitOffsetsResult(cmd.group, tuple((t, p, None) for t, p, _, _ in cmd.offsets),
+                                     generation=self.groups.generation(cmd.group))
+
+    def fetch_offsets(self, cmd: m.FetchOffsets) -> m.FetchOffsetsResult:
+        generation = self.groups.generation(cmd.group)
+        if cmd.partitions is None:
+            found = self.groups.committed_all(cmd.group)
+            return m.FetchOffsetsResult(cmd.group, tuple(
+                (t, p, o, meta) for (t, p), (o, meta) in sorted(found.items())), generation=generation)
+        out = []
+        for t, p in cmd.partitions:
+            c = self.groups.committed(cmd.group, t, p)
+            out.append((t, p, c[0], c[1]) if c else (t, p, -1, ""))
+        return m.FetchOffsetsResult(cmd.group, tuple(out), generation=generation)
+
+    def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
+        committed = self.groups.committed(group, topic, partition)
+        return committed[0] if committed is not None else None
+
+    def describe_groups(self, cmd: m.DescribeGroups) -> m.DescribeGroupsResult:
+        return m.DescribeGroupsResult(tuple(self._describe(name) for name in cmd.groups))
+
+    def _describe(self, name: str) -> m.GroupInfo:
+        group = self.groups.groups.get(name)
+        if group is None:
+            return m.GroupInfo(name, "Dead")
+        members = tuple(
+            m.GroupMemberInfo(mem.member_id, mem.client_id, mem.client_host, group.protocol_type,
+                              dict(mem.protocols).get(group.protocol, b""), mem.assignment,
+                              self._assignment(group, mem.member_id))
+            for mem in group.members.values()
+        )
+        return m.GroupInfo(name, group.state, group.protocol_type, group.protocol or group.assignor,
+                           group.generation, members)
+
+    def list_groups(self, cmd: m.ListGroups) -> m.ListGroupsResult:
+        return m.ListGroupsResult(tuple((n, self.groups.protocol_type(n) or "") for n in self.groups.names()))
+
+    def delete_groups(self, cmd: m.DeleteGroups) -> m.DeleteGroupsResult:
+        errors = []
+        for name in cmd.groups:
+            try:
+                self.groups.delete(name)
+                errors.append((name, None))
+            except CommandError as e:
+                errors.append((name, e.error))
+        return m.DeleteGroupsResult(tuple(errors))
+
+    # ------------------------------------------------------------------ housekeeping and durability
+
+    def housekeeping(self) -> None:
+        for name in self.groups.expire_all():
+            self.rebalance.changed(name)
+        self.engine.refresh_watermarks()
+        self.engine.compact_journal()
+
+    def enforce_retention(self) -> int:
+        return self.engine.enforce_retention()
+
+    @property
+    def dirty(self) -> bool:
+        return self.engine.dirty
+
+    def sync(self) -> None:
+        self.engine.sync()

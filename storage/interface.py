@@ -1,0 +1,186 @@
+"""The storage interface: everything the broker may ask of storage, and nothing more.
+
+The broker (``gateway.broker``) reaches storage only through a ``Storage``;
+the local engine implements it in ``gateway.localstore``. Calls run in the
+reactor thread, except ``sync``, which may run in a worker thread.
+
+Results: calls marked *may wait* return the value **or a Deferred/awaitable
+of it** (a remote implementation, e.g. on a Kafka cluster, answers later);
+the broker handles both. Every other call answers at once from state the
+implementation keeps at hand (a remote one caches its metadata).
+
+Errors the client should hear about are raised as ``CommandError`` (or, for a
+call that waits, fail its Deferred with one); group operations instead return
+their result with ``error`` set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+
+from gateway import model as m
+
+
+@attrs.frozen
+class ReplicaStatus:
+    """A leader partition's replication state after a follower reported."""
+
+    high_watermark: int
+    isr: tuple[int, ...]
+    replication_factor: int
+
+
+class Storage(Protocol):
+    started_at: float
+    """When the storage was opened (seconds since the epoch)."""
+
+    def now_ms(self) -> int:
+        """The storage clock, in milliseconds."""
+
+    # ------------------------------------------------------------------ topics
+
+    def has_topic(self, topic: str) -> bool:
+        """Whether ``topic`` exists."""
+
+    def topic_names(self) -> list[str]:
+        """Every topic's name, in no particular order."""
+
+    def partition_count(self, topic: str) -> int:
+        """The number of partitions of ``topic``; raises ``UNKNOWN_TOPIC``."""
+
+    def total_partitions(self) -> int:
+        """The number of partitions of all topics together."""
+
+    def topic_id(self, topic: str) -> str:
+        """The topic's unique id (it changes when a topic is deleted and created again)."""
+
+    def describe_topic(self, topic: str) -> m.TopicInfo:
+        """The topic's partitions and config; raises ``UNKNOWN_TOPIC``."""
+
+    def create_topic(self, topic: str, partitions: int | None = None,
+                     config: m.TopicConfig | None = None) -> Any:
+        """*May wait.* Create ``topic`` (``partitions=None``: the default count):
+        its ``TopicInfo``. Raises ``TOPIC_EXISTS``, ``INVALID_TOPIC`` or ``INVALID_REQUEST``."""
+
+    def add_partitions(self, topic: str, total: int) -> Any:
+        """*May wait.* Grow ``topic`` to ``total`` partitions (no-op if it has
+        them): its ``TopicInfo``. Shrinking raises ``INVALID_REQUEST``."""
+
+    def delete_topic(self, topic: str) -> Any:
+        """*May wait.* Delete ``topic``, its data and the offsets committed for
+        it; waiters on its partitions are woken. Raises ``UNKNOWN_TOPIC``."""
+
+    # ------------------------------------------------------------------ data
+
+    def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
+               max_timestamp: int, base_offset: int | None = None) -> Any:
+        """*May wait.* Append one stored batch of format ``fmt`` spanning
+        ``count`` offsets, whose offsets were already assigned from ``base_offset``
+        (``None``: the log end): ``(base, last)``. Raises ``NOT_LEADER`` on a
+        follower, ``INVALID_SEQUENCE`` below the log end, ``STORAGE_ERROR``
+        when the write fails. Waiters on the partition are woken."""
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
+        """*May wait.* Stored batches from the one holding ``offset`` on, below the
+        high watermark, about ``max_bytes`` (at least one batch if any)."""
+
+    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once, at the next change of the partition (an append,
+        a watermark or replica change, its deletion); returns a function that
+        cancels the wait. Raises ``UNKNOWN_TOPIC``/``UNKNOWN_PARTITION``."""
+
+    # ------------------------------------------------------------------ offsets and watermarks
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        """The first offset still stored. Raises ``UNKNOWN_TOPIC``/``UNKNOWN_PARTITION``
+        (as do all the partition calls below)."""
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """The offset after the last record enough replicas hold (readers see up to it)."""
+
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        """The offset the next append gets."""
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> int | None:
+        """The base offset of the first batch whose records may reach ``timestamp``, or None."""
+
+    def max_timestamp_offset(self, topic: str, partition: int) -> tuple[int, int]:
+        """``(offset, timestamp)`` of the record with the largest timestamp, ``(-1, -1)`` if none."""
+
+    # ------------------------------------------------------------------ replicas
+
+    def is_leader(self, topic: str, partition: int) -> bool:
+        """Whether this broker leads the partition (only a leader takes appends)."""
+
+    def enough_replicas(self, topic: str, partition: int) -> bool:
+        """Whether at least ``min_insync_replicas`` replicas are in sync now."""
+
+    def report_replica(self, topic: str, partition: int, replica_id: int, offset: int) -> ReplicaStatus:
+        """Follower ``replica_id`` holds the log up to ``offset``: the new state.
+        Raises ``NOT_LEADER`` or ``INVALID_REQUEST`` (an unknown replica id)."""
+
+    def set_role(self, topic: str, partition: int, role: str) -> int:
+        """Make this broker ``"leader"`` or ``"follower"`` of the partition: its high watermark."""
+
+    # ------------------------------------------------------------------ producers
+
+    def allocate_producer_id(self) -> int:
+        """A producer id never handed out before (it survives restarts)."""
+
+    def producer_state(self, topic: str, partition: int, producer_id: Any) -> dict[str, Any] | None:
+        """The idempotence state stored for ``producer_id`` on the partition (see ``gateway.idempotence``)."""
+
+    def set_producer_state(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:
+        """Store the producer's idempotence state, with the append it follows."""
+
+    # ------------------------------------------------------------------ groups and commits (the coordinator)
+
+    def join_group(self, cmd: m.JoinGroup) -> Any:
+        """*May wait.* A ``JoinGroupResult``: at once for ``"server"`` groups, at
+        the end of the join phase for ``"consumer"`` groups."""
+
+    def sync_group(self, cmd: m.SyncGroup) -> Any:
+        """*May wait.* A ``SyncGroupResult``; a consumer group's follower waits for the leader's sync."""
+
+    def heartbeat(self, cmd: m.Heartbeat) -> Any:
+        """*May wait.* A ``HeartbeatResult``; keeps the member alive."""
+
+    def leave_group(self, cmd: m.LeaveGroup) -> Any:
+        """*May wait.* A ``LeaveGroupResult``; the group rebalances."""
+
+    def commit_offsets(self, cmd: m.CommitOffsets) -> Any:
+        """*May wait.* A ``CommitOffsetsResult`` once the offsets are stored,
+        after the membership checks ``cmd`` asks for."""
+
+    def fetch_offsets(self, cmd: m.FetchOffsets) -> Any:
+        """*May wait.* A ``FetchOffsetsResult``: offset -1 for a partition with no commit."""
+
+    def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
+        """The offset ``group`` committed for the partition, None if none."""
+
+    def describe_groups(self, cmd: m.DescribeGroups) -> Any:
+        """*May wait.* A ``DescribeGroupsResult``: state ``"Dead"`` for an unknown group."""
+
+    def list_groups(self, cmd: m.ListGroups) -> Any:
+        """*May wait.* A ``ListGroupsResult``: groups with members or with commits."""
+
+    def delete_groups(self, cmd: m.DeleteGroups) -> Any:
+        """*May wait.* A ``DeleteGroupsResult``: a group with members is not deleted."""
+
+    # ------------------------------------------------------------------ housekeeping and durability
+
+    def housekeeping(self) -> None:
+        """Periodic upkeep: expire group members, re-evaluate in-sync replicas, compact metadata."""
+
+    def enforce_retention(self) -> int:
+        """Delete data past its topic's retention: the number of segments deleted."""
+
+    @property
+    def dirty(self) -> bool:
+        """Whether anything was written since the last ``sync``."""
+
+    def sync(self) -> None:
+        """fsync everything written so far (runs in a worker thread)."""

@@ -1,0 +1,106 @@
+"""The broker over a storage whose calls answer later (as a remote one would):
+every command gets the same result as over the local engine, only later."""
+
+from __future__ import annotations
+
+from test_adapter import Reactor
+from twisted.internet import defer
+
+from gateway import model as m
+from gateway.broker import Broker, BrokerConfig, FsyncPolicy
+from gateway.codecs.v1 import plugin as v1_plugin
+from gateway.codecs.v1.batch import encode_record
+from gateway.localstore import LocalStore
+from gateway.storage.engine import Engine
+
+MAY_WAIT = ("create_topic", "add_partitions", "delete_topic", "append", "read", "join_group", "sync_group",
+            "heartbeat", "leave_group", "commit_offsets", "fetch_offsets", "describe_groups", "list_groups",
+            "delete_groups")
+
+
+class LaterStore(LocalStore):
+    """The local store, with every call that may wait answering on the next reactor turn
+    (errors too, as failed Deferreds)."""
+
+    def __init__(self, engine: Engine, reactor: Reactor):
+        super().__init__(engine, reactor)
+        self.reactor = reactor
+        for name in MAY_WAIT:
+            setattr(self, name, self._later(getattr(super(), name)))
+
+    def _later(self, call):
+        def later(*args, **kwargs):
+            d = defer.Deferred()
+            self.reactor.callLater(0, lambda: d.callback(None))
+            return d.addCallback(lambda _: call(*args, **kwargs))
+
+        return later
+
+
+def record(value: bytes, ts: int = 1) -> m.Batch:
+    return m.Batch("v1", encode_record(0, ts, b"k", value), 1, ts)
+
+
+COMMANDS = [
+    m.Produce("auto", 0, record(b"a"), auto_create=True),
+    m.CreateTopic("t", 2),
+    m.CreateTopic("t", 3, if_not_exists=True),
+    m.CreateTopic("t", 1),
+    m.Produce("t", 0, record(b"x", 10)),
+    m.Produce("t", 9, record(b"x")),
+    m.Produce("nope", 0, record(b"x")),
+    m.Fetch("t", 0, 0, "v1"),
+    m.Fetch("t", 0, 5, "v1"),
+    m.FetchMany((m.Fetch("t", 0, 0, "v1"), m.Fetch("t", 1, 0, "v1")), 0, 0, 1 << 20),
+    m.ListOffsets("t", 0, 5),
+    m.JoinGroup("g", "a", ("t",)),
+    m.SyncGroup("g", "a", 2),
+    m.Heartbeat("g", "a", 1),
+    m.CommitOffsets("g", (("t", 0, 1, ""),), "a", 2, no_regression=True),
+    m.CommitOffsets("g", (("t", 0, 0, ""),), no_regression=True),
+    m.FetchOffsets("g", (("t", 0),)),
+    m.DescribeGroups(("g",)),
+    m.ListGroups(),
+    m.LeaveGroup("g", "a", 2),
+    m.DeleteGroups(("g",)),
+    m.ListTopics(("t", "made", "bad/name"), auto_create=True),
+    m.ListTopics(("absent",)),
+    m.ListTopics(),
+    m.CreatePartitions("t", 4),
+    m.DeleteTopic("t"),
+]
+
+
+def answers(tmp_path, store_type, steps):
+    """The results of ``steps`` (each runs commands on the broker: a list of results),
+    letting the reactor turn after each."""
+    reactor = Reactor()
+    engine = Engine(str(tmp_path / store_type.__name__), clock=lambda: 1_700_000_000.0)
+    broker = Broker(store_type(engine, reactor), {"v1": v1_plugin.batch_format}, reactor,
+                    BrokerConfig(fsync=FsyncPolicy("never")))
+    out = []
+    try:
+        for step in steps:
+            results = step(broker)
+            for _ in range(3):
+                reactor.advance(0)
+            assert all(r.called for r in results if isinstance(r, defer.Deferred)), results
+            out += [r.result if isinstance(r, defer.Deferred) else r for r in results]
+    finally:
+        engine.close()
+    return out
+
+
+def test_every_command_gets_the_same_result_later(tmp_path):
+    steps = [lambda b, c=c: [b.run(c)] for c in COMMANDS]
+    assert answers(tmp_path, LaterStore, steps) == answers(tmp_path, LocalStore, steps)
+
+
+def test_merged_produces_get_the_same_results_later(tmp_path):
+    produces = [m.Produce("t", p, record(b"v%d" % i)) for i, p in enumerate((0, 0, 1, 0))]
+    auto = [m.Produce("new", 0, record(b"v%d" % i), auto_create=True) for i in range(3)]
+    steps = [lambda b: [b.run(m.CreateTopic("t", 2))], lambda b: b.run_many(produces), lambda b: b.run_many(auto)]
+    now = answers(tmp_path, LocalStore, steps)
+    assert answers(tmp_path, LaterStore, steps) == now
+    assert [(r.partition, r.base_offset) for r in now[1:]] == [(0, 0), (0, 1), (1, 0), (0, 2), (0, 0), (0, 1),
+                                                               (0, 2)]
