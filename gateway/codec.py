@@ -40,12 +40,15 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from .framing import FrameTooLarge, LengthPrefixedFramer, LineFramer, MalformedFrame, TruncatedFrame
 from .model import EMPTY, Fetch, Record, StoredBatch
+
+if TYPE_CHECKING:
+    from .convert import Validated
 
 Framer = LengthPrefixedFramer | LineFramer
 
@@ -377,6 +380,14 @@ class BatchFormat(Protocol):
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes: ...
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes: ...
+
+    def validate(self, payload: bytes) -> Validated:
+        """What a produced ``payload`` holds (``Validated(records, span)``), checked
+        record by record (a compressed payload decompressed once, under the
+        format's inflate limit); ``CommandError(CORRUPT_MESSAGE)`` for a payload
+        that is cut, corrupt, over the limit, or lies about its records. The
+        broker calls it for every produced batch before storing it."""
+        ...
 
 
 class OptionError(ValueError):

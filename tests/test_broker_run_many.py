@@ -9,6 +9,7 @@ from gateway import model as m
 from gateway.broker import Broker, BrokerConfig
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record
+from gateway.convert import Validated
 from gateway.localstore import LocalStore
 from gateway.storage.engine import Engine, EngineConfig
 
@@ -36,6 +37,9 @@ class Opaque:
 
     def assign_offsets(self, payload, base_offset):
         return payload
+
+    def validate(self, payload):
+        return Validated(1, 1)  # one opaque record per payload
 
 
 FORMATS = {"v1": v1_plugin.batch_format, "opaque": Opaque()}

@@ -124,17 +124,19 @@ def test_cli_speaks_kafka(kafka_gateway):
     run("topics", "delete", topic)
 
 
-def test_batch_with_good_crc_but_bad_records_gives_readers_an_error(kafka_gateway):
+def test_batch_with_good_crc_but_bad_records_is_refused_at_produce(kafka_gateway):
+    """Issue 13: a batch is validated when produced, so no reader ever meets it
+    (its reader side is tested at the format level in tests/test_bounds.py)."""
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
     good = records.encode_batch(RECS, 0)
     tail = good[records.CRC_START:-3] + b"\xff\xff\xff"  # records cut short, CRC recomputed
     bad = good[:8] + struct.pack(">i", len(tail) + 9) + good[12:17] + struct.pack(">I", crc32c.crc32c(tail)) + tail
-    assert client.produce_batch(topic, 0, bad).ErrorCode == 0
-    assert client.fetch(topic, 0, 0, version=2).ErrorCode == 2  # legacy fetchers: CORRUPT_MESSAGE
+    assert client.produce_batch(topic, 0, bad).ErrorCode == 2  # CORRUPT_MESSAGE, as Kafka's log validator
+    assert client.fetch(topic, 0, 0, version=2).ErrorCode == 0  # nothing was stored
     with V1Client("127.0.0.1", kafka_gateway.port("v1")) as v1:
-        reply = v1.request("CONSUME", topic, "0", "0")  # another format's reader: an error or nothing
-        assert not reply.ok or reply.fields["messages"] == ""
+        reply = v1.request("CONSUME", topic, "0", "0")
+        assert reply.ok and reply.fields["messages"] == ""
     kafka_gateway.assert_alive()
 
 

@@ -59,6 +59,9 @@ class Producer:
         partition = self._route(cmd, store.partition_count(cmd.topic))
         batch = cmd.batch
         fmt = self.format(batch.format)
+        refusal = refused(fmt, batch)
+        if refusal is not None:
+            raise CommandError(refusal.code, refusal.message)
         self.check_leader(cmd.topic, partition)
         producer = batch.producer
         state = None
@@ -130,9 +133,13 @@ class Producer:
         except CommandError as e:
             return [m.ProduceResult(topic, error=e.error)] * len(cmds)
         routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
-        for i, cmd in enumerate(cmds):
-            routed.setdefault(self._route(cmd, partitions), []).append(i)
         results: list[Any] = [None] * len(cmds)
+        for i, cmd in enumerate(cmds):
+            refusal = refused(fmt, cmd.batch)
+            if refusal is None:
+                routed.setdefault(self._route(cmd, partitions), []).append(i)
+            else:  # this command alone is refused; the others are stored
+                results[i] = m.ProduceResult(topic, -1 if cmd.partition is None else cmd.partition, error=refusal)
         for p, indexes in routed.items():
             batches = [cmds[i].batch for i in indexes]
             answers = then(self._append_joined(fmt, topic, p, batches),
@@ -289,3 +296,19 @@ def _as_results(f: Any, topic: str, count: int) -> list[m.ProduceResult]:
         f = f.value.subFailure
     f.trap(CommandError)
     return [m.ProduceResult(topic, error=f.value.error)] * count
+
+
+def refused(fmt: BatchFormat, batch: m.Batch) -> Error | None:
+    """Why ``batch`` may not be stored, or None: its format's ``validate`` refused the
+    payload, or the payload holds another number of offsets than the batch declares.
+
+    Every produced batch passes here before it is stored, so that no conversion
+    ever meets a batch that lies about its records or inflates past its limit.
+    """
+    try:
+        checked = fmt.validate(batch.payload)
+    except CommandError as e:
+        return e.error
+    if checked.span != batch.count:
+        return Error(ErrorCode.CORRUPT_MESSAGE, f"batch declares {batch.count} offsets, holds {checked.span}")
+    return None
