@@ -62,7 +62,14 @@ class BrokerConfig:
 
 class GroupCommit:
     """Acknowledge writes only once fsynced, sharing one fsync among all the
-    writes made while the previous fsync ran (policy ``always``)."""
+    writes made while the previous fsync ran (policy ``always``).
+
+    ``durable()`` fires once an fsync that started after the call succeeded.
+    When an fsync fails, every waiter queued by then errbacks with the
+    failure: those the fsync covered, and the later ones, whose writes may
+    have gone to a partition it has just fenced. The next fsync serves only
+    writes made after that.
+    """
 
     def __init__(self, engine: Engine, reactor: Any):
         self.engine = engine
@@ -89,10 +96,15 @@ class GroupCommit:
         def done(result: Any) -> None:
             self.fsyncs += 1
             if isinstance(result, defer.Failure):
-                log.error("fsync failed: %s", result.getErrorMessage())
-            self.synced = target
-            while self.waiters and self.waiters[0][0] <= target:
-                self.waiters.popleft()[1].callback(None)
+                log.error("fsync failed, failing %d waiting writes: %s", len(self.waiters), result.getErrorMessage())
+                failed, self.waiters = self.waiters, collections.deque()
+                self.synced = self.written
+                for _, waiter in failed:
+                    waiter.errback(result)
+            else:
+                self.synced = target
+                while self.waiters and self.waiters[0][0] <= target:
+                    self.waiters.popleft()[1].callback(None)
             if self.written > self.synced:
                 self._sync()
             else:
@@ -116,6 +128,17 @@ def _errors(result_type: Callable[..., Any], *args: Any) -> Callable[[Callable],
         return run
 
     return wrap
+
+
+def _with_error(result: Any, error: Error) -> Any:
+    """``result`` failed with ``error`` as a whole (every partition, group or record it answers for)."""
+    if isinstance(result, m.ProduceRecordsResult):
+        return attrs.evolve(result, results=tuple(attrs.evolve(r, error=error) for r in result.results))
+    if isinstance(result, m.CommitOffsetsResult):
+        return attrs.evolve(result, errors=tuple((t, p, e or error) for t, p, e in result.errors), error=error)
+    if isinstance(result, m.DeleteGroupsResult):
+        return attrs.evolve(result, errors=tuple((g, e or error) for g, e in result.errors))
+    return attrs.evolve(result, error=error)
 
 
 _ACKS_TIMEOUT = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
@@ -191,14 +214,20 @@ class Broker:
         self.engine.compact_journal()
 
     def _interval_sync(self) -> defer.Deferred | None:
+        """fsync what was written; a failure is logged and the loop goes on (the engine
+        fences what failed, and skips it from then on)."""
         if self.engine.dirty:
-            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.engine.sync)
+            d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.engine.sync)
+            return d.addErrback(lambda f: log.error("interval fsync failed: %s", f.getErrorMessage()))
         return None
 
     def _durable(self, value: Any) -> Any:
-        """``value`` once the writes made so far are durable under the fsync policy."""
+        """``value`` once the writes made so far are durable under the fsync policy;
+        ``value`` with a ``STORAGE_ERROR`` if the fsync failed."""
         if self.config.fsync.mode == "always":
-            return self.commit.durable().addCallback(lambda _: value)
+            return self.commit.durable().addCallbacks(
+                lambda _: value,
+                lambda f: _with_error(value, Error(ErrorCode.STORAGE_ERROR, f.getErrorMessage())))
         return value
 
     # ------------------------------------------------------------------ dispatch
@@ -642,6 +671,7 @@ class Broker:
 
     # ------------------------------------------------------------------ misc
 
+    @_errors(m.InitProducerIdResult)
     def init_producer_id(self, cmd: m.InitProducerId) -> Any:
         if cmd.producer_id >= 0:
             return self._durable(m.InitProducerIdResult(cmd.producer_id, cmd.epoch + 1))
