@@ -23,18 +23,20 @@ GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 
 class GatewayProcess:
     def __init__(self, data_dir: str | None = None, protocols: Sequence[str] = ("v1",),
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None):
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 command: Sequence[str] = (GATEWAY,)):
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="polygate-")
         self.data_dir = data_dir or self._tmp.name
         self.protocols = list(protocols)
         self.extra_args = list(extra_args)
         self.env = env
+        self.command = list(command)  # what runs the ``gateway`` CLI
         self.proc: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
         self.output: list[str] = []
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
-        args = [GATEWAY, "serve", "--data-dir", self.data_dir, "--protocols", ",".join(self.protocols),
+        args = [*self.command, "serve", "--data-dir", self.data_dir, "--protocols", ",".join(self.protocols),
                 *[f"--listen={p}=127.0.0.1:0" for p in self.protocols], *self.extra_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
