@@ -107,7 +107,7 @@ class GatewayProcess:
 class Gateways:
     """Gateways started for one test, each on its own data dir under ``base_dir``.
 
-    ``start(protocols, args, data_dir=None, env=None)`` starts one; ``close()``
+    ``start(protocols, args, data_dir=None, env=None, command=(GATEWAY,))`` starts one; ``close()``
     checks that each still running is alive with no traceback logged, then
     stops them all.
     """
@@ -117,9 +117,9 @@ class Gateways:
         self.started: list[GatewayProcess] = []
 
     def start(self, protocols: Sequence[str] = ("v1",), args: Sequence[str] = (), data_dir: str | None = None,
-              env: dict[str, str] | None = None) -> GatewayProcess:
+              env: dict[str, str] | None = None, command: Sequence[str] = (GATEWAY,)) -> GatewayProcess:
         gw = GatewayProcess(str(data_dir or os.path.join(self.base_dir, f"data{len(self.started)}")),
-                            protocols, args, env)
+                            protocols, args, env, command)
         self.started.append(gw)
         return gw.start()
 
