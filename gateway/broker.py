@@ -564,7 +564,7 @@ class Broker:
     @_errors(m.JoinGroupResult, "group")
     def join_group(self, cmd: m.JoinGroup) -> Any:
         if cmd.protocol_type == "consumer":
-            return self.rebalance.join(cmd)
+            return self.rebalance.join(cmd).addCallback(self._durable)
         if cmd.protocol_type != "server":
             raise CommandError(ErrorCode.UNSUPPORTED, f"membership protocol {cmd.protocol_type!r}")
         for t in cmd.topics:
@@ -579,7 +579,10 @@ class Broker:
     def sync_group(self, cmd: m.SyncGroup) -> Any:
         groups = self.engine.groups
         if self._consumer_group(cmd.group):
-            return self.rebalance.sync(cmd)
+            synced = self.rebalance.sync(cmd)
+            if isinstance(synced, defer.Deferred):
+                return synced.addCallback(self._durable)
+            return self._durable(synced)
         group = groups.check_member(cmd.group, cmd.member_id, cmd.generation)
         group.members[cmd.member_id].last_heartbeat_ms = self.engine.now_ms()
         return m.SyncGroupResult(cmd.group, group.generation, self._assignment(group, cmd.member_id))

@@ -13,7 +13,7 @@ from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig
 from gateway.codec import ListenerSettings
 from gateway.registry import Registry
-from gateway.storage.engine import Engine, EngineConfig
+from gateway.storage.engine import Engine, EngineConfig, StorageFailure
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,9 @@ class Gateway:
 
     def _close_storage(self) -> None:
         if self.engine is not None:
-            self.engine.sync()
+            try:
+                self.engine.sync()
+            except StorageFailure as e:  # already logged where it fenced; closing goes on
+                log.error("final fsync failed: %s", e)
             self.engine.close()
             self.engine = None

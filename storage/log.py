@@ -66,7 +66,11 @@ class PartitionLog:
 
     def _new_segment(self, base: int) -> Segment:
         seg = Segment(self.directory, base, self.index_interval)
-        seg.recover()  # empty: creates the index file
+        try:
+            seg.recover()  # empty: creates the index file
+        except OSError:  # e.g. a full disk: leave no half-made segment behind
+            seg.delete()
+            raise
         return seg
 
     @property

@@ -275,3 +275,14 @@ def test_the_interval_fsync_loop_survives_failures_and_reports_each(engine, faul
         assert not engine.journal.dirty, "the loop still fsyncs"
     finally:
         broker.stop()
+
+
+@pytest.mark.parametrize("fault", ["write", "fsync"])
+def test_a_kafka_style_join_the_journal_refuses_gets_a_storage_error(engine, faulty, fault):
+    broker, reactor = _broker(engine, "always")
+    faulty.rules = {fault: rule(errno.ENOSPC, match="meta.journal")}
+    joined = broker.execute(m.JoinGroup("g", "", protocol_type="consumer", protocols=(("range", b""),)))
+    reactor.advance(0)
+    assert _fired(joined).error.code is ErrorCode.STORAGE_ERROR
+    if fault == "write":
+        assert engine.groups.groups["g"].generation == 0, "the new generation was not kept"
