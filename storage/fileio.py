@@ -58,7 +58,7 @@ def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], position: int) -> i
             if n:
                 views[0] = views[0][n:]
     except OSError as e:
-        _undo(fd, position, e)
+        undo(fd, position, e)
     return total
 
 
@@ -72,7 +72,7 @@ def append_all(fd: int, data: bytes, size: int) -> None:
                 raise OSError(errno.ENOSPC, "write made no progress")
             view = view[n:]
     except OSError as e:
-        _undo(fd, size, e)
+        undo(fd, size, e)
 
 
 def fsync(fd: int) -> None:
@@ -82,11 +82,12 @@ def fsync(fd: int) -> None:
         raise FsyncFailed(e.errno, f"fsync failed: {e.strerror or e}") from e
 
 
-def _undo(fd: int, size: int, error: OSError) -> None:
+def undo(fd: int, size: int, error: OSError) -> None:
+    """Cut the file back to ``size`` after ``error`` and raise it (``TornWrite`` if the cut fails)."""
     try:
         system.ftruncate(fd, size)
-    except OSError as undo:
-        raise TornWrite(error.errno, f"{error.strerror or error}; undoing it failed too: {undo}") from error
+    except OSError as cut:
+        raise TornWrite(error.errno, f"{error.strerror or error}; undoing it failed too: {cut}") from error
     raise error
 
 

@@ -241,11 +241,7 @@ class Segment:
             try:
                 fileio.append_all(self.index_fd, entry, len(self.index_offsets) * INDEX_ENTRY.size)
             except OSError as e:
-                try:
-                    fileio.system.ftruncate(self.fd, position)
-                except OSError as undo:
-                    raise fileio.TornWrite(e.errno, f"{e}; undoing the log write failed too: {undo}") from e
-                raise
+                fileio.undo(self.fd, position, e)
         self.size += size
         self._appends += 1
         self._note(header)
