@@ -41,25 +41,34 @@ class Fenced(OSError):
     """A file whose fsync failed (or whose write could not be undone) refuses writes until restart."""
 
 
-def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], position: int) -> int:
-    """Write ``parts`` at ``position`` of a file of size ``position``; returns the bytes written."""
-    views = [memoryview(p).cast("B") for p in parts]
-    total = sum(len(v) for v in views)
-    done = 0
+def pwrite_all(fd: int, parts: Sequence[bytes], position: int) -> int:
+    """Write ``parts`` at ``position`` of a file of size ``position``; returns the bytes written.
+
+    One ``pwritev`` in the common case; a short write is continued with what is left.
+    """
+    total = sum(len(p) for p in parts)
     try:
-        while views:
-            n = system.pwritev(fd, views, position + done)
+        done = system.pwritev(fd, parts, position)
+        while done < total:
+            n = system.pwritev(fd, _after(parts, done), position + done) if done > 0 else 0
             if n <= 0:
                 raise OSError(errno.ENOSPC, "write made no progress")
             done += n
-            while views and n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            if n:
-                views[0] = views[0][n:]
     except OSError as e:
         undo(fd, position, e)
     return total
+
+
+def _after(parts: Sequence[bytes], skip: int) -> list[memoryview]:
+    """``parts`` without their first ``skip`` bytes."""
+    out = []
+    for p in parts:
+        if skip >= len(p):
+            skip -= len(p)
+            continue
+        out.append(memoryview(p)[skip:])
+        skip = 0
+    return out
 
 
 def append_all(fd: int, data: bytes, size: int) -> None:
