@@ -190,9 +190,9 @@ def test_metadata_changes_are_acknowledged_only_once_journaled(faulty_gateway, f
         c.request("COMMIT", "g", "t", "m1", generation, "0", "11").check()
 
 
-def test_kafka_create_topics_gets_kafka_storage_error(faulty_gateway):
+def test_kafka_create_topics_and_offset_commit_get_kafka_storage_error(faulty_gateway):
     admin_module = pytest.importorskip("confluent_kafka.admin")
-    from confluent_kafka import KafkaException
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     gw, faults = faulty_gateway(("kafka",), "always")
     admin = admin_module.AdminClient({"bootstrap.servers": gw.address("kafka")})
@@ -204,3 +204,15 @@ def test_kafka_create_topics_gets_kafka_storage_error(faulty_gateway):
     faults()
     admin.create_topics([admin_module.NewTopic("kept", 1, 1)])["kept"].result(20)
     assert "lost" not in admin.list_topics(timeout=20).topics
+
+    consumer = Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": "g", "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition("kept", 0, 5)], asynchronous=False)
+        faults(write=rule(errno.ENOSPC, match="meta.journal"))
+        with pytest.raises(KafkaException) as e:
+            consumer.commit(offsets=[TopicPartition("kept", 0, 9)], asynchronous=False)
+        assert e.value.args[0].name() == "KAFKA_STORAGE_ERROR"
+        faults()
+        assert consumer.committed([TopicPartition("kept", 0)], timeout=20)[0].offset == 5
+    finally:
+        consumer.close()
