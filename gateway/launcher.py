@@ -23,18 +23,20 @@ GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 
 class GatewayProcess:
     def __init__(self, data_dir: str | None = None, protocols: Sequence[str] = ("v1",),
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None):
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 command: Sequence[str] = (GATEWAY,)):
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="polygate-")
         self.data_dir = data_dir or self._tmp.name
         self.protocols = list(protocols)
         self.extra_args = list(extra_args)
         self.env = env
+        self.command = list(command)  # what runs the ``gateway`` CLI
         self.proc: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
         self.output: list[str] = []
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
-        args = [GATEWAY, "serve", "--data-dir", self.data_dir, "--protocols", ",".join(self.protocols),
+        args = [*self.command, "serve", "--data-dir", self.data_dir, "--protocols", ",".join(self.protocols),
                 *[f"--listen={p}=127.0.0.1:0" for p in self.protocols], *self.extra_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -105,7 +107,7 @@ class GatewayProcess:
 class Gateways:
     """Gateways started for one test, each on its own data dir under ``base_dir``.
 
-    ``start(protocols, args, data_dir=None, env=None)`` starts one; ``close()``
+    ``start(protocols, args, data_dir=None, env=None, command=(GATEWAY,))`` starts one; ``close()``
     checks that each still running is alive with no traceback logged, then
     stops them all.
     """
@@ -115,9 +117,9 @@ class Gateways:
         self.started: list[GatewayProcess] = []
 
     def start(self, protocols: Sequence[str] = ("v1",), args: Sequence[str] = (), data_dir: str | None = None,
-              env: dict[str, str] | None = None) -> GatewayProcess:
+              env: dict[str, str] | None = None, command: Sequence[str] = (GATEWAY,)) -> GatewayProcess:
         gw = GatewayProcess(str(data_dir or os.path.join(self.base_dir, f"data{len(self.started)}")),
-                            protocols, args, env)
+                            protocols, args, env, command)
         self.started.append(gw)
         return gw.start()
 

@@ -19,7 +19,7 @@ from typing import Any
 from twisted.internet import defer
 
 from gateway import model as m
-from gateway.model import Error, ErrorCode
+from gateway.model import CommandError, Error, ErrorCode
 from gateway.storage.groups import GroupCoordinator
 
 
@@ -96,7 +96,12 @@ class ConsumerRebalance:
         group = self.groups.groups.get(name)
         if group is None or group.state != "PreparingRebalance":
             return
-        group = self.groups.complete_rebalance(name)
+        try:
+            group = self.groups.complete_rebalance(name)
+        except CommandError as e:  # the journal refused the new generation: no one joins it
+            for mid, d in self.joins.pop(name, {}).items():
+                _fire(d, m.JoinGroupResult(name, mid, error=e.error))
+            return
         members = tuple((mid, dict(mem.protocols).get(group.protocol, b"")) for mid, mem in group.members.items())
         for mid, d in self.joins.pop(name, {}).items():
             if mid in group.members:

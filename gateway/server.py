@@ -14,7 +14,7 @@ from gateway.broker import Broker, BrokerConfig
 from gateway.codec import ListenerSettings, parse_options
 from gateway.localstore import LocalStore
 from gateway.registry import Registry
-from gateway.storage.engine import Engine, EngineConfig
+from gateway.storage.engine import Engine, EngineConfig, StorageFailure
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,9 @@ class Gateway:
 
     def _close_storage(self) -> None:
         if self.engine is not None:
-            self.engine.sync()
+            try:
+                self.engine.sync()
+            except StorageFailure as e:  # already logged where it fenced; closing goes on
+                log.error("final fsync failed: %s", e)
             self.engine.close()
             self.engine = None

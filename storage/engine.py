@@ -30,6 +30,7 @@ from gateway.model import (
     TopicInfo,
 )
 
+from . import fileio
 from .groups import GroupCoordinator
 from .journal import Journal
 from .log import PartitionLog
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._=\-]{1,249}$")
 MAX_PARTITIONS = 10_000  # per topic: each open partition holds file descriptors
 MAX_OFFSET = (1 << 63) - 1
+
+
+class StorageFailure(OSError):
+    """An fsync failed: writes made before it may be lost. The partitions or journal
+    concerned are fenced; the message names them."""
 
 
 @attrs.frozen
@@ -165,7 +171,7 @@ class Engine:
                 part = self._partition_or_none(entry["tp"], entry["p"])
                 if part is not None:
                     part.producers[_pkey(entry["pid"])] = entry["s"]
-        self.journal.maybe_compact(self._live_entries(), self._snapshot)
+        self.compact_journal()
 
     def _live_entries(self) -> int:
         return len(self.topics) + self.groups.live_entries + sum(
@@ -183,10 +189,15 @@ class Engine:
                     yield {"t": "producer", "tp": t.name, "p": p.index, "pid": pid, "s": state}
 
     def compact_journal(self, force: bool = False) -> None:
-        if force:
-            self.journal.compact(self._snapshot())
-        else:
-            self.journal.maybe_compact(self._live_entries(), self._snapshot)
+        """Compact the journal (when worth it, or ``force``). A failed compaction keeps the old
+        journal: it is logged, and the next call tries again."""
+        try:
+            if force:
+                self.journal.compact(self._snapshot())
+            else:
+                self.journal.maybe_compact(self._live_entries(), self._snapshot)
+        except OSError as e:
+            log.error("compacting %s failed, keeping it as it is: %s", self.journal.path, e)
 
     # ------------------------------------------------------------------ topics
 
@@ -293,7 +304,7 @@ class Engine:
         try:
             part.log.append(fmt, base_offset, last, max_timestamp, payload)
         except OSError as e:
-            raise CommandError(ErrorCode.STORAGE_ERROR, str(e)) from e
+            raise CommandError(ErrorCode.STORAGE_ERROR, f"{topic}/{partition}: {e}") from e
         replicas = part.replicas
         if replicas.followers:
             replicas.update(part.log.next_offset, self.now_ms())
@@ -360,16 +371,17 @@ class Engine:
 
     def allocate_producer_id(self) -> int:
         pid = self._next_producer_id
-        self._next_producer_id += 1
-        self.journal.append({"t": "pid", "next": self._next_producer_id})
+        self.journal.append({"t": "pid", "next": pid + 1})
+        self._next_producer_id = pid + 1
         return pid
 
     def producer_state(self, topic: str, partition: int, producer_id: Any) -> dict[str, Any] | None:
         return self.partition(topic, partition).producers.get(_pkey(producer_id))
 
     def set_producer_state(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:
-        self.partition(topic, partition).producers[_pkey(producer_id)] = state
+        part = self.partition(topic, partition)
         self.journal.append({"t": "producer", "tp": topic, "p": partition, "pid": producer_id, "s": state})
+        part.producers[_pkey(producer_id)] = state
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -388,13 +400,27 @@ class Engine:
         return self.journal.dirty or any(p.log.dirty for t in self.topics.values() for p in t.partitions)
 
     def sync(self) -> None:
-        """fsync every file written since the last sync (safe from a worker thread)."""
+        """fsync every file written since the last sync (safe from a worker thread).
+
+        Every dirty partition and the journal are tried; a failed fsync fences
+        its partition or the journal (see ``PartitionLog``) and, once all were
+        tried, ``StorageFailure`` is raised naming them. Fenced ones are skipped.
+        """
+        failures = []
         with self._sync_lock:
             for t in list(self.topics.values()):
                 for p in list(t.partitions):
-                    with contextlib.suppress(OSError):  # a topic deleted meanwhile
+                    try:
                         p.log.sync()
-            self.journal.sync()
+                    except fileio.FsyncFailed as e:
+                        if not p.log.deleted:  # else the topic was deleted meanwhile: its files are gone
+                            failures.append(f"{t.name}/{p.index}: {e}")
+            try:
+                self.journal.sync()
+            except fileio.FsyncFailed as e:
+                failures.append(f"metadata journal: {e}")
+        if failures:
+            raise StorageFailure("; ".join(failures))
 
     def close(self) -> None:
         with self._sync_lock:

@@ -10,15 +10,20 @@ this module only keeps state). Committed offsets are keyed by
 ``(group, topic, partition)`` whatever protocol committed them: the offset
 is the next one to consume.
 
-All state changes are written to the journal; ``replay`` rebuilds them.
+All state changes are written to the journal; ``replay`` rebuilds them. A
+change is kept in memory only once its journal record is written: when the
+journal refuses it (``CommandError(STORAGE_ERROR)``), the group is put back
+as it was and the error propagates.
 Times are milliseconds from an injected clock; members whose session
 expired are removed on the next call for their group and by ``expire``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -172,6 +177,24 @@ class GroupCoordinator:
     def _save(self, group: Group) -> None:
         self.journal.append({"t": "group", "g": group.to_state()})
 
+    @contextlib.contextmanager
+    def _changing(self, name: str) -> Iterator[None]:
+        """Put group ``name`` back as it was if the block's journal record cannot be written."""
+        before = copy.deepcopy(self.groups.get(name))
+        try:
+            yield
+        except CommandError as e:
+            if e.error.code is ErrorCode.STORAGE_ERROR:
+                current = self.groups.get(name)
+                if before is None:
+                    self.groups.pop(name, None)
+                elif current is None:
+                    self.groups[name] = before
+                else:  # in place: callers may hold the group
+                    for field in attrs.fields(Group):
+                        setattr(current, field.name, getattr(before, field.name))
+            raise
+
     # ------------------------------------------------------------------ membership helpers
 
     def new_member_id(self, prefix: str) -> str:
@@ -180,16 +203,26 @@ class GroupCoordinator:
     def _expire(self, group: Group, now: int) -> bool:
         expired = [m for m in group.members.values()
                    if now - m.last_heartbeat_ms > m.session_timeout_ms and m.member_id not in group.joined]
-        for m in expired:
-            del group.members[m.member_id]
-        if expired:
+        if not expired:
+            return False
+        with self._changing(group.name):
+            for m in expired:
+                del group.members[m.member_id]
             self._rebalance(group)
-        return bool(expired)
+        return True
 
     def expire_all(self) -> list[str]:
-        """Remove expired members of every group; returns the groups that changed."""
+        """Remove expired members of every group; returns the groups that changed.
+
+        A group whose change the journal refuses keeps its members until it accepts it.
+        """
         now = self.clock()
-        return [g.name for g in list(self.groups.values()) if self._expire(g, now)]
+        changed = []
+        for g in list(self.groups.values()):
+            with contextlib.suppress(CommandError):
+                if self._expire(g, now):
+                    changed.append(g.name)
+        return changed
 
     def _partitions(self, topics: Iterable[str]) -> list[tuple[str, int]]:
         return [(t, p) for t in sorted(set(topics)) for p in range(self.partitions_of(t))]
@@ -243,6 +276,13 @@ class GroupCoordinator:
         With ``new_member_id``, a member not (or no longer) in the group joins
         under that id instead. Returns the group and the member's id.
         """
+        with self._changing(name):
+            return self._join_server(name, member_id, topics, assignor, session_timeout_ms, client_id, client_host,
+                                     new_member_id)
+
+    def _join_server(self, name: str, member_id: str, topics: tuple[str, ...], assignor: str,
+                     session_timeout_ms: int | None, client_id: str, client_host: str,
+                     new_member_id: str | None) -> tuple[Group, str]:
         now = self.clock()
         group = self.groups.get(name)
         if new_member_id is not None and (group is None or member_id not in group.members):
@@ -306,8 +346,9 @@ class GroupCoordinator:
 
     def leave(self, name: str, member_id: str, generation: int | None) -> Group:
         group = self.check_member(name, member_id, generation)
-        del group.members[member_id]
-        self._rebalance(group)
+        with self._changing(name):
+            del group.members[member_id]
+            self._rebalance(group)
         return group
 
     # ------------------------------------------------------------------ consumer groups (Kafka)
@@ -354,7 +395,10 @@ class GroupCoordinator:
         """End the join phase: drop members that did not rejoin, move to the next
         generation, keep (or elect) the leader and choose the protocol that every
         member supports, preferring the leader's order."""
-        group = self.get(name)
+        with self._changing(name):
+            return self._complete_rebalance(self.get(name))
+
+    def _complete_rebalance(self, group: Group) -> Group:
         now = self.clock()
         for mid in [mid for mid in group.members if mid not in group.joined]:
             del group.members[mid]
@@ -384,11 +428,12 @@ class GroupCoordinator:
             raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress: rejoin the group")
         group.members[member_id].last_heartbeat_ms = self.clock()
         if member_id == group.leader and group.state == "CompletingRebalance":
-            for mid, blob in assignments:
-                if mid in group.members:
-                    group.members[mid].assignment = bytes(blob)
-            group.state = "Stable"
-            self._save(group)
+            with self._changing(name):
+                for mid, blob in assignments:
+                    if mid in group.members:
+                        group.members[mid].assignment = bytes(blob)
+                group.state = "Stable"
+                self._save(group)
         if group.state == "Stable":
             return group.members[member_id].assignment
         return None
@@ -429,10 +474,9 @@ class GroupCoordinator:
                                         f"current={current[0]} got={offset}", topic, partition)
         if validate_only:
             return
-        store = self.offsets.setdefault(name, {})
         for topic, partition, offset, meta in offsets:
-            store[(topic, partition)] = (offset, meta)
             self.journal.append({"t": "offset", "g": name, "tp": topic, "p": partition, "o": offset, "m": meta})
+            self.offsets.setdefault(name, {})[(topic, partition)] = (offset, meta)
 
     def committed(self, name: str, topic: str, partition: int) -> tuple[int, str] | None:
         return self.offsets.get(name, {}).get((topic, partition))
@@ -446,13 +490,13 @@ class GroupCoordinator:
             raise CommandError(ErrorCode.GROUP_NOT_FOUND, "group not found")
         if group is not None and group.members:
             raise CommandError(ErrorCode.INVALID_REQUEST, "group is not empty")
+        self.journal.append({"t": "group-del", "g": name})
         self.groups.pop(name, None)
         self.offsets.pop(name, None)
-        self.journal.append({"t": "group-del", "g": name})
 
     def forget_topic(self, topic: str) -> None:
         """Drop the committed offsets of a deleted topic."""
         for name, offs in self.offsets.items():
             for key in [k for k in offs if k[0] == topic]:
-                del offs[key]
                 self.journal.append({"t": "offset-del", "g": name, "tp": topic, "p": key[1]})
+                del offs[key]

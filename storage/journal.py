@@ -4,10 +4,17 @@ Each entry is ``u32 length | u32 crc32 | msgpack map``. Replay stops at the
 first torn or corrupt entry and truncates the file there. ``compact`` writes
 the current state as a fresh journal and atomically replaces the old one, so
 the file stays proportional to the state, not to its history.
+
+A record is appended whole or not at all (see ``fileio``); ``append`` raises
+``CommandError(STORAGE_ERROR)`` when it could not be, so the caller applies
+the change only after ``append`` returned. A failed fsync, or a failed write
+that could not be undone, fences the journal as ``PartitionLog`` fences a
+partition: logged once, and every later ``append`` fails until restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -16,6 +23,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgpack
+
+from gateway.model import CommandError, ErrorCode
+
+from . import fileio
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +46,9 @@ class Journal:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self.size = os.fstat(self.fd).st_size
         self.entries = 0
-        self.dirty = False
+        self._appends = 0  # appends made, and the count that the last successful fsync covered
+        self._synced_appends = 0
+        self.failure: OSError | None = None  # set once the journal is fenced
 
     def replay(self) -> Iterator[dict[str, Any]]:
         """Yield every intact entry in order; truncate a torn tail."""
@@ -60,27 +73,58 @@ class Journal:
         self.size = pos
 
     def append(self, entry: dict[str, Any]) -> None:
+        """Write ``entry`` whole; raises ``CommandError(STORAGE_ERROR)`` if it could not be."""
+        if self.failure is not None:
+            raise CommandError(ErrorCode.STORAGE_ERROR, f"metadata journal refuses writes since {self.failure}")
         frame = _frame(entry)
-        os.write(self.fd, frame)
+        try:
+            fileio.append_all(self.fd, frame, self.size)
+        except OSError as e:
+            self._fence_on(e)
+            raise CommandError(ErrorCode.STORAGE_ERROR, f"metadata journal: {e}") from e
         self.size += len(frame)
         self.entries += 1
-        self.dirty = True
+        self._appends += 1
+
+    @property
+    def dirty(self) -> bool:
+        """Unsynced appends an fsync could still make durable (none once fenced)."""
+        return self.failure is None and self._appends != self._synced_appends
 
     def sync(self) -> None:
-        if self.dirty:
-            self.dirty = False
-            os.fsync(self.fd)
+        """fsync if dirty; raises ``FsyncFailed`` after fencing the journal. A fenced journal is skipped."""
+        appends = self._appends
+        if self.failure is None and appends != self._synced_appends:
+            try:
+                fileio.fsync(self.fd)
+            except fileio.FsyncFailed as e:
+                self._fence_on(e)
+                raise
+            self._synced_appends = appends
+
+    def _fence_on(self, error: OSError) -> None:
+        if isinstance(error, fileio.Unrecoverable) and self.failure is None:
+            self.failure = error
+            log.error("%s: %s; metadata changes are refused until restart", self.path, error)
 
     def compact(self, snapshot: Iterable[dict[str, Any]]) -> None:
-        """Replace the journal with ``snapshot`` (the entries that rebuild the state)."""
+        """Replace the journal with ``snapshot`` (the entries that rebuild the state).
+
+        If the new file cannot be written whole, it is removed and the old journal stays.
+        """
         tmp = self.path + ".compact"
         count = 0
-        with open(tmp, "wb") as f:
-            for entry in snapshot:
-                f.write(_frame(entry))
-                count += 1
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                for entry in snapshot:
+                    f.write(_frame(entry))
+                    count += 1
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
         os.replace(tmp, self.path)
         dir_fd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
         try:
@@ -91,15 +135,17 @@ class Journal:
         self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self.size = os.fstat(self.fd).st_size
         self.entries = count
-        self.dirty = False
+        self._synced_appends = self._appends
 
     def maybe_compact(self, live_entries: int, snapshot: Callable[[], Iterable[dict[str, Any]]]) -> bool:
-        """Compact when superseded entries outnumber live ones (and there are many)."""
-        if self.entries > 1000 and self.entries > 4 * max(live_entries, 1):
+        """Compact when superseded entries outnumber live ones (and there are many), unless fenced."""
+        if self.failure is None and self.entries > 1000 and self.entries > 4 * max(live_entries, 1):
             self.compact(snapshot())
             return True
         return False
 
     def close(self) -> None:
-        self.sync()
+        """fsync (unless fenced) and close; a failed last fsync is logged, not raised."""
+        with contextlib.suppress(fileio.FsyncFailed):
+            self.sync()
         os.close(self.fd)

@@ -1,14 +1,29 @@
-"""A partition's log: an ordered list of segments in one directory."""
+"""A partition's log: an ordered list of segments in one directory.
+
+Failures, decided as Kafka and PostgreSQL do:
+
+- A failed fsync *fences* the log: it is logged once (ERROR) and every later
+  append raises ``Fenced`` until the process restarts (restart recovery then
+  keeps what reached the disk). The fsync is never retried: after an error
+  the kernel may already have dropped the dirty pages, so a later fsync that
+  succeeds proves nothing. Reads keep working.
+- A failed write (EIO, ENOSPC) that was fully undone (see ``fileio``) only
+  fails that append: the log is as it was, and space may come back.
+- A failed write that could not be undone (``TornWrite``) fences the log too.
+"""
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 
 from gateway.model import StoredBatch
 
+from . import fileio
 from .segment import LOG_SUFFIX, Segment
 
 log = logging.getLogger(__name__)
@@ -46,10 +61,16 @@ class PartitionLog:
         if not self.segments:
             self.segments.append(self._new_segment(0))
         self._bases = [s.base_offset for s in self.segments]
+        self.failure: OSError | None = None  # set once a failed fsync or torn write fenced the log
+        self.deleted = False
 
     def _new_segment(self, base: int) -> Segment:
         seg = Segment(self.directory, base, self.index_interval)
-        seg.recover()  # empty: creates the index file
+        try:
+            seg.recover()  # empty: creates the index file
+        except OSError:  # e.g. a full disk: leave no half-made segment behind
+            seg.delete()
+            raise
         return seg
 
     @property
@@ -71,16 +92,20 @@ class PartitionLog:
     # ------------------------------------------------------------------ writing
 
     def append(self, fmt: str, base_offset: int, last_offset: int, max_ts: int, payload: bytes) -> None:
+        """Append one batch, whole or not at all; raises ``OSError`` (``Fenced`` once fenced)."""
+        if self.failure is not None:
+            raise fileio.Fenced(self.failure.errno, f"{self.directory} refuses writes since {self.failure}")
         if base_offset < self.next_offset:
             raise ValueError(f"offset {base_offset} below log end {self.next_offset}")
-        if self.active.size and self.active.size + len(payload) > self.segment_bytes:
-            self.roll(base_offset)
-        elif not self.active.size and base_offset > self.active.base_offset:
-            # An empty active segment is renamed by replacing it at the new base.
-            self.active.delete()
-            self.segments[-1] = self._new_segment(base_offset)
-            self._bases[-1] = base_offset
-        self.active.append(fmt, base_offset, last_offset, max_ts, payload)
+        with self._fencing():
+            if self.active.size and self.active.size + len(payload) > self.segment_bytes:
+                self.roll(base_offset)
+            elif not self.active.size and base_offset > self.active.base_offset:
+                # An empty active segment is renamed by replacing it at the new base.
+                self.active.delete()
+                self.segments[-1] = self._new_segment(base_offset)
+                self._bases[-1] = base_offset
+            self.active.append(fmt, base_offset, last_offset, max_ts, payload)
 
     def roll(self, base_offset: int | None = None) -> None:
         base = self.next_offset if base_offset is None else base_offset
@@ -89,15 +114,32 @@ class PartitionLog:
         self._bases.append(base)
 
     def sync(self) -> None:
-        for seg in self.segments[-2:]:
-            seg.sync()
-        for seg in self.segments[:-2]:
-            if seg.dirty:
-                seg.sync()
+        """fsync the segments written since the last sync; a fenced log is skipped.
+
+        Raises the ``OSError`` of a failed fsync, after fencing the log.
+        """
+        if self.failure is not None:
+            return
+        with self._fencing():
+            for seg in self.segments:
+                if seg.dirty:
+                    seg.sync()
+
+    @contextlib.contextmanager
+    def _fencing(self) -> Iterator[None]:
+        """Fence the log on a failed fsync or a torn write raised in the block."""
+        try:
+            yield
+        except fileio.Unrecoverable as e:
+            if self.failure is None and not self.deleted:  # a sync racing a delete fails harmlessly
+                self.failure = e
+                log.error("%s: %s; the partition refuses writes until restart", self.directory, e)
+            raise
 
     @property
     def dirty(self) -> bool:
-        return self.active.dirty or (len(self.segments) > 1 and self.segments[-2].dirty)
+        """Unsynced appends an fsync could still make durable (none once fenced)."""
+        return self.failure is None and any(seg.dirty for seg in self.segments[-2:])
 
     # ------------------------------------------------------------------ reading
 
@@ -164,11 +206,14 @@ class PartitionLog:
         return deleted
 
     def close(self) -> None:
+        """fsync (unless fenced) and close; a failed last fsync is logged, not raised."""
+        with contextlib.suppress(fileio.FsyncFailed):
+            self.sync()
         for seg in self.segments:
-            seg.sync()
             seg.close()
 
     def delete(self) -> None:
+        self.deleted = True
         for seg in self.segments:
             seg.close()
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -14,6 +14,11 @@ File ``<base_offset:020d>.log`` holds entries::
 u32 position, i64 running_max_timestamp``, one at most every
 ``index_interval`` bytes. The index is a cache: it is rebuilt from the log
 whenever it does not match.
+
+An append is written whole or not at all (see ``fileio``): if the log or the
+index write fails, both files are cut back to where they were and the append
+raises. ``dirty`` stays set until an fsync that started after the last append
+has succeeded.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from collections.abc import Iterator
 import attrs
 
 from gateway.model import StoredBatch
+
+from . import fileio
 
 HEADER = struct.Struct(">IIqIqB")
 INDEX_ENTRY = struct.Struct(">IIq")
@@ -93,7 +100,8 @@ class Segment:
         self.next_offset = base_offset
         self.max_timestamp = -1
         self._bytes_since_index = 0
-        self.dirty = False
+        self._appends = 0  # appends made, and the count that the last successful fsync covered
+        self._synced_appends = 0
 
     # ------------------------------------------------------------------ opening
 
@@ -171,16 +179,19 @@ class Segment:
     def _note(self, header: EntryHeader) -> None:
         """Account for an entry appended or found at ``header.position``."""
         self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
-        if not self.index_offsets or self._bytes_since_index >= self.index_interval:
-            self.index_offsets.append(header.base_offset)
-            self.index_positions.append(header.position)
-            self.index_max_ts.append(self.max_timestamp)
-            self._bytes_since_index = 0
-            if self.index_fd is not None:
-                os.write(self.index_fd, INDEX_ENTRY.pack(header.base_offset - self.base_offset,
-                                                         header.position, self.max_timestamp))
+        if self._index_due():
+            self._add_index_entry(header)
         self._bytes_since_index += header.size
         self.next_offset = header.last_offset + 1
+
+    def _index_due(self) -> bool:
+        return not self.index_offsets or self._bytes_since_index >= self.index_interval
+
+    def _add_index_entry(self, header: EntryHeader) -> None:
+        self.index_offsets.append(header.base_offset)
+        self.index_positions.append(header.position)
+        self.index_max_ts.append(self.max_timestamp)
+        self._bytes_since_index = 0
 
     def _load_index_file(self) -> bool:
         try:
@@ -220,21 +231,36 @@ class Segment:
     # ------------------------------------------------------------------ writing
 
     def append(self, fmt: str, base_offset: int, last_offset: int, max_ts: int, payload: bytes) -> None:
+        """Write one entry at the end, with its index entry if one is due; all or nothing."""
         parts = entry_parts(fmt, base_offset, last_offset, max_ts, payload)
-        size = len(parts[0]) + len(payload)
         position = self.size
-        written = os.pwritev(self.fd, parts, position)
-        if written != size:  # pragma: no cover - disk full
-            os.ftruncate(self.fd, position)
-            raise OSError("short write to segment")
+        header = EntryHeader(position, base_offset, last_offset, max_ts, fmt, len(payload))
+        size = fileio.pwrite_all(self.fd, parts, position)
+        if self._index_due() and self.index_fd is not None:
+            entry = INDEX_ENTRY.pack(base_offset - self.base_offset, position, max(self.max_timestamp, max_ts))
+            try:
+                fileio.append_all(self.index_fd, entry, len(self.index_offsets) * INDEX_ENTRY.size)
+            except OSError as e:
+                fileio.undo(self.fd, position, e)
         self.size += size
-        self.dirty = True
-        self._note(EntryHeader(position, base_offset, last_offset, max_ts, fmt, len(payload)))
+        self._appends += 1
+        self._note(header)
+
+    @property
+    def dirty(self) -> bool:
+        """Appends were made since the start of the last successful fsync."""
+        return self._appends != self._synced_appends
 
     def sync(self) -> None:
-        if self.dirty:
-            self.dirty = False
-            os.fsync(self.fd)
+        """fsync the log if dirty; raises on failure, leaving it dirty.
+
+        May run in a worker thread while the reactor appends: only the appends
+        made before the fsync started count as synced.
+        """
+        appends = self._appends
+        if appends != self._synced_appends:
+            fileio.fsync(self.fd)
+            self._synced_appends = appends
 
     def close(self) -> None:
         os.close(self.fd)

@@ -106,6 +106,7 @@ def _fail(error: m.Error | None, **codes: str) -> None:
             "UNKNOWN_MEMBER": "GENERATION_MISMATCH",
             "GENERATION_MISMATCH": "GENERATION_MISMATCH",
             "NOT_ASSIGNED": "GENERATION_MISMATCH",
+            "STORAGE_ERROR": "STORAGE_ERROR",
         }.get(error.code.name, "BAD_REQUEST")
     raise V1Error(code, error.message)
 

@@ -23,7 +23,8 @@ import attrs
 from twisted.internet import defer, task
 
 from gateway import model as m
-from gateway.broker.durability import FsyncPolicy, GroupCommit, _interval_sync
+from gateway.broker.calls import errors_as
+from gateway.broker.durability import FsyncPolicy, GroupCommit, _interval_sync, with_error
 from gateway.broker.fetch import Fetcher
 from gateway.broker.groups import Groups
 from gateway.broker.produce import Producer
@@ -31,6 +32,7 @@ from gateway.broker.replication import Replication
 from gateway.broker.topics import Topics
 from gateway.codec import BatchFormat
 from gateway.convert import ConversionCache
+from gateway.model import Error, ErrorCode
 from gateway.storage.interface import Storage
 
 __all__ = ["Broker", "BrokerConfig", "FsyncPolicy"]
@@ -116,9 +118,12 @@ class Broker:
         self._loops.clear()
 
     def durable(self, value: Any) -> Any:
-        """``value`` once the writes made so far are durable under the fsync policy."""
+        """``value`` once the writes made so far are durable under the fsync policy;
+        ``value`` with a ``STORAGE_ERROR`` if the fsync failed."""
         if self.config.fsync.mode == "always":
-            return self.commit.durable().addCallback(lambda _: value)
+            return self.commit.durable().addCallbacks(
+                lambda _: value,
+                lambda f: with_error(value, Error(ErrorCode.STORAGE_ERROR, f.getErrorMessage())))
         return value
 
     # ------------------------------------------------------------------ dispatch
@@ -166,6 +171,7 @@ class Broker:
 
     # ------------------------------------------------------------------ producer ids
 
+    @errors_as(m.InitProducerIdResult)
     def init_producer_id(self, cmd: m.InitProducerId) -> Any:
         if cmd.producer_id >= 0:
             return self.durable(m.InitProducerIdResult(cmd.producer_id, cmd.epoch + 1))

@@ -9,6 +9,8 @@ from typing import Any
 import attrs
 from twisted.internet import defer, threads
 
+from gateway import model as m
+from gateway.model import Error
 from gateway.storage.interface import Storage
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,14 @@ class FsyncPolicy:
 
 class GroupCommit:
     """Acknowledge writes only once fsynced, sharing one fsync among all the
-    writes made while the previous fsync ran (policy ``always``)."""
+    writes made while the previous fsync ran (policy ``always``).
+
+    ``durable()`` fires once an fsync that started after the call succeeded.
+    When an fsync fails, every waiter queued by then errbacks with the
+    failure: those the fsync covered, and the later ones, whose writes may
+    have gone to a partition it has just fenced. The next fsync serves only
+    writes made after that.
+    """
 
     def __init__(self, engine: Storage, reactor: Any):
         self.engine = engine
@@ -60,10 +69,15 @@ class GroupCommit:
         def done(result: Any) -> None:
             self.fsyncs += 1
             if isinstance(result, defer.Failure):
-                log.error("fsync failed: %s", result.getErrorMessage())
-            self.synced = target
-            while self.waiters and self.waiters[0][0] <= target:
-                self.waiters.popleft()[1].callback(None)
+                log.error("fsync failed, failing %d waiting writes: %s", len(self.waiters), result.getErrorMessage())
+                failed, self.waiters = self.waiters, collections.deque()
+                self.synced = self.written
+                for _, waiter in failed:
+                    waiter.errback(result)
+            else:
+                self.synced = target
+                while self.waiters and self.waiters[0][0] <= target:
+                    self.waiters.popleft()[1].callback(None)
             if self.written > self.synced:
                 self._sync()
             else:
@@ -73,6 +87,20 @@ class GroupCommit:
 
 
 def _interval_sync(engine: Storage, reactor: Any) -> defer.Deferred | None:
+    """fsync what was written; a failure is logged and the loop goes on (storage
+    fences what failed, and skips it from then on)."""
     if engine.dirty:
-        return threads.deferToThreadPool(reactor, reactor.getThreadPool(), engine.sync)
+        d = threads.deferToThreadPool(reactor, reactor.getThreadPool(), engine.sync)
+        return d.addErrback(lambda f: log.error("interval fsync failed: %s", f.getErrorMessage()))
     return None
+
+
+def with_error(result: Any, error: Error) -> Any:
+    """``result`` failed with ``error`` as a whole (every partition, group or record it answers for)."""
+    if isinstance(result, m.ProduceRecordsResult):
+        return attrs.evolve(result, results=tuple(attrs.evolve(r, error=error) for r in result.results))
+    if isinstance(result, m.CommitOffsetsResult):
+        return attrs.evolve(result, errors=tuple((t, p, e or error) for t, p, e in result.errors), error=error)
+    if isinstance(result, m.DeleteGroupsResult):
+        return attrs.evolve(result, errors=tuple((g, e or error) for g, e in result.errors))
+    return attrs.evolve(result, error=error)

@@ -26,7 +26,7 @@ class Groups:
     @errors_as(m.JoinGroupResult, "group")
     def join(self, cmd: m.JoinGroup) -> Any:
         if cmd.protocol_type != "server":
-            return self.store.join_group(cmd)
+            return then(self.store.join_group(cmd), self._durable)
         if not cmd.session_timeout_ms:
             cmd = attrs.evolve(cmd, session_timeout_ms=self.broker.config.group_session_timeout_ms)
         ensured = [self.broker.topics.ensure(t, True) for t in cmd.topics]
@@ -35,7 +35,7 @@ class Groups:
         return then(then(joined, lambda _: self.store.join_group(cmd)), self._durable)
 
     def sync(self, cmd: m.SyncGroup) -> Any:
-        return self.store.sync_group(cmd)
+        return then(self.store.sync_group(cmd), self._durable)  # a leader's sync stores the assignment
 
     def heartbeat(self, cmd: m.Heartbeat) -> Any:
         return self.store.heartbeat(cmd)

@@ -1,0 +1,111 @@
+"""The writes and fsyncs of storage files, done whole or not at all.
+
+Segments (log and index) and the metadata journal write only through these
+functions. A short write is continued until every byte is written; an error,
+or a write that makes no progress, undoes what was partly written (the file is
+truncated back to its previous size) and raises ``OSError``. If the undo fails
+too, ``TornWrite`` is raised: the file now ends in bytes nobody will
+acknowledge. ``fsync`` raises ``FsyncFailed``. After either (both are
+``Unrecoverable``) the file's owner refuses writes until restart.
+
+``system`` is the object the calls go to: the ``os`` module in production.
+Tests swap in one that fails on demand with ``faults`` (fault injection
+without touching the real ``os`` module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+system: Any = os
+
+
+class Unrecoverable(OSError):
+    """A failure after which the file's owner must refuse writes until restart."""
+
+
+class TornWrite(Unrecoverable):
+    """A write failed and could not be undone: the file ends in partial data."""
+
+
+class FsyncFailed(Unrecoverable):
+    """An fsync failed: what was written since the last good fsync may be lost, and an fsync
+    retried later may succeed without having written it (the kernel drops the failed pages)."""
+
+
+class Fenced(OSError):
+    """A file whose fsync failed (or whose write could not be undone) refuses writes until restart."""
+
+
+def pwrite_all(fd: int, parts: Sequence[bytes], position: int) -> int:
+    """Write ``parts`` at ``position`` of a file of size ``position``; returns the bytes written.
+
+    One ``pwritev`` in the common case; a short write is continued with what is left.
+    """
+    total = sum(len(p) for p in parts)
+    try:
+        done = system.pwritev(fd, parts, position)
+        while done < total:
+            n = system.pwritev(fd, _after(parts, done), position + done) if done > 0 else 0
+            if n <= 0:
+                raise OSError(errno.ENOSPC, "write made no progress")
+            done += n
+    except OSError as e:
+        undo(fd, position, e)
+    return total
+
+
+def _after(parts: Sequence[bytes], skip: int) -> list[memoryview]:
+    """``parts`` without their first ``skip`` bytes."""
+    out = []
+    for p in parts:
+        if skip >= len(p):
+            skip -= len(p)
+            continue
+        out.append(memoryview(p)[skip:])
+        skip = 0
+    return out
+
+
+def append_all(fd: int, data: bytes, size: int) -> None:
+    """Append ``data`` to a file opened ``O_APPEND`` whose size is ``size``."""
+    view = memoryview(data)
+    try:
+        while view:
+            n = system.write(fd, view)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, "write made no progress")
+            view = view[n:]
+    except OSError as e:
+        undo(fd, size, e)
+
+
+def fsync(fd: int) -> None:
+    try:
+        system.fsync(fd)
+    except OSError as e:
+        raise FsyncFailed(e.errno, f"fsync failed: {e.strerror or e}") from e
+
+
+def undo(fd: int, size: int, error: OSError) -> None:
+    """Cut the file back to ``size`` after ``error`` and raise it (``TornWrite`` if the cut fails)."""
+    try:
+        system.ftruncate(fd, size)
+    except OSError as cut:
+        raise TornWrite(error.errno, f"{error.strerror or error}; undoing it failed too: {cut}") from error
+    raise error
+
+
+@contextlib.contextmanager
+def faults(faulty: Any) -> Iterator[Any]:
+    """Route storage writes and fsyncs to ``faulty`` (an ``os``-like object) for the block's duration."""
+    global system
+    previous, system = system, faulty
+    try:
+        yield faulty
+    finally:
+        system = previous
