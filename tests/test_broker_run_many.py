@@ -6,7 +6,7 @@ import pytest
 from test_adapter import Reactor
 
 from gateway import model as m
-from gateway.broker import Broker, BrokerConfig
+from gateway.broker import MERGE_BYTES, MERGE_RECORDS, Broker, BrokerConfig
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record
 from gateway.convert import Validated
@@ -84,6 +84,19 @@ def test_consecutive_produces_to_one_partition_are_one_append_with_their_own_off
     (stored,) = engine.read("t", 0, 0, 1 << 20)
     assert [rec.value for rec in v1_plugin.batch_format.records(stored)] == [b"v%d" % i for i in range(5)]
     assert [rec.offset for rec in v1_plugin.batch_format.records(stored)] == list(range(5))
+
+
+def test_merged_runs_stop_at_their_size_and_record_limits(rig):
+    """A stored batch stays a size a reader converts at once, however much a client pipelines."""
+    b, store, engine, _ = rig("capped")
+    engine.create_topic("t", 1)
+    big = b"x" * (MERGE_BYTES // 2)
+    results = b.run_many([produce("t", 0, big) for _ in range(5)])
+    assert [r.base_offset for r in results] == list(range(5))
+    assert store.appends == 3  # 2 + 2 + 1: a run closes once it holds MERGE_BYTES
+    small = b.run_many([produce("t", 0, b"s") for _ in range(MERGE_RECORDS + 1)])
+    assert small[-1].base_offset == 5 + MERGE_RECORDS
+    assert store.appends == 3 + 2
 
 
 def test_run_many_answers_as_run_one_by_one(rig):
