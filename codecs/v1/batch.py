@@ -24,6 +24,7 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 
+from gateway.codec import ColumnarFormat
 from gateway.convert import Columns
 from gateway.model import Record, StoredBatch
 from gateway.text import as_texts
@@ -51,7 +52,7 @@ def encode_record(offset_delta: int, timestamp: int, key: bytes | None, value: b
     return b"".join(parts)
 
 
-class V1Format:
+class V1Format(ColumnarFormat):
     name = NAME
     joinable = True  # one-record payloads joined are one payload (see assign_offsets)
 
