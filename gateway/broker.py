@@ -296,7 +296,7 @@ class Broker:
         self._ensure_topic(cmd.topic, cmd.auto_create)
         count = len(self.engine.topic(cmd.topic).partitions)
         fmt = self._format(cmd.format)
-        if not getattr(fmt, "joinable", False):
+        if not fmt.joinable:
             raise CommandError(ErrorCode.UNSUPPORTED, f"{cmd.format!r} payloads cannot be joined")
         routed: dict[int, list[int]] = {}  # partition -> indexes of its records
         for i, key in enumerate(cmd.keys):

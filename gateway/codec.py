@@ -40,12 +40,15 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import attrs
 
 from .framing import FrameTooLarge, LengthPrefixedFramer, LineFramer, MalformedFrame, TruncatedFrame
 from .model import EMPTY, Fetch, Record, StoredBatch
+
+if TYPE_CHECKING:
+    from .convert import Columns
 
 Framer = LengthPrefixedFramer | LineFramer
 
@@ -323,6 +326,13 @@ class Connection(Protocol):
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes: ...
 
+    def connection_lost(self) -> Sequence[Any]:
+        """Called once when the connection ended, whoever closed it; returns
+        commands for the broker to run with no one to answer (a last will, a
+        cleanup), or ``()``. Their results are dropped and a failure is only
+        logged. No call into the codec follows."""
+        ...
+
 
 class PushConnection(Connection, Protocol):
     """A connection that emits ``Subscribe`` events also implements these."""
@@ -338,15 +348,6 @@ class TimerConnection(Connection, Protocol):
     def timer(self, context: Any) -> None: ...
 
 
-class LastWordsConnection(Connection, Protocol):
-    """Optional: ``connection_lost()`` is called once when the connection
-    ended, whoever closed it, and returns commands for the broker to run
-    with no one to answer (a last will, a cleanup); their results are
-    dropped and a failure is only logged. No call into the codec follows."""
-
-    def connection_lost(self) -> Sequence[Any]: ...
-
-
 class BatchFormat(Protocol):
     """A storage format: how a codec's batches map to and from ``Record``.
 
@@ -356,18 +357,39 @@ class BatchFormat(Protocol):
     received payload with the base offset the engine gave it, before it is
     stored (identity where the format carries no offsets).
 
-    Optional ``joinable = True``: one-record payloads of the format, joined,
-    make one payload whose records ``assign_offsets`` numbers from the batch
-    base (V1's); only such formats take ``ProduceRecords``.
+    A format class subclasses ``BatchFormat`` (or ``ColumnarFormat``) and so
+    declares its capabilities, which the broker reads instead of probing:
+
+    * ``joinable``: one-record payloads of the format, joined, make one
+      payload whose records ``assign_offsets`` numbers from the batch base
+      (V1's); the broker may then store consecutive produces as one batch.
+    * ``columnar``: the format also implements ``ColumnarFormat``'s methods.
     """
 
     name: str
+    joinable: ClassVar[bool] = False
+    columnar: ClassVar[bool] = False
 
     def records(self, batch: StoredBatch) -> Iterable[Record]: ...
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes: ...
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes: ...
+
+
+class ColumnarFormat(BatchFormat, Protocol):
+    """A ``BatchFormat`` that also reads and writes records field by field
+    (``gateway.convert.Columns``), which spares conversions a ``Record`` per record.
+
+    ``columns`` decodes consecutive stored batches of the format into one
+    ``Columns``; ``encode_columns`` builds one payload from them, as ``encode``.
+    """
+
+    columnar: ClassVar[bool] = True
+
+    def columns(self, batches: Sequence[StoredBatch]) -> Columns: ...
+
+    def encode_columns(self, columns: Columns, base_offset: int) -> bytes: ...
 
 
 class OptionError(ValueError):

@@ -55,6 +55,7 @@ from construct import (
     this,
 )
 
+from gateway.codec import ColumnarFormat
 from gateway.convert import Columns
 from gateway.model import EMPTY, Record, StoredBatch
 from gateway.text import as_texts
@@ -392,7 +393,7 @@ def _read_records(data: bytes, pos: int, count: int, keys: list, values: list, h
     return pos, any_headers
 
 
-class CursusFormat:
+class CursusFormat(ColumnarFormat):
     """The ``cursus`` storage format (see the module docstring).
 
     The codec validates every produced batch by walking its records; it hands

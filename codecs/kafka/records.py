@@ -29,6 +29,7 @@ from typing import Any
 
 import crc32c
 
+from gateway.codec import ColumnarFormat
 from gateway.convert import Columns
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
 from gateway.varint import ZIGZAGS, read_zigzag, zigzag
@@ -375,7 +376,7 @@ def encode_message_set(records: Iterable[Record], magic: int) -> bytes:
 # --------------------------------------------------------------------------- storage format
 
 
-class KafkaFormat:
+class KafkaFormat(ColumnarFormat):
     """The ``kafka`` ``BatchFormat`` (see the module docstring)."""
 
     name = NAME

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 
 import cramjam
 
+from gateway.codec import ColumnarFormat
 from gateway.convert import Columns
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 from gateway.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
@@ -373,7 +374,7 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
 # --------------------------------------------------------------------------- storage format
 
 
-class TankFormat:
+class TankFormat(ColumnarFormat):
     """The ``tank`` storage format (see the module docstring)."""
 
     name = NAME

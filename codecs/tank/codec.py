@@ -414,6 +414,9 @@ class TankConnection:
             except (Malformed, ConstructError, UnicodeError) as e:
                 return Close(reason=f"malformed {MsgId(msg_id).name} request: {e}")
 
+    def connection_lost(self) -> Sequence[Any]:
+        return ()  # nothing to run when the connection ends
+
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         render, context = request.context
         return render(context, results)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
+from gateway.codec import BatchFormat
 from gateway.model import Record, StoredBatch
 
 NAME = "mqtt"
@@ -30,7 +31,7 @@ def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None
                      LEN.pack(len(value)), value))
 
 
-class MqttFormat:
+class MqttFormat(BatchFormat):
     name = NAME
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
