@@ -251,7 +251,7 @@ class CursusConnection:
         self.settings = settings
         self.max_frame = settings.max_frame_size
         self.decompress = decompressor(settings.options.get("compression", "none"))
-        self.keepalive_ms = int(settings.options.get("stream_keepalive_ms", STREAM_KEEPALIVE_MS))
+        self.keepalive_ms = settings.options.get("stream_keepalive_ms", STREAM_KEEPALIVE_MS)
         self.leader = f"{settings.advertised_host}:{settings.advertised_port}"
         self.buffer = ReceiveBuffer()
         self.follow_up: Event | None = None
@@ -294,6 +294,9 @@ class CursusConnection:
             return self._eof() if self.buffer.eof else None
         self.buffer.skip(U32.size)
         return self._body(self.buffer.take(length))
+
+    def connection_lost(self) -> Sequence[Any]:
+        return ()  # nothing to run when the connection ends
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         render: Render = request.context
