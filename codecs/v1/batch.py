@@ -52,6 +52,11 @@ def encode_record(offset_delta: int, timestamp: int, key: bytes | None, value: b
     return b"".join(parts)
 
 
+def encode_keyed(timestamp: int, key: bytes, value: bytes) -> bytes:
+    """``encode_record(0, timestamp, key, value)`` for a key and a value that are not null (a PRODUCE line's)."""
+    return HEAD.pack(0, timestamp, len(key)) + key + LEN.pack(len(value)) + value
+
+
 class V1Format(ColumnarFormat):
     name = NAME
     joinable = True  # one-record payloads joined are one payload (see assign_offsets)

@@ -123,8 +123,8 @@ def _produce(args: list[str]) -> tuple[Any, ...]:
         raise BadRequest("message must be key:value")
     acks = _acks(args)
     k = key.encode("utf-8", "surrogateescape")
-    ts = int(time.time() * 1000)
-    payload = batch.encode_record(0, ts, k, value.encode("utf-8", "surrogateescape"))
+    ts = time.time_ns() // 1_000_000
+    payload = batch.encode_keyed(ts, k, value.encode("utf-8", "surrogateescape"))
     return (m.Produce(args[0], None, m.Batch(batch.NAME, payload, 1, ts), acks, key=k, partitioner="fnv1a_32",
                       auto_create=True),)
 
@@ -295,7 +295,9 @@ def _line(cid: str, status: str, *fields: str) -> bytes:
 
 
 def ok(cid: str, payload: str) -> bytes:
-    return _line(cid, "OK", payload) if payload else _line(cid, "OK")
+    if payload:
+        return f"V1|{cid or '0'}|OK|{payload}\n".encode("utf-8", "surrogateescape")
+    return _line(cid, "OK")
 
 
 def err(cid: str, code: str, message: str) -> bytes:
