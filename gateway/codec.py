@@ -40,7 +40,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
 
@@ -348,6 +348,7 @@ class TimerConnection(Connection, Protocol):
     def timer(self, context: Any) -> None: ...
 
 
+@runtime_checkable
 class BatchFormat(Protocol):
     """A storage format: how a codec's batches map to and from ``Record``.
 
@@ -377,6 +378,7 @@ class BatchFormat(Protocol):
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes: ...
 
 
+@runtime_checkable
 class ColumnarFormat(BatchFormat, Protocol):
     """A ``BatchFormat`` that also reads and writes records field by field
     (``gateway.convert.Columns``), which spares conversions a ``Record`` per record.

@@ -14,7 +14,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from gateway import model as m
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
-from gateway.codec import Close, CodecPlugin, ListenerSettings, Reply, Request, Subscribe
+from gateway.codec import BatchFormat, Close, CodecPlugin, ListenerSettings, Reply, Request, Subscribe
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.framing import ReceiveBuffer
 from gateway.storage.engine import Engine
@@ -270,7 +270,7 @@ def test_conversion_goes_through_records_and_is_cached(broker):
     engine.append("conv", 0, "v1", __import__("gateway.codecs.v1.batch", fromlist=["x"]).encode_record(
         0, 5, b"k", b"hello world"), 1, 5)
 
-    class Upper:
+    class Upper(BatchFormat):
         name = "upper"
         encoded = 0
 
