@@ -14,7 +14,15 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from gateway import model as m
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
-from gateway.codec import BatchFormat, Close, CodecPlugin, ListenerSettings, Reply, Request, Subscribe
+from gateway.codec import (
+    BatchFormat,
+    Close,
+    CodecPlugin,
+    ListenerSettings,
+    Reply,
+    Request,
+    Subscribe,
+)
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.framing import ReceiveBuffer
 from gateway.storage.engine import Engine
