@@ -351,7 +351,7 @@ class V1Connection(CodecConnection):
             commands = command.build(args)
         except BadRequest as e:
             return Handled.answer(err(cid, "BAD_REQUEST", str(e)))
-        return Handled(commands, Answer(cid, command, args))
+        return Handled.run(commands, Answer(cid, command, args))
 
     def frame_too_large(self, error: FrameTooLarge) -> Handled:
         """An over-long line is answered once; its bytes are dropped up to its end."""
