@@ -129,11 +129,10 @@ class CodecProtocol(protocol.Protocol):
 
         Not at shutdown: the listener is closed and storage is closing.
         """
-        hook = getattr(self.codec, "connection_lost", None)
-        if hook is None or self.factory.stopped:
+        if self.codec is None or self.factory.stopped:
             return
         try:
-            commands = hook()
+            commands = self.codec.connection_lost()
         except Exception:
             log.error("%s codec error at connection end\n%s", self.factory.plugin.name, Failure().getTraceback())
             return

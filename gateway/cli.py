@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import NoReturn
 
 import click
 
 from gateway import __version__
 from gateway.broker import BrokerConfig, FsyncPolicy
+from gateway.codec import OptionError
 from gateway.registry import Registry
 from gateway.server import Gateway, ListenerConfig, default_data_dir
 from gateway.storage.engine import EngineConfig
@@ -32,6 +34,12 @@ def _host_port(text: str, default_port: int | None = None) -> tuple[str, int | N
     if not port.isdigit():
         raise click.BadParameter(f"bad port in {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _refuse(message: str) -> NoReturn:
+    """Stop ``gateway serve`` before it starts: ``message`` is the one line the operator reads."""
+    click.echo(f"polygate: {message}", err=True)
+    sys.exit(2)
 
 
 @click.group()
@@ -100,6 +108,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         if not (sep and dot):
             raise click.BadParameter(f"expected CODEC.KEY=VALUE, got {item!r}", param_hint="--codec-option")
         options.setdefault(codec, {})[opt] = value
+    for codec in options.keys() - set(names):
+        _refuse(f"codec {codec}: --codec-option given for a codec that is not served (served: {', '.join(names)})")
     listeners = []
     for name in names:
         h, p = _host_port(addresses[name]) if name in addresses else (host, None)
@@ -118,6 +128,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
     )
     try:
         bound = gateway.start()
+    except OptionError as e:
+        _refuse(str(e))
     except Exception as e:  # noqa: BLE001 - report and exit non-zero
         raise click.ClickException(str(e)) from e
     click.echo(f"polygate {__version__}: data dir {os.path.abspath(data_dir)}, fsync {fsync}")

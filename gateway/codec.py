@@ -40,7 +40,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
 
@@ -48,7 +48,7 @@ from .framing import FrameTooLarge, LengthPrefixedFramer, LineFramer, MalformedF
 from .model import EMPTY, Fetch, Record, StoredBatch
 
 if TYPE_CHECKING:
-    from .convert import Validated
+    from .convert import Columns, Validated
 
 Framer = LengthPrefixedFramer | LineFramer
 
@@ -333,6 +333,13 @@ class Connection(Protocol):
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes: ...
 
+    def connection_lost(self) -> Sequence[Any]:
+        """Called once when the connection ended, whoever closed it; returns
+        commands for the broker to run with no one to answer (a last will, a
+        cleanup), or ``()``. Their results are dropped and a failure is only
+        logged. No call into the codec follows."""
+        ...
+
 
 class PushConnection(Connection, Protocol):
     """A connection that emits ``Subscribe`` events also implements these."""
@@ -348,15 +355,7 @@ class TimerConnection(Connection, Protocol):
     def timer(self, context: Any) -> None: ...
 
 
-class LastWordsConnection(Connection, Protocol):
-    """Optional: ``connection_lost()`` is called once when the connection
-    ended, whoever closed it, and returns commands for the broker to run
-    with no one to answer (a last will, a cleanup); their results are
-    dropped and a failure is only logged. No call into the codec follows."""
-
-    def connection_lost(self) -> Sequence[Any]: ...
-
-
+@runtime_checkable
 class BatchFormat(Protocol):
     """A storage format: how a codec's batches map to and from ``Record``.
 
@@ -366,14 +365,22 @@ class BatchFormat(Protocol):
     received payload with the base offset the engine gave it, before it is
     stored (identity where the format carries no offsets).
 
-    Optional ``joinable = True``: payloads of the format, joined, make one
-    payload whose records ``assign_offsets`` numbers from the batch base, each
-    payload after the last offset of the one before (V1's records, Kafka's v2
-    batches). The broker appends consecutive produces of such a format as one
-    batch (``Broker.run_many``); only such formats take ``ProduceRecords``.
+    A format class subclasses ``BatchFormat`` (or ``ColumnarFormat``) and so
+    declares its capabilities, which the broker reads instead of probing:
+
+    * ``joinable``: payloads of the format can be joined (``join``) into one
+      payload whose records ``assign_offsets`` numbers from the batch base,
+      each payload's after the last offset of the one before. The broker then
+      appends consecutive produces of the format as one batch
+      (``Broker.run_many``). ``join`` concatenates (V1's records, Kafka's v2
+      batches, TANK's bundles); a format whose payload has one header for all
+      its records overrides it (Cursus's).
+    * ``columnar``: the format also implements ``ColumnarFormat``'s methods.
     """
 
     name: str
+    joinable: ClassVar[bool] = False
+    columnar: ClassVar[bool] = False
 
     def records(self, batch: StoredBatch) -> Iterable[Record]: ...
 
@@ -388,6 +395,26 @@ class BatchFormat(Protocol):
         that is cut, corrupt, over the limit, or lies about its records. The
         broker calls it for every produced batch before storing it."""
         ...
+
+    def join(self, payloads: Sequence[bytes]) -> bytes:
+        """One payload holding ``payloads`` (validated, in order), for a ``joinable`` format."""
+        return b"".join(payloads)
+
+
+@runtime_checkable
+class ColumnarFormat(BatchFormat, Protocol):
+    """A ``BatchFormat`` that also reads and writes records field by field
+    (``gateway.convert.Columns``), which spares conversions a ``Record`` per record.
+
+    ``columns`` decodes consecutive stored batches of the format into one
+    ``Columns``; ``encode_columns`` builds one payload from them, as ``encode``.
+    """
+
+    columnar: ClassVar[bool] = True
+
+    def columns(self, batches: Sequence[StoredBatch]) -> Columns: ...
+
+    def encode_columns(self, columns: Columns, base_offset: int) -> bytes: ...
 
 
 class OptionError(ValueError):

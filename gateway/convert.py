@@ -165,7 +165,7 @@ def runs(batches: Iterable[StoredBatch], target: str) -> Iterable[StoredBatch | 
 def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
                 formats: Mapping[str, BatchFormat]) -> StoredBatch:
     """Decode ``run`` (consecutive foreign batches) and encode it as one ``target`` batch."""
-    by_columns = hasattr(target, "encode_columns")
+    by_columns = target.columnar
     records: list[Record] = []
     columns: Columns | None = None
     for name, group in itertools.groupby(run, key=_FORMAT):
@@ -174,13 +174,13 @@ def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
             raise CommandError(ErrorCode.CORRUPT_MESSAGE,
                                f"cannot convert {name!r} batches to {target.name!r}: format not installed")
         if not by_columns:
-            if hasattr(source, "columns"):  # one call for the group, not one per (maybe one-record) batch
+            if source.columnar:  # one call for the group, not one per (maybe one-record) batch
                 records += source.columns(list(group)).records()
             else:
                 for b in group:
                     records.extend(source.records(b))
             continue
-        if hasattr(source, "columns"):
+        if source.columnar:
             part = source.columns(list(group))
         else:
             part = Columns.of_records(itertools.chain.from_iterable(source.records(b) for b in group))

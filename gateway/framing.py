@@ -218,7 +218,9 @@ class LineFramer:
                     return self._end(0)
             end = buffer.find(self.delimiter, limit)
             if end >= 0:
-                return b"", buffer.take(end + width)[:-width]
+                body = buffer.take(end)
+                buffer.skip(width)
+                return b"", body
             if len(buffer) > limit:
                 self._discarding = True
                 raise FrameTooLarge(len(buffer), limit)

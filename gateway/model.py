@@ -259,42 +259,6 @@ class Produce:
 
 
 @frozen
-class ProduceRecords:
-    """Append records to ``topic``, each routed to a partition by ``partitioner``
-    applied to its key (as ``Produce`` with ``partition=None``); the records
-    that land in one partition are appended there as one batch, in order.
-
-    ``payloads`` holds one one-record payload of ``format`` per record, with
-    its key and timestamp beside it: a ``joinable`` format (V1's), whose
-    payloads joined make one payload whose records ``assign_offsets``
-    numbers. A pipelined burst of V1 PRODUCE lines is one such command. The
-    result is a ``ProduceRecordsResult`` with one ``ProduceResult`` per record.
-    """
-
-    topic: str
-    format: str
-    payloads: tuple[bytes, ...]
-    keys: tuple[bytes | None, ...]
-    timestamps: tuple[int, ...]
-    acks: Acks = Acks.LEADER
-    partitioner: str = "round_robin"
-    auto_create: bool = False
-    timeout_ms: int | None = None
-
-
-@frozen
-class ProduceRecordsResult:
-    """One ``ProduceResult`` per record of a ``ProduceRecords``, in order: the
-    record's offset in ``base_offset`` and ``last_offset``, and the high
-    watermark as once that record was in (as if the records had been appended
-    one by one: at most its offset + 1); ``error`` when none was appended."""
-
-    topic: str
-    results: tuple[ProduceResult, ...] = ()
-    error: Error | None = None
-
-
-@frozen
 class ProduceResult:
     """``base_offset``/``last_offset`` of the appended batch; for a duplicate
     idempotent batch, the offsets it had when first appended."""

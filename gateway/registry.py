@@ -36,6 +36,9 @@ class Registry:
                     raise TypeError(f"{ep.value} is not a CodecPlugin")
                 if plugin.name != ep.name:
                     raise ValueError(f"entry point {ep.name!r} names codec {plugin.name!r}")
+                if plugin.batch_format is not None and not isinstance(plugin.batch_format, BatchFormat):
+                    raise TypeError(f"the batch_format of {ep.value} is not a BatchFormat (subclass it to "
+                                    f"declare its capabilities)")
             except Exception as e:  # noqa: BLE001 - isolate every broken plugin
                 reg.failures[ep.name] = f"{type(e).__name__}: {e}"
                 log.error("codec %s failed to load: %s: %s", ep.name, type(e).__name__, e)

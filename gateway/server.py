@@ -11,7 +11,7 @@ from twisted.internet import defer
 
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig
-from gateway.codec import ListenerSettings, parse_options
+from gateway.codec import CodecPlugin, ListenerSettings, parse_options
 from gateway.localstore import LocalStore
 from gateway.registry import Registry
 from gateway.storage.engine import Engine, EngineConfig, StorageFailure
@@ -53,21 +53,23 @@ class Gateway:
         self.bound: list[tuple[str, str, int]] = []
 
     def start(self) -> list[tuple[str, str, int]]:
-        """Open storage and listen; returns ``(codec, host, port)`` per listener."""
+        """Open storage and listen; returns ``(codec, host, port)`` per listener.
+
+        Every listener's codec options are parsed first, before storage is
+        opened: an unknown option or a bad value raises ``OptionError``.
+        """
+        listeners = [(lc, self.registry.get(lc.codec)) for lc in self.listener_configs]
+        settings = [self._settings(lc, plugin) for lc, plugin in listeners]
         self.engine = Engine(self.data_dir, self.engine_config)
         self.broker = Broker(LocalStore(self.engine, self.reactor), self.registry.batch_formats, self.reactor, self.broker_config)
         try:
-            for lc in self.listener_configs:
-                plugin = self.registry.get(lc.codec)
+            for (lc, plugin), listener_settings in zip(listeners, settings, strict=True):
                 port = plugin.default_port if lc.port is None else lc.port
-                # Until every codec declares its options, one that declares none gets them as given.
-                options = parse_options(plugin, lc.options) if plugin.options else lc.options
-                settings = ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=options)
-                factory = CodecFactory(plugin, settings, self.broker, self.reactor)
+                factory = CodecFactory(plugin, listener_settings, self.broker, self.reactor)
                 listening = self.reactor.listenTCP(port, factory, interface=lc.host)
                 bound = listening.getHost()
                 advertised = lc.advertised_host or (lc.host if lc.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
-                factory.settings = attrs.evolve(settings, advertised_host=advertised, advertised_port=bound.port)
+                factory.settings = attrs.evolve(listener_settings, advertised_host=advertised, advertised_port=bound.port)
                 self.ports.append(listening)
                 self.factories.append(factory)
                 self.bound.append((lc.codec, bound.host, bound.port))
@@ -77,6 +79,12 @@ class Gateway:
         self.broker.listeners = tuple(self.bound)
         self.broker.start()
         return self.bound
+
+    @staticmethod
+    def _settings(lc: ListenerConfig, plugin: CodecPlugin) -> ListenerSettings:
+        # A codec that declares no options still gets them as given, until every codec declares its own.
+        options = parse_options(plugin, lc.options) if plugin.options else lc.options
+        return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=options)
 
     @defer.inlineCallbacks
     def stop(self):

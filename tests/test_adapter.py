@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import pytest
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
@@ -14,7 +13,15 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from gateway import model as m
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
-from gateway.codec import Close, CodecPlugin, ListenerSettings, Reply, Request, Subscribe
+from gateway.codec import (
+    BatchFormat,
+    Close,
+    CodecPlugin,
+    ListenerSettings,
+    Reply,
+    Request,
+    Subscribe,
+)
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.framing import ReceiveBuffer
 from gateway.localstore import LocalStore
@@ -70,6 +77,9 @@ class Script:
         if name == "sub":
             return Subscribe((m.Fetch("t", 0, 0, "v1"),), "sub", keepalive_ms=1000)
         return Request((("wait", arg),), arg)
+
+    def connection_lost(self) -> Sequence[Any]:
+        return ()  # nothing to run when the connection ends
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         return f"{request.context}={results[0]}\n".encode()
@@ -271,7 +281,7 @@ def test_conversion_goes_through_records_and_is_cached(broker):
     engine.append("conv", 0, "v1", __import__("gateway.codecs.v1.batch", fromlist=["x"]).encode_record(
         0, 5, b"k", b"hello world"), 1, 5)
 
-    class Upper:
+    class Upper(BatchFormat):
         name = "upper"
         encoded = 0
 
@@ -320,48 +330,53 @@ def _records(engine: Engine, topic: str, partition: int) -> list[tuple[int, byte
     return [(r.offset, r.value) for b in batches for r in v1_plugin.batch_format.records(b)]
 
 
-def test_produce_records_appends_one_batch_per_partition(broker):
+def _keyed(topic: str, keys, values, stamps, acks: m.Acks = m.Acks.LEADER) -> list[m.Produce]:
+    """One V1 record per key, routed by the key (the run of PRODUCE lines ``Broker.run_many`` joins)."""
     from gateway.codecs.v1.batch import encode_record
+
+    return [m.Produce(topic, None, m.Batch("v1", encode_record(0, t, k, v), 1, t), acks, key=k,
+                      partitioner="fnv1a_32") for k, v, t in zip(keys, values, stamps, strict=True)]
+
+
+def _answers(reactor, results):
+    """``results`` of ``run_many``, once the reactor ran what they wait for."""
+    reactor.advance(0)
+    return [r.result if isinstance(r, defer.Deferred) else r for r in results]
+
+
+def test_merged_produces_append_one_batch_per_partition(broker):
     from gateway.partitioners import choose
 
     b, reactor, engine = broker
     engine.create_topic("keyed", 3)
     keys = [b"k%d" % (i % 5) for i in range(20)]
-    cmd = m.ProduceRecords("keyed", "v1", tuple(encode_record(0, 7, k, b"v%d" % i) for i, k in enumerate(keys)),
-                           tuple(keys), (7,) * len(keys), partitioner="fnv1a_32")
-    d = b.execute(cmd)
-    reactor.advance(0)
-    results = d.result.results
+    cmds = _keyed("keyed", keys, [b"v%d" % i for i in range(20)], [7] * len(keys))
+    results = _answers(reactor, b.run_many(cmds))
     assert [r.partition for r in results] == [choose("fnv1a_32", k, 3, 0) for k in keys]
     for partition in range(3):
         mine = [(r.base_offset, b"v%d" % i) for i, r in enumerate(results) if r.partition == partition]
         assert [r.base_offset for i, r in enumerate(results) if r.partition == partition] == list(range(len(mine)))
         assert _records(engine, "keyed", partition) == mine  # in order, offsets from 0
         assert len(engine.read("keyed", partition, 0, 1 << 30)) == (1 if mine else 0)  # one batch each
-    d = b.execute(attrs.evolve(cmd, payloads=cmd.payloads[:2], keys=cmd.keys[:2]))
-    reactor.advance(0)
-    again = d.result.results
+    again = _answers(reactor, b.run_many(cmds[:2]))
     first = [r for r in results if r.partition == again[0].partition]
     assert again[0].base_offset == len(first)  # appended after the first batch
 
 
-def test_produce_records_errors_are_per_partition(broker):
-    from gateway.codecs.v1.batch import encode_record
+def test_merged_produce_errors_are_per_partition(broker):
+    from gateway.partitioners import choose
 
     b, reactor, engine = broker
     engine.create_topic("half", 2)
     b.execute(m.SetPartitionRole("half", 1, "follower"))
     keys = (b"a", b"b", b"c", b"d")
-    d = b.execute(m.ProduceRecords("half", "v1", tuple(encode_record(0, 1, k, k) for k in keys), keys, (1,) * 4,
-                                   partitioner="fnv1a_32"))
-    reactor.advance(0)
-    for r in d.result.results:
-        if r.partition == 1:
+    for key, r in zip(keys, _answers(reactor, b.run_many(_keyed("half", keys, keys, (1,) * 4))), strict=True):
+        if choose("fnv1a_32", key, 2, 0) == 1:
             assert r.error.code is m.ErrorCode.NOT_LEADER
         else:
             assert r.error is None and r.base_offset >= 0
-    d = b.execute(m.ProduceRecords("nope", "v1", (b"",), (None,), (1,)))
-    assert d.result.error.code is m.ErrorCode.UNKNOWN_TOPIC  # an error answers at once, nothing to sync
+    (unknown,) = b.run_many(_keyed("nope", (b"k",), (b"",), (1,)))
+    assert unknown.error.code is m.ErrorCode.UNKNOWN_TOPIC  # an error answers at once, nothing to sync
 
 
 def test_pipelined_produce_lines_share_appends_and_keep_their_answers(tmp_path):
@@ -392,8 +407,7 @@ def test_pipelined_produce_lines_share_appends_and_keep_their_answers(tmp_path):
     engine.close()
 
 
-def test_produce_records_with_acks_all_waits_per_partition(tmp_path):
-    from gateway.codecs.v1.batch import encode_record
+def test_merged_produces_with_acks_all_wait_per_partition(tmp_path):
     from gateway.partitioners import choose
     from gateway.storage.engine import EngineConfig
 
@@ -404,18 +418,17 @@ def test_produce_records_with_acks_all_waits_per_partition(tmp_path):
     keys = tuple(b"k%d" % i for i in range(8))
     partitions = [choose("fnv1a_32", k, 2, 0) for k in keys]
     assert set(partitions) == {0, 1}
-    cmd = m.ProduceRecords("r", "v1", tuple(encode_record(0, 1, k, k) for k in keys), keys, (1,) * 8, m.Acks.ALL,
-                           partitioner="fnv1a_32")
+    cmds = _keyed("r", keys, keys, (1,) * 8, m.Acks.ALL)
     per_partition = [partitions.count(0), partitions.count(1)]
-    d = b.execute(cmd)
+    d = defer.gatherResults(b.run_many(cmds))
     b.execute(m.ReplicaProgress("r", 0, 1, per_partition[0]))  # the follower's log end
     assert not d.called  # partition 0 is replicated, partition 1 is not yet
     b.execute(m.ReplicaProgress("r", 1, 1, per_partition[1]))
-    assert all(r.error is None for r in d.result.results)
-    d2 = b.execute(cmd)
+    assert all(r.error is None for r in d.result)
+    d2 = defer.gatherResults(b.run_many(cmds))
     b.execute(m.ReplicaProgress("r", 0, 1, 2 * per_partition[0]))  # this time only partition 0 follows
     reactor.advance(1.1)
-    for r, partition in zip(d2.result.results, partitions):
+    for r, partition in zip(d2.result, partitions):
         assert (r.error is None) == (partition == 0)
         if r.error is not None:
             assert r.error.code is m.ErrorCode.REPLICATION_TIMEOUT
@@ -440,8 +453,6 @@ def test_closing_while_acks_all_produce_lines_wait_is_quiet(tmp_path, caplog):
 
 
 def test_each_partition_batch_has_its_own_records_newest_timestamp(broker):
-    from gateway.codecs.tank.bundle import FORMAT as TANK
-    from gateway.codecs.v1.batch import encode_record
     from gateway.partitioners import choose
 
     b, reactor, engine = broker
@@ -449,13 +460,8 @@ def test_each_partition_batch_has_its_own_records_newest_timestamp(broker):
     keys = (b"k0", b"k1", b"k2", b"k3")
     partitions = [choose("fnv1a_32", k, 2, 0) for k in keys]
     stamps = (100, 200, 300, 400)
-    d = b.execute(m.ProduceRecords("ts", "v1", tuple(encode_record(0, t, k, b"v") for k, t in zip(keys, stamps)),
-                                   keys, stamps, partitioner="fnv1a_32"))
-    reactor.advance(0)
-    assert all(r.error is None for r in d.result.results)
+    results = _answers(reactor, b.run_many(_keyed("ts", keys, (b"v",) * 4, stamps)))
+    assert all(r.error is None for r in results)
     for partition in set(partitions):
         (stored,) = engine.read("ts", partition, 0, 1 << 20)
         assert stored.max_timestamp == max(t for t, p in zip(stamps, partitions) if p == partition)
-    b.formats["tank"] = TANK  # a format whose payloads cannot simply be joined
-    d = b.execute(m.ProduceRecords("ts", "tank", (b"",), (None,), (1,)))
-    assert d.result.error.code is m.ErrorCode.UNSUPPORTED

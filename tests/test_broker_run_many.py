@@ -7,6 +7,7 @@ from test_adapter import Reactor
 
 from gateway import model as m
 from gateway.broker import MERGE_BYTES, MERGE_RECORDS, Broker, BrokerConfig
+from gateway.codec import BatchFormat
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record
 from gateway.convert import Validated
@@ -24,7 +25,7 @@ class CountingStore(LocalStore):
         return super().append(*args, **kwargs)
 
 
-class Opaque:
+class Opaque(BatchFormat):
     """A format whose payloads cannot be joined (no ``joinable``)."""
 
     name = "opaque"

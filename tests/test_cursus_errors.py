@@ -403,17 +403,3 @@ def test_gateway_cli_speaks_cursus(gw):
     cli("topics", "delete", name)
     assert name not in cli("topics", "list")
 
-
-@pytest.mark.parametrize(("option", "refusal"), [
-    ("compression=zstd", "option compression='zstd' is not allowed; expected one of none, gzip, snappy, lz4"),
-    ("stream_keepalive_ms=0", "option stream_keepalive_ms='0' is not allowed; expected a whole number of "
-                              "milliseconds, at least 1"),
-    ("keepalive=5", "unknown option 'keepalive' (its options: compression, stream_keepalive_ms)"),
-])
-def test_gateway_refuses_to_start_with_a_bad_option(tmp_path, option, refusal):
-    exe = os.path.join(os.path.dirname(sys.executable), "gateway")
-    done = subprocess.run([exe, "serve", "--data-dir", str(tmp_path), "--protocols", "cursus",
-                           "--listen", "cursus=127.0.0.1:0", "--codec-option", f"cursus.{option}"],
-                          text=True, capture_output=True, timeout=60)
-    assert done.returncode != 0 and "listening" not in done.stdout
-    assert done.stderr.splitlines() == [f"Error: codec cursus: {refusal}"]

@@ -22,11 +22,11 @@ def events(chunks: list[bytes], max_line: int = 256) -> list:
 
 
 def describe(event) -> list:
-    """One item per request line an event stands for (a run of PRODUCE lines is one event)."""
+    """The request line an event stands for."""
     if isinstance(event, Reply):
         return [("reply", event.data)]
-    lines = getattr(event.context, "lines", [event.context])
-    return [("request", event.commands[0].__class__.__name__, c.cid, tuple(c.args)) for c in lines]
+    line = event.context.render  # the line's Answer
+    return [("request", event.commands[0].__class__.__name__, line.cid, tuple(line.args))]
 
 
 def described(out: list) -> list:
@@ -81,9 +81,9 @@ def test_respond_renders_results():
     conn = V1Connection(ListenerSettings(1024))
     conn.receive_data(b"V1|9|PRODUCE|orders k:v\n")
     request = conn.next_event()
-    data = conn.respond(request, [m.ProduceRecordsResult("orders", (m.ProduceResult("orders", 2, 5, 5, 6),))])
+    data = conn.respond(request, [m.ProduceResult("orders", 2, 5, 5, 6)])
     assert data == b"V1|9|OK|partition=2 offset=5 hw=5\n"
-    data = conn.respond(request, [m.ProduceRecordsResult("orders", error=m.Error(m.ErrorCode.REPLICATION_TIMEOUT, "x"))])
+    data = conn.respond(request, [m.ProduceResult("orders", 2, error=m.Error(m.ErrorCode.REPLICATION_TIMEOUT, "x"))])
     assert data == b"V1|9|ERR|REPLICATION_TIMEOUT|x\n"
 
 
@@ -108,30 +108,27 @@ def test_columns_of_single_and_multi_record_and_empty_batches():
     assert list(zip(cols.offsets, cols.keys, cols.values)) == [(5, b"k", b"v"), (6, None, b"a"), (8, b"k2", b"")]
 
 
-def test_buffered_produce_lines_to_one_topic_are_one_request():
-    from gateway.codecs.v1.codec import MERGE_LINES
-
-    data = [b"V1|1|PRODUCE|a k1:x", b"V1|2|PRODUCE|a k2:y", b"V1|3|PRODUCE|b k:z", b"V1|4|PRODUCE|b k:w acks=all",
-            b"V1|5|PRODUCE|b k:u acks=all", b"V1|6|PING|", b"V1|7|PRODUCE|b k:v"]
+def test_each_produce_line_is_one_keyed_produce_of_one_v1_record():
+    data = [b"V1|1|PRODUCE|a k1:x", b"V1|2|PRODUCE|a k2:y", b"V1|3|PRODUCE|b k:z acks=all", b"V1|4|PING|"]
     out = events([b"".join(line + b"\n" for line in data)])
-    assert [[c.cid for c in e.context.lines] if hasattr(e.context, "lines") else [e.context.cid] for e in out] == [
-        ["1", "2"], ["3"], ["4", "5"], ["6"], ["7"]]
-    first = out[0].commands[0]
-    assert (first.topic, first.keys, len(first.payloads)) == ("a", (b"k1", b"k2"), 2)
-    assert out[2].commands[0].acks is m.Acks.ALL
-    many = events([b"".join(b"V1|%d|PRODUCE|t k:v\n" % i for i in range(MERGE_LINES + 3))])
-    assert [len(e.context.lines) for e in many] == [MERGE_LINES, 3]
+    assert [e.context.render.cid for e in out] == ["1", "2", "3", "4"]
+    produces = [e.commands for e in out[:3]]
+    assert all(len(commands) == 1 and isinstance(commands[0], m.Produce) for commands in produces)
+    first, _, third = (commands[0] for commands in produces)
+    assert (first.topic, first.partition, first.key, first.partitioner, first.auto_create) == (
+        "a", None, b"k1", "fnv1a_32", True)
+    assert (first.acks, third.acks) == (m.Acks.LEADER, m.Acks.ALL)
+    stored = m.StoredBatch("v1", 7, 7, first.batch.max_timestamp, first.batch.payload)
+    assert [(r.offset, r.key, r.value) for r in FORMAT.records(stored)] == [(7, b"k1", b"x")]
+    assert (first.batch.format, first.batch.count) == ("v1", 1)
 
 
-def test_a_run_of_produce_lines_is_answered_line_by_line():
+def test_produce_lines_are_answered_line_by_line():
     conn = V1Connection(ListenerSettings(1024))
     conn.receive_data(b"V1|1|PRODUCE|t a:1\nV1|2|PRODUCE|t b:2\nV1|3|PRODUCE|t c:3\n")
-    request = conn.next_event()
-    results = m.ProduceRecordsResult("t", (
-        m.ProduceResult("t", 0, 4, 4, 6), m.ProduceResult("t", 1, 0, 0, 1),
-        m.ProduceResult("t", 2, error=m.Error(m.ErrorCode.NOT_LEADER, "x"))))
-    assert conn.respond(request, [results]) == (
+    requests = [conn.next_event() for _ in range(3)]
+    results = [m.ProduceResult("t", 0, 4, 4, 6), m.ProduceResult("t", 1, 0, 0, 1),
+               m.ProduceResult("t", 2, error=m.Error(m.ErrorCode.NOT_LEADER, "x"))]
+    assert b"".join(conn.respond(r, [result]) for r, result in zip(requests, results, strict=True)) == (
         b"V1|1|OK|partition=0 offset=4 hw=5\nV1|2|OK|partition=1 offset=0 hw=0\n"
         b"V1|3|ERR|NOT_LEADER|partition leader unavailable on this broker\n")
-    everything_failed = m.ProduceRecordsResult("t", error=m.Error(m.ErrorCode.UNKNOWN_TOPIC, "unknown topic t"))
-    assert conn.respond(request, [everything_failed]).count(b"|ERR|") == 3

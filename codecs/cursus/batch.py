@@ -55,6 +55,7 @@ from construct import (
     this,
 )
 
+from gateway.codec import ColumnarFormat
 from gateway.convert import Columns, Validated
 from gateway.model import EMPTY, CommandError, ErrorCode, Record, StoredBatch
 from gateway.text import as_texts
@@ -392,7 +393,7 @@ def _read_records(data: bytes, pos: int, count: int, keys: list, values: list, h
     return pos, any_headers
 
 
-class CursusFormat:
+class CursusFormat(ColumnarFormat):
     """The ``cursus`` storage format (see the module docstring).
 
     The codec validates every produced batch by walking its records; it hands
@@ -402,6 +403,7 @@ class CursusFormat:
     """
 
     name = NAME
+    joinable = True  # through ``join``: one header for the records of every batch joined
     REMEMBERED = 64
 
     def __init__(self) -> None:
@@ -493,6 +495,29 @@ class CursusFormat:
         if n == 1:
             seqs[1] = seqs[0]
         return encode_header("", 0, "1", False, seqs[0], seqs[1], n) + b"".join(parts)
+
+    def join(self, payloads: Sequence[bytes]) -> bytes:
+        """One batch holding the records of ``payloads`` (validated batches, in order):
+        the first one's header with the total count and the last one's end sequence
+        number, then every batch's records. Their record starts are remembered,
+        so that ``assign_offsets`` walks nothing."""
+        headers = [parse_header(p) for p in payloads]
+        first = headers[0]
+        head = bytearray(payloads[0][: first.size])
+        _HEAD_TAIL.pack_into(head, first.size - _HEAD_TAIL.size, 1 if first.idempotent else 0, first.seq_start,
+                             headers[-1].seq_end, sum(h.count for h in headers))
+        parts: list[bytes] = [bytes(head)]
+        starts: list[int] = []
+        at = len(head)
+        for payload, header in zip(payloads, headers, strict=True):
+            known = self._walked.pop(id(payload), None)
+            own = known[1] if known is not None and known[0] is payload else walk(payload, header.size, header.count)
+            starts += [s - header.size + at for s in own[:-1]]
+            parts.append(payload[header.size :])
+            at += len(payload) - header.size
+        joined = b"".join(parts)
+        self.remember(joined, [*starts, len(joined)])
+        return joined
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         known = self._walked.pop(id(payload), None)

@@ -157,6 +157,9 @@ class KafkaConnection:
         return schema.build_frame(((schema.response_header(api_key, message.flexible(version)),
                                     {"CorrelationId": correlation_id}), (message.response(version), body)))
 
+    def connection_lost(self) -> Sequence[Any]:
+        return ()  # nothing to run when the connection ends
+
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         pending: Pending = request.context
         body = pending.render(results)

@@ -36,6 +36,7 @@ from typing import Any
 
 import crc32c
 
+from gateway.codec import ColumnarFormat
 from gateway.convert import Columns, Validated
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
 from gateway.varint import ZIGZAGS, read_zigzag, zigzag
@@ -470,7 +471,7 @@ def encode_message_set(records: Iterable[Record], magic: int) -> bytes:
 # --------------------------------------------------------------------------- storage format
 
 
-class KafkaFormat:
+class KafkaFormat(ColumnarFormat):
     """The ``kafka`` ``BatchFormat`` (see the module docstring).
 
     ``inflate_limit``: the most one batch may decompress to, in ``validate`` and

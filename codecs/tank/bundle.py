@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 import cramjam
 
 from gateway import compression
+from gateway.codec import ColumnarFormat
 from gateway.convert import Columns, Validated
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 from gateway.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
@@ -404,7 +405,7 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
 # --------------------------------------------------------------------------- storage format
 
 
-class TankFormat:
+class TankFormat(ColumnarFormat):
     """The ``tank`` storage format (see the module docstring).
 
     ``inflate_limit``: the most the message sets of one payload may decompress
@@ -412,6 +413,7 @@ class TankFormat:
     """
 
     name = NAME
+    joinable = True  # plain bundles one after the other are one payload (they carry no offsets)
     inflate_limit = INFLATE_LIMIT
 
     def validate(self, payload: bytes) -> Validated:

@@ -24,6 +24,7 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 
+from gateway.codec import ColumnarFormat
 from gateway.convert import Columns, Validated
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 from gateway.text import as_texts
@@ -51,7 +52,12 @@ def encode_record(offset_delta: int, timestamp: int, key: bytes | None, value: b
     return b"".join(parts)
 
 
-class V1Format:
+def encode_keyed(timestamp: int, key: bytes, value: bytes) -> bytes:
+    """``encode_record(0, timestamp, key, value)`` for a key and a value that are not null (a PRODUCE line's)."""
+    return HEAD.pack(0, timestamp, len(key)) + key + LEN.pack(len(value)) + value
+
+
+class V1Format(ColumnarFormat):
     name = NAME
     joinable = True  # one-record payloads joined are one payload (see assign_offsets)
 
@@ -100,7 +106,7 @@ class V1Format:
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         """``payload`` with its records numbered 0, 1, 2... from the batch base (``base_offset``
         is not needed: the deltas are relative), so that joined one-record payloads
-        (``ProduceRecords``) are one batch. V1 payloads hold consecutive records only."""
+        (``Broker.run_many``) are one batch. V1 payloads hold consecutive records only."""
         data = None
         pos, end, index = 0, len(payload), 0
         length = LEN.unpack_from

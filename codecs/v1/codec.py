@@ -19,8 +19,8 @@ from typing import Any
 import attrs
 
 from gateway import model as m
-from gateway.codec import ListenerSettings, Reply, Request
-from gateway.framing import ReceiveBuffer
+from gateway.codec import CodecConnection, Handled, ListenerSettings
+from gateway.framing import FrameTooLarge, LineFramer, TruncatedFrame
 
 from . import batch
 
@@ -124,14 +124,14 @@ def _produce(args: list[str]) -> tuple[Any, ...]:
         raise BadRequest("message must be key:value")
     acks = _acks(args)
     k = key.encode("utf-8", "surrogateescape")
-    ts = int(time.time() * 1000)
-    payload = batch.encode_record(0, ts, k, value.encode("utf-8", "surrogateescape"))
-    return (m.ProduceRecords(args[0], batch.NAME, (payload,), (k,), (ts,), acks, partitioner="fnv1a_32",
-                             auto_create=True),)
+    ts = time.time_ns() // 1_000_000
+    payload = batch.encode_keyed(ts, k, value.encode("utf-8", "surrogateescape"))
+    return (m.Produce(args[0], None, m.Batch(batch.NAME, payload, 1, ts), acks, key=k, partitioner="fnv1a_32",
+                      auto_create=True),)
 
 
 def _render_produce(args: list[str], results: Sequence[Any]) -> str:
-    r: m.ProduceResult = results[0]  # this line's record (see ``V1Connection.respond``)
+    r: m.ProduceResult = results[0]
     if r.error and r.error.code is m.ErrorCode.NOT_LEADER:
         raise V1Error("NOT_LEADER", "partition leader unavailable on this broker")
     _fail(r.error)
@@ -286,9 +286,6 @@ COMMANDS: dict[str, Command] = {
                 lambda a: (m.ListTopics((a[0],)),), _render_describe),
     )
 }
-PRODUCE = COMMANDS["PRODUCE"]
-MERGE_LINES = 512  # buffered PRODUCE lines taken as one ProduceRecords, at most
-MERGE_BYTES = 64 << 10  # in flight per connection: at most the adapter's max_in_flight such runs
 
 
 # --------------------------------------------------------------------------- connection
@@ -299,133 +296,68 @@ def _line(cid: str, status: str, *fields: str) -> bytes:
 
 
 def ok(cid: str, payload: str) -> bytes:
-    return _line(cid, "OK", payload) if payload else _line(cid, "OK")
+    if payload:
+        return f"V1|{cid or '0'}|OK|{payload}\n".encode("utf-8", "surrogateescape")
+    return _line(cid, "OK")
 
 
 def err(cid: str, code: str, message: str) -> bytes:
     return _line(cid, "ERR", code, message)
 
 
-@attrs.frozen
-class _Context:
-    cid: str
-    command: Command
-    args: list[str]
+class Answer:
+    """The render of one request line: its answer line, from the results of its commands."""
+
+    __slots__ = ("cid", "command", "args")
+
+    def __init__(self, cid: str, command: Command, args: list[str]):
+        self.cid = cid
+        self.command = command
+        self.args = args
+
+    def __call__(self, results: Sequence[Any]) -> bytes:
+        try:
+            return ok(self.cid, self.command.render(self.args, results))
+        except V1Error as e:
+            return err(self.cid, e.code, e.message)
+        except BadRequest as e:
+            return err(self.cid, "BAD_REQUEST", str(e))
 
 
-@attrs.frozen
-class _Produces:
-    """PRODUCE lines taken as one ``ProduceRecords``: one answer line each."""
-
-    lines: list[_Context]
-
-
-class V1Connection:
-    """Server side of one V1 connection (see the module docstring)."""
+class V1Connection(CodecConnection):
+    """Server side of one V1 connection (see the module docstring): one line, one ``Handled``."""
 
     def __init__(self, settings: ListenerSettings):
-        self.max_line = settings.max_frame_size
-        self.buffer = ReceiveBuffer()
-        self.discarding = False
-        self._pending: Request | Reply | None = None  # the line that ended a run of PRODUCEs
+        super().__init__(settings, LineFramer(settings.max_frame_size))
 
-    def connection_made(self) -> bytes:
-        return b""
-
-    def receive_data(self, data: bytes) -> None:
-        self.buffer.feed(data)
-
-    def next_event(self) -> Request | Reply | None:
-        if self._pending is not None:
-            event, self._pending = self._pending, None
-        else:
-            event = self._next_line()
-        if isinstance(event, Request) and event.context.command is PRODUCE:
-            return self._produces(event)
-        return event
-
-    def _produces(self, first: Request) -> Request:
-        """``first`` and the PRODUCE lines to the same topic (same acks) already
-        buffered after it, as one ``ProduceRecords``: one append per partition
-        instead of one per line. The line that ends the run is kept for next."""
-        (command,) = first.commands
-        lines, payloads, keys = [first.context], list(command.payloads), list(command.keys)
-        stamps, size = list(command.timestamps), len(payloads[0])
-        while len(lines) < MERGE_LINES and size < MERGE_BYTES:
-            end = self.buffer.find(b"\n", self.max_line)
-            if end < 0:
-                break
-            event = self._parse(self.buffer.take(end + 1)[:-1])
-            follower = event.commands[0] if isinstance(event, Request) and event.context.command is PRODUCE else None
-            if follower is None or follower.topic != command.topic or follower.acks != command.acks:
-                self._pending = event
-                break
-            lines.append(event.context)
-            payloads += follower.payloads
-            keys += follower.keys
-            stamps += follower.timestamps
-            size += len(follower.payloads[0])
-        if len(lines) == 1:
-            return Request(first.commands, _Produces(lines))
-        merged = attrs.evolve(command, payloads=tuple(payloads), keys=tuple(keys), timestamps=tuple(stamps))
-        return Request((merged,), _Produces(lines))
-
-    def _next_line(self) -> Request | Reply | None:
-        while True:
-            i = self.buffer.find(b"\n", self.max_line)
-            if i < 0:
-                if len(self.buffer) > self.max_line:
-                    # Over-long line: answer once, drop bytes until its end.
-                    was_discarding = self.discarding
-                    end = self.buffer.find(b"\n", len(self.buffer))
-                    self.buffer.skip(len(self.buffer) if end < 0 else end + 1)
-                    self.discarding = end < 0
-                    if not was_discarding:
-                        return Reply(err("0", "BAD_REQUEST", f"line exceeds {self.max_line} bytes"))
-                return None
-            raw = self.buffer.take(i + 1)
-            if self.discarding:
-                self.discarding = False
-                continue
-            return self._parse(raw[:-1])
-
-    def _parse(self, raw: bytes) -> Request | Reply:
-        line = raw.decode("utf-8", "surrogateescape").strip()
+    def handle_frame(self, header: bytes, body: bytes) -> Handled:
+        line = body.decode("utf-8", "surrogateescape").strip()
         parts = [p.strip() for p in line.split("|", 3)]
         if len(parts) != 4:
-            return Reply(err("0", "BAD_REQUEST", "expected format V1|<correlation_id>|<command>|<args>"))
+            return Handled.answer(err("0", "BAD_REQUEST", "expected format V1|<correlation_id>|<command>|<args>"))
         version, cid, name, arg_text = parts
         if version != "V1":
-            return Reply(err("0", "BAD_REQUEST", "unsupported version"))
+            return Handled.answer(err("0", "BAD_REQUEST", "unsupported version"))
         if not cid:
-            return Reply(err("0", "BAD_REQUEST", "correlation id required"))
+            return Handled.answer(err("0", "BAD_REQUEST", "correlation id required"))
         if not name:
-            return Reply(err("0", "BAD_REQUEST", "command required"))
+            return Handled.answer(err("0", "BAD_REQUEST", "command required"))
         command = COMMANDS.get(name.upper())
         if command is None:
-            return Reply(err(cid, "UNKNOWN_COMMAND", "unsupported command"))
+            return Handled.answer(err(cid, "UNKNOWN_COMMAND", "unsupported command"))
         args = arg_text.split()
         if not command.min_args <= len(args) <= command.max_args:
-            return Reply(err(cid, "BAD_REQUEST", command.usage))
+            return Handled.answer(err(cid, "BAD_REQUEST", command.usage))
         try:
             commands = command.build(args)
         except BadRequest as e:
-            return Reply(err(cid, "BAD_REQUEST", str(e)))
-        return Request(commands, _Context(cid, command, args))
+            return Handled.answer(err(cid, "BAD_REQUEST", str(e)))
+        return Handled.run(commands, Answer(cid, command, args))
 
-    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        if isinstance(request.context, _Produces):
-            (produced,) = results
-            lines = request.context.lines
-            per_line = produced.results or [m.ProduceResult(produced.topic, error=produced.error)] * len(lines)
-            return b"".join(self._answer(ctx, (r,)) for ctx, r in zip(lines, per_line, strict=True))
-        return self._answer(request.context, results)
+    def frame_too_large(self, error: FrameTooLarge) -> Handled:
+        """An over-long line is answered once; its bytes are dropped up to its end."""
+        return Handled.answer(err("0", "BAD_REQUEST", f"line exceeds {error.limit} bytes"))
 
-    @staticmethod
-    def _answer(ctx: _Context, results: Sequence[Any]) -> bytes:
-        try:
-            return ok(ctx.cid, ctx.command.render(ctx.args, results))
-        except V1Error as e:
-            return err(ctx.cid, e.code, e.message)
-        except BadRequest as e:
-            return err(ctx.cid, "BAD_REQUEST", str(e))
+    def truncated(self, error: TruncatedFrame) -> None:
+        """A line the stream ended in the middle of is not a request: nothing to answer."""
+        return None

@@ -74,7 +74,6 @@ class Broker:
         self.replication = Replication(self)
         self._handlers: dict[type, Callable[[Any], Any]] = {
             m.Produce: self.producer.produce,
-            m.ProduceRecords: self.producer.produce_records,
             m.Fetch: self.fetcher.fetch,
             m.FetchMany: self.fetcher.fetch_many,
             m.ListOffsets: self.fetcher.list_offsets,

@@ -97,8 +97,6 @@ def _interval_sync(engine: Storage, reactor: Any) -> defer.Deferred | None:
 
 def with_error(result: Any, error: Error) -> Any:
     """``result`` failed with ``error`` as a whole (every partition, group or record it answers for)."""
-    if isinstance(result, m.ProduceRecordsResult):
-        return attrs.evolve(result, results=tuple(attrs.evolve(r, error=error) for r in result.results))
     if isinstance(result, m.CommitOffsetsResult):
         return attrs.evolve(result, errors=tuple((t, p, e or error) for t, p, e in result.errors), error=error)
     if isinstance(result, m.DeleteGroupsResult):

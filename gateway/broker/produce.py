@@ -104,7 +104,8 @@ class Producer:
         batch = cmd.batch
         if batch.producer is not None or batch.base_offset is not None:
             return None
-        if not getattr(self.broker.formats.get(batch.format), "joinable", False):
+        fmt = self.broker.formats.get(batch.format)
+        if fmt is None or not fmt.joinable:
             return None
         return cmd.topic, batch.format, cmd.acks, cmd.timeout_ms, cmd.auto_create
 
@@ -175,7 +176,7 @@ class Producer:
         try:
             self.check_leader(topic, partition)
             base = self.store.log_end_offset(topic, partition)
-            joined = batches[0].payload if len(batches) == 1 else b"".join([b.payload for b in batches])
+            joined = batches[0].payload if len(batches) == 1 else fmt.join([b.payload for b in batches])
             payload = fmt.assign_offsets(joined, base)
             appended = self.store.append(topic, partition, fmt.name, payload, sum(max(b.count, 1) for b in batches),
                                          max(b.max_timestamp for b in batches))
@@ -185,54 +186,9 @@ class Producer:
             return appended.addErrback(_as_error)
         return appended
 
-    # ------------------------------------------------------------------ V1's records (until V1 sends Produce)
-
-    @errors_as(m.ProduceRecordsResult, "topic")
-    def produce_records(self, cmd: m.ProduceRecords) -> Any:
-        return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce_records(cmd))
-
-    def _produce_records(self, cmd: m.ProduceRecords) -> Any:
-        store = self.store
-        count = store.partition_count(cmd.topic)
-        fmt = self.format(cmd.format)
-        if not getattr(fmt, "joinable", False):
-            raise CommandError(ErrorCode.UNSUPPORTED, f"{cmd.format!r} payloads cannot be joined")
-        routed: dict[int, list[int]] = {}  # partition -> indexes of its records
-        for i, key in enumerate(cmd.keys):
-            routed.setdefault(choose(cmd.partitioner, key, count, next(self._round_robin)), []).append(i)
-        bases: dict[int, int] = {}
-        lasts: dict[int, int] = {}
-        errors: dict[int, Error] = {}
-        for partition, indexes in routed.items():
-            try:
-                self.check_leader(cmd.topic, partition)
-                base = store.log_end_offset(cmd.topic, partition)
-                payload = fmt.assign_offsets(b"".join([cmd.payloads[i] for i in indexes]), base)
-                bases[partition], lasts[partition] = store.append(
-                    cmd.topic, partition, cmd.format, payload, len(indexes), max(cmd.timestamps[i] for i in indexes))
-            except CommandError as e:
-                errors[partition] = e.error
-
-        def result(timed_out: frozenset[int]) -> m.ProduceRecordsResult:
-            results: list[m.ProduceResult] = [None] * len(cmd.payloads)  # type: ignore[list-item]
-            for partition, indexes in routed.items():
-                if partition in errors:
-                    for i in indexes:
-                        results[i] = m.ProduceResult(cmd.topic, partition, error=errors[partition])
-                    continue
-                hw = store.high_watermark(cmd.topic, partition)
-                start = store.log_start_offset(cmd.topic, partition)
-                error = ACKS_TIMEOUT if partition in timed_out else None
-                for offset, i in enumerate(indexes, bases[partition]):  # the hw once this record was in
-                    results[i] = m.ProduceResult(cmd.topic, partition, offset, offset, min(hw, offset + 1), start,
-                                                 error=error)
-            return m.ProduceRecordsResult(cmd.topic, tuple(results))
-
-        return self.acknowledge(cmd, lasts, result)
-
     # ------------------------------------------------------------------ acks
 
-    def acknowledge(self, cmd: m.Produce | m.ProduceRecords, lasts: dict[int, int],
+    def acknowledge(self, cmd: m.Produce, lasts: dict[int, int],
                     result: Callable[[frozenset[int]], Any]) -> Any:
         """``result(partitions that timed out)`` once ``cmd.acks`` holds for the offsets up to
         ``lasts[partition]`` (at once but for acks=all), and the writes are durable."""

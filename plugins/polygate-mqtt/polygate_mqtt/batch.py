@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
+from gateway.codec import BatchFormat
 from gateway.convert import Validated
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
@@ -31,7 +32,7 @@ def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None
                      LEN.pack(len(value)), value))
 
 
-class MqttFormat:
+class MqttFormat(BatchFormat):
     name = NAME
 
     def validate(self, payload: bytes) -> Validated:
