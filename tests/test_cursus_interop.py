@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import confluent_kafka as ck
@@ -60,3 +61,26 @@ def test_cursus_event_fields_become_kafka_headers_and_come_back(gateway_factory)
     c.close()
     assert [(m.offset, m.payload, m.event_type) for m in seen] == [
         (0, "created", "AccountOpened"), (1, "renamed", "AccountOpened"), (2, "shipped", "OrderShipped")]
+
+
+def test_pipelined_batches_share_appends_and_keep_their_acks(gateway_factory):
+    """Issue 12: Cursus batches a connection pipelines to one partition are one append
+    (their records under one header), each still acknowledged with its own last offset."""
+    gw = gateway_factory(("cursus",))
+    address, topic = gw.address("cursus"), f"pipe-{uuid.uuid4().hex[:8]}"
+    assert command(address, f"CREATE topic={topic} partitions=1").startswith("OK")
+    bodies = [batch(topic, 0, [f"m{i}-{j}" for j in range(3)], producer_id="") for i in range(20)]
+    with RawCursus(address) as c:
+        c.sock.sendall(b"".join(len(body).to_bytes(4, "big") + body for body in bodies))
+        acks = [c.read_frame() for _ in bodies]
+    assert [json.loads(a)["status"] for a in acks] == ["OK"] * 20
+    assert [json.loads(a)["last_offset"] for a in acks] == [3 * i + 2 for i in range(20)]
+    assert [m.payload for m in consume(address, topic, 0)] == [f"m{i}-{j}" for i in range(20) for j in range(3)]
+    gw.stop()
+    from gateway.storage.engine import Engine
+
+    engine = Engine(gw.data_dir)
+    try:
+        assert len(engine.read(topic, 0, 0, 1 << 30)) < len(bodies)  # fewer appends than batches
+    finally:
+        engine.close()
