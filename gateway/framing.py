@@ -135,7 +135,28 @@ def fixed_header(layout: struct.Struct, size_field: int = -1) -> HeaderReader:
     return read
 
 
-class LengthPrefixedFramer:
+class _Framer:
+    """What both framers share: the buffer, ``feed`` and the end of the stream."""
+
+    def __init__(self, max_frame_size: int):
+        self.buffer = ReceiveBuffer()
+        self.max_frame_size = max_frame_size
+        self.finished = False
+
+    def feed(self, data: bytes) -> None:
+        self.buffer.feed(data)
+
+    def _end(self, pending: int) -> None:
+        """``None`` (more bytes needed), or the end of the stream: clean, or inside a frame."""
+        if not self.buffer.eof:
+            return None
+        self.finished = True
+        if pending:
+            raise TruncatedFrame(pending)
+        return None
+
+
+class LengthPrefixedFramer(_Framer):
     """Frames that start with a header telling the body's size (Kafka, TANK, Cursus, MQTT).
 
     ``read_header`` (see ``fixed_header``) finds the header size and the body
@@ -145,15 +166,10 @@ class LengthPrefixedFramer:
     """
 
     def __init__(self, read_header: HeaderReader, max_frame_size: int, mutable_body: bool = False):
-        self.buffer = ReceiveBuffer()
+        super().__init__(max_frame_size)
         self.read_header = read_header
-        self.max_frame_size = max_frame_size
         self.mutable_body = mutable_body
-        self.finished = False
         self._discard = 0  # bytes of an oversized frame still to drop
-
-    def feed(self, data: bytes) -> None:
-        self.buffer.feed(data)
 
     def next_frame(self) -> tuple[bytes, bytes | bytearray] | None:
         buffer = self.buffer
@@ -179,17 +195,8 @@ class LengthPrefixedFramer:
         body = buffer.take_mutable(body_size) if self.mutable_body else buffer.take(body_size)
         return header, body
 
-    def _end(self, pending: int) -> None:
-        """``None`` (more bytes needed), or the end of the stream: clean, or inside a frame."""
-        if not self.buffer.eof:
-            return None
-        self.finished = True
-        if pending:
-            raise TruncatedFrame(pending)
-        return None
 
-
-class LineFramer:
+class LineFramer(_Framer):
     """Frames that end at ``delimiter`` (V1's lines); the header is always ``b""``.
 
     A line longer than ``max_frame_size`` raises ``FrameTooLarge`` once; its
@@ -198,14 +205,9 @@ class LineFramer:
     """
 
     def __init__(self, max_frame_size: int, delimiter: bytes = b"\n"):
-        self.buffer = ReceiveBuffer()
-        self.max_frame_size = max_frame_size
+        super().__init__(max_frame_size)
         self.delimiter = delimiter
-        self.finished = False
         self._discarding = False
-
-    def feed(self, data: bytes) -> None:
-        self.buffer.feed(data)
 
     def next_frame(self) -> tuple[bytes, bytes] | None:
         buffer, limit, width = self.buffer, self.max_frame_size, len(self.delimiter)
@@ -225,12 +227,4 @@ class LineFramer:
                 self._discarding = True
                 raise FrameTooLarge(len(buffer), limit)
             return self._end(len(buffer))
-        return None
-
-    def _end(self, pending: int) -> None:
-        if not self.buffer.eof:
-            return None
-        self.finished = True
-        if pending:
-            raise TruncatedFrame(pending)
         return None
