@@ -3,7 +3,9 @@
 Both servers get the same request lines over the same loopback connections
 from the same load generator, in one run: the echo server is the ceiling of
 a Twisted line protocol on this machine, so the gateway/echo ratio is the
-figure to quote (absolute numbers on a 2-core machine are noisy).
+figure to quote (absolute numbers on a 2-core machine are noisy), beside each
+server's CPU time per request (from /proc), which the clients sharing the
+cores do not blur.
 
     python benchmarks/v1_produce.py [--requests N] [--window W]
 """
@@ -19,7 +21,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Gateway, progress, write_result  # noqa: E402
+from common import Gateway, cpu_seconds, progress, write_result  # noqa: E402
 
 ECHO_SERVER = r"""
 import sys
@@ -89,19 +91,26 @@ def main() -> None:
     results = {}
     try:
         with Gateway(["v1"]) as gw:
+            servers = (("echo", echo_port, echo.pid), ("gateway", gw.ports["v1"], gw.proc.pid))
             for connections in (1, 8):
                 best = {"echo": 0.0, "gateway": 0.0}
+                cpu = {"echo": float("inf"), "gateway": float("inf")}  # server CPU µs per request
                 for r in range(args.rounds):  # alternate servers so drift hits both alike
-                    for name, port in (("echo", echo_port), ("gateway", gw.ports["v1"])):
+                    for name, port, pid in servers:
+                        before = cpu_seconds(pid)
                         rate = drive(port, connections, args.requests, args.window)
-                        best[name] = max(best[name], rate)
-                        progress(f"{connections} conn, round {r + 1}: {name:8} {rate:10,.0f} req/s")
+                        used = (cpu_seconds(pid) - before) / args.requests * 1e6
+                        best[name], cpu[name] = max(best[name], rate), min(cpu[name], used)
+                        progress(f"{connections} conn, round {r + 1}: {name:8} {rate:10,.0f} req/s, "
+                                 f"server CPU {used:5.1f} µs/req")
                 ratio = best["gateway"] / best["echo"]
                 results[f"{connections}_connections"] = {
                     "gateway_req_per_s": round(best["gateway"]), "echo_req_per_s": round(best["echo"]),
-                    "ratio_gateway_to_echo": round(ratio, 3)}
+                    "ratio_gateway_to_echo": round(ratio, 3), "gateway_cpu_us_per_req": round(cpu["gateway"], 2),
+                    "echo_cpu_us_per_req": round(cpu["echo"], 2)}
                 print(f"{connections} connection(s): gateway {best['gateway']:,.0f} req/s, "
-                      f"echo {best['echo']:,.0f} req/s, ratio {ratio:.2f}")
+                      f"echo {best['echo']:,.0f} req/s, ratio {ratio:.2f}; server CPU per request: "
+                      f"gateway {cpu['gateway']:.1f} µs, echo {cpu['echo']:.1f} µs")
     finally:
         echo.terminate()
         echo.wait()
