@@ -134,3 +134,19 @@ def test_truncated_packets_wait_for_the_rest(data, draw):
 def test_frames_over_the_limit_close_before_the_body_arrives(length):
     events = feed([connect_packet() + b"\x30" + packets.encode_length(length)])
     assert events[-1][0] == "close" and not any(e[0] == "request" for e in events)
+
+
+CLIENT_PACKETS = [PacketType.CONNECT, PacketType.PUBLISH, PacketType.PUBACK, PacketType.PUBREL,
+                  PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE, PacketType.PINGREQ, PacketType.DISCONNECT]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(CLIENT_PACKETS), st.integers(0, 15), st.binary(max_size=40)),
+                min_size=1, max_size=4),
+       st.booleans())
+def test_packets_with_random_bodies_close_only_for_a_protocol_violation(items, after_connect):
+    """Well-framed packets of every client type with random bodies reach the body parsers."""
+    data = b"".join(packets.packet(kind, body, flags if kind is PacketType.PUBLISH else packets.REQUIRED_FLAGS[kind])
+                    for kind, flags, body in items)
+    events = feed([(connect_packet() if after_connect else b"") + data])
+    assert [e[0] for e in events].count("close") <= 1
