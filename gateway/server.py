@@ -82,9 +82,8 @@ class Gateway:
 
     @staticmethod
     def _settings(lc: ListenerConfig, plugin: CodecPlugin) -> ListenerSettings:
-        # A codec that declares no options still gets them as given, until every codec declares its own.
-        options = parse_options(plugin, lc.options) if plugin.options else lc.options
-        return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=options)
+        """The listener's settings, its options parsed (``OptionError`` for a bad one)."""
+        return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=parse_options(plugin, lc.options))
 
     @defer.inlineCallbacks
     def stop(self):

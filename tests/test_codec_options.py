@@ -28,6 +28,7 @@ def serve(tmp_path, *args: str) -> subprocess.CompletedProcess:
     ("cursus.keepalive=5",
      "polygate: codec cursus: unknown option 'keepalive' (its options: compression, stream_keepalive_ms)"),
     ("tank.x=1", "polygate: codec tank: --codec-option given for a codec that is not served (served: cursus, v1)"),
+    ("v1.x=1", "polygate: codec v1: unknown option 'x' (its options: none)"),
 ])
 def test_a_bad_codec_option_stops_the_start_with_one_line(tmp_path, option, expected):
     done = serve(tmp_path, "--codec-option", option)

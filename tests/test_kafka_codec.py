@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import logging
 import struct
+import subprocess
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from gateway import model as m
-from gateway.codec import Close, ListenerSettings, Reply, Request
+from gateway.adapter import CodecFactory
+from gateway.broker import Broker, BrokerConfig, FsyncPolicy
+from gateway.codec import (
+    Close,
+    Handled,
+    ListenerSettings,
+    OptionError,
+    Reply,
+    Request,
+    parse_options,
+)
+from gateway.codecs import kafka
 from gateway.codecs.kafka import apis, compression, records, schema
 from gateway.codecs.kafka.codec import KafkaConnection
+from gateway.launcher import GATEWAY
+from gateway.localstore import LocalStore
+from gateway.storage.engine import Engine
 
 SETTINGS = ListenerSettings(max_frame_size=1 << 20, advertised_host="gw.example", advertised_port=9092)
 
@@ -148,7 +167,7 @@ def test_sasl_required_before_other_requests():
 
 
 def attrs_evolve_options(options: dict) -> ListenerSettings:
-    return ListenerSettings(max_frame_size=1 << 20, options=options)
+    return ListenerSettings(max_frame_size=1 << 20, options=parse_options(kafka.plugin, options))
 
 
 # --------------------------------------------------------------------------- records
@@ -226,7 +245,8 @@ def test_codec_never_raises(chunks):
 
 def test_advertised_address_can_be_set_per_listener():
     conn = KafkaConnection(ListenerSettings(max_frame_size=1 << 20, advertised_host="a", advertised_port=1,
-                                            options={"advertised.host": "kafka.example", "advertised.port": "19092"}))
+                                            options=parse_options(kafka.plugin, {"advertised.host": "kafka.example",
+                                                                                  "advertised.port": "19092"})))
     conn.receive_data(request(10, 1, {"Key": "g"}))
     (reply,) = events(conn)
     body = answer(10, 1, reply.data)[1]
@@ -248,8 +268,98 @@ def test_sasl_handshake_v0_raw_plain_token():
     assert isinstance(events(bad)[-1], Close)
 
 
-def test_a_bad_listener_option_closes_with_its_reason():
-    conn = KafkaConnection(attrs_evolve_options({"advertised.port": "ninety"}))
-    conn.receive_data(request(18, 0, {}))
-    (event,) = events(conn)
-    assert isinstance(event, Close) and "advertised.port" in event.reason
+@pytest.mark.parametrize(("name", "value", "allowed"), [
+    ("advertised.port", "ninety", "a port number"),
+    ("group.initial.rebalance.delay.ms", "-1", "a non-negative integer"),
+    ("sasl.users", "alice", "user:password pairs"),
+    ("sasl.mechanisms", "PLAIN,GSSAPI", "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+])
+def test_a_bad_listener_option_is_refused_with_what_is_allowed(name, value, allowed):
+    with pytest.raises(OptionError) as refused:
+        parse_options(kafka.plugin, {name: value})
+    assert "kafka" in str(refused.value) and name in str(refused.value) and allowed in str(refused.value)
+
+
+
+def test_gateway_serve_refuses_to_start_with_a_bad_kafka_option(tmp_path):
+    run = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path), "--protocols", "kafka",
+                          "--listen", "kafka=127.0.0.1:0", "--codec-option", "kafka.advertised.port=ninety"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert "kafka" in last and "advertised.port='ninety'" in last and "a port number (0 to 65535)" in last
+
+# --------------------------------------------------------------------------- bug boundary, through the adapter
+
+
+class _Threadpool:
+    """Runs "threaded" work inline, so that the broker's writes are synchronous here."""
+
+    def callInThreadWithCallback(self, onResult, f, *a, **kw):  # noqa: N802 - Twisted's name
+        try:
+            onResult(True, f(*a, **kw))
+        except Exception as e:  # noqa: BLE001
+            onResult(False, e)
+
+
+class _Reactor(MemoryReactorClock):
+    def getThreadPool(self):  # noqa: N802 - Twisted's name
+        return _Threadpool()
+
+    def callFromThread(self, f, *a, **kw):  # noqa: N802 - Twisted's name
+        f(*a, **kw)
+
+
+@pytest.fixture
+def kafka_listener(tmp_path):
+    """A Kafka listener over a real broker and engine, with in-memory connections."""
+    reactor = _Reactor()
+    engine = Engine(str(tmp_path))
+    broker = Broker(LocalStore(engine, reactor), {records.NAME: records.FORMAT}, reactor,
+                    BrokerConfig(fsync=FsyncPolicy("never")))
+    factory = CodecFactory(kafka.plugin, SETTINGS, broker, reactor)
+
+    def connect() -> tuple[Any, StringTransport]:
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9092))
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
+        proto.makeConnection(transport)
+        return proto, transport
+
+    yield connect
+    engine.close()
+
+
+def _broken(*args: Any) -> Any:
+    raise TypeError("a bug, not bad input")
+
+
+@pytest.mark.parametrize("api", [
+    apis.Api(18, 0, 3, _broken),  # the handler raises
+    apis.Api(3, 0, 12, lambda s, v, req, frame: Handled.run((m.ListTopics(None),), _broken)),  # the render raises
+])
+def test_a_handler_bug_is_logged_with_its_traceback_and_closes_only_that_connection(
+        kafka_listener, monkeypatch, caplog, api):
+    monkeypatch.setitem(apis.APIS, api.key, api)
+    proto, transport = kafka_listener()
+    other, other_transport = kafka_listener()
+    with caplog.at_level(logging.INFO):
+        proto.dataReceived(request(api.key, 1, {}, 5))
+    assert transport.disconnecting and transport.value() == b""
+    bug = [r.getMessage() for r in caplog.records if "codec error" in r.getMessage()]
+    assert len(bug) == 1 and "Traceback" in bug[0] and "TypeError: a bug, not bad input" in bug[0]
+    assert "_broken" in bug[0]  # the traceback reaches the bug, not a "malformed request" close
+    assert not any("malformed" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    other.dataReceived(request(18, 3, {}, 6))
+    assert answer(18, 3, other_transport.value())[0] == 6
+
+
+def test_a_malformed_body_still_closes_as_a_malformed_request(kafka_listener, caplog):
+    proto, transport = kafka_listener()
+    with caplog.at_level(logging.INFO):
+        proto.dataReceived(request(18, 3, {}, 1) + struct.pack(">ihhi", 8, 3, 1, 1) + b"\xff\xff")
+    assert answer(18, 3, transport.value())[0] == 1  # the request before it is answered
+    assert transport.disconnecting
+    closes = [r.getMessage() for r in caplog.records if "closing" in r.getMessage()]
+    assert len(closes) == 1 and "malformed request" in closes[0]
+    assert not any("codec error" in r.getMessage() for r in caplog.records)

@@ -3,7 +3,7 @@
 from gateway.codec import CodecPlugin
 
 from .apis import APIS
-from .codec import KafkaConnection
+from .codec import OPTIONS, KafkaConnection
 from .records import FORMAT
 
 DEFAULT_PORT = 9092
@@ -17,4 +17,5 @@ plugin = CodecPlugin(
     description="Apache Kafka wire protocol (0.8 to 3.x clients)",
     versions=f"{len(APIS)} APIs",
     batch_format=FORMAT,
+    options=OPTIONS,
 )

@@ -1,11 +1,12 @@
 """What each Kafka API does: request body -> model commands -> response body.
 
-Every handler takes the connection's ``Session``, the request version and
-the parsed request body (a ``Container`` with Kafka's field names) and
-returns an ``Answer`` (a response body, no command to run) or a ``Run``
-(commands, and a ``render(results)`` that returns the response body, or
-``None`` for no response at all: Produce with acks=0). Bodies are dicts with
-Kafka's field names; fields left out take their defaults.
+Every handler takes the connection's ``Session``, the request version, the
+parsed request body (a ``Container`` with Kafka's field names) and ``frame``,
+which turns a response body into the whole response frame (size, header with
+the request's correlation id, body). It returns a ``Handled``: an answer now,
+or commands and a ``render(results)`` returning the framed response (``b""``
+for no response at all: Produce with acks=0). Bodies are dicts with Kafka's
+field names; fields left out take their defaults.
 
 ``APIS`` lists the advertised APIs and version ranges: PROTOCOLS.md §4.2
 widened with the 0.8-era versions of seed 002 and with the flexible versions
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 import attrs
 
 from gateway import model as m
+from gateway.codec import Handled
 from gateway.model import ErrorCode
 
 from . import records, sasl
@@ -94,19 +96,8 @@ class Session(Protocol):
     sasl_raw: bool
 
 
-@attrs.frozen
-class Answer:
-    body: dict[str, Any]
-
-
-@attrs.frozen
-class Run:
-    commands: tuple[Any, ...]
-    render: Callable[[Sequence[Any]], dict[str, Any] | None]
-
-
-Outcome = Answer | Run
-Handler = Callable[[Session, int, Any], Outcome]
+Frame = Callable[[dict[str, Any]], bytes]  # a response body -> the whole response frame
+Handler = Callable[[Session, int, Any, Frame], Handled]
 
 
 @attrs.frozen
@@ -132,7 +123,7 @@ def _by_topic(items: Sequence[tuple[str, dict[str, Any]]], topic_field: str = "N
 # --------------------------------------------------------------------------- produce / fetch
 
 
-def produce(session: Session, version: int, req: Any) -> Outcome:
+def produce(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     acks = {0: m.Acks.NONE, 1: m.Acks.LEADER}.get(req.Acks, m.Acks.ALL)
     commands: list[Any] = []
     slots: list[tuple[str, int, int, int, int]] = []  # topic, partition, first command, count, error
@@ -147,9 +138,9 @@ def produce(session: Session, version: int, req: Any) -> Outcome:
             slots.append((topic.Name, part.Index, len(commands), len(batches), NONE))
             commands += [m.Produce(topic.Name, part.Index, b, acks, req.TimeoutMs) for b in batches]
 
-    def render(results: Sequence[m.ProduceResult]) -> dict[str, Any] | None:
+    def render(results: Sequence[m.ProduceResult]) -> bytes:
         if acks == m.Acks.NONE:
-            return None
+            return b""  # Kafka sends no response
         parts = []
         for topic, partition, first, count, error in slots:
             body: dict[str, Any] = {"Index": partition, "ErrorCode": error, "BaseOffset": -1}
@@ -160,14 +151,14 @@ def produce(session: Session, version: int, req: Any) -> Outcome:
             elif mine:
                 body.update(BaseOffset=mine[0].base_offset, LogStartOffset=mine[0].log_start_offset)
             parts.append((topic, body))
-        return {"Responses": _by_topic(parts, "Name", "PartitionResponses")}
+        return frame({"Responses": _by_topic(parts, "Name", "PartitionResponses")})
 
-    return Run(tuple(commands), render)
+    return Handled.run(tuple(commands), render)
 
 
-def fetch(session: Session, version: int, req: Any) -> Outcome:
+def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     if req.get("SessionId", 0) != 0:
-        return Answer({"ErrorCode": 70, "SessionId": 0})  # FETCH_SESSION_ID_NOT_FOUND
+        return Handled.answer(frame({"ErrorCode": 70, "SessionId": 0}))  # FETCH_SESSION_ID_NOT_FOUND
     fetches = tuple(
         m.Fetch(t.Topic, p.Partition, p.FetchOffset, records.NAME, max_bytes=max(p.PartitionMaxBytes, 0))
         for t in req.Topics for p in t.Partitions
@@ -176,7 +167,7 @@ def fetch(session: Session, version: int, req: Any) -> Outcome:
     cmd = m.FetchMany(fetches, max(req.MaxWaitMs, 0), req.MinBytes, max(max_bytes, 1))
     legacy_magic = None if version >= 4 else (0 if version < 2 else 1)
 
-    def render(results: Sequence[m.FetchManyResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.FetchManyResult]) -> bytes:
         parts = []
         for f, r in zip(fetches, results[0].results, strict=True):
             error = r.error
@@ -194,15 +185,15 @@ def fetch(session: Session, version: int, req: Any) -> Outcome:
                 "HighWatermark": r.high_watermark, "LastStableOffset": r.last_stable_offset,
                 "LogStartOffset": r.log_start_offset, "Records": data,
             }))
-        return {"Responses": _by_topic(parts, "Topic", "Partitions")}
+        return frame({"Responses": _by_topic(parts, "Topic", "Partitions")})
 
-    return Run((cmd,), render)
+    return Handled.run((cmd,), render)
 
 
-def list_offsets(session: Session, version: int, req: Any) -> Outcome:
+def list_offsets(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, p.Timestamp) for t in req.Topics for p in t.Partitions)
 
-    def render(results: Sequence[m.ListOffsetsResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.ListOffsetsResult]) -> bytes:
         parts = []
         for r in results:
             body: dict[str, Any] = {"PartitionIndex": r.partition, "ErrorCode": code(r.error)}
@@ -211,20 +202,20 @@ def list_offsets(session: Session, version: int, req: Any) -> Outcome:
             else:
                 body.update(Timestamp=r.timestamp, Offset=r.offset)
             parts.append((r.topic, body))
-        return {"Topics": _by_topic(parts)}
+        return frame({"Topics": _by_topic(parts)})
 
-    return Run(commands, render)
+    return Handled.run(commands, render)
 
 
 # --------------------------------------------------------------------------- metadata and topics
 
 
-def metadata(session: Session, version: int, req: Any) -> Outcome:
+def metadata(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     names = None if req.Topics is None or (version == 0 and not req.Topics) else tuple(
         t.Name for t in req.Topics if t.Name is not None)
     auto = req.get("AllowAutoTopicCreation", True)
 
-    def render(results: Sequence[m.ListTopicsResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.ListTopicsResult]) -> bytes:
         topics = []
         for t in results[0].topics:
             topics.append({
@@ -232,10 +223,10 @@ def metadata(session: Session, version: int, req: Any) -> Outcome:
                 "Partitions": [{"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": 0,
                                 "ReplicaNodes": [0], "IsrNodes": [0]} for p in t.partitions],
             })
-        return {"Brokers": [{"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port}],
-                "ClusterId": "polygate", "ControllerId": 0, "Topics": topics}
+        return frame({"Brokers": [{"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port}],
+                "ClusterId": "polygate", "ControllerId": 0, "Topics": topics})
 
-    return Run((m.ListTopics(names, auto),), render)
+    return Handled.run((m.ListTopics(names, auto),), render)
 
 
 def _topic_config(configs: Sequence[Any]) -> m.TopicConfig:
@@ -250,50 +241,50 @@ def _topic_config(configs: Sequence[Any]) -> m.TopicConfig:
     return m.TopicConfig(**fields, extras=extras)
 
 
-def create_topics(session: Session, version: int, req: Any) -> Outcome:
+def create_topics(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     if req.get("validateOnly"):
-        return Answer({"Topics": [{"Name": t.Name} for t in req.Topics]})
+        return Handled.answer(frame({"Topics": [{"Name": t.Name} for t in req.Topics]}))
     commands = tuple(
         m.CreateTopic(t.Name, t.NumPartitions if t.NumPartitions > 0 else None,
                       attrs.evolve(_topic_config(t.Configs),
                                    replication_factor=t.ReplicationFactor if t.ReplicationFactor > 0 else None))
         for t in req.Topics)
 
-    def render(results: Sequence[m.CreateTopicResult]) -> dict[str, Any]:
-        return {"Topics": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
+    def render(results: Sequence[m.CreateTopicResult]) -> bytes:
+        return frame({"Topics": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
                             "ErrorMessage": message(r.error), "NumPartitions": r.partitions if not r.error else -1,
                             "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1}
-                           for r in results]}
+                           for r in results]})
 
-    return Run(commands, render)
+    return Handled.run(commands, render)
 
 
-def delete_topics(session: Session, version: int, req: Any) -> Outcome:
+def delete_topics(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     commands = tuple(m.DeleteTopic(name) for name in req.TopicNames)
 
-    def render(results: Sequence[m.DeleteTopicResult]) -> dict[str, Any]:
-        return {"Responses": [{"Name": r.topic, "ErrorCode": code(r.error)} for r in results]}
+    def render(results: Sequence[m.DeleteTopicResult]) -> bytes:
+        return frame({"Responses": [{"Name": r.topic, "ErrorCode": code(r.error)} for r in results]})
 
-    return Run(commands, render)
+    return Handled.run(commands, render)
 
 
-def create_partitions(session: Session, version: int, req: Any) -> Outcome:
+def create_partitions(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     if req.ValidateOnly:
-        return Answer({"Results": [{"Name": t.Name} for t in req.Topics]})
+        return Handled.answer(frame({"Results": [{"Name": t.Name} for t in req.Topics]}))
     commands = tuple(m.CreatePartitions(t.Name, t.Count) for t in req.Topics)
 
-    def render(results: Sequence[m.CreatePartitionsResult]) -> dict[str, Any]:
-        return {"Results": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
-                             "ErrorMessage": message(r.error)} for r in results]}
+    def render(results: Sequence[m.CreatePartitionsResult]) -> bytes:
+        return frame({"Results": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
+                             "ErrorMessage": message(r.error)} for r in results]})
 
-    return Run(commands, render)
+    return Handled.run(commands, render)
 
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG = 5, 1
 
 
-def describe_configs(session: Session, version: int, req: Any) -> Outcome:
+def describe_configs(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     topics = tuple(r.ResourceName for r in req.Resources if r.ResourceType == TOPIC_RESOURCE)
 
     def entries(pairs: list[tuple[str, Any, bool]], keys: Sequence[str] | None) -> list[dict[str, Any]]:
@@ -301,7 +292,7 @@ def describe_configs(session: Session, version: int, req: Any) -> Outcome:
                  "ConfigSource": DEFAULT_CONFIG if default else DYNAMIC_TOPIC_CONFIG, "IsSensitive": False}
                 for n, v, default in pairs if keys is None or n in keys]
 
-    def render(results: Sequence[m.ListTopicsResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.ListTopicsResult]) -> bytes:
         infos = {t.topic: t for t in results[0].topics} if results else {}
         out = []
         for r in req.Resources:
@@ -327,21 +318,21 @@ def describe_configs(session: Session, version: int, req: Any) -> Outcome:
             else:
                 body.update(ErrorCode=INVALID_REQUEST, ErrorMessage="unsupported resource type")
             out.append(body)
-        return {"Results": out}
+        return frame({"Results": out})
 
     if not topics:
-        return Answer(render(()))
-    return Run((m.ListTopics(topics),), render)
+        return Handled.answer(render(()))
+    return Handled.run((m.ListTopics(topics),), render)
 
 
 # --------------------------------------------------------------------------- groups
 
 
-def find_coordinator(session: Session, version: int, req: Any) -> Outcome:
-    return Answer({"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port})
+def find_coordinator(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    return Handled.answer(frame({"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port}))
 
 
-def join_group(session: Session, version: int, req: Any) -> Outcome:
+def join_group(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     rebalance = req.get("RebalanceTimeoutMs", -1)
     cmd = m.JoinGroup(req.GroupId, req.MemberId, protocol_type="consumer",
                       session_timeout_ms=req.SessionTimeoutMs,
@@ -351,73 +342,73 @@ def join_group(session: Session, version: int, req: Any) -> Outcome:
                       group_instance_id=req.get("GroupInstanceId"),
                       extras={"initial_rebalance_delay_ms": session.initial_rebalance_delay_ms})
 
-    def render(results: Sequence[m.JoinGroupResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.JoinGroupResult]) -> bytes:
         r = results[0]
-        return {"ErrorCode": code(r.error, INVALID_REQUEST=INCONSISTENT_GROUP_PROTOCOL,
+        return frame({"ErrorCode": code(r.error, INVALID_REQUEST=INCONSISTENT_GROUP_PROTOCOL,
                                   GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID),
                 "GenerationId": r.generation, "ProtocolType": req.ProtocolType, "ProtocolName": r.protocol,
                 "Leader": r.leader,
                 "MemberId": r.member_id or req.MemberId,
-                "Members": [{"MemberId": mid, "Metadata": meta} for mid, meta in r.members]}
+                "Members": [{"MemberId": mid, "Metadata": meta} for mid, meta in r.members]})
 
-    return Run((cmd,), render)
+    return Handled.run((cmd,), render)
 
 
-def sync_group(session: Session, version: int, req: Any) -> Outcome:
+def sync_group(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     cmd = m.SyncGroup(req.GroupId, req.MemberId, req.GenerationId,
                       tuple((a.MemberId, a.Assignment) for a in req.Assignments))
 
-    def render(results: Sequence[m.SyncGroupResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.SyncGroupResult]) -> bytes:
         r = results[0]
-        return {"ErrorCode": code(r.error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment}
+        return frame({"ErrorCode": code(r.error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment})
 
-    return Run((cmd,), render)
-
-
-def heartbeat(session: Session, version: int, req: Any) -> Outcome:
-    def render(results: Sequence[m.HeartbeatResult]) -> dict[str, Any]:
-        return {"ErrorCode": code(results[0].error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID)}
-
-    return Run((m.Heartbeat(req.GroupId, req.MemberId, req.GenerationId),), render)
+    return Handled.run((cmd,), render)
 
 
-def leave_group(session: Session, version: int, req: Any) -> Outcome:
+def heartbeat(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    def render(results: Sequence[m.HeartbeatResult]) -> bytes:
+        return frame({"ErrorCode": code(results[0].error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID)})
+
+    return Handled.run((m.Heartbeat(req.GroupId, req.MemberId, req.GenerationId),), render)
+
+
+def leave_group(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     members = [req.MemberId] if version < 3 else [mem.MemberId for mem in req.Members]
 
-    def render(results: Sequence[m.LeaveGroupResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.LeaveGroupResult]) -> bytes:
         errors = [code(r.error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID) for r in results]
-        return {"ErrorCode": errors[0] if version < 3 and errors else NONE,
-                "Members": [{"MemberId": mid, "ErrorCode": e} for mid, e in zip(members, errors, strict=True)]}
+        return frame({"ErrorCode": errors[0] if version < 3 and errors else NONE,
+                "Members": [{"MemberId": mid, "ErrorCode": e} for mid, e in zip(members, errors, strict=True)]})
 
-    return Run(tuple(m.LeaveGroup(req.GroupId, mid) for mid in members), render)
+    return Handled.run(tuple(m.LeaveGroup(req.GroupId, mid) for mid in members), render)
 
 
-def offset_commit(session: Session, version: int, req: Any) -> Outcome:
+def offset_commit(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     generation = req.get("GenerationIdOrMemberEpoch", -1)
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
     cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None)
 
-    def render(results: Sequence[m.CommitOffsetsResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.CommitOffsetsResult]) -> bytes:
         r = results[0]
         failed = code(r.error, GROUP_NOT_FOUND=ILLEGAL_GENERATION)
         per = {(t, p): e for t, p, e in r.errors}
         parts = [(t, {"PartitionIndex": p, "ErrorCode": failed or code(per.get((t, p)))}) for t, p, _, _ in offsets]
-        return {"Topics": _by_topic(parts)}
+        return frame({"Topics": _by_topic(parts)})
 
-    return Run((cmd,), render)
+    return Handled.run((cmd,), render)
 
 
-def offset_fetch(session: Session, version: int, req: Any) -> Outcome:
+def offset_fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     wanted = None if req.Topics is None else tuple((t.Name, p) for t in req.Topics for p in t.PartitionIndexes)
 
-    def render(results: Sequence[m.FetchOffsetsResult]) -> dict[str, Any]:
+    def render(results: Sequence[m.FetchOffsetsResult]) -> bytes:
         r = results[0]
         parts = [(t, {"PartitionIndex": p, "CommittedOffset": o, "Metadata": meta, "ErrorCode": NONE})
                  for t, p, o, meta in r.offsets]
-        return {"Topics": _by_topic(parts), "ErrorCode": code(r.error)}
+        return frame({"Topics": _by_topic(parts), "ErrorCode": code(r.error)})
 
-    return Run((m.FetchOffsets(req.GroupId, wanted),), render)
+    return Handled.run((m.FetchOffsets(req.GroupId, wanted),), render)
 
 
 def _consumer_protocol(partitions: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[bytes, bytes]:
@@ -433,7 +424,7 @@ def _consumer_protocol(partitions: tuple[tuple[str, tuple[int, ...]], ...]) -> t
     return subscription, assignment
 
 
-def describe_groups(session: Session, version: int, req: Any) -> Outcome:
+def describe_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     """Groups of every protocol. Broker-assigned (V1, Cursus) groups are shown as Kafka
     ``consumer`` groups, members' subscriptions and assignments in ConsumerProtocol v0."""
 
@@ -444,68 +435,68 @@ def describe_groups(session: Session, version: int, req: Any) -> Outcome:
         return {"MemberId": mem.member_id, "ClientId": mem.client_id, "ClientHost": mem.client_host,
                 "MemberMetadata": metadata, "MemberAssignment": assignment}
 
-    def render(results: Sequence[m.DescribeGroupsResult]) -> dict[str, Any]:
-        return {"Groups": [{
+    def render(results: Sequence[m.DescribeGroupsResult]) -> bytes:
+        return frame({"Groups": [{
             "ErrorCode": code(g.error), "GroupId": g.group, "GroupState": g.state,
             "ProtocolType": "consumer" if g.protocol_type == "server" else g.protocol_type,
             "ProtocolData": g.protocol,
             "Members": [member(g, mem) for mem in g.members],
-        } for g in results[0].groups]}
+        } for g in results[0].groups]})
 
-    return Run((m.DescribeGroups(tuple(req.Groups)),), render)
-
-
-def list_groups(session: Session, version: int, req: Any) -> Outcome:
-    def render(results: Sequence[m.ListGroupsResult]) -> dict[str, Any]:
-        return {"Groups": [{"GroupId": g, "ProtocolType": "consumer" if pt == "server" else pt}
-                           for g, pt in results[0].groups]}
-
-    return Run((m.ListGroups(),), render)
+    return Handled.run((m.DescribeGroups(tuple(req.Groups)),), render)
 
 
-def delete_groups(session: Session, version: int, req: Any) -> Outcome:
-    def render(results: Sequence[m.DeleteGroupsResult]) -> dict[str, Any]:
-        return {"Results": [{"GroupId": g, "ErrorCode": code(e, INVALID_REQUEST=NON_EMPTY_GROUP)}
-                            for g, e in results[0].errors]}
+def list_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    def render(results: Sequence[m.ListGroupsResult]) -> bytes:
+        return frame({"Groups": [{"GroupId": g, "ProtocolType": "consumer" if pt == "server" else pt}
+                           for g, pt in results[0].groups]})
 
-    return Run((m.DeleteGroups(tuple(req.GroupsNames)),), render)
+    return Handled.run((m.ListGroups(),), render)
+
+
+def delete_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    def render(results: Sequence[m.DeleteGroupsResult]) -> bytes:
+        return frame({"Results": [{"GroupId": g, "ErrorCode": code(e, INVALID_REQUEST=NON_EMPTY_GROUP)}
+                            for g, e in results[0].errors]})
+
+    return Handled.run((m.DeleteGroups(tuple(req.GroupsNames)),), render)
 
 
 # --------------------------------------------------------------------------- producers, versions, SASL
 
 
-def init_producer_id(session: Session, version: int, req: Any) -> Outcome:
-    def render(results: Sequence[m.InitProducerIdResult]) -> dict[str, Any]:
+def init_producer_id(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    def render(results: Sequence[m.InitProducerIdResult]) -> bytes:
         r = results[0]
-        return {"ErrorCode": code(r.error), "ProducerId": r.producer_id, "ProducerEpoch": r.epoch}
+        return frame({"ErrorCode": code(r.error), "ProducerId": r.producer_id, "ProducerEpoch": r.epoch})
 
     cmd = m.InitProducerId(req.TransactionalId, req.get("ProducerId", -1), req.get("ProducerEpoch", -1))
-    return Run((cmd,), render)
+    return Handled.run((cmd,), render)
 
 
-def api_versions(session: Session, version: int, req: Any) -> Outcome:
-    return Answer({"ApiKeys": advertised()})
+def api_versions(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    return Handled.answer(frame({"ApiKeys": advertised()}))
 
 
-def sasl_handshake(session: Session, version: int, req: Any) -> Outcome:
+def sasl_handshake(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     config = session.sasl_config
     offered = list(config.mechanisms) if config else []
     if config is None or req.Mechanism not in offered:
-        return Answer({"ErrorCode": UNSUPPORTED_SASL_MECHANISM, "Mechanisms": offered})
+        return Handled.answer(frame({"ErrorCode": UNSUPPORTED_SASL_MECHANISM, "Mechanisms": offered}))
     session.sasl_exchange = sasl.Exchange(config, req.Mechanism)
     session.sasl_raw = version == 0  # v0: raw tokens follow, without Kafka headers
-    return Answer({"Mechanisms": offered})
+    return Handled.answer(frame({"Mechanisms": offered}))
 
 
-def sasl_authenticate(session: Session, version: int, req: Any) -> Outcome:
+def sasl_authenticate(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     exchange = session.sasl_exchange
     if exchange is None:
-        return Answer({"ErrorCode": ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"})
+        return Handled.answer(frame({"ErrorCode": ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"}))
     try:
         token = exchange.step(req.AuthBytes)
     except sasl.AuthFailed as e:
-        return Answer({"ErrorCode": SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)})
-    return Answer({"AuthBytes": token})
+        return Handled.answer(frame({"ErrorCode": SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}))
+    return Handled.answer(frame({"AuthBytes": token}))
 
 
 APIS: dict[int, Api] = {api.key: api for api in (

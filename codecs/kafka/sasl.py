@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import os
 from collections.abc import Mapping
+from typing import Any
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 ITERATIONS = 4096
@@ -31,18 +32,31 @@ class SaslConfig:
         self.mechanisms = mechanisms
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> SaslConfig | None:
-        users_text = options.get("sasl.users")
-        if not users_text:
+    def from_options(cls, options: Mapping[str, Any]) -> SaslConfig | None:
+        """The listener's SASL setup from its parsed options (``OPTIONS`` in ``codec``)."""
+        users = options.get("sasl.users")
+        if not users:
             return None
-        users = {}
-        for item in users_text.split(","):
-            user, sep, password = item.partition(":")
-            if sep and user:
-                users[user] = password
-        names = options.get("sasl.mechanisms")
-        mechanisms = tuple(n.strip().upper() for n in names.split(",")) if names else MECHANISMS
-        return cls(users, tuple(n for n in mechanisms if n in MECHANISMS))
+        return cls(users, options.get("sasl.mechanisms") or MECHANISMS)
+
+
+def parse_users(text: str) -> dict[str, str]:
+    """``sasl.users``: ``user:password`` pairs separated by commas (no user may be empty)."""
+    users = {}
+    for item in text.split(","):
+        user, sep, password = item.partition(":")
+        if not sep or not user:
+            raise ValueError(item)
+        users[user] = password
+    return users
+
+
+def parse_mechanisms(text: str) -> tuple[str, ...]:
+    """``sasl.mechanisms``: some of ``MECHANISMS``, separated by commas."""
+    names = tuple(n.strip().upper() for n in text.split(","))
+    if not names or any(n not in MECHANISMS for n in names):
+        raise ValueError(text)
+    return names
 
 
 class Exchange:

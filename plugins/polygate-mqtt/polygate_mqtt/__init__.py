@@ -10,7 +10,7 @@ only the public plugin API (``gateway.codec``, ``gateway.model``,
 from gateway.codec import CodecPlugin
 
 from .batch import FORMAT
-from .codec import MqttConnection
+from .codec import OPTIONS, MqttConnection
 
 DEFAULT_PORT = 1883
 MAX_FRAME = 1 << 20  # remaining length of one packet; --max-frame mqtt=BYTES
@@ -23,4 +23,5 @@ plugin = CodecPlugin(
     description="MQTT 3.1.1 (QoS 0/1, + and # subscriptions) - third-party plugin",
     versions="3.1.1",
     batch_format=FORMAT,
+    options=OPTIONS,
 )

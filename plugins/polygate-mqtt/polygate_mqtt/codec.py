@@ -35,7 +35,8 @@ packet that is not CONNECT, a second CONNECT, wrong fixed-header flags, a
 remaining length over the frame limit, a topic name outside the mapping in
 ``topics``) closes the connection without an answer, as section 4.8 asks.
 
-Options (``--codec-option mqtt.KEY=VALUE``): ``retry_ms`` (default 10000),
+Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
+gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
 (10000).
 """
@@ -52,38 +53,45 @@ import attrs
 from gateway import model as m
 from gateway.codec import (
     Close,
-    Event,
+    CodecConnection,
+    Handled,
     ListenerSettings,
-    Reply,
-    Request,
+    Option,
     Subscribe,
     Timer,
     Unsubscribe,
+    integer,
 )
-from gateway.framing import ReceiveBuffer
+from gateway.framing import LengthPrefixedFramer, MalformedFrame, ReceiveBuffer
 
 from . import batch, packets, topics
 from .packets import MalformedPacket, PacketType
 
-OPTIONS = {"retry_ms": 10_000, "max_inflight": 1000, "max_queued_bytes": 64 << 20, "connect_timeout_ms": 10_000}
+OPTIONS = (
+    Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
+           help="how long a QoS 1 delivery waits for its PUBACK before it is resent"),
+    Option("max_inflight", integer(1), 1000, "a positive integer",
+           help="QoS 1 deliveries waiting for their PUBACK at most"),
+    Option("max_queued_bytes", integer(0), 64 << 20, "a non-negative integer (bytes)",
+           help="QoS 1 messages waiting for room in the in-flight window, past which a subscriber is closed"),
+    Option("connect_timeout_ms", integer(1), 10_000, "a positive integer (milliseconds)",
+           help="how long a connection may wait before its CONNECT"),
+)
+_DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
 
 
-def options(settings: ListenerSettings) -> dict[str, int]:
-    """The codec options with their defaults; ``ValueError`` for an unknown or non-integer one."""
-    unknown = set(settings.options) - set(OPTIONS)
-    if unknown:
-        raise ValueError(f"unknown mqtt option(s): {', '.join(sorted(unknown))}")
-    return {k: int(settings.options.get(k, v)) for k, v in OPTIONS.items()}
+def fixed_header(buffer: ReceiveBuffer) -> tuple[int, int] | None:
+    """The ``HeaderReader`` of MQTT: a type-and-flags byte, then the remaining length as a varint.
 
-
-@attrs.frozen
-class _Publish:
-    """Context of a PUBLISH being stored: how to acknowledge it."""
-
-    qos: int
-    packet_id: int | None
-    topic: str
+    ``(header size, remaining length)``, or ``None`` while the length bytes are incomplete;
+    a length of more than four bytes is a ``MalformedFrame``.
+    """
+    try:
+        header = packets.split_header(buffer.peek(min(len(buffer), 5)) or b"")
+    except MalformedPacket as e:
+        raise MalformedFrame(str(e)) from None
+    return None if header is None else header[2:]
 
 
 @attrs.frozen
@@ -116,17 +124,14 @@ class _Outgoing:
     sent_at: float = 0.0
 
 
-class MqttConnection:
+class MqttConnection(CodecConnection):
     """One client connection (see the module docstring)."""
 
     def __init__(self, settings: ListenerSettings):
-        self.max_frame = settings.max_frame_size
+        super().__init__(settings, LengthPrefixedFramer(fixed_header, settings.max_frame_size))
         self.clock = settings.clock
-        self.buffer = ReceiveBuffer()
-        self.events: collections.deque[Event] = collections.deque()
+        self.options = {**_DEFAULTS, **settings.options}
         self.connected = False
-        self.closed = False
-        self.waiting = False  # a SUBSCRIBE waits for its partitions: later packets wait too
         self.keep_alive = 0.0
         self.last_seen = self.clock()
         self.subscriptions: dict[str, _TopicSubscription] = {}
@@ -137,49 +142,16 @@ class MqttConnection:
         self.next_id = 0
         self.awaiting_release: set[int] = set()
         self.will: m.Produce | None = None
-        try:
-            self.options = options(settings)
-        except ValueError as e:  # a bad --codec-option: refuse connections, say why
-            self.options = dict(OPTIONS)
-            self._close(f"bad --codec-option: {e}")
-        self.events.append(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
+        self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API
 
-    def connection_made(self) -> bytes:
-        return b""
-
     def receive_data(self, data: bytes) -> None:
         self.last_seen = self.clock()
-        self.buffer.feed(data)
+        super().receive_data(data)
 
-    def next_event(self) -> Event | None:
-        while not self.events:
-            if self.closed or self.waiting:
-                return None
-            try:
-                frame = self._next_frame()
-                if frame is None:
-                    break
-                self._handle(*frame)
-            except MalformedPacket as e:
-                self._close(str(e))
-        return self.events.popleft() if self.events else None
-
-    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        ctx = request.context
-        if isinstance(ctx, _Subscribe):
-            return self._subscribed(ctx, results[0])
-        result: m.ProduceResult = results[0]
-        if result.error is not None:
-            # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
-            self._close(f"PUBLISH to {ctx.topic!r} not stored: {result.error.code.value}: {result.error.message}")
-            return b""
-        if ctx.qos == 1:
-            return packets.with_packet_id(PacketType.PUBACK, ctx.packet_id)
-        if ctx.qos == 2:
-            return packets.with_packet_id(PacketType.PUBREC, ctx.packet_id)
-        return b""
+    def end_of_stream(self) -> Close:
+        return Close(reason="end of stream")
 
     def push(self, context: tuple[str, int], result: m.FetchResult) -> bytes:
         sub = self.subscriptions.get(context[0])
@@ -214,87 +186,84 @@ class MqttConnection:
             if idle >= limit - 0.001:
                 self._close(f"keep-alive: nothing received for {idle:.1f} s (keep-alive {self.keep_alive:g} s)")
             else:
-                self.events.append(Timer(limit - idle, "keepalive"))
+                self.emit(Timer(limit - idle, "keepalive"))
         elif context == "retry":
             self._retry(now)
 
-    # ------------------------------------------------------------------ framing
+    # ------------------------------------------------------------------ packets
 
-    def _next_frame(self) -> tuple[int, int, bytes] | None:
-        header = packets.split_header(self.buffer.peek(min(len(self.buffer), 5)) or b"")
-        if header is None:
-            if self.buffer.eof:
-                self._close("end of stream")
+    def handle_frame(self, header: bytes, body: bytes) -> Handled | None:
+        """One packet; a protocol violation closes the connection without an answer (4.8)."""
+        kind, flags = header[0] >> 4, header[0] & 0x0F
+        try:
+            if not 1 <= kind <= 14:
+                raise MalformedPacket(f"reserved packet type {kind}")
+            kind = PacketType(kind)
+            if kind is not PacketType.PUBLISH and flags != packets.REQUIRED_FLAGS[kind]:
+                raise MalformedPacket(f"{kind.name} with flags {flags:#x}")
+            if not self.connected:
+                if kind is not PacketType.CONNECT:
+                    raise MalformedPacket(f"{kind.name} before CONNECT")
+                return self._connect(body)
+            handler = self._HANDLERS.get(kind)
+            if handler is None:
+                raise MalformedPacket(f"{kind.name} is not sent by clients" if kind is not PacketType.CONNECT
+                                      else "second CONNECT")
+            return handler(self, body, flags)
+        except MalformedPacket as e:
+            self._close(str(e))
             return None
-        kind, flags, head_len, length = header
-        if length > self.max_frame:
-            raise MalformedPacket(f"remaining length {length} over the frame limit {self.max_frame}")
-        if len(self.buffer) < head_len + length:
-            if self.buffer.eof:
-                self._close("end of stream inside a packet")
-            return None
-        self.buffer.skip(head_len)
-        return kind, flags, self.buffer.take(length)
-
-    def _handle(self, kind: int, flags: int, body: bytes) -> None:
-        if not 1 <= kind <= 14:
-            raise MalformedPacket(f"reserved packet type {kind}")
-        kind = PacketType(kind)
-        if kind is not PacketType.PUBLISH and flags != packets.REQUIRED_FLAGS[kind]:
-            raise MalformedPacket(f"{kind.name} with flags {flags:#x}")
-        if not self.connected:
-            if kind is not PacketType.CONNECT:
-                raise MalformedPacket(f"{kind.name} before CONNECT")
-            self._connect(body)
-            return
-        handler = self._HANDLERS.get(kind)
-        if handler is None:
-            raise MalformedPacket(f"{kind.name} is not sent by clients" if kind is not PacketType.CONNECT
-                                  else "second CONNECT")
-        handler(self, body, flags)
 
     def _close(self, reason: str) -> None:
         if not self.closed:
-            self.closed = True
-            self.events.append(Close(reason=reason))
+            self.emit(Close(reason=reason))
 
-    # ------------------------------------------------------------------ packets
-
-    def _connect(self, body: bytes) -> None:
+    def _connect(self, body: bytes) -> Handled | None:
         head = packets.parse(packets.CONNECT_PROTOCOL, body)
         if head.protocol_name not in ("MQTT", "MQIsdp"):
             raise MalformedPacket(f"unknown protocol name {head.protocol_name!r}")
         if (head.protocol_name, head.protocol_level) != (packets.PROTOCOL_NAME, packets.PROTOCOL_LEVEL):
-            self.events.append(Reply(packets.connack(packets.ConnectReturn.UNACCEPTABLE_PROTOCOL_VERSION)))
-            self._close(f"protocol {head.protocol_name} level {head.protocol_level}: only MQTT 3.1.1 (4) is served")
-            return
+            return Handled.answer(packets.connack(packets.ConnectReturn.UNACCEPTABLE_PROTOCOL_VERSION), close=True,
+                                  reason=f"protocol {head.protocol_name} level {head.protocol_level}: "
+                                         "only MQTT 3.1.1 (4) is served")
         c = packets.parse(packets.CONNECT, body)
         f = c.flags
         if f.reserved or f.will_qos == 3 or (not f.will and (f.will_qos or f.will_retain)) \
                 or (f.password and not f.username):
             raise MalformedPacket("CONNECT with invalid flags")
         if not c.client_id and not f.clean_session:
-            self.events.append(Reply(packets.connack(packets.ConnectReturn.IDENTIFIER_REJECTED)))
-            self._close("empty client identifier with clean session 0")
-            return
+            return Handled.answer(packets.connack(packets.ConnectReturn.IDENTIFIER_REJECTED), close=True,
+                                  reason="empty client identifier with clean session 0")
         if f.will:
             self.will = self._produce(c.will_topic, f.will_qos, c.will_message)
         self.connected = True
         self.keep_alive = float(c.keep_alive)
-        self.events.append(Timer(None, "connect"))
+        self.emit(Timer(None, "connect"))
         if self.keep_alive:
-            self.events.append(Timer(1.5 * self.keep_alive, "keepalive"))
-        self.events.append(Reply(packets.connack(packets.ConnectReturn.ACCEPTED)))
+            self.emit(Timer(1.5 * self.keep_alive, "keepalive"))
+        return Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED))
 
-    def _publish(self, body: bytes, flags: int) -> None:
+    def _publish(self, body: bytes, flags: int) -> Handled:
         name, qos, packet_id, payload = packets.parse_publish(flags, body)
         if qos == 2 and packet_id in self.awaiting_release:
-            self.events.append(Reply(packets.with_packet_id(PacketType.PUBREC, packet_id)))
-            return
+            return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
         produce = self._produce(name, qos, payload)
         if qos == 2:
             self.awaiting_release.add(packet_id)
-        self.events.append(Request((produce,), _Publish(qos, packet_id, name)))
+
+        def stored(results: Sequence[m.ProduceResult]) -> bytes:
+            error = results[0].error
+            if error is not None:
+                # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
+                self._close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
+                return b""
+            if qos == 1:
+                return packets.with_packet_id(PacketType.PUBACK, packet_id)
+            if qos == 2:
+                return packets.with_packet_id(PacketType.PUBREC, packet_id)
+            return b""
+
+        return Handled.run((produce,), stored)
 
     @staticmethod
     def _produce(name: str, qos: int, payload: bytes) -> m.Produce:
@@ -310,19 +279,20 @@ class MqttConnection:
         return m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), m.Acks.LEADER, key=key,
                          partitioner="murmur2", auto_create=True)
 
-    def _pubrel(self, body: bytes, flags: int) -> None:
+    def _pubrel(self, body: bytes, flags: int) -> Handled:
         packet_id = packets.parse(packets.PACKET_ID, body).packet_id
         self.awaiting_release.discard(packet_id)
-        self.events.append(Reply(packets.with_packet_id(PacketType.PUBCOMP, packet_id)))
+        return Handled.answer(packets.with_packet_id(PacketType.PUBCOMP, packet_id))
 
-    def _puback(self, body: bytes, flags: int) -> None:
+    def _puback(self, body: bytes, flags: int) -> Handled | None:
         packet_id = packets.parse(packets.PACKET_ID, body).packet_id
         if self.inflight.pop(packet_id, None) is not None:
             data = self._send_queued()
             if data:
-                self.events.append(Reply(data))
+                return Handled.answer(data)
+        return None
 
-    def _subscribe(self, body: bytes, flags: int) -> None:
+    def _subscribe(self, body: bytes, flags: int) -> Handled:
         s = packets.parse(packets.SUBSCRIBE, body)
         if not s.topics:
             raise MalformedPacket("SUBSCRIBE without a topic filter")
@@ -335,14 +305,14 @@ class MqttConnection:
             entries.append((t.filter, t.qos, topics.log_topic(t.filter)))
         wanted = tuple(dict.fromkeys(e[2] for e in entries if e[2] is not None))
         if not wanted:
-            self.events.append(Reply(packets.suback(s.packet_id, [packets.SUBACK_FAILURE] * len(entries))))
-            return
-        self.waiting = True
-        self.events.append(Request((m.ListTopics(wanted, auto_create=True),), _Subscribe(s.packet_id, tuple(entries))))
+            return Handled.answer(packets.suback(s.packet_id, [packets.SUBACK_FAILURE] * len(entries)))
+        ctx = _Subscribe(s.packet_id, tuple(entries))
+        # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription
+        return Handled.run((m.ListTopics(wanted, auto_create=True),),
+                           lambda results: self._subscribed(ctx, results[0]), hold=True)
 
     def _subscribed(self, ctx: _Subscribe, result: m.ListTopicsResult) -> bytes:
         """Grant what the partitions allow, start streams for new log topics, answer SUBACK."""
-        self.waiting = False
         infos = {t.topic: t for t in result.topics}
         codes = []
         for topic_filter, qos, log_topic in ctx.entries:
@@ -357,13 +327,13 @@ class MqttConnection:
                 self.generation += 1
                 sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation))
                 fetches = tuple(m.Fetch(log_topic, p, offset, batch.NAME) for p, offset in since.items())
-                self.events.append(Subscribe(fetches, sub.stream, exclusive=False))
+                self.emit(Subscribe(fetches, sub.stream, exclusive=False))
             # The same filter again replaces its QoS and loses nothing (3.8.4): it keeps its start.
             sub.filters[topic_filter] = (granted, sub.filters.get(topic_filter, (0, since))[1])
             codes.append(granted)
         return packets.suback(ctx.packet_id, codes)
 
-    def _unsubscribe(self, body: bytes, flags: int) -> None:
+    def _unsubscribe(self, body: bytes, flags: int) -> Handled:
         u = packets.parse(packets.UNSUBSCRIBE, body)
         if not u.filters:
             raise MalformedPacket("UNSUBSCRIBE without a topic filter")
@@ -371,15 +341,15 @@ class MqttConnection:
             sub = self.subscriptions.get(topics.log_topic(topic_filter) or "")
             if sub is not None and sub.filters.pop(topic_filter, None) is not None and not sub.filters:
                 del self.subscriptions[sub.stream[0]]
-                self.events.append(Unsubscribe(sub.stream))
-        self.events.append(Reply(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id)))
+                self.emit(Unsubscribe(sub.stream))
+        return Handled.answer(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id))
 
-    def _pingreq(self, body: bytes, flags: int) -> None:
-        self.events.append(Reply(packets.PINGRESP))
+    def _pingreq(self, body: bytes, flags: int) -> Handled:
+        return Handled.answer(packets.PINGRESP)
 
-    def _disconnect(self, body: bytes, flags: int) -> None:
+    def _disconnect(self, body: bytes, flags: int) -> Handled:
         self.will = None
-        self._close("client sent DISCONNECT")
+        return Handled.answer(b"", close=True, reason="client sent DISCONNECT")
 
     _HANDLERS = {
         PacketType.PUBLISH: _publish,
@@ -425,7 +395,7 @@ class MqttConnection:
             msg.packet_id = self._packet_id()
             msg.sent_at = now
             if not self.inflight:
-                self.events.append(Timer(self.options["retry_ms"] / 1000, "retry"))
+                self.emit(Timer(self.options["retry_ms"] / 1000, "retry"))
             self.inflight[msg.packet_id] = msg
             out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id))
         return b"".join(out)
@@ -445,7 +415,7 @@ class MqttConnection:
                 msg.sent_at = now
                 out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id, dup=True))
         if out:
-            self.events.append(Reply(b"".join(out)))
+            self.emit(Handled.answer(b"".join(out)))
         if self.inflight:
             oldest = min(msg.sent_at for msg in self.inflight.values())
-            self.events.append(Timer(max(oldest + retry - now, 0.001), "retry"))
+            self.emit(Timer(max(oldest + retry - now, 0.001), "retry"))

@@ -12,7 +12,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker
-from gateway.codec import ListenerSettings
+from gateway.codec import ListenerSettings, parse_options
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.localstore import LocalStore
 from gateway.storage.engine import Engine
@@ -71,7 +71,7 @@ class Rig:
         self.engine = Engine(data_dir)
         formats = {f.name: f for f in (plugin.batch_format, v1_plugin.batch_format)}
         self.broker = Broker(LocalStore(self.engine, self.reactor), formats, self.reactor)
-        self.factory = CodecFactory(plugin, ListenerSettings(plugin.max_frame_size, options=options),
+        self.factory = CodecFactory(plugin, ListenerSettings(plugin.max_frame_size, options=parse_options(plugin, options)),
                                     self.broker, self.reactor)
 
     def client(self, client_id: bytes = b"c", keep_alive: int = 0) -> Client:

@@ -3,17 +3,19 @@ driven by the real adapter and broker on an in-memory clock."""
 
 from __future__ import annotations
 
-import logging
+import subprocess
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from mqtt_support import Rig, connect_packet, puback, subscribe_packet, unsubscribe_packet
-from polygate_mqtt import batch, packets, topics
+from polygate_mqtt import batch, packets, plugin, topics
 from polygate_mqtt.packets import MalformedPacket, PacketType
 
 from gateway import model as m
+from gateway.codec import OptionError, parse_options
 from gateway.codecs.v1 import batch as v1_batch
+from gateway.launcher import GATEWAY
 
 # --------------------------------------------------------------------------- schemas
 
@@ -332,11 +334,21 @@ def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
     assert [publish_of(p)[:2] for p in got if p[0] == PacketType.PUBLISH] == [("t/a", 1)]
 
 
-@pytest.mark.parametrize("options", [{"retry_ms": "soon"}, {"no_such_option": "1"}])
-def test_a_bad_codec_option_closes_connections_without_a_codec_error(tmp_path, options, caplog):
-    caplog.set_level(logging.INFO)
-    r = Rig(str(tmp_path), **options)
-    c = r.client(client_id=b"")
-    assert c.closed and c.received() == []
-    assert "bad --codec-option" in caplog.text and "codec error" not in caplog.text
-    r.close()
+@pytest.mark.parametrize(("given", "expected"), [
+    ({"retry_ms": "soon"}, "option retry_ms='soon' is not allowed; expected a positive integer (milliseconds)"),
+    ({"max_inflight": "0"}, "option max_inflight='0' is not allowed; expected a positive integer"),
+    ({"no_such_option": "1"}, "unknown option 'no_such_option' (its options: connect_timeout_ms, max_inflight"),
+])
+def test_a_bad_codec_option_is_refused_with_what_is_allowed(given, expected):
+    with pytest.raises(OptionError) as refused:
+        parse_options(plugin, given)
+    assert str(refused.value).startswith("codec mqtt: ") and expected in str(refused.value)
+
+
+def test_gateway_serve_refuses_to_start_with_a_bad_mqtt_option(tmp_path):
+    run = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path), "--protocols", "mqtt",
+                          "--listen", "mqtt=127.0.0.1:0", "--codec-option", "mqtt.retry_ms=soon"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert "codec mqtt" in last and "retry_ms='soon'" in last and "a positive integer" in last
