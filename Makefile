@@ -26,7 +26,7 @@ serve: $(STAMP)
 # editable install maps gateway.codecs/gateway.storage without such a tree).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins examples
-	rm -rf build/lint
+	rm -rf build  # a stale build/lib would install modules that no longer exist
 	$(PIP) install --quiet --no-deps --no-build-isolation --target build/lint .
 	cd build/lint && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../setup.cfg
 	cd build/lint && PYTHONPATH=.:../../$(MQTT) ../../$(VENV)/bin/lint-imports --config ../../$(MQTT)/pyproject.toml
