@@ -347,3 +347,25 @@ def test_frame_limit_is_configurable(gateway_factory):
             c.produce_messages("small", 0, [os.urandom(1100)])
     with TankClient("127.0.0.1", gw.port("tank")) as c:
         assert [len(m.value) for m in c.messages("small", 0)] == [900]
+
+
+def test_pipelined_produce_requests_share_appends_and_keep_their_acks(client, gw):
+    """Issue 12: the broker joins the bundles a connection pipelines to one partition
+    (the codec no longer does); each request still gets its own acknowledgement."""
+    client.create_topic("piped", 1)
+    requests = [produce_request(i + 1, [("piped", 0, encode([(1, None, b"m%d-%d" % (i, j)) for j in range(2)]))])
+                for i in range(30)]
+    with socket.create_connection(("127.0.0.1", gw.port("tank"))) as s:
+        s.sendall(b"".join(requests))
+        frames = read_frames(s, 1 + len(requests))[1:]  # after the greeting ping
+    assert [struct.unpack_from("<IB", ack, 5) for _, ack in frames] == [(i + 1, 0) for i in range(30)]
+    assert [(m.seq, m.value) for m in client.messages("piped", 0)] == [
+        (2 * i + j + 1, b"m%d-%d" % (i, j)) for i in range(30) for j in range(2)]
+    gw.stop()
+    from gateway.storage.engine import Engine
+
+    engine = Engine(gw.data_dir)
+    try:
+        assert len(engine.read("piped", 0, 0, 1 << 30)) < len(requests)  # fewer appends than requests
+    finally:
+        engine.close()
