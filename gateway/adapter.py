@@ -182,6 +182,7 @@ class CodecProtocol(protocol.Protocol):
             if not requests:
                 return
             self._run(requests)
+            self._flush()  # once a pass: the answers of a pipelined burst go out in one write
 
     def _take_some(self, requests: list[tuple[_Slot, Request]]) -> None:
         """Take events while we may; requests get their slot now and are run later."""
@@ -234,7 +235,10 @@ class CodecProtocol(protocol.Protocol):
 
     def _complete(self, slot: _Slot, request: Request, results: list[Any]) -> None:
         """Answer ``request`` once its ``results`` (values or Deferreds) are all in."""
-        if not any(isinstance(r, defer.Deferred) for r in results):
+        for r in results:
+            if isinstance(r, defer.Deferred):
+                break
+        else:
             self._answer(slot, request, results)  # the common case: no waiting, no Deferreds
             return
         d = defer.gatherResults([r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in results],
@@ -263,8 +267,9 @@ class CodecProtocol(protocol.Protocol):
             self._codec_bug()
             return
         self._jump_queue(slot)
-        self._flush()
-        self._pump()
+        if not self._pumping:  # an answer that waited; the pump flushes its own pass's answers
+            self._flush()
+            self._pump()
 
     def _internal_error(self, slot: _Slot, request: Request, f: Failure) -> None:
         log.error("%s: internal error executing %r: %s", self.factory.plugin.name, request.commands,
@@ -281,22 +286,32 @@ class CodecProtocol(protocol.Protocol):
             self.queue.appendleft(slot)
 
     def _flush(self) -> None:
-        while self.queue:
-            slot = self.queue[0]
+        """Write the answers ready at the head of the queue, in order, in one write."""
+        queue, ready = self.queue, []
+        while queue:
+            slot = queue[0]
             if slot.stream is not None:
-                self.queue.popleft()
+                queue.popleft()
+                self._write(ready)
                 self._start_stream(slot.stream)
                 continue
             if slot.data is None:
                 break
-            self.queue.popleft()
+            queue.popleft()
             if slot.data:
-                self.transport.write(slot.data)
+                ready.append(slot.data)
             if slot.close:
+                self._write(ready)
                 self.closing = True
-                self.queue.clear()
+                queue.clear()
                 self.transport.loseConnection()
                 return
+        self._write(ready)
+
+    def _write(self, ready: list[bytes]) -> None:
+        if ready:
+            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
+            ready.clear()
 
     # ------------------------------------------------------------------ back-pressure
 

@@ -185,7 +185,7 @@ class Handled:
 
     @classmethod
     def run(cls, commands: Sequence[Any], render: Render, hold: bool = False, ordered: bool = True) -> Handled:
-        return cls(tuple(commands), render, hold=hold, ordered=ordered)
+        return cls(commands if type(commands) is tuple else tuple(commands), render, b"", False, "", hold, ordered)
 
 
 class CodecConnection:
