@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_adapter import Reactor
 from twisted.internet.address import IPv4Address
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import StringTransport
 
 from gateway import model as m
 from gateway.adapter import CodecFactory
@@ -292,28 +293,12 @@ def test_gateway_serve_refuses_to_start_with_a_bad_kafka_option(tmp_path):
 # --------------------------------------------------------------------------- bug boundary, through the adapter
 
 
-class _Threadpool:
-    """Runs "threaded" work inline, so that the broker's writes are synchronous here."""
-
-    def callInThreadWithCallback(self, onResult, f, *a, **kw):  # noqa: N802 - Twisted's name
-        try:
-            onResult(True, f(*a, **kw))
-        except Exception as e:  # noqa: BLE001
-            onResult(False, e)
-
-
-class _Reactor(MemoryReactorClock):
-    def getThreadPool(self):  # noqa: N802 - Twisted's name
-        return _Threadpool()
-
-    def callFromThread(self, f, *a, **kw):  # noqa: N802 - Twisted's name
-        f(*a, **kw)
 
 
 @pytest.fixture
 def kafka_listener(tmp_path):
     """A Kafka listener over a real broker and engine, with in-memory connections."""
-    reactor = _Reactor()
+    reactor = Reactor()
     engine = Engine(str(tmp_path))
     broker = Broker(LocalStore(engine, reactor), {records.NAME: records.FORMAT}, reactor,
                     BrokerConfig(fsync=FsyncPolicy("never")))
