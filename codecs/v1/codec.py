@@ -122,12 +122,13 @@ def _produce(args: list[str]) -> tuple[Any, ...]:
     key, sep, value = args[1].partition(":")
     if not sep:
         raise BadRequest("message must be key:value")
-    acks = _acks(args)
+    acks = _acks(args) if len(args) > 2 else m.Acks.LEADER
     k = key.encode("utf-8", "surrogateescape")
     ts = time.time_ns() // 1_000_000
     payload = batch.encode_keyed(ts, k, value.encode("utf-8", "surrogateescape"))
-    return (m.Produce(args[0], None, m.Batch(batch.NAME, payload, 1, ts), acks, key=k, partitioner="fnv1a_32",
-                      auto_create=True),)
+    # Positional arguments: this runs once per PRODUCE line (topic, partition, batch, acks,
+    # timeout_ms, key, partitioner, auto_create).
+    return (m.Produce(args[0], None, m.Batch(batch.NAME, payload, 1, ts), acks, None, k, "fnv1a_32", True),)
 
 
 def _render_produce(args: list[str], results: Sequence[Any]) -> str:
@@ -331,11 +332,11 @@ class V1Connection(CodecConnection):
         super().__init__(settings, LineFramer(settings.max_frame_size))
 
     def handle_frame(self, header: bytes, body: bytes) -> Handled:
-        line = body.decode("utf-8", "surrogateescape").strip()
-        parts = [p.strip() for p in line.split("|", 3)]
+        parts = body.decode("utf-8", "surrogateescape").strip().split("|", 3)
         if len(parts) != 4:
             return Handled.answer(err("0", "BAD_REQUEST", "expected format V1|<correlation_id>|<command>|<args>"))
         version, cid, name, arg_text = parts
+        version, cid, name = version.strip(), cid.strip(), name.strip()
         if version != "V1":
             return Handled.answer(err("0", "BAD_REQUEST", "unsupported version"))
         if not cid:
