@@ -290,7 +290,10 @@ class CodecConnection:
                     self.emit(self.end_of_stream())
                     continue
                 return None
-            self.emit(self.handle_frame(*frame))
+            handled = self.handle_frame(*frame)
+            if type(handled) is Handled and handled.render is not None and not handled.hold:
+                return Request(handled.commands, handled, handled.ordered)  # the common case, first
+            self.emit(handled)
         return events.popleft()
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
@@ -298,7 +301,7 @@ class CodecConnection:
         held = request is self.held
         if held:
             self.held = None
-        if isinstance(out, bytes | bytearray):
+        if type(out) is bytes or isinstance(out, bytes | bytearray):
             return out
         if held and isinstance(out, Handled) and out.render is not None and not out.hold:
             out = out._replace(hold=True)  # a held request holds through all its steps

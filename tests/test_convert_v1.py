@@ -119,3 +119,16 @@ def test_the_c_loops_take_only_ints_for_numbers():
         speedups.encode_records([Sneaky()], 0, [1], [None], [b"v"])
     with pytest.raises(TypeError, match="ints expected"):
         speedups.read_records([b""], [Sneaky()], [], [], [], [])
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(st.lists(RECORD, min_size=1, max_size=30), st.integers(0, 40))
+def test_c_and_python_number_joined_records_alike(records, cut):
+    payload = b"".join(batch.encode_record(*r) for r in records)
+    numbered = speedups.number_records(payload)
+    assert numbered == batch._number_records(payload)
+    assert _read(speedups.read_records, [numbered], [0])[0] == list(range(len(records)))
+    if 0 < cut < len(batch.encode_record(*records[-1])):  # the last record cut short
+        with pytest.raises(ValueError, match="cut short"):
+            speedups.number_records(payload[:-cut])

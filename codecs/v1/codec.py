@@ -133,10 +133,11 @@ def _produce(args: list[str]) -> tuple[Any, ...]:
 
 def _render_produce(args: list[str], results: Sequence[Any]) -> str:
     r: m.ProduceResult = results[0]
-    if r.error and r.error.code is m.ErrorCode.NOT_LEADER:
-        raise V1Error("NOT_LEADER", "partition leader unavailable on this broker")
-    _fail(r.error)
-    return f"partition={r.partition} offset={r.base_offset} hw={_hw(r.high_watermark)}"
+    if r.error is not None:
+        if r.error.code is m.ErrorCode.NOT_LEADER:
+            raise V1Error("NOT_LEADER", "partition leader unavailable on this broker")
+        _fail(r.error)
+    return f"partition={r.partition} offset={r.base_offset} hw={r.high_watermark - 1}"
 
 
 def _consume(args: list[str]) -> tuple[Any, ...]:
@@ -343,7 +344,7 @@ class V1Connection(CodecConnection):
             return Handled.answer(err("0", "BAD_REQUEST", "correlation id required"))
         if not name:
             return Handled.answer(err("0", "BAD_REQUEST", "command required"))
-        command = COMMANDS.get(name.upper())
+        command = COMMANDS.get(name) or COMMANDS.get(name.upper())
         if command is None:
             return Handled.answer(err(cid, "UNKNOWN_COMMAND", "unsupported command"))
         args = arg_text.split()

@@ -135,10 +135,16 @@ class Producer:
             return [m.ProduceResult(topic, error=e.error)] * len(cmds)
         routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
         results: list[Any] = [None] * len(cmds)
+        route = self._route
         for i, cmd in enumerate(cmds):
             refusal = refused(fmt, cmd.batch)
             if refusal is None:
-                routed.setdefault(self._route(cmd, partitions), []).append(i)
+                p = route(cmd, partitions)
+                indexes = routed.get(p)
+                if indexes is None:
+                    routed[p] = [i]
+                else:
+                    indexes.append(i)
             else:  # this command alone is refused; the others are stored
                 results[i] = m.ProduceResult(topic, -1 if cmd.partition is None else cmd.partition, error=refusal)
         for p, indexes in routed.items():
@@ -163,9 +169,11 @@ class Producer:
             error = ACKS_TIMEOUT if timed_out else None
             out = []
             base = appended[0]
-            for batch in batches:
-                last = base + max(batch.count, 1) - 1
-                out.append(m.ProduceResult(topic, partition, base, last, min(hw, last + 1), start, error=error))
+            result = m.ProduceResult
+            for batch in batches:  # one result per produce of a pipelined burst: kept lean
+                count = batch.count
+                last = base + count - 1 if count > 0 else base
+                out.append(result(topic, partition, base, last, hw if hw <= last else last + 1, start, False, error))
                 base = last + 1
             return out
 
@@ -176,10 +184,14 @@ class Producer:
         try:
             self.check_leader(topic, partition)
             base = self.store.log_end_offset(topic, partition)
-            joined = batches[0].payload if len(batches) == 1 else fmt.join([b.payload for b in batches])
-            payload = fmt.assign_offsets(joined, base)
-            appended = self.store.append(topic, partition, fmt.name, payload, sum(max(b.count, 1) for b in batches),
-                                         max(b.max_timestamp for b in batches))
+            payloads, count, max_timestamp = [], 0, -1
+            for b in batches:
+                payloads.append(b.payload)
+                count += b.count if b.count > 0 else 1
+                if b.max_timestamp > max_timestamp:
+                    max_timestamp = b.max_timestamp
+            payload = fmt.assign_offsets(payloads[0] if len(payloads) == 1 else fmt.join(payloads), base)
+            appended = self.store.append(topic, partition, fmt.name, payload, count, max_timestamp)
         except CommandError as e:
             return e.error
         if isinstance(appended, defer.Deferred):
