@@ -131,3 +131,34 @@ def test_tank_timestamps_beyond_signed_64_bits_read_as_the_largest():
     data = bundle.frame(bundle.encode([(2**64 - 1, None, b"a"), (7, None, b"b")], compress=False))
     got = bundle.FORMAT.columns([bundle.StoredBatch("tank", 0, 1, 0, data)])
     assert got.timestamps == [2**63 - 1, 7]
+
+
+@needs_c
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(MESSAGES, st.sampled_from(["plain", "sparse", "snappy"])), min_size=1, max_size=3),
+       st.data())
+def test_c_validation_of_produced_payloads_agrees_or_hands_over(bundles, data):
+    """``validate_plain`` answers only for plain, valid payloads, and then as the Python path does."""
+    from gateway.model import CommandError
+
+    payload = b""
+    for messages, kind in bundles:
+        if not messages:
+            messages = [(1, None, b"v")]
+        seqs = _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40, max_size=40))) \
+            if kind == "sparse" else None
+        payload += bundle.frame(bundle.encode(messages, seqs, compress=kind == "snappy"))
+    damaged = bytearray(payload)
+    for _ in range(data.draw(st.integers(0, 2))):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    cut = bytes(damaged[: data.draw(st.integers(0, len(damaged)))])
+    for candidate in (payload, bytes(damaged), cut):
+        try:
+            python = tuple(bundle.FORMAT._validate_bundles(candidate))
+        except CommandError:
+            python = None
+        c = speedups.validate_plain(candidate)
+        if c is not None:
+            assert c == python
+        elif candidate == payload and all(kind == "plain" for _, kind in bundles) and python is not None:
+            pytest.fail("a plain, valid payload was handed over")

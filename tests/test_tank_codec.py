@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from tank_support import captures
 
 from gateway import model as m
+from gateway.clients.tank import produce_request
 from gateway.codec import Close, ListenerSettings, Reply, Request
-from gateway.codecs.tank import plugin, schema
+from gateway.codecs.tank import codec, plugin, schema
 from gateway.codecs.tank.bundle import (
     FORMAT,
     BundleError,
@@ -268,7 +269,6 @@ def test_sequence_numbers_beyond_the_engine_are_refused():
 def test_pipelined_produce_requests_are_plain_produces_the_broker_may_join():
     """Each request is one plain ``Produce`` with its own ack; their payloads joined (as
     the broker may join consecutive plain produces to a partition) read back as one append."""
-    from gateway.clients.tank import produce_request
 
     def req(rid: int, topic: str, value: bytes, partition: int = 0) -> bytes:
         return produce_request(rid, [(topic, partition, encode([(rid, None, value)]))])
@@ -323,7 +323,6 @@ def test_bundle_extra_flags_and_producer_info_are_skipped():
 
 
 def test_a_request_with_bytes_after_its_bundle_stores_only_its_bundle():
-    from gateway.clients.tank import produce_request
 
     bundle = encode([(1, None, b"abc")])
     odd = produce_request(1, [("t", 0, bundle)])
@@ -333,3 +332,40 @@ def test_a_request_with_bytes_after_its_bundle_stores_only_its_bundle():
     joined = first.commands[0].batch.payload + second.commands[0].batch.payload  # as the broker joins them
     stored = m.StoredBatch("tank", 0, 1, 0, joined)
     assert [r.value for r in FORMAT.records(stored)] == [b"abc", b"abc"]
+
+
+BUNDLES = st.tuples(st.lists(st.tuples(st.sampled_from([0, 1_700_000_000_000, 2**64 - 1]), st.none() | st.binary(max_size=8),
+                                       st.binary(max_size=40)), min_size=1, max_size=20),
+                    st.sampled_from(["plain", "sparse", "snappy"]), st.integers(0, 2**63))
+
+
+@pytest.mark.skipif(codec._speedups is None, reason="the C walk was not built (no compiler): the Python one runs")
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=8), st.lists(st.tuples(st.integers(0, 65535), BUNDLES), max_size=3)),
+                max_size=3), st.booleans(), st.data())
+def test_c_and_python_produce_parses_agree_whole_damaged_or_cut(topics, with_seqnum, data):
+    """``_speedups.parse_produce`` and ``_parse_produce`` give the same batches, codes and faults."""
+    request = []
+    for name, parts in topics:
+        built = []
+        for partition, (messages, kind, base_seq) in parts:
+            seqs = [base_seq + 1 + 3 * i for i in range(len(messages))] if kind == "sparse" else None
+            built.append((partition, encode(messages, seqs, compress=kind == "snappy"), base_seq))
+        request.append((name, built))
+    batches = [(t, p, b) for t, parts in request for p, b, _ in parts]
+    seqs = [s for _, parts in request for _, _, s in parts] if with_seqnum else None
+    payload = produce_request(7, batches, seqs)[5:]
+    damaged = bytearray(payload)
+    for _ in range(data.draw(st.integers(0, 2))):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    for candidate in (payload, bytes(damaged), payload[: data.draw(st.integers(0, len(payload)))]):
+        outcomes = []
+        for parse in (codec.parse_produce, codec._parse_produce):
+            try:
+                request_id, parsed = parse(candidate, with_seqnum)
+            except codec.Malformed:
+                outcomes.append("malformed")
+                continue
+            outcomes.append((request_id, [(t, [(p, attrs.evolve(b, max_timestamp=0) if isinstance(b, m.Batch) else b)
+                                               for p, b in parts]) for t, parts in parsed]))
+        assert outcomes[0] == outcomes[1]

@@ -10,6 +10,16 @@
  *     stamps are u64 timestamps (ms), keys bytes or None (cut to 255 bytes), values bytes;
  *     seqs is None, or one ascending sequence number per message for a SPARSE bundle.
  *     TypeError or OverflowError for what only the Python loop takes (other types, out of range).
+ * validate_plain(payload) -> (records, span) | None
+ *     what ``TankFormat.validate`` returns for a produced payload (``varint len | bundle``...) whose
+ *     bundles are all uncompressed and valid; None for anything else (a compressed bundle, a fault, a
+ *     sequence number past 64 bits), which the Python path then checks and refuses with its own message.
+ * parse_produce(payload, with_seqnum) -> (request_id, [(topic, [(partition, stored, base_seq, header)])])
+ *     the walk of ``codec.parse_produce``: ``topic`` as bytes, ``stored`` the partition's ``varint len | bundle``
+ *     (a Produce-with-seqnum's u64 base sequence number taken out), ``header`` the bundle's
+ *     ``(flags, count, first_seq, seq_delta, body, first_ts)`` as ``bundle.parse_header`` reads it (``seq_delta``
+ *     -1 unless a SPARSE bundle of several messages; ``first_ts`` 0 when ``bundle.first_timestamp`` would
+ *     take the time now), or None when it does not parse. ValueError for a request cut short.
  * check_messages(data, count, sparse, first_seq, last_seq)
  *     checks that a produced bundle's message set is exactly ``count`` whole messages, whose sequence
  *     numbers ascend in a SPARSE bundle; ValueError naming the first fault.
@@ -217,25 +227,18 @@ done:
     return result;
 }
 
-static PyObject *
-check_messages(PyObject *self, PyObject *args)
+/* The fault of a produced message set p[0:end] that should hold ``count`` whole messages (sequence numbers
+ * ``first``..``last`` in a SPARSE bundle, ascending), or NULL. */
+static const char *
+message_set_fault(const unsigned char *p, Py_ssize_t end, Py_ssize_t count, int sparse, uint64_t first,
+                  uint64_t last)
 {
-    Py_buffer buf;
-    Py_ssize_t count;
-    int sparse;
-    unsigned long long first, last;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*npKK", &buf, &count, &sparse, &first, &last))
-        return NULL;
-    const unsigned char *p = buf.buf;
     const char *fault = NULL;
-    Py_ssize_t end = buf.len, pos = 0, i = 0;
+    Py_ssize_t pos = 0, i = 0;
     uint64_t seq = first, gap, vlen;
     for (; i < count && !fault; i++) {
-        if (pos >= end) {
-            fault = "message set cut short";
-            break;
-        }
+        if (pos >= end)
+            return "message set cut short";
         unsigned char flags = p[pos++];
         if (sparse && i) {
             if (i == count - 1) {
@@ -262,6 +265,20 @@ check_messages(PyObject *self, PyObject *args)
     }
     if (!fault && pos != end)
         fault = "bytes after the last message of a bundle";
+    return fault;
+}
+
+static PyObject *
+check_messages(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t count;
+    int sparse;
+    unsigned long long first, last;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*npKK", &buf, &count, &sparse, &first, &last))
+        return NULL;
+    const char *fault = message_set_fault(buf.buf, buf.len, count, sparse, first, last);
     PyBuffer_Release(&buf);
     if (fault) {
         PyErr_SetString(PyExc_ValueError, fault);
@@ -270,7 +287,226 @@ check_messages(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+#define CODEC_MASK 0x03
+#define SPARSE 0x40
+#define EXTRA_FLAGS 0x80
+#define RICH_PRODUCER_INFO 0x01
+#define PRODUCER_INFO_SIZE 14 /* u32 | u64 | u16 */
+
+static PyObject *
+validate_plain(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*", &buf))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t end = buf.len, pos = 0;
+    uint64_t records = 0, span = 0;
+    int ok = end > 0;
+    while (ok && pos < end) {
+        uint64_t n, count;
+        Py_ssize_t start = pos;
+        if (read_varint5(p, &pos, end, &n) < 0 || n == 0 || n > (uint64_t)(end - pos)) {
+            ok = 0;
+            break;
+        }
+        Py_ssize_t h = pos, bundle_end = pos + (Py_ssize_t)n;
+        unsigned char flags = p[h++];
+        if (flags & CODEC_MASK) { /* compressed (or an unknown codec): the Python path */
+            ok = 0;
+            break;
+        }
+        if (flags & EXTRA_FLAGS) {
+            if (h >= bundle_end) {
+                ok = 0;
+                break;
+            }
+            h += 1 + ((p[h] & RICH_PRODUCER_INFO) ? PRODUCER_INFO_SIZE : 0);
+        }
+        count = (flags >> 2) & 0x0F;
+        if (!count && (h > bundle_end || read_varint5(p, &h, bundle_end, &count) < 0)) {
+            ok = 0;
+            break;
+        }
+        uint64_t first = 0, last = 0;
+        int sparse = (flags & SPARSE) != 0;
+        if (sparse) {
+            uint64_t delta;
+            if (start != 0 || bundle_end != end || h + 8 > bundle_end) { /* SPARSE: the payload's only bundle */
+                ok = 0;
+                break;
+            }
+            first = 0;
+            for (int b = 7; b >= 0; b--)
+                first = (first << 8) | p[h + b]; /* u64, little-endian */
+            h += 8;
+            if (count != 1) {
+                if (read_varint5(p, &h, bundle_end, &delta) < 0 || first > UINT64_MAX - delta - 1) {
+                    ok = 0;
+                    break;
+                }
+                last = first + delta + 1;
+            } else {
+                last = first;
+            }
+        }
+        if (h > bundle_end || count < 1 || count > PY_SSIZE_T_MAX ||
+            message_set_fault(p + h, bundle_end - h, (Py_ssize_t)count, sparse, first, last)) {
+            ok = 0;
+            break;
+        }
+        records += count;
+        span += sparse ? last - first + 1 : count;
+        pos = bundle_end;
+    }
+    PyBuffer_Release(&buf);
+    if (!ok)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KK)", (unsigned long long)records, (unsigned long long)span);
+}
+
+/* The header of the bundle p[pos:end], as bundle.parse_header reads it, or None when it does not parse. */
+static PyObject *
+bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end)
+{
+    if (pos >= end)
+        Py_RETURN_NONE;
+    unsigned char flags = p[pos++];
+    if ((flags & CODEC_MASK) > 1)
+        Py_RETURN_NONE;
+    if (flags & EXTRA_FLAGS) {
+        if (pos >= end)
+            Py_RETURN_NONE;
+        pos += 1 + ((p[pos] & RICH_PRODUCER_INFO) ? PRODUCER_INFO_SIZE : 0);
+    }
+    uint64_t count = (flags >> 2) & 0x0F, first = 0, delta = 0;
+    int has_delta = 0;
+    if (!count && (pos > end || read_varint5(p, &pos, end, &count) < 0))
+        Py_RETURN_NONE;
+    if (flags & SPARSE) {
+        if (pos + 8 > end)
+            Py_RETURN_NONE;
+        for (int b = 7; b >= 0; b--)
+            first = (first << 8) | p[pos + b];
+        pos += 8;
+        if (count != 1) {
+            if (read_varint5(p, &pos, end, &delta) < 0)
+                Py_RETURN_NONE;
+            has_delta = 1;
+        }
+    }
+    if (pos > end)
+        Py_RETURN_NONE;
+    uint64_t ts = 0;
+    if (!(flags & CODEC_MASK) && pos + 9 <= end && !(p[pos] & USE_LAST_TS))
+        for (int b = 8; b >= 1; b--)
+            ts = (ts << 8) | p[pos + b];
+    if (has_delta)
+        return Py_BuildValue("(BKKKnK)", flags, (unsigned long long)count, (unsigned long long)first,
+                             (unsigned long long)delta, pos, (unsigned long long)ts);
+    return Py_BuildValue("(BKKinK)", flags, (unsigned long long)count, (unsigned long long)first, -1, pos,
+                         (unsigned long long)ts);
+}
+
+static PyObject *
+parse_produce(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    int with_seqnum;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*p", &buf, &with_seqnum))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t end = buf.len, pos;
+    PyObject *topics = NULL, *result = NULL;
+    const char *fault = "produce request cut short";
+    if (end < 7 || (pos = 7 + p[6]) + 6 > end)
+        goto done;
+    uint32_t request_id = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+    unsigned topics_count = p[pos + 5];
+    pos += 6;
+    topics = PyList_New(0);
+    if (topics == NULL)
+        goto done;
+    for (unsigned t = 0; t < topics_count; t++) {
+        if (pos >= end)
+            goto done;
+        Py_ssize_t name_end = pos + 1 + p[pos];
+        if (name_end >= end)
+            goto done;
+        PyObject *parts = PyList_New(0);
+        PyObject *topic = parts ? Py_BuildValue("(y#N)", (const char *)p + pos + 1, name_end - pos - 1, parts) : NULL;
+        if (topic == NULL || append_new(topics, topic) < 0)
+            goto error;
+        unsigned parts_count = p[name_end];
+        pos = name_end + 1;
+        for (unsigned i = 0; i < parts_count; i++) {
+            uint64_t length, base_seq = 0;
+            if (pos + 2 > end)
+                goto done;
+            unsigned partition = p[pos] | p[pos + 1] << 8;
+            Py_ssize_t start = pos + 2, body;
+            pos = start;
+            if (read_varint5(p, &pos, end, &length) < 0)
+                goto done;
+            Py_ssize_t at = pos - start; /* where the bundle starts in ``stored``: after its length */
+            PyObject *stored;
+            if (with_seqnum) {
+                if (pos + 8 > end)
+                    goto done;
+                for (int b = 7; b >= 0; b--)
+                    base_seq = (base_seq << 8) | p[pos + b];
+                body = pos + 8;
+                if (length > (uint64_t)(end - body)) {
+                    fault = "bundle past the end of the request";
+                    goto done;
+                }
+                stored = PyBytes_FromStringAndSize(NULL, (pos - start) + (Py_ssize_t)length);
+                if (stored == NULL)
+                    goto error;
+                memcpy(PyBytes_AS_STRING(stored), p + start, pos - start);
+                memcpy(PyBytes_AS_STRING(stored) + (pos - start), p + body, length);
+                pos = body + (Py_ssize_t)length;
+            } else {
+                if (length > (uint64_t)(end - pos)) {
+                    fault = "bundle past the end of the request";
+                    goto done;
+                }
+                pos += (Py_ssize_t)length;
+                stored = PyBytes_FromStringAndSize((const char *)p + start, pos - start);
+                if (stored == NULL)
+                    goto error;
+            }
+            const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(stored);
+            PyObject *header = bundle_header(s, at, PyBytes_GET_SIZE(stored));
+            PyObject *item = header ? Py_BuildValue("(INKN)", partition, stored, (unsigned long long)base_seq, header)
+                                    : NULL;
+            if (item == NULL) {
+                if (header == NULL)
+                    Py_DECREF(stored);
+                goto error;
+            }
+            if (append_new(parts, item) < 0)
+                goto error;
+        }
+    }
+    fault = NULL;
+    result = Py_BuildValue("(IO)", request_id, topics);
+    goto error; /* release */
+done:
+    if (fault)
+        PyErr_SetString(PyExc_ValueError, fault);
+error:
+    Py_XDECREF(topics);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"parse_produce", parse_produce, METH_VARARGS, "The partitions and bundles of a TANK Produce request."},
+    {"validate_plain", validate_plain, METH_VARARGS,
+     "(records, span) of a produced payload of plain bundles, all valid; else None."},
     {"check_messages", check_messages, METH_VARARGS, "Check that a produced message set holds what it declares."},
     {"read_messages", read_messages, METH_VARARGS, "Append the fields of TANK messages to column lists."},
     {"encode_messages", encode_messages, METH_VARARGS, "The messages part of an uncompressed TANK bundle."},

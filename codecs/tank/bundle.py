@@ -426,7 +426,18 @@ class TankFormat(ColumnarFormat):
         sets that decompress to more than ``inflate_limit`` in all
         (decompressed once, here, to check them). ``span`` is the offsets the
         payload takes: its messages, or a SPARSE bundle's first to last.
+
+        Plain, valid payloads (the common case) are checked in one C pass
+        (``_speedups.validate_plain``); anything else, here.
         """
+        if _speedups is not None:
+            checked = _speedups.validate_plain(payload)
+            if checked is not None:
+                return Validated(*checked)
+        return self._validate_bundles(payload)
+
+    def _validate_bundles(self, payload: bytes) -> Validated:
+        """``validate``, in Python: every payload, compressed or refused ones too."""
         end = len(payload)
         pos = records = span = 0
         budget = self.inflate_limit

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import re
 import struct
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +44,7 @@ from .bundle import (
     NAME,
     SPARSE,
     BundleError,
+    _speedups,
     build_chunk,
     first_timestamp,
     parse_header,
@@ -148,16 +150,31 @@ def _batch(stored: bytes, at: int, base_seq: int) -> m.Batch | int:
         header = parse_header(stored, at, len(stored))
     except BundleError:
         return ProduceError.IO_FAULT
-    if header.flags & SPARSE:
-        first, last = header.first_seq, header.last_seq
-        if not 0 < first <= last < MAX_SEQ or not 0 < header.count <= last - first + 1 or last - first >= MAX_SPAN:
-            return ProduceError.INVALID_SEQ_NUMS
-        return m.Batch(NAME, stored, last - first + 1, first_timestamp(stored, header), first - 1)
-    if not 0 < header.count <= MAX_SPAN:
+    return _checked_batch(stored, header.flags, header.count, header.first_seq, header.last_seq,
+                          first_timestamp(stored, header), base_seq)
+
+
+def _batch_of_header(stored: bytes, base_seq: int, header: tuple | None) -> m.Batch | int:
+    """``_batch`` from the header fields ``_speedups.parse_produce`` read."""
+    if header is None:
         return ProduceError.IO_FAULT
-    if base_seq + header.count >= MAX_SEQ:
+    flags, count, first, delta, _, timestamp = header
+    return _checked_batch(stored, flags, count, first, first if delta < 0 else first + delta + 1,
+                          timestamp or int(time.time() * 1000), base_seq)
+
+
+def _checked_batch(stored: bytes, flags: int, count: int, first: int | None, last: int | None, timestamp: int,
+                   base_seq: int) -> m.Batch | int:
+    """The batch of a bundle with these header fields, or the produce error code its numbers call for."""
+    if flags & SPARSE:
+        if not 0 < first <= last < MAX_SEQ or not 0 < count <= last - first + 1 or last - first >= MAX_SPAN:
+            return ProduceError.INVALID_SEQ_NUMS
+        return m.Batch(NAME, stored, last - first + 1, timestamp, first - 1)
+    if not 0 < count <= MAX_SPAN:
+        return ProduceError.IO_FAULT
+    if base_seq + count >= MAX_SEQ:
         return ProduceError.INVALID_SEQ_NUMS
-    return m.Batch(NAME, stored, header.count, first_timestamp(stored, header), base_seq - 1 if base_seq else None)
+    return m.Batch(NAME, stored, count, timestamp, base_seq - 1 if base_seq else None)
 
 
 def _after_client_id(payload: bytes) -> int:
@@ -187,7 +204,21 @@ def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[st
 
     The hand-written equivalent of ``schema.ProduceRequest`` (and
     ``ProduceWithSeqnumRequest``); raises ``Malformed`` on a request cut short.
+    The walk runs in C when it was built (``_speedups.parse_produce``), else below.
     """
+    if _speedups is not None:
+        try:
+            request_id, raw = _speedups.parse_produce(payload, with_seqnum)
+        except ValueError as e:
+            raise Malformed(str(e)) from None
+        return request_id, [(_text(name), [(partition, _batch_of_header(stored, base_seq, header))
+                                           for partition, stored, base_seq, header in parts])
+                            for name, parts in raw]
+    return _parse_produce(payload, with_seqnum)
+
+
+def _parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[str, list[tuple[int, m.Batch | int]]]]]:
+    """``parse_produce`` in Python."""
     end = len(payload)
     try:
         _, request_id = _REQUEST_HEAD.unpack_from(payload, 0)
