@@ -122,23 +122,39 @@ class MalformedFrame(FrameError):
 HeaderReader = Callable[[ReceiveBuffer], "tuple[int, int] | None"]
 
 
-def fixed_header(layout: struct.Struct, size_field: int = -1) -> HeaderReader:
-    """A header of fixed ``layout`` whose field ``size_field`` is the body's size.
+class FixedHeader:
+    """A ``HeaderReader`` for a header of fixed ``layout`` whose field ``size_field`` is the body's size.
 
-    Returns a ``HeaderReader``: ``(header_size, body_size)`` once the header is
-    there, ``None`` before; a negative size is a ``MalformedFrame``.
+    ``(header_size, body_size)`` once the header is there, ``None`` before; a
+    negative size is a ``MalformedFrame``. ``LengthPrefixedFramer`` reads such
+    a header in place, without calling it (the hot path of every frame).
     """
 
-    def read(buffer: ReceiveBuffer) -> tuple[int, int] | None:
-        fields = buffer.unpack_from(layout)
+    __slots__ = ("layout", "size_field")
+
+    def __init__(self, layout: struct.Struct, size_field: int = -1):
+        self.layout = layout
+        self.size_field = size_field
+
+    def __call__(self, buffer: ReceiveBuffer) -> tuple[int, int] | None:
+        fields = buffer.unpack_from(self.layout)
         if fields is None:
             return None
-        size = fields[size_field]
+        size = fields[self.size_field]
         if size < 0:
             raise MalformedFrame(f"negative frame size {size}")
-        return layout.size, size
+        return self.layout.size, size
 
-    return read
+
+def fixed_header(layout: struct.Struct, size_field: int = -1) -> HeaderReader:
+    """The ``HeaderReader`` of a header of fixed ``layout`` whose field ``size_field``
+    is the body's size (a ``FixedHeader``)."""
+    return FixedHeader(layout, size_field)
+
+
+# Frames up to this size are copied out of the buffer by slicing (two small copies beat
+# a memoryview's setup); larger ones through a memoryview (one copy).
+_SMALL_FRAME = 4096
 
 
 class _Framer:
@@ -176,9 +192,22 @@ class LengthPrefixedFramer(_Framer):
         self.read_header = read_header
         self.mutable_body = mutable_body
         self._discard = 0  # bytes of an oversized frame still to drop
+        self._fixed = read_header if isinstance(read_header, FixedHeader) else None
 
     def next_frame(self) -> tuple[bytes, bytes | bytearray] | None:
         buffer = self.buffer
+        fixed = self._fixed
+        if fixed is not None and not self._discard:  # the common case, in place: a whole small frame
+            data, pos = buffer._data, buffer._pos
+            header_size = fixed.layout.size
+            if len(data) - pos >= header_size:
+                size = fixed.layout.unpack_from(data, pos)[fixed.size_field]
+                start, end = pos + header_size, pos + header_size + size
+                if 0 <= size <= _SMALL_FRAME and size <= self.max_frame_size and end <= len(data):
+                    header = bytes(data[pos:start])
+                    body = data[start:end] if self.mutable_body else bytes(data[start:end])
+                    buffer.skip(end - pos)
+                    return header, body
         if self._discard:
             dropped = min(self._discard, len(buffer))
             buffer.skip(dropped)

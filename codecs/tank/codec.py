@@ -372,6 +372,20 @@ _NO_PARTITION = {"first_available": U64_MAX, "hwmark": U64_MAX, "reason": Consum
 # --------------------------------------------------------------------------- connection
 
 
+class _OneAck:
+    """The render of a Produce of one partition: its one-byte code."""
+
+    __slots__ = ("request_id",)
+
+    def __init__(self, request_id: int):
+        self.request_id = request_id
+
+    def __call__(self, results: Sequence[m.ProduceResult]) -> bytes:
+        error = results[0].error
+        code = ProduceError.OK if error is None else _PRODUCE_CODES.get(error.code, ProduceError.IO_FAULT)
+        return frame(MsgId.PRODUCE, _ID.pack(self.request_id) + bytes((code,)))
+
+
 class TankConnection(CodecConnection):
     """Server side of one TANK connection (see the module docstring)."""
 
@@ -410,6 +424,10 @@ class TankConnection(CodecConnection):
     def _produce(self, payload: bytes, with_seqnum: bool) -> Handled:
         """One ``Produce`` per partition; a partition refused by the parse gets its code unwritten."""
         request_id, topics = parse_produce(payload, with_seqnum)
+        if len(topics) == 1 and len(topics[0][1]) == 1 and type(topics[0][1][0][1]) is m.Batch:
+            # What a TANK client sends most: one bundle for one partition (no layout to keep).
+            topic, ((partition, batch),) = topics[0]
+            return Handled.run((m.Produce(topic, partition, batch),), _OneAck(request_id))
         commands = []
         layout = []
         for topic, parts in topics:
