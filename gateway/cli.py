@@ -133,12 +133,12 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         _refuse(str(e))
     except Exception as e:  # noqa: BLE001 - report and exit non-zero
         raise click.ClickException(str(e)) from e
+    _tune_garbage_collector()  # before the listeners are announced: a signal from then on finds the reactor
     click.echo(f"polygate {__version__}: data dir {os.path.abspath(data_dir)}, fsync {fsync}")
     for codec, h, p in bound:
         click.echo(f"polygate: {codec} listening on {h}:{p}")
     sys.stdout.flush()
     reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
-    _tune_garbage_collector()
     reactor.run()
     click.echo("polygate: stopped")
 
