@@ -382,11 +382,16 @@ class BatchFormat(Protocol):
       batches, TANK's bundles); a format whose payload has one header for all
       its records overrides it (Cursus's).
     * ``columnar``: the format also implements ``ColumnarFormat``'s methods.
+    * ``inflate_limit``: for a format whose payloads may be compressed, the
+      most one payload may decompress to (``validate`` and every read stop
+      there); ``None`` for a format without compression. ``gateway serve``
+      sets it to the frame limit of the codec's listener (``--max-frame``).
     """
 
     name: str
     joinable: ClassVar[bool] = False
     columnar: ClassVar[bool] = False
+    inflate_limit: int | None = None
 
     def records(self, batch: StoredBatch) -> Iterable[Record]: ...
 

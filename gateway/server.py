@@ -60,6 +60,10 @@ class Gateway:
         """
         listeners = [(lc, self.registry.get(lc.codec)) for lc in self.listener_configs]
         settings = [self._settings(lc, plugin) for lc, plugin in listeners]
+        for (_, plugin), listener_settings in zip(listeners, settings, strict=True):
+            fmt = plugin.batch_format
+            if fmt is not None and fmt.inflate_limit is not None:
+                fmt.inflate_limit = listener_settings.max_frame_size  # decompression is held to the frame limit
         self.engine = Engine(self.data_dir, self.engine_config)
         self.broker = Broker(LocalStore(self.engine, self.reactor), self.registry.batch_formats, self.reactor, self.broker_config)
         try:

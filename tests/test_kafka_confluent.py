@@ -196,3 +196,23 @@ def test_v1_group_commit_is_where_a_kafka_consumer_starts(kafka_gateway):
     got = consume(c, len(sent) - 11)
     c.close()
     assert got[0].offset() == 11 and got[0].value() == sent[11][1]
+
+
+@pytest.mark.parametrize("max_frame, delivered", [(None, True), (1 << 20, False)])
+def test_decompression_is_held_to_the_listeners_frame_limit(gateway_factory, max_frame, delivered):
+    """A gzip batch of 3 MiB of records, a few KiB on the wire: stored under the default
+    frame limit, refused with CORRUPT_MESSAGE by a listener limited to 1 MiB (``--max-frame``)."""
+    args = ("--max-frame", f"kafka={max_frame}") if max_frame else ()
+    gw = gateway_factory(("kafka",), args)
+    topic = unique("inflate")
+    errors, acks = [], []
+    producer = ck.Producer({"bootstrap.servers": bootstrap(gw), "compression.type": "gzip",
+                            "message.max.bytes": 8 << 20, "linger.ms": 50, "retries": 0})
+    for i in range(3):
+        producer.produce(topic, b"x" * (1 << 20), partition=0,
+                         on_delivery=lambda err, msg: (errors if err else acks).append(err or msg.offset()))
+    assert producer.flush(30) == 0
+    if delivered:
+        assert (errors, sorted(acks)) == ([], [0, 1, 2])
+    else:
+        assert acks == [] and {e.code() for e in errors} == {ck.KafkaError.INVALID_MSG}  # Kafka's CORRUPT_MESSAGE
