@@ -208,7 +208,7 @@ def test_decompression_is_held_to_the_listeners_frame_limit(gateway_factory, max
     errors, acks = [], []
     producer = ck.Producer({"bootstrap.servers": bootstrap(gw), "compression.type": "gzip",
                             "message.max.bytes": 8 << 20, "linger.ms": 50, "retries": 0})
-    for i in range(3):
+    for _ in range(3):
         producer.produce(topic, b"x" * (1 << 20), partition=0,
                          on_delivery=lambda err, msg: (errors if err else acks).append(err or msg.offset()))
     assert producer.flush(30) == 0
