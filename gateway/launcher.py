@@ -99,6 +99,17 @@ class GatewayProcess:
     def log(self) -> str:
         return "".join(self.output)
 
+    def memory_mib(self) -> tuple[float, float]:
+        """``(resident now, peak resident)`` of the process in MiB (``VmRSS``, ``VmHWM``)."""
+        assert self.proc is not None
+        fields = {}
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(value.split()[0]) / 1024
+        return fields["VmRSS"], fields["VmHWM"]
+
     def assert_alive(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, "gateway died:\n" + self.log
         assert "Traceback" not in self.log, "traceback in gateway log:\n" + self.log

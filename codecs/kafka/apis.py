@@ -212,7 +212,7 @@ def list_offsets(session: Session, version: int, req: Any, frame: Frame) -> Hand
 
 def metadata(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     names = None if req.Topics is None or (version == 0 and not req.Topics) else tuple(
-        t.Name for t in req.Topics if t.Name is not None)
+        dict.fromkeys(t.Name for t in req.Topics if t.Name is not None))  # each topic once, as Kafka answers
     auto = req.get("AllowAutoTopicCreation", True)
 
     def render(results: Sequence[m.ListTopicsResult]) -> bytes:

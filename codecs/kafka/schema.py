@@ -52,6 +52,11 @@ PRIMITIVES: dict[str, Construct] = {
     "uint16": Int16ub, "uint32": Int32ub, "float64": Float64b, "bool": Flag, "uuid": Bytes(16),
 }
 UUID_ZERO = bytes(16)
+MAX_ELEMENTS = 100_000
+"""The most array elements one parsed request may hold, all arrays together (a
+Metadata request naming 1,000,000 topics in 3 MB would otherwise cost seconds of
+parsing and hundreds of MB). Over it, the request does not parse (the codec closes
+the connection, as for any request it cannot parse)."""
 
 
 # --------------------------------------------------------------------------- varints
@@ -164,6 +169,10 @@ class KafkaArray(_Length):
         n = self._read_length(stream, context, path)
         if n is None:
             return None
+        if isinstance(stream, ViewStream):
+            stream.elements -= n
+            if stream.elements < 0:
+                raise StreamError(f"{path}: more than {MAX_ELEMENTS} array elements in one request")
         element = self.element
         return [element._parse(stream, context, path) for _ in range(n)]
 
@@ -375,11 +384,13 @@ API_VERSIONS = 18
 
 
 class ViewStream:
-    """A read-only stream over bytes that can hand out zero-copy slices (``read_view``)."""
+    """A read-only stream over bytes that can hand out zero-copy slices (``read_view``);
+    ``elements`` is what is left of the request's array-element budget (``MAX_ELEMENTS``)."""
 
     def __init__(self, data: bytes | memoryview, offset: int = 0):
         self.view = memoryview(data)
         self.pos = offset
+        self.elements = MAX_ELEMENTS
 
     def read(self, n: int = -1) -> bytes:
         end = len(self.view) if n < 0 else min(self.pos + n, len(self.view))
