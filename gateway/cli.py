@@ -37,6 +37,18 @@ def _host_port(text: str, default_port: int | None = None) -> tuple[str, int | N
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _octal_mode(text: str) -> int:
+    """A file mode given in octal (``0600``, ``640``): owner read and write at least, no execute bits."""
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an octal mode", param_hint="--file-mode") from None
+    if mode & ~0o666 or mode & 0o600 != 0o600:
+        raise click.BadParameter(f"{text} must let the owner read and write, and set no execute or special bits",
+                                 param_hint="--file-mode")
+    return mode
+
+
 def _refuse(message: str) -> NoReturn:
     """Stop ``gateway serve`` before it starts: ``message`` is the one line the operator reads."""
     click.echo(f"polygate: {message}", err=True)
@@ -78,12 +90,15 @@ def codecs() -> None:
 @click.option("--group-session-timeout-ms", default=10_000, show_default=True, type=int,
               help="Session timeout of group members whose protocol does not send one (V1).")
 @click.option("--segment-bytes", default=64 << 20, show_default=True, type=int)
+@click.option("--file-mode", default="0600", show_default=True, callback=lambda ctx, param, v: _octal_mode(v),
+              help="Mode of the data files (octal); directories get the matching search bits (0600: 0700).")
 @click.option("--retention-bytes", default=None, type=int, help="Per-partition size limit (default: none).")
 @click.option("--retention-ms", default=7 * 24 * 3600 * 1000, show_default=True, type=int)
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
-          ack_timeout_ms, group_session_timeout_ms, segment_bytes, retention_bytes, retention_ms, log_level) -> None:
+          ack_timeout_ms, group_session_timeout_ms, segment_bytes, file_mode, retention_bytes, retention_ms,
+          log_level) -> None:
     """Serve the given protocols from one storage engine."""
     from twisted.internet import reactor
     from twisted.python import log as twisted_log
@@ -124,7 +139,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         reactor, registry, data_dir, listeners,
         EngineConfig(default_partitions=default_partitions, replication_factor=replication_factor,
                      min_insync_replicas=min_insync_replicas, replica_lag_timeout_ms=replica_lag_timeout_ms,
-                     segment_bytes=segment_bytes, retention_bytes=retention_bytes, retention_ms=retention_ms),
+                     segment_bytes=segment_bytes, retention_bytes=retention_bytes, retention_ms=retention_ms,
+                     file_mode=file_mode),
         BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms),
     )
     try:

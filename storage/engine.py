@@ -59,6 +59,9 @@ class EngineConfig:
     retention_bytes: int | None = None
     retention_ms: int | None = 7 * 24 * 3600 * 1000
     index_interval_bytes: int = 4096
+    file_mode: int = 0o600
+    """Mode of every file created (segments, indexes, the journal); directories get
+    ``fileio.dir_mode`` of it (0700 for 0600). Existing files keep theirs."""
 
 
 class Partition:
@@ -122,12 +125,14 @@ class Engine:
         self.config = config or EngineConfig()
         self.clock = clock
         self.started_at = clock()
-        os.makedirs(os.path.join(self.data_dir, "logs"), exist_ok=True)
+        fileio.make_dirs(self.data_dir, self.config.file_mode)  # makedirs gives only the leaf its mode
+        fileio.make_dirs(os.path.join(self.data_dir, "logs"), self.config.file_mode)
+        _warn_if_open_to_others(self.data_dir)
         self._lock_file = self._lock()
         _raise_open_file_limit()
         self.topics: dict[str, Topic] = {}
         self._next_producer_id = 1000
-        self.journal = Journal(os.path.join(self.data_dir, "meta.journal"))
+        self.journal = Journal(os.path.join(self.data_dir, "meta.journal"), self.config.file_mode)
         self.groups = GroupCoordinator(self.journal, self.partition_count, self.now_ms)
         self._sync_lock = threading.Lock()
         self.recovered_bytes = 0
@@ -136,7 +141,8 @@ class Engine:
     def _lock(self) -> Any:
         import fcntl
 
-        f = open(os.path.join(self.data_dir, ".lock"), "w")  # noqa: SIM115 - held for the engine's life
+        f = os.fdopen(fileio.create_file(os.path.join(self.data_dir, ".lock"), os.O_WRONLY, self.config.file_mode),
+                      "w")  # held for the engine's life
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
@@ -213,7 +219,7 @@ class Engine:
         for i in range(len(topic.partitions), total):
             directory = os.path.join(self.data_dir, "logs", f"{topic.topic_id}-{i}")
             plog = PartitionLog(directory, topic.config.segment_bytes or self.config.segment_bytes,
-                                self.config.index_interval_bytes)
+                                self.config.index_interval_bytes, self.config.file_mode)
             self.recovered_bytes += plog.truncated_bytes
             replicas = ReplicaSet(rf, self.config.min_insync_replicas, self.config.replica_lag_timeout_ms,
                                   self.config.replica_max_lag)
@@ -452,3 +458,11 @@ def _config_state(c: TopicConfig) -> dict[str, Any]:
 
 def _config_from_state(s: dict[str, Any]) -> TopicConfig:
     return TopicConfig(s.get("rb"), s.get("rm"), s.get("sb"), s.get("rf"), s.get("x") or {})
+
+
+def _warn_if_open_to_others(data_dir: str) -> None:
+    """Log a warning when other users may read the data dir (one created before modes were set)."""
+    mode = os.stat(data_dir).st_mode & 0o777
+    if mode & 0o077:
+        log.warning("data dir %s has mode %04o: other users may read its messages (chmod 700 to stop it)",
+                    data_dir, mode)

@@ -24,6 +24,22 @@ from typing import Any
 system: Any = os
 
 
+def dir_mode(file_mode: int) -> int:
+    """The mode of the directories holding files of ``file_mode``: each class that may read
+    the files may also enter the directory (0600 -> 0700, 0640 -> 0750)."""
+    return file_mode | (file_mode & 0o444) >> 2
+
+
+def create_file(path: str, flags: int, file_mode: int) -> int:
+    """``os.open(path, flags | O_CREAT, file_mode)``: a new file gets ``file_mode`` (less the umask)."""
+    return os.open(path, flags | os.O_CREAT, file_mode)
+
+
+def make_dirs(path: str, file_mode: int) -> None:
+    """Create ``path`` and its missing parents with ``dir_mode(file_mode)``."""
+    os.makedirs(path, mode=dir_mode(file_mode), exist_ok=True)
+
+
 class Unrecoverable(OSError):
     """A failure after which the file's owner must refuse writes until restart."""
 

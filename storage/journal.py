@@ -41,9 +41,10 @@ def _frame(entry: dict[str, Any]) -> bytes:
 class Journal:
     """One journal file. ``append`` writes through to the OS; ``sync`` fsyncs."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, file_mode: int = 0o600):
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self.file_mode = file_mode
+        self.fd = fileio.create_file(path, os.O_RDWR | os.O_APPEND, file_mode)
         self.size = os.fstat(self.fd).st_size
         self.entries = 0
         self._appends = 0  # appends made, and the count that the last successful fsync covered
@@ -115,7 +116,7 @@ class Journal:
         tmp = self.path + ".compact"
         count = 0
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(fileio.create_file(tmp, os.O_WRONLY | os.O_TRUNC, self.file_mode), "wb") as f:
                 for entry in snapshot:
                     f.write(_frame(entry))
                     count += 1

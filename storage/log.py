@@ -37,11 +37,12 @@ class PartitionLog:
     (a batch may be placed at an explicit base offset above the end).
     """
 
-    def __init__(self, directory: str, segment_bytes: int, index_interval: int = 4096):
+    def __init__(self, directory: str, segment_bytes: int, index_interval: int = 4096, file_mode: int = 0o600):
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.index_interval = index_interval
-        os.makedirs(directory, exist_ok=True)
+        self.file_mode = file_mode
+        fileio.make_dirs(directory, file_mode)
         bases = sorted(
             int(name[: -len(LOG_SUFFIX)])
             for name in os.listdir(directory)
@@ -50,7 +51,7 @@ class PartitionLog:
         self.segments: list[Segment] = []
         self.truncated_bytes = 0
         for i, base in enumerate(bases):
-            seg = Segment(directory, base, index_interval)
+            seg = Segment(directory, base, index_interval, file_mode)
             if i == len(bases) - 1:
                 self.truncated_bytes = seg.recover()
                 if self.truncated_bytes:
@@ -65,7 +66,7 @@ class PartitionLog:
         self.deleted = False
 
     def _new_segment(self, base: int) -> Segment:
-        seg = Segment(self.directory, base, self.index_interval)
+        seg = Segment(self.directory, base, self.index_interval, self.file_mode)
         try:
             seg.recover()  # empty: creates the index file
         except OSError:  # e.g. a full disk: leave no half-made segment behind

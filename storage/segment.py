@@ -84,14 +84,15 @@ class Segment:
     Not thread-safe: the engine calls it from one thread.
     """
 
-    def __init__(self, directory: str, base_offset: int, index_interval: int = 4096):
+    def __init__(self, directory: str, base_offset: int, index_interval: int = 4096, file_mode: int = 0o600):
         self.directory = directory
+        self.file_mode = file_mode
         self.base_offset = base_offset
         self.index_interval = index_interval
         stem = os.path.join(directory, f"{base_offset:020d}")
         self.log_path = stem + LOG_SUFFIX
         self.index_path = stem + INDEX_SUFFIX
-        self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = fileio.create_file(self.log_path, os.O_RDWR, file_mode)
         self.size = os.fstat(self.fd).st_size
         self.index_offsets: list[int] = []  # absolute offsets, ascending
         self.index_positions: list[int] = []
@@ -222,7 +223,7 @@ class Segment:
             for o, p, t in zip(self.index_offsets, self.index_positions, self.index_max_ts)
         )
         tmp = self.index_path + ".tmp"
-        with open(tmp, "wb") as f:
+        with os.fdopen(fileio.create_file(tmp, os.O_WRONLY | os.O_TRUNC, self.file_mode), "wb") as f:
             f.write(data)
         os.replace(tmp, self.index_path)
         if self.index_fd is None:
