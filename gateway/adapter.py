@@ -6,10 +6,20 @@ It owns what every protocol needs and no codec should write again:
   commands complete in;
 * back-pressure: it stops reading a connection while its answers are not
   being drained by the peer (transport write buffer full) or while too many
-  requests are in flight, and resumes when they are;
+  requests are in flight, and resumes when they are; and it executes no
+  further request while the answers it holds for the peer (rendered, not yet
+  written) reach ``max_answer_bytes``, nor, in one pass, more requests than
+  the answers they may grow to (their fetches' ``max_bytes``) allow; so a
+  client that pipelines fetches and never reads holds a bounded amount;
+* fair service: one connection runs its requests for at most a slice of time
+  (``Fairness``) before the others get theirs; a connection that used its
+  slice stops reading and goes on at the next turn of the reactor;
 * long-polls and acks=all (Deferred results), greetings and push streams
   (``Subscribe``: long-polled fetches whose results the codec frames;
   ``Unsubscribe`` stops them), and per-connection timers (``Timer``);
+* connection limits (``ConnectionLimits``): connections per listener and per
+  peer address (over either, a new connection is closed at once), an idle
+  timeout, and a timeout for finishing a frame once started;
 * isolation: a codec bug closes that connection, never the process.
 """
 
@@ -17,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -41,14 +52,93 @@ from gateway.codec import (
 log = logging.getLogger(__name__)
 
 
+MAX_ANSWER_BYTES = 16 << 20
+"""Default bound of the answer bytes a connection may owe before its next request runs."""
+@attrs.frozen
+class ConnectionLimits:
+    """What one listener's connections may hold (see ``docs/limits.md``); 0 or None: no limit.
+
+    ``max_connections`` of the listener and ``max_per_peer`` from one address: a
+    connection over either is closed as soon as it is accepted. ``idle_timeout_s``:
+    a connection that sent nothing for that long, with no request in flight and no
+    subscription, is closed. ``frame_timeout_s``: one that started a frame and did
+    not finish it (nor any other) for that long is closed. ``max_answer_bytes``: see
+    ``CodecProtocol._take_some``.
+    """
+
+    max_connections: int = 0
+    max_per_peer: int = 0
+    idle_timeout_s: float | None = None
+    frame_timeout_s: float | None = None
+    max_answer_bytes: int = MAX_ANSWER_BYTES
+
+
+MAX_PASS = 1024
+"""The most requests one pass takes before running them (and checking the time slice)."""
+
+
 @attrs.define
 class _Slot:
-    """One answer in the response queue."""
+    """One answer in the response queue; ``held`` is what its rendered answer counts against
+    ``max_answer_bytes`` until it is written."""
 
     data: bytes | None = None
     close: bool = False
     stream: Subscribe | None = None
     pending: defer.Deferred | None = None
+    held: int = 0
+
+
+_FETCHES = frozenset((m.Fetch, m.FetchMany))
+"""Commands whose answer may be large: a request's share of ``max_answer_bytes`` is their ``max_bytes``."""
+
+
+class Fairness:
+    """Fair service among the connections of one reactor (all listeners share one).
+
+    A connection's pump runs until ``deadline()``; one that used its slice
+    with work maybe left is *busy*: it stops reading and waits in a round-robin
+    queue. Busy connections get their next slices in turns of at most
+    ``turn_s`` per reactor iteration, so that the reactor polls between turns
+    and a connection that is not busy (a new client) is served in the next
+    iteration, never behind every busy one. The slice is ``round_s`` shared
+    among the busy connections, within ``min_slice_s`` and ``max_slice_s``: a
+    lone busy connection runs in long slices (little overhead), 200 of them in
+    short ones. Times are the reactor's (``reactor.seconds``), so tests drive them.
+    """
+
+    def __init__(self, reactor: Any, turn_s: float = 0.005, round_s: float = 0.02,
+                 min_slice_s: float = 0.0001, max_slice_s: float = 0.005):
+        self.reactor = reactor
+        self.clock: Callable[[], float] = reactor.seconds
+        self.turn_s = turn_s
+        self.round_s = round_s
+        self.min_slice_s = min_slice_s
+        self.max_slice_s = max_slice_s
+        self.busy: collections.deque[Any] = collections.deque()  # waiting for their next slice, in order
+        self._turn_scheduled = False
+
+    def deadline(self) -> float:
+        """When a slice starting now ends."""
+        share = self.round_s / (len(self.busy) or 1)
+        return self.clock() + min(self.max_slice_s, max(self.min_slice_s, share))
+
+    def wait_turn(self, connection: Any) -> None:
+        """``connection`` used its slice: ``connection.next_slice()`` runs in a later turn."""
+        self.busy.append(connection)
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            self.reactor.callLater(0, self._turn)
+
+    def _turn(self) -> None:
+        self._turn_scheduled = False
+        end = self.clock() + self.turn_s
+        busy = self.busy
+        while busy and self.clock() < end:
+            busy.popleft().next_slice()
+        if busy and not self._turn_scheduled:
+            self._turn_scheduled = True
+            self.reactor.callLater(0, self._turn)
 
 
 @attrs.define(eq=False)
@@ -82,6 +172,14 @@ class CodecProtocol(protocol.Protocol):
         self.write_paused = False
         self.read_paused = False
         self._pumping = False
+        self._held = 0  # bytes of the rendered answers not yet written (``_Slot.held``)
+        self._deadline = 0.0  # when the running pump's slice ends
+        self._cost = 1e-5  # seconds a request of this connection takes to run (a moving average)
+        self._last_data = 0.0  # when bytes last arrived
+        self._events = 0  # events taken so far: a frame finished since the last timeout check?
+        self._events_seen = 0
+        self._partial_since: float | None = None  # since when an unfinished frame waits
+        self._yielded = False  # the slice ran out with events maybe left: going on at the next turn
         self._streams: list[_Stream] = []
         self._timers: dict[Any, Any] = {}
 
@@ -103,12 +201,13 @@ class CodecProtocol(protocol.Protocol):
             return
         if greeting:
             self.transport.write(greeting)
-        self.factory.connections.add(self)
+        self._last_data = self.factory.reactor.seconds()
+        self.factory.connection_made(self)
         self._pump()
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.closing = True
-        self.factory.connections.discard(self)
+        self.factory.connection_lost(self)
         slots = [*self.queue, *self.unordered]
         self.queue.clear()
         self.unordered.clear()
@@ -144,6 +243,7 @@ class CodecProtocol(protocol.Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self.closing or self.codec is None:
             return
+        self._last_data = self.factory.reactor.seconds()
         try:
             self.codec.receive_data(data)
         except Exception:
@@ -162,42 +262,77 @@ class CodecProtocol(protocol.Protocol):
         Not re-entrant: a request answered synchronously calls back into
         ``_pump``, which returns at once and leaves the loop to the outer call.
         """
-        if self._pumping:
+        if self._pumping or self._yielded:
             return
         self._pumping = True
+        fairness = self.factory.fairness
+        self._deadline = fairness.deadline()
         try:
             self._take_events()
         finally:
             self._pumping = False
         self._flush()
+        if not self.closing and fairness.clock() >= self._deadline:
+            self._yielded = True  # events may be left: the others first
+            fairness.wait_turn(self)
         self._update_reading()
+
+    def next_slice(self) -> None:
+        """Go on after a slice that ran out (``Fairness``)."""
+        self._yielded = False
+        if not self.closing:
+            self._pump()
 
     def _take_events(self) -> None:
         """Take events, then run the commands of every request taken in one
         ``run_many`` call (so pipelined produces can share appends); again while
         the answers release more events."""
+        clock = self.factory.fairness.clock
         while True:
             requests: list[tuple[_Slot, Request]] = []
             self._take_some(requests)
             if not requests:
                 return
+            started = clock()
             self._run(requests)
+            self._cost += ((clock() - started) / len(requests) - self._cost) / 4
+            self._cost = max(self._cost, 1e-7)
             self._flush()  # once a pass: the answers of a pipelined burst go out in one write
 
     def _take_some(self, requests: list[tuple[_Slot, Request]]) -> None:
-        """Take events while we may; requests get their slot now and are run later."""
-        while not self.closing and not self.streaming and not self._too_busy():
+        """Take events while we may: not closing or streaming, the peer draining its answers,
+        fewer than ``max_in_flight`` requests, answers held and the answers the requests
+        taken now may grow to under ``max_answer_bytes`` (the first request always), and
+        time left in the slice. Requests get their slot now and are run later."""
+        factory, queue, unordered = self.factory, self.queue, self.unordered
+        clock, deadline = factory.fairness.clock, self._deadline
+        budget = factory.max_answer_bytes - self._held
+        if budget <= 0:
+            return  # answers held for the peer: nothing runs until they are written
+        # Events that take a slot: below max_in_flight, and as many requests as the rest of the
+        # slice may run at what this connection's requests cost so far.
+        room = min(factory.max_in_flight - len(queue) - len(unordered),
+                   max(1, min(MAX_PASS, int((deadline - clock()) / self._cost))))
+        next_event = self.codec.next_event
+        while room > 0 and not (self.closing or self.streaming or self.write_paused) and clock() < deadline:
             try:
-                event = self.codec.next_event()
+                event = next_event()
             except Exception:
                 self._codec_bug()
                 return
             if event is None:
                 break
+            room -= 1
+            self._events += 1
             if isinstance(event, Request):
                 slot = _Slot()
-                (self.queue if event.ordered else self.unordered).append(slot)
+                (queue if event.ordered else unordered).append(slot)
                 requests.append((slot, event))
+                for command in event.commands:
+                    if type(command) in _FETCHES:
+                        budget -= command.max_bytes or 0
+                if budget <= 0:
+                    break  # its answer may fill the budget: no more this pass
             elif isinstance(event, Reply):
                 self.queue.append(_Slot(event.data, event.close))
                 if event.close:
@@ -266,6 +401,8 @@ class CodecProtocol(protocol.Protocol):
         except Exception:
             self._codec_bug()
             return
+        slot.held = len(slot.data)
+        self._held += slot.held
         self._jump_queue(slot)
         if not self._pumping:  # an answer that waited; the pump flushes its own pass's answers
             self._flush()
@@ -298,6 +435,7 @@ class CodecProtocol(protocol.Protocol):
             if slot.data is None:
                 break
             queue.popleft()
+            self._held -= slot.held
             if slot.data:
                 ready.append(slot.data)
             if slot.close:
@@ -319,7 +457,7 @@ class CodecProtocol(protocol.Protocol):
         return len(self.queue) + len(self.unordered) >= self.factory.max_in_flight
 
     def _update_reading(self) -> None:
-        want_pause = self.write_paused or self._too_busy()
+        want_pause = self.write_paused or self._yielded or self._too_busy()
         if want_pause and not self.read_paused:
             self.read_paused = True
             self.transport.pauseProducing()
@@ -439,6 +577,31 @@ class CodecProtocol(protocol.Protocol):
             return
         self._pump()
 
+    # ------------------------------------------------------------------ timeouts
+
+    def check_timeouts(self, now: float, limits: ConnectionLimits) -> None:
+        """Close this connection if it is idle past ``idle_timeout_s``, or has left a frame
+        unfinished past ``frame_timeout_s`` (called periodically by the factory)."""
+        if self.closing or self.codec is None:
+            return
+        waiting = bool(self.queue or self.unordered or self._streams)
+        if self._events != self._events_seen or waiting or not self.codec.partial_frame():
+            self._events_seen = self._events
+            self._partial_since = None
+        elif self._partial_since is None:
+            self._partial_since = now
+        elif limits.frame_timeout_s and now - self._partial_since >= limits.frame_timeout_s:
+            self._close_for(f"a frame left unfinished for {limits.frame_timeout_s:g} s")
+            return
+        if limits.idle_timeout_s and not waiting and now - self._last_data >= limits.idle_timeout_s:
+            self._close_for(f"idle for {limits.idle_timeout_s:g} s")
+
+    def _close_for(self, reason: str) -> None:
+        log.info("%s %s: closing: %s", self.factory.plugin.name, self.transport.getPeer(), reason)
+        self.closing = True
+        self.queue.clear()
+        self.transport.abortConnection()
+
     # ------------------------------------------------------------------ failures
 
     def _codec_bug(self) -> None:
@@ -453,17 +616,71 @@ class CodecFactory(protocol.Factory):
     """Builds a ``CodecProtocol`` per connection of one listener."""
 
     def __init__(self, plugin: CodecPlugin, settings: ListenerSettings, broker: Any, reactor: Any,
-                 max_in_flight: int = 1024):
+                 max_in_flight: int = 1024, limits: ConnectionLimits | None = None,
+                 fairness: Fairness | None = None):
         self.plugin = plugin
         self.settings = settings
         self.broker = broker
         self.reactor = reactor
         self.max_in_flight = max_in_flight
+        self.limits = limits or ConnectionLimits()
+        self.max_answer_bytes = self.limits.max_answer_bytes
+        self.fairness = fairness or Fairness(reactor)
         self.connections: set[CodecProtocol] = set()
+        self.peers: collections.Counter[str] = collections.Counter()  # connections per peer address
+        self.refused = 0  # connections closed at accept for a limit
+        self._refusal_logged: dict[str, float] = {}
+        self._sweep: Any = None
         self.stopped = False
 
-    def buildProtocol(self, addr: Any) -> CodecProtocol:
-        return CodecProtocol(self)
+    def buildProtocol(self, addr: Any) -> CodecProtocol | None:  # noqa: N802 - Twisted's name
+        """A protocol for the new connection, or None (Twisted then closes it) over a limit."""
+        limits, host = self.limits, getattr(addr, "host", "")
+        over = None
+        if limits.max_connections and len(self.connections) >= limits.max_connections:
+            over = f"the listener's {limits.max_connections} connections"
+        elif limits.max_per_peer and self.peers[host] >= limits.max_per_peer:
+            over = f"{limits.max_per_peer} connections from {host}"
+        if over is None:
+            return CodecProtocol(self)
+        self.refused += 1
+        now = self.reactor.seconds()
+        if now - self._refusal_logged.get(host, -1e9) >= 10:  # once per peer per 10 s, not per connection
+            self._refusal_logged[host] = now
+            log.warning("%s: refusing connections from %s: %s reached (%d refused so far)",
+                        self.plugin.name, host, over, self.refused)
+        return None
+
+    def connection_made(self, conn: CodecProtocol) -> None:
+        self.connections.add(conn)
+        self.peers[getattr(conn.transport.getPeer(), "host", "")] += 1
+        if self._sweep is None:
+            self._schedule_check()
+
+    def connection_lost(self, conn: CodecProtocol) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            host = getattr(conn.transport.getPeer(), "host", "")
+            self.peers[host] -= 1
+            if not self.peers[host]:
+                del self.peers[host]
+
+    def _check_timeouts(self) -> None:
+        self._sweep = None
+        now = self.reactor.seconds()
+        for conn in list(self.connections):
+            conn.check_timeouts(now, self.limits)
+        if self.connections and not self.stopped:
+            self._schedule_check()
+
+    def _schedule_check(self) -> None:
+        """Check the connections' timeouts in a quarter of the shorter one (50 ms to 1 s), if any."""
+        timeouts = [t for t in (self.limits.idle_timeout_s, self.limits.frame_timeout_s) if t]
+        if timeouts:
+            self._sweep = self.reactor.callLater(min(max(min(timeouts) / 4, 0.05), 1.0), self._check_timeouts)
 
     def stopFactory(self) -> None:  # noqa: N802 - Twisted's name
         self.stopped = True  # the listener closed: the gateway is shutting down
+        if self._sweep is not None and self._sweep.active():
+            self._sweep.cancel()
+        self._sweep = None

@@ -11,6 +11,7 @@ from typing import NoReturn
 import click
 
 from gateway import __version__
+from gateway.adapter import ConnectionLimits
 from gateway.broker import BrokerConfig, FsyncPolicy
 from gateway.codec import OptionError
 from gateway.registry import Registry
@@ -94,10 +95,21 @@ def codecs() -> None:
               help="Mode of the data files (octal); directories get the matching search bits (0600: 0700).")
 @click.option("--retention-bytes", default=None, type=int, help="Per-partition size limit (default: none).")
 @click.option("--retention-ms", default=7 * 24 * 3600 * 1000, show_default=True, type=int)
+@click.option("--max-connections", default=0, type=int,
+              help="Connections per listener (default: half the descriptor limit, shared by the listeners).")
+@click.option("--max-connections-per-peer", default=0, type=int,
+              help="Connections per listener from one address (default: a quarter of --max-connections).")
+@click.option("--idle-timeout", default=600.0, show_default=True, type=float,
+              help="Seconds a connection may send nothing with nothing in flight (0: never closed for it).")
+@click.option("--frame-timeout", default=60.0, show_default=True, type=float,
+              help="Seconds a client may take to finish a frame it started (0: no limit).")
+@click.option("--max-answer-bytes", default=16 << 20, show_default=True, type=int,
+              help="Answer bytes a connection may owe before its next request runs.")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
           ack_timeout_ms, group_session_timeout_ms, segment_bytes, file_mode, retention_bytes, retention_ms,
+          max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
           log_level) -> None:
     """Serve the given protocols from one storage engine."""
     from twisted.internet import reactor
@@ -142,6 +154,9 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
                      segment_bytes=segment_bytes, retention_bytes=retention_bytes, retention_ms=retention_ms,
                      file_mode=file_mode),
         BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms),
+        ConnectionLimits(max_connections=max_connections, max_per_peer=max_connections_per_peer,
+                         idle_timeout_s=idle_timeout or None, frame_timeout_s=frame_timeout or None,
+                         max_answer_bytes=max_answer_bytes),
     )
     try:
         bound = gateway.start()

@@ -269,6 +269,9 @@ class CodecConnection:
     def receive_data(self, data: bytes) -> None:
         self.framer.feed(data)
 
+    def partial_frame(self) -> bool:
+        return self.framer.partial_frame()
+
     def next_event(self) -> Event | None:
         events = self.events
         while not events:
@@ -338,6 +341,11 @@ class Connection(Protocol):
     def next_event(self) -> Event | None: ...
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes: ...
+
+    def partial_frame(self) -> bool:
+        """Whether bytes of a frame not yet whole are buffered (the adapter's frame
+        timeout closes a connection that leaves one unfinished too long)."""
+        ...
 
     def connection_lost(self) -> Sequence[Any]:
         """Called once when the connection ended, whoever closed it; returns

@@ -168,6 +168,10 @@ class _Framer:
     def feed(self, data: bytes) -> None:
         self.buffer.feed(data)
 
+    def partial_frame(self) -> bool:
+        """Whether bytes of an unfinished frame are buffered (whole frames not yet taken count too)."""
+        return len(self.buffer) > 0
+
     def _end(self, pending: int) -> None:
         """``None`` (more bytes needed), or the end of the stream: clean, or inside a frame."""
         if not self.buffer.eof:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 from collections.abc import Mapping
 
 import attrs
 from twisted.internet import defer
 
-from gateway.adapter import CodecFactory
+from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
 from gateway.broker import Broker, BrokerConfig
 from gateway.codec import CodecPlugin, ListenerSettings, parse_options
 from gateway.localstore import LocalStore
@@ -35,12 +36,24 @@ class ListenerConfig:
     options: Mapping[str, str] = attrs.field(factory=dict)
 
 
+def connection_limits(given: ConnectionLimits, listeners: int) -> ConnectionLimits:
+    """``given``, its connection caps derived where unset (0) from the descriptor limit:
+    half of ``RLIMIT_NOFILE`` for connections (the other half stays for storage), shared
+    by the listeners; a quarter of a listener's for one peer address."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    per_listener = given.max_connections or max(16, soft // 2 // max(listeners, 1))
+    return attrs.evolve(given, max_connections=per_listener,
+                        max_per_peer=given.max_per_peer or max(4, per_listener // 4))
+
+
 class Gateway:
     """One process: one engine, one broker, one listening port per codec."""
 
     def __init__(self, reactor, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
-                 engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None):
+                 engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
+                 limits: ConnectionLimits | None = None):
         self.reactor = reactor
+        self.limits = limits or ConnectionLimits()
         self.registry = registry
         self.data_dir = data_dir
         self.listener_configs = listeners
@@ -66,10 +79,13 @@ class Gateway:
                 fmt.inflate_limit = listener_settings.max_frame_size  # decompression is held to the frame limit
         self.engine = Engine(self.data_dir, self.engine_config)
         self.broker = Broker(LocalStore(self.engine, self.reactor), self.registry.batch_formats, self.reactor, self.broker_config)
+        fairness = Fairness(self.reactor)  # one for every listener: connections share the reactor
+        limits = connection_limits(self.limits, len(listeners))
         try:
             for (lc, plugin), listener_settings in zip(listeners, settings, strict=True):
                 port = plugin.default_port if lc.port is None else lc.port
-                factory = CodecFactory(plugin, listener_settings, self.broker, self.reactor)
+                factory = CodecFactory(plugin, listener_settings, self.broker, self.reactor, limits=limits,
+                                       fairness=fairness)
                 listening = self.reactor.listenTCP(port, factory, interface=lc.host)
                 bound = listening.getHost()
                 advertised = lc.advertised_host or (lc.host if lc.host not in ("0.0.0.0", "::", "") else "127.0.0.1")

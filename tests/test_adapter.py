@@ -11,7 +11,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from gateway import model as m
-from gateway.adapter import CodecFactory
+from gateway.adapter import CodecFactory, ConnectionLimits
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import (
     BatchFormat,
@@ -465,3 +465,104 @@ def test_each_partition_batch_has_its_own_records_newest_timestamp(broker):
     for partition in set(partitions):
         (stored,) = engine.read("ts", partition, 0, 1 << 20)
         assert stored.max_timestamp == max(t for t, p in zip(stamps, partitions) if p == partition)
+
+
+class TimedBroker:
+    """Each command takes a millisecond of the reactor's clock; fetches answer ``size`` bytes."""
+
+    def __init__(self, reactor: Reactor, size: int = 0):
+        self.reactor = reactor
+        self.size = size
+        self.ran: list[Any] = []
+
+    def run(self, command):
+        self.reactor.rightNow += 0.001
+        self.ran.append(command)
+        return command
+
+    def run_many(self, commands):
+        return [self.run(c) for c in commands]
+
+
+class Lines:
+    """A test codec: each line ``<name>`` is a request; ``fetch`` one that may answer 1 MiB."""
+
+    def __init__(self, settings: ListenerSettings, size: int):
+        self.buffer = ReceiveBuffer()
+        self.size = size
+
+    def connection_made(self) -> bytes:
+        return b""
+
+    def receive_data(self, data: bytes) -> None:
+        self.buffer.feed(data)
+
+    def next_event(self):
+        i = self.buffer.find(b"\n", 1 << 20)
+        if i < 0:
+            return None
+        name = self.buffer.take(i + 1).decode().strip()
+        if name.startswith("fetch"):
+            return Request((m.Fetch("t", 0, 0, "v1", max_bytes=1 << 20),), name)
+        return Request((("work", name),), name)
+
+    def connection_lost(self) -> Sequence[Any]:
+        return ()
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+        return request.context.encode() + (b"!" * self.size if request.context.startswith("fetch") else b"") + b"\n"
+
+
+def lines_factory(reactor: Reactor, size: int = 0, **kw) -> tuple[CodecFactory, TimedBroker]:
+    broker = TimedBroker(reactor)
+    plugin = CodecPlugin("lines", 1, lambda s: Lines(s, size), 1 << 20)
+    return CodecFactory(plugin, ListenerSettings(1 << 20), broker, reactor, **kw), broker
+
+
+def test_a_busy_connection_yields_its_slice_and_a_new_one_is_served_first():
+    reactor = Reactor()
+    factory, broker = lines_factory(reactor)
+    busy, busy_out = connect(factory)
+    other, other_out = connect(factory)
+    busy.dataReceived(b"".join(b"b%d\n" % i for i in range(2000)))
+    taken = len(broker.ran)
+    assert 0 < taken < 2000  # one slice (5 ms of the reactor's time, one pass at least), then it yields
+    assert busy_out.producerState == "paused"  # it reads no more until its next slice
+    other.dataReceived(b"new\n")
+    assert other_out.value() == b"new\n"  # not behind the busy connection's 50
+    assert len(broker.ran) == taken + 1
+    while len(broker.ran) < 2001:
+        reactor.advance(0)  # the busy connection's next slices, turn by turn
+    assert busy_out.value() == b"".join(b"b%d\n" % i for i in range(2000))
+    assert busy_out.producerState == "producing" and not factory.fairness.busy
+
+
+class SmallBuffer(StringTransport):
+    """A transport whose write buffer holds ``limit`` bytes before it pauses its producer, as
+    Twisted's do (``bufferSize``); ``drain()`` is the peer reading everything."""
+
+    limit = 2 << 20
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if len(self.value()) > self.limit and self.producer is not None and self.producerState != "paused":
+            self.producer.pauseProducing()
+
+    def drain(self) -> None:
+        self.clear()
+        self.producer.resumeProducing()
+
+
+def test_no_request_runs_while_the_answers_owed_to_a_peer_that_does_not_read_are_over_budget():
+    reactor = Reactor()
+    factory, broker = lines_factory(reactor, size=1 << 20, limits=ConnectionLimits(max_answer_bytes=4 << 20))
+    proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+    transport = SmallBuffer()
+    proto.makeConnection(transport)
+    proto.dataReceived(b"fetch\n" * 2000)
+    assert len(broker.ran) == 4  # answers of up to 1 MiB each: four fit the 4 MiB budget in one pass
+    assert transport.producerState == "paused"  # then the buffer filled: nothing more runs
+    reactor.advance(0)
+    assert len(broker.ran) == 4
+    transport.drain()
+    assert len(broker.ran) == 8

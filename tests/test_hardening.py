@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import subprocess
+import sys
 import time
 
 import pytest
@@ -99,3 +100,127 @@ def test_a_file_mode_that_locks_the_owner_out_is_refused(tmp_path):
     done = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path), "--file-mode", "0400"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "--file-mode" in done.stderr
+
+
+def test_a_new_client_is_served_while_200_connections_flood_the_gateway(gateway_factory):
+    """Finding 5: 200 connections pipelining Kafka ApiVersions made a new client wait 12 s for a
+    V1 PING. With fair slices every PING is answered in well under 50 ms."""
+    gw = gateway_factory(("kafka", "v1"))
+    flood = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "flood.py"), "127.0.0.1",
+                              str(gw.port("kafka")), "200", "12"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert flood.stdout.readline().strip() == "connected"
+        time.sleep(2)  # the flood is on
+        waits = []
+        with V1Client("127.0.0.1", gw.port("v1")) as c:
+            for _ in range(50):
+                started = time.monotonic()
+                c.request("PING").check()
+                waits.append(time.monotonic() - started)
+                time.sleep(0.05)
+        first = _served(gw)  # a connection made during the flood, as well
+        answered = int(flood.communicate(timeout=30)[0].strip())
+    finally:
+        flood.kill()
+    waits.sort()
+    assert answered > 1_000_000, "the flood was not served"
+    assert waits[len(waits) * 99 // 100] < 0.05, [round(w * 1000, 1) for w in waits]
+    assert first < 0.1
+    assert gw.memory_mib()[1] < RSS_BOUND_MIB
+    gw.restart()
+    assert _served(gw) < 1
+
+
+def test_pipelined_consumes_that_are_never_read_hold_a_bounded_amount(gateway_factory):
+    """Finding 3: 63 KB of pipelined V1 CONSUMEs that are never read reached 5.8 GiB, as the
+    adapter executed everything buffered before it paused. Now no request runs while the
+    answers held for the peer reach the budget, or the peer is not draining them."""
+    gw = gateway_factory(("v1",))
+    value = "v" * 50_000
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        c.request("ADMIN_CREATE_TOPIC", "big", "1").check()
+        for _ in range(100):
+            c.produce("big", "k", value)  # 5 MB: every CONSUME from 0 answers its 1 MiB budget
+    lines = b"".join(b"V1|%d|CONSUME|big 0 0\n" % i for i in range(2600))
+    assert 60_000 < len(lines) < 66_000
+    with socket.create_connection(("127.0.0.1", gw.port("v1"))) as hog:
+        hog.sendall(lines)
+        time.sleep(3)  # the gateway does what it will; the hog reads nothing
+        assert _served(gw) < 1
+        rss, peak = gw.memory_mib()
+        assert peak < RSS_BOUND_MIB, (rss, peak)
+    gw.restart()
+    assert _served(gw) < 1
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the gateway closes ``sock`` (EOF or reset) within ``seconds``."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1 << 16) == b"" or _closed_within(sock, seconds)
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_connections_over_the_listener_or_peer_cap_are_closed_at_once(gateway_factory):
+    """Finding 1: 20,000 idle connections exhausted the descriptors; there was no cap."""
+    gw = gateway_factory(("v1",), ("--max-connections", "40", "--max-connections-per-peer", "30"))
+    held = [socket.create_connection(("127.0.0.1", gw.port("v1"))) for _ in range(30)]
+    try:
+        with socket.create_connection(("127.0.0.1", gw.port("v1"))) as over:
+            assert _closed_within(over, 5)  # the 31st from this address
+        with socket.create_connection(("127.0.0.1", gw.port("v1")), source_address=("127.0.0.2", 0)) as other:
+            assert not _closed_within(other, 0.3)  # another address still gets in
+        held[0].close()
+        time.sleep(0.2)
+        assert _served(gw) < 1  # a place freed up: served again
+        assert "refusing connections from 127.0.0.1" in gw.log
+        assert gw.log.count("refusing connections") == 1  # logged once, not per connection
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_the_listener_cap_holds_across_addresses(gateway_factory):
+    gw = gateway_factory(("v1",), ("--max-connections", "20", "--max-connections-per-peer", "100"))
+    held = [socket.create_connection(("127.0.0.1", gw.port("v1")), source_address=(f"127.0.0.{2 + i % 3}", 0))
+            for i in range(20)]
+    try:
+        with socket.create_connection(("127.0.0.1", gw.port("v1")), source_address=("127.0.0.9", 0)) as over:
+            assert _closed_within(over, 5)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_idle_connections_and_unfinished_frames_are_closed_after_their_timeouts(gateway_factory):
+    gw = gateway_factory(("v1", "kafka"), ("--idle-timeout", "1.5", "--frame-timeout", "0.6"))
+    with socket.create_connection(("127.0.0.1", gw.port("v1"))) as idle, \
+            socket.create_connection(("127.0.0.1", gw.port("kafka"))) as slow, \
+            V1Client("127.0.0.1", gw.port("v1")) as active:
+        slow.sendall(struct.pack(">i", 100) + b"\x00\x12")  # a Kafka frame begun, never finished
+        started = time.monotonic()
+        assert _closed_within(slow, 5)
+        assert 0.5 < time.monotonic() - started < 2.5
+        for _ in range(8):  # a client that keeps talking is not idle
+            active.request("PING").check()
+            time.sleep(0.25)
+        assert _closed_within(idle, 5)
+        assert 1.4 < time.monotonic() - started < 4
+        active.request("PING").check()
+    assert "idle for 1.5 s" in gw.log and "a frame left unfinished for 0.6 s" in gw.log
+
+
+def test_a_long_poll_is_not_idle(gateway_factory):
+    gw = gateway_factory(("v1", "kafka"), ("--idle-timeout", "0.5"))
+    topic = unique("poll")
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
+        k.create_topic(topic, 1)
+        started = time.monotonic()
+        k.call(1, 11, {"ReplicaId": -1, "MaxWaitMs": 2000, "MinBytes": 1, "MaxBytes": 1 << 20,  # a long-poll:
+                       "Topics": [{"Topic": topic, "Partitions": [{"Partition": 0, "FetchOffset": 0,  # in flight,
+                                                                   "PartitionMaxBytes": 1 << 20}]}]})  # not idle
+        assert time.monotonic() - started >= 1.9
+        k.create_topic(unique("after"), 1)  # the connection is still open
