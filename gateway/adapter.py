@@ -63,7 +63,11 @@ class ConnectionLimits:
     a connection that sent nothing for that long, with no request in flight and no
     subscription, is closed. ``frame_timeout_s``: one that started a frame and did
     not finish it (nor any other) for that long is closed. ``max_answer_bytes``: see
-    ``CodecProtocol._take_some``.
+    ``CodecProtocol._take_some``. ``send_buffer_bytes``: what the transport buffers for
+    a peer that does not read before the connection counts as full (its
+    ``bufferSize``): no request runs, a push stream stops polling, or drops what it
+    may (``may_drop``: MQTT QoS 0); ``push_stall_timeout_s``: a subscriber full for
+    that long is disconnected.
     """
 
     max_connections: int = 0
@@ -71,6 +75,8 @@ class ConnectionLimits:
     idle_timeout_s: float | None = None
     frame_timeout_s: float | None = None
     max_answer_bytes: int = MAX_ANSWER_BYTES
+    send_buffer_bytes: int = 1 << 20
+    push_stall_timeout_s: float | None = None
 
 
 MAX_PASS = 1024
@@ -148,6 +154,8 @@ class _Stream:
     sub: Subscribe
     calls: list[Any] = attrs.Factory(list)
     stopped: bool = False
+    parked: list[m.Fetch] = attrs.Factory(list)  # not polled while the subscriber's buffer is full
+    resume: Callable[[m.Fetch], None] | None = None  # polls a parked fetch again
 
     def stop(self) -> None:
         self.stopped = True
@@ -179,6 +187,8 @@ class CodecProtocol(protocol.Protocol):
         self._events = 0  # events taken so far: a frame finished since the last timeout check?
         self._events_seen = 0
         self._partial_since: float | None = None  # since when an unfinished frame waits
+        self._full_since: float | None = None  # since when the peer has not drained what we sent
+        self._drop_logged = -1e9
         self._yielded = False  # the slice ran out with events maybe left: going on at the next turn
         self._streams: list[_Stream] = []
         self._timers: dict[Any, Any] = {}
@@ -193,6 +203,8 @@ class CodecProtocol(protocol.Protocol):
             # Answers are whole frames: Nagle would hold their tails until the peer's delayed ACK.
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
+        if hasattr(self.transport, "bufferSize"):
+            self.transport.bufferSize = self.factory.limits.send_buffer_bytes  # full past this: we pause
         try:
             self.codec = self.factory.plugin.new_connection(settings)
             greeting = self.codec.connection_made()
@@ -468,11 +480,17 @@ class CodecProtocol(protocol.Protocol):
     # IPushProducer, driven by the transport's write buffer
     def pauseProducing(self) -> None:
         self.write_paused = True
+        self._full_since = self.factory.reactor.seconds()
         self._update_reading()
 
     def resumeProducing(self) -> None:
         self.write_paused = False
+        self._full_since = None
         self._update_reading()
+        for stream in self._streams:  # drained: the streams that stopped polling go on
+            parked, stream.parked = stream.parked, []
+            for fetch in parked:
+                stream.resume(fetch)
         self._pump()
 
     def stopProducing(self) -> None:
@@ -489,6 +507,9 @@ class CodecProtocol(protocol.Protocol):
         def poll(fetch: m.Fetch) -> None:
             if self.closing or stream.stopped:
                 return
+            if self.write_paused and not self.codec.may_drop(sub.context):
+                stream.parked.append(fetch)  # the subscriber is full: hold nothing more for it
+                return
             wait = sub.keepalive_ms or 5000
             cmd = attrs.evolve(fetch, offset=offsets[(fetch.topic, fetch.partition)], max_wait_ms=wait)
             d = self.broker.execute(cmd)
@@ -501,7 +522,14 @@ class CodecProtocol(protocol.Protocol):
             if self.closing or stream.stopped:
                 return
             try:
-                if result.batches:
+                if result.batches and self.write_paused and self.codec.may_drop(sub.context):
+                    # Full, and this stream may lose messages: skip to the end, count them.
+                    key = (fetch.topic, fetch.partition)
+                    end = max(result.high_watermark, result.batches[-1].last_offset + 1)
+                    self._dropped(end - max(offsets[key], result.batches[0].base_offset))
+                    offsets[key] = end
+                    data = b""
+                elif result.batches:
                     offsets[(fetch.topic, fetch.partition)] = result.batches[-1].last_offset + 1
                     data = self.codec.push(sub.context, result)
                     state["last_push"] = self.factory.reactor.seconds()
@@ -544,8 +572,19 @@ class CodecProtocol(protocol.Protocol):
                 log.error("stream failed: %s", f.getTraceback())
                 self.transport.loseConnection()
 
+        stream.resume = poll
         for fetch in sub.fetches:
             poll(fetch)
+
+    def _dropped(self, messages: int) -> None:
+        """Count ``messages`` a full subscriber that may lose them did not get (logged every 10 s)."""
+        stats = self.factory.stats
+        stats["push_dropped"] += messages
+        now = self.factory.reactor.seconds()
+        if now - self._drop_logged >= 10:
+            self._drop_logged = now
+            log.warning("%s %s: subscriber not reading: dropping messages it may lose (%d dropped on this "
+                        "listener so far)", self.factory.plugin.name, self.transport.getPeer(), stats["push_dropped"])
 
     def _stop_streams(self, context: Any) -> None:
         """Stop the running and the queued streams of ``context`` (``Unsubscribe``)."""
@@ -595,6 +634,9 @@ class CodecProtocol(protocol.Protocol):
             return
         if limits.idle_timeout_s and not waiting and now - self._last_data >= limits.idle_timeout_s:
             self._close_for(f"idle for {limits.idle_timeout_s:g} s")
+        elif (limits.push_stall_timeout_s and self._streams and self._full_since is not None
+              and now - self._full_since >= limits.push_stall_timeout_s):
+            self._close_for(f"a subscriber that read nothing for {limits.push_stall_timeout_s:g} s")
 
     def _close_for(self, reason: str) -> None:
         log.info("%s %s: closing: %s", self.factory.plugin.name, self.transport.getPeer(), reason)
@@ -629,6 +671,7 @@ class CodecFactory(protocol.Factory):
         self.connections: set[CodecProtocol] = set()
         self.peers: collections.Counter[str] = collections.Counter()  # connections per peer address
         self.refused = 0  # connections closed at accept for a limit
+        self.stats: collections.Counter[str] = collections.Counter()  # push_dropped: messages a full subscriber lost
         self._refusal_logged: dict[str, float] = {}
         self._sweep: Any = None
         self.stopped = False
@@ -675,7 +718,8 @@ class CodecFactory(protocol.Factory):
 
     def _schedule_check(self) -> None:
         """Check the connections' timeouts in a quarter of the shorter one (50 ms to 1 s), if any."""
-        timeouts = [t for t in (self.limits.idle_timeout_s, self.limits.frame_timeout_s) if t]
+        limits = self.limits
+        timeouts = [t for t in (limits.idle_timeout_s, limits.frame_timeout_s, limits.push_stall_timeout_s) if t]
         if timeouts:
             self._sweep = self.reactor.callLater(min(max(min(timeouts) / 4, 0.05), 1.0), self._check_timeouts)
 

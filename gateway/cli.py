@@ -105,12 +105,16 @@ def codecs() -> None:
               help="Seconds a client may take to finish a frame it started (0: no limit).")
 @click.option("--max-answer-bytes", default=16 << 20, show_default=True, type=int,
               help="Answer bytes a connection may owe before its next request runs.")
+@click.option("--send-buffer-bytes", default=1 << 20, show_default=True, type=int,
+              help="Bytes buffered for a peer that does not read before its connection counts as full.")
+@click.option("--push-stall-timeout", default=30.0, show_default=True, type=float,
+              help="Seconds a subscriber may stay full before it is disconnected (0: never).")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
           ack_timeout_ms, group_session_timeout_ms, segment_bytes, file_mode, retention_bytes, retention_ms,
           max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
-          log_level) -> None:
+          send_buffer_bytes, push_stall_timeout, log_level) -> None:
     """Serve the given protocols from one storage engine."""
     from twisted.internet import reactor
     from twisted.python import log as twisted_log
@@ -156,7 +160,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms),
         ConnectionLimits(max_connections=max_connections, max_per_peer=max_connections_per_peer,
                          idle_timeout_s=idle_timeout or None, frame_timeout_s=frame_timeout or None,
-                         max_answer_bytes=max_answer_bytes),
+                         max_answer_bytes=max_answer_bytes, send_buffer_bytes=send_buffer_bytes,
+                         push_stall_timeout_s=push_stall_timeout or None),
     )
     try:
         bound = gateway.start()

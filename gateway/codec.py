@@ -249,6 +249,9 @@ class CodecConnection:
     def keepalive(self, context: Any) -> bytes:
         return b""
 
+    def may_drop(self, context: Any) -> bool:
+        return False
+
     def timer(self, context: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__} emitted a Timer but has no timer()")
 
@@ -361,6 +364,11 @@ class PushConnection(Connection, Protocol):
     def push(self, context: Any, result: Any) -> bytes: ...
 
     def keepalive(self, context: Any) -> bytes: ...
+
+    def may_drop(self, context: Any) -> bool:
+        """Whether the stream ``context`` may lose messages when the subscriber does not
+        read (MQTT QoS 0): the adapter then skips them (counted) instead of stopping."""
+        ...
 
 
 class TimerConnection(Connection, Protocol):

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from cursus_support import RawCursus
 from kafka_support import unique
 
 from gateway.clients.kafka import KafkaClient
@@ -224,3 +225,35 @@ def test_a_long_poll_is_not_idle(gateway_factory):
                                                                    "PartitionMaxBytes": 1 << 20}]}]})  # not idle
         assert time.monotonic() - started >= 1.9
         k.create_topic(unique("after"), 1)  # the connection is still open
+
+
+def test_a_cursus_stream_that_is_never_read_stops_pulling_and_is_disconnected(gateway_factory):
+    """Finding 4: a Cursus STREAM that never reads grew the gateway to 1.1 GiB after 1 GiB produced.
+    Now the stream stops fetching while its buffer is full, and is closed when it stays full."""
+    gw = gateway_factory(("v1", "cursus"), ("--send-buffer-bytes", "262144", "--push-stall-timeout", "4"))
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.request("ADMIN_CREATE_TOPIC", "stream", "1").check()
+        v1.produce("stream", "k", "first")
+    hog = RawCursus(gw.address("cursus"))
+    hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    hog.send_body(b"\x00\x00" + b"STREAM topic=stream partition=0 offset=0")
+    hog.read_frame()  # the first batch; from now on it reads nothing
+    before, _ = gw.memory_mib()
+    lines = [f"V1|{i}|PRODUCE|stream k:{'z' * 50_000}\n".encode() for i in range(3000)]
+    with socket.create_connection(("127.0.0.1", gw.port("v1"))) as s:  # 150 MB, pipelined
+        f = s.makefile("rb")
+        for start in range(0, len(lines), 100):
+            s.sendall(b"".join(lines[start : start + 100]))
+            for _ in range(100):
+                assert b"|OK|" in f.readline()
+    rss, peak = gw.memory_mib()
+    assert peak - before < 64 and peak < RSS_BOUND_MIB, (before, rss, peak)
+    assert "dropping" not in gw.log  # a stream waits; it never loses records
+    deadline = time.monotonic() + 10
+    while "a subscriber that read nothing for 4 s" not in gw.log:  # read nothing until then
+        assert time.monotonic() < deadline, gw.log[-2000:]
+        time.sleep(0.2)
+    assert _closed_within(hog.sock, 5)
+    hog.close()
+    gw.restart()
+    assert _served(gw) < 1

@@ -153,6 +153,12 @@ class MqttConnection(CodecConnection):
     def end_of_stream(self) -> Close:
         return Close(reason="end of stream")
 
+    def may_drop(self, context: tuple[str, int]) -> bool:
+        """A stream whose filters were all granted QoS 0 may lose messages (MQTT's "at most
+        once") when the subscriber does not read; a QoS 1 one waits for it."""
+        sub = self.subscriptions.get(context[0])
+        return sub is None or sub.stream != context or all(q == 0 for q, _ in sub.filters.values())
+
     def push(self, context: tuple[str, int], result: m.FetchResult) -> bytes:
         sub = self.subscriptions.get(context[0])
         if sub is None or sub.stream != context or self.closed:

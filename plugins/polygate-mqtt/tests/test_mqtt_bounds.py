@@ -1,0 +1,63 @@
+"""A subscriber that does not read (issue 13, finding 4): QoS 0 messages are dropped and
+counted, QoS 1 ones wait; the gateway's memory stays bounded and a subscriber that stays
+full is disconnected."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from mqtt_support import connect_packet, subscribe_packet
+
+from gateway.clients.v1 import V1Client
+
+RSS_BOUND_MIB = 300
+
+
+def _pipeline_produce(port: int, topic: str, value: str, count: int) -> None:
+    """``count`` V1 PRODUCEs of ``value`` to ``topic``, pipelined, every answer read."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        lines = [f"V1|{i}|PRODUCE|{topic} k{i % 10}:{value}\n".encode() for i in range(count)]
+        f = s.makefile("rb")
+        for start in range(0, count, 100):
+            s.sendall(b"".join(lines[start : start + 100]))
+            for _ in lines[start : start + 100]:
+                assert b"|OK|" in f.readline()
+
+
+def test_a_qos0_subscriber_that_never_reads_loses_messages_not_memory(gateway_factory):
+    gw = gateway_factory(("v1", "mqtt"), ("--send-buffer-bytes", "262144", "--push-stall-timeout", "4"))
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.request("ADMIN_CREATE_TOPIC", "flood", "1").check()
+    hog = socket.create_connection(("127.0.0.1", gw.port("mqtt")))
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    hog.sendall(connect_packet(b"hog") + subscribe_packet(1, ("flood/#", 0)))
+    time.sleep(0.5)
+    assert len(hog.recv(64)) == 9  # CONNACK and SUBACK; from now on it reads nothing
+    before, _ = gw.memory_mib()
+    started = time.monotonic()
+    _pipeline_produce(gw.port("v1"), "flood", "x" * 50_000, 3000)  # 150 MB
+    assert time.monotonic() - started < 60
+    assert "dropping messages it may lose" in gw.log
+    rss, peak = gw.memory_mib()
+    assert peak < RSS_BOUND_MIB and peak - before < 64, (before, rss, peak)  # 150 MB went by it
+    deadline = time.monotonic() + 10
+    while "a subscriber that read nothing for 4 s" not in gw.log:
+        assert time.monotonic() < deadline, gw.log[-2000:]
+        time.sleep(0.2)
+    hog.close()
+    gw.restart()
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.request("PING").check()
+
+
+def test_a_qos1_subscriber_behind_a_small_buffer_loses_nothing(gateway_factory, device_factory):
+    gw = gateway_factory(("v1", "mqtt"), ("--send-buffer-bytes", "65536"))
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.request("ADMIN_CREATE_TOPIC", "steady", "1").check()
+    device = device_factory(gw.port("mqtt"))
+    device.subscribe(("steady/#", 1))
+    _pipeline_produce(gw.port("v1"), "steady", "y" * 20_000, 500)  # 10 MB through a 64 KiB buffer
+    got = device.wait_messages(500, timeout=60)
+    assert len(got) == 500 and all(qos == 1 for _, _, qos in got)
+    assert "dropping messages" not in gw.log
