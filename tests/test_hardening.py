@@ -257,3 +257,64 @@ def test_a_cursus_stream_that_is_never_read_stops_pulling_and_is_disconnected(ga
     hog.close()
     gw.restart()
     assert _served(gw) < 1
+
+
+SASL = ("--codec-option", "kafka.sasl.users=alice:wonderland")
+
+
+def _guess(gw, user: str, password: str) -> tuple[int, bool]:
+    """One PLAIN guess on a new connection: (error code, whether the gateway then closed it)."""
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
+        k.call(17, 1, {"Mechanism": "PLAIN"})
+        answer = k.call(36, 1, {"AuthBytes": b"\x00" + user.encode() + b"\x00" + password.encode()})
+        return answer.ErrorCode, answer.ErrorCode != 0 and _closed_within(k.sock, 10)
+
+
+def test_password_guessing_is_slowed_and_each_failure_closes(gateway_factory):
+    """Finding 7: 27,530 guesses in 3 s on one connection. Now a failure is answered late, the
+    delay doubles per failure from one address, and the connection closes after it."""
+    gw = gateway_factory(("kafka", "v1"), SASL)
+    started, guesses = time.monotonic(), 0
+    while time.monotonic() - started < 3:
+        code, closed = _guess(gw, "alice", f"guess{guesses}")
+        assert code == 58 and closed  # SASL_AUTHENTICATION_FAILED, then the connection is gone
+        guesses += 1
+    assert guesses <= 6  # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s ...
+    assert _guess(gw, "alice", "wonderland")[0] == 0  # the right password still gets in
+    assert _served(gw) < 1  # other clients were never held up
+
+
+def test_an_unknown_user_is_answered_as_a_wrong_password(gateway_factory):
+    gw = gateway_factory(("kafka",), SASL)
+
+    def scram_first(user: str) -> tuple[str, str]:
+        with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
+            k.call(17, 1, {"Mechanism": "SCRAM-SHA-256"})
+            first = k.call(36, 1, {"AuthBytes": f"n,,n={user},r=clientnonce".encode()})
+            assert first.ErrorCode == 0
+            attrs = dict(item.split("=", 1) for item in bytes(first.AuthBytes).decode().split(","))
+            final = k.call(36, 1, {"AuthBytes": f"c=biws,r={attrs['r']},p=AAAA".encode()})
+            return attrs["s"], f"{final.ErrorCode} {final.ErrorMessage}"
+
+    known, unknown = [scram_first("alice") for _ in range(2)], [scram_first("ghost") for _ in range(2)]
+    assert known[0][0] == known[1][0] and unknown[0][0] == unknown[1][0]  # each user's salt is stable
+    assert len(known[0][0]) == len(unknown[0][0])
+    assert {known[0][1], unknown[0][1]} == {"58 Authentication failed: invalid credentials"}
+    assert _guess(gw, "ghost", "x")[0] == _guess(gw, "alice", "x")[0] == 58
+
+
+def test_before_authentication_frames_are_small(gateway_factory):
+    """Finding 7: four unauthenticated connections could each hold a 90 MiB frame."""
+    gw = gateway_factory(("kafka", "v1"), SASL)
+    before, _ = gw.memory_mib()
+    hogs = [socket.create_connection(("127.0.0.1", gw.port("kafka"))) for _ in range(4)]
+    try:
+        for hog in hogs:
+            hog.sendall(struct.pack(">i", 90 << 20) + b"\x00" * 65536)
+        for hog in hogs:
+            assert _closed_within(hog, 5)  # refused from its header, never buffered
+    finally:
+        for hog in hogs:
+            hog.close()
+    assert gw.memory_mib()[1] - before < 32
+    assert _guess(gw, "alice", "wonderland")[0] == 0

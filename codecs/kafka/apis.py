@@ -95,6 +95,12 @@ class Session(Protocol):
     sasl_exchange: sasl.Exchange | None
     sasl_raw: bool
 
+    def authentication_failed(self, answer: bytes) -> None:
+        """Send ``answer`` after the failure delay, then close."""
+
+    def authenticated_now(self) -> None:
+        """The exchange succeeded: lift the limits of an unauthenticated connection."""
+
 
 Frame = Callable[[dict[str, Any]], bytes]  # a response body -> the whole response frame
 Handler = Callable[[Session, int, Any, Frame], Handled]
@@ -494,8 +500,10 @@ def sasl_authenticate(session: Session, version: int, req: Any, frame: Frame) ->
         return Handled.answer(frame({"ErrorCode": ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"}))
     try:
         token = exchange.step(req.AuthBytes)
-    except sasl.AuthFailed as e:
-        return Handled.answer(frame({"ErrorCode": SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}))
+    except sasl.AuthFailed as e:  # answered late, then the connection closes (as Kafka does)
+        return session.authentication_failed(frame({"ErrorCode": SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}))
+    if exchange.done:
+        session.authenticated_now()
     return Handled.answer(frame({"AuthBytes": token}))
 
 

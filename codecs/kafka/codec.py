@@ -33,7 +33,7 @@ from typing import Any
 
 from construct import ConstructError
 
-from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, integer
+from gateway.codec import Close, CodecConnection, Handled, ListenerSettings, Option, Timer, integer
 from gateway.framing import LengthPrefixedFramer, fixed_header
 
 from . import apis, sasl, schema
@@ -73,12 +73,17 @@ class KafkaConnection(CodecConnection):
         self.sasl_config = sasl.SaslConfig.from_options(options)
         self.sasl_exchange: sasl.Exchange | None = None
         self.sasl_raw = False
+        self.failed: bytes | None = None  # the answer to a failed authentication, sent after its delay
+        if self.sasl_config is not None:  # before authentication only small frames (Kafka's rule)
+            self.framer.max_frame_size = min(settings.max_frame_size, sasl.MAX_FRAME_BEFORE_AUTH)
 
     @property
     def authenticated(self) -> bool:
         return self.sasl_config is None or (self.sasl_exchange is not None and self.sasl_exchange.done)
 
-    def handle_frame(self, header: bytes, body: bytearray) -> Handled:
+    def handle_frame(self, header: bytes, body: bytearray) -> Handled | None:
+        if self.failed is not None:
+            return None  # authentication failed: nothing more is read before the close
         if self.sasl_raw:
             return self._raw_sasl(bytes(body))
         if len(body) < _KEY_VERSION.size:
@@ -104,15 +109,29 @@ class KafkaConnection(CodecConnection):
 
         return api.handle(self, version, request, frame)
 
-    def _raw_sasl(self, token: bytes) -> Handled:
-        """SaslHandshake v0: a raw token answered by a raw token; failure closes."""
+    def _raw_sasl(self, token: bytes) -> Handled | None:
+        """SaslHandshake v0: a raw token answered by a raw token; failure closes (after its delay)."""
         try:
             answer = self.sasl_exchange.step(token)
-        except sasl.AuthFailed as e:
-            return _close(f"SASL authentication failed: {e}")
+        except sasl.AuthFailed:
+            return self.authentication_failed(b"")
         if self.sasl_exchange.done:
-            self.sasl_raw = False
+            self.authenticated_now()
         return Handled.answer(_SIZE.pack(len(answer)) + answer)
+
+    def authentication_failed(self, answer: bytes) -> None:
+        """Answer a failed authentication with ``answer``, late (``gateway.authlimits``), then close."""
+        self.failed = answer
+        delay = sasl.FAILURES.delay(self.client_host, self.settings.clock())
+        self.emit(Timer(seconds=delay, context="failed authentication"))
+
+    def authenticated_now(self) -> None:
+        """The client is authenticated: frames up to the listener's limit from now on."""
+        self.sasl_raw = False
+        self.framer.max_frame_size = self.settings.max_frame_size
+
+    def timer(self, context: Any) -> None:
+        self.emit(Close(self.failed or b"", "SASL authentication failed"))
 
     def _unsupported(self, api_key: int, version: int, correlation_id: int) -> bytes:
         message = schema.MESSAGES[api_key]

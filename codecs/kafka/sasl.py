@@ -2,8 +2,17 @@
 
 Enabled per listener with ``--codec-option kafka.sasl.users=alice:secret,bob:pw``;
 ``kafka.sasl.mechanisms`` (default ``PLAIN,SCRAM-SHA-256,SCRAM-SHA-512``)
-restricts the mechanisms offered. SCRAM credentials are derived from the
-configured passwords with a random salt and 4096 iterations.
+restricts the mechanisms offered. SCRAM credentials are derived once per user
+from the configured password with a random salt and 4096 iterations, as a
+Kafka broker stores them.
+
+An unknown user is answered exactly as a wrong password is: PLAIN with the
+same error; SCRAM with a server-first message whose salt is derived from the
+user name and a secret of this process (stable across attempts, as a real
+user's), the failure coming at the proof. Before authentication frames are
+capped at ``MAX_FRAME_BEFORE_AUTH`` (Kafka's ``sasl.server.max.receive.size``),
+and a failure is answered after a delay that grows per client address
+(``FAILURES``, ``gateway.authlimits``), then the connection is closed.
 """
 
 from __future__ import annotations
@@ -15,9 +24,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.authlimits import FailedAuthentications
+
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 ITERATIONS = 4096
 _HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
+MAX_FRAME_BEFORE_AUTH = 512 * 1024
+FAILURES = FailedAuthentications()  # the Kafka listener's (one per process)
+_SECRET = os.urandom(32)  # derives the stand-in credentials of unknown users
+_CREDENTIALS: dict[tuple[str, str, str], tuple[bytes, bytes]] = {}  # (mechanism, user, password): salt, salted
 
 
 class AuthFailed(Exception):
@@ -30,6 +45,20 @@ class SaslConfig:
     def __init__(self, users: Mapping[str, str], mechanisms: tuple[str, ...]):
         self.users = dict(users)
         self.mechanisms = mechanisms
+
+    def scram_credentials(self, mechanism: str, user: str) -> tuple[bytes, bytes]:
+        """``(salt, salted password)`` of ``user``: derived once from its password (a random
+        salt); for an unknown user, a stand-in of the same shape that no proof matches."""
+        digest = _HASHES[mechanism]
+        password = self.users.get(user)
+        if password is None:
+            seed = hmac.new(_SECRET, f"{mechanism}\x00{user}".encode(), digest).digest()
+            return seed[:16], hmac.new(_SECRET, seed, digest).digest()
+        key = (mechanism, user, password)  # configured users only: bounded
+        if key not in _CREDENTIALS:
+            salt = os.urandom(16)
+            _CREDENTIALS[key] = salt, hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), salt, ITERATIONS)
+        return _CREDENTIALS[key]
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SaslConfig | None:
@@ -99,12 +128,9 @@ class Exchange:
             raise AuthFailed("malformed SCRAM client-first message")
         attrs = _attributes(bare)
         user = attrs.get("n", "").replace("=2C", ",").replace("=3D", "=")
-        password = self.config.users.get(user)
-        if password is None or "r" not in attrs:
-            raise AuthFailed("Authentication failed: invalid credentials")
-        digest = _HASHES[self.mechanism]
-        salt = os.urandom(16)
-        salted = hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), salt, ITERATIONS)
+        if "r" not in attrs:
+            raise AuthFailed("malformed SCRAM client-first message")
+        salt, salted = self.config.scram_credentials(self.mechanism, user)  # unknown users too
         nonce = attrs["r"] + base64.b64encode(os.urandom(18)).decode()
         server_first = f"r={nonce},s={base64.b64encode(salt).decode()},i={ITERATIONS}"
         self._state = (user, salted, bare, server_first, nonce)
