@@ -91,6 +91,11 @@ def codecs() -> None:
 @click.option("--group-session-timeout-ms", default=10_000, show_default=True, type=int,
               help="Session timeout of group members whose protocol does not send one (V1).")
 @click.option("--segment-bytes", default=64 << 20, show_default=True, type=int)
+@click.option("--max-topics", default=0, type=int, help="Topics (default: what the descriptor limit allows).")
+@click.option("--max-partitions", default=0, type=int,
+              help="Partitions of all topics (default: half the descriptor limit, 3 per partition).")
+@click.option("--max-partitions-per-topic", default=0, type=int,
+              help="Partitions of one topic (default: --max-partitions, at most 10,000).")
 @click.option("--file-mode", default="0600", show_default=True, callback=lambda ctx, param, v: _octal_mode(v),
               help="Mode of the data files (octal); directories get the matching search bits (0600: 0700).")
 @click.option("--retention-bytes", default=None, type=int, help="Per-partition size limit (default: none).")
@@ -112,7 +117,8 @@ def codecs() -> None:
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
-          ack_timeout_ms, group_session_timeout_ms, segment_bytes, file_mode, retention_bytes, retention_ms,
+          ack_timeout_ms, group_session_timeout_ms, segment_bytes, max_topics, max_partitions,
+          max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
           max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
           send_buffer_bytes, push_stall_timeout, log_level) -> None:
     """Serve the given protocols from one storage engine."""
@@ -156,7 +162,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         EngineConfig(default_partitions=default_partitions, replication_factor=replication_factor,
                      min_insync_replicas=min_insync_replicas, replica_lag_timeout_ms=replica_lag_timeout_ms,
                      segment_bytes=segment_bytes, retention_bytes=retention_bytes, retention_ms=retention_ms,
-                     file_mode=file_mode),
+                     file_mode=file_mode, max_topics=max_topics, max_partitions=max_partitions,
+                     max_partitions_per_topic=max_partitions_per_topic),
         BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms),
         ConnectionLimits(max_connections=max_connections, max_per_peer=max_connections_per_peer,
                          idle_timeout_s=idle_timeout or None, frame_timeout_s=frame_timeout or None,

@@ -229,6 +229,7 @@ class LocalStore:
             self.rebalance.changed(name)
         self.engine.refresh_watermarks()
         self.engine.compact_journal()
+        self.engine.seal_idle_segments()
 
     def enforce_retention(self) -> int:
         return self.engine.enforce_retention()

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import re
+import resource
 import threading
 import time
 import uuid
@@ -62,6 +63,26 @@ class EngineConfig:
     file_mode: int = 0o600
     """Mode of every file created (segments, indexes, the journal); directories get
     ``fileio.dir_mode`` of it (0700 for 0600). Existing files keep theirs."""
+    max_partitions: int = 0
+    """Partitions of all topics together (0: ``descriptor_limits``)."""
+    max_partitions_per_topic: int = 0
+    """Partitions of one topic (0: ``descriptor_limits``)."""
+    max_topics: int = 0
+    """Topics (0: ``descriptor_limits``)."""
+
+
+FDS_PER_PARTITION = 3
+"""Descriptors a partition may hold: its active segment's log and index, and the
+segment before it until sealed (``PartitionLog.seal_idle``); older ones hold none."""
+
+
+def descriptor_limits(config: EngineConfig, open_file_limit: int) -> tuple[int, int, int]:
+    """``(max_partitions, max_partitions_per_topic, max_topics)``: those configured, and
+    for the others what half the descriptor limit allows (the other half stays for
+    connections), so that storage, and a restart, never need more than they have."""
+    partitions = config.max_partitions or max(16, open_file_limit // 2 // FDS_PER_PARTITION)
+    return (partitions, config.max_partitions_per_topic or min(MAX_PARTITIONS, partitions),
+            config.max_topics or partitions)
 
 
 class Partition:
@@ -130,6 +151,8 @@ class Engine:
         _warn_if_open_to_others(self.data_dir)
         self._lock_file = self._lock()
         _raise_open_file_limit()
+        self.max_partitions, self.max_partitions_per_topic, self.max_topics = descriptor_limits(
+            self.config, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self.topics: dict[str, Topic] = {}
         self._next_producer_id = 1000
         self.journal = Journal(os.path.join(self.data_dir, "meta.journal"), self.config.file_mode)
@@ -234,17 +257,29 @@ class Engine:
         if not TOPIC_NAME.match(name) or name in (".", ".."):
             raise CommandError(ErrorCode.INVALID_TOPIC, f"invalid topic name {name!r}")
         n = self.config.default_partitions if partitions is None else partitions
-        if not 1 <= n <= MAX_PARTITIONS:
-            raise CommandError(ErrorCode.INVALID_REQUEST, f"partitions must be between 1 and {MAX_PARTITIONS}")
+        self._check_room(n, n, 1)
         config = config or TopicConfig()
         topic_id = uuid.uuid4().hex
         self.journal.append({"t": "topic", "name": name, "id": topic_id, "n": n, "cfg": _config_state(config)})
         return self._open_topic(name, topic_id, n, config)
 
+    def _check_room(self, new_partitions: int, topic_partitions: int, new_topics: int) -> None:
+        """Refuse (``INVALID_REQUEST``) what would pass the topic and partition limits; only
+        new topics and partitions are refused: a data dir above new limits still opens."""
+        if not 1 <= topic_partitions <= self.max_partitions_per_topic:
+            raise CommandError(ErrorCode.INVALID_REQUEST,
+                               f"partitions must be between 1 and {self.max_partitions_per_topic} per topic")
+        if len(self.topics) + new_topics > self.max_topics:
+            raise CommandError(ErrorCode.INVALID_REQUEST, f"this gateway holds at most {self.max_topics} topics")
+        total = sum(len(t.partitions) for t in self.topics.values())
+        if total + new_partitions > self.max_partitions:
+            raise CommandError(ErrorCode.INVALID_REQUEST,
+                               f"this gateway holds at most {self.max_partitions} partitions ({total} exist)")
+
     def add_partitions(self, name: str, total: int) -> Topic:
         topic = self.topic(name)
-        if total > MAX_PARTITIONS:
-            raise CommandError(ErrorCode.INVALID_REQUEST, f"a topic has at most {MAX_PARTITIONS} partitions")
+        if total > len(topic.partitions):
+            self._check_room(total - len(topic.partitions), total, 0)
         if total < len(topic.partitions):
             raise CommandError(ErrorCode.INVALID_REQUEST,
                                f"topic {name} has {len(topic.partitions)} partitions; cannot shrink to {total}")
@@ -390,6 +425,13 @@ class Engine:
         part.producers[_pkey(producer_id)] = state
 
     # ------------------------------------------------------------------ housekeeping
+
+    def seal_idle_segments(self) -> None:
+        """Close the files of segments no longer written (``PartitionLog.seal_idle``), between syncs."""
+        with self._sync_lock:
+            for t in self.topics.values():
+                for p in t.partitions:
+                    p.log.seal_idle()
 
     def enforce_retention(self) -> int:
         now = self.now_ms()

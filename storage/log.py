@@ -58,6 +58,7 @@ class PartitionLog:
                     log.warning("%s: truncated %d bytes of torn tail", directory, self.truncated_bytes)
             else:
                 seg.load()
+                seg.seal()  # an idle segment holds no descriptor: a restart opens two per partition
             self.segments.append(seg)
         if not self.segments:
             self.segments.append(self._new_segment(0))
@@ -113,6 +114,12 @@ class PartitionLog:
         self.active.sync()
         self.segments.append(self._new_segment(base))
         self._bases.append(base)
+
+    def seal_idle(self) -> None:
+        """Seal the segments before the last two (synced, they take no appends): see ``Segment.seal``.
+        Not while a sync runs (the engine's sync lock)."""
+        for seg in self.segments[:-2]:
+            seg.seal()
 
     def sync(self) -> None:
         """fsync the segments written since the last sync; a fenced log is skipped.

@@ -92,7 +92,7 @@ class Segment:
         stem = os.path.join(directory, f"{base_offset:020d}")
         self.log_path = stem + LOG_SUFFIX
         self.index_path = stem + INDEX_SUFFIX
-        self.fd = fileio.create_file(self.log_path, os.O_RDWR, file_mode)
+        self.fd: int | None = fileio.create_file(self.log_path, os.O_RDWR, file_mode)  # None: sealed
         self.size = os.fstat(self.fd).st_size
         self.index_offsets: list[int] = []  # absolute offsets, ascending
         self.index_positions: list[int] = []
@@ -143,11 +143,38 @@ class Segment:
             self.next_offset = header.last_offset + 1
             self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
 
+    def seal(self) -> None:
+        """Close the files of a segment that takes no more appends and is synced; reads then
+        open the log for their own duration (``_log_fd``), so that an idle segment holds no
+        descriptor. A segment with unsynced appends stays open."""
+        if self.fd is not None and self._appends == self._synced_appends:
+            os.close(self.fd)
+            self.fd = None
+            if self.index_fd is not None:
+                os.close(self.index_fd)
+                self.index_fd = None
+
+    @contextlib.contextmanager
+    def _log_fd(self) -> Iterator[int]:
+        """The log's descriptor: the open one, or (sealed) one opened for this read only."""
+        if self.fd is not None:
+            yield self.fd
+            return
+        fd = os.open(self.log_path, os.O_RDONLY)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     def _scan(self, start: int, verify: bool) -> Iterator[tuple[EntryHeader, bool]]:
+        with self._log_fd() as fd:
+            yield from self._scan_fd(fd, start, verify)
+
+    def _scan_fd(self, fd: int, start: int, verify: bool) -> Iterator[tuple[EntryHeader, bool]]:
         pos = start
         chunk = 1 << 20
         while pos < self.size:
-            head = os.pread(self.fd, HEADER.size + 255, pos)
+            head = os.pread(fd, HEADER.size + 255, pos)
             if len(head) < HEADER.size:
                 yield EntryHeader(pos, -1, -1, -1, "", 0), False
                 return
@@ -163,7 +190,7 @@ class Segment:
                 p = body_start
                 while p < end:
                     n = min(chunk, end - p)
-                    running = zlib.crc32(os.pread(self.fd, n, p), running)
+                    running = zlib.crc32(os.pread(fd, n, p), running)
                     p += n
                 if running != crc:
                     yield header, False
@@ -209,7 +236,8 @@ class Segment:
             max_ts.append(ts)
         if not positions or positions[-1] >= self.size or positions[0] != 0:
             return False
-        head = os.pread(self.fd, HEADER.size + 255, positions[-1])
+        with self._log_fd() as fd:
+            head = os.pread(fd, HEADER.size + 255, positions[-1])
         if len(head) < HEADER.size or parse_header(head, 0, positions[-1]).base_offset != offsets[-1]:
             return False
         self.index_offsets, self.index_positions, self.index_max_ts = offsets, positions, max_ts
@@ -259,12 +287,14 @@ class Segment:
         made before the fsync started count as synced.
         """
         appends = self._appends
-        if appends != self._synced_appends:
+        if appends != self._synced_appends:  # never for a sealed segment (seal waits until synced)
             fileio.fsync(self.fd)
             self._synced_appends = appends
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         if self.index_fd is not None:
             os.close(self.index_fd)
             self.index_fd = None
@@ -288,12 +318,17 @@ class Segment:
         except that with ``first_whole`` the first batch is always returned.
         Returns ``(batches, bytes)``.
         """
+        pos = self._position_for(offset)
+        with self._log_fd() as fd:
+            return self._read_fd(fd, pos, offset, max_bytes, upto, first_whole)
+
+    def _read_fd(self, fd: int, pos: int, offset: int, max_bytes: int, upto: int,
+                 first_whole: bool) -> tuple[list[StoredBatch], int]:
         out: list[StoredBatch] = []
         total = 0
-        pos = self._position_for(offset)
         want = max(max_bytes, 1 << 16) + HEADER.size + 255
         while pos < self.size:
-            buf = os.pread(self.fd, min(want, self.size - pos), pos)
+            buf = os.pread(fd, min(want, self.size - pos), pos)
             view = memoryview(buf)
             i = 0
             while i + HEADER.size <= len(buf):

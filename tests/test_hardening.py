@@ -318,3 +318,36 @@ def test_before_authentication_frames_are_small(gateway_factory):
             hog.close()
     assert gw.memory_mib()[1] - before < 32
     assert _guess(gw, "alice", "wonderland")[0] == 0
+
+
+def _open_fds(gw) -> int:
+    return len(os.listdir(f"/proc/{gw.proc.pid}/fd"))
+
+
+def test_descriptors_stay_within_the_limit_and_a_restart_fits_in_it(gateway_factory):
+    """Finding 1: one ADMIN_CREATE_TOPIC of 10,000 partitions took 19,999 of 20,000 descriptors,
+    and the restart died with 'Too many open files'. Under `ulimit -n 1024` the gateway now
+    allows 170 partitions (half the descriptors, three each), refuses beyond, keeps idle
+    segments closed, and restarts within the same limit."""
+    limited = ("sh", "-c", 'ulimit -n 1024 && exec "$0" "$@"', GATEWAY)
+    gw = gateway_factory(("v1",), ("--segment-bytes", "20000"), command=limited)
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        bomb = c.request("ADMIN_CREATE_TOPIC", "fdbomb", "10000")
+        assert not bomb.ok and "per topic" in bomb.message
+        for i in range(56):
+            c.request("ADMIN_CREATE_TOPIC", f"t{i}", "3").check()  # 168 partitions
+        over = c.request("ADMIN_CREATE_TOPIC", "t56", "3")
+        assert not over.ok and "at most 170 partitions" in over.message
+        for i in range(56):
+            for k in range(3):
+                for _ in range(4):  # segments of 20 KB: several per partition
+                    c.produce(f"t{i}", f"k{k}", "v" * 9000)
+        assert _open_fds(gw) < 1024
+    segments = sum(name.endswith(".log") for _, _, names in os.walk(gw.data_dir) for name in names)
+    gw.restart()
+    assert _open_fds(gw) < 2 * 168 + 40 < segments  # idle segments stay closed: two per partition
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        for i in range(56):
+            got = sum(len(list(c.consume_all(f"t{i}", p))) for p in range(3))
+            assert got == 12, (i, got)
+    assert gw.memory_mib()[1] < RSS_BOUND_MIB
