@@ -351,3 +351,27 @@ def test_descriptors_stay_within_the_limit_and_a_restart_fits_in_it(gateway_fact
             got = sum(len(list(c.consume_all(f"t{i}", p))) for p in range(3))
             assert got == 12, (i, got)
     assert gw.memory_mib()[1] < RSS_BOUND_MIB
+
+
+def test_pipelined_kafka_fetches_that_are_never_read_hold_a_bounded_amount(gateway_factory):
+    """Finding 3: 39 KB of Kafka Fetches that are never read reached 1.3 GiB."""
+    gw = gateway_factory(("kafka", "v1"))
+    topic = unique("fetched")
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
+        k.create_topic(topic, 1)
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        for _ in range(40):
+            c.produce(topic, "k", "f" * 50_000)  # 2 MB: each fetch below answers 1 MiB
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as hog:
+        body = {"ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 0, "MaxBytes": 1 << 20,
+                "Topics": [{"Topic": topic, "Partitions": [{"Partition": 0, "FetchOffset": 0,
+                                                            "PartitionMaxBytes": 1 << 20}]}]}
+        before, _ = gw.memory_mib()
+        for _ in range(400):  # ~40 KB of requests, never read
+            hog.send(1, 4, body)
+        time.sleep(3)
+        assert _served(gw) < 1
+        rss, peak = gw.memory_mib()
+        assert peak - before < 100 and peak < RSS_BOUND_MIB, (before, rss, peak)
+    gw.restart()
+    assert _served(gw) < 1

@@ -4,6 +4,7 @@ full is disconnected."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -61,3 +62,29 @@ def test_a_qos1_subscriber_behind_a_small_buffer_loses_nothing(gateway_factory, 
     got = device.wait_messages(500, timeout=60)
     assert len(got) == 500 and all(qos == 1 for _, _, qos in got)
     assert "dropping messages" not in gw.log
+
+
+def test_a_subscribe_naming_4000_topics_stays_within_the_descriptors(tmp_path):
+    """Finding 1: one SUBSCRIBE with 4,000 `tN/#` filters auto-created 3,332 topics and took
+    almost every descriptor. Under `ulimit -n 1024` the filters past the partition limit get
+    a SUBACK failure, and the gateway keeps its descriptors and restarts."""
+    from gateway.launcher import GATEWAY, GatewayProcess
+
+    limited = ("sh", "-c", 'ulimit -n 1024 && exec "$0" "$@"', GATEWAY)
+    with GatewayProcess(str(tmp_path / "data"), ("v1", "mqtt"), command=limited) as gw:
+        with socket.create_connection(("127.0.0.1", gw.port("mqtt"))) as device:
+            filters = [(f"t{i}/#", 0) for i in range(4000)]
+            device.sendall(connect_packet(b"many") + subscribe_packet(7, *filters))
+            device.settimeout(60)
+            data = b""
+            while len(data) < 4 + 4 + 4000:  # CONNACK, then SUBACK: 2-byte header + id + 4,000 codes
+                chunk = device.recv(65536)
+                assert chunk, "closed"
+                data += chunk
+        codes = data[-4000:]
+        granted, refused = codes.count(0), codes.count(0x80)
+        assert granted + refused == 4000 and 0 < granted <= 170 // 3 + 1 and refused > 3800
+        assert len(os.listdir(f"/proc/{gw.proc.pid}/fd")) < 1024
+        gw.restart()
+        with V1Client("127.0.0.1", gw.port("v1")) as v1:
+            v1.request("PING").check()
