@@ -80,6 +80,8 @@ def test_the_data_dir_is_the_owners_alone_unless_configured(gateway_factory, tmp
     with V1Client("127.0.0.1", gw.port("v1")) as c:
         c.produce("modes", "k", "v")
         c.request("JOIN", "g", "modes", "a").check()
+    gw.restart()  # what a restart creates gets the same modes
+    assert _served(gw) < 1
     modes = _modes(str(tmp_path / "fresh"))
     assert any(p.endswith(".log") for p in modes) and "meta.journal" in modes
     for path, mode in modes.items():
@@ -282,6 +284,9 @@ def test_password_guessing_is_slowed_and_each_failure_closes(gateway_factory):
     assert guesses <= 6  # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s ...
     assert _guess(gw, "alice", "wonderland")[0] == 0  # the right password still gets in
     assert _served(gw) < 1  # other clients were never held up
+    assert gw.memory_mib()[1] < RSS_BOUND_MIB
+    gw.restart()
+    assert _guess(gw, "alice", "wonderland")[0] == 0
 
 
 def test_an_unknown_user_is_answered_as_a_wrong_password(gateway_factory):
@@ -301,6 +306,7 @@ def test_an_unknown_user_is_answered_as_a_wrong_password(gateway_factory):
     assert len(known[0][0]) == len(unknown[0][0])
     assert {known[0][1], unknown[0][1]} == {"58 Authentication failed: invalid credentials"}
     assert _guess(gw, "ghost", "x")[0] == _guess(gw, "alice", "x")[0] == 58
+    assert gw.memory_mib()[1] < RSS_BOUND_MIB
 
 
 def test_before_authentication_frames_are_small(gateway_factory):
