@@ -15,6 +15,7 @@ import os
 import socket
 import struct
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
@@ -131,6 +132,8 @@ def test_a_produce_that_failed_on_disk_gets_the_protocols_storage_error(faulty_g
 
     # a failed fsync: refused at once under "always"; "interval" had already acknowledged
     # (as it promises), then its next fsync fences the partition
+    if fsync != "always":
+        time.sleep(0.3)  # the interval fsync of "space-again" runs before fsyncs start failing
     faults(fsync=rule(errno.EIO, match="logs/"))
     outcome = produce(gw, "t", "fsync-fails")
     if fsync == "always":
