@@ -381,3 +381,20 @@ def test_pipelined_kafka_fetches_that_are_never_read_hold_a_bounded_amount(gatew
         assert peak - before < 100 and peak < RSS_BOUND_MIB, (before, rss, peak)
     gw.restart()
     assert _served(gw) < 1
+
+
+def test_a_data_dir_above_new_lower_limits_still_opens_and_only_growth_is_refused(gateway_factory, tmp_path):
+    data = tmp_path / "grown"
+    gw = gateway_factory(("v1",), (), data_dir=data)
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        for i in range(10):
+            c.request("ADMIN_CREATE_TOPIC", f"g{i}", "3").check()
+            c.produce(f"g{i}", "k", f"v{i}")
+    gw.stop()
+    smaller = gateway_factory(("v1",), ("--max-partitions", "12", "--max-topics", "4"), data_dir=data)
+    with V1Client("127.0.0.1", smaller.port("v1")) as c:
+        for i in range(10):  # all 30 partitions open and serve
+            assert [v for p in range(3) for _, v in c.consume_all(f"g{i}", p)] == [f"v{i}"]
+        refused = c.request("ADMIN_CREATE_TOPIC", "one-more", "1")
+        assert not refused.ok and "at most 4 topics" in refused.message
+        c.request("ADMIN_DELETE_TOPIC", "g0").check()  # shrinking is always allowed

@@ -209,3 +209,14 @@ def test_limits_that_protect_the_process(engine):
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft == hard or hard == resource.RLIM_INFINITY
+
+
+def test_storage_limits_derive_from_half_the_descriptor_limit():
+    from gateway.storage.engine import MAX_PARTITIONS, EngineConfig, descriptor_limits
+
+    assert descriptor_limits(EngineConfig(), 20_000) == (3333, 3333, 3333)  # 10,000 descriptors, 3 each
+    assert descriptor_limits(EngineConfig(), 1024) == (170, 170, 170)
+    assert descriptor_limits(EngineConfig(), 1 << 20) == (174762, MAX_PARTITIONS, 174762)
+    assert descriptor_limits(EngineConfig(), 40) == (16, 16, 16)  # never below a usable floor
+    given = EngineConfig(max_partitions=50, max_partitions_per_topic=10, max_topics=7)
+    assert descriptor_limits(given, 1024) == (50, 10, 7)
