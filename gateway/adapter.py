@@ -113,8 +113,8 @@ class Fairness:
     short ones. Times are the reactor's (``reactor.seconds``), so tests drive them.
     """
 
-    def __init__(self, reactor: Any, turn_s: float = 0.005, round_s: float = 0.02,
-                 min_slice_s: float = 0.0001, max_slice_s: float = 0.005):
+    def __init__(self, reactor: Any, turn_s: float = 0.005, round_s: float = 0.05,
+                 min_slice_s: float = 0.0001, max_slice_s: float = 0.02):
         self.reactor = reactor
         self.clock: Callable[[], float] = reactor.seconds
         self.turn_s = turn_s
