@@ -620,7 +620,8 @@ class CodecProtocol(protocol.Protocol):
 
     def check_timeouts(self, now: float, limits: ConnectionLimits) -> None:
         """Close this connection if it is idle past ``idle_timeout_s``, or has left a frame
-        unfinished past ``frame_timeout_s`` (called periodically by the factory)."""
+        unfinished past ``frame_timeout_s`` (called periodically by the factory). A connection
+        whose codec keeps a timer (MQTT's keep-alive) is the codec's to time out for idleness."""
         if self.closing or self.codec is None:
             return
         waiting = bool(self.queue or self.unordered or self._streams)
@@ -632,7 +633,8 @@ class CodecProtocol(protocol.Protocol):
         elif limits.frame_timeout_s and now - self._partial_since >= limits.frame_timeout_s:
             self._close_for(f"a frame left unfinished for {limits.frame_timeout_s:g} s")
             return
-        if limits.idle_timeout_s and not waiting and now - self._last_data >= limits.idle_timeout_s:
+        if (limits.idle_timeout_s and not waiting and not self._timers
+                and now - self._last_data >= limits.idle_timeout_s):
             self._close_for(f"idle for {limits.idle_timeout_s:g} s")
         elif (limits.push_stall_timeout_s and self._streams and self._full_since is not None
               and now - self._full_since >= limits.push_stall_timeout_s):

@@ -88,3 +88,16 @@ def test_a_subscribe_naming_4000_topics_stays_within_the_descriptors(tmp_path):
         gw.restart()
         with V1Client("127.0.0.1", gw.port("v1")) as v1:
             v1.request("PING").check()
+
+
+def test_a_device_with_a_long_keep_alive_is_not_closed_as_idle(gateway_factory, device_factory):
+    """MQTT's keep-alive (1.5 x its interval) decides when a silent device goes, not the
+    listener's idle timeout, which would cut devices that ping less often than it."""
+    gw = gateway_factory(("v1", "mqtt"), ("--idle-timeout", "0.5"))
+    quiet = device_factory(gw.port("mqtt"), keepalive=60)
+    with socket.create_connection(("127.0.0.1", gw.port("mqtt"))) as bare:  # never sends CONNECT
+        time.sleep(2)
+        assert not quiet.disconnected.is_set()
+        quiet.subscribe(("still/#", 0))  # the connection is still there
+        bare.settimeout(10)  # the connect timeout (an MQTT codec timer) closes this one
+        assert bare.recv(1) == b""
