@@ -434,13 +434,16 @@ class Engine:
                     p.log.seal_idle()
 
     def enforce_retention(self) -> int:
+        """Delete segments past their topic's retention; between syncs (the sync lock), so
+        that no fsync of the sync thread meets a segment closed under it."""
         now = self.now_ms()
         deleted = 0
-        for t in self.topics.values():
-            rb = t.config.retention_bytes if t.config.retention_bytes is not None else self.config.retention_bytes
-            rm = t.config.retention_ms if t.config.retention_ms is not None else self.config.retention_ms
-            for p in t.partitions:
-                deleted += p.log.enforce_retention(rb, rm, now)
+        with self._sync_lock:
+            for t in self.topics.values():
+                rb = t.config.retention_bytes if t.config.retention_bytes is not None else self.config.retention_bytes
+                rm = t.config.retention_ms if t.config.retention_ms is not None else self.config.retention_ms
+                for p in t.partitions:
+                    deleted += p.log.enforce_retention(rb, rm, now)
         return deleted
 
     @property
