@@ -13,6 +13,7 @@ import click
 from gateway import __version__
 from gateway.adapter import ConnectionLimits
 from gateway.broker import BrokerConfig, FsyncPolicy
+from gateway.cluster import ClusterConfig, parse_properties, parse_storage
 from gateway.codec import OptionError
 from gateway.registry import Registry
 from gateway.server import Gateway, ListenerConfig, default_data_dir
@@ -114,13 +115,25 @@ def codecs() -> None:
               help="Bytes buffered for a peer that does not read before its connection counts as full.")
 @click.option("--push-stall-timeout", default=30.0, show_default=True, type=float,
               help="Seconds a subscriber may stay full before it is disconnected (0: never).")
+@click.option("--storage", default="local", show_default=True, metavar="local|kafka://HOST:PORT[,HOST:PORT...]",
+              help="Where records, groups and offsets live: the embedded engine under --data-dir, "
+                   "or an existing Kafka-compatible cluster (nothing is kept on local disk).")
+@click.option("--cluster-option", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka setting for every client of the cluster, e.g. security.protocol=SASL_SSL, "
+                   "sasl.mechanism=SCRAM-SHA-512, sasl.username=U, sasl.password=P, ssl.ca.location=FILE.")
+@click.option("--cluster-client-id", default="polygate", show_default=True, help="Client id the cluster sees.")
+@click.option("--cluster-prefix", default="polygate", show_default=True,
+              help="Start of the names polygate gives the cluster (its reader's group, members' client ids).")
+@click.option("--cluster-timeout-ms", default=10_000, show_default=True, type=int,
+              help="How long a request waits for the cluster before the client hears its protocol's timeout.")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
           ack_timeout_ms, group_session_timeout_ms, segment_bytes, max_topics, max_partitions,
           max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
           max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
-          send_buffer_bytes, push_stall_timeout, log_level) -> None:
+          send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
+          cluster_timeout_ms, log_level) -> None:
     """Serve the given protocols from one storage engine."""
     from twisted.internet import reactor
     from twisted.python import log as twisted_log
@@ -154,6 +167,15 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         listeners.append(ListenerConfig(name, h, p, frames.get(name), advertised_host, options.get(name, {})))
     data_dir = data_dir or default_data_dir()
     try:
+        bootstrap = parse_storage(storage)
+        cluster = None if bootstrap is None else ClusterConfig(
+            bootstrap, cluster_client_id, cluster_prefix, parse_properties(cluster_option),
+            default_partitions=default_partitions,
+            replication_factor=replication_factor if replication_factor > 1 else -1,
+            request_timeout_ms=cluster_timeout_ms)
+    except ValueError as e:
+        _refuse(f"--storage/--cluster-option: {e}")
+    try:
         policy = FsyncPolicy.parse(fsync)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--fsync") from None
@@ -169,6 +191,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
                          idle_timeout_s=idle_timeout or None, frame_timeout_s=frame_timeout or None,
                          max_answer_bytes=max_answer_bytes, send_buffer_bytes=send_buffer_bytes,
                          push_stall_timeout_s=push_stall_timeout or None),
+        cluster,
     )
     try:
         bound = gateway.start()
@@ -177,7 +200,11 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
     except Exception as e:  # noqa: BLE001 - report and exit non-zero
         raise click.ClickException(str(e)) from e
     _tune_garbage_collector()  # before the listeners are announced: a signal from then on finds the reactor
-    click.echo(f"polygate {__version__}: data dir {os.path.abspath(data_dir)}, fsync {fsync}")
+    if cluster is None:
+        click.echo(f"polygate {__version__}: data dir {os.path.abspath(data_dir)}, fsync {fsync}")
+    else:
+        click.echo(f"polygate {__version__}: storage kafka://{cluster.bootstrap} (nothing kept on local disk); "
+                   f"waiting for the cluster if it is not up yet")
     for codec, h, p in bound:
         click.echo(f"polygate: {codec} listening on {h}:{p}")
     sys.stdout.flush()

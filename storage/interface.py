@@ -76,12 +76,16 @@ class Storage(Protocol):
     # ------------------------------------------------------------------ data
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
-               max_timestamp: int, base_offset: int | None = None) -> Any:
+               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL) -> Any:
         """*May wait.* Append one stored batch of format ``fmt`` spanning
         ``count`` offsets, whose offsets were already assigned from ``base_offset``
         (``None``: the log end): ``(base, last)``. Raises ``NOT_LEADER`` on a
         follower, ``INVALID_SEQUENCE`` below the log end, ``STORAGE_ERROR``
-        when the write fails. Waiters on the partition are woken."""
+        when the write fails. Waiters on the partition are woken.
+
+        ``acks`` is the produce's: a store that replicates (a Kafka cluster)
+        answers once that many replicas hold the batch, and may then assign
+        other offsets than the ones in ``payload`` (it answers with its own)."""
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
         """*May wait.* Stored batches from the one holding ``offset`` on, below the
@@ -104,11 +108,18 @@ class Storage(Protocol):
     def log_end_offset(self, topic: str, partition: int) -> int:
         """The offset the next append gets."""
 
-    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> int | None:
-        """The base offset of the first batch whose records may reach ``timestamp``, or None."""
+    def refresh_watermarks(self, topic: str, partition: int) -> Any:
+        """*May wait.* Make the watermarks above current: None at once where they
+        always are (the local engine), else a Deferred that fires once they were
+        asked again (a store that caches another's, as a cluster's). The broker
+        asks before it answers ``OFFSET_OUT_OF_RANGE`` for an offset past them."""
 
-    def max_timestamp_offset(self, topic: str, partition: int) -> tuple[int, int]:
-        """``(offset, timestamp)`` of the record with the largest timestamp, ``(-1, -1)`` if none."""
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> Any:
+        """*May wait.* The base offset of the first batch whose records may reach
+        ``timestamp`` (or that record's own offset), or None."""
+
+    def max_timestamp_offset(self, topic: str, partition: int) -> Any:
+        """*May wait.* ``(offset, timestamp)`` of the record with the largest timestamp, ``(-1, -1)`` if none."""
 
     # ------------------------------------------------------------------ replicas
 
@@ -158,8 +169,8 @@ class Storage(Protocol):
     def fetch_offsets(self, cmd: m.FetchOffsets) -> Any:
         """*May wait.* A ``FetchOffsetsResult``: offset -1 for a partition with no commit."""
 
-    def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
-        """The offset ``group`` committed for the partition, None if none."""
+    def committed_offset(self, group: str, topic: str, partition: int) -> Any:
+        """*May wait.* The offset ``group`` committed for the partition, None if none."""
 
     def describe_groups(self, cmd: m.DescribeGroups) -> Any:
         """*May wait.* A ``DescribeGroupsResult``: state ``"Dead"`` for an unknown group."""

@@ -16,7 +16,6 @@ command model lacks (SyncGroup v5's protocol echo, ListGroups v4's states).
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -25,6 +24,7 @@ import attrs
 
 from gateway import model as m
 from gateway.codec import Handled
+from gateway.consumer_protocol import encode_assignment, encode_subscription
 from gateway.model import ErrorCode
 
 from . import records, sasl
@@ -419,24 +419,17 @@ def offset_fetch(session: Session, version: int, req: Any, frame: Frame) -> Hand
 
 def _consumer_protocol(partitions: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[bytes, bytes]:
     """Kafka ConsumerProtocol v0 subscription and assignment of a broker-assigned member."""
-    def string(s: str) -> bytes:
-        raw = s.encode()
-        return struct.pack(">h", len(raw)) + raw
-
-    topics = [t for t, _ in partitions]
-    subscription = struct.pack(">hi", 0, len(topics)) + b"".join(map(string, topics)) + struct.pack(">i", -1)
-    assignment = struct.pack(">hi", 0, len(partitions)) + b"".join(
-        string(t) + struct.pack(f">i{len(ps)}i", len(ps), *ps) for t, ps in partitions) + struct.pack(">i", -1)
-    return subscription, assignment
+    return encode_subscription([t for t, _ in partitions]), encode_assignment(partitions)
 
 
 def describe_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     """Groups of every protocol. Broker-assigned (V1, Cursus) groups are shown as Kafka
-    ``consumer`` groups, members' subscriptions and assignments in ConsumerProtocol v0."""
+    ``consumer`` groups, members' subscriptions and assignments in ConsumerProtocol v0, as
+    are members known only by their partitions (a cluster's members, in cluster mode)."""
 
     def member(g: m.GroupInfo, mem: m.GroupMemberInfo) -> dict[str, Any]:
         metadata, assignment = mem.metadata, mem.assignment
-        if g.protocol_type == "server":
+        if g.protocol_type == "server" or not (metadata or assignment):  # assigned by a broker, or known by partitions only
             metadata, assignment = _consumer_protocol(mem.partitions)
         return {"MemberId": mem.member_id, "ClientId": mem.client_id, "ClientHost": mem.client_host,
                 "MemberMetadata": metadata, "MemberAssignment": assignment}

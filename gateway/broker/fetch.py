@@ -22,23 +22,26 @@ class Fetcher:
         self.broker = broker
         self.store = broker.store
 
-    def _start_offset(self, cmd: m.Fetch) -> int:
-        """The offset ``cmd`` starts at: the group's commit, else its offset with
-        EARLIEST/LATEST resolved. Raises for an unknown partition."""
-        store = self.store
+    def _start_offset(self, cmd: m.Fetch) -> Any:
+        """The offset ``cmd`` starts at (or a Deferred of it): the group's commit, else
+        its offset with EARLIEST/LATEST resolved. Raises for an unknown partition."""
         if cmd.group is not None:
-            committed = store.committed_offset(cmd.group, cmd.topic, cmd.partition)
-            if committed is not None and committed >= 0:
-                return committed
+            return then(self.store.committed_offset(cmd.group, cmd.topic, cmd.partition),
+                        lambda committed: committed if committed is not None and committed >= 0
+                        else self._given_offset(cmd))
+        return self._given_offset(cmd)
+
+    def _given_offset(self, cmd: m.Fetch) -> int:
         if cmd.offset == m.OffsetSpec.EARLIEST:
-            return store.log_start_offset(cmd.topic, cmd.partition)
+            return self.store.log_start_offset(cmd.topic, cmd.partition)
         if cmd.offset == m.OffsetSpec.LATEST:
-            return store.high_watermark(cmd.topic, cmd.partition)
+            return self.store.high_watermark(cmd.topic, cmd.partition)
         return cmd.offset
 
-    def _read(self, cmd: m.Fetch, max_bytes: int | None = None) -> Any:
+    def _read(self, cmd: m.Fetch, max_bytes: int | None = None, refreshed: bool = False) -> Any:
         """Read now, without waiting for new data: the ``FetchResult`` (or a Deferred
-        of it); errors come back in the result."""
+        of it); errors come back in the result. An offset past the watermarks
+        is out of range only once they were refreshed (``refresh_watermarks``)."""
         store = self.store
         try:
             hw = store.high_watermark(cmd.topic, cmd.partition)
@@ -46,6 +49,10 @@ class Fetcher:
             end = store.log_end_offset(cmd.topic, cmd.partition)
             offset = self._start_offset(cmd)
             tid = store.topic_id(cmd.topic)
+            if offset > max(hw, end) and not refreshed:
+                waited = store.refresh_watermarks(cmd.topic, cmd.partition)
+                if waited is not None:
+                    return waited.addCallback(lambda _: self._read(cmd, max_bytes, True))
         except CommandError as e:
             return m.FetchResult(cmd.topic, cmd.partition, error=e.error, offset=cmd.offset)
         if offset < start or offset > max(hw, end):
@@ -64,7 +71,15 @@ class Fetcher:
                 f.trap(CommandError)
                 return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=f.value.error)
 
-            return stored.addCallbacks(lambda s: self._converted(cmd, s, hw, start, offset, tid), failed)
+            def read(s: list[m.StoredBatch]) -> m.FetchResult:
+                try:  # the read waited: the watermarks may have moved meanwhile
+                    now_hw = store.high_watermark(cmd.topic, cmd.partition)
+                    now_start = store.log_start_offset(cmd.topic, cmd.partition)
+                except CommandError as e:
+                    return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=e.error)
+                return self._converted(cmd, s, now_hw, now_start, offset, tid)
+
+            return stored.addCallbacks(read, failed)
         return self._converted(cmd, stored, hw, start, offset, tid)
 
     def _converted(self, cmd: m.Fetch, stored: list[m.StoredBatch], hw: int, start: int, offset: int,
@@ -106,13 +121,26 @@ class Fetcher:
         wait asked); otherwise when an append brings enough, or at the timeout."""
         # Resolve EARLIEST/LATEST/group offsets once, so that waiting for "latest"
         # waits for records appended after the request arrived.
-        fetches = []
+        fetches: list[Any] = []
         for f in cmd.fetches:
             try:
-                fetches.append(attrs.evolve(f, offset=self._start_offset(f), group=None))
+                offset = self._start_offset(f)
             except CommandError:
-                fetches.append(f)
-        cmd = attrs.evolve(cmd, fetches=tuple(fetches))
+                fetches.append(f)  # its read answers with the error
+                continue
+            fetches.append(then(offset, lambda o, f=f: attrs.evolve(f, offset=o, group=None)))
+        waits = [f for f in fetches if isinstance(f, defer.Deferred)]
+        if waits:
+            for i, f in enumerate(fetches):
+                if isinstance(f, defer.Deferred):
+                    fetches[i] = f.addErrback(lambda failure, f=cmd.fetches[i]: failure.trap(CommandError) and f)
+            return defer.gatherResults(
+                [f if isinstance(f, defer.Deferred) else defer.succeed(f) for f in fetches]).addCallback(
+                lambda resolved: self._fetch_from(attrs.evolve(cmd, fetches=tuple(resolved))))
+        return self._fetch_from(attrs.evolve(cmd, fetches=tuple(fetches)))
+
+    def _fetch_from(self, cmd: m.FetchMany) -> Any:
+        """``fetch_many`` once every start offset is resolved."""
         return then(self._read_many(cmd), lambda results: self._answer_or_wait(cmd, results))
 
     def _answer_or_wait(self, cmd: m.FetchMany, results: tuple[m.FetchResult, ...]) -> Any:
@@ -173,9 +201,13 @@ class Fetcher:
         if cmd.timestamp == m.OffsetSpec.LATEST:
             return m.ListOffsetsResult(topic, partition, store.high_watermark(topic, partition))
         if cmd.timestamp == m.OffsetSpec.MAX_TIMESTAMP:
-            offset, ts = store.max_timestamp_offset(topic, partition)
-            return m.ListOffsetsResult(topic, partition, offset, ts)
-        offset = store.offset_for_timestamp(topic, partition, cmd.timestamp)
+            return then(store.max_timestamp_offset(topic, partition),
+                        lambda found: m.ListOffsetsResult(topic, partition, *found))
+        return then(store.offset_for_timestamp(topic, partition, cmd.timestamp), lambda o: self._at_time(cmd, o))
+
+    def _at_time(self, cmd: m.ListOffsets, offset: int | None) -> Any:
+        """The first record at or after ``cmd.timestamp``, from the batch found at ``offset``."""
+        store, topic, partition = self.store, cmd.topic, cmd.partition
         if offset is None or offset >= store.high_watermark(topic, partition):
             return m.ListOffsetsResult(topic, partition, -1, -1)
         offset = max(offset, store.log_start_offset(topic, partition))

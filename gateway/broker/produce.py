@@ -89,7 +89,7 @@ class Producer:
             return self.acknowledge(cmd, {partition: last}, result)
 
         return then(store.append(cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp,
-                                 batch.base_offset), appended)
+                                 batch.base_offset, cmd.acks), appended)
 
     # ------------------------------------------------------------------ merged batches
 
@@ -149,7 +149,7 @@ class Producer:
                 results[i] = m.ProduceResult(topic, -1 if cmd.partition is None else cmd.partition, error=refusal)
         for p, indexes in routed.items():
             batches = [cmds[i].batch for i in indexes]
-            answers = then(self._append_joined(fmt, topic, p, batches),
+            answers = then(self._append_joined(fmt, topic, p, batches, first.acks),
                            lambda appended, p=p, batches=batches: self._acknowledge_joined(first, p, batches, appended))
             if isinstance(answers, defer.Deferred):
                 answers = fan_out(answers.addErrback(_as_results, topic, len(indexes)), len(indexes))
@@ -179,7 +179,8 @@ class Producer:
 
         return self.acknowledge(first, {partition: appended[1]}, result)
 
-    def _append_joined(self, fmt: BatchFormat, topic: str, partition: int, batches: list[m.Batch]) -> Any:
+    def _append_joined(self, fmt: BatchFormat, topic: str, partition: int, batches: list[m.Batch],
+                       acks: m.Acks) -> Any:
         """Append ``batches`` as one stored batch: ``(base, last)``, an ``Error``, or a Deferred of either."""
         try:
             self.check_leader(topic, partition)
@@ -191,7 +192,7 @@ class Producer:
                 if b.max_timestamp > max_timestamp:
                     max_timestamp = b.max_timestamp
             payload = fmt.assign_offsets(payloads[0] if len(payloads) == 1 else fmt.join(payloads), base)
-            appended = self.store.append(topic, partition, fmt.name, payload, count, max_timestamp)
+            appended = self.store.append(topic, partition, fmt.name, payload, count, max_timestamp, None, acks)
         except CommandError as e:
             return e.error
         if isinstance(appended, defer.Deferred):

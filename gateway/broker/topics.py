@@ -21,9 +21,15 @@ class Topics:
 
     def ensure(self, topic: str, auto_create: bool) -> Any:
         """Create ``topic`` with the default partition count when it is missing, the
-        command asks for it and the broker allows it: None, or a Deferred of the creation."""
+        command asks for it and the broker allows it: None, or a Deferred of the creation.
+
+        A topic someone else created meanwhile (another gateway on the same
+        cluster) counts as created."""
         if auto_create and self.broker.config.auto_create_topics and not self.store.has_topic(topic):
-            return self.store.create_topic(topic)
+            created = self.store.create_topic(topic)
+            if isinstance(created, defer.Deferred):
+                return created.addErrback(_exists_is_enough)
+            return created
         return None
 
     @errors_as(m.CreateTopicResult, "topic")
@@ -82,3 +88,10 @@ class Topics:
     def server_info(self, cmd: m.ServerInfo) -> m.ServerInfoResult:
         return m.ServerInfoResult(self.store.started_at, len(self.store.topic_names()),
                                   self.store.total_partitions(), self.broker.listeners)
+
+
+def _exists_is_enough(f: Any) -> None:
+    f.trap(CommandError)
+    if f.value.error.code != m.ErrorCode.TOPIC_EXISTS:
+        return f
+    return None

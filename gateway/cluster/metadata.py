@@ -1,0 +1,191 @@
+"""The cluster's topics and watermarks, kept at hand for the broker's synchronous calls.
+
+A thread asks the cluster every ``interval`` seconds (sooner when woken)
+for its topics, their ids and every partition's first and next offsets, and
+hands the answer to the reactor thread. Until the first answer the cluster
+counts as unreachable: calls that need it fail with ``STORAGE_ERROR`` saying
+so, and the thread keeps asking, logging what it waits for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import attrs
+from confluent_kafka import TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from gateway.cluster.bridge import Loop
+from gateway.cluster.config import ClusterConfig
+from gateway.model import CommandError, ErrorCode
+
+log = logging.getLogger(__name__)
+
+MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
+
+
+@attrs.define
+class PartitionMarks:
+    """What the gateway knows of a partition's offsets; ``high_watermark`` only grows
+    between deletions (every source that moves it reports a value it has seen)."""
+
+    log_start_offset: int = 0
+    high_watermark: int = 0
+
+
+@attrs.define
+class TopicState:
+    topic_id: str
+    partitions: list[PartitionMarks]
+
+
+class Metadata:
+    """Topics, ids and watermarks of the cluster (read in the reactor thread only)."""
+
+    def __init__(self, config: ClusterConfig, admin: AdminClient, reactor: Any, interval: float = 1.0):
+        self.config = config
+        self.admin = admin
+        self.reactor = reactor
+        self.interval = interval
+        self.topics: dict[str, TopicState] = {}
+        self.reachable = False
+        self.error = "not asked yet"
+        self.brokers = 0
+        self._ids: dict[str, str] = {}  # thread-side: topic -> id, asked once per name
+        self._wake = threading.Event()
+        self._refreshed: list[Any] = []  # reactor-side callbacks waiting for the next refresh
+        self._loop = Loop("polygate-cluster-metadata", self._step)
+        self._said_waiting = 0.0
+        self._asked_on_miss = 0.0
+
+    def start(self) -> None:
+        self._loop.start()
+
+    def stop(self) -> None:
+        self._loop.stopping.set()
+        self._wake.set()
+        self._loop.stop()
+
+    def refresh(self, then: Any = None) -> None:
+        """Ask again now; ``then()`` runs in the reactor thread after the next answer (or failure)."""
+        if then is not None:
+            self._refreshed.append(then)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ reactor side
+
+    def state(self, topic: str) -> TopicState:
+        """The topic's state; raises ``UNKNOWN_TOPIC`` and asks the cluster again soon
+        (another gateway may have just created it; a client's retry then finds it)."""
+        self.check_reachable()
+        state = self.topics.get(topic)
+        if state is None:
+            now = time.monotonic()
+            if now - self._asked_on_miss > MISS_REFRESH_S:
+                self._asked_on_miss = now
+                self.refresh()
+            raise CommandError(ErrorCode.UNKNOWN_TOPIC, f"unknown topic {topic!r}")
+        return state
+
+    def marks(self, topic: str, partition: int) -> PartitionMarks:
+        state = self.state(topic)
+        if not 0 <= partition < len(state.partitions):
+            raise CommandError(ErrorCode.UNKNOWN_PARTITION, f"{topic!r} has no partition {partition}")
+        return state.partitions[partition]
+
+    def check_reachable(self) -> None:
+        if not self.reachable:
+            raise CommandError(ErrorCode.STORAGE_ERROR,
+                               f"the Kafka cluster at {self.config.bootstrap} is unavailable: {self.error}")
+
+    def advance(self, topic: str, partition: int, high_watermark: int, log_start_offset: int | None = None) -> bool:
+        """Record a watermark seen elsewhere (a delivery, a fetch): whether it moved."""
+        state = self.topics.get(topic)
+        if state is None or partition >= len(state.partitions):
+            return False
+        marks = state.partitions[partition]
+        moved = False
+        if high_watermark > marks.high_watermark:
+            marks.high_watermark = high_watermark
+            moved = True
+        if log_start_offset is not None and log_start_offset > marks.log_start_offset:
+            marks.log_start_offset = log_start_offset
+        return moved
+
+    def _apply(self, topics: dict[str, tuple[str, list[tuple[int, int]]]] | None, brokers: int, error: str) -> None:
+        if topics is None:
+            if self.reachable:
+                log.warning("lost the Kafka cluster at %s: %s (retrying)", self.config.bootstrap, error)
+            self.reachable, self.error = False, error
+        else:
+            if not self.reachable:
+                log.info("connected to the Kafka cluster at %s (%d brokers, %d topics)",
+                         self.config.bootstrap, brokers, len(topics))
+            self.reachable, self.error, self.brokers = True, "", brokers
+            for name in list(self.topics):
+                if name not in topics or self.topics[name].topic_id != topics[name][0]:
+                    del self.topics[name]  # deleted (and maybe created again): its old marks are void
+            for name, (topic_id, marks) in topics.items():
+                state = self.topics.get(name)
+                if state is None:
+                    state = self.topics[name] = TopicState(topic_id, [])
+                for p, (start, end) in enumerate(marks):
+                    if p < len(state.partitions):
+                        current = state.partitions[p]
+                        current.log_start_offset = max(current.log_start_offset, start)
+                        current.high_watermark = max(current.high_watermark, end)
+                    else:
+                        state.partitions.append(PartitionMarks(start, end))
+        waiting, self._refreshed = self._refreshed, []
+        for then in waiting:
+            then()
+
+    # ------------------------------------------------------------------ thread side
+
+    def _step(self) -> None:
+        try:
+            topics, brokers = self._ask()
+        except Exception as e:  # noqa: BLE001 - any failure means "not reachable now"
+            now = time.monotonic()
+            if now - self._said_waiting > 30:
+                log.warning("waiting for the Kafka cluster at %s: %s", self.config.bootstrap, e)
+                self._said_waiting = now
+            self.reactor.callFromThread(self._apply, None, 0, str(e))
+        else:
+            self._said_waiting = 0.0
+            self.reactor.callFromThread(self._apply, topics, brokers, "")
+        self._wake.wait(self.interval)
+        self._wake.clear()
+
+    def _ask(self) -> tuple[dict[str, tuple[str, list[tuple[int, int]]]], int]:
+        timeout = self.config.request_timeout_ms / 1000
+        cluster = self.admin.list_topics(timeout=timeout)
+        names = {name: len(t.partitions) for name, t in cluster.topics.items()
+                 if t.error is None and not name.startswith("__")}
+        new = [n for n in names if n not in self._ids]
+        if new:
+            described = self.admin.describe_topics(TopicCollection(new), request_timeout=timeout)
+            for name, future in described.items():
+                try:
+                    self._ids[name] = str(future.result(timeout).topic_id)
+                except Exception:  # noqa: BLE001 - no id (an old cluster): the name stands for it
+                    self._ids[name] = name
+        for name in list(self._ids):
+            if name not in names:
+                del self._ids[name]
+        marks: dict[str, list[tuple[int, int]]] = {n: [(0, 0)] * count for n, count in names.items()}
+        if names:
+            tps = [TopicPartition(n, p) for n, count in names.items() for p in range(count)]
+            earliest = self.admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps}, request_timeout=timeout)
+            latest = self.admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout)
+            for tp in tps:
+                try:
+                    start = earliest[tp].result(timeout).offset
+                    end = latest[tp].result(timeout).offset
+                except Exception:  # noqa: BLE001 - a partition without a leader now: known next time
+                    continue
+                marks[tp.topic][tp.partition] = (max(start, 0), max(end, 0))
+        return {n: (self._ids.get(n, n), marks[n]) for n in names}, len(cluster.brokers)

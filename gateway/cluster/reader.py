@@ -1,0 +1,304 @@
+"""Reads from the cluster: one assign-only librdkafka consumer, and a window of records per partition.
+
+The consumer (no group membership, never commits) runs in its own thread
+and fetches every partition someone reads or waits on, from the position a
+reader asked for, then onwards as records arrive (``fetch.wait.max.ms`` 50:
+a new record reaches a waiting reader within about 100 ms). Each answer is
+encoded, in that thread, as one Kafka record batch with the cluster's
+offsets, and handed to the reactor thread, which keeps a partition's recent
+batches in a ``Window``: a read inside the window answers at once, a read
+elsewhere moves the partition's position there and waits for the first
+records (or answers empty after ``MISS_WAIT`` seconds, and the broker's
+long-poll carries on). The offsets are the cluster's: gaps (compaction,
+transaction markers) stay gaps, as a Kafka reader would see them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from twisted.internet import defer
+
+from gateway.cluster.bridge import Loop
+from gateway.cluster.config import ClusterConfig
+from gateway.cluster.metadata import Metadata
+from gateway.codec import BatchFormat
+from gateway.convert import Columns
+from gateway.model import StoredBatch
+
+log = logging.getLogger(__name__)
+
+WINDOW_BYTES = 4 << 20  # per partition: older batches are dropped past this
+MISS_WAIT = 5.0  # seconds a read outside the window waits for the first fetch answer
+IDLE_S = 60.0  # a partition nobody read or waited on for this long is no longer fetched
+BATCH_RECORDS = 1000
+
+
+class Window:
+    """A partition's batches read from the cluster, ``start`` to ``next`` (the fetch position)."""
+
+    __slots__ = ("topic", "partition", "batches", "lasts", "start", "next", "size", "version", "waiters",
+                 "pending", "used", "fresh")
+
+    def __init__(self, topic: str, partition: int, offset: int, version: int):
+        self.topic = topic
+        self.partition = partition
+        self.version = version
+        self.batches: list[StoredBatch] = []
+        self.lasts: list[int] = []  # last offset of each batch, for bisect
+        self.start = self.next = offset
+        self.size = 0
+        self.waiters: list[Callable[[], None]] = []
+        self.pending: list[tuple[int, int, defer.Deferred]] = []
+        self.used = time.monotonic()
+        self.fresh = False  # True once the first fetch answer (records or end of log) came
+
+    def covers(self, offset: int) -> bool:
+        return self.start <= offset < self.next
+
+    def read(self, offset: int, max_bytes: int) -> list[StoredBatch]:
+        """Batches from the one holding ``offset`` (at least one), about ``max_bytes``."""
+        i = bisect.bisect_left(self.lasts, offset)
+        out, size = [], 0
+        for batch in self.batches[i:]:
+            if out and size + len(batch.payload) > max_bytes:
+                break
+            out.append(batch)
+            size += len(batch.payload)
+        return out
+
+    def add(self, batch: StoredBatch | None, position: int, limit: int) -> None:
+        if batch is not None:
+            self.batches.append(batch)
+            self.lasts.append(batch.last_offset)
+            self.size += len(batch.payload)
+        self.next = max(self.next, position)
+        drop = 0
+        while self.size > limit and drop < len(self.batches) - 1:
+            self.size -= len(self.batches[drop].payload)
+            drop += 1
+        if drop:
+            del self.batches[:drop]
+            del self.lasts[:drop]
+            self.start = self.batches[0].base_offset
+        elif not self.batches:
+            self.start = self.next
+
+
+class Reader:
+    """Serves ``read`` and ``wait_for_data`` from windows filled by the consumer thread."""
+
+    def __init__(self, config: ClusterConfig, metadata: Metadata, reactor: Any, kafka: BatchFormat,
+                 window_bytes: int = WINDOW_BYTES):
+        self.metadata = metadata
+        self.reactor = reactor
+        self.kafka = kafka
+        self.window_bytes = window_bytes
+        self.windows: dict[tuple[str, int], Window] = {}
+        self._versions = 0
+        self._control: queue.SimpleQueue = queue.SimpleQueue()
+        self._consumer = Consumer(config.client(**{
+            "group.id": f"{config.prefix}-reader", "enable.auto.commit": False, "enable.partition.eof": True,
+            "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest", "client.id": f"{config.client_id}-reader"}))
+        self._assigned: dict[tuple[str, int], int] = {}  # thread side: partition -> version
+        self._loop = Loop("polygate-cluster-reader", self._step)
+
+    def start(self) -> None:
+        self._loop.start()
+
+    def stop(self) -> None:
+        self._loop.stop()
+        self._consumer.close()
+
+    # ------------------------------------------------------------------ reactor side
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
+        """Batches from ``offset`` on: at once from the window, else a Deferred (see the module docstring)."""
+        w = self._window(topic, partition, offset)
+        if w.covers(offset):
+            return w.read(offset, max_bytes)
+        if offset != w.next:  # outside the window: fetch from there
+            w = self._move(w, offset)
+        if w.fresh and self._caught_up(w, offset):
+            return []
+        d: defer.Deferred = defer.Deferred()
+        w.pending.append((offset, max_bytes, d))
+        self.reactor.callLater(MISS_WAIT, lambda: d.called or d.callback([]))
+        return d
+
+    def _caught_up(self, w: Window, offset: int) -> bool:
+        """Whether a read at ``offset`` has nothing to wait for: it is at the log end."""
+        return offset >= w.next and offset >= self.metadata.marks(w.topic, w.partition).high_watermark
+
+    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
+        marks = self.metadata.marks(topic, partition)
+        w = self.windows.get((topic, partition))
+        if w is None:
+            w = self._window(topic, partition, marks.high_watermark)
+        w.waiters.append(callback)
+        w.used = time.monotonic()
+
+        def cancel() -> None:
+            if callback in w.waiters:
+                w.waiters.remove(callback)
+
+        return cancel
+
+    def changed(self, topic: str, partition: int) -> None:
+        """The partition changed (an append, a new watermark, its deletion): wake its waiters."""
+        w = self.windows.get((topic, partition))
+        if w is not None and w.waiters:
+            waiters, w.waiters = w.waiters, []
+            for callback in waiters:
+                callback()
+
+    def forget_topic(self, topic: str) -> None:
+        """``topic`` is gone: wake its waiters, stop fetching it."""
+        for key in [k for k in self.windows if k[0] == topic]:
+            self.changed(*key)
+            self._drop(key)
+
+    def expire(self) -> None:
+        """Stop fetching partitions nobody used for ``IDLE_S``."""
+        now = time.monotonic()
+        for key, w in list(self.windows.items()):
+            if not w.waiters and not w.pending and now - w.used > IDLE_S:
+                self._drop(key)
+
+    def _window(self, topic: str, partition: int, offset: int) -> Window:
+        self.metadata.marks(topic, partition)  # raises for an unknown topic or partition
+        w = self.windows.get((topic, partition))
+        if w is None:
+            self._versions += 1
+            w = self.windows[(topic, partition)] = Window(topic, partition, offset, self._versions)
+            self._control.put(("assign", topic, partition, offset, w.version))
+        w.used = time.monotonic()
+        return w
+
+    def _move(self, w: Window, offset: int) -> Window:
+        self._versions += 1
+        moved = Window(w.topic, w.partition, offset, self._versions)
+        moved.waiters, moved.pending = w.waiters, w.pending
+        self.windows[(w.topic, w.partition)] = moved
+        self._control.put(("assign", w.topic, w.partition, offset, moved.version))
+        return moved
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        w = self.windows.pop(key, None)
+        if w is not None:
+            for _, _, d in w.pending:
+                if not d.called:
+                    d.callback([])
+            self._control.put(("drop", key[0], key[1], 0, 0))
+
+    def _arrived(self, arrivals: list[tuple[str, int, int, StoredBatch | None, int, int, int]]) -> None:
+        for topic, partition, version, batch, position, low, high in arrivals:
+            moved = self.metadata.advance(topic, partition, high, low if low >= 0 else None)
+            w = self.windows.get((topic, partition))
+            if w is None or w.version != version:
+                continue  # fetched for a position nobody wants any more
+            w.add(batch, position, self.window_bytes)
+            w.fresh = True
+            if w.pending:
+                waiting, w.pending = w.pending, []
+                for offset, max_bytes, d in waiting:
+                    if d.called:
+                        continue
+                    if w.covers(offset):
+                        d.callback(w.read(offset, max_bytes))
+                    elif self._caught_up(w, offset):
+                        d.callback([])
+                    else:
+                        w.pending.append((offset, max_bytes, d))
+            if batch is not None or moved:
+                self.changed(topic, partition)
+
+    # ------------------------------------------------------------------ consumer thread
+
+    def _step(self) -> None:
+        self._apply_control(block=not self._assigned)
+        if not self._assigned:
+            return
+        messages = self._consumer.consume(BATCH_RECORDS, 0.05)
+        if not messages:
+            return
+        by_partition: dict[tuple[str, int], list[Any]] = {}
+        eof: dict[tuple[str, int], int] = {}
+        for msg in messages:
+            err = msg.error()
+            key = (msg.topic(), msg.partition())
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eof[key] = msg.offset()
+                else:
+                    log.warning("reading %s/%s from the cluster: %s", key[0], key[1], err.str())
+                continue
+            by_partition.setdefault(key, []).append(msg)
+        arrivals = []
+        for key in by_partition.keys() | eof.keys():
+            version = self._assigned.get(key)
+            if version is None:
+                continue
+            batch, position = None, eof.get(key, -1)
+            msgs = by_partition.get(key)
+            if msgs:
+                batch = self._encode(msgs)
+                position = max(position, batch.last_offset + 1)
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(*key), cached=True) or (-1, -1)
+            arrivals.append((key[0], key[1], version, batch, position, low, max(high, position)))
+        self.reactor.callFromThread(self._arrived, arrivals)
+
+    def _apply_control(self, block: bool) -> None:
+        try:
+            op = self._control.get(timeout=0.1) if block else self._control.get_nowait()
+        except queue.Empty:
+            return
+        assign: dict[tuple[str, int], tuple[int, int]] = {}
+        drop: set[tuple[str, int]] = set()
+        while op is not None:
+            kind, topic, partition, offset, version = op
+            key = (topic, partition)
+            if kind == "assign":
+                assign[key] = (offset, version)
+                drop.discard(key)
+            else:
+                drop.add(key)
+                assign.pop(key, None)
+            try:
+                op = self._control.get_nowait()
+            except queue.Empty:
+                op = None
+        again = [k for k in assign.keys() | drop if k in self._assigned]
+        if again:
+            self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in again])
+            for k in again:
+                del self._assigned[k]
+        if assign:
+            self._consumer.incremental_assign([TopicPartition(t, p, offset) for (t, p), (offset, _) in assign.items()])
+            for k, (_, version) in assign.items():
+                self._assigned[k] = version
+
+    def _encode(self, msgs: list[Any]) -> StoredBatch:
+        """Consumed messages of one partition as one Kafka record batch with their offsets."""
+        offsets, stamps, keys, values, headers = [], [], [], [], []
+        any_headers = False
+        for msg in msgs:
+            offsets.append(msg.offset())
+            stamps.append(msg.timestamp()[1])
+            keys.append(msg.key())
+            values.append(msg.value())
+            h = msg.headers()
+            if h:
+                any_headers = True
+                headers.append(tuple(h))
+            else:
+                headers.append(())
+        columns = Columns(offsets, stamps, keys, values, headers if any_headers else None)
+        payload = self.kafka.encode_columns(columns, offsets[0])
+        return StoredBatch("kafka", offsets[0], offsets[-1], max(stamps), payload)

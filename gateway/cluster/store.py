@@ -1,0 +1,305 @@
+"""``ClusterStore``: the storage interface (``gateway.storage.interface``) on a Kafka cluster."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
+from twisted.internet import defer
+
+from gateway import model as m
+from gateway.cluster.bridge import deferred_from
+from gateway.cluster.config import ClusterConfig
+from gateway.cluster.groups import ClusterGroups
+from gateway.cluster.metadata import Metadata
+from gateway.cluster.reader import Reader
+from gateway.cluster.writer import KAFKA, Writer
+from gateway.codec import BatchFormat
+from gateway.model import CommandError, ErrorCode
+from gateway.storage.interface import ReplicaStatus
+
+log = logging.getLogger(__name__)
+
+CREATE_VISIBLE_TRIES = 20  # metadata refreshes to wait for a created topic to show in the cluster's metadata
+
+
+class ClusterStore:
+    """Implements ``Storage`` on the cluster at ``config.bootstrap``.
+
+    Calls that the interface marks *may wait* return Deferreds; the others
+    answer from the metadata kept at hand. Differences from the local
+    engine, each a property of the cluster: the cluster assigns offsets (an
+    explicit offset, TANK's ProduceWithSeqnum, is refused), the high
+    watermark is the log end a reader may see, and replica bookkeeping is the
+    cluster's (``report_replica`` and ``set_role`` are refused)."""
+
+    def __init__(self, config: ClusterConfig, formats: Mapping[str, BatchFormat], reactor: Any):
+        if KAFKA not in formats:
+            raise ValueError("cluster mode stores Kafka record batches: the kafka codec must be installed")
+        self.config = config
+        self.reactor = reactor
+        self.started_at = time.time()
+        self.admin = AdminClient(config.client())
+        self.metadata = Metadata(config, self.admin, reactor)
+        self.writer = Writer(config, reactor, formats, self._delivered)
+        self.reader = Reader(config, self.metadata, reactor, formats[KAFKA])
+        self.groups = ClusterGroups(config, self.admin, reactor)
+        self._producers: dict[tuple[str, int, Any], dict[str, Any]] = {}
+        self._timeout = config.request_timeout_ms / 1000
+
+    def start(self) -> None:
+        log.info("storage: %s", self.config.describe())
+        for part in (self.metadata, self.writer, self.reader, self.groups):
+            part.start()
+
+    def close(self) -> None:
+        """Deliver what is queued, leave the groups, stop every thread."""
+        self.writer.stop()
+        self.groups.stop()
+        self.reader.stop()
+        self.metadata.stop()
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    # ------------------------------------------------------------------ topics
+
+    def has_topic(self, topic: str) -> bool:
+        self.metadata.check_reachable()
+        return topic in self.metadata.topics
+
+    def topic_names(self) -> list[str]:
+        return list(self.metadata.topics)
+
+    def partition_count(self, topic: str) -> int:
+        return len(self.metadata.state(topic).partitions)
+
+    def total_partitions(self) -> int:
+        return sum(len(t.partitions) for t in self.metadata.topics.values())
+
+    def topic_id(self, topic: str) -> str:
+        # The name too: a cluster that gives every topic the zero id (as some do) still tells them apart.
+        return f"{topic}@{self.metadata.state(topic).topic_id}"
+
+    def describe_topic(self, topic: str) -> m.TopicInfo:
+        state = self.metadata.state(topic)
+        return m.TopicInfo(topic, tuple(
+            m.PartitionInfo(p, marks.log_start_offset, marks.high_watermark, marks.high_watermark)
+            for p, marks in enumerate(state.partitions)))
+
+    def create_topic(self, topic: str, partitions: int | None = None,
+                     config: m.TopicConfig | None = None) -> Any:
+        self.metadata.check_reachable()
+        count = self.config.default_partitions if partitions is None else partitions
+        if count < 1:
+            raise CommandError(ErrorCode.INVALID_REQUEST, f"a topic needs at least one partition, not {count}")
+        settings = {}
+        if config is not None:
+            if config.retention_ms is not None:
+                settings["retention.ms"] = str(config.retention_ms)
+            if config.retention_bytes is not None:
+                settings["retention.bytes"] = str(config.retention_bytes)
+            if config.segment_bytes is not None:
+                settings["segment.bytes"] = str(config.segment_bytes)
+        replication = config.replication_factor if config is not None and config.replication_factor else None
+        new = NewTopic(topic, count, replication or self.config.replication_factor, config=settings)
+        futures = self.admin.create_topics([new], request_timeout=self._timeout)
+        d = deferred_from(self.reactor, futures[topic], f"create topic {topic}")
+
+        def exists(f: Any) -> Any:
+            # Created by someone else: TOPIC_EXISTS still, once this gateway sees it too.
+            f.trap(CommandError)
+            if f.value.error.code != ErrorCode.TOPIC_EXISTS:
+                return f
+            return self._visible(topic, lambda s: True).addCallback(lambda _: f)
+
+        return d.addCallbacks(lambda _: self._visible(topic, lambda s: len(s.partitions) >= count), exists)
+
+    def _visible(self, topic: str, ready: Callable[[Any], bool], tries: int = CREATE_VISIBLE_TRIES) -> Any:
+        """The topic's ``TopicInfo`` once the metadata shows it ``ready`` (after a change made)."""
+        d: defer.Deferred = defer.Deferred()
+
+        def check() -> None:
+            state = self.metadata.topics.get(topic)
+            nonlocal tries
+            if state is not None and ready(state):
+                d.callback(self.describe_topic(topic))
+            elif tries <= 0:
+                d.errback(CommandError(ErrorCode.STORAGE_ERROR, f"topic {topic} changed in the cluster, "
+                                                                f"but its metadata does not show it yet"))
+            else:
+                tries -= 1
+                self.reactor.callLater(0.05, self.metadata.refresh, check)
+
+        self.metadata.refresh(check)
+        return d
+
+    def add_partitions(self, topic: str, total: int) -> Any:
+        current = self.partition_count(topic)
+        if total < current:
+            raise CommandError(ErrorCode.INVALID_REQUEST, f"{topic} has {current} partitions; cannot shrink to {total}")
+        if total == current:
+            return self.describe_topic(topic)
+        futures = self.admin.create_partitions([NewPartitions(topic, total)], request_timeout=self._timeout)
+        return deferred_from(self.reactor, futures[topic], f"add partitions to {topic}").addCallback(
+            lambda _: self._visible(topic, lambda s: len(s.partitions) >= total))
+
+    def delete_topic(self, topic: str) -> Any:
+        self.metadata.state(topic)
+        futures = self.admin.delete_topics([topic], request_timeout=self._timeout)
+
+        def deleted(_: Any) -> Any:
+            self.metadata.topics.pop(topic, None)
+            self.reader.forget_topic(topic)
+            return self._gone(topic)
+
+        return deferred_from(self.reactor, futures[topic], f"delete topic {topic}").addCallback(deleted)
+
+    def _gone(self, topic: str) -> defer.Deferred:
+        """Fires once the metadata no longer shows ``topic`` (or after the refreshes allowed)."""
+        d: defer.Deferred = defer.Deferred()
+        tries = CREATE_VISIBLE_TRIES
+
+        def check() -> None:
+            nonlocal tries
+            if topic not in self.metadata.topics or tries <= 0:
+                d.callback(None)
+            else:
+                tries -= 1
+                self.reactor.callLater(0.05, self.metadata.refresh, check)
+
+        self.metadata.refresh(check)
+        return d
+
+    # ------------------------------------------------------------------ data
+
+    def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
+               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL) -> Any:
+        if base_offset is not None:
+            raise CommandError(ErrorCode.INVALID_REQUEST, "in cluster mode the cluster assigns offsets: "
+                                                          "a produce at an explicit offset is refused")
+        self.metadata.marks(topic, partition)
+        records = self.writer.records(fmt, payload, count, max_timestamp)
+        return self.writer.append(topic, partition, records, acks)
+
+    def _delivered(self, topic: str, partition: int, last: int) -> None:
+        if self.metadata.advance(topic, partition, last + 1):
+            self.reader.changed(topic, partition)
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
+        return self.reader.read(topic, partition, offset, max_bytes)
+
+    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
+        return self.reader.wait_for_data(topic, partition, callback)
+
+    # ------------------------------------------------------------------ offsets and watermarks
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self.metadata.marks(topic, partition).log_start_offset
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        return self.metadata.marks(topic, partition).high_watermark
+
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        return self.metadata.marks(topic, partition).high_watermark
+
+    def refresh_watermarks(self, topic: str, partition: int) -> Any:
+        self.metadata.marks(topic, partition)
+        d: defer.Deferred = defer.Deferred()
+        self.metadata.refresh(lambda: d.callback(None))
+        return d
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> Any:
+        return self._list_offset(topic, partition, OffsetSpec.for_timestamp(timestamp)).addCallback(
+            lambda found: found[0] if found[0] >= 0 else None)
+
+    def max_timestamp_offset(self, topic: str, partition: int) -> Any:
+        return self._list_offset(topic, partition, OffsetSpec.max_timestamp())
+
+    def _list_offset(self, topic: str, partition: int, spec: Any) -> defer.Deferred:
+        self.metadata.marks(topic, partition)
+        tp = TopicPartition(topic, partition)
+        futures = self.admin.list_offsets({tp: spec}, request_timeout=self._timeout)
+        return deferred_from(self.reactor, futures[tp], f"list offsets of {topic}/{partition}",
+                             lambda r: (r.offset, r.timestamp))
+
+    # ------------------------------------------------------------------ replicas: the cluster's own
+
+    def is_leader(self, topic: str, partition: int) -> bool:
+        self.metadata.marks(topic, partition)
+        return True
+
+    def enough_replicas(self, topic: str, partition: int) -> bool:
+        return True  # acks=all appends were acknowledged by the cluster's in-sync replicas
+
+    def report_replica(self, topic: str, partition: int, replica_id: int, offset: int) -> ReplicaStatus:
+        raise CommandError(ErrorCode.UNSUPPORTED, "in cluster mode replication is the cluster's")
+
+    def set_role(self, topic: str, partition: int, role: str) -> int:
+        raise CommandError(ErrorCode.UNSUPPORTED, "in cluster mode partition leadership is the cluster's")
+
+    # ------------------------------------------------------------------ producers
+
+    def allocate_producer_id(self) -> int:
+        # Unique across gateways without a shared counter: 62 random bits (a collision
+        # among a million producers has odds of about 1 in 10^7).
+        return random.getrandbits(62) | (1 << 40)
+
+    def producer_state(self, topic: str, partition: int, producer_id: Any) -> dict[str, Any] | None:
+        return self._producers.get((topic, partition, producer_id))
+
+    def set_producer_state(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:
+        self._producers[(topic, partition, producer_id)] = state
+
+    # ------------------------------------------------------------------ groups and commits
+
+    def join_group(self, cmd: m.JoinGroup) -> Any:
+        return self.groups.join(cmd)
+
+    def sync_group(self, cmd: m.SyncGroup) -> Any:
+        return self.groups.sync(cmd)
+
+    def heartbeat(self, cmd: m.Heartbeat) -> Any:
+        return self.groups.heartbeat(cmd)
+
+    def leave_group(self, cmd: m.LeaveGroup) -> Any:
+        return self.groups.leave(cmd)
+
+    def commit_offsets(self, cmd: m.CommitOffsets) -> Any:
+        return self.groups.commit(cmd)
+
+    def fetch_offsets(self, cmd: m.FetchOffsets) -> Any:
+        return self.groups.fetch(cmd)
+
+    def committed_offset(self, group: str, topic: str, partition: int) -> Any:
+        return self.groups.committed_offset(group, topic, partition)
+
+    def describe_groups(self, cmd: m.DescribeGroups) -> Any:
+        return self.groups.describe(cmd)
+
+    def list_groups(self, cmd: m.ListGroups) -> Any:
+        return self.groups.list(cmd)
+
+    def delete_groups(self, cmd: m.DeleteGroups) -> Any:
+        return self.groups.delete(cmd)
+
+    # ------------------------------------------------------------------ housekeeping and durability
+
+    def housekeeping(self) -> None:
+        self.groups.expire()
+        self.reader.expire()
+
+    def enforce_retention(self) -> int:
+        return 0  # the cluster's retention applies
+
+    @property
+    def dirty(self) -> bool:
+        return False  # nothing is written locally
+
+    def sync(self) -> None:
+        pass

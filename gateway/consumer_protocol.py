@@ -1,0 +1,46 @@
+"""Kafka's ConsumerProtocol (version 0): the subscription and assignment bytes of a ``consumer`` group member.
+
+Kafka brokers carry these bytes without reading them; polygate reads and
+writes them where it shows a group that Kafka clients did not assign
+(V1 and Cursus members, a cluster's members described through a gateway)
+and where it joins a cluster's group for a Kafka client (cluster mode).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from gateway.model import CommandError, ErrorCode
+
+Assignment = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def _string(s: str) -> bytes:
+    raw = s.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def encode_subscription(topics: list[str] | tuple[str, ...]) -> bytes:
+    return struct.pack(">hi", 0, len(topics)) + b"".join(map(_string, topics)) + struct.pack(">i", -1)
+
+
+def encode_assignment(partitions: Assignment) -> bytes:
+    return struct.pack(">hi", 0, len(partitions)) + b"".join(
+        _string(t) + struct.pack(f">i{len(ps)}i", len(ps), *ps) for t, ps in partitions) + struct.pack(">i", -1)
+
+
+def decode_subscription(metadata: bytes) -> tuple[str, ...]:
+    """The topics of a member's subscription (any version: the topics come first in all).
+    Raises ``CommandError(INVALID_REQUEST)`` for bytes that are not one."""
+    try:
+        _, count = struct.unpack_from(">hi", metadata, 0)
+        pos, topics = 6, []
+        for _ in range(count):
+            (size,) = struct.unpack_from(">h", metadata, pos)
+            if size < 0 or pos + 2 + size > len(metadata):
+                raise ValueError("topic name past the end")
+            topics.append(metadata[pos + 2:pos + 2 + size].decode())
+            pos += 2 + size
+    except (struct.error, ValueError) as e:
+        raise CommandError(ErrorCode.INVALID_REQUEST, f"not a consumer protocol subscription: {e}") from None
+    return tuple(topics)
