@@ -55,6 +55,10 @@ ASSIGNORS = {"round_robin": "roundrobin", "range": "range"}
 LEADER = "polygate-cluster"  # the leader a Kafka client is told of: never itself, so it only follows
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
 MIN_SESSION_TIMEOUT_MS = 6_000  # Kafka's group.min.session.timeout.ms
+REBALANCE_TIMEOUT_MS = 10_000
+# A V1 or Cursus JOIN (or SYNC) waits this long for the cluster's assignment, then answers with none
+# (generation -1): the real clients read within 5 s, and a new group's first rebalance takes 3 s.
+SERVER_JOIN_WAIT_S = 3.5
 STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
           "COMPLETING_REBALANCING": "CompletingRebalance", "EMPTY": "Empty", "DEAD": "Dead", "UNKNOWN": "Unknown"}
 
@@ -164,7 +168,10 @@ class ClusterGroups:
             "group.id": member.group, "enable.auto.commit": False,
             "partition.assignment.strategy": ASSIGNORS.get(member.assignor, "roundrobin"),
             "session.timeout.ms": max(member.session_timeout_ms, MIN_SESSION_TIMEOUT_MS),
-            "heartbeat.interval.ms": 1000, "client.id": f"{self.config.client_id}-{member.member_id}"[:200]}))
+            # The rebalance timeout is max.poll.interval.ms: the groups thread polls every member's
+            # consumer all the time, so a short one costs nothing and keeps rebalances short.
+            "heartbeat.interval.ms": 500, "max.poll.interval.ms": REBALANCE_TIMEOUT_MS,
+            "client.id": f"{self.config.client_id}-{member.member_id}"[:200]}))
         consumer.subscribe(list(member.topics), on_assign=assigned, on_revoke=revoked)
         member.consumer = consumer
         self._polled.append(member)
@@ -209,7 +216,9 @@ class ClusterGroups:
         """Close the consumers of members that stopped heartbeating."""
         now = time.monotonic()
         for member in list(self.members.values()):
-            if now - member.last_seen > member.session_timeout_ms / 1000:
+            if member.waiting:  # its client waits for the cluster's rebalance: alive
+                member.last_seen = now
+            elif now - member.last_seen > member.session_timeout_ms / 1000:
                 log.info("group %s: member %s expired", member.group, member.member_id)
                 self._close(member)
 
@@ -246,18 +255,28 @@ class ClusterGroups:
                                          mem.protocol)
             return m.JoinGroupResult(cmd.group, mem.member_id, mem.generation, mem.assignment)
 
-        return self._when_assigned(member).addCallback(joined)
+        return self._when_assigned(member, None if member.kind == "consumer" else SERVER_JOIN_WAIT_S).addCallback(
+            joined)
 
     def _failed_subscribe(self, f: Any, member: Member) -> None:
         log.error("group %s: member %s could not join the cluster's group: %s", member.group, member.member_id,
                   f.getErrorMessage())
         self._close(member)
 
-    def _when_assigned(self, member: Member) -> defer.Deferred:
+    def _when_assigned(self, member: Member, limit: float | None = None) -> defer.Deferred:
+        """Fires with ``member`` once the cluster assigned it partitions, or after ``limit`` seconds
+        with what it has (none yet, generation -1: its next heartbeat finds the generation moved)."""
         if member.assigned:
             return defer.succeed(member)
         d: defer.Deferred = defer.Deferred()
         member.waiting.append(d)
+        if limit is not None:
+            def give_up() -> None:
+                if not d.called:
+                    member.waiting.remove(d)
+                    d.callback(member)
+
+            self.reactor.callLater(limit, give_up)
         return d
 
     def sync(self, cmd: m.SyncGroup) -> Any:
@@ -268,8 +287,11 @@ class ClusterGroups:
             self._member(cmd.group, cmd.member_id, cmd.generation)
         except CommandError as e:
             return m.SyncGroupResult(cmd.group, self._generation(cmd.group), error=e.error)
-        return m.SyncGroupResult(cmd.group, member.generation, member.assignment,
-                                 encode_assignment(member.assignment) if member.kind == "consumer" else b"")
+        if member.kind == "consumer":
+            return m.SyncGroupResult(cmd.group, member.generation, member.assignment,
+                                     encode_assignment(member.assignment))
+        return self._when_assigned(member, SERVER_JOIN_WAIT_S).addCallback(
+            lambda mem: m.SyncGroupResult(cmd.group, mem.generation, mem.assignment))
 
     def heartbeat(self, cmd: m.Heartbeat) -> Any:
         try:

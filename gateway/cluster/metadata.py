@@ -2,9 +2,11 @@
 
 A thread asks the cluster every ``interval`` seconds (sooner when woken)
 for its topics, their ids and every partition's first and next offsets, and
-hands the answer to the reactor thread. Until the first answer the cluster
-counts as unreachable: calls that need it fail with ``STORAGE_ERROR`` saying
-so, and the thread keeps asking, logging what it waits for.
+hands the answer to the reactor thread. The first question is asked before the
+listeners open, so a gateway whose cluster is up serves from its first request.
+While the cluster does not answer it counts as unreachable: calls that need it
+fail with ``STORAGE_ERROR`` saying so, and the thread keeps asking, logging
+what it waits for.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gateway.model import CommandError, ErrorCode
 
 log = logging.getLogger(__name__)
 
+FIRST_ASK_S = 5.0  # how long a start waits for the cluster before it serves anyway (and fails calls)
 MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
 
 
@@ -62,6 +65,15 @@ class Metadata:
         self._asked_on_miss = 0.0
 
     def start(self) -> None:
+        """Ask once now (in the calling thread, before anything is served), then keep asking."""
+        try:
+            topics, brokers = self._ask(min(self.config.request_timeout_ms / 1000, FIRST_ASK_S))
+        except Exception as e:  # noqa: BLE001 - not reachable yet: the thread goes on asking
+            log.warning("waiting for the Kafka cluster at %s: %s", self.config.bootstrap, e)
+            self._said_waiting = time.monotonic()
+            self.error = str(e)
+        else:
+            self._apply(topics, brokers, "")
         self._loop.start()
 
     def stop(self) -> None:
@@ -160,8 +172,8 @@ class Metadata:
         self._wake.wait(self.interval)
         self._wake.clear()
 
-    def _ask(self) -> tuple[dict[str, tuple[str, list[tuple[int, int]]]], int]:
-        timeout = self.config.request_timeout_ms / 1000
+    def _ask(self, timeout: float | None = None) -> tuple[dict[str, tuple[str, list[tuple[int, int]]]], int]:
+        timeout = timeout or self.config.request_timeout_ms / 1000
         cluster = self.admin.list_topics(timeout=timeout)
         names = {name: len(t.partitions) for name, t in cluster.topics.items()
                  if t.error is None and not name.startswith("__")}

@@ -1,0 +1,390 @@
+"""Cluster mode: gateways in front of one Kafka-compatible cluster, over real sockets.
+
+The cluster is Tansu (a broker that is not ours, memory storage) or, where
+the test stops and starts it and needs its data to survive, a polygate in
+local mode serving only Kafka. Every test starts two gateways or more with
+``--storage kafka://...`` and drives them with real clients; the cluster is
+also read and written directly with confluent-kafka, as a native Kafka
+client of the company's cluster would.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from cursus import Consumer as CursusConsumer
+from cursus import ConsumerConfig, ConsumerMode
+from cursus_support import command
+
+from gateway.clients.tank import TankClient
+from gateway.clients.v1 import V1Client
+from gateway.launcher import GatewayProcess, Tansu, free_port
+
+
+@pytest.fixture
+def tansu():
+    with Tansu() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def gateways():
+    """``start(bootstrap, protocols, *args)`` starts a gateway on that cluster; all are checked and stopped."""
+    started: list[GatewayProcess] = []
+
+    def start(bootstrap: str, protocols=("v1",), *args: str) -> GatewayProcess:
+        gw = GatewayProcess(None, protocols, ("--storage", f"kafka://{bootstrap}", *args)).start()
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        if gw.proc is not None:
+            gw.assert_alive()
+        gw.stop()
+
+
+def wait_until(check: Callable[[], object], timeout: float = 30.0, every: float = 0.1) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(every)
+
+
+def topic_name() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def create(gw: GatewayProcess, topic: str, partitions: int, *others: GatewayProcess) -> None:
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        c.create_topic(topic, partitions)
+    for other in others:
+        with V1Client("127.0.0.1", other.port("v1")) as c:
+            wait_until(lambda c=c: topic in c.list_topics(), 10)
+
+
+def assigned(reply) -> list[int]:
+    text = reply.fields["assigned"].strip("[]")
+    return [int(p) for p in text.split()] if text else []
+
+
+def native_records(bootstrap: str, topic: str, partitions: int, expect: int, timeout: float = 30) -> list:
+    """``(partition, offset, value)`` of every record, read straight from the cluster."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"native-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < expect and time.monotonic() < deadline:
+        msg = c.poll(0.2)
+        if msg is not None and not msg.error():
+            got.append((msg.partition(), msg.offset(), msg.value()))
+    c.close()
+    return got
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def join(client: V1Client, group: str, topic: str, member: str, *extra: str):
+    """JOIN until the cluster has assigned the member (a JOIN answers after 3.5 s with generation -1
+    when the cluster's rebalance takes longer, and the member joins again)."""
+    def joined():
+        reply = client.request("JOIN", group, topic, member, *extra).check()
+        return reply if reply.fields["generation"] != "-1" else None
+
+    return wait_until(joined, 40, 0.2)
+
+
+def rejoined_after_rebalance(client: V1Client, group: str, topic: str, member: str, generation: str,
+                             assignor: str = "") -> dict[str, str]:
+    """Heartbeat until the cluster's rebalance shows as GENERATION_MISMATCH, then JOIN again."""
+    extra = (f"assignor={assignor}",) if assignor else ()
+
+    def mismatched() -> bool:
+        reply = client.request("HEARTBEAT", group, topic, member, generation)
+        return not reply.ok and reply.code == "GENERATION_MISMATCH"
+
+    wait_until(mismatched, 40, 0.5)
+    return join(client, group, topic, member, *extra).fields
+
+
+def test_v1_members_on_two_gateways_share_a_group_of_the_cluster(tansu, gateways):
+    a, b = gateways(tansu.bootstrap), gateways(tansu.bootstrap)
+    topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
+    create(a, topic, 5, b)
+    with V1Client("127.0.0.1", a.port("v1"), timeout=40) as alice, \
+            V1Client("127.0.0.1", b.port("v1"), timeout=40) as bob:
+        first = join(alice, group, topic, "alice")
+        assert assigned(first) == [0, 1, 2, 3, 4]
+        # bob joins through the other gateway: the cluster's coordinator splits the partitions
+        joined = join(bob, group, topic, "bob")
+        rejoined = rejoined_after_rebalance(alice, group, topic, "alice", first.fields["generation"])
+        assert rejoined["generation"] == joined.fields["generation"]
+        generation = joined.fields["generation"]
+        # round_robin, members in id order (alice's before bob's): as the reference broker assigns
+        mine = [int(p) for p in rejoined["assigned"].strip("[]").split()]
+        assert (mine, assigned(joined)) == ([0, 2, 4], [1, 3])
+        assert alice.request("COMMIT", group, topic, "alice", generation, "2", "7").ok
+        assert not bob.request("COMMIT", group, topic, "bob", generation, "2", "7").ok  # not bob's partition
+        # bob leaves: alice gets every partition again
+        assert bob.request("LEAVE", group, topic, "bob", generation).ok
+        rejoined = rejoined_after_rebalance(alice, group, topic, "alice", generation)
+        assert rejoined["assigned"] == "[0 1 2 3 4]"
+        # the committed offset is the cluster's: a native consumer of the group resumes from it
+        native = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group})
+        [tp] = native.committed([TopicPartition(topic, 2)], timeout=10)
+        native.close()
+        assert tp.offset == 7
+
+
+def test_range_is_honoured_and_a_member_dies_with_its_gateway(tansu, gateways):
+    a, b = gateways(tansu.bootstrap), gateways(tansu.bootstrap, ("v1",), "--group-session-timeout-ms", "6000")
+    topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
+    create(a, topic, 5, b)
+    with V1Client("127.0.0.1", a.port("v1"), timeout=40) as alice, \
+            V1Client("127.0.0.1", b.port("v1"), timeout=40) as bob:
+        first = join(alice, group, topic, "alice", "assignor=range")
+        joined = join(bob, group, topic, "bob", "assignor=range")
+        rejoined = rejoined_after_rebalance(alice, group, topic, "alice", first.fields["generation"], "range")
+        assert (rejoined["assigned"], joined.fields["assigned"]) == ("[0 1 2]", "[3 4]")  # contiguous blocks
+        b.kill()  # bob's gateway dies: the cluster expires its member after the session timeout
+        rejoined = rejoined_after_rebalance(alice, group, topic, "alice", rejoined["generation"], "range")
+        assert rejoined["assigned"] == "[0 1 2 3 4]"
+
+
+def cursus_joined(consumer: CursusConsumer) -> None:
+    """Join and sync until the cluster has formed the group: a gateway answers a JOIN that the
+    cluster has not settled yet with no partitions, and the client joins again."""
+    def assigned_some() -> bool:
+        consumer._join_and_sync()
+        return bool(consumer._assignments)
+
+    wait_until(assigned_some, 40, 0.2)
+
+
+def test_cursus_members_on_two_gateways_share_a_group(tansu, gateways):
+    a, b = gateways(tansu.bootstrap, ("v1", "cursus")), gateways(tansu.bootstrap, ("v1", "cursus"))
+    topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
+    create(a, topic, 4, b)
+    first = CursusConsumer(ConsumerConfig(topic=topic, brokers=[a.address("cursus")], group_id=group,
+                                          mode=ConsumerMode.POLLING, consumer_id="a-consumer"))
+    cursus_joined(first)
+    assert sorted(first._assignments) == [0, 1, 2, 3]
+    second = CursusConsumer(ConsumerConfig(topic=topic, brokers=[b.address("cursus")], group_id=group,
+                                           mode=ConsumerMode.POLLING, consumer_id="b-consumer"))
+    cursus_joined(second)
+
+    def first_rejoined() -> bool:
+        reply = command(a.address("cursus"), f"HEARTBEAT topic={topic} group={group} "
+                                             f"member={first._member_id} generation={first._generation}")
+        if reply.startswith("OK"):
+            return False
+        first._join_and_sync()
+        return first._generation == second._generation
+
+    wait_until(first_rejoined, 40, 0.5)
+    assert sorted(first._assignments + second._assignments) == [0, 1, 2, 3]
+    assert first._assignments and second._assignments
+    first.close()
+    second.close()
+
+
+def test_kafka_consumers_through_two_gateways_and_one_on_the_cluster_share_a_group(tansu, gateways):
+    a, b = gateways(tansu.bootstrap, ("v1", "kafka")), gateways(tansu.bootstrap, ("v1", "kafka"))
+    topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
+    create(a, topic, 6, b)
+    producer = Producer({"bootstrap.servers": a.address("kafka")})
+    for i in range(60):
+        producer.produce(topic, b"r%d" % i, partition=i % 6)
+    assert producer.flush(30) == 0
+    conf = {"group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "partition.assignment.strategy": "range"}
+    consumers = [Consumer({**conf, "bootstrap.servers": server})
+                 for server in (a.address("kafka"), b.address("kafka"), tansu.bootstrap)]
+    owned: dict[int, set[int]] = {i: set() for i in range(3)}
+    for i, c in enumerate(consumers):
+        c.subscribe([topic], on_assign=lambda c, ps, i=i: owned.__setitem__(i, {p.partition for p in ps}))
+    got: dict[int, list[tuple[int, bytes]]] = {i: [] for i in range(3)}
+
+    def balanced() -> bool:
+        for i, c in enumerate(consumers):
+            msg = c.poll(0.1)
+            if msg is not None and not msg.error():
+                got[i].append((msg.partition(), msg.value()))
+        sets = list(owned.values())
+        return all(sets) and set().union(*sets) == set(range(6)) and sum(map(len, sets)) == 6
+
+    wait_until(balanced, 60, 0)
+    # each member reads only its partitions; together, once everything was read, every record once
+    deadline = time.monotonic() + 30
+    while sum(len(g) for g in got.values()) < 60 and time.monotonic() < deadline:
+        for i, c in enumerate(consumers):
+            msg = c.poll(0.05)
+            if msg is not None and not msg.error():
+                got[i].append((msg.partition(), msg.value()))
+    for c in consumers:
+        c.close()
+    values = sorted(v for g in got.values() for _, v in g)
+    assert len(set(values)) == 60
+
+
+# --------------------------------------------------------------------------- offsets
+
+
+def test_commits_are_the_clusters_both_ways(tansu, gateways):
+    a, b = gateways(tansu.bootstrap, ("v1", "kafka", "cursus")), gateways(tansu.bootstrap, ("v1", "kafka", "cursus"))
+    topic = topic_name()
+    create(a, topic, 3, b)
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    for i in range(30):
+        producer.produce(topic, b"n%d" % i, partition=i % 3)
+    assert producer.flush(30) == 0
+    # a native consumer of the cluster commits; every protocol on the other gateway sees it
+    group = f"native-{uuid.uuid4().hex[:6]}"
+    native = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group})
+    native.commit(offsets=[TopicPartition(topic, 1, 4)], asynchronous=False)
+    native.close()
+    with V1Client("127.0.0.1", b.port("v1")) as c:
+        assert c.request("OFFSET", group, topic, "1").payload == "offset=4"
+    assert command(b.address("cursus"), f"FETCH_OFFSET topic={topic} partition=1 group={group}") == "OK offset=4"
+    through = Consumer({"bootstrap.servers": b.address("kafka"), "group.id": group})
+    [tp] = through.committed([TopicPartition(topic, 1)], timeout=10)
+    through.close()
+    assert tp.offset == 4
+    # a commit through a gateway (a simple commit: no member) is what a native consumer resumes from
+    other = f"gw-{uuid.uuid4().hex[:6]}"
+    committer = Consumer({"bootstrap.servers": a.address("kafka"), "group.id": other})
+    committer.commit(offsets=[TopicPartition(topic, 0, 6)], asynchronous=False)
+    committer.close()
+    resumed = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": other, "auto.offset.reset": "earliest"})
+    resumed.assign([TopicPartition(topic, 0)])  # no offset: the group's committed one
+    msg = wait_until(lambda: (lambda m: m if m is not None and not m.error() else None)(resumed.poll(0.2)), 20, 0)
+    resumed.close()
+    assert (msg.offset(), msg.value()) == (6, b"n18")
+
+
+# --------------------------------------------------------------------------- acknowledgements
+
+
+def test_kill_9_of_a_gateway_loses_no_acknowledged_record(tansu, gateways):
+    a = gateways(tansu.bootstrap)
+    topic = topic_name()
+    create(a, topic, 3)
+    acked: list[tuple[int, int, str]] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        with V1Client("127.0.0.1", a.port("v1"), timeout=20) as c:
+            i = 0
+            try:
+                while not stop.is_set():
+                    batch = [("PRODUCE", topic, f"k{j}:v{j}", "acks=all") for j in range(i, i + 20)]
+                    for j, reply in zip(range(i, i + 20), c.pipeline(batch), strict=True):
+                        if reply.ok:
+                            acked.append((int(reply.fields["partition"]), int(reply.fields["offset"]), f"v{j}"))
+                    i += 20
+            except (ConnectionError, OSError):
+                pass  # the gateway was killed mid-stream
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    wait_until(lambda: len(acked) >= 500, 60, 0.01)
+    a.kill()
+    stop.set()
+    writer.join(30)
+    stored = {(p, o): v.decode() for p, o, v in native_records(tansu.bootstrap, topic, 3, len(acked))}
+    missing = [r for r in acked if stored.get((r[0], r[1])) != r[2]]
+    assert len(acked) >= 500 and not missing
+
+
+# --------------------------------------------------------------------------- waiting reads
+
+
+def test_waiting_readers_on_another_gateway_get_new_records_within_about_100_ms(tansu, gateways):
+    a = gateways(tansu.bootstrap, ("v1", "kafka", "tank"))
+    b = gateways(tansu.bootstrap, ("v1", "kafka", "tank"))
+    topic = topic_name()
+    create(a, topic, 1, b)
+    consumer = Consumer({"bootstrap.servers": b.address("kafka"), "group.id": "latency",
+                         "fetch.wait.max.ms": 5000, "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    consumer.poll(1)  # connected and long-polling
+    kafka_delays, tank_delays = [], []
+    def next_record() -> object:
+        return wait_until(lambda: (lambda m: m if m is not None and not m.error() else None)(consumer.poll(0.01)),
+                          10, 0)
+
+    with V1Client("127.0.0.1", a.port("v1")) as producer, TankClient("127.0.0.1", b.port("tank")) as tank:
+        for i in range(20):  # the partition holds r0, tail0, r1, tail1, ...: r<i> at offset 2i
+            sent = time.monotonic()
+            producer.produce(topic, "k", f"r{i}")
+            msg = next_record()
+            kafka_delays.append(time.monotonic() - sent)
+            assert msg.value() == b"r%d" % i
+            # a TANK consumer waiting at the tail of the partition (tail<i>: offset 2i + 1, sequence 2i + 2)
+            result = {}
+            waiter = threading.Thread(target=lambda i=i: result.update(
+                r=tank.consume(topic, 0, 2 * i + 2, max_wait_ms=5000, min_bytes=1)))
+            waiter.start()
+            time.sleep(0.2)
+            sent = time.monotonic()
+            producer.produce(topic, "k", f"tail{i}")
+            waiter.join(10)
+            tank_delays.append(time.monotonic() - sent)
+            assert [m.value for m in result["r"].messages] == [b"tail%d" % i]
+            assert next_record().value() == b"tail%d" % i
+    consumer.close()
+    assert statistics.median(kafka_delays) < 0.15, kafka_delays
+    assert statistics.median(tank_delays) < 0.15, tank_delays
+
+
+# --------------------------------------------------------------------------- an unavailable cluster
+
+
+def test_the_cluster_stopped_and_started_under_a_running_gateway(tmp_path, gateways):
+    port = free_port()
+    cluster_args = (f"--listen=kafka=127.0.0.1:{port}",)
+    cluster = GatewayProcess(str(tmp_path / "cluster"), ("kafka",), cluster_args)
+    cluster.start()
+    try:
+        gw = gateways(f"127.0.0.1:{port}", ("v1", "kafka"), "--cluster-timeout-ms", "3000")
+        topic = topic_name()
+        create(gw, topic, 1)
+        with V1Client("127.0.0.1", gw.port("v1"), timeout=20) as c:
+            assert c.produce(topic, "k", "before")["offset"] == "0"
+            cluster.stop()
+            reply = c.request("PRODUCE", topic, "k:during", "acks=all")
+            assert not reply.ok and reply.code in ("REPLICATION_TIMEOUT", "STORAGE_ERROR"), reply
+            cluster.start()
+            # the gateway reconnects by itself: a produce goes through again, after the one before
+            wait_until(lambda: c.request("PRODUCE", topic, "k:after", "acks=all").ok, 60, 0.5)
+            values = [v for _, v in c.consume_all(topic, 0, 0)]
+        assert values[0] == "before" and values[-1] == "after"
+        assert "lost the Kafka cluster" in gw.log and gw.log.count("connected to the Kafka cluster") >= 2
+    finally:
+        cluster.stop()
+
+
+def test_a_gateway_started_before_its_cluster_waits_and_then_serves(tmp_path, gateways):
+    port = free_port()
+    gw = gateways(f"127.0.0.1:{port}", ("v1",), "--cluster-timeout-ms", "2000")
+    with V1Client("127.0.0.1", gw.port("v1"), timeout=20) as c:
+        reply = c.request("PRODUCE", "early", "k:v")
+        assert not reply.ok and reply.code == "STORAGE_ERROR" and "unavailable" in reply.message, reply
+        wait_until(lambda: "waiting for the Kafka cluster" in gw.log, 10)
+        cluster = GatewayProcess(str(tmp_path / "cluster"), ("kafka",), (f"--listen=kafka=127.0.0.1:{port}",))
+        cluster.start()
+        try:
+            wait_until(lambda: c.request("PRODUCE", "early", "k:v").ok, 60, 0.5)
+        finally:
+            cluster.stop()
