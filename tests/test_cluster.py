@@ -332,8 +332,8 @@ def test_waiting_readers_on_another_gateway_get_new_records_within_about_100_ms(
             kafka_delays.append(time.monotonic() - sent)
             assert msg.value() == b"r%d" % i
             # a TANK consumer waiting at the tail of the partition (tail<i>: offset 2i + 1, sequence 2i + 2)
-            result = {}
-            waiter = threading.Thread(target=lambda i=i: result.update(
+            result: dict = {}
+            waiter = threading.Thread(target=lambda i=i, result=result: result.update(
                 r=tank.consume(topic, 0, 2 * i + 2, max_wait_ms=5000, min_bytes=1)))
             waiter.start()
             time.sleep(0.2)
