@@ -1,0 +1,82 @@
+"""The MQTT plugin in cluster mode: two gateways in front of one Kafka-compatible cluster (Tansu).
+
+Devices publish through one gateway and subscribe through the other; what they
+publish is the cluster's: a confluent-kafka consumer connected straight to it
+reads it, and what a native producer writes reaches MQTT subscribers.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from gateway.clients.v1 import V1Client
+from gateway.launcher import Tansu
+from gateway.partitioners import murmur2
+
+
+@pytest.fixture(scope="module")
+def tansu():
+    with Tansu() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def pair(tansu, gateway_factory):
+    """Two gateways (V1 and MQTT) on the cluster, and a fresh log topic of 3 partitions."""
+    args = ("--storage", f"kafka://{tansu.bootstrap}")
+    a, b = (gateway_factory(("v1", "mqtt"), args) for _ in range(2))
+    topic = f"m{uuid.uuid4().hex[:8]}"
+    with V1Client("127.0.0.1", a.port("v1")) as v1:
+        v1.create_topic(topic, 3)
+    return a, b, topic
+
+
+def subscribed(device, topic_filter: str, qos: int, b, topic: str) -> None:
+    """Subscribe once gateway ``b`` knows the topic (it learns another gateway's topics within a second)."""
+    deadline = time.monotonic() + 10
+    while device.subscribe((topic_filter, qos)) != [qos]:
+        assert time.monotonic() < deadline, f"gateway b never learnt {topic}"
+        time.sleep(0.2)
+
+
+def test_a_device_on_one_gateway_receives_what_a_device_on_another_published(pair, device_factory):
+    a, b, topic = pair
+    subscriber = device_factory(b.port("mqtt"), "subscriber")
+    subscribed(subscriber, f"{topic}/+/temp", 1, b, topic)
+    publisher = device_factory(a.port("mqtt"), "publisher")
+    publisher.publish(f"{topic}/kitchen/temp", b"21.5", qos=1)
+    publisher.publish(f"{topic}/kitchen/humidity", b"40", qos=1)  # matches no filter
+    publisher.publish(f"{topic}/cellar/temp", b"12.0", qos=1)
+    got = subscriber.wait_messages(2, timeout=15)
+    assert sorted(got) == [(f"{topic}/cellar/temp", b"12.0", 1), (f"{topic}/kitchen/temp", b"21.5", 1)]
+
+
+def test_what_devices_publish_is_the_clusters_and_a_native_producer_reaches_them(tansu, pair, device_factory):
+    a, b, topic = pair
+    subscriber = device_factory(b.port("mqtt"), "subscriber")
+    subscribed(subscriber, f"{topic}/#", 1, b, topic)
+    device_factory(a.port("mqtt"), "publisher").publish(f"{topic}/truck7/gps", b"48.85,2.35", qos=1)
+    consumer = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": "native", "enable.auto.commit": False})
+    key = f"{topic}/truck7/gps".encode()
+    consumer.assign([TopicPartition(topic, (murmur2(key) & 0x7FFFFFFF) % 3, 0)])
+    try:
+        deadline, message = time.monotonic() + 15, None
+        while message is None and time.monotonic() < deadline:
+            polled = consumer.poll(0.5)
+            message = polled if polled is not None and not polled.error() else None
+    finally:
+        consumer.close()
+    assert message is not None and (message.key(), message.value()) == (key, b"48.85,2.35")
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    producer.produce(topic, b"from-kafka", key=b"native", partition=0)
+    assert producer.flush(10) == 0
+    with V1Client("127.0.0.1", a.port("v1")) as v1:
+        v1.produce(topic, "user1", "from-v1")
+    got = subscriber.wait_messages(3, timeout=15)
+    # MQTT records keep their topic name; other records arrive under the log topic's name
+    assert sorted(got) == sorted([(f"{topic}/truck7/gps", b"48.85,2.35", 1),
+                                  (topic, b"from-kafka", 1), (topic, b"from-v1", 1)])
