@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/cursus_produce.py
 	$(PY) benchmarks/convert.py --reference
 	$(PY) benchmarks/spark_read.py
+	$(PY) benchmarks/cluster.py
 	$(PY) $(MQTT)/benchmarks/mqtt_publish.py
 
 clean:

@@ -68,8 +68,10 @@ class LocalStore:
     # ------------------------------------------------------------------ data
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
-               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL) -> tuple[int, int]:
-        # One copy on local disk: acks are the broker's to wait for (replica reports).
+               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
+               producer: m.ProducerState | None = None) -> tuple[int, int]:
+        # One copy on local disk: acks are the broker's to wait for (replica reports); producer
+        # state goes to the journal through set_producer_state.
         return self.engine.append(topic, partition, fmt, payload, count, max_timestamp, base_offset)
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> list[m.StoredBatch]:

@@ -76,7 +76,8 @@ class Storage(Protocol):
     # ------------------------------------------------------------------ data
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
-               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL) -> Any:
+               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
+               producer: m.ProducerState | None = None) -> Any:
         """*May wait.* Append one stored batch of format ``fmt`` spanning
         ``count`` offsets, whose offsets were already assigned from ``base_offset``
         (``None``: the log end): ``(base, last)``. Raises ``NOT_LEADER`` on a
@@ -85,7 +86,9 @@ class Storage(Protocol):
 
         ``acks`` is the produce's: a store that replicates (a Kafka cluster)
         answers once that many replicas hold the batch, and may then assign
-        other offsets than the ones in ``payload`` (it answers with its own)."""
+        other offsets than the ones in ``payload`` (it answers with its own).
+        ``producer`` is the batch's idempotent producer, for a store that keeps
+        producer state with the records (a cluster); the broker has checked it."""
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
         """*May wait.* Stored batches from the one holding ``offset`` on, below the
@@ -141,8 +144,10 @@ class Storage(Protocol):
     def allocate_producer_id(self) -> int:
         """A producer id never handed out before (it survives restarts)."""
 
-    def producer_state(self, topic: str, partition: int, producer_id: Any) -> dict[str, Any] | None:
-        """The idempotence state stored for ``producer_id`` on the partition (see ``gateway.idempotence``)."""
+    def producer_state(self, topic: str, partition: int, producer_id: Any) -> Any:
+        """*May wait.* The idempotence state stored for ``producer_id`` on the
+        partition (see ``gateway.idempotence``), or None. The broker checks and
+        appends one batch of a producer to a partition at a time when this waits."""
 
     def set_producer_state(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:
         """Store the producer's idempotence state, with the append it follows."""

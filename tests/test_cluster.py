@@ -19,11 +19,16 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from cursus import Consumer as CursusConsumer
-from cursus import ConsumerConfig, ConsumerMode
-from cursus_support import command
+from cursus import ConsumerConfig, ConsumerMode, ProducerConfig
+from cursus import Producer as CursusProducer
+from cursus.protocol.decoder import decode_batch
+from cursus_support import RawCursus, batch, command
 
+from gateway import model as m
+from gateway.clients.kafka import KafkaClient
 from gateway.clients.tank import TankClient
 from gateway.clients.v1 import V1Client
+from gateway.codecs.kafka import records
 from gateway.launcher import GatewayProcess, Tansu, free_port
 
 
@@ -388,3 +393,76 @@ def test_a_gateway_started_before_its_cluster_waits_and_then_serves(tmp_path, ga
             wait_until(lambda: c.request("PRODUCE", "early", "k:v").ok, 60, 0.5)
         finally:
             cluster.stop()
+
+
+# --------------------------------------------------------------------------- idempotent producers
+
+
+def test_a_kafka_idempotent_producer_keeps_its_guarantees_on_another_gateway(tansu, gateways):
+    a, b = gateways(tansu.bootstrap, ("v1", "kafka")), gateways(tansu.bootstrap, ("v1", "kafka"))
+    topic = topic_name()
+    create(a, topic, 1, b)
+    recs = [m.Record(b"v0", b"k0", 1_700_000_000_000), m.Record(b"v1", None, 1_700_000_000_005)]
+    with KafkaClient("127.0.0.1", a.port("kafka")) as first:
+        ids = first.call(22, 1, {"TransactionalId": None, "TransactionTimeoutMs": 1000})
+        for seq in (0, 2):
+            batch = records.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, seq))
+            assert first.produce_batch(topic, 0, batch, acks=-1).ErrorCode == 0
+    a.kill()  # the producer's gateway dies; it retries on another one
+    with KafkaClient("127.0.0.1", b.port("kafka")) as second:
+        retried = records.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 2))
+        again = second.produce_batch(topic, 0, retried, acks=-1)
+        assert (again.ErrorCode, again.BaseOffset) == (0, 2)  # a duplicate, with the offsets it was stored at
+        gap = records.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 7))
+        assert second.produce_batch(topic, 0, gap, acks=-1).ErrorCode == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+        nxt = records.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 4))
+        assert second.produce_batch(topic, 0, nxt, acks=-1).BaseOffset == 4
+    assert [v for _, _, v in native_records(tansu.bootstrap, topic, 1, 6)] == [b"v0", b"v1"] * 3
+
+
+def test_a_cursus_idempotent_producer_keeps_its_guarantees_on_another_gateway(tansu, gateways):
+    a, b = gateways(tansu.bootstrap, ("v1", "cursus")), gateways(tansu.bootstrap, ("v1", "cursus"))
+    topic = topic_name()
+    create(a, topic, 1, b)
+    producer = CursusProducer(ProducerConfig(topic=topic, brokers=[a.address("cursus")], partitions=1,
+                                             idempotent=True, linger_ms=5))
+    for i in range(3):
+        producer.send(f"m{i}")
+    producer.flush()
+    producer.close()
+    pid, epoch = producer._producer_id, producer._producer_epoch
+    with RawCursus(b.address("cursus")) as c:
+        c.send_body(batch(topic, 0, ["m1", "m2"], idempotent=True, producer_id=pid, epoch=epoch, first_seq=2))
+        assert '"status":"OK"' in c.read_frame().decode()  # a duplicate, acknowledged, not stored again
+        c.send_body(batch(topic, 0, ["gap"], idempotent=True, producer_id=pid, epoch=epoch, first_seq=9))
+        assert f'"error":"idempotency gap for producer {pid}: expected 4, got 9"' in c.read_frame().decode()
+        c.send_body(batch(topic, 0, ["old"], idempotent=True, producer_id=pid, epoch=epoch - 5, first_seq=4))
+        assert f'stale_producer_epoch producer={pid} current={epoch} got={epoch - 5}' in c.read_frame().decode()
+        c.send_body(batch(topic, 0, ["m3"], idempotent=True, producer_id=pid, epoch=epoch, first_seq=4))
+        assert '"status":"OK"' in c.read_frame().decode()
+    assert [v for _, _, v in native_records(tansu.bootstrap, topic, 1, 4)] == [b"m0", b"m1", b"m2", b"m3"]
+
+
+def test_a_cursus_stream_on_another_gateway_gets_new_records_within_about_100_ms(tansu, gateways):
+    a, b = gateways(tansu.bootstrap), gateways(tansu.bootstrap, ("v1", "cursus"))
+    topic = topic_name()
+    create(a, topic, 1, b)
+    delays = []
+    with V1Client("127.0.0.1", a.port("v1")) as producer, RawCursus(b.address("cursus")) as stream:
+        producer.produce(topic, "k", "r0")
+        stream.send_body(b"\x00\x00" + f"STREAM topic={topic} partition=0 offset=0".encode())
+
+        def next_frame() -> bytes:
+            frame = stream.read_frame()
+            while frame == b"":  # keepalives
+                frame = stream.read_frame()
+            return frame
+
+        assert [(r.offset, r.payload) for r in decode_batch(next_frame())[0]] == [(0, "r0")]
+        for i in range(1, 11):
+            time.sleep(0.2)
+            sent = time.monotonic()
+            producer.produce(topic, "k", f"r{i}")
+            assert [(r.offset, r.payload) for r in decode_batch(next_frame())[0]] == [(i, f"r{i}")]
+            delays.append(time.monotonic() - sent)
+    assert statistics.median(delays) < 0.15, delays

@@ -61,6 +61,9 @@ RECORDS = {
 }
 
 
+CLUSTERS: dict[str, str] = {}  # mode -> the cluster's bootstrap servers, while its gateways run
+
+
 @pytest.fixture(scope="module", params=["local", "cluster-tansu", "cluster-polygate"])
 def mode(request):
     """Where the records live: a gateway's own disk, or a cluster of Tansu or of a polygate in local mode."""
@@ -85,6 +88,7 @@ def gateways(mode, tmp_path_factory):
     else:
         cluster = GatewayProcess(str(tmp_path_factory.mktemp("cluster")), ("kafka",)).start()
         bootstrap = cluster.address("kafka")
+    CLUSTERS[mode] = bootstrap
     storage = ("--storage", f"kafka://{bootstrap}")
     pair = [GatewayProcess(None, PROTOCOLS, (*args, *storage)).start() for _ in range(2)]
     yield tuple(pair)
@@ -261,6 +265,36 @@ def test_path(gateways, producer, consumer):
             assert dict(g.headers)["polygate.cursus.seq_num"] == b"%d" % (i + 1)  # cursus-python counts from 1
         elif want.headers is not None:
             assert g.headers == want.headers
+
+
+class NativeClient:
+    """The cluster itself, where a ``consume_*`` helper expects a gateway."""
+
+    def __init__(self, bootstrap: str):
+        self.bootstrap = bootstrap
+
+    def address(self, protocol: str) -> str:
+        return self.bootstrap
+
+
+@pytest.mark.parametrize("producer", PROTOCOLS)
+def test_a_native_consumer_of_the_cluster_sees_what_kafka_readers_of_a_gateway_see(gateways, mode, producer):
+    """docs/conversions.md, "Cluster mode": records of every protocol are in the cluster as the
+    Kafka records a Kafka reader of a gateway gets."""
+    if mode == "local":
+        pytest.skip("cluster mode only")
+    writer, reader = gateways
+    topic = f"n-{producer}-{uuid.uuid4().hex[:6]}"
+    create(gateways, topic)
+    records = RECORDS[producer]
+    PRODUCERS[producer](writer, topic, records)
+    through_gateway = consume_kafka(reader, topic, len(records))
+    native = consume_kafka(NativeClient(CLUSTERS[mode]), topic, len(records))
+    assert native == through_gateway
+    for i, (sent, g) in enumerate(zip(records, native)):
+        want = expected(producer, "kafka", sent, i)
+        assert (g.offset, g.value) == (want.offset, want.value)
+        assert g.key == want.key or want.key is None
 
 
 # --------------------------------------------------------------------------- offsets, partitions, groups

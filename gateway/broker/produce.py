@@ -31,6 +31,8 @@ class Producer:
         self.broker = broker
         self.store = broker.store
         self._round_robin = itertools.count()
+        # (topic, partition, producer id) -> fires when that producer's last batch there is settled
+        self._in_order: dict[tuple[str, int, Any], defer.Deferred] = {}
 
     def format(self, name: str) -> BatchFormat:
         fmt = self.broker.formats.get(name)
@@ -64,14 +66,46 @@ class Producer:
             raise CommandError(refusal.code, refusal.message)
         self.check_leader(cmd.topic, partition)
         producer = batch.producer
-        state = None
-        if producer is not None:
-            state = store.producer_state(cmd.topic, partition, producer.producer_id)
+        if producer is None:
+            return self._append(cmd, partition, fmt, None, None)
+        key = (cmd.topic, partition, producer.producer_id)
+        before = self._in_order.get(key)
+        if before is None:
+            answer = self._checked(cmd, partition, fmt, producer)
+            if not isinstance(answer, defer.Deferred):
+                return answer  # the local engine: checked and appended at once
+        else:
+            answer = before.addBoth(lambda _: self._checked(cmd, partition, fmt, producer))
+        # A store that waits (a cluster): the next batch of this producer to this partition
+        # is checked only once this one is appended and its state stored.
+        done: defer.Deferred = defer.Deferred()
+        self._in_order[key] = done
+
+        def settled(outcome: Any) -> Any:
+            if self._in_order.get(key) is done:
+                del self._in_order[key]
+            done.callback(None)
+            return outcome
+
+        return answer.addBoth(settled)
+
+    def _checked(self, cmd: m.Produce, partition: int, fmt: BatchFormat, producer: m.ProducerState) -> Any:
+        """Apply the producer's idempotence rules to its state (which a store may have to look up)."""
+
+        def check(state: dict[str, Any] | None) -> Any:
             duplicate = idempotence.check(state, producer)
             if duplicate is not None:
                 return m.ProduceResult(cmd.topic, partition, duplicate[0], duplicate[1],
-                                       store.high_watermark(cmd.topic, partition),
-                                       store.log_start_offset(cmd.topic, partition), duplicate=True)
+                                       self.store.high_watermark(cmd.topic, partition),
+                                       self.store.log_start_offset(cmd.topic, partition), duplicate=True)
+            return self._append(cmd, partition, fmt, producer, state)
+
+        return then(self.store.producer_state(cmd.topic, partition, producer.producer_id), check)
+
+    def _append(self, cmd: m.Produce, partition: int, fmt: BatchFormat, producer: m.ProducerState | None,
+                state: dict[str, Any] | None) -> Any:
+        store = self.store
+        batch = cmd.batch
         base = store.log_end_offset(cmd.topic, partition) if batch.base_offset is None else batch.base_offset
         payload = fmt.assign_offsets(batch.payload, base)
 
@@ -89,7 +123,7 @@ class Producer:
             return self.acknowledge(cmd, {partition: last}, result)
 
         return then(store.append(cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp,
-                                 batch.base_offset, cmd.acks), appended)
+                                 batch.base_offset, cmd.acks, producer), appended)
 
     # ------------------------------------------------------------------ merged batches
 

@@ -17,6 +17,7 @@ from gateway.cluster.bridge import deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.groups import ClusterGroups
 from gateway.cluster.metadata import Metadata
+from gateway.cluster.producers import ProducerStates, header
 from gateway.cluster.reader import Reader
 from gateway.cluster.writer import KAFKA, Writer
 from gateway.codec import BatchFormat
@@ -49,7 +50,7 @@ class ClusterStore:
         self.writer = Writer(config, reactor, formats, self._delivered)
         self.reader = Reader(config, self.metadata, reactor, formats[KAFKA])
         self.groups = ClusterGroups(config, self.admin, reactor)
-        self._producers: dict[tuple[str, int, Any], dict[str, Any]] = {}
+        self.producers = ProducerStates(config, self.metadata, reactor)
         self._timeout = config.request_timeout_ms / 1000
 
     def start(self) -> None:
@@ -156,6 +157,7 @@ class ClusterStore:
         def deleted(_: Any) -> Any:
             self.metadata.topics.pop(topic, None)
             self.reader.forget_topic(topic)
+            self.producers.forget_topic(topic)
             return self._gone(topic)
 
         return deferred_from(self.reactor, futures[topic], f"delete topic {topic}").addCallback(deleted)
@@ -179,13 +181,15 @@ class ClusterStore:
     # ------------------------------------------------------------------ data
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
-               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL) -> Any:
+               max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
+               producer: m.ProducerState | None = None) -> Any:
         if base_offset is not None:
             raise CommandError(ErrorCode.INVALID_REQUEST, "in cluster mode the cluster assigns offsets: "
                                                           "a produce at an explicit offset is refused")
         self.metadata.marks(topic, partition)
         records = self.writer.records(fmt, payload, count, max_timestamp)
-        return self.writer.append(topic, partition, records, acks)
+        tag = None if producer is None else header(producer, len(records))
+        return self.writer.append(topic, partition, records, acks, tag)
 
     def _delivered(self, topic: str, partition: int, last: int) -> None:
         if self.metadata.advance(topic, partition, last + 1):
@@ -248,13 +252,15 @@ class ClusterStore:
     def allocate_producer_id(self) -> int:
         # Unique across gateways without a shared counter: 62 random bits (a collision
         # among a million producers has odds of about 1 in 10^7).
-        return random.getrandbits(62) | (1 << 40)
+        producer_id = random.getrandbits(62) | (1 << 40)
+        self.producers.allocated.add(producer_id)
+        return producer_id
 
-    def producer_state(self, topic: str, partition: int, producer_id: Any) -> dict[str, Any] | None:
-        return self._producers.get((topic, partition, producer_id))
+    def producer_state(self, topic: str, partition: int, producer_id: Any) -> Any:
+        return self.producers.get(topic, partition, producer_id)
 
     def set_producer_state(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:
-        self._producers[(topic, partition, producer_id)] = state
+        self.producers.set(topic, partition, producer_id, state)
 
     # ------------------------------------------------------------------ groups and commits
 

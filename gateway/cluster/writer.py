@@ -109,9 +109,11 @@ class Writer:
         batches = convert([batch], KAFKA, self.formats) if fmt != KAFKA else [batch]
         return self.kafka.columns(batches)
 
-    def append(self, topic: str, partition: int, records: Columns, acks: m.Acks) -> defer.Deferred:
-        """Produce ``records`` to the partition: a Deferred of ``(first, last)`` offsets as
-        the cluster assigned them, failing with the client's ``CommandError``."""
+    def append(self, topic: str, partition: int, records: Columns, acks: m.Acks,
+               tag: tuple[str, bytes] | None = None) -> defer.Deferred:
+        """Produce ``records`` to the partition, each with the header ``tag`` added if given: a
+        Deferred of ``(first, last)`` offsets as the cluster assigned them, failing with the
+        client's ``CommandError``."""
         n = len(records)
         if n == 0:
             raise CommandError(ErrorCode.INVALID_REQUEST, "a batch without records")
@@ -123,10 +125,12 @@ class Writer:
         report = pending.delivered
         for i in range(n):
             ts = stamps[i]
+            record_headers = list(headers[i]) if headers is not None and headers[i] else None
+            if tag is not None:
+                record_headers = [*(record_headers or ()), tag]
             try:
                 produce(topic, values[i], keys[i], partition=partition, on_delivery=report,
-                        timestamp=ts if ts > 0 else 0,
-                        headers=list(headers[i]) if headers is not None and headers[i] else None)
+                        timestamp=ts if ts > 0 else 0, headers=record_headers)
             except BufferError:
                 pending.not_queued(KafkaError(KafkaError._QUEUE_FULL, "the gateway's produce queue is full"), n - i)
                 break
