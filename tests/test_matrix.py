@@ -357,6 +357,17 @@ def test_keyed_records_land_where_each_protocol_promises(gateway):
     assert delivered == {k: (murmur2(k.encode()) & 0x7FFFFFFF) % 3 for k in keys}
 
 
+def joined(client: V1Client, group: str, topic: str, member: str) -> str:
+    """JOIN until the member has partitions (in cluster mode a JOIN the cluster has not
+    settled within 3.5 s is answered with none, and the client joins again); its generation."""
+    deadline = time.monotonic() + 30
+    while True:
+        fields = client.request("JOIN", group, topic, member).check().fields
+        if fields.get("assigned", "[]") != "[]" or time.monotonic() > deadline:
+            return fields["generation"]
+        time.sleep(0.2)
+
+
 def test_committed_offsets_and_groups_are_one_namespace(gateway, mode):
     from confluent_kafka.admin import AdminClient
     from cursus_support import command
@@ -365,7 +376,7 @@ def test_committed_offsets_and_groups_are_one_namespace(gateway, mode):
     group = f"billing-{uuid.uuid4().hex[:6]}"
     create(gateway, topic, 3)
     with V1Client("127.0.0.1", gateway.port("v1")) as c:
-        generation = c.request("JOIN", group, topic, "legacy-app").check().fields["generation"]
+        generation = joined(c, group, topic, "legacy-app")
         c.request("COMMIT", group, topic, "legacy-app", generation, "1", "42").check()
         # a Kafka client sees the V1 commit
         consumer = Consumer({"bootstrap.servers": gateway.address("kafka"), "group.id": group})
