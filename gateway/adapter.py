@@ -190,6 +190,7 @@ class CodecProtocol(protocol.Protocol):
         self._full_since: float | None = None  # since when the peer has not drained what we sent
         self._drop_logged = -1e9
         self._yielded = False  # the slice ran out with events maybe left: going on at the next turn
+        self._answers_due: Any = None  # answers that waited came in: written, and reading resumed, at the next turn
         self._streams: list[_Stream] = []
         self._timers: dict[Any, Any] = {}
 
@@ -229,6 +230,9 @@ class CodecProtocol(protocol.Protocol):
         streams, self._streams = self._streams, []
         for stream in streams:
             stream.stop()
+        if self._answers_due is not None:
+            self._answers_due.cancel()
+            self._answers_due = None
         timers, self._timers = self._timers, {}
         for call in timers.values():
             if call.active():
@@ -416,9 +420,16 @@ class CodecProtocol(protocol.Protocol):
         slot.held = len(slot.data)
         self._held += slot.held
         self._jump_queue(slot)
-        if not self._pumping:  # an answer that waited; the pump flushes its own pass's answers
-            self._flush()
-            self._pump()
+        if not self._pumping and self._answers_due is None:
+            # An answer that waited (the pump flushes its own pass's answers). Answers that
+            # arrive together (a cluster's acknowledgement of a merged append answers every
+            # produce in it) are written, and the next requests taken, once, after them all.
+            self._answers_due = self.factory.reactor.callLater(0, self._answers_arrived)
+
+    def _answers_arrived(self) -> None:
+        self._answers_due = None
+        self._flush()
+        self._pump()
 
     def _internal_error(self, slot: _Slot, request: Request, f: Failure) -> None:
         log.error("%s: internal error executing %r: %s", self.factory.plugin.name, request.commands,

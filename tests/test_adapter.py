@@ -132,8 +132,10 @@ def test_greeting_and_answers_in_request_order(script):
     proto.dataReceived(b"wait a\nwait b\nreply now\nwait c\n")
     waits["c"].callback(3)
     waits["b"].callback(2)
+    factory.reactor.advance(0)  # answers that waited go out at the next turn of the reactor
     assert transport.value() == b""  # a is not answered yet
     waits["a"].callback(1)
+    factory.reactor.advance(0)
     assert transport.value() == b"a=1\nb=2\nnow\nc=3\n"
 
 
@@ -143,6 +145,7 @@ def test_byte_at_a_time_delivery(script):
     for byte in b"wait x\n":
         proto.dataReceived(bytes([byte]))
     waits["x"].callback("ok")
+    factory.reactor.advance(0)
     assert transport.value().endswith(b"x=ok\n")
 
 
@@ -153,10 +156,12 @@ def test_too_many_in_flight_pauses_reading_until_answers_drain(script):
     assert transport.producerState == "paused"
     assert set(waits) == {"0", "1", "2", "3"}  # the rest waits in the codec's buffer
     waits["0"].callback(0)  # one answer out lets exactly one more request in
+    factory.reactor.advance(0)
     assert set(waits) == {"0", "1", "2", "3", "4"}
     assert transport.producerState == "paused"
     for i in "12345":
         waits[i].callback(int(i))
+        factory.reactor.advance(0)
     assert transport.producerState == "producing"
     assert transport.value().endswith(b"".join(b"%d=%d\n" % (i, i) for i in range(6)))
 
@@ -186,6 +191,7 @@ def test_close_event_writes_earlier_answers_then_closes(script):
     proto.dataReceived(b"wait a\nclose\nreply never\n")
     assert not transport.disconnecting
     waits["a"].callback(1)
+    factory.reactor.advance(0)
     assert transport.value() == b"hello\na=1\nbye\n"
     assert transport.disconnecting
 

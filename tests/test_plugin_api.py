@@ -151,6 +151,7 @@ def test_unsubscribe_also_drops_a_subscribe_still_waiting_for_earlier_answers(ri
     proto.dataReceived(b"poll slow\nsub a\nunsub a\n")  # "sub a" waits behind the long-poll
     assert proto._streams == []
     produce(broker, "slow", b"x")  # answers the poll: the dropped Subscribe must not start
+    reactor.advance(0)
     produce(broker, "a", b"never")
     assert transport.value() == b"done\n"
     assert proto._streams == []

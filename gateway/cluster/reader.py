@@ -44,7 +44,7 @@ class Window:
     """A partition's batches read from the cluster, ``start`` to ``next`` (the fetch position)."""
 
     __slots__ = ("topic", "partition", "batches", "lasts", "start", "next", "size", "version", "waiters",
-                 "pending", "used", "fresh")
+                 "pending", "used", "fresh", "read_to", "paused")
 
     def __init__(self, topic: str, partition: int, offset: int, version: int):
         self.topic = topic
@@ -58,6 +58,8 @@ class Window:
         self.pending: list[tuple[int, int, defer.Deferred]] = []
         self.used = time.monotonic()
         self.fresh = False  # True once the first fetch answer (records or end of log) came
+        self.read_to = offset  # the end of the furthest read served: batches below it may go
+        self.paused = False  # fetching stopped: the window is full of batches nobody has read yet
 
     def covers(self, offset: int) -> bool:
         return self.start <= offset < self.next
@@ -71,24 +73,32 @@ class Window:
                 break
             out.append(batch)
             size += len(batch.payload)
+        if out and out[-1].last_offset + 1 > self.read_to:
+            self.read_to = out[-1].last_offset + 1
         return out
 
-    def add(self, batch: StoredBatch | None, position: int, limit: int) -> None:
+    def add(self, batch: StoredBatch | None, position: int, limit: int) -> bool:
+        """Keep ``batch`` (fetched up to ``position``); whether the window is full of unread batches."""
         if batch is not None:
             self.batches.append(batch)
             self.lasts.append(batch.last_offset)
             self.size += len(batch.payload)
         self.next = max(self.next, position)
+        if not self.batches:
+            self.start = self.next
+        return self.trim(limit)
+
+    def trim(self, limit: int) -> bool:
+        """Drop the oldest batches already read while over ``limit``; whether it is still over."""
         drop = 0
-        while self.size > limit and drop < len(self.batches) - 1:
+        while self.size > limit and drop < len(self.batches) - 1 and self.lasts[drop] < self.read_to:
             self.size -= len(self.batches[drop].payload)
             drop += 1
         if drop:
             del self.batches[:drop]
             del self.lasts[:drop]
             self.start = self.batches[0].base_offset
-        elif not self.batches:
-            self.start = self.next
+        return self.size > limit
 
 
 class Reader:
@@ -122,7 +132,11 @@ class Reader:
         """Batches from ``offset`` on: at once from the window, else a Deferred (see the module docstring)."""
         w = self._window(topic, partition, offset)
         if w.covers(offset):
-            return w.read(offset, max_bytes)
+            batches = w.read(offset, max_bytes)
+            if w.paused and not w.trim(self.window_bytes // 2):
+                w.paused = False  # the reader caught up: fetch again
+                self._control.put(("resume", topic, partition, 0, w.version))
+            return batches
         if offset != w.next:  # outside the window: fetch from there
             w = self._move(w, offset)
         if w.fresh and self._caught_up(w, offset):
@@ -203,7 +217,9 @@ class Reader:
             w = self.windows.get((topic, partition))
             if w is None or w.version != version:
                 continue  # fetched for a position nobody wants any more
-            w.add(batch, position, self.window_bytes)
+            if w.add(batch, position, self.window_bytes) and not w.paused:
+                w.paused = True  # nobody read these yet: stop fetching until someone does
+                self._control.put(("pause", topic, partition, 0, version))
             w.fresh = True
             if w.pending:
                 waiting, w.pending = w.pending, []
@@ -261,15 +277,18 @@ class Reader:
             return
         assign: dict[tuple[str, int], tuple[int, int]] = {}
         drop: set[tuple[str, int]] = set()
+        paused: dict[tuple[str, int], tuple[bool, int]] = {}  # the last pause or resume, for its version
         while op is not None:
             kind, topic, partition, offset, version = op
             key = (topic, partition)
             if kind == "assign":
                 assign[key] = (offset, version)
                 drop.discard(key)
-            else:
+            elif kind == "drop":
                 drop.add(key)
                 assign.pop(key, None)
+            else:
+                paused[key] = (kind == "pause", version)
             try:
                 op = self._control.get_nowait()
             except queue.Empty:
@@ -283,6 +302,12 @@ class Reader:
             self._consumer.incremental_assign([TopicPartition(t, p, offset) for (t, p), (offset, _) in assign.items()])
             for k, (_, version) in assign.items():
                 self._assigned[k] = version
+        for (t, p), (pause, version) in paused.items():
+            if self._assigned.get((t, p)) != version:
+                continue  # for a position given up since
+            # librdkafka drops what it fetched ahead for a paused partition, and fetches again
+            # from the next offset not yet handed over when it is resumed.
+            (self._consumer.pause if pause else self._consumer.resume)([TopicPartition(t, p)])
 
     def _encode(self, msgs: list[Any]) -> StoredBatch:
         """Consumed messages of one partition as one Kafka record batch with their offsets."""

@@ -81,7 +81,7 @@ class Writer:
         self.formats = formats
         self.kafka = formats[KAFKA]
         self.delivered = delivered  # (topic, partition, last offset) in the reactor thread
-        common = {"linger.ms": 2, "message.timeout.ms": config.request_timeout_ms,
+        common = {"linger.ms": 0, "message.timeout.ms": config.request_timeout_ms,
                   "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
                   "message.max.bytes": MESSAGE_MAX_BYTES}
         common.update((k, v) for k, v in config.properties.items() if k in common)  # the operator's say wins
