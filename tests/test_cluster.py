@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from cursus import Consumer as CursusConsumer
 from cursus import ConsumerConfig, ConsumerMode, ProducerConfig
 from cursus import Producer as CursusProducer
@@ -100,6 +100,27 @@ def native_records(bootstrap: str, topic: str, partitions: int, expect: int, tim
 # --------------------------------------------------------------------------- groups
 
 
+def every_native_record(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> list:
+    """``(partition, offset, value)`` of every record up to each partition's end, read straight from the cluster."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"native-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got, at_end = [], set()
+    deadline = time.monotonic() + timeout
+    while len(at_end) < partitions and time.monotonic() < deadline:
+        msg = c.poll(0.2)
+        if msg is None:
+            continue
+        if msg.error():
+            assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+            at_end.add(msg.partition())
+        else:
+            got.append((msg.partition(), msg.offset(), msg.value()))
+    c.close()
+    assert len(at_end) == partitions, "the cluster did not answer up to the end of every partition"
+    return got
+
+
 def join(client: V1Client, group: str, topic: str, member: str, *extra: str):
     """JOIN until the cluster has assigned the member (a JOIN answers after 3.5 s with generation -1
     when the cluster's rebalance takes longer, and the member joins again)."""
@@ -121,6 +142,23 @@ def rejoined_after_rebalance(client: V1Client, group: str, topic: str, member: s
 
     wait_until(mismatched, 40, 0.5)
     return join(client, group, topic, member, *extra).fields
+
+
+def test_gateways_on_one_machine_share_a_data_dir_argument_and_write_nothing_there(tansu, tmp_path):
+    shared = tmp_path / "never-created"
+    pair = [GatewayProcess(str(shared), ("v1",), ("--storage", f"kafka://{tansu.bootstrap}")).start()
+            for _ in range(2)]
+    try:
+        topic = topic_name()
+        create(pair[0], topic, 1, pair[1])
+        with V1Client("127.0.0.1", pair[1].port("v1")) as c:
+            assert c.produce(topic, "k", "v")["offset"] == "0"
+        assert not shared.exists()
+        assert "nothing kept on local disk" in pair[0].log
+    finally:
+        for gw in pair:
+            gw.assert_alive()
+            gw.stop()
 
 
 def test_v1_members_on_two_gateways_share_a_group_of_the_cluster(tansu, gateways):
@@ -307,7 +345,7 @@ def test_kill_9_of_a_gateway_loses_no_acknowledged_record(tansu, gateways):
     a.kill()
     stop.set()
     writer.join(30)
-    stored = {(p, o): v.decode() for p, o, v in native_records(tansu.bootstrap, topic, 3, len(acked))}
+    stored = {(p, o): v.decode() for p, o, v in every_native_record(tansu.bootstrap, topic, 3)}
     missing = [r for r in acked if stored.get((r[0], r[1])) != r[2]]
     assert len(acked) >= 500 and not missing
 
@@ -466,3 +504,31 @@ def test_a_cursus_stream_on_another_gateway_gets_new_records_within_about_100_ms
             assert [(r.offset, r.payload) for r in decode_batch(next_frame())[0]] == [(i, f"r{i}")]
             delays.append(time.monotonic() - sent)
     assert statistics.median(delays) < 0.15, delays
+
+
+def test_sasl_to_the_cluster_and_no_password_in_the_log(tmp_path, gateways):
+    """The cluster (a polygate in local mode) asks for SCRAM-SHA-256: the gateway authenticates with
+    its --cluster-option settings, and never logs the password; a wrong one is reported and retried."""
+    cluster = GatewayProcess(str(tmp_path / "cluster"), ("kafka",),
+                             ("--codec-option", "kafka.sasl.users=gateway:s3cret-pw")).start()
+    try:
+        sasl = ("--cluster-option", "security.protocol=SASL_PLAINTEXT",
+                "--cluster-option", "sasl.mechanism=SCRAM-SHA-256", "--cluster-option", "sasl.username=gateway")
+        gw = gateways(cluster.address("kafka"), ("v1",), *sasl, "--cluster-option", "sasl.password=s3cret-pw",
+                      "--log-level", "DEBUG")
+        topic = topic_name()
+        create(gw, topic, 1)
+        with V1Client("127.0.0.1", gw.port("v1")) as c:
+            assert c.produce(topic, "k", "v", acks="all")["offset"] == "0"
+            assert [v for _, v in c.consume_all(topic, 0, 0)] == ["v"]
+        wrong = gateways(cluster.address("kafka"), ("v1",), *sasl, "--cluster-option", "sasl.password=wrong-pw",
+                         "--cluster-timeout-ms", "3000")
+        with V1Client("127.0.0.1", wrong.port("v1")) as c:
+            reply = c.request("PRODUCE", topic, "k:v")
+            assert not reply.ok and reply.code == "STORAGE_ERROR", reply
+        wait_until(lambda: "waiting for the Kafka cluster" in wrong.log, 10)
+        for g in (gw, wrong):
+            assert "s3cret-pw" not in g.log and "wrong-pw" not in g.log
+            assert "sasl.password=***" in g.log
+    finally:
+        cluster.stop()
