@@ -33,7 +33,8 @@ import confluent_kafka as ck
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Gateway, cpu_seconds, plot_path, progress, write_result  # noqa: E402
-from kafka_produce_consume import run as kafka_run  # noqa: E402
+from kafka_produce_consume import consume as kafka_consume  # noqa: E402
+from kafka_produce_consume import produce as kafka_produce  # noqa: E402
 from tank_produce_consume import consume as tank_consume  # noqa: E402
 from tank_produce_consume import produce as tank_produce  # noqa: E402
 from v1_produce import drive as v1_drive  # noqa: E402
@@ -63,24 +64,32 @@ def us_per(seconds: float, count: int) -> float:
     return round(seconds / count * 1e6, 3)
 
 
+def kafka_client(servers: str, records: int, **pids: int) -> dict:
+    """confluent-kafka producing then consuming ``records``: rates, and the CPU per record of ``pids``."""
+    with Meter(**pids) as p:
+        topic, _ = kafka_produce(servers, records)
+    with Meter(**pids) as c:
+        kafka_consume(servers, topic, records)
+    out = {"produce_records_s": round(records / p.seconds), "consume_records_s": round(records / c.seconds)}
+    for name in pids:
+        out[f"produce_{name}_cpu_us_per_record"] = us_per(p.used[name], records)
+        out[f"consume_{name}_cpu_us_per_record"] = us_per(c.used[name], records)
+    return out
+
+
 def overhead(tansu: Tansu, records: int) -> dict:
     progress(f"1. gateway overhead: confluent-kafka, {records:,} x 100 B, straight to the cluster")
-    with Meter(tansu=tansu.proc.pid) as m:
-        direct = kafka_run(tansu.bootstrap, records)
-    direct["tansu_cpu_us_per_record"] = us_per(m.used["tansu"], 2 * records)
+    direct = kafka_client(tansu.bootstrap, records, tansu=tansu.proc.pid)
     progress("   ... and through a gateway")
-    with Gateway(["kafka"], ("--storage", f"kafka://{tansu.bootstrap}")) as gw, \
-            Meter(tansu=tansu.proc.pid, gateway=gw.proc.pid) as m:
-        through = kafka_run(gw.address("kafka"), records)
-    through["tansu_cpu_us_per_record"] = us_per(m.used["tansu"], 2 * records)
-    through["gateway_cpu_us_per_record"] = us_per(m.used["gateway"], 2 * records)
+    with Gateway(["kafka"], ("--storage", f"kafka://{tansu.bootstrap}")) as gw:
+        through = kafka_client(gw.address("kafka"), records, tansu=tansu.proc.pid, gateway=gw.proc.pid)
     ratios = {k: round(through[k] / direct[k], 3) for k in ("produce_records_s", "consume_records_s")}
-    print(f"   direct  produce {direct['produce_records_s']:>10,.0f} rec/s  consume {direct['consume_records_s']:>10,.0f}"
-          f" rec/s  (Tansu {direct['tansu_cpu_us_per_record']:.2f} µs/record)")
-    print(f"   gateway produce {through['produce_records_s']:>10,.0f} rec/s  consume {through['consume_records_s']:>10,.0f}"
-          f" rec/s  (gateway {through['gateway_cpu_us_per_record']:.2f} µs/record produced or consumed, "
-          f"Tansu {through['tansu_cpu_us_per_record']:.2f})")
-    print(f"   through/direct: produce x{ratios['produce_records_s']:.2f}, consume x{ratios['consume_records_s']:.2f}")
+    for step in ("produce", "consume"):
+        print(f"   {step}: direct {direct[f'{step}_records_s']:>10,} rec/s (Tansu "
+              f"{direct[f'{step}_tansu_cpu_us_per_record']:.2f} µs/record); through a gateway "
+              f"{through[f'{step}_records_s']:>10,} rec/s (gateway {through[f'{step}_gateway_cpu_us_per_record']:.2f}"
+              f" µs/record, Tansu {through[f'{step}_tansu_cpu_us_per_record']:.2f}); "
+              f"through/direct x{ratios[f'{step}_records_s']:.2f}")
     return {"direct": direct, "through_gateway": through, "ratios": ratios}
 
 

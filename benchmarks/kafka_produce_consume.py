@@ -69,7 +69,8 @@ class Tansu:
         self.proc.wait(30)
 
 
-def run(servers: str, records: int) -> dict[str, float]:
+def produce(servers: str, records: int) -> tuple[str, float]:
+    """Produce ``records`` values of 100 B to a new one-partition topic: the topic and the seconds it took."""
     topic = f"bench-{time.time_ns()}"
     admin = AdminClient({"bootstrap.servers": servers})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
@@ -87,8 +88,11 @@ def run(servers: str, records: int) -> dict[str, float]:
             producer.poll(0)
     if producer.flush(300):
         raise RuntimeError("producer did not deliver every record")
-    produce_s = time.perf_counter() - start
+    return topic, time.perf_counter() - start
 
+
+def consume(servers: str, topic: str, records: int) -> float:
+    """Seconds a consumer takes to read ``records`` records of ``topic`` from the beginning."""
     consumer = ck.Consumer({"bootstrap.servers": servers, "group.id": f"bench-{time.time_ns()}",
                             "enable.auto.commit": False})
     consumer.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
@@ -98,8 +102,14 @@ def run(servers: str, records: int) -> dict[str, float]:
         for msg in consumer.consume(10000, 5):
             if msg.error() is None:
                 got += 1
-    consume_s = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
     consumer.close()
+    return elapsed
+
+
+def run(servers: str, records: int) -> dict[str, float]:
+    topic, produce_s = produce(servers, records)
+    consume_s = consume(servers, topic, records)
     mb = records * VALUE_SIZE / 1e6
     return {"produce_records_s": records / produce_s, "produce_mb_s": mb / produce_s,
             "consume_records_s": records / consume_s, "consume_mb_s": mb / consume_s}
