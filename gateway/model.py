@@ -14,6 +14,7 @@ offset, TANK's sequence numbers start at 1) convert at their edge.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -71,6 +72,16 @@ class CommandError(Exception):
     def __init__(self, code: ErrorCode, message: str = ""):
         super().__init__(message or code.value)
         self.error = Error(code, message or code.value)
+
+
+TOPIC_NAME = re.compile(r"[A-Za-z0-9._=\-]{1,249}")
+
+
+def check_topic_name(name: str) -> None:
+    """Raise ``INVALID_TOPIC`` unless ``name`` is a name every store takes for a new topic:
+    1 to 249 of ``A-Z a-z 0-9 . _ = -``, and neither ``.`` nor ``..``."""
+    if not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+        raise CommandError(ErrorCode.INVALID_TOPIC, f"invalid topic name {name!r}")
 
 
 # --------------------------------------------------------------------------- records and batches

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import resource
 import threading
 import time
@@ -29,6 +28,7 @@ from gateway.model import (
     StoredBatch,
     TopicConfig,
     TopicInfo,
+    check_topic_name,
 )
 
 from . import fileio
@@ -39,7 +39,6 @@ from .replication import ReplicaSet
 
 log = logging.getLogger(__name__)
 
-TOPIC_NAME = re.compile(r"^[A-Za-z0-9._=\-]{1,249}$")
 MAX_PARTITIONS = 10_000  # per topic: each open partition holds file descriptors
 MAX_OFFSET = (1 << 63) - 1
 
@@ -254,8 +253,7 @@ class Engine:
         """Create a topic; raises ``CommandError`` if it exists or is invalid."""
         if name in self.topics:
             raise CommandError(ErrorCode.TOPIC_EXISTS, f"topic {name} already exists")
-        if not TOPIC_NAME.match(name) or name in (".", ".."):
-            raise CommandError(ErrorCode.INVALID_TOPIC, f"invalid topic name {name!r}")
+        check_topic_name(name)
         n = self.config.default_partitions if partitions is None else partitions
         self._check_room(n, n, 1)
         config = config or TopicConfig()

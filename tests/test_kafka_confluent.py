@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import confluent_kafka as ck
 import kafka_support
 import pytest
@@ -76,6 +78,7 @@ def test_consume_from_committed_offset_visible_to_v1(kafka_gateway):
         assert v1.request("OFFSET", group, topic, "0").check().fields["offset"] == str(len(sent))
 
 
+@pytest.mark.tansu_differs("DescribeGroups lists no members")
 def test_group_of_two_rebalances_when_one_leaves(kafka_gateway):
     servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
     admin = AdminClient({"bootstrap.servers": servers})
@@ -126,6 +129,7 @@ def test_idempotent_producer(kafka_gateway):
     assert [m.value() for m in got] == [str(i).encode() for i in range(300)]
 
 
+@pytest.mark.tansu_differs("CreatePartitions is not supported")
 def test_admin_topics_configs_and_groups(kafka_gateway):
     servers, topic, group = bootstrap(kafka_gateway), unique("adm"), unique("g")
     admin = AdminClient({"bootstrap.servers": servers})
@@ -188,6 +192,9 @@ def test_v1_group_commit_is_where_a_kafka_consumer_starts(kafka_gateway):
     sent = produce_all(servers, topic)
     with V1Client("127.0.0.1", kafka_gateway.port("v1")) as v1:
         joined = v1.request("JOIN", group, topic, "v1-member").check().fields
+        while joined["assigned"] == "[]":  # cluster mode: the cluster's first rebalance outlasted the JOIN
+            time.sleep(0.2)
+            joined = v1.request("JOIN", group, topic, "v1-member").check().fields
         v1.request("COMMIT", group, topic, "v1-member", joined["generation"], "0", "11").check()
         v1.request("LEAVE", group, topic, "v1-member", joined["generation"]).check()
     c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})

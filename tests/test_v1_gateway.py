@@ -97,6 +97,7 @@ def test_ack_modes(client):
         assert reply.ok, reply
 
 
+@pytest.mark.local_only("replicas are counted by V1 REPLICA_FETCH; in cluster mode acks=all is the cluster's")
 def test_acks_all_times_out_then_succeeds_after_replica_fetch(client):
     reply = client.request("PRODUCE", "rep", "k:v1", "acks=all")
     assert (reply.code, reply.message) == ("REPLICATION_TIMEOUT", "acks=all timeout")
@@ -116,6 +117,7 @@ def test_acks_all_times_out_then_succeeds_after_replica_fetch(client):
     assert reply.fields == {"partition": str(partition), "offset": "1", "hw": "1"}
 
 
+@pytest.mark.local_only("REPLICA_FETCH is refused in cluster mode: replication is the cluster's")
 def test_replica_fetch_errors(client):
     client.produce("rf", "k", "v")
     p = str(fnv1a_32(b"k") % 3)
@@ -127,6 +129,7 @@ def test_replica_fetch_errors(client):
     assert (reply.code, reply.message) == ("BAD_REQUEST", "partition is not leader")
 
 
+@pytest.mark.local_only("leader and follower roles are the cluster's")
 def test_follower_role_blocks_produce_and_hides_data(client):
     client.produce("roles", "k", "v")
     p = fnv1a_32(b"k") % 3
@@ -139,6 +142,7 @@ def test_follower_role_blocks_produce_and_hides_data(client):
     assert reply.payload == f"topic=roles partition={p} role=leader hw=0"
 
 
+@pytest.mark.local_only("generation numbers are the broker's own, and JOIN answers at once")
 def test_group_lifecycle(client):
     j1 = client.request("JOIN", "g1", "events", "alice").check().fields
     assert j1 == {"generation": "2", "assigned": "[0 1 2]"}
@@ -165,6 +169,7 @@ def test_group_lifecycle(client):
     assert fields == {"generation": "6", "assigned": "[0 1]"}
 
 
+@pytest.mark.local_only("its acks=all answer times out on REPLICA_FETCH bookkeeping")
 def test_pipelined_requests_are_answered_in_order(v1_gateway):
     port = v1_gateway.port("v1")
     # a slow acks=all (times out after 200 ms) followed by fast requests

@@ -57,10 +57,17 @@ DEFAULT_SESSION_TIMEOUT_MS = 10_000
 MIN_SESSION_TIMEOUT_MS = 6_000  # Kafka's group.min.session.timeout.ms
 REBALANCE_TIMEOUT_MS = 10_000
 # A V1 or Cursus JOIN (or SYNC) waits this long for the cluster's assignment, then answers with none
-# (generation -1): the real clients read within 5 s, and a new group's first rebalance takes 3 s.
-SERVER_JOIN_WAIT_S = 3.5
+# (and generation 0, which Cursus clients accept; the next heartbeat fails with GENERATION_MISMATCH
+# and they join again): the real clients read within 5 s, and a new group's first rebalance takes 3 s.
+SERVER_JOIN_WAIT_S = 4.0
 STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
           "COMPLETING_REBALANCING": "CompletingRebalance", "EMPTY": "Empty", "DEAD": "Dead", "UNKNOWN": "Unknown"}
+
+
+def preference(assignor: str) -> str:
+    """librdkafka's ``partition.assignment.strategy`` for a member that asks for ``assignor``."""
+    first = ASSIGNORS.get(assignor, "roundrobin")
+    return ",".join([first, *(a for a in ASSIGNORS.values() if a != first)])
 
 
 def generation_of(consumer: Consumer) -> int:
@@ -90,6 +97,7 @@ class Member:
     generation: int = -1
     assignment: tuple[tuple[str, tuple[int, ...]], ...] = ()
     assigned: bool = False  # False between a revocation and the next assignment
+    told: int = -2  # the generation whose assignment the client was last given (-2: none yet)
     last_seen: float = attrs.field(factory=time.monotonic)
     waiting: list[defer.Deferred] = attrs.field(factory=list)
     closed: bool = False
@@ -166,12 +174,16 @@ class ClusterGroups:
 
         consumer = Consumer(self.config.client(**{
             "group.id": member.group, "enable.auto.commit": False,
-            "partition.assignment.strategy": ASSIGNORS.get(member.assignor, "roundrobin"),
+            # The member's assignor first, the other as a fallback: a group whose other members
+            # (native consumers, or members of another protocol) offer only that one still takes it.
+            "partition.assignment.strategy": preference(member.assignor),
             "session.timeout.ms": max(member.session_timeout_ms, MIN_SESSION_TIMEOUT_MS),
             # The rebalance timeout is max.poll.interval.ms: the groups thread polls every member's
             # consumer all the time, so a short one costs nothing and keeps rebalances short.
             "heartbeat.interval.ms": 500, "max.poll.interval.ms": REBALANCE_TIMEOUT_MS,
-            "client.id": f"{self.config.client_id}-{member.member_id}"[:200]}))
+            "client.id": f"{self.config.client_id}-{member.member_id}"[:200],
+            "error_cb": lambda err: log.warning("group %s: member %s: %s", member.group, member.member_id,
+                                                err.str())}))
         consumer.subscribe(list(member.topics), on_assign=assigned, on_revoke=revoked)
         member.consumer = consumer
         self._polled.append(member)
@@ -206,7 +218,8 @@ class ClusterGroups:
     def _member(self, group: str, member_id: str, generation: int | None) -> Member:
         member = self.members.get((group, member_id))
         if member is None:
-            raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member")
+            known = any(g == group for g, _ in self.members)
+            raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member" if known else "group not found")
         member.last_seen = time.monotonic()
         if generation is not None and generation != member.generation:
             raise CommandError(ErrorCode.GENERATION_MISMATCH, "stale generation")
@@ -253,7 +266,7 @@ class ClusterGroups:
             if mem.kind == "consumer":
                 return m.JoinGroupResult(cmd.group, mem.member_id, mem.generation, mem.assignment, LEADER,
                                          mem.protocol)
-            return m.JoinGroupResult(cmd.group, mem.member_id, mem.generation, mem.assignment)
+            return m.JoinGroupResult(cmd.group, mem.member_id, *self._tell(mem))
 
         return self._when_assigned(member, None if member.kind == "consumer" else SERVER_JOIN_WAIT_S).addCallback(
             joined)
@@ -291,13 +304,24 @@ class ClusterGroups:
             return m.SyncGroupResult(cmd.group, member.generation, member.assignment,
                                      encode_assignment(member.assignment))
         return self._when_assigned(member, SERVER_JOIN_WAIT_S).addCallback(
-            lambda mem: m.SyncGroupResult(cmd.group, mem.generation, mem.assignment))
+            lambda mem: m.SyncGroupResult(cmd.group, *self._tell(mem)))
+
+    @staticmethod
+    def _tell(member: Member) -> tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]:
+        """The generation and assignment a V1 or Cursus JOIN or SYNC answers: the cluster's,
+        or, while it has not assigned the member yet, generation 0 and no partitions."""
+        if not member.assigned:
+            return max(member.generation, 0), ()
+        member.told = member.generation
+        return member.generation, member.assignment
 
     def heartbeat(self, cmd: m.Heartbeat) -> Any:
         try:
             member = self._member(cmd.group, cmd.member_id, None)
             if member.kind == "consumer" and (not member.assigned or cmd.generation != member.generation):
                 raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "the cluster's group rebalanced: rejoin")
+            if member.kind == "server" and (not member.assigned or member.told != member.generation):
+                raise CommandError(ErrorCode.GENERATION_MISMATCH, "the cluster's group rebalanced: rejoin")
             self._member(cmd.group, cmd.member_id, cmd.generation)
         except CommandError as e:
             return m.HeartbeatResult(cmd.group, e.error, self._generation(cmd.group))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -48,8 +49,10 @@ class TopicState:
 class Metadata:
     """Topics, ids and watermarks of the cluster (read in the reactor thread only)."""
 
-    def __init__(self, config: ClusterConfig, admin: AdminClient, reactor: Any, interval: float = 1.0):
+    def __init__(self, config: ClusterConfig, admin: AdminClient, reactor: Any, interval: float = 1.0,
+                 gone: Callable[[str], None] = lambda topic: None):
         self.config = config
+        self.gone = gone  # called with a topic the cluster no longer has
         self.admin = admin
         self.reactor = reactor
         self.interval = interval
@@ -140,6 +143,7 @@ class Metadata:
             for name in list(self.topics):
                 if name not in topics or self.topics[name].topic_id != topics[name][0]:
                     del self.topics[name]  # deleted (and maybe created again): its old marks are void
+                    self.gone(name)
             for name, (topic_id, marks) in topics.items():
                 state = self.topics.get(name)
                 if state is None:

@@ -172,11 +172,16 @@ class Reader:
             for callback in waiters:
                 callback()
 
-    def forget_topic(self, topic: str) -> None:
-        """``topic`` is gone: wake its waiters, stop fetching it."""
+    def forget_topic(self, topic: str) -> defer.Deferred:
+        """``topic`` is gone (or about to be): wake its waiters, stop fetching it. Fires once the
+        consumer no longer has its partitions (librdkafka 2.16 may crash when a topic it fetches is
+        deleted under it, as on Tansu 0.6)."""
         for key in [k for k in self.windows if k[0] == topic]:
             self.changed(*key)
             self._drop(key)
+        done: defer.Deferred = defer.Deferred()
+        self._control.put(("then", topic, 0, 0, lambda: self.reactor.callFromThread(done.callback, None)))
+        return done
 
     def expire(self) -> None:
         """Stop fetching partitions nobody used for ``IDLE_S``."""
@@ -278,6 +283,7 @@ class Reader:
         assign: dict[tuple[str, int], tuple[int, int]] = {}
         drop: set[tuple[str, int]] = set()
         paused: dict[tuple[str, int], tuple[bool, int]] = {}  # the last pause or resume, for its version
+        after: list[Callable[[], None]] = []
         while op is not None:
             kind, topic, partition, offset, version = op
             key = (topic, partition)
@@ -287,6 +293,8 @@ class Reader:
             elif kind == "drop":
                 drop.add(key)
                 assign.pop(key, None)
+            elif kind == "then":
+                after.append(version)  # a callable, run once the changes before it are made
             else:
                 paused[key] = (kind == "pause", version)
             try:
@@ -308,6 +316,8 @@ class Reader:
             # librdkafka drops what it fetched ahead for a paused partition, and fetches again
             # from the next offset not yet handed over when it is resumed.
             (self._consumer.pause if pause else self._consumer.resume)([TopicPartition(t, p)])
+        for then in after:
+            then()
 
     def _encode(self, msgs: list[Any]) -> StoredBatch:
         """Consumed messages of one partition as one Kafka record batch with their offsets."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
-from twisted.internet import defer
+from twisted.internet import defer, task
 
 from gateway import model as m
 from gateway.cluster.bridge import deferred_from
@@ -26,6 +26,7 @@ from gateway.storage.interface import ReplicaStatus
 
 log = logging.getLogger(__name__)
 
+RELEASE_S = 0.3  # after the reader let go of a topic, before it is deleted
 CREATE_VISIBLE_TRIES = 20  # metadata refreshes to wait for a created topic to show in the cluster's metadata
 
 
@@ -46,7 +47,7 @@ class ClusterStore:
         self.reactor = reactor
         self.started_at = time.time()
         self.admin = AdminClient(config.client())
-        self.metadata = Metadata(config, self.admin, reactor)
+        self.metadata = Metadata(config, self.admin, reactor, gone=self._topic_gone)
         self.writer = Writer(config, reactor, formats, self._delivered)
         self.reader = Reader(config, self.metadata, reactor, formats[KAFKA])
         self.groups = ClusterGroups(config, self.admin, reactor)
@@ -95,6 +96,7 @@ class ClusterStore:
 
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> Any:
+        m.check_topic_name(topic)
         self.metadata.check_reachable()
         count = self.config.default_partitions if partitions is None else partitions
         if count < 1:
@@ -152,15 +154,26 @@ class ClusterStore:
 
     def delete_topic(self, topic: str) -> Any:
         self.metadata.state(topic)
-        futures = self.admin.delete_topics([topic], request_timeout=self._timeout)
+
+        def delete(_: Any) -> defer.Deferred:
+            futures = self.admin.delete_topics([topic], request_timeout=self._timeout)
+            return deferred_from(self.reactor, futures[topic], f"delete topic {topic}")
 
         def deleted(_: Any) -> Any:
             self.metadata.topics.pop(topic, None)
-            self.reader.forget_topic(topic)
-            self.producers.forget_topic(topic)
+            self._topic_gone(topic)
             return self._gone(topic)
 
-        return deferred_from(self.reactor, futures[topic], f"delete topic {topic}").addCallback(deleted)
+        # The reader lets go of the topic first, and its fetches in flight (at most fetch.wait.max.ms)
+        # end: librdkafka 2.16 crashes on the answer to a fetch of a topic deleted under it (Tansu 0.6).
+        released = self.reader.forget_topic(topic).addCallback(
+            lambda _: task.deferLater(self.reactor, RELEASE_S, lambda: None))
+        return released.addCallback(delete).addCallback(deleted)
+
+    def _topic_gone(self, topic: str) -> None:
+        """``topic`` is no longer in the cluster (deleted here or elsewhere)."""
+        self.reader.forget_topic(topic)
+        self.producers.forget_topic(topic)
 
     def _gone(self, topic: str) -> defer.Deferred:
         """Fires once the metadata no longer shows ``topic`` (or after the refreshes allowed)."""
