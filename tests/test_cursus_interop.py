@@ -6,6 +6,7 @@ import json
 import uuid
 
 import confluent_kafka as ck
+import pytest
 from cursus import Consumer, ConsumerConfig, ConsumerMode
 from cursus_support import RawCursus, batch, command, consume, wait_for
 
@@ -63,6 +64,7 @@ def test_cursus_event_fields_become_kafka_headers_and_come_back(gateway_factory)
         (0, "created", "AccountOpened"), (1, "renamed", "AccountOpened"), (2, "shipped", "OrderShipped")]
 
 
+@pytest.mark.local_only("the test counts the stored batches of the local engine")
 def test_pipelined_batches_share_appends_and_keep_their_acks(gateway_factory):
     """Issue 12: Cursus batches a connection pipelines to one partition are one append
     (their records under one header), each still acknowledged with its own last offset."""

@@ -9,6 +9,7 @@ import sys
 
 import crc32c
 import kafka_support
+import pytest
 from kafka_support import unique
 
 from gateway import model as m
@@ -26,6 +27,7 @@ def create(client: KafkaClient, topic: str) -> None:
     client.call(19, 2, {"Topics": [{"Name": topic, "NumPartitions": 1, "ReplicationFactor": 1}]})
 
 
+@pytest.mark.local_only("the cluster keeps records, not the producer's batch bytes")
 def test_fetch_returns_the_stored_bytes(kafka_gateway):
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
@@ -151,6 +153,7 @@ class _Collect:
         self.data += data
 
 
+@pytest.mark.local_only("the test counts the stored batches of the local engine")
 def test_pipelined_produces_share_appends_and_keep_their_answers(kafka_gateway):
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)

@@ -172,14 +172,18 @@ class ClusterGroups:
         def revoked(consumer: Consumer, partitions: list[TopicPartition]) -> None:
             self.reactor.callFromThread(self._revoked, member)
 
+        # The member's session in the cluster only has to outlive this gateway: the gateway itself
+        # expires a member whose client stops heartbeating, after the client's session timeout.
+        session_timeout_ms = min(max(member.session_timeout_ms, MIN_SESSION_TIMEOUT_MS), REBALANCE_TIMEOUT_MS)
         consumer = Consumer(self.config.client(**{
             "group.id": member.group, "enable.auto.commit": False,
             # The member's assignor first, the other as a fallback: a group whose other members
             # (native consumers, or members of another protocol) offer only that one still takes it.
             "partition.assignment.strategy": preference(member.assignor),
-            "session.timeout.ms": max(member.session_timeout_ms, MIN_SESSION_TIMEOUT_MS),
+            "session.timeout.ms": session_timeout_ms,
             # The rebalance timeout is max.poll.interval.ms: the groups thread polls every member's
-            # consumer all the time, so a short one costs nothing and keeps rebalances short.
+            # consumer all the time, so a short one costs nothing and keeps rebalances short (Tansu
+            # holds a new group's first rebalance for half of it).
             "heartbeat.interval.ms": 500, "max.poll.interval.ms": REBALANCE_TIMEOUT_MS,
             "client.id": f"{self.config.client_id}-{member.member_id}"[:200],
             "error_cb": lambda err: log.warning("group %s: member %s: %s", member.group, member.member_id,

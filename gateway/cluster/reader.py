@@ -28,6 +28,7 @@ from twisted.internet import defer
 from gateway.cluster.bridge import Loop
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import Metadata
+from gateway.cluster.producers import HEADER as PRODUCER_HEADER
 from gateway.codec import BatchFormat
 from gateway.convert import Columns
 from gateway.model import StoredBatch
@@ -320,7 +321,8 @@ class Reader:
             then()
 
     def _encode(self, msgs: list[Any]) -> StoredBatch:
-        """Consumed messages of one partition as one Kafka record batch with their offsets."""
+        """Consumed messages of one partition as one Kafka record batch with their offsets
+        (without the ``polygate.producer`` header the writer adds to an idempotent producer's records)."""
         offsets, stamps, keys, values, headers = [], [], [], [], []
         any_headers = False
         for msg in msgs:
@@ -330,7 +332,9 @@ class Reader:
             values.append(msg.value())
             h = msg.headers()
             if h:
-                any_headers = True
+                if h[-1][0] == PRODUCER_HEADER:  # the gateways' own (``producers``): not the client's
+                    h = h[:-1]
+                any_headers = any_headers or bool(h)
                 headers.append(tuple(h))
             else:
                 headers.append(())
