@@ -36,8 +36,15 @@ java:
 	@command -v java >/dev/null || { echo "make test needs Java 17 for the Spark tests:" \
 	  "apt-get install -y openjdk-17-jre-headless (Debian/Ubuntu), or set JAVA_HOME/PATH to a JDK 17"; exit 1; }
 
+# The protocol suites again with every gateway in cluster mode, each test on a Tansu cluster of its
+# own (tests of local-mode rules are marked local_only and skipped there).
+CLUSTER_SUITES := $(addprefix tests/,test_v1_gateway.py test_kafka_confluent.py test_kafka_python.py \
+	test_kafka_aiokafka.py test_kafka_groups.py test_kafka_raw.py test_kafka_kcat.py test_kafka_kafkajs.py \
+	test_tank_gateway.py test_cursus_clients.py test_cursus_errors.py test_cursus_interop.py)
+
 test: $(STAMP) lint java
 	$(PY) -m pytest -q tests $(MQTT)/tests
+	POLYGATE_TEST_STORAGE=cluster $(PY) -m pytest -q -p no:cacheprovider $(CLUSTER_SUITES)
 
 bench: $(STAMP)
 	$(PIP) install --quiet -e '.[bench]'
