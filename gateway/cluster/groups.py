@@ -4,7 +4,8 @@ A V1 or Cursus member (a ``"server"`` group: the broker assigns partitions)
 becomes a member of a real consumer group in the cluster: the gateway gives
 it a librdkafka consumer of its own that subscribes to its topics with the
 member's assignor (``round_robin`` is Kafka's ``roundrobin``, ``range`` is
-``range``), never fetches (its partitions are paused) and is closed when
+``range``; the other is offered after it, so a group of mixed members still
+agrees on one), never fetches (its partitions are paused) and is closed when
 the member leaves, or stops heartbeating for its session timeout. So members
 on different gateways, and Kafka consumers connected straight to the
 cluster, share one group; the generation a member is told is the cluster's,
@@ -282,7 +283,8 @@ class ClusterGroups:
 
     def _when_assigned(self, member: Member, limit: float | None = None) -> defer.Deferred:
         """Fires with ``member`` once the cluster assigned it partitions, or after ``limit`` seconds
-        with what it has (none yet, generation -1: its next heartbeat finds the generation moved)."""
+        with what it has (``_tell`` then answers no partitions, and the member's heartbeats fail until
+        it joins again)."""
         if member.assigned:
             return defer.succeed(member)
         d: defer.Deferred = defer.Deferred()
