@@ -123,11 +123,11 @@ def every_native_record(bootstrap: str, topic: str, partitions: int, timeout: fl
 
 
 def join(client: V1Client, group: str, topic: str, member: str, *extra: str):
-    """JOIN until the cluster has assigned the member (a JOIN answers after 3.5 s with generation -1
+    """JOIN until the cluster has assigned the member partitions (a JOIN answers after 4 s with none
     when the cluster's rebalance takes longer, and the member joins again)."""
     def joined():
         reply = client.request("JOIN", group, topic, member, *extra).check()
-        return reply if reply.fields["generation"] != "-1" else None
+        return reply if reply.fields["assigned"] != "[]" else None
 
     return wait_until(joined, 40, 0.2)
 
