@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 from twisted.internet import defer, protocol
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IHandshakeListener, IPushProducer, ISSLTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -165,7 +165,7 @@ class _Stream:
                 call.cancel()
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IHandshakeListener)
 class CodecProtocol(protocol.Protocol):
     """Adapter between one TCP connection and one codec ``Connection``."""
 
@@ -190,6 +190,7 @@ class CodecProtocol(protocol.Protocol):
         self._full_since: float | None = None  # since when the peer has not drained what we sent
         self._drop_logged = -1e9
         self._yielded = False  # the slice ran out with events maybe left: going on at the next turn
+        self._greeting = b""  # a greeting held back until the TLS handshake completed
         self._answers_due: Any = None  # answers that waited came in: written, and reading resumed, at the next turn
         self._streams: list[_Stream] = []
         self._timers: dict[Any, Any] = {}
@@ -212,11 +213,21 @@ class CodecProtocol(protocol.Protocol):
         except Exception:
             self._codec_bug()
             return
-        if greeting:
+        if greeting and ISSLTransport.providedBy(self.transport):
+            # Behind TLS a write before the handshake pauses us as a producer, and a paused
+            # connection stops reading: the client's handshake would never be read.
+            self._greeting = greeting
+        elif greeting:
             self.transport.write(greeting)
         self._last_data = self.factory.reactor.seconds()
         self.factory.connection_made(self)
         self._pump()
+
+    def handshakeCompleted(self) -> None:  # noqa: N802 - Twisted's IHandshakeListener
+        """TLS is up: the codec's greeting, held back until now, goes out."""
+        greeting, self._greeting = self._greeting, b""
+        if greeting and not self.closing:
+            self.transport.write(greeting)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.closing = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -18,6 +19,7 @@ from gateway.codec import OptionError
 from gateway.registry import Registry
 from gateway.server import Gateway, ListenerConfig, default_data_dir
 from gateway.storage.engine import EngineConfig
+from gateway.tls import TlsConfig
 
 
 def _split_kv(values: tuple[str, ...], what: str) -> dict[str, str]:
@@ -126,6 +128,14 @@ def codecs() -> None:
               help="Start of the names polygate gives the cluster (its reader's group, members' client ids).")
 @click.option("--cluster-timeout-ms", default=10_000, show_default=True, type=int,
               help="How long a request waits for the cluster before the client hears its protocol's timeout.")
+@click.option("--tls", "tls_codecs", default="", metavar="CODEC[,CODEC...]|all",
+              help="Listeners that speak TLS (Twisted over pyOpenSSL); needs --tls-cert and --tls-key.")
+@click.option("--tls-cert", default=None, metavar="FILE", help="The server certificate, then its chain (PEM).")
+@click.option("--tls-key", default=None, metavar="FILE", help="The certificate's private key (PEM).")
+@click.option("--tls-ca", default=None, metavar="FILE", help="CAs whose client certificates are accepted (PEM).")
+@click.option("--tls-client-auth", default="none", show_default=True,
+              type=click.Choice(["none", "optional", "required"]),
+              help="Client certificates: not asked for, checked when sent, or required. SIGHUP reloads the files.")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
@@ -133,7 +143,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
           max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
           max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
           send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
-          cluster_timeout_ms, log_level) -> None:
+          cluster_timeout_ms, tls_codecs, tls_cert, tls_key, tls_ca, tls_client_auth, log_level) -> None:
     """Serve the given protocols from one storage engine."""
     from twisted.internet import reactor
     from twisted.python import log as twisted_log
@@ -161,10 +171,22 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         options.setdefault(codec, {})[opt] = value
     for codec in options.keys() - set(names):
         _refuse(f"codec {codec}: --codec-option given for a codec that is not served (served: {', '.join(names)})")
+    tls_names = set(names) if tls_codecs.strip() == "all" else {c.strip() for c in tls_codecs.split(",") if c.strip()}
+    for codec in sorted(tls_names - set(names)):
+        _refuse(f"codec {codec}: --tls given for a codec that is not served (served: {', '.join(names)})")
+    tls = None
+    if tls_names or tls_cert or tls_key:
+        if not (tls_cert and tls_key):
+            _refuse("--tls needs --tls-cert and --tls-key")
+        try:
+            tls = TlsConfig(tls_cert, tls_key, tls_ca, tls_client_auth)
+        except ValueError as e:
+            _refuse(f"--tls-client-auth: {e}")
     listeners = []
     for name in names:
         h, p = _host_port(addresses[name]) if name in addresses else (host, None)
-        listeners.append(ListenerConfig(name, h, p, frames.get(name), advertised_host, options.get(name, {})))
+        listeners.append(ListenerConfig(name, h, p, frames.get(name), advertised_host, options.get(name, {}),
+                                        tls=name in tls_names))
     data_dir = data_dir or default_data_dir()
     try:
         bootstrap = parse_storage(storage)
@@ -192,11 +214,14 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
                          max_answer_bytes=max_answer_bytes, send_buffer_bytes=send_buffer_bytes,
                          push_stall_timeout_s=push_stall_timeout or None),
         cluster,
+        tls,
     )
     try:
         bound = gateway.start()
     except OptionError as e:
         _refuse(str(e))
+    except (OSError, ValueError) as e:
+        _refuse(f"TLS: {e}")
     except Exception as e:  # noqa: BLE001 - report and exit non-zero
         raise click.ClickException(str(e)) from e
     _tune_garbage_collector()  # before the listeners are announced: a signal from then on finds the reactor
@@ -206,8 +231,9 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         click.echo(f"polygate {__version__}: storage kafka://{cluster.bootstrap} (nothing kept on local disk); "
                    f"waiting for the cluster if it is not up yet")
     for codec, h, p in bound:
-        click.echo(f"polygate: {codec} listening on {h}:{p}")
+        click.echo(f"polygate: {codec} listening on {h}:{p}{' (TLS)' if codec in tls_names else ''}")
     sys.stdout.flush()
+    signal.signal(signal.SIGHUP, lambda *_: reactor.callFromThread(gateway.reload_tls))
     reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
     reactor.run()
     click.echo("polygate: stopped")

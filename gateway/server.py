@@ -17,6 +17,7 @@ from gateway.codec import CodecPlugin, ListenerSettings, parse_options
 from gateway.localstore import LocalStore
 from gateway.registry import Registry
 from gateway.storage.engine import Engine, EngineConfig, StorageFailure
+from gateway.tls import ReloadableTls, TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class ListenerConfig:
     max_frame_size: int | None = None
     advertised_host: str | None = None
     options: Mapping[str, str] = attrs.field(factory=dict)
+    tls: bool = False  # behind the gateway's TLS (``Gateway(tls=...)``)
 
 
 def connection_limits(given: ConnectionLimits, listeners: int) -> ConnectionLimits:
@@ -53,7 +55,8 @@ class Gateway:
 
     def __init__(self, reactor, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
-                 limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None):
+                 limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None,
+                 tls: TlsConfig | None = None):
         self.reactor = reactor
         self.limits = limits or ConnectionLimits()
         self.registry = registry
@@ -62,6 +65,8 @@ class Gateway:
         self.engine_config = engine_config or EngineConfig()
         self.broker_config = broker_config or BrokerConfig()
         self.cluster = cluster
+        self.tls_config = tls
+        self.tls: ReloadableTls | None = None
         self.engine: Engine | None = None
         self.cluster_store: ClusterStore | None = None
         self.broker: Broker | None = None
@@ -77,6 +82,10 @@ class Gateway:
         """
         listeners = [(lc, self.registry.get(lc.codec)) for lc in self.listener_configs]
         settings = [self._settings(lc, plugin) for lc, plugin in listeners]
+        if any(lc.tls for lc in self.listener_configs):
+            if self.tls_config is None:
+                raise ValueError("a TLS listener needs a certificate and its key")
+            self.tls = ReloadableTls(self.tls_config)  # raises, naming the file, before storage opens
         for (_, plugin), listener_settings in zip(listeners, settings, strict=True):
             fmt = plugin.batch_format
             if fmt is not None and fmt.inflate_limit is not None:
@@ -96,7 +105,8 @@ class Gateway:
                 port = plugin.default_port if lc.port is None else lc.port
                 factory = CodecFactory(plugin, listener_settings, self.broker, self.reactor, limits=limits,
                                        fairness=fairness)
-                listening = self.reactor.listenTCP(port, factory, interface=lc.host)
+                served = self.tls.wrap(factory) if lc.tls else factory
+                listening = self.reactor.listenTCP(port, served, interface=lc.host)
                 bound = listening.getHost()
                 advertised = lc.advertised_host or (lc.host if lc.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
                 factory.settings = attrs.evolve(listener_settings, advertised_host=advertised, advertised_port=bound.port)
@@ -109,6 +119,18 @@ class Gateway:
         self.broker.listeners = tuple(self.bound)
         self.broker.start()
         return self.bound
+
+    def reload_tls(self) -> None:
+        """Read the TLS certificate and key again (SIGHUP): new connections use them, open ones
+        keep theirs; a file that does not load leaves the certificate in use as it was."""
+        if self.tls is None:
+            return
+        problem = self.tls.reload()
+        if problem is None:
+            log.info("reloaded the TLS certificate from %s", self.tls.config.cert)
+        else:
+            log.error("kept the TLS certificate in use: reading %s and %s failed: %s",
+                      self.tls.config.cert, self.tls.config.key, problem)
 
     @staticmethod
     def _settings(lc: ListenerConfig, plugin: CodecPlugin) -> ListenerSettings:

@@ -1,4 +1,4 @@
-"""TLS for tests: a self-signed certificate made with the ``openssl`` command, and a TLS proxy.
+"""TLS for tests: certificates made with the ``openssl`` command (self-signed, or a CA's), and a TLS proxy.
 
 ``TlsProxy(target_port, cert, key)`` accepts TLS connections on ``port`` and
 forwards the plain bytes to ``127.0.0.1:target_port``: put in front of a Kafka
@@ -22,13 +22,45 @@ from gateway.launcher import free_port
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
     """``(cert.pem, key.pem)`` for ``localhost`` and ``127.0.0.1``, valid for two days."""
-    if shutil.which("openssl") is None:
-        pytest.fail("the openssl command is needed to make a test certificate")
     cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
+             "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1")
     return cert, key
+
+
+def _openssl(*args: str) -> None:
+    if shutil.which("openssl") is None:
+        pytest.fail("the openssl command is needed to make test certificates")
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+class Pki:
+    """A test CA in ``directory``, and certificates it signs: ``issue(name, cn)`` returns
+    ``(cert.pem, key.pem)``, a server certificate for localhost and 127.0.0.1 unless ``client``."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.ca, self.ca_key = directory / "ca.pem", directory / "ca.key"
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.ca_key), "-out", str(self.ca),
+                 "-days", "2", "-subj", "/CN=polygate test CA")
+
+    def issue(self, name: str, cn: str = "localhost", client: bool = False) -> tuple[Path, Path]:
+        cert, key, csr = (self.directory / f"{name}.{ext}" for ext in ("pem", "key", "csr"))
+        ext = self.directory / f"{name}.ext"
+        ext.write_text("extendedKeyUsage=clientAuth\n" if client else
+                       "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={cn}")
+        _openssl("x509", "-req", "-in", str(csr), "-CA", str(self.ca), "-CAkey", str(self.ca_key),
+                 "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))
+        return cert, key
+
+    def context(self, client_cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+        """A client's context that trusts this CA (and shows ``client_cert`` if given)."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if client_cert is not None:
+            context.load_cert_chain(str(client_cert[0]), str(client_cert[1]))
+        return context
 
 
 class TlsProxy:

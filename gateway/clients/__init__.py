@@ -1,5 +1,7 @@
 """Small clients used by the CLI, the tests and the benchmarks."""
 
+import socket
+import ssl
 from importlib import import_module
 from typing import Any
 
@@ -18,3 +20,17 @@ def connect(protocol: str, host: str, port: int | None) -> Any:
     module, _, name = CLIENTS[protocol].partition(":")
     cls = getattr(import_module(module), name)
     return cls(host, port) if port is not None else cls(host)
+
+
+def open_socket(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None) -> socket.socket:
+    """A TCP connection to ``host:port`` with Nagle off, over TLS when ``tls`` is given
+    (the server's name checked against ``host``, as the context says)."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if tls is None:
+        return sock
+    try:
+        return tls.wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise

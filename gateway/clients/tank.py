@@ -17,7 +17,7 @@ larger fetch size when a chunk holds no whole bundle.
 from __future__ import annotations
 
 import itertools
-import socket
+import ssl
 import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from gateway.clients import open_socket
 from gateway.codecs.tank import schema
 from gateway.codecs.tank.bundle import (
     BundleError,
@@ -210,9 +211,9 @@ def parse_consume_response(payload: bytes, wanted: dict[tuple[str, int], int]) -
 class TankClient:
     """A blocking connection to a TANK broker (or the gateway's TANK listener)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 11011, timeout: float = 30.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, host: str = "127.0.0.1", port: int = 11011, timeout: float = 30.0,
+                 tls: ssl.SSLContext | None = None):
+        self.sock = open_socket(host, port, timeout, tls)
         self._buf = bytearray()
         self._ids = itertools.count(1)
         self._answers: dict[int, tuple[int, bytes]] = {}

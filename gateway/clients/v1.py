@@ -8,10 +8,12 @@ answers. OK payloads are ``key=value`` tokens, parsed into ``fields``.
 from __future__ import annotations
 
 import itertools
-import socket
+import ssl
 from collections.abc import Iterable, Sequence
 
 import attrs
+
+from gateway.clients import open_socket
 
 
 class V1Error(Exception):
@@ -87,8 +89,9 @@ def parse_messages(text: str) -> list[tuple[int, str]]:
 
 
 class V1Client:
-    def __init__(self, host: str = "127.0.0.1", port: int = 9192, timeout: float = 10.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str = "127.0.0.1", port: int = 9192, timeout: float = 10.0,
+                 tls: ssl.SSLContext | None = None):
+        self.sock = open_socket(host, port, timeout, tls)
         self.reader = self.sock.makefile("rb")
         self._ids = itertools.count(1)
 
