@@ -104,3 +104,27 @@ def test_merged_produces_get_the_same_results_later(tmp_path):
     assert answers(tmp_path, LaterStore, steps) == now
     assert [(r.partition, r.base_offset) for r in now[1:]] == [(0, 0), (0, 1), (1, 0), (0, 2), (0, 0), (0, 1),
                                                                (0, 2)]
+
+
+def test_an_idempotent_append_whose_client_went_away_is_still_remembered(tmp_path):
+    """A client that disconnects while its idempotent append is under way cancels its answer, not the
+    append: the producer's state records the batch, and a retry of it is answered as a duplicate."""
+    reactor = Reactor()
+    engine = Engine(str(tmp_path / "e"), clock=lambda: 1_700_000_000.0)
+    broker = Broker(LaterStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor,
+                    BrokerConfig(fsync=FsyncPolicy("never")))
+    engine.create_topic("t", 1)
+    producer = m.ProducerState(7, 0, 0, 0)
+    batch = m.Batch("v1", encode_record(0, 1, b"k", b"x"), 1, 1, producer=producer)
+    first = broker.run(m.Produce("t", 0, batch))
+    first.addErrback(lambda f: f.trap(defer.CancelledError))
+    first.cancel()  # the client is gone
+    reactor.advance(0)
+    reactor.advance(0)
+    results = []
+    defer.maybeDeferred(broker.run, m.Produce("t", 0, batch)).addCallback(results.append)
+    reactor.advance(0)
+    reactor.advance(0)
+    [result] = results
+    assert (result.error, result.base_offset, result.duplicate) == (None, 0, True)
+    assert LocalStore(engine, reactor).log_end_offset("t", 0) == 1

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from gateway import idempotence
 from gateway import model as m
@@ -109,11 +110,14 @@ class Producer:
         base = store.log_end_offset(cmd.topic, partition) if batch.base_offset is None else batch.base_offset
         payload = fmt.assign_offsets(batch.payload, base)
 
-        def appended(offsets: tuple[int, int]) -> Any:
-            base, last = offsets
+        def remember(offsets: tuple[int, int]) -> tuple[int, int]:
             if producer is not None:
                 store.set_producer_state(cmd.topic, partition, producer.producer_id,
-                                         idempotence.after_append(state, producer, base, last))
+                                         idempotence.after_append(state, producer, *offsets))
+            return offsets
+
+        def appended(offsets: tuple[int, int]) -> Any:
+            base, last = offsets
 
             def result(timed_out: frozenset[int]) -> m.ProduceResult:
                 return m.ProduceResult(cmd.topic, partition, base, last, store.high_watermark(cmd.topic, partition),
@@ -122,8 +126,13 @@ class Producer:
 
             return self.acknowledge(cmd, {partition: last}, result)
 
-        return then(store.append(cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp,
-                                 batch.base_offset, cmd.acks, producer), appended)
+        appending = then(store.append(cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp,
+                                      batch.base_offset, cmd.acks, producer), remember)
+        if isinstance(appending, defer.Deferred):
+            # What was stored is remembered whatever becomes of the request: a client that goes away
+            # cancels waiting for its answer, not the append or its producer's state.
+            appending = shielded(appending)
+        return then(appending, appended)
 
     # ------------------------------------------------------------------ merged batches
 
@@ -291,6 +300,18 @@ def _as_error(f: Any) -> Error:
     """A ``CommandError`` failure as its ``Error`` (other failures pass)."""
     f.trap(CommandError)
     return f.value.error
+
+
+def shielded(d: defer.Deferred) -> defer.Deferred:
+    """A Deferred of ``d``'s result whose cancelling leaves ``d`` to finish."""
+    out: defer.Deferred = defer.Deferred()
+
+    def forward(result: Any) -> None:
+        if not out.called:
+            (out.errback if isinstance(result, Failure) else out.callback)(result)
+
+    d.addBoth(forward)
+    return out
 
 
 def _as_results(f: Any, topic: str, count: int) -> list[m.ProduceResult]:

@@ -112,7 +112,6 @@ class ClusterGroups:
         self.admin = admin
         self.reactor = reactor
         self.members: dict[tuple[str, str], Member] = {}
-        self.committed: dict[tuple[str, str, int], int] = {}  # the last commits seen, for fetch start offsets
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._polled: list[Member] = []  # thread side
         self._loop = Loop("polygate-cluster-groups", self._step)
@@ -384,8 +383,6 @@ class ClusterGroups:
                for t, p, o, meta in cmd.offsets]
 
         def stored(_: Any) -> m.CommitOffsetsResult:
-            for t, p, o, _ in cmd.offsets:
-                self.committed[(cmd.group, t, p)] = o
             return ok
 
         def failed(f: Any) -> m.CommitOffsetsResult:
@@ -410,8 +407,6 @@ class ClusterGroups:
             out = []
             for tp in result.topic_partitions or ():
                 offset = tp.offset if tp.offset >= 0 and tp.error is None else -1
-                if offset >= 0:
-                    self.committed[(cmd.group, tp.topic, tp.partition)] = offset
                 out.append((tp.topic, tp.partition, offset, tp.metadata or ""))
             if cmd.partitions is None:
                 out = [o for o in out if o[2] >= 0]

@@ -157,7 +157,10 @@ class Metadata:
                         state.partitions.append(PartitionMarks(start, end))
         waiting, self._refreshed = self._refreshed, []
         for then in waiting:
-            then()
+            try:
+                then()
+            except Exception:  # noqa: BLE001 - one waiter's bug must not strand the others
+                log.exception("after a metadata refresh")
 
     # ------------------------------------------------------------------ thread side
 

@@ -59,7 +59,8 @@ class ProducerStates:
         self.config = config
         self.metadata = metadata
         self.reactor = reactor
-        self.allocated: set[Any] = set()  # ids this process handed out: no state elsewhere to read back
+        # ids this process handed out (the latest REMEMBERED): no state elsewhere to read back
+        self.allocated: OrderedDict[Any, None] = OrderedDict()
         self._states: OrderedDict[Key, dict[str, Any]] = OrderedDict()
 
     def get(self, topic: str, partition: int, producer_id: Any) -> Any:
@@ -83,12 +84,23 @@ class ProducerStates:
 
         return d.addCallback(found)
 
+    def handed_out(self, producer_id: Any) -> None:
+        """``producer_id`` was allocated here: its first batches need no reading back."""
+        self.allocated[producer_id] = None
+        if len(self.allocated) > REMEMBERED:
+            self.allocated.popitem(last=False)
+
     def set(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:
         key = (topic, partition, producer_id)
         self._states[key] = state
         self._states.move_to_end(key)
         while len(self._states) > REMEMBERED:
             self._states.popitem(last=False)
+
+    def forget(self, topic: str, partition: int, producer_id: Any) -> None:
+        """What is remembered of the producer on the partition is uncertain: read it back next time."""
+        self._states.pop((topic, partition, producer_id), None)
+        self.allocated.pop(producer_id, None)
 
     def forget_topic(self, topic: str) -> None:
         for key in [k for k in self._states if k[0] == topic]:
@@ -101,6 +113,7 @@ class ProducerStates:
         began = time.monotonic()
         consumer = Consumer(self.config.client(**{
             "group.id": f"{self.config.prefix}-producers", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",  # a start below the log start reads from the log start
             "enable.partition.eof": True, "client.id": f"{self.config.client_id}-producers"}))
         appends: dict[tuple, list[int]] = {}  # (rules, epoch, first, last, records) -> offsets found
         deadline = began + self.config.request_timeout_ms / 1000

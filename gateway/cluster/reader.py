@@ -308,7 +308,11 @@ class Reader:
             for k in again:
                 del self._assigned[k]
         if assign:
-            self._consumer.incremental_assign([TopicPartition(t, p, offset) for (t, p), (offset, _) in assign.items()])
+            tps = [TopicPartition(t, p, offset) for (t, p), (offset, _) in assign.items()]
+            self._consumer.incremental_assign(tps)
+            # librdkafka keeps a partition paused across unassign and assign: a window moved or made
+            # again after its partition was paused for being full would never be fetched.
+            self._consumer.resume(tps)
             for k, (_, version) in assign.items():
                 self._assigned[k] = version
         for (t, p), (pause, version) in paused.items():

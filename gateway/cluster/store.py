@@ -131,7 +131,12 @@ class ClusterStore:
             state = self.metadata.topics.get(topic)
             nonlocal tries
             if state is not None and ready(state):
-                d.callback(self.describe_topic(topic))
+                try:
+                    info = self.describe_topic(topic)
+                except CommandError as e:  # the cluster went away meanwhile
+                    d.errback(e)
+                else:
+                    d.callback(info)
             elif tries <= 0:
                 d.errback(CommandError(ErrorCode.STORAGE_ERROR, f"topic {topic} changed in the cluster, "
                                                                 f"but its metadata does not show it yet"))
@@ -201,8 +206,17 @@ class ClusterStore:
                                                           "a produce at an explicit offset is refused")
         self.metadata.marks(topic, partition)
         records = self.writer.records(fmt, payload, count, max_timestamp)
-        tag = None if producer is None else header(producer, len(records))
-        return self.writer.append(topic, partition, records, acks, tag)
+        if producer is None:
+            return self.writer.append(topic, partition, records, acks)
+        appending = self.writer.append(topic, partition, records, acks, header(producer, len(records)))
+
+        def uncertain(f: Any) -> Any:
+            # The cluster may hold the batch all the same (a timeout): the producer's next batch
+            # here is checked against its state read back from the cluster, not the one remembered.
+            self.producers.forget(topic, partition, producer.producer_id)
+            return f
+
+        return appending.addErrback(uncertain)
 
     def _delivered(self, topic: str, partition: int, last: int) -> None:
         if self.metadata.advance(topic, partition, last + 1):
@@ -266,7 +280,7 @@ class ClusterStore:
         # Unique across gateways without a shared counter: 62 random bits (a collision
         # among a million producers has odds of about 1 in 10^7).
         producer_id = random.getrandbits(62) | (1 << 40)
-        self.producers.allocated.add(producer_id)
+        self.producers.handed_out(producer_id)
         return producer_id
 
     def producer_state(self, topic: str, partition: int, producer_id: Any) -> Any:

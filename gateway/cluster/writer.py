@@ -13,6 +13,7 @@ twice; ``acks=1`` and ``acks=0`` ones through the leader-acks producer
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -27,8 +28,17 @@ from gateway.codec import BatchFormat
 from gateway.convert import Columns, convert
 from gateway.model import CommandError, ErrorCode, StoredBatch
 
+log = logging.getLogger(__name__)
+
 KAFKA = "kafka"
 MESSAGE_MAX_BYTES = 64 << 20  # the gateway does not cut records: the listeners' frame limits and the cluster do
+
+
+def _fatal(err: Any) -> None:
+    """librdkafka's error callback of the idempotent producer: a fatal error stops it for good."""
+    if err.fatal():
+        log.error("the acks=all producer stopped on a fatal error (acks=all writes fail until restart): %s",
+                  err.str())
 
 
 class PendingAppend:
@@ -87,7 +97,8 @@ class Writer:
         common.update((k, v) for k, v in config.properties.items() if k in common)  # the operator's say wins
         self.producers = {
             m.Acks.LEADER: Producer(config.client(acks=1, **common, **{"client.id": f"{config.client_id}-acks1"})),
-            m.Acks.ALL: Producer(config.client(acks="all", **{"enable.idempotence": True}, **common)),
+            m.Acks.ALL: Producer(config.client(acks="all", **{"enable.idempotence": True, "error_cb": _fatal},
+                                               **common)),
         }
         self._loops = [Loop(f"polygate-cluster-producer-{int(acks)}", lambda p=p: p.poll(0.1))
                        for acks, p in self.producers.items()]
