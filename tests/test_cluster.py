@@ -23,7 +23,7 @@ from cursus import ConsumerConfig, ConsumerMode, ProducerConfig
 from cursus import Producer as CursusProducer
 from cursus.protocol.decoder import decode_batch
 from cursus_support import RawCursus, batch, command
-from tls_support import TlsProxy, self_signed
+from tls_support import Pki, TlsProxy
 
 from gateway import model as m
 from gateway.clients.kafka import KafkaClient
@@ -538,12 +538,13 @@ def test_sasl_to_the_cluster_and_no_password_in_the_log(tmp_path, gateways):
 def test_tls_to_the_cluster(tmp_path, gateways):
     """The cluster is reached only over TLS (a TLS proxy in front of Tansu, which advertises it):
     a gateway with the ssl.* cluster options serves; one without them waits and says so."""
-    cert, key = self_signed(tmp_path)
+    pki = Pki(tmp_path)
+    cert, key = pki.issue("cluster")
     backend = free_port()
     with TlsProxy(backend, cert, key) as proxy, Tansu(backend, advertised_port=proxy.port):
         bootstrap = f"127.0.0.1:{proxy.port}"
         gw = gateways(bootstrap, ("v1",), "--cluster-option", "security.protocol=SSL",
-                      "--cluster-option", f"ssl.ca.location={cert}")
+                      "--cluster-option", f"ssl.ca.location={pki.ca}")
         topic = topic_name()
         create(gw, topic, 1)
         with V1Client("127.0.0.1", gw.port("v1")) as c:

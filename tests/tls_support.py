@@ -1,4 +1,4 @@
-"""TLS for tests: certificates made with the ``openssl`` command (self-signed, or a CA's), and a TLS proxy.
+"""TLS for tests: a CA and the certificates it signs, made with the ``openssl`` command, and a TLS proxy.
 
 ``TlsProxy(target_port, cert, key)`` accepts TLS connections on ``port`` and
 forwards the plain bytes to ``127.0.0.1:target_port``: put in front of a Kafka
@@ -18,14 +18,6 @@ from pathlib import Path
 import pytest
 
 from gateway.launcher import free_port
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """``(cert.pem, key.pem)`` for ``localhost`` and ``127.0.0.1``, valid for two days."""
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
-             "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1")
-    return cert, key
 
 
 def _openssl(*args: str) -> None:

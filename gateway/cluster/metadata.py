@@ -19,14 +19,16 @@ from typing import Any
 
 import attrs
 from confluent_kafka import TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
+from gateway import model as m
 from gateway.cluster.bridge import Loop
 from gateway.cluster.config import ClusterConfig
 from gateway.model import CommandError, ErrorCode
 
 log = logging.getLogger(__name__)
 
+CONFIG_NAMES = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes", "segment.bytes": "segment_bytes"}
 FIRST_ASK_S = 5.0  # how long a start waits for the cluster before it serves anyway (and fails calls)
 MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
 
@@ -44,6 +46,7 @@ class PartitionMarks:
 class TopicState:
     topic_id: str
     partitions: list[PartitionMarks]
+    config: m.TopicConfig = m.TopicConfig()  # the settings the cluster reports as set for the topic
 
 
 class Metadata:
@@ -61,6 +64,7 @@ class Metadata:
         self.error = "not asked yet"
         self.brokers = 0
         self._ids: dict[str, str] = {}  # thread-side: topic -> id, asked once per name
+        self._configs: dict[str, m.TopicConfig] = {}  # thread-side: topic -> its settings, asked with its id
         self._wake = threading.Event()
         self._refreshed: list[Any] = []  # reactor-side callbacks waiting for the next refresh
         self._loop = Loop("polygate-cluster-metadata", self._step)
@@ -130,7 +134,8 @@ class Metadata:
             marks.log_start_offset = log_start_offset
         return moved
 
-    def _apply(self, topics: dict[str, tuple[str, list[tuple[int, int]]]] | None, brokers: int, error: str) -> None:
+    def _apply(self, topics: dict[str, tuple[str, list[tuple[int, int]], m.TopicConfig]] | None, brokers: int,
+               error: str) -> None:
         if topics is None:
             if self.reachable:
                 log.warning("lost the Kafka cluster at %s: %s (retrying)", self.config.bootstrap, error)
@@ -144,10 +149,10 @@ class Metadata:
                 if name not in topics or self.topics[name].topic_id != topics[name][0]:
                     del self.topics[name]  # deleted (and maybe created again): its old marks are void
                     self.gone(name)
-            for name, (topic_id, marks) in topics.items():
+            for name, (topic_id, marks, config) in topics.items():
                 state = self.topics.get(name)
                 if state is None:
-                    state = self.topics[name] = TopicState(topic_id, [])
+                    state = self.topics[name] = TopicState(topic_id, [], config)
                 for p, (start, end) in enumerate(marks):
                     if p < len(state.partitions):
                         current = state.partitions[p]
@@ -179,7 +184,7 @@ class Metadata:
         self._wake.wait(self.interval)
         self._wake.clear()
 
-    def _ask(self, timeout: float | None = None) -> tuple[dict[str, tuple[str, list[tuple[int, int]]]], int]:
+    def _ask(self, timeout: float | None = None) -> tuple[dict[str, tuple[str, list[tuple[int, int]], m.TopicConfig]], int]:
         timeout = timeout or self.config.request_timeout_ms / 1000
         cluster = self.admin.list_topics(timeout=timeout)
         names = {name: len(t.partitions) for name, t in cluster.topics.items()
@@ -192,9 +197,11 @@ class Metadata:
                     self._ids[name] = str(future.result(timeout).topic_id)
                 except Exception:  # noqa: BLE001 - no id (an old cluster): the name stands for it
                     self._ids[name] = name
+            self._configs.update(self._topic_configs(new, timeout))
         for name in list(self._ids):
             if name not in names:
                 del self._ids[name]
+                self._configs.pop(name, None)
         marks: dict[str, list[tuple[int, int]]] = {n: [(0, 0)] * count for n, count in names.items()}
         if names:
             tps = [TopicPartition(n, p) for n, count in names.items() for p in range(count)]
@@ -207,4 +214,19 @@ class Metadata:
                 except Exception:  # noqa: BLE001 - a partition without a leader now: known next time
                     continue
                 marks[tp.topic][tp.partition] = (max(start, 0), max(end, 0))
-        return {n: (self._ids.get(n, n), marks[n]) for n in names}, len(cluster.brokers)
+        return ({n: (self._ids.get(n, n), marks[n], self._configs.get(n, m.TopicConfig())) for n in names},
+                len(cluster.brokers))
+
+    def _topic_configs(self, names: list[str], timeout: float) -> dict[str, m.TopicConfig]:
+        """The retention and segment settings the cluster reports as set (not defaulted) for ``names``."""
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in names]
+        out = {}
+        for resource, future in self.admin.describe_configs(resources, request_timeout=timeout).items():
+            try:
+                entries = future.result(timeout)
+            except Exception:  # noqa: BLE001 - not described now: reported as defaults
+                continue
+            set_here = {k: int(e.value) for k, e in entries.items()
+                        if k in CONFIG_NAMES and not e.is_default and e.value not in (None, "")}
+            out[resource.name] = m.TopicConfig(**{CONFIG_NAMES[k]: v for k, v in set_here.items()})
+        return out

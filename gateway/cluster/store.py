@@ -92,7 +92,7 @@ class ClusterStore:
         state = self.metadata.state(topic)
         return m.TopicInfo(topic, tuple(
             m.PartitionInfo(p, marks.log_start_offset, marks.high_watermark, marks.high_watermark)
-            for p, marks in enumerate(state.partitions)))
+            for p, marks in enumerate(state.partitions)), state.config)
 
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> Any:
