@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/convert.py --reference
 	$(PY) benchmarks/spark_read.py
 	$(PY) benchmarks/cluster.py
+	$(PY) benchmarks/tls_cost.py
 	$(PY) $(MQTT)/benchmarks/mqtt_publish.py
 
 clean:

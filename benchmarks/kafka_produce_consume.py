@@ -69,13 +69,15 @@ class Tansu:
         self.proc.wait(30)
 
 
-def produce(servers: str, records: int) -> tuple[str, float]:
-    """Produce ``records`` values of 100 B to a new one-partition topic: the topic and the seconds it took."""
+def produce(servers: str, records: int, config: dict | None = None) -> tuple[str, float]:
+    """Produce ``records`` values of 100 B to a new one-partition topic: the topic and the seconds it took.
+    ``config``: more librdkafka settings for the admin client and the producer (such as TLS)."""
     topic = f"bench-{time.time_ns()}"
-    admin = AdminClient({"bootstrap.servers": servers})
+    settings = {"bootstrap.servers": servers, **(config or {})}
+    admin = AdminClient(settings)
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     value = b"v" * VALUE_SIZE
-    producer = ck.Producer({"bootstrap.servers": servers})
+    producer = ck.Producer(settings)
     start = time.perf_counter()
     for i in range(records):
         while True:

@@ -194,11 +194,15 @@ class CodecProtocol(protocol.Protocol):
         self._answers_due: Any = None  # answers that waited came in: written, and reading resumed, at the next turn
         self._streams: list[_Stream] = []
         self._timers: dict[Any, Any] = {}
+        self._caller = m.Caller()
+        self._peer_host = ""
 
     # ------------------------------------------------------------------ connection
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
+        self._peer_host = getattr(peer, "host", "")
+        self._caller = m.Caller(m.ANONYMOUS, self._peer_host)
         settings = attrs.evolve(self.factory.settings, peer=f"{getattr(peer, 'host', '')}:{getattr(peer, 'port', '')}",
                                 clock=self.factory.reactor.seconds)
         if hasattr(self.transport, "setTcpNoDelay"):
@@ -224,10 +228,24 @@ class CodecProtocol(protocol.Protocol):
         self._pump()
 
     def handshakeCompleted(self) -> None:  # noqa: N802 - Twisted's IHandshakeListener
-        """TLS is up: the codec's greeting, held back until now, goes out."""
+        """TLS is up: a client certificate names the principal (``User:<CN>``, for the codec
+        to keep or replace when its client authenticates); the greeting, held back until
+        now, goes out."""
+        cert = self.transport.getPeerCertificate()
+        if cert is not None and self.codec is not None:
+            common_name = cert.get_subject().commonName
+            if common_name:
+                self.codec.principal = f"User:{common_name}"
         greeting, self._greeting = self._greeting, b""
         if greeting and not self.closing:
             self.transport.write(greeting)
+
+    def caller(self) -> m.Caller:
+        """Who the commands of this connection run for: the codec's principal, from this address."""
+        principal = (self.codec.principal if self.codec is not None else None) or m.ANONYMOUS
+        if principal != self._caller.principal:
+            self._caller = m.Caller(principal, self._peer_host)
+        return self._caller
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.closing = True
@@ -263,7 +281,7 @@ class CodecProtocol(protocol.Protocol):
             log.error("%s codec error at connection end\n%s", self.factory.plugin.name, Failure().getTraceback())
             return
         for command in commands:
-            self.broker.execute(command).addErrback(
+            self.broker.execute(command, self.caller()).addErrback(
                 lambda f, c=command: log.warning("%s: %r after connection end failed: %s",
                                                  self.factory.plugin.name, c, f.getErrorMessage()))
 
@@ -383,7 +401,7 @@ class CodecProtocol(protocol.Protocol):
         """Run the commands of ``requests`` in one ``run_many`` call; answer each request."""
         commands = requests[0][1].commands if len(requests) == 1 else [c for _, r in requests for c in r.commands]
         try:
-            results = self.broker.run_many(commands)
+            results = self.broker.run_many(commands, self.caller())
         except Exception:
             failure = Failure()
             for slot, request in requests:
@@ -534,7 +552,7 @@ class CodecProtocol(protocol.Protocol):
                 return
             wait = sub.keepalive_ms or 5000
             cmd = attrs.evolve(fetch, offset=offsets[(fetch.topic, fetch.partition)], max_wait_ms=wait)
-            d = self.broker.execute(cmd)
+            d = self.broker.execute(cmd, self.caller())
             stream.calls.append(d)
             d.addCallbacks(lambda r: delivered(fetch, r, d), lambda f: stream_failed(f, d))
 

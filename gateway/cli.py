@@ -17,6 +17,8 @@ from gateway.broker import BrokerConfig, FsyncPolicy
 from gateway.cluster import ClusterConfig, parse_properties, parse_storage
 from gateway.codec import OptionError
 from gateway.registry import Registry
+from gateway.security.acl import Acls, parse_principals
+from gateway.security.users import UsersFileError, UserStore, read_users_file
 from gateway.server import Gateway, ListenerConfig, default_data_dir
 from gateway.storage.engine import EngineConfig
 from gateway.tls import TlsConfig
@@ -80,7 +82,9 @@ def codecs() -> None:
 @click.option("--protocols", default=None, help="Comma-separated codecs to serve (default: every installed one).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help=f"Where topics and metadata live (default {default_data_dir()}).")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Interface for listeners without --listen.")
+@click.option("--host", default=None,
+              help="Interface for listeners without --listen (default: 127.0.0.1 for a listener that lets "
+                   "anyone in, i.e. without --require-auth, mTLS or --authorizer acl; 0.0.0.0 otherwise).")
 @click.option("--listen", multiple=True, metavar="CODEC=HOST:PORT", help="Listener address of a codec (port 0: any).")
 @click.option("--advertised-host", default=None, help="Host that clients are told to connect to.")
 @click.option("--max-frame", multiple=True, metavar="CODEC=BYTES", help="Frame size limit of a codec.")
@@ -136,6 +140,14 @@ def codecs() -> None:
 @click.option("--tls-client-auth", default="none", show_default=True,
               type=click.Choice(["none", "optional", "required"]),
               help="Client certificates: not asked for, checked when sent, or required. SIGHUP reloads the files.")
+@click.option("--users-file", default=None, metavar="FILE",
+              help="Users as name:password lines; read at start and kept as salted SCRAM hashes only. "
+                   "Users also change at run time (gateway users, Kafka's AlterUserScramCredentials).")
+@click.option("--require-auth", default="", metavar="CODEC[,CODEC...]|all",
+              help="Listeners that refuse anonymous clients (SASL, MQTT login, Cursus AUTH, or a client certificate).")
+@click.option("--authorizer", default="none", show_default=True, type=click.Choice(["none", "acl"]),
+              help="acl: every command of every protocol is checked against Kafka-style ACLs (deny by default).")
+@click.option("--super-users", default="", metavar="User:a,User:b", help="Principals exempt from ACL checks.")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
@@ -143,7 +155,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
           max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
           max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
           send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
-          cluster_timeout_ms, tls_codecs, tls_cert, tls_key, tls_ca, tls_client_auth, log_level) -> None:
+          cluster_timeout_ms, tls_codecs, tls_cert, tls_key, tls_ca, tls_client_auth, users_file, require_auth,
+          authorizer, super_users, log_level) -> None:
     """Serve the given protocols from one storage engine."""
     from twisted.internet import reactor
     from twisted.python import log as twisted_log
@@ -171,6 +184,10 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         options.setdefault(codec, {})[opt] = value
     for codec in options.keys() - set(names):
         _refuse(f"codec {codec}: --codec-option given for a codec that is not served (served: {', '.join(names)})")
+    if "sasl.users" in options.get("kafka", {}):  # never echo its value: it holds passwords
+        _refuse("codec kafka: option sasl.users is gone: give users in --users-file (a password on a command "
+                "line is readable by every local user) and require SASL with --require-auth kafka")
+    users, acls, required = _security(names, users_file, require_auth, authorizer, super_users)
     tls_names = set(names) if tls_codecs.strip() == "all" else {c.strip() for c in tls_codecs.split(",") if c.strip()}
     for codec in sorted(tls_names - set(names)):
         _refuse(f"codec {codec}: --tls given for a codec that is not served (served: {', '.join(names)})")
@@ -183,10 +200,15 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         except ValueError as e:
             _refuse(f"--tls-client-auth: {e}")
     listeners = []
+    open_to: dict[str, str] = {}
     for name in names:
-        h, p = _host_port(addresses[name]) if name in addresses else (host, None)
+        authenticated = name in required or (name in tls_names and tls_client_auth == "required")
+        guarded = authenticated or acls is not None
+        default_host = host or ("0.0.0.0" if guarded else "127.0.0.1")  # noqa: S104 - only when guarded
+        h, p = _host_port(addresses[name]) if name in addresses else (default_host, None)
         listeners.append(ListenerConfig(name, h, p, frames.get(name), advertised_host, options.get(name, {}),
                                         tls=name in tls_names))
+        open_to[name] = _open_to(h, authenticated, acls is not None)
     data_dir = data_dir or default_data_dir()
     try:
         bootstrap = parse_storage(storage)
@@ -215,6 +237,9 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
                          push_stall_timeout_s=push_stall_timeout or None),
         cluster,
         tls,
+        users,
+        acls,
+        required,
     )
     try:
         bound = gateway.start()
@@ -231,12 +256,41 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         click.echo(f"polygate {__version__}: storage kafka://{cluster.bootstrap} (nothing kept on local disk); "
                    f"waiting for the cluster if it is not up yet")
     for codec, h, p in bound:
-        click.echo(f"polygate: {codec} listening on {h}:{p}{' (TLS)' if codec in tls_names else ''}")
+        click.echo(f"polygate: {codec} listening on {h}:{p}{' (TLS)' if codec in tls_names else ''}; "
+                   f"open to {open_to[codec]}")
     sys.stdout.flush()
     signal.signal(signal.SIGHUP, lambda *_: reactor.callFromThread(gateway.reload_tls))
     reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
     reactor.run()
     click.echo("polygate: stopped")
+
+
+def _security(names: list[str], users_file: str | None, require_auth: str, authorizer: str,
+              super_users: str) -> tuple[UserStore, Acls | None, frozenset[str]]:
+    """The user store, the ACLs (``None`` without ``--authorizer acl``) and the codecs that
+    require authentication; a bad option stops the start with one line (never a password)."""
+    try:
+        users = UserStore(read_users_file(users_file) if users_file else None)
+    except UsersFileError as e:
+        _refuse(f"--users-file: {e}")
+    required = frozenset(names) if require_auth.strip() == "all" else frozenset(
+        c.strip() for c in require_auth.split(",") if c.strip())
+    for codec in sorted(required - set(names)):
+        _refuse(f"codec {codec}: --require-auth given for a codec that is not served (served: {', '.join(names)})")
+    try:
+        supers = parse_principals(super_users)
+    except ValueError as e:
+        _refuse(f"--super-users: {e}")
+    if supers and authorizer != "acl":
+        _refuse("--super-users needs --authorizer acl")
+    return users, (Acls(super_users=supers) if authorizer == "acl" else None), required
+
+
+def _open_to(host: str, authenticated: bool, acls: bool) -> str:
+    """Who can use a listener, for the start banner."""
+    where = "this machine only" if host in ("127.0.0.1", "::1", "localhost") else f"every host that reaches {host}"
+    who = "clients that authenticate" if authenticated else "anyone, without authentication"
+    return f"{where}: {who}{', as the ACLs allow' if acls else ''}"
 
 
 def _tune_garbage_collector() -> None:

@@ -44,13 +44,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_c
 
 import attrs
 
+from .authlimits import FailedAuthentications
 from .framing import FrameTooLarge, LengthPrefixedFramer, LineFramer, MalformedFrame, TruncatedFrame
-from .model import EMPTY, Fetch, Record, StoredBatch
+from .model import EMPTY, Fetch, Record, ScramCredential, StoredBatch
 
 if TYPE_CHECKING:
     from .convert import Columns, Validated
 
 Framer = LengthPrefixedFramer | LineFramer
+FAILED_LOGINS = FailedAuthentications()  # every listener's, per client address
+LOGIN_REFUSED = "login refused"  # the context of the Timer that answers a failed authentication
 
 
 @attrs.frozen
@@ -62,6 +65,10 @@ class ListenerSettings:
     reach this listener; ``options`` are codec-specific (``--codec-option``).
     ``clock`` returns the adapter's time in seconds (the reactor's, so that
     tests can drive it), for codecs that measure time between events.
+    ``users`` is the gateway's user store (``Credentials``), which codecs that
+    authenticate check passwords and SCRAM exchanges against;
+    ``require_auth`` refuses clients that do not authenticate
+    (``--require-auth``), each codec in its protocol's form.
     """
 
     max_frame_size: int
@@ -70,6 +77,20 @@ class ListenerSettings:
     peer: str = ""
     options: Mapping[str, str] = EMPTY
     clock: Callable[[], float] = time.monotonic
+    users: Credentials | None = None
+    require_auth: bool = False
+
+
+class Credentials(Protocol):
+    """The user store as codecs see it (``gateway.security.users.UserStore``)."""
+
+    def __contains__(self, user: str) -> bool: ...
+
+    def verify_password(self, user: str, password: str) -> bool:
+        """Whether ``password`` is ``user``'s."""
+
+    def scram(self, mechanism: str, user: str) -> ScramCredential | None:
+        """``user``'s credential for a SCRAM mechanism (``SCRAM-SHA-256``...), or ``None``."""
 
 
 class Request(NamedTuple):
@@ -223,6 +244,30 @@ class CodecConnection:
         self.events: collections.deque[Event] = collections.deque()
         self.held: Request | None = None  # later frames wait until this request is rendered
         self.closed = False
+        self.principal: str | None = None  # see ``Connection.principal``
+        self.login_refused: tuple[bytes, str] | None = None  # see ``refuse_login``
+
+    @property
+    def anonymous_refused(self) -> bool:
+        """Whether this listener refuses anonymous clients (``--require-auth``) and this one
+        has not authenticated yet: the codec answers in its protocol's own form."""
+        return self.settings.require_auth and self.principal is None
+
+    def refuse_login(self, answer: bytes, reason: str) -> None:
+        """A failed authentication: nothing more is read, and ``answer`` goes out after a
+        delay that grows with the failures from the client's address (``gateway.authlimits``,
+        as Kafka's ``connection.failed.authentication.delay.ms``); then the connection closes."""
+        self.login_refused = (answer, reason)
+        delay = FAILED_LOGINS.delay(self.settings.peer.rpartition(":")[0], self.settings.clock())
+        self.emit(Timer(seconds=delay, context=LOGIN_REFUSED))
+
+    def authenticate(self, user: str, password: str) -> bool:
+        """Check ``user``'s ``password`` against the user store; on success the connection's
+        principal becomes ``User:<user>``."""
+        if self.settings.users is None or not self.settings.users.verify_password(user, password):
+            return False
+        self.principal = f"User:{user}"
+        return True
 
     # ------------------------------------------------------------------ to implement
 
@@ -253,6 +298,10 @@ class CodecConnection:
         return False
 
     def timer(self, context: Any) -> None:
+        """A codec with timers of its own overrides this and passes other contexts up."""
+        if context == LOGIN_REFUSED and self.login_refused is not None:
+            self.emit(Close(*self.login_refused))
+            return
         raise NotImplementedError(f"{type(self).__name__} emitted a Timer but has no timer()")
 
     def connection_lost(self) -> Sequence[Any]:
@@ -296,6 +345,8 @@ class CodecConnection:
                     self.emit(self.end_of_stream())
                     continue
                 return None
+            if self.login_refused is not None:
+                continue  # read and dropped until the refusal closes the connection
             handled = self.handle_frame(*frame)
             if type(handled) is Handled and handled.render is not None and not handled.hold:
                 return Request(handled.commands, handled, handled.ordered)  # the common case, first
@@ -335,7 +386,16 @@ class CodecConnection:
 
 
 class Connection(Protocol):
-    """One client connection's protocol state (see the module docstring)."""
+    """One client connection's protocol state (see the module docstring).
+
+    ``principal`` is who the client is (``User:<name>``), ``None`` while it is
+    anonymous: the adapter sets it from a TLS client certificate (``User:<CN>``)
+    before the first byte arrives, and the codec when its client authenticates
+    (SASL, MQTT CONNECT, Cursus AUTH). The broker checks every command of the
+    connection against it (``--authorizer acl``).
+    """
+
+    principal: str | None
 
     def connection_made(self) -> bytes: ...
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-BANNER = re.compile(r"^polygate: (\S+) listening on (\S+):(\d+)( \(TLS\))?$")
+BANNER = re.compile(r"^polygate: (\S+) listening on (\S+):(\d+)( \(TLS\))?(; open to .*)?$")
 GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 
 

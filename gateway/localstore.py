@@ -230,6 +230,15 @@ class LocalStore:
 
     # ------------------------------------------------------------------ housekeeping and durability
 
+    def security_records(self) -> dict[str, Any]:
+        return dict(self.engine.security)
+
+    def put_security_record(self, key: str, value: Any) -> None:
+        self.engine.put_security_record(key, value)
+
+    def watch_security(self, callback: Callable[[str, Any], None]) -> None:
+        """Only this process writes a local engine: no other gateway's changes to report."""
+
     def housekeeping(self) -> None:
         for name in self.groups.expire_all():
             self.rebalance.changed(name)

@@ -56,6 +56,13 @@ class ErrorCode(enum.Enum):
     STORAGE_ERROR = "storage_error"
     UNSUPPORTED = "unsupported"
     OFFSET_REGRESSION = "offset_regression"
+    # the principal may not do this to a resource of this type (``--authorizer acl``)
+    TOPIC_AUTHORIZATION = "topic_authorization"
+    GROUP_AUTHORIZATION = "group_authorization"
+    CLUSTER_AUTHORIZATION = "cluster_authorization"
+    TRANSACTIONAL_ID_AUTHORIZATION = "transactional_id_authorization"
+    RESOURCE_NOT_FOUND = "resource_not_found"  # no such user (or other named resource without its own code)
+    SECURITY_DISABLED = "security_disabled"  # ACL or user commands with no authorizer or user store
 
 
 @frozen
@@ -210,10 +217,12 @@ class CreatePartitionsResult:
 
 @frozen
 class ListTopics:
-    """List topics; ``topics=None`` means all of them."""
+    """List topics; ``topics=None`` means all of them. ``read`` says the caller asks in
+    order to read them (a subscription): with ACLs, each needs Read rather than Describe."""
 
     topics: tuple[str, ...] | None = None
     auto_create: bool = False
+    read: bool = False
 
 
 @frozen
@@ -651,3 +660,157 @@ class ServerInfoResult:
     topics: int
     partitions: int
     listeners: tuple[tuple[str, str, int], ...] = ()
+
+
+# --------------------------------------------------------------------------- security
+
+
+ANONYMOUS = "User:ANONYMOUS"
+
+
+@frozen
+class Caller:
+    """Who runs a command: the connection's principal (``User:<name>``) and its client address."""
+
+    principal: str = ANONYMOUS
+    host: str = ""
+
+
+class ResourceType(enum.IntEnum):
+    """Kafka's ACL resource types (and their numbers on the wire)."""
+
+    ANY = 1  # filters only
+    TOPIC = 2
+    GROUP = 3
+    CLUSTER = 4
+    TRANSACTIONAL_ID = 5
+
+
+class PatternType(enum.IntEnum):
+    ANY = 1  # filters only: literal or prefixed
+    MATCH = 2  # filters only: the bindings that would apply to the filter's name
+    LITERAL = 3  # the name, or every resource for ``*``
+    PREFIXED = 4  # every resource whose name starts with the name
+
+
+class AclOperation(enum.IntEnum):
+    ANY = 1  # filters only
+    ALL = 2
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+
+
+class AclPermission(enum.IntEnum):
+    ANY = 1  # filters only
+    DENY = 2
+    ALLOW = 3
+
+
+CLUSTER_RESOURCE = "kafka-cluster"  # the one cluster resource's name, as Kafka names it
+
+
+@frozen
+class AclBinding:
+    """One ACL: ``principal`` from ``host`` (``*``: any) is allowed or denied ``operation``
+    on the resources ``pattern_type`` and ``resource_name`` select (principal ``User:*``: anyone)."""
+
+    resource_type: ResourceType
+    resource_name: str
+    pattern_type: PatternType
+    principal: str
+    host: str
+    operation: AclOperation
+    permission: AclPermission
+
+
+@frozen
+class AclFilter:
+    """Selects bindings: ``None`` and the ``ANY`` members match every value."""
+
+    resource_type: ResourceType = ResourceType.ANY
+    resource_name: str | None = None
+    pattern_type: PatternType = PatternType.ANY
+    principal: str | None = None
+    host: str | None = None
+    operation: AclOperation = AclOperation.ANY
+    permission: AclPermission = AclPermission.ANY
+
+
+@frozen
+class CreateAcls:
+    bindings: tuple[AclBinding, ...]
+
+
+@frozen
+class CreateAclsResult:
+    errors: tuple[Error | None, ...]  # one per binding, in order
+
+
+@frozen
+class DescribeAcls:
+    filter: AclFilter
+
+
+@frozen
+class DescribeAclsResult:
+    bindings: tuple[AclBinding, ...] = ()
+    error: Error | None = None
+
+
+@frozen
+class DeleteAcls:
+    filters: tuple[AclFilter, ...]
+
+
+@frozen
+class DeleteAclsResult:
+    """Per filter: the bindings it deleted, or its error."""
+
+    matches: tuple[tuple[tuple[AclBinding, ...], Error | None], ...]
+
+
+@frozen
+class ScramCredential:
+    """A SCRAM credential as RFC 5802 keeps it: never the password."""
+
+    mechanism: str
+    iterations: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+
+
+@frozen
+class AlterUsers:
+    """Set SCRAM credentials (``(user, mechanism, iterations, salt, salted password)``,
+    as Kafka's AlterUserScramCredentials carries them) and delete ``(user, mechanism)``."""
+
+    upsertions: tuple[tuple[str, str, int, bytes, bytes], ...] = ()
+    deletions: tuple[tuple[str, str], ...] = ()
+
+
+@frozen
+class AlterUsersResult:
+    errors: tuple[tuple[str, Error | None], ...]  # one per user named, in order of first mention
+
+
+@frozen
+class DescribeUsers:
+    users: tuple[str, ...] | None = None  # None: every user
+
+
+@frozen
+class DescribeUsersResult:
+    """Per user: the ``(mechanism, iterations)`` of its credentials, or an error
+    (``RESOURCE_NOT_FOUND``: no such user)."""
+
+    users: tuple[tuple[str, tuple[tuple[str, int], ...], Error | None], ...] = ()
+    error: Error | None = None

@@ -16,6 +16,8 @@ from gateway.cluster import ClusterConfig, ClusterStore
 from gateway.codec import CodecPlugin, ListenerSettings, parse_options
 from gateway.localstore import LocalStore
 from gateway.registry import Registry
+from gateway.security.acl import Acls
+from gateway.security.users import UserStore
 from gateway.storage.engine import Engine, EngineConfig, StorageFailure
 from gateway.tls import ReloadableTls, TlsConfig
 
@@ -51,12 +53,17 @@ def connection_limits(given: ConnectionLimits, listeners: int) -> ConnectionLimi
 
 class Gateway:
     """One process: one storage (the local engine under ``data_dir``, or the Kafka
-    cluster of ``cluster``), one broker, one listening port per codec."""
+    cluster of ``cluster``), one broker, one listening port per codec.
+
+    ``users`` is the user store every listener authenticates against (empty if
+    ``None``), ``acls`` the ACLs the broker enforces (``None``: everything is
+    allowed), ``require_auth`` the codecs whose listeners refuse anonymous clients."""
 
     def __init__(self, reactor, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
                  limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None,
-                 tls: TlsConfig | None = None):
+                 tls: TlsConfig | None = None, users: UserStore | None = None, acls: Acls | None = None,
+                 require_auth: frozenset[str] = frozenset()):
         self.reactor = reactor
         self.limits = limits or ConnectionLimits()
         self.registry = registry
@@ -67,6 +74,9 @@ class Gateway:
         self.cluster = cluster
         self.tls_config = tls
         self.tls: ReloadableTls | None = None
+        self.users = users if users is not None else UserStore()
+        self.acls = acls
+        self.require_auth = require_auth
         self.engine: Engine | None = None
         self.cluster_store: ClusterStore | None = None
         self.broker: Broker | None = None
@@ -97,7 +107,8 @@ class Gateway:
         else:
             self.engine = Engine(self.data_dir, self.engine_config)
             store = LocalStore(self.engine, self.reactor)
-        self.broker = Broker(store, self.registry.batch_formats, self.reactor, self.broker_config)
+        self.broker = Broker(store, self.registry.batch_formats, self.reactor, self.broker_config,
+                             users=self.users, acls=self.acls)
         fairness = Fairness(self.reactor)  # one for every listener: connections share the reactor
         limits = connection_limits(self.limits, len(listeners))
         try:
@@ -132,10 +143,10 @@ class Gateway:
             log.error("kept the TLS certificate in use: reading %s and %s failed: %s",
                       self.tls.config.cert, self.tls.config.key, problem)
 
-    @staticmethod
-    def _settings(lc: ListenerConfig, plugin: CodecPlugin) -> ListenerSettings:
+    def _settings(self, lc: ListenerConfig, plugin: CodecPlugin) -> ListenerSettings:
         """The listener's settings, its options parsed (``OptionError`` for a bad one)."""
-        return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=parse_options(plugin, lc.options))
+        return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=parse_options(plugin, lc.options),
+                                users=self.users, require_auth=lc.codec in self.require_auth)
 
     @defer.inlineCallbacks
     def stop(self):

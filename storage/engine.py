@@ -154,6 +154,7 @@ class Engine:
             self.config, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self.topics: dict[str, Topic] = {}
         self._next_producer_id = 1000
+        self.security: dict[str, Any] = {}  # security records (users, ACLs): key to value
         self.journal = Journal(os.path.join(self.data_dir, "meta.journal"), self.config.file_mode)
         self.groups = GroupCoordinator(self.journal, self.partition_count, self.now_ms)
         self._sync_lock = threading.Lock()
@@ -189,6 +190,11 @@ class Engine:
                 self._next_producer_id = max(self._next_producer_id, entry["next"])
             elif kind == "producer":
                 pass  # applied once partitions exist, below
+            elif kind == "sec":
+                if entry["v"] is None:
+                    self.security.pop(entry["k"], None)
+                else:
+                    self.security[entry["k"]] = entry["v"]
             elif not self.groups.apply(entry):
                 log.warning("unknown journal entry %r", kind)
         for name, (topic_id, n, cfg) in topics.items():
@@ -202,7 +208,7 @@ class Engine:
         self.compact_journal()
 
     def _live_entries(self) -> int:
-        return len(self.topics) + self.groups.live_entries + sum(
+        return len(self.topics) + self.groups.live_entries + len(self.security) + sum(
             len(p.producers) for t in self.topics.values() for p in t.partitions) + 1
 
     def _snapshot(self) -> Iterable[dict[str, Any]]:
@@ -211,6 +217,8 @@ class Engine:
             yield {"t": "topic", "name": t.name, "id": t.topic_id, "n": len(t.partitions),
                    "cfg": _config_state(t.config)}
         yield from self.groups.snapshot()
+        for key, value in self.security.items():
+            yield {"t": "sec", "k": key, "v": value}
         for t in self.topics.values():
             for p in t.partitions:
                 for pid, state in p.producers.items():
@@ -405,6 +413,16 @@ class Engine:
                 p.replicas.update(p.log.next_offset, now)
                 if p.high_watermark != before:
                     p.notify()
+
+    # ------------------------------------------------------------------ security records
+
+    def put_security_record(self, key: str, value: Any) -> None:
+        """Journal one security record (``None`` deletes it); kept in memory once written."""
+        self.journal.append({"t": "sec", "k": key, "v": value})
+        if value is None:
+            self.security.pop(key, None)
+        else:
+            self.security[key] = value
 
     # ------------------------------------------------------------------ producers
 

@@ -186,6 +186,20 @@ class Storage(Protocol):
     def delete_groups(self, cmd: m.DeleteGroups) -> Any:
         """*May wait.* A ``DeleteGroupsResult``: a group with members is not deleted."""
 
+    # ------------------------------------------------------------------ security records
+
+    def security_records(self) -> dict[str, Any]:
+        """The persisted security records (users, ACLs: ``gateway.security``), key to a
+        msgpack-able value, as of now."""
+
+    def put_security_record(self, key: str, value: Any) -> Any:
+        """*May wait.* Persist one security record (``None`` deletes it); raises (or fails
+        with) ``CommandError(STORAGE_ERROR)`` when it could not be written."""
+
+    def watch_security(self, callback: Callable[[str, Any], None]) -> None:
+        """Call ``callback(key, value)`` in the reactor thread for each security record that
+        another gateway sharing this storage changes (never, for storage only this process uses)."""
+
     # ------------------------------------------------------------------ housekeeping and durability
 
     def housekeeping(self) -> None:

@@ -56,6 +56,7 @@ class Script:
     def __init__(self, settings: ListenerSettings, waits: dict[str, defer.Deferred]):
         self.buffer = ReceiveBuffer()
         self.waits = waits
+        self.principal = None
 
     def connection_made(self) -> bytes:
         return b"hello\n"
@@ -102,10 +103,10 @@ class ScriptBroker:
             return d
         return m.FetchResult("t", 0)
 
-    def run_many(self, commands):
+    def run_many(self, commands, caller=None):
         return [self.run(c) for c in commands]
 
-    def execute(self, command):
+    def execute(self, command, caller=None):
         return defer.maybeDeferred(self.run, command)
 
 
@@ -486,7 +487,7 @@ class TimedBroker:
         self.ran.append(command)
         return command
 
-    def run_many(self, commands):
+    def run_many(self, commands, caller=None):
         return [self.run(c) for c in commands]
 
 
@@ -496,6 +497,7 @@ class Lines:
     def __init__(self, settings: ListenerSettings, size: int):
         self.buffer = ReceiveBuffer()
         self.size = size
+        self.principal = None
 
     def connection_made(self) -> bytes:
         return b""

@@ -23,6 +23,7 @@ from cursus import ConsumerConfig, ConsumerMode, ProducerConfig
 from cursus import Producer as CursusProducer
 from cursus.protocol.decoder import decode_batch
 from cursus_support import RawCursus, batch, command
+from security_support import auth_args
 from tls_support import Pki, TlsProxy
 
 from gateway import model as m
@@ -511,7 +512,7 @@ def test_sasl_to_the_cluster_and_no_password_in_the_log(tmp_path, gateways):
     """The cluster (a polygate in local mode) asks for SCRAM-SHA-256: the gateway authenticates with
     its --cluster-option settings, and never logs the password; a wrong one is reported and retried."""
     cluster = GatewayProcess(str(tmp_path / "cluster"), ("kafka",),
-                             ("--codec-option", "kafka.sasl.users=gateway:s3cret-pw")).start()
+                             auth_args(tmp_path, {"gateway": "s3cret-pw"}, require="kafka")).start()
     try:
         sasl = ("--cluster-option", "security.protocol=SASL_PLAINTEXT",
                 "--cluster-option", "sasl.mechanism=SCRAM-SHA-256", "--cluster-option", "sasl.username=gateway")

@@ -14,6 +14,7 @@ import time
 import pytest
 from cursus_support import RawCursus
 from kafka_support import unique
+from security_support import auth_args
 
 from gateway.clients.kafka import KafkaClient
 from gateway.clients.v1 import V1Client
@@ -261,7 +262,9 @@ def test_a_cursus_stream_that_is_never_read_stops_pulling_and_is_disconnected(ga
     assert _served(gw) < 1
 
 
-SASL = ("--codec-option", "kafka.sasl.users=alice:wonderland")
+def sasl(tmp_path) -> tuple[str, ...]:
+    """The Kafka listener requires SASL by alice (password wonderland)."""
+    return auth_args(tmp_path, {"alice": "wonderland"}, require="kafka")
 
 
 def _guess(gw, user: str, password: str) -> tuple[int, bool]:
@@ -272,10 +275,10 @@ def _guess(gw, user: str, password: str) -> tuple[int, bool]:
         return answer.ErrorCode, answer.ErrorCode != 0 and _closed_within(k.sock, 10)
 
 
-def test_password_guessing_is_slowed_and_each_failure_closes(gateway_factory):
+def test_password_guessing_is_slowed_and_each_failure_closes(gateway_factory, tmp_path):
     """Finding 7: 27,530 guesses in 3 s on one connection. Now a failure is answered late, the
     delay doubles per failure from one address, and the connection closes after it."""
-    gw = gateway_factory(("kafka", "v1"), SASL)
+    gw = gateway_factory(("kafka", "v1"), sasl(tmp_path))
     started, guesses = time.monotonic(), 0
     while time.monotonic() - started < 3:
         code, closed = _guess(gw, "alice", f"guess{guesses}")
@@ -289,8 +292,8 @@ def test_password_guessing_is_slowed_and_each_failure_closes(gateway_factory):
     assert _guess(gw, "alice", "wonderland")[0] == 0
 
 
-def test_an_unknown_user_is_answered_as_a_wrong_password(gateway_factory):
-    gw = gateway_factory(("kafka",), SASL)
+def test_an_unknown_user_is_answered_as_a_wrong_password(gateway_factory, tmp_path):
+    gw = gateway_factory(("kafka",), sasl(tmp_path))
 
     def scram_first(user: str) -> tuple[str, str]:
         with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
@@ -309,9 +312,9 @@ def test_an_unknown_user_is_answered_as_a_wrong_password(gateway_factory):
     assert gw.memory_mib()[1] < RSS_BOUND_MIB
 
 
-def test_before_authentication_frames_are_small(gateway_factory):
+def test_before_authentication_frames_are_small(gateway_factory, tmp_path):
     """Finding 7: four unauthenticated connections could each hold a 90 MiB frame."""
-    gw = gateway_factory(("kafka", "v1"), SASL)
+    gw = gateway_factory(("kafka", "v1"), sasl(tmp_path))
     before, _ = gw.memory_mib()
     hogs = [socket.create_connection(("127.0.0.1", gw.port("kafka"))) for _ in range(4)]
     try:

@@ -32,6 +32,7 @@ from gateway.codecs.kafka import apis, compression, records, schema
 from gateway.codecs.kafka.codec import KafkaConnection
 from gateway.launcher import GATEWAY
 from gateway.localstore import LocalStore
+from gateway.security.users import MECHANISMS, UserStore, from_password
 from gateway.storage.engine import Engine
 
 SETTINGS = ListenerSettings(max_frame_size=1 << 20, advertised_host="gw.example", advertised_port=9092)
@@ -162,14 +163,23 @@ def test_metadata_advertises_the_listener():
 
 
 def test_sasl_required_before_other_requests():
-    conn = KafkaConnection(attrs_evolve_options({"sasl.users": "u:p"}))
+    conn = KafkaConnection(sasl_settings({"u": "p"}, require_auth=True))
     conn.receive_data(request(18, 0, {}) + request(3, 1, {"Topics": None}))
     first, second = events(conn)
     assert isinstance(first, Reply) and isinstance(second, Close)
 
 
-def attrs_evolve_options(options: dict) -> ListenerSettings:
-    return ListenerSettings(max_frame_size=1 << 20, options=parse_options(kafka.plugin, options))
+def test_sasl_is_optional_unless_required():
+    conn = KafkaConnection(sasl_settings({"u": "p"}))
+    conn.receive_data(request(3, 1, {"Topics": None}))
+    (metadata,) = events(conn)
+    assert isinstance(metadata, Request) and conn.principal is None
+
+
+def sasl_settings(users: dict[str, str], options: dict | None = None, require_auth: bool = False) -> ListenerSettings:
+    store = UserStore({name: {mech: from_password(mech, pw) for mech in MECHANISMS} for name, pw in users.items()})
+    return ListenerSettings(max_frame_size=1 << 20, options=parse_options(kafka.plugin, options or {}),
+                            users=store, require_auth=require_auth)
 
 
 # --------------------------------------------------------------------------- records
@@ -256,7 +266,7 @@ def test_advertised_address_can_be_set_per_listener():
 
 
 def test_sasl_handshake_v0_raw_plain_token():
-    conn = KafkaConnection(attrs_evolve_options({"sasl.users": "alice:pw", "sasl.mechanisms": "PLAIN"}))
+    conn = KafkaConnection(sasl_settings({"alice": "pw"}, {"sasl.mechanisms": "PLAIN"}, require_auth=True))
     conn.receive_data(request(17, 0, {"Mechanism": "PLAIN"}))
     (reply,) = events(conn)
     assert answer(17, 0, reply.data)[1].Mechanisms == ["PLAIN"]
@@ -264,7 +274,8 @@ def test_sasl_handshake_v0_raw_plain_token():
     conn.receive_data(struct.pack(">i", len(token)) + token + request(3, 1, {"Topics": None}))
     raw, metadata = events(conn)
     assert raw.data == b"\x00\x00\x00\x00" and isinstance(metadata, Request)
-    bad = KafkaConnection(attrs_evolve_options({"sasl.users": "alice:pw"}))
+    assert conn.principal == "User:alice"
+    bad = KafkaConnection(sasl_settings({"alice": "pw"}, require_auth=True))
     wrong = b"\x00alice\x00no"
     bad.receive_data(request(17, 0, {"Mechanism": "PLAIN"}) + struct.pack(">i", len(wrong)) + wrong
                      + request(3, 1, {"Topics": None}))
@@ -278,7 +289,6 @@ def test_sasl_handshake_v0_raw_plain_token():
 @pytest.mark.parametrize(("name", "value", "allowed"), [
     ("advertised.port", "ninety", "a port number"),
     ("group.initial.rebalance.delay.ms", "-1", "a non-negative integer"),
-    ("sasl.users", "alice", "user:password pairs"),
     ("sasl.mechanisms", "PLAIN,GSSAPI", "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
 ])
 def test_a_bad_listener_option_is_refused_with_what_is_allowed(name, value, allowed):

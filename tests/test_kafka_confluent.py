@@ -9,6 +9,7 @@ import kafka_support
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 from kafka_support import bootstrap, unique, wait_until
+from security_support import auth_args
 
 from gateway.clients.v1 import V1Client
 
@@ -166,8 +167,9 @@ def test_list_offsets_earliest_latest_and_by_time(kafka_gateway):
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
-def test_sasl(gateway_factory, mechanism):
-    gw = gateway_factory(("kafka",), ("--default-partitions", "1", "--codec-option", "kafka.sasl.users=alice:s3cret,bob:pw"))
+def test_sasl(gateway_factory, tmp_path, mechanism):
+    gw = gateway_factory(("kafka",), ("--default-partitions", "1",
+                                      *auth_args(tmp_path, {"alice": "s3cret", "bob": "pw"}, require="kafka")))
     servers, topic = bootstrap(gw), unique("sasl")
     auth = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": "alice"}
     p = ck.Producer({"bootstrap.servers": servers, **auth, "sasl.password": "s3cret"})

@@ -38,6 +38,7 @@ class Ticker:
     def __init__(self, settings: ListenerSettings):
         self.clock = settings.clock
         self.buffer = ReceiveBuffer()
+        self.principal = None
         self.pending: list[Any] = [Timer(1.0, "greeting")]  # armed before any byte arrives
         self.pushed: list[m.FetchResult] = []
 

@@ -304,7 +304,8 @@ def test_produce_error_codes_for_every_model_error():
         codes[code.name] = data[-1]
     assert codes["UNKNOWN_TOPIC"] == 0xFF and codes["UNKNOWN_PARTITION"] == 1
     assert codes["INVALID_SEQUENCE"] == 10 and codes["NOT_LEADER"] == 0xFD and codes["REPLICATION_TIMEOUT"] == 3
-    assert codes["STORAGE_ERROR"] == 2 and set(codes.values()) == {0xFF, 1, 2, 3, 10, 0xFD}
+    assert codes["TOPIC_AUTHORIZATION"] == 0xFE  # this gateway's answer to a refused write (README)
+    assert codes["STORAGE_ERROR"] == 2 and set(codes.values()) == {0xFF, 1, 2, 3, 10, 0xFD, 0xFE}
     assert conn.respond(request, [m.ProduceResult("golden", 0, 0, 0)]) == bytes.fromhex("01050000000100000000")
 
 

@@ -35,6 +35,19 @@ with ``isIdempotent=true seqNum=N``. A seed-form HEARTBEAT with a stale
 generation is answered ``ERROR: REBALANCE_REQUIRED ...`` (what the seed's
 clients wait for), the key=value form ``ERROR: GEN_MISMATCH ...``.
 
+Authentication (PROTOCOLS.md §2.5) checks the gateway's user store:
+``AUTH principal=<p> token=<t>`` (answered ``OK principal=<p>``), or inline
+``principal=<p> auth_token=<t>`` on any command; either makes ``User:<p>`` the
+connection's principal from that command on. ``principal=`` without
+``auth_token=`` is answered ``ERROR: authentication_required``; a wrong token
+``ERROR: authentication_failed command=<X>``, late, and the connection
+closes. With ``--require-auth cursus`` an anonymous client gets
+``ERROR: authentication_required command=<X>`` for every command but AUTH,
+HELP, PROTOCOL_INFO and NEGOTIATE (and an ERROR ack for a batch). A command
+the ACLs refuse gets ``ERROR: NOT_AUTHORIZED_FOR_TOPIC topic=<T>
+operation=<read|write>`` or ``ERROR: NOT_AUTHORIZED_FOR_OPERATION
+command=<X> permission=<admin|group|transaction>``.
+
 Listener options (``--codec-option cursus.KEY=VALUE``, declared by the
 plugin in ``__init__.py``): ``compression`` (none, gzip, snappy, lz4) and
 ``stream_keepalive_ms`` (5000).
@@ -194,6 +207,8 @@ class StreamState:
 
 
 def _topic_error(error: m.Error, topic: str, partition: int | None = None) -> str:
+    if error.code in _AUTHORIZATION:  # a stream's read refused
+        return _refusal("STREAM", topic, error)
     if error.code is m.ErrorCode.UNKNOWN_PARTITION and partition is not None:
         return f"ERROR: partition_not_found partition={partition}"
     if error.code in (m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION):
@@ -215,6 +230,45 @@ def _group_error(error: m.Error, group: str, member: str, generation: int | None
     if code is m.ErrorCode.UNKNOWN_TOPIC:
         return f"ERROR: topic_not_found reason={q(error.message)}"
     return f"ERROR: coordinator_error reason={q(error.message)}"
+
+
+_AUTHORIZATION = {m.ErrorCode.TOPIC_AUTHORIZATION, m.ErrorCode.GROUP_AUTHORIZATION,
+                  m.ErrorCode.CLUSTER_AUTHORIZATION, m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION}
+_PERMISSION = {m.ErrorCode.GROUP_AUTHORIZATION: "group", m.ErrorCode.CLUSTER_AUTHORIZATION: "admin",
+               m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION: "transaction"}
+_ADMIN_COMMANDS = frozenset({"CREATE", "DELETE"})
+_WRITE_COMMANDS = frozenset({"PUBLISH"})
+_OPEN_COMMANDS = frozenset({"AUTH", "HELP", "PROTOCOL_INFO", "NEGOTIATE"})  # served before authentication
+
+
+def _refusal(command: str, topic: str | None, error: m.Error) -> str:
+    """The Cursus broker's answer to a command its ACLs refuse (PROTOCOLS.md §2.5)."""
+    if error.code is m.ErrorCode.TOPIC_AUTHORIZATION and command not in _ADMIN_COMMANDS:
+        operation = "write" if command in _WRITE_COMMANDS else "read"
+        return f"ERROR: NOT_AUTHORIZED_FOR_TOPIC topic={topic} operation={operation}"
+    return f"ERROR: NOT_AUTHORIZED_FOR_OPERATION command={command} permission={_PERMISSION.get(error.code, 'admin')}"
+
+
+class Refusing:
+    """A render that answers a refused command as Cursus does, and otherwise renders as ``render``
+    (each further step of the command too)."""
+
+    __slots__ = ("command", "topic", "render")
+
+    def __init__(self, command: str, topic: str | None, render: Callable[[Sequence[Any]], Any]):
+        self.command = command
+        self.topic = topic
+        self.render = render
+
+    def __call__(self, results: Sequence[Any]) -> Any:
+        for r in results:
+            error = getattr(r, "error", None)
+            if error is not None and error.code in _AUTHORIZATION:
+                return frame(_refusal(self.command, self.topic, error))
+        out = self.render(results)
+        if type(out) is Handled and out.render is not None:
+            return out._replace(render=Refusing(self.command, self.topic, out.render))
+        return out
 
 
 def _assignments(result: m.JoinGroupResult | m.SyncGroupResult, topic: str) -> str:
@@ -244,7 +298,7 @@ class CursusConnection(CodecConnection):
             "BATCH_COMMIT": self._batch_commit, "FETCH_OFFSET": self._fetch_offset,
             "LIST_OFFSETS": self._list_offsets, "METADATA": self._metadata,
             "FIND_COORDINATOR": self._find_coordinator, "SUBSCRIBE": self._subscribe,
-            "PROTOCOL_INFO": self._protocol_info, "NEGOTIATE": self._negotiate,
+            "PROTOCOL_INFO": self._protocol_info, "NEGOTIATE": self._negotiate, "AUTH": self._auth,
         }
 
     # ------------------------------------------------------------------ CodecConnection
@@ -300,17 +354,39 @@ class CursusConnection(CodecConnection):
         return Handled.answer(frame("ERROR: malformed_input reason=missing_topic_or_payload"), close=True,
                               reason="malformed input")
 
-    def _command(self, text: str) -> Handled:
+    def _command(self, text: str) -> Handled | None:
         args = Args.parse(text)
         handler = self._handlers.get(args.name)
         if args.name in ("LIST", "HELP", "PROTOCOL_INFO") and args.raw.upper() != args.name:
             handler = None  # these must be the whole command
         if handler is None:
             return Handled.answer(frame(f"ERROR: unknown_command command={q(args.raw)}"))
+        principal = args.get("principal")
+        if principal is not None and args.name != "AUTH":  # inline credentials (PROTOCOLS.md §2.5)
+            token = args.get("auth_token")
+            if not token:
+                return Handled.answer(frame(f"ERROR: authentication_required command={args.name}"))
+            if not self.authenticate(principal, token):
+                return self.refuse_login(frame(f"ERROR: authentication_failed command={args.name}"),
+                                         "Cursus authentication failed")
+        elif self.anonymous_refused and args.name not in _OPEN_COMMANDS:
+            return Handled.answer(frame(f"ERROR: authentication_required command={args.name}"))
         try:
-            return handler(args)
+            handled = handler(args)
         except Reject as e:
             return Handled.answer(frame(str(e)))
+        if type(handled) is Handled and handled.render is not None:
+            return handled._replace(render=Refusing(args.name, args.get("topic"), handled.render))
+        return handled
+
+    def _auth(self, a: Args) -> Handled | None:
+        """``AUTH principal=<p> token=<t>``: the connection's principal from now on (``User:<p>``)."""
+        principal, token = a.get("principal"), a.get("token")
+        if not principal or not token:
+            raise Reject("ERROR: missing_credentials command=AUTH")
+        if not self.authenticate(principal, token):
+            return self.refuse_login(frame("ERROR: authentication_failed command=AUTH"), "Cursus authentication failed")
+        return Handled.answer(frame(f"OK principal={principal}"))
 
     # ------------------------------------------------------------------ produce
 
@@ -322,6 +398,8 @@ class CursusConnection(CodecConnection):
         }, separators=(",", ":")))
 
     def _batch(self, body: bytes) -> Handled:
+        if self.anonymous_refused:
+            return Handled.answer(self._ack("ERROR", error="authentication_required command=PUBLISH"))
         try:
             if b.is_seed_layout(body):
                 body = b.normalize(body)
@@ -363,6 +441,8 @@ class CursusConnection(CodecConnection):
             return e.message
         if e.code is m.ErrorCode.NOT_LEADER:
             return f"NOT_LEADER LEADER_IS {self.leader}"
+        if e.code in _AUTHORIZATION:
+            return _refusal("PUBLISH", topic, e).removeprefix("ERROR: ")
         return f"broker_error reason={q(e.message)}"
 
     def _publish(self, a: Args) -> Handled:

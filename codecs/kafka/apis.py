@@ -46,6 +46,12 @@ INVALID_PARTITIONS = 37
 INVALID_REQUEST = 42
 SASL_AUTHENTICATION_FAILED = 58
 NON_EMPTY_GROUP = 68
+TOPIC_AUTHORIZATION_FAILED = 29
+GROUP_AUTHORIZATION_FAILED = 30
+CLUSTER_AUTHORIZATION_FAILED = 31
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+SECURITY_DISABLED = 54
+RESOURCE_NOT_FOUND = 91
 GROUP_ID_NOT_FOUND = 69
 UNKNOWN_SERVER_ERROR = -1
 
@@ -69,6 +75,12 @@ ERRORS = {
     ErrorCode.CORRUPT_MESSAGE: CORRUPT_MESSAGE,
     ErrorCode.STORAGE_ERROR: 56,  # KAFKA_STORAGE_ERROR
     ErrorCode.UNSUPPORTED: UNKNOWN_SERVER_ERROR,
+    ErrorCode.TOPIC_AUTHORIZATION: TOPIC_AUTHORIZATION_FAILED,
+    ErrorCode.GROUP_AUTHORIZATION: GROUP_AUTHORIZATION_FAILED,
+    ErrorCode.CLUSTER_AUTHORIZATION: CLUSTER_AUTHORIZATION_FAILED,
+    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION: TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    ErrorCode.RESOURCE_NOT_FOUND: RESOURCE_NOT_FOUND,
+    ErrorCode.SECURITY_DISABLED: SECURITY_DISABLED,
 }
 
 
@@ -95,10 +107,10 @@ class Session(Protocol):
     sasl_exchange: sasl.Exchange | None
     sasl_raw: bool
 
-    def authentication_failed(self, answer: bytes) -> None:
+    def refuse_login(self, answer: bytes, reason: str) -> None:
         """Send ``answer`` after the failure delay, then close."""
 
-    def authenticated_now(self) -> None:
+    def authenticated_now(self, user: str) -> None:
         """The exchange succeeded: lift the limits of an unauthenticated connection."""
 
 
@@ -461,6 +473,121 @@ def delete_groups(session: Session, version: int, req: Any, frame: Frame) -> Han
     return Handled.run((m.DeleteGroups(tuple(req.GroupsNames)),), render)
 
 
+# --------------------------------------------------------------------------- ACLs and SCRAM users
+
+SCRAM_MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}  # Kafka's ScramMechanism numbers
+SCRAM_NUMBERS = {name: number for number, name in SCRAM_MECHANISMS.items()}
+
+
+def _acl_filter(f: Any) -> m.AclFilter | None:
+    """A request's ACL filter; ``None`` when a field names no known value."""
+    try:
+        return m.AclFilter(m.ResourceType(f.ResourceTypeFilter), f.ResourceNameFilter,
+                           m.PatternType(f.get("PatternTypeFilter", m.PatternType.LITERAL)), f.PrincipalFilter,
+                           f.HostFilter, m.AclOperation(f.Operation), m.AclPermission(f.PermissionType))
+    except ValueError:
+        return None
+
+
+def _acl_fields(b: m.AclBinding) -> dict[str, Any]:
+    return {"Principal": b.principal, "Host": b.host, "Operation": int(b.operation),
+            "PermissionType": int(b.permission)}
+
+
+def create_acls(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    bindings: list[m.AclBinding | None] = []
+    for c in req.Creations:
+        try:
+            bindings.append(m.AclBinding(m.ResourceType(c.ResourceType), c.ResourceName,
+                                         m.PatternType(c.get("ResourcePatternType", m.PatternType.LITERAL)),
+                                         c.Principal, c.Host, m.AclOperation(c.Operation),
+                                         m.AclPermission(c.PermissionType)))
+        except ValueError:
+            bindings.append(None)
+    known = tuple(b for b in bindings if b is not None)
+
+    def render(results: Sequence[m.CreateAclsResult]) -> bytes:
+        errors = iter(results[0].errors if results else ())
+        out = []
+        for b in bindings:
+            error = next(errors) if b is not None else m.Error(ErrorCode.INVALID_REQUEST, "unknown ACL field value")
+            out.append({"ErrorCode": code(error), "ErrorMessage": message(error)})
+        return frame({"Results": out})
+
+    if not known:
+        return Handled.answer(render(()))
+    return Handled.run((m.CreateAcls(known),), render)
+
+
+def describe_acls(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    acl_filter = _acl_filter(req)
+    if acl_filter is None:
+        return Handled.answer(frame({"ErrorCode": INVALID_REQUEST, "ErrorMessage": "unknown ACL filter value",
+                                     "Resources": []}))
+
+    def render(results: Sequence[m.DescribeAclsResult]) -> bytes:
+        r = results[0]
+        resources: dict[tuple, list[dict[str, Any]]] = {}
+        for b in r.bindings:
+            resources.setdefault((b.resource_type, b.resource_name, b.pattern_type), []).append(_acl_fields(b))
+        return frame({"ErrorCode": code(r.error), "ErrorMessage": message(r.error), "Resources": [
+            {"ResourceType": int(rt), "ResourceName": name, "PatternType": int(pt), "Acls": acls}
+            for (rt, name, pt), acls in resources.items()]})
+
+    return Handled.run((m.DescribeAcls(acl_filter),), render)
+
+
+def delete_acls(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    filters = [_acl_filter(f) for f in req.Filters]
+    known = tuple(f for f in filters if f is not None)
+
+    def render(results: Sequence[m.DeleteAclsResult]) -> bytes:
+        matches = iter(results[0].matches if results else ())
+        out = []
+        for f in filters:
+            if f is None:
+                out.append({"ErrorCode": INVALID_REQUEST, "ErrorMessage": "unknown ACL filter value",
+                            "MatchingAcls": []})
+                continue
+            bindings, error = next(matches)
+            out.append({"ErrorCode": code(error), "ErrorMessage": message(error), "MatchingAcls": [
+                {"ErrorCode": NONE, "ErrorMessage": None, "ResourceType": int(b.resource_type),
+                 "ResourceName": b.resource_name, "PatternType": int(b.pattern_type), **_acl_fields(b)}
+                for b in bindings]})
+        return frame({"FilterResults": out})
+
+    if not known:
+        return Handled.answer(render(()))
+    return Handled.run((m.DeleteAcls(known),), render)
+
+
+def describe_user_scram_credentials(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    names = None if req.Users is None else tuple(u.Name for u in req.Users)
+
+    def render(results: Sequence[m.DescribeUsersResult]) -> bytes:
+        r = results[0]
+        return frame({"ErrorCode": code(r.error), "ErrorMessage": message(r.error), "Results": [
+            {"User": user, "ErrorCode": code(error), "ErrorMessage": message(error),
+             "CredentialInfos": [{"Mechanism": SCRAM_NUMBERS[mech], "Iterations": it} for mech, it in infos
+                                 if mech in SCRAM_NUMBERS]}
+            for user, infos, error in r.users]})
+
+    return Handled.run((m.DescribeUsers(names),), render)
+
+
+def alter_user_scram_credentials(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    unknown = "unknown SCRAM mechanism"
+    upsertions = tuple((u.Name, SCRAM_MECHANISMS.get(u.Mechanism, unknown), u.Iterations, bytes(u.Salt),
+                        bytes(u.SaltedPassword)) for u in req.Upsertions)
+    deletions = tuple((d.Name, SCRAM_MECHANISMS.get(d.Mechanism, unknown)) for d in req.Deletions)
+
+    def render(results: Sequence[m.AlterUsersResult]) -> bytes:
+        return frame({"Results": [{"User": user, "ErrorCode": code(error), "ErrorMessage": message(error)}
+                                  for user, error in results[0].errors]})
+
+    return Handled.run((m.AlterUsers(upsertions, deletions),), render)
+
+
 # --------------------------------------------------------------------------- producers, versions, SASL
 
 
@@ -494,9 +621,10 @@ def sasl_authenticate(session: Session, version: int, req: Any, frame: Frame) ->
     try:
         token = exchange.step(req.AuthBytes)
     except sasl.AuthFailed as e:  # answered late, then the connection closes (as Kafka does)
-        return session.authentication_failed(frame({"ErrorCode": SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}))
+        return session.refuse_login(frame({"ErrorCode": SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}),
+                                    "SASL authentication failed")
     if exchange.done:
-        session.authenticated_now()
+        session.authenticated_now(exchange.user)
     return Handled.answer(frame({"AuthBytes": token}))
 
 
@@ -519,10 +647,15 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(19, 0, 5, create_topics),
     Api(20, 0, 4, delete_topics),
     Api(22, 0, 4, init_producer_id),
+    Api(29, 0, 3, describe_acls),
+    Api(30, 0, 3, create_acls),
+    Api(31, 0, 3, delete_acls),
     Api(32, 0, 4, describe_configs),
     Api(36, 0, 2, sasl_authenticate),
     Api(37, 0, 3, create_partitions),
     Api(42, 0, 2, delete_groups),
+    Api(50, 0, 0, describe_user_scram_credentials),
+    Api(51, 0, 0, alter_user_scram_credentials),
 )}
 API_VERSIONS = 18
 SASL_APIS = frozenset({17, 18, 36})

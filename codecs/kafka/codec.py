@@ -9,9 +9,11 @@ Bad input: a frame over the size limit, a negative size, an unknown API key
 or a body that does not parse closes the connection (what Kafka does). A
 known API at a version outside the advertised range gets an
 UNSUPPORTED_VERSION answer; for ApiVersions that answer is the KIP-511 v0
-body listing only ApiVersions' own range (PROTOCOLS.md §4.3). When the
-listener requires SASL, only ApiVersions, SaslHandshake and SaslAuthenticate
-are served until the client has authenticated; anything else closes.
+body listing only ApiVersions' own range (PROTOCOLS.md §4.3). SASL is
+offered on every listener (against ``ListenerSettings.users``); when the
+listener requires authentication (``--require-auth kafka``) and the client
+has no principal from a TLS certificate, only ApiVersions, SaslHandshake and
+SaslAuthenticate are served until it has authenticated; anything else closes.
 
 Only the parsing of a request (its header and body) can meet bad input: an
 exception there closes the connection as a malformed request. An exception in
@@ -20,7 +22,7 @@ closes the connection.
 
 Listener options (``--codec-option kafka.KEY=VALUE``, ``OPTIONS``, parsed by
 the gateway before the listener starts): ``advertised.host``,
-``advertised.port``, ``sasl.users``, ``sasl.mechanisms`` (see ``sasl``) and
+``advertised.port``, ``sasl.mechanisms`` (see ``sasl``) and
 ``group.initial.rebalance.delay.ms`` (default 3000, as Kafka): how long the
 first JoinGroup of an empty group waits for more members.
 """
@@ -33,7 +35,7 @@ from typing import Any
 
 from construct import ConstructError
 
-from gateway.codec import Close, CodecConnection, Handled, ListenerSettings, Option, Timer, integer
+from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, integer
 from gateway.framing import LengthPrefixedFramer, fixed_header
 
 from . import apis, sasl, schema
@@ -47,8 +49,6 @@ OPTIONS = (
            help="the host clients are told to connect to (default: the listener's)"),
     Option("advertised.port", integer(0, 65535), None, "a port number (0 to 65535)",
            help="the port clients are told to connect to (default: the listener's)"),
-    Option("sasl.users", sasl.parse_users, {}, "user:password pairs separated by commas",
-           help="require SASL authentication by these users"),
     Option("sasl.mechanisms", sasl.parse_mechanisms, sasl.MECHANISMS,
            f"some of {', '.join(sasl.MECHANISMS)} separated by commas", help="the SASL mechanisms offered"),
     Option("group.initial.rebalance.delay.ms", integer(0), 3000, "a non-negative integer (milliseconds)",
@@ -70,20 +70,19 @@ class KafkaConnection(CodecConnection):
         self.initial_rebalance_delay_ms = options["group.initial.rebalance.delay.ms"]
         self.client_id = ""
         self.client_host = settings.peer.rpartition(":")[0]
-        self.sasl_config = sasl.SaslConfig.from_options(options)
+        self.sasl_config = None if settings.users is None else sasl.SaslConfig(settings.users,
+                                                                                 options["sasl.mechanisms"])
         self.sasl_exchange: sasl.Exchange | None = None
         self.sasl_raw = False
-        self.failed: bytes | None = None  # the answer to a failed authentication, sent after its delay
-        if self.sasl_config is not None:  # before authentication only small frames (Kafka's rule)
+        if settings.require_auth:  # before authentication only small frames (Kafka's rule)
             self.framer.max_frame_size = min(settings.max_frame_size, sasl.MAX_FRAME_BEFORE_AUTH)
 
-    @property
-    def authenticated(self) -> bool:
-        return self.sasl_config is None or (self.sasl_exchange is not None and self.sasl_exchange.done)
+    def receive_data(self, data: bytes) -> None:
+        if self.principal is not None:  # authenticated (by SASL, or by its certificate before any byte)
+            self.framer.max_frame_size = self.settings.max_frame_size
+        super().receive_data(data)
 
     def handle_frame(self, header: bytes, body: bytearray) -> Handled | None:
-        if self.failed is not None:
-            return None  # authentication failed: nothing more is read before the close
         if self.sasl_raw:
             return self._raw_sasl(bytes(body))
         if len(body) < _KEY_VERSION.size:
@@ -93,7 +92,7 @@ class KafkaConnection(CodecConnection):
         message = schema.MESSAGES.get(api_key)
         if api is None or message is None:
             return _close(f"unknown API key {api_key}")
-        if not self.authenticated and api_key not in apis.SASL_APIS:
+        if self.anonymous_refused and api_key not in apis.SASL_APIS:
             return _close(f"{message.name} request before SASL authentication")
         if not api.min_version <= version <= api.max_version:
             return Handled.answer(self._unsupported(api_key, version, correlation_id))
@@ -114,24 +113,16 @@ class KafkaConnection(CodecConnection):
         try:
             answer = self.sasl_exchange.step(token)
         except sasl.AuthFailed:
-            return self.authentication_failed(b"")
+            return self.refuse_login(b"", "SASL authentication failed")
         if self.sasl_exchange.done:
-            self.authenticated_now()
+            self.authenticated_now(self.sasl_exchange.user)
         return Handled.answer(_SIZE.pack(len(answer)) + answer)
 
-    def authentication_failed(self, answer: bytes) -> None:
-        """Answer a failed authentication with ``answer``, late (``gateway.authlimits``), then close."""
-        self.failed = answer
-        delay = sasl.FAILURES.delay(self.client_host, self.settings.clock())
-        self.emit(Timer(seconds=delay, context="failed authentication"))
-
-    def authenticated_now(self) -> None:
-        """The client is authenticated: frames up to the listener's limit from now on."""
+    def authenticated_now(self, user: str) -> None:
+        """The client is ``user``: its principal, and frames up to the listener's limit from now on."""
+        self.principal = f"User:{user}"
         self.sasl_raw = False
         self.framer.max_frame_size = self.settings.max_frame_size
-
-    def timer(self, context: Any) -> None:
-        self.emit(Close(self.failed or b"", "SASL authentication failed"))
 
     def _unsupported(self, api_key: int, version: int, correlation_id: int) -> bytes:
         message = schema.MESSAGES[api_key]

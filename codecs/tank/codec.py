@@ -16,6 +16,13 @@ message (``OffsetSpec.EARLIEST``) and 2^64-1 for the next new one
 long-polls. A ProduceWithSeqnum base N places its bundle at engine offset
 N - 1; a SPARSE bundle is placed at its own first sequence number - 1.
 
+TANK has no login and no error for a refused client; this gateway answers
+(README, "Security"): a client without a certificate on a listener that
+requires authentication is disconnected at its first request; a produce the
+ACLs refuse gets 0xFE for its partition (``READ_ONLY``: the partition takes no
+writes from this client), a consume 0xFB (``SYSTEM_ERROR``) and a topic
+creation 2 (``SYSTEM``).
+
 Produced bundles are stored as received (format ``tank``) after a check of
 their header only: one plain ``Produce`` per partition of a request (the
 broker joins consecutive ones to a partition into one append). Consume chunks
@@ -141,6 +148,7 @@ _PRODUCE_CODES = {
     m.ErrorCode.INVALID_SEQUENCE: ProduceError.INVALID_SEQ_NUMS,
     m.ErrorCode.NOT_LEADER: ProduceError.NO_LEADER,
     m.ErrorCode.REPLICATION_TIMEOUT: ProduceError.ACKS_FAILED,
+    m.ErrorCode.TOPIC_AUTHORIZATION: ProduceError.READ_ONLY,  # this client may not write the topic
 }
 
 
@@ -411,6 +419,8 @@ class TankConnection(CodecConnection):
         msg_id = header[0]
         if msg_id == MsgId.PING:
             return None
+        if self.anonymous_refused:
+            return Handled.answer(b"", close=True, reason="anonymous client on a listener that requires authentication")
         handler = self._handlers.get(msg_id)
         if handler is None:
             return Handled.answer(b"", close=True, reason=f"unknown message id {msg_id:#04x}")

@@ -6,6 +6,13 @@ order: ``V1|<id>|OK[|<payload>]`` or ``V1|<id>|ERR|<CODE>|<message>``.
 Parse errors answer with correlation id 0 and keep the connection open, as
 does a line over the frame limit (the rest of that line is discarded).
 
+Two error codes are this gateway's additions to the seed's list, for its
+security (README, "Security"): ``NOT_AUTHORIZED``, a command the ACLs refuse
+(the connection stays open), and ``AUTHENTICATION_REQUIRED``, the answer to
+the first request of a client without a certificate on a listener that
+requires authentication (the connection then closes). V1 has no login of its
+own: its principal comes from a TLS client certificate.
+
 V1 offsets are the engine's. V1's ``hw`` is the offset of the last visible
 record (-1 when there is none): the engine's high watermark minus one.
 """
@@ -107,6 +114,10 @@ def _fail(error: m.Error | None, **codes: str) -> None:
             "GENERATION_MISMATCH": "GENERATION_MISMATCH",
             "NOT_ASSIGNED": "GENERATION_MISMATCH",
             "STORAGE_ERROR": "STORAGE_ERROR",
+            "TOPIC_AUTHORIZATION": "NOT_AUTHORIZED",
+            "GROUP_AUTHORIZATION": "NOT_AUTHORIZED",
+            "CLUSTER_AUTHORIZATION": "NOT_AUTHORIZED",
+            "TRANSACTIONAL_ID_AUTHORIZATION": "NOT_AUTHORIZED",
         }.get(error.code.name, "BAD_REQUEST")
     raise V1Error(code, error.message)
 
@@ -342,6 +353,9 @@ class V1Connection(CodecConnection):
             return Handled.answer(err("0", "BAD_REQUEST", "unsupported version"))
         if not cid:
             return Handled.answer(err("0", "BAD_REQUEST", "correlation id required"))
+        if self.anonymous_refused:
+            return Handled.answer(err(cid, "AUTHENTICATION_REQUIRED", "this listener requires a client certificate"),
+                                  close=True, reason="anonymous client on a listener that requires authentication")
         if not name:
             return Handled.answer(err("0", "BAD_REQUEST", "command required"))
         command = COMMANDS.get(name) or COMMANDS.get(name.upper())

@@ -10,7 +10,9 @@ set, never errbacks. Waiting never blocks the reactor.
 One module per concern: ``produce`` (appends, merging, acks), ``fetch``
 (reads, long-polls, offsets), ``groups`` (calls to the coordinator),
 ``topics`` (admin, server info), ``replication`` (replica progress, roles),
-``durability`` (the fsync policy).
+``durability`` (the fsync policy), ``security`` (users and ACLs, kept in
+storage) and ``access`` (the ACL check every command passes with
+``--authorizer acl``).
 """
 
 from __future__ import annotations
@@ -23,16 +25,20 @@ import attrs
 from twisted.internet import defer, task
 
 from gateway import model as m
+from gateway.broker.access import Access
 from gateway.broker.calls import errors_as
 from gateway.broker.durability import FsyncPolicy, GroupCommit, _interval_sync, with_error
 from gateway.broker.fetch import Fetcher
 from gateway.broker.groups import Groups
 from gateway.broker.produce import Producer
 from gateway.broker.replication import Replication
+from gateway.broker.security import Security
 from gateway.broker.topics import Topics
 from gateway.codec import BatchFormat
 from gateway.convert import ConversionCache
 from gateway.model import Error, ErrorCode
+from gateway.security.acl import Acls
+from gateway.security.users import UserStore
 from gateway.storage.interface import Storage
 
 __all__ = ["Broker", "BrokerConfig", "FsyncPolicy"]
@@ -41,6 +47,7 @@ MERGE_BYTES = 1 << 20  # a run of merged produces stops once its payloads reach 
 MERGE_RECORDS = 4096  # ...or this many records
 
 log = logging.getLogger(__name__)
+ANYONE_UNKNOWN = m.Caller()  # a caller nobody named: anonymous
 
 
 @attrs.frozen
@@ -58,7 +65,7 @@ class Broker:
     """Executes commands on ``store``; ``formats`` maps storage format names to ``BatchFormat``s."""
 
     def __init__(self, store: Storage, formats: dict[str, BatchFormat], reactor: Any,
-                 config: BrokerConfig | None = None):
+                 config: BrokerConfig | None = None, users: UserStore | None = None, acls: Acls | None = None):
         self.store = store
         self.formats = formats
         self.reactor = reactor
@@ -72,6 +79,8 @@ class Broker:
         self.fetcher = Fetcher(self)
         self.groups = Groups(self)
         self.replication = Replication(self)
+        self.security = Security(self, users if users is not None else UserStore(), acls)
+        self.access = Access(self, acls) if acls is not None else None
         self._handlers: dict[type, Callable[[Any], Any]] = {
             m.Produce: self.producer.produce,
             m.Fetch: self.fetcher.fetch,
@@ -95,12 +104,19 @@ class Broker:
             m.Ping: lambda cmd: m.PingResult(),
             m.InitProducerId: self.init_producer_id,
             m.ServerInfo: self.topics.server_info,
+            m.CreateAcls: self.security.create_acls,
+            m.DescribeAcls: self.security.describe_acls,
+            m.DeleteAcls: self.security.delete_acls,
+            m.AlterUsers: self.security.alter_users,
+            m.DescribeUsers: self.security.describe_users,
         }
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start housekeeping: group expiry, ISR lag, retention, fsync interval."""
+        """Load the persisted users and ACLs; start housekeeping: group expiry, ISR lag,
+        retention, fsync interval."""
+        self.security.load()
         every: list[tuple[int, Callable[[], Any]]] = [
             (self.config.housekeeping_ms, self.store.housekeeping),
             (self.config.retention_check_ms, self.store.enforce_retention),
@@ -141,7 +157,15 @@ class Broker:
             raise TypeError(f"no handler for {type(command).__name__}")
         return handler(command)
 
-    def run_many(self, commands: Sequence[Any]) -> list[Any]:
+    def run_many(self, commands: Sequence[Any], caller: m.Caller | None = None) -> list[Any]:
+        """The results of ``commands`` run for ``caller`` (anonymous if ``None``): with
+        ACLs on (``access``), what the caller may do (``gateway.broker.access``); without,
+        ``run_many_unchecked(commands)``."""
+        if self.access is not None:
+            return self.access.run_many(commands, caller or ANYONE_UNKNOWN)
+        return self.run_many_unchecked(commands)
+
+    def run_many_unchecked(self, commands: Sequence[Any]) -> list[Any]:
         """``[run(c) for c in commands]``, except that consecutive produces that may
         share appends (``Producer.merge_key``) share them, in runs of at most
         ``MERGE_BYTES`` and ``MERGE_RECORDS`` (so that a stored batch stays a
@@ -172,8 +196,10 @@ class Broker:
             i = j
         return results
 
-    def execute(self, command: Any) -> defer.Deferred:
-        """Run ``command``; the Deferred fires with its result."""
+    def execute(self, command: Any, caller: m.Caller | None = None) -> defer.Deferred:
+        """Run ``command`` for ``caller`` (as ``run_many``); the Deferred fires with its result."""
+        if self.access is not None:
+            return defer.maybeDeferred(self.access.run, command, caller or ANYONE_UNKNOWN)
         return defer.maybeDeferred(self.run, command)
 
     # ------------------------------------------------------------------ producer ids

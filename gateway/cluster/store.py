@@ -19,6 +19,7 @@ from gateway.cluster.groups import ClusterGroups
 from gateway.cluster.metadata import Metadata
 from gateway.cluster.producers import ProducerStates, header
 from gateway.cluster.reader import Reader
+from gateway.cluster.security import SecurityTopic
 from gateway.cluster.writer import KAFKA, Writer
 from gateway.codec import BatchFormat
 from gateway.model import CommandError, ErrorCode
@@ -52,22 +53,35 @@ class ClusterStore:
         self.reader = Reader(config, self.metadata, reactor, formats[KAFKA])
         self.groups = ClusterGroups(config, self.admin, reactor)
         self.producers = ProducerStates(config, self.metadata, reactor)
+        self.security = SecurityTopic(config, self.admin, reactor)
         self._timeout = config.request_timeout_ms / 1000
 
     def start(self) -> None:
         log.info("storage: %s", self.config.describe())
-        for part in (self.metadata, self.writer, self.reader, self.groups):
+        for part in (self.metadata, self.writer, self.reader, self.groups, self.security):
             part.start()
 
     def close(self) -> None:
         """Deliver what is queued, leave the groups, stop every thread."""
         self.writer.stop()
+        self.security.stop()
         self.groups.stop()
         self.reader.stop()
         self.metadata.stop()
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)
+
+    # ------------------------------------------------------------------ security records
+
+    def security_records(self) -> dict[str, Any]:
+        return dict(self.security.records)
+
+    def put_security_record(self, key: str, value: Any) -> defer.Deferred:
+        return self.security.put(key, value)
+
+    def watch_security(self, callback: Callable[[str, Any], None]) -> None:
+        self.security.watch(callback)
 
     # ------------------------------------------------------------------ topics
 

@@ -5,8 +5,16 @@ What a client gets (see the README for the full list and its reasons):
 * CONNECT/CONNACK. Only protocol level 4 (3.1.1) is accepted; another level
   is answered CONNACK 0x01 and closed. Every session is clean: a client
   asking for a persistent session (clean session 0) is accepted with
-  "session present" 0 and must subscribe again. User names and passwords
-  are accepted and not checked.
+  "session present" 0 and must subscribe again. A user name and password
+  are checked against the gateway's user store: a wrong pair is answered
+  CONNACK 5 (not authorized), late (``CodecConnection.refuse_login``), and the
+  connection closes; the client is then ``User:<name>`` for the ACLs. Without
+  them it is anonymous (or its TLS certificate's ``User:<CN>``), which a
+  listener under ``--require-auth mqtt`` answers CONNACK 5 and closes.
+* Under ``--authorizer acl``: a SUBSCRIBE filter whose log topic the client
+  may not read gets SUBACK 0x80; a refused PUBLISH QoS 0 is dropped silently
+  (QoS 0 has no answer), a refused QoS 1 or 2 closes the connection (3.1.1
+  has no negative acknowledgement).
 * A will message is published (stored, RETAIN ignored) when the connection
   ends for any reason but a DISCONNECT from the client (or the gateway
   shutting down); its topic follows the same mapping as a PUBLISH's, or the
@@ -79,6 +87,7 @@ OPTIONS = (
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
+_AUTHORIZATION = frozenset({m.ErrorCode.TOPIC_AUTHORIZATION, m.ErrorCode.CLUSTER_AUTHORIZATION})
 
 
 def fixed_header(buffer: ReceiveBuffer) -> tuple[int, int] | None:
@@ -195,6 +204,8 @@ class MqttConnection(CodecConnection):
                 self.emit(Timer(limit - idle, "keepalive"))
         elif context == "retry":
             self._retry(now)
+        elif context not in ("connect", "keepalive"):
+            super().timer(context)
 
     # ------------------------------------------------------------------ packets
 
@@ -240,6 +251,14 @@ class MqttConnection(CodecConnection):
         if not c.client_id and not f.clean_session:
             return Handled.answer(packets.connack(packets.ConnectReturn.IDENTIFIER_REJECTED), close=True,
                                   reason="empty client identifier with clean session 0")
+        if f.username:
+            password = (c.password or b"").decode("utf-8", "surrogateescape")
+            if not self.authenticate(c.username, password):
+                self.refuse_login(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), "MQTT login refused")
+                return None
+        elif self.anonymous_refused:
+            return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
+                                  reason="anonymous client on a listener that requires authentication")
         if f.will:
             self.will = self._produce(c.will_topic, f.will_qos, c.will_message)
         self.connected = True
@@ -260,6 +279,8 @@ class MqttConnection(CodecConnection):
         def stored(results: Sequence[m.ProduceResult]) -> bytes:
             error = results[0].error
             if error is not None:
+                if qos == 0 and error.code in _AUTHORIZATION:
+                    return b""  # refused, and QoS 0 has no answer: dropped
                 # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
                 self._close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
                 return b""
@@ -314,7 +335,7 @@ class MqttConnection(CodecConnection):
             return Handled.answer(packets.suback(s.packet_id, [packets.SUBACK_FAILURE] * len(entries)))
         ctx = _Subscribe(s.packet_id, tuple(entries))
         # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription
-        return Handled.run((m.ListTopics(wanted, auto_create=True),),
+        return Handled.run((m.ListTopics(wanted, auto_create=True, read=True),),
                            lambda results: self._subscribed(ctx, results[0]), hold=True)
 
     def _subscribed(self, ctx: _Subscribe, result: m.ListTopicsResult) -> bytes:

@@ -1,0 +1,153 @@
+"""Security records (users, ACLs) in the cluster, so that every gateway on it enforces the same.
+
+The records live in one compacted topic, ``__<prefix>_security`` (one
+partition; hidden from clients, as every ``__`` topic is): the record key is
+the security record's key, the value its msgpack encoding, a tombstone for a
+deleted record. Every gateway reads the topic from its start when it starts
+(before it serves, for up to ``FIRST_READ_S``; what comes later is applied as
+it arrives) and then follows it, so a change any gateway makes reaches the
+others within about a second (``fetch.wait.max.ms``). A write is acknowledged
+once the cluster has it (acks=all).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from twisted.internet import defer
+
+from gateway.cluster.bridge import Loop, command_error
+from gateway.cluster.config import ClusterConfig
+
+log = logging.getLogger(__name__)
+
+FIRST_READ_S = 5.0
+
+
+class SecurityTopic:
+    """The cluster's security records; ``records`` and ``put`` from the reactor thread."""
+
+    def __init__(self, config: ClusterConfig, admin: AdminClient, reactor: Any):
+        self.config = config
+        self.admin = admin
+        self.reactor = reactor
+        self.topic = f"__{config.prefix}_security"
+        self.records: dict[str, Any] = {}
+        self._watcher: Callable[[str, Any], None] | None = None
+        self._consumer = Consumer(config.client(**{
+            "group.id": f"{config.prefix}-security", "enable.auto.commit": False, "enable.partition.eof": True,
+            "fetch.wait.max.ms": 200, "client.id": f"{config.client_id}-security"}))
+        self._producer = Producer(config.client(**{"acks": "all", "linger.ms": 0,
+                                                   "client.id": f"{config.client_id}-security"}))
+        self._loop = Loop("polygate-cluster-security", self._step)
+        self._assigned = False
+
+    def start(self) -> None:
+        """Create the topic if it is missing, read it to its end (or for ``FIRST_READ_S``), then follow it."""
+        try:
+            self._ensure_topic(FIRST_READ_S)
+            self._assign()
+            deadline = time.monotonic() + FIRST_READ_S
+            while time.monotonic() < deadline:
+                if self._poll(0.2, initial=True):
+                    break
+        except Exception as e:  # noqa: BLE001 - the cluster is not up yet: the thread goes on
+            log.warning("security records: waiting for the Kafka cluster: %s", e)
+        self._loop.start()
+
+    def stop(self) -> None:
+        self._loop.stop()
+        self._producer.flush(5)
+        self._consumer.close()
+
+    def watch(self, callback: Callable[[str, Any], None]) -> None:
+        self._watcher = callback
+
+    def put(self, key: str, value: Any) -> defer.Deferred:
+        """Write one record; the Deferred fires once the cluster has it (or fails with
+        ``STORAGE_ERROR``/``REPLICATION_TIMEOUT``)."""
+        d: defer.Deferred = defer.Deferred()
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                self.reactor.callFromThread(d.errback, command_error(error, "writing a security record"))
+            else:
+                self.reactor.callFromThread(self._applied, key, value, d)
+
+        payload = None if value is None else msgpack.packb(value, use_bin_type=True)
+        try:
+            self._producer.produce(self.topic, payload, key.encode("utf-8"), on_delivery=delivered)
+        except Exception as e:  # noqa: BLE001 - a full queue, a bad topic: the client hears it
+            return defer.fail(command_error(e, "writing a security record"))
+        return d
+
+    def _applied(self, key: str, value: Any, d: defer.Deferred) -> None:
+        self._set(key, value)
+        d.callback(None)
+
+    def _set(self, key: str, value: Any) -> None:
+        if value is None:
+            self.records.pop(key, None)
+        else:
+            self.records[key] = value
+
+    # ------------------------------------------------------------------ thread side
+
+    def _ensure_topic(self, timeout: float) -> None:
+        futures = self.admin.create_topics([NewTopic(self.topic, 1, config={"cleanup.policy": "compact"})],
+                                           request_timeout=timeout)
+        try:
+            futures[self.topic].result(timeout)
+        except Exception as e:  # noqa: BLE001 - it exists already (the usual case), or the cluster refused
+            error = e.args[0] if e.args else None
+            if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise
+
+    def _assign(self) -> None:
+        self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+        self._assigned = True
+
+    def _step(self) -> None:
+        self._producer.poll(0)
+        if not self._assigned:
+            try:
+                self._ensure_topic(self.config.request_timeout_ms / 1000)
+                self._assign()
+            except Exception as e:  # noqa: BLE001 - not reachable yet
+                log.debug("security records: %s", e)
+                self._loop.stopping.wait(1)
+                return
+        self._poll(0.2, initial=False)
+
+    def _poll(self, timeout: float, initial: bool) -> bool:
+        """Apply what arrives within ``timeout``; True once the end of the topic was reached."""
+        message = self._consumer.poll(timeout)
+        if message is None:
+            return False
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return True
+            log.warning("security records: %s", error.str())
+            return False
+        key = message.key().decode("utf-8", "replace")
+        raw = message.value()
+        value = None if raw is None else msgpack.unpackb(raw, raw=False)
+        if initial:  # the reactor is not running yet: nothing else touches the records
+            self._set(key, value)
+        else:
+            self.reactor.callFromThread(self._arrived, key, value)
+        return False
+
+    def _arrived(self, key: str, value: Any) -> None:
+        if self.records.get(key) == value:
+            return  # this gateway's own write, already applied
+        self._set(key, value)
+        if self._watcher is not None:
+            self._watcher(key, value)
