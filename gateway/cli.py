@@ -18,7 +18,9 @@ from gateway.cluster import ClusterConfig, parse_properties, parse_storage
 from gateway.codec import OptionError
 from gateway.registry import Registry
 from gateway.security.acl import Acls, parse_principals
+from gateway.security.oauth import BearerTokens
 from gateway.security.users import UsersFileError, UserStore, read_users_file
+from gateway.security_cli import acls, users
 from gateway.server import Gateway, ListenerConfig, default_data_dir
 from gateway.storage.engine import EngineConfig
 from gateway.tls import TlsConfig
@@ -148,6 +150,12 @@ def codecs() -> None:
 @click.option("--authorizer", default="none", show_default=True, type=click.Choice(["none", "acl"]),
               help="acl: every command of every protocol is checked against Kafka-style ACLs (deny by default).")
 @click.option("--super-users", default="", metavar="User:a,User:b", help="Principals exempt from ACL checks.")
+@click.option("--oauth-issuer", default=None, metavar="ISSUER",
+              help="Accept Kafka SASL OAUTHBEARER tokens (JWTs) from this issuer (their iss claim); needs --oauth-jwks.")
+@click.option("--oauth-jwks", default=None, metavar="FILE", help="The issuer's signing keys (a JWKS JSON file).")
+@click.option("--oauth-audience", default=None, help="The aud claim tokens must carry (default: not checked).")
+@click.option("--oauth-principal-claim", default="sub", show_default=True,
+              help="The claim naming the user (principal User:<claim>).")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
@@ -156,7 +164,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
           max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
           send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
           cluster_timeout_ms, tls_codecs, tls_cert, tls_key, tls_ca, tls_client_auth, users_file, require_auth,
-          authorizer, super_users, log_level) -> None:
+          authorizer, super_users, oauth_issuer, oauth_jwks, oauth_audience, oauth_principal_claim,
+          log_level) -> None:
     """Serve the given protocols from one storage engine."""
     from twisted.internet import reactor
     from twisted.python import log as twisted_log
@@ -188,6 +197,14 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         _refuse("codec kafka: option sasl.users is gone: give users in --users-file (a password on a command "
                 "line is readable by every local user) and require SASL with --require-auth kafka")
     users, acls, required = _security(names, users_file, require_auth, authorizer, super_users)
+    tokens = None
+    if oauth_issuer or oauth_jwks:
+        if not (oauth_issuer and oauth_jwks):
+            _refuse("--oauth-issuer and --oauth-jwks go together")
+        try:
+            tokens = BearerTokens(oauth_issuer, oauth_jwks, oauth_audience, oauth_principal_claim)
+        except ValueError as e:
+            _refuse(f"--oauth-jwks: {e}")
     tls_names = set(names) if tls_codecs.strip() == "all" else {c.strip() for c in tls_codecs.split(",") if c.strip()}
     for codec in sorted(tls_names - set(names)):
         _refuse(f"codec {codec}: --tls given for a codec that is not served (served: {', '.join(names)})")
@@ -240,6 +257,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         users,
         acls,
         required,
+        tokens,
     )
     try:
         bound = gateway.start()
@@ -396,6 +414,10 @@ def consume(topic, partition, offset, server, protocol) -> None:
     with _client(protocol, server) as c:
         for off, value in c.consume_all(topic, partition, offset):
             click.echo(f"{off}\t{value}")
+
+
+main.add_command(users)
+main.add_command(acls)
 
 
 if __name__ == "__main__":  # pragma: no cover

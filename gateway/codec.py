@@ -68,7 +68,8 @@ class ListenerSettings:
     ``users`` is the gateway's user store (``Credentials``), which codecs that
     authenticate check passwords and SCRAM exchanges against;
     ``require_auth`` refuses clients that do not authenticate
-    (``--require-auth``), each codec in its protocol's form.
+    (``--require-auth``), each codec in its protocol's form; ``tokens``
+    verifies OAuth bearer tokens (``--oauth-issuer``), if configured.
     """
 
     max_frame_size: int
@@ -79,6 +80,14 @@ class ListenerSettings:
     clock: Callable[[], float] = time.monotonic
     users: Credentials | None = None
     require_auth: bool = False
+    tokens: Tokens | None = None
+
+
+class Tokens(Protocol):
+    """Bearer-token verification (``gateway.security.oauth.BearerTokens``), when configured."""
+
+    def verify(self, token: str) -> str:
+        """The user ``token`` names; raises ``ValueError`` (saying why, never the token) if not accepted."""
 
 
 class Credentials(Protocol):

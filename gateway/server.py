@@ -13,7 +13,7 @@ from twisted.internet import defer
 from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
 from gateway.broker import Broker, BrokerConfig
 from gateway.cluster import ClusterConfig, ClusterStore
-from gateway.codec import CodecPlugin, ListenerSettings, parse_options
+from gateway.codec import CodecPlugin, ListenerSettings, Tokens, parse_options
 from gateway.localstore import LocalStore
 from gateway.registry import Registry
 from gateway.security.acl import Acls
@@ -57,13 +57,14 @@ class Gateway:
 
     ``users`` is the user store every listener authenticates against (empty if
     ``None``), ``acls`` the ACLs the broker enforces (``None``: everything is
-    allowed), ``require_auth`` the codecs whose listeners refuse anonymous clients."""
+    allowed), ``require_auth`` the codecs whose listeners refuse anonymous clients,
+    ``tokens`` the verifier of OAuth bearer tokens (Kafka OAUTHBEARER), if any."""
 
     def __init__(self, reactor, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
                  limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None,
                  tls: TlsConfig | None = None, users: UserStore | None = None, acls: Acls | None = None,
-                 require_auth: frozenset[str] = frozenset()):
+                 require_auth: frozenset[str] = frozenset(), tokens: Tokens | None = None):
         self.reactor = reactor
         self.limits = limits or ConnectionLimits()
         self.registry = registry
@@ -77,6 +78,7 @@ class Gateway:
         self.users = users if users is not None else UserStore()
         self.acls = acls
         self.require_auth = require_auth
+        self.tokens = tokens
         self.engine: Engine | None = None
         self.cluster_store: ClusterStore | None = None
         self.broker: Broker | None = None
@@ -146,7 +148,7 @@ class Gateway:
     def _settings(self, lc: ListenerConfig, plugin: CodecPlugin) -> ListenerSettings:
         """The listener's settings, its options parsed (``OptionError`` for a bad one)."""
         return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=parse_options(plugin, lc.options),
-                                users=self.users, require_auth=lc.codec in self.require_auth)
+                                users=self.users, require_auth=lc.codec in self.require_auth, tokens=self.tokens)
 
     @defer.inlineCallbacks
     def stop(self):

@@ -562,7 +562,7 @@ def delete_acls(session: Session, version: int, req: Any, frame: Frame) -> Handl
 
 
 def describe_user_scram_credentials(session: Session, version: int, req: Any, frame: Frame) -> Handled:
-    names = None if req.Users is None else tuple(u.Name for u in req.Users)
+    names = tuple(u.Name for u in req.Users) if req.Users else None  # null or empty: every user
 
     def render(results: Sequence[m.DescribeUsersResult]) -> bytes:
         r = results[0]

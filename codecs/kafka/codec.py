@@ -49,7 +49,7 @@ OPTIONS = (
            help="the host clients are told to connect to (default: the listener's)"),
     Option("advertised.port", integer(0, 65535), None, "a port number (0 to 65535)",
            help="the port clients are told to connect to (default: the listener's)"),
-    Option("sasl.mechanisms", sasl.parse_mechanisms, sasl.MECHANISMS,
+    Option("sasl.mechanisms", sasl.parse_mechanisms, None,
            f"some of {', '.join(sasl.MECHANISMS)} separated by commas", help="the SASL mechanisms offered"),
     Option("group.initial.rebalance.delay.ms", integer(0), 3000, "a non-negative integer (milliseconds)",
            help="how long the first JoinGroup of an empty group waits for more members (as Kafka)"),
@@ -70,8 +70,8 @@ class KafkaConnection(CodecConnection):
         self.initial_rebalance_delay_ms = options["group.initial.rebalance.delay.ms"]
         self.client_id = ""
         self.client_host = settings.peer.rpartition(":")[0]
-        self.sasl_config = None if settings.users is None else sasl.SaslConfig(settings.users,
-                                                                                 options["sasl.mechanisms"])
+        self.sasl_config = None if settings.users is None else sasl.SaslConfig(
+            settings.users, options["sasl.mechanisms"], settings.tokens)
         self.sasl_exchange: sasl.Exchange | None = None
         self.sasl_raw = False
         if settings.require_auth:  # before authentication only small frames (Kafka's rule)

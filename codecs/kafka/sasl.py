@@ -4,7 +4,8 @@ Offered on every Kafka listener, against the gateway's user store
 (``--users-file``, AlterUserScramCredentials: ``gateway.security.users``,
 which keeps SCRAM credentials, never passwords); ``--require-auth kafka``
 makes it mandatory. ``kafka.sasl.mechanisms`` (default
-``PLAIN,SCRAM-SHA-256,SCRAM-SHA-512``) restricts the mechanisms offered.
+``PLAIN,SCRAM-SHA-256,SCRAM-SHA-512``, and ``OAUTHBEARER`` when the gateway
+verifies bearer tokens, ``--oauth-issuer``) restricts the mechanisms offered.
 
 An unknown user is answered exactly as a wrong password is: PLAIN with the
 same error; SCRAM with a server-first message whose salt is derived from the
@@ -24,10 +25,11 @@ import hashlib
 import hmac
 import os
 
-from gateway.codec import Credentials
+from gateway.codec import Credentials, Tokens
 from gateway.model import ScramCredential
 
-MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+PASSWORD_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+MECHANISMS = (*PASSWORD_MECHANISMS, "OAUTHBEARER")  # OAUTHBEARER only with tokens (``--oauth-issuer``)
 ITERATIONS = 4096
 _HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MAX_FRAME_BEFORE_AUTH = 512 * 1024
@@ -41,9 +43,11 @@ class AuthFailed(Exception):
 class SaslConfig:
     """The mechanisms a listener offers, and the user store it checks against."""
 
-    def __init__(self, users: Credentials, mechanisms: tuple[str, ...]):
+    def __init__(self, users: Credentials, mechanisms: tuple[str, ...] | None, tokens: Tokens | None = None):
         self.users = users
-        self.mechanisms = mechanisms
+        self.tokens = tokens
+        wanted = mechanisms or MECHANISMS
+        self.mechanisms = tuple(m for m in wanted if m != "OAUTHBEARER" or tokens is not None)
 
     def scram_credential(self, mechanism: str, user: str) -> ScramCredential:
         """``user``'s credential; for an unknown user, a stand-in of the same shape
@@ -81,6 +85,8 @@ class Exchange:
             raise AuthFailed("already authenticated" if self.done else "the SCRAM exchange is over")
         if self.mechanism == "PLAIN":
             return self._plain(token)
+        if self.mechanism == "OAUTHBEARER":
+            return self._oauthbearer(token)
         if self._state is None:
             return self._scram_first(token)
         return self._scram_final(token)
@@ -93,6 +99,21 @@ class Exchange:
         if not self.config.users.verify_password(user, password):
             raise AuthFailed("Authentication failed: invalid credentials")
         self.user = user
+        self.done = True
+        return b""
+
+    def _oauthbearer(self, token: bytes) -> bytes:
+        """RFC 7628 client-first: ``gs2-header \\x01 auth=Bearer <token> \\x01 ... \\x01``."""
+        self.mechanism = ""  # one attempt
+        parts = token.decode("utf-8", "replace").split("\x01")
+        bearer = next((p[len("auth="):] for p in parts[1:] if p.startswith("auth=")), "")
+        scheme, _, jwt_text = bearer.partition(" ")
+        if scheme.lower() != "bearer" or not jwt_text:
+            raise AuthFailed("malformed OAUTHBEARER message")
+        try:
+            self.user = self.config.tokens.verify(jwt_text.strip())
+        except ValueError as e:
+            raise AuthFailed(f"Authentication failed: {e}") from None
         self.done = True
         return b""
 
