@@ -494,7 +494,7 @@ class CodecProtocol(protocol.Protocol):
                 self._write(ready)
                 self.closing = True
                 queue.clear()
-                self.transport.loseConnection()
+                self._lose_connection()
                 return
         self._write(ready)
 
@@ -590,7 +590,7 @@ class CodecProtocol(protocol.Protocol):
                 self.transport.write(data)
             if result.error is not None:
                 if sub.exclusive:
-                    self.transport.loseConnection()
+                    self._lose_connection()
                 else:
                     self._stop_streams(sub.context)
                     self._pump()
@@ -610,7 +610,7 @@ class CodecProtocol(protocol.Protocol):
                 return
             if not f.check(defer.CancelledError):
                 log.error("stream failed: %s", f.getTraceback())
-                self.transport.loseConnection()
+                self._lose_connection()
 
         stream.resume = poll
         for fetch in sub.fetches:
@@ -679,6 +679,13 @@ class CodecProtocol(protocol.Protocol):
         elif (limits.push_stall_timeout_s and self._streams and self._full_since is not None
               and now - self._full_since >= limits.push_stall_timeout_s):
             self._close_for(f"a subscriber that read nothing for {limits.push_stall_timeout_s:g} s")
+
+    def _lose_connection(self) -> None:
+        """Close after what is written. The connection stops being the transport's producer
+        first: TLS shuts down only once no producer is registered, so a close would otherwise
+        never reach a TLS client."""
+        self.transport.unregisterProducer()
+        self.transport.loseConnection()
 
     def _close_for(self, reason: str) -> None:
         log.info("%s %s: closing: %s", self.factory.plugin.name, self.transport.getPeer(), reason)

@@ -122,6 +122,10 @@ def _fail(error: m.Error | None, **codes: str) -> None:
     raise V1Error(code, error.message)
 
 
+_REFUSED = frozenset({m.ErrorCode.TOPIC_AUTHORIZATION, m.ErrorCode.GROUP_AUTHORIZATION,
+                      m.ErrorCode.CLUSTER_AUTHORIZATION, m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION})
+
+
 def _assigned(result: m.JoinGroupResult | m.SyncGroupResult, topic: str) -> list[int]:
     return list(dict(result.assignment).get(topic, ()))
 
@@ -159,6 +163,8 @@ def _consume(args: list[str]) -> tuple[Any, ...]:
 
 def _render_consume(args: list[str], results: Sequence[Any]) -> str:
     r: m.FetchResult = results[0]
+    if r.error is not None and r.error.code in _REFUSED:
+        _fail(r.error)
     if r.error is not None and r.error.code is not m.ErrorCode.OFFSET_OUT_OF_RANGE:
         return "messages= hw=-1"  # unknown topic or partition: nothing committed there
     wanted = _int(args[2], "offset")

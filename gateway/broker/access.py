@@ -9,7 +9,9 @@ What each command needs follows Kafka's authorizer:
 
 =====================  ==================================================================
 Produce                Write on the topic (and Create, below, to create it)
-Fetch, FetchMany       Read on each topic; a refused partition gets the error, the rest run
+Fetch, FetchMany       Read on each topic; a refused partition gets the error, the rest run;
+                       a Fetch that starts at a group's committed offset also needs Describe
+                       on the group (reading that offset, as OffsetFetch does)
 ListOffsets            Describe on the topic
 CreateTopic            Create on the cluster or on the topic
 DeleteTopic            Delete on the topic
@@ -189,11 +191,11 @@ class Access:
                                error=denied(ResourceType.TOPIC, cmd.topic, Op.WRITE))
 
     def _fetch(self, cmd: m.Fetch, caller: m.Caller) -> Any:
-        if cmd.group is not None and not self.may(caller, Op.READ, ResourceType.GROUP, cmd.group):
-            return m.FetchResult(cmd.topic, cmd.partition, error=denied(ResourceType.GROUP, cmd.group, Op.READ))
-        if self.may(caller, Op.READ, ResourceType.TOPIC, cmd.topic):
-            return self.broker.run(cmd)
-        return m.FetchResult(cmd.topic, cmd.partition, error=denied(ResourceType.TOPIC, cmd.topic, Op.READ))
+        if not self.may(caller, Op.READ, ResourceType.TOPIC, cmd.topic):
+            return m.FetchResult(cmd.topic, cmd.partition, error=denied(ResourceType.TOPIC, cmd.topic, Op.READ))
+        if cmd.group is not None and not self.may(caller, Op.DESCRIBE, ResourceType.GROUP, cmd.group):
+            return m.FetchResult(cmd.topic, cmd.partition, error=denied(ResourceType.GROUP, cmd.group, Op.DESCRIBE))
+        return self.broker.run(cmd)
 
     def _fetch_many(self, cmd: m.FetchMany, caller: m.Caller) -> Any:
         refused = {i: m.FetchResult(f.topic, f.partition, error=denied(ResourceType.TOPIC, f.topic, Op.READ))
