@@ -139,10 +139,17 @@ class Gateways:
         return gw.start()
 
     def close(self) -> None:
+        """Stop every gateway; then fail if one had died or logged a traceback."""
+        problems = []
         for gw in self.started:
             if gw.proc is not None:
-                gw.assert_alive()
+                try:
+                    gw.assert_alive()
+                except AssertionError as e:
+                    problems.append(e)
             gw.stop()
+        if problems:
+            raise problems[0]
 
 
 def free_port() -> int:

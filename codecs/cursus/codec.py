@@ -667,6 +667,8 @@ class CursusConnection(CodecConnection):
         if code is m.ErrorCode.OFFSET_OUT_OF_RANGE:
             return (f"STREAM_CONTROL type=CLOSE reason=offset_out_of_range offset={r.offset} requested={r.offset} "
                     f"earliest={r.log_start_offset} latest={r.high_watermark}")
+        if code in _AUTHORIZATION:
+            return _topic_error(r.error, state.topic)
         if code in (m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION):
             if not state.started:
                 return _topic_error(r.error, state.topic)

@@ -215,8 +215,12 @@ def _offset(args: list[str]) -> tuple[Any, ...]:
 
 
 def _render_offset(args: list[str], results: Sequence[Any]) -> str:
-    offset = results[0].offsets[0][2]
-    return f"offset={max(offset, 0)}"
+    r: m.FetchOffsetsResult = results[0]
+    if r.error is not None and r.error.code in _REFUSED:
+        _fail(r.error)
+    if not r.offsets:  # the topic's offsets were left out: the ACLs do not let this client see it
+        raise V1Error("NOT_AUTHORIZED", f"not authorized to describe topic {args[1]!r}")
+    return f"offset={max(r.offsets[0][2], 0)}"
 
 
 def _replica_fetch(args: list[str]) -> tuple[Any, ...]:
