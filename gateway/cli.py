@@ -45,6 +45,14 @@ def _host_port(text: str, default_port: int | None = None) -> tuple[str, int | N
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _listen_address(text: str, default_host: str) -> tuple[str, int | None]:
+    """``--listen CODEC=HOST:PORT``, or ``CODEC=PORT`` on the default interface (``--host``, or the
+    secure default)."""
+    if text.isdigit():
+        return default_host, int(text)
+    return _host_port(text)
+
+
 def _octal_mode(text: str) -> int:
     """A file mode given in octal (``0600``, ``640``): owner read and write at least, no execute bits."""
     try:
@@ -87,7 +95,8 @@ def codecs() -> None:
 @click.option("--host", default=None,
               help="Interface for listeners without --listen (default: 127.0.0.1 for a listener that lets "
                    "anyone in, i.e. without --require-auth, mTLS or --authorizer acl; 0.0.0.0 otherwise).")
-@click.option("--listen", multiple=True, metavar="CODEC=HOST:PORT", help="Listener address of a codec (port 0: any).")
+@click.option("--listen", multiple=True, metavar="CODEC=[HOST:]PORT",
+              help="Listener address of a codec (port 0: any; without a host, --host or its default).")
 @click.option("--advertised-host", default=None, help="Host that clients are told to connect to.")
 @click.option("--max-frame", multiple=True, metavar="CODEC=BYTES", help="Frame size limit of a codec.")
 @click.option("--codec-option", multiple=True, metavar="CODEC.KEY=VALUE", help="Codec-specific listener option.")
@@ -222,7 +231,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         authenticated = name in required or (name in tls_names and tls_client_auth == "required")
         guarded = authenticated or acls is not None
         default_host = host or ("0.0.0.0" if guarded else "127.0.0.1")  # noqa: S104 - only when guarded
-        h, p = _host_port(addresses[name]) if name in addresses else (default_host, None)
+        h, p = _listen_address(addresses[name], default_host) if name in addresses else (default_host, None)
         listeners.append(ListenerConfig(name, h, p, frames.get(name), advertised_host, options.get(name, {}),
                                         tls=name in tls_names))
         open_to[name] = _open_to(h, authenticated, acls is not None)

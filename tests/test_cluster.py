@@ -410,6 +410,7 @@ def test_the_cluster_stopped_and_started_under_a_running_gateway(tmp_path, gatew
             cluster.stop()
             reply = c.request("PRODUCE", topic, "k:during", "acks=all")
             assert not reply.ok and reply.code in ("REPLICATION_TIMEOUT", "STORAGE_ERROR"), reply
+            wait_until(lambda: "lost the Kafka cluster" in gw.log, 15)  # its metadata refresh saw the outage
             cluster.start()
             # the gateway reconnects by itself: a produce goes through again, after the one before
             wait_until(lambda: c.request("PRODUCE", topic, "k:after", "acks=all").ok, 60, 0.5)
