@@ -196,14 +196,17 @@ class CodecProtocol(protocol.Protocol):
         self._timers: dict[Any, Any] = {}
         self._caller = m.Caller()
         self._peer_host = ""
+        self.peer = ""  # host:port, for the log
 
     # ------------------------------------------------------------------ connection
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self._peer_host = getattr(peer, "host", "")
+        self.peer = f"{self._peer_host}:{getattr(peer, 'port', '')}"
+        log.info("%s: connection from %s accepted", self.factory.plugin.name, self.peer)
         self._caller = m.Caller(m.ANONYMOUS, self._peer_host)
-        settings = attrs.evolve(self.factory.settings, peer=f"{getattr(peer, 'host', '')}:{getattr(peer, 'port', '')}",
+        settings = attrs.evolve(self.factory.settings, peer=self.peer,
                                 clock=self.factory.reactor.seconds)
         if hasattr(self.transport, "setTcpNoDelay"):
             # Answers are whole frames: Nagle would hold their tails until the peer's delayed ACK.
@@ -248,6 +251,7 @@ class CodecProtocol(protocol.Protocol):
         return self._caller
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        log.info("%s: connection from %s closed", self.factory.plugin.name, self.peer)
         self.closing = True
         self.factory.connection_lost(self)
         slots = [*self.queue, *self.unordered]
@@ -386,7 +390,7 @@ class CodecProtocol(protocol.Protocol):
                 self.queue.append(_Slot(event.data, True))
                 self.closing = True
                 if event.reason:
-                    log.info("%s %s: closing: %s", self.factory.plugin.name, self.transport.getPeer(), event.reason)
+                    log.info("%s %s: closing: %s", self.factory.plugin.name, self.peer, event.reason)
             elif isinstance(event, Subscribe):
                 self.queue.append(_Slot(stream=event))
                 self.streaming = event.exclusive
@@ -400,8 +404,11 @@ class CodecProtocol(protocol.Protocol):
     def _run(self, requests: list[tuple[_Slot, Request]]) -> None:
         """Run the commands of ``requests`` in one ``run_many`` call; answer each request."""
         commands = requests[0][1].commands if len(requests) == 1 else [c for _, r in requests for c in r.commands]
+        caller = self.caller()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s: %s runs %s", self.factory.plugin.name, self.peer, caller.principal, commands)
         try:
-            results = self.broker.run_many(commands, self.caller())
+            results = self.broker.run_many(commands, caller)
         except Exception:
             failure = Failure()
             for slot, request in requests:
@@ -688,7 +695,7 @@ class CodecProtocol(protocol.Protocol):
         self.transport.loseConnection()
 
     def _close_for(self, reason: str) -> None:
-        log.info("%s %s: closing: %s", self.factory.plugin.name, self.transport.getPeer(), reason)
+        log.info("%s %s: closing: %s", self.factory.plugin.name, self.peer, reason)
         self.closing = True
         self.queue.clear()
         self.transport.abortConnection()
@@ -705,6 +712,8 @@ class CodecProtocol(protocol.Protocol):
 
 class CodecFactory(protocol.Factory):
     """Builds a ``CodecProtocol`` per connection of one listener."""
+
+    noisy = False  # no "Starting factory" lines: the server logs each listener once
 
     def __init__(self, plugin: CodecPlugin, settings: ListenerSettings, broker: Any, reactor: Any,
                  max_in_flight: int = 1024, limits: ConnectionLimits | None = None,

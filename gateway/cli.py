@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import signal
 import sys
+import tomllib
 from typing import NoReturn
 
 import click
 
-from gateway import __version__
+from gateway import __version__, logs
 from gateway.adapter import ConnectionLimits
 from gateway.broker import BrokerConfig, FsyncPolicy
 from gateway.cluster import ClusterConfig, parse_properties, parse_storage
 from gateway.codec import OptionError
+from gateway.logs import FORMATS, LEVELS
 from gateway.registry import Registry
 from gateway.security.acl import Acls, parse_principals
 from gateway.security.oauth import BearerTokens
@@ -31,7 +32,7 @@ def _split_kv(values: tuple[str, ...], what: str) -> dict[str, str]:
     for v in values:
         key, sep, rest = v.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"expected CODEC=VALUE, got {v!r}", param_hint=what)
+            raise _Refused(f"{what}: expected CODEC=VALUE, got {v!r}")
         out[key] = rest
     return out
 
@@ -41,7 +42,7 @@ def _host_port(text: str, default_port: int | None = None) -> tuple[str, int | N
     if not sep:
         return text, default_port
     if not port.isdigit():
-        raise click.BadParameter(f"bad port in {text!r}")
+        raise _Refused(f"bad port in {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -88,8 +89,53 @@ def codecs() -> None:
         click.echo(f"{name:<8} BROKEN: {reason}")
 
 
-@main.command()
-@click.option("--protocols", default=None, help="Comma-separated codecs to serve (default: every installed one).")
+class _Refused(click.ClickException):
+    """A start refused for a bad option: one line, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        click.echo(f"polygate: {self.format_message()}", err=True)
+
+
+class _OneLineErrors(click.Command):
+    """Click's usage errors (a bad value, an unknown option) as one line, like every other refusal."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            raise _Refused(e.format_message().replace("\n", " ")) from None
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    """``--config FILE``: its keys (option names, with ``-`` or ``_``) become the defaults of
+    ``serve``; the environment (``POLYGATE_<OPTION>``) and the command line override them."""
+    if not path:
+        return path
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise _Refused(f"--config {path}: {e}") from None
+    known = {p.name for p in ctx.command.params if p.name != "config"}
+    values = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise _Refused(f"--config {path}: unknown option {key!r} (options: "
+                           f"{', '.join(sorted(k.replace('_', '-') for k in known))})")
+        values[name] = value
+    ctx.default_map = {**(ctx.default_map or {}), **values}
+    return path
+
+
+@main.command(cls=_OneLineErrors)
+@click.option("--config", type=click.Path(dir_okay=False), default=None, is_eager=True, expose_value=False,
+              callback=_load_config, help="A TOML file of these options (polygate.example.toml); the "
+                                          "environment (POLYGATE_<OPTION>) and the command line override it.")
+@click.option("--protocols", default=None, help="Comma-separated codecs to serve (default: every installed one, "
+                                                "or the codecs named by --listen).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help=f"Where topics and metadata live (default {default_data_dir()}).")
 @click.option("--host", default=None,
@@ -101,14 +147,14 @@ def codecs() -> None:
 @click.option("--max-frame", multiple=True, metavar="CODEC=BYTES", help="Frame size limit of a codec.")
 @click.option("--codec-option", multiple=True, metavar="CODEC.KEY=VALUE", help="Codec-specific listener option.")
 @click.option("--fsync", default="interval:1000", show_default=True, help="always | interval:<ms> | never")
-@click.option("--default-partitions", default=3, show_default=True, type=int)
-@click.option("--replication-factor", default=1, show_default=True, type=int)
-@click.option("--min-insync-replicas", default=1, show_default=True, type=int)
-@click.option("--replica-lag-timeout-ms", default=10_000, show_default=True, type=int)
-@click.option("--ack-timeout-ms", default=2000, show_default=True, type=int)
+@click.option("--default-partitions", default=3, show_default=True, type=click.IntRange(1))
+@click.option("--replication-factor", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--min-insync-replicas", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--replica-lag-timeout-ms", default=10_000, show_default=True, type=click.IntRange(1))
+@click.option("--ack-timeout-ms", default=2000, show_default=True, type=click.IntRange(1))
 @click.option("--group-session-timeout-ms", default=10_000, show_default=True, type=int,
               help="Session timeout of group members whose protocol does not send one (V1).")
-@click.option("--segment-bytes", default=64 << 20, show_default=True, type=int)
+@click.option("--segment-bytes", default=64 << 20, show_default=True, type=click.IntRange(4096))
 @click.option("--max-topics", default=0, type=int, help="Topics (default: what the descriptor limit allows).")
 @click.option("--max-partitions", default=0, type=int,
               help="Partitions of all topics (default: half the descriptor limit, 3 per partition).")
@@ -165,7 +211,11 @@ def codecs() -> None:
 @click.option("--oauth-audience", default=None, help="The aud claim tokens must carry (default: not checked).")
 @click.option("--oauth-principal-claim", default="sub", show_default=True,
               help="The claim naming the user (principal User:<claim>).")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(LEVELS, case_sensitive=False),
+              help="DEBUG also logs every request's commands.")
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS),
+              help="json: one object per line, for log shippers.")
+@click.option("--log-file", default=None, metavar="FILE", help="Append the log to FILE instead of stderr.")
 def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
           ack_timeout_ms, group_session_timeout_ms, segment_bytes, max_topics, max_partitions,
@@ -174,16 +224,27 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
           send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
           cluster_timeout_ms, tls_codecs, tls_cert, tls_key, tls_ca, tls_client_auth, users_file, require_auth,
           authorizer, super_users, oauth_issuer, oauth_jwks, oauth_audience, oauth_principal_claim,
-          log_level) -> None:
-    """Serve the given protocols from one storage engine."""
+          log_level, log_format, log_file) -> None:
+    """Serve the given protocols from one storage engine.
+
+    Every option can also come from the environment (``POLYGATE_DATA_DIR`` for ``--data-dir``...)
+    or a ``--config`` file; the command line wins over the environment, which wins over the file."""
     from twisted.internet import reactor
     from twisted.python import log as twisted_log
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logs.configure(log_level.upper(), log_format, log_file)
+    except OSError as e:
+        _refuse(f"--log-file: {e}")
     twisted_log.PythonLoggingObserver().start()
+    if data_dir is not None and not data_dir.strip():
+        _refuse("--data-dir is empty (leave it out for the default)")
     registry = Registry.discover()
-    names = [p.strip() for p in protocols.split(",") if p.strip()] if protocols else sorted(registry.codecs)
+    addresses = _split_kv(listen, "--listen")
+    if protocols:
+        names = [p.strip() for p in protocols.split(",") if p.strip()]
+    else:
+        names = sorted(addresses) if addresses else sorted(registry.codecs)
     for name in names:
         if name not in registry.codecs:
             reason = registry.failures.get(name, "not installed")
@@ -191,14 +252,21 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
     names = [n for n in names if n in registry.codecs]
     if not names:
         raise click.ClickException("no codec to serve")
-    addresses = _split_kv(listen, "--listen")
-    frames = {k: int(v) for k, v in _split_kv(max_frame, "--max-frame").items()}
+    for codec in sorted(addresses.keys() - set(names)):
+        _refuse(f"codec {codec}: --listen given for a codec that is not served (served: {', '.join(names)})")
+    frames = {}
+    for codec, text in _split_kv(max_frame, "--max-frame").items():
+        if codec not in names:
+            _refuse(f"codec {codec}: --max-frame given for a codec that is not served (served: {', '.join(names)})")
+        if not text.isdigit() or int(text) < 1:
+            _refuse(f"codec {codec}: --max-frame {codec}={text!r}: expected a positive number of bytes")
+        frames[codec] = int(text)
     options: dict[str, dict[str, str]] = {}
     for item in codec_option:
         key, sep, value = item.partition("=")
         codec, dot, opt = key.partition(".")
         if not (sep and dot):
-            raise click.BadParameter(f"expected CODEC.KEY=VALUE, got {item!r}", param_hint="--codec-option")
+            raise _Refused(f"--codec-option: expected CODEC.KEY=VALUE, got {item!r}")
         options.setdefault(codec, {})[opt] = value
     for codec in options.keys() - set(names):
         _refuse(f"codec {codec}: --codec-option given for a codec that is not served (served: {', '.join(names)})")
@@ -248,7 +316,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
     try:
         policy = FsyncPolicy.parse(fsync)
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--fsync") from None
+        raise _Refused(f"--fsync: {e}") from None
     gateway = Gateway(
         reactor, registry, data_dir, listeners,
         EngineConfig(default_partitions=default_partitions, replication_factor=replication_factor,
@@ -427,6 +495,9 @@ def consume(topic, partition, offset, server, protocol) -> None:
 
 main.add_command(users)
 main.add_command(acls)
+for _param in serve.params:  # every serve option from the environment too: POLYGATE_DATA_DIR, ...
+    if _param.name != "config":
+        _param.envvar = f"POLYGATE_{_param.name.upper()}"
 
 
 if __name__ == "__main__":  # pragma: no cover

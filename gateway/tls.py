@@ -96,5 +96,7 @@ class ReloadableTls:
 
     def wrap(self, factory: Any) -> TLSMemoryBIOFactory:
         """``factory``'s protocols behind TLS."""
-        return TLSMemoryBIOFactory(self, False, factory)
+        wrapped = TLSMemoryBIOFactory(self, False, factory)
+        wrapped.noisy = False
+        return wrapped
 

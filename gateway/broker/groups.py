@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -13,11 +14,25 @@ from gateway.broker.calls import errors_as, then
 if TYPE_CHECKING:
     from gateway.broker import Broker
 
+log = logging.getLogger(__name__)
+
 
 class Groups:
     def __init__(self, broker: Broker):
         self.broker = broker
         self.store = broker.store
+        self._generations: dict[str, int] = {}  # the generation last logged per group
+
+    def _joined(self, cmd: m.JoinGroup, result: Any) -> Any:
+        """Log a member joining and each new generation (a rebalance) once."""
+        if (isinstance(result, m.JoinGroupResult) and result.error is None
+                and self._generations.get(cmd.group) != result.generation):
+            if len(self._generations) >= 10_000:
+                self._generations.clear()
+            self._generations[cmd.group] = result.generation
+            log.info("group %s: generation %d (%s member %s joined)", cmd.group, result.generation,
+                     cmd.protocol_type, result.member_id)
+        return result
 
     def _durable(self, result: Any) -> Any:
         """A successful change, once durable; an error at once."""
@@ -26,13 +41,14 @@ class Groups:
     @errors_as(m.JoinGroupResult, "group")
     def join(self, cmd: m.JoinGroup) -> Any:
         if cmd.protocol_type != "server":
-            return then(self.store.join_group(cmd), self._durable)
+            return then(then(self.store.join_group(cmd), self._durable), lambda r: self._joined(cmd, r))
         if not cmd.session_timeout_ms:
             cmd = attrs.evolve(cmd, session_timeout_ms=self.broker.config.group_session_timeout_ms)
         ensured = [self.broker.topics.ensure(t, True) for t in cmd.topics]
         waits = [d for d in ensured if isinstance(d, defer.Deferred)]
         joined = defer.gatherResults(waits, consumeErrors=True) if waits else None
-        return then(then(joined, lambda _: self.store.join_group(cmd)), self._durable)
+        return then(then(then(joined, lambda _: self.store.join_group(cmd)), self._durable),
+                    lambda r: self._joined(cmd, r))
 
     def sync(self, cmd: m.SyncGroup) -> Any:
         return then(self.store.sync_group(cmd), self._durable)  # a leader's sync stores the assignment
@@ -41,7 +57,12 @@ class Groups:
         return self.store.heartbeat(cmd)
 
     def leave(self, cmd: m.LeaveGroup) -> Any:
-        return then(self.store.leave_group(cmd), self._durable)
+        def left(result: Any) -> Any:
+            if isinstance(result, m.LeaveGroupResult) and result.error is None:
+                log.info("group %s: member %s left", cmd.group, cmd.member_id)
+            return result
+
+        return then(then(self.store.leave_group(cmd), self._durable), left)
 
     def commit_offsets(self, cmd: m.CommitOffsets) -> Any:
         if cmd.validate_only:  # nothing is written

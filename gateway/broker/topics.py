@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -12,6 +13,8 @@ from gateway.model import CommandError
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
+
+log = logging.getLogger(__name__)
 
 
 class Topics:
@@ -26,6 +29,7 @@ class Topics:
         A topic someone else created meanwhile (another gateway on the same
         cluster) counts as created."""
         if auto_create and self.broker.config.auto_create_topics and not self.store.has_topic(topic):
+            log.info("topic %s: created on first use", topic)
             created = self.store.create_topic(topic)
             if isinstance(created, defer.Deferred):
                 return created.addErrback(_exists_is_enough)
@@ -39,7 +43,12 @@ class Topics:
             if cmd.partitions and cmd.partitions > len(existing.partitions):
                 return then(self.store.add_partitions(cmd.topic, cmd.partitions), self._created)
             return self._created(existing)
-        return then(self.store.create_topic(cmd.topic, cmd.partitions, cmd.config), self._created)
+
+        def created(info: m.TopicInfo) -> Any:
+            log.info("topic %s: created with %d partitions", info.topic, len(info.partitions))
+            return self._created(info)
+
+        return then(self.store.create_topic(cmd.topic, cmd.partitions, cmd.config), created)
 
     def _created(self, info: m.TopicInfo) -> Any:
         return self.broker.durable(m.CreateTopicResult(info.topic, len(info.partitions), config=info.config))
@@ -47,6 +56,7 @@ class Topics:
     @errors_as(m.DeleteTopicResult, "topic")
     def delete(self, cmd: m.DeleteTopic) -> Any:
         def deleted(_: Any) -> Any:
+            log.info("topic %s: deleted", cmd.topic)
             self.broker.cache.clear()
             return self.broker.durable(m.DeleteTopicResult(cmd.topic))
 
