@@ -4,22 +4,29 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+SERVING := $(VENV)/.installed-serve
 DATA   ?= .data
 
 .PHONY: serve test lint venv bench clean java
 
 MQTT   := plugins/polygate-mqtt
 
-$(STAMP): setup.cfg pyproject.toml $(MQTT)/pyproject.toml $(wildcard codecs/*/_speedups.c)
+# What serving needs (the gateway and the MQTT plugin), then, for make test, the test tools and Spark.
+$(SERVING): setup.cfg pyproject.toml $(MQTT)/pyproject.toml $(wildcard codecs/*/_speedups.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
+	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e './$(MQTT)'
+	touch $(SERVING)
+
+$(STAMP): $(SERVING)
 	$(PIP) install --quiet -e '.[test,spark]'
 	$(PIP) install --quiet -e './$(MQTT)[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-serve: $(STAMP)
+serve: $(SERVING)
 	$(VENV)/bin/gateway serve --data-dir $(DATA)
 
 # import-linter walks the installed tree, so it checks a real build (the
