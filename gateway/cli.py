@@ -23,7 +23,7 @@ from gateway.security.oauth import BearerTokens
 from gateway.security.users import UsersFileError, UserStore, read_users_file
 from gateway.security_cli import acls, users
 from gateway.server import Gateway, ListenerConfig, default_data_dir
-from gateway.storage.engine import EngineConfig
+from gateway.storage.engine import DataDirFormatError, EngineConfig
 from gateway.tls import TlsConfig
 
 
@@ -339,6 +339,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
     try:
         bound = gateway.start()
     except OptionError as e:
+        _refuse(str(e))
+    except DataDirFormatError as e:  # a newer or unknown data dir format (gateway.storage.datadir)
         _refuse(str(e))
     except (OSError, ValueError) as e:
         _refuse(f"TLS: {e}")

@@ -4,7 +4,8 @@ Synchronous and single-threaded (the broker calls it from the reactor
 thread); ``sync`` is the one call that may run in a worker thread, and only
 touches file descriptors. Metadata (topics, groups, offsets, producer ids)
 lives in an append-only msgpack journal under ``<data_dir>/meta.journal``;
-partition data under ``<data_dir>/logs/<topic-id>-<partition>/``.
+partition data under ``<data_dir>/logs/<topic>@<topic-id>-<partition>/``; the data
+dir's format version in ``<data_dir>/FORMAT`` (see ``datadir``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from gateway.model import (
     check_topic_name,
 )
 
-from . import fileio
+from . import datadir, fileio
+from .datadir import DataDirFormatError as DataDirFormatError  # raised by Engine(), for callers
 from .groups import GroupCoordinator
 from .journal import Journal
 from .log import PartitionLog
@@ -146,20 +148,39 @@ class Engine:
         self.clock = clock
         self.started_at = clock()
         fileio.make_dirs(self.data_dir, self.config.file_mode)  # makedirs gives only the leaf its mode
-        fileio.make_dirs(os.path.join(self.data_dir, "logs"), self.config.file_mode)
         _warn_if_open_to_others(self.data_dir)
         self._lock_file = self._lock()
-        _raise_open_file_limit()
-        self.max_partitions, self.max_partitions_per_topic, self.max_topics = descriptor_limits(
-            self.config, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        self.topics: dict[str, Topic] = {}
-        self._next_producer_id = 1000
-        self.security: dict[str, Any] = {}  # security records (users, ACLs): key to value
-        self.journal = Journal(os.path.join(self.data_dir, "meta.journal"), self.config.file_mode)
+        try:
+            self.format_version = self._check_format()
+            fileio.make_dirs(os.path.join(self.data_dir, datadir.LOGS), self.config.file_mode)
+            _raise_open_file_limit()
+            self.max_partitions, self.max_partitions_per_topic, self.max_topics = descriptor_limits(
+                self.config, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            self.topics: dict[str, Topic] = {}
+            self._next_producer_id = 1000
+            self.security: dict[str, Any] = {}  # security records (users, ACLs): key to value
+            self.journal = Journal(os.path.join(self.data_dir, datadir.JOURNAL), self.config.file_mode)
+        except BaseException:
+            self._lock_file.close()
+            raise
         self.groups = GroupCoordinator(self.journal, self.partition_count, self.now_ms)
         self._sync_lock = threading.Lock()
         self.recovered_bytes = 0
-        self._replay()
+        try:
+            self._replay()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_format(self) -> int:
+        """The data dir's format (``datadir``): a new data dir gets the current one, before
+        anything else is written; a newer or unknown one raises ``DataDirFormatError``.
+        An older one is migrated by ``_replay``, which needs the journal's topics."""
+        version = datadir.read_format(self.data_dir)
+        if version is None:
+            datadir.write_format(self.data_dir, datadir.CURRENT_FORMAT, self.config.file_mode)
+            return datadir.CURRENT_FORMAT
+        return version
 
     def _lock(self) -> Any:
         import fcntl
@@ -197,8 +218,13 @@ class Engine:
                     self.security[entry["k"]] = entry["v"]
             elif not self.groups.apply(entry):
                 log.warning("unknown journal entry %r", kind)
+        if self.format_version < datadir.CURRENT_FORMAT:
+            datadir.migrate(self.data_dir, self.format_version,
+                            [(name, topic_id, n) for name, (topic_id, n, _) in topics.items()], self.config.file_mode)
+            self.format_version = datadir.CURRENT_FORMAT
         for name, (topic_id, n, cfg) in topics.items():
             self._open_topic(name, topic_id, n, _config_from_state(cfg))
+        self._warn_of_unknown_folders()
         # producer state needs partitions: a second, cheap pass
         for entry in self.journal.replay():
             if entry.get("t") == "producer":
@@ -206,6 +232,12 @@ class Engine:
                 if part is not None:
                     part.producers[_pkey(entry["pid"])] = entry["s"]
         self.compact_journal()
+
+    def _warn_of_unknown_folders(self) -> None:
+        expected = {os.path.basename(p.log.directory) for t in self.topics.values() for p in t.partitions}
+        unknown = datadir.unknown_entries(self.data_dir, expected)
+        if unknown:
+            log.warning("%s: %s", os.path.join(self.data_dir, datadir.LOGS), datadir.describe_unknown(unknown))
 
     def _live_entries(self) -> int:
         return len(self.topics) + self.groups.live_entries + len(self.security) + sum(
@@ -247,7 +279,8 @@ class Engine:
         now = self.now_ms()
         rf = topic.config.replication_factor or self.config.replication_factor
         for i in range(len(topic.partitions), total):
-            directory = os.path.join(self.data_dir, "logs", f"{topic.topic_id}-{i}")
+            folder = datadir.partition_dir_name(topic.name, topic.topic_id, i)
+            directory = os.path.join(self.data_dir, datadir.LOGS, folder)
             plog = PartitionLog(directory, topic.config.segment_bytes or self.config.segment_bytes,
                                 self.config.index_interval_bytes, self.config.file_mode)
             self.recovered_bytes += plog.truncated_bytes
