@@ -783,9 +783,9 @@ class ScramCredential:
 
     mechanism: str
     iterations: int
-    salt: bytes
-    stored_key: bytes
-    server_key: bytes
+    salt: bytes = attrs.field(repr=False)  # kept out of logs (DEBUG logs commands)
+    stored_key: bytes = attrs.field(repr=False)
+    server_key: bytes = attrs.field(repr=False)
 
 
 @frozen
@@ -793,7 +793,8 @@ class AlterUsers:
     """Set SCRAM credentials (``(user, mechanism, iterations, salt, salted password)``,
     as Kafka's AlterUserScramCredentials carries them) and delete ``(user, mechanism)``."""
 
-    upsertions: tuple[tuple[str, str, int, bytes, bytes], ...] = ()
+    upsertions: tuple[tuple[str, str, int, bytes, bytes], ...] = attrs.field(
+        default=(), repr=lambda ups: repr(tuple((user, mech, it) for user, mech, it, *_ in ups)))  # no secrets
     deletions: tuple[tuple[str, str], ...] = ()
 
 
