@@ -14,6 +14,7 @@ import click
 from gateway import __version__, logs
 from gateway.adapter import ConnectionLimits
 from gateway.broker import BrokerConfig, FsyncPolicy
+from gateway.client_cli import COMMANDS as client_commands
 from gateway.cluster import ClusterConfig, parse_properties, parse_storage
 from gateway.codec import OptionError
 from gateway.logs import FORMATS, LEVELS
@@ -406,97 +407,14 @@ def _tune_garbage_collector() -> None:
 
 
 # --------------------------------------------------------------------------- client commands
-
-
-def _client(protocol: str, server: str):
-    from gateway.clients import connect
-
-    host, port = _host_port(server)
-    try:
-        return connect(protocol, host if host != "0.0.0.0" else "127.0.0.1", port)
-    except (OSError, KeyError) as e:
-        raise click.ClickException(f"cannot reach {protocol} gateway at {server}: {e}") from e
-
-
-_server_option = click.option("--server", "-s", default="127.0.0.1:9192", show_default=True,
-                              help="Gateway listener HOST:PORT.")
-_protocol_option = click.option("--protocol", "-p", default="v1", show_default=True,
-                                help="Protocol to talk to the gateway with.")
-
-
-@main.group()
-def topics() -> None:
-    """Create, list, describe and delete topics on a running gateway."""
-
-
-@topics.command("create")
-@click.argument("topic")
-@click.option("--partitions", type=int, default=None)
-@_server_option
-@_protocol_option
-def topics_create(topic, partitions, server, protocol) -> None:
-    with _client(protocol, server) as c:
-        click.echo(c.create_topic(topic, partitions))
-
-
-@topics.command("list")
-@_server_option
-@_protocol_option
-def topics_list(server, protocol) -> None:
-    with _client(protocol, server) as c:
-        for name, count in sorted(c.list_topics().items()):
-            click.echo(f"{name}\t{count}")
-
-
-@topics.command("describe")
-@click.argument("topic")
-@_server_option
-@_protocol_option
-def topics_describe(topic, server, protocol) -> None:
-    with _client(protocol, server) as c:
-        for key, value in c.describe_topic(topic).items():
-            click.echo(f"{key}\t{value}")
-
-
-@topics.command("delete")
-@click.argument("topic")
-@_server_option
-@_protocol_option
-def topics_delete(topic, server, protocol) -> None:
-    with _client(protocol, server) as c:
-        c.delete_topic(topic)
-        click.echo(f"deleted {topic}")
-
-
-@main.command()
-@click.argument("topic")
-@click.argument("messages", nargs=-1)
-@click.option("--key", "-k", default="", help="Key of every message.")
-@_server_option
-@_protocol_option
-def produce(topic, messages, key, server, protocol) -> None:
-    """Produce MESSAGES (or one per stdin line) to TOPIC."""
-    lines = messages or (line.rstrip("\n") for line in sys.stdin)
-    with _client(protocol, server) as c:
-        for value in lines:
-            click.echo(c.produce(topic, key, value))
-
-
-@main.command()
-@click.argument("topic")
-@click.option("--partition", default=0, show_default=True)
-@click.option("--offset", default=0, show_default=True)
-@_server_option
-@_protocol_option
-def consume(topic, partition, offset, server, protocol) -> None:
-    """Print the records of one partition from OFFSET, as ``offset<TAB>value``."""
-    with _client(protocol, server) as c:
-        for off, value in c.consume_all(topic, partition, offset):
-            click.echo(f"{off}\t{value}")
+# topics, produce, consume, groups and status live in gateway.client_cli, which imports
+# gateway.clients only when a command runs (gateway serve never loads the clients).
 
 
 main.add_command(users)
 main.add_command(acls)
+for _command in client_commands:
+    main.add_command(_command)
 for _param in serve.params:  # every serve option from the environment too: POLYGATE_DATA_DIR, ...
     if _param.name != "config":
         _param.envvar = f"POLYGATE_{_param.name.upper()}"

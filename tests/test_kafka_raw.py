@@ -119,9 +119,9 @@ def test_cli_speaks_kafka(kafka_gateway):
     def run(*args: str) -> str:
         return subprocess.run([*cli, *args, *server], capture_output=True, text=True, check=True, timeout=60).stdout
 
-    assert "'partitions': 2" in run("topics", "create", topic, "--partitions", "2")
-    run("produce", topic, "one", "two", "--key", "k")
-    assert run("consume", topic).splitlines() == ["0\tone", "1\ttwo"]
+    assert run("topics", "create", topic, "--partitions", "2") == f"{topic}\t2\n"
+    run("produce", topic, "one", "two", "--key", "k", "--partition", "1")
+    assert run("consume", topic).splitlines() == ["1\t0\tk\tone", "1\t1\tk\ttwo"]  # partition offset key value
     assert f"{topic}\t2" in run("topics", "list").splitlines()
     run("topics", "delete", topic)
 

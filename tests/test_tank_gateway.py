@@ -259,11 +259,12 @@ def test_cli_uses_the_tank_client(gw):
 
     cli("topics", "create", "clitopic", "--partitions", "2")
     assert "clitopic\t2" in cli("topics", "list")
-    cli("produce", "clitopic", "one", "two")
-    cli("produce", "clitopic", stdin="three\n")
-    assert cli("consume", "clitopic") == "1\tone\n2\ttwo\n3\tthree\n"
-    assert cli("consume", "clitopic", "--offset", "2") == "2\ttwo\n3\tthree\n"
-    assert "partition.0\tfirst=1 last=3" in cli("topics", "describe", "clitopic")
+    cli("produce", "clitopic", "one", "two", "--partition", "0")
+    cli("produce", "clitopic", "--partition", "0", stdin="three\n")
+    # partition, offset (TANK sequence numbers converted: offset = seq - 1), key, value
+    assert cli("consume", "clitopic") == "0\t0\t-\tone\n0\t1\t-\ttwo\n0\t2\t-\tthree\n"
+    assert cli("consume", "clitopic", "--offset", "1") == "0\t1\t-\ttwo\n0\t2\t-\tthree\n"
+    assert "0\t0\t3\t3" in cli("topics", "describe", "clitopic").splitlines()  # log start, high watermark, records
 
 
 def test_pipelined_produce_requests_are_acknowledged_one_by_one(client, gw):

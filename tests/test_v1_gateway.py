@@ -214,7 +214,7 @@ def test_cli_topics_produce_consume(v1_gateway, tmp_path):
     run("topics", "create", "cli", "--partitions", "1", *server)
     assert "cli\t1" in run("topics", "list", *server)
     run("produce", "cli", *server, stdin="one\ntwo\n")
-    assert run("consume", "cli", *server) == "0\tone\n1\ttwo\n"
+    assert run("consume", "cli", *server) == "0\t0\t-\tone\n0\t1\t-\ttwo\n"  # partition offset key value
     run("topics", "delete", "cli", *server)
     assert "cli" not in run("topics", "list", *server)
 

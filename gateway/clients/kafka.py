@@ -22,8 +22,13 @@ _SIZE = struct.Struct(">i")
 
 
 class KafkaError(Exception):
+    """A Kafka error code; ``name`` is Kafka's name for it (``UNKNOWN_TOPIC_OR_PARTITION`` for 3)."""
+
     def __init__(self, code: int, message: str = ""):
-        super().__init__(f"Kafka error {code}{': ' + message if message else ''}")
+        from gateway.clients.uniform import kafka_error_name
+
+        self.name = kafka_error_name(code)
+        super().__init__(f"{self.name} ({code}){': ' + message if message else ''}")
         self.code = code
 
 
@@ -92,8 +97,8 @@ class KafkaClient:
         batch = records.encode_batch([m.Record(value.encode(), key.encode() if key else None,
                                                int(time.time() * 1000))], 0)
         answer = self.produce_batch(topic, partition, batch)
-        if answer.ErrorCode:
-            raise KafkaError(answer.ErrorCode, answer.ErrorMessage or "")
+        if answer.ErrorCode:  # ErrorMessage exists from Produce v8 on
+            raise KafkaError(answer.ErrorCode, answer.get("ErrorMessage") or f"topic {topic} partition {partition}")
         return {"partition": partition, "offset": answer.BaseOffset}
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20, version: int = 11,
