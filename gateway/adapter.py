@@ -38,6 +38,7 @@ from zope.interface import implementer
 
 from gateway import model as m
 from gateway.codec import (
+    LOGIN_REFUSED,
     Close,
     CodecPlugin,
     Connection,
@@ -48,6 +49,7 @@ from gateway.codec import (
     Timer,
     Unsubscribe,
 )
+from gateway.stats import ListenerStats
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +198,9 @@ class CodecProtocol(protocol.Protocol):
         self._timers: dict[Any, Any] = {}
         self._caller = m.Caller()
         self._peer_host = ""
+        self._meter: ListenerStats = factory.meter
+        self._pass_began = 0.0  # when the running pass of the pump began (request latency)
+        self._waited = 0  # requests of the running pass that wait for their results
         self.peer = ""  # host:port, for the log
 
     # ------------------------------------------------------------------ connection
@@ -225,6 +230,7 @@ class CodecProtocol(protocol.Protocol):
             # connection stops reading: the client's handshake would never be read.
             self._greeting = greeting
         elif greeting:
+            self._meter.bytes_out += len(greeting)
             self.transport.write(greeting)
         self._last_data = self.factory.reactor.seconds()
         self.factory.connection_made(self)
@@ -241,6 +247,7 @@ class CodecProtocol(protocol.Protocol):
                 self.codec.principal = f"User:{common_name}"
         greeting, self._greeting = self._greeting, b""
         if greeting and not self.closing:
+            self._meter.bytes_out += len(greeting)
             self.transport.write(greeting)
 
     def caller(self) -> m.Caller:
@@ -293,6 +300,7 @@ class CodecProtocol(protocol.Protocol):
         if self.closing or self.codec is None:
             return
         self._last_data = self.factory.reactor.seconds()
+        self._meter.bytes_in += len(data)
         try:
             self.codec.receive_data(data)
         except Exception:
@@ -339,14 +347,20 @@ class CodecProtocol(protocol.Protocol):
         clock = self.factory.fairness.clock
         while True:
             requests: list[tuple[_Slot, Request]] = []
+            began = self._pass_began = clock()
             self._take_some(requests)
             if not requests:
                 return
             started = clock()
+            self._waited = 0
             self._run(requests)
             self._cost += ((clock() - started) / len(requests) - self._cost) / 4
             self._cost = max(self._cost, 1e-7)
             self._flush()  # once a pass: the answers of a pipelined burst go out in one write
+            meter = self._meter
+            meter.requests += len(requests)
+            if len(requests) > self._waited:  # answered in this pass: their latency is the pass's
+                meter.latency.observe(clock() - began, len(requests) - self._waited)
 
     def _take_some(self, requests: list[tuple[_Slot, Request]]) -> None:
         """Take events while we may: not closing or streaming, the peer draining its answers,
@@ -383,6 +397,7 @@ class CodecProtocol(protocol.Protocol):
                 if budget <= 0:
                     break  # its answer may fill the budget: no more this pass
             elif isinstance(event, Reply):
+                self._meter.replies += 1
                 self.queue.append(_Slot(event.data, event.close))
                 if event.close:
                     self.closing = True
@@ -397,6 +412,8 @@ class CodecProtocol(protocol.Protocol):
             elif isinstance(event, Unsubscribe):
                 self._stop_streams(event.context)
             elif isinstance(event, Timer):
+                if event.context == LOGIN_REFUSED:
+                    self._meter.auth_failures += 1  # ``CodecConnection.refuse_login``: a failed authentication
                 self._set_timer(event)
             else:  # pragma: no cover
                 raise TypeError(f"unknown codec event {event!r}")
@@ -411,9 +428,11 @@ class CodecProtocol(protocol.Protocol):
             results = self.broker.run_many(commands, caller)
         except Exception:
             failure = Failure()
+            self._meter.ran(commands, ())
             for slot, request in requests:
                 self._internal_error(slot, request, failure)
             return
+        self._meter.ran(commands, results)  # the commands, and the results that are values (not Deferreds)
         start = 0
         for slot, request in requests:
             end = start + len(request.commands)
@@ -431,9 +450,15 @@ class CodecProtocol(protocol.Protocol):
         d = defer.gatherResults([r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in results],
                                 consumeErrors=True)
         slot.pending = d
+        self._waited += 1
+        began = self._pass_began
+        waited = [i for i, r in enumerate(results) if isinstance(r, defer.Deferred)]  # the others are counted
 
         def done(results: list[Any]) -> None:
             slot.pending = None
+            meter = self._meter
+            meter.finished([request.commands[i] for i in waited], [results[i] for i in waited])
+            meter.latency_waited.observe(self.factory.fairness.clock() - began)
             self._answer(slot, request, results)
 
         def failed(f: Failure) -> None:
@@ -468,6 +493,7 @@ class CodecProtocol(protocol.Protocol):
         self._pump()
 
     def _internal_error(self, slot: _Slot, request: Request, f: Failure) -> None:
+        self._meter.internal_error(request.commands)
         log.error("%s: internal error executing %r: %s", self.factory.plugin.name, request.commands,
                   f.getTraceback())
         slot.data = b""
@@ -507,7 +533,9 @@ class CodecProtocol(protocol.Protocol):
 
     def _write(self, ready: list[bytes]) -> None:
         if ready:
-            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
+            data = ready[0] if len(ready) == 1 else b"".join(ready)
+            self._meter.bytes_out += len(data)
+            self.transport.write(data)
             ready.clear()
 
     # ------------------------------------------------------------------ back-pressure
@@ -579,6 +607,7 @@ class CodecProtocol(protocol.Protocol):
                 elif result.batches:
                     offsets[(fetch.topic, fetch.partition)] = result.batches[-1].last_offset + 1
                     data = self.codec.push(sub.context, result)
+                    self._meter.fetched(result)
                     state["last_push"] = self.factory.reactor.seconds()
                 elif result.error is not None:
                     data = self.codec.push(sub.context, result)
@@ -594,6 +623,7 @@ class CodecProtocol(protocol.Protocol):
                 self._codec_bug()
                 return
             if data:
+                self._meter.bytes_out += len(data)
                 self.transport.write(data)
             if result.error is not None:
                 if sub.exclusive:
@@ -730,6 +760,8 @@ class CodecFactory(protocol.Factory):
         self.peers: collections.Counter[str] = collections.Counter()  # connections per peer address
         self.refused = 0  # connections closed at accept for a limit
         self.stats: collections.Counter[str] = collections.Counter()  # push_dropped: messages a full subscriber lost
+        broker_stats = getattr(broker, "stats", None)  # BrokerStats: storage errors are counted there too
+        self.meter = ListenerStats(plugin.name, storage_errors=broker_stats.storage_errors if broker_stats else None)
         self._refusal_logged: dict[str, float] = {}
         self._sweep: Any = None
         self.stopped = False
@@ -754,6 +786,7 @@ class CodecFactory(protocol.Factory):
 
     def connection_made(self, conn: CodecProtocol) -> None:
         self.connections.add(conn)
+        self.meter.connections_total += 1
         self.peers[getattr(conn.transport.getPeer(), "host", "")] += 1
         if self._sweep is None:
             self._schedule_check()

@@ -13,6 +13,8 @@ import click
 
 from gateway import __version__, logs
 from gateway.adapter import ConnectionLimits
+from gateway.admin import DEFAULT_ADMIN, AdminError, parse_admin_address
+from gateway.admin import banner as admin_banner
 from gateway.broker import BrokerConfig, FsyncPolicy
 from gateway.client_cli import COMMANDS as client_commands
 from gateway.cluster import ClusterConfig, parse_properties, parse_storage
@@ -145,6 +147,8 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--listen", multiple=True, metavar="CODEC=[HOST:]PORT",
               help="Listener address of a codec (port 0: any; without a host, --host or its default).")
 @click.option("--advertised-host", default=None, help="Host that clients are told to connect to.")
+@click.option("--admin", default=DEFAULT_ADMIN, show_default=True, metavar="HOST:PORT|none",
+              help="The HTTP admin listener: /metrics (Prometheus), /healthz, /readyz; none: no admin listener.")
 @click.option("--max-frame", multiple=True, metavar="CODEC=BYTES", help="Frame size limit of a codec.")
 @click.option("--codec-option", multiple=True, metavar="CODEC.KEY=VALUE", help="Codec-specific listener option.")
 @click.option("--fsync", default="interval:1000", show_default=True, help="always | interval:<ms> | never")
@@ -217,7 +221,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS),
               help="json: one object per line, for log shippers.")
 @click.option("--log-file", default=None, metavar="FILE", help="Append the log to FILE instead of stderr.")
-def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_option, fsync,
+def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
           ack_timeout_ms, group_session_timeout_ms, segment_bytes, max_topics, max_partitions,
           max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
@@ -318,6 +322,10 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         policy = FsyncPolicy.parse(fsync)
     except ValueError as e:
         raise _Refused(f"--fsync: {e}") from None
+    try:
+        admin_address = parse_admin_address(admin)
+    except ValueError as e:
+        _refuse(f"--admin: {e}")
     gateway = Gateway(
         reactor, registry, data_dir, listeners,
         EngineConfig(default_partitions=default_partitions, replication_factor=replication_factor,
@@ -336,10 +344,13 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
         acls,
         required,
         tokens,
+        admin=admin_address,
     )
     try:
         bound = gateway.start()
     except OptionError as e:
+        _refuse(str(e))
+    except AdminError as e:  # --admin's address is taken
         _refuse(str(e))
     except DataDirFormatError as e:  # a newer or unknown data dir format (gateway.storage.datadir)
         _refuse(str(e))
@@ -356,6 +367,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, max_frame, codec_o
     for codec, h, p in bound:
         click.echo(f"polygate: {codec} listening on {h}:{p}{' (TLS)' if codec in tls_names else ''}; "
                    f"open to {open_to[codec]}")
+    if gateway.admin_bound is not None:
+        click.echo(admin_banner(*gateway.admin_bound))
     sys.stdout.flush()
     signal.signal(signal.SIGHUP, lambda *_: reactor.callFromThread(gateway.reload_tls))
     reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)

@@ -1,7 +1,9 @@
 """Run ``gateway serve`` as a child process (tests, benchmarks, examples).
 
 Every listener binds to port 0 on 127.0.0.1; the ports are read from the
-start banner (``polygate: <codec> listening on <host>:<port>``). The
+start banner (``polygate: <codec> listening on <host>:<port>``). So does the
+admin listener (``--admin=127.0.0.1:0``, unless the arguments give another
+``--admin``): its port is ``admin_port`` (``None`` with ``--admin none``). The
 process's output is kept in ``output`` (``log``) for assertions.
 
 ``Tansu`` runs a Kafka-compatible broker that is not ours (Tansu, shipped
@@ -22,6 +24,7 @@ import time
 from collections.abc import Sequence
 
 BANNER = re.compile(r"^polygate: (\S+) listening on (\S+):(\d+)( \(TLS\))?(; open to .*)?$")
+ADMIN_BANNER = re.compile(r"^polygate: admin listening on (\S+):(\d+)(;.*)?$")
 GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 
 
@@ -37,22 +40,38 @@ class GatewayProcess:
         self.command = list(command)  # what runs the ``gateway`` CLI
         self.proc: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
+        self.admin_port: int | None = None
         self.output: list[str] = []
+
+    def _admin_wanted(self) -> bool:
+        """Whether the gateway gets an admin listener: the last ``--admin`` given is not ``none``."""
+        value, args = "127.0.0.1:0", self.extra_args
+        for i, arg in enumerate(args):
+            if arg == "--admin" and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith("--admin="):
+                value = arg.partition("=")[2]
+        return value.strip().lower() not in ("none", "off", "")
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
         args = [*self.command, "serve", "--data-dir", self.data_dir, "--protocols", ",".join(self.protocols),
-                *[f"--listen={p}=127.0.0.1:0" for p in self.protocols], *self.extra_args]
+                *[f"--listen={p}=127.0.0.1:0" for p in self.protocols], "--admin=127.0.0.1:0", *self.extra_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.ports = {}
+        self.admin_port = None
+        admin = self._admin_wanted()
         deadline = time.monotonic() + timeout
-        while len(self.ports) < len(self.protocols):
+        while len(self.ports) < len(self.protocols) or admin and self.admin_port is None:
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError("gateway exited during start:\n" + "".join(self.output))
             self.output.append(line)
-            match = BANNER.match(line.strip())
-            if match:
+            admin_match = ADMIN_BANNER.match(line.strip())
+            match = None if admin_match else BANNER.match(line.strip())
+            if admin_match:
+                self.admin_port = int(admin_match.group(2))
+            elif match:
                 self.ports[match.group(1)] = int(match.group(3))
             if time.monotonic() > deadline:
                 raise RuntimeError("gateway did not start:\n" + "".join(self.output))
@@ -69,6 +88,12 @@ class GatewayProcess:
 
     def address(self, protocol: str) -> str:
         return f"127.0.0.1:{self.ports[protocol]}"
+
+    def admin_url(self, path: str = "/") -> str:
+        """``http://127.0.0.1:<admin port><path>`` (the gateway must have an admin listener)."""
+        if self.admin_port is None:
+            raise RuntimeError("this gateway has no admin listener (--admin none)")
+        return f"http://127.0.0.1:{self.admin_port}{path}"
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         if self.proc is None:

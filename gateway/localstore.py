@@ -91,6 +91,9 @@ class LocalStore:
     def log_end_offset(self, topic: str, partition: int) -> int:
         return self.engine.partition(topic, partition).log_end_offset
 
+    def partition_size(self, topic: str, partition: int) -> int:
+        return self.engine.partition(topic, partition).log.size
+
     def refresh_watermarks(self, topic: str, partition: int) -> None:
         return None  # always current
 
@@ -238,6 +241,9 @@ class LocalStore:
 
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         """Only this process writes a local engine: no other gateway's changes to report."""
+
+    def unavailable(self) -> str | None:
+        return None  # open as long as this store exists (the gateway closes it at shutdown)
 
     def housekeeping(self) -> None:
         for name in self.groups.expire_all():

@@ -11,6 +11,7 @@ import attrs
 from twisted.internet import defer
 
 from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
+from gateway.admin import AdminServer
 from gateway.broker import Broker, BrokerConfig
 from gateway.cluster import ClusterConfig, ClusterStore
 from gateway.codec import CodecPlugin, ListenerSettings, Tokens, parse_options
@@ -58,13 +59,16 @@ class Gateway:
     ``users`` is the user store every listener authenticates against (empty if
     ``None``), ``acls`` the ACLs the broker enforces (``None``: everything is
     allowed), ``require_auth`` the codecs whose listeners refuse anonymous clients,
-    ``tokens`` the verifier of OAuth bearer tokens (Kafka OAUTHBEARER), if any."""
+    ``tokens`` the verifier of OAuth bearer tokens (Kafka OAUTHBEARER), if any.
+    ``admin`` is the ``(host, port)`` of the HTTP admin listener (``gateway.admin``:
+    metrics and health checks), ``None`` for none."""
 
     def __init__(self, reactor, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
                  limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None,
                  tls: TlsConfig | None = None, users: UserStore | None = None, acls: Acls | None = None,
-                 require_auth: frozenset[str] = frozenset(), tokens: Tokens | None = None):
+                 require_auth: frozenset[str] = frozenset(), tokens: Tokens | None = None,
+                 admin: tuple[str, int] | None = None):
         self.reactor = reactor
         self.limits = limits or ConnectionLimits()
         self.registry = registry
@@ -85,6 +89,10 @@ class Gateway:
         self.ports: list = []
         self.factories: list[CodecFactory] = []
         self.bound: list[tuple[str, str, int]] = []
+        self.admin_address = admin
+        self.admin: AdminServer | None = None
+        self.admin_bound: tuple[str, int] | None = None
+        self.stopping = False
 
     def start(self) -> list[tuple[str, str, int]]:
         """Open storage and listen; returns ``(codec, host, port)`` per listener.
@@ -98,17 +106,24 @@ class Gateway:
             if self.tls_config is None:
                 raise ValueError("a TLS listener needs a certificate and its key")
             self.tls = ReloadableTls(self.tls_config)  # raises, naming the file, before storage opens
+        if self.admin_address is not None:  # AdminError for a taken address, before storage opens
+            self.admin = AdminServer(self, self.reactor)
+            self.admin_bound = self.admin.listen(*self.admin_address)
         for (_, plugin), listener_settings in zip(listeners, settings, strict=True):
             fmt = plugin.batch_format
             if fmt is not None and fmt.inflate_limit is not None:
                 fmt.inflate_limit = listener_settings.max_frame_size  # decompression is held to the frame limit
-        if self.cluster is not None:
-            self.cluster_store = ClusterStore(self.cluster, self.registry.batch_formats, self.reactor)
-            self.cluster_store.start()
-            store = self.cluster_store
-        else:
-            self.engine = Engine(self.data_dir, self.engine_config)
-            store = LocalStore(self.engine, self.reactor)
+        try:
+            if self.cluster is not None:
+                self.cluster_store = ClusterStore(self.cluster, self.registry.batch_formats, self.reactor)
+                self.cluster_store.start()
+                store = self.cluster_store
+            else:
+                self.engine = Engine(self.data_dir, self.engine_config)
+                store = LocalStore(self.engine, self.reactor)
+        except Exception:
+            self._stop_admin()
+            raise
         self.broker = Broker(store, self.registry.batch_formats, self.reactor, self.broker_config,
                              users=self.users, acls=self.acls)
         fairness = Fairness(self.reactor)  # one for every listener: connections share the reactor
@@ -123,10 +138,12 @@ class Gateway:
                 bound = listening.getHost()
                 advertised = lc.advertised_host or (lc.host if lc.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
                 factory.settings = attrs.evolve(listener_settings, advertised_host=advertised, advertised_port=bound.port)
+                factory.meter.address = f"{bound.host}:{bound.port}"
                 self.ports.append(listening)
                 self.factories.append(factory)
                 self.bound.append((lc.codec, bound.host, bound.port))
         except Exception:
+            self._stop_admin()
             self._close_storage()
             raise
         self.broker.listeners = tuple(self.bound)
@@ -150,10 +167,33 @@ class Gateway:
         return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=parse_options(plugin, lc.options),
                                 users=self.users, require_auth=lc.codec in self.require_auth, tokens=self.tokens)
 
+    def readiness(self) -> tuple[bool, dict[str, str]]:
+        """Whether the gateway serves (``/readyz``): storage open, every listener bound and, in
+        cluster mode, the cluster reachable; and what each check found."""
+        checks: dict[str, str] = {}
+        store = self.broker.store if self.broker is not None else None
+        open_ = store is not None and (self.engine is not None or self.cluster_store is not None)
+        checks["storage"] = "open" if open_ else "not open"
+        bound = len(self.bound)
+        wanted = len(self.listener_configs)
+        checks["listeners"] = f"{bound} of {wanted} bound"
+        ready = open_ and bound == wanted and not self.stopping
+        if self.stopping:
+            checks["gateway"] = "stopping"
+        if self.cluster is not None:
+            problem = store.unavailable() if open_ else "not started"
+            checks["cluster"] = "reachable" if problem is None else problem
+            ready = ready and problem is None
+        return ready, checks
+
+    def _stop_admin(self) -> defer.Deferred:
+        return defer.maybeDeferred(self.admin.stop) if self.admin is not None else defer.succeed(None)
+
     @defer.inlineCallbacks
     def stop(self):
         """Stop listening, drop connections, flush and close storage."""
-        yield defer.DeferredList([defer.maybeDeferred(p.stopListening) for p in self.ports])
+        self.stopping = True
+        yield defer.DeferredList([defer.maybeDeferred(p.stopListening) for p in self.ports] + [self._stop_admin()])
         for f in self.factories:
             for conn in list(f.connections):
                 conn.transport.loseConnection()

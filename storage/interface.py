@@ -111,6 +111,10 @@ class Storage(Protocol):
     def log_end_offset(self, topic: str, partition: int) -> int:
         """The offset the next append gets."""
 
+    def partition_size(self, topic: str, partition: int) -> int | None:
+        """The bytes the partition's log takes on local disk; None for a store that keeps
+        nothing on local disk (a cluster)."""
+
     def refresh_watermarks(self, topic: str, partition: int) -> Any:
         """*May wait.* Make the watermarks above current: None at once where they
         always are (the local engine), else a Deferred that fires once they were
@@ -201,6 +205,10 @@ class Storage(Protocol):
         another gateway sharing this storage changes (never, for storage only this process uses)."""
 
     # ------------------------------------------------------------------ housekeeping and durability
+
+    def unavailable(self) -> str | None:
+        """Why the storage cannot serve now (a cluster that does not answer), or None when it can
+        (the readiness check, ``/readyz``)."""
 
     def housekeeping(self) -> None:
         """Periodic upkeep: expire group members, re-evaluate in-sync replicas, compact metadata."""

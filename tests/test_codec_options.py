@@ -12,7 +12,7 @@ from gateway.launcher import GATEWAY
 
 def serve(tmp_path, *args: str) -> subprocess.CompletedProcess:
     data_dir = tmp_path / "data"
-    done = subprocess.run([GATEWAY, "serve", "--data-dir", str(data_dir), "--protocols", "cursus,v1",
+    done = subprocess.run([GATEWAY, "serve", "--admin", "none", "--data-dir", str(data_dir), "--protocols", "cursus,v1",
                            "--listen", "cursus=127.0.0.1:0", "--listen", "v1=127.0.0.1:0", *args],
                           capture_output=True, text=True, timeout=60)
     assert not os.path.exists(data_dir)  # refused before storage was opened

@@ -101,7 +101,7 @@ def test_a_data_dir_open_to_others_is_served_with_a_warning(gateway_factory, tmp
 
 
 def test_a_file_mode_that_locks_the_owner_out_is_refused(tmp_path):
-    done = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path), "--file-mode", "0400"],
+    done = subprocess.run([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path), "--file-mode", "0400"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "--file-mode" in done.stderr
 

@@ -299,7 +299,7 @@ def test_a_bad_listener_option_is_refused_with_what_is_allowed(name, value, allo
 
 
 def test_gateway_serve_refuses_to_start_with_a_bad_kafka_option(tmp_path):
-    run = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path), "--protocols", "kafka",
+    run = subprocess.run([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path), "--protocols", "kafka",
                           "--listen", "kafka=127.0.0.1:0", "--codec-option", "kafka.advertised.port=ninety"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0

@@ -89,7 +89,7 @@ def test_serve_refuses_a_jwks_file_it_cannot_read(tmp_path):
 
     from gateway.launcher import GATEWAY
     (tmp_path / "jwks.json").write_text("{not json")
-    run = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path / "d"), "--protocols", "kafka",
+    run = subprocess.run([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path / "d"), "--protocols", "kafka",
                           "--oauth-issuer", ISSUER, "--oauth-jwks", str(tmp_path / "jwks.json")],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--oauth-jwks" in run.stderr.strip().splitlines()[-1]

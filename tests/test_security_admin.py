@@ -111,7 +111,7 @@ def test_kafka_python_admin_client_manages_acls(gateway_factory, tmp_path):
 
 def banner(tmp_path, *args: str) -> dict[str, tuple[str, str]]:
     """Start ``gateway serve`` with ``args``; per codec, the bound host and who it is open to."""
-    proc = subprocess.Popen([GATEWAY, "serve", "--data-dir", str(tmp_path / "data"), *args],
+    proc = subprocess.Popen([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path / "data"), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: dict[str, tuple[str, str]] = {}
     try:
@@ -154,7 +154,7 @@ def test_serve_refuses_bad_security_options_in_one_line_without_secrets(tmp_path
     with open(bad, "w") as f:
         f.write("carol:c4rol-pw\nt0pSecret\n")
     args = tuple(a.replace("{bad}", bad) for a in args)
-    run = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path / "d"), "--protocols", "kafka",
+    run = subprocess.run([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path / "d"), "--protocols", "kafka",
                           "--listen", "kafka=127.0.0.1:0", *args], capture_output=True, text=True, timeout=60)
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 2 and expected in last, run.stderr

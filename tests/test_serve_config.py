@@ -19,7 +19,7 @@ EXAMPLE = os.path.join(ROOT, "polygate.example.toml")
 
 
 def refused(tmp_path, *args: str, env: dict | None = None) -> str:
-    run = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path / "d"), *args], capture_output=True,
+    run = subprocess.run([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path / "d"), *args], capture_output=True,
                          text=True, timeout=60, env=dict(os.environ, **(env or {})))
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, run.stderr
@@ -43,12 +43,12 @@ def test_a_bad_option_stops_the_start_in_one_line(tmp_path, args, expected):
 
 
 def test_an_empty_data_dir_is_refused_not_replaced_by_the_home_folder(tmp_path):
-    run = subprocess.run([GATEWAY, "serve", "--data-dir", ""], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([GATEWAY, "serve", "--admin", "none", "--data-dir", ""], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and run.stderr.strip() == "polygate: --data-dir is empty (leave it out for the default)"
 
 
 def test_listen_without_protocols_serves_only_the_listed_codecs(tmp_path):
-    proc = subprocess.Popen([GATEWAY, "serve", "--data-dir", str(tmp_path / "d"), "--listen", "tank=127.0.0.1:0"],
+    proc = subprocess.Popen([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path / "d"), "--listen", "tank=127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []

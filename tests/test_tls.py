@@ -150,6 +150,6 @@ def test_bad_tls_options_stop_the_start_with_one_line(tmp_path, pki):
             (("--tls", "v1", "--tls-cert", str(cert), "--tls-key", str(tmp_path / "missing")), "missing"),
             (("--tls", "v1", "--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-auth", "required"),
              "--tls-ca")):
-        out = subprocess.run([gateway, "serve", "--data-dir", str(tmp_path / "d"), "--protocols", "v1",
+        out = subprocess.run([gateway, "serve", "--admin", "none", "--data-dir", str(tmp_path / "d"), "--protocols", "v1",
                               "--listen", "v1=127.0.0.1:0", *args], capture_output=True, text=True, timeout=30)
         assert out.returncode == 2 and said in out.stderr, (args, out.stderr)

@@ -35,10 +35,10 @@ from gateway.broker.replication import Replication
 from gateway.broker.security import Security
 from gateway.broker.topics import Topics
 from gateway.codec import BatchFormat
-from gateway.convert import ConversionCache
 from gateway.model import Error, ErrorCode
 from gateway.security.acl import Acls
 from gateway.security.users import UserStore
+from gateway.stats import BrokerStats, MeteredConversionCache
 from gateway.storage.interface import Storage
 
 __all__ = ["Broker", "BrokerConfig", "FsyncPolicy"]
@@ -70,8 +70,9 @@ class Broker:
         self.formats = formats
         self.reactor = reactor
         self.config = config or BrokerConfig()
-        self.commit = GroupCommit(store, reactor)
-        self.cache = ConversionCache(self.config.conversion_cache_bytes)
+        self.stats = BrokerStats()  # fsyncs, storage errors, conversions (``gateway.admin.metrics``)
+        self.commit = GroupCommit(store, reactor, self.stats)
+        self.cache = MeteredConversionCache(self.config.conversion_cache_bytes)
         self.listeners: tuple[tuple[str, str, int], ...] = ()
         self._loops: list[task.LoopingCall] = []
         self.topics = Topics(self)
@@ -122,7 +123,7 @@ class Broker:
             (self.config.retention_check_ms, self.store.enforce_retention),
         ]
         if self.config.fsync.mode == "interval":
-            every.append((self.config.fsync.interval_ms, lambda: _interval_sync(self.store, self.reactor)))
+            every.append((self.config.fsync.interval_ms, lambda: _interval_sync(self.store, self.reactor, self.stats)))
         for ms, fn in every:
             loop = task.LoopingCall(fn)
             loop.clock = self.reactor

@@ -11,6 +11,7 @@ from twisted.internet import defer, threads
 
 from gateway import model as m
 from gateway.model import Error
+from gateway.stats import BrokerStats
 from gateway.storage.interface import Storage
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,10 @@ class GroupCommit:
     writes made after that.
     """
 
-    def __init__(self, engine: Storage, reactor: Any):
+    def __init__(self, engine: Storage, reactor: Any, stats: BrokerStats | None = None):
         self.engine = engine
         self.reactor = reactor
+        self.stats = stats or BrokerStats()
         self.written = 0
         self.synced = 0
         self.waiters: collections.deque[tuple[int, defer.Deferred]] = collections.deque()
@@ -64,7 +66,8 @@ class GroupCommit:
 
     def _sync(self) -> None:
         target = self.written
-        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.engine.sync)
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.stats.timed_sync,
+                                      self.engine.sync)
 
         def done(result: Any) -> None:
             self.fsyncs += 1
@@ -86,11 +89,12 @@ class GroupCommit:
         d.addBoth(done)
 
 
-def _interval_sync(engine: Storage, reactor: Any) -> defer.Deferred | None:
+def _interval_sync(engine: Storage, reactor: Any, stats: BrokerStats | None = None) -> defer.Deferred | None:
     """fsync what was written; a failure is logged and the loop goes on (storage
-    fences what failed, and skips it from then on)."""
+    fences what failed, and skips it from then on). ``stats`` counts and times it."""
     if engine.dirty:
-        d = threads.deferToThreadPool(reactor, reactor.getThreadPool(), engine.sync)
+        d = threads.deferToThreadPool(reactor, reactor.getThreadPool(), (stats or BrokerStats()).timed_sync,
+                                      engine.sync)
         return d.addErrback(lambda f: log.error("interval fsync failed: %s", f.getErrorMessage()))
     return None
 

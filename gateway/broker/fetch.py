@@ -85,10 +85,14 @@ class Fetcher:
     def _converted(self, cmd: m.Fetch, stored: list[m.StoredBatch], hw: int, start: int, offset: int,
                    tid: str) -> m.FetchResult:
         broker = self.broker
+        cache = broker.cache
         try:
-            batches = tuple(convert(stored, cmd.format, broker.formats, broker.cache, (tid, cmd.partition)))
+            batches = tuple(convert(stored, cmd.format, broker.formats, cache, (tid, cmd.partition)))
         except CommandError as e:
             return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=e.error)
+        finally:
+            if cache.done:  # runs converted (not found in the cache): counted by format pair
+                broker.stats.converted(stored, cache.take())
         return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, batches, offset=offset)
 
     def _read_many(self, cmd: m.FetchMany) -> Any:

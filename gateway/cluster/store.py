@@ -253,6 +253,10 @@ class ClusterStore:
     def log_end_offset(self, topic: str, partition: int) -> int:
         return self.metadata.marks(topic, partition).high_watermark
 
+    def partition_size(self, topic: str, partition: int) -> None:
+        self.metadata.marks(topic, partition)
+        return None  # the cluster's brokers keep the data
+
     def refresh_watermarks(self, topic: str, partition: int) -> Any:
         self.metadata.marks(topic, partition)
         d: defer.Deferred = defer.Deferred()
@@ -336,6 +340,11 @@ class ClusterStore:
         return self.groups.delete(cmd)
 
     # ------------------------------------------------------------------ housekeeping and durability
+
+    def unavailable(self) -> str | None:
+        if self.metadata.reachable:
+            return None
+        return f"the Kafka cluster at {self.config.bootstrap} is unavailable: {self.metadata.error}"
 
     def housekeeping(self) -> None:
         self.groups.expire()

@@ -346,7 +346,7 @@ def test_a_bad_codec_option_is_refused_with_what_is_allowed(given, expected):
 
 
 def test_gateway_serve_refuses_to_start_with_a_bad_mqtt_option(tmp_path):
-    run = subprocess.run([GATEWAY, "serve", "--data-dir", str(tmp_path), "--protocols", "mqtt",
+    run = subprocess.run([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path), "--protocols", "mqtt",
                           "--listen", "mqtt=127.0.0.1:0", "--codec-option", "mqtt.retry_ms=soon"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0

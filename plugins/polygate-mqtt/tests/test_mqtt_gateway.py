@@ -41,7 +41,7 @@ def test_codecs_lists_the_plugin_and_serve_uses_its_default_port(tmp_path):
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", 1883)) == 0:
             pytest.skip("port 1883 is taken on this machine")
-    proc = subprocess.Popen([GATEWAY, "serve", "--data-dir", str(tmp_path), "--protocols", "v1,mqtt",
+    proc = subprocess.Popen([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path), "--protocols", "v1,mqtt",
                              "--host", "127.0.0.1", "--listen", "v1=127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
