@@ -159,7 +159,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--ack-timeout-ms", default=2000, show_default=True, type=click.IntRange(1))
 @click.option("--group-session-timeout-ms", default=10_000, show_default=True, type=int,
               help="Session timeout of group members whose protocol does not send one (V1).")
-@click.option("--segment-bytes", default=64 << 20, show_default=True, type=click.IntRange(4096))
+@click.option("--segment-bytes", default=64 << 20, show_default=True, type=click.IntRange(1024))
 @click.option("--max-topics", default=0, type=int, help="Topics (default: what the descriptor limit allows).")
 @click.option("--max-partitions", default=0, type=int,
               help="Partitions of all topics (default: half the descriptor limit, 3 per partition).")
