@@ -90,3 +90,18 @@ def kafka_gateway(gateway_factory):
 
 def bootstrap(gw) -> str:
     return gw.address("kafka")
+
+
+def consume(consumer, count: int, timeout: float = 20) -> list:
+    """``count`` records from a confluent-kafka ``consumer`` (polled until ``timeout``); fails on an error."""
+    out: list = []
+
+    def more() -> bool:
+        msg = consumer.poll(0.2)
+        if msg is not None:
+            assert msg.error() is None, msg.error()
+            out.append(msg)
+        return len(out) >= count
+
+    wait_until(more, timeout, 0, f"{count} records")
+    return out

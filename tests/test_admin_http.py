@@ -18,7 +18,7 @@ from collections.abc import Callable
 import confluent_kafka as ck
 import pytest
 from faultyos import rule, write_rules
-from kafka_support import unique, wait_until
+from kafka_support import consume, unique, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from security_support import auth_args
 
@@ -64,20 +64,6 @@ def moved(before: Scrape, after: Scrape) -> Callable[..., float]:
     return lambda name, **labels: after.get(name, **labels) - before.get(name, **labels)
 
 
-def consume(consumer: ck.Consumer, count: int, timeout: float = 30) -> list[ck.Message]:
-    out: list[ck.Message] = []
-
-    def more() -> bool:
-        msg = consumer.poll(0.2)
-        if msg is not None:
-            assert msg.error() is None, msg.error()
-            out.append(msg)
-        return len(out) >= count
-
-    wait_until(more, timeout, 0, f"{count} records")
-    return out
-
-
 # --------------------------------------------------------------------------- /metrics, local storage
 
 
@@ -106,7 +92,7 @@ def test_metrics_move_by_what_v1_and_kafka_clients_did(gateway_factory):
     # a Kafka consumer group reads all 50 and commits
     consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group, **FAST_GROUP})
     consumer.subscribe([topic])
-    got = consume(consumer, 50)
+    got = consume(consumer, 50, 30)
     consumer.commit(message=got[-1], asynchronous=False)
     consumer.close()
     wait_until(lambda: scrape(gw).get("polygate_connections_open", **v1) == 0, 20, 0.2, "the V1 client gone")

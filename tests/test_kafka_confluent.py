@@ -8,7 +8,7 @@ import confluent_kafka as ck
 import kafka_support
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
-from kafka_support import bootstrap, unique, wait_until
+from kafka_support import bootstrap, consume, unique, wait_until
 from security_support import auth_args
 
 from gateway.clients.v1 import V1Client
@@ -33,20 +33,6 @@ def produce_all(servers: str, topic: str, extra: dict | None = None) -> list[tup
         sent.append((None, f"{comp}-unkeyed".encode(), None))
         assert p.flush(15) == 0
     return sent
-
-
-def consume(consumer: ck.Consumer, count: int, timeout: float = 20) -> list[ck.Message]:
-    out = []
-
-    def more():
-        msg = consumer.poll(0.2)
-        if msg is not None:
-            assert msg.error() is None, msg.error()
-            out.append(msg)
-        return len(out) >= count
-
-    wait_until(more, timeout, 0, f"{count} records")
-    return out
 
 
 def test_produce_every_compression_and_consume_from_beginning(kafka_gateway):

@@ -148,26 +148,30 @@ class Access:
     def _anyone(self, cmd: Any, caller: m.Caller) -> Any:
         return self.broker.run(cmd)
 
-    def _topic_rule(self, operation: Op, refuse: Callable[[Any, m.Error], Any]) -> Callable[[Any, m.Caller], Any]:
+    def _rule(self, resource_type: ResourceType, operation: Op,
+              refuse: Callable[[Any, m.Error], Any]) -> Callable[[Any, m.Caller], Any]:
+        """The rule of a command on one resource of ``resource_type`` (the command's topic or
+        group, or the cluster): run it if ``operation`` is allowed, else ``refuse(cmd, error)``."""
+        def name_of(cmd: Any) -> str:
+            if resource_type is ResourceType.TOPIC:
+                return cmd.topic
+            return cmd.group if resource_type is ResourceType.GROUP else m.CLUSTER_RESOURCE
+
         def rule(cmd: Any, caller: m.Caller) -> Any:
-            if self.may(caller, operation, ResourceType.TOPIC, cmd.topic):
+            name = name_of(cmd)
+            if self.may(caller, operation, resource_type, name):
                 return self.broker.run(cmd)
-            return refuse(cmd, denied(ResourceType.TOPIC, cmd.topic, operation))
+            return refuse(cmd, denied(resource_type, name, operation))
         return rule
+
+    def _topic_rule(self, operation: Op, refuse: Callable[[Any, m.Error], Any]) -> Callable[[Any, m.Caller], Any]:
+        return self._rule(ResourceType.TOPIC, operation, refuse)
 
     def _group_rule(self, operation: Op, refuse: Callable[[Any, m.Error], Any]) -> Callable[[Any, m.Caller], Any]:
-        def rule(cmd: Any, caller: m.Caller) -> Any:
-            if self.may(caller, operation, ResourceType.GROUP, cmd.group):
-                return self.broker.run(cmd)
-            return refuse(cmd, denied(ResourceType.GROUP, cmd.group, operation))
-        return rule
+        return self._rule(ResourceType.GROUP, operation, refuse)
 
     def _cluster_rule(self, operation: Op, refuse: Callable[[Any, m.Error], Any]) -> Callable[[Any, m.Caller], Any]:
-        def rule(cmd: Any, caller: m.Caller) -> Any:
-            if self.may(caller, operation, ResourceType.CLUSTER, m.CLUSTER_RESOURCE):
-                return self.broker.run(cmd)
-            return refuse(cmd, denied(ResourceType.CLUSTER, m.CLUSTER_RESOURCE, operation))
-        return rule
+        return self._rule(ResourceType.CLUSTER, operation, refuse)
 
     # ------------------------------------------------------------------ topics and data
 
