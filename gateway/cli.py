@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import tomllib
+from collections.abc import Iterable
 from typing import NoReturn
 
 import click
@@ -257,12 +258,11 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
     names = [n for n in names if n in registry.codecs]
     if not names:
         raise click.ClickException("no codec to serve")
-    for codec in sorted(addresses.keys() - set(names)):
-        _refuse(f"codec {codec}: --listen given for a codec that is not served (served: {', '.join(names)})")
+    _served_only(addresses, names, "--listen")
     frames = {}
-    for codec, text in _split_kv(max_frame, "--max-frame").items():
-        if codec not in names:
-            _refuse(f"codec {codec}: --max-frame given for a codec that is not served (served: {', '.join(names)})")
+    given_frames = _split_kv(max_frame, "--max-frame")
+    _served_only(given_frames, names, "--max-frame")
+    for codec, text in given_frames.items():
         if not text.isdigit() or int(text) < 1:
             _refuse(f"codec {codec}: --max-frame {codec}={text!r}: expected a positive number of bytes")
         frames[codec] = int(text)
@@ -273,8 +273,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
         if not (sep and dot):
             raise _Refused(f"--codec-option: expected CODEC.KEY=VALUE, got {item!r}")
         options.setdefault(codec, {})[opt] = value
-    for codec in options.keys() - set(names):
-        _refuse(f"codec {codec}: --codec-option given for a codec that is not served (served: {', '.join(names)})")
+    _served_only(options, names, "--codec-option")
     if "sasl.users" in options.get("kafka", {}):  # never echo its value: it holds passwords
         _refuse("codec kafka: option sasl.users is gone: give users in --users-file (a password on a command "
                 "line is readable by every local user) and require SASL with --require-auth kafka")
@@ -287,9 +286,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
             tokens = BearerTokens(oauth_issuer, oauth_jwks, oauth_audience, oauth_principal_claim)
         except ValueError as e:
             _refuse(f"--oauth-jwks: {e}")
-    tls_names = set(names) if tls_codecs.strip() == "all" else {c.strip() for c in tls_codecs.split(",") if c.strip()}
-    for codec in sorted(tls_names - set(names)):
-        _refuse(f"codec {codec}: --tls given for a codec that is not served (served: {', '.join(names)})")
+    tls_names = _codec_list(tls_codecs, names, "--tls")
     tls = None
     if tls_names or tls_cert or tls_key:
         if not (tls_cert and tls_key):
@@ -376,6 +373,21 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
     click.echo("polygate: stopped")
 
 
+def _served_only(codecs: Iterable[str], names: list[str], option: str) -> None:
+    """Refuse the start if ``option`` names a codec that is not served."""
+    for codec in sorted(set(codecs) - set(names)):
+        _refuse(f"codec {codec}: {option} given for a codec that is not served (served: {', '.join(names)})")
+
+
+def _codec_list(text: str, names: list[str], option: str) -> frozenset[str]:
+    """``CODEC[,CODEC...]`` or ``all`` (every served codec), each a served one."""
+    if text.strip() == "all":
+        return frozenset(names)
+    codecs = frozenset(c.strip() for c in text.split(",") if c.strip())
+    _served_only(codecs, names, option)
+    return codecs
+
+
 def _security(names: list[str], users_file: str | None, require_auth: str, authorizer: str,
               super_users: str) -> tuple[UserStore, Acls | None, frozenset[str]]:
     """The user store, the ACLs (``None`` without ``--authorizer acl``) and the codecs that
@@ -384,10 +396,7 @@ def _security(names: list[str], users_file: str | None, require_auth: str, autho
         users = UserStore(read_users_file(users_file) if users_file else None)
     except UsersFileError as e:
         _refuse(f"--users-file: {e}")
-    required = frozenset(names) if require_auth.strip() == "all" else frozenset(
-        c.strip() for c in require_auth.split(",") if c.strip())
-    for codec in sorted(required - set(names)):
-        _refuse(f"codec {codec}: --require-auth given for a codec that is not served (served: {', '.join(names)})")
+    required = _codec_list(require_auth, names, "--require-auth")
     try:
         supers = parse_principals(super_users)
     except ValueError as e:

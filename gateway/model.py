@@ -65,6 +65,11 @@ class ErrorCode(enum.Enum):
     SECURITY_DISABLED = "security_disabled"  # ACL or user commands with no authorizer or user store
 
 
+AUTHORIZATION_ERRORS = frozenset({ErrorCode.TOPIC_AUTHORIZATION, ErrorCode.GROUP_AUTHORIZATION,
+                                  ErrorCode.CLUSTER_AUTHORIZATION, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION})
+"""The codes of a command the ACLs refused (each codec answers them in its protocol's form)."""
+
+
 @frozen
 class Error:
     """A failed command: a model error code and a human-readable message."""

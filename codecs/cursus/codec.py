@@ -207,7 +207,7 @@ class StreamState:
 
 
 def _topic_error(error: m.Error, topic: str, partition: int | None = None) -> str:
-    if error.code in _AUTHORIZATION:  # a stream's read refused
+    if error.code in m.AUTHORIZATION_ERRORS:  # a stream's read refused
         return _refusal("STREAM", topic, error)
     if error.code is m.ErrorCode.UNKNOWN_PARTITION and partition is not None:
         return f"ERROR: partition_not_found partition={partition}"
@@ -232,8 +232,6 @@ def _group_error(error: m.Error, group: str, member: str, generation: int | None
     return f"ERROR: coordinator_error reason={q(error.message)}"
 
 
-_AUTHORIZATION = {m.ErrorCode.TOPIC_AUTHORIZATION, m.ErrorCode.GROUP_AUTHORIZATION,
-                  m.ErrorCode.CLUSTER_AUTHORIZATION, m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION}
 _PERMISSION = {m.ErrorCode.GROUP_AUTHORIZATION: "group", m.ErrorCode.CLUSTER_AUTHORIZATION: "admin",
                m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION: "transaction"}
 _ADMIN_COMMANDS = frozenset({"CREATE", "DELETE"})
@@ -263,7 +261,7 @@ class Refusing:
     def __call__(self, results: Sequence[Any]) -> Any:
         for r in results:
             error = getattr(r, "error", None)
-            if error is not None and error.code in _AUTHORIZATION:
+            if error is not None and error.code in m.AUTHORIZATION_ERRORS:
                 return frame(_refusal(self.command, self.topic, error))
         out = self.render(results)
         if type(out) is Handled and out.render is not None:
@@ -441,7 +439,7 @@ class CursusConnection(CodecConnection):
             return e.message
         if e.code is m.ErrorCode.NOT_LEADER:
             return f"NOT_LEADER LEADER_IS {self.leader}"
-        if e.code in _AUTHORIZATION:
+        if e.code in m.AUTHORIZATION_ERRORS:
             return _refusal("PUBLISH", topic, e).removeprefix("ERROR: ")
         return f"broker_error reason={q(e.message)}"
 
@@ -667,7 +665,7 @@ class CursusConnection(CodecConnection):
         if code is m.ErrorCode.OFFSET_OUT_OF_RANGE:
             return (f"STREAM_CONTROL type=CLOSE reason=offset_out_of_range offset={r.offset} requested={r.offset} "
                     f"earliest={r.log_start_offset} latest={r.high_watermark}")
-        if code in _AUTHORIZATION:
+        if code in m.AUTHORIZATION_ERRORS:
             return _topic_error(r.error, state.topic)
         if code in (m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION):
             if not state.started:

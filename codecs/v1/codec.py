@@ -122,8 +122,6 @@ def _fail(error: m.Error | None, **codes: str) -> None:
     raise V1Error(code, error.message)
 
 
-_REFUSED = frozenset({m.ErrorCode.TOPIC_AUTHORIZATION, m.ErrorCode.GROUP_AUTHORIZATION,
-                      m.ErrorCode.CLUSTER_AUTHORIZATION, m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION})
 
 
 def _assigned(result: m.JoinGroupResult | m.SyncGroupResult, topic: str) -> list[int]:
@@ -163,7 +161,7 @@ def _consume(args: list[str]) -> tuple[Any, ...]:
 
 def _render_consume(args: list[str], results: Sequence[Any]) -> str:
     r: m.FetchResult = results[0]
-    if r.error is not None and r.error.code in _REFUSED:
+    if r.error is not None and r.error.code in m.AUTHORIZATION_ERRORS:
         _fail(r.error)
     if r.error is not None and r.error.code is not m.ErrorCode.OFFSET_OUT_OF_RANGE:
         return "messages= hw=-1"  # unknown topic or partition: nothing committed there
@@ -216,7 +214,7 @@ def _offset(args: list[str]) -> tuple[Any, ...]:
 
 def _render_offset(args: list[str], results: Sequence[Any]) -> str:
     r: m.FetchOffsetsResult = results[0]
-    if r.error is not None and r.error.code in _REFUSED:
+    if r.error is not None and r.error.code in m.AUTHORIZATION_ERRORS:
         _fail(r.error)
     if not r.offsets:  # the topic's offsets were left out: the ACLs do not let this client see it
         raise V1Error("NOT_AUTHORIZED", f"not authorized to describe topic {args[1]!r}")

@@ -87,7 +87,6 @@ OPTIONS = (
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
-_AUTHORIZATION = frozenset({m.ErrorCode.TOPIC_AUTHORIZATION, m.ErrorCode.CLUSTER_AUTHORIZATION})
 
 
 def fixed_header(buffer: ReceiveBuffer) -> tuple[int, int] | None:
@@ -279,7 +278,7 @@ class MqttConnection(CodecConnection):
         def stored(results: Sequence[m.ProduceResult]) -> bytes:
             error = results[0].error
             if error is not None:
-                if qos == 0 and error.code in _AUTHORIZATION:
+                if qos == 0 and error.code in m.AUTHORIZATION_ERRORS:
                     return b""  # refused, and QoS 0 has no answer: dropped
                 # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
                 self._close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
