@@ -32,7 +32,7 @@ serve: $(SERVING)
 # import-linter walks the installed tree, so it checks a real build (the
 # editable install maps gateway.codecs/gateway.storage without such a tree).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins examples
+	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins examples docs
 	rm -rf build  # a stale build/lib would install modules that no longer exist
 	$(PIP) install --quiet --no-deps --no-build-isolation --target build/lint .
 	cd build/lint && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../setup.cfg

@@ -500,17 +500,11 @@ def _kafka_only(protocol: str) -> None:
               "(the gateway's Kafka listener shows the groups of every protocol)")
 
 
-def member_protocol(assignor: str, member: Any) -> str:
-    """The protocol a member speaks, as far as a DescribeGroups answer tells: only the Kafka listener
-    records a member's client host; of the members the gateway assigns, Cursus ones carry the
-    four-digit suffix Cursus gives new members and use the range assignor, V1 ones do not."""
-    import re
-
-    if member.ClientHost:
-        return "kafka"
-    if assignor == "range" and re.search(r"-\d{4}$", member.MemberId):
-        return "cursus"
-    return "v1"
+def member_protocol(member: Any) -> str:
+    """The protocol a member of a DescribeGroups answer speaks: the gateway shows the members
+    of its other protocols with the client id ``<protocol>`` or ``<protocol>:<client id>``."""
+    label = member.ClientId.partition(":")[0]
+    return label if label in PROTOCOLS and label != "kafka" else "kafka"
 
 
 @groups.command("list")
@@ -522,7 +516,7 @@ def groups_list(protocol, server, timeout, output) -> None:
     with _session(protocol, server, timeout) as s:
         described = s.describe_groups(s.list_groups())
     rows = [{"group": g.GroupId, "state": g.GroupState, "members": len(g.Members),
-             "protocols": sorted({member_protocol(g.ProtocolData, mem) for mem in g.Members})} for g in described]
+             "protocols": sorted({member_protocol(mem) for mem in g.Members})} for g in described]
     if output == "json":
         _echo(_json(rows))
         return
@@ -539,16 +533,15 @@ def groups_describe(group, protocol, server, timeout, output) -> None:
     partition the group reads or committed: the member it is assigned to, the committed offset, the
     high watermark and the lag (high watermark - committed offset; - without a commit).
 
-    The protocol of a member is what the gateway's DescribeGroups answer tells: kafka for a member
-    with a client host (only the Kafka listener records one); of the members the gateway assigns,
-    cursus for one whose id ends in the four-digit suffix Cursus gives new members (range assignor),
-    v1 otherwise.
+    The gateway records the protocol each member speaks when it joins, and its DescribeGroups
+    answer shows it (``member_protocol``).
 
     json: {"group", "state", "assignor", "members": [{"member_id", "protocol", "client_id",
     "client_host", "assignment": {topic: [partitions]}}], "partitions": [{"topic", "partition",
     "member", "protocol", "committed", "high_watermark", "lag"}]}.
     """
-    from gateway.clients.uniform import ProtocolError, decode_assignment
+    from gateway.clients.uniform import ProtocolError
+    from gateway.consumer_protocol import decode_assignment
 
     _kafka_only(protocol)
     with _session(protocol, server, timeout) as s:
@@ -560,7 +553,7 @@ def groups_describe(group, protocol, server, timeout, output) -> None:
         owner: dict[tuple[str, int], dict[str, Any]] = {}
         for mem in g.Members:
             assignment = {t: sorted(ps) for t, ps in sorted(decode_assignment(mem.MemberAssignment or b"").items())}
-            row = {"member_id": mem.MemberId, "protocol": member_protocol(g.ProtocolData, mem),
+            row = {"member_id": mem.MemberId, "protocol": member_protocol(mem),
                    "client_id": mem.ClientId, "client_host": mem.ClientHost, "assignment": assignment}
             members.append(row)
             for t, ps in assignment.items():

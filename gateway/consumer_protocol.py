@@ -44,3 +44,25 @@ def decode_subscription(metadata: bytes) -> tuple[str, ...]:
     except (struct.error, ValueError) as e:
         raise CommandError(ErrorCode.INVALID_REQUEST, f"not a consumer protocol subscription: {e}") from None
     return tuple(topics)
+
+
+def decode_assignment(data: bytes) -> dict[str, list[int]]:
+    """The partitions of a member's assignment bytes, by topic (any version: the partitions
+    come first in all); ``{}`` for bytes that are not one (a group of another protocol type)."""
+    out: dict[str, list[int]] = {}
+    if len(data) < 6:
+        return out
+    try:
+        _, count = struct.unpack_from(">hi", data, 0)
+        pos = 6
+        for _ in range(max(count, 0)):
+            (size,) = struct.unpack_from(">h", data, pos)
+            topic = data[pos + 2 : pos + 2 + size].decode("utf-8", "replace")
+            pos += 2 + max(size, 0)
+            (n,) = struct.unpack_from(">i", data, pos)
+            pos += 4
+            out.setdefault(topic, []).extend(struct.unpack_from(f">{max(n, 0)}i", data, pos))
+            pos += 4 * max(n, 0)
+    except struct.error:
+        return {}
+    return out

@@ -145,7 +145,7 @@ class LocalStore:
                 raise CommandError(m.ErrorCode.UNSUPPORTED, f"membership protocol {cmd.protocol_type!r}")
             group, member_id = self.groups.join_server(cmd.group, cmd.member_id, cmd.topics, cmd.assignor,
                                                        cmd.session_timeout_ms, cmd.client_id, cmd.client_host,
-                                                       cmd.new_member_id)
+                                                       cmd.new_member_id, cmd.codec)
         except CommandError as e:
             return m.JoinGroupResult(cmd.group, generation=self.groups.generation(cmd.group), error=e.error)
         return m.JoinGroupResult(cmd.group, member_id, group.generation, self._assignment(group, member_id))
@@ -212,7 +212,7 @@ class LocalStore:
         members = tuple(
             m.GroupMemberInfo(mem.member_id, mem.client_id, mem.client_host, group.protocol_type,
                               dict(mem.protocols).get(group.protocol, b""), mem.assignment,
-                              self._assignment(group, mem.member_id))
+                              self._assignment(group, mem.member_id), mem.codec)
             for mem in group.members.values()
         )
         return m.GroupInfo(name, group.state, group.protocol_type, group.protocol or group.assignor,

@@ -397,6 +397,8 @@ class JoinGroup:
     with ``assignor`` and answers at once) or ``"consumer"`` (Kafka: the
     broker waits for every member to rejoin, then the leader assigns).
     ``member_id`` empty means "give me a new one" for protocols that do so.
+    ``codec``: the wire protocol the member speaks (its codec's name: kafka,
+    v1, cursus), kept with the member for operators (``gateway groups``).
     ``new_member_id`` (server groups): the id a member not in the group gets
     instead of ``member_id`` (Cursus suffixes new members; a member still in
     the group keeps its id). The result's ``member_id`` is the id used.
@@ -415,6 +417,7 @@ class JoinGroup:
     group_instance_id: str | None = None
     extras: Mapping[str, Any] = attrs.field(default=EMPTY, converter=_extras)
     new_member_id: str | None = None
+    codec: str = ""
 
 
 @frozen
@@ -543,6 +546,7 @@ class GroupMemberInfo:
     metadata: bytes = b""
     assignment: bytes = b""
     partitions: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    codec: str = ""  # the wire protocol the member speaks ("" if unknown)
 
 
 @frozen

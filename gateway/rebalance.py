@@ -39,7 +39,7 @@ class ConsumerRebalance:
         group, member_id = self.groups.join_consumer(
             cmd.group, cmd.member_id, cmd.protocols, cmd.session_timeout_ms or 10_000,
             cmd.rebalance_timeout_ms or cmd.session_timeout_ms or 10_000, cmd.client_id, cmd.client_host,
-            cmd.group_instance_id)
+            cmd.group_instance_id, cmd.codec)
         waiting = self.joins.setdefault(cmd.group, {})
         previous = waiting.pop(member_id, None)
         if previous is not None:

@@ -44,19 +44,20 @@ class Member:
     protocols: tuple[tuple[str, bytes], ...] = ()
     assignment: bytes = b""  # consumer groups: the leader's assignment blob
     group_instance_id: str | None = None
+    codec: str = ""  # the wire protocol the member speaks (kafka, v1, cursus)
 
     def to_state(self) -> dict[str, Any]:
         return {
             "id": self.member_id, "st": self.session_timeout_ms, "rt": self.rebalance_timeout_ms,
             "cid": self.client_id, "host": self.client_host,
             "pr": [[n, m] for n, m in self.protocols], "as": self.assignment,
-            "gi": self.group_instance_id,
+            "gi": self.group_instance_id, "cd": self.codec,
         }
 
     @classmethod
     def from_state(cls, s: dict[str, Any], now_ms: int) -> Member:
         return cls(s["id"], now_ms, s["st"], s["rt"], s["cid"], s["host"],
-                   tuple((n, bytes(m)) for n, m in s["pr"]), bytes(s["as"]), s.get("gi"))
+                   tuple((n, bytes(m)) for n, m in s["pr"]), bytes(s["as"]), s.get("gi"), s.get("cd", ""))
 
 
 @attrs.define
@@ -268,7 +269,7 @@ class GroupCoordinator:
 
     def join_server(self, name: str, member_id: str, topics: tuple[str, ...], assignor: str,
                     session_timeout_ms: int | None = None, client_id: str = "", client_host: str = "",
-                    new_member_id: str | None = None) -> tuple[Group, str]:
+                    new_member_id: str | None = None, codec: str = "") -> tuple[Group, str]:
         """V1/Cursus JOIN: add or refresh the member; answer with its assignment at once.
 
         A new group starts at generation 1 and every new member bumps it;
@@ -278,11 +279,11 @@ class GroupCoordinator:
         """
         with self._changing(name):
             return self._join_server(name, member_id, topics, assignor, session_timeout_ms, client_id, client_host,
-                                     new_member_id)
+                                     new_member_id, codec)
 
     def _join_server(self, name: str, member_id: str, topics: tuple[str, ...], assignor: str,
                      session_timeout_ms: int | None, client_id: str, client_host: str,
-                     new_member_id: str | None) -> tuple[Group, str]:
+                     new_member_id: str | None, codec: str) -> tuple[Group, str]:
         now = self.clock()
         group = self.groups.get(name)
         if new_member_id is not None and (group is None or member_id not in group.members):
@@ -304,7 +305,7 @@ class GroupCoordinator:
         member = group.members.get(member_id)
         if member is None:
             group.members[member_id] = Member(member_id, now, session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
-                                              client_id=client_id, client_host=client_host)
+                                              client_id=client_id, client_host=client_host, codec=codec)
             changed = True
         else:
             member.last_heartbeat_ms = now
@@ -355,7 +356,8 @@ class GroupCoordinator:
 
     def join_consumer(self, name: str, member_id: str, protocols: tuple[tuple[str, bytes], ...],
                       session_timeout_ms: int, rebalance_timeout_ms: int, client_id: str = "",
-                      client_host: str = "", group_instance_id: str | None = None) -> tuple[Group, str]:
+                      client_host: str = "", group_instance_id: str | None = None,
+                      codec: str = "") -> tuple[Group, str]:
         """Kafka JoinGroup: add or refresh the member and put the group in (or keep it
         in) PreparingRebalance, with this member counted as rejoined.
 
@@ -380,7 +382,7 @@ class GroupCoordinator:
             raise CommandError(ErrorCode.INVALID_REQUEST, "inconsistent group protocol")
         member_id = member_id or self.new_member_id(client_id or "consumer")
         group.members[member_id] = Member(member_id, now, session_timeout_ms, rebalance_timeout_ms, client_id,
-                                          client_host, protocols, b"", group_instance_id)
+                                          client_host, protocols, b"", group_instance_id, codec)
         if group.state != "PreparingRebalance":
             group.state = "PreparingRebalance"
             group.joined = set()

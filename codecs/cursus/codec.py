@@ -696,7 +696,7 @@ class CursusConnection(CodecConnection):
             # generation=) keeps its id and takes the current assignment; a new one gets a
             # suffix. Re-suffixing a live member would rebalance the group at every rejoin.
             join = m.JoinGroup(group, member, (topic,), "server", "range",
-                               new_member_id=suffixed if gen is None else None)
+                               new_member_id=suffixed if gen is None else None, codec="cursus")
             return Handled.run((join,), joined)
 
         def joined(results: Sequence[Any]) -> bytes:

@@ -358,7 +358,7 @@ def join_group(session: Session, version: int, req: Any, frame: Frame) -> Handle
                       client_id=session.client_id, client_host=session.client_host,
                       protocols=tuple((p.Name, p.Metadata) for p in req.Protocols),
                       group_instance_id=req.get("GroupInstanceId"),
-                      extras={"initial_rebalance_delay_ms": session.initial_rebalance_delay_ms})
+                      extras={"initial_rebalance_delay_ms": session.initial_rebalance_delay_ms}, codec="kafka")
 
     def render(results: Sequence[m.JoinGroupResult]) -> bytes:
         r = results[0]
@@ -437,13 +437,18 @@ def _consumer_protocol(partitions: tuple[tuple[str, tuple[int, ...]], ...]) -> t
 def describe_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     """Groups of every protocol. Broker-assigned (V1, Cursus) groups are shown as Kafka
     ``consumer`` groups, members' subscriptions and assignments in ConsumerProtocol v0, as
-    are members known only by their partitions (a cluster's members, in cluster mode)."""
+    are members known only by their partitions (a cluster's members, in cluster mode).
+    A member that speaks another protocol shows it in its client id: ``<protocol>`` or
+    ``<protocol>:<client id>`` (``v1``, ``cursus``), which ``gateway groups`` reads."""
 
     def member(g: m.GroupInfo, mem: m.GroupMemberInfo) -> dict[str, Any]:
         metadata, assignment = mem.metadata, mem.assignment
         if g.protocol_type == "server" or not (metadata or assignment):  # assigned by a broker, or known by partitions only
             metadata, assignment = _consumer_protocol(mem.partitions)
-        return {"MemberId": mem.member_id, "ClientId": mem.client_id, "ClientHost": mem.client_host,
+        client_id = mem.client_id
+        if mem.codec not in ("", "kafka"):
+            client_id = f"{mem.codec}:{client_id}" if client_id else mem.codec
+        return {"MemberId": mem.member_id, "ClientId": client_id, "ClientHost": mem.client_host,
                 "MemberMetadata": metadata, "MemberAssignment": assignment}
 
     def render(results: Sequence[m.DescribeGroupsResult]) -> bytes:

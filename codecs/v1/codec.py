@@ -176,7 +176,7 @@ def _render_consume(args: list[str], results: Sequence[Any]) -> str:
 
 
 def _join(args: list[str]) -> tuple[Any, ...]:
-    return (m.JoinGroup(args[0], args[2], (args[1],), "server", _assignor(args)),)
+    return (m.JoinGroup(args[0], args[2], (args[1],), "server", _assignor(args), codec="v1"),)
 
 
 def _render_join(args: list[str], results: Sequence[Any]) -> str:

@@ -4,7 +4,10 @@
   of this gateway's own (never prometheus-client's global one);
 * ``/healthz``: 200 while the process runs;
 * ``/readyz``: 200 once storage is open and every listener is bound (in cluster
-  mode: and the cluster answers), else 503; a short JSON body says which.
+  mode: and the cluster answers), else 503; a short JSON body says which;
+* ``/``: the admin page (topics, groups with their members and lag, connections,
+  a live throughput chart), its files under ``/static/`` and its data at
+  ``/api/overview`` (``gateway.admin.overview``).
 
 ``AdminServer.root`` is a ``twisted.web`` resource: other pages mount under it
 (``root.putChild``).
@@ -20,7 +23,7 @@ from twisted.internet import error as net_error
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from gateway.admin.http import Health, MetricsPage, Ready
+from gateway.admin.http import Assets, Health, MetricsPage, Overview, Page, Ready
 from gateway.admin.metrics import ServingCollector, StorageCollector
 
 if TYPE_CHECKING:
@@ -61,7 +64,7 @@ def banner(host: str, port: int) -> str:
     except ValueError:
         local = host == "localhost"
     where = "this machine only" if local else f"every host that reaches {host}"
-    return f"polygate: admin listening on {host}:{port}; open to {where}: /metrics, /healthz, /readyz, no authentication"
+    return f"polygate: admin listening on {host}:{port}; open to {where}: the admin page at /, /metrics, /healthz, /readyz, no authentication"
 
 
 class _QuietSite(Site):
@@ -91,6 +94,11 @@ class AdminServer:
         self.root.putChild(b"metrics", MetricsPage(self.registry, self.storage))
         self.root.putChild(b"healthz", Health())
         self.root.putChild(b"readyz", Ready(gateway))
+        self.root.putChild(b"", Page())
+        self.root.putChild(b"static", Assets())
+        api = Resource()
+        api.putChild(b"overview", Overview(gateway, reactor))
+        self.root.putChild(b"api", api)
         self.site = _QuietSite(self.root)
         self.port: Any = None
 

@@ -1,20 +1,33 @@
-"""The admin listener's pages: ``/metrics``, ``/healthz``, ``/readyz``."""
+"""The admin listener's pages: ``/metrics``, ``/healthz``, ``/readyz``, and the admin page
+(``/``, its assets under ``/static/``, its data at ``/api/overview``)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from twisted.web import pages
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
+
+from gateway.admin.overview import overview
 
 if TYPE_CHECKING:
     from gateway.admin.metrics import StorageCollector
     from gateway.server import Gateway
 
 log = logging.getLogger(__name__)
+
+
+PAGE = Path(__file__).with_name("index.html")
+STATIC = Path(__file__).with_name("static")
+"""The admin page and its files, shipped in the package: no build step, nothing fetched from elsewhere."""
+
+PAGE_POLICY = b"default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+"""Content-Security-Policy of the admin page: its own files only (no inline script, no other origin)."""
 
 
 def _json(request: Any, status: int, body: dict[str, Any]) -> bytes:
@@ -81,3 +94,75 @@ class Ready(Resource):
     def render_GET(self, request: Any) -> bytes:  # noqa: N802 - twisted.web's name
         ready, checks = self.gateway.readiness()
         return _json(request, 200 if ready else 503, {"status": "ready" if ready else "not ready", **checks})
+
+
+class Page(Resource):
+    """``/``: the admin page (``index.html``); its script (``static/app.js``) polls ``/api/overview``."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> bytes:  # noqa: N802 - twisted.web's name
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        request.setHeader(b"content-security-policy", PAGE_POLICY)
+        request.setHeader(b"cache-control", b"no-cache")
+        return PAGE.read_bytes()
+
+
+class Assets(Resource):
+    """``/static/<name>``: the page's script and style sheet, read from the package; nothing else."""
+
+    TYPES = {".js": b"text/javascript; charset=utf-8", ".css": b"text/css; charset=utf-8"}
+
+    def getChild(self, path: bytes, request: Any) -> Resource:  # noqa: N802 - twisted.web's name
+        name = path.decode("ascii", "replace")
+        file = STATIC / name
+        if file.suffix not in self.TYPES or file.name != name or not file.is_file():
+            return pages.notFound()
+        return _Asset(file, self.TYPES[file.suffix])
+
+
+class _Asset(Resource):
+    isLeaf = True
+
+    def __init__(self, file: Path, content_type: bytes):
+        super().__init__()
+        self.file = file
+        self.content_type = content_type
+
+    def render_GET(self, request: Any) -> bytes:  # noqa: N802 - twisted.web's name
+        if request.postpath:
+            request.setResponseCode(404)
+            return b""
+        request.setHeader(b"content-type", self.content_type)
+        request.setHeader(b"cache-control", b"no-cache")
+        return self.file.read_bytes()
+
+
+class Overview(Resource):
+    """``/api/overview``: the admin page's data (``gateway.admin.overview``), as JSON."""
+
+    isLeaf = True
+
+    def __init__(self, gateway: Gateway, reactor: Any):
+        super().__init__()
+        self.gateway = gateway
+        self.reactor = reactor
+
+    def render_GET(self, request: Any) -> Any:  # noqa: N802 - twisted.web's name
+        if request.postpath not in ([], [b""]):
+            return pages.notFound().render(request)
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+
+        def write(body: bytes) -> None:
+            if not gone:
+                request.write(body)
+                request.finish()
+
+        def failed(f: Any) -> bytes:
+            log.error("admin page: overview failed: %s", f.getTraceback())
+            return _json(request, 500, {"error": "overview failed; see the gateway log"})
+
+        overview(self.gateway, self.reactor).addCallback(lambda view: _json(request, 200, view)).addErrback(
+            failed).addCallback(write)
+        return NOT_DONE_YET

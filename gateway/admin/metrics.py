@@ -24,17 +24,19 @@ from prometheus_client.core import (
 from twisted.internet import defer
 
 from gateway import __version__
-from gateway import model as m
-from gateway.model import CommandError
+from gateway.admin.overview import (
+    GROUPS_TIMEOUT_S,
+    PartitionView,
+    committed_offsets,
+    group_names,
+    read_partitions,
+)
 from gateway.stats import BrokerStats, Histogram, ListenerStats
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
 
 log = logging.getLogger(__name__)
-
-GROUPS_TIMEOUT_S = 5.0
-"""How long a scrape waits for the group offsets of a storage that answers later (a cluster)."""
 
 LISTENER = ("listener", "protocol")
 
@@ -143,16 +145,6 @@ class ServingCollector:
 
 
 @attrs.frozen
-class PartitionView:
-    topic: str
-    partition: int
-    log_start_offset: int
-    log_end_offset: int
-    high_watermark: int
-    size: int | None
-
-
-@attrs.frozen
 class Snapshot:
     """What storage said at the last refresh."""
 
@@ -182,38 +174,15 @@ class StorageCollector:
         if store.unavailable() is not None:
             self.snapshot = Snapshot(available=False)
             return
-        partitions = []
-        for topic in sorted(store.topic_names()):
-            try:
-                info = store.describe_topic(topic)
-            except CommandError:
-                continue  # deleted meanwhile
-            for p in info.partitions:
-                try:
-                    size = store.partition_size(topic, p.partition)
-                except CommandError:
-                    size = None
-                partitions.append(PartitionView(topic, p.partition, p.log_start_offset, p.log_end_offset,
-                                                p.high_watermark, size))
+        partitions = read_partitions(store)
         try:
-            offsets = yield self._group_offsets(store).addTimeout(GROUPS_TIMEOUT_S, self.reactor)
+            offsets = yield group_names(store).addCallback(lambda names: committed_offsets(store, names)).addTimeout(
+                GROUPS_TIMEOUT_S, self.reactor)
             known = True
         except Exception as e:  # noqa: BLE001 - a scrape reports what it could read
             log.warning("metrics: group offsets not read: %s", e)
             offsets, known = (), False
         self.snapshot = Snapshot(True, tuple(partitions), tuple(offsets), known)
-
-    def _group_offsets(self, store: Any) -> defer.Deferred:
-        def listed(result: m.ListGroupsResult) -> defer.Deferred:
-            names = sorted(name for name, _ in result.groups)
-            return defer.gatherResults([defer.maybeDeferred(store.fetch_offsets, m.FetchOffsets(name))
-                                        for name in names], consumeErrors=True).addCallback(found)
-
-        def found(results: list[m.FetchOffsetsResult]) -> list[tuple[str, str, int, int]]:
-            return [(r.group, topic, partition, offset) for r in results if r.error is None
-                    for topic, partition, offset, _ in r.offsets if offset >= 0]
-
-        return defer.maybeDeferred(store.list_groups, m.ListGroups()).addCallback(listed)
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot

@@ -26,7 +26,6 @@ import itertools
 import os
 import random
 import re
-import struct
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from typing import Any
 
 import attrs
 
+from gateway.consumer_protocol import decode_assignment
 from gateway.partitioners import choose
 
 SESSION_TIMEOUT_MS = 10_000
@@ -175,24 +175,6 @@ def _raw(text: str) -> bytes:
 def member_name() -> str:
     """A member id for this process: ``gateway-cli-<host>-<pid>-r<random>`` (containers share pids)."""
     return f"gateway-cli-{os.uname().nodename.split('.')[0]}-{os.getpid()}-r{random.randrange(1 << 16):04x}"
-
-
-def decode_assignment(data: bytes) -> dict[str, list[int]]:
-    """Kafka ConsumerProtocol assignment bytes (any version: the partitions come first in all)."""
-    out: dict[str, list[int]] = {}
-    if len(data) < 6:
-        return out
-    _, count = struct.unpack_from(">hi", data, 0)
-    pos = 6
-    for _ in range(max(count, 0)):
-        (size,) = struct.unpack_from(">h", data, pos)
-        topic = data[pos + 2 : pos + 2 + size].decode("utf-8", "replace")
-        pos += 2 + size
-        (n,) = struct.unpack_from(">i", data, pos)
-        pos += 4
-        out.setdefault(topic, []).extend(struct.unpack_from(f">{max(n, 0)}i", data, pos))
-        pos += 4 * max(n, 0)
-    return out
 
 
 class Session:

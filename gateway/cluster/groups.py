@@ -12,9 +12,9 @@ cluster, share one group; the generation a member is told is the cluster's,
 and a rebalance in the cluster reaches the member as ``GENERATION_MISMATCH``
 at its next heartbeat, after which it rejoins and gets its new partitions.
 A member's session lives on the gateway it joined through. Its consumer's
-client id is ``<client id>-<member id>``, so the cluster's tools show the
-V1 or Cursus member (and the group's description through a gateway names
-the member by its own id).
+client id is ``<client id>-<codec>:<member id>`` (``polygate-v1:alice``), so
+the cluster's tools show the V1 or Cursus member, and the group's description
+through any gateway names the member by its own id and the protocol it speaks.
 
 A Kafka client's member (a ``"consumer"`` group) joins the same way: the
 gateway reads the topics of its subscription, joins the cluster's group
@@ -94,6 +94,7 @@ class Member:
     session_timeout_ms: int
     kind: str = "server"  # the membership protocol the client speaks: "server" (V1, Cursus) or "consumer" (Kafka)
     protocol: str = ""  # a Kafka client's protocol name, as it offered it
+    codec: str = ""  # the wire protocol the client speaks (kafka, v1, cursus)
     consumer: Consumer | None = None
     generation: int = -1
     assignment: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -185,7 +186,7 @@ class ClusterGroups:
             # consumer all the time, so a short one costs nothing and keeps rebalances short (Tansu
             # holds a new group's first rebalance for half of it).
             "heartbeat.interval.ms": 500, "max.poll.interval.ms": REBALANCE_TIMEOUT_MS,
-            "client.id": f"{self.config.client_id}-{member.member_id}"[:200],
+            "client.id": f"{self.config.client_id}-{member.codec}:{member.member_id}"[:200],
             "error_cb": lambda err: log.warning("group %s: member %s: %s", member.group, member.member_id,
                                                 err.str())}))
         consumer.subscribe(list(member.topics), on_assign=assigned, on_revoke=revoked)
@@ -261,7 +262,8 @@ class ClusterGroups:
             member = None
         if member is None:
             member = Member(cmd.group, member_id, topics, assignor,
-                            cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS, cmd.protocol_type, protocol)
+                            cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS, cmd.protocol_type, protocol,
+                            cmd.codec)
             self.members[(cmd.group, member_id)] = member
             self._in_thread(lambda: self._subscribe(member)).addErrback(self._failed_subscribe, member)
         member.last_seen = time.monotonic()
@@ -435,17 +437,26 @@ class ClusterGroups:
             self._dead, g) for g in cmd.groups]
         return defer.gatherResults(infos).addCallback(lambda got: m.DescribeGroupsResult(tuple(got)))
 
-    def _info(self, d: Any) -> m.GroupInfo:
+    def _member_of(self, mem: Any) -> tuple[str, str]:
+        """``(member id, codec)`` of a member of the cluster's group: a gateway's member by the
+        client id of its consumer (``<client id>-<codec>:<member id>``), else a Kafka client's."""
         prefix = f"{self.config.client_id}-"
-        members = tuple(
-            m.GroupMemberInfo(mem.client_id[len(prefix):] if mem.client_id.startswith(prefix) else mem.member_id,
-                              mem.client_id, mem.host, "consumer",
-                              partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ()))
-            for mem in d.members)
+        if not mem.client_id.startswith(prefix):
+            return mem.member_id, "kafka"
+        codec, sep, member_id = mem.client_id[len(prefix):].partition(":")
+        return (member_id, codec) if sep else (codec, "")
+
+    def _info(self, d: Any) -> m.GroupInfo:
+        members = []
+        for mem in d.members:
+            member_id, codec = self._member_of(mem)
+            members.append(m.GroupMemberInfo(
+                member_id, mem.client_id if codec == "kafka" else "", mem.host, "consumer", codec=codec,
+                partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ())))
         state = STATES.get(getattr(d.state, "name", str(d.state)), "Unknown")
         generation = self._generation(d.group_id)
         return m.GroupInfo(d.group_id, state, "" if d.is_simple_consumer_group else "consumer",
-                           d.partition_assignor or "", max(generation, 0), members)
+                           d.partition_assignor or "", max(generation, 0), tuple(members))
 
     def _dead(self, f: Any, group: str) -> m.GroupInfo:
         f.trap(CommandError)
