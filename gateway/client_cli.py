@@ -2,7 +2,8 @@
 
 Every command takes ``--protocol`` (v1, kafka, tank or cursus) and ``--server HOST[:PORT]``, whose
 default is 127.0.0.1 and the default port of that protocol (``gateway codecs``); ``--timeout`` bounds
-the connection and each answer (5 s). A failure is one line on stderr and exit status 1: the server
+the connection and each answer (5 s); ``--tls-ca``/``--tls-cert``/``--tls-key`` and ``--user``
+(``gateway.cli_credentials``) reach listeners that require TLS or a login. A failure is one line on stderr and exit status 1: the server
 and, for a refusal, the protocol's own error name (``127.0.0.1:9092: kafka error
 UNKNOWN_TOPIC_OR_PARTITION: topic t``). ``--output json`` prints JSON with the same fields whatever the
 protocol (records and produce acknowledgements one object per line); offsets are offsets (from 0,
@@ -12,6 +13,7 @@ this module imports ``gateway.clients`` only when a command runs, so ``gateway s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -22,6 +24,8 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+
+from gateway.cli_credentials import caller_password, credential_options, tls_context
 
 if TYPE_CHECKING:
     from gateway.clients.uniform import Fetched, Membership, PartitionInfo, Record, Session
@@ -71,13 +75,22 @@ def _where(host: str, port: int) -> str:
 @contextmanager
 def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Session]:
     """A session with the listener; every failure becomes one line (``_fail``), never a traceback."""
+    import ssl
+
     from gateway.clients.uniform import ProtocolError, Unsupported, open_session
 
     host, port = _address(server, protocol)
     where = _where(host, port)
     hint = f"is a gateway serving {protocol} there? (default ports: {_ports()})"
+    tls, login = _credentials()
     try:
-        session = open_session(protocol, host, port, timeout, timeout)
+        session = open_session(protocol, host, port, timeout, timeout, tls, login)
+    except ProtocolError as e:
+        _fail(f"{where}: login refused: {e}")
+    except Unsupported as e:
+        _fail(str(e))
+    except ssl.SSLError as e:
+        _fail(f"{where}: TLS failed: {e.reason or e}" + ("" if tls else f": {hint}"))
     except TimeoutError:
         _fail(f"cannot connect to {where} within {timeout:g} s: {hint}")
     except OSError as e:
@@ -104,6 +117,17 @@ def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Sess
         _fail(f"unexpected answer from {where} ({type(e).__name__}: {e}): is it a {protocol} listener?")
 
 
+def _credentials() -> tuple[Any, Any]:
+    """The TLS context and login the running command's options ask for (``gateway.cli_credentials``)."""
+    from gateway.clients.uniform import Login
+
+    given = click.get_current_context().meta.get(__name__ + ".credentials", {})
+    tls = tls_context(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
+    user = given.get("user")
+    login = Login(user, caller_password(user), given.get("mechanism") or "SCRAM-SHA-256") if user else None
+    return tls, login
+
+
 def _ports() -> str:
     return ", ".join(f"{p} {port}" for p, port in DEFAULT_PORTS.items())
 
@@ -125,9 +149,17 @@ def _connection(default_protocol: str = "v1", output: bool = True) -> Callable[[
                                                             "fields for every protocol."))
 
     def wrap(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def run(*args: Any, user: str | None, mechanism: str, tls_ca: str | None, tls_cert: str | None,
+                tls_key: str | None, **kwargs: Any) -> Any:
+            click.get_current_context().meta[__name__ + ".credentials"] = {
+                "user": user, "mechanism": mechanism, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
+            return fn(*args, **kwargs)
+
+        wrapped = credential_options(run)
         for option in reversed(options):
-            fn = option(fn)
-        return fn
+            wrapped = option(wrapped)
+        return wrapped
 
     return wrap
 

@@ -12,11 +12,12 @@ with ``--authorizer acl``). Passwords are never taken from the command line:
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import click
+
+from gateway.cli_credentials import caller_password, credential_options
 
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 OPERATIONS = ("all", "read", "write", "create", "delete", "alter", "describe", "cluster_action",
@@ -24,20 +25,8 @@ OPERATIONS = ("all", "read", "write", "create", "delete", "alter", "describe", "
 
 
 def _connection_options(fn: Any) -> Any:
-    for option in reversed((
-        click.option("--server", "-s", default="127.0.0.1:9092", show_default=True,
-                     help="The gateway's Kafka listener HOST:PORT."),
-        click.option("--user", "-u", default=None, help="Authenticate with SASL as this user "
-                     "(password from $POLYGATE_PASSWORD, else asked)."),
-        click.option("--mechanism", default="SCRAM-SHA-256", show_default=True,
-                     type=click.Choice(["PLAIN", *MECHANISMS]), help="SASL mechanism for --user."),
-        click.option("--tls-ca", default=None, metavar="FILE", help="Speak TLS; trust the gateway's certificate "
-                     "from this CA file."),
-        click.option("--tls-cert", default=None, metavar="FILE", help="Client certificate (mTLS)."),
-        click.option("--tls-key", default=None, metavar="FILE", help="Its private key."),
-    )):
-        fn = option(fn)
-    return fn
+    return click.option("--server", "-s", default="127.0.0.1:9092", show_default=True,
+                        help="The gateway's Kafka listener HOST:PORT.")(credential_options(fn))
 
 
 def _admin(server: str, user: str | None, mechanism: str, tls_ca: str | None, tls_cert: str | None,
@@ -49,10 +38,7 @@ def _admin(server: str, user: str | None, mechanism: str, tls_ca: str | None, tl
                             "security.protocol": ("SASL_SSL" if tls else "SASL_PLAINTEXT") if user
                             else ("SSL" if tls else "PLAINTEXT")}
     if user:
-        password = os.environ.get("POLYGATE_PASSWORD")
-        if password is None:
-            password = click.prompt(f"password of {user}", hide_input=True, err=True)
-        conf.update({"sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password})
+        conf.update({"sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": caller_password(user)})
     if tls_ca:
         conf["ssl.ca.location"] = tls_ca
     if tls_cert:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import os
 import socket
 import ssl
@@ -51,6 +50,7 @@ from tls_support import Pki
 
 from gateway import model as m
 from gateway.clients.kafka import KafkaClient
+from gateway.clients.scram import HASHES, client_final, client_first, server_first_fields
 from gateway.clients.tank import TankClient, TankError
 from gateway.clients.tank import _request as tank_request
 from gateway.clients.v1 import V1Client
@@ -70,7 +70,6 @@ USERS = {  # distinct, unlikely strings: the log test looks for each of them
 WRONG = "wr0ng-Pw-Xt5p1"  # the wrong password every refused login offers
 RUNTIME_USER, RUNTIME_PASSWORD = "runtime", "runt1me-Pw-Hd6w3"
 TIMEOUT = 15.0
-HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 KAFKA_SCRAM = {"SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256, "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512}
 SASL_AUTHENTICATION_FAILED = 58
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -120,27 +119,6 @@ def salted_password(mechanism: str, password: str, salt: bytes, iterations: int)
     return hashlib.pbkdf2_hmac(HASHES[mechanism], password.encode(), salt, iterations)
 
 
-def server_first_fields(server_first: str) -> dict[str, str]:
-    return dict(item.split("=", 1) for item in server_first.split(","))
-
-
-def client_final(mechanism: str, password: str, client_first: bytes, server_first: str,
-                 nonce: str | None = None) -> tuple[bytes, bytes]:
-    """The client-final message (with ``nonce`` instead of the server's if given) and the server
-    signature that proves the server knows the credential."""
-    digest = HASHES[mechanism]
-    fields = server_first_fields(server_first)
-    salted = salted_password(mechanism, password, base64.b64decode(fields["s"]), int(fields["i"]))
-    client_key = hmac.new(salted, b"Client Key", digest).digest()
-    stored_key = hashlib.new(digest, client_key).digest()
-    without_proof = f"c=biws,r={nonce or fields['r']}"
-    auth_message = b",".join([client_first.split(b",", 2)[2], server_first.encode(), without_proof.encode()])
-    proof = bytes(a ^ b for a, b in zip(client_key, hmac.new(stored_key, auth_message, digest).digest(), strict=True))
-    server_key = hmac.new(salted, b"Server Key", digest).digest()
-    return (f"{without_proof},p={base64.b64encode(proof).decode()}".encode(),
-            hmac.new(server_key, auth_message, digest).digest())
-
-
 def handshake(k: KafkaClient, mechanism: str) -> None:
     answer = k.call(17, 1, {"Mechanism": mechanism})
     assert answer.ErrorCode == 0, answer
@@ -153,7 +131,7 @@ def authenticate(k: KafkaClient, token: bytes) -> object:
 def scram_login(k: KafkaClient, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> Scram:
     """A whole SCRAM exchange on ``k`` (SaslHandshake v1 and SaslAuthenticate), checked both ways."""
     handshake(k, mechanism)
-    first = f"n,,n={user},r={base64.b64encode(os.urandom(18)).decode()}".encode()
+    first = client_first(user)
     answer = authenticate(k, first)
     assert answer.ErrorCode == 0, answer
     server_first = bytes(answer.AuthBytes).decode()

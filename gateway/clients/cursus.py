@@ -9,11 +9,12 @@ consume uses ``CONSUME`` and decodes the 0xBA7C batch it answers.
 from __future__ import annotations
 
 import json
-import socket
+import ssl
 import struct
 from collections.abc import Iterator
 from typing import Any
 
+from gateway.clients import open_socket
 from gateway.codecs.cursus import batch
 
 U32 = struct.Struct(">I")
@@ -24,8 +25,9 @@ class CursusError(Exception):
 
 
 class CursusClient:
-    def __init__(self, host: str = "127.0.0.1", port: int = 9000, timeout: float = 10.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str = "127.0.0.1", port: int = 9000, timeout: float = 10.0,
+                 tls: ssl.SSLContext | None = None):
+        self.sock = open_socket(host, port, timeout, tls)
 
     def close(self) -> None:
         self.sock.close()

@@ -9,13 +9,14 @@ one broker (the gateway) and uses non-flexible versions.
 from __future__ import annotations
 
 import itertools
-import socket
+import ssl
 import struct
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from gateway import model as m
+from gateway.clients import open_socket, scram
 from gateway.codecs.kafka import records, schema
 
 _SIZE = struct.Struct(">i")
@@ -33,9 +34,33 @@ class KafkaError(Exception):
 
 
 class KafkaClient:
-    def __init__(self, host: str = "127.0.0.1", port: int = 9092, timeout: float = 30.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str = "127.0.0.1", port: int = 9092, timeout: float = 30.0,
+                 tls: ssl.SSLContext | None = None):
+        self.sock = open_socket(host, port, timeout, tls)
         self._ids = itertools.count(1)
+
+    def login(self, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> None:
+        """Authenticate the connection (SaslHandshake v1, then SaslAuthenticate v1) with SCRAM
+        (checking that the server proves it knows the credential too) or PLAIN.
+        Raises ``KafkaError`` (``SASL_AUTHENTICATION_FAILED``, ``UNSUPPORTED_SASL_MECHANISM``)."""
+        answer = self.call(17, 1, {"Mechanism": mechanism})
+        if answer.ErrorCode:
+            raise KafkaError(answer.ErrorCode, f"mechanism {mechanism} (the listener offers "
+                                               f"{', '.join(answer.Mechanisms) or 'none'})")
+        if mechanism == "PLAIN":
+            self._authenticate(f"\x00{user}\x00{password}".encode())
+            return
+        first = scram.client_first(user)
+        server_first = self._authenticate(first).decode()
+        final, signature = scram.client_final(mechanism, password, first, server_first)
+        if not scram.server_proved(self._authenticate(final), signature):
+            raise KafkaError(58, "the server did not prove that it knows the credential")
+
+    def _authenticate(self, token: bytes) -> bytes:
+        answer = self.call(36, 1, {"AuthBytes": token})
+        if answer.ErrorCode:
+            raise KafkaError(answer.ErrorCode, answer.ErrorMessage or "")
+        return bytes(answer.AuthBytes)
 
     def close(self) -> None:
         self.sock.close()

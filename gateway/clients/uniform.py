@@ -26,6 +26,7 @@ import itertools
 import os
 import random
 import re
+import ssl
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -177,6 +178,15 @@ def member_name() -> str:
     return f"gateway-cli-{os.uname().nodename.split('.')[0]}-{os.getpid()}-r{random.randrange(1 << 16):04x}"
 
 
+@attrs.frozen
+class Login:
+    """Credentials for a listener that authenticates users (``--user``): Kafka SASL, Cursus AUTH."""
+
+    user: str
+    password: str = attrs.field(repr=False)
+    mechanism: str = "SCRAM-SHA-256"  # Kafka only
+
+
 class Session:
     """A connection to one listener; see the module docstring. Subclasses speak one protocol each."""
 
@@ -184,6 +194,11 @@ class Session:
     carries_keys = True
     has_groups = True
     _counts: dict[str, int]
+
+    def login(self, login: Login) -> None:
+        """Authenticate as ``login.user``; raises ``ProtocolError`` when refused."""
+        raise Unsupported(f"{self.protocol.upper()} authenticates clients by their TLS certificate "
+                          "(--tls-cert, --tls-key), not by a user name")
 
     def partition_count(self, topic: str) -> int:
         """How many partitions ``topic`` has (asked once per session)."""
@@ -335,10 +350,10 @@ class V1Session(Session):
     protocol = "v1"
     carries_keys = False  # CONSUME answers offsets and values only
 
-    def __init__(self, host: str, port: int, timeout: float):
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         from gateway.clients.v1 import V1Client
 
-        self.client = V1Client(host, port, timeout)
+        self.client = V1Client(host, port, timeout, tls)
 
     def _call(self, command: str, *args: str) -> str:
         reply = self.client.request(command, *args)
@@ -437,12 +452,20 @@ class V1Session(Session):
 class KafkaSession(Session):
     protocol = "kafka"
 
-    def __init__(self, host: str, port: int, timeout: float):
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         from gateway.clients.kafka import KafkaClient
 
-        self.client = KafkaClient(host, port, timeout)
+        self.client = KafkaClient(host, port, timeout, tls)
         self._spread = itertools.count(random.randrange(1 << 16))
         self._member_id = ""
+
+    def login(self, login: Login) -> None:
+        from gateway.clients.kafka import KafkaError
+
+        try:
+            self.client.login(login.user, login.password, login.mechanism)
+        except KafkaError as e:
+            raise ProtocolError("kafka", e.name, str(e).partition(": ")[2]) from None
 
     @staticmethod
     def check(code: int, message: str | None = "") -> None:
@@ -647,10 +670,10 @@ class TankSession(Session):
     protocol = "tank"
     has_groups = False
 
-    def __init__(self, host: str, port: int, timeout: float):
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         from gateway.clients.tank import TankClient
 
-        self.client = TankClient(host, port, timeout)
+        self.client = TankClient(host, port, timeout, tls)
         self._spread = itertools.count(random.randrange(1 << 16))
 
     @contextmanager
@@ -724,11 +747,16 @@ def _cursus_error(text: str) -> ProtocolError:
 class CursusSession(Session):
     protocol = "cursus"
 
-    def __init__(self, host: str, port: int, timeout: float):
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         from gateway.clients.cursus import CursusClient
 
-        self.client = CursusClient(host, port, timeout)
+        self.client = CursusClient(host, port, timeout, tls)
         self._spread = itertools.count(random.randrange(1 << 16))
+
+    def login(self, login: Login) -> None:
+        if any(c.isspace() for c in login.user + login.password):
+            raise Unsupported("Cursus AUTH cannot carry a user name or password with whitespace")
+        self._text(f"AUTH principal={login.user} token={login.password}")
 
     def _text(self, command: str) -> str:
         answer = _text(self.client.request(command))
@@ -841,9 +869,16 @@ SESSIONS: dict[str, type[Session]] = {"v1": V1Session, "kafka": KafkaSession, "t
                                       "cursus": CursusSession}
 
 
-def open_session(protocol: str, host: str, port: int, connect_timeout: float, timeout: float) -> Session:
-    """Connect to ``host:port`` (waiting up to ``connect_timeout``); answers are then waited for up to
-    ``timeout`` seconds each."""
-    session = SESSIONS[protocol](host, port, connect_timeout)
-    session.set_timeout(timeout)
+def open_session(protocol: str, host: str, port: int, connect_timeout: float, timeout: float,
+                 tls: ssl.SSLContext | None = None, login: Login | None = None) -> Session:
+    """Connect to ``host:port`` (waiting up to ``connect_timeout``), over TLS with ``tls``, and log in
+    with ``login``; answers are then waited for up to ``timeout`` seconds each."""
+    session = SESSIONS[protocol](host, port, connect_timeout, tls)
+    try:
+        session.set_timeout(timeout)
+        if login is not None:
+            session.login(login)
+    except BaseException:
+        session.close()
+        raise
     return session
