@@ -1,6 +1,7 @@
-"""The README's "Using it" section runs as written, and its consume shows what its produce wrote.
+"""The README's commands run as written: the "Using it" section (its consume shows what its produce
+wrote), the Security example (users, ACLs, a login) and the Spark snippet.
 
-Every command of the section's ``sh`` blocks runs here, in the order written, with one change: the
+Every command of the "Using it" ``sh`` blocks runs here, in the order written, with one change: the
 ports. ``gateway serve`` gets a free port in each ``--listen CODEC=HOST:PORT`` (and no admin listener,
 whose default port another gateway may hold), and each client command gets ``--server`` with the
 port of its protocol's listener (the README relies on the default ports). Comments are dropped
@@ -103,3 +104,77 @@ def test_the_readme_using_it_section_runs_as_written(tmp_path):
     status = dict(line.split("\t") for line in out["gateway status --protocol kafka"].splitlines())
     assert (status["topics"], status["partitions"], status["records"], status["groups"]) == ("1", "3", "3", "1")
     assert out["gateway topics delete orders"] == "deleted orders\n"
+
+
+def section_blocks(title: str, language: str = "sh") -> list[str]:
+    """The ``language`` code blocks of the README section ``## title``."""
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(rf"```{language}\n(.*?)```", text[start:end if end > 0 else None], re.S)
+
+
+def shell(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``script`` run by bash (stopping at the first failure) in ``cwd``, with this venv's ``gateway`` first
+    on the PATH, as a reader who activated it."""
+    env = dict(os.environ, PATH=f"{os.path.dirname(GATEWAY)}:{os.environ['PATH']}")
+    env.pop("POLYGATE_PASSWORD", None)
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_readme_security_example_runs_as_written(tmp_path):
+    """Users and ACLs as the Security section shows them: the users file, a gateway that requires
+    logins with ACLs on, then an admin adding alice and her ACLs, and alice producing and consuming."""
+    setup, commands = section_blocks("Security")[:2]
+    *prepare, serve_line = [line for line in setup.splitlines() if line.strip()]
+    done = shell("\n".join(prepare), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "users.txt").stat().st_mode & 0o077 == 0  # readable by its owner only
+    port = free_port()
+    serve = [arg.replace("127.0.0.1:9092", f"127.0.0.1:{port}") for arg in shlex.split(serve_line)]
+    assert serve[:2] == ["gateway", "serve"]
+    proc = subprocess.Popen([GATEWAY, *serve[1:], "--admin", "none"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    log = []
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "gateway serve did not start:\n" + "".join(log)
+            log.append(line)
+            if BANNER.match(line.strip()):
+                break
+        done = shell(commands.replace("127.0.0.1:9092", f"127.0.0.1:{port}"), tmp_path)
+    finally:
+        proc.terminate()
+        rest, _ = proc.communicate(timeout=30)
+        log.append(rest)
+    assert done.returncode == 0, (done.stdout, done.stderr, "".join(log))
+    out = done.stdout
+    assert "user alice: SCRAM-SHA-256, SCRAM-SHA-512 set" in out
+    assert "alice" in out and "admin" in out  # users list
+    assert "orders-eu\t" in out and "\thello" in out  # alice's produce, then her consume as group billing
+    password = (tmp_path / "users.txt").read_text().split(":", 1)[1].strip()
+    assert password not in "".join(log) and (tmp_path / "alice.pw").read_text().strip() not in "".join(log)
+
+
+def test_the_readme_spark_example_runs_as_written(tmp_path):
+    """The Security section's Python block (Spark reading a topic) against a gateway holding records."""
+    from gateway.clients.v1 import V1Client
+    from gateway.launcher import GatewayProcess
+
+    (code,) = section_blocks("Security", "python")
+    gw = GatewayProcess(str(tmp_path / "data"), ("v1", "kafka"), ("--admin", "none")).start()
+    try:
+        with V1Client("127.0.0.1", gw.port("v1")) as v1:
+            v1.create_topic("orders", 2)
+            for i in range(7):
+                v1.produce("orders", f"user{i}", f"order {i}".replace(" ", "-"))
+        script = code.replace("127.0.0.1:9092", gw.address("kafka")) + "\nprint('rows', df.count())\n"
+        done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300, env={k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"})
+    finally:
+        gw.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows 7" in done.stdout.splitlines()
