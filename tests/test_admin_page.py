@@ -23,8 +23,6 @@ from kafka_support import consume, unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
-pytestmark = pytest.mark.local_only
-
 FAST_GROUP = {"heartbeat.interval.ms": 200, "session.timeout.ms": 6000, "auto.offset.reset": "earliest",
               "enable.auto.commit": False}
 
@@ -153,3 +151,27 @@ def test_overview_api_assets_and_headers(gateway_factory):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(gw.admin_url(path), timeout=30)
         assert e.value.code == 404, path
+
+
+def test_a_clusters_group_description_names_each_members_protocol():
+    """In cluster mode the gateway describes a group from the cluster's own description (Tansu, the
+    cluster of the other tests, describes no members): a gateway's member is found by the client id
+    of its consumer (``<client id>-<codec>:<member id>``, from any gateway), anyone else is a Kafka
+    client connected to the cluster. Fed with confluent-kafka's own description objects."""
+    from confluent_kafka import ConsumerGroupState, Node, TopicPartition
+    from confluent_kafka.admin import ConsumerGroupDescription, MemberAssignment, MemberDescription
+
+    from gateway.cluster.config import ClusterConfig
+    from gateway.cluster.groups import ClusterGroups
+
+    groups = ClusterGroups(ClusterConfig("127.0.0.1:1", client_id="edge"), None, None)
+    members = [
+        MemberDescription("rdkafka-1", "edge-v1:auditor-1", "/10.0.0.7", MemberAssignment([TopicPartition("t", 0)])),
+        MemberDescription("rdkafka-2", "edge-cursus:reader-0042", "/10.0.0.8", MemberAssignment([])),
+        MemberDescription("rdkafka-3", "billing-service", "/10.0.0.9", MemberAssignment([TopicPartition("t", 1)])),
+    ]
+    info = groups._info(ConsumerGroupDescription("g", False, members, "range", ConsumerGroupState.STABLE,
+                                                 Node(1, "127.0.0.1", 1)))
+    assert [(m.member_id, m.codec, m.client_id) for m in info.members] == [
+        ("auditor-1", "v1", ""), ("reader-0042", "cursus", ""), ("rdkafka-3", "kafka", "billing-service")]
+    assert info.members[0].partitions == (("t", (0,)),)
