@@ -467,6 +467,10 @@ class BatchFormat(Protocol):
       batches, TANK's bundles); a format whose payload has one header for all
       its records overrides it (Cursus's).
     * ``columnar``: the format also implements ``ColumnarFormat``'s methods.
+    * ``transactional``: the format carries transactions (Kafka's): it also
+      implements ``TransactionalFormat``'s methods, with which the broker
+      writes commit and abort markers and keeps them and aborted records
+      from readers of other formats.
     * ``inflate_limit``: for a format whose payloads may be compressed, the
       most one payload may decompress to (``validate`` and every read stop
       there); ``None`` for a format without compression. ``gateway serve``
@@ -476,6 +480,7 @@ class BatchFormat(Protocol):
     name: str
     joinable: ClassVar[bool] = False
     columnar: ClassVar[bool] = False
+    transactional: ClassVar[bool] = False
     inflate_limit: int | None = None
 
     def records(self, batch: StoredBatch) -> Iterable[Record]: ...
@@ -511,6 +516,36 @@ class ColumnarFormat(BatchFormat, Protocol):
     def columns(self, batches: Sequence[StoredBatch]) -> Columns: ...
 
     def encode_columns(self, columns: Columns, base_offset: int) -> bytes: ...
+
+
+@attrs.frozen
+class BatchProducer:
+    """Who wrote a stored batch, as its header says (``TransactionalFormat.batch_producer``)."""
+
+    producer_id: int  # -1: none (a plain batch)
+    epoch: int
+    transactional: bool  # part of a transaction
+    control: bool  # a commit or abort marker, not records
+
+
+@runtime_checkable
+class TransactionalFormat(BatchFormat, Protocol):
+    """A ``BatchFormat`` whose batches carry transactions (``transactional``).
+
+    ``batch_producer`` reads a stored payload's header (its first batch: the
+    broker never joins a transactional batch with another); ``control_batch``
+    builds the marker that ends a transaction on a partition (base offset 0,
+    numbered by ``assign_offsets`` like any payload); ``is_commit`` tells a
+    marker's kind from its payload.
+    """
+
+    transactional: ClassVar[bool] = True
+
+    def batch_producer(self, payload: bytes) -> BatchProducer: ...
+
+    def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes: ...
+
+    def is_commit(self, payload: bytes) -> bool: ...
 
 
 class OptionError(ValueError):

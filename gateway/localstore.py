@@ -234,10 +234,16 @@ class LocalStore:
     # ------------------------------------------------------------------ housekeeping and durability
 
     def security_records(self) -> dict[str, Any]:
-        return dict(self.engine.security)
+        return dict(self.engine.records["sec"])
 
     def put_security_record(self, key: str, value: Any) -> None:
-        self.engine.put_security_record(key, value)
+        self.engine.put_record("sec", key, value)
+
+    def transaction_records(self) -> dict[str, Any]:
+        return dict(self.engine.records["txn"])
+
+    def put_transaction_record(self, key: str, value: Any) -> None:
+        self.engine.put_record("txn", key, value)
 
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         """Only this process writes a local engine: no other gateway's changes to report."""

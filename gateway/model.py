@@ -63,6 +63,12 @@ class ErrorCode(enum.Enum):
     TRANSACTIONAL_ID_AUTHORIZATION = "transactional_id_authorization"
     RESOURCE_NOT_FOUND = "resource_not_found"  # no such user (or other named resource without its own code)
     SECURITY_DISABLED = "security_disabled"  # ACL or user commands with no authorizer or user store
+    # transactions (``gateway.broker.transactions``)
+    INVALID_TXN_STATE = "invalid_txn_state"  # the request does not fit the transaction's state
+    INVALID_PRODUCER_ID_MAPPING = "invalid_producer_id_mapping"  # the producer id is not the transactional id's
+    INVALID_TRANSACTION_TIMEOUT = "invalid_transaction_timeout"
+    CONCURRENT_TRANSACTIONS = "concurrent_transactions"  # the previous transaction is still being completed
+    TRANSACTIONAL_ID_NOT_FOUND = "transactional_id_not_found"
 
 
 AUTHORIZATION_ERRORS = frozenset({ErrorCode.TOPIC_AUTHORIZATION, ErrorCode.GROUP_AUTHORIZATION,
@@ -163,6 +169,7 @@ class ProducerState:
     first_sequence: int
     last_sequence: int
     rules: str = "kafka"
+    transactional: bool = False  # the batch belongs to the producer's open transaction (Kafka)
 
 
 # --------------------------------------------------------------------------- topics
@@ -310,6 +317,14 @@ class Fetch:
     until ``min_bytes`` are available or the time is up. ``max_bytes`` caps
     the answer, but the first batch is always returned whole so that a
     consumer can make progress.
+
+    ``read_committed`` (every protocol but a Kafka consumer that asks for
+    read_uncommitted): nothing at or past the last stable offset (the first
+    offset of a transaction still open) is returned. A reader of the batches'
+    own format (Kafka) gets the aborted transactions of the range in the
+    result and skips them itself, as Kafka's read_committed consumers do; any
+    other reader never gets control batches or records of aborted
+    transactions (their offsets are gaps).
     """
 
     topic: str
@@ -320,6 +335,7 @@ class Fetch:
     max_wait_ms: int = 0
     min_bytes: int = 1
     group: str | None = None
+    read_committed: bool = True
 
 
 @frozen
@@ -355,6 +371,7 @@ class FetchResult:
     batches: tuple[StoredBatch, ...] = ()
     error: Error | None = None
     offset: int = -1
+    aborted: tuple[tuple[int, int], ...] = ()  # (producer id, first offset) of aborted transactions in range
 
     @property
     def size(self) -> int:
@@ -369,11 +386,13 @@ class OffsetSpec(enum.IntEnum):
 
 @frozen
 class ListOffsets:
-    """Find an offset: ``timestamp`` is ms or an ``OffsetSpec`` value."""
+    """Find an offset: ``timestamp`` is ms or an ``OffsetSpec`` value. ``LATEST`` is the
+    last stable offset when ``read_committed``, else the high watermark."""
 
     topic: str
     partition: int
     timestamp: int
+    read_committed: bool = False
 
 
 @frozen
@@ -644,11 +663,14 @@ class PingResult:
 
 @frozen
 class InitProducerId:
-    """Allocate a producer id (or bump the epoch of ``producer_id``)."""
+    """Allocate a producer id (or bump the epoch of ``producer_id``). With a
+    ``transactional_id``: the id's producer, its epoch bumped (fencing older
+    instances) and its open transaction aborted (``gateway.broker.transactions``)."""
 
     transactional_id: str | None = None
     producer_id: int = -1
     epoch: int = -1
+    transaction_timeout_ms: int = 60_000
 
 
 @frozen
@@ -656,6 +678,121 @@ class InitProducerIdResult:
     producer_id: int = -1
     epoch: int = -1
     error: Error | None = None
+
+
+# --------------------------------------------------------------------------- transactions (Kafka's)
+
+
+@frozen
+class AddPartitionsToTxn:
+    """Add partitions to the producer's open transaction (opening one if none is)."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    partitions: tuple[tuple[str, int], ...]
+
+
+@frozen
+class AddPartitionsToTxnResult:
+    errors: tuple[tuple[str, int, Error | None], ...] = ()  # per partition
+    error: Error | None = None  # for every partition
+
+
+@frozen
+class AddOffsetsToTxn:
+    """The transaction will commit offsets of ``group`` (``TxnOffsetCommit``)."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    group: str
+
+
+@frozen
+class TxnOffsetCommit:
+    """Offsets of ``group`` committed when the transaction commits (dropped if it aborts)."""
+
+    transactional_id: str
+    group: str
+    producer_id: int
+    epoch: int
+    offsets: tuple[tuple[str, int, int, str], ...]  # (topic, partition, offset, metadata)
+
+
+@frozen
+class TxnOffsetCommitResult:
+    errors: tuple[tuple[str, int, Error | None], ...] = ()
+    error: Error | None = None  # for every partition
+
+
+@frozen
+class EndTxn:
+    """Commit (``commit``) or abort the producer's open transaction."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    commit: bool
+
+
+@frozen
+class TxnResult:
+    """The answer of ``AddOffsetsToTxn`` and ``EndTxn``."""
+
+    error: Error | None = None
+
+
+@frozen
+class TransactionInfo:
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    state: str  # Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort
+    timeout_ms: int
+    start_ms: int  # -1 when none is open
+    partitions: tuple[tuple[str, int], ...] = ()
+    error: Error | None = None
+
+
+@frozen
+class ListTransactions:
+    states: tuple[str, ...] = ()  # empty: any
+    producer_ids: tuple[int, ...] = ()  # empty: any
+
+
+@frozen
+class ListTransactionsResult:
+    transactions: tuple[TransactionInfo, ...] = ()
+
+
+@frozen
+class DescribeTransactions:
+    transactional_ids: tuple[str, ...]
+
+
+@frozen
+class DescribeTransactionsResult:
+    transactions: tuple[TransactionInfo, ...] = ()
+
+
+@frozen
+class ProducerInfo:
+    producer_id: int
+    epoch: int
+    last_sequence: int
+    last_timestamp: int
+    transaction_start_offset: int  # -1: no open transaction on the partition
+
+
+@frozen
+class DescribeProducers:
+    partitions: tuple[tuple[str, int], ...]
+
+
+@frozen
+class DescribeProducersResult:
+    partitions: tuple[tuple[str, int, tuple[ProducerInfo, ...], Error | None], ...] = ()
 
 
 @frozen

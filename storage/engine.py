@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 10_000  # per topic: each open partition holds file descriptors
 MAX_OFFSET = (1 << 63) - 1
+RECORD_KINDS = ("sec", "txn")
+"""Kinds of the records the broker keeps in the journal: security (users, ACLs) and transactions."""
 
 
 class StorageFailure(OSError):
@@ -158,7 +160,9 @@ class Engine:
                 self.config, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
             self.topics: dict[str, Topic] = {}
             self._next_producer_id = 1000
-            self.security: dict[str, Any] = {}  # security records (users, ACLs): key to value
+            # Records the broker keeps here, by kind: "sec" (users, ACLs), "txn" (transactions): key to value
+            self.records: dict[str, dict[str, Any]] = {kind: {} for kind in RECORD_KINDS}
+            self.security = self.records["sec"]
             self.journal = Journal(os.path.join(self.data_dir, datadir.JOURNAL), self.config.file_mode)
         except BaseException:
             self._lock_file.close()
@@ -211,11 +215,11 @@ class Engine:
                 self._next_producer_id = max(self._next_producer_id, entry["next"])
             elif kind == "producer":
                 pass  # applied once partitions exist, below
-            elif kind == "sec":
+            elif kind in RECORD_KINDS:
                 if entry["v"] is None:
-                    self.security.pop(entry["k"], None)
+                    self.records[kind].pop(entry["k"], None)
                 else:
-                    self.security[entry["k"]] = entry["v"]
+                    self.records[kind][entry["k"]] = entry["v"]
             elif not self.groups.apply(entry):
                 log.warning("unknown journal entry %r", kind)
         if self.format_version < datadir.CURRENT_FORMAT:
@@ -240,7 +244,7 @@ class Engine:
             log.warning("%s: %s", os.path.join(self.data_dir, datadir.LOGS), datadir.describe_unknown(unknown))
 
     def _live_entries(self) -> int:
-        return len(self.topics) + self.groups.live_entries + len(self.security) + sum(
+        return len(self.topics) + self.groups.live_entries + sum(map(len, self.records.values())) + sum(
             len(p.producers) for t in self.topics.values() for p in t.partitions) + 1
 
     def _snapshot(self) -> Iterable[dict[str, Any]]:
@@ -249,8 +253,9 @@ class Engine:
             yield {"t": "topic", "name": t.name, "id": t.topic_id, "n": len(t.partitions),
                    "cfg": _config_state(t.config)}
         yield from self.groups.snapshot()
-        for key, value in self.security.items():
-            yield {"t": "sec", "k": key, "v": value}
+        for kind, records in self.records.items():
+            for key, value in records.items():
+                yield {"t": kind, "k": key, "v": value}
         for t in self.topics.values():
             for p in t.partitions:
                 for pid, state in p.producers.items():
@@ -447,15 +452,15 @@ class Engine:
                 if p.high_watermark != before:
                     p.notify()
 
-    # ------------------------------------------------------------------ security records
+    # ------------------------------------------------------------------ the broker's records
 
-    def put_security_record(self, key: str, value: Any) -> None:
-        """Journal one security record (``None`` deletes it); kept in memory once written."""
-        self.journal.append({"t": "sec", "k": key, "v": value})
+    def put_record(self, kind: str, key: str, value: Any) -> None:
+        """Journal one record of ``kind`` (``RECORD_KINDS``; ``None`` deletes it); kept in memory once written."""
+        self.journal.append({"t": kind, "k": key, "v": value})
         if value is None:
-            self.security.pop(key, None)
+            self.records[kind].pop(key, None)
         else:
-            self.security[key] = value
+            self.records[kind][key] = value
 
     # ------------------------------------------------------------------ producers
 

@@ -204,6 +204,17 @@ class Storage(Protocol):
         """Call ``callback(key, value)`` in the reactor thread for each security record that
         another gateway sharing this storage changes (never, for storage only this process uses)."""
 
+    # ------------------------------------------------------------------ transaction records
+
+    def transaction_records(self) -> dict[str, Any]:
+        """The persisted transaction records (``gateway.broker.transactions``: each transactional
+        id's state, each partition's aborted transactions), key to a msgpack-able value."""
+
+    def put_transaction_record(self, key: str, value: Any) -> Any:
+        """*May wait.* Persist one transaction record (``None`` deletes it), durable with the
+        next ``sync`` as an append is; raises ``CommandError(STORAGE_ERROR)`` when it could
+        not be written."""
+
     # ------------------------------------------------------------------ housekeeping and durability
 
     def unavailable(self) -> str | None:

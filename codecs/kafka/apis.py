@@ -81,6 +81,11 @@ ERRORS = {
     ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION: TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     ErrorCode.RESOURCE_NOT_FOUND: RESOURCE_NOT_FOUND,
     ErrorCode.SECURITY_DISABLED: SECURITY_DISABLED,
+    ErrorCode.INVALID_TXN_STATE: 48,
+    ErrorCode.INVALID_PRODUCER_ID_MAPPING: 49,
+    ErrorCode.INVALID_TRANSACTION_TIMEOUT: 50,
+    ErrorCode.CONCURRENT_TRANSACTIONS: 51,
+    ErrorCode.TRANSACTIONAL_ID_NOT_FOUND: 105,
 }
 
 
@@ -177,8 +182,10 @@ def produce(session: Session, version: int, req: Any, frame: Frame) -> Handled:
 def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     if req.get("SessionId", 0) != 0:
         return Handled.answer(frame({"ErrorCode": 70, "SessionId": 0}))  # FETCH_SESSION_ID_NOT_FOUND
+    committed = req.get("IsolationLevel", 0) == 1  # READ_COMMITTED
     fetches = tuple(
-        m.Fetch(t.Topic, p.Partition, p.FetchOffset, records.NAME, max_bytes=max(p.PartitionMaxBytes, 0))
+        m.Fetch(t.Topic, p.Partition, p.FetchOffset, records.NAME, max_bytes=max(p.PartitionMaxBytes, 0),
+                read_committed=committed)
         for t in req.Topics for p in t.Partitions
     )
     max_bytes = req.get("MaxBytes", 0x7FFFFFFF)
@@ -202,6 +209,8 @@ def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
                 "PartitionIndex": f.partition, "ErrorCode": code(error),
                 "HighWatermark": r.high_watermark, "LastStableOffset": r.last_stable_offset,
                 "LogStartOffset": r.log_start_offset, "Records": data,
+                "AbortedTransactions": [{"ProducerId": pid, "FirstOffset": first} for pid, first in r.aborted]
+                if committed else None,
             }))
         return frame({"Responses": _by_topic(parts, "Topic", "Partitions")})
 
@@ -209,7 +218,9 @@ def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
 
 
 def list_offsets(session: Session, version: int, req: Any, frame: Frame) -> Handled:
-    commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, p.Timestamp) for t in req.Topics for p in t.Partitions)
+    committed = req.get("IsolationLevel", 0) == 1  # READ_COMMITTED: latest is the last stable offset
+    commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, p.Timestamp, committed)
+                     for t in req.Topics for p in t.Partitions)
 
     def render(results: Sequence[m.ListOffsetsResult]) -> bytes:
         parts = []
@@ -601,7 +612,92 @@ def init_producer_id(session: Session, version: int, req: Any, frame: Frame) -> 
         r = results[0]
         return frame({"ErrorCode": code(r.error), "ProducerId": r.producer_id, "ProducerEpoch": r.epoch})
 
-    cmd = m.InitProducerId(req.TransactionalId, req.get("ProducerId", -1), req.get("ProducerEpoch", -1))
+    cmd = m.InitProducerId(req.TransactionalId, req.get("ProducerId", -1), req.get("ProducerEpoch", -1),
+                           req.TransactionTimeoutMs)
+    return Handled.run((cmd,), render)
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def add_partitions_to_txn(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    partitions = tuple((t.Name, p) for t in req.V3AndBelowTopics for p in t.Partitions)
+    cmd = m.AddPartitionsToTxn(req.V3AndBelowTransactionalId, req.V3AndBelowProducerId,
+                               req.V3AndBelowProducerEpoch, partitions)
+
+    def render(results: Sequence[m.AddPartitionsToTxnResult]) -> bytes:
+        r = results[0]
+        errors = {(t, p): e for t, p, e in r.errors}
+        parts = [(t, {"PartitionIndex": p, "PartitionErrorCode": code(r.error or errors.get((t, p)))})
+                 for t, p in partitions]
+        return frame({"ResultsByTopicV3AndBelow": _by_topic(parts, "Name", "ResultsByPartition")})
+
+    return Handled.run((cmd,), render)
+
+
+def add_offsets_to_txn(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    cmd = m.AddOffsetsToTxn(req.TransactionalId, req.ProducerId, req.ProducerEpoch, req.GroupId)
+    return Handled.run((cmd,), lambda results: frame({"ErrorCode": code(results[0].error)}))
+
+
+def end_txn(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    cmd = m.EndTxn(req.TransactionalId, req.ProducerId, req.ProducerEpoch, req.Committed)
+    return Handled.run((cmd,), lambda results: frame({"ErrorCode": code(results[0].error)}))
+
+
+def txn_offset_commit(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
+                    for t in req.Topics for p in t.Partitions)
+    cmd = m.TxnOffsetCommit(req.TransactionalId, req.GroupId, req.ProducerId, req.ProducerEpoch, offsets)
+
+    def render(results: Sequence[m.TxnOffsetCommitResult]) -> bytes:
+        r = results[0]
+        errors = {(t, p): e for t, p, e in r.errors}
+        parts = [(t, {"PartitionIndex": p, "ErrorCode": code(r.error or errors.get((t, p)))})
+                 for t, p, _, _ in offsets]
+        return frame({"Topics": _by_topic(parts)})
+
+    return Handled.run((cmd,), render)
+
+
+def _transaction(info: m.TransactionInfo) -> dict[str, Any]:
+    topics: dict[str, list[int]] = {}
+    for t, p in info.partitions:
+        topics.setdefault(t, []).append(p)
+    return {"ErrorCode": code(info.error), "TransactionalId": info.transactional_id,
+            "TransactionState": info.state, "TransactionTimeoutMs": info.timeout_ms,
+            "TransactionStartTimeMs": info.start_ms, "ProducerId": info.producer_id, "ProducerEpoch": info.epoch,
+            "Topics": [{"Topic": t, "Partitions": ps} for t, ps in topics.items()]}
+
+
+def list_transactions(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    cmd = m.ListTransactions(tuple(req.StateFilters), tuple(req.ProducerIdFilters))
+
+    def render(results: Sequence[m.ListTransactionsResult]) -> bytes:
+        return frame({"TransactionStates": [{"TransactionalId": t.transactional_id, "ProducerId": t.producer_id,
+                                             "TransactionState": t.state} for t in results[0].transactions]})
+
+    return Handled.run((cmd,), render)
+
+
+def describe_transactions(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    cmd = m.DescribeTransactions(tuple(req.TransactionalIds))
+    return Handled.run((cmd,), lambda results: frame({"TransactionStates": [
+        _transaction(t) for t in results[0].transactions]}))
+
+
+def describe_producers(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    cmd = m.DescribeProducers(tuple((t.Name, p) for t in req.Topics for p in t.PartitionIndexes))
+
+    def render(results: Sequence[m.DescribeProducersResult]) -> bytes:
+        parts = [(t, {"PartitionIndex": p, "ErrorCode": code(error), "ErrorMessage": message(error),
+                      "ActiveProducers": [{"ProducerId": x.producer_id, "ProducerEpoch": x.epoch,
+                                           "LastSequence": x.last_sequence, "LastTimestamp": x.last_timestamp,
+                                           "CoordinatorEpoch": 0, "CurrentTxnStartOffset": x.transaction_start_offset}
+                                          for x in producers]})
+                 for t, p, producers, error in results[0].partitions]
+        return frame({"Topics": _by_topic(parts)})
+
     return Handled.run((cmd,), render)
 
 
@@ -652,6 +748,10 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(19, 0, 5, create_topics),
     Api(20, 0, 4, delete_topics),
     Api(22, 0, 4, init_producer_id),
+    Api(24, 0, 3, add_partitions_to_txn),
+    Api(25, 0, 3, add_offsets_to_txn),
+    Api(26, 0, 3, end_txn),
+    Api(28, 0, 3, txn_offset_commit),
     Api(29, 0, 3, describe_acls),
     Api(30, 0, 3, create_acls),
     Api(31, 0, 3, delete_acls),
@@ -661,6 +761,9 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(42, 0, 2, delete_groups),
     Api(50, 0, 0, describe_user_scram_credentials),
     Api(51, 0, 0, alter_user_scram_credentials),
+    Api(61, 0, 0, describe_producers),
+    Api(65, 0, 0, describe_transactions),
+    Api(66, 0, 0, list_transactions),
 )}
 API_VERSIONS = 18
 SASL_APIS = frozenset({17, 18, 36})

@@ -36,7 +36,7 @@ from typing import Any
 
 import crc32c
 
-from gateway.codec import ColumnarFormat
+from gateway.codec import BatchProducer, ColumnarFormat, TransactionalFormat
 from gateway.convert import Columns, Validated
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
 from gateway.varint import ZIGZAGS, read_zigzag, zigzag
@@ -68,7 +68,12 @@ _BATCH_TAIL = struct.Struct(">hiqqqhii")  # attributes .. recordCount: what the 
 
 ATTR_COMPRESSION = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
+ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
+_CONTROL_KEY = struct.Struct(">hh")  # version 0, type: 0 abort, 1 commit
+_CONTROL_VALUE = struct.Struct(">hi")  # version 0, coordinator epoch
+_PRODUCER_AT = 21  # attributes (int16) .. producerId (int64) at 43, producerEpoch (int16) at 51
+_PRODUCER = struct.Struct(">h")
 
 
 class CorruptRecords(ValueError):
@@ -112,7 +117,8 @@ def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = No
             raise CorruptRecords("record batch CRC32C mismatch")
         producer = None
         if pid >= 0:
-            producer = ProducerState(pid, epoch, base_seq, (base_seq + last_delta) & 0x7FFFFFFF)
+            producer = ProducerState(pid, epoch, base_seq, (base_seq + last_delta) & 0x7FFFFFFF,
+                                     transactional=bool(attributes & ATTR_TRANSACTIONAL))
         payload = data if pos == 0 and end == len(data) else bytes(view[pos:end])
         out.append(Batch(NAME, payload, last_delta + 1, max_ts, producer=producer))
         pos = end
@@ -333,6 +339,16 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
     return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
 
 
+def control_batch(producer_id: int, epoch: int, commit: bool, timestamp_ms: int, coordinator_epoch: int = 0) -> bytes:
+    """The marker that ends a transaction on a partition: a control batch (transactional)
+    of one record whose key says commit or abort, base offset 0."""
+    body = _encode_records([0], [0], [_CONTROL_KEY.pack(0, 1 if commit else 0)],
+                           [_CONTROL_VALUE.pack(0, coordinator_epoch)], None)
+    tail = _BATCH_TAIL.pack(ATTR_CONTROL | ATTR_TRANSACTIONAL, 0, timestamp_ms, timestamp_ms, producer_id, epoch, -1,
+                            1) + body
+    return _BATCH_HEAD.pack(0, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
+
+
 def _encode_records(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None], values: list[bytes | None],
                     headers: list[tuple[tuple[str, bytes | None], ...]] | None) -> bytes:
     """The records of a batch (``_speedups.encode_records`` in C when built)."""
@@ -471,7 +487,7 @@ def encode_message_set(records: Iterable[Record], magic: int) -> bytes:
 # --------------------------------------------------------------------------- storage format
 
 
-class KafkaFormat(ColumnarFormat):
+class KafkaFormat(ColumnarFormat, TransactionalFormat):
     """The ``kafka`` ``BatchFormat`` (see the module docstring).
 
     ``inflate_limit``: the most one batch may decompress to, in ``validate`` and
@@ -480,7 +496,24 @@ class KafkaFormat(ColumnarFormat):
 
     name = NAME
     joinable = True  # v2 batches one after the other are one payload (see assign_offsets)
+    transactional = True
     inflate_limit = compression.INFLATE_LIMIT
+
+    def batch_producer(self, payload: bytes) -> BatchProducer:
+        """The producer of the (first) v2 batch of ``payload``, from its header."""
+        if len(payload) < BATCH_HEADER.size or payload[MAGIC_AT] != 2:
+            return _NO_PRODUCER
+        (attributes,) = _PRODUCER.unpack_from(payload, _PRODUCER_AT)
+        producer_id, epoch = _PRODUCER_ID.unpack_from(payload, 43)
+        return BatchProducer(producer_id, epoch, bool(attributes & ATTR_TRANSACTIONAL), bool(attributes & ATTR_CONTROL))
+
+    def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes:
+        return control_batch(producer_id, epoch, commit, timestamp_ms)
+
+    def is_commit(self, payload: bytes) -> bool:
+        """Whether the control batch ``payload`` is a commit marker (its one record's key, type 1)."""
+        records = list(_records_of_control(payload))
+        return bool(records) and len(records[0]) >= 4 and _CONTROL_KEY.unpack_from(records[0])[1] == 1
 
     def validate(self, payload: bytes) -> Validated:
         """What the produced ``payload`` (one record batch, as ``split_batches`` gives it) holds.
@@ -527,6 +560,25 @@ class KafkaFormat(ColumnarFormat):
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return assign_offsets(payload, base_offset)
+
+
+_NO_PRODUCER = BatchProducer(-1, -1, False, False)
+_PRODUCER_ID = struct.Struct(">qh")
+
+
+def _records_of_control(payload: bytes) -> Iterator[bytes]:
+    """The keys of a (never compressed) control batch's records."""
+    pos = BATCH_HEADER.size
+    (count,) = _I32.unpack_from(payload, BATCH_HEADER.size - 4)
+    for _ in range(count):
+        length, pos = read_zigzag(payload, pos)
+        end = pos + length
+        pos += 1  # attributes
+        _, pos = read_zigzag(payload, pos)  # timestamp delta
+        _, pos = read_zigzag(payload, pos)  # offset delta
+        key_length, pos = read_zigzag(payload, pos)
+        yield payload[pos:pos + max(key_length, 0)]
+        pos = end
 
 
 FORMAT = KafkaFormat()

@@ -11,8 +11,8 @@ One module per concern: ``produce`` (appends, merging, acks), ``fetch``
 (reads, long-polls, offsets), ``groups`` (calls to the coordinator),
 ``topics`` (admin, server info), ``replication`` (replica progress, roles),
 ``durability`` (the fsync policy), ``security`` (users and ACLs, kept in
-storage) and ``access`` (the ACL check every command passes with
-``--authorizer acl``).
+storage), ``access`` (the ACL check every command passes with
+``--authorizer acl``) and ``transactions`` (Kafka's transaction coordinator).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from gateway.broker.produce import Producer
 from gateway.broker.replication import Replication
 from gateway.broker.security import Security
 from gateway.broker.topics import Topics
+from gateway.broker.transactions import Transactions
 from gateway.codec import BatchFormat
 from gateway.model import Error, ErrorCode
 from gateway.security.acl import Acls
@@ -81,6 +82,7 @@ class Broker:
         self.groups = Groups(self)
         self.replication = Replication(self)
         self.security = Security(self, users if users is not None else UserStore(), acls)
+        self.transactions = Transactions(self)
         self.access = Access(self, acls) if acls is not None else None
         self._handlers: dict[type, Callable[[Any], Any]] = {
             m.Produce: self.producer.produce,
@@ -110,17 +112,30 @@ class Broker:
             m.DeleteAcls: self.security.delete_acls,
             m.AlterUsers: self.security.alter_users,
             m.DescribeUsers: self.security.describe_users,
+            m.AddPartitionsToTxn: self.transactions.add_partitions,
+            m.AddOffsetsToTxn: self.transactions.add_offsets,
+            m.TxnOffsetCommit: self.transactions.txn_offset_commit,
+            m.EndTxn: self.transactions.end_txn,
+            m.ListTransactions: self.transactions.list,
+            m.DescribeTransactions: self.transactions.describe,
+            m.DescribeProducers: self.transactions.describe_producers,
         }
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Load the persisted users and ACLs; start housekeeping: group expiry, ISR lag,
-        retention, fsync interval."""
+        """Load the persisted users, ACLs and transactions (completing the transaction ends a stop
+        interrupted); start housekeeping: group expiry, ISR lag, transaction timeouts, retention,
+        fsync interval."""
         self.security.load()
+        loaded = self.transactions.load()
+        if isinstance(loaded, defer.Deferred):
+            loaded.addErrback(lambda f: log.error("transactions: completing at start failed: %s", f.getErrorMessage()))
         every: list[tuple[int, Callable[[], Any]]] = [
             (self.config.housekeeping_ms, self.store.housekeeping),
+            (self.config.housekeeping_ms, self.transactions.expire),
             (self.config.retention_check_ms, self.store.enforce_retention),
+            (self.config.retention_check_ms, self.transactions.forget_deleted),
         ]
         if self.config.fsync.mode == "interval":
             every.append((self.config.fsync.interval_ms, lambda: _interval_sync(self.store, self.reactor, self.stats)))
@@ -207,6 +222,8 @@ class Broker:
 
     @errors_as(m.InitProducerIdResult)
     def init_producer_id(self, cmd: m.InitProducerId) -> Any:
+        if cmd.transactional_id:
+            return self.transactions.init_producer_id(cmd)
         if cmd.producer_id >= 0:
             return self.durable(m.InitProducerIdResult(cmd.producer_id, cmd.epoch + 1))
         return self.durable(m.InitProducerIdResult(self.store.allocate_producer_id(), 0))

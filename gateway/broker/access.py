@@ -28,6 +28,14 @@ ListGroups             Describe on the cluster, or else the groups the caller ma
 DeleteGroups           Delete on each group
 InitProducerId         Write on the transactional id; without one, IdempotentWrite on the
                        cluster or Write on some topic
+AddPartitionsToTxn     Write on the transactional id, and Write on each topic (a refused
+                       topic fails the whole request, as Kafka's)
+AddOffsetsToTxn,       Write on the transactional id, and Read on the group
+TxnOffsetCommit
+EndTxn                 Write on the transactional id
+ListTransactions,      Describe on each transactional id (the others are left out, or
+DescribeTransactions   answered with the error)
+DescribeProducers      Read on each topic
 ReplicaProgress,       ClusterAction on the cluster (V1 replication)
 SetPartitionRole
 Create/DeleteAcls,     Alter on the cluster
@@ -109,6 +117,13 @@ class Access:
             m.DescribeUsers: self._cluster_rule(Op.DESCRIBE, lambda c, e: m.DescribeUsersResult(error=e)),
             m.Ping: self._anyone,
             m.ServerInfo: self._anyone,
+            m.AddPartitionsToTxn: self._add_partitions_to_txn,
+            m.AddOffsetsToTxn: self._txn_and_group(lambda c, e: m.TxnResult(e)),
+            m.TxnOffsetCommit: self._txn_and_group(lambda c, e: m.TxnOffsetCommitResult(error=e)),
+            m.EndTxn: self._rule(ResourceType.TRANSACTIONAL_ID, Op.WRITE, lambda c, e: m.TxnResult(e)),
+            m.ListTransactions: self._list_transactions,
+            m.DescribeTransactions: self._describe_transactions,
+            m.DescribeProducers: self._describe_producers,
         }
 
     def may(self, caller: m.Caller, operation: Op, resource_type: ResourceType, name: str) -> bool:
@@ -155,6 +170,8 @@ class Access:
         def name_of(cmd: Any) -> str:
             if resource_type is ResourceType.TOPIC:
                 return cmd.topic
+            if resource_type is ResourceType.TRANSACTIONAL_ID:
+                return cmd.transactional_id
             return cmd.group if resource_type is ResourceType.GROUP else m.CLUSTER_RESOURCE
 
         def rule(cmd: Any, caller: m.Caller) -> Any:
@@ -319,3 +336,45 @@ class Access:
                 or self.acls.allowed_on_some(caller.principal, caller.host, Op.WRITE, ResourceType.TOPIC)):
             return self.broker.run(cmd)
         return m.InitProducerIdResult(error=denied(ResourceType.CLUSTER, m.CLUSTER_RESOURCE, Op.IDEMPOTENT_WRITE))
+
+    # ------------------------------------------------------------------ transactions
+
+    def _add_partitions_to_txn(self, cmd: m.AddPartitionsToTxn, caller: m.Caller) -> Any:
+        if not self.may(caller, Op.WRITE, ResourceType.TRANSACTIONAL_ID, cmd.transactional_id):
+            return m.AddPartitionsToTxnResult(error=denied(ResourceType.TRANSACTIONAL_ID, cmd.transactional_id,
+                                                           Op.WRITE))
+        refused = next((t for t, _ in cmd.partitions if not self.may(caller, Op.WRITE, ResourceType.TOPIC, t)), None)
+        if refused is not None:
+            return m.AddPartitionsToTxnResult(error=denied(ResourceType.TOPIC, refused, Op.WRITE))
+        return self.broker.run(cmd)
+
+    def _txn_and_group(self, refuse: Callable[[Any, m.Error], Any]) -> Callable[[Any, m.Caller], Any]:
+        """Write on the command's transactional id, then Read on its group."""
+        def rule(cmd: Any, caller: m.Caller) -> Any:
+            if not self.may(caller, Op.WRITE, ResourceType.TRANSACTIONAL_ID, cmd.transactional_id):
+                return refuse(cmd, denied(ResourceType.TRANSACTIONAL_ID, cmd.transactional_id, Op.WRITE))
+            if not self.may(caller, Op.READ, ResourceType.GROUP, cmd.group):
+                return refuse(cmd, denied(ResourceType.GROUP, cmd.group, Op.READ))
+            return self.broker.run(cmd)
+        return rule
+
+    def _list_transactions(self, cmd: m.ListTransactions, caller: m.Caller) -> Any:
+        return then(self.broker.run(cmd), lambda r: m.ListTransactionsResult(tuple(
+            t for t in r.transactions
+            if self.may(caller, Op.DESCRIBE, ResourceType.TRANSACTIONAL_ID, t.transactional_id))))
+
+    def _describe_transactions(self, cmd: m.DescribeTransactions, caller: m.Caller) -> Any:
+        def refuse(t: m.TransactionInfo) -> m.TransactionInfo:
+            if self.may(caller, Op.DESCRIBE, ResourceType.TRANSACTIONAL_ID, t.transactional_id):
+                return t
+            return m.TransactionInfo(t.transactional_id, -1, -1, "", 0, -1, error=denied(
+                ResourceType.TRANSACTIONAL_ID, t.transactional_id, Op.DESCRIBE))
+        return then(self.broker.run(cmd), lambda r: m.DescribeTransactionsResult(tuple(map(refuse, r.transactions))))
+
+    def _describe_producers(self, cmd: m.DescribeProducers, caller: m.Caller) -> Any:
+        def refuse(item: tuple) -> tuple:
+            topic, partition, producers, error = item
+            if self.may(caller, Op.READ, ResourceType.TOPIC, topic):
+                return item
+            return topic, partition, (), denied(ResourceType.TOPIC, topic, Op.READ)
+        return then(self.broker.run(cmd), lambda r: m.DescribeProducersResult(tuple(map(refuse, r.partitions))))

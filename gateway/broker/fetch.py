@@ -1,4 +1,11 @@
-"""Reading: fetches, long-polls that wait for data, and offset look-ups."""
+"""Reading: fetches, long-polls that wait for data, and offset look-ups.
+
+Transactions (``gateway.broker.transactions``) decide what a read may return:
+a ``read_committed`` fetch stops at the partition's last stable offset; a
+reader of the transactional format (Kafka) gets the aborted transactions of
+its range and skips them itself, any other reader gets neither markers nor
+aborted records (``_visible``).
+"""
 
 from __future__ import annotations
 
@@ -38,10 +45,13 @@ class Fetcher:
             return self.store.high_watermark(cmd.topic, cmd.partition)
         return cmd.offset
 
-    def _read(self, cmd: m.Fetch, max_bytes: int | None = None, refreshed: bool = False) -> Any:
+    def _read(self, cmd: m.Fetch, max_bytes: int | None = None, refreshed: bool = False,
+              skipped_from: int | None = None) -> Any:
         """Read now, without waiting for new data: the ``FetchResult`` (or a Deferred
         of it); errors come back in the result. An offset past the watermarks
-        is out of range only once they were refreshed (``refresh_watermarks``)."""
+        is out of range only once they were refreshed (``refresh_watermarks``).
+        A read whose batches a reader may not see (markers, aborted records)
+        reads on after them (``skipped_from``: where the first read started)."""
         store = self.store
         try:
             hw = store.high_watermark(cmd.topic, cmd.partition)
@@ -77,10 +87,49 @@ class Fetcher:
                     now_start = store.log_start_offset(cmd.topic, cmd.partition)
                 except CommandError as e:
                     return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=e.error)
-                return self._converted(cmd, s, now_hw, now_start, offset, tid)
+                return self._visible(cmd, s, now_hw, now_start, offset, tid, max_bytes, skipped_from)
 
             return stored.addCallbacks(read, failed)
-        return self._converted(cmd, stored, hw, start, offset, tid)
+        return self._visible(cmd, stored, hw, start, offset, tid, max_bytes, skipped_from)
+
+    def _visible(self, cmd: m.Fetch, stored: list[m.StoredBatch], hw: int, start: int, offset: int, tid: str,
+                 max_bytes: int | None, skipped_from: int | None) -> Any:
+        """The ``FetchResult`` of what the reader may see of ``stored``, converted to its format.
+
+        Without transactions on the partition this costs a comparison: the last stable offset
+        is the high watermark and nothing was aborted. A reader of another format than a
+        transactional batch's is never given markers or aborted records (checked per batch,
+        beside the conversion such a batch needs anyway)."""
+        txns = self.broker.transactions
+        lso = txns.last_stable_offset(cmd.topic, cmd.partition, hw)
+        aborted: tuple[tuple[int, int], ...] = ()
+        if cmd.read_committed and stored:
+            if lso < hw:
+                stored = [b for b in stored if b.base_offset < lso]
+            fmt = cmd.format
+            if any(b.format != fmt for b in stored):
+                visible = [b for b in stored if b.format == fmt or not self._hidden(cmd, b)]
+                if stored and not visible:  # only markers or aborted records: read on after them
+                    after = stored[-1].last_offset + 1
+                    return self._read(attrs.evolve(cmd, offset=after, group=None), max_bytes, True,
+                                      offset if skipped_from is None else skipped_from)
+                stored = visible
+            if stored and txns.has_aborted(cmd.topic, cmd.partition):  # the reader skips those of its format
+                aborted = txns.aborted_between(cmd.topic, cmd.partition, offset,
+                                               stored[-1].last_offset + 1)
+        result = self._converted(cmd, stored, hw, start, offset if skipped_from is None else skipped_from, tid)
+        if result.error is None and (lso != hw or aborted):
+            return attrs.evolve(result, last_stable_offset=lso, aborted=aborted)
+        return result
+
+    def _hidden(self, cmd: m.Fetch, batch: m.StoredBatch) -> bool:
+        """Whether a reader of another format may not see ``batch``: a marker, or aborted records."""
+        fmt = self.broker.formats.get(batch.format)
+        if fmt is None or not fmt.transactional:
+            return False
+        producer = fmt.batch_producer(batch.payload)
+        return producer.control or (producer.transactional and self.broker.transactions.is_aborted(
+            cmd.topic, cmd.partition, producer.producer_id, batch.base_offset))
 
     def _converted(self, cmd: m.Fetch, stored: list[m.StoredBatch], hw: int, start: int, offset: int,
                    tid: str) -> m.FetchResult:
@@ -203,7 +252,9 @@ class Fetcher:
         if cmd.timestamp == m.OffsetSpec.EARLIEST:
             return m.ListOffsetsResult(topic, partition, store.log_start_offset(topic, partition))
         if cmd.timestamp == m.OffsetSpec.LATEST:
-            return m.ListOffsetsResult(topic, partition, store.high_watermark(topic, partition))
+            hw = store.high_watermark(topic, partition)
+            return m.ListOffsetsResult(topic, partition, self.broker.transactions.last_stable_offset(
+                topic, partition, hw) if cmd.read_committed else hw)
         if cmd.timestamp == m.OffsetSpec.MAX_TIMESTAMP:
             return then(store.max_timestamp_offset(topic, partition),
                         lambda found: m.ListOffsetsResult(topic, partition, *found))

@@ -69,6 +69,8 @@ class Producer:
         producer = batch.producer
         if producer is None:
             return self._append(cmd, partition, fmt, None, None)
+        if producer.transactional:
+            self.broker.transactions.check_produce(cmd.topic, partition, producer)
         key = (cmd.topic, partition, producer.producer_id)
         before = self._in_order.get(key)
         if before is None:
@@ -110,10 +112,14 @@ class Producer:
         base = store.log_end_offset(cmd.topic, partition) if batch.base_offset is None else batch.base_offset
         payload = fmt.assign_offsets(batch.payload, base)
 
-        def remember(offsets: tuple[int, int]) -> tuple[int, int]:
-            if producer is not None:
-                store.set_producer_state(cmd.topic, partition, producer.producer_id,
-                                         idempotence.after_append(state, producer, *offsets))
+        def remember(offsets: tuple[int, int]) -> Any:
+            if producer is None:
+                return offsets
+            store.set_producer_state(cmd.topic, partition, producer.producer_id,
+                                     idempotence.after_append(state, producer, *offsets))
+            if producer.transactional:  # the first batch of its transaction here holds the last stable offset
+                return then(self.broker.transactions.appended(cmd.topic, partition, producer, offsets[0]),
+                            lambda _: offsets)
             return offsets
 
         def appended(offsets: tuple[int, int]) -> Any:

@@ -83,6 +83,14 @@ class ClusterStore:
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         self.security.watch(callback)
 
+    def transaction_records(self) -> dict[str, Any]:
+        return {}
+
+    def put_transaction_record(self, key: str, value: Any) -> Any:
+        """Transactions in cluster mode are the cluster's own; the gateway does not pass them
+        through yet, so it keeps no transaction of its own there."""
+        raise CommandError(ErrorCode.UNSUPPORTED, "transactions are not available in cluster mode yet")
+
     # ------------------------------------------------------------------ topics
 
     def has_topic(self, topic: str) -> bool:

@@ -64,7 +64,7 @@ def main(commit: str = "42b10ac") -> None:
         engine.journal.append({"t": "topic-del", "name": "gone"})  # and a crash before its folder went
         engine.groups.commit("billing", [("orders", 0, 7, "meta"), ("orders", 2, 1, "")])
         engine.allocate_producer_id()
-        engine.put_security_record("user:alice", encode_credentials(
+        engine.put_record("sec", "user:alice", encode_credentials(
             {"SCRAM-SHA-256": from_password("SCRAM-SHA-256", "alice-secret", 4096)}))
         engine.close()
         os.unlink(os.path.join(data, ".lock"))

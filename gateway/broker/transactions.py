@@ -1,0 +1,445 @@
+"""Kafka's transactions: the transaction coordinator, and what the rest of the broker asks of it.
+
+A transactional producer (``transactional.id``) gets its producer id and a
+new epoch from ``InitProducerId``, which fences every older instance (a
+request with an older epoch is refused ``FENCED_PRODUCER``) and aborts the
+transaction an older instance left open. A transaction opens at the first
+``AddPartitionsToTxn``; the producer then writes transactional batches to
+those partitions, may add a group (``AddOffsetsToTxn``) and commit offsets
+for it (``TxnOffsetCommit``, applied only if the transaction commits), and
+ends it with ``EndTxn``: a commit or abort marker (a control batch of the
+transactional format, Kafka's) is appended to every partition of the
+transaction. A transaction open longer than its timeout is aborted (with an
+epoch bump, so its producer is fenced).
+
+State is persisted as transaction records of the storage
+(``Storage.put_transaction_record``), durable before a client hears of a
+change: ``id:<transactional id>`` holds a transactional id's producer, epoch,
+state, partitions (with the first offset it wrote to each) and pending
+offsets; ``abort:<topic id>:<partition>:<marker offset>`` holds an aborted
+transaction's producer and first offset on a partition (for readers; dropped
+once retention deleted the marker). An end is written in two steps, as
+Kafka's coordinator does: ``PrepareCommit``/``PrepareAbort`` (durable), then
+the markers, then ``CompleteCommit``/``CompleteAbort``; a gateway that
+restarts in between completes the end at start (``load``), and one that
+restarts with a transaction open keeps it open until its producer ends it or
+its timeout aborts it.
+
+For readers (``gateway.broker.fetch``): the **last stable offset** of a
+partition is the first offset of the oldest transaction still open there
+(the high watermark if none); ``aborted_between`` lists the aborted
+transactions of a range, and ``is_aborted`` tells whether a batch belongs to
+one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from twisted.internet import defer
+
+from gateway import model as m
+from gateway.broker.calls import errors_as, then
+from gateway.codec import TransactionalFormat
+from gateway.model import CommandError, Error, ErrorCode
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+log = logging.getLogger(__name__)
+
+MAX_TIMEOUT_MS = 900_000  # Kafka's transaction.max.timeout.ms
+MAX_EPOCH = 32_766  # past it, a transactional id gets a new producer id (epoch 0)
+OPEN = ("Ongoing",)
+ENDING = {"PrepareCommit": True, "PrepareAbort": False}  # state -> commit?
+COMPLETE = {True: "CompleteCommit", False: "CompleteAbort"}
+
+
+@attrs.define
+class Txn:
+    """One transactional id's state (see the module docstring)."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    timeout_ms: int
+    state: str = "Empty"
+    start_ms: int = -1
+    partitions: dict[tuple[str, int], int] = attrs.Factory(dict)  # -> first offset written (-1: none yet)
+    groups: set[str] = attrs.Factory(set)
+    offsets: dict[str, dict[tuple[str, int], tuple[int, str]]] = attrs.Factory(dict)  # group -> pending commits
+
+    def record(self) -> dict[str, Any]:
+        return {"pid": self.producer_id, "e": self.epoch, "to": self.timeout_ms, "st": self.state,
+                "t0": self.start_ms, "parts": [[t, p, o] for (t, p), o in self.partitions.items()],
+                "groups": sorted(self.groups),
+                "offs": [[g, t, p, o, meta] for g, commits in self.offsets.items()
+                         for (t, p), (o, meta) in commits.items()]}
+
+    @classmethod
+    def from_record(cls, transactional_id: str, r: dict[str, Any]) -> Txn:
+        txn = cls(transactional_id, r["pid"], r["e"], r["to"], r["st"], r["t0"],
+                  {(t, p): o for t, p, o in r["parts"]}, set(r["groups"]))
+        for g, t, p, o, meta in r["offs"]:
+            txn.offsets.setdefault(g, {})[(t, p)] = (o, meta)
+        return txn
+
+    def info(self) -> m.TransactionInfo:
+        return m.TransactionInfo(self.transactional_id, self.producer_id, self.epoch, self.state, self.timeout_ms,
+                                 self.start_ms, tuple(sorted(self.partitions)))
+
+
+class Transactions:
+    """The transaction coordinator (see the module docstring)."""
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.store = broker.store
+        self.by_id: dict[str, Txn] = {}
+        self.by_producer: dict[int, Txn] = {}
+        # partition -> producer id -> first offset of its open transaction there
+        self.open_on: dict[tuple[str, int], dict[int, int]] = {}
+        # partition -> (topic id, sorted [(last offset: the marker, first offset, producer id)])
+        self.aborted: dict[tuple[str, int], tuple[str, list[tuple[int, int, int]]]] = {}
+
+    # ------------------------------------------------------------------ start
+
+    def load(self) -> Any:
+        """Read the persisted state; complete the ends a stop interrupted. None, or a Deferred."""
+        for key, value in self.store.transaction_records().items():
+            kind, _, rest = key.partition(":")
+            if kind == "id":
+                txn = Txn.from_record(rest, value)
+                self._index(txn)
+            elif kind == "abort":
+                topic_id, partition, last = rest.rsplit(":", 2)
+                topic, producer_id, first = value
+                self._remember_abort(topic, int(partition), topic_id, int(last), first, producer_id)
+        ends = [self._finish(txn, ENDING[txn.state]) for txn in list(self.by_id.values()) if txn.state in ENDING]
+        waits = [d for d in ends if isinstance(d, defer.Deferred)]
+        return defer.gatherResults(waits, consumeErrors=True) if waits else None
+
+    def _index(self, txn: Txn) -> None:
+        self.by_id[txn.transactional_id] = txn
+        self.by_producer[txn.producer_id] = txn
+        if txn.state in OPEN or txn.state in ENDING:
+            for tp, first in txn.partitions.items():
+                if first >= 0:
+                    self.open_on.setdefault(tp, {})[txn.producer_id] = first
+
+    def _remember_abort(self, topic: str, partition: int, topic_id: str, last: int, first: int,
+                        producer_id: int) -> None:
+        held = self.aborted.get((topic, partition))
+        if held is None or held[0] != topic_id:
+            held = self.aborted[(topic, partition)] = (topic_id, [])
+        bisect.insort(held[1], (last, first, producer_id))
+
+    # ------------------------------------------------------------------ persistence
+
+    def _save(self, txn: Txn) -> Any:
+        return self.store.put_transaction_record(f"id:{txn.transactional_id}", txn.record())
+
+    def _durable(self, written: Any, result: Any) -> Any:
+        """``result`` once ``written`` (a record put) and the writes before it are durable."""
+        return then(written, lambda _: self.broker.durable(result))
+
+    def _txn(self, transactional_id: str, producer_id: int, epoch: int) -> Txn:
+        """The transactional id's state, checked against the producer of a request."""
+        txn = self.by_id.get(transactional_id)
+        if txn is None:
+            raise CommandError(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                               f"transactional id {transactional_id!r} has no producer: InitProducerId first")
+        if txn.producer_id != producer_id:
+            raise CommandError(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                               f"producer {producer_id} is not the producer of {transactional_id!r}")
+        if epoch < txn.epoch:
+            raise CommandError(ErrorCode.FENCED_PRODUCER, f"producer {producer_id} epoch {epoch} is fenced by "
+                                                          f"epoch {txn.epoch} of {transactional_id!r}")
+        if epoch > txn.epoch:
+            raise CommandError(ErrorCode.FENCED_PRODUCER, f"epoch {epoch} is newer than {transactional_id!r}'s")
+        return txn
+
+    # ------------------------------------------------------------------ commands
+
+    def init_producer_id(self, cmd: m.InitProducerId) -> Any:
+        """A producer id and a new epoch for ``cmd.transactional_id``; the transaction an older
+        instance left open is aborted first (answered once its markers are written)."""
+        if not 0 < cmd.transaction_timeout_ms <= MAX_TIMEOUT_MS:
+            raise CommandError(ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+                               f"transaction timeout {cmd.transaction_timeout_ms} ms is not in 1..{MAX_TIMEOUT_MS}")
+        txn = self.by_id.get(cmd.transactional_id)
+        if txn is None:
+            txn = Txn(cmd.transactional_id, self.store.allocate_producer_id(), 0, cmd.transaction_timeout_ms)
+            self._index(txn)
+            return self._durable(self._save(txn), m.InitProducerIdResult(txn.producer_id, txn.epoch))
+        if cmd.producer_id >= 0 and (cmd.producer_id, cmd.epoch) != (txn.producer_id, txn.epoch):
+            raise CommandError(ErrorCode.FENCED_PRODUCER if cmd.producer_id == txn.producer_id
+                               else ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                               f"producer {cmd.producer_id} epoch {cmd.epoch} is not {cmd.transactional_id!r}'s")
+        ended = None
+        if txn.state in ENDING:
+            ended = self._finish(txn, ENDING[txn.state])
+        elif txn.state in OPEN:
+            ended = self._end(txn, False, bump=True)
+
+        def bump(_: Any) -> Any:
+            if txn.epoch >= MAX_EPOCH:
+                del self.by_producer[txn.producer_id]
+                txn.producer_id, txn.epoch = self.store.allocate_producer_id(), 0
+                self.by_producer[txn.producer_id] = txn
+            else:
+                txn.epoch += 1
+            txn.timeout_ms = cmd.transaction_timeout_ms
+            return self._durable(self._save(txn), m.InitProducerIdResult(txn.producer_id, txn.epoch))
+
+        return then(ended, bump)
+
+    @errors_as(m.AddPartitionsToTxnResult)
+    def add_partitions(self, cmd: m.AddPartitionsToTxn) -> Any:
+        txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+        if txn.state in ENDING:
+            raise CommandError(ErrorCode.CONCURRENT_TRANSACTIONS, "the previous transaction is still ending")
+        unknown = [(t, p) for t, p in cmd.partitions if not self._exists(t, p)]
+        if unknown:
+            errors = tuple((t, p, Error(ErrorCode.UNKNOWN_PARTITION, f"no partition {t}/{p}") if (t, p) in unknown
+                            else Error(ErrorCode.INVALID_TXN_STATE, "another partition of the request is unknown"))
+                           for t, p in cmd.partitions)
+            return m.AddPartitionsToTxnResult(errors)
+        self._open(txn)
+        for tp in cmd.partitions:
+            txn.partitions.setdefault(tp, -1)
+        return self._durable(self._save(txn), m.AddPartitionsToTxnResult(
+            tuple((t, p, None) for t, p in cmd.partitions)))
+
+    @errors_as(m.TxnResult)
+    def add_offsets(self, cmd: m.AddOffsetsToTxn) -> Any:
+        txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+        if txn.state in ENDING:
+            raise CommandError(ErrorCode.CONCURRENT_TRANSACTIONS, "the previous transaction is still ending")
+        self._open(txn)
+        txn.groups.add(cmd.group)
+        return self._durable(self._save(txn), m.TxnResult())
+
+    @errors_as(m.TxnOffsetCommitResult)
+    def txn_offset_commit(self, cmd: m.TxnOffsetCommit) -> Any:
+        txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+        if txn.state not in OPEN or cmd.group not in txn.groups:
+            raise CommandError(ErrorCode.INVALID_TXN_STATE, f"group {cmd.group!r} is not in an open transaction "
+                                                            f"of {cmd.transactional_id!r}: AddOffsetsToTxn first")
+        pending = txn.offsets.setdefault(cmd.group, {})
+        for topic, partition, offset, metadata in cmd.offsets:
+            pending[(topic, partition)] = (offset, metadata)
+        return self._durable(self._save(txn), m.TxnOffsetCommitResult(
+            tuple((t, p, None) for t, p, _, _ in cmd.offsets)))
+
+    @errors_as(m.TxnResult)
+    def end_txn(self, cmd: m.EndTxn) -> Any:
+        txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+        if txn.state in ENDING:
+            if ENDING[txn.state] != cmd.commit:
+                raise CommandError(ErrorCode.INVALID_TXN_STATE, f"the transaction is already ending ({txn.state})")
+            return then(self._finish(txn, cmd.commit), lambda _: m.TxnResult())  # a retry
+        if txn.state == COMPLETE[cmd.commit]:
+            return m.TxnResult()  # a retry of an end that completed
+        if txn.state not in OPEN:
+            raise CommandError(ErrorCode.INVALID_TXN_STATE, f"no open transaction to end ({txn.state})")
+        return then(self._end(txn, cmd.commit), lambda _: m.TxnResult())
+
+    # ------------------------------------------------------------------ ending
+
+    def _open(self, txn: Txn) -> None:
+        if txn.state not in OPEN:
+            txn.state, txn.start_ms = "Ongoing", self.store.now_ms()
+            txn.partitions.clear()
+            txn.groups.clear()
+            txn.offsets.clear()
+
+    def _end(self, txn: Txn, commit: bool, bump: bool = False) -> Any:
+        """Prepare (durably), then ``_finish``. ``bump``: fence the producer first (a timeout, a new instance)."""
+        if bump:
+            txn.epoch += 1
+        txn.state = "PrepareCommit" if commit else "PrepareAbort"
+        return then(then(self._save(txn), lambda _: self.broker.durable(None)), lambda _: self._finish(txn, commit))
+
+    def _finish(self, txn: Txn, commit: bool) -> Any:
+        """Write the markers, apply (commit) or forget (abort) the pending offsets, and complete."""
+        fmt = self._format()
+        now = self.store.now_ms()
+        waits = []
+        for (topic, partition), first in sorted(txn.partitions.items()):
+            try:
+                payload = fmt.assign_offsets(fmt.control_batch(txn.producer_id, txn.epoch, commit, now),
+                                             self.store.log_end_offset(topic, partition))
+                appended = self.store.append(topic, partition, fmt.name, payload, 1, now, None, m.Acks.ALL)
+            except CommandError as e:  # the topic was deleted meanwhile: nothing left to mark
+                log.info("transaction %s: no marker on %s/%d: %s", txn.transactional_id, topic, partition, e)
+                continue
+            if not commit and first >= 0:
+                waits.append(then(appended, lambda offsets, t=topic, p=partition, f=first:
+                                  self._aborted(t, p, offsets[1], f, txn.producer_id)))
+            else:
+                waits.append(appended)
+        if commit:
+            for group, pending in txn.offsets.items():
+                offsets = tuple((t, p, o, meta) for (t, p), (o, meta) in sorted(pending.items()))
+                waits.append(self.store.commit_offsets(m.CommitOffsets(group, offsets)))
+
+        def complete(_: Any) -> Any:
+            for tp in txn.partitions:
+                opened = self.open_on.get(tp)
+                if opened is not None:
+                    opened.pop(txn.producer_id, None)
+                    if not opened:
+                        del self.open_on[tp]
+            txn.state = COMPLETE[commit]
+            txn.partitions.clear()
+            txn.groups.clear()
+            txn.offsets.clear()
+            log.info("transaction %s: %s", txn.transactional_id, "committed" if commit else "aborted")
+            return self._save(txn)
+
+        deferreds = [d for d in waits if isinstance(d, defer.Deferred)]
+        done = defer.gatherResults(deferreds, consumeErrors=True) if deferreds else None
+        return then(done, complete)
+
+    def _aborted(self, topic: str, partition: int, marker: int, first: int, producer_id: int) -> Any:
+        topic_id = self.store.topic_id(topic)
+        self._remember_abort(topic, partition, topic_id, marker, first, producer_id)
+        return self.store.put_transaction_record(f"abort:{topic_id}:{partition}:{marker}",
+                                                 [topic, producer_id, first])
+
+    def expire(self) -> None:
+        """Abort every transaction open longer than its timeout (housekeeping)."""
+        now = self.store.now_ms()
+        for txn in list(self.by_id.values()):
+            if txn.state in OPEN and now - txn.start_ms > txn.timeout_ms:
+                log.warning("transaction %s: open for more than %d ms: aborting it", txn.transactional_id,
+                            txn.timeout_ms)
+                ended = self._end(txn, False, bump=True)
+                if isinstance(ended, defer.Deferred):
+                    ended.addErrback(lambda f, t=txn: log.error("transaction %s: abort failed: %s",
+                                                                t.transactional_id, f.getErrorMessage()))
+
+    def forget_deleted(self) -> None:
+        """Drop the aborted-transaction records of partitions whose markers retention deleted,
+        or whose topic was deleted (housekeeping)."""
+        for (topic, partition), (topic_id, entries) in list(self.aborted.items()):
+            try:
+                start = self.store.log_start_offset(topic, partition) if self.store.topic_id(topic) == topic_id \
+                    else None
+            except CommandError:
+                start = None  # the topic, or the partition, is gone
+            keep = [e for e in entries if start is not None and e[0] >= start]
+            if len(keep) == len(entries):
+                continue
+            for last, _, _ in entries:
+                if start is None or last < start:
+                    self.store.put_transaction_record(f"abort:{topic_id}:{partition}:{last}", None)
+            if keep:
+                self.aborted[(topic, partition)] = (topic_id, keep)
+            else:
+                del self.aborted[(topic, partition)]
+
+    def _format(self) -> TransactionalFormat:
+        for fmt in self.broker.formats.values():
+            if fmt.transactional:
+                return fmt  # type: ignore[return-value]
+        raise CommandError(ErrorCode.UNSUPPORTED, "no storage format carries transactions (the Kafka codec)")
+
+    def _exists(self, topic: str, partition: int) -> bool:
+        try:
+            return 0 <= partition < self.store.partition_count(topic)
+        except CommandError:
+            return False
+
+    # ------------------------------------------------------------------ the produce path
+
+    def check_produce(self, topic: str, partition: int, producer: m.ProducerState) -> None:
+        """Refuse a transactional batch of a fenced producer, or outside an open transaction
+        that holds the partition."""
+        txn = self.by_producer.get(int(producer.producer_id))
+        if txn is None:
+            raise CommandError(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                               f"producer {producer.producer_id} has no transactional id")
+        if producer.epoch < txn.epoch:
+            raise CommandError(ErrorCode.FENCED_PRODUCER, f"producer {producer.producer_id} epoch {producer.epoch} "
+                                                          f"is fenced by epoch {txn.epoch}")
+        if txn.state not in OPEN or (topic, partition) not in txn.partitions:
+            raise CommandError(ErrorCode.INVALID_TXN_STATE,
+                               f"{topic}/{partition} is not in an open transaction of {txn.transactional_id!r}")
+
+    def appended(self, topic: str, partition: int, producer: m.ProducerState, base_offset: int) -> Any:
+        """A transactional batch was appended at ``base_offset``: the first one of its transaction
+        on the partition holds the partition's last stable offset there (persisted)."""
+        txn = self.by_producer.get(int(producer.producer_id))
+        if txn is None or txn.partitions.get((topic, partition)) != -1:
+            return None
+        txn.partitions[(topic, partition)] = base_offset
+        self.open_on.setdefault((topic, partition), {})[txn.producer_id] = base_offset
+        return self._save(txn)
+
+    # ------------------------------------------------------------------ the read path
+
+    def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> int:
+        opened = self.open_on.get((topic, partition))
+        return min(min(opened.values()), high_watermark) if opened else high_watermark
+
+    def aborted_between(self, topic: str, partition: int, start: int, end: int) -> tuple[tuple[int, int], ...]:
+        """``(producer id, first offset)`` of the aborted transactions overlapping ``[start, end)``."""
+        held = self.aborted.get((topic, partition))
+        if held is None:
+            return ()
+        entries = held[1]
+        i = bisect.bisect_left(entries, (start, -1, -1))
+        return tuple((pid, first) for last, first, pid in entries[i:] if first < end)
+
+    def has_aborted(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self.aborted
+
+    def is_aborted(self, topic: str, partition: int, producer_id: int, offset: int) -> bool:
+        """Whether the producer's batch at ``offset`` belongs to a transaction it aborted."""
+        held = self.aborted.get((topic, partition))
+        if held is None:
+            return False
+        entries = held[1]
+        i = bisect.bisect_left(entries, (offset, -1, -1))
+        return any(pid == producer_id and first <= offset for last, first, pid in entries[i:])
+
+    # ------------------------------------------------------------------ admin
+
+    def list(self, cmd: m.ListTransactions) -> m.ListTransactionsResult:
+        return m.ListTransactionsResult(tuple(
+            txn.info() for txn in sorted(self.by_id.values(), key=lambda t: t.transactional_id)
+            if (not cmd.states or txn.state in cmd.states)
+            and (not cmd.producer_ids or txn.producer_id in cmd.producer_ids)))
+
+    def describe(self, cmd: m.DescribeTransactions) -> m.DescribeTransactionsResult:
+        out = []
+        for transactional_id in cmd.transactional_ids:
+            txn = self.by_id.get(transactional_id)
+            out.append(txn.info() if txn is not None else m.TransactionInfo(
+                transactional_id, -1, -1, "", 0, -1,
+                error=Error(ErrorCode.TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {transactional_id!r}")))
+        return m.DescribeTransactionsResult(tuple(out))
+
+    def describe_producers(self, cmd: m.DescribeProducers) -> m.DescribeProducersResult:
+        """Per partition, the transactional producers that wrote to it: epoch, last sequence, and
+        the first offset of their open transaction there (-1: none)."""
+        out = []
+        for topic, partition in cmd.partitions:
+            if not self._exists(topic, partition):
+                out.append((topic, partition, (), Error(ErrorCode.UNKNOWN_PARTITION, f"no partition {topic}/{partition}")))
+                continue
+            opened = self.open_on.get((topic, partition), {})
+            producers = []
+            for producer_id in sorted(self.by_producer):
+                state = self.store.producer_state(topic, partition, producer_id)
+                if isinstance(state, dict) and "e" in state:
+                    producers.append(m.ProducerInfo(producer_id, state["e"], state["s"], state.get("ts", -1),
+                                                    opened.get(producer_id, -1)))
+            out.append((topic, partition, tuple(producers), None))
+        return m.DescribeProducersResult(tuple(out))
+
