@@ -112,14 +112,10 @@ class Producer:
         base = store.log_end_offset(cmd.topic, partition) if batch.base_offset is None else batch.base_offset
         payload = fmt.assign_offsets(batch.payload, base)
 
-        def remember(offsets: tuple[int, int]) -> Any:
-            if producer is None:
-                return offsets
-            store.set_producer_state(cmd.topic, partition, producer.producer_id,
-                                     idempotence.after_append(state, producer, *offsets))
-            if producer.transactional:  # the first batch of its transaction here holds the last stable offset
-                return then(self.broker.transactions.appended(cmd.topic, partition, producer, offsets[0]),
-                            lambda _: offsets)
+        def remember(offsets: tuple[int, int]) -> tuple[int, int]:
+            if producer is not None:
+                store.set_producer_state(cmd.topic, partition, producer.producer_id,
+                                         idempotence.after_append(state, producer, *offsets))
             return offsets
 
         def appended(offsets: tuple[int, int]) -> Any:
@@ -132,8 +128,15 @@ class Producer:
 
             return self.acknowledge(cmd, {partition: last}, result)
 
-        appending = then(store.append(cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp,
-                                      batch.base_offset, cmd.acks, producer), remember)
+        if producer is not None and producer.transactional:
+            # The first batch of a transaction on the partition holds its last stable offset, from
+            # before the append: readers woken by the append must not see past it.
+            opened = self.broker.transactions.appending(cmd.topic, partition, producer, base)
+        else:
+            opened = None
+        appending = then(then(opened, lambda _: store.append(
+            cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp, batch.base_offset,
+            cmd.acks, producer)), remember)
         if isinstance(appending, defer.Deferred):
             # What was stored is remembered whatever becomes of the request: a client that goes away
             # cancels waiting for its answer, not the append or its producer's state.

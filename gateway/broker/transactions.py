@@ -265,35 +265,34 @@ class Transactions:
         return then(then(self._save(txn), lambda _: self.broker.durable(None)), lambda _: self._finish(txn, commit))
 
     def _finish(self, txn: Txn, commit: bool) -> Any:
-        """Write the markers, apply (commit) or forget (abort) the pending offsets, and complete."""
+        """Write the markers, apply (commit) or forget (abort) the pending offsets, and complete.
+
+        On each partition the transaction stops holding the last stable offset, and an abort is
+        recorded at its marker's offset, before the marker is appended: readers the append wakes
+        see the outcome with the marker."""
         fmt = self._format()
         now = self.store.now_ms()
         waits = []
         for (topic, partition), first in sorted(txn.partitions.items()):
+            opened = self.open_on.get((topic, partition))
+            if opened is not None:
+                opened.pop(txn.producer_id, None)
+                if not opened:
+                    del self.open_on[(topic, partition)]
             try:
-                payload = fmt.assign_offsets(fmt.control_batch(txn.producer_id, txn.epoch, commit, now),
-                                             self.store.log_end_offset(topic, partition))
-                appended = self.store.append(topic, partition, fmt.name, payload, 1, now, None, m.Acks.ALL)
+                marker = self.store.log_end_offset(topic, partition)
+                if not commit and first >= 0:
+                    waits.append(self._aborted(topic, partition, marker, first, txn.producer_id))
+                payload = fmt.assign_offsets(fmt.control_batch(txn.producer_id, txn.epoch, commit, now), marker)
+                waits.append(self.store.append(topic, partition, fmt.name, payload, 1, now, None, m.Acks.ALL))
             except CommandError as e:  # the topic was deleted meanwhile: nothing left to mark
                 log.info("transaction %s: no marker on %s/%d: %s", txn.transactional_id, topic, partition, e)
-                continue
-            if not commit and first >= 0:
-                waits.append(then(appended, lambda offsets, t=topic, p=partition, f=first:
-                                  self._aborted(t, p, offsets[1], f, txn.producer_id)))
-            else:
-                waits.append(appended)
         if commit:
             for group, pending in txn.offsets.items():
                 offsets = tuple((t, p, o, meta) for (t, p), (o, meta) in sorted(pending.items()))
                 waits.append(self.store.commit_offsets(m.CommitOffsets(group, offsets)))
 
         def complete(_: Any) -> Any:
-            for tp in txn.partitions:
-                opened = self.open_on.get(tp)
-                if opened is not None:
-                    opened.pop(txn.producer_id, None)
-                    if not opened:
-                        del self.open_on[tp]
             txn.state = COMPLETE[commit]
             txn.partitions.clear()
             txn.groups.clear()
@@ -306,6 +305,7 @@ class Transactions:
         return then(done, complete)
 
     def _aborted(self, topic: str, partition: int, marker: int, first: int, producer_id: int) -> Any:
+        """Record an aborted transaction of ``producer_id`` on the partition: ``first`` to its ``marker``."""
         topic_id = self.store.topic_id(topic)
         self._remember_abort(topic, partition, topic_id, marker, first, producer_id)
         return self.store.put_transaction_record(f"abort:{topic_id}:{partition}:{marker}",
@@ -371,9 +371,9 @@ class Transactions:
             raise CommandError(ErrorCode.INVALID_TXN_STATE,
                                f"{topic}/{partition} is not in an open transaction of {txn.transactional_id!r}")
 
-    def appended(self, topic: str, partition: int, producer: m.ProducerState, base_offset: int) -> Any:
-        """A transactional batch was appended at ``base_offset``: the first one of its transaction
-        on the partition holds the partition's last stable offset there (persisted)."""
+    def appending(self, topic: str, partition: int, producer: m.ProducerState, base_offset: int) -> Any:
+        """A transactional batch is about to be appended at ``base_offset``: the first one of its
+        transaction on the partition holds the partition's last stable offset there (persisted)."""
         txn = self.by_producer.get(int(producer.producer_id))
         if txn is None or txn.partitions.get((topic, partition)) != -1:
             return None

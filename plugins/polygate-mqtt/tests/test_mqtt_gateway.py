@@ -293,3 +293,30 @@ def test_a_broken_plugin_does_not_stop_the_gateway_serving_the_others(gateway_fa
     with V1Client("127.0.0.1", gateway.port("v1")) as v1:
         assert v1.request("PING").ok
     raw_connect(gateway.port("mqtt")).close()
+
+
+def test_subscribers_get_records_of_committed_kafka_transactions_only(gateway_factory, device_factory):
+    """A Kafka transactional producer writes to log topic ``plant``: an MQTT subscriber gets what
+    commits, never what aborts, and what an open transaction wrote only once it commits."""
+    import confluent_kafka as ck
+
+    gw = gateway_factory(("v1", "kafka", "mqtt"), ("--default-partitions", "1"))
+    subscriber = device_factory(gw.port("mqtt"), "subscriber")
+    assert subscriber.subscribe(("plant/#", 1)) == [1]
+    producer = ck.Producer({"bootstrap.servers": gw.address("kafka"), "transactional.id": "plant-writer"})
+    producer.init_transactions(20)
+    for value, commit in ((b"committed", True), (b"aborted", False)):
+        producer.begin_transaction()
+        producer.produce("plant", key=b"plant/line1", value=value)
+        producer.flush(20)
+        (producer.commit_transaction if commit else producer.abort_transaction)(20)
+    producer.begin_transaction()
+    producer.produce("plant", key=b"plant/line1", value=b"open")
+    producer.flush(20)
+    assert subscriber.wait_messages(1) == [("plant/line1", b"committed", 1)]
+    time.sleep(1)
+    assert len(subscriber.messages) == 1  # neither the aborted nor the open one
+    producer.commit_transaction(20)
+    assert subscriber.wait_messages(2)[1] == ("plant/line1", b"open", 1)
+    time.sleep(0.5)
+    assert [m.payload for m in subscriber.messages] == [b"committed", b"open"]

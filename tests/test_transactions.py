@@ -1,0 +1,291 @@
+"""Kafka transactions on real ``gateway serve`` processes (local storage), with confluent-kafka's
+transactional producer and read_committed / read_uncommitted consumers: commit and abort, a fenced
+zombie, consume-transform-produce with ``send_offsets_to_transaction``, a transaction left open
+until its timeout aborts it, a gateway killed (SIGKILL) with a transaction open, and the readers of
+every other protocol (V1, TANK, Cursus), which see committed records only."""
+
+from __future__ import annotations
+
+import time
+
+import confluent_kafka as ck
+import pytest
+from kafka_support import unique, wait_until
+
+from gateway.clients.cursus import CursusClient
+from gateway.clients.kafka import KafkaClient
+from gateway.clients.tank import TankClient
+from gateway.clients.v1 import V1Client
+
+pytestmark = pytest.mark.local_only
+
+COMMITTED, UNCOMMITTED = "read_committed", "read_uncommitted"
+
+
+@pytest.fixture
+def gw(gateway_factory):
+    return gateway_factory(("v1", "kafka", "tank", "cursus"), ("--default-partitions", "1"))
+
+
+def producer(gw, transactional_id: str, **conf) -> ck.Producer:
+    p = ck.Producer({"bootstrap.servers": gw.address("kafka"), "transactional.id": transactional_id,
+                     "linger.ms": 0, **conf})
+    p.init_transactions(20)
+    return p
+
+
+def read(gw, topic: str, isolation: str, partition: int = 0, settle: float = 1.5) -> list[tuple[int, bytes]]:
+    """``(offset, value)`` of everything a consumer of ``isolation`` reads from the start, polled
+    until nothing new came for ``settle`` seconds."""
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("reader"),
+                     "isolation.level": isolation, "enable.auto.commit": False})
+    try:
+        c.assign([ck.TopicPartition(topic, partition, ck.OFFSET_BEGINNING)])
+        out: list[tuple[int, bytes]] = []
+        quiet = time.monotonic() + settle
+        while time.monotonic() < quiet:
+            msg = c.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append((msg.offset(), msg.value()))
+                quiet = time.monotonic() + settle
+        return out
+    finally:
+        c.close()
+
+
+def values(records: list[tuple[int, bytes]]) -> list[bytes]:
+    return [v for _, v in records]
+
+
+def create(gw, topic: str, partitions: int = 1) -> None:
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.create_topic(topic, partitions)
+
+
+def latest(gw, topic: str, committed: bool) -> int:
+    """ListOffsets latest, as a read_committed (the last stable offset) or read_uncommitted client asks."""
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
+        answer = k.call(2, 2, {"ReplicaId": -1, "IsolationLevel": int(committed), "Topics": [
+            {"Name": topic, "Partitions": [{"PartitionIndex": 0, "Timestamp": -1}]}]})
+        return answer.Topics[0].Partitions[0].Offset
+
+
+def test_commit_and_abort_as_read_committed_and_read_uncommitted_consumers_see_them(gw):
+    topic = unique("txn")
+    create(gw, topic)
+    p = producer(gw, unique("tx"))
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, f"c{i}".encode())
+    p.commit_transaction(20)
+    p.begin_transaction()
+    for i in range(2):
+        p.produce(topic, f"a{i}".encode())
+    p.flush(20)  # written, then aborted (unsent messages would just be dropped by the client)
+    p.abort_transaction(20)
+    p.begin_transaction()
+    p.produce(topic, b"c-last")
+    p.commit_transaction(20)
+
+    committed = read(gw, topic, COMMITTED)
+    assert values(committed) == [b"c0", b"c1", b"c2", b"c-last"]
+    # offsets 3 and 6 are the commit and abort markers: gaps every reader sees
+    assert [o for o, _ in committed] == [0, 1, 2, 7]
+    assert values(read(gw, topic, UNCOMMITTED)) == [b"c0", b"c1", b"c2", b"a0", b"a1", b"c-last"]
+    assert latest(gw, topic, True) == latest(gw, topic, False) == 9
+
+
+def test_an_open_transaction_holds_read_committed_readers_at_its_first_offset(gw):
+    topic = unique("open")
+    create(gw, topic)
+    plain = ck.Producer({"bootstrap.servers": gw.address("kafka")})
+    plain.produce(topic, b"before")
+    plain.flush(10)
+    p = producer(gw, unique("tx"))
+    p.begin_transaction()
+    p.produce(topic, b"pending")
+    p.flush(20)
+    plain.produce(topic, b"after")  # not transactional, but after the open transaction's first offset
+    plain.flush(10)
+
+    assert values(read(gw, topic, COMMITTED)) == [b"before"]
+    assert values(read(gw, topic, UNCOMMITTED)) == [b"before", b"pending", b"after"]
+    assert latest(gw, topic, True) == 1 and latest(gw, topic, False) == 3  # the last stable offset: 1
+
+    p.commit_transaction(20)
+    assert values(read(gw, topic, COMMITTED)) == [b"before", b"pending", b"after"]
+    assert latest(gw, topic, True) == latest(gw, topic, False) == 4
+
+
+def test_a_new_instance_fences_the_zombie_and_aborts_what_it_left_open(gw):
+    topic, transactional_id = unique("fence"), unique("tx")
+    create(gw, topic)
+    zombie = producer(gw, transactional_id)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"zombie")
+    zombie.flush(20)
+
+    successor = producer(gw, transactional_id)  # InitProducerId: a new epoch, the zombie's transaction aborted
+    successor.begin_transaction()
+    successor.produce(topic, b"successor")
+    successor.commit_transaction(20)
+
+    with pytest.raises(ck.KafkaException) as refused:
+        zombie.produce(topic, b"late")
+        zombie.commit_transaction(20)
+    error = refused.value.args[0]
+    assert error.fatal() and error.code() in (ck.KafkaError._FENCED, ck.KafkaError.INVALID_PRODUCER_EPOCH,
+                                              ck.KafkaError.PRODUCER_FENCED), error
+    assert values(read(gw, topic, COMMITTED)) == [b"successor"]
+
+
+def test_consume_transform_produce_commits_offsets_with_the_output_or_not_at_all(gw):
+    source, sink, group = unique("in"), unique("out"), unique("app")
+    create(gw, source)
+    create(gw, sink)
+    plain = ck.Producer({"bootstrap.servers": gw.address("kafka")})
+    for i in range(10):
+        plain.produce(source, f"{i}".encode())
+    plain.flush(10)
+
+    consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group,
+                            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                            "isolation.level": COMMITTED})
+    consumer.subscribe([source])
+    p = producer(gw, unique("tx"))
+
+    def one_round(count: int, commit: bool) -> None:
+        batch = []
+        wait_until(lambda: batch.extend(m for m in consumer.consume(count - len(batch), 0.5) if not m.error())
+                   or len(batch) >= count, 30, 0, f"{count} records")
+        p.begin_transaction()
+        for m in batch:
+            p.produce(sink, str(int(m.value()) * 10).encode())
+        p.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(),
+                                      20)
+        if commit:
+            p.commit_transaction(20)
+        else:
+            p.flush(20)
+            p.abort_transaction(20)
+
+    try:
+        one_round(4, commit=True)
+        one_round(3, commit=False)  # the output and the offsets go together
+        committed = consumer.committed([ck.TopicPartition(source, 0)], 10)[0].offset
+        assert committed == 4
+        assert values(read(gw, sink, COMMITTED)) == [b"0", b"10", b"20", b"30"]
+    finally:
+        consumer.close()
+
+    fresh = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group, "enable.auto.commit": False})
+    try:  # a restarted application resumes after what it committed
+        assert fresh.committed([ck.TopicPartition(source, 0)], 10)[0].offset == 4
+    finally:
+        fresh.close()
+
+
+def test_a_transaction_left_open_is_aborted_at_its_timeout(gw):
+    topic = unique("timeout")
+    create(gw, topic)
+    p = producer(gw, unique("tx"), **{"transaction.timeout.ms": 2000})
+    p.begin_transaction()
+    p.produce(topic, b"forgotten")
+    p.flush(20)
+    assert latest(gw, topic, True) == 0
+    wait_until(lambda: latest(gw, topic, True) == 2, 15, 0.2, "the abort (marker at offset 1)")
+    assert values(read(gw, topic, COMMITTED)) == []
+    assert values(read(gw, topic, UNCOMMITTED)) == [b"forgotten"]
+    with pytest.raises(ck.KafkaException):
+        p.commit_transaction(10)  # fenced by the abort's epoch bump
+    assert "open for more than 2000 ms: aborting it" in gw.log
+
+
+def test_a_gateway_killed_with_a_transaction_open_keeps_it_until_it_ends(gateway_factory):
+    gw = gateway_factory(("v1", "kafka"), ("--default-partitions", "1", "--fsync", "always"))
+    topic, transactional_id = unique("kill"), unique("tx")
+    create(gw, topic)
+    done = producer(gw, transactional_id)
+    done.begin_transaction()
+    done.produce(topic, b"committed-before")
+    done.commit_transaction(20)
+    p = producer(gw, transactional_id)
+    p.begin_transaction()
+    p.produce(topic, b"open-at-kill")
+    p.flush(20)
+    gw.kill()  # SIGKILL: no shutdown of any kind
+    gw.restart()
+    assert latest(gw, topic, True) == 2  # still open after the restart: the last stable offset holds
+    assert values(read(gw, topic, COMMITTED)) == [b"committed-before"]
+    successor = producer(gw, transactional_id)  # ends it (an abort), as a restarted application would
+    successor.begin_transaction()
+    successor.produce(topic, b"after-restart")
+    successor.commit_transaction(20)
+    assert values(read(gw, topic, COMMITTED)) == [b"committed-before", b"after-restart"]
+    assert values(read(gw, topic, UNCOMMITTED)) == [b"committed-before", b"open-at-kill", b"after-restart"]
+
+
+def aborted_and_open(gw, topic: str) -> ck.Producer:
+    """``topic``: c0 c1 (committed) [marker] a0 a1 (aborted) [marker] plain c2 (committed) [marker]
+    then o0 (open) and plain-late after it. Returns the producer of the open transaction."""
+    create(gw, topic)
+    plain = ck.Producer({"bootstrap.servers": gw.address("kafka")})
+    p = producer(gw, unique("tx"))
+    for values_, commit in ((("c0", "c1"), True), (("a0", "a1"), False)):
+        p.begin_transaction()
+        for v in values_:
+            p.produce(topic, v.encode())
+        p.flush(20)
+        (p.commit_transaction if commit else p.abort_transaction)(20)
+    plain.produce(topic, b"plain")
+    plain.flush(10)
+    p.begin_transaction()
+    p.produce(topic, b"c2")
+    p.commit_transaction(20)
+    opener = producer(gw, unique("tx"))
+    opener.begin_transaction()
+    opener.produce(topic, b"o0")
+    opener.flush(20)
+    plain.produce(topic, b"plain-late")
+    plain.flush(10)
+    return opener
+
+
+def test_v1_tank_and_cursus_readers_see_committed_records_only(gw):
+    topic = unique("mixed")
+    opener = aborted_and_open(gw, topic)
+    expected = [(0, "c0"), (1, "c1"), (6, "plain"), (7, "c2")]
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        assert list(v1.consume_all(topic, 0)) == expected
+    with TankClient("127.0.0.1", gw.port("tank")) as tank:  # TANK sequence numbers are offset + 1
+        assert list(tank.consume_all(topic, 0)) == [(o + 1, v) for o, v in expected]
+    with CursusClient("127.0.0.1", gw.port("cursus")) as cursus:
+        assert list(cursus.consume_all(topic, 0)) == expected
+
+    opener.commit_transaction(20)  # the open one commits: o0 and what came after it are visible now
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        assert list(v1.consume_all(topic, 0)) == [*expected, (9, "o0"), (10, "plain-late")]
+
+
+def test_admin_calls_list_and_describe_transactions_and_producers(gw):
+    topic, transactional_id = unique("adm"), unique("tx")
+    create(gw, topic)
+    p = producer(gw, transactional_id, **{"transaction.timeout.ms": 30000})
+    p.begin_transaction()
+    p.produce(topic, b"x")
+    p.flush(20)
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
+        listed = k.call(66, 0, {"StateFilters": ["Ongoing"], "ProducerIdFilters": []})
+        assert (transactional_id, "Ongoing") in [(t.TransactionalId, t.TransactionState)
+                                                 for t in listed.TransactionStates]
+        described = k.call(65, 0, {"TransactionalIds": [transactional_id, "nobody"]}).TransactionStates
+        assert described[0].TransactionState == "Ongoing" and described[0].TransactionTimeoutMs == 30000
+        assert [(t.Topic, list(t.Partitions)) for t in described[0].Topics] == [(topic, [0])]
+        assert described[1].ErrorCode == 105  # TRANSACTIONAL_ID_NOT_FOUND
+        producers = k.call(61, 0, {"Topics": [{"Name": topic, "PartitionIndexes": [0]}]})
+        active = producers.Topics[0].Partitions[0].ActiveProducers
+        assert [(a.ProducerId, a.CurrentTxnStartOffset) for a in active] == [(described[0].ProducerId, 0)]
+    p.commit_transaction(20)
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
+        described = k.call(65, 0, {"TransactionalIds": [transactional_id]}).TransactionStates[0]
+        assert described.TransactionState == "CompleteCommit"
