@@ -84,7 +84,43 @@ async function group() {
   console.log(JSON.stringify({ split, after }));
 }
 
-({ 'produce-consume': produceConsume, group })[config.mode]().then(
+async function transactions() {
+  // A committed and an aborted transaction, then consume-transform-produce with sendOffsets.
+  const producer = kafka.producer({ transactionalId: config.transactionalId, maxInFlightRequests: 1,
+    idempotent: true });
+  await producer.connect();
+  for (const [values, commit] of [[['c0', 'c1'], true], [['a0'], false]]) {
+    const txn = await producer.transaction();
+    await txn.send({ topic: config.topic, messages: values.map((value) => ({ value, partition: 0 })) });
+    await (commit ? txn.commit() : txn.abort());
+  }
+  const txn = await producer.transaction();
+  await txn.send({ topic: config.output, messages: [{ value: 'derived', partition: 0 }] });
+  await txn.sendOffsets({ consumerGroupId: config.group,
+    topics: [{ topic: config.topic, partitions: [{ partition: 0, offset: '2' }] }] });
+  await txn.commit();
+  await producer.disconnect();
+
+  const read = async (topic, readUncommitted) => {
+    const consumer = kafka.consumer({ groupId: `${config.group}-${topic}-${readUncommitted}`, readUncommitted,
+      maxWaitTimeInMs: 300 });
+    await consumer.connect();
+    await consumer.subscribe({ topic, fromBeginning: true });
+    const got = [];
+    await consumer.run({ eachMessage: async ({ message }) => { got.push([Number(message.offset), message.value.toString()]); } });
+    await sleep(2500);
+    await consumer.disconnect();
+    return got;
+  };
+  const admin = kafka.admin();
+  await admin.connect();
+  const offsets = await admin.fetchOffsets({ groupId: config.group, topics: [config.topic] });
+  await admin.disconnect();
+  console.log(JSON.stringify({ committed: await read(config.topic, false), uncommitted: await read(config.topic, true),
+    output: await read(config.output, false), offsets: offsets[0].partitions.map((p) => [p.partition, p.offset]) }));
+}
+
+({ 'produce-consume': produceConsume, group, transactions })[config.mode]().then(
   () => process.exit(0),
   (e) => { console.error(e && e.stack ? e.stack : e); process.exit(1); },
 );
