@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/spark_read.py
 	$(PY) benchmarks/cluster.py
 	$(PY) benchmarks/tls_cost.py
+	$(PY) benchmarks/transactions.py
 	$(PY) $(MQTT)/benchmarks/mqtt_publish.py
 
 clean:

@@ -392,7 +392,7 @@ class ListOffsets:
     topic: str
     partition: int
     timestamp: int
-    read_committed: bool = False
+    read_committed: bool = True
 
 
 @frozen

@@ -191,3 +191,32 @@ def test_rate_limit_shares_the_limit_by_backlog_and_split_cuts_ranges():
     # minPartitions 4 of 90 records: ranges of at most 23
     assert [(r.partition, r.start, r.end) for r in split(start, latest, 1000, 4)] == [
         (0, 0, 23), (0, 23, 46), (0, 46, 60), (1, 10, 33), (1, 33, 40)]
+
+
+@pytest.mark.parametrize("protocol", ["kafka", "tank"])
+def test_batch_read_sees_committed_transactions_only(spark, spark_gateway, protocol):
+    """A topic with a committed, an aborted and an open transaction (and their markers): Spark reads
+    the committed records and the plain ones before the open transaction, never the others."""
+    import confluent_kafka as ck
+
+    topic = create_topic(spark_gateway.address("kafka"), partitions=1)
+    producer = ck.Producer({"bootstrap.servers": spark_gateway.address("kafka"),
+                            "transactional.id": f"spark-{topic}-{protocol}"})
+    producer.init_transactions(20)
+    for value, commit in ((b"committed", True), (b"aborted", False)):
+        producer.begin_transaction()
+        producer.produce(topic, value, partition=0)
+        producer.flush(20)
+        (producer.commit_transaction if commit else producer.abort_transaction)(20)
+    plain = ck.Producer({"bootstrap.servers": spark_gateway.address("kafka")})
+    plain.produce(topic, b"plain", partition=0)
+    plain.flush(10)
+    producer.begin_transaction()
+    producer.produce(topic, b"open", partition=0)
+    producer.flush(20)
+    try:
+        rows = rows_of(read(spark, spark_gateway, topic, protocol))
+        assert sorted((offset, value) for (_, offset), (_, value, _, _) in rows.items()) == [
+            (0, b"committed"), (4, b"plain")]  # 1 and 3: markers; 2: aborted; 5: still open
+    finally:
+        producer.abort_transaction(20)

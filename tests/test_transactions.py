@@ -289,3 +289,38 @@ def test_admin_calls_list_and_describe_transactions_and_producers(gw):
     with KafkaClient("127.0.0.1", gw.port("kafka")) as k:
         described = k.call(65, 0, {"TransactionalIds": [transactional_id]}).TransactionStates[0]
         assert described.TransactionState == "CompleteCommit"
+
+
+def test_an_end_a_stop_interrupted_is_completed_at_start(gateway_factory, tmp_path):
+    """A gateway stopped between an end's prepare (durable) and its markers: the data dir says
+    PrepareCommit for an open transaction, as after a crash right then. The next start writes the
+    markers and applies the pending offsets; read_committed readers see the records."""
+    from gateway.storage.engine import Engine
+
+    gw = gateway_factory(("v1", "kafka"), ("--default-partitions", "1"))
+    topic, transactional_id, group = unique("prep"), unique("tx"), unique("app")
+    create(gw, topic)
+    p = producer(gw, transactional_id)
+    p.begin_transaction()
+    p.produce(topic, b"decided")
+    p.flush(20)
+    gw.stop()
+    data_dir = gw.data_dir
+    engine = Engine(data_dir)
+    try:
+        record = dict(engine.records["txn"][f"id:{transactional_id}"])
+        assert record["st"] == "Ongoing" and record["parts"] == [[topic, 0, 0]]
+        record.update(st="PrepareCommit", groups=[group], offs=[[group, topic, 0, 1, ""]])
+        engine.put_record("txn", f"id:{transactional_id}", record)
+        engine.sync()
+    finally:
+        engine.close()
+    gw.restart()
+    wait_until(lambda: latest(gw, topic, True) == 2, 15, 0.2, "the commit marker")
+    assert values(read(gw, topic, COMMITTED)) == [b"decided"]
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group})
+    try:
+        assert c.committed([ck.TopicPartition(topic, 0)], 10)[0].offset == 1
+    finally:
+        c.close()
+    assert "transaction " + transactional_id + ": committed" in gw.log

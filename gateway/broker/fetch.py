@@ -42,7 +42,9 @@ class Fetcher:
         if cmd.offset == m.OffsetSpec.EARLIEST:
             return self.store.log_start_offset(cmd.topic, cmd.partition)
         if cmd.offset == m.OffsetSpec.LATEST:
-            return self.store.high_watermark(cmd.topic, cmd.partition)
+            hw = self.store.high_watermark(cmd.topic, cmd.partition)
+            return self.broker.transactions.last_stable_offset(cmd.topic, cmd.partition, hw) \
+                if cmd.read_committed else hw
         return cmd.offset
 
     def _read(self, cmd: m.Fetch, max_bytes: int | None = None, refreshed: bool = False,
@@ -119,8 +121,14 @@ class Fetcher:
                                                stored[-1].last_offset + 1)
         result = self._converted(cmd, stored, hw, start, offset if skipped_from is None else skipped_from, tid)
         if result.error is None and (lso != hw or aborted):
-            return attrs.evolve(result, last_stable_offset=lso, aborted=aborted)
+            # a reader without isolation levels is told the end of what it may read as the high watermark
+            told = lso if cmd.read_committed and not self._transactional(cmd.format) else hw
+            return attrs.evolve(result, high_watermark=told, last_stable_offset=lso, aborted=aborted)
         return result
+
+    def _transactional(self, name: str) -> bool:
+        fmt = self.broker.formats.get(name)
+        return fmt is not None and fmt.transactional
 
     def _hidden(self, cmd: m.Fetch, batch: m.StoredBatch) -> bool:
         """Whether a reader of another format may not see ``batch``: a marker, or aborted records."""

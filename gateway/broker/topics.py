@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from twisted.internet import defer
 
 from gateway import model as m
@@ -90,10 +91,19 @@ class Topics:
         return self._describe(name)
 
     def _describe(self, name: str) -> m.TopicInfo:
+        """The topic as readers see it: a partition's high watermark is its last stable offset
+        (where an open transaction's records begin), the end of what every protocol but Kafka
+        (which asks for offsets itself, with its isolation level) may read."""
         try:
-            return self.store.describe_topic(name)
+            info = self.store.describe_topic(name)
         except CommandError as e:
             return m.TopicInfo(name, error=e.error)
+        txns = self.broker.transactions
+        if not txns.open_on:
+            return info
+        return attrs.evolve(info, partitions=tuple(
+            attrs.evolve(p, high_watermark=txns.last_stable_offset(name, p.partition, p.high_watermark))
+            for p in info.partitions))
 
     def server_info(self, cmd: m.ServerInfo) -> m.ServerInfoResult:
         return m.ServerInfoResult(self.store.started_at, len(self.store.topic_names()),

@@ -97,6 +97,10 @@ def read_range(bootstrap: str, extra: Mapping[str, str], topic: str, partition: 
                 yield _arrow(messages, topic, partition, schema)
             elif answer.need_bytes:
                 fetch_size = max(fetch_size * 2, answer.need_bytes + 64)
+            elif answer.hwmark >= end:
+                # nothing past ``position`` below a high watermark at or past ``end``: the rest of the
+                # range is gaps (transaction markers, aborted records), which no reader is given
+                position = end
             elif time.monotonic() - last_progress > poll_timeout_ms / 1000:
                 raise SourceError(f"no record of {topic}/{partition} at {position} (reading up to {end}) "
                                   f"within {poll_timeout_ms} ms")
