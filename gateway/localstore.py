@@ -58,6 +58,13 @@ class LocalStore:
         self.engine.create_topic(topic, partitions, config)
         return self.engine.topic_info(topic)
 
+    def alter_topic_config(self, topic: str, config: m.TopicConfig) -> m.TopicInfo:
+        self.engine.alter_topic_config(topic, config)
+        return self.engine.topic_info(topic)
+
+    def topic_defaults(self) -> m.TopicConfig:
+        return self.engine.topic_defaults()
+
     def add_partitions(self, topic: str, total: int) -> m.TopicInfo:
         self.engine.add_partitions(topic, total)
         return self.engine.topic_info(topic)

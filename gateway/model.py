@@ -69,6 +69,7 @@ class ErrorCode(enum.Enum):
     INVALID_TRANSACTION_TIMEOUT = "invalid_transaction_timeout"
     CONCURRENT_TRANSACTIONS = "concurrent_transactions"  # the previous transaction is still being completed
     TRANSACTIONAL_ID_NOT_FOUND = "transactional_id_not_found"
+    INVALID_CONFIG = "invalid_config"  # a topic setting that is unknown, read-only or out of range
 
 
 AUTHORIZATION_ERRORS = frozenset({ErrorCode.TOPIC_AUTHORIZATION, ErrorCode.GROUP_AUTHORIZATION,
@@ -184,6 +185,49 @@ class TopicConfig:
     segment_bytes: int | None = None
     replication_factor: int | None = None
     extras: Mapping[str, Any] = attrs.field(default=EMPTY, converter=_extras)
+    cleanup_policy: str | None = None  # "delete", "compact" or "compact,delete" (gateway.topic_configs)
+    delete_retention_ms: int | None = None
+    min_cleanable_dirty_ratio: float | None = None
+    min_compaction_lag_ms: int | None = None
+
+
+@frozen
+class DescribeConfigs:
+    """The settings of ``topics`` (``gateway.topic_configs``), each with its effective value."""
+
+    topics: tuple[str, ...]
+
+
+@frozen
+class TopicSettings:
+    topic: str
+    settings: tuple[tuple[str, str, bool], ...] = ()  # (Kafka's name, value, whether the server's default)
+    error: Error | None = None
+
+
+@frozen
+class DescribeConfigsResult:
+    topics: tuple[TopicSettings, ...]
+
+
+@frozen
+class AlterConfigs:
+    """Change ``topic``'s settings. ``changes``: ``(name, operation, value)``, the operation
+    ``"set"``, ``"delete"`` (back to the server's default), ``"append"`` or ``"subtract"``
+    (an item of a list setting: ``cleanup.policy``). ``replace``: every setting not named
+    goes back to its default (Kafka's AlterConfigs; IncrementalAlterConfigs keeps them).
+    ``validate_only``: check everything, change nothing."""
+
+    topic: str
+    changes: tuple[tuple[str, str, str | None], ...]
+    replace: bool = False
+    validate_only: bool = False
+
+
+@frozen
+class AlterConfigsResult:
+    topic: str
+    error: Error | None = None
 
 
 @frozen

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 10_000  # per topic: each open partition holds file descriptors
 MAX_OFFSET = (1 << 63) - 1
+DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's defaults of the compaction settings
+MIN_CLEANABLE_DIRTY_RATIO = 0.5
 RECORD_KINDS = ("sec", "txn")
 """Kinds of the records the broker keeps in the journal: security (users, ACLs) and transactions."""
 
@@ -333,6 +335,23 @@ class Engine:
             self._add_partitions(topic, total)
         return topic
 
+    def alter_topic_config(self, name: str, config: TopicConfig) -> Topic:
+        """Give topic ``name`` ``config`` (journaled); segments rolled from now on take its size."""
+        topic = self.topic(name)
+        self.journal.append({"t": "topic", "name": name, "id": topic.topic_id, "n": len(topic.partitions),
+                             "cfg": _config_state(config)})
+        topic.config = config
+        for p in topic.partitions:
+            p.log.segment_bytes = config.segment_bytes or self.config.segment_bytes
+        return topic
+
+    def topic_defaults(self) -> TopicConfig:
+        """The settings a topic gets where its own config says nothing (``TopicConfig`` fields)."""
+        return TopicConfig(retention_bytes=self.config.retention_bytes, retention_ms=self.config.retention_ms,
+                           segment_bytes=self.config.segment_bytes, cleanup_policy="delete",
+                           delete_retention_ms=DELETE_RETENTION_MS, min_cleanable_dirty_ratio=MIN_CLEANABLE_DIRTY_RATIO,
+                           min_compaction_lag_ms=0)
+
     def delete_topic(self, name: str) -> None:
         topic = self.topic(name)
         self.journal.append({"t": "topic-del", "name": name})
@@ -552,11 +571,13 @@ def _pkey(producer_id: Any) -> Any:
 
 def _config_state(c: TopicConfig) -> dict[str, Any]:
     return {"rb": c.retention_bytes, "rm": c.retention_ms, "sb": c.segment_bytes,
-            "rf": c.replication_factor, "x": dict(c.extras)}
+            "rf": c.replication_factor, "x": dict(c.extras), "cp": c.cleanup_policy, "dr": c.delete_retention_ms,
+            "dirty": c.min_cleanable_dirty_ratio, "lag": c.min_compaction_lag_ms}
 
 
 def _config_from_state(s: dict[str, Any]) -> TopicConfig:
-    return TopicConfig(s.get("rb"), s.get("rm"), s.get("sb"), s.get("rf"), s.get("x") or {})
+    return TopicConfig(s.get("rb"), s.get("rm"), s.get("sb"), s.get("rf"), s.get("x") or {}, s.get("cp"),
+                       s.get("dr"), s.get("dirty"), s.get("lag"))
 
 
 def _warn_if_open_to_others(data_dir: str) -> None:

@@ -65,6 +65,14 @@ class Storage(Protocol):
         """*May wait.* Create ``topic`` (``partitions=None``: the default count):
         its ``TopicInfo``. Raises ``TOPIC_EXISTS``, ``INVALID_TOPIC`` or ``INVALID_REQUEST``."""
 
+    def alter_topic_config(self, topic: str, config: m.TopicConfig) -> Any:
+        """*May wait.* Replace ``topic``'s settings with ``config`` (``None`` fields: the
+        server's): its ``TopicInfo``. Raises ``UNKNOWN_TOPIC``, or ``INVALID_CONFIG`` for a
+        setting the store refuses."""
+
+    def topic_defaults(self) -> m.TopicConfig:
+        """The server's settings, which a topic has where its own config leaves a field ``None``."""
+
     def add_partitions(self, topic: str, total: int) -> Any:
         """*May wait.* Grow ``topic`` to ``total`` partitions (no-op if it has
         them): its ``TopicInfo``. Shrinking raises ``INVALID_REQUEST``."""

@@ -67,6 +67,7 @@ from typing import Any
 import attrs
 
 from gateway import model as m
+from gateway import topic_configs
 from gateway.codec import CodecConnection, Event, Handled, ListenerSettings, Subscribe
 from gateway.framing import FrameTooLarge, LengthPrefixedFramer, TruncatedFrame, fixed_header
 
@@ -493,15 +494,27 @@ class CursusConnection(CodecConnection):
                 raise Reject(f"ERROR: invalid_partitions reason={q(f'at most {MAX_PARTITIONS}')}")
         if "replication_factor" in a.params:
             a.int("replication_factor", 'ERROR: invalid_replication_factor reason="must be a positive integer"', 1)
+        settings = {}
+        if "cleanup_policy" in a.params:
+            settings["cleanup.policy"] = a.params["cleanup_policy"]
+        for name, setting, scale in (("retention_hours", "retention.ms", 3_600_000),
+                                     ("retention_bytes", "retention.bytes", 1)):
+            if name in a.params:
+                value = a.int(name, f'ERROR: invalid_{name} reason="must be a whole number"', 0)
+                if value:  # 0: the broker's default
+                    settings[setting] = str(value * scale)
+        try:
+            config = topic_configs.from_pairs(settings.items())
+        except m.CommandError as e:
+            raise Reject(f"ERROR: invalid_config reason={q(e.error.message)}") from None
 
         def render(results: Sequence[Any]) -> bytes:
             r: m.CreateTopicResult = results[0]
             if r.error is not None:
                 return frame(f"ERROR: create_topic_failed topic={topic} reason={q(r.error.message)}")
-            return frame(f"OK topic={topic} partitions={r.partitions} cleanup_policy=delete partitioner=hash_key "
-                         f"auth_policy=open read_acl= write_acl= retention_hours=0 retention_bytes=0")
+            return frame(f"OK topic={topic} partitions={r.partitions} {_settings(r.config)}")
 
-        return Handled.run((m.CreateTopic(topic, partitions, if_not_exists=True),), render)
+        return Handled.run((m.CreateTopic(topic, partitions, config, if_not_exists=True),), render)
 
     def _delete(self, a: Args) -> Handled:
         topic = a.need("topic", 'ERROR: missing_topic expected="DELETE topic=<name>"')
@@ -564,8 +577,7 @@ class CursusConnection(CodecConnection):
         def render(results: Sequence[Any]) -> bytes:
             n = len(info(results).partitions)
             return frame(f"OK topic={topic} partitions={n} leaders={','.join([self.leader] * n)} "
-                         f"epochs={','.join(['0'] * n)} cleanup_policy=delete partitioner=hash_key auth_policy=open "
-                         f"read_acl= write_acl= retention_hours=0 retention_bytes=0")
+                         f"epochs={','.join(['0'] * n)} {_settings(info(results).config)}")
 
         return Handled.run((m.ListTopics((topic,)),), render)
 
@@ -840,3 +852,13 @@ class CursusConnection(CodecConnection):
 
 def _group(name: str | None) -> str:
     return DEFAULT_GROUP if not name or name == "-" else name
+
+
+def _settings(config: m.TopicConfig) -> str:
+    """The topic settings CREATE and METADATA answer: its cleanup policy (``delete,compact`` as Cursus
+    writes both) and retention (0: the broker's default), then the fixed ones."""
+    policy = config.cleanup_policy or "delete"
+    policy = "delete,compact" if policy == "compact,delete" else policy
+    hours = (config.retention_ms or 0) // 3_600_000 if (config.retention_ms or 0) > 0 else 0
+    return (f"cleanup_policy={policy} partitioner=hash_key auth_policy=open read_acl= write_acl= "
+            f"retention_hours={hours} retention_bytes={max(config.retention_bytes or 0, 0)}")

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import attrs
 
 from gateway import model as m
+from gateway import topic_configs
 from gateway.codec import Handled
 from gateway.consumer_protocol import encode_assignment, encode_subscription
 from gateway.model import ErrorCode
@@ -86,6 +87,7 @@ ERRORS = {
     ErrorCode.INVALID_TRANSACTION_TIMEOUT: 50,
     ErrorCode.CONCURRENT_TRANSACTIONS: 51,
     ErrorCode.TRANSACTIONAL_ID_NOT_FOUND: 105,
+    ErrorCode.INVALID_CONFIG: 40,
 }
 
 
@@ -258,34 +260,38 @@ def metadata(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     return Handled.run((m.ListTopics(names, auto),), render)
 
 
-def _topic_config(configs: Sequence[Any]) -> m.TopicConfig:
-    known = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes", "segment.bytes": "segment_bytes"}
-    fields: dict[str, Any] = {}
-    extras = {}
-    for c in configs:
-        if c.Name in known and c.Value is not None and c.Value.lstrip("-").isdigit():
-            fields[known[c.Name]] = int(c.Value)
-        elif c.Value is not None:
-            extras[c.Name] = c.Value
-    return m.TopicConfig(**fields, extras=extras)
-
-
 def create_topics(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """Topics with their settings (``gateway.topic_configs``); a topic whose settings are refused
+    is answered ``INVALID_CONFIG`` and not created, the others are."""
+    refused: dict[str, m.Error] = {}
+    commands = []
+    for t in req.Topics:
+        try:
+            config = topic_configs.from_pairs((c.Name, c.Value) for c in t.Configs)
+        except m.CommandError as e:
+            refused[t.Name] = e.error
+            continue
+        commands.append(m.CreateTopic(t.Name, t.NumPartitions if t.NumPartitions > 0 else None, attrs.evolve(
+            config, replication_factor=t.ReplicationFactor if t.ReplicationFactor > 0 else None)))
     if req.get("validateOnly"):
-        return Handled.answer(frame({"Topics": [{"Name": t.Name} for t in req.Topics]}))
-    commands = tuple(
-        m.CreateTopic(t.Name, t.NumPartitions if t.NumPartitions > 0 else None,
-                      attrs.evolve(_topic_config(t.Configs),
-                                   replication_factor=t.ReplicationFactor if t.ReplicationFactor > 0 else None))
-        for t in req.Topics)
+        return Handled.answer(frame({"Topics": [{"Name": t.Name, "ErrorCode": code(refused.get(t.Name)),
+                                                 "ErrorMessage": message(refused.get(t.Name))} for t in req.Topics]}))
 
     def render(results: Sequence[m.CreateTopicResult]) -> bytes:
-        return frame({"Topics": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
-                            "ErrorMessage": message(r.error), "NumPartitions": r.partitions if not r.error else -1,
-                            "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1}
-                           for r in results]})
+        made = iter(results)
+        out = []
+        for t in req.Topics:
+            if t.Name in refused:
+                out.append({"Name": t.Name, "ErrorCode": code(refused[t.Name]), "ErrorMessage": message(refused[t.Name]),
+                            "NumPartitions": -1, "ReplicationFactor": -1})
+                continue
+            r = next(made)
+            out.append({"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
+                        "ErrorMessage": message(r.error), "NumPartitions": r.partitions if not r.error else -1,
+                        "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1})
+        return frame({"Topics": out})
 
-    return Handled.run(commands, render)
+    return Handled.run(tuple(commands), render) if commands else Handled.answer(render(()))
 
 
 def delete_topics(session: Session, version: int, req: Any, frame: Frame) -> Handled:
@@ -314,31 +320,25 @@ DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG = 5, 1
 
 
 def describe_configs(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """Topics: every setting with its effective value (the topic's own, else the server's:
+    ``gateway.topic_configs``); the broker: its listener."""
     topics = tuple(r.ResourceName for r in req.Resources if r.ResourceType == TOPIC_RESOURCE)
 
-    def entries(pairs: list[tuple[str, Any, bool]], keys: Sequence[str] | None) -> list[dict[str, Any]]:
-        return [{"Name": n, "Value": None if v is None else str(v), "ReadOnly": False, "IsDefault": default,
-                 "ConfigSource": DEFAULT_CONFIG if default else DYNAMIC_TOPIC_CONFIG, "IsSensitive": False}
+    def entries(pairs: Sequence[tuple[str, Any, bool]], keys: Sequence[str] | None) -> list[dict[str, Any]]:
+        return [{"Name": n, "Value": None if v is None else str(v), "ReadOnly": n in topic_configs.READ_ONLY,
+                 "IsDefault": default, "ConfigSource": DEFAULT_CONFIG if default else DYNAMIC_TOPIC_CONFIG,
+                 "IsSensitive": False}
                 for n, v, default in pairs if keys is None or n in keys]
 
-    def render(results: Sequence[m.ListTopicsResult]) -> bytes:
-        infos = {t.topic: t for t in results[0].topics} if results else {}
+    def render(results: Sequence[m.DescribeConfigsResult]) -> bytes:
+        found = {t.topic: t for t in results[0].topics} if results else {}
         out = []
         for r in req.Resources:
             body: dict[str, Any] = {"ResourceType": r.ResourceType, "ResourceName": r.ResourceName}
             if r.ResourceType == TOPIC_RESOURCE:
-                info = infos[r.ResourceName]
-                c = info.config
-                pairs = [("cleanup.policy", "delete", True),
-                         ("retention.ms", c.retention_ms if c.retention_ms is not None else -1,
-                          c.retention_ms is None),
-                         ("retention.bytes", c.retention_bytes if c.retention_bytes is not None else -1,
-                          c.retention_bytes is None),
-                         ("segment.bytes", c.segment_bytes, c.segment_bytes is None),
-                         ("compression.type", "producer", True)]
-                pairs += [(k, v, False) for k, v in c.extras.items()]
-                body.update(ErrorCode=code(info.error), ErrorMessage=message(info.error),
-                            Configs=[] if info.error else entries(pairs, r.ConfigurationKeys))
+                settings = found[r.ResourceName]
+                body.update(ErrorCode=code(settings.error), ErrorMessage=message(settings.error),
+                            Configs=[] if settings.error else entries(settings.settings, r.ConfigurationKeys))
             elif r.ResourceType == BROKER_RESOURCE:
                 body["Configs"] = entries([("advertised.listeners",
                                             f"PLAINTEXT://{session.advertised_host}:{session.advertised_port}",
@@ -351,7 +351,45 @@ def describe_configs(session: Session, version: int, req: Any, frame: Frame) -> 
 
     if not topics:
         return Handled.answer(render(()))
-    return Handled.run((m.ListTopics(topics),), render)
+    return Handled.run((m.DescribeConfigs(topics),), render)
+
+
+INCREMENTAL_OPERATIONS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
+
+
+def _alter_configs(req: Any, frame: Frame, incremental: bool) -> Handled:
+    commands = []
+    answers: list[dict[str, Any]] = []  # in request order; topic ones filled by the results
+    for r in req.Resources:
+        body = {"ResourceType": r.ResourceType, "ResourceName": r.ResourceName}
+        answers.append(body)
+        if r.ResourceType != TOPIC_RESOURCE:
+            body.update(ErrorCode=INVALID_REQUEST, ErrorMessage="only topic settings can be changed")
+            continue
+        changes = tuple((c.Name, INCREMENTAL_OPERATIONS.get(c.ConfigOperation, "?") if incremental else "set",
+                         c.Value) for c in r.Configs)
+        commands.append(m.AlterConfigs(r.ResourceName, changes, replace=not incremental,
+                                       validate_only=req.ValidateOnly))
+
+    def render(results: Sequence[m.AlterConfigsResult]) -> bytes:
+        done = iter(results)
+        for body in answers:
+            if "ErrorCode" not in body:
+                r = next(done)
+                body.update(ErrorCode=code(r.error), ErrorMessage=message(r.error))
+        return frame({"Responses": answers})
+
+    return Handled.run(tuple(commands), render) if commands else Handled.answer(render(()))
+
+
+def alter_configs(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """AlterConfigs: a topic's settings replaced by the ones given (the others back to the defaults)."""
+    return _alter_configs(req, frame, incremental=False)
+
+
+def incremental_alter_configs(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """IncrementalAlterConfigs: set, delete (back to the default), append to or subtract from a setting."""
+    return _alter_configs(req, frame, incremental=True)
 
 
 # --------------------------------------------------------------------------- groups
@@ -756,9 +794,11 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(30, 0, 3, create_acls),
     Api(31, 0, 3, delete_acls),
     Api(32, 0, 4, describe_configs),
+    Api(33, 0, 2, alter_configs),
     Api(36, 0, 2, sasl_authenticate),
     Api(37, 0, 3, create_partitions),
     Api(42, 0, 2, delete_groups),
+    Api(44, 0, 1, incremental_alter_configs),
     Api(50, 0, 0, describe_user_scram_credentials),
     Api(51, 0, 0, alter_user_scram_credentials),
     Api(61, 0, 0, describe_producers),

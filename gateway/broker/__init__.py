@@ -93,6 +93,8 @@ class Broker:
             m.DeleteTopic: self.topics.delete,
             m.CreatePartitions: self.topics.create_partitions,
             m.ListTopics: self.topics.list,
+            m.DescribeConfigs: self.topics.describe_configs,
+            m.AlterConfigs: self.topics.alter_configs,
             m.JoinGroup: self.groups.join,
             m.SyncGroup: self.groups.sync,
             m.Heartbeat: self.groups.heartbeat,

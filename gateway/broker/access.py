@@ -16,6 +16,8 @@ ListOffsets            Describe on the topic
 CreateTopic            Create on the cluster or on the topic
 DeleteTopic            Delete on the topic
 CreatePartitions       Alter on the topic
+DescribeConfigs        DescribeConfigs on each topic (the others answered with the error)
+AlterConfigs           AlterConfigs on the topic
 ListTopics             Describe (Read, for ``read``) on each topic: a listing of all leaves
                        out the others, a named one is answered with the error;
                        auto-creation needs Create
@@ -95,6 +97,8 @@ class Access:
             m.DeleteTopic: self._topic_rule(Op.DELETE, lambda c, e: m.DeleteTopicResult(c.topic, e)),
             m.CreatePartitions: self._topic_rule(Op.ALTER, lambda c, e: m.CreatePartitionsResult(c.topic, e)),
             m.ListTopics: self._list_topics,
+            m.DescribeConfigs: self._describe_configs,
+            m.AlterConfigs: self._topic_rule(Op.ALTER_CONFIGS, lambda c, e: m.AlterConfigsResult(c.topic, e)),
             m.JoinGroup: self._group_rule(Op.READ, lambda c, e: m.JoinGroupResult(c.group, c.member_id, error=e)),
             m.SyncGroup: self._group_rule(Op.READ, lambda c, e: m.SyncGroupResult(c.group, error=e)),
             m.Heartbeat: self._group_rule(Op.READ, lambda c, e: m.HeartbeatResult(c.group, e)),
@@ -336,6 +340,13 @@ class Access:
                 or self.acls.allowed_on_some(caller.principal, caller.host, Op.WRITE, ResourceType.TOPIC)):
             return self.broker.run(cmd)
         return m.InitProducerIdResult(error=denied(ResourceType.CLUSTER, m.CLUSTER_RESOURCE, Op.IDEMPOTENT_WRITE))
+
+    def _describe_configs(self, cmd: m.DescribeConfigs, caller: m.Caller) -> Any:
+        def refuse(t: m.TopicSettings) -> m.TopicSettings:
+            if self.may(caller, Op.DESCRIBE_CONFIGS, ResourceType.TOPIC, t.topic):
+                return t
+            return m.TopicSettings(t.topic, error=denied(ResourceType.TOPIC, t.topic, Op.DESCRIBE_CONFIGS))
+        return then(self.broker.run(cmd), lambda r: m.DescribeConfigsResult(tuple(map(refuse, r.topics))))
 
     # ------------------------------------------------------------------ transactions
 

@@ -9,8 +9,9 @@ import attrs
 from twisted.internet import defer
 
 from gateway import model as m
+from gateway import topic_configs
 from gateway.broker.calls import errors_as, then
-from gateway.model import CommandError
+from gateway.model import CommandError, ErrorCode
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -68,6 +69,41 @@ class Topics:
         return then(self.store.add_partitions(cmd.topic, cmd.count),
                     lambda _: self.broker.durable(m.CreatePartitionsResult(cmd.topic)))
 
+    def describe_configs(self, cmd: m.DescribeConfigs) -> m.DescribeConfigsResult:
+        defaults = self.store.topic_defaults()
+        out = []
+        for topic in cmd.topics:
+            try:
+                config = self.store.describe_topic(topic).config
+            except CommandError as e:
+                out.append(m.TopicSettings(topic, error=e.error))
+                continue
+            out.append(m.TopicSettings(topic, tuple(topic_configs.describe(config, defaults))))
+        return m.DescribeConfigsResult(tuple(out))
+
+    @errors_as(m.AlterConfigsResult, "topic")
+    def alter_configs(self, cmd: m.AlterConfigs) -> Any:
+        current = self.store.describe_topic(cmd.topic).config
+        base = m.TopicConfig(replication_factor=current.replication_factor) if cmd.replace else current
+        changes: dict[str, str | None] = {}
+        for name, operation, value in cmd.changes:
+            if operation in ("append", "subtract"):
+                value = _list_change(name, operation, value, changes.get(name, _text_of(base, name)))
+            elif operation == "delete":
+                value = None
+            elif operation != "set":
+                raise CommandError(ErrorCode.INVALID_REQUEST, f"unknown config operation {operation!r}")
+            changes[name] = value
+        config = topic_configs.apply(base, changes)
+        if cmd.validate_only or config == current:
+            return m.AlterConfigsResult(cmd.topic)
+
+        def altered(_: Any) -> Any:
+            log.info("topic %s: settings now %s", cmd.topic, topic_configs.changes_of(config) or "the defaults")
+            return self.broker.durable(m.AlterConfigsResult(cmd.topic))
+
+        return then(self.store.alter_topic_config(cmd.topic, config), altered)
+
     def list(self, cmd: m.ListTopics) -> Any:
         names = sorted(self.store.topic_names()) if cmd.topics is None else cmd.topics
         infos = [self._info(name, cmd.auto_create) for name in names]
@@ -108,6 +144,24 @@ class Topics:
     def server_info(self, cmd: m.ServerInfo) -> m.ServerInfoResult:
         return m.ServerInfoResult(self.store.started_at, len(self.store.topic_names()),
                                   self.store.total_partitions(), self.broker.listeners)
+
+
+def _text_of(config: m.TopicConfig, name: str) -> str | None:
+    """The text of setting ``name`` that ``config`` sets, None where it leaves the default."""
+    return topic_configs.changes_of(config).get(name, config.extras.get(name))
+
+
+def _list_change(name: str, operation: str, value: str | None, current: str | None) -> str | None:
+    """A list setting (``cleanup.policy``) with ``value``'s items appended or subtracted."""
+    if name != "cleanup.policy":
+        raise CommandError(ErrorCode.INVALID_CONFIG, f"{name} is not a list: {operation} applies to cleanup.policy")
+    items = [i for i in (current or "delete").split(",") if i]
+    for item in (value or "").split(","):
+        if operation == "append" and item and item not in items:
+            items.append(item)
+        elif operation == "subtract" and item in items:
+            items.remove(item)
+    return ",".join(items) if items else None
 
 
 def _exists_is_enough(f: Any) -> None:

@@ -19,16 +19,17 @@ from typing import Any
 
 import attrs
 from confluent_kafka import TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, OffsetSpec
 
 from gateway import model as m
+from gateway import topic_configs
 from gateway.cluster.bridge import Loop
 from gateway.cluster.config import ClusterConfig
 from gateway.model import CommandError, ErrorCode
 
 log = logging.getLogger(__name__)
 
-CONFIG_NAMES = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes", "segment.bytes": "segment_bytes"}
+TOPIC_SET = (ConfigSource.DYNAMIC_TOPIC_CONFIG, ConfigSource.DYNAMIC_TOPIC_CONFIG.value)  # as enum or as number
 FIRST_ASK_S = 5.0  # how long a start waits for the cluster before it serves anyway (and fails calls)
 MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
 
@@ -226,7 +227,18 @@ class Metadata:
                 entries = future.result(timeout)
             except Exception:  # noqa: BLE001 - not described now: reported as defaults
                 continue
-            set_here = {k: int(e.value) for k, e in entries.items()
-                        if k in CONFIG_NAMES and not e.is_default and e.value not in (None, "")}
-            out[resource.name] = m.TopicConfig(**{CONFIG_NAMES[k]: v for k, v in set_here.items()})
+            set_here = {k: e.value for k, e in entries.items() if not e.is_default and e.value not in (None, "")
+                        and (k in topic_configs.SETTINGS or e.source in TOPIC_SET)}
+            try:
+                out[resource.name] = topic_configs.apply(m.TopicConfig(), set_here)
+            except CommandError as e:  # a value polygate does not take: reported as defaults
+                log.warning("topic %s: settings not read: %s", resource.name, e)
         return out
+
+    def set_config(self, topic: str, config: m.TopicConfig) -> None:
+        """``topic``'s settings after this gateway changed them in the cluster (reactor thread; the
+        thread side keeps them too, for a topic it has to describe again)."""
+        self._configs[topic] = config
+        state = self.topics.get(topic)
+        if state is not None:
+            state.config = config

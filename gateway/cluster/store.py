@@ -9,10 +9,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
 from twisted.internet import defer, task
 
 from gateway import model as m
+from gateway import topic_configs
 from gateway.cluster.bridge import deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.groups import ClusterGroups
@@ -30,6 +40,10 @@ log = logging.getLogger(__name__)
 RELEASE_S = 0.3  # after the reader let go of a topic, before it is deleted
 CREATE_VISIBLE_TRIES = 20  # metadata refreshes to wait for a created topic to show in the cluster's metadata
 
+
+KAFKA_DEFAULTS = m.TopicConfig(retention_bytes=-1, retention_ms=7 * 24 * 3600 * 1000, segment_bytes=1 << 30,
+                               cleanup_policy="delete", delete_retention_ms=24 * 3600 * 1000,
+                               min_cleanable_dirty_ratio=0.5, min_compaction_lag_ms=0)
 
 class ClusterStore:
     """Implements ``Storage`` on the cluster at ``config.bootstrap``.
@@ -123,14 +137,7 @@ class ClusterStore:
         count = self.config.default_partitions if partitions is None else partitions
         if count < 1:
             raise CommandError(ErrorCode.INVALID_REQUEST, f"a topic needs at least one partition, not {count}")
-        settings = {}
-        if config is not None:
-            if config.retention_ms is not None:
-                settings["retention.ms"] = str(config.retention_ms)
-            if config.retention_bytes is not None:
-                settings["retention.bytes"] = str(config.retention_bytes)
-            if config.segment_bytes is not None:
-                settings["segment.bytes"] = str(config.segment_bytes)
+        settings = {} if config is None else {**topic_configs.changes_of(config), **config.extras}
         replication = config.replication_factor if config is not None and config.replication_factor else None
         new = NewTopic(topic, count, replication or self.config.replication_factor, config=settings)
         futures = self.admin.create_topics([new], request_timeout=self._timeout)
@@ -144,6 +151,27 @@ class ClusterStore:
             return self._visible(topic, lambda s: True).addCallback(lambda _: f)
 
         return d.addCallbacks(lambda _: self._visible(topic, lambda s: len(s.partitions) >= count), exists)
+
+    def alter_topic_config(self, topic: str, config: m.TopicConfig) -> Any:
+        """The cluster's own settings of ``topic`` changed to ``config`` (IncrementalAlterConfigs:
+        what ``config`` sets is set, the rest of polygate's settings go back to the cluster's)."""
+        state = self.metadata.state(topic)
+        wanted = {**topic_configs.changes_of(config), **config.extras}
+        before = {**topic_configs.changes_of(state.config), **state.config.extras}
+        entries = [ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+                   for name, value in wanted.items()]
+        entries += [ConfigEntry(name, None, incremental_operation=AlterConfigOpType.DELETE)
+                    for name in before if name not in wanted]
+        resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+        futures = self.admin.incremental_alter_configs([resource], request_timeout=self._timeout)
+        d = deferred_from(self.reactor, next(iter(futures.values())), f"alter the settings of topic {topic}")
+        return d.addCallback(lambda _: self.metadata.set_config(topic, config)).addCallback(
+            lambda _: self.describe_topic(topic))
+
+    def topic_defaults(self) -> m.TopicConfig:
+        """Kafka's defaults (a cluster's brokers may be configured otherwise; the topic's own
+        settings, which the cluster reports, are shown as they are)."""
+        return KAFKA_DEFAULTS
 
     def _visible(self, topic: str, ready: Callable[[Any], bool], tries: int = CREATE_VISIBLE_TRIES) -> Any:
         """The topic's ``TopicInfo`` once the metadata shows it ``ready`` (after a change made)."""
