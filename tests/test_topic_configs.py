@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import confluent_kafka as ck
 import pytest
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 from kafka_support import unique
 
 from gateway.clients.cursus import CursusClient
