@@ -160,6 +160,8 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--ack-timeout-ms", default=2000, show_default=True, type=click.IntRange(1))
 @click.option("--group-session-timeout-ms", default=10_000, show_default=True, type=int,
               help="Session timeout of group members whose protocol does not send one (V1).")
+@click.option("--cleaner-interval-ms", default=15_000, show_default=True, type=click.IntRange(100),
+              help="How often the log cleaner looks for a partition of a compacted topic to compact.")
 @click.option("--segment-bytes", default=64 << 20, show_default=True, type=click.IntRange(1024))
 @click.option("--max-topics", default=0, type=int, help="Topics (default: what the descriptor limit allows).")
 @click.option("--max-partitions", default=0, type=int,
@@ -224,7 +226,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--log-file", default=None, metavar="FILE", help="Append the log to FILE instead of stderr.")
 def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
-          ack_timeout_ms, group_session_timeout_ms, segment_bytes, max_topics, max_partitions,
+          ack_timeout_ms, group_session_timeout_ms, cleaner_interval_ms, segment_bytes, max_topics, max_partitions,
           max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
           max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
           send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
@@ -330,7 +332,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
                      segment_bytes=segment_bytes, retention_bytes=retention_bytes, retention_ms=retention_ms,
                      file_mode=file_mode, max_topics=max_topics, max_partitions=max_partitions,
                      max_partitions_per_topic=max_partitions_per_topic),
-        BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms),
+        BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms,
+                     cleaner_interval_ms=cleaner_interval_ms),
         ConnectionLimits(max_connections=max_connections, max_per_peer=max_connections_per_peer,
                          idle_timeout_s=idle_timeout or None, frame_timeout_s=frame_timeout or None,
                          max_answer_bytes=max_answer_bytes, send_buffer_bytes=send_buffer_bytes,

@@ -246,6 +246,24 @@ class LocalStore:
     def put_security_record(self, key: str, value: Any) -> None:
         self.engine.put_record("sec", key, value)
 
+    def sealed_segments(self, topic: str, partition: int) -> list[Any]:
+        return self.engine.sealed_segments(topic, partition)
+
+    def read_segment(self, topic: str, partition: int, base_offset: int) -> list[m.StoredBatch]:
+        return self.engine.read_segment(topic, partition, base_offset)
+
+    def write_cleaned(self, topic: str, partition: int, base_offset: int, batches: list[m.StoredBatch]) -> Any:
+        return self.engine.write_cleaned(topic, partition, base_offset, batches)
+
+    def swap_cleaned(self, topic: str, partition: int, cleaned: Any) -> bool:
+        return self.engine.swap_cleaned(topic, partition, cleaned)
+
+    def compaction_checkpoints(self) -> dict[str, Any]:
+        return dict(self.engine.records["cln"])
+
+    def put_compaction_checkpoint(self, key: str, value: Any) -> None:
+        self.engine.put_record("cln", key, value)
+
     def transaction_records(self) -> dict[str, Any]:
         return dict(self.engine.records["txn"])
 

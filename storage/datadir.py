@@ -113,15 +113,7 @@ def write_format(data_dir: str, version: int, file_mode: int) -> None:
         raise
     os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(data_dir)
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fileio.fsync_dir(data_dir)
 
 
 def migrate(data_dir: str, version: int, topics: Iterable[tuple[str, str, int]], file_mode: int) -> None:
@@ -150,7 +142,7 @@ def _migrate_1_to_2(data_dir: str, topics: Iterable[tuple[str, str, int]]) -> No
             os.rename(old, new)
             renamed += 1
     if os.path.isdir(logs):
-        fsync_dir(logs)  # the renames are durable before FORMAT says they were made
+        fileio.fsync_dir(logs)  # the renames are durable before FORMAT says they were made
     log.info("data dir %s: migrated from format 1 to 2 (%d partition folders renamed to NAME@ID-P)",
                 data_dir, renamed)
 

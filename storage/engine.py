@@ -36,7 +36,7 @@ from . import datadir, fileio
 from .datadir import DataDirFormatError as DataDirFormatError  # raised by Engine(), for callers
 from .groups import GroupCoordinator
 from .journal import Journal
-from .log import PartitionLog
+from .log import CleanedSegment, PartitionLog, SegmentInfo
 from .replication import ReplicaSet
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,9 @@ MAX_PARTITIONS = 10_000  # per topic: each open partition holds file descriptors
 MAX_OFFSET = (1 << 63) - 1
 DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's defaults of the compaction settings
 MIN_CLEANABLE_DIRTY_RATIO = 0.5
-RECORD_KINDS = ("sec", "txn")
-"""Kinds of the records the broker keeps in the journal: security (users, ACLs) and transactions."""
+RECORD_KINDS = ("sec", "txn", "cln")
+"""Kinds of the records the broker keeps in the journal: security (users, ACLs), transactions, and
+the compaction checkpoint of each compacted partition."""
 
 
 class StorageFailure(OSError):
@@ -471,6 +472,25 @@ class Engine:
                 if p.high_watermark != before:
                     p.notify()
 
+    # ------------------------------------------------------------------ compaction
+
+    def sealed_segments(self, topic: str, partition: int) -> list[SegmentInfo]:
+        return self.partition(topic, partition).log.sealed_segments()
+
+    def read_segment(self, topic: str, partition: int, base_offset: int) -> list[StoredBatch]:
+        """Every batch of a sealed segment (safe from a worker thread)."""
+        return self.partition(topic, partition).log.read_segment(base_offset)
+
+    def write_cleaned(self, topic: str, partition: int, base_offset: int,
+                      batches: list[StoredBatch]) -> CleanedSegment:
+        """A compacted copy of a sealed segment, written and fsynced beside it (safe from a worker thread)."""
+        return self.partition(topic, partition).log.write_cleaned(base_offset, batches)
+
+    def swap_cleaned(self, topic: str, partition: int, cleaned: CleanedSegment) -> bool:
+        """The copy in place of its segment (``PartitionLog.swap_cleaned``), between syncs."""
+        with self._sync_lock:
+            return self.partition(topic, partition).log.swap_cleaned(cleaned)
+
     # ------------------------------------------------------------------ the broker's records
 
     def put_record(self, kind: str, key: str, value: Any) -> None:
@@ -513,6 +533,8 @@ class Engine:
         deleted = 0
         with self._sync_lock:
             for t in self.topics.values():
+                if t.config.cleanup_policy == "compact":  # compacted, never deleted by age or size
+                    continue
                 rb = t.config.retention_bytes if t.config.retention_bytes is not None else self.config.retention_bytes
                 rm = t.config.retention_ms if t.config.retention_ms is not None else self.config.retention_ms
                 for p in t.partitions:

@@ -107,6 +107,15 @@ def fsync(fd: int) -> None:
         raise FsyncFailed(e.errno, f"fsync failed: {e.strerror or e}") from e
 
 
+def fsync_dir(path: str) -> None:
+    """fsync a directory: the renames and unlinks made in it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def undo(fd: int, size: int, error: OSError) -> None:
     """Cut the file back to ``size`` after ``error`` and raise it (``TornWrite`` if the cut fails)."""
     try:

@@ -223,6 +223,31 @@ class Storage(Protocol):
         next ``sync`` as an append is; raises ``CommandError(STORAGE_ERROR)`` when it could
         not be written."""
 
+    # ------------------------------------------------------------------ compaction (``gateway.broker.compaction``)
+
+    def sealed_segments(self, topic: str, partition: int) -> list[Any]:
+        """The partition's segments that take no more appends (``base_offset``, ``next_offset``,
+        ``size``, ``max_timestamp``), oldest first; ``[]`` for a store that compacts by itself
+        (a cluster)."""
+
+    def read_segment(self, topic: str, partition: int, base_offset: int) -> list[m.StoredBatch]:
+        """Every batch of a sealed segment. May run in a worker thread."""
+
+    def write_cleaned(self, topic: str, partition: int, base_offset: int, batches: list[m.StoredBatch]) -> Any:
+        """Write (durably) a compacted copy of a sealed segment, ``batches`` being what is left of
+        its batches, in order, with their offsets; the segment is untouched. May run in a worker
+        thread. Returns what ``swap_cleaned`` takes."""
+
+    def swap_cleaned(self, topic: str, partition: int, cleaned: Any) -> bool:
+        """Put the copy in place of its segment, atomically, so that a stop at any moment leaves
+        the segment or its copy, never a mix; False if the segment changed meanwhile."""
+
+    def compaction_checkpoints(self) -> dict[str, Any]:
+        """The persisted compaction checkpoints, key to value."""
+
+    def put_compaction_checkpoint(self, key: str, value: Any) -> Any:
+        """Persist one compaction checkpoint (``None`` deletes it)."""
+
     # ------------------------------------------------------------------ housekeeping and durability
 
     def unavailable(self) -> str | None:

@@ -21,10 +21,32 @@ import os
 import shutil
 from collections.abc import Iterator
 
+import attrs
+
 from gateway.model import StoredBatch
 
 from . import fileio
-from .segment import LOG_SUFFIX, Segment
+from .segment import LOG_SUFFIX, Segment, entry_parts
+
+CLEANED_SUFFIX = ".cleaned"
+"""A compacted copy of a segment (``<base>.log.cleaned``) before it takes the segment's place."""
+
+
+@attrs.frozen
+class SegmentInfo:
+    base_offset: int
+    next_offset: int
+    size: int
+    max_timestamp: int
+
+
+@attrs.frozen
+class CleanedSegment:
+    """A compacted copy written beside its segment, waiting for ``PartitionLog.swap_cleaned``."""
+
+    base_offset: int
+    original_size: int
+    path: str
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +65,13 @@ class PartitionLog:
         self.index_interval = index_interval
         self.file_mode = file_mode
         fileio.make_dirs(directory, file_mode)
+        names = os.listdir(directory)
+        for name in names:
+            if name.endswith(CLEANED_SUFFIX):  # a compaction a stop interrupted before its swap: the original stands
+                os.unlink(os.path.join(directory, name))
         bases = sorted(
             int(name[: -len(LOG_SUFFIX)])
-            for name in os.listdir(directory)
+            for name in names
             if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit()
         )
         self.segments: list[Segment] = []
@@ -192,6 +218,69 @@ class PartitionLog:
                     if header.max_timestamp > best[1]:
                         best = (header.last_offset, header.max_timestamp)
         return best
+
+    # ------------------------------------------------------------------ compaction
+
+    def sealed_segments(self) -> list[SegmentInfo]:
+        """The segments that take no more appends (all but the active one), oldest first."""
+        return [SegmentInfo(s.base_offset, s.next_offset, s.size, s.max_timestamp) for s in self.segments[:-1]]
+
+    def read_segment(self, base_offset: int) -> list[StoredBatch]:
+        """Every batch of the sealed segment at ``base_offset`` (safe from a worker thread: it reads
+        with a descriptor of its own)."""
+        seg = self._sealed(base_offset)
+        return seg.read(base_offset, 1 << 62, seg.next_offset, first_whole=True)[0]
+
+    def write_cleaned(self, base_offset: int, batches: list[StoredBatch]) -> CleanedSegment:
+        """Write ``batches`` (a compacted copy of the sealed segment at ``base_offset``: its batches,
+        some gone or shortened, in order) to a file beside it and fsync it; the segment itself is
+        untouched until ``swap_cleaned`` (safe from a worker thread)."""
+        seg = self._sealed(base_offset)
+        path = seg.log_path + CLEANED_SUFFIX
+        fd = fileio.create_file(path, os.O_WRONLY | os.O_TRUNC, self.file_mode)
+        try:
+            position = 0
+            for b in batches:
+                position += fileio.pwrite_all(fd, entry_parts(b.format, b.base_offset, b.last_offset,
+                                                              b.max_timestamp, b.payload), position)
+            fileio.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        os.close(fd)
+        return CleanedSegment(base_offset, seg.size, path)
+
+    def swap_cleaned(self, cleaned: CleanedSegment) -> bool:
+        """Put the compacted copy in place of its segment, atomically (``rename``); False (and the
+        copy dropped) if the segment changed meanwhile (deleted by retention). A stop before the
+        rename leaves the original (the copy is removed at the next start); after it, the copy.
+        The segment's index is removed first and rebuilt from the copy, so a stop in between
+        never pairs an index with the wrong file."""
+        i = bisect.bisect_left(self._bases, cleaned.base_offset)
+        if (i >= len(self.segments) - 1 or self._bases[i] != cleaned.base_offset
+                or self.segments[i].size != cleaned.original_size or self.failure is not None):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(cleaned.path)
+            return False
+        old = self.segments[i]
+        old.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(old.index_path)
+        os.replace(cleaned.path, old.log_path)
+        fileio.fsync_dir(self.directory)
+        seg = Segment(self.directory, cleaned.base_offset, self.index_interval, self.file_mode)
+        seg.load()
+        seg.seal()
+        self.segments[i] = seg
+        return True
+
+    def _sealed(self, base_offset: int) -> Segment:
+        i = bisect.bisect_left(self._bases, base_offset)
+        if i >= len(self.segments) - 1 or self._bases[i] != base_offset:
+            raise KeyError(f"no sealed segment at {base_offset} in {self.directory}")
+        return self.segments[i]
 
     # ------------------------------------------------------------------ retention
 

@@ -12,7 +12,8 @@ One module per concern: ``produce`` (appends, merging, acks), ``fetch``
 ``topics`` (admin, server info), ``replication`` (replica progress, roles),
 ``durability`` (the fsync policy), ``security`` (users and ACLs, kept in
 storage), ``access`` (the ACL check every command passes with
-``--authorizer acl``) and ``transactions`` (Kafka's transaction coordinator).
+``--authorizer acl``), ``transactions`` (Kafka's transaction coordinator) and
+``compaction`` (the log cleaner of compacted topics).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from twisted.internet import defer, task
 from gateway import model as m
 from gateway.broker.access import Access
 from gateway.broker.calls import errors_as
+from gateway.broker.compaction import Cleaner
 from gateway.broker.durability import FsyncPolicy, GroupCommit, _interval_sync, with_error
 from gateway.broker.fetch import Fetcher
 from gateway.broker.groups import Groups
@@ -60,6 +62,7 @@ class BrokerConfig:
     conversion_cache_bytes: int = 64 << 20
     auto_create_topics: bool = True
     group_session_timeout_ms: int = 10_000
+    cleaner_interval_ms: int = 15_000  # how often the log cleaner looks for a partition to compact
 
 
 class Broker:
@@ -83,6 +86,7 @@ class Broker:
         self.replication = Replication(self)
         self.security = Security(self, users if users is not None else UserStore(), acls)
         self.transactions = Transactions(self)
+        self.cleaner = Cleaner(self)
         self.access = Access(self, acls) if acls is not None else None
         self._handlers: dict[type, Callable[[Any], Any]] = {
             m.Produce: self.producer.produce,
@@ -138,6 +142,7 @@ class Broker:
             (self.config.housekeeping_ms, self.transactions.expire),
             (self.config.retention_check_ms, self.store.enforce_retention),
             (self.config.retention_check_ms, self.transactions.forget_deleted),
+            (self.config.cleaner_interval_ms, self.cleaner.run),
         ]
         if self.config.fsync.mode == "interval":
             every.append((self.config.fsync.interval_ms, lambda: _interval_sync(self.store, self.reactor, self.stats)))

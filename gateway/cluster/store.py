@@ -97,6 +97,24 @@ class ClusterStore:
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         self.security.watch(callback)
 
+    def sealed_segments(self, topic: str, partition: int) -> list[Any]:
+        return []  # the cluster compacts its topics itself (their cleanup.policy is passed on)
+
+    def read_segment(self, topic: str, partition: int, base_offset: int) -> list[m.StoredBatch]:
+        raise CommandError(ErrorCode.UNSUPPORTED, "the cluster compacts its own segments")
+
+    def write_cleaned(self, topic: str, partition: int, base_offset: int, batches: list[m.StoredBatch]) -> Any:
+        raise CommandError(ErrorCode.UNSUPPORTED, "the cluster compacts its own segments")
+
+    def swap_cleaned(self, topic: str, partition: int, cleaned: Any) -> bool:
+        return False
+
+    def compaction_checkpoints(self) -> dict[str, Any]:
+        return {}
+
+    def put_compaction_checkpoint(self, key: str, value: Any) -> None:
+        pass
+
     def transaction_records(self) -> dict[str, Any]:
         return {}
 
