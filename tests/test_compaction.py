@@ -154,3 +154,37 @@ def test_killed_while_cleaning_the_log_stays_whole(gateway_factory):
     records = read_all(gw, topic)
     assert {o for o, _, _ in records} >= {o for o, _ in last.values()}
     assert len([k for _, k, _ in records if k.startswith(b"k")]) <= 50 * 8  # compacted, round after round
+
+
+def test_a_copy_a_stop_left_before_its_swap_is_dropped_and_a_swapped_one_reads_whole(tmp_path):
+    """The two moments a SIGKILL can split: before the rename (the copy is dropped at the next
+    start, the segment is as it was) and after it (the copy is the segment; its index, removed
+    before the rename, is rebuilt)."""
+    import os
+
+    from gateway.storage.log import CLEANED_SUFFIX, PartitionLog
+
+    plog = PartitionLog(str(tmp_path), 300)
+    for i in range(12):
+        plog.append("v1", i, i, 1000 + i, f"payload-{i}-".encode() * 4)
+    base = plog.sealed_segments()[0].base_offset
+    batches = plog.read_segment(base)
+    assert len(batches) > 2
+    plog.write_cleaned(base, batches[1:])
+    plog.close()  # stopped before the swap
+
+    plog = PartitionLog(str(tmp_path), 300)
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(CLEANED_SUFFIX)]
+    assert plog.read_segment(base) == batches
+    assert plog.swap_cleaned(plog.write_cleaned(base, batches[1:]))
+    assert plog.read_segment(base) == batches[1:]
+    plog.close()
+
+    plog = PartitionLog(str(tmp_path), 300)
+    assert plog.read_segment(base) == batches[1:]
+    assert plog.read(batches[0].base_offset, 1 << 20, 12)[0] == batches[1]  # a gap: the next batch after it
+    stale = plog.write_cleaned(base, batches[2:])
+    assert plog.enforce_retention(0, None, 0) >= 1  # retention deleted the segment meanwhile
+    assert not plog.swap_cleaned(stale)  # the copy is dropped, not put back
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(CLEANED_SUFFIX)]
+    plog.close()
