@@ -1,0 +1,95 @@
+"""A stream-processing framework users run on Kafka, against a real ``gateway serve``: Quix Streams
+(confluent-kafka underneath), counting per key with a state store on a compacted changelog topic,
+at-least-once and exactly-once. The application is killed (SIGKILL) mid-stream and started again
+with its local state wiped, so it restores the store from the changelog; with exactly-once no count
+is repeated or skipped in what read_committed readers see."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource
+from kafka_support import unique, wait_until
+
+pytestmark = pytest.mark.local_only
+
+APP = os.path.join(os.path.dirname(__file__), "frameworks", "quix_count.py")
+KEYS = 3
+PER_KEY = 60
+
+
+def outputs(gw, isolation: str) -> list[tuple[bytes, dict]]:
+    """Every record of ``counts`` (all partitions, from the start) as a reader of ``isolation`` sees it."""
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("check"),
+                     "isolation.level": isolation, "enable.auto.commit": False})
+    try:
+        topic = c.list_topics("counts", timeout=10).topics["counts"]
+        if topic.error is not None:
+            return []
+        c.assign([ck.TopicPartition("counts", p, ck.OFFSET_BEGINNING) for p in topic.partitions])
+        out, quiet = [], time.monotonic() + 2
+        while time.monotonic() < quiet:
+            msg = c.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append((msg.key(), json.loads(msg.value())))
+                quiet = time.monotonic() + 2
+        return out
+    finally:
+        c.close()
+
+
+def start(gw, group: str, state: str, guarantee: str, idle_s: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, APP, gw.address("kafka"), group, state, guarantee, str(idle_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_quix_streams_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, tmp_path, guarantee):
+    gw = gateway_factory(("kafka",), ("--default-partitions", "2", "--segment-bytes", "4096",
+                                      "--cleaner-interval-ms", "300"))
+    producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
+    total = KEYS * PER_KEY
+
+    def words(first: int, last: int) -> None:
+        for i in range(first, last):
+            producer.produce("words", json.dumps({"word": f"w{i}"}).encode(), key=f"user{i % KEYS}".encode())
+        producer.flush(10)
+
+    group, state = unique("counter"), str(tmp_path / "state")
+    words(0, total // 2)
+    app = start(gw, group, state, guarantee, 60)
+    wait_until(lambda: len(outputs(gw, "read_uncommitted")) >= total // 4, 60, 0, "some counts")
+    words(total // 2, total * 3 // 4)  # still coming in when the application dies
+    app.send_signal(signal.SIGKILL)  # mid-stream: no commit, no flush, no goodbye
+    app.wait(10)
+    shutil.rmtree(state)  # and the local state store is gone: it must come back from the changelog
+    words(total * 3 // 4, total)
+
+    app = start(gw, group, state, guarantee, 6)
+    out, _ = app.communicate(timeout=180)
+    assert app.returncode == 0 and "stopped" in out, out[-3000:]
+
+    seen = outputs(gw, "read_committed")
+    for k in range(KEYS):
+        counts = [v["n"] for key, v in seen if key == f"user{k}".encode()]
+        words = [v["word"] for key, v in seen if key == f"user{k}".encode()]
+        if guarantee == "exactly-once":  # each word counted once, in order, none lost or repeated
+            assert counts == list(range(1, PER_KEY + 1)), (k, counts)
+            assert words == [f"w{i}" for i in range(k, KEYS * PER_KEY, KEYS)]
+        else:  # at least once: words after the last commit are counted again, but the state is never lost
+            assert counts[-1] >= PER_KEY and sorted(set(words)) == sorted(f"w{i}" for i in range(k, KEYS * PER_KEY, KEYS))
+            assert all(b >= a for a, b in zip(counts, counts[1:]) if b != 1)
+
+    admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+    changelogs = [t for t in admin.list_topics(timeout=10).topics if t.startswith("changelog__")]
+    assert changelogs, "no changelog topic"
+    resource = ConfigResource(ConfigResource.Type.TOPIC, changelogs[0])
+    assert admin.describe_configs([resource])[resource].result(10)["cleanup.policy"].value == "compact"
