@@ -246,6 +246,9 @@ class LocalStore:
     def put_security_record(self, key: str, value: Any) -> None:
         self.engine.put_record("sec", key, value)
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        return self.engine.delete_records(topic, partition, offset)
+
     def sealed_segments(self, topic: str, partition: int) -> list[Any]:
         return self.engine.sealed_segments(topic, partition)
 

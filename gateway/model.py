@@ -192,6 +192,23 @@ class TopicConfig:
 
 
 @frozen
+class DeleteRecords:
+    """Make ``offset`` the partition's log start (``-1``: its high watermark), as Kafka's DeleteRecords."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@frozen
+class DeleteRecordsResult:
+    topic: str
+    partition: int
+    log_start_offset: int = -1
+    error: Error | None = None
+
+
+@frozen
 class DescribeConfigs:
     """The settings of ``topics`` (``gateway.topic_configs``), each with its effective value."""
 

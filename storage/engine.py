@@ -216,7 +216,7 @@ class Engine:
                 topics.pop(entry["name"], None)
             elif kind == "pid":
                 self._next_producer_id = max(self._next_producer_id, entry["next"])
-            elif kind == "producer":
+            elif kind in ("producer", "start"):
                 pass  # applied once partitions exist, below
             elif kind in RECORD_KINDS:
                 if entry["v"] is None:
@@ -234,10 +234,15 @@ class Engine:
         self._warn_of_unknown_folders()
         # producer state needs partitions: a second, cheap pass
         for entry in self.journal.replay():
-            if entry.get("t") == "producer":
+            kind = entry.get("t")
+            if kind in ("producer", "start"):
                 part = self._partition_or_none(entry["tp"], entry["p"])
-                if part is not None:
+                if part is None:
+                    continue
+                if kind == "producer":
                     part.producers[_pkey(entry["pid"])] = entry["s"]
+                elif entry.get("id") == part.topic.topic_id:
+                    part.log.delete_before(entry["o"])
         self.compact_journal()
 
     def _warn_of_unknown_folders(self) -> None:
@@ -248,7 +253,7 @@ class Engine:
 
     def _live_entries(self) -> int:
         return len(self.topics) + self.groups.live_entries + sum(map(len, self.records.values())) + sum(
-            len(p.producers) for t in self.topics.values() for p in t.partitions) + 1
+            len(p.producers) + bool(p.log.start_floor) for t in self.topics.values() for p in t.partitions) + 1
 
     def _snapshot(self) -> Iterable[dict[str, Any]]:
         yield {"t": "pid", "next": self._next_producer_id}
@@ -263,6 +268,8 @@ class Engine:
             for p in t.partitions:
                 for pid, state in p.producers.items():
                     yield {"t": "producer", "tp": t.name, "p": p.index, "pid": pid, "s": state}
+                if p.log.start_floor:
+                    yield {"t": "start", "tp": t.name, "p": p.index, "id": t.topic_id, "o": p.log.start_floor}
 
     def compact_journal(self, force: bool = False) -> None:
         """Compact the journal (when worth it, or ``force``). A failed compaction keeps the old
@@ -471,6 +478,21 @@ class Engine:
                 p.replicas.update(p.log.next_offset, now)
                 if p.high_watermark != before:
                     p.notify()
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """``DeleteRecords``: the partition's log starts at ``offset`` (at most its high watermark)
+        from now on, durably (journaled); returns the new log start offset."""
+        part = self.partition(topic, partition)
+        if not 0 <= offset <= part.high_watermark:
+            raise CommandError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                               f"offset {offset} is outside [0, {part.high_watermark}] (the high watermark)")
+        if offset <= part.log_start_offset:
+            return part.log_start_offset
+        self.journal.append({"t": "start", "tp": topic, "p": partition, "id": part.topic.topic_id, "o": offset})
+        with self._sync_lock:
+            start = part.log.delete_before(offset)
+        part.notify()
+        return start
 
     # ------------------------------------------------------------------ compaction
 

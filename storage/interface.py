@@ -102,6 +102,10 @@ class Storage(Protocol):
         """*May wait.* Stored batches from the one holding ``offset`` on, below the
         high watermark, about ``max_bytes`` (at least one batch if any)."""
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> Any:
+        """*May wait.* Make ``offset`` the partition's log start (Kafka's DeleteRecords): the new
+        log start offset. Raises ``OFFSET_OUT_OF_RANGE`` past the high watermark."""
+
     def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` once, at the next change of the partition (an append,
         a watermark or replica change, its deletion); returns a function that

@@ -91,6 +91,7 @@ class PartitionLog:
         self._bases = [s.base_offset for s in self.segments]
         self.failure: OSError | None = None  # set once a failed fsync or torn write fenced the log
         self.deleted = False
+        self.start_floor = 0  # DeleteRecords: no offset below this is readable, whatever the segments hold
 
     def _new_segment(self, base: int) -> Segment:
         seg = Segment(self.directory, base, self.index_interval, self.file_mode)
@@ -111,7 +112,17 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
-        return self.segments[0].base_offset
+        return max(self.segments[0].base_offset, min(self.start_floor, self.next_offset))
+
+    def delete_before(self, offset: int) -> int:
+        """Make ``offset`` the log start (``DeleteRecords``): the sealed segments wholly below it
+        are deleted, and the records before it in the segment holding it are no longer read.
+        Returns the new log start offset."""
+        self.start_floor = max(self.start_floor, min(offset, self.next_offset))
+        while len(self.segments) > 1 and self.segments[1].base_offset <= self.start_floor:
+            self.segments.pop(0).delete()
+            self._bases.pop(0)
+        return self.log_start_offset
 
     @property
     def size(self) -> int:

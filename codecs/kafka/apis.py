@@ -354,6 +354,26 @@ def describe_configs(session: Session, version: int, req: Any, frame: Frame) -> 
     return Handled.run((m.DescribeConfigs(topics),), render)
 
 
+def delete_records(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """The log start of each partition moved to the offset given (-1: the high watermark)."""
+    commands = tuple(m.DeleteRecords(t.Name, p.PartitionIndex, p.Offset) for t in req.Topics for p in t.Partitions)
+
+    def render(results: Sequence[m.DeleteRecordsResult]) -> bytes:
+        parts = [(r.topic, {"PartitionIndex": r.partition, "LowWatermark": r.log_start_offset,
+                            "ErrorCode": code(r.error)}) for r in results]
+        return frame({"Topics": _by_topic(parts)})
+
+    return Handled.run(commands, render)
+
+
+def describe_cluster(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """This gateway is the cluster: one broker, node 0, which is also the controller."""
+    return Handled.answer(frame({"ClusterId": "polygate", "ControllerId": 0, "EndpointType": 1,
+                                 "ClusterAuthorizedOperations": -2147483648,
+                                 "Brokers": [{"BrokerId": 0, "Host": session.advertised_host,
+                                              "Port": session.advertised_port, "Rack": None}]}))
+
+
 INCREMENTAL_OPERATIONS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
 
 
@@ -785,6 +805,7 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(18, 0, 3, api_versions),
     Api(19, 0, 5, create_topics),
     Api(20, 0, 4, delete_topics),
+    Api(21, 0, 2, delete_records),
     Api(22, 0, 4, init_producer_id),
     Api(24, 0, 3, add_partitions_to_txn),
     Api(25, 0, 3, add_offsets_to_txn),
@@ -801,6 +822,7 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(44, 0, 1, incremental_alter_configs),
     Api(50, 0, 0, describe_user_scram_credentials),
     Api(51, 0, 0, alter_user_scram_credentials),
+    Api(60, 0, 1, describe_cluster),
     Api(61, 0, 0, describe_producers),
     Api(65, 0, 0, describe_transactions),
     Api(66, 0, 0, list_transactions),

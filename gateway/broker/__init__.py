@@ -98,6 +98,7 @@ class Broker:
             m.CreatePartitions: self.topics.create_partitions,
             m.ListTopics: self.topics.list,
             m.DescribeConfigs: self.topics.describe_configs,
+            m.DeleteRecords: self.topics.delete_records,
             m.AlterConfigs: self.topics.alter_configs,
             m.JoinGroup: self.groups.join,
             m.SyncGroup: self.groups.sync,

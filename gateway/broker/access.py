@@ -16,6 +16,7 @@ ListOffsets            Describe on the topic
 CreateTopic            Create on the cluster or on the topic
 DeleteTopic            Delete on the topic
 CreatePartitions       Alter on the topic
+DeleteRecords          Delete on the topic
 DescribeConfigs        DescribeConfigs on each topic (the others answered with the error)
 AlterConfigs           AlterConfigs on the topic
 ListTopics             Describe (Read, for ``read``) on each topic: a listing of all leaves
@@ -98,6 +99,8 @@ class Access:
             m.CreatePartitions: self._topic_rule(Op.ALTER, lambda c, e: m.CreatePartitionsResult(c.topic, e)),
             m.ListTopics: self._list_topics,
             m.DescribeConfigs: self._describe_configs,
+            m.DeleteRecords: self._topic_rule(Op.DELETE, lambda c, e: m.DeleteRecordsResult(c.topic, c.partition,
+                                                                                             error=e)),
             m.AlterConfigs: self._topic_rule(Op.ALTER_CONFIGS, lambda c, e: m.AlterConfigsResult(c.topic, e)),
             m.JoinGroup: self._group_rule(Op.READ, lambda c, e: m.JoinGroupResult(c.group, c.member_id, error=e)),
             m.SyncGroup: self._group_rule(Op.READ, lambda c, e: m.SyncGroupResult(c.group, error=e)),

@@ -69,6 +69,17 @@ class Topics:
         return then(self.store.add_partitions(cmd.topic, cmd.count),
                     lambda _: self.broker.durable(m.CreatePartitionsResult(cmd.topic)))
 
+    @errors_as(m.DeleteRecordsResult, "topic", "partition")
+    def delete_records(self, cmd: m.DeleteRecords) -> Any:
+        offset = cmd.offset if cmd.offset >= 0 else self.store.high_watermark(cmd.topic, cmd.partition)
+
+        def deleted(start: int) -> Any:
+            log.info("topic %s/%d: records before %d deleted", cmd.topic, cmd.partition, start)
+            self.broker.cache.clear()
+            return self.broker.durable(m.DeleteRecordsResult(cmd.topic, cmd.partition, start))
+
+        return then(self.store.delete_records(cmd.topic, cmd.partition, offset), deleted)
+
     def describe_configs(self, cmd: m.DescribeConfigs) -> m.DescribeConfigsResult:
         defaults = self.store.topic_defaults()
         out = []

@@ -97,6 +97,19 @@ class ClusterStore:
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         self.security.watch(callback)
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> Any:
+        """The cluster's own DeleteRecords (``AdminClient.delete_records``): its new low watermark."""
+        futures = self.admin.delete_records([TopicPartition(topic, partition, offset)],
+                                            request_timeout=self._timeout)
+        d = deferred_from(self.reactor, next(iter(futures.values())), f"delete records of {topic}/{partition}")
+
+        def deleted(result: Any) -> int:
+            self.metadata.advance(topic, partition, self.metadata.marks(topic, partition).high_watermark,
+                                  result.low_watermark)
+            return result.low_watermark
+
+        return d.addCallback(deleted)
+
     def sealed_segments(self, topic: str, partition: int) -> list[Any]:
         return []  # the cluster compacts its topics itself (their cleanup.policy is passed on)
 

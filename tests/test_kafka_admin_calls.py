@@ -1,0 +1,58 @@
+"""Kafka admin calls clients make, with confluent-kafka's AdminClient against a real gateway:
+DeleteRecords (the log start moves, durably, and every protocol reads from there) and
+DescribeCluster."""
+
+from __future__ import annotations
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka_support import unique
+
+from gateway.clients.v1 import V1Client
+
+pytestmark = pytest.mark.local_only
+
+
+def test_delete_records_moves_the_log_start_for_every_protocol_and_a_restart(gateway_factory):
+    gw = gateway_factory(("v1", "kafka"), ("--segment-bytes", "1024"))
+    admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+    topic = unique("dr")
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    producer = ck.Producer({"bootstrap.servers": gw.address("kafka"), "linger.ms": 0, "batch.num.messages": 1})
+    for i in range(40):
+        producer.produce(topic, f"v{i}".encode() * 10, partition=0)
+        producer.poll(0)
+    producer.flush(10)
+
+    deleted = admin.delete_records([ck.TopicPartition(topic, 0, 25)])
+    assert next(iter(deleted.values())).result(10).low_watermark == 25
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        assert v1.request("CONSUME", topic, "0", "3").payload == "messages= hw=39"  # V1: nothing there
+        assert [o for o, _ in v1.consume_all(topic, 0, 25)][:2] == [25, 26]
+    consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("g")})
+    try:
+        assert consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10) == (25, 40)
+    finally:
+        consumer.close()
+    with pytest.raises(ck.KafkaException) as refused:  # past the high watermark
+        next(iter(admin.delete_records([ck.TopicPartition(topic, 0, 41)]).values())).result(10)
+    assert refused.value.args[0].code() == ck.KafkaError.OFFSET_OUT_OF_RANGE
+
+    gw.restart()
+    consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("g")})
+    try:
+        assert consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10) == (25, 40)
+    finally:
+        consumer.close()
+    admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+    everything = admin.delete_records([ck.TopicPartition(topic, 0, ck.OFFSET_END)])  # -1: to the high watermark
+    assert next(iter(everything.values())).result(10).low_watermark == 40
+
+
+def test_describe_cluster_names_this_gateway(gateway_factory):
+    gw = gateway_factory(("kafka",))
+    admin = AdminClient({"bootstrap.servers": gw.address("kafka")})  # kept until the answer came
+    described = admin.describe_cluster().result(10)
+    assert described.cluster_id == "polygate" and described.controller.id == 0
+    assert [(n.id, n.host, n.port) for n in described.nodes] == [(0, "127.0.0.1", gw.port("kafka"))]
