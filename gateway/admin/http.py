@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from twisted.internet import defer
 from twisted.web import pages
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
@@ -37,6 +38,20 @@ def _json(request: Any, status: int, body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode() + b"\n"
 
 
+def answer_later(request: Any, body: defer.Deferred) -> Any:
+    """Answer ``request`` with the bytes ``body`` fires with, unless the client left meanwhile."""
+    gone: list[bool] = []
+    request.notifyFinish().addErrback(lambda _: gone.append(True))
+
+    def write(data: bytes) -> None:
+        if not gone:
+            request.write(data)
+            request.finish()
+
+    body.addCallback(write)
+    return NOT_DONE_YET
+
+
 class MetricsPage(Resource):
     """``/metrics``: storage is read first (it may answer later), then the registry rendered."""
 
@@ -48,29 +63,21 @@ class MetricsPage(Resource):
         self.storage = storage
 
     def render_GET(self, request: Any) -> Any:  # noqa: N802 - twisted.web's name
-        gone: list[bool] = []
-        request.notifyFinish().addErrback(lambda _: gone.append(True))  # the scraper left
-
-        def write(_: Any) -> None:
-            if gone:
-                return
+        def render(_: Any) -> bytes:
             try:
                 body = generate_latest(self.registry)
             except Exception:
                 log.exception("metrics: rendering failed")
                 request.setResponseCode(500)
-                body = b"metrics failed; see the gateway log\n"
-            else:
-                request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
-            request.write(body)
-            request.finish()
+                return b"metrics failed; see the gateway log\n"
+            request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+            return body
 
-        def failed(f: Any) -> None:
+        def failed(f: Any) -> bytes:
             log.error("metrics: reading storage failed: %s", f.getTraceback())
-            write(None)  # the counters still: the storage families say what they last knew
+            return render(None)  # the counters still: the storage families say what they last knew
 
-        self.storage.refresh().addCallbacks(write, failed)
-        return NOT_DONE_YET
+        return answer_later(request, self.storage.refresh().addCallbacks(render, failed))
 
 
 class Health(Resource):
@@ -151,18 +158,10 @@ class Overview(Resource):
     def render_GET(self, request: Any) -> Any:  # noqa: N802 - twisted.web's name
         if request.postpath not in ([], [b""]):
             return pages.notFound().render(request)
-        gone: list[bool] = []
-        request.notifyFinish().addErrback(lambda _: gone.append(True))
-
-        def write(body: bytes) -> None:
-            if not gone:
-                request.write(body)
-                request.finish()
 
         def failed(f: Any) -> bytes:
             log.error("admin page: overview failed: %s", f.getTraceback())
             return _json(request, 500, {"error": "overview failed; see the gateway log"})
 
-        overview(self.gateway, self.reactor).addCallback(lambda view: _json(request, 200, view)).addErrback(
-            failed).addCallback(write)
-        return NOT_DONE_YET
+        return answer_later(request, overview(self.gateway, self.reactor).addCallbacks(
+            lambda view: _json(request, 200, view), failed))
