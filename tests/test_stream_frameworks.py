@@ -3,17 +3,22 @@
 with a state store on a compacted changelog topic, at-least-once and exactly-once. The application
 is killed (SIGKILL) mid-stream and started again with its local state gone, so it restores the
 store from the changelog; with exactly-once no count is repeated or skipped in what read_committed
-readers see."""
+readers see.
+
+The frameworks pin their own versions of what polygate's tests use too (Quix Streams an older
+confluent-kafka, Faust an older click), so they live in a venv of their own, ``tests/.frameworks``
+(git-ignored), made by pip on first use, as kafkajs lives in ``tests/.kafkajs``; the applications
+run as processes of that venv's Python."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import confluent_kafka as ck
 import pytest
@@ -22,7 +27,24 @@ from kafka_support import unique, wait_until
 
 pytestmark = pytest.mark.local_only
 
-APPS = {name: os.path.join(os.path.dirname(__file__), "frameworks", f"{name}_count.py") for name in ("quix", "faust")}
+HERE = Path(__file__).parent
+APPS = {name: str(HERE / "frameworks" / f"{name}_count.py") for name in ("quix", "faust")}
+FRAMEWORKS = HERE / ".frameworks"
+PACKAGES = ("quixstreams>=3.0", "faust-streaming>=0.11")
+
+
+@pytest.fixture(scope="session")
+def frameworks_python() -> str:
+    """The Python of ``tests/.frameworks``, a venv with the frameworks (made on first use)."""
+    python = FRAMEWORKS / "bin" / "python"
+    if not (FRAMEWORKS / ".installed").exists():
+        for args in ([sys.executable, "-m", "venv", str(FRAMEWORKS)],
+                     [str(python), "-m", "pip", "install", "--quiet", *PACKAGES]):
+            done = subprocess.run(args, capture_output=True, text=True)
+            if done.returncode != 0:
+                pytest.fail(f"installing the frameworks failed ({' '.join(args)}):\n{done.stdout}\n{done.stderr}")
+        (FRAMEWORKS / ".installed").touch()
+    return str(python)
 KEYS = 3
 PER_KEY = 60
 
@@ -47,14 +69,14 @@ def outputs(gw, isolation: str) -> list[tuple[bytes, dict]]:
         c.close()
 
 
-def start(framework: str, gw, group: str, state: str, guarantee: str, idle_s: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, APPS[framework], gw.address("kafka"), group, state, guarantee, str(idle_s)],
+def start(python: str, framework: str, gw, group: str, state: str, guarantee: str, idle_s: float) -> subprocess.Popen:
+    return subprocess.Popen([python, APPS[framework], gw.address("kafka"), group, state, guarantee, str(idle_s)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 @pytest.mark.parametrize("framework", ["quix", "faust"])
-def test_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, tmp_path, framework, guarantee):
+def test_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, frameworks_python, tmp_path, framework, guarantee):
     gw = gateway_factory(("kafka",), ("--default-partitions", "2", "--segment-bytes", "4096",
                                       "--cleaner-interval-ms", "300"))
     producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
@@ -67,7 +89,7 @@ def test_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, tmp_path, f
 
     group, state = unique("counter"), str(tmp_path / "state")
     words(0, total // 2)
-    app = start(framework, gw, group, state, guarantee, 60)
+    app = start(frameworks_python, framework, gw, group, state, guarantee, 60)
     wait_until(lambda: len(outputs(gw, "read_uncommitted")) >= total // 4, 60, 0, "some counts")
     words(total // 2, total * 3 // 4)  # still coming in when the application dies
     app.send_signal(signal.SIGKILL)  # mid-stream: no commit, no flush, no goodbye
@@ -75,7 +97,7 @@ def test_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, tmp_path, f
     shutil.rmtree(state, ignore_errors=True)  # the local state is gone: it must come back from the changelog
     words(total * 3 // 4, total)
 
-    app = start(framework, gw, group, state, guarantee, 6)
+    app = start(frameworks_python, framework, gw, group, state, guarantee, 10)
     out, _ = app.communicate(timeout=180)
     assert app.returncode == 0 and "stopped" in out, out[-3000:]
 
