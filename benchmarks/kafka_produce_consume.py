@@ -69,6 +69,16 @@ class Tansu:
         self.proc.wait(30)
 
 
+def send(producer: ck.Producer, topic: str, value: bytes) -> None:
+    """Produce ``value`` to partition 0, waiting for room when the producer's queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value, partition=0)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
 def produce(servers: str, records: int, config: dict | None = None) -> tuple[str, float]:
     """Produce ``records`` values of 100 B to a new one-partition topic: the topic and the seconds it took.
     ``config``: more librdkafka settings for the admin client and the producer (such as TLS)."""
@@ -80,12 +90,7 @@ def produce(servers: str, records: int, config: dict | None = None) -> tuple[str
     producer = ck.Producer(settings)
     start = time.perf_counter()
     for i in range(records):
-        while True:
-            try:
-                producer.produce(topic, value, partition=0)
-                break
-            except BufferError:
-                producer.poll(0.01)
+        send(producer, topic, value)
         if i % 10000 == 0:
             producer.poll(0)
     if producer.flush(300):

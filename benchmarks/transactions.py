@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from cluster import Meter, us_per  # noqa: E402
 from common import Gateway, progress, write_result  # noqa: E402
+from kafka_produce_consume import send  # noqa: E402
 
 from gateway.clients.kafka import KafkaClient  # noqa: E402
 
@@ -42,16 +43,6 @@ def new_topic(servers: str) -> str:
     return topic
 
 
-def send(producer: ck.Producer, topic: str, count: int) -> None:
-    for _ in range(count):
-        while True:
-            try:
-                producer.produce(topic, VALUE, partition=0)
-                break
-            except BufferError:
-                producer.poll(0.01)
-
-
 def produce(servers: str, records: int, mode: str, per_transaction: int) -> str:
     topic = new_topic(servers)
     settings = {"bootstrap.servers": servers, "linger.ms": 5}
@@ -61,14 +52,16 @@ def produce(servers: str, records: int, mode: str, per_transaction: int) -> str:
         settings["transactional.id"] = f"bench-{time.time_ns()}"
     producer = ck.Producer(settings)
     if mode != "transactional":
-        send(producer, topic, records)
+        for _ in range(records):
+            send(producer, topic, VALUE)
         if producer.flush(300):
             raise RuntimeError("records left undelivered")
         return topic
     producer.init_transactions(30)
     for start in range(0, records, per_transaction):
         producer.begin_transaction()
-        send(producer, topic, min(per_transaction, records - start))
+        for _ in range(min(per_transaction, records - start)):
+            send(producer, topic, VALUE)
         producer.commit_transaction(60)
     return topic
 

@@ -27,7 +27,6 @@ name counts as done), so it always completes.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -100,18 +99,7 @@ def write_format(data_dir: str, version: int, file_mode: int) -> None:
     """Write ``FORMAT`` atomically and durably: a temporary file, fsynced, renamed over, the dir fsynced."""
     path = os.path.join(data_dir, FORMAT_FILE)
     tmp = path + ".tmp"
-    fd = fileio.create_file(tmp, os.O_WRONLY | os.O_TRUNC, file_mode)
-    try:
-        data = f"{version}\n".encode()
-        if os.write(fd, data) != len(data):
-            raise OSError(f"short write to {tmp}")
-        os.fsync(fd)
-    except OSError:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
+    fileio.write_new_file(tmp, [[f"{version}\n".encode()]], file_mode)
     os.replace(tmp, path)
     fileio.fsync_dir(data_dir)
 

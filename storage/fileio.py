@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 system: Any = os
@@ -105,6 +105,23 @@ def fsync(fd: int) -> None:
         system.fsync(fd)
     except OSError as e:
         raise FsyncFailed(e.errno, f"fsync failed: {e.strerror or e}") from e
+
+
+def write_new_file(path: str, parts: Iterable[Sequence[bytes]], file_mode: int) -> None:
+    """Write ``path`` from scratch, each item of ``parts`` with one ``pwrite_all``, and fsync it;
+    on any failure the file is removed and the error raised."""
+    fd = create_file(path, os.O_WRONLY | os.O_TRUNC, file_mode)
+    try:
+        position = 0
+        for part in parts:
+            position += pwrite_all(fd, part, position)
+        fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    os.close(fd)
 
 
 def fsync_dir(path: str) -> None:

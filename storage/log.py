@@ -248,19 +248,8 @@ class PartitionLog:
         untouched until ``swap_cleaned`` (safe from a worker thread)."""
         seg = self._sealed(base_offset)
         path = seg.log_path + CLEANED_SUFFIX
-        fd = fileio.create_file(path, os.O_WRONLY | os.O_TRUNC, self.file_mode)
-        try:
-            position = 0
-            for b in batches:
-                position += fileio.pwrite_all(fd, entry_parts(b.format, b.base_offset, b.last_offset,
-                                                              b.max_timestamp, b.payload), position)
-            fileio.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            raise
-        os.close(fd)
+        fileio.write_new_file(path, (entry_parts(b.format, b.base_offset, b.last_offset, b.max_timestamp, b.payload)
+                                     for b in batches), self.file_mode)
         return CleanedSegment(base_offset, seg.size, path)
 
     def swap_cleaned(self, cleaned: CleanedSegment) -> bool:
