@@ -29,6 +29,14 @@ from gateway.consumer_protocol import encode_assignment, encode_subscription
 from gateway.model import ErrorCode
 
 from . import records, sasl
+from .fetch_session import (
+    FETCH_SESSION_ID_NOT_FOUND,
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_FETCH_SESSION_EPOCH,
+    FetchSession,
+    new_session,
+)
 
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1
@@ -113,6 +121,7 @@ class Session(Protocol):
     sasl_config: sasl.SaslConfig | None
     sasl_exchange: sasl.Exchange | None
     sasl_raw: bool
+    fetch_session: FetchSession | None
 
     def refuse_login(self, answer: bytes, reason: str) -> None:
         """Send ``answer`` after the failure delay, then close."""
@@ -182,14 +191,26 @@ def produce(session: Session, version: int, req: Any, frame: Frame) -> Handled:
 
 
 def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
-    if req.get("SessionId", 0) != 0:
-        return Handled.answer(frame({"ErrorCode": 70, "SessionId": 0}))  # FETCH_SESSION_ID_NOT_FOUND
+    """Fetch, with incremental fetch sessions from v7 (``fetch_session``): an incremental request
+    fetches every partition of the session and is answered with those that have news."""
+    epoch = req.get("SessionEpoch", FINAL_EPOCH)
+    current = session.fetch_session
+    incremental = epoch > INITIAL_EPOCH
+    if incremental:
+        error = (FETCH_SESSION_ID_NOT_FOUND if current is None or current.id != req.SessionId else
+                 INVALID_FETCH_SESSION_EPOCH if current.epoch != epoch else NONE)
+        if error != NONE:
+            return Handled.answer(frame({"ErrorCode": error, "SessionId": 0, "Responses": []}))
+        current.update(req.Topics, req.get("ForgottenTopicsData"))
+        current.epoch += 1
+        wanted = [(t, p, s.fetch_offset, s.max_bytes) for (t, p), s in current.partitions.items()]
+    else:  # a full fetch: an initial one opens a new session, a final one closes the session
+        current = session.fetch_session = (
+            new_session(req.Topics) if epoch == INITIAL_EPOCH and version >= 7 else None)
+        wanted = [(t.Topic, p.Partition, p.FetchOffset, p.PartitionMaxBytes) for t in req.Topics for p in t.Partitions]
     committed = req.get("IsolationLevel", 0) == 1  # READ_COMMITTED
-    fetches = tuple(
-        m.Fetch(t.Topic, p.Partition, p.FetchOffset, records.NAME, max_bytes=max(p.PartitionMaxBytes, 0),
-                read_committed=committed)
-        for t in req.Topics for p in t.Partitions
-    )
+    fetches = tuple(m.Fetch(topic, partition, offset, records.NAME, max_bytes=max(max_bytes, 0),
+                            read_committed=committed) for topic, partition, offset, max_bytes in wanted)
     max_bytes = req.get("MaxBytes", 0x7FFFFFFF)
     cmd = m.FetchMany(fetches, max(req.MaxWaitMs, 0), req.MinBytes, max(max_bytes, 1))
     legacy_magic = None if version >= 4 else (0 if version < 2 else 1)
@@ -207,6 +228,11 @@ def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
                         legacy_magic)
                 except m.CommandError as e:
                     data, error = b"", e.error
+            if current is not None:  # a session's answer: an incremental one lists partitions with news
+                told = (r.high_watermark, r.last_stable_offset, r.log_start_offset)
+                news = not incremental or bool(data) or error is not None
+                if not current.changed((f.topic, f.partition), told, news):
+                    continue
             parts.append((f.topic, {
                 "PartitionIndex": f.partition, "ErrorCode": code(error),
                 "HighWatermark": r.high_watermark, "LastStableOffset": r.last_stable_offset,
@@ -214,7 +240,8 @@ def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
                 "AbortedTransactions": [{"ProducerId": pid, "FirstOffset": first} for pid, first in r.aborted]
                 if committed else None,
             }))
-        return frame({"Responses": _by_topic(parts, "Topic", "Partitions")})
+        return frame({"SessionId": 0 if current is None else current.id,
+                      "Responses": _by_topic(parts, "Topic", "Partitions")})
 
     return Handled.run((cmd,), render)
 

@@ -39,6 +39,7 @@ from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, in
 from gateway.framing import LengthPrefixedFramer, fixed_header
 
 from . import apis, sasl, schema
+from .fetch_session import FetchSession
 
 _SIZE = struct.Struct(">i")
 _KEY_VERSION = struct.Struct(">hhi")
@@ -74,6 +75,7 @@ class KafkaConnection(CodecConnection):
             settings.users, options["sasl.mechanisms"], settings.tokens)
         self.sasl_exchange: sasl.Exchange | None = None
         self.sasl_raw = False
+        self.fetch_session: FetchSession | None = None
         if settings.require_auth:  # before authentication only small frames (Kafka's rule)
             self.framer.max_frame_size = min(settings.max_frame_size, sasl.MAX_FRAME_BEFORE_AUTH)
 
