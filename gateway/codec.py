@@ -471,6 +471,10 @@ class BatchFormat(Protocol):
       implements ``TransactionalFormat``'s methods, with which the broker
       writes commit and abort markers and keeps them and aborted records
       from readers of other formats.
+    * ``leader_epochs``: the format's batches carry the leader epoch of the
+      partition they were written in (Kafka's): it also implements
+      ``LeaderEpochFormat``, whose ``assign_offsets_in_epoch`` the broker
+      numbers payloads with instead of ``assign_offsets``.
     * ``inflate_limit``: for a format whose payloads may be compressed, the
       most one payload may decompress to (``validate`` and every read stop
       there); ``None`` for a format without compression. ``gateway serve``
@@ -481,6 +485,7 @@ class BatchFormat(Protocol):
     joinable: ClassVar[bool] = False
     columnar: ClassVar[bool] = False
     transactional: ClassVar[bool] = False
+    leader_epochs: ClassVar[bool] = False
     inflate_limit: int | None = None
 
     def records(self, batch: StoredBatch) -> Iterable[Record]: ...
@@ -546,6 +551,17 @@ class TransactionalFormat(BatchFormat, Protocol):
     def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes: ...
 
     def is_commit(self, payload: bytes) -> bool: ...
+
+
+@runtime_checkable
+class LeaderEpochFormat(BatchFormat, Protocol):
+    """A ``BatchFormat`` whose batches carry the partition leader epoch they were written in
+    (``leader_epochs``): ``assign_offsets_in_epoch`` is ``assign_offsets`` that also sets it
+    (``-1``: unknown, as a producer sends it)."""
+
+    leader_epochs: ClassVar[bool] = True
+
+    def assign_offsets_in_epoch(self, payload: bytes, base_offset: int, leader_epoch: int) -> bytes: ...
 
 
 class OptionError(ValueError):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import model as m
-from gateway.model import CommandError
+from gateway.model import CommandError, Error
 from gateway.rebalance import ConsumerRebalance
 from gateway.storage.engine import Engine
 from gateway.storage.groups import CommitRefused, Group
@@ -97,6 +97,12 @@ class LocalStore:
 
     def log_end_offset(self, topic: str, partition: int) -> int:
         return self.engine.partition(topic, partition).log_end_offset
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        return self.engine.leader_epoch
+
+    def end_offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> tuple[int, int]:
+        return self.engine.end_offset_for_leader_epoch(topic, partition, leader_epoch)
 
     def partition_size(self, topic: str, partition: int) -> int:
         return self.engine.partition(topic, partition).log.size
@@ -237,6 +243,14 @@ class LocalStore:
             except CommandError as e:
                 errors.append((name, e.error))
         return m.DeleteGroupsResult(tuple(errors))
+
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> m.DeleteOffsetsResult:
+        try:
+            outcome = self.groups.delete_offsets(cmd.group, cmd.partitions)
+        except CommandError as e:
+            return m.DeleteOffsetsResult(cmd.group, error=e.error)
+        return m.DeleteOffsetsResult(cmd.group, tuple(
+            (t, p, None if code is None else Error(code, f"group {cmd.group} reads {t}")) for t, p, code in outcome))
 
     # ------------------------------------------------------------------ housekeeping and durability
 

@@ -70,6 +70,9 @@ class ErrorCode(enum.Enum):
     CONCURRENT_TRANSACTIONS = "concurrent_transactions"  # the previous transaction is still being completed
     TRANSACTIONAL_ID_NOT_FOUND = "transactional_id_not_found"
     INVALID_CONFIG = "invalid_config"  # a topic setting that is unknown, read-only or out of range
+    GROUP_SUBSCRIBED_TO_TOPIC = "group_subscribed_to_topic"  # a group's members still read the topic
+    FENCED_LEADER_EPOCH = "fenced_leader_epoch"  # the client's leader epoch is older than the partition's
+    UNKNOWN_LEADER_EPOCH = "unknown_leader_epoch"  # the client's leader epoch is newer than the partition's
 
 
 AUTHORIZATION_ERRORS = frozenset({ErrorCode.TOPIC_AUTHORIZATION, ErrorCode.GROUP_AUTHORIZATION,
@@ -307,6 +310,7 @@ class PartitionInfo:
     role: str = "leader"
     replicas: tuple[int, ...] = (0,)
     isr: tuple[int, ...] = (0,)
+    leader_epoch: int = 0
 
 
 @frozen
@@ -454,6 +458,29 @@ class ListOffsets:
     partition: int
     timestamp: int
     read_committed: bool = True
+
+
+@frozen
+class OffsetForLeaderEpoch:
+    """Where the partition's leader epoch ``leader_epoch`` ended (Kafka's OffsetForLeaderEpoch,
+    KIP-320: a client checks that the log it read was not cut back). ``current_leader_epoch``,
+    unless -1, is checked against the partition's current one."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    current_leader_epoch: int = -1
+
+
+@frozen
+class OffsetForLeaderEpochResult:
+    """``leader_epoch``: the largest at most the one asked for; ``end_offset``: where it ended."""
+
+    topic: str
+    partition: int
+    leader_epoch: int = -1
+    end_offset: int = -1
+    error: Error | None = None
 
 
 @frozen
@@ -663,6 +690,22 @@ class DeleteGroups:
 @frozen
 class DeleteGroupsResult:
     errors: tuple[tuple[str, Error | None], ...]
+
+
+@frozen
+class DeleteOffsets:
+    """Forget the offsets ``group`` committed for ``partitions`` (Kafka's OffsetDelete): refused
+    (``GROUP_SUBSCRIBED_TO_TOPIC``) for a partition of a topic that the group's members read."""
+
+    group: str
+    partitions: tuple[tuple[str, int], ...]
+
+
+@frozen
+class DeleteOffsetsResult:
+    group: str
+    errors: tuple[tuple[str, int, Error | None], ...] = ()
+    error: Error | None = None  # the group as a whole (unknown, or storage)
 
 
 # --------------------------------------------------------------------------- replication

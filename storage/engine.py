@@ -45,9 +45,11 @@ MAX_PARTITIONS = 10_000  # per topic: each open partition holds file descriptors
 MAX_OFFSET = (1 << 63) - 1
 DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's defaults of the compaction settings
 MIN_CLEANABLE_DIRTY_RATIO = 0.5
-RECORD_KINDS = ("sec", "txn", "cln")
-"""Kinds of the records the broker keeps in the journal: security (users, ACLs), transactions, and
-the compaction checkpoint of each compacted partition."""
+RECORD_KINDS = ("sec", "txn", "cln", "lep")
+"""Kinds of the records kept in the journal: the broker's security (users, ACLs), transactions and
+the compaction checkpoint of each compacted partition; and the engine's leader epochs ("epoch": the
+current one; "<topic id>:<partition>": ``[epoch, start offset]`` of each epoch the partition was
+written in)."""
 
 
 class StorageFailure(OSError):
@@ -101,6 +103,8 @@ class Partition:
         self.replicas = replicas
         self.listeners: list[Callable[[], None]] = []
         self.producers: dict[Any, dict[str, Any]] = {}
+        self.epoch_key = f"{topic.topic_id}:{index}"  # its leader epochs' record
+        self.written_epoch = -1  # the last leader epoch it was written in, once known
 
     @property
     def high_watermark(self) -> int:
@@ -120,7 +124,7 @@ class Partition:
             for cb in listeners:
                 cb()
 
-    def info(self, now_ms: int) -> PartitionInfo:
+    def info(self, now_ms: int, leader_epoch: int) -> PartitionInfo:
         return PartitionInfo(
             partition=self.index,
             log_start_offset=self.log_start_offset,
@@ -129,6 +133,7 @@ class Partition:
             role=self.replicas.role,
             replicas=tuple(range(self.replicas.replication_factor)),
             isr=self.replicas.isr(self.log_end_offset, now_ms),
+            leader_epoch=leader_epoch,
         )
 
 
@@ -175,9 +180,32 @@ class Engine:
         self.recovered_bytes = 0
         try:
             self._replay()
+            self.leader_epoch = self._new_leader_epoch()
         except BaseException:
             self.close()
             raise
+
+    def _new_leader_epoch(self) -> int:
+        """Each opening of the data dir starts a new leader epoch of every partition, as a Kafka
+        broker's restart gives its partitions new leaders: a log cut back by recovery (a torn
+        tail, writes lost with an unsynced page cache) then shows to clients that check their
+        position with OffsetForLeaderEpoch (KIP-320) as the truncation it is."""
+        epoch = self.records["lep"].get("epoch", -1) + 1
+        self.put_record("lep", "epoch", epoch)
+        return epoch
+
+    def end_offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> tuple[int, int]:
+        """``Storage.end_offset_for_leader_epoch``, by Kafka's rules (``LeaderEpochFileCache``); an
+        epoch the partition was not written in ended where the next one it was written in began."""
+        part = self.partition(topic, partition)
+        if leader_epoch < 0 or leader_epoch > self.leader_epoch:
+            return -1, -1
+        if leader_epoch == self.leader_epoch:
+            return leader_epoch, part.log_end_offset
+        starts = self.records["lep"].get(part.epoch_key, ())
+        earlier = [e for e, _ in starts if e <= leader_epoch]
+        later = next((start for e, start in starts if e > leader_epoch), part.log_end_offset)
+        return (earlier[-1] if earlier else leader_epoch), later
 
     def _check_format(self) -> int:
         """The data dir's format (``datadir``): a new data dir gets the current one, before
@@ -367,6 +395,8 @@ class Engine:
         for p in topic.partitions:
             p.log.delete()
             p.notify()
+            if p.epoch_key in self.records["lep"]:
+                self.put_record("lep", p.epoch_key, None)
         self.groups.forget_topic(name)
 
     def topic(self, name: str) -> Topic:
@@ -392,7 +422,7 @@ class Engine:
     def topic_info(self, name: str) -> TopicInfo:
         t = self.topic(name)
         now = self.now_ms()
-        return TopicInfo(name, tuple(p.info(now) for p in t.partitions), t.config)
+        return TopicInfo(name, tuple(p.info(now, self.leader_epoch) for p in t.partitions), t.config)
 
     # ------------------------------------------------------------------ data
 
@@ -414,6 +444,8 @@ class Engine:
                                f"base offset {base_offset} is below the log end offset {end}")
         last = base_offset + max(count, 1) - 1
         try:
+            if part.written_epoch != self.leader_epoch:
+                self._start_epoch(part, end)
             part.log.append(fmt, base_offset, last, max_timestamp, payload)
         except OSError as e:
             raise CommandError(ErrorCode.STORAGE_ERROR, f"{topic}/{partition}: {e}") from e
@@ -424,6 +456,13 @@ class Engine:
             replicas.high_watermark = part.log.next_offset
         part.notify()
         return base_offset, last
+
+    def _start_epoch(self, part: Partition, start: int) -> None:
+        """Record that the current leader epoch of ``part`` starts at ``start``, before its first write."""
+        starts = self.records["lep"].get(part.epoch_key, [])
+        if not starts or starts[-1][0] != self.leader_epoch:
+            self.put_record("lep", part.epoch_key, [*starts, [self.leader_epoch, start]])
+        part.written_epoch = self.leader_epoch
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int,
              upto: int | None = None) -> list[StoredBatch]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from gateway.consumer_protocol import decode_subscription
 from gateway.model import CommandError, ErrorCode
 
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
@@ -495,6 +496,42 @@ class GroupCoordinator:
         self.journal.append({"t": "group-del", "g": name})
         self.groups.pop(name, None)
         self.offsets.pop(name, None)
+
+    def subscribed_topics(self, name: str) -> set[str] | None:
+        """The topics the members of group ``name`` read (``None``: any, when a Kafka member's
+        subscription cannot be read); empty for a group without members."""
+        group = self.groups.get(name)
+        if group is None or not group.members:
+            return set()
+        if group.protocol_type != "consumer":
+            return set(group.topics)
+        topics: set[str] = set()
+        for member in group.members.values():
+            try:
+                topics.update(decode_subscription(dict(member.protocols).get(group.protocol, b"")))
+            except CommandError:
+                return None
+        return topics
+
+    def delete_offsets(self, name: str,
+                       partitions: Iterable[tuple[str, int]]) -> list[tuple[str, int, ErrorCode | None]]:
+        """Forget committed offsets, Kafka's OffsetDelete: a partition of a topic the group's members
+        read keeps its offset (``GROUP_SUBSCRIBED_TO_TOPIC``). Raises GROUP_NOT_FOUND for a group
+        with neither members nor commits."""
+        if name not in self.groups and name not in self.offsets:
+            raise CommandError(ErrorCode.GROUP_NOT_FOUND, "group not found")
+        subscribed = self.subscribed_topics(name)
+        offsets = self.offsets.get(name, {})
+        outcome: list[tuple[str, int, ErrorCode | None]] = []
+        for topic, partition in partitions:
+            if subscribed is None or topic in subscribed:
+                outcome.append((topic, partition, ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC))
+                continue
+            if (topic, partition) in offsets:
+                self.journal.append({"t": "offset-del", "g": name, "tp": topic, "p": partition})
+                del offsets[(topic, partition)]
+            outcome.append((topic, partition, None))
+        return outcome
 
     def forget_topic(self, topic: str) -> None:
         """Drop the committed offsets of a deleted topic."""

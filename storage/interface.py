@@ -123,6 +123,16 @@ class Storage(Protocol):
     def log_end_offset(self, topic: str, partition: int) -> int:
         """The offset the next append gets."""
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch, which appends stamp into batches that carry one
+        (``LeaderEpochFormat``); ``-1`` when the storage does not know it."""
+
+    def end_offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch: ``(epoch, end offset)`` for the largest epoch at most
+        ``leader_epoch`` in which the partition was led, ending where the next one began (the log
+        end offset for the current epoch); ``(-1, -1)`` for an epoch past the current one. Raises
+        ``CommandError`` (UNSUPPORTED where the storage keeps no epochs)."""
+
     def partition_size(self, topic: str, partition: int) -> int | None:
         """The bytes the partition's log takes on local disk; None for a store that keeps
         nothing on local disk (a cluster)."""
@@ -201,6 +211,10 @@ class Storage(Protocol):
 
     def delete_groups(self, cmd: m.DeleteGroups) -> Any:
         """*May wait.* A ``DeleteGroupsResult``: a group with members is not deleted."""
+
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
+        """*May wait.* A ``DeleteOffsetsResult``: ``GROUP_SUBSCRIBED_TO_TOPIC`` for a partition
+        whose topic the group's members read, ``GROUP_NOT_FOUND`` for an unknown group."""
 
     # ------------------------------------------------------------------ security records
 

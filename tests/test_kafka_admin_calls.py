@@ -1,13 +1,16 @@
 """Kafka admin calls clients make, with confluent-kafka's AdminClient against a real gateway:
 DeleteRecords (the log start moves, durably, and every protocol reads from there) and
-DescribeCluster."""
+DescribeCluster; and OffsetDelete with kafka-python's admin client (confluent-kafka has no call
+for it)."""
 
 from __future__ import annotations
 
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka_support import unique
+from kafka import KafkaAdminClient, TopicPartition
+from kafka.errors import GroupIdNotFoundError, GroupSubscribedToTopicError, NoError
+from kafka_support import unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
@@ -56,3 +59,39 @@ def test_describe_cluster_names_this_gateway(gateway_factory):
     described = admin.describe_cluster().result(10)
     assert described.cluster_id == "polygate" and described.controller.id == 0
     assert [(n.id, n.host, n.port) for n in described.nodes] == [(0, "127.0.0.1", gw.port("kafka"))]
+
+
+def committed(gw, group: str, topic: str, partition: int) -> int:
+    consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group})
+    try:
+        return consumer.committed([ck.TopicPartition(topic, partition)], timeout=10)[0].offset
+    finally:
+        consumer.close()
+
+
+def test_offset_delete_forgets_offsets_of_topics_the_group_does_not_read(gateway_factory):
+    gw = gateway_factory(("kafka",), ("--default-partitions", "1"))
+    read, left, group = unique("read"), unique("left"), unique("g")
+    producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
+    for topic in (read, left):
+        producer.produce(topic, b"x")
+    producer.flush(10)
+    member = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group,
+                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    member.subscribe([read])
+    wait_until(lambda: member.poll(0.2) is not None, 20, 0, "the member reads its topic")
+    member.commit(offsets=[ck.TopicPartition(read, 0, 1), ck.TopicPartition(left, 0, 1)], asynchronous=False)
+
+    admin = KafkaAdminClient(bootstrap_servers=gw.address("kafka"))
+    try:
+        outcome = admin.delete_group_offsets(group, [TopicPartition(read, 0), TopicPartition(left, 0)])
+        assert outcome == {TopicPartition(read, 0): GroupSubscribedToTopicError, TopicPartition(left, 0): NoError}
+        assert (committed(gw, group, read, 0), committed(gw, group, left, 0)) == (1, ck.OFFSET_INVALID)
+        with pytest.raises(GroupIdNotFoundError):
+            admin.delete_group_offsets(unique("nobody"), [TopicPartition(read, 0)])
+        member.close()  # the group is empty now: its offsets may go
+        assert admin.delete_group_offsets(group, [TopicPartition(read, 0)]) == {TopicPartition(read, 0): NoError}
+    finally:
+        admin.close()
+    gw.restart()  # forgotten durably
+    assert (committed(gw, group, read, 0), committed(gw, group, left, 0)) == (ck.OFFSET_INVALID, ck.OFFSET_INVALID)

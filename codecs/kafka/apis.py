@@ -62,6 +62,9 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 SECURITY_DISABLED = 54
 RESOURCE_NOT_FOUND = 91
 GROUP_ID_NOT_FOUND = 69
+GROUP_SUBSCRIBED_TO_TOPIC = 86
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 76
 UNKNOWN_SERVER_ERROR = -1
 
 ERRORS = {
@@ -96,6 +99,9 @@ ERRORS = {
     ErrorCode.CONCURRENT_TRANSACTIONS: 51,
     ErrorCode.TRANSACTIONAL_ID_NOT_FOUND: 105,
     ErrorCode.INVALID_CONFIG: 40,
+    ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: GROUP_SUBSCRIBED_TO_TOPIC,
+    ErrorCode.FENCED_LEADER_EPOCH: FENCED_LEADER_EPOCH,
+    ErrorCode.UNKNOWN_LEADER_EPOCH: UNKNOWN_LEADER_EPOCH,
 }
 
 
@@ -265,6 +271,19 @@ def list_offsets(session: Session, version: int, req: Any, frame: Frame) -> Hand
     return Handled.run(commands, render)
 
 
+def offset_for_leader_epoch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """OffsetForLeaderEpoch (KIP-320): where each partition's leader epoch ended."""
+    commands = tuple(m.OffsetForLeaderEpoch(t.Topic, p.Partition, p.LeaderEpoch, p.get("CurrentLeaderEpoch", -1))
+                     for t in req.Topics for p in t.Partitions)
+
+    def render(results: Sequence[m.OffsetForLeaderEpochResult]) -> bytes:
+        return frame({"Topics": _by_topic([(r.topic, {
+            "ErrorCode": code(r.error), "Partition": r.partition, "LeaderEpoch": r.leader_epoch,
+            "EndOffset": r.end_offset}) for r in results], "Topic", "Partitions")})
+
+    return Handled.run(commands, render)
+
+
 # --------------------------------------------------------------------------- metadata and topics
 
 
@@ -278,7 +297,7 @@ def metadata(session: Session, version: int, req: Any, frame: Frame) -> Handled:
         for t in results[0].topics:
             topics.append({
                 "ErrorCode": code(t.error, INVALID_REQUEST=INVALID_TOPIC), "Name": t.topic,
-                "Partitions": [{"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": 0,
+                "Partitions": [{"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": p.leader_epoch,
                                 "ReplicaNodes": [0], "IsrNodes": [0]} for p in t.partitions],
             })
         return frame({"Brokers": [{"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port}],
@@ -574,6 +593,20 @@ def delete_groups(session: Session, version: int, req: Any, frame: Frame) -> Han
     return Handled.run((m.DeleteGroups(tuple(req.GroupsNames)),), render)
 
 
+def offset_delete(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """OffsetDelete: an error of the group as a whole (unknown group, not authorized) is the top-level
+    one, and the partitions then carry none; partition errors say which offsets were kept."""
+    cmd = m.DeleteOffsets(req.GroupId, tuple((t.Name, p.PartitionIndex) for t in req.Topics for p in t.Partitions))
+
+    def render(results: Sequence[m.DeleteOffsetsResult]) -> bytes:
+        result = results[0]
+        errors = {(t, p): e for t, p, e in result.errors}
+        parts = [(t, {"PartitionIndex": p, "ErrorCode": code(errors.get((t, p)))}) for t, p in cmd.partitions]
+        return frame({"ErrorCode": code(result.error), "Topics": _by_topic(parts, "Name", "Partitions")})
+
+    return Handled.run((cmd,), render)
+
+
 # --------------------------------------------------------------------------- ACLs and SCRAM users
 
 SCRAM_MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}  # Kafka's ScramMechanism numbers
@@ -834,6 +867,7 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(20, 0, 4, delete_topics),
     Api(21, 0, 2, delete_records),
     Api(22, 0, 4, init_producer_id),
+    Api(23, 0, 4, offset_for_leader_epoch),
     Api(24, 0, 3, add_partitions_to_txn),
     Api(25, 0, 3, add_offsets_to_txn),
     Api(26, 0, 3, end_txn),
@@ -847,6 +881,7 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(37, 0, 3, create_partitions),
     Api(42, 0, 2, delete_groups),
     Api(44, 0, 1, incremental_alter_configs),
+    Api(47, 0, 0, offset_delete),
     Api(50, 0, 0, describe_user_scram_credentials),
     Api(51, 0, 0, alter_user_scram_credentials),
     Api(60, 0, 1, describe_cluster),

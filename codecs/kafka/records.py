@@ -36,7 +36,7 @@ from typing import Any
 
 import crc32c
 
-from gateway.codec import BatchProducer, ColumnarFormat, TransactionalFormat
+from gateway.codec import BatchProducer, ColumnarFormat, LeaderEpochFormat, TransactionalFormat
 from gateway.convert import Columns, Validated
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
 from gateway.varint import ZIGZAGS, read_zigzag, zigzag
@@ -125,27 +125,38 @@ def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = No
     return out
 
 
-def assign_offsets(payload: bytes | memoryview, base_offset: int) -> bytes | memoryview:
-    """``payload`` with its baseOffset set: patched in place when it is a writable view
-    (a produce request's frame), else one copy. Several v2 batches one after the
-    other (produces the broker joined) are numbered in turn from ``base_offset``,
-    each after the last offset of the one before, as a Kafka broker numbers them."""
+def assign_offsets(payload: bytes | memoryview, base_offset: int,
+                   leader_epoch: int | None = None) -> bytes | memoryview:
+    """``payload`` with its baseOffset (and, given one, its partitionLeaderEpoch, which the CRC
+    does not cover) set: patched in place when it is a writable view (a produce request's
+    frame), else one copy. Several v2 batches one after the other (produces the broker joined)
+    are numbered in turn from ``base_offset``, each after the last offset of the one before, as
+    a Kafka broker numbers them."""
     if len(payload) > BATCH_OVERHEAD + _I32.unpack_from(payload, 8)[0]:
-        return _assign_joined(payload, base_offset)
+        return _assign_joined(payload, base_offset, leader_epoch)
     if isinstance(payload, memoryview) and not payload.readonly:
         _OFFSET.pack_into(payload, 0, base_offset)
+        if leader_epoch is not None:
+            _I32.pack_into(payload, _LEADER_EPOCH_AT, leader_epoch)
         return payload
-    return b"".join((_OFFSET.pack(base_offset), memoryview(payload)[8:]))
+    view = memoryview(payload)
+    if leader_epoch is None:
+        return b"".join((_OFFSET.pack(base_offset), view[8:]))
+    return b"".join((_OFFSET.pack(base_offset), view[8:_LEADER_EPOCH_AT], _I32.pack(leader_epoch),
+                     view[_LEADER_EPOCH_AT + 4:]))
 
 
+_LEADER_EPOCH_AT = 12  # baseOffset, batchLength
 _LAST_DELTA_AT = 23  # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes
 
 
-def _assign_joined(payload: bytes | memoryview, base_offset: int) -> bytes:
+def _assign_joined(payload: bytes | memoryview, base_offset: int, leader_epoch: int | None) -> bytes:
     out = bytearray(payload)
     pos = 0
     while pos + BATCH_HEADER.size <= len(out):
         _OFFSET.pack_into(out, pos, base_offset)
+        if leader_epoch is not None:
+            _I32.pack_into(out, pos + _LEADER_EPOCH_AT, leader_epoch)
         base_offset += _I32.unpack_from(out, pos + _LAST_DELTA_AT)[0] + 1
         pos += BATCH_OVERHEAD + _I32.unpack_from(out, pos + 8)[0]
     return bytes(out)
@@ -487,7 +498,7 @@ def encode_message_set(records: Iterable[Record], magic: int) -> bytes:
 # --------------------------------------------------------------------------- storage format
 
 
-class KafkaFormat(ColumnarFormat, TransactionalFormat):
+class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat):
     """The ``kafka`` ``BatchFormat`` (see the module docstring).
 
     ``inflate_limit``: the most one batch may decompress to, in ``validate`` and
@@ -560,6 +571,9 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat):
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return assign_offsets(payload, base_offset)
+
+    def assign_offsets_in_epoch(self, payload: bytes, base_offset: int, leader_epoch: int) -> bytes:
+        return assign_offsets(payload, base_offset, leader_epoch)
 
 
 _NO_PRODUCER = BatchProducer(-1, -1, False, False)

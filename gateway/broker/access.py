@@ -12,7 +12,8 @@ Produce                Write on the topic (and Create, below, to create it)
 Fetch, FetchMany       Read on each topic; a refused partition gets the error, the rest run;
                        a Fetch that starts at a group's committed offset also needs Describe
                        on the group (reading that offset, as OffsetFetch does)
-ListOffsets            Describe on the topic
+ListOffsets,           Describe on the topic
+OffsetForLeaderEpoch
 CreateTopic            Create on the cluster or on the topic
 DeleteTopic            Delete on the topic
 CreatePartitions       Alter on the topic
@@ -29,6 +30,7 @@ FetchOffsets           Describe on the group; partitions of topics without Descr
 DescribeGroups         Describe on each group
 ListGroups             Describe on the cluster, or else the groups the caller may Describe
 DeleteGroups           Delete on each group
+DeleteOffsets          Delete on the group, and Read on each topic (per-partition errors)
 InitProducerId         Write on the transactional id; without one, IdempotentWrite on the
                        cluster or Write on some topic
 AddPartitionsToTxn     Write on the transactional id, and Write on each topic (a refused
@@ -94,6 +96,8 @@ class Access:
             m.FetchMany: self._fetch_many,
             m.ListOffsets: self._topic_rule(Op.DESCRIBE, lambda c, e: m.ListOffsetsResult(c.topic, c.partition,
                                                                                          error=e)),
+            m.OffsetForLeaderEpoch: self._topic_rule(Op.DESCRIBE, lambda c, e: m.OffsetForLeaderEpochResult(
+                c.topic, c.partition, error=e)),
             m.CreateTopic: self._create_topic,
             m.DeleteTopic: self._topic_rule(Op.DELETE, lambda c, e: m.DeleteTopicResult(c.topic, e)),
             m.CreatePartitions: self._topic_rule(Op.ALTER, lambda c, e: m.CreatePartitionsResult(c.topic, e)),
@@ -111,6 +115,7 @@ class Access:
             m.DescribeGroups: self._describe_groups,
             m.ListGroups: self._list_groups,
             m.DeleteGroups: self._delete_groups,
+            m.DeleteOffsets: self._delete_offsets,
             m.InitProducerId: self._init_producer_id,
             m.ReplicaProgress: self._cluster_rule(Op.CLUSTER_ACTION, lambda c, e: m.ReplicaProgressResult(
                 c.topic, c.partition, c.replica_id, error=e)),
@@ -331,6 +336,19 @@ class Access:
         if not allowed:
             return merge(None)
         return then(self.broker.run(m.DeleteGroups(allowed)), merge)
+
+    def _delete_offsets(self, cmd: m.DeleteOffsets, caller: m.Caller) -> Any:
+        if not self.may(caller, Op.DELETE, ResourceType.GROUP, cmd.group):
+            return m.DeleteOffsetsResult(cmd.group, error=denied(ResourceType.GROUP, cmd.group, Op.DELETE))
+        readable = {t for t, _ in cmd.partitions if self.may(caller, Op.READ, ResourceType.TOPIC, t)}
+        refused = tuple((t, p, denied(ResourceType.TOPIC, t, Op.READ)) for t, p in cmd.partitions if t not in readable)
+        if not refused:
+            return self.broker.run(cmd)
+        allowed = tuple((t, p) for t, p in cmd.partitions if t in readable)
+        if not allowed:
+            return m.DeleteOffsetsResult(cmd.group, refused)
+        return then(self.broker.run(attrs.evolve(cmd, partitions=allowed)),
+                    lambda result: attrs.evolve(result, errors=result.errors + refused))
 
     # ------------------------------------------------------------------ producers
 

@@ -255,6 +255,21 @@ class Fetcher:
         return d
 
     @errors_as(m.ListOffsetsResult, "topic", "partition")
+    def offset_for_leader_epoch(self, cmd: m.OffsetForLeaderEpoch) -> m.OffsetForLeaderEpochResult:
+        store = self.store
+        try:
+            epoch, end = store.end_offset_for_leader_epoch(cmd.topic, cmd.partition, cmd.leader_epoch)
+            if cmd.current_leader_epoch >= 0:
+                current = store.leader_epoch(cmd.topic, cmd.partition)
+                if cmd.current_leader_epoch != current:
+                    raise CommandError(
+                        ErrorCode.FENCED_LEADER_EPOCH if cmd.current_leader_epoch < current else
+                        ErrorCode.UNKNOWN_LEADER_EPOCH,
+                        f"leader epoch {cmd.current_leader_epoch}, the partition's is {current}")
+        except CommandError as e:
+            return m.OffsetForLeaderEpochResult(cmd.topic, cmd.partition, error=e.error)
+        return m.OffsetForLeaderEpochResult(cmd.topic, cmd.partition, epoch, end)
+
     def list_offsets(self, cmd: m.ListOffsets) -> Any:
         store, topic, partition = self.store, cmd.topic, cmd.partition
         if cmd.timestamp == m.OffsetSpec.EARLIEST:

@@ -80,3 +80,6 @@ class Groups:
 
     def delete(self, cmd: m.DeleteGroups) -> Any:
         return then(self.store.delete_groups(cmd), self.broker.durable)
+
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
+        return then(self.store.delete_offsets(cmd), self.broker.durable)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -17,7 +17,7 @@ from twisted.python.failure import Failure
 from gateway import idempotence
 from gateway import model as m
 from gateway.broker.calls import errors_as, fan_out, then
-from gateway.codec import BatchFormat
+from gateway.codec import BatchFormat, LeaderEpochFormat
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
 
@@ -110,7 +110,7 @@ class Producer:
         store = self.store
         batch = cmd.batch
         base = store.log_end_offset(cmd.topic, partition) if batch.base_offset is None else batch.base_offset
-        payload = fmt.assign_offsets(batch.payload, base)
+        payload = numbered(store, fmt, batch.payload, base, cmd.topic, partition)
 
         def remember(offsets: tuple[int, int]) -> tuple[int, int]:
             if producer is not None:
@@ -243,7 +243,8 @@ class Producer:
                 count += b.count if b.count > 0 else 1
                 if b.max_timestamp > max_timestamp:
                     max_timestamp = b.max_timestamp
-            payload = fmt.assign_offsets(payloads[0] if len(payloads) == 1 else fmt.join(payloads), base)
+            payload = numbered(self.store, fmt, payloads[0] if len(payloads) == 1 else fmt.join(payloads), base,
+                               topic, partition)
             appended = self.store.append(topic, partition, fmt.name, payload, count, max_timestamp, None, acks)
         except CommandError as e:
             return e.error
@@ -345,3 +346,11 @@ def refused(fmt: BatchFormat, batch: m.Batch) -> Error | None:
     if checked.span != batch.count:
         return Error(ErrorCode.CORRUPT_MESSAGE, f"batch declares {batch.count} offsets, holds {checked.span}")
     return None
+
+
+def numbered(store: Any, fmt: BatchFormat, payload: bytes, base: int, topic: str, partition: int) -> bytes:
+    """``payload`` numbered from ``base`` for its append, and stamped with the partition's leader
+    epoch when its batches carry one (``LeaderEpochFormat``)."""
+    if fmt.leader_epochs:
+        return cast(LeaderEpochFormat, fmt).assign_offsets_in_epoch(payload, base, store.leader_epoch(topic, partition))
+    return fmt.assign_offsets(payload, base)

@@ -43,6 +43,7 @@ from twisted.internet import defer
 
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
+from gateway.broker.produce import numbered
 from gateway.codec import TransactionalFormat
 from gateway.model import CommandError, Error, ErrorCode
 
@@ -283,7 +284,8 @@ class Transactions:
                 marker = self.store.log_end_offset(topic, partition)
                 if not commit and first >= 0:
                     waits.append(self._aborted(topic, partition, marker, first, txn.producer_id))
-                payload = fmt.assign_offsets(fmt.control_batch(txn.producer_id, txn.epoch, commit, now), marker)
+                payload = numbered(self.store, fmt, fmt.control_batch(txn.producer_id, txn.epoch, commit, now),
+                                   marker, topic, partition)
                 waits.append(self.store.append(topic, partition, fmt.name, payload, 1, now, None, m.Acks.ALL))
             except CommandError as e:  # the topic was deleted meanwhile: nothing left to mark
                 log.info("transaction %s: no marker on %s/%d: %s", txn.transactional_id, topic, partition, e)

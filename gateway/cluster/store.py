@@ -32,7 +32,7 @@ from gateway.cluster.reader import Reader
 from gateway.cluster.security import SecurityTopic
 from gateway.cluster.writer import KAFKA, Writer
 from gateway.codec import BatchFormat
-from gateway.model import CommandError, ErrorCode
+from gateway.model import CommandError, Error, ErrorCode
 from gateway.storage.interface import ReplicaStatus
 
 log = logging.getLogger(__name__)
@@ -320,6 +320,12 @@ class ClusterStore:
     def log_end_offset(self, topic: str, partition: int) -> int:
         return self.metadata.marks(topic, partition).high_watermark
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        return -1  # the cluster's brokers stamp their own
+
+    def end_offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> tuple[int, int]:
+        raise CommandError(ErrorCode.UNSUPPORTED, "confluent-kafka has no call for the cluster's OffsetForLeaderEpoch")
+
     def partition_size(self, topic: str, partition: int) -> None:
         self.metadata.marks(topic, partition)
         return None  # the cluster's brokers keep the data
@@ -405,6 +411,11 @@ class ClusterStore:
 
     def delete_groups(self, cmd: m.DeleteGroups) -> Any:
         return self.groups.delete(cmd)
+
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
+        """Refused: confluent-kafka's admin client has no call for Kafka's OffsetDelete."""
+        return m.DeleteOffsetsResult(cmd.group, error=Error(
+            ErrorCode.UNSUPPORTED, "deleting a group's offsets is not passed to the cluster"))
 
     # ------------------------------------------------------------------ housekeeping and durability
 
