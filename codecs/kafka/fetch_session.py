@@ -62,7 +62,9 @@ class FetchSession:
     def changed(self, key: tuple[str, int], told: tuple[int, int, int], news: bool) -> bool:
         """Whether an incremental answer lists the partition (``news``: it has records or an
         error); remembers what it is told."""
-        partition = self.partitions[key]
+        partition = self.partitions.get(key)
+        if partition is None:  # a pipelined request forgot it meanwhile
+            return news
         if news or partition.told != told:
             partition.told = told
             return True
