@@ -390,6 +390,11 @@ class Fetch:
     result and skips them itself, as Kafka's read_committed consumers do; any
     other reader never gets control batches or records of aborted
     transactions (their offsets are gaps).
+
+    ``leader_epoch``, unless -1, is the reader's idea of the partition's leader
+    epoch (Kafka's CurrentLeaderEpoch): another one is answered
+    ``FENCED_LEADER_EPOCH`` (older) or ``UNKNOWN_LEADER_EPOCH`` (newer), so that
+    the reader learns the new epoch before it reads on (KIP-320).
     """
 
     topic: str
@@ -401,6 +406,7 @@ class Fetch:
     min_bytes: int = 1
     group: str | None = None
     read_committed: bool = True
+    leader_epoch: int = -1
 
 
 @frozen

@@ -458,10 +458,20 @@ class Engine:
         return base_offset, last
 
     def _start_epoch(self, part: Partition, start: int) -> None:
-        """Record that the current leader epoch of ``part`` starts at ``start``, before its first write."""
+        """Record that the current leader epoch of ``part`` starts at ``start``, before its first write.
+
+        A journal that refuses writes does not stop the data: the start is then kept in memory
+        only, and after a restart the epoch reads as part of the one before, whose end is then
+        the next recorded start or the log end (never past the data, so a cut log still shows)."""
         starts = self.records["lep"].get(part.epoch_key, [])
         if not starts or starts[-1][0] != self.leader_epoch:
-            self.put_record("lep", part.epoch_key, [*starts, [self.leader_epoch, start]])
+            starts = [*starts, [self.leader_epoch, start]]
+            try:
+                self.put_record("lep", part.epoch_key, starts)
+            except (CommandError, OSError) as e:
+                log.warning("%s/%d: where leader epoch %d begins is kept in memory only: %s",
+                            part.topic.name, part.index, self.leader_epoch, e)
+                self.records["lep"][part.epoch_key] = starts
         part.written_epoch = self.leader_epoch
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int,

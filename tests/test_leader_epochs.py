@@ -70,6 +70,13 @@ def test_each_start_is_a_leader_epoch_and_offset_for_leader_epoch_says_where_eac
         assert end_of(client, topic, 2, current=1)[0] == FENCED_LEADER_EPOCH
         assert end_of(client, topic, 2, current=3)[0] == UNKNOWN_LEADER_EPOCH
         assert end_of(client, unique("none"), 0)[0] == 3  # UNKNOWN_TOPIC_OR_PARTITION
+        for current, error in ((2, 0), (1, FENCED_LEADER_EPOCH), (3, UNKNOWN_LEADER_EPOCH), (-1, 0)):
+            # a fetch naming another epoch than the partition's is refused, so the client learns the new one
+            answer = client.call(1, 12, {"ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 0, "MaxBytes": 1 << 20,
+                                         "Topics": [{"Topic": topic, "Partitions": [{
+                                             "Partition": 0, "FetchOffset": 10, "PartitionMaxBytes": 1 << 20,
+                                             "CurrentLeaderEpoch": current}]}]})
+            assert answer.Responses[0].Partitions[0].ErrorCode == error, current
 
 
 def test_kafka_python_reads_on_from_where_a_cut_back_log_diverged(gateway_factory, tmp_path):

@@ -209,14 +209,16 @@ def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
             return Handled.answer(frame({"ErrorCode": error, "SessionId": 0, "Responses": []}))
         current.update(req.Topics, req.get("ForgottenTopicsData"))
         current.epoch += 1
-        wanted = [(t, p, s.fetch_offset, s.max_bytes) for (t, p), s in current.partitions.items()]
+        wanted = [(t, p, s.fetch_offset, s.max_bytes, s.leader_epoch) for (t, p), s in current.partitions.items()]
     else:  # a full fetch: an initial one opens a new session, a final one closes the session
         current = session.fetch_session = (
             new_session(req.Topics) if epoch == INITIAL_EPOCH and version >= 7 else None)
-        wanted = [(t.Topic, p.Partition, p.FetchOffset, p.PartitionMaxBytes) for t in req.Topics for p in t.Partitions]
+        wanted = [(t.Topic, p.Partition, p.FetchOffset, p.PartitionMaxBytes, p.get("CurrentLeaderEpoch", -1))
+                  for t in req.Topics for p in t.Partitions]
     committed = req.get("IsolationLevel", 0) == 1  # READ_COMMITTED
     fetches = tuple(m.Fetch(topic, partition, offset, records.NAME, max_bytes=max(max_bytes, 0),
-                            read_committed=committed) for topic, partition, offset, max_bytes in wanted)
+                            read_committed=committed, leader_epoch=leader_epoch)
+                    for topic, partition, offset, max_bytes, leader_epoch in wanted)
     max_bytes = req.get("MaxBytes", 0x7FFFFFFF)
     cmd = m.FetchMany(fetches, max(req.MaxWaitMs, 0), req.MinBytes, max(max_bytes, 1))
     legacy_magic = None if version >= 4 else (0 if version < 2 else 1)

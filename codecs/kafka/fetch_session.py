@@ -37,6 +37,7 @@ class SessionPartition:
 
     fetch_offset: int
     max_bytes: int
+    leader_epoch: int  # the client's CurrentLeaderEpoch (-1: none)
     told: tuple[int, int, int] | None = None  # high watermark, last stable offset, log start
 
 
@@ -54,10 +55,11 @@ class FetchSession:
         for t in topics:
             for p in t.Partitions:
                 known = self.partitions.get((t.Topic, p.Partition))
+                epoch = p.get("CurrentLeaderEpoch", -1)
                 if known is None:
-                    self.partitions[(t.Topic, p.Partition)] = SessionPartition(p.FetchOffset, p.PartitionMaxBytes)
+                    self.partitions[(t.Topic, p.Partition)] = SessionPartition(p.FetchOffset, p.PartitionMaxBytes, epoch)
                 else:  # what it was told still holds
-                    known.fetch_offset, known.max_bytes = p.FetchOffset, p.PartitionMaxBytes
+                    known.fetch_offset, known.max_bytes, known.leader_epoch = p.FetchOffset, p.PartitionMaxBytes, epoch
 
     def changed(self, key: tuple[str, int], told: tuple[int, int, int], news: bool) -> bool:
         """Whether an incremental answer lists the partition (``news``: it has records or an

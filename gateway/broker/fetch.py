@@ -61,6 +61,8 @@ class Fetcher:
             end = store.log_end_offset(cmd.topic, cmd.partition)
             offset = self._start_offset(cmd)
             tid = store.topic_id(cmd.topic)
+            if cmd.leader_epoch >= 0:
+                self._check_leader_epoch(cmd.topic, cmd.partition, cmd.leader_epoch)
             if offset > max(hw, end) and not refreshed:
                 waited = store.refresh_watermarks(cmd.topic, cmd.partition)
                 if waited is not None:
@@ -254,22 +256,24 @@ class Fetcher:
         wait()
         return d
 
-    @errors_as(m.ListOffsetsResult, "topic", "partition")
+    def _check_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> None:
+        """Raise unless ``leader_epoch`` is the partition's (or the storage keeps none)."""
+        current = self.store.leader_epoch(topic, partition)
+        if current >= 0 and leader_epoch != current:
+            raise CommandError(ErrorCode.FENCED_LEADER_EPOCH if leader_epoch < current else
+                               ErrorCode.UNKNOWN_LEADER_EPOCH,
+                               f"leader epoch {leader_epoch}, the partition's is {current}")
+
     def offset_for_leader_epoch(self, cmd: m.OffsetForLeaderEpoch) -> m.OffsetForLeaderEpochResult:
-        store = self.store
         try:
-            epoch, end = store.end_offset_for_leader_epoch(cmd.topic, cmd.partition, cmd.leader_epoch)
+            epoch, end = self.store.end_offset_for_leader_epoch(cmd.topic, cmd.partition, cmd.leader_epoch)
             if cmd.current_leader_epoch >= 0:
-                current = store.leader_epoch(cmd.topic, cmd.partition)
-                if cmd.current_leader_epoch != current:
-                    raise CommandError(
-                        ErrorCode.FENCED_LEADER_EPOCH if cmd.current_leader_epoch < current else
-                        ErrorCode.UNKNOWN_LEADER_EPOCH,
-                        f"leader epoch {cmd.current_leader_epoch}, the partition's is {current}")
+                self._check_leader_epoch(cmd.topic, cmd.partition, cmd.current_leader_epoch)
         except CommandError as e:
             return m.OffsetForLeaderEpochResult(cmd.topic, cmd.partition, error=e.error)
         return m.OffsetForLeaderEpochResult(cmd.topic, cmd.partition, epoch, end)
 
+    @errors_as(m.ListOffsetsResult, "topic", "partition")
     def list_offsets(self, cmd: m.ListOffsets) -> Any:
         store, topic, partition = self.store, cmd.topic, cmd.partition
         if cmd.timestamp == m.OffsetSpec.EARLIEST:
