@@ -45,6 +45,7 @@ MAX_PARTITIONS = 10_000  # per topic: each open partition holds file descriptors
 MAX_OFFSET = (1 << 63) - 1
 DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's defaults of the compaction settings
 MIN_CLEANABLE_DIRTY_RATIO = 0.5
+EPOCH_MINUTES_FROM = 29_453_760  # 2026-01-01 in minutes since 1970: leader epochs count minutes from there
 RECORD_KINDS = ("sec", "txn", "cln", "lep")
 """Kinds of the records kept in the journal: the broker's security (users, ACLs), transactions and
 the compaction checkpoint of each compacted partition; and the engine's leader epochs ("epoch": the
@@ -189,8 +190,12 @@ class Engine:
         """Each opening of the data dir starts a new leader epoch of every partition, as a Kafka
         broker's restart gives its partitions new leaders: a log cut back by recovery (a torn
         tail, writes lost with an unsynced page cache) then shows to clients that check their
-        position with OffsetForLeaderEpoch (KIP-320) as the truncation it is."""
-        epoch = self.records["lep"].get("epoch", -1) + 1
+        position with OffsetForLeaderEpoch (KIP-320) as the truncation it is.
+
+        Epochs only grow: one more than the last, and at least the minutes since 2026, so that
+        a data dir restored from a backup does not go back to an epoch clients have seen already
+        (librdkafka ignores metadata with an older leader epoch than it knows)."""
+        epoch = max(self.records["lep"].get("epoch", -1) + 1, int(self.clock() // 60) - EPOCH_MINUTES_FROM)
         self.put_record("lep", "epoch", epoch)
         return epoch
 

@@ -55,28 +55,34 @@ def batch_epochs(client: KafkaClient, topic: str) -> list[int]:
 def test_each_start_is_a_leader_epoch_and_offset_for_leader_epoch_says_where_each_ended(gateway_factory, tmp_path):
     gw = gateway_factory(("kafka",), ("--default-partitions", "1"), data_dir=tmp_path / "data")
     topic = unique("epochs")
-    produce(gw, topic, [f"a{i}" for i in range(10)])  # epoch 0: offsets 0-9
-    gw.restart()  # epoch 1 writes nothing
-    gw.restart()
-    produce(gw, topic, [f"b{i}" for i in range(5)])  # epoch 2: offsets 10-14
+    produce(gw, topic, [f"a{i}" for i in range(10)])  # first epoch: offsets 0-9
+    epochs = []
+    for _ in range(3):  # the second start writes nothing
+        with KafkaClient("127.0.0.1", gw.port("kafka")) as client:
+            epochs.append(leader_epoch(client, topic))
+        gw.restart()
+    first, idle, current = epochs[0], epochs[1], epochs[2]
+    assert first < idle < current  # epochs only grow (also past a data dir restored from a backup)
+    produce(gw, topic, [f"b{i}" for i in range(5)])  # the current epoch: offsets 10-14
     with KafkaClient("127.0.0.1", gw.port("kafka")) as client:
-        assert leader_epoch(client, topic) == 2
-        assert batch_epochs(client, topic) == [0, 2]
-        assert end_of(client, topic, 0) == (0, 0, 10)
-        assert end_of(client, topic, 1) == (0, 0, 10)  # not written in: the epoch before it, up to epoch 2
-        assert end_of(client, topic, 2) == (0, 2, 15)
-        assert end_of(client, topic, 3) == (0, -1, -1)  # past the current epoch
-        assert end_of(client, topic, 2, current=2) == (0, 2, 15)
-        assert end_of(client, topic, 2, current=1)[0] == FENCED_LEADER_EPOCH
-        assert end_of(client, topic, 2, current=3)[0] == UNKNOWN_LEADER_EPOCH
+        current = leader_epoch(client, topic)
+        assert batch_epochs(client, topic) == [first, current]
+        assert end_of(client, topic, first) == (0, first, 10)
+        assert end_of(client, topic, idle) == (0, first, 10)  # not written in: the epoch before it
+        assert end_of(client, topic, current) == (0, current, 15)
+        assert end_of(client, topic, current + 1) == (0, -1, -1)  # past the current epoch
+        assert end_of(client, topic, current, current=current) == (0, current, 15)
+        assert end_of(client, topic, current, current=current - 1)[0] == FENCED_LEADER_EPOCH
+        assert end_of(client, topic, current, current=current + 1)[0] == UNKNOWN_LEADER_EPOCH
         assert end_of(client, unique("none"), 0)[0] == 3  # UNKNOWN_TOPIC_OR_PARTITION
-        for current, error in ((2, 0), (1, FENCED_LEADER_EPOCH), (3, UNKNOWN_LEADER_EPOCH), (-1, 0)):
+        for epoch, error in ((current, 0), (current - 1, FENCED_LEADER_EPOCH), (current + 1, UNKNOWN_LEADER_EPOCH),
+                             (-1, 0)):
             # a fetch naming another epoch than the partition's is refused, so the client learns the new one
             answer = client.call(1, 12, {"ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 0, "MaxBytes": 1 << 20,
                                          "Topics": [{"Topic": topic, "Partitions": [{
                                              "Partition": 0, "FetchOffset": 10, "PartitionMaxBytes": 1 << 20,
-                                             "CurrentLeaderEpoch": current}]}]})
-            assert answer.Responses[0].Partitions[0].ErrorCode == error, current
+                                             "CurrentLeaderEpoch": epoch}]}]})
+            assert answer.Responses[0].Partitions[0].ErrorCode == error, epoch
 
 
 def test_kafka_python_reads_on_from_where_a_cut_back_log_diverged(gateway_factory, tmp_path):
@@ -84,9 +90,9 @@ def test_kafka_python_reads_on_from_where_a_cut_back_log_diverged(gateway_factor
     port = free_port()  # the consumer reconnects to the same address after each restart
     gw = gateway_factory(("kafka",), ("--default-partitions", "1", f"--listen=kafka=127.0.0.1:{port}"), data_dir=data)
     topic = unique("cut")
-    produce(gw, topic, [f"a{i}" for i in range(10)])  # epoch 0: offsets 0-9
+    produce(gw, topic, [f"a{i}" for i in range(10)])  # one epoch: offsets 0-9
     gw.restart()
-    produce(gw, topic, [f"b{i}" for i in range(5)])  # epoch 1: offsets 10-14, to be lost
+    produce(gw, topic, [f"b{i}" for i in range(5)])  # the next: offsets 10-14, to be lost
     consumer = KafkaConsumer(bootstrap_servers=gw.address("kafka"), auto_offset_reset="latest",
                              fetch_max_wait_ms=100, reconnect_backoff_max_ms=200)
     consumer.assign([TopicPartition(topic, 0)])
@@ -104,10 +110,10 @@ def test_kafka_python_reads_on_from_where_a_cut_back_log_diverged(gateway_factor
     gw.stop()  # the last batch is cut short, as a write lost in a crash: recovery cuts it off
     segment = sorted(glob.glob(str(data / "logs" / f"{topic}@*-0" / "*.log")))[-1]
     os.truncate(segment, os.path.getsize(segment) - 10)
-    gw.start()  # epoch 2
+    gw.start()  # a third epoch
     produce(gw, topic, [f"c{i}" for i in range(3)])  # offsets 10-12 again, other records
 
-    # the consumer stood at 15, past the new log end: it asks where epoch 1 ended (10) and reads
+    # the consumer stood at 15, past the new log end: it asks where the second epoch ended (10) and reads
     # on from there, instead of resetting to the log end and skipping c0-c2
     wait_until(lambda: consumed(18), 30, 0, "the records written after the cut")
     consumer.close()
