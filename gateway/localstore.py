@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from gateway import model as m
 from gateway.model import CommandError, Error
 from gateway.rebalance import ConsumerRebalance
+from gateway.storage.consumer_groups import HEARTBEAT_INTERVAL_MS, ConsumerGroups
 from gateway.storage.engine import Engine
 from gateway.storage.groups import CommitRefused, Group
 from gateway.storage.interface import ReplicaStatus
@@ -28,6 +31,9 @@ class LocalStore:
         self.engine = engine
         self.groups = engine.groups
         self.rebalance = ConsumerRebalance(engine.groups, reactor)
+        self.consumer_groups = ConsumerGroups(
+            engine.partition_count, engine.now_ms,
+            lambda name: name in self.groups.groups and bool(self.groups.groups[name].members))
         self.started_at = engine.started_at
 
     def now_ms(self) -> int:
@@ -152,6 +158,9 @@ class LocalStore:
 
     def join_group(self, cmd: m.JoinGroup) -> Any:
         try:
+            if cmd.group in self.consumer_groups.groups:
+                raise CommandError(m.ErrorCode.INVALID_REQUEST,
+                                   f"group {cmd.group} uses Kafka's consumer protocol (KIP-848)")
             if cmd.protocol_type == "consumer":
                 return self.rebalance.join(cmd)
             if cmd.protocol_type != "server":
@@ -187,7 +196,32 @@ class LocalStore:
         self.rebalance.changed(cmd.group)
         return m.LeaveGroupResult(cmd.group, generation=group.generation)
 
+    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> m.ConsumerGroupHeartbeatResult:
+        engine = self.engine
+        try:
+            owned = None if cmd.owned is None else {
+                engine.topic_by_id(tid).name: set(ps) for tid, ps in cmd.owned if engine.topic_by_id(tid)}
+            beat = self.consumer_groups.heartbeat(
+                cmd.group, cmd.member_id, cmd.member_epoch, cmd.topics, owned,
+                lambda: self.groups.new_member_id(cmd.client_id or "consumer"), cmd.client_id, cmd.client_host)
+        except CommandError as e:
+            return m.ConsumerGroupHeartbeatResult(cmd.group, cmd.member_id, error=e.error)
+        assignment = None if beat.assignment is None else tuple(
+            (engine.topic(t).topic_id, tuple(sorted(ps))) for t, ps in sorted(beat.assignment.items())
+            if t in engine.topics)
+        return m.ConsumerGroupHeartbeatResult(cmd.group, beat.member_id, beat.epoch, HEARTBEAT_INTERVAL_MS,
+                                              assignment)
+
     def commit_offsets(self, cmd: m.CommitOffsets) -> m.CommitOffsetsResult:
+        epoch = self.consumer_groups.member_epoch(cmd.group, cmd.member_id)
+        if epoch is not None or cmd.group in self.consumer_groups.groups:  # a consumer-protocol group
+            if cmd.generation is not None and cmd.generation != epoch:
+                error = (m.Error(m.ErrorCode.UNKNOWN_MEMBER, f"member {cmd.member_id} is not in group {cmd.group}")
+                         if epoch is None else
+                         m.Error(m.ErrorCode.STALE_MEMBER_EPOCH if cmd.generation < epoch else
+                                 m.ErrorCode.FENCED_MEMBER_EPOCH, f"member epoch {cmd.generation}, the member's is {epoch}"))
+                return m.CommitOffsetsResult(cmd.group, tuple((t, p, error) for t, p, _, _ in cmd.offsets), error)
+            cmd = attrs.evolve(cmd, generation=None, member_id="")  # the epoch was the membership check
         try:
             self.groups.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation, cmd.require_assignment,
                                cmd.no_regression, cmd.validate_only)
@@ -220,6 +254,13 @@ class LocalStore:
 
     def _describe(self, name: str) -> m.GroupInfo:
         group = self.groups.groups.get(name)
+        consumer = self.consumer_groups.groups.get(name)
+        if consumer is not None:  # Kafka's consumer protocol: the coordinator's assignment
+            return m.GroupInfo(name, "Stable", "consumer", "uniform", consumer.epoch, tuple(
+                m.GroupMemberInfo(mem.member_id, mem.client_id, mem.client_host, "consumer",
+                                  partitions=tuple((t, tuple(sorted(ps))) for t, ps in sorted(mem.assigned.items())),
+                                  codec="kafka")
+                for mem in consumer.members.values()))
         if group is None:
             return m.GroupInfo(name, "Dead")
         members = tuple(
@@ -232,7 +273,10 @@ class LocalStore:
                            group.generation, members)
 
     def list_groups(self, cmd: m.ListGroups) -> m.ListGroupsResult:
-        return m.ListGroupsResult(tuple((n, self.groups.protocol_type(n) or "") for n in self.groups.names()))
+        classic = [(n, self.groups.protocol_type(n) or "") for n in self.groups.names()]
+        names = {n for n, _ in classic}
+        return m.ListGroupsResult(tuple(classic + [(n, "consumer") for n in self.consumer_groups.groups
+                                                   if n not in names]))
 
     def delete_groups(self, cmd: m.DeleteGroups) -> m.DeleteGroupsResult:
         errors = []
@@ -296,6 +340,7 @@ class LocalStore:
     def housekeeping(self) -> None:
         for name in self.groups.expire_all():
             self.rebalance.changed(name)
+        self.consumer_groups.expire_all()
         self.engine.refresh_watermarks()
         self.engine.compact_journal()
         self.engine.seal_idle_segments()

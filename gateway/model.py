@@ -73,6 +73,8 @@ class ErrorCode(enum.Enum):
     GROUP_SUBSCRIBED_TO_TOPIC = "group_subscribed_to_topic"  # a group's members still read the topic
     FENCED_LEADER_EPOCH = "fenced_leader_epoch"  # the client's leader epoch is older than the partition's
     UNKNOWN_LEADER_EPOCH = "unknown_leader_epoch"  # the client's leader epoch is newer than the partition's
+    FENCED_MEMBER_EPOCH = "fenced_member_epoch"  # a consumer-protocol member's epoch is not its current one
+    STALE_MEMBER_EPOCH = "stale_member_epoch"  # a consumer-protocol member committed with an older epoch
 
 
 AUTHORIZATION_ERRORS = frozenset({ErrorCode.TOPIC_AUTHORIZATION, ErrorCode.GROUP_AUTHORIZATION,
@@ -319,6 +321,7 @@ class TopicInfo:
     partitions: tuple[PartitionInfo, ...] = ()
     config: TopicConfig = TopicConfig()
     error: Error | None = None
+    topic_id: str = ""  # 32 hex digits where the storage has Kafka-style topic ids
 
 
 @frozen
@@ -686,6 +689,33 @@ class ListGroups:
 @frozen
 class ListGroupsResult:
     groups: tuple[tuple[str, str], ...]  # (group, protocol_type)
+
+
+@frozen
+class ConsumerGroupHeartbeat:
+    """A heartbeat of Kafka's consumer group protocol (KIP-848): ``member_epoch`` 0 joins, -1 leaves;
+    ``topics`` (the subscription) and ``owned`` (``(topic id, partitions)``: what the member owns)
+    are ``None`` when unchanged since its last heartbeat."""
+
+    group: str
+    member_id: str
+    member_epoch: int
+    topics: tuple[str, ...] | None = None
+    owned: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    client_id: str = ""
+    client_host: str = ""
+
+
+@frozen
+class ConsumerGroupHeartbeatResult:
+    """The member's epoch, and its partitions (``(topic id, partitions)``) when they changed."""
+
+    group: str
+    member_id: str = ""
+    member_epoch: int = -1
+    heartbeat_interval_ms: int = 0
+    assignment: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    error: Error | None = None
 
 
 @frozen

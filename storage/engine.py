@@ -427,7 +427,12 @@ class Engine:
     def topic_info(self, name: str) -> TopicInfo:
         t = self.topic(name)
         now = self.now_ms()
-        return TopicInfo(name, tuple(p.info(now, self.leader_epoch) for p in t.partitions), t.config)
+        return TopicInfo(name, tuple(p.info(now, self.leader_epoch) for p in t.partitions), t.config,
+                         topic_id=t.topic_id)
+
+    def topic_by_id(self, topic_id: str) -> Topic | None:
+        """The topic with id ``topic_id`` (32 hex digits), if there is one."""
+        return next((t for t in self.topics.values() if t.topic_id == topic_id), None)
 
     # ------------------------------------------------------------------ data
 

@@ -212,6 +212,9 @@ class Storage(Protocol):
     def delete_groups(self, cmd: m.DeleteGroups) -> Any:
         """*May wait.* A ``DeleteGroupsResult``: a group with members is not deleted."""
 
+    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> Any:
+        """*May wait.* A ``ConsumerGroupHeartbeatResult`` (Kafka's consumer group protocol, KIP-848)."""
+
     def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
         """*May wait.* A ``DeleteOffsetsResult``: ``GROUP_SUBSCRIBED_TO_TOPIC`` for a partition
         whose topic the group's members read, ``GROUP_NOT_FOUND`` for an unknown group."""

@@ -65,6 +65,9 @@ GROUP_ID_NOT_FOUND = 69
 GROUP_SUBSCRIBED_TO_TOPIC = 86
 FENCED_LEADER_EPOCH = 74
 UNKNOWN_LEADER_EPOCH = 76
+UNKNOWN_TOPIC_ID = 100
+FENCED_MEMBER_EPOCH = 110
+STALE_MEMBER_EPOCH = 113
 UNKNOWN_SERVER_ERROR = -1
 
 ERRORS = {
@@ -102,6 +105,8 @@ ERRORS = {
     ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: GROUP_SUBSCRIBED_TO_TOPIC,
     ErrorCode.FENCED_LEADER_EPOCH: FENCED_LEADER_EPOCH,
     ErrorCode.UNKNOWN_LEADER_EPOCH: UNKNOWN_LEADER_EPOCH,
+    ErrorCode.FENCED_MEMBER_EPOCH: FENCED_MEMBER_EPOCH,
+    ErrorCode.STALE_MEMBER_EPOCH: STALE_MEMBER_EPOCH,
 }
 
 
@@ -290,22 +295,33 @@ def offset_for_leader_epoch(session: Session, version: int, req: Any, frame: Fra
 
 
 def metadata(session: Session, version: int, req: Any, frame: Frame) -> Handled:
-    names = None if req.Topics is None or (version == 0 and not req.Topics) else tuple(
+    """Metadata; from v10 topics carry their ids, and a request may name topics by id (clients of the
+    consumer group protocol resolve the ids of their assignment so): all topics are then listed and
+    those asked for answered, an unknown id ``UNKNOWN_TOPIC_ID``."""
+    ids = {bytes(t.TopicId).hex() for t in req.Topics or () if t.Name is None and any(t.get("TopicId") or b"")}
+    names = None if req.Topics is None or ids or (version == 0 and not req.Topics) else tuple(
         dict.fromkeys(t.Name for t in req.Topics if t.Name is not None))  # each topic once, as Kafka answers
+    asked = {t.Name for t in req.Topics or () if t.Name is not None}
     auto = req.get("AllowAutoTopicCreation", True)
 
     def render(results: Sequence[m.ListTopicsResult]) -> bytes:
         topics = []
         for t in results[0].topics:
+            if ids and t.topic not in asked and t.topic_id not in ids:
+                continue
+            ids.discard(t.topic_id)
             topics.append({
                 "ErrorCode": code(t.error, INVALID_REQUEST=INVALID_TOPIC), "Name": t.topic,
+                "TopicId": bytes.fromhex(t.topic_id) if len(t.topic_id) == 32 else bytes(16),
                 "Partitions": [{"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": p.leader_epoch,
                                 "ReplicaNodes": [0], "IsrNodes": [0]} for p in t.partitions],
             })
+        topics += [{"ErrorCode": UNKNOWN_TOPIC_ID, "Name": None, "TopicId": bytes.fromhex(i), "Partitions": []}
+                   for i in sorted(ids)]
         return frame({"Brokers": [{"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port}],
                 "ClusterId": "polygate", "ControllerId": 0, "Topics": topics})
 
-    return Handled.run((m.ListTopics(names, auto),), render)
+    return Handled.run((m.ListTopics(names, auto and not ids),), render)
 
 
 def create_topics(session: Session, version: int, req: Any, frame: Frame) -> Handled:
@@ -585,6 +601,26 @@ def list_groups(session: Session, version: int, req: Any, frame: Frame) -> Handl
                            for g, pt in results[0].groups]})
 
     return Handled.run((m.ListGroups(),), render)
+
+
+def consumer_group_heartbeat(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+    """ConsumerGroupHeartbeat (KIP-848): the coordinator assigns, by topic id."""
+    owned = None if req.TopicPartitions is None else tuple(
+        (bytes(t.TopicId).hex(), tuple(t.Partitions)) for t in req.TopicPartitions)
+    topics = None if req.SubscribedTopicNames is None else tuple(req.SubscribedTopicNames)
+    cmd = m.ConsumerGroupHeartbeat(req.GroupId, req.MemberId or "", req.MemberEpoch, topics, owned,
+                                   session.client_id, session.client_host)
+
+    def render(results: Sequence[m.ConsumerGroupHeartbeatResult]) -> bytes:
+        r = results[0]
+        assignment = None if r.assignment is None else {"TopicPartitions": [
+            {"TopicId": bytes.fromhex(tid), "Partitions": list(ps)} for tid, ps in r.assignment]}
+        return frame({"ErrorCode": code(r.error, INVALID_REQUEST=INCONSISTENT_GROUP_PROTOCOL),
+                      "ErrorMessage": message(r.error), "MemberId": r.member_id or None,
+                      "MemberEpoch": r.member_epoch, "HeartbeatIntervalMs": r.heartbeat_interval_ms,
+                      "Assignment": assignment})
+
+    return Handled.run((cmd,), render)
 
 
 def delete_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
@@ -890,6 +926,7 @@ APIS: dict[int, Api] = {api.key: api for api in (
     Api(61, 0, 0, describe_producers),
     Api(65, 0, 0, describe_transactions),
     Api(66, 0, 0, list_transactions),
+    Api(68, 0, 1, consumer_group_heartbeat),
 )}
 API_VERSIONS = 18
 SASL_APIS = frozenset({17, 18, 36})

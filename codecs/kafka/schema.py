@@ -230,6 +230,25 @@ class KafkaStruct(Construct):
         return obj
 
 
+class NullableStruct(Construct):
+    """A struct field that may be null (ConsumerGroupHeartbeat's ``Assignment``): an int8 before it,
+    -1 for null and 1 for a struct that follows, as Kafka's generated code writes it."""
+
+    def __init__(self, struct: KafkaStruct):
+        super().__init__()
+        self.struct = struct
+
+    def _parse(self, stream: Any, context: Any, path: str) -> Container | None:
+        marker = Int8sb._parse(stream, context, path)
+        return None if marker < 0 else self.struct._parse(stream, context, path)
+
+    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
+        Int8sb._build(-1 if obj is None else 1, stream, context, path)
+        if obj is not None:
+            self.struct._build(obj, stream, context, path)
+        return obj
+
+
 # --------------------------------------------------------------------------- versions
 
 
@@ -339,7 +358,9 @@ def _field_type(spec: dict[str, Any], f: dict[str, Any], version: int, flexible:
     else:
         sub_fields = f.get("fields") or _common_struct(spec, element_kind)
         element = build_struct(spec, sub_fields, version, flexible)
-    return KafkaArray(element, flexible, nullable) if kind.startswith("[]") else element
+    if kind.startswith("[]"):
+        return KafkaArray(element, flexible, nullable)
+    return NullableStruct(element) if nullable else element
 
 
 def _common_struct(spec: dict[str, Any], name: str) -> list[dict[str, Any]]:

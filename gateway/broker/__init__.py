@@ -111,6 +111,7 @@ class Broker:
             m.ListGroups: self.groups.list,
             m.DeleteGroups: self.groups.delete,
             m.DeleteOffsets: self.groups.delete_offsets,
+            m.ConsumerGroupHeartbeat: self.groups.consumer_group_heartbeat,
             m.ReplicaProgress: self.replication.replica_progress,
             m.SetPartitionRole: self.replication.set_partition_role,
             m.Ping: lambda cmd: m.PingResult(),

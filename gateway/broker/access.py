@@ -24,7 +24,8 @@ ListTopics             Describe (Read, for ``read``) on each topic: a listing of
                        out the others, a named one is answered with the error;
                        auto-creation needs Create
 Join/Sync/Heartbeat/   Read on the group
-Leave
+Leave, ConsumerGroup-
+Heartbeat
 CommitOffsets          Read on the group, and Read on each topic (per-partition errors)
 FetchOffsets           Describe on the group; partitions of topics without Describe are left out
 DescribeGroups         Describe on each group
@@ -110,6 +111,8 @@ class Access:
             m.SyncGroup: self._group_rule(Op.READ, lambda c, e: m.SyncGroupResult(c.group, error=e)),
             m.Heartbeat: self._group_rule(Op.READ, lambda c, e: m.HeartbeatResult(c.group, e)),
             m.LeaveGroup: self._group_rule(Op.READ, lambda c, e: m.LeaveGroupResult(c.group, e)),
+            m.ConsumerGroupHeartbeat: self._group_rule(Op.READ, lambda c, e: m.ConsumerGroupHeartbeatResult(
+                c.group, c.member_id, error=e)),
             m.CommitOffsets: self._commit_offsets,
             m.FetchOffsets: self._fetch_offsets,
             m.DescribeGroups: self._describe_groups,

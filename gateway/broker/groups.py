@@ -81,5 +81,8 @@ class Groups:
     def delete(self, cmd: m.DeleteGroups) -> Any:
         return then(self.store.delete_groups(cmd), self.broker.durable)
 
+    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> Any:
+        return self.store.consumer_group_heartbeat(cmd)
+
     def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
         return then(self.store.delete_offsets(cmd), self.broker.durable)

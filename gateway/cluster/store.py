@@ -412,6 +412,11 @@ class ClusterStore:
     def delete_groups(self, cmd: m.DeleteGroups) -> Any:
         return self.groups.delete(cmd)
 
+    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> Any:
+        """Refused: the gateway's members of the cluster's groups are librdkafka consumers of the classic protocol."""
+        return m.ConsumerGroupHeartbeatResult(cmd.group, cmd.member_id, error=Error(
+            ErrorCode.UNSUPPORTED, "the consumer group protocol (KIP-848) is not passed to the cluster"))
+
     def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
         """Refused: confluent-kafka's admin client has no call for Kafka's OffsetDelete."""
         return m.DeleteOffsetsResult(cmd.group, error=Error(
