@@ -87,10 +87,12 @@ class LocalStore:
         # state goes to the journal through set_producer_state.
         return self.engine.append(topic, partition, fmt, payload, count, max_timestamp, base_offset)
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> list[m.StoredBatch]:
-        return self.engine.read(topic, partition, offset, max_bytes)
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int,
+             committed: bool = True) -> list[m.StoredBatch]:
+        return self.engine.read(topic, partition, offset, max_bytes)  # the broker filters for the reader
 
-    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
+    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None],
+                      committed: bool = True) -> Callable[[], None]:
         return self.engine.wait_for_data(topic, partition, callback)
 
     # ------------------------------------------------------------------ offsets and watermarks
@@ -330,6 +332,9 @@ class LocalStore:
 
     def put_transaction_record(self, key: str, value: Any) -> None:
         self.engine.put_record("txn", key, value)
+
+    def cluster_transactions(self) -> None:
+        return None  # the broker writes markers and offsets to the local log
 
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         """Only this process writes a local engine: no other gateway's changes to report."""

@@ -33,6 +33,31 @@ class ReplicaStatus:
     replication_factor: int
 
 
+class ClusterTransactions(Protocol):
+    """The steps of Kafka transactions that a store's cluster performs itself
+    (``Storage.cluster_transactions``). The broker's coordinator
+    (``gateway.broker.transactions``) keeps its rules and hands it these steps instead of
+    writing markers and committing offsets itself. Producers are the coordinator's producer ids."""
+
+    def init(self, transactional_id: str, producer_id: int, timeout_ms: int) -> Any:
+        """*May wait.* Make ``producer_id`` the cluster's newest instance of ``transactional_id``:
+        older ones are fenced and what they left open is ended."""
+
+    def begin(self, producer_id: int) -> Any:
+        """*May wait.* Open a transaction of the producer."""
+
+    def produce(self, producer_id: int, topic: str, partition: int, records: Any) -> Any:
+        """*May wait.* Append records in the producer's open transaction: ``(first, last)`` offsets."""
+
+    def last_stable_offset(self, topic: str, partition: int) -> Any:
+        """*May wait.* The cluster's last stable offset of the partition."""
+
+    def end(self, producer_id: int, commit: bool, offsets: Any) -> Any:
+        """*May wait.* Commit the open transaction with the group offsets it committed
+        (``[(group, [(topic, partition, offset, metadata)])]``), or abort it; fails with
+        ``FENCED_PRODUCER`` when the cluster aborted it instead of committing."""
+
+
 class Storage(Protocol):
     started_at: float
     """When the storage was opened (seconds since the epoch)."""
@@ -98,18 +123,23 @@ class Storage(Protocol):
         ``producer`` is the batch's idempotent producer, for a store that keeps
         producer state with the records (a cluster); the broker has checked it."""
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool = True) -> Any:
         """*May wait.* Stored batches from the one holding ``offset`` on, below the
-        high watermark, about ``max_bytes`` (at least one batch if any)."""
+        high watermark, about ``max_bytes`` (at least one batch if any). ``committed``: the
+        reader may see committed records only; a store whose cluster keeps the transactions
+        (``cluster_transactions``) returns those only, the local engine returns every batch
+        (the broker leaves out what the reader may not see)."""
 
     def delete_records(self, topic: str, partition: int, offset: int) -> Any:
         """*May wait.* Make ``offset`` the partition's log start (Kafka's DeleteRecords): the new
         log start offset. Raises ``OFFSET_OUT_OF_RANGE`` past the high watermark."""
 
-    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
+    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None],
+                      committed: bool = True) -> Callable[[], None]:
         """Call ``callback`` once, at the next change of the partition (an append,
-        a watermark or replica change, its deletion); returns a function that
-        cancels the wait. Raises ``UNKNOWN_TOPIC``/``UNKNOWN_PARTITION``."""
+        a watermark or replica change, its deletion) that a reader of ``committed``
+        (as ``read``) may see; returns a function that cancels the wait. Raises
+        ``UNKNOWN_TOPIC``/``UNKNOWN_PARTITION``."""
 
     # ------------------------------------------------------------------ offsets and watermarks
 
@@ -243,6 +273,10 @@ class Storage(Protocol):
         """*May wait.* Persist one transaction record (``None`` deletes it), durable with the
         next ``sync`` as an append is; raises ``CommandError(STORAGE_ERROR)`` when it could
         not be written."""
+
+    def cluster_transactions(self) -> ClusterTransactions | None:
+        """The cluster that performs the steps of transactions itself, or None: the broker writes
+        the markers and commits the offsets to this storage."""
 
     # ------------------------------------------------------------------ compaction (``gateway.broker.compaction``)
 

@@ -29,6 +29,22 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def gateway_in_mode(request, gateway_factory, test_cluster, protocols, args=()):
+    """A gateway on local storage (``request.param == "local"``) or in cluster mode over a cluster
+    of its own (``"cluster"``: a polygate on local storage, which has every feature of Kafka's that
+    the test needs; Tansu 0.6 lacks some). Skipped when the
+    whole run is in cluster mode (``POLYGATE_TEST_STORAGE``): the test brings its own cluster."""
+    from gateway.launcher import GatewayProcess
+
+    if test_cluster is not None:
+        pytest.skip("brings its own cluster")
+    if request.param == "cluster":
+        cluster = GatewayProcess(None, ("kafka",)).start()
+        request.addfinalizer(cluster.stop)
+        args = (*args, "--storage", f"kafka://{cluster.address('kafka')}")
+    return gateway_factory(protocols, args)
+
+
 def wait_until(check: Callable[[], object], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> object:
     """Poll ``check`` until it returns a true value; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

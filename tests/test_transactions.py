@@ -1,8 +1,12 @@
-"""Kafka transactions on real ``gateway serve`` processes (local storage), with confluent-kafka's
-transactional producer and read_committed / read_uncommitted consumers: commit and abort, a fenced
-zombie, consume-transform-produce with ``send_offsets_to_transaction``, a transaction left open
-until its timeout aborts it, a gateway killed (SIGKILL) with a transaction open, and the readers of
-every other protocol (V1, TANK, Cursus), which see committed records only."""
+"""Kafka transactions on real ``gateway serve`` processes, with confluent-kafka's transactional
+producer and read_committed / read_uncommitted consumers: commit and abort, a fenced zombie,
+consume-transform-produce with ``send_offsets_to_transaction``, a transaction left open until its
+timeout aborts it, a gateway killed (SIGKILL) with a transaction open, and the readers of every
+other protocol (V1, TANK, Cursus), which see committed records only.
+
+Tests taking ``gw`` run twice: on local storage, and in cluster mode, where the cluster's own
+transaction coordinator does the work (a polygate on local storage is the cluster: Tansu 0.6
+neither filters aborted records for read_committed readers nor times transactions out)."""
 
 from __future__ import annotations
 
@@ -10,21 +14,21 @@ import time
 
 import confluent_kafka as ck
 import pytest
-from kafka_support import unique, wait_until
+from kafka_support import gateway_in_mode, unique, wait_until
 
 from gateway.clients.cursus import CursusClient
 from gateway.clients.kafka import KafkaClient
 from gateway.clients.tank import TankClient
 from gateway.clients.v1 import V1Client
-
-pytestmark = pytest.mark.local_only
+from gateway.launcher import GatewayProcess, Tansu
 
 COMMITTED, UNCOMMITTED = "read_committed", "read_uncommitted"
+PROTOCOLS = ("v1", "kafka", "tank", "cursus")
 
 
-@pytest.fixture
-def gw(gateway_factory):
-    return gateway_factory(("v1", "kafka", "tank", "cursus"), ("--default-partitions", "1"))
+@pytest.fixture(params=["local", "cluster"])
+def gw(request, gateway_factory, test_cluster):
+    return gateway_in_mode(request, gateway_factory, test_cluster, PROTOCOLS, ("--default-partitions", "1"))
 
 
 def producer(gw, transactional_id: str, **conf) -> ck.Producer:
@@ -201,6 +205,7 @@ def test_a_transaction_left_open_is_aborted_at_its_timeout(gw):
     assert "open for more than 2000 ms: aborting it" in gw.log
 
 
+@pytest.mark.local_only("the cluster keeps transactions in cluster mode")
 def test_a_gateway_killed_with_a_transaction_open_keeps_it_until_it_ends(gateway_factory):
     gw = gateway_factory(("v1", "kafka"), ("--default-partitions", "1", "--fsync", "always"))
     topic, transactional_id = unique("kill"), unique("tx")
@@ -263,8 +268,9 @@ def test_v1_tank_and_cursus_readers_see_committed_records_only(gw):
         assert list(cursus.consume_all(topic, 0)) == expected
 
     opener.commit_transaction(20)  # the open one commits: o0 and what came after it are visible now
-    with V1Client("127.0.0.1", gw.port("v1")) as v1:
-        assert list(v1.consume_all(topic, 0)) == [*expected, (9, "o0"), (10, "plain-late")]
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:  # at once locally, as soon as the gateway read it in cluster mode
+        wait_until(lambda: list(v1.consume_all(topic, 0)) == [*expected, (9, "o0"), (10, "plain-late")], 10, 0.1,
+                   "o0 and plain-late")
 
 
 def test_admin_calls_list_and_describe_transactions_and_producers(gw):
@@ -291,6 +297,7 @@ def test_admin_calls_list_and_describe_transactions_and_producers(gw):
         assert described.TransactionState == "CompleteCommit"
 
 
+@pytest.mark.local_only("the cluster keeps transactions in cluster mode")
 def test_an_end_a_stop_interrupted_is_completed_at_start(gateway_factory, tmp_path):
     """A gateway stopped between an end's prepare (durable) and its markers: the data dir says
     PrepareCommit for an open transaction, as after a crash right then. The next start writes the
@@ -324,3 +331,74 @@ def test_an_end_a_stop_interrupted_is_completed_at_start(gateway_factory, tmp_pa
     finally:
         c.close()
     assert "transaction " + transactional_id + ": committed" in gw.log
+
+
+def test_in_cluster_mode_an_instance_on_another_gateway_fences_the_zombie(gateway_factory, test_cluster):
+    """Two gateways over one cluster: the cluster's coordinator fences a producer whose newer
+    instance initialised through the other gateway, and aborts what the zombie left open."""
+    if test_cluster is not None:
+        pytest.skip("brings its own cluster")
+    cluster = GatewayProcess(None, ("kafka",)).start()
+    try:
+        args = ("--default-partitions", "1", "--storage", f"kafka://{cluster.address('kafka')}")
+        first, second = gateway_factory(("v1", "kafka"), args), gateway_factory(("v1", "kafka"), args)
+        topic, transactional_id = unique("fence2"), unique("tx")
+        create(first, topic)
+        zombie = producer(first, transactional_id)
+        zombie.begin_transaction()
+        zombie.produce(topic, b"zombie")
+        zombie.flush(20)
+
+        successor = producer(second, transactional_id)
+        successor.begin_transaction()
+        successor.produce(topic, b"successor")
+        successor.commit_transaction(20)
+
+        with pytest.raises(ck.KafkaException) as refused:
+            zombie.produce(topic, b"late")
+            zombie.commit_transaction(20)
+        assert refused.value.args[0].fatal(), refused.value.args[0]
+        for gw in (first, second):
+            assert values(read(gw, topic, COMMITTED)) == [b"successor"]
+        assert "the cluster fenced this gateway's producer" in first.log
+    finally:
+        cluster.stop()
+
+
+def test_on_tansu_commits_and_transactional_offsets_pass_through(gateway_factory, test_cluster):
+    """A gateway on Tansu: what Tansu 0.6 implements of transactions (commit, fencing, offsets
+    committed in a transaction) works through the gateway; Tansu neither leaves aborted records out
+    of read_committed fetches nor times transactions out, so those cases run on a polygate cluster."""
+    if test_cluster is not None:
+        pytest.skip("brings its own cluster")
+    with Tansu() as tansu:
+        gw = gateway_factory(("v1", "kafka"), ("--default-partitions", "1", "--storage", f"kafka://{tansu.bootstrap}"))
+        topic, group = unique("tansu-txn"), unique("app")
+        create(gw, topic)
+        p = producer(gw, unique("tx"))
+        p.begin_transaction()
+        for i in range(3):
+            p.produce(topic, f"c{i}".encode())
+        p.send_offsets_to_transaction([ck.TopicPartition(topic, 0, 2)], group_metadata_of(group), 20)
+        p.commit_transaction(20)
+        assert values(read(gw, topic, COMMITTED)) == [b"c0", b"c1", b"c2"]
+        c = ck.Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group})  # the cluster itself
+        try:
+            assert c.committed([ck.TopicPartition(topic, 0)], 10)[0].offset == 2
+        finally:
+            c.close()
+
+
+def group_metadata_of(group: str):
+    c = ck.Consumer({"group.id": group})
+    try:
+        return c.consumer_group_metadata()
+    finally:
+        c.close()
+
+
+def test_the_offsets_of_a_transaction_name_their_group_as_librdkafka_serialises_it():
+    from gateway.cluster.transactions import group_metadata
+
+    for group in ("app", "a-much-longer-group.name_1"):
+        assert group_metadata(group) == group_metadata_of(group)

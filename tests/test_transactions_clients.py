@@ -10,17 +10,17 @@ import time
 import confluent_kafka as ck
 import kafka_support
 import pytest
-from kafka_support import run_node, unique
+from kafka_support import gateway_in_mode, run_node, unique
 
 from gateway.clients.v1 import V1Client
 
-pytestmark = pytest.mark.local_only
 kafkajs = kafka_support.kafkajs
 
 
-@pytest.fixture
-def gw(gateway_factory):
-    return gateway_factory(("v1", "kafka"), ("--default-partitions", "1"))
+@pytest.fixture(params=["local", "cluster"])
+def gw(request, gateway_factory, test_cluster):
+    """On local storage, and in cluster mode where the cluster's transaction coordinator works."""
+    return gateway_in_mode(request, gateway_factory, test_cluster, ("v1", "kafka"), ("--default-partitions", "1"))
 
 
 def create(gw, *topics: str) -> None:

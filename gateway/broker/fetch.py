@@ -38,12 +38,12 @@ class Fetcher:
                         else self._given_offset(cmd))
         return self._given_offset(cmd)
 
-    def _given_offset(self, cmd: m.Fetch) -> int:
+    def _given_offset(self, cmd: m.Fetch) -> Any:
         if cmd.offset == m.OffsetSpec.EARLIEST:
             return self.store.log_start_offset(cmd.topic, cmd.partition)
         if cmd.offset == m.OffsetSpec.LATEST:
             hw = self.store.high_watermark(cmd.topic, cmd.partition)
-            return self.broker.transactions.last_stable_offset(cmd.topic, cmd.partition, hw) \
+            return self.broker.transactions.stable_offset(cmd.topic, cmd.partition, hw) \
                 if cmd.read_committed else hw
         return cmd.offset
 
@@ -77,7 +77,7 @@ class Fetcher:
         if limit <= 0:
             return self._converted(cmd, [], hw, start, offset, tid)
         try:
-            stored = store.read(cmd.topic, cmd.partition, offset, limit)
+            stored = store.read(cmd.topic, cmd.partition, offset, limit, cmd.read_committed)
         except CommandError as e:
             return m.FetchResult(cmd.topic, cmd.partition, hw, start, hw, offset=offset, error=e.error)
         if isinstance(stored, defer.Deferred):
@@ -223,7 +223,7 @@ class Fetcher:
         def wait() -> None:
             for f in cmd.fetches:
                 with contextlib.suppress(CommandError):
-                    state["cancels"].append(store.wait_for_data(f.topic, f.partition, changed))
+                    state["cancels"].append(store.wait_for_data(f.topic, f.partition, changed, f.read_committed))
 
         def changed() -> None:
             if d.called:
@@ -280,8 +280,10 @@ class Fetcher:
             return m.ListOffsetsResult(topic, partition, store.log_start_offset(topic, partition))
         if cmd.timestamp == m.OffsetSpec.LATEST:
             hw = store.high_watermark(topic, partition)
-            return m.ListOffsetsResult(topic, partition, self.broker.transactions.last_stable_offset(
-                topic, partition, hw) if cmd.read_committed else hw)
+            if not cmd.read_committed:
+                return m.ListOffsetsResult(topic, partition, hw)
+            return then(self.broker.transactions.stable_offset(topic, partition, hw),
+                        lambda lso: m.ListOffsetsResult(topic, partition, lso))
         if cmd.timestamp == m.OffsetSpec.MAX_TIMESTAMP:
             return then(store.max_timestamp_offset(topic, partition),
                         lambda found: m.ListOffsetsResult(topic, partition, *found))

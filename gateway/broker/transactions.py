@@ -25,6 +25,14 @@ restarts in between completes the end at start (``load``), and one that
 restarts with a transaction open keeps it open until its producer ends it or
 its timeout aborts it.
 
+On a store whose cluster performs transactions itself
+(``Storage.cluster_transactions``, cluster mode), the rules above stay here
+and the steps go to the cluster: an InitProducerId makes the producer the
+cluster's newest instance of its transactional id, a transaction opens there
+too, transactional batches are appended through it, and an end commits (with
+the pending offsets) or aborts it there; the cluster writes the markers and
+applies the offsets.
+
 For readers (``gateway.broker.fetch``): the **last stable offset** of a
 partition is the first offset of the oldest transaction still open there
 (the high watermark if none); ``aborted_between`` lists the aborted
@@ -99,6 +107,7 @@ class Transactions:
     def __init__(self, broker: Broker):
         self.broker = broker
         self.store = broker.store
+        self.cluster = broker.store.cluster_transactions()
         self.by_id: dict[str, Txn] = {}
         self.by_producer: dict[int, Txn] = {}
         # partition -> producer id -> first offset of its open transaction there
@@ -175,7 +184,7 @@ class Transactions:
         if txn is None:
             txn = Txn(cmd.transactional_id, self.store.allocate_producer_id(), 0, cmd.transaction_timeout_ms)
             self._index(txn)
-            return self._durable(self._save(txn), m.InitProducerIdResult(txn.producer_id, txn.epoch))
+            return self._initialised(txn)
         if cmd.producer_id >= 0 and (cmd.producer_id, cmd.epoch) != (txn.producer_id, txn.epoch):
             raise CommandError(ErrorCode.FENCED_PRODUCER if cmd.producer_id == txn.producer_id
                                else ErrorCode.INVALID_PRODUCER_ID_MAPPING,
@@ -194,9 +203,17 @@ class Transactions:
             else:
                 txn.epoch += 1
             txn.timeout_ms = cmd.transaction_timeout_ms
-            return self._durable(self._save(txn), m.InitProducerIdResult(txn.producer_id, txn.epoch))
+            return self._initialised(txn)
 
         return then(ended, bump)
+
+    def _initialised(self, txn: Txn) -> Any:
+        """The answer to an InitProducerId, once ``txn`` is saved (and, on a cluster, its producer
+        there is the newest instance of the transactional id)."""
+        saved = self._save(txn)
+        if self.cluster is not None:
+            saved = then(saved, lambda _: self.cluster.init(txn.transactional_id, txn.producer_id, txn.timeout_ms))
+        return self._durable(saved, m.InitProducerIdResult(txn.producer_id, txn.epoch))
 
     @errors_as(m.AddPartitionsToTxnResult)
     def add_partitions(self, cmd: m.AddPartitionsToTxn) -> Any:
@@ -209,10 +226,10 @@ class Transactions:
                             else Error(ErrorCode.INVALID_TXN_STATE, "another partition of the request is unknown"))
                            for t, p in cmd.partitions)
             return m.AddPartitionsToTxnResult(errors)
-        self._open(txn)
+        opened = self._open(txn)
         for tp in cmd.partitions:
             txn.partitions.setdefault(tp, -1)
-        return self._durable(self._save(txn), m.AddPartitionsToTxnResult(
+        return self._durable(then(opened, lambda _: self._save(txn)), m.AddPartitionsToTxnResult(
             tuple((t, p, None) for t, p in cmd.partitions)))
 
     @errors_as(m.TxnResult)
@@ -220,9 +237,9 @@ class Transactions:
         txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
         if txn.state in ENDING:
             raise CommandError(ErrorCode.CONCURRENT_TRANSACTIONS, "the previous transaction is still ending")
-        self._open(txn)
+        opened = self._open(txn)
         txn.groups.add(cmd.group)
-        return self._durable(self._save(txn), m.TxnResult())
+        return self._durable(then(opened, lambda _: self._save(txn)), m.TxnResult())
 
     @errors_as(m.TxnOffsetCommitResult)
     def txn_offset_commit(self, cmd: m.TxnOffsetCommit) -> Any:
@@ -251,12 +268,15 @@ class Transactions:
 
     # ------------------------------------------------------------------ ending
 
-    def _open(self, txn: Txn) -> None:
-        if txn.state not in OPEN:
-            txn.state, txn.start_ms = "Ongoing", self.store.now_ms()
-            txn.partitions.clear()
-            txn.groups.clear()
-            txn.offsets.clear()
+    def _open(self, txn: Txn) -> Any:
+        """Open a transaction unless one is: None, or a Deferred (a cluster opens it too)."""
+        if txn.state in OPEN:
+            return None
+        txn.state, txn.start_ms = "Ongoing", self.store.now_ms()
+        txn.partitions.clear()
+        txn.groups.clear()
+        txn.offsets.clear()
+        return self.cluster.begin(txn.producer_id) if self.cluster is not None else None
 
     def _end(self, txn: Txn, commit: bool, bump: bool = False) -> Any:
         """Prepare (durably), then ``_finish``. ``bump``: fence the producer first (a timeout, a new instance)."""
@@ -271,15 +291,54 @@ class Transactions:
         On each partition the transaction stops holding the last stable offset, and an abort is
         recorded at its marker's offset, before the marker is appended: readers the append wakes
         see the outcome with the marker."""
+        for tp in txn.partitions:
+            opened = self.open_on.get(tp)
+            if opened is not None:
+                opened.pop(txn.producer_id, None)
+                if not opened:
+                    del self.open_on[tp]
+        waits = self._write_end(txn, commit) if self.cluster is None else [self._end_in_cluster(txn, commit)]
+
+        def complete(_: Any) -> Any:
+            txn.state = COMPLETE[commit]
+            txn.partitions.clear()
+            txn.groups.clear()
+            txn.offsets.clear()
+            log.info("transaction %s: %s", txn.transactional_id, "committed" if commit else "aborted")
+            return self._save(txn)
+
+        deferreds = [d for d in waits if isinstance(d, defer.Deferred)]
+        done = defer.gatherResults(deferreds, consumeErrors=True) if deferreds else None
+        return then(done, complete)
+
+    def _end_in_cluster(self, txn: Txn, commit: bool) -> Any:
+        """End the transaction in the cluster. A commit the cluster refused was aborted there:
+        the transaction completes as aborted and its producer is fenced (a new epoch), as after a
+        timeout, so the client learns that its commit did not happen."""
+        offsets = [(group, [(t, p, o, meta) for (t, p), (o, meta) in sorted(pending.items())])
+                   for group, pending in txn.offsets.items()]
+
+        def refused(f: Any) -> Any:
+            f.trap(CommandError)
+            log.warning("transaction %s: the cluster did not commit it (aborted): %s", txn.transactional_id,
+                        f.value.error.message)
+            txn.epoch += 1
+            txn.state = COMPLETE[False]
+            txn.partitions.clear()
+            txn.groups.clear()
+            txn.offsets.clear()
+            self._save(txn)
+            raise CommandError(ErrorCode.FENCED_PRODUCER, f"the transaction was aborted: {f.value.error.message}")
+
+        ended = self.cluster.end(txn.producer_id, commit, offsets)
+        return ended.addErrback(refused) if commit else ended
+
+    def _write_end(self, txn: Txn, commit: bool) -> list[Any]:
+        """Append the markers and, on a commit, commit the pending offsets: what to wait for."""
         fmt = self._format()
         now = self.store.now_ms()
         waits = []
         for (topic, partition), first in sorted(txn.partitions.items()):
-            opened = self.open_on.get((topic, partition))
-            if opened is not None:
-                opened.pop(txn.producer_id, None)
-                if not opened:
-                    del self.open_on[(topic, partition)]
             try:
                 marker = self.store.log_end_offset(topic, partition)
                 if not commit and first >= 0:
@@ -293,18 +352,7 @@ class Transactions:
             for group, pending in txn.offsets.items():
                 offsets = tuple((t, p, o, meta) for (t, p), (o, meta) in sorted(pending.items()))
                 waits.append(self.store.commit_offsets(m.CommitOffsets(group, offsets)))
-
-        def complete(_: Any) -> Any:
-            txn.state = COMPLETE[commit]
-            txn.partitions.clear()
-            txn.groups.clear()
-            txn.offsets.clear()
-            log.info("transaction %s: %s", txn.transactional_id, "committed" if commit else "aborted")
-            return self._save(txn)
-
-        deferreds = [d for d in waits if isinstance(d, defer.Deferred)]
-        done = defer.gatherResults(deferreds, consumeErrors=True) if deferreds else None
-        return then(done, complete)
+        return waits
 
     def _aborted(self, topic: str, partition: int, marker: int, first: int, producer_id: int) -> Any:
         """Record an aborted transaction of ``producer_id`` on the partition: ``first`` to its ``marker``."""
@@ -380,14 +428,24 @@ class Transactions:
         if txn is None or txn.partitions.get((topic, partition)) != -1:
             return None
         txn.partitions[(topic, partition)] = base_offset
-        self.open_on.setdefault((topic, partition), {})[txn.producer_id] = base_offset
+        if self.cluster is None:  # a cluster holds its readers at its own last stable offset
+            self.open_on.setdefault((topic, partition), {})[txn.producer_id] = base_offset
         return self._save(txn)
 
     # ------------------------------------------------------------------ the read path
 
     def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> int:
+        """The end of what a read_committed reader may read now, for the read path. On a cluster
+        that keeps the transactions the store's reads hold there themselves: the high watermark."""
         opened = self.open_on.get((topic, partition))
         return min(min(opened.values()), high_watermark) if opened else high_watermark
+
+    def stable_offset(self, topic: str, partition: int, high_watermark: int) -> Any:
+        """The last stable offset a read_committed client asks for (ListOffsets latest, a start at
+        the log end): ``last_stable_offset``, or the cluster's (a Deferred)."""
+        if self.cluster is not None:
+            return self.cluster.last_stable_offset(topic, partition)
+        return self.last_stable_offset(topic, partition, high_watermark)
 
     def aborted_between(self, topic: str, partition: int, start: int, end: int) -> tuple[tuple[int, int], ...]:
         """``(producer id, first offset)`` of the aborted transactions overlapping ``[start, end)``."""
@@ -435,13 +493,13 @@ class Transactions:
             if not self._exists(topic, partition):
                 out.append((topic, partition, (), Error(ErrorCode.UNKNOWN_PARTITION, f"no partition {topic}/{partition}")))
                 continue
-            opened = self.open_on.get((topic, partition), {})
             producers = []
-            for producer_id in sorted(self.by_producer):
+            for producer_id, txn in sorted(self.by_producer.items()):
                 state = self.store.producer_state(topic, partition, producer_id)
                 if isinstance(state, dict) and "e" in state:
-                    producers.append(m.ProducerInfo(producer_id, state["e"], state["s"], state.get("ts", -1),
-                                                    opened.get(producer_id, -1)))
+                    first = txn.partitions.get((topic, partition), -1) if txn.state in OPEN or txn.state in ENDING \
+                        else -1
+                    producers.append(m.ProducerInfo(producer_id, state["e"], state["s"], state.get("ts", -1), first))
             out.append((topic, partition, tuple(producers), None))
         return m.DescribeProducersResult(tuple(out))
 

@@ -10,7 +10,13 @@ batches in a ``Window``: a read inside the window answers at once, a read
 elsewhere moves the partition's position there and waits for the first
 records (or answers empty after ``MISS_WAIT`` seconds, and the broker's
 long-poll carries on). The offsets are the cluster's: gaps (compaction,
-transaction markers) stay gaps, as a Kafka reader would see them.
+transaction markers, aborted records) stay gaps, as a Kafka reader would see
+them.
+
+A reader reads read_committed (``committed``, for every protocol's readers
+but Kafka's read_uncommitted consumers): no aborted record, no marker,
+nothing of a transaction still open, which holds back what comes after it.
+A read_uncommitted one sees every record but the markers.
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ class Reader:
     """Serves ``read`` and ``wait_for_data`` from windows filled by the consumer thread."""
 
     def __init__(self, config: ClusterConfig, metadata: Metadata, reactor: Any, kafka: BatchFormat,
-                 window_bytes: int = WINDOW_BYTES):
+                 window_bytes: int = WINDOW_BYTES, committed: bool = True):
         self.metadata = metadata
         self.reactor = reactor
         self.kafka = kafka
@@ -114,11 +120,13 @@ class Reader:
         self.windows: dict[tuple[str, int], Window] = {}
         self._versions = 0
         self._control: queue.SimpleQueue = queue.SimpleQueue()
+        name = "reader" if committed else "reader-uncommitted"
         self._consumer = Consumer(config.client(**{
-            "group.id": f"{config.prefix}-reader", "enable.auto.commit": False, "enable.partition.eof": True,
-            "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest", "client.id": f"{config.client_id}-reader"}))
+            "group.id": f"{config.prefix}-{name}", "enable.auto.commit": False, "enable.partition.eof": True,
+            "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest", "client.id": f"{config.client_id}-{name}",
+            "isolation.level": "read_committed" if committed else "read_uncommitted"}))
         self._assigned: dict[tuple[str, int], int] = {}  # thread side: partition -> version
-        self._loop = Loop("polygate-cluster-reader", self._step)
+        self._loop = Loop(f"polygate-cluster-{name}", self._step)
 
     def start(self) -> None:
         self._loop.start()

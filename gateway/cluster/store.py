@@ -30,6 +30,7 @@ from gateway.cluster.metadata import Metadata
 from gateway.cluster.producers import ProducerStates, header
 from gateway.cluster.reader import Reader
 from gateway.cluster.security import SecurityTopic
+from gateway.cluster.transactions import TransactionalProducers
 from gateway.cluster.writer import KAFKA, Writer
 from gateway.codec import BatchFormat
 from gateway.model import CommandError, Error, ErrorCode
@@ -51,9 +52,10 @@ class ClusterStore:
     Calls that the interface marks *may wait* return Deferreds; the others
     answer from the metadata kept at hand. Differences from the local
     engine, each a property of the cluster: the cluster assigns offsets (an
-    explicit offset, TANK's ProduceWithSeqnum, is refused), the high
-    watermark is the log end a reader may see, and replica bookkeeping is the
-    cluster's (``report_replica`` and ``set_role`` are refused)."""
+    explicit offset, TANK's ProduceWithSeqnum, is refused), replica
+    bookkeeping is the cluster's (``report_replica`` and ``set_role`` are
+    refused), and so are transactions (``cluster_transactions``): readers
+    read the cluster read_committed, but for Kafka's read_uncommitted consumers."""
 
     def __init__(self, config: ClusterConfig, formats: Mapping[str, BatchFormat], reactor: Any):
         if KAFKA not in formats:
@@ -65,22 +67,26 @@ class ClusterStore:
         self.metadata = Metadata(config, self.admin, reactor, gone=self._topic_gone)
         self.writer = Writer(config, reactor, formats, self._delivered)
         self.reader = Reader(config, self.metadata, reactor, formats[KAFKA])
+        self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read
         self.groups = ClusterGroups(config, self.admin, reactor)
         self.producers = ProducerStates(config, self.metadata, reactor)
         self.security = SecurityTopic(config, self.admin, reactor)
+        self.transactions = TransactionalProducers(config, self.admin, reactor)
         self._timeout = config.request_timeout_ms / 1000
 
     def start(self) -> None:
         log.info("storage: %s", self.config.describe())
-        for part in (self.metadata, self.writer, self.reader, self.groups, self.security):
+        for part in (self.metadata, self.writer, self.reader, self.groups, self.security, self.transactions):
             part.start()
 
     def close(self) -> None:
         """Deliver what is queued, leave the groups, stop every thread."""
         self.writer.stop()
+        self.transactions.stop()
         self.security.stop()
         self.groups.stop()
-        self.reader.stop()
+        for reader in self._readers():
+            reader.stop()
         self.metadata.stop()
 
     def now_ms(self) -> int:
@@ -129,12 +135,14 @@ class ClusterStore:
         pass
 
     def transaction_records(self) -> dict[str, Any]:
-        return {}
+        return {}  # the cluster keeps its transactions: a gateway starts without any
 
-    def put_transaction_record(self, key: str, value: Any) -> Any:
-        """Transactions in cluster mode are the cluster's own; the gateway does not pass them
-        through yet, so it keeps no transaction of its own there."""
-        raise CommandError(ErrorCode.UNSUPPORTED, "transactions are not available in cluster mode yet")
+    def put_transaction_record(self, key: str, value: Any) -> None:
+        """Kept nowhere: the cluster's transaction coordinator persists the transactions (a
+        gateway that restarts forgets its producers; their clients initialise them again)."""
+
+    def cluster_transactions(self) -> TransactionalProducers:
+        return self.transactions
 
     # ------------------------------------------------------------------ topics
 
@@ -252,13 +260,14 @@ class ClusterStore:
 
         # The reader lets go of the topic first, and its fetches in flight (at most fetch.wait.max.ms)
         # end: librdkafka 2.16 crashes on the answer to a fetch of a topic deleted under it (Tansu 0.6).
-        released = self.reader.forget_topic(topic).addCallback(
+        released = defer.gatherResults([r.forget_topic(topic) for r in self._readers()]).addCallback(
             lambda _: task.deferLater(self.reactor, RELEASE_S, lambda: None))
         return released.addCallback(delete).addCallback(deleted)
 
     def _topic_gone(self, topic: str) -> None:
         """``topic`` is no longer in the cluster (deleted here or elsewhere)."""
-        self.reader.forget_topic(topic)
+        for reader in self._readers():
+            reader.forget_topic(topic)
         self.producers.forget_topic(topic)
 
     def _gone(self, topic: str) -> defer.Deferred:
@@ -289,6 +298,9 @@ class ClusterStore:
         records = self.writer.records(fmt, payload, count, max_timestamp)
         if producer is None:
             return self.writer.append(topic, partition, records, acks)
+        if producer.transactional:  # through the transactional id's own producer on the cluster
+            return self.transactions.produce(producer.producer_id, topic, partition, records).addCallback(
+                self._delivered_in_transaction, topic, partition)
         appending = self.writer.append(topic, partition, records, acks, header(producer, len(records)))
 
         def uncertain(f: Any) -> Any:
@@ -299,15 +311,33 @@ class ClusterStore:
 
         return appending.addErrback(uncertain)
 
+    def _delivered_in_transaction(self, offsets: tuple[int, int], topic: str, partition: int) -> tuple[int, int]:
+        self.metadata.advance(topic, partition, offsets[1] + 1)  # readers see them once committed
+        return offsets
+
     def _delivered(self, topic: str, partition: int, last: int) -> None:
         if self.metadata.advance(topic, partition, last + 1):
-            self.reader.changed(topic, partition)
+            for reader in self._readers():
+                reader.changed(topic, partition)
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
-        return self.reader.read(topic, partition, offset, max_bytes)
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool = True) -> Any:
+        return self._reader(committed).read(topic, partition, offset, max_bytes)
 
-    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.reader.wait_for_data(topic, partition, callback)
+    def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None],
+                      committed: bool = True) -> Callable[[], None]:
+        return self._reader(committed).wait_for_data(topic, partition, callback)
+
+    def _reader(self, committed: bool) -> Reader:
+        if committed:
+            return self.reader
+        if self._uncommitted_reader is None:
+            self._uncommitted_reader = Reader(self.config, self.metadata, self.reactor, self.reader.kafka,
+                                              committed=False)
+            self._uncommitted_reader.start()
+        return self._uncommitted_reader
+
+    def _readers(self) -> list[Reader]:
+        return [self.reader] if self._uncommitted_reader is None else [self.reader, self._uncommitted_reader]
 
     # ------------------------------------------------------------------ offsets and watermarks
 
@@ -431,7 +461,8 @@ class ClusterStore:
 
     def housekeeping(self) -> None:
         self.groups.expire()
-        self.reader.expire()
+        for reader in self._readers():
+            reader.expire()
 
     def enforce_retention(self) -> int:
         return 0  # the cluster's retention applies
