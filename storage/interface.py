@@ -52,6 +52,9 @@ class ClusterTransactions(Protocol):
     def last_stable_offset(self, topic: str, partition: int) -> Any:
         """*May wait.* The cluster's last stable offset of the partition."""
 
+    def forget(self, producer_id: int) -> None:
+        """The producer's transactional id expired: release what the cluster side holds for it."""
+
     def end(self, producer_id: int, commit: bool, offsets: Any) -> Any:
         """*May wait.* Commit the open transaction with the group offsets it committed
         (``[(group, [(topic, partition, offset, metadata)])]``), or abort it; fails with

@@ -402,3 +402,38 @@ def test_the_offsets_of_a_transaction_name_their_group_as_librdkafka_serialises_
 
     for group in ("app", "a-much-longer-group.name_1"):
         assert group_metadata(group) == group_metadata_of(group)
+
+
+def test_a_transactional_id_idle_for_seven_days_is_forgotten_as_kafka_forgets_it(tmp_path):
+    """Kafka's transactional.id.expiration.ms: an id without a transaction whose state did not
+    change for 7 days is forgotten (its record too); its producer must initialise again. An id
+    with a transaction open is kept."""
+    from test_adapter import Reactor
+
+    from gateway import model as m
+    from gateway.broker import Broker, BrokerConfig, FsyncPolicy
+    from gateway.broker.transactions import EXPIRATION_MS
+    from gateway.codecs.kafka.records import FORMAT
+    from gateway.localstore import LocalStore
+    from gateway.storage.engine import Engine
+
+    now = [1_800_000_000.0]
+    engine = Engine(str(tmp_path / "data"), clock=lambda: now[0])
+    reactor = Reactor()
+    broker = Broker(LocalStore(engine, reactor), {"kafka": FORMAT}, reactor, BrokerConfig(fsync=FsyncPolicy("never")))
+    try:
+        engine.create_topic("t", 1)
+        idle = broker.run(m.InitProducerId("idle", transaction_timeout_ms=900_000))
+        busy = broker.run(m.InitProducerId("busy", transaction_timeout_ms=900_000))
+        opened = broker.run(m.AddPartitionsToTxn("busy", busy.producer_id, busy.epoch, (("t", 0),)))
+        assert opened.errors == (("t", 0, None),)
+        now[0] += EXPIRATION_MS / 1000 + 1
+        broker.transactions.expire()
+        assert set(broker.transactions.by_id) == {"busy"}  # open (and now past its timeout: aborted, kept)
+        assert "id:idle" not in engine.records["txn"]
+        late = broker.run(m.AddPartitionsToTxn("idle", idle.producer_id, idle.epoch, (("t", 0),)))
+        assert late.error.code == m.ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        again = broker.run(m.InitProducerId("idle", transaction_timeout_ms=900_000))
+        assert again.error is None and again.producer_id != idle.producer_id
+    finally:
+        engine.close()

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 MAX_TIMEOUT_MS = 900_000  # Kafka's transaction.max.timeout.ms
 MAX_EPOCH = 32_766  # past it, a transactional id gets a new producer id (epoch 0)
+EXPIRATION_MS = 7 * 24 * 3600 * 1000  # Kafka's transactional.id.expiration.ms: an id idle this long is forgotten
 OPEN = ("Ongoing",)
 ENDING = {"PrepareCommit": True, "PrepareAbort": False}  # state -> commit?
 COMPLETE = {True: "CompleteCommit", False: "CompleteAbort"}
@@ -77,20 +78,21 @@ class Txn:
     timeout_ms: int
     state: str = "Empty"
     start_ms: int = -1
+    updated_ms: int = -1  # the last change of its state (an id idle for EXPIRATION_MS is forgotten)
     partitions: dict[tuple[str, int], int] = attrs.Factory(dict)  # -> first offset written (-1: none yet)
     groups: set[str] = attrs.Factory(set)
     offsets: dict[str, dict[tuple[str, int], tuple[int, str]]] = attrs.Factory(dict)  # group -> pending commits
 
     def record(self) -> dict[str, Any]:
         return {"pid": self.producer_id, "e": self.epoch, "to": self.timeout_ms, "st": self.state,
-                "t0": self.start_ms, "parts": [[t, p, o] for (t, p), o in self.partitions.items()],
+                "t0": self.start_ms, "up": self.updated_ms, "parts": [[t, p, o] for (t, p), o in self.partitions.items()],
                 "groups": sorted(self.groups),
                 "offs": [[g, t, p, o, meta] for g, commits in self.offsets.items()
                          for (t, p), (o, meta) in commits.items()]}
 
     @classmethod
     def from_record(cls, transactional_id: str, r: dict[str, Any]) -> Txn:
-        txn = cls(transactional_id, r["pid"], r["e"], r["to"], r["st"], r["t0"],
+        txn = cls(transactional_id, r["pid"], r["e"], r["to"], r["st"], r["t0"], r.get("up", r["t0"]),
                   {(t, p): o for t, p, o in r["parts"]}, set(r["groups"]))
         for g, t, p, o, meta in r["offs"]:
             txn.offsets.setdefault(g, {})[(t, p)] = (o, meta)
@@ -150,6 +152,7 @@ class Transactions:
     # ------------------------------------------------------------------ persistence
 
     def _save(self, txn: Txn) -> Any:
+        txn.updated_ms = self.store.now_ms()
         return self.store.put_transaction_record(f"id:{txn.transactional_id}", txn.record())
 
     def _durable(self, written: Any, result: Any) -> Any:
@@ -362,9 +365,21 @@ class Transactions:
                                                  [topic, producer_id, first])
 
     def expire(self) -> None:
-        """Abort every transaction open longer than its timeout (housekeeping)."""
+        """Abort every transaction open longer than its timeout; forget every transactional id
+        without a transaction whose state did not change for ``EXPIRATION_MS``, as Kafka does
+        (its producer's next request is ``INVALID_PRODUCER_ID_MAPPING``; it initialises again).
+        Housekeeping."""
         now = self.store.now_ms()
         for txn in list(self.by_id.values()):
+            if txn.state not in OPEN and txn.state not in ENDING and now - txn.updated_ms > EXPIRATION_MS:
+                log.info("transactional id %s: idle for %d days: forgotten", txn.transactional_id,
+                         EXPIRATION_MS // 86_400_000)
+                del self.by_id[txn.transactional_id]
+                self.by_producer.pop(txn.producer_id, None)
+                self.store.put_transaction_record(f"id:{txn.transactional_id}", None)
+                if self.cluster is not None:
+                    self.cluster.forget(txn.producer_id)
+                continue
             if txn.state in OPEN and now - txn.start_ms > txn.timeout_ms:
                 log.warning("transaction %s: open for more than %d ms: aborting it", txn.transactional_id,
                             txn.timeout_ms)

@@ -200,6 +200,21 @@ class TransactionalProducers:
             return defer.succeed(None)
         return self._call(producer_id, "abort the transaction", abort).addErrback(self._fenced_is_ended, instance)
 
+    def forget(self, producer_id: int) -> None:
+        """The coordinator forgot the producer's transactional id: its producer here ends (after its last call)."""
+        instance = self.by_producer.pop(producer_id, None)
+        if instance is None:
+            return
+        if self.by_transactional_id.get(instance.transactional_id) == producer_id:
+            del self.by_transactional_id[instance.transactional_id]
+
+        def close() -> None:
+            instance.producer = None  # the last reference: librdkafka's instance ends in this thread
+
+        instance.tail.addBoth(lambda _: self._in_thread(close)).addErrback(
+            lambda f: log.warning("transactional id %s: closing its producer: %s", instance.transactional_id,
+                                  f.getErrorMessage()))
+
     def last_stable_offset(self, topic: str, partition: int) -> defer.Deferred:
         """*May wait.* The cluster's last stable offset of the partition (ListOffsets latest, read_committed)."""
         tp = TopicPartition(topic, partition)
