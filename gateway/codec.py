@@ -541,7 +541,10 @@ class TransactionalFormat(BatchFormat, Protocol):
     broker never joins a transactional batch with another); ``control_batch``
     builds the marker that ends a transaction on a partition (base offset 0,
     numbered by ``assign_offsets`` like any payload); ``is_commit`` tells a
-    marker's kind from its payload.
+    marker's kind from its payload; ``gap_batch`` covers offsets a reader may
+    not see and whose batches it does not get (a cluster's markers and aborted
+    records, which a read_committed read from the cluster leaves out) with one
+    control batch, so that the reader moves past them.
     """
 
     transactional: ClassVar[bool] = True
@@ -551,6 +554,8 @@ class TransactionalFormat(BatchFormat, Protocol):
     def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes: ...
 
     def is_commit(self, payload: bytes) -> bool: ...
+
+    def gap_batch(self, base_offset: int, last_offset: int, timestamp_ms: int) -> bytes: ...
 
 
 @runtime_checkable

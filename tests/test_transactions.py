@@ -99,6 +99,35 @@ def test_commit_and_abort_as_read_committed_and_read_uncommitted_consumers_see_t
     assert latest(gw, topic, True) == latest(gw, topic, False) == 9
 
 
+def test_consumers_reach_the_log_end_past_a_last_marker(gw):
+    """After a commit the log ends with its marker: consumers of both isolation levels move past
+    it to the log end (end of partition, position at the high watermark), never stopping at it."""
+    topic = unique("end")
+    create(gw, topic)
+    p = producer(gw, unique("tx"))
+    p.begin_transaction()
+    p.produce(topic, b"x")
+    p.commit_transaction(20)  # x at 0, its marker at 1
+    for isolation in (COMMITTED, UNCOMMITTED):
+        c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("reader"),
+                         "isolation.level": isolation, "enable.partition.eof": True})
+        try:
+            c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+            seen: list[bytes] = []
+
+            def at_end(c: ck.Consumer = c, seen: list[bytes] = seen) -> bool:
+                msg = c.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    seen.append(msg.value())
+                return msg is not None and msg.error() is not None and \
+                    msg.error().code() == ck.KafkaError._PARTITION_EOF and msg.offset() == 2
+
+            wait_until(at_end, 15, 0, f"the end of {topic} for a {isolation} consumer")
+            assert seen == [b"x"]
+        finally:
+            c.close()
+
+
 def test_an_open_transaction_holds_read_committed_readers_at_its_first_offset(gw):
     topic = unique("open")
     create(gw, topic)

@@ -350,14 +350,16 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
     return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
 
 
-def control_batch(producer_id: int, epoch: int, commit: bool, timestamp_ms: int, coordinator_epoch: int = 0) -> bytes:
+def control_batch(producer_id: int, epoch: int, commit: bool, timestamp_ms: int, coordinator_epoch: int = 0,
+                  base_offset: int = 0, last_offset_delta: int = 0) -> bytes:
     """The marker that ends a transaction on a partition: a control batch (transactional)
-    of one record whose key says commit or abort, base offset 0."""
+    of one record whose key says commit or abort, at ``base_offset``. A ``last_offset_delta``
+    above 0 makes it cover the offsets after its record too (readers move past them all)."""
     body = _encode_records([0], [0], [_CONTROL_KEY.pack(0, 1 if commit else 0)],
                            [_CONTROL_VALUE.pack(0, coordinator_epoch)], None)
-    tail = _BATCH_TAIL.pack(ATTR_CONTROL | ATTR_TRANSACTIONAL, 0, timestamp_ms, timestamp_ms, producer_id, epoch, -1,
-                            1) + body
-    return _BATCH_HEAD.pack(0, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
+    tail = _BATCH_TAIL.pack(ATTR_CONTROL | ATTR_TRANSACTIONAL, last_offset_delta, timestamp_ms, timestamp_ms,
+                            producer_id, epoch, -1, 1) + body
+    return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
 
 
 def _encode_records(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None], values: list[bytes | None],
@@ -520,6 +522,12 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat):
 
     def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes:
         return control_batch(producer_id, epoch, commit, timestamp_ms)
+
+    def gap_batch(self, base_offset: int, last_offset: int, timestamp_ms: int) -> bytes:
+        """A commit marker of no producer covering ``base_offset``..``last_offset``: Kafka readers
+        skip it and fetch on from ``last_offset + 1``, as after a batch whose records compaction removed."""
+        return control_batch(-1, -1, True, timestamp_ms, base_offset=base_offset,
+                             last_offset_delta=last_offset - base_offset)
 
     def is_commit(self, payload: bytes) -> bool:
         """Whether the control batch ``payload`` is a commit marker (its one record's key, type 1)."""

@@ -11,7 +11,9 @@ elsewhere moves the partition's position there and waits for the first
 records (or answers empty after ``MISS_WAIT`` seconds, and the broker's
 long-poll carries on). The offsets are the cluster's: gaps (compaction,
 transaction markers, aborted records) stay gaps, as a Kafka reader would see
-them.
+them; a gap after the last record read (a marker at the log end) is covered
+by a control batch (``TransactionalFormat.gap_batch``), so that a reader
+moves past it to the log end.
 
 A reader reads read_committed (``committed``, for every protocol's readers
 but Kafka's read_uncommitted consumers): no aborted record, no marker,
@@ -35,7 +37,8 @@ from gateway.cluster.bridge import Loop
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import Metadata
 from gateway.cluster.producers import HEADER as PRODUCER_HEADER
-from gateway.codec import BatchFormat
+from gateway.cluster.writer import KAFKA
+from gateway.codec import TransactionalFormat
 from gateway.convert import Columns
 from gateway.model import StoredBatch
 
@@ -111,7 +114,7 @@ class Window:
 class Reader:
     """Serves ``read`` and ``wait_for_data`` from windows filled by the consumer thread."""
 
-    def __init__(self, config: ClusterConfig, metadata: Metadata, reactor: Any, kafka: BatchFormat,
+    def __init__(self, config: ClusterConfig, metadata: Metadata, reactor: Any, kafka: TransactionalFormat,
                  window_bytes: int = WINDOW_BYTES, committed: bool = True):
         self.metadata = metadata
         self.reactor = reactor
@@ -231,7 +234,11 @@ class Reader:
             w = self.windows.get((topic, partition))
             if w is None or w.version != version:
                 continue  # fetched for a position nobody wants any more
-            if w.add(batch, position, self.window_bytes) and not w.paused:
+            gap = self._gap(w, batch, position)
+            full = w.add(batch, position, self.window_bytes)
+            if gap is not None:
+                full = w.add(gap, position, self.window_bytes)
+            if full and not w.paused:
                 w.paused = True  # nobody read these yet: stop fetching until someone does
                 self._control.put(("pause", topic, partition, 0, version))
             w.fresh = True
@@ -248,6 +255,17 @@ class Reader:
                         w.pending.append((offset, max_bytes, d))
             if batch is not None or moved:
                 self.changed(topic, partition)
+
+    def _gap(self, w: Window, batch: StoredBatch | None, position: int) -> StoredBatch | None:
+        """A batch covering the offsets between the last record read and ``position`` (where the
+        consumer fetches next), if any: markers and records the read left out (aborted ones,
+        for a read_committed reader). Without it, a reader whose last records precede a marker
+        would fetch at the marker's offset for ever, never reaching the log end."""
+        end = batch.last_offset + 1 if batch is not None else (w.lasts[-1] + 1 if w.batches else w.next)
+        if position <= end:
+            return None
+        stamp = batch.max_timestamp if batch is not None else (w.batches[-1].max_timestamp if w.batches else 0)
+        return StoredBatch(KAFKA, end, position - 1, stamp, self.kafka.gap_batch(end, position - 1, stamp))
 
     # ------------------------------------------------------------------ consumer thread
 
@@ -352,4 +370,4 @@ class Reader:
                 headers.append(())
         columns = Columns(offsets, stamps, keys, values, headers if any_headers else None)
         payload = self.kafka.encode_columns(columns, offsets[0])
-        return StoredBatch("kafka", offsets[0], offsets[-1], max(stamps), payload)
+        return StoredBatch(KAFKA, offsets[0], offsets[-1], max(stamps), payload)
