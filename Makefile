@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/tls_cost.py
 	$(PY) benchmarks/transactions.py
 	$(PY) $(MQTT)/benchmarks/mqtt_publish.py
+	$(PY) benchmarks/summary.py
 
 clean:
 	rm -rf $(VENV) $(DATA) build *.egg-info

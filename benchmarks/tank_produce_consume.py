@@ -7,13 +7,15 @@ snappy above 1 KiB), pipelined on one connection, every acknowledgement
 checked; then each topic is consumed from the first message with 4 MiB
 fetches, counting messages from the bundle headers (a consumer that needs
 the contents decodes them on its side). The client requests are built before
-the clock starts; the gateway's own CPU time is printed beside each figure,
-since client and gateway share the machine.
+the clock starts; the gateway's own CPU time per message (user + system, from
+/proc) is printed beside each figure, since client and gateway share the
+machine.
 
 The real TANK 4.0 C++ broker on this class of machine did about 0.1 M msg/s
 at 1 message per request, 1 M at 100, 2.6-3.2 M at 1000, and consumed about
 3.3 M msg/s; that broker cannot be built here (no network beyond the package
-registries), so the ratios below are against those figures.
+registries), so the ratios below are against those figures, and there is no
+reference process whose CPU time could be read.
 
     python benchmarks/tank_produce_consume.py [--messages N]
 """
@@ -31,7 +33,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Gateway, progress, write_result  # noqa: E402
+from common import Gateway, Meter, comparison, progress, us_per, write_result  # noqa: E402
 
 from gateway.clients.tank import TankClient, consume_request, produce_request  # noqa: E402
 from gateway.codecs.tank.bundle import encode, read_varint  # noqa: E402
@@ -41,6 +43,8 @@ REFERENCE_PRODUCE = {1: 0.1e6, 100: 1.0e6, 1000: 2.9e6}  # TANK C++ broker, msg/
 REFERENCE_CONSUME = 3.3e6
 FETCH_SIZE = 4 << 20
 ACK = 10  # 01 | u32 len | u32 request id | u8 error, for a one-partition produce
+REFERENCE = "TANK 4.0 C++ broker (published figures)"
+NO_REFERENCE_CPU = "the reference is published figures: no TANK broker process runs here to meter"
 
 
 def produce(port: int, topic: str, per_request: int, total: int) -> float:
@@ -119,13 +123,6 @@ def consume(port: int, topic: str, total: int) -> float:
     return elapsed
 
 
-def server_cpu(pid: int) -> float:
-    """CPU seconds the gateway process has used (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
@@ -139,38 +136,43 @@ def main() -> None:
             with TankClient("127.0.0.1", port) as c:
                 c.create_topic(topic, 1)
             progress(f"producing {n} x {SIZE} B in requests of {per_request}")
-            cpu = server_cpu(gw.proc.pid)
-            p = produce(port, topic, per_request, n)
-            p_cpu = server_cpu(gw.proc.pid) - cpu
+            with Meter(server=gw.proc.pid) as p_cpu:
+                p = produce(port, topic, per_request, n)
             with TankClient("127.0.0.1", port) as c:
                 assert c.discover_partitions(topic) == [(1, n)], "not every message landed"
             progress(f"consuming {topic}")
-            cpu = server_cpu(gw.proc.pid)
-            q = consume(port, topic, n)
-            q_cpu = server_cpu(gw.proc.pid) - cpu
+            with Meter(server=gw.proc.pid) as q_cpu:
+                q = consume(port, topic, n)
             results[per_request] = {
                 "produce_msgs_per_s": n / p, "produce_mb_per_s": n * SIZE / p / 1e6,
                 "produce_ratio_to_tank": n / p / REFERENCE_PRODUCE[per_request],
-                "produce_gateway_cpu_s": p_cpu,
+                "produce_server_cpu_us_per_record": us_per(p_cpu.used["server"], n),
                 "consume_msgs_per_s": n / q, "consume_mb_per_s": n * SIZE / q / 1e6,
                 "consume_ratio_to_tank": n / q / REFERENCE_CONSUME,
-                "consume_gateway_cpu_s": q_cpu,
+                "consume_server_cpu_us_per_record": us_per(q_cpu.used["server"], n),
             }
     print(f"\n{n} messages of {SIZE} B; reference: real TANK C++ broker (produce 0.1/1/2.6-3.2 M msg/s, "
           f"consume 3.3 M msg/s)")
-    print(f"{'per request':>11} {'produce msg/s':>14} {'MB/s':>7} {'vs TANK':>8} {'gw CPU s':>9} "
-          f"{'consume msg/s':>14} {'MB/s':>7} {'vs TANK':>8} {'gw CPU s':>9}")
+    print(f"{'per request':>11} {'produce msg/s':>14} {'MB/s':>7} {'vs TANK':>8} {'gw µs/msg':>10} "
+          f"{'consume msg/s':>14} {'MB/s':>7} {'vs TANK':>8} {'gw µs/msg':>10}")
     for per_request, r in results.items():
         print(f"{per_request:>11} {r['produce_msgs_per_s']:>14,.0f} {r['produce_mb_per_s']:>7.1f} "
-              f"{r['produce_ratio_to_tank']:>8.2f} {r['produce_gateway_cpu_s']:>9.2f} "
+              f"{r['produce_ratio_to_tank']:>8.2f} {r['produce_server_cpu_us_per_record']:>10.3f} "
               f"{r['consume_msgs_per_s']:>14,.0f} {r['consume_mb_per_s']:>7.1f} "
-              f"{r['consume_ratio_to_tank']:>8.2f} {r['consume_gateway_cpu_s']:>9.2f}")
-    print("(gw CPU s: CPU seconds the gateway process spent; the client shares this machine's 2 cores)")
+              f"{r['consume_ratio_to_tank']:>8.2f} {r['consume_server_cpu_us_per_record']:>10.3f}")
+    print("(gw µs/msg: CPU time the gateway process spent per message, user + system from /proc; the client "
+          f"shares this machine's 2 cores. TANK's CPU per message: n/a, {NO_REFERENCE_CPU})")
+    comparisons = [
+        comparison(f"{step}, {per_request}/request", REFERENCE,
+                   (r[f"{step}_msgs_per_s"], REFERENCE_PRODUCE[per_request] if step == "produce" else REFERENCE_CONSUME),
+                   (r[f"{step}_server_cpu_us_per_record"], None), NO_REFERENCE_CPU)
+        for per_request, r in results.items() for step in ("produce", "consume")]
     path = write_result("tank_produce_consume", {
         "messages": n, "message_bytes": SIZE,
         "reference": {"produce_msgs_per_s": REFERENCE_PRODUCE, "produce_1000_range": [2.6e6, 3.2e6],
-                      "consume_msgs_per_s": REFERENCE_CONSUME, "source": "real TANK 4.0 C++ broker, same hardware class"},
-        "results": {str(k): v for k, v in results.items()},
+                      "consume_msgs_per_s": REFERENCE_CONSUME, "source": "real TANK 4.0 C++ broker, same hardware class",
+                      "server_cpu_us_per_record": None, "server_cpu_note": NO_REFERENCE_CPU},
+        "results": {str(k): v for k, v in results.items()}, "comparisons": comparisons,
     })
     print(f"results: {path}")
 

@@ -48,8 +48,7 @@ from cursus.connection.sync_conn import SyncConnection
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.append(os.path.join(os.path.dirname(HERE), "tests"))  # the tests' certificate and Cursus helpers
-from cluster import Meter  # noqa: E402
-from common import Gateway, progress, write_result  # noqa: E402
+from common import Gateway, Meter, comparison, progress, write_result  # noqa: E402
 from cursus_support import batch as cursus_batch  # noqa: E402
 from kafka_produce_consume import produce as kafka_produce  # noqa: E402
 from tls_support import Pki  # noqa: E402
@@ -264,7 +263,13 @@ def main() -> None:
               f"{ratio['records_s']:>9.2f}   {r['plain']['gateway_cpu_us_per_record']:>12.2f} "
               f"{r['tls']['gateway_cpu_us_per_record']:>10.2f} {fmt(ratio['gateway_cpu_us_per_record']):>9}   "
               f"{r['plain']['client_cpu_us_per_record']:>12.2f} {r['tls']['client_cpu_us_per_record']:>10.2f}")
-    print("(gw CPU: the gateway process, user + system from /proc; client: this process, which shares the cores)")
+    print("(gw CPU: the gateway process, user + system from /proc; client: this process, which shares the cores;"
+          " the reference, plain, is a second gateway process beside the TLS one)")
+    comparisons = [comparison(f"{protocol} produce over TLS", "plain listener, a second gateway process",
+                              (r["tls"]["records_s"], r["plain"]["records_s"]),
+                              (round(r["tls"]["gateway_cpu_us_per_record"], 3),
+                               round(r["plain"]["gateway_cpu_us_per_record"], 3)))
+                   for protocol, r in results.items()]
     path = write_result("tls_cost", {
         "records": counts, "value_bytes": len(VALUE), "rounds_run": args.rounds, "tls": session,
         "clients": {"v1": f"V1Client, pipelined windows of {V1_WINDOW}",
@@ -272,7 +277,7 @@ def main() -> None:
                     "tank": f"TankClient, {PER_REQUEST} messages a request, {IN_FLIGHT} in flight",
                     "cursus": f"cursus-client SyncConnection, batches of {PER_REQUEST}, {IN_FLIGHT} in flight",
                     "mqtt": f"paho-mqtt QoS 1, {MQTT_IN_FLIGHT} in flight"},
-        "results": results, "rounds": rounds})
+        "results": results, "rounds": rounds, "comparisons": comparisons})
     progress(f"wrote {path}")
 
 

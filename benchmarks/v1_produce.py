@@ -21,7 +21,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Gateway, cpu_seconds, progress, write_result  # noqa: E402
+from common import Gateway, comparison, cpu_seconds, progress, write_result  # noqa: E402
 
 ECHO_SERVER = r"""
 import sys
@@ -88,7 +88,7 @@ def main() -> None:
 
     echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
     echo_port = int(echo.stdout.readline())
-    results = {}
+    results, comparisons = {}, []
     try:
         with Gateway(["v1"]) as gw:
             servers = (("echo", echo_port, echo.pid), ("gateway", gw.ports["v1"], gw.proc.pid))
@@ -108,13 +108,17 @@ def main() -> None:
                     "gateway_req_per_s": round(best["gateway"]), "echo_req_per_s": round(best["echo"]),
                     "ratio_gateway_to_echo": round(ratio, 3), "gateway_cpu_us_per_req": round(cpu["gateway"], 2),
                     "echo_cpu_us_per_req": round(cpu["echo"], 2)}
+                comparisons.append(comparison(f"PRODUCE, {connections} connection(s)", "Twisted line-echo server",
+                                              (best["gateway"], best["echo"]),
+                                              (round(cpu["gateway"], 2), round(cpu["echo"], 2))))
                 print(f"{connections} connection(s): gateway {best['gateway']:,.0f} req/s, "
                       f"echo {best['echo']:,.0f} req/s, ratio {ratio:.2f}; server CPU per request: "
                       f"gateway {cpu['gateway']:.1f} µs, echo {cpu['echo']:.1f} µs")
     finally:
         echo.terminate()
         echo.wait()
-    path = write_result("v1_produce", {"requests": args.requests, "window": args.window, "results": results})
+    path = write_result("v1_produce", {"requests": args.requests, "window": args.window, "results": results,
+                                       "comparisons": comparisons})
     print(f"wrote {path}")
 
 

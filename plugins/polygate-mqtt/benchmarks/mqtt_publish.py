@@ -1,12 +1,14 @@
 """MQTT plugin benchmarks, each beside a reference in the same run.
 
 1. PUBLISH decoding: the ``struct`` fast path against the ``construct``
-   schema it is held to (the reference).
+   schema it is held to (the reference), both in this process (no server).
 2. QoS 1 publish throughput and QoS 0 publish-to-subscriber throughput over
    loopback, polygate-mqtt against Mosquitto (the reference MQTT broker, if
-   ``mosquitto`` is on PATH; Debian package ``mosquitto``). The same
-   pipelined raw-socket load generator drives both. polygate stores every
-   message in its log (fsync interval:1000); Mosquitto keeps them in memory.
+   ``mosquitto`` is on PATH; Debian package ``mosquitto``), each beside the
+   broker process's CPU time per message (user + system, from /proc; the
+   load generator shares the cores). The same pipelined raw-socket load
+   generator drives both. polygate stores every message in its log (fsync
+   interval:1000); Mosquitto keeps them in memory.
 
     python plugins/polygate-mqtt/benchmarks/mqtt_publish.py [--messages N] [--window W] [--size B]
 
@@ -31,7 +33,10 @@ from polygate_mqtt.packets import PacketType
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from common import Gateway, progress, write_result  # noqa: E402
+from common import Gateway, Meter, comparison, progress, ratio, ratio_text, us_per, write_result  # noqa: E402
+
+LOADS = ("publish_qos1", "fan_out_qos0")
+IN_PROCESS = "both decoders run in this process: there is no server whose CPU time to read"
 
 
 def decode_benchmark(size: int) -> dict:
@@ -142,6 +147,19 @@ def mosquitto() -> tuple[subprocess.Popen, int] | None:
     return None
 
 
+def load(port: int, pid: int, args: argparse.Namespace) -> dict:
+    """QoS 1 publish then QoS 0 fan-out on the broker at ``port``: messages/s of each, and the CPU
+    µs per message of the broker's process ``pid``."""
+    with Meter(server=pid) as qos1:
+        publish = publish_qos1(port, args.messages, args.window, args.size)
+    with Meter(server=pid) as qos0:
+        fan_out = fan_out_qos0(port, args.messages, args.size)
+    return {"publish_qos1_per_s": publish,
+            "publish_qos1_server_cpu_us_per_record": us_per(qos1.used["server"], args.messages),
+            "fan_out_qos0_per_s": fan_out,
+            "fan_out_qos0_server_cpu_us_per_record": us_per(qos0.used["server"], args.messages)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=20_000)
@@ -151,32 +169,46 @@ def main() -> None:
     result: dict = {"messages": args.messages, "window": args.window, "payload_bytes": args.size}
 
     progress("decoding PUBLISH")
-    result["decode"] = decode_benchmark(args.size)
-    print(f"decode PUBLISH: fast path {result['decode']['fast_path_per_s']:,.0f}/s, construct "
-          f"{result['decode']['construct_per_s']:,.0f}/s: {result['decode']['ratio']:.1f}x")
+    decode = result["decode"] = {**decode_benchmark(args.size), "server_cpu_note": IN_PROCESS}
+    print(f"decode PUBLISH: fast path {decode['fast_path_per_s']:,.0f}/s, construct "
+          f"{decode['construct_per_s']:,.0f}/s: {decode['ratio']:.1f}x (server CPU: n/a, {IN_PROCESS})")
+    result["comparisons"] = [comparison("decode PUBLISH (fast path)", "construct schema",
+                                        (decode["fast_path_per_s"], decode["construct_per_s"]), (None, None),
+                                        IN_PROCESS)]
 
-    servers = {}
     with Gateway(["mqtt"]) as gw:
         progress("polygate-mqtt")
-        servers["polygate"] = (publish_qos1(gw.ports["mqtt"], args.messages, args.window, args.size),
-                               fan_out_qos0(gw.ports["mqtt"], args.messages, args.size))
+        result["polygate"] = load(gw.ports["mqtt"], gw.proc.pid, args)
     ref = mosquitto()
     if ref is not None:
         proc, port = ref
         try:
             progress("mosquitto")
-            servers["mosquitto"] = (publish_qos1(port, args.messages, args.window, args.size),
-                                    fan_out_qos0(port, args.messages, args.size))
+            result["mosquitto"] = load(port, proc.pid, args)
         finally:
             proc.terminate()
             proc.wait(10)
-    for name, (qos1, fan) in servers.items():
-        result[name] = {"publish_qos1_per_s": qos1, "fan_out_qos0_per_s": fan}
-        print(f"{name:<10} publish QoS 1 {qos1:>10,.0f} msg/s   QoS 0 publish->subscriber {fan:>10,.0f} msg/s")
-    if "mosquitto" in servers:
-        p, m = servers["polygate"], servers["mosquitto"]
-        result["ratio_polygate_to_mosquitto"] = {"publish_qos1": p[0] / m[0], "fan_out_qos0": p[1] / m[1]}
-        print(f"polygate/mosquitto: publish QoS 1 {p[0] / m[0]:.2f}, fan-out QoS 0 {p[1] / m[1]:.2f}")
+    for name in ("polygate", "mosquitto"):
+        if name not in result:
+            continue
+        r = result[name]
+        print(f"{name:<10} publish QoS 1 {r['publish_qos1_per_s']:>10,.0f} msg/s, server CPU "
+              f"{r['publish_qos1_server_cpu_us_per_record']:6.2f} µs/msg   QoS 0 publish->subscriber "
+              f"{r['fan_out_qos0_per_s']:>10,.0f} msg/s, server CPU {r['fan_out_qos0_server_cpu_us_per_record']:6.2f} µs/msg")
+    if ref is not None:
+        p, m = result["polygate"], result["mosquitto"]
+        result["ratio_polygate_to_mosquitto"] = {
+            **{name: ratio(p[f"{name}_per_s"], m[f"{name}_per_s"]) for name in LOADS},
+            **{f"{name}_server_cpu": ratio(p[f"{name}_server_cpu_us_per_record"],
+                                           m[f"{name}_server_cpu_us_per_record"]) for name in LOADS}}
+        result["comparisons"] += [comparison(name.replace("_", " "), "Mosquitto (memory)",
+                                             (p[f"{name}_per_s"], m[f"{name}_per_s"]),
+                                             (p[f"{name}_server_cpu_us_per_record"],
+                                              m[f"{name}_server_cpu_us_per_record"])) for name in LOADS]
+        r = result["ratio_polygate_to_mosquitto"]
+        print("polygate/mosquitto: " + ", ".join(
+            f"{name.replace('_', ' ')} {ratio_text(r[name])} (server CPU per message {ratio_text(r[f'{name}_server_cpu'])})"
+            for name in LOADS))
     else:
         print("mosquitto not installed: no reference (apt-get install mosquitto)")
     print("written to", write_result("mqtt_publish", result))
