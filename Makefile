@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 SERVING := $(VENV)/.installed-serve
 DATA   ?= .data
 
-.PHONY: serve test lint venv bench clean java
+.PHONY: serve test lint venv bench clean java mosquitto
 
 MQTT   := plugins/polygate-mqtt
 
@@ -53,7 +53,12 @@ test: $(STAMP) lint java
 	$(PY) -m pytest -q tests $(MQTT)/tests
 	POLYGATE_TEST_STORAGE=cluster $(PY) -m pytest -q -p no:cacheprovider $(CLUSTER_SUITES)
 
-bench: $(STAMP)
+# The MQTT benchmark's reference broker, from Debian.
+mosquitto:
+	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
+	  { apt-get update -q && apt-get install -y -q mosquitto; }
+
+bench: $(STAMP) mosquitto
 	$(PIP) install --quiet -e '.[bench]'
 	$(PY) benchmarks/v1_produce.py
 	$(PY) benchmarks/tank_produce_consume.py
