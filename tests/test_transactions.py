@@ -10,6 +10,7 @@ neither filters aborted records for read_committed readers nor times transaction
 
 from __future__ import annotations
 
+import threading
 import time
 
 import confluent_kafka as ck
@@ -170,6 +171,32 @@ def test_a_new_instance_fences_the_zombie_and_aborts_what_it_left_open(gw):
     assert error.fatal() and error.code() in (ck.KafkaError._FENCED, ck.KafkaError.INVALID_PRODUCER_EPOCH,
                                               ck.KafkaError.PRODUCER_FENCED), error
     assert values(read(gw, topic, COMMITTED)) == [b"successor"]
+
+
+def test_two_instances_initialising_at_once_leave_exactly_one_working(gw):
+    """Two instances of one transactional id initialise at the same moment: one of them is
+    fenced, the other commits, and only its record is committed."""
+    topic, transactional_id = unique("race"), unique("tx")
+    create(gw, topic)
+    instances: dict[str, ck.Producer] = {}
+    threads = [threading.Thread(target=lambda n=n: instances.__setitem__(n, producer(gw, transactional_id)))
+               for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(instances) == ["a", "b"]
+    working = []
+    for name, p in sorted(instances.items()):
+        try:
+            p.begin_transaction()
+            p.produce(topic, name.encode())
+            p.commit_transaction(20)
+            working.append(name)
+        except ck.KafkaException as e:
+            assert e.args[0].fatal(), e.args[0]
+    assert len(working) == 1, working
+    assert values(read(gw, topic, COMMITTED)) == [working[0].encode()]
 
 
 def test_consume_transform_produce_commits_offsets_with_the_output_or_not_at_all(gw):

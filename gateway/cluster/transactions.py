@@ -103,10 +103,15 @@ class TransactionalProducers:
 
     def init(self, transactional_id: str, producer_id: int, timeout_ms: int) -> defer.Deferred:
         """*May wait.* A new cluster producer for ``transactional_id``, known by ``producer_id``,
-        once the cluster fenced the older instances and ended what they left open."""
+        once the cluster fenced the older instances and ended what they left open. The new
+        instance takes the old one's place at once: calls for it, and a further ``init`` of the
+        id, wait until it exists."""
         old_id = self.by_transactional_id.pop(transactional_id, None)
         old = self.by_producer.pop(old_id, None) if old_id is not None else None
-        instance = Instance(transactional_id, None, defer.succeed(None))
+        ready: defer.Deferred = defer.Deferred()
+        instance = Instance(transactional_id, None, ready)
+        self.by_producer[producer_id] = instance
+        self.by_transactional_id[transactional_id] = producer_id
 
         def fatal(error: KafkaError) -> None:  # librdkafka's error callback, in the thread of a call
             if error.fatal():
@@ -115,26 +120,30 @@ class TransactionalProducers:
         settings = self.config.client(**{
             "transactional.id": transactional_id, "transaction.timeout.ms": timeout_ms, "linger.ms": 0,
             "client.id": f"{self.config.client_id}-txn", "error_cb": fatal})
-        after = old.tail if old is not None else defer.succeed(None)
 
-        def create() -> Any:
+        def create() -> None:
             if old is not None:
                 old.producer = None  # the last reference: librdkafka's instance ends here, not in the reactor
-            producer = Producer(settings)
             try:
+                producer = Producer(settings)
                 producer.init_transactions(self._timeout)
             except KafkaException as e:
                 raise command_error(e, f"initialise transactional id {transactional_id!r} on the cluster") from None
-            return producer
-
-        def created(producer: Any) -> None:
             instance.producer = producer
-            self.by_producer[producer_id] = instance
-            self.by_transactional_id[transactional_id] = producer_id
             log.info("transactional id %s: a producer on the cluster (producer %d here)", transactional_id,
                      producer_id)
 
-        return after.addBoth(lambda _: self._in_thread(create)).addCallback(created)
+        def failed(f: Any) -> Any:
+            if self.by_producer.get(producer_id) is instance:
+                self.forget(producer_id)
+            return f
+
+        def settle(outcome: Any) -> Any:
+            ready.callback(None)
+            return outcome
+
+        after = old.tail if old is not None else defer.succeed(None)
+        return after.addBoth(lambda _: self._in_thread(create)).addErrback(failed).addBoth(settle)
 
     def begin(self, producer_id: int) -> defer.Deferred:
         """*May wait.* A new transaction of the producer."""
