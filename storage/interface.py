@@ -49,8 +49,8 @@ class ClusterTransactions(Protocol):
     def produce(self, producer_id: int, topic: str, partition: int, records: Any) -> Any:
         """*May wait.* Append records in the producer's open transaction: ``(first, last)`` offsets."""
 
-    def last_stable_offset(self, topic: str, partition: int) -> Any:
-        """*May wait.* The cluster's last stable offset of the partition."""
+    def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> Any:
+        """*May wait.* The cluster's last stable offset of the partition, at most ``high_watermark``."""
 
     def forget(self, producer_id: int) -> None:
         """The producer's transactional id expired: release what the cluster side holds for it."""

@@ -459,7 +459,7 @@ class Transactions:
         """The last stable offset a read_committed client asks for (ListOffsets latest, a start at
         the log end): ``last_stable_offset``, or the cluster's (a Deferred)."""
         if self.cluster is not None:
-            return self.cluster.last_stable_offset(topic, partition)
+            return self.cluster.last_stable_offset(topic, partition, high_watermark)
         return self.last_stable_offset(topic, partition, high_watermark)
 
     def aborted_between(self, topic: str, partition: int, start: int, end: int) -> tuple[tuple[int, int], ...]:

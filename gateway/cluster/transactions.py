@@ -224,13 +224,24 @@ class TransactionalProducers:
             lambda f: log.warning("transactional id %s: closing its producer: %s", instance.transactional_id,
                                   f.getErrorMessage()))
 
-    def last_stable_offset(self, topic: str, partition: int) -> defer.Deferred:
-        """*May wait.* The cluster's last stable offset of the partition (ListOffsets latest, read_committed)."""
+    def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> defer.Deferred:
+        """*May wait.* The cluster's last stable offset of the partition: its ListOffsets latest
+        at read_committed where that is below its latest at read_uncommitted (a transaction is
+        open), else ``high_watermark``, the gateway's own, which is never older than the
+        cluster's answers (Tansu 0.6 answers the first offset of a partition's last batch at both
+        levels, 1 for a first batch of 10 records)."""
         tp = TopicPartition(topic, partition)
-        futures = self.admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=IsolationLevel.READ_COMMITTED,
-                                          request_timeout=self._timeout)
-        return deferred_from(self.reactor, futures[tp], f"the last stable offset of {topic}/{partition}",
-                             lambda r: r.offset)
+        asked = [deferred_from(self.reactor, self.admin.list_offsets(
+            {tp: OffsetSpec.latest()}, isolation_level=level, request_timeout=self._timeout)[tp],
+            f"the last stable offset of {topic}/{partition}", lambda r: r.offset)
+            for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)]
+
+        def stable(offsets: list[int]) -> int:
+            committed, uncommitted = offsets
+            return committed if committed < uncommitted else high_watermark
+
+        return defer.gatherResults(asked, consumeErrors=True).addCallbacks(
+            stable, lambda f: f.value.subFailure if f.check(defer.FirstError) else f)
 
     # ------------------------------------------------------------------ calls, one at a time per producer
 
