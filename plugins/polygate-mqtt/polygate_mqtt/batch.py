@@ -24,6 +24,7 @@ NAME = "mqtt"
 UNKNOWN_QOS = 0xFF
 HEAD = struct.Struct(">IqBi")
 LEN = struct.Struct(">i")
+DELTA = struct.Struct(">I")  # the offset delta, first in a record
 
 
 def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None) -> bytes:
@@ -34,6 +35,7 @@ def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None
 
 class MqttFormat(BatchFormat):
     name = NAME
+    joinable = True  # pipelined PUBLISHes to one log partition are stored as one payload (see ``join``)
 
     def validate(self, payload: bytes) -> Validated:
         """What a produced payload holds: refused with ``CommandError(CORRUPT_MESSAGE)``
@@ -76,6 +78,25 @@ class MqttFormat(BatchFormat):
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return payload
+
+    def join(self, payloads: Sequence[bytes]) -> bytes:
+        """One payload of ``payloads`` (validated, in order): their records with the offset deltas
+        renumbered 0, 1, 2... across them, each record otherwise as it was."""
+        parts: list[bytes | memoryview] = []
+        count = 0
+        for payload in payloads:
+            data = memoryview(payload)
+            pos, end = 0, len(data)
+            while pos < end:
+                start = pos
+                klen = HEAD.unpack_from(data, pos)[3]
+                pos += HEAD.size + max(klen, 0)
+                (vlen,) = LEN.unpack_from(data, pos)
+                pos += LEN.size + max(vlen, 0)
+                parts.append(DELTA.pack(count))
+                parts.append(data[start + DELTA.size : pos])
+                count += 1
+        return b"".join(parts)
 
 
 FORMAT = MqttFormat()

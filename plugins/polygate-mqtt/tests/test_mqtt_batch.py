@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from polygate_mqtt import batch
 
 from gateway.convert import Validated
-from gateway.model import CommandError, ErrorCode
+from gateway.model import CommandError, ErrorCode, StoredBatch
 
 
 def refused(payload: bytes) -> str:
@@ -30,3 +30,18 @@ def test_a_payload_that_is_not_whole_numbered_records_is_refused():
         refused(bad)
     assert "offset delta 2147483647" in refused(batch.encode_record(2**31 - 1, 1, 0, b"t", b"v"))
     assert "offset delta" in refused(one + one)
+
+
+@given(st.lists(st.lists(st.tuples(st.none() | st.binary(max_size=30), st.binary(max_size=100)), min_size=1,
+                         max_size=5), min_size=1, max_size=8))
+def test_joined_payloads_are_one_valid_payload_of_their_records_in_order(payloads):
+    """``join`` (the broker's merge of pipelined PUBLISHes) renumbers the offset deltas across the payloads."""
+    encoded = [b"".join(batch.encode_record(i, 1_700_000_000_000 + i, i % 3, key, value)
+                        for i, (key, value) in enumerate(messages)) for messages in payloads]
+    joined = batch.FORMAT.join([memoryview(p) for p in encoded])
+    everything = [m for messages in payloads for m in messages]
+    assert batch.FORMAT.validate(joined) == Validated(len(everything), len(everything))
+    stored = StoredBatch(batch.NAME, 10, 10 + len(everything) - 1, 0, joined)
+    records = list(batch.FORMAT.records(stored))
+    assert [(r.offset, r.key, r.value) for r in records] == [(10 + i, k, v) for i, (k, v) in enumerate(everything)]
+    assert [r.extras["mqtt_qos"] for r in records] == [i % 3 for messages in payloads for i in range(len(messages))]
