@@ -39,6 +39,19 @@ def producer(gw, transactional_id: str, **conf) -> ck.Producer:
     return p
 
 
+def transaction(gw, transactional_id: str, topic: str, *values: bytes, commit: bool | None = True) -> ck.Producer:
+    """A new instance of ``transactional_id`` that writes ``values`` to ``topic`` in one transaction
+    and commits it (True), aborts it (False) or leaves it open (None); returns the producer."""
+    p = producer(gw, transactional_id)
+    p.begin_transaction()
+    for value in values:
+        p.produce(topic, value)
+    p.flush(20)
+    if commit is not None:
+        (p.commit_transaction if commit else p.abort_transaction)(20)
+    return p
+
+
 def read(gw, topic: str, isolation: str, partition: int = 0, settle: float = 1.5) -> list[tuple[int, bytes]]:
     """``(offset, value)`` of everything a consumer of ``isolation`` reads from the start, polled
     until nothing new came for ``settle`` seconds."""
@@ -154,15 +167,9 @@ def test_an_open_transaction_holds_read_committed_readers_at_its_first_offset(gw
 def test_a_new_instance_fences_the_zombie_and_aborts_what_it_left_open(gw):
     topic, transactional_id = unique("fence"), unique("tx")
     create(gw, topic)
-    zombie = producer(gw, transactional_id)
-    zombie.begin_transaction()
-    zombie.produce(topic, b"zombie")
-    zombie.flush(20)
-
-    successor = producer(gw, transactional_id)  # InitProducerId: a new epoch, the zombie's transaction aborted
-    successor.begin_transaction()
-    successor.produce(topic, b"successor")
-    successor.commit_transaction(20)
+    zombie = transaction(gw, transactional_id, topic, b"zombie", commit=None)
+    # InitProducerId: a new epoch, the zombie's transaction aborted
+    transaction(gw, transactional_id, topic, b"successor")
 
     with pytest.raises(ck.KafkaException) as refused:
         zombie.produce(topic, b"late")
@@ -266,22 +273,14 @@ def test_a_gateway_killed_with_a_transaction_open_keeps_it_until_it_ends(gateway
     gw = gateway_factory(("v1", "kafka"), ("--default-partitions", "1", "--fsync", "always"))
     topic, transactional_id = unique("kill"), unique("tx")
     create(gw, topic)
-    done = producer(gw, transactional_id)
-    done.begin_transaction()
-    done.produce(topic, b"committed-before")
-    done.commit_transaction(20)
-    p = producer(gw, transactional_id)
-    p.begin_transaction()
-    p.produce(topic, b"open-at-kill")
-    p.flush(20)
+    transaction(gw, transactional_id, topic, b"committed-before")
+    _left_open = transaction(gw, transactional_id, topic, b"open-at-kill", commit=None)  # kept alive past the kill
     gw.kill()  # SIGKILL: no shutdown of any kind
     gw.restart()
     assert latest(gw, topic, True) == 2  # still open after the restart: the last stable offset holds
     assert values(read(gw, topic, COMMITTED)) == [b"committed-before"]
-    successor = producer(gw, transactional_id)  # ends it (an abort), as a restarted application would
-    successor.begin_transaction()
-    successor.produce(topic, b"after-restart")
-    successor.commit_transaction(20)
+    # a new instance ends it (an abort), as a restarted application would
+    transaction(gw, transactional_id, topic, b"after-restart")
     assert values(read(gw, topic, COMMITTED)) == [b"committed-before", b"after-restart"]
     assert values(read(gw, topic, UNCOMMITTED)) == [b"committed-before", b"open-at-kill", b"after-restart"]
 
@@ -400,15 +399,8 @@ def test_in_cluster_mode_an_instance_on_another_gateway_fences_the_zombie(gatewa
         first, second = gateway_factory(("v1", "kafka"), args), gateway_factory(("v1", "kafka"), args)
         topic, transactional_id = unique("fence2"), unique("tx")
         create(first, topic)
-        zombie = producer(first, transactional_id)
-        zombie.begin_transaction()
-        zombie.produce(topic, b"zombie")
-        zombie.flush(20)
-
-        successor = producer(second, transactional_id)
-        successor.begin_transaction()
-        successor.produce(topic, b"successor")
-        successor.commit_transaction(20)
+        zombie = transaction(first, transactional_id, topic, b"zombie", commit=None)
+        transaction(second, transactional_id, topic, b"successor")
 
         with pytest.raises(ck.KafkaException) as refused:
             zombie.produce(topic, b"late")
