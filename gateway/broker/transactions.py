@@ -98,6 +98,13 @@ class Txn:
             txn.offsets.setdefault(g, {})[(t, p)] = (o, meta)
         return txn
 
+    def enter(self, state: str) -> None:
+        """Move to ``state``, a new transaction or the end of one: no partitions, groups or offsets yet."""
+        self.state = state
+        self.partitions.clear()
+        self.groups.clear()
+        self.offsets.clear()
+
     def info(self) -> m.TransactionInfo:
         return m.TransactionInfo(self.transactional_id, self.producer_id, self.epoch, self.state, self.timeout_ms,
                                  self.start_ms, tuple(sorted(self.partitions)))
@@ -275,10 +282,8 @@ class Transactions:
         """Open a transaction unless one is: None, or a Deferred (a cluster opens it too)."""
         if txn.state in OPEN:
             return None
-        txn.state, txn.start_ms = "Ongoing", self.store.now_ms()
-        txn.partitions.clear()
-        txn.groups.clear()
-        txn.offsets.clear()
+        txn.enter("Ongoing")
+        txn.start_ms = self.store.now_ms()
         return self.cluster.begin(txn.producer_id) if self.cluster is not None else None
 
     def _end(self, txn: Txn, commit: bool, bump: bool = False) -> Any:
@@ -303,10 +308,7 @@ class Transactions:
         waits = self._write_end(txn, commit) if self.cluster is None else [self._end_in_cluster(txn, commit)]
 
         def complete(_: Any) -> Any:
-            txn.state = COMPLETE[commit]
-            txn.partitions.clear()
-            txn.groups.clear()
-            txn.offsets.clear()
+            txn.enter(COMPLETE[commit])
             log.info("transaction %s: %s", txn.transactional_id, "committed" if commit else "aborted")
             return self._save(txn)
 
@@ -326,10 +328,7 @@ class Transactions:
             log.warning("transaction %s: the cluster did not commit it (aborted): %s", txn.transactional_id,
                         f.value.error.message)
             txn.epoch += 1
-            txn.state = COMPLETE[False]
-            txn.partitions.clear()
-            txn.groups.clear()
-            txn.offsets.clear()
+            txn.enter(COMPLETE[False])
             self._save(txn)
             raise CommandError(ErrorCode.FENCED_PRODUCER, f"the transaction was aborted: {f.value.error.message}")
 
