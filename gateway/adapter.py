@@ -358,9 +358,10 @@ class CodecProtocol(protocol.Protocol):
             self._cost = max(self._cost, 1e-7)
             self._flush()  # once a pass: the answers of a pipelined burst go out in one write
             meter = self._meter
-            meter.requests += len(requests)
-            if len(requests) > self._waited:  # answered in this pass: their latency is the pass's
-                meter.latency.observe(clock() - began, len(requests) - self._waited)
+            frames = sum(request.frames for _, request in requests)  # a run of joined requests counts as its frames
+            meter.requests += frames
+            if frames > self._waited:  # answered in this pass: their latency is the pass's
+                meter.latency.observe(clock() - began, frames - self._waited)
 
     def _take_some(self, requests: list[tuple[_Slot, Request]]) -> None:
         """Take events while we may: not closing or streaming, the peer draining its answers,
@@ -450,7 +451,7 @@ class CodecProtocol(protocol.Protocol):
         d = defer.gatherResults([r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in results],
                                 consumeErrors=True)
         slot.pending = d
-        self._waited += 1
+        self._waited += request.frames
         began = self._pass_began
         waited = [i for i, r in enumerate(results) if isinstance(r, defer.Deferred)]  # the others are counted
 
@@ -458,7 +459,7 @@ class CodecProtocol(protocol.Protocol):
             slot.pending = None
             meter = self._meter
             meter.finished([request.commands[i] for i in waited], [results[i] for i in waited])
-            meter.latency_waited.observe(self.factory.fairness.clock() - began)
+            meter.latency_waited.observe(self.factory.fairness.clock() - began, request.frames)
             self._answer(slot, request, results)
 
         def failed(f: Failure) -> None:

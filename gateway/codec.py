@@ -109,6 +109,9 @@ class Request(NamedTuple):
     earlier answers still waiting, for protocols whose answers name their
     request (so that a long-poll holds back no later answer).
 
+    ``frames`` is how many client requests it answers: more than one for a
+    run of joined requests (``Handled.joins``), whose answers go out together.
+
     Immutable like the other events, but a ``NamedTuple``: one is built per
     request, and building one costs a third of a frozen attrs instance.
     """
@@ -116,6 +119,7 @@ class Request(NamedTuple):
     commands: tuple[Any, ...]
     context: Any = None
     ordered: bool = True
+    frames: int = 1
 
 
 @attrs.frozen
@@ -200,6 +204,11 @@ class Handled(NamedTuple):
       the connection back until this request (and every step it returns) has
       been rendered: a later frame may depend on its outcome.
       ``ordered=False`` lets the answer overtake earlier ones (see ``Request``).
+      ``joins=True`` (for requests that clients pipeline by the thousand, such
+      as produces) lets ``CodecConnection`` join it with the joining requests
+      whose frames are already buffered behind it into one ``Request``: the
+      adapter then takes, runs and answers the run once, not once per frame,
+      and writes its answers together. Its render must return bytes.
 
     A ``NamedTuple`` for the reason ``Request`` is one: one is built per frame.
     """
@@ -211,14 +220,33 @@ class Handled(NamedTuple):
     reason: str = ""
     hold: bool = False
     ordered: bool = True
+    joins: bool = False
 
     @classmethod
     def answer(cls, data: bytes, close: bool = False, reason: str = "") -> Handled:
         return cls(data=data, close=close, reason=reason)
 
     @classmethod
-    def run(cls, commands: Sequence[Any], render: Render, hold: bool = False, ordered: bool = True) -> Handled:
-        return cls(commands if type(commands) is tuple else tuple(commands), render, b"", False, "", hold, ordered)
+    def run(cls, commands: Sequence[Any], render: Render, hold: bool = False, ordered: bool = True,
+            joins: bool = False) -> Handled:
+        return cls(commands if type(commands) is tuple else tuple(commands), render, b"", False, "", hold, ordered,
+                   joins)
+
+
+RUN_MAX = 256
+"""The most requests ``CodecConnection`` joins into one run (``Handled.joins``)."""
+
+
+class Run(NamedTuple):
+    """The context of a run of joined requests (``Handled.joins``): each one's ``Handled``, and
+    where its results end in the run's."""
+
+    parts: list[Handled]
+    ends: list[int]
+
+    def requests(self) -> list[Request]:
+        """The requests of the run's frames, as they are without joining."""
+        return [Request(part.commands, part, part.ordered) for part in self.parts]
 
 
 class CodecConnection:
@@ -336,34 +364,78 @@ class CodecConnection:
     def next_event(self) -> Event | None:
         events = self.events
         while not events:
-            if self.closed or self.held is not None or self.framer.finished:
-                return None
-            try:
-                frame = self.framer.next_frame()
-            except FrameTooLarge as e:
-                self.emit(self.frame_too_large(e))
-                continue
-            except TruncatedFrame as e:
-                self.emit(self.truncated(e))
-                continue
-            except MalformedFrame as e:
-                self.emit(self.malformed(e))
-                continue
+            frame = self._next_frame()
             if frame is None:
-                if self.framer.finished:
-                    self.emit(self.end_of_stream())
-                    continue
+                if events:
+                    break
                 return None
-            if self.login_refused is not None:
-                continue  # read and dropped until the refusal closes the connection
             handled = self.handle_frame(*frame)
             if type(handled) is Handled and handled.render is not None and not handled.hold:
+                if handled.joins:
+                    return self._run(handled)
                 return Request(handled.commands, handled, handled.ordered)  # the common case, first
             self.emit(handled)
         return events.popleft()
 
+    def _next_frame(self) -> tuple[bytes, bytes] | None:
+        """The next whole frame to handle, or None: more bytes needed, or an event was emitted
+        instead (a framing failure, the end of the stream)."""
+        framer = self.framer
+        while not (self.closed or self.held is not None or framer.finished):
+            try:
+                frame = framer.next_frame()
+            except FrameTooLarge as e:
+                failure = self.frame_too_large(e)
+            except TruncatedFrame as e:
+                failure = self.truncated(e)
+            except MalformedFrame as e:
+                failure = self.malformed(e)
+            else:
+                if frame is None:
+                    if framer.finished:
+                        self.emit(self.end_of_stream())
+                    return None
+                if self.login_refused is None:
+                    return frame
+                continue  # read and dropped until the refusal closes the connection
+            self.emit(failure)
+            if self.events:
+                return None
+        return None
+
+    def _run(self, first: Handled) -> Request:
+        """``first`` and the joining requests whose frames follow it, already buffered, as one
+        ``Request`` (``Handled.joins``). The first frame that does not join ends the run; its
+        event comes next."""
+        parts, ends = [first], [len(first.commands)]
+        commands = list(first.commands)
+        while len(parts) < RUN_MAX and not self.events:
+            frame = self._next_frame()
+            if frame is None:
+                break
+            handled = self.handle_frame(*frame)
+            if type(handled) is not Handled or not handled.joins or handled.render is None or handled.hold:
+                self.emit(handled)
+                break
+            parts.append(handled)
+            commands.extend(handled.commands)
+            ends.append(len(commands))
+        if len(parts) == 1:
+            return Request(first.commands, first, first.ordered)
+        return Request(tuple(commands), Run(parts, ends), True, len(parts))
+
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        out = self.render(request.context, results)
+        context = request.context
+        if type(context) is Run:
+            answers, start = [], 0
+            for handled, end in zip(context.parts, context.ends, strict=True):
+                answer = self.render(handled, results[start:end])
+                if type(answer) is not bytes:
+                    raise TypeError(f"the render of a joining request returned {answer!r}, not bytes")
+                answers.append(answer)
+                start = end
+            return b"".join(answers)
+        out = self.render(context, results)
         held = request is self.held
         if held:
             self.held = None

@@ -30,6 +30,7 @@ from .codec import (
     ListenerSettings,
     Reply,
     Request,
+    Run,
     Subscribe,
     Timer,
 )
@@ -107,10 +108,14 @@ class CodecConformance:
 
     @staticmethod
     def take(conn: Connection) -> list[Event]:
-        """Every event ``conn`` has for now, up to a close."""
+        """Every event ``conn`` has for now, up to a close; a run of joined requests
+        (``Handled.joins``) as the requests of its frames, which it must stand for."""
         out: list[Event] = []
         while (event := conn.next_event()) is not None:
-            out.append(event)
+            if isinstance(event, Request) and type(event.context) is Run:
+                out += event.context.requests()
+            else:
+                out.append(event)
             if closes(event):
                 break
         return out

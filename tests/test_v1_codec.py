@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway import model as m
-from gateway.codec import ListenerSettings, Reply, Request
+from gateway.codec import RUN_MAX, ListenerSettings, Reply, Request
+from gateway.codecs.v1 import batch
+from gateway.codecs.v1 import codec as v1
 from gateway.codecs.v1.batch import FORMAT
 from gateway.codecs.v1.codec import V1Connection
+from gateway.testing import CodecConformance
 
 
-def events(chunks: list[bytes], max_line: int = 256) -> list:
+def events(chunks: list[bytes], max_line: int = 256, runs: bool = False) -> list:
+    """The events of ``chunks``; the runs of joined requests as their frames' requests unless ``runs``."""
     conn = V1Connection(ListenerSettings(max_line))
     out = []
     for chunk in chunks:
         conn.receive_data(chunk)
-        while (event := conn.next_event()) is not None:
-            out.append(event)
+        out += conn_events(conn) if runs else CodecConformance.take(conn)
+    return out
+
+
+def conn_events(conn: V1Connection) -> list:
+    out = []
+    while (event := conn.next_event()) is not None:
+        out.append(event)
     return out
 
 
@@ -26,7 +37,7 @@ def describe(event) -> list:
     if isinstance(event, Reply):
         return [("reply", event.data)]
     line = event.context.render  # the line's Answer
-    return [("request", event.commands[0].__class__.__name__, line.cid, tuple(line.args))]
+    return [("request", event.commands[0].__class__.__name__, line.cid)]
 
 
 def described(out: list) -> list:
@@ -38,7 +49,7 @@ def test_whole_split_and_joined_frames_give_the_same_events():
     whole = described(events([data]))
     assert described(events([bytes([b]) for b in data])) == whole
     assert described(events([data[:7], data[7:30], data[30:]])) == whole
-    assert whole[0] == ("request", "Ping", "1", ())
+    assert whole[0] == ("request", "Ping", "1")
     assert whole[2] == ("reply", b"V1|x|ERR|UNKNOWN_COMMAND|unsupported command\n")
 
 
@@ -126,9 +137,81 @@ def test_each_produce_line_is_one_keyed_produce_of_one_v1_record():
 def test_produce_lines_are_answered_line_by_line():
     conn = V1Connection(ListenerSettings(1024))
     conn.receive_data(b"V1|1|PRODUCE|t a:1\nV1|2|PRODUCE|t b:2\nV1|3|PRODUCE|t c:3\n")
-    requests = [conn.next_event() for _ in range(3)]
+    requests = CodecConformance.take(conn)
     results = [m.ProduceResult("t", 0, 4, 4, 6), m.ProduceResult("t", 1, 0, 0, 1),
                m.ProduceResult("t", 2, error=m.Error(m.ErrorCode.NOT_LEADER, "x"))]
     assert b"".join(conn.respond(r, [result]) for r, result in zip(requests, results, strict=True)) == (
         b"V1|1|OK|partition=0 offset=4 hw=5\nV1|2|OK|partition=1 offset=0 hw=0\n"
         b"V1|3|ERR|NOT_LEADER|partition leader unavailable on this broker\n")
+
+
+def test_pipelined_produce_lines_run_as_one_request_answered_as_their_lines():
+    lines = [b"V1|1|PRODUCE|t a:1", b"V1|2|PRODUCE|u b:2 acks=all", b"V1|3|PRODUCE|t c:3", b"V1|4|PING|",
+             b"V1|5|PRODUCE|t d:4"]
+    out = events([b"".join(line + b"\n" for line in lines)], runs=True)
+    assert [type(e.context).__name__ for e in out] == ["Run", "Handled", "Handled"]
+    run = out[0]
+    assert run.frames == 3 and [type(c) for c in run.commands] == [m.Produce] * 3
+    assert [c.topic for c in run.commands] == ["t", "u", "t"]
+    results = [m.ProduceResult("t", 0, 4, 4, 6), m.ProduceResult("u", 1, error=m.Error(m.ErrorCode.REPLICATION_TIMEOUT, "x")),
+               m.ProduceResult("t", 2, 0, 0, 1)]
+    conn = V1Connection(ListenerSettings(256))
+    assert conn.respond(run, results) == (
+        b"V1|1|OK|partition=0 offset=4 hw=5\nV1|2|ERR|REPLICATION_TIMEOUT|x\nV1|3|OK|partition=2 offset=0 hw=0\n")
+    assert b"".join(conn.respond(r, [result]) for r, result in zip(run.context.requests(), results, strict=True)) == (
+        conn.respond(run, results))
+
+
+def test_a_run_takes_only_whole_lines_already_received_and_at_most_run_max():
+    line = b"V1|1|PRODUCE|t k:v\n"
+    conn = V1Connection(ListenerSettings(256))
+    conn.receive_data(line * (RUN_MAX + 3) + line[:5])
+    first, second = conn_events(conn)
+    assert (first.frames, second.frames) == (RUN_MAX, 3)
+    conn.receive_data(line[5:])
+    assert [e.frames for e in conn_events(conn)] == [1]
+
+
+def test_a_bad_produce_line_ends_the_run_with_its_own_answer():
+    out = events([b"V1|1|PRODUCE|t a:1\nV1|2|PRODUCE|t a:1 acks=2\nV1|3|PRODUCE|t nocolon\nV1|4|PRODUCE|t b:2\n"],
+                 runs=True)
+    assert [getattr(e, "frames", None) for e in out] == [1, None, None, 1]
+    assert out[1].data == b"V1|2|ERR|BAD_REQUEST|invalid ack mode; expected acks=0|1|all\n"
+    assert out[2].data == b"V1|3|ERR|BAD_REQUEST|message must be key:value\n"
+
+
+LINE_PARTS = st.sampled_from([b"V1", b"|", b"PRODUCE", b"produce", b" ", b"  ", b":", b"k", b"v", b"acks=all",
+                              b"acks=0", b"acks=x", b"\r", b"\t", b"\xc3\xa9", b"\xff", b"=", b"7"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(LINE_PARTS, max_size=14))
+@example([b"k", b":", b"v"])
+@example([b"k", b":", b"v", b" ", b"acks=x"])
+def test_the_plain_produce_path_gives_what_the_general_parser_gives(parts):
+    """The fast path of plain PRODUCE lines (C or Python) and the general parser: the same
+    commands and the same answers, for whatever line."""
+    line = b"V1|9|PRODUCE|" + b"".join(parts) if parts[:1] != [b"V1"] else b"".join(parts)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(v1.time, "time_ns", lambda: 1_700_000_000_123_456_789)
+        fast = events([line + b"\n"])
+        patch.setattr(v1, "parse_produce", lambda body, now: None)
+        general = events([line + b"\n"])
+    assert [describe_fully(e) for e in fast] == [describe_fully(e) for e in general]
+
+
+def describe_fully(event) -> tuple:
+    if isinstance(event, Reply):
+        return "reply", event.data
+    conn = V1Connection(ListenerSettings(256))
+    result = [m.ProduceResult("t", 1, 2, 2, 3)] if isinstance(event.commands[0], m.Produce) else [None]
+    answer = conn.respond(event, result) if result[0] is not None else b""
+    return "request", event.commands, answer
+
+
+@pytest.mark.skipif(batch._speedups is None, reason="built without a C compiler")
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(LINE_PARTS | st.binary(max_size=3), max_size=14), st.booleans())
+def test_c_and_python_parse_plain_produce_lines_alike(parts, prefixed):
+    line = (b"V1|12|PRODUCE|" if prefixed else b"") + b"".join(parts)
+    assert batch._speedups.parse_produce(line, 1234) == v1._parse_produce(line, 1234)

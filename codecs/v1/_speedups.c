@@ -16,6 +16,12 @@
  *     ``payload`` (whole records, as ``count_records`` checked) with the records' offset deltas
  *     set to 0, 1, 2..., as ``V1Format.assign_offsets`` numbers joined one-record payloads;
  *     the payload itself when they already are. ValueError when a record is cut short.
+ * parse_produce(line, timestamp) -> (cid, topic, key, payload, acks) | None
+ *     a plain PRODUCE line, as ``codec.parse_produce`` parses it: ``V1|<cid>|PRODUCE|<topic>
+ *     <key>:<value>[ <acks>]``, every field printable ASCII, one space between arguments. The
+ *     payload is the record as ``batch.encode_keyed(timestamp, key, value)`` writes it; acks is
+ *     the third argument's text or None. None for every other line (the codec's general parser
+ *     takes it).
  */
 #include "_speedups.h"
 #include <string.h>
@@ -223,11 +229,75 @@ cut:
     return NULL;
 }
 
+/* The length of the run of printable ASCII bytes (0x21-0x7e) at p[pos], stopping at ``stop`` (-1: none). */
+static Py_ssize_t
+printable(const unsigned char *p, Py_ssize_t len, Py_ssize_t pos, int stop)
+{
+    Py_ssize_t start = pos;
+    while (pos < len && p[pos] > 0x20 && p[pos] < 0x7f && p[pos] != stop)
+        pos++;
+    return pos - start;
+}
+
+static PyObject *
+parse_produce(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    long long timestamp;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*L", &buf, &timestamp))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t len = buf.len, pos, cid, topic, key, kv, acks = 0;
+    PyObject *out = NULL;
+    if (len < 3 || memcmp(p, "V1|", 3) != 0)
+        goto other;
+    pos = 3;
+    if (!(cid = printable(p, len, pos, '|')) || len - pos - cid < 9 || memcmp(p + pos + cid, "|PRODUCE|", 9) != 0)
+        goto other;
+    pos += cid + 9;
+    if (!(topic = printable(p, len, pos, -1)) || pos + topic >= len || p[pos + topic] != ' ')
+        goto other;
+    Py_ssize_t topic_at = pos, kv_at = pos + topic + 1;
+    kv = printable(p, len, kv_at, -1);
+    key = printable(p, len, kv_at, ':');
+    if (!kv || key == kv)  /* no value separator: the general parser says why */
+        goto other;
+    pos = kv_at + kv;
+    if (pos < len) {
+        if (p[pos] != ' ' || !(acks = printable(p, len, pos + 1, -1)) || pos + 1 + acks != len)
+            goto other;
+    }
+    Py_ssize_t value = kv - key - 1;
+    PyObject *ack = acks ? PyUnicode_FromStringAndSize((const char *)p + pos + 1, acks) : Py_NewRef(Py_None);
+    PyObject *payload = ack == NULL ? NULL : PyBytes_FromStringAndSize(NULL, 16 + key + 4 + value);
+    if (payload == NULL) {
+        Py_XDECREF(ack);
+        goto done;
+    }
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(payload);
+    w = put_be(w, 0, 4);
+    w = put_be(w, (uint64_t)timestamp, 8);
+    w = put_be(w, (uint64_t)key, 4);
+    memcpy(w, p + kv_at, key);
+    w = put_be(w + key, (uint64_t)value, 4);
+    memcpy(w, p + kv_at + key + 1, value);
+    out = Py_BuildValue("(s#s#y#NN)", (const char *)p + 3, cid, (const char *)p + topic_at, topic,
+                        (const char *)p + kv_at, key, payload, ack);
+    goto done;
+other:
+    out = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"number_records", number_records, METH_VARARGS, "A V1 payload with its records numbered 0, 1, 2..."},
     {"count_records", count_records, METH_VARARGS, "The number of whole records of a produced V1 payload."},
     {"read_records", read_records, METH_VARARGS, "Append the fields of stored V1 records to column lists."},
     {"encode_records", encode_records, METH_VARARGS, "The payload of a V1 batch."},
+    {"parse_produce", parse_produce, METH_VARARGS, "A plain PRODUCE line's fields and record, or None."},
     {NULL, NULL, 0, NULL},
 };
 
