@@ -22,9 +22,9 @@ from typing import Any
 import attrs
 
 try:
-    from gateway import _slots
+    from gateway import _speedups
 except ImportError:  # built without a C compiler: attrs' own __init__
-    _slots = None
+    _speedups = None
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -33,17 +33,17 @@ def frozen(cls: type) -> type:
     """``attrs.frozen`` (frozen, slotted, auto_attribs), with a C ``__init__`` where it is built.
 
     attrs' ``__init__`` of a frozen class sets each field through ``object.__setattr__``
-    and costs about four times a mutable one's; the C one (``gateway/_slots.c``) stores the
+    and costs about four times a mutable one's; the C one (``gateway/_speedups.c``) stores the
     arguments in the slots directly and takes the same arguments. A class with a field that
     has a converter, validator or factory, or a private name, keeps attrs' ``__init__``.
     """
     cls = attrs.frozen(cls)
     fields = attrs.fields(cls)
-    if _slots is None or any(f.converter is not None or f.validator is not None or not f.init or f.kw_only
+    if _speedups is None or any(f.converter is not None or f.validator is not None or not f.init or f.kw_only
                              or f.alias != f.name or isinstance(f.default, attrs.Factory) for f in fields):
         return cls
     defaults = tuple(f.default for f in fields if f.default is not attrs.NOTHING)
-    cls.__init__ = _slots.init(cls, tuple(f.name for f in fields), defaults)
+    cls.__init__ = _speedups.init(cls, tuple(f.name for f in fields), defaults)
     return cls
 
 

@@ -2,26 +2,32 @@
 
 V1 brokers use FNV-1a 32 of the key, the Cursus broker FNV-1a 64, Kafka
 clients murmur2 (positive part) of the key; unkeyed records go round-robin.
+The hashes run in C where ``gateway._speedups`` is built (the same values).
 """
 
 from __future__ import annotations
 
+try:
+    from gateway import _speedups
+except ImportError:  # built without a C compiler: the Python hashes below
+    _speedups = None
 
-def fnv1a_32(data: bytes) -> int:
+
+def _fnv1a_32(data: bytes) -> int:
     h = 0x811C9DC5
     for b in data:
         h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
     return h
 
 
-def fnv1a_64(data: bytes) -> int:
+def _fnv1a_64(data: bytes) -> int:
     h = 0xCBF29CE484222325
     for b in data:
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return h
 
 
-def murmur2(data: bytes) -> int:
+def _murmur2(data: bytes) -> int:
     """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``), as an unsigned 32-bit int."""
     length = len(data)
     seed = 0x9747B28C
@@ -50,6 +56,11 @@ def murmur2(data: bytes) -> int:
     h = (h * m) & 0xFFFFFFFF
     h ^= h >> 15
     return h
+
+
+fnv1a_32 = _fnv1a_32 if _speedups is None else _speedups.fnv1a_32
+fnv1a_64 = _fnv1a_64 if _speedups is None else _speedups.fnv1a_64
+murmur2 = _murmur2 if _speedups is None else _speedups.murmur2
 
 
 def choose(partitioner: str, key: bytes | None, partitions: int, counter: int) -> int:

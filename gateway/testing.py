@@ -53,6 +53,14 @@ def describe(event: Event) -> tuple:
     return type(event).__name__, event.context
 
 
+def per_frame(event: Event) -> list[Event]:
+    """``event``, or the requests of its frames for a run of joined requests (``Handled.joins``),
+    which the run must stand for: what a test of the codec's events compares."""
+    if isinstance(event, Request) and type(event.context) is Run:
+        return event.context.requests()
+    return [event]
+
+
 def closes(event: Event) -> bool:
     return isinstance(event, Close) or isinstance(event, Reply) and event.close
 
@@ -112,10 +120,7 @@ class CodecConformance:
         (``Handled.joins``) as the requests of its frames, which it must stand for."""
         out: list[Event] = []
         while (event := conn.next_event()) is not None:
-            if isinstance(event, Request) and type(event.context) is Run:
-                out += event.context.requests()
-            else:
-                out.append(event)
+            out += per_frame(event)
             if closes(event):
                 break
         return out

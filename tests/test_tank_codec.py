@@ -30,6 +30,7 @@ from gateway.codecs.tank.codec import (
     parse_consume,
     parse_produce,
 )
+from gateway.testing import per_frame
 
 CAPTURES = captures()
 CLIENT_FRAMES = [f for c in CAPTURES for f in c.client_frames]
@@ -40,13 +41,14 @@ def connection(max_frame: int = plugin.max_frame_size) -> TankConnection:
 
 
 def events(conn: TankConnection, data: bytes, step: int | None = None) -> list:
-    """Feed ``data`` (in ``step``-byte pieces) and take every event; stops at a Close."""
+    """Feed ``data`` (in ``step``-byte pieces) and take every event, a run of joined requests
+    as its frames' requests; stops at a Close."""
     out = []
     pieces = [data] if step is None else [data[i : i + step] for i in range(0, len(data), step)]
     for piece in pieces:
         conn.receive_data(piece)
         while (event := conn.next_event()) is not None:
-            out.append(event)
+            out += per_frame(event)
             if isinstance(event, Close):
                 return out
     return out
@@ -370,3 +372,15 @@ def test_c_and_python_produce_parses_agree_whole_damaged_or_cut(topics, with_seq
             outcomes.append((request_id, [(t, [(p, attrs.evolve(b, max_timestamp=0) if isinstance(b, m.Batch) else b)
                                                for p, b in parts]) for t, parts in parsed]))
         assert outcomes[0] == outcomes[1]
+
+
+def test_pipelined_produce_requests_run_as_one_request_answered_as_each():
+    """Produce requests buffered together are one run (``Handled.joins``): one Request, the
+    acks of each in order."""
+    stream = b"".join(produce_request(rid, [("t", 0, encode([(rid, None, b"v")]))]) for rid in (1, 2, 3))
+    conn = connection()
+    conn.receive_data(stream)
+    run = conn.next_event()
+    assert run.frames == 3 and len(run.commands) == 3 and conn.next_event() is None
+    results = [m.ProduceResult("t", 0, 10 + i, 10 + i) for i in range(3)]
+    assert conn.respond(run, results) == b"".join(b"\x01\x05\x00\x00\x00" + bytes((rid, 0, 0, 0, 0)) for rid in (1, 2, 3))

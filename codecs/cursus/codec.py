@@ -428,7 +428,7 @@ class CursusConnection(CodecConnection):
                                  seq_end=scan.last_seq, error=self._produce_error(r, header.topic, header.partition))
             return self._ack("OK", r.last_offset, scan.epoch, pid, scan.first_seq, scan.last_seq)
 
-        return Handled.run((cmd,), render)
+        return Handled.run((cmd,), render, joins=True)
 
     def _produce_error(self, r: m.ProduceResult, topic: str, partition: int | None) -> str:
         e = r.error

@@ -198,7 +198,7 @@ def produce(session: Session, version: int, req: Any, frame: Frame) -> Handled:
             parts.append((topic, body))
         return frame({"Responses": _by_topic(parts, "Name", "PartitionResponses")})
 
-    return Handled.run(tuple(commands), render)
+    return Handled.run(tuple(commands), render, joins=True)
 
 
 def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:

@@ -437,7 +437,7 @@ class TankConnection(CodecConnection):
         if len(topics) == 1 and len(topics[0][1]) == 1 and type(topics[0][1][0][1]) is m.Batch:
             # What a TANK client sends most: one bundle for one partition (no layout to keep).
             topic, ((partition, batch),) = topics[0]
-            return Handled.run((m.Produce(topic, partition, batch),), _OneAck(request_id))
+            return Handled.run((m.Produce(topic, partition, batch),), _OneAck(request_id), joins=True)
         commands = []
         layout = []
         for topic, parts in topics:
@@ -465,7 +465,7 @@ class TankConnection(CodecConnection):
                         break
             return frame(MsgId.PRODUCE, _ID.pack(request_id) + codes)
 
-        return Handled.run(commands, render)
+        return Handled.run(commands, render, joins=True)
 
     # ------------------------------------------------------------------ consume
 

@@ -149,8 +149,8 @@ def _produce_record(topic: str, key: bytes, payload: bytes, timestamp: int, acks
     """The command of a PRODUCE of ``payload``, one record as ``batch.encode_keyed`` writes it."""
     # Positional arguments: this runs once per PRODUCE line (topic, partition, batch, acks,
     # timeout_ms, key, partitioner, auto_create).
-    return (m.Produce(topic, None, m.Batch(batch.NAME, payload, 1, timestamp), _acks(acks), None, key, "fnv1a_32",
-                      True),)
+    return (m.Produce(topic, None, m.Batch(batch.NAME, payload, 1, timestamp),
+                      m.Acks.LEADER if acks is None else _acks(acks), None, key, "fnv1a_32", True),)
 
 
 _PLAIN_PRODUCE = re.compile(rb"V1\|([\x21-\x7b\x7d\x7e]+)\|PRODUCE\|([\x21-\x7e]+) ([\x21-\x39\x3b-\x7e]*):([\x21-\x7e]*)"
@@ -378,6 +378,22 @@ class Answer:
             return err(self.cid, "BAD_REQUEST", str(e))
 
 
+class Produced(Answer):
+    """The render of a plain PRODUCE line (``parse_produce``): ``Answer``'s, with the answer
+    of a stored record written in one step (one is made per pipelined line)."""
+
+    __slots__ = ()
+
+    def __init__(self, cid: str):
+        super().__init__(cid, PRODUCE, ())
+
+    def __call__(self, results: Sequence[Any]) -> bytes:
+        r: m.ProduceResult = results[0]
+        if r.error is None:
+            return f"V1|{self.cid}|OK|partition={r.partition} offset={r.base_offset} hw={r.high_watermark - 1}\n".encode()
+        return super().__call__(results)
+
+
 class V1Connection(CodecConnection):
     """Server side of one V1 connection (see the module docstring): one line, one ``Handled``."""
 
@@ -393,7 +409,8 @@ class V1Connection(CodecConnection):
                 commands = _produce_record(topic, key, record, now, acks)
             except BadRequest as e:
                 return Handled.answer(err(cid, "BAD_REQUEST", str(e)))
-            return Handled.run(commands, Answer(cid, PRODUCE, ()), joins=True)
+            # (Handled's fields in order: commands, render, data, close, reason, hold, ordered, joins)
+            return Handled(commands, Produced(cid), b"", False, "", False, True, True)
         parts = body.decode("utf-8", "surrogateescape").strip().split("|", 3)
         if len(parts) != 4:
             return Handled.answer(err("0", "BAD_REQUEST", "expected format V1|<correlation_id>|<command>|<args>"))

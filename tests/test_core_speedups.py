@@ -1,5 +1,6 @@
-"""The model's frozen classes take their arguments as attrs' ``__init__`` does, whichever
-``__init__`` they have (``gateway/_slots.c`` where built)."""
+"""The gateway core's optional C loops (``gateway/_speedups.c``) do what the Python they replace
+does: the model's frozen classes take their arguments as attrs' ``__init__`` does, and the
+partitioners' hashes are the same."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import sys
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway import model as m
 
@@ -21,7 +24,7 @@ def arguments(cls: type) -> list:
 
 
 def test_the_plain_classes_have_the_c_init_where_it_is_built():
-    if m._slots is None:
+    if m._speedups is None:
         pytest.skip("built without a C compiler: attrs' __init__ everywhere")
     assert m.Produce in C_INIT and m.Batch in C_INIT and m.ProduceResult in C_INIT
     assert m.JoinGroup not in C_INIT  # its extras have a converter: attrs' __init__
@@ -76,3 +79,13 @@ def test_no_reference_is_leaked_or_lost():
     assert sys.getrefcount(value) == before
     keyed = [m.ProduceResult(topic="t", base_offset=value) for _ in range(10)]
     assert sys.getrefcount(value) == before + 10 and keyed[0].partition == -1
+
+
+@pytest.mark.skipif(m._speedups is None, reason="built without a C compiler")
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=40))
+def test_c_and_python_partitioner_hashes_agree(key):
+    from gateway import partitioners as p
+
+    assert (p.fnv1a_32(key), p.fnv1a_64(key), p.murmur2(key)) == (p._fnv1a_32(key), p._fnv1a_64(key), p._murmur2(key))
+    assert p.murmur2(bytearray(key)) == p._murmur2(key)
