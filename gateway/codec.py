@@ -409,16 +409,17 @@ class CodecConnection:
         event comes next."""
         parts, ends = [first], [len(first.commands)]
         commands = list(first.commands)
-        while len(parts) < RUN_MAX and not self.events:
-            frame = self._next_frame()
+        events, next_frame, handle_frame = self.events, self._next_frame, self.handle_frame
+        while len(parts) < RUN_MAX and not events:
+            frame = next_frame()
             if frame is None:
                 break
-            handled = self.handle_frame(*frame)
+            handled = handle_frame(*frame)
             if type(handled) is not Handled or not handled.joins or handled.render is None or handled.hold:
                 self.emit(handled)
                 break
             parts.append(handled)
-            commands.extend(handled.commands)
+            commands += handled.commands
             ends.append(len(commands))
         if len(parts) == 1:
             return Request(first.commands, first, first.ordered)
@@ -427,9 +428,9 @@ class CodecConnection:
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         context = request.context
         if type(context) is Run:
-            answers, start = [], 0
+            answers, start, render = [], 0, self.render
             for handled, end in zip(context.parts, context.ends, strict=True):
-                answer = self.render(handled, results[start:end])
+                answer = render(handled, results[start:end])
                 if type(answer) is not bytes:
                     raise TypeError(f"the render of a joining request returned {answer!r}, not bytes")
                 answers.append(answer)

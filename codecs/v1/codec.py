@@ -385,7 +385,7 @@ class Produced(Answer):
     __slots__ = ()
 
     def __init__(self, cid: str):
-        super().__init__(cid, PRODUCE, ())
+        self.cid, self.command, self.args = cid, PRODUCE, ()
 
     def __call__(self, results: Sequence[Any]) -> bytes:
         r: m.ProduceResult = results[0]
