@@ -219,6 +219,9 @@ def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[st
             request_id, raw = _speedups.parse_produce(payload, with_seqnum)
         except ValueError as e:
             raise Malformed(str(e)) from None
+        if len(raw) == 1 and len(raw[0][1]) == 1:  # what clients send most: one bundle for one partition
+            name, ((partition, stored, base_seq, header),) = raw[0]
+            return request_id, [(_text(name), [(partition, _batch_of_header(stored, base_seq, header))])]
         return request_id, [(_text(name), [(partition, _batch_of_header(stored, base_seq, header))
                                            for partition, stored, base_seq, header in parts])
                             for name, parts in raw]
