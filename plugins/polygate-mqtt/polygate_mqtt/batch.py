@@ -14,7 +14,7 @@ an MQTT message as a record with that key and value.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from gateway.codec import BatchFormat
 from gateway.convert import Validated
@@ -23,6 +23,7 @@ from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 NAME = "mqtt"
 UNKNOWN_QOS = 0xFF
 HEAD = struct.Struct(">IqBi")
+HEAD_SIZE = HEAD.size
 LEN = struct.Struct(">i")
 DELTA = struct.Struct(">I")  # the offset delta, first in a record
 
@@ -71,6 +72,27 @@ class MqttFormat(BatchFormat):
             pos += vlen
             extras = {} if qos == UNKNOWN_QOS else {"mqtt_qos": qos}
             yield Record(value, key, ts, offset=batch.base_offset + delta, extras=extras)
+
+    def deliveries(self, batch: StoredBatch) -> Iterator[tuple[int, int, bytes | None, bytes]]:
+        """``(offset, qos, key, value)`` of each record of ``batch``: what ``records`` gives,
+        without a ``Record`` per record (a subscriber's push reads nothing else)."""
+        data, base, unpack_head, unpack_len = batch.payload, batch.base_offset, HEAD.unpack_from, LEN.unpack_from
+        pos, end = 0, len(data)
+        while pos < end:
+            delta, _, qos, klen = unpack_head(data, pos)
+            pos += HEAD_SIZE
+            if klen < 0:
+                key = None
+            else:
+                key = data[pos : pos + klen]
+                pos += klen
+            (vlen,) = unpack_len(data, pos)
+            pos += 4
+            if vlen > 0:
+                yield base + delta, qos, key, data[pos : pos + vlen]
+                pos += vlen
+            else:
+                yield base + delta, qos, key, b""
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         return b"".join(encode_record(r.offset - base_offset, r.timestamp, r.extras.get("mqtt_qos", UNKNOWN_QOS),

@@ -110,6 +110,10 @@ class _Subscribe:
     entries: tuple[tuple[str, int, str | None], ...]  # (filter, requested qos, log topic or None)
 
 
+MAX_CACHED_NAMES = 1024
+"""The most topic names a subscription remembers the matching filters of (``delivery``)."""
+
+
 @attrs.define
 class _TopicSubscription:
     """The filters subscribed in one log topic, served by one push stream.
@@ -120,6 +124,34 @@ class _TopicSubscription:
 
     stream: tuple[str, int]  # the Subscribe context: (log topic, generation)
     filters: dict[str, tuple[int, dict[int, int]]] = attrs.Factory(dict)
+    # record key -> (the PUBLISH topic field, the (qos, since) of the filters its name matches); a
+    # burst of records has few distinct keys. Cleared whenever ``filters`` changes (``subscribe``).
+    _deliveries: dict[bytes | None, tuple[bytes, list[tuple[int, dict[int, int]]]]] = attrs.Factory(dict)
+
+    def subscribe(self, topic_filter: str, granted: int, since: dict[int, int]) -> None:
+        """Add ``topic_filter``; the same filter again replaces its QoS and loses nothing (3.8.4):
+        it keeps its start."""
+        self.filters[topic_filter] = (granted, self.filters.get(topic_filter, (0, since))[1])
+        self._deliveries.clear()
+
+    def unsubscribe(self, topic_filter: str) -> bool:
+        """Remove ``topic_filter``: whether it was subscribed."""
+        self._deliveries.clear()
+        return self.filters.pop(topic_filter, None) is not None
+
+    def delivery(self, key: bytes | None) -> tuple[bytes, list[tuple[int, dict[int, int]]]]:
+        """For a record of this log topic with ``key``: its PUBLISH topic field (length-prefixed
+        topic name) and the ``(granted qos, since)`` of each filter its topic name matches."""
+        found = self._deliveries.get(key)
+        if found is None:
+            name = topics.record_topic(self.stream[0], key)
+            encoded = name.encode("utf-8")
+            found = (packets.topic_field(encoded),
+                     [grant for topic_filter, grant in self.filters.items() if topics.matches(topic_filter, name)])
+            if len(self._deliveries) >= MAX_CACHED_NAMES:
+                self._deliveries.clear()
+            self._deliveries[key] = found
+        return found
 
 
 @attrs.define
@@ -176,9 +208,10 @@ class MqttConnection(CodecConnection):
             self._close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
             return b""
         out = []
+        partition = result.partition
         for stored in result.batches:
-            for record in batch.FORMAT.records(stored):
-                data = self._deliver(sub, result.partition, record)
+            for offset, qos, key, payload in batch.FORMAT.deliveries(stored):
+                data = self._deliver(sub, partition, offset, qos, key, payload)
                 if data:
                     out.append(data)
         return b"".join(out)
@@ -289,7 +322,7 @@ class MqttConnection(CodecConnection):
                 return packets.with_packet_id(PacketType.PUBREC, packet_id)
             return b""
 
-        return Handled.run((produce,), stored)
+        return Handled.run((produce,), stored, joins=True)
 
     @staticmethod
     def _produce(name: str, qos: int, payload: bytes) -> m.Produce:
@@ -354,8 +387,7 @@ class MqttConnection(CodecConnection):
                 sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation))
                 fetches = tuple(m.Fetch(log_topic, p, offset, batch.NAME) for p, offset in since.items())
                 self.emit(Subscribe(fetches, sub.stream, exclusive=False))
-            # The same filter again replaces its QoS and loses nothing (3.8.4): it keeps its start.
-            sub.filters[topic_filter] = (granted, sub.filters.get(topic_filter, (0, since))[1])
+            sub.subscribe(topic_filter, granted, since)
             codes.append(granted)
         return packets.suback(ctx.packet_id, codes)
 
@@ -365,7 +397,7 @@ class MqttConnection(CodecConnection):
             raise MalformedPacket("UNSUBSCRIBE without a topic filter")
         for topic_filter in u.filters:
             sub = self.subscriptions.get(topics.log_topic(topic_filter) or "")
-            if sub is not None and sub.filters.pop(topic_filter, None) is not None and not sub.filters:
+            if sub is not None and sub.unsubscribe(topic_filter) and not sub.filters:
                 del self.subscriptions[sub.stream[0]]
                 self.emit(Unsubscribe(sub.stream))
         return Handled.answer(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id))
@@ -389,19 +421,21 @@ class MqttConnection(CodecConnection):
 
     # ------------------------------------------------------------------ deliveries
 
-    def _deliver(self, sub: _TopicSubscription, partition: int, record: m.Record) -> bytes:
-        name = topics.record_topic(sub.stream[0], record.key)
+    def _deliver(self, sub: _TopicSubscription, partition: int, offset: int, stored_qos: int, key: bytes | None,
+                 payload: bytes) -> bytes:
+        """The PUBLISH of a stored record to this subscriber, if a filter of ``sub`` takes it: at
+        the QoS it was published with, at most the filter's granted QoS."""
+        topic_field, grants = sub.delivery(key)
         granted = -1
-        for topic_filter, (qos, since) in sub.filters.items():
-            if record.offset >= since.get(partition, 0) and qos > granted and topics.matches(topic_filter, name):
+        for qos, since in grants:
+            if qos > granted and offset >= since.get(partition, 0):
                 granted = qos
         if granted < 0:
             return b""
-        qos = min(granted, record.extras.get("mqtt_qos", granted))
-        topic = name.encode("utf-8")
-        payload = record.value or b""
+        qos = granted if stored_qos == batch.UNKNOWN_QOS else min(granted, stored_qos)
         if qos == 0:
-            return packets.publish(topic, payload)
+            return packets.publish_qos0(topic_field, payload)
+        topic = topic_field[2:]
         out = _Outgoing(topic, payload)
         self.queued.append(out)
         self.queued_bytes += len(topic) + len(payload)

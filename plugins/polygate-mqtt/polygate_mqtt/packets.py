@@ -208,6 +208,20 @@ def parse_publish(flags: int, body: bytes) -> tuple[str, int, int | None, bytes]
     return topic, qos, packet_id, body[head:]
 
 
+def topic_field(topic: bytes) -> bytes:
+    """The topic name field of a PUBLISH (a length-prefixed UTF-8 string) for ``topic``."""
+    return _U16.pack(len(topic)) + topic
+
+
+def publish_qos0(topic: bytes, payload: bytes) -> bytes:
+    """``publish(name, payload)`` from the name's ``topic_field``: a QoS 0 PUBLISH, as a
+    subscriber is sent each record of a fan-out."""
+    return _PUBLISH_QOS0 + encode_length(len(topic) + len(payload)) + topic + payload
+
+
+_PUBLISH_QOS0 = bytes((PacketType.PUBLISH << 4,))
+
+
 def publish(topic: bytes, payload: bytes, qos: int = 0, packet_id: int | None = None, dup: bool = False,
             retain: bool = False) -> bytes:
     """A PUBLISH packet; ``topic`` is the UTF-8 topic name."""

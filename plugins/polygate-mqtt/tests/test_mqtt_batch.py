@@ -45,3 +45,14 @@ def test_joined_payloads_are_one_valid_payload_of_their_records_in_order(payload
     records = list(batch.FORMAT.records(stored))
     assert [(r.offset, r.key, r.value) for r in records] == [(10 + i, k, v) for i, (k, v) in enumerate(everything)]
     assert [r.extras["mqtt_qos"] for r in records] == [i % 3 for messages in payloads for i in range(len(messages))]
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 1, batch.UNKNOWN_QOS]), st.none() | st.binary(max_size=30),
+                          st.binary(max_size=100)), min_size=1, max_size=20), st.integers(0, 2**40))
+def test_deliveries_are_the_records_fields(messages, base):
+    """What a subscriber's push reads of a stored batch (``deliveries``) is what ``records`` gives."""
+    payload = b"".join(batch.encode_record(i, 1_700_000_000_000 + i, qos, key, value)
+                       for i, (qos, key, value) in enumerate(messages))
+    stored = StoredBatch(batch.NAME, base, base + len(messages) - 1, 0, payload)
+    assert list(batch.FORMAT.deliveries(stored)) == [
+        (r.offset, r.extras.get("mqtt_qos", batch.UNKNOWN_QOS), r.key, r.value) for r in batch.FORMAT.records(stored)]

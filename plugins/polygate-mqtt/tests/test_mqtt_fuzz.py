@@ -19,6 +19,7 @@ from polygate_mqtt.packets import PacketType
 
 from gateway import model as m
 from gateway.codec import Close, ListenerSettings, Reply, Request, Subscribe, Timer, Unsubscribe
+from gateway.testing import per_frame
 
 FRAME = 4096
 INTERNAL = re.compile(r"\b[A-Z]\w*(Error|Exception)\b|has no attribute|NoneType|not subscriptable|unsupported operand"
@@ -48,22 +49,28 @@ def command_fields(command) -> tuple:
 
 
 def drive(conn: MqttConnection) -> list:
-    """Take every event, answering requests as the broker would; events in comparable form."""
-    out = []
-    while (event := conn.next_event()) is not None:
-        assert isinstance(event, Request | Reply | Close | Subscribe | Unsubscribe | Timer)
-        assert not out or out[-1][0] != "close", "event after Close"
-        if isinstance(event, Request):
-            out.append(("request", tuple(command_fields(c) for c in event.commands)))
-            out.append(("answer", conn.respond(event, results_for(event))))
-        elif isinstance(event, Reply):
-            out.append(("reply", event.data))
-        elif isinstance(event, Close):
-            assert not INTERNAL.search(event.reason), f"close reason reveals an internal exception: {event.reason}"
-            out.append(("close", event.data))
-        else:
-            out.append((type(event).__name__, event))
+    """Take every event, answering requests as the broker would; events in comparable form
+    (a run of joined PUBLISHes as the request of each)."""
+    out: list = []
+    while (taken := conn.next_event()) is not None:
+        for event in per_frame(taken):
+            out.append(describe(conn, event, out))
+            if isinstance(event, Request):
+                out.append(("answer", conn.respond(event, results_for(event))))
     return out
+
+
+def describe(conn: MqttConnection, event: object, before: list) -> tuple:
+    assert isinstance(event, Request | Reply | Close | Subscribe | Unsubscribe | Timer)
+    assert not before or before[-1][0] != "close", "event after Close"
+    if isinstance(event, Request):
+        return "request", tuple(command_fields(c) for c in event.commands)
+    if isinstance(event, Reply):
+        return "reply", event.data
+    if isinstance(event, Close):
+        assert not INTERNAL.search(event.reason), f"close reason reveals an internal exception: {event.reason}"
+        return "close", event.data
+    return type(event).__name__, event
 
 
 def feed(chunks: list[bytes]) -> list:
