@@ -67,9 +67,9 @@ class ConnectionLimits:
     not finish it (nor any other) for that long is closed. ``max_answer_bytes``: see
     ``CodecProtocol._take_some``. ``send_buffer_bytes``: what the transport buffers for
     a peer that does not read before the connection counts as full (its
-    ``bufferSize``): no request runs, a push stream stops polling, or drops what it
-    may (``may_drop``: MQTT QoS 0); ``push_stall_timeout_s``: a subscriber full for
-    that long is disconnected.
+    ``bufferSize``): no request runs, a push stream stops polling, or, once the peer
+    has stayed full for ``DROP_AFTER_S``, drops what it may (``may_drop``: MQTT QoS 0);
+    ``push_stall_timeout_s``: a subscriber full for that long is disconnected.
     """
 
     max_connections: int = 0
@@ -80,6 +80,10 @@ class ConnectionLimits:
     send_buffer_bytes: int = 1 << 20
     push_stall_timeout_s: float | None = None
 
+
+DROP_AFTER_S = 0.5
+"""How long a subscriber stays full before a stream that may lose messages drops them: one
+briefly behind (its reads lag a burst) loses nothing."""
 
 MAX_PASS = 1024
 """The most requests one pass takes before running them (and checking the time slice)."""
@@ -555,8 +559,9 @@ class CodecProtocol(protocol.Protocol):
 
     # IPushProducer, driven by the transport's write buffer
     def pauseProducing(self) -> None:
+        if not self.write_paused:  # (the transport calls again on each write while it is full)
+            self._full_since = self.factory.reactor.seconds()
         self.write_paused = True
-        self._full_since = self.factory.reactor.seconds()
         self._update_reading()
 
     def resumeProducing(self) -> None:
@@ -583,8 +588,10 @@ class CodecProtocol(protocol.Protocol):
         def poll(fetch: m.Fetch) -> None:
             if self.closing or stream.stopped:
                 return
-            if self.write_paused and not self.codec.may_drop(sub.context):
+            if self.write_paused and not (self.codec.may_drop(sub.context) and self._full_for(DROP_AFTER_S)):
                 stream.parked.append(fetch)  # the subscriber is full: hold nothing more for it
+                if self.codec.may_drop(sub.context):  # unless it stays full: then it loses messages
+                    stream.calls.append(self.factory.reactor.callLater(DROP_AFTER_S, unpark, fetch))
                 return
             wait = sub.keepalive_ms or 5000
             cmd = attrs.evolve(fetch, offset=offsets[(fetch.topic, fetch.partition)], max_wait_ms=wait)
@@ -592,14 +599,20 @@ class CodecProtocol(protocol.Protocol):
             stream.calls.append(d)
             d.addCallbacks(lambda r: delivered(fetch, r, d), lambda f: stream_failed(f, d))
 
+        def unpark(fetch: m.Fetch) -> None:
+            if fetch in stream.parked:
+                stream.parked.remove(fetch)
+                poll(fetch)
+
         def delivered(fetch: m.Fetch, result: m.FetchResult, d: defer.Deferred) -> None:
             if d in stream.calls:
                 stream.calls.remove(d)
             if self.closing or stream.stopped:
                 return
             try:
-                if result.batches and self.write_paused and self.codec.may_drop(sub.context):
-                    # Full, and this stream may lose messages: skip to the end, count them.
+                if (result.batches and self.write_paused and self.codec.may_drop(sub.context)
+                        and self._full_for(DROP_AFTER_S)):
+                    # Full for a while, and this stream may lose messages: skip to the end, count them.
                     key = (fetch.topic, fetch.partition)
                     end = max(result.high_watermark, result.batches[-1].last_offset + 1)
                     self._dropped(end - max(offsets[key], result.batches[0].base_offset))
@@ -654,6 +667,10 @@ class CodecProtocol(protocol.Protocol):
         for fetch in sub.fetches:
             poll(fetch)
 
+    def _full_for(self, seconds: float) -> bool:
+        """Whether the peer has not drained what was written for ``seconds`` or more."""
+        return self._full_since is not None and self.factory.reactor.seconds() - self._full_since >= seconds
+
     def _dropped(self, messages: int) -> None:
         """Count ``messages`` a full subscriber that may lose them did not get (logged every 10 s)."""
         stats = self.factory.stats
@@ -662,7 +679,7 @@ class CodecProtocol(protocol.Protocol):
         if now - self._drop_logged >= 10:
             self._drop_logged = now
             log.warning("%s %s: subscriber not reading: dropping messages it may lose (%d dropped on this "
-                        "listener so far)", self.factory.plugin.name, self.transport.getPeer(), stats["push_dropped"])
+                        "listener so far)", self.factory.plugin.name, self.peer, stats["push_dropped"])
 
     def _stop_streams(self, context: Any) -> None:
         """Stop the running and the queued streams of ``context`` (``Unsubscribe``)."""
