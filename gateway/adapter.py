@@ -166,12 +166,24 @@ class _Stream:
     parked: list[m.Fetch] = attrs.Factory(list)  # not polled while the subscriber's buffer is full
     resume: Callable[[m.Fetch], None] | None = None  # polls a parked fetch again
 
+    def later(self, reactor: Any, seconds: float, f: Callable[..., None], *args: Any) -> None:
+        """Call ``f(*args)`` in ``seconds`` unless the stream stops first. Calls that are done are
+        forgotten as new ones come, so a long-lived stream holds a few, not one per push."""
+        if len(self.calls) >= 16:
+            self.calls = [c for c in self.calls if _pending(c)]
+        self.calls.append(reactor.callLater(seconds, f, *args))
+
     def stop(self) -> None:
         self.stopped = True
         calls, self.calls = self.calls, []
         for call in calls:
-            if isinstance(call, defer.Deferred) and not call.called or hasattr(call, "active") and call.active():
+            if _pending(call):
                 call.cancel()
+
+
+def _pending(call: Any) -> bool:
+    """Whether a fetch (Deferred) or a delayed poll (DelayedCall) of a stream is still to come."""
+    return not call.called if isinstance(call, defer.Deferred) else call.active()
 
 
 @implementer(IPushProducer, IHandshakeListener)
@@ -598,7 +610,7 @@ class CodecProtocol(protocol.Protocol):
             if self.write_paused and not (self.codec.may_drop(sub.context) and self._full_for(DROP_AFTER_S)):
                 stream.parked.append(fetch)  # the subscriber is full: hold nothing more for it
                 if self.codec.may_drop(sub.context):  # unless it stays full: then it loses messages
-                    stream.calls.append(self.factory.reactor.callLater(DROP_AFTER_S, unpark, fetch))
+                    stream.later(self.factory.reactor, DROP_AFTER_S, unpark, fetch)
                 return
             wait = sub.keepalive_ms or 5000
             cmd = attrs.evolve(fetch, offset=offsets[(fetch.topic, fetch.partition)], max_wait_ms=wait)
@@ -658,8 +670,7 @@ class CodecProtocol(protocol.Protocol):
             if self.write_paused or result.batches:
                 # After data, poll again on the next reactor turn: records appended meanwhile (the
                 # rest of a producer's burst) are then read together. Paused: once the peer drained.
-                call = self.factory.reactor.callLater(0.05 if self.write_paused else 0, poll, fetch)
-                stream.calls.append(call)
+                stream.later(self.factory.reactor, 0.05 if self.write_paused else 0, poll, fetch)
             else:
                 poll(fetch)
 

@@ -574,3 +574,21 @@ def test_no_request_runs_while_the_answers_owed_to_a_peer_that_does_not_read_are
     assert len(broker.ran) == 4
     transport.drain()
     assert len(broker.ran) == 8
+
+
+def test_a_long_lived_push_stream_holds_a_few_delayed_polls_not_one_per_push(broker):
+    """Each push schedules the next poll; the stream forgets the ones that ran (it used to keep
+    every one: a subscriber's memory grew with each push)."""
+    b, reactor, engine = broker
+    engine.create_topic("t", 1)
+    plugin = CodecPlugin("script", 1, lambda s: Script(s, {}), 1 << 20)
+    proto, transport = connect(CodecFactory(plugin, ListenerSettings(1 << 20), b, reactor))
+    proto.dataReceived(b"sub x\n")
+    pushes = 0
+    for i in range(300):
+        b.execute(produce("t", b"v%d" % i))
+        reactor.advance(0.01)
+        pushes = transport.value().count(b"push ")
+    assert pushes >= 200
+    (stream,) = proto._streams
+    assert len(stream.calls) <= 17
