@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import struct
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -32,6 +33,7 @@ from construct import (
     Container,
     Flag,
     Float64b,
+    FormatFieldError,
     Int8sb,
     Int16sb,
     Int16ub,
@@ -52,6 +54,10 @@ PRIMITIVES: dict[str, Construct] = {
     "uint16": Int16ub, "uint32": Int32ub, "float64": Float64b, "bool": Flag, "uuid": Bytes(16),
 }
 UUID_ZERO = bytes(16)
+_FIXED_CODES = {id(PRIMITIVES[kind]): code for kind, code in (
+    ("int8", "b"), ("int16", "h"), ("int32", "i"), ("int64", "q"), ("uint16", "H"), ("uint32", "I"),
+    ("float64", "d"), ("bool", "?"), ("uuid", "16s"))}
+"""The ``struct`` code of each fixed-size primitive (``KafkaStruct`` reads runs of them at once)."""
 MAX_ELEMENTS = 100_000
 """The most array elements one parsed request may hold, all arrays together (a
 Metadata request naming 1,000,000 topics in 3 MB would otherwise cost seconds of
@@ -185,11 +191,24 @@ class KafkaArray(_Length):
         return obj
 
 
+class _FixedRun(struct.Struct):
+    """Consecutive fixed-size fields of a struct (ints, floats, bools, uuids), read and written
+    with one ``struct`` call: ``fields`` are their ``(name, default)``."""
+
+    def __init__(self, fields: list[tuple[str, Construct, Any]]):
+        super().__init__(">" + "".join(_FIXED_CODES[id(sub)] for _, sub, _ in fields))
+        self.fields = [(name, default) for name, _, default in fields]
+        self.names = [name for name, _, _ in fields]
+
+
 class KafkaStruct(Construct):
     """A struct: its fields in order, then (flexible versions only) the tagged-field section.
 
     ``fields`` are ``(name, construct, default)``; ``tagged`` maps tag to the
-    same triple, or is ``None`` for a non-flexible version.
+    same triple, or is ``None`` for a non-flexible version. Runs of fixed-size
+    fields are read and written with one ``struct`` call each (``_FixedRun``):
+    the same bytes and values as field by field, at a fraction of the calls
+    (a Fetch request's partition is one call instead of six).
     """
 
     def __init__(self, fields: list[tuple[str, Construct, Any]],
@@ -197,11 +216,36 @@ class KafkaStruct(Construct):
         super().__init__()
         self.fields = fields
         self.tagged = tagged
+        self._steps: list[_FixedRun | tuple[str, Construct, Any]] = []
+        run: list[tuple[str, Construct, Any]] = []
+        for field in fields:
+            if id(field[1]) in _FIXED_CODES:
+                run.append(field)
+                continue
+            if run:
+                self._steps.append(_FixedRun(run))
+                run = []
+            self._steps.append(field)
+        if run:
+            self._steps.append(_FixedRun(run))
 
     def _parse(self, stream: Any, context: Any, path: str) -> Container:
         obj = Container()
-        for name, sub, _ in self.fields:
-            obj[name] = sub._parse(stream, context, path)
+        view = stream.view if type(stream) is ViewStream else None
+        for step in self._steps:
+            if type(step) is _FixedRun:
+                if view is not None:
+                    pos = stream.pos
+                    if pos + step.size > len(view):
+                        raise StreamError(f"{path}: stream read less than specified amount, expected {step.size}")
+                    values = step.unpack_from(view, pos)
+                    stream.pos = pos + step.size
+                else:
+                    values = step.unpack(stream_read(stream, step.size, path))
+                for name, value in zip(step.names, values):
+                    obj[name] = value
+            else:
+                obj[step[0]] = step[1]._parse(stream, context, path)
         if self.tagged is not None:
             for name, _, default in self.tagged.values():
                 obj[name] = default
@@ -215,9 +259,15 @@ class KafkaStruct(Construct):
 
     def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
         get = obj.get
-        for name, sub, default in self.fields:
-            value = get(name, default)
-            sub._build(value, stream, context, path)
+        for step in self._steps:
+            if type(step) is _FixedRun:
+                try:
+                    stream.write(step.pack(*[get(name, default) for name, default in step.fields]))
+                except struct.error as e:
+                    raise FormatFieldError(f"{path}: {', '.join(step.names)}: {e}") from None
+            else:
+                name, sub, default = step
+                sub._build(get(name, default), stream, context, path)
         if self.tagged is not None:
             present = []
             for tag, (name, sub, default) in sorted(self.tagged.items()):
