@@ -471,8 +471,11 @@ class CodecProtocol(protocol.Protocol):
         else:
             self._answer(slot, request, results)  # the common case: no waiting, no Deferreds
             return
-        d = defer.gatherResults([r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in results],
-                                consumeErrors=True)
+        if len(results) == 1:  # one command that waits (a long poll, acks=all): no list to gather
+            d = results[0].addCallback(lambda result: [result])
+        else:
+            d = defer.gatherResults([r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in results],
+                                    consumeErrors=True)
         slot.pending = d
         self._waited += request.frames
         began = self._pass_began
