@@ -35,12 +35,14 @@ def frozen(cls: type) -> type:
     attrs' ``__init__`` of a frozen class sets each field through ``object.__setattr__``
     and costs about four times a mutable one's; the C one (``gateway/_speedups.c``) stores the
     arguments in the slots directly and takes the same arguments. A class with a field that
-    has a converter, validator or factory, or a private name, keeps attrs' ``__init__``.
+    has a converter, validator or factory, or a private name, or with a pre- or post-init hook,
+    keeps attrs' ``__init__``.
     """
     cls = attrs.frozen(cls)
     fields = attrs.fields(cls)
-    if _speedups is None or any(f.converter is not None or f.validator is not None or not f.init or f.kw_only
-                             or f.alias != f.name or isinstance(f.default, attrs.Factory) for f in fields):
+    if _speedups is None or hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__") or any(
+            f.converter is not None or f.validator is not None or not f.init or f.kw_only or f.alias != f.name
+            or isinstance(f.default, attrs.Factory) for f in fields):
         return cls
     defaults = tuple(f.default for f in fields if f.default is not attrs.NOTHING)
     cls.__init__ = _speedups.init(cls, tuple(f.name for f in fields), defaults)
