@@ -206,45 +206,27 @@ fail:
 
 /* ------------------------------------------------------------------------------ partitioners */
 
-static PyObject *
-fnv1a_32(PyObject *module, PyObject *arg)
+static uint64_t
+fnv1a_32_of(const unsigned char *p, Py_ssize_t length)
 {
-    Py_buffer key;
-    (void)module;
-    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
-        return NULL;
     uint32_t h = 0x811C9DC5u;
-    const unsigned char *p = key.buf;
-    for (Py_ssize_t i = 0; i < key.len; i++)
+    for (Py_ssize_t i = 0; i < length; i++)
         h = (h ^ p[i]) * 0x01000193u;
-    PyBuffer_Release(&key);
-    return PyLong_FromUnsignedLong(h);
+    return h;
 }
 
-static PyObject *
-fnv1a_64(PyObject *module, PyObject *arg)
+static uint64_t
+fnv1a_64_of(const unsigned char *p, Py_ssize_t length)
 {
-    Py_buffer key;
-    (void)module;
-    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
-        return NULL;
     uint64_t h = 0xCBF29CE484222325ull;
-    const unsigned char *p = key.buf;
-    for (Py_ssize_t i = 0; i < key.len; i++)
+    for (Py_ssize_t i = 0; i < length; i++)
         h = (h ^ p[i]) * 0x100000001B3ull;
-    PyBuffer_Release(&key);
-    return PyLong_FromUnsignedLongLong(h);
+    return h;
 }
 
-static PyObject *
-murmur2(PyObject *module, PyObject *arg)
+static uint64_t
+murmur2_of(const unsigned char *p, Py_ssize_t length)
 {
-    Py_buffer key;
-    (void)module;
-    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const unsigned char *p = key.buf;
-    Py_ssize_t length = key.len;
     const uint32_t m = 0x5BD1E995u;
     uint32_t h = 0x9747B28Cu ^ (uint32_t)length;
     Py_ssize_t whole = length & ~(Py_ssize_t)3;
@@ -270,8 +252,40 @@ murmur2(PyObject *module, PyObject *arg)
     h ^= h >> 13;
     h *= m;
     h ^= h >> 15;
-    PyBuffer_Release(&key);
-    return PyLong_FromUnsignedLong(h);
+    return h;
+}
+
+/* ``hash`` of the bytes-like ``key``, as a Python int. */
+static PyObject *
+hashed(PyObject *key, uint64_t (*hash)(const unsigned char *, Py_ssize_t))
+{
+    Py_buffer buf;
+    if (PyObject_GetBuffer(key, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t h = hash(buf.buf, buf.len);
+    PyBuffer_Release(&buf);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *
+fnv1a_32(PyObject *module, PyObject *key)
+{
+    (void)module;
+    return hashed(key, fnv1a_32_of);
+}
+
+static PyObject *
+fnv1a_64(PyObject *module, PyObject *key)
+{
+    (void)module;
+    return hashed(key, fnv1a_64_of);
+}
+
+static PyObject *
+murmur2(PyObject *module, PyObject *key)
+{
+    (void)module;
+    return hashed(key, murmur2_of);
 }
 
 static PyMethodDef methods[] = {

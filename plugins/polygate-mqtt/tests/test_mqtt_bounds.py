@@ -28,6 +28,19 @@ def _pipeline_produce(port: int, topic: str, value: str, count: int) -> None:
                 assert b"|OK|" in f.readline()
 
 
+def _qos0_subscriber(gw, topic: str, client_id: bytes) -> socket.socket:
+    """A raw MQTT client with a small receive buffer, subscribed at QoS 0 to ``topic/#`` of a new
+    one-partition topic, its CONNACK and SUBACK read."""
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.request("ADMIN_CREATE_TOPIC", topic, "1").check()
+    sub = socket.create_connection(("127.0.0.1", gw.port("mqtt")))
+    sub.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sub.sendall(connect_packet(client_id) + subscribe_packet(1, (f"{topic}/#", 0)))
+    time.sleep(0.5)
+    assert len(sub.recv(64)) == 9  # CONNACK and SUBACK
+    return sub
+
+
 def _wait_for_log(gw, text: str, seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
     while text not in gw.log:
@@ -37,13 +50,7 @@ def _wait_for_log(gw, text: str, seconds: float = 10) -> None:
 
 def test_a_qos0_subscriber_that_never_reads_loses_messages_not_memory(gateway_factory):
     gw = gateway_factory(("v1", "mqtt"), ("--send-buffer-bytes", "262144", "--push-stall-timeout", "4"))
-    with V1Client("127.0.0.1", gw.port("v1")) as v1:
-        v1.request("ADMIN_CREATE_TOPIC", "flood", "1").check()
-    hog = socket.create_connection(("127.0.0.1", gw.port("mqtt")))
-    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-    hog.sendall(connect_packet(b"hog") + subscribe_packet(1, ("flood/#", 0)))
-    time.sleep(0.5)
-    assert len(hog.recv(64)) == 9  # CONNACK and SUBACK; from now on it reads nothing
+    hog = _qos0_subscriber(gw, "flood", b"hog")  # from now on it reads nothing
     before, _ = gw.memory_mib()
     started = time.monotonic()
     _pipeline_produce(gw.port("v1"), "flood", "x" * 50_000, 3000)  # 150 MB
@@ -114,13 +121,7 @@ def test_a_qos0_subscriber_behind_a_burst_loses_nothing(gateway_factory):
     buffer fills again and again, gets every message: the gateway drops QoS 0 messages only for
     a subscriber that stays full."""
     gw = gateway_factory(("v1", "mqtt"), ("--send-buffer-bytes", "65536"))
-    with V1Client("127.0.0.1", gw.port("v1")) as v1:
-        v1.request("ADMIN_CREATE_TOPIC", "burst", "1").check()
-    sub = socket.create_connection(("127.0.0.1", gw.port("mqtt")))
-    sub.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-    sub.sendall(connect_packet(b"slow") + subscribe_packet(1, ("burst/#", 0)))
-    time.sleep(0.5)
-    assert len(sub.recv(64)) == 9
+    sub = _qos0_subscriber(gw, "burst", b"slow")
     messages = 2000
     # each a QoS 0 PUBLISH: type, remaining length (2 bytes), topic length, topic ("burst": the V1 keys are
     # not MQTT topic names under it), value
