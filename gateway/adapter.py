@@ -102,6 +102,7 @@ class _Slot:
     stream: Subscribe | None = None
     pending: defer.Deferred | None = None
     held: int = 0
+    frames: int = 1  # the client requests it answers (a run of joined requests: more than one)
 
 
 _FETCHES = frozenset((m.Fetch, m.FetchMany))
@@ -220,6 +221,7 @@ class CodecProtocol(protocol.Protocol):
         self._meter: ListenerStats = factory.meter
         self._pass_began = 0.0  # when the running pass of the pump began (request latency)
         self._waited = 0  # requests of the running pass that wait for their results
+        self._run_frames = 0  # the frames of the runs in flight beyond one each (see max_in_flight)
         self.peer = ""  # host:port, for the log
 
     # ------------------------------------------------------------------ connection
@@ -398,7 +400,7 @@ class CodecProtocol(protocol.Protocol):
             return  # answers held for the peer: nothing runs until they are written
         # Events that take a slot: below max_in_flight, and as many requests as the rest of the
         # slice may run at what this connection's requests cost so far.
-        room = min(factory.max_in_flight - len(queue) - len(unordered),
+        room = min(factory.max_in_flight - len(queue) - len(unordered) - self._run_frames,
                    max(1, min(MAX_PASS, int((deadline - clock()) / self._cost))))
         next_event = self.codec.next_event
         while room > 0 and not (self.closing or self.streaming or self.write_paused) and clock() < deadline:
@@ -412,7 +414,9 @@ class CodecProtocol(protocol.Protocol):
             room -= 1
             self._events += 1
             if isinstance(event, Request):
-                slot = _Slot()
+                slot = _Slot(frames=event.frames)
+                self._run_frames += event.frames - 1  # a run counts as its frames against max_in_flight
+                room -= event.frames - 1
                 (queue if event.ordered else unordered).append(slot)
                 requests.append((slot, event))
                 for command in event.commands:
@@ -548,6 +552,7 @@ class CodecProtocol(protocol.Protocol):
                 break
             queue.popleft()
             self._held -= slot.held
+            self._run_frames -= slot.frames - 1
             if slot.data:
                 ready.append(slot.data)
             if slot.close:
@@ -568,7 +573,7 @@ class CodecProtocol(protocol.Protocol):
     # ------------------------------------------------------------------ back-pressure
 
     def _too_busy(self) -> bool:
-        return len(self.queue) + len(self.unordered) >= self.factory.max_in_flight
+        return len(self.queue) + len(self.unordered) + self._run_frames >= self.factory.max_in_flight
 
     def _update_reading(self) -> None:
         want_pause = self.write_paused or self._yielded or self._too_busy()
