@@ -180,6 +180,11 @@ def _render_produce(args: list[str], results: Sequence[Any]) -> str:
         if r.error.code is m.ErrorCode.NOT_LEADER:
             raise V1Error("NOT_LEADER", "partition leader unavailable on this broker")
         _fail(r.error)
+    return _stored(r)
+
+
+def _stored(r: m.ProduceResult) -> str:
+    """The OK payload of a PRODUCE whose record was stored."""
     return f"partition={r.partition} offset={r.base_offset} hw={r.high_watermark - 1}"
 
 
@@ -390,7 +395,7 @@ class Produced(Answer):
     def __call__(self, results: Sequence[Any]) -> bytes:
         r: m.ProduceResult = results[0]
         if r.error is None:
-            return f"V1|{self.cid}|OK|partition={r.partition} offset={r.base_offset} hw={r.high_watermark - 1}\n".encode()
+            return f"V1|{self.cid}|OK|{_stored(r)}\n".encode()
         return super().__call__(results)
 
 
