@@ -84,4 +84,25 @@ put_uvarint(unsigned char *out, uint64_t v)
                                         NULL, NULL, NULL, NULL};                                       \
     PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
 
+/* The zigzag LEB128 varint (Kafka's varint and varlong) at p[*pos], below stop; -1 if cut short or over 10 bytes. */
+static inline int
+read_zigzag(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t stop, int64_t *out)
+{
+    uint64_t v = 0;
+    int shift = 0;
+    Py_ssize_t i = *pos;
+    while (i < stop && shift < 70) {
+        unsigned char b = p[i++];
+        if (shift < 64)
+            v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *pos = i;
+            *out = (int64_t)((v >> 1) ^ (~(v & 1) + 1));
+            return 0;
+        }
+        shift += 7;
+    }
+    return -1;
+}
+
 #endif

@@ -8,11 +8,19 @@ its own (``unique``).
 from __future__ import annotations
 
 import confluent_kafka as ck
+import pyarrow as pa
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_support import unique, wait_until  # noqa: F401 (re-exported)
 
 from gateway.launcher import GatewayProcess
+
+# Spark's Kafka source columns as Spark hands the data source their Arrow schema
+ARROW_SCHEMA = pa.schema([
+    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+    ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+])
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,12 @@ import datetime
 
 import pytest
 import spark_support
-from spark_support import consume, create_topic, produce
+from spark_support import ARROW_SCHEMA, consume, create_topic, produce
 
 from gateway.clients.v1 import V1Client
+from gateway.spark import fetch, rate_limit, split
+from gateway.spark import kafka as kafka_source
 from gateway.spark import options as opts
-from gateway.spark import rate_limit, split
 
 pytestmark = pytest.mark.spark
 spark = spark_support.spark
@@ -220,3 +221,48 @@ def test_batch_read_sees_committed_transactions_only(spark, spark_gateway, proto
             (0, b"committed"), (4, b"plain")]  # 1 and 3: markers; 2: aborted; 5: still open
     finally:
         producer.abort_transaction(20)
+
+
+def _range_rows(bootstrap: str, topic: str, partition: int, end: int, extra: dict) -> dict[tuple[int, int], tuple]:
+    out = {}
+    for batch in kafka_source.read_range(bootstrap, extra, topic, partition, 0, end, ARROW_SCHEMA, 10_000):
+        assert batch.schema == ARROW_SCHEMA
+        for row in batch.to_pylist():
+            stamp = round(row["timestamp"].timestamp() * 1000)
+            out[partition, row["offset"]] = (row["key"], row["value"],
+                                             [(h["key"], h["value"]) for h in row["headers"]], stamp)
+    return out
+
+
+def test_a_task_reads_its_range_with_fetch_requests_decoded_into_arrow(spark_gateway, monkeypatch):
+    """No librdkafka consumer in the task: its Fetch requests' record batches go straight into Arrow,
+    with keys, null keys, headers and timestamps as produced, read committed or not."""
+    bootstrap = spark_gateway.address("kafka")
+    topic = create_topic(bootstrap, partitions=2)
+    records = sample(partitions=2, per_partition=500) + [{"partition": 1, "value": b"no key"}]
+    expected = produce(bootstrap, topic, records)
+
+    def librdkafka(*args, **kwargs):
+        raise AssertionError("read through librdkafka")
+
+    monkeypatch.setattr(kafka_source, "_consume_range", librdkafka)
+    for extra in ({}, {"isolation.level": "read_uncommitted", "max.partition.fetch.bytes": "4096"}):
+        got = {}
+        for partition, end in ((0, 500), (1, 501)):
+            got |= _range_rows(bootstrap, topic, partition, end, extra)
+        assert got == expected
+
+
+def test_options_only_librdkafka_understands_send_the_range_through_it(spark_gateway, monkeypatch):
+    bootstrap = spark_gateway.address("kafka")
+    topic = create_topic(bootstrap, partitions=1)
+    expected = produce(bootstrap, topic, sample(partitions=1, per_partition=20))
+    extra = {"fetch.error.backoff.ms": "20"}
+    assert fetch.Settings.of(extra) is None and fetch.Settings.of({"security.protocol": "SASL_SSL",
+                                                                   "sasl.mechanism": "GSSAPI"}) is None
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("read with Fetch requests")
+
+    monkeypatch.setattr(fetch, "PartitionFetcher", no_fetch)
+    assert _range_rows(bootstrap, topic, 0, 20, extra) == expected

@@ -14,26 +14,6 @@
 #include "_speedups.h"
 #include <string.h>
 
-static int
-read_zigzag(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t stop, int64_t *out)
-{
-    uint64_t v = 0;
-    int shift = 0;
-    Py_ssize_t i = *pos;
-    while (i < stop && shift < 70) {
-        unsigned char b = p[i++];
-        if (shift < 64)
-            v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *pos = i;
-            *out = (int64_t)((v >> 1) ^ (~(v & 1) + 1));
-            return 0;
-        }
-        shift += 7;
-    }
-    return -1;
-}
-
 static PyObject *
 corrupt(const char *what)
 {

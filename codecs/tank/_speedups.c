@@ -24,12 +24,8 @@
  *     checks that a produced bundle's message set is exactly ``count`` whole messages, whose sequence
  *     numbers ascend in a SPARSE bundle; ValueError naming the first fault.
  */
-#include "_speedups.h"
+#include "_messages.h"
 #include <string.h>
-
-#define HAVE_KEY 0x01
-#define USE_LAST_TS 0x02
-#define SEQ_PREV_PLUS_ONE 0x04
 
 /* The gap before message i of n in a SPARSE bundle: 0 for the first and last (their sequence numbers are
  * in the bundle header), else the sequence numbers skipped since the previous message. OverflowError
@@ -131,32 +127,37 @@ encode_messages(PyObject *self, PyObject *args)
     return out;
 }
 
-/* The varint (at most 5 bytes, as TANK writes them) at p[*pos]; -1 if cut short or longer. */
+/* The lists read_messages appends to. */
+typedef struct {
+    PyObject *seqs, *stamps, *keys, *values;
+} Lists;
+
 static int
-read_varint5(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out)
+append_message(void *ctx, uint64_t seq, uint64_t ts, const unsigned char *key, Py_ssize_t key_len,
+               const unsigned char *value, Py_ssize_t value_len)
 {
-    uint64_t v = 0;
-    for (int i = 0; i < 5 && *pos < end; i++) {
-        unsigned char b = p[(*pos)++];
-        v |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (!(b & 0x80)) {
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
+    Lists *lists = ctx;
+    return append_new(lists->seqs, PyLong_FromUnsignedLongLong(seq)) < 0 ||
+                   append_new(lists->stamps, PyLong_FromUnsignedLongLong(ts)) < 0 ||
+                   append_new(lists->keys, key == NULL ? Py_NewRef(Py_None)
+                                                       : PyBytes_FromStringAndSize((const char *)key, key_len)) < 0 ||
+                   append_new(lists->values, PyBytes_FromStringAndSize((const char *)value, value_len)) < 0
+               ? -1
+               : 0;
 }
 
 static PyObject *
 read_messages(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
-    Py_ssize_t count;
+    Py_ssize_t count, read, stop;
     int sparse;
-    PyObject *first_obj, *last_obj, *seqs, *stamps, *keys, *values;
+    PyObject *first_obj, *last_obj;
+    Lists lists;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*npOOO!O!O!O!", &buf, &count, &sparse, &first_obj, &last_obj, &PyList_Type, &seqs,
-                          &PyList_Type, &stamps, &PyList_Type, &keys, &PyList_Type, &values))
+    if (!PyArg_ParseTuple(args, "y*npOOO!O!O!O!", &buf, &count, &sparse, &first_obj, &last_obj, &PyList_Type,
+                          &lists.seqs, &PyList_Type, &lists.stamps, &PyList_Type, &lists.keys, &PyList_Type,
+                          &lists.values))
         return NULL;
     PyObject *result = NULL;
     unsigned long long first = PyLong_AsUnsignedLongLong(first_obj), last = 0;
@@ -165,63 +166,8 @@ read_messages(PyObject *self, PyObject *args)
     last = PyLong_AsUnsignedLongLong(last_obj);
     if (PyErr_Occurred())
         goto done;
-    const unsigned char *p = buf.buf;
-    Py_ssize_t end = buf.len, pos = 0, at = 0, i = 0;
-    uint64_t ts = 0, seq = first, gap, vlen;
-    for (; i < count; i++) {
-        at = pos;
-        if (pos >= end)
-            break;
-        unsigned char flags = p[pos++];
-        if (!sparse) {
-            if ((uint64_t)i > UINT64_MAX - first) {
-                PyErr_SetString(PyExc_OverflowError, "sequence number beyond 64 bits");
-                goto done;
-            }
-            seq = first + (uint64_t)i;
-        } else if (i) {
-            if (flags & SEQ_PREV_PLUS_ONE) {
-                gap = 0;
-            } else if (i == count - 1) {
-                seq = last;
-                goto seq_known;
-            } else if (read_varint5(p, &pos, end, &gap) < 0) {
-                break;
-            }
-            if (seq >= UINT64_MAX - gap) {
-                PyErr_SetString(PyExc_OverflowError, "sequence number beyond 64 bits");
-                goto done;
-            }
-            seq += gap + 1;
-        }
-    seq_known:
-        if (!(flags & USE_LAST_TS)) {
-            if (end - pos < 8)
-                break;
-            ts = 0;
-            for (int b = 7; b >= 0; b--)
-                ts = (ts << 8) | p[pos + b];
-            pos += 8;
-        }
-        Py_ssize_t key_at = -1, klen = 0;
-        if (flags & HAVE_KEY) {
-            if (pos >= end || p[pos] > end - pos - 1)
-                break;
-            klen = p[pos];
-            key_at = pos + 1;
-            pos += 1 + klen;
-        }
-        if (read_varint5(p, &pos, end, &vlen) < 0 || vlen > (uint64_t)(end - pos))
-            break;
-        if (append_new(seqs, PyLong_FromUnsignedLongLong(seq)) < 0 ||
-            append_new(stamps, PyLong_FromUnsignedLongLong(ts)) < 0 ||
-            append_new(keys, key_at < 0 ? Py_NewRef(Py_None)
-                                        : PyBytes_FromStringAndSize((const char *)p + key_at, klen)) < 0 ||
-            append_new(values, PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)vlen)) < 0)
-            goto done;
-        pos += (Py_ssize_t)vlen;
-    }
-    result = Py_BuildValue("(nn)", i, i == count ? pos : at);
+    if (tank_walk(buf.buf, buf.len, count, sparse, first, last, append_message, &lists, &read, &stop) == 0)
+        result = Py_BuildValue("(nn)", read, stop);
 done:
     PyBuffer_Release(&buf);
     return result;

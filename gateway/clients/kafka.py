@@ -35,8 +35,9 @@ class KafkaError(Exception):
 
 class KafkaClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 9092, timeout: float = 30.0,
-                 tls: ssl.SSLContext | None = None):
+                 tls: ssl.SSLContext | None = None, client_id: str = "polygate-cli"):
         self.sock = open_socket(host, port, timeout, tls)
+        self.client_id = client_id
         self._ids = itertools.count(1)
 
     def login(self, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> None:
@@ -79,7 +80,7 @@ class KafkaClient:
         message = schema.MESSAGES[api_key]
         header = schema.build(schema.request_header(message.flexible(version)),
                               {"RequestApiKey": api_key, "RequestApiVersion": version,
-                               "CorrelationId": correlation, "ClientId": "polygate-cli"})
+                               "CorrelationId": correlation, "ClientId": self.client_id})
         data = header + schema.build(message.request(version), body)
         self.sock.sendall(_SIZE.pack(len(data)) + data)
         return correlation

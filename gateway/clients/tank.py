@@ -29,6 +29,7 @@ from gateway.clients import open_socket
 from gateway.codecs.tank import schema
 from gateway.codecs.tank.bundle import (
     BundleError,
+    Header,
     decode_messages,
     encode,
     frame,
@@ -142,6 +143,44 @@ def _request(msg_id: int, schema_struct: Any, **fields: Any) -> bytes:
 # --------------------------------------------------------------------------- responses
 
 
+@attrs.frozen
+class Bundle:
+    """A whole bundle of a consume chunk: its header, its (inflated) message set, and the sequence
+    numbers of its first and last messages."""
+
+    header: Header
+    messages: bytes | memoryview
+    first_seq: int
+    last_seq: int
+
+
+def chunk_bundles(chunk: bytes, first_seq: int | None) -> tuple[list[Bundle], int]:
+    """The whole bundles of a consume chunk, and the bytes needed to read the first cut one (0: none
+    was cut). ``first_seq`` numbers the first bundle (``None`` when it is SPARSE). Raises
+    ``TankError`` for a bundle that does not decode."""
+    out = []
+    pos = 0
+    seq = first_seq or 0
+    end = len(chunk)
+    while pos < end:
+        try:
+            length, start = read_varint(chunk, pos, end)
+        except BundleError:
+            return out, pos + 16
+        if start + length > end:  # the last bundle was cut by the fetch size
+            return out, start + length
+        try:
+            header = parse_header(chunk, start, start + length)
+            messages = message_set(chunk, header)
+        except BundleError as e:
+            raise TankError(0xFB, f"corrupt bundle at sequence number {seq}: {e}") from None
+        first, last = (header.first_seq, header.last_seq) if header.sparse else (seq, seq + header.count - 1)
+        out.append(Bundle(header, messages, first, last))
+        seq = last + 1
+        pos = start + length
+    return out, 0
+
+
 def parse_chunk(chunk: bytes, first_seq: int | None, wanted: int, hwmark: int) -> tuple[list[Message], int, int]:
     """Messages of a consume chunk with ``wanted <= seq <= hwmark``.
 
@@ -149,20 +188,11 @@ def parse_chunk(chunk: bytes, first_seq: int | None, wanted: int, hwmark: int) -
     Returns ``(messages, last seq seen, bytes needed to read the first cut bundle or 0)``.
     """
     out = []
-    pos = 0
-    seq = first_seq or 0
     last = 0
-    end = len(chunk)
-    while pos < end:
+    bundles, need = chunk_bundles(chunk, first_seq)
+    for b in bundles:
         try:
-            length, start = read_varint(chunk, pos, end)
-        except BundleError:
-            return out, last, pos + 16
-        if start + length > end:  # the last bundle was cut by the fetch size
-            return out, last, start + length
-        try:
-            header = parse_header(chunk, start, start + length)
-            messages = decode_messages(message_set(chunk, header), header, seq)
+            messages = decode_messages(b.messages, b.header, b.first_seq)
         except BundleError as e:
             raise TankError(0xFB, f"corrupt bundle after sequence number {last}: {e}") from None
         for s, ts, key, value in messages:
@@ -171,13 +201,24 @@ def parse_chunk(chunk: bytes, first_seq: int | None, wanted: int, hwmark: int) -
             last = s
             if s >= wanted:
                 out.append(Message(s, ts, key, value))
-        seq = (header.last_seq if header.sparse else seq + header.count - 1) + 1
-        pos = start + length
-    return out, last, 0
+    return out, last, need
 
 
-def parse_consume_response(payload: bytes, wanted: dict[tuple[str, int], int]) -> list[ConsumeResult]:
-    """Every partition of a Consume answer; ``wanted`` maps (topic, partition) to the requested seq."""
+@attrs.frozen
+class Chunk:
+    """One partition of a Consume answer, its bundles not yet read. ``first_seq`` numbers the first
+    bundle (``None`` when it is SPARSE)."""
+
+    topic: str
+    partition: int
+    hwmark: int
+    first_available: int
+    first_seq: int | None
+    data: bytes
+
+
+def consume_chunks(payload: bytes) -> list[Chunk]:
+    """Every partition of a Consume answer; raises ``TankError`` for one the broker refused."""
     resp = schema.ConsumeResponse.parse(payload)
     chunks = resp.chunks
     pos = 0
@@ -194,17 +235,27 @@ def parse_consume_response(payload: bytes, wanted: dict[tuple[str, int], int]) -
                                    f"{p.first_available}, last assigned {p.hwmark}")
             if flags not in (0, 0xFE):
                 raise TankError(flags, f"consume failed for {topic.name}/{p.partition}")
-            chunk = chunks[pos : pos + p.chunk_len]
+            out.append(Chunk(topic.name, p.partition, p.hwmark, p.first_seq or 0,
+                             None if flags == 0xFE else p.first_seq, chunks[pos : pos + p.chunk_len]))
             pos += p.chunk_len
-            requested = wanted.get((topic.name, p.partition), 0)
-            if not chunk:
-                next_seq = p.hwmark + 1 if requested in (0, LATEST) else requested
-                out.append(ConsumeResult(topic.name, p.partition, (), p.hwmark, p.first_seq or 0, next_seq, True))
-                continue
-            floor = 0 if requested == LATEST else requested
-            messages, last, need = parse_chunk(chunk, None if flags == 0xFE else p.first_seq, floor, p.hwmark)
-            next_seq = max(floor, last + 1) if last else requested
-            out.append(ConsumeResult(topic.name, p.partition, tuple(messages), p.hwmark, 0, next_seq, False, need))
+    return out
+
+
+def parse_consume_response(payload: bytes, wanted: dict[tuple[str, int], int]) -> list[ConsumeResult]:
+    """Every partition of a Consume answer; ``wanted`` maps (topic, partition) to the requested seq."""
+    out = []
+    for chunk in consume_chunks(payload):
+        requested = wanted.get((chunk.topic, chunk.partition), 0)
+        if not chunk.data:
+            next_seq = chunk.hwmark + 1 if requested in (0, LATEST) else requested
+            out.append(ConsumeResult(chunk.topic, chunk.partition, (), chunk.hwmark, chunk.first_available, next_seq,
+                                     True))
+            continue
+        floor = 0 if requested == LATEST else requested
+        messages, last, need = parse_chunk(chunk.data, chunk.first_seq, floor, chunk.hwmark)
+        next_seq = max(floor, last + 1) if last else requested
+        out.append(ConsumeResult(chunk.topic, chunk.partition, tuple(messages), chunk.hwmark, 0, next_seq, False,
+                                 need))
     return out
 
 
@@ -315,6 +366,12 @@ class TankClient:
     def consume_answer(self, request_id: int, fetches: Sequence[tuple[str, int, int]]) -> list[ConsumeResult]:
         _, payload = self.answer(request_id)
         return parse_consume_response(payload, {(t, p): s for t, p, s in fetches})
+
+    def consume_chunk(self, topic: str, partition: int, seq: int, max_wait_ms: int = 0, min_bytes: int = 0,
+                      fetch_size: int = DEFAULT_FETCH_SIZE) -> Chunk:
+        """``consume`` answered with the partition's chunk as sent (``chunk_bundles`` reads it)."""
+        _, payload = self.answer(self.send_consume([(topic, partition, seq)], max_wait_ms, min_bytes, fetch_size))
+        return consume_chunks(payload)[0]
 
     def consume_all(self, topic: str, partition: int, offset: int = 0,
                     fetch_size: int = 1 << 20) -> Iterator[tuple[int, str]]:

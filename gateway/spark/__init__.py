@@ -7,9 +7,15 @@
 
 Rows have Spark's Kafka source columns (key, value, topic, partition, offset,
 timestamp, timestampType, headers), whatever protocol produced the records.
-The source speaks to the gateway's Kafka listener (confluent-kafka), or with
-``option("protocol", "tank")`` to its TANK listener (no headers, no
-timestamp bounds); ``bootstrap`` is that listener's host:port.
+The source speaks to the gateway's Kafka listener (or any Kafka cluster), or
+with ``option("protocol", "tank")`` to its TANK listener (no headers, no
+timestamp bounds); ``bootstrap`` is that listener's host:port. The driver asks
+for partitions and offsets with confluent-kafka. Each read task fetches its
+range itself (Kafka Fetch requests to the partition's leader, or TANK
+Consume requests), and the record batches go straight into Arrow buffers in C
+(``decode``), with no Python object per record. librdkafka reads a range
+when the ``kafka.*`` options ask for what those Fetch requests do not do
+(``fetch.Settings.of``), and from a magic 0/1 message set on.
 Batch reads plan one Spark partition per topic partition, split into ranges of
 at most ``maxRecordsPerPartition`` records. Streaming reads keep per-partition
 offsets (``{"topic": {"0": next_offset}}``) in Spark's checkpoint, honour

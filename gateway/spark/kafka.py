@@ -1,7 +1,8 @@
 """The gateway's Kafka listener seen through confluent-kafka (librdkafka).
 
 ``Topics`` answers the driver's questions (partitions, offsets); ``read_range``
-runs in a Spark task and yields Arrow record batches of one offset range;
+runs in a Spark task and yields Arrow record batches of one offset range
+(through Fetch requests of its own, ``fetch``, where it can);
 ``produce`` runs in a Spark task and writes Arrow record batches of rows.
 Clients are made inside the process that uses them (never pickled) and closed
 before it returns.
@@ -16,11 +17,16 @@ import confluent_kafka as ck
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gateway.clients.kafka import KafkaError
+
+from . import decode, fetch
 from .arrow import SourceError, empty_headers, record_batch, rows
 from .options import TopicPartition
 
 TIMEOUT_S = 30.0
 CONSUME_BATCH = 10_000
+FETCH_WAIT_MS = 200
+RETRY_BACKOFF_S = 0.1
 # librdkafka's 1 MiB per partition fetch halves the read rate of small records
 FETCH_SIZES = {"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20}
 
@@ -78,8 +84,72 @@ def read_range(bootstrap: str, extra: Mapping[str, str], topic: str, partition: 
                schema: pa.Schema, poll_timeout_ms: int) -> Iterator[pa.RecordBatch]:
     """Records ``start <= offset < end`` of one partition as Arrow batches in ``schema`` (Spark's Kafka columns).
 
-    Raises SourceError on a fetch error or when no record arrives for ``poll_timeout_ms``.
+    Fetch requests of our own read the range, their record batches decoded straight into Arrow
+    (``fetch``, ``decode``); librdkafka reads it (or its rest) when ``extra`` asks for what those do
+    not do, or at a magic 0/1 message set. Raises SourceError on a fetch error or when no record
+    arrives for ``poll_timeout_ms``.
     """
+    if start >= end:
+        return
+    settings = fetch.Settings.of(extra)
+    position = start
+    if settings is not None:
+        try:
+            for step in _fetch_range(bootstrap, settings, topic, partition, start, end, schema, poll_timeout_ms):
+                position, batch = step
+                if batch is not None:
+                    yield batch
+            return
+        except (fetch.Unsupported, decode.LegacyRecords):
+            pass
+    yield from _consume_range(bootstrap, extra, topic, partition, position, end, schema, poll_timeout_ms)
+
+
+def _fetch_range(bootstrap: str, settings: fetch.Settings, topic: str, partition: int, start: int, end: int,
+                 schema: pa.Schema, poll_timeout_ms: int) -> Iterator[tuple[int, pa.RecordBatch | None]]:
+    """``(position, batch or None)`` as Fetch requests read the range; raises ``fetch.Unsupported`` or
+    ``decode.LegacyRecords`` (having yielded the position to read on from) when librdkafka must go on."""
+    position, last_progress = start, time.monotonic()
+    with fetch.PartitionFetcher(bootstrap, settings, topic, partition, TIMEOUT_S) as fetcher:
+        while position < end:
+            try:
+                answer = fetcher.fetch(position, FETCH_WAIT_MS)
+            except (OSError, KafkaError) as e:
+                answer = e
+            if isinstance(answer, fetch.Fetched) and answer.error == 0:
+                builder = decode.builder()
+                try:
+                    next_offset = builder.add_kafka(answer.records, position, end, answer.aborted)
+                except decode.LegacyRecords:
+                    raise
+                except ValueError as e:
+                    raise SourceError(f"reading {topic}/{partition} at {position}: {e}") from None
+                if (buffers := builder.take())[0]:
+                    yield next_offset, decode.arrow_batch(buffers, schema, topic, partition)
+                stable = answer.last_stable_offset if settings.read_committed else answer.high_watermark
+                if next_offset > position:
+                    position, last_progress = next_offset, time.monotonic()
+                elif not answer.records and stable >= end:
+                    # nothing past ``position`` below a stable offset at or past ``end``: no record is left
+                    position = end
+                elif time.monotonic() - last_progress > poll_timeout_ms / 1000:
+                    raise SourceError(f"no record of {topic}/{partition} at {position} (reading up to {end}) "
+                                      f"within {poll_timeout_ms} ms")
+                yield position, None
+                continue
+            if isinstance(answer, fetch.Fetched) and answer.error not in fetch.RETRIABLE:
+                raise SourceError(f"reading {topic}/{partition} at {position}: {KafkaError(answer.error)}")
+            if time.monotonic() - last_progress > poll_timeout_ms / 1000:
+                why = answer if not isinstance(answer, fetch.Fetched) else KafkaError(answer.error)
+                raise SourceError(f"no record of {topic}/{partition} at {position} (reading up to {end}) "
+                                  f"within {poll_timeout_ms} ms: {why}")
+            fetcher.close()  # a retriable error: the leader is looked up again
+            time.sleep(RETRY_BACKOFF_S)
+
+
+def _consume_range(bootstrap: str, extra: Mapping[str, str], topic: str, partition: int, start: int, end: int,
+                   schema: pa.Schema, poll_timeout_ms: int) -> Iterator[pa.RecordBatch]:
+    """``read_range`` through librdkafka, one ``Message`` per record."""
     if start >= end:
         return
     consumer = ck.Consumer(_config(bootstrap, extra, **{

@@ -16,10 +16,11 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
-from gateway.clients.tank import Message, TankClient, TankError
+from gateway.clients.tank import TankClient, TankError, chunk_bundles
 from gateway.partitioners import choose
 
-from .arrow import SourceError, empty_headers, record_batch, rows
+from . import decode
+from .arrow import SourceError, rows
 from .options import TopicPartition
 
 FETCH_SIZE = 8 << 20
@@ -67,37 +68,36 @@ class Topics:
         return {}
 
 
-def _arrow(messages: list[Message], topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
-    return record_batch(
-        schema, topic, partition,
-        keys=pa.array([m.key for m in messages], pa.binary()),
-        values=pa.array([m.value for m in messages], pa.binary()),
-        offsets=pa.array([m.seq - 1 for m in messages], pa.int64()),
-        timestamps=pa.array([m.timestamp for m in messages], pa.int64()),
-        timestamp_types=pa.repeat(pa.scalar(0, pa.int32()), len(messages)),
-        headers=empty_headers(schema, len(messages)))
-
-
 def read_range(bootstrap: str, extra: Mapping[str, str], topic: str, partition: int, start: int, end: int,
                schema: pa.Schema, poll_timeout_ms: int) -> Iterator[pa.RecordBatch]:
-    """Records ``start <= offset < end`` of one partition as Arrow batches (see ``kafka.read_range``)."""
+    """Records ``start <= offset < end`` of one partition as Arrow batches (see ``kafka.read_range``),
+    each Consume answer's bundles decoded straight into Arrow (``decode``)."""
     if start >= end:
         return
     with _client(bootstrap) as client:
         position, last_progress, fetch_size = start, time.monotonic(), FETCH_SIZE
+        builder = decode.builder()
         while position < end:
             try:
-                answer = client.consume(topic, partition, position + 1, max_wait_ms=200, min_bytes=1,
-                                        fetch_size=fetch_size)
-            except TankError as e:
+                chunk = client.consume_chunk(topic, partition, position + 1, max_wait_ms=200, min_bytes=1,
+                                             fetch_size=fetch_size)
+                bundles, need_bytes = chunk_bundles(chunk.data, chunk.first_seq)
+                last_seq = position
+                for b in bundles:
+                    read, stop = builder.add_tank(b.messages, b.header.count, b.header.sparse, b.first_seq,
+                                                  b.last_seq if b.header.sparse else 0, position, end)
+                    if read < b.header.count or stop != len(b.messages):
+                        raise TankError(0xFB, f"corrupt bundle at sequence number {b.first_seq}")
+                    last_seq = max(last_seq, b.last_seq)
+            except (TankError, ValueError, OverflowError) as e:
                 raise SourceError(f"reading {topic}/{partition} at {position}: {e}") from None
-            messages = [m for m in answer.messages if position < m.seq <= end]
-            if messages:
-                position, last_progress = messages[-1].seq, time.monotonic()
-                yield _arrow(messages, topic, partition, schema)
-            elif answer.need_bytes:
-                fetch_size = max(fetch_size * 2, answer.need_bytes + 64)
-            elif answer.hwmark >= end:
+            if (buffers := builder.take())[0]:
+                yield decode.arrow_batch(buffers, schema, topic, partition)
+            if last_seq > position:  # sequence numbers are offsets + 1: the next offset to read is last_seq
+                position, last_progress = min(last_seq, end), time.monotonic()
+            elif need_bytes:
+                fetch_size = max(fetch_size * 2, need_bytes + 64)
+            elif chunk.hwmark >= end:
                 # nothing past ``position`` below a high watermark at or past ``end``: the rest of the
                 # range is gaps (transaction markers, aborted records), which no reader is given
                 position = end

@@ -1,0 +1,581 @@
+/* Kafka record batches and TANK message sets straight into Arrow buffers, for the Spark data source
+ * (optional: ``decode.py`` does the same in Python, record by record, giving the same bytes).
+ *
+ * Builder() gathers the records of one partition, column by column:
+ * add_kafka(records, start, end, aborted, inflate) -> next_offset
+ *     Appends the records of the v2 record batches of a fetch answer's ``records`` (a trailing partial
+ *     batch is left out) that have ``start <= offset < end``. ``aborted`` is None (read uncommitted:
+ *     every data batch is kept) or the fetch answer's aborted transactions as ``(producer id, first
+ *     offset)`` pairs sorted by first offset (read committed: batches of aborted transactions are left
+ *     out, as Kafka's consumer leaves them out). Control batches are never records. ``inflate(codec,
+ *     data) -> bytes`` inflates a compressed batch's records. Returns the offset to fetch next: past
+ *     every whole batch read, or ``end``. Raises LegacyRecords (a ValueError) at a magic 0/1 message
+ *     set, ValueError on a batch or record that does not decode.
+ * add_tank(messages, count, sparse, first_seq, last_seq, start, end) -> (read, stop)
+ *     Appends the messages of a TANK bundle's message set (walked as ``bundle._read_messages`` walks
+ *     it) whose offset (sequence number - 1) is in ``start <= offset < end``; returns how many messages
+ *     it read and where it stopped, as ``_speedups.read_messages``. OverflowError for sequence numbers
+ *     beyond 64 bits, ValueError for a timestamp beyond Arrow's.
+ * take() -> (count, offsets, timestamps, timestamp_types, key_validity, key_offsets, key_data,
+ *            value_validity, value_offsets, value_data, header_offsets, header_key_offsets,
+ *            header_key_data, header_value_validity, header_value_offsets, header_value_data)
+ *     The Arrow buffers of the records added since the last take, and an empty builder: int64
+ *     offsets, int64 timestamps in microseconds, int32 timestamp types (0 create time, 1 log append
+ *     time), binary keys and values (validity bitmap None when no value is null), int32 header list
+ *     offsets, and the headers' string keys (invalid UTF-8 replaced, as Python decodes with
+ *     "replace") and binary values. After an exception the builder holds an unknown part of the
+ *     call's records: take nothing more from it.
+ */
+#include "_messages.h"
+#include <string.h>
+
+#define BATCH_HEADER 61
+#define BATCH_OVERHEAD 12
+#define ATTR_COMPRESSION 0x07
+#define ATTR_LOG_APPEND_TIME 0x08
+#define ATTR_TRANSACTIONAL 0x10
+#define ATTR_CONTROL 0x20
+
+static PyObject *LegacyRecords;
+
+/* A growing byte buffer. */
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int
+reserve(Buf *b, Py_ssize_t more)
+{
+    if (more > PY_SSIZE_T_MAX / 2 - b->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (b->len + more <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *p = PyMem_Realloc(b->p, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int
+put(Buf *b, const void *data, Py_ssize_t n)
+{
+    if (reserve(b, n) < 0)
+        return -1;
+    memcpy(b->p + b->len, data, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+/* An Arrow variable-size binary (or string) column: validity bitmap, int32 offsets, data. */
+typedef struct {
+    Buf validity, offsets, data;
+    Py_ssize_t n, nulls;
+} Binary;
+
+static int
+binary_init(Binary *c)
+{
+    int32_t zero = 0;
+    memset(c, 0, sizeof(*c));
+    return put(&c->offsets, &zero, 4);
+}
+
+/* Append data[0:n], or a null when n < 0. */
+static int
+binary_append(Binary *c, const char *data, Py_ssize_t n)
+{
+    if (c->n % 8 == 0) {
+        unsigned char none = 0;
+        if (put(&c->validity, &none, 1) < 0)
+            return -1;
+    }
+    if (n < 0)
+        c->nulls++;
+    else
+        ((unsigned char *)c->validity.p)[c->n / 8] |= (unsigned char)(1u << (c->n % 8));
+    if (n > 0) {
+        if (n > INT32_MAX - c->data.len) {
+            PyErr_SetString(PyExc_OverflowError, "over 2 GiB of keys, values or headers in one Arrow batch");
+            return -1;
+        }
+        if (put(&c->data, data, n) < 0)
+            return -1;
+    }
+    int32_t at = (int32_t)c->data.len;
+    c->n++;
+    return put(&c->offsets, &at, 4);
+}
+
+static void
+buf_free(Buf *b)
+{
+    PyMem_Free(b->p);
+    b->p = NULL;
+}
+
+static void
+binary_free(Binary *c)
+{
+    buf_free(&c->validity);
+    buf_free(&c->offsets);
+    buf_free(&c->data);
+}
+
+/* A new bytes object of the buffer's contents. */
+static PyObject *
+bytes_of(Buf *b)
+{
+    return PyBytes_FromStringAndSize(b->p ? b->p : "", b->len);
+}
+
+/* Every column of the records read so far. */
+typedef struct {
+    Py_ssize_t count;
+    Buf offsets, timestamps, types, header_offsets;
+    Binary keys, values, header_keys, header_values;
+} Columns;
+
+static int
+columns_init(Columns *c)
+{
+    int32_t zero = 0;
+    memset(c, 0, sizeof(*c));
+    return binary_init(&c->keys) < 0 || binary_init(&c->values) < 0 || binary_init(&c->header_keys) < 0 ||
+                   binary_init(&c->header_values) < 0 || put(&c->header_offsets, &zero, 4) < 0
+               ? -1
+               : 0;
+}
+
+static void
+columns_free(Columns *c)
+{
+    buf_free(&c->offsets);
+    buf_free(&c->timestamps);
+    buf_free(&c->types);
+    buf_free(&c->header_offsets);
+    binary_free(&c->keys);
+    binary_free(&c->values);
+    binary_free(&c->header_keys);
+    binary_free(&c->header_values);
+}
+
+static PyObject *
+corrupt(const char *what)
+{
+    PyErr_SetString(PyExc_ValueError, what);
+    return NULL;
+}
+
+/* The blob (varint length, then bytes; null when negative) at p[*pos]: *data, *n (-1 null); -1 if it
+ * does not fit below end. */
+static int
+read_blob(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, const char **data, Py_ssize_t *n)
+{
+    int64_t len;
+    if (read_zigzag(p, pos, end, &len) < 0 || len > end - *pos)
+        return -1;
+    *data = (const char *)p + *pos;
+    *n = len < 0 ? -1 : (Py_ssize_t)len;
+    if (len > 0)
+        *pos += (Py_ssize_t)len;
+    return 0;
+}
+
+/* Append a header name as valid UTF-8 (a null name as ""). */
+static int
+append_name(Binary *c, const char *data, Py_ssize_t n)
+{
+    if (n < 0)
+        return binary_append(c, "", 0);
+    Py_ssize_t i = 0;
+    while (i < n && !(data[i] & 0x80))
+        i++;
+    if (i == n)
+        return binary_append(c, data, n);
+    PyObject *text = PyUnicode_DecodeUTF8(data, n, "replace");
+    if (text == NULL)
+        return -1;
+    Py_ssize_t size;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &size);
+    int r = utf8 == NULL ? -1 : binary_append(c, utf8, size);
+    Py_DECREF(text);
+    return r;
+}
+
+/* Append the records of body[pos:stop] (``count`` of them) that have ``start <= offset < end``;
+ * *reached is set when a record at or past ``end`` was met. */
+static int
+read_records(Columns *c, const unsigned char *p, Py_ssize_t pos, Py_ssize_t stop, int64_t count, int64_t base,
+             int64_t base_ts, int64_t append_ts, int log_append, int64_t start, int64_t end, int *reached)
+{
+    int32_t type = log_append ? 1 : 0;
+    for (int64_t r = 0; r < count; r++) {
+        int64_t len, ts_delta, offset_delta, headers;
+        if (read_zigzag(p, &pos, stop, &len) < 0 || len < 1 || len > stop - pos) {
+            corrupt("record length out of range");
+            return -1;
+        }
+        Py_ssize_t rend = pos + (Py_ssize_t)len;
+        pos += 1; /* attributes */
+        if (read_zigzag(p, &pos, rend, &ts_delta) < 0 || read_zigzag(p, &pos, rend, &offset_delta) < 0) {
+            corrupt("bad varint in a record");
+            return -1;
+        }
+        int64_t offset, ts = append_ts, us;
+        if (__builtin_add_overflow(base, offset_delta, &offset) ||
+            (!log_append && __builtin_add_overflow(base_ts, ts_delta, &ts)) || __builtin_mul_overflow(ts, 1000, &us)) {
+            corrupt("a record offset or timestamp out of range");
+            return -1;
+        }
+        if (offset >= end) {
+            *reached = 1;
+            return 0;
+        }
+        if (offset < start) {
+            pos = rend;
+            continue;
+        }
+        const char *key, *value;
+        Py_ssize_t key_n, value_n;
+        if (read_blob(p, &pos, rend, &key, &key_n) < 0 || read_blob(p, &pos, rend, &value, &value_n) < 0 ||
+            read_zigzag(p, &pos, rend, &headers) < 0 || headers > rend - pos) {
+            corrupt("record field overruns the record");
+            return -1;
+        }
+        if (put(&c->offsets, &offset, 8) < 0 || put(&c->timestamps, &us, 8) < 0 || put(&c->types, &type, 4) < 0 ||
+            binary_append(&c->keys, key, key_n) < 0 || binary_append(&c->values, value, value_n) < 0)
+            return -1;
+        for (int64_t h = 0; h < headers; h++) {
+            const char *name, *hvalue;
+            Py_ssize_t name_n, hvalue_n;
+            if (read_blob(p, &pos, rend, &name, &name_n) < 0 || read_blob(p, &pos, rend, &hvalue, &hvalue_n) < 0) {
+                corrupt("record header overruns the record");
+                return -1;
+            }
+            if (append_name(&c->header_keys, name, name_n) < 0 ||
+                binary_append(&c->header_values, hvalue, hvalue_n) < 0)
+                return -1;
+        }
+        int32_t at = (int32_t)c->header_keys.n;
+        if (put(&c->header_offsets, &at, 4) < 0)
+            return -1;
+        if (pos != rend) {
+            corrupt("record length mismatch");
+            return -1;
+        }
+        c->count++;
+    }
+    if (pos != stop) {
+        corrupt("more records than the batch declares");
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether the control batch whose records start at p[pos] (below stop) is an abort marker. */
+static int
+is_abort_marker(const unsigned char *p, Py_ssize_t pos, Py_ssize_t stop)
+{
+    int64_t skip;
+    const char *key;
+    Py_ssize_t key_n;
+    if (read_zigzag(p, &pos, stop, &skip) < 0 || ++pos > stop || read_zigzag(p, &pos, stop, &skip) < 0 ||
+        read_zigzag(p, &pos, stop, &skip) < 0 || read_blob(p, &pos, stop, &key, &key_n) < 0 || key_n < 4)
+        return 0;
+    return be((const unsigned char *)key + 2, 2) == 0;
+}
+
+/* Producer ids of aborted transactions open at the current batch (Kafka consumer's abortedProducerIds). */
+typedef struct {
+    int64_t *ids;
+    Py_ssize_t n, cap;
+} IdSet;
+
+static int
+ids_find(IdSet *s, int64_t id)
+{
+    for (Py_ssize_t i = 0; i < s->n; i++)
+        if (s->ids[i] == id)
+            return (int)i;
+    return -1;
+}
+
+static int
+ids_add(IdSet *s, int64_t id)
+{
+    if (ids_find(s, id) >= 0)
+        return 0;
+    if (s->n == s->cap) {
+        Py_ssize_t cap = s->cap ? s->cap * 2 : 8;
+        int64_t *ids = PyMem_Realloc(s->ids, (size_t)cap * sizeof(int64_t));
+        if (ids == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->ids = ids;
+        s->cap = cap;
+    }
+    s->ids[s->n++] = id;
+    return 0;
+}
+
+static void
+ids_remove(IdSet *s, int64_t id)
+{
+    int i = ids_find(s, id);
+    if (i >= 0)
+        s->ids[i] = s->ids[--s->n];
+}
+
+/* The (producer id, first offset) pair aborted[i]. */
+static int
+aborted_at(PyObject *aborted, Py_ssize_t i, long long *pid, long long *first)
+{
+    PyObject *pair = PySequence_Fast_GET_ITEM(aborted, i);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "aborted transactions are (producer id, first offset) tuples");
+        return -1;
+    }
+    *pid = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 0));
+    if (*pid == -1 && PyErr_Occurred())
+        return -1;
+    *first = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+    return *first == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *
+buffers_of(Columns *c)
+{
+    return Py_BuildValue(
+        "(nNNNNNNNNNNNNNNN)", c->count, bytes_of(&c->offsets), bytes_of(&c->timestamps), bytes_of(&c->types),
+        c->keys.nulls ? bytes_of(&c->keys.validity) : Py_NewRef(Py_None), bytes_of(&c->keys.offsets),
+        bytes_of(&c->keys.data), c->values.nulls ? bytes_of(&c->values.validity) : Py_NewRef(Py_None),
+        bytes_of(&c->values.offsets), bytes_of(&c->values.data), bytes_of(&c->header_offsets),
+        bytes_of(&c->header_keys.offsets), bytes_of(&c->header_keys.data),
+        c->header_values.nulls ? bytes_of(&c->header_values.validity) : Py_NewRef(Py_None),
+        bytes_of(&c->header_values.offsets), bytes_of(&c->header_values.data));
+}
+
+typedef struct {
+    PyObject_HEAD Columns c;
+} Builder;
+
+static int
+Builder_init(Builder *self, PyObject *args, PyObject *kwargs)
+{
+    if (!PyArg_ParseTuple(args, ":Builder") || (kwargs != NULL && PyDict_GET_SIZE(kwargs))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "Builder() takes no arguments");
+        return -1;
+    }
+    columns_free(&self->c);
+    return columns_init(&self->c);
+}
+
+static void
+Builder_dealloc(Builder *self)
+{
+    columns_free(&self->c);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Builder_take(Builder *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *out = buffers_of(&self->c);
+    columns_free(&self->c);
+    if (columns_init(&self->c) < 0)
+        Py_CLEAR(out);
+    return out;
+}
+
+static PyObject *
+Builder_add_kafka(Builder *self, PyObject *args)
+{
+    Py_buffer buf;
+    long long start, end;
+    PyObject *aborted_arg, *inflate, *aborted = NULL, *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*LLOO", &buf, &start, &end, &aborted_arg, &inflate))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t len = buf.len, pos = 0, next_aborted = 0, n_aborted = 0;
+    int64_t next = start;
+    int committed = aborted_arg != Py_None, reached = 0;
+    IdSet open = {NULL, 0, 0};
+    Columns *c = &self->c;
+    if (committed) {
+        aborted = PySequence_Fast(aborted_arg, "aborted transactions must be a sequence");
+        if (aborted == NULL)
+            goto done;
+        n_aborted = PySequence_Fast_GET_SIZE(aborted);
+    }
+    while (!reached && len - pos >= BATCH_HEADER) {
+        const unsigned char *h = p + pos;
+        int64_t base = (int64_t)be(h, 8), length = (int32_t)be(h + 8, 4);
+        if ((signed char)h[16] < 2) {
+            PyErr_SetString(LegacyRecords, "a magic 0/1 message set");
+            goto done;
+        }
+        if (h[16] != 2 || length < BATCH_HEADER - BATCH_OVERHEAD) {
+            corrupt("bad record batch header");
+            goto done;
+        }
+        if (length > len - pos - BATCH_OVERHEAD)
+            break; /* the partial batch a fetch answer may end with */
+        Py_ssize_t stop = pos + BATCH_OVERHEAD + (Py_ssize_t)length;
+        int attributes = (int)be(h + 21, 2);
+        int64_t last = (int64_t)((uint64_t)base + (uint64_t)(int64_t)(int32_t)be(h + 23, 4)),
+                base_ts = (int64_t)be(h + 27, 8), max_ts = (int64_t)be(h + 35, 8), pid = (int64_t)be(h + 43, 8),
+                count = (int32_t)be(h + 57, 4);
+        int skip = (attributes & ATTR_CONTROL) || last < start;
+        if (committed && pid >= 0) {
+            long long aborted_pid, first;
+            while (next_aborted < n_aborted) {
+                if (aborted_at(aborted, next_aborted, &aborted_pid, &first) < 0)
+                    goto done;
+                if (first > last)
+                    break;
+                if (ids_add(&open, aborted_pid) < 0)
+                    goto done;
+                next_aborted++;
+            }
+            if (attributes & ATTR_CONTROL) {
+                if (is_abort_marker(p, pos + BATCH_HEADER, stop))
+                    ids_remove(&open, pid);
+            } else if ((attributes & ATTR_TRANSACTIONAL) && ids_find(&open, pid) >= 0) {
+                skip = 1;
+            }
+        }
+        if (!skip) {
+            int codec = attributes & ATTR_COMPRESSION;
+            int log_append = (attributes & ATTR_LOG_APPEND_TIME) != 0;
+            int failed;
+            if (codec) {
+                PyObject *inflated = PyObject_CallFunction(inflate, "iy#", codec, (const char *)h + BATCH_HEADER,
+                                                           stop - pos - BATCH_HEADER);
+                if (inflated == NULL)
+                    goto done;
+                if (!PyBytes_Check(inflated)) {
+                    Py_DECREF(inflated);
+                    PyErr_SetString(PyExc_TypeError, "inflate must return bytes");
+                    goto done;
+                }
+                failed = read_records(c, (const unsigned char *)PyBytes_AS_STRING(inflated), 0,
+                                      PyBytes_GET_SIZE(inflated), count, base, base_ts, max_ts, log_append, start,
+                                      end, &reached);
+                Py_DECREF(inflated);
+            } else {
+                failed = read_records(c, p, pos + BATCH_HEADER, stop, count, base, base_ts, max_ts, log_append,
+                                      start, end, &reached);
+            }
+            if (failed < 0)
+                goto done;
+        }
+        if (last >= next)
+            next = last == INT64_MAX ? INT64_MAX : last + 1;
+        pos = stop;
+    }
+    out = PyLong_FromLongLong(reached || next > end ? end : next);
+done:
+    PyMem_Free(open.ids);
+    Py_XDECREF(aborted);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* What add_tank's walk appends to: the builder's columns and the range of offsets kept. */
+typedef struct {
+    Columns *c;
+    uint64_t start, end; /* as sequence numbers: start < seq <= end */
+} TankRange;
+
+static int
+append_tank_message(void *ctx, uint64_t seq, uint64_t ts, const unsigned char *key, Py_ssize_t key_len,
+                    const unsigned char *value, Py_ssize_t value_len)
+{
+    TankRange *range = ctx;
+    Columns *c = range->c;
+    if (seq <= range->start || seq > range->end)
+        return 0;
+    int64_t offset = (int64_t)(seq - 1), us;
+    int32_t type = 0, no_headers = (int32_t)c->header_keys.n;
+    if (ts > (uint64_t)INT64_MAX || __builtin_mul_overflow((int64_t)ts, 1000, &us)) {
+        PyErr_SetString(PyExc_ValueError, "a message timestamp out of range");
+        return -1;
+    }
+    if (put(&c->offsets, &offset, 8) < 0 || put(&c->timestamps, &us, 8) < 0 || put(&c->types, &type, 4) < 0 ||
+        binary_append(&c->keys, (const char *)key, key == NULL ? -1 : key_len) < 0 ||
+        binary_append(&c->values, (const char *)value, value_len) < 0 || put(&c->header_offsets, &no_headers, 4) < 0)
+        return -1;
+    c->count++;
+    return 0;
+}
+
+static PyObject *
+Builder_add_tank(Builder *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t count, read, stop;
+    int sparse;
+    unsigned long long first, last;
+    long long start, end;
+    if (!PyArg_ParseTuple(args, "y*npKKLL", &buf, &count, &sparse, &first, &last, &start, &end))
+        return NULL;
+    TankRange range = {&self->c, start < 0 ? 0 : (uint64_t)start, end < 0 ? 0 : (uint64_t)end};
+    PyObject *out = NULL;
+    if (tank_walk(buf.buf, buf.len, count, sparse, first, last, append_tank_message, &range, &read, &stop) == 0)
+        out = Py_BuildValue("(nn)", read, stop);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+static PyMethodDef Builder_methods[] = {
+    {"add_kafka", (PyCFunction)Builder_add_kafka, METH_VARARGS, "Append the records of Kafka record batches."},
+    {"add_tank", (PyCFunction)Builder_add_tank, METH_VARARGS, "Append the messages of a TANK message set."},
+    {"take", (PyCFunction)Builder_take, METH_NOARGS, "The Arrow buffers of the records added, and an empty builder."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BuilderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gateway.spark._arrow.Builder",
+    .tp_doc = "The records of one partition gathered into Arrow buffers.",
+    .tp_basicsize = sizeof(Builder),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Builder_init,
+    .tp_dealloc = (destructor)Builder_dealloc,
+    .tp_methods = Builder_methods,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_arrow", "Record batches into Arrow buffers.", -1,
+                                    NULL, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC
+PyInit__arrow(void)
+{
+    if (PyType_Ready(&BuilderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    LegacyRecords = PyErr_NewExceptionWithDoc("gateway.spark._arrow.LegacyRecords",
+                                              "A magic 0/1 message set, which only the librdkafka reader reads.",
+                                              PyExc_ValueError, NULL);
+    if (LegacyRecords == NULL || PyModule_AddObjectRef(m, "LegacyRecords", LegacyRecords) < 0 ||
+        PyModule_AddObjectRef(m, "Builder", (PyObject *)&BuilderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
