@@ -66,6 +66,7 @@ bench: $(STAMP) mosquitto
 	$(PY) benchmarks/cursus_produce.py
 	$(PY) benchmarks/convert.py --reference
 	$(PY) benchmarks/spark_read.py
+	$(PY) benchmarks/spark_write.py --tank
 	$(PY) benchmarks/cluster.py
 	$(PY) benchmarks/tls_cost.py
 	$(PY) benchmarks/transactions.py

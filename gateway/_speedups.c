@@ -19,10 +19,8 @@
  * fnv1a_32(key), fnv1a_64(key), murmur2(key) -> int
  *     the partitioners' hashes of ``gateway.partitioners`` (a bytes-like key).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_speedups.h"
 #include <structmember.h>
-#include <stdint.h>
 
 #define MAX_FIELDS 64
 
@@ -221,37 +219,6 @@ fnv1a_64_of(const unsigned char *p, Py_ssize_t length)
     uint64_t h = 0xCBF29CE484222325ull;
     for (Py_ssize_t i = 0; i < length; i++)
         h = (h ^ p[i]) * 0x100000001B3ull;
-    return h;
-}
-
-static uint64_t
-murmur2_of(const unsigned char *p, Py_ssize_t length)
-{
-    const uint32_t m = 0x5BD1E995u;
-    uint32_t h = 0x9747B28Cu ^ (uint32_t)length;
-    Py_ssize_t whole = length & ~(Py_ssize_t)3;
-    for (Py_ssize_t i = 0; i < whole; i += 4) {
-        uint32_t k = (uint32_t)p[i] | (uint32_t)p[i + 1] << 8 | (uint32_t)p[i + 2] << 16 | (uint32_t)p[i + 3] << 24;
-        k *= m;
-        k ^= k >> 24;
-        k *= m;
-        h *= m;
-        h ^= k;
-    }
-    switch (length & 3) {
-    case 3:
-        h ^= (uint32_t)p[whole + 2] << 16;
-        /* fall through */
-    case 2:
-        h ^= (uint32_t)p[whole + 1] << 8;
-        /* fall through */
-    case 1:
-        h ^= p[whole];
-        h *= m;
-    }
-    h ^= h >> 13;
-    h *= m;
-    h ^= h >> 15;
     return h;
 }
 

@@ -1,4 +1,4 @@
-/* Helpers shared by the codecs' optional C loops (codecs/<name>/_speedups.c).
+/* Helpers shared by the optional C loops (gateway/_speedups.c, codecs/<name>/_speedups.c, gateway/spark/_arrow.c).
  *
  * Each codec builds its own extension module; this header only saves them from
  * repeating the same few lines. Everything here is static inline.
@@ -103,6 +103,38 @@ read_zigzag(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t stop, int64_t *o
         shift += 7;
     }
     return -1;
+}
+
+/* Kafka's murmur2 (the Java client's default partitioner hash) of p[0:length]. */
+static inline uint64_t
+murmur2_of(const unsigned char *p, Py_ssize_t length)
+{
+    const uint32_t m = 0x5BD1E995u;
+    uint32_t h = 0x9747B28Cu ^ (uint32_t)length;
+    Py_ssize_t whole = length & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < whole; i += 4) {
+        uint32_t k = (uint32_t)p[i] | (uint32_t)p[i + 1] << 8 | (uint32_t)p[i + 2] << 16 | (uint32_t)p[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)p[whole + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)p[whole + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= p[whole];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
 }
 
 #endif

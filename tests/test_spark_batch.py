@@ -12,6 +12,7 @@ from gateway.clients.v1 import V1Client
 from gateway.spark import fetch, rate_limit, split
 from gateway.spark import kafka as kafka_source
 from gateway.spark import options as opts
+from gateway.spark.encode import HEADERS
 
 pytestmark = pytest.mark.spark
 spark = spark_support.spark
@@ -266,3 +267,48 @@ def test_options_only_librdkafka_understands_send_the_range_through_it(spark_gat
 
     monkeypatch.setattr(fetch, "PartitionFetcher", no_fetch)
     assert _range_rows(bootstrap, topic, 0, 20, extra) == expected
+
+
+def test_a_task_writes_arrow_rows_with_produce_requests_of_its_own(spark_gateway, monkeypatch):
+    """No librdkafka producer in the task: rows go from the Arrow columns into record batches and
+    Produce requests; each row lands where its partition column, or its key's murmur2, puts it."""
+    import confluent_kafka as ck
+    import pyarrow as pa
+
+    from gateway.partitioners import murmur2
+
+    bootstrap = spark_gateway.address("kafka")
+    topic = create_topic(bootstrap, partitions=3)
+
+    def librdkafka(*args, **kwargs):
+        raise AssertionError("written through librdkafka")
+
+    monkeypatch.setattr(ck, "Producer", librdkafka)
+    keys = [f"k{i}".encode() for i in range(3000)]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(keys), pa.array([b"v%d" % i for i in range(3000)]),
+         pa.array([1 if i % 10 == 0 else None for i in range(3000)], pa.int32()),
+         pa.array([[{"key": "h", "value": b"%d" % i}] for i in range(3000)], HEADERS)],
+        names=["key", "value", "partition", "headers"])
+    written = kafka_source.produce(bootstrap, {}, topic, [batch.slice(0, 1000), batch.slice(1000)])
+    monkeypatch.undo()
+    where = {i: 1 if i % 10 == 0 else (murmur2(keys[i]) & 0x7FFFFFFF) % 3 for i in range(3000)}
+    assert written == {(topic, p): sum(1 for v in where.values() if v == p) for p in range(3)}
+    got = {(m.partition(), m.value()) for m in consume(bootstrap, topic, 3, 3000)}
+    assert got == {(where[i], b"v%d" % i) for i in range(3000)}
+
+
+def test_producer_options_send_the_rows_through_librdkafka(spark_gateway, monkeypatch):
+    import pyarrow as pa
+
+    from gateway.spark import produce as raw_produce
+
+    bootstrap = spark_gateway.address("kafka")
+    topic = create_topic(bootstrap, partitions=1)
+
+    def no_produce_requests(*args, **kwargs):
+        raise AssertionError("written with Produce requests")
+
+    monkeypatch.setattr(raw_produce, "produce", no_produce_requests)
+    batch = pa.RecordBatch.from_arrays([pa.array([b"a", b"b"])], names=["value"])
+    assert kafka_source.produce(bootstrap, {"linger.ms": "1"}, topic, [batch]) == {(topic, 0): 2}

@@ -13,9 +13,11 @@ timestamp bounds); ``bootstrap`` is that listener's host:port. The driver asks
 for partitions and offsets with confluent-kafka. Each read task fetches its
 range itself (Kafka Fetch requests to the partition's leader, or TANK
 Consume requests), and the record batches go straight into Arrow buffers in C
-(``decode``), with no Python object per record. librdkafka reads a range
-when the ``kafka.*`` options ask for what those Fetch requests do not do
-(``fetch.Settings.of``), and from a magic 0/1 message set on.
+(``decode``), with no Python object per record. Kafka write tasks encode
+their rows' Arrow columns into record batches in C and send Produce
+requests to the partition leaders (``encode``, ``produce``). librdkafka
+reads and writes when the ``kafka.*`` options ask for what those requests
+do not do (``fetch.Settings.of``), and reads from a magic 0/1 message set on.
 Batch reads plan one Spark partition per topic partition, split into ranges of
 at most ``maxRecordsPerPartition`` records. Streaming reads keep per-partition
 offsets (``{"topic": {"0": next_offset}}``) in Spark's checkpoint, honour

@@ -558,12 +558,463 @@ static PyTypeObject BuilderType = {
     .tp_methods = Builder_methods,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_arrow", "Record batches into Arrow buffers.", -1,
-                                    NULL, NULL, NULL, NULL, NULL};
+/* ------------------------------------------------------------------------------------------ writing */
+
+/* CRC32C (Castagnoli), as record batches carry it: SSE 4.2 where the CPU has it, else a table. */
+static uint32_t crc_table[256];
+
+static void
+crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_hw(uint32_t crc, const unsigned char *p, size_t n)
+{
+    uint64_t c = crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c = __builtin_ia32_crc32di(c, word);
+    }
+    crc = (uint32_t)c;
+    for (; n; n--)
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+    return crc;
+}
+#define HAVE_CRC32C_HW 1
+#endif
+
+static uint32_t
+crc32c(const unsigned char *p, size_t n)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+#ifdef HAVE_CRC32C_HW
+    if (__builtin_cpu_supports("sse4.2"))
+        return crc32c_hw(crc, p, n) ^ 0xFFFFFFFFu;
+#endif
+    while (n--)
+        crc = crc_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return crc ^ 0xFFFFFFFFu;
+}
+
+/* A pyarrow array's buffers, as the Python side passes them: ``(validity or None, values, offset, length)``
+ * for fixed-size values, ``(validity or None, offsets, data, offset, length)`` for binary and strings. */
+typedef struct {
+    Py_buffer validity, values, data;
+    int has_validity, binary;
+    Py_ssize_t offset, length;
+} View;
+
+static void
+view_close(View *v)
+{
+    if (v->has_validity)
+        PyBuffer_Release(&v->validity);
+    if (v->values.obj != NULL)
+        PyBuffer_Release(&v->values);
+    if (v->data.obj != NULL)
+        PyBuffer_Release(&v->data);
+    memset(v, 0, sizeof(*v));
+}
+
+/* Open ``spec`` (a tuple as above; ``width`` the byte size of a fixed-size value, 0 for binary). */
+static int
+view_open(PyObject *spec, View *v, int width)
+{
+    PyObject *validity, *values, *data = NULL;
+    memset(v, 0, sizeof(*v));
+    v->binary = width == 0;
+    if (v->binary ? !PyArg_ParseTuple(spec, "OOOnn", &validity, &values, &data, &v->offset, &v->length)
+                  : !PyArg_ParseTuple(spec, "OOnn", &validity, &values, &v->offset, &v->length))
+        return -1;
+    if (v->offset < 0 || v->length < 0 || v->offset > PY_SSIZE_T_MAX / 16 - v->length) {
+        PyErr_SetString(PyExc_ValueError, "array offset or length out of range");
+        return -1;
+    }
+    if (validity != Py_None) {
+        if (PyObject_GetBuffer(validity, &v->validity, PyBUF_SIMPLE) < 0)
+            return -1;
+        v->has_validity = 1;
+        if (v->validity.len * 8 < v->offset + v->length)
+            goto short_buffer;
+    }
+    if (PyObject_GetBuffer(values, &v->values, PyBUF_SIMPLE) < 0 ||
+        (data != NULL && PyObject_GetBuffer(data, &v->data, PyBUF_SIMPLE) < 0)) {
+        view_close(v);
+        return -1;
+    }
+    if (v->values.len < (v->offset + v->length + v->binary) * (v->binary ? 4 : width))
+        goto short_buffer;
+    return 0;
+short_buffer:
+    view_close(v);
+    PyErr_SetString(PyExc_ValueError, "an Arrow buffer shorter than its array");
+    return -1;
+}
+
+static inline int
+view_valid(const View *v, Py_ssize_t i)
+{
+    Py_ssize_t j = v->offset + i;
+    return !v->has_validity || (((const unsigned char *)v->validity.buf)[j / 8] >> (j % 8)) & 1;
+}
+
+/* Value i of a binary view: *p and *n (-1 for null); -1 with ValueError for offsets outside the data. */
+static inline int
+view_bytes(const View *v, Py_ssize_t i, const unsigned char **p, Py_ssize_t *n)
+{
+    if (!view_valid(v, i)) {
+        *n = -1;
+        return 0;
+    }
+    const int32_t *offsets = v->values.buf;
+    int32_t start = offsets[v->offset + i], stop = offsets[v->offset + i + 1];
+    if (start < 0 || stop < start || stop > v->data.len) {
+        PyErr_SetString(PyExc_ValueError, "Arrow offsets outside the array's data");
+        return -1;
+    }
+    *p = (const unsigned char *)v->data.buf + start;
+    *n = stop - start;
+    return 0;
+}
+
+static Py_ssize_t
+zigzag_size(int64_t n)
+{
+    return uvarint_size(((uint64_t)n << 1) ^ (uint64_t)(n >> 63));
+}
+
+static unsigned char *
+put_zigzag(unsigned char *out, int64_t n)
+{
+    return put_uvarint(out, ((uint64_t)n << 1) ^ (uint64_t)(n >> 63));
+}
+
+static unsigned char *
+put_blob(unsigned char *out, const unsigned char *p, Py_ssize_t n)
+{
+    out = put_zigzag(out, n);
+    if (n > 0) {
+        memcpy(out, p, (size_t)n);
+        out += n;
+    }
+    return out;
+}
+
+/* The headers of the rows, as ``(list view, entry validity or None, entry offset, key view, value view)``:
+ * the list's offsets index the entries (struct rows), whose fields are the key and value views. */
+typedef struct {
+    View list, keys, values;
+    Py_buffer entry_validity;
+    int has_entry_validity;
+    Py_ssize_t entry_offset;
+} Headers;
+
+static void
+headers_close(Headers *h)
+{
+    view_close(&h->list);
+    view_close(&h->keys);
+    view_close(&h->values);
+    if (h->has_entry_validity)
+        PyBuffer_Release(&h->entry_validity);
+    h->has_entry_validity = 0;
+}
+
+static int
+headers_open(PyObject *spec, Headers *h)
+{
+    PyObject *list, *entry_validity, *keys, *values;
+    memset(h, 0, sizeof(*h));
+    if (!PyArg_ParseTuple(spec, "OOnOO", &list, &entry_validity, &h->entry_offset, &keys, &values))
+        return -1;
+    /* list offsets are int32, like binary offsets: open the list as a binary view without data */
+    PyObject *as_binary = NULL;
+    PyObject *validity, *offsets;
+    Py_ssize_t offset, length;
+    if (!PyArg_ParseTuple(list, "OOnn", &validity, &offsets, &offset, &length))
+        return -1;
+    as_binary = Py_BuildValue("(OOOnn)", validity, offsets, offsets, offset, length);
+    if (as_binary == NULL)
+        return -1;
+    int r = view_open(as_binary, &h->list, 0);
+    Py_DECREF(as_binary);
+    if (r < 0 || view_open(keys, &h->keys, 0) < 0 || view_open(values, &h->values, 0) < 0)
+        goto fail;
+    if (entry_validity != Py_None) {
+        if (PyObject_GetBuffer(entry_validity, &h->entry_validity, PyBUF_SIMPLE) < 0)
+            goto fail;
+        h->has_entry_validity = 1;
+    }
+    return 0;
+fail:
+    headers_close(h);
+    return -1;
+}
+
+/* The entries [*first, *stop) of row i's header list (none when the list is null). */
+static int
+header_range(const Headers *h, Py_ssize_t i, Py_ssize_t *first, Py_ssize_t *stop)
+{
+    *first = *stop = 0;
+    if (!view_valid(&h->list, i))
+        return 0;
+    const int32_t *offsets = h->list.values.buf;
+    *first = offsets[h->list.offset + i];
+    *stop = offsets[h->list.offset + i + 1];
+    if (*first < 0 || *stop < *first || *stop > h->keys.length || *stop > h->values.length) {
+        PyErr_SetString(PyExc_ValueError, "header list offsets outside the entries");
+        return -1;
+    }
+    return 0;
+}
+
+static inline int
+entry_valid(const Headers *h, Py_ssize_t k)
+{
+    Py_ssize_t j = h->entry_offset + k;
+    if (!h->has_entry_validity)
+        return 1;
+    if (j / 8 >= h->entry_validity.len)
+        return 0;
+    return (((const unsigned char *)h->entry_validity.buf)[j / 8] >> (j % 8)) & 1;
+}
+
+/* The size of row i's record body (after its length varint) at offset delta ``delta``; -1 on a fault. */
+static Py_ssize_t
+record_body_size(const View *keys, const View *values, const Headers *headers, Py_ssize_t i, int64_t delta)
+{
+    const unsigned char *p;
+    Py_ssize_t n, size = 1 + 1 + zigzag_size(delta); /* attributes, timestamp delta 0, offset delta */
+    if (keys->length) {
+        if (view_bytes(keys, i, &p, &n) < 0)
+            return -1;
+    } else {
+        n = -1;
+    }
+    size += zigzag_size(n) + (n > 0 ? n : 0);
+    if (view_bytes(values, i, &p, &n) < 0)
+        return -1;
+    size += zigzag_size(n) + (n > 0 ? n : 0);
+    Py_ssize_t first = 0, stop = 0, count = 0;
+    if (headers != NULL && header_range(headers, i, &first, &stop) < 0)
+        return -1;
+    for (Py_ssize_t k = first; k < stop; k++) {
+        if (!entry_valid(headers, k))
+            continue;
+        count++;
+        if (view_bytes(&headers->keys, k, &p, &n) < 0)
+            return -1;
+        size += zigzag_size(n < 0 ? 0 : n) + (n > 0 ? n : 0);
+        if (view_bytes(&headers->values, k, &p, &n) < 0)
+            return -1;
+        size += zigzag_size(n) + (n > 0 ? n : 0);
+    }
+    return size + zigzag_size(count);
+}
+
+static unsigned char *
+put_record(unsigned char *out, const View *keys, const View *values, const Headers *headers, Py_ssize_t i,
+           int64_t delta, Py_ssize_t body)
+{
+    const unsigned char *p = NULL;
+    Py_ssize_t n;
+    out = put_zigzag(out, body);
+    *out++ = 0; /* attributes */
+    *out++ = 0; /* timestamp delta */
+    out = put_zigzag(out, delta);
+    if (keys->length)
+        view_bytes(keys, i, &p, &n);
+    else
+        n = -1;
+    out = put_blob(out, p, n);
+    view_bytes(values, i, &p, &n);
+    out = put_blob(out, p, n);
+    Py_ssize_t first = 0, stop = 0, count = 0;
+    if (headers != NULL)
+        header_range(headers, i, &first, &stop);
+    for (Py_ssize_t k = first; k < stop; k++)
+        count += entry_valid(headers, k);
+    out = put_zigzag(out, count);
+    for (Py_ssize_t k = first; k < stop; k++) {
+        if (!entry_valid(headers, k))
+            continue;
+        view_bytes(&headers->keys, k, &p, &n);
+        out = put_blob(out, p, n < 0 ? 0 : n);
+        view_bytes(&headers->values, k, &p, &n);
+        out = put_blob(out, p, n);
+    }
+    return out;
+}
+
+/* kafka_batch(rows, keys, values, headers, timestamp_ms, max_bytes, at) -> (batch, next)
+ *     One uncompressed v2 record batch (baseOffset 0, no producer id, every record stamped
+ *     ``timestamp_ms``) of the rows rows[at], rows[at + 1]... (``rows`` a view of uint64 row indices,
+ *     or None for every row in order), as many as fit in ``max_bytes`` (at least one); ``next`` is
+ *     where the next batch starts. ``keys`` and ``headers`` may be None (no such column); a null
+ *     header key is written as "", a null header entry or list as no header. */
+static PyObject *
+kafka_batch(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *rows_spec, *keys_spec, *values_spec, *headers_spec, *out = NULL;
+    long long timestamp;
+    Py_ssize_t max_bytes, at;
+    View rows = {0}, keys = {0}, values = {0};
+    Headers headers;
+    int with_headers = 0;
+    Buf batch = {NULL, 0, 0};
+    memset(&headers, 0, sizeof(headers));
+    if (!PyArg_ParseTuple(args, "OOOOLnn", &rows_spec, &keys_spec, &values_spec, &headers_spec, &timestamp,
+                          &max_bytes, &at))
+        return NULL;
+    if ((rows_spec != Py_None && view_open(rows_spec, &rows, 8) < 0) ||
+        (keys_spec != Py_None && view_open(keys_spec, &keys, 0) < 0) || view_open(values_spec, &values, 0) < 0)
+        goto done;
+    if (headers_spec != Py_None) {
+        if (headers_open(headers_spec, &headers) < 0)
+            goto done;
+        with_headers = 1;
+    }
+    Py_ssize_t total = rows_spec != Py_None ? rows.length : values.length;
+    if ((keys_spec != Py_None && keys.length != values.length) ||
+        (with_headers && headers.list.length != values.length)) {
+        PyErr_SetString(PyExc_ValueError, "columns of different lengths");
+        goto done;
+    }
+    if (at < 0 || at >= total) {
+        PyErr_SetString(PyExc_ValueError, "no row at that position");
+        goto done;
+    }
+    if (reserve(&batch, BATCH_HEADER) < 0)
+        goto done;
+    batch.len = BATCH_HEADER;
+    Py_ssize_t next = at;
+    int64_t delta = 0;
+    for (; next < total; next++, delta++) {
+        Py_ssize_t i = next;
+        if (rows_spec != Py_None) {
+            uint64_t row = ((const uint64_t *)rows.values.buf)[rows.offset + next];
+            if (row >= (uint64_t)values.length) {
+                PyErr_SetString(PyExc_ValueError, "a row index past the columns");
+                goto done;
+            }
+            i = (Py_ssize_t)row;
+        }
+        Py_ssize_t body = record_body_size(&keys, &values, with_headers ? &headers : NULL, i, delta);
+        if (body < 0)
+            goto done;
+        Py_ssize_t size = uvarint_size((uint64_t)body << 1) + body;
+        if (delta > 0 && (batch.len + size > max_bytes || delta == INT32_MAX))
+            break;
+        if (reserve(&batch, size) < 0)
+            goto done;
+        put_record((unsigned char *)batch.p + batch.len, &keys, &values, with_headers ? &headers : NULL, i, delta,
+                   body);
+        batch.len += size;
+    }
+    if (batch.len - BATCH_OVERHEAD > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a record over 2 GiB");
+        goto done;
+    }
+    unsigned char *h = (unsigned char *)batch.p;
+    put_be(h, 0, 8);                                       /* baseOffset */
+    put_be(h + 8, (uint64_t)(batch.len - BATCH_OVERHEAD), 4); /* batchLength */
+    put_be(h + 12, (uint64_t)-1, 4);                      /* partitionLeaderEpoch */
+    h[16] = 2;                                             /* magic */
+    put_be(h + 21, 0, 2);                                  /* attributes */
+    put_be(h + 23, (uint64_t)(delta - 1), 4);              /* lastOffsetDelta */
+    put_be(h + 27, (uint64_t)timestamp, 8);                /* baseTimestamp */
+    put_be(h + 35, (uint64_t)timestamp, 8);                /* maxTimestamp */
+    put_be(h + 43, (uint64_t)-1, 8);                       /* producerId */
+    put_be(h + 51, (uint64_t)-1, 2);                       /* producerEpoch */
+    put_be(h + 53, (uint64_t)-1, 4);                       /* baseSequence */
+    put_be(h + 57, (uint64_t)delta, 4);                    /* records */
+    put_be(h + 17, crc32c(h + 21, (size_t)(batch.len - 21)), 4);
+    out = Py_BuildValue("(Nn)", bytes_of(&batch), next);
+done:
+    buf_free(&batch);
+    view_close(&rows);
+    view_close(&keys);
+    view_close(&values);
+    headers_close(&headers);
+    return out;
+}
+
+/* kafka_partitions(keys, partitions, count, sticky) -> bytes
+ *     The partition of each row as int32: the ``partitions`` view's value where it is not null
+ *     (ValueError outside 0..count-1), else Kafka's Java default for a key, murmur2 (its positive
+ *     31 bits) modulo ``count``, else ``sticky``. ``keys`` or ``partitions`` may be None (no such
+ *     column), not both. */
+static PyObject *
+kafka_partitions(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *keys_spec, *parts_spec, *out = NULL;
+    int count, sticky;
+    View keys = {0}, parts = {0};
+    if (!PyArg_ParseTuple(args, "OOii", &keys_spec, &parts_spec, &count, &sticky))
+        return NULL;
+    if ((keys_spec != Py_None && view_open(keys_spec, &keys, 0) < 0) ||
+        (parts_spec != Py_None && view_open(parts_spec, &parts, 4) < 0))
+        goto done;
+    Py_ssize_t n = parts_spec != Py_None ? parts.length : keys.length;
+    if (count < 1 || sticky < 0 || sticky >= count || (keys_spec != Py_None && parts_spec != Py_None &&
+                                                        keys.length != parts.length)) {
+        PyErr_SetString(PyExc_ValueError, "bad partition count or columns of different lengths");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (out == NULL)
+        goto done;
+    int32_t *chosen = (int32_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (parts_spec != Py_None && view_valid(&parts, i)) {
+            int32_t p = ((const int32_t *)parts.values.buf)[parts.offset + i];
+            if (p < 0 || p >= count) {
+                PyErr_Format(PyExc_ValueError, "partition %d of row %zd: the topic has partitions 0 to %d", p, i,
+                             count - 1);
+                Py_CLEAR(out);
+                goto done;
+            }
+            chosen[i] = p;
+            continue;
+        }
+        const unsigned char *key;
+        Py_ssize_t key_n = -1;
+        if (keys_spec != Py_None && view_bytes(&keys, i, &key, &key_n) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        chosen[i] = key_n < 0 ? sticky : (int32_t)((murmur2_of(key, key_n) & 0x7FFFFFFF) % (uint64_t)count);
+    }
+done:
+    view_close(&keys);
+    view_close(&parts);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"kafka_batch", kafka_batch, METH_VARARGS, "One v2 record batch of Arrow rows."},
+    {"kafka_partitions", kafka_partitions, METH_VARARGS, "The partition of each Arrow row."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_arrow", "Record batches to and from Arrow buffers.",
+                                    -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC
 PyInit__arrow(void)
 {
+    crc_init();
     if (PyType_Ready(&BuilderType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

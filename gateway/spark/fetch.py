@@ -98,7 +98,8 @@ class Fetched:
     records: bytes
 
 
-def _address(text: str) -> tuple[str, int]:
+def address_of(text: str) -> tuple[str, int]:
+    """``(host, port)`` of ``host:port`` (``[v6]:port`` too)."""
     host, _, port = text.strip().rpartition(":")
     return host.strip("[]") or "127.0.0.1", int(port)
 
@@ -112,7 +113,7 @@ class PartitionFetcher:
 
     def __init__(self, bootstrap: str, settings: Settings, topic: str, partition: int, timeout: float = 30.0):
         self.settings, self.topic, self.partition, self.timeout = settings, topic, partition, timeout
-        self.bootstraps = [_address(b) for b in bootstrap.split(",") if b.strip()]
+        self.bootstraps = [address_of(b) for b in bootstrap.split(",") if b.strip()]
         self.client: KafkaClient | None = None
         self.version = FETCH_VERSIONS[0]
 

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from gateway.clients.kafka import KafkaError
 
 from . import decode, fetch
+from . import produce as raw_produce
 from .arrow import SourceError, empty_headers, record_batch, rows
 from .options import TopicPartition
 
@@ -208,9 +209,15 @@ def _arrow(messages: list[ck.Message], topic: str, partition: int, schema: pa.Sc
 
 def produce(bootstrap: str, extra: Mapping[str, str], topic: str | None,
             batches: Iterable[pa.RecordBatch]) -> dict[TopicPartition, int]:
-    """Produce every row (see ``arrow.rows``). Waits for every acknowledgement; returns records written per partition; raises
-    SourceError with the first delivery error.
+    """Produce every row (see ``arrow.rows``). Waits for every acknowledgement; returns records written per
+    partition; raises SourceError with the first delivery error.
+
+    Produce requests of our own write the rows, encoded from the Arrow columns in C (``produce``);
+    librdkafka writes them, row by row, when ``extra`` asks for what those do not do.
     """
+    settings = fetch.Settings.of(extra)
+    if settings is not None:
+        return raw_produce.produce(bootstrap, settings, topic, batches)
     producer = ck.Producer(_config(bootstrap, extra, **{"linger.ms": 5, "acks": "all",
                                                         "enable.idempotence": True}))
     written: dict[TopicPartition, int] = {}
