@@ -205,15 +205,6 @@ fail:
 /* ------------------------------------------------------------------------------ partitioners */
 
 static uint64_t
-fnv1a_32_of(const unsigned char *p, Py_ssize_t length)
-{
-    uint32_t h = 0x811C9DC5u;
-    for (Py_ssize_t i = 0; i < length; i++)
-        h = (h ^ p[i]) * 0x01000193u;
-    return h;
-}
-
-static uint64_t
 fnv1a_64_of(const unsigned char *p, Py_ssize_t length)
 {
     uint64_t h = 0xCBF29CE484222325ull;

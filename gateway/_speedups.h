@@ -137,4 +137,14 @@ murmur2_of(const unsigned char *p, Py_ssize_t length)
     return h;
 }
 
+/* FNV-1a 32 of p[0:length] (where V1 and Cursus clients put a keyed record). */
+static inline uint64_t
+fnv1a_32_of(const unsigned char *p, Py_ssize_t length)
+{
+    uint32_t h = 0x811C9DC5u;
+    for (Py_ssize_t i = 0; i < length; i++)
+        h = (h ^ p[i]) * 0x01000193u;
+    return h;
+}
+
 #endif

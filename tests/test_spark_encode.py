@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.codecs.kafka import records
+from gateway.codecs.tank import bundle
 from gateway.partitioners import murmur2
 from gateway.spark import encode
 
@@ -39,7 +40,7 @@ def test_the_c_and_python_encoders_give_the_same_bytes(rows, strings, sliced, ma
     rows = rows + [(b"k", b"v", None, None)] * sliced
     columns = columns_of(rows, strings, sliced)
     chosen = pa.array(encode._python_partitions(columns, 4, 1), pa.int32())
-    assert encode.kafka_partitions(columns, 4, 1).equals(chosen)
+    assert encode.row_partitions(columns, 4, 1).equals(chosen)
     picked = None if every_row else pa.array([i for i in range(len(columns)) if i % 2 == 0], pa.uint64())
     total, at, decoded = len(columns) if picked is None else len(picked), 0, []
     while at < total:
@@ -62,10 +63,43 @@ def test_partitions_follow_the_column_then_murmur2_of_the_key_then_the_sticky_pa
     batch = pa.RecordBatch.from_arrays([pa.array([b"a", b"b", None, b"c"]), pa.array([b"v"] * 4),
                                         pa.array([None, 2, None, None], pa.int32())],
                                        names=["key", "value", "partition"])
-    chosen = encode.kafka_partitions(encode.Columns.of(batch), 5, 4).to_pylist()
+    chosen = encode.row_partitions(encode.Columns.of(batch), 5, 4).to_pylist()
     assert chosen == [(murmur2(b"a") & 0x7FFFFFFF) % 5, 2, 4, (murmur2(b"c") & 0x7FFFFFFF) % 5]
     bad = batch.set_column(2, "partition", pa.array([7, None, None, None], pa.int32()))
     with pytest.raises(encode.SourceError, match="partition 7 of row 0"):
-        encode.kafka_partitions(encode.Columns.of(bad), 5, 0)
+        encode.row_partitions(encode.Columns.of(bad), 5, 0)
     with pytest.raises(encode.SourceError, match="column value is int64"):
         encode.Columns.of(pa.RecordBatch.from_arrays([pa.array([1])], names=["value"]))
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(st.lists(ROW, min_size=1, max_size=12), st.booleans(), st.integers(0, 2), st.integers(1, 5),
+       st.booleans())
+def test_tank_message_sets_and_fnv_partitions_are_the_same_in_c_and_python(rows, strings, sliced, most,
+                                                                             every_row):
+    rows = rows + [(b"k", b"v", None, None)] * sliced
+    columns = columns_of(rows, strings, sliced)
+    chosen = pa.array(encode._python_partitions(columns, 4, 2, "fnv1a_32"), pa.int32())
+    assert encode.row_partitions(columns, 4, 2, "fnv1a_32").equals(chosen)
+    picked = None if every_row else pa.array([i for i in range(len(columns)) if i % 2], pa.uint64())
+    total, at, decoded = len(columns) if picked is None else len(picked), 0, []
+    if not total:
+        return
+    while at < total:
+        c = encode.tank_messages(columns, picked, 1_700_000_000_000, at, most)
+        python = encode._arrow
+        encode._arrow = None
+        try:
+            assert encode.tank_messages(columns, picked, 1_700_000_000_000, at, most) == c
+        finally:
+            encode._arrow = python
+        messages, count, at = c
+        data = bundle.plain(messages, count)
+        decoded += bundle.decode_messages(bundle.message_set(data, bundle.parse_header(data, 0, len(data))),
+                                          bundle.parse_header(data, 0, len(data)), 1)
+    expected_rows = range(len(columns)) if picked is None else picked.to_pylist()
+    keys, values = columns.keys.to_pylist(), columns.values.to_pylist()
+    assert [(k, v) for _, _, k, v in decoded] == [
+        (keys[i][:255] or None if keys[i] else None, (values[i].encode() if isinstance(values[i], str) else
+                                                      values[i]) or b"") for i in expected_rows]

@@ -6,6 +6,7 @@
 #define POLYGATE_TANK_MESSAGES_H
 
 #include "_speedups.h"
+#include <string.h>
 
 #define HAVE_KEY 0x01
 #define USE_LAST_TS 0x02
@@ -95,6 +96,40 @@ tank_walk(const unsigned char *p, Py_ssize_t end, Py_ssize_t count, int sparse, 
     *read = i;
     *stop = i == count ? pos : at;
     return 0;
+}
+
+/* The size of a message as tank_put writes it: ``gap`` sequence numbers skipped since the previous one
+ * (SPARSE bundles), ``same_ts`` when it has the previous message's timestamp, a key of key_len bytes
+ * (0: none; cut to 255) and a value of value_len bytes. */
+static inline Py_ssize_t
+tank_size(uint64_t gap, int same_ts, Py_ssize_t key_len, Py_ssize_t value_len)
+{
+    return 1 + (gap ? uvarint_size(gap) : 0) + (same_ts ? 0 : 8) + (key_len ? 1 + (key_len > 255 ? 255 : key_len) : 0) +
+           uvarint_size((uint64_t)value_len) + value_len;
+}
+
+/* Write a message at out (see tank_size; ``seq_flags`` SEQ_PREV_PLUS_ONE or 0); returns the byte after it. */
+static inline unsigned char *
+tank_put(unsigned char *out, unsigned char seq_flags, uint64_t gap, int same_ts, uint64_t ts, const char *key,
+         Py_ssize_t key_len, const char *value, Py_ssize_t value_len)
+{
+    *out++ = seq_flags | (key_len ? HAVE_KEY : 0) | (same_ts ? USE_LAST_TS : 0);
+    if (gap)
+        out = put_uvarint(out, gap);
+    if (!same_ts)
+        for (int b = 0; b < 8; b++)
+            *out++ = (unsigned char)(ts >> (8 * b));
+    if (key_len) {
+        if (key_len > 255)
+            key_len = 255;
+        *out++ = (unsigned char)key_len;
+        memcpy(out, key, (size_t)key_len);
+        out += key_len;
+    }
+    out = put_uvarint(out, (uint64_t)value_len);
+    if (value_len)
+        memcpy(out, value, (size_t)value_len);
+    return out + value_len;
 }
 
 #endif

@@ -79,13 +79,9 @@ encode_messages(PyObject *self, PyObject *args)
         }
         if (gap_of(seqs, i, n, &gap) < 0)
             return NULL;
-        size += 1 + (gap ? uvarint_size(gap) : 0) + (i && ts == prev_ts ? 0 : 8);
+        size += tank_size(gap, i && ts == prev_ts, key != Py_None ? PyBytes_GET_SIZE(key) : 0,
+                          PyBytes_GET_SIZE(value));
         prev_ts = ts;
-        if (key != Py_None && PyBytes_GET_SIZE(key)) {
-            Py_ssize_t klen = PyBytes_GET_SIZE(key);
-            size += 1 + (klen > 255 ? 255 : klen);
-        }
-        size += uvarint_size((uint64_t)PyBytes_GET_SIZE(value)) + PyBytes_GET_SIZE(value);
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, size);
     if (out == NULL)
@@ -96,33 +92,10 @@ encode_messages(PyObject *self, PyObject *args)
         PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
         uint64_t ts = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(stamps, i));
         gap_of(seqs, i, n, &gap);
-        Py_ssize_t klen = key != Py_None ? PyBytes_GET_SIZE(key) : 0;
-        unsigned char flags = klen ? HAVE_KEY : 0;
-        if (seqs != Py_None && i && i < n - 1 && !gap)
-            flags |= SEQ_PREV_PLUS_ONE;
-        if (i && ts == prev_ts) {
-            *p++ = flags | USE_LAST_TS;
-            if (gap)
-                p = put_uvarint(p, gap);
-        } else {
-            *p++ = flags;
-            if (gap)
-                p = put_uvarint(p, gap);
-            for (int b = 0; b < 8; b++)
-                *p++ = (unsigned char)(ts >> (8 * b));
-        }
+        p = tank_put(p, seqs != Py_None && i && i < n - 1 && !gap ? SEQ_PREV_PLUS_ONE : 0, gap, i && ts == prev_ts,
+                     ts, key != Py_None ? PyBytes_AS_STRING(key) : NULL, key != Py_None ? PyBytes_GET_SIZE(key) : 0,
+                     PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
         prev_ts = ts;
-        if (klen) {
-            if (klen > 255)
-                klen = 255;
-            *p++ = (unsigned char)klen;
-            memcpy(p, PyBytes_AS_STRING(key), klen);
-            p += klen;
-        }
-        Py_ssize_t vlen = PyBytes_GET_SIZE(value);
-        p = put_uvarint(p, (uint64_t)vlen);
-        memcpy(p, PyBytes_AS_STRING(value), vlen);
-        p += vlen;
     }
     return out;
 }

@@ -315,6 +315,11 @@ def encode_fields(stamps: Sequence[int], keys: Sequence[bytes | None], values: S
     return b"".join(head) + body
 
 
+def plain(messages: bytes, count: int) -> bytes:
+    """The uncompressed, non-SPARSE bundle of a message set of ``count`` messages encoded already."""
+    return (bytes((count << 2,)) if 0 < count < 16 else b"\x00" + varint(count)) + messages
+
+
 def _encode_messages(stamps: Sequence[int], keys: Sequence[bytes | None], values: Sequence[bytes],
                      seqs: Sequence[int] | None) -> bytes:
     """The messages of an uncompressed bundle (``_speedups.encode_messages`` in C when built)."""

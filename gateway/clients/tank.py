@@ -314,13 +314,17 @@ class TankClient:
         With ``base_seq`` it is a ProduceWithSeqnum of a SPARSE bundle
         numbered ``base_seq, base_seq + 1, ...`` (what ``tank-cli produce -S`` sends).
         """
-        rid = self.next_id()
         if base_seq is None:
-            data = produce_request(rid, [(topic, partition, encode(messages))])
-        else:
-            seqs = range(base_seq, base_seq + len(messages))
-            data = produce_request(rid, [(topic, partition, encode(messages, seqs))], [base_seq])
-        self.sock.sendall(data)
+            return self.send_bundle(topic, partition, encode(messages))
+        rid = self.next_id()
+        seqs = range(base_seq, base_seq + len(messages))
+        self.sock.sendall(produce_request(rid, [(topic, partition, encode(messages, seqs))], [base_seq]))
+        return rid
+
+    def send_bundle(self, topic: str, partition: int, bundle: bytes) -> int:
+        """Send a Produce of one bundle built already; returns the request id (``produce_ack`` waits)."""
+        rid = self.next_id()
+        self.sock.sendall(produce_request(rid, [(topic, partition, bundle)]))
         return rid
 
     def produce_ack(self, request_id: int) -> None:

@@ -949,19 +949,19 @@ done:
     return out;
 }
 
-/* kafka_partitions(keys, partitions, count, sticky) -> bytes
+/* row_partitions(keys, partitions, count, sticky, hash) -> bytes
  *     The partition of each row as int32: the ``partitions`` view's value where it is not null
- *     (ValueError outside 0..count-1), else Kafka's Java default for a key, murmur2 (its positive
- *     31 bits) modulo ``count``, else ``sticky``. ``keys`` or ``partitions`` may be None (no such
- *     column), not both. */
+ *     (ValueError outside 0..count-1), else the key's hash modulo ``count`` (hash 0: murmur2, its
+ *     positive 31 bits, as Kafka's Java client; 1: FNV-1a 32, as V1 and Cursus clients), else
+ *     ``sticky``. ``keys`` or ``partitions`` may be None (no such column), not both. */
 static PyObject *
-kafka_partitions(PyObject *self, PyObject *args)
+row_partitions(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *keys_spec, *parts_spec, *out = NULL;
-    int count, sticky;
+    int count, sticky, hash;
     View keys = {0}, parts = {0};
-    if (!PyArg_ParseTuple(args, "OOii", &keys_spec, &parts_spec, &count, &sticky))
+    if (!PyArg_ParseTuple(args, "OOiii", &keys_spec, &parts_spec, &count, &sticky, &hash))
         return NULL;
     if ((keys_spec != Py_None && view_open(keys_spec, &keys, 0) < 0) ||
         (parts_spec != Py_None && view_open(parts_spec, &parts, 4) < 0))
@@ -994,7 +994,12 @@ kafka_partitions(PyObject *self, PyObject *args)
             Py_CLEAR(out);
             goto done;
         }
-        chosen[i] = key_n < 0 ? sticky : (int32_t)((murmur2_of(key, key_n) & 0x7FFFFFFF) % (uint64_t)count);
+        if (key_n < 0)
+            chosen[i] = sticky;
+        else if (hash == 0)
+            chosen[i] = (int32_t)((murmur2_of(key, key_n) & 0x7FFFFFFF) % (uint64_t)count);
+        else
+            chosen[i] = (int32_t)(fnv1a_32_of(key, key_n) % (uint64_t)count);
     }
 done:
     view_close(&keys);
@@ -1002,9 +1007,66 @@ done:
     return out;
 }
 
+/* tank_messages(rows, keys, values, timestamp_ms, at, most) -> (messages, count, next)
+ *     The message set of an uncompressed TANK bundle (``bundle._encode_messages``' bytes) of the rows
+ *     rows[at], rows[at + 1]... (as kafka_batch takes them), at most ``most`` of them, each stamped
+ *     ``timestamp_ms``: a null or empty key is none (keys cut to 255 bytes, as TANK keeps them), a
+ *     null value empty. ``count`` is how many rows it holds, ``next`` where the next bundle starts. */
+static PyObject *
+tank_messages(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *rows_spec, *keys_spec, *values_spec, *out = NULL;
+    unsigned long long timestamp;
+    Py_ssize_t at, most;
+    View rows = {0}, keys = {0}, values = {0};
+    Buf set = {NULL, 0, 0};
+    if (!PyArg_ParseTuple(args, "OOOKnn", &rows_spec, &keys_spec, &values_spec, &timestamp, &at, &most))
+        return NULL;
+    if ((rows_spec != Py_None && view_open(rows_spec, &rows, 8) < 0) ||
+        (keys_spec != Py_None && view_open(keys_spec, &keys, 0) < 0) || view_open(values_spec, &values, 0) < 0)
+        goto done;
+    Py_ssize_t total = rows_spec != Py_None ? rows.length : values.length, i, next = at;
+    if ((keys_spec != Py_None && keys.length != values.length) || at < 0 || at >= total || most < 1) {
+        PyErr_SetString(PyExc_ValueError, "columns of different lengths, or no row at that position");
+        goto done;
+    }
+    for (; next < total && next - at < most; next++) {
+        i = next;
+        if (rows_spec != Py_None) {
+            uint64_t row = ((const uint64_t *)rows.values.buf)[rows.offset + next];
+            if (row >= (uint64_t)values.length) {
+                PyErr_SetString(PyExc_ValueError, "a row index past the columns");
+                goto done;
+            }
+            i = (Py_ssize_t)row;
+        }
+        const unsigned char *key = NULL, *value = NULL;
+        Py_ssize_t key_n = -1, value_n;
+        if ((keys_spec != Py_None && view_bytes(&keys, i, &key, &key_n) < 0) || view_bytes(&values, i, &value, &value_n) < 0)
+            goto done;
+        key_n = key_n < 0 ? 0 : key_n;
+        value_n = value_n < 0 ? 0 : value_n;
+        Py_ssize_t size = tank_size(0, next > at, key_n, value_n);
+        if (reserve(&set, size) < 0)
+            goto done;
+        tank_put((unsigned char *)set.p + set.len, 0, 0, next > at, timestamp, (const char *)key, key_n,
+                 (const char *)value, value_n);
+        set.len += size;
+    }
+    out = Py_BuildValue("(Nnn)", bytes_of(&set), next - at, next);
+done:
+    buf_free(&set);
+    view_close(&rows);
+    view_close(&keys);
+    view_close(&values);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"kafka_batch", kafka_batch, METH_VARARGS, "One v2 record batch of Arrow rows."},
-    {"kafka_partitions", kafka_partitions, METH_VARARGS, "The partition of each Arrow row."},
+    {"row_partitions", row_partitions, METH_VARARGS, "The partition of each Arrow row."},
+    {"tank_messages", tank_messages, METH_VARARGS, "A TANK message set of Arrow rows."},
     {NULL, NULL, 0, NULL},
 };
 

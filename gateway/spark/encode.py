@@ -1,21 +1,25 @@
 """Arrow rows straight into Kafka record batches, for the Spark sink (``protocol=kafka``).
 
-``kafka_partitions`` picks each row's partition and ``kafka_batch`` writes
-rows as one uncompressed v2 record batch: in C (``_arrow.c``) when it was
-built, reading the Arrow buffers with no Python object per row, else in
-Python here (``to_pylist``), which gives the same bytes. ``Columns.of``
-takes the columns Spark's Kafka sink takes from a RecordBatch.
+``row_partitions`` picks each row's partition, ``kafka_batch`` writes rows
+as one uncompressed v2 record batch and ``tank_messages`` as the message set
+of a TANK bundle: in C (``_arrow.c``) when it was built, reading the Arrow
+buffers with no Python object per row, else in Python here (``to_pylist``),
+which gives the same bytes. ``Columns.of`` takes the columns Spark's Kafka
+sink takes from a RecordBatch, ``by_topic`` splits rows by their topic.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import attrs
 import crc32c
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gateway.codecs.kafka import records
+from gateway.codecs.tank import bundle
 from gateway.partitioners import choose
 from gateway.varint import zigzag
 
@@ -89,22 +93,48 @@ def _headers_view(array: pa.Array | None) -> tuple | None:
             _binary_view(entries.field("key")), _binary_view(entries.field("value")))
 
 
-def kafka_partitions(columns: Columns, count: int, sticky: int) -> pa.Array:
-    """Each row's partition (int32): its ``partition`` where not null, else murmur2 of its key (the
-    Java client's default partitioner), else ``sticky``; SourceError for a partition the topic lacks."""
+HASHES = {"murmur2": 0, "fnv1a_32": 1}
+
+
+def by_topic(batch: pa.RecordBatch, topic: str | None) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """``(topic, rows)``: every row to ``topic`` when given, else rows grouped by their ``topic`` column."""
+    if topic is not None:
+        yield topic, batch
+        return
+    if "topic" not in batch.schema.names:
+        raise SourceError('set option "topic" or give the DataFrame a topic column')
+    names = batch.column("topic")
+    if names.null_count:
+        raise SourceError("a row has a null topic")
+    targets = pc.unique(names).to_pylist()
+    for name in targets:
+        yield name, batch if len(targets) == 1 else batch.filter(pc.equal(names, name))
+
+
+def row_partitions(columns: Columns, count: int, sticky: int, hash: str = "murmur2") -> pa.Array:
+    """Each row's partition (int32): its ``partition`` where not null, else ``hash`` of its key
+    (``murmur2``: the Java client's default partitioner; ``fnv1a_32``: V1's and Cursus'), else
+    ``sticky``; SourceError for a partition the topic lacks."""
     try:
         if _arrow is not None:
             if columns.keys is None and columns.partitions is None:
                 return pa.repeat(pa.scalar(sticky, pa.int32()), len(columns))
-            chosen = _arrow.kafka_partitions(_binary_view(columns.keys), columns.partitions and _fixed_view(
-                columns.partitions), count, sticky)
+            chosen = _arrow.row_partitions(_binary_view(columns.keys), columns.partitions and _fixed_view(
+                columns.partitions), count, sticky, HASHES[hash])
             return pa.Array.from_buffers(pa.int32(), len(columns), [None, pa.py_buffer(chosen)])
-        return pa.array(_python_partitions(columns, count, sticky), pa.int32())
+        return pa.array(_python_partitions(columns, count, sticky, hash), pa.int32())
     except ValueError as e:
         raise SourceError(str(e)) from None
 
 
-def _python_partitions(columns: Columns, count: int, sticky: int) -> list[int]:
+def rows_by_partition(chosen: pa.Array) -> Iterator[tuple[int, pa.Array | None]]:
+    """``(partition, rows)`` for each partition in ``chosen``: uint64 row indices, or None for every row."""
+    targets = pc.unique(chosen).to_pylist()
+    for partition in targets:
+        yield partition, None if len(targets) == 1 else pc.indices_nonzero(pc.equal(chosen, partition))
+
+
+def _python_partitions(columns: Columns, count: int, sticky: int, hash: str = "murmur2") -> list[int]:
     n = len(columns)
     keys = _bytes(columns.keys) if columns.keys is not None else [None] * n
     given = columns.partitions.to_pylist() if columns.partitions is not None else [None] * n
@@ -115,8 +145,27 @@ def _python_partitions(columns: Columns, count: int, sticky: int) -> list[int]:
                 raise ValueError(f"partition {partition} of row {i}: the topic has partitions 0 to {count - 1}")
             out.append(partition)
         else:
-            out.append(sticky if key is None else choose("murmur2", key, count, 0))
+            out.append(sticky if key is None else choose(hash, key, count, 0))
     return out
+
+
+def tank_messages(columns: Columns, rows: pa.Array | None, timestamp_ms: int, at: int,
+                  most: int) -> tuple[bytes, int, int]:
+    """The message set of an uncompressed TANK bundle of ``rows[at:]`` (as ``kafka_batch`` takes them),
+    at most ``most``, each stamped ``timestamp_ms`` (a null key is none, a null value empty); how many
+    rows it holds; where the next bundle starts."""
+    if _arrow is not None:
+        return _arrow.tank_messages(rows and _fixed_view(rows), _binary_view(columns.keys),
+                                    _binary_view(columns.values), timestamp_ms, at, most)
+    indices = rows.to_pylist() if rows is not None else range(len(columns))
+    if not 0 <= at < len(indices) or most < 1:
+        raise ValueError("columns of different lengths, or no row at that position")
+    chosen = indices[at:at + most]
+    values = _bytes(columns.values)
+    keys = _bytes(columns.keys) if columns.keys is not None else [None] * len(columns)
+    messages = bundle._encode_messages([timestamp_ms] * len(chosen), [keys[i] for i in chosen],
+                                       [values[i] or b"" for i in chosen], None)
+    return messages, len(chosen), at + len(chosen)
 
 
 def kafka_batch(columns: Columns, rows: pa.Array | None, timestamp_ms: int, max_bytes: int,

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 
 import attrs
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from gateway.clients.kafka import KafkaClient, KafkaError
 
@@ -128,32 +127,19 @@ class KafkaWriter:
         """Send every row of ``batch`` (``topic`` overrides a ``topic`` column)."""
         if batch.num_rows == 0:
             return
-        if topic is None:
-            if "topic" not in batch.schema.names:
-                raise SourceError('set option "topic" or give the DataFrame a topic column')
-            names = batch.column("topic")
-            if names.null_count:
-                raise SourceError("a row has a null topic")
-            for name in pc.unique(names).to_pylist():
-                self._write_topic(batch.filter(pc.equal(names, name)), name)
-        else:
-            self._write_topic(batch, topic)
-        self.batches += 1
-
-    def _write_topic(self, batch: pa.RecordBatch, topic: str) -> None:
-        columns = encode.Columns.of(batch)
-        count = self.partitions(topic)
-        chosen = encode.kafka_partitions(columns, count, self.batches % count)
         now = int(time.time() * 1000)
-        targets = pc.unique(chosen).to_pylist()
-        for partition in targets:
-            rows = None if len(targets) == 1 else pc.indices_nonzero(pc.equal(chosen, partition))
-            total = len(columns) if rows is None else len(rows)
-            at = 0
-            while at < total:
-                data, following = encode.kafka_batch(columns, rows, now, MAX_BATCH_BYTES, at)
-                self._send(_Sent(topic, partition, data, following - at))
-                at = following
+        for name, rows_of_topic in encode.by_topic(batch, topic):
+            columns = encode.Columns.of(rows_of_topic)
+            count = self.partitions(name)
+            chosen = encode.row_partitions(columns, count, self.batches % count)
+            for partition, rows in encode.rows_by_partition(chosen):
+                total = len(columns) if rows is None else len(rows)
+                at = 0
+                while at < total:
+                    data, following = encode.kafka_batch(columns, rows, now, MAX_BATCH_BYTES, at)
+                    self._send(_Sent(name, partition, data, following - at))
+                    at = following
+        self.batches += 1
 
     def _send(self, sent: _Sent) -> None:
         address = self.placement[sent.topic][sent.partition]

@@ -5,26 +5,29 @@ and ``produce`` in Spark tasks. TANK sequence numbers are offsets + 1. TANK
 records carry no headers (read as empty lists; rows with headers are
 refused) and TANK has no offset lookup by time (timestamp bounds are
 refused). Rows without a ``partition`` go where V1 and Cursus clients put
-them: FNV-1a 32 of the key, round robin without one.
+them: FNV-1a 32 of the key; rows without a key go to one partition per
+Arrow batch, the next partition for the next batch.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from gateway.clients.tank import TankClient, TankError, chunk_bundles
-from gateway.partitioners import choose
+from gateway.clients.tank import TankClient, TankError, chunk_bundles, now_ms
+from gateway.codecs.tank import bundle
 
-from . import decode
-from .arrow import SourceError, rows
+from . import decode, encode
+from .arrow import SourceError
 from .options import TopicPartition
 
 FETCH_SIZE = 8 << 20
 BUNDLE = 1000  # messages per produced bundle
+IN_FLIGHT = 5  # Produce requests awaiting their acknowledgement
 
 
 def _client(bootstrap: str) -> TankClient:
@@ -106,34 +109,42 @@ def read_range(bootstrap: str, extra: Mapping[str, str], topic: str, partition: 
                                   f"within {poll_timeout_ms} ms")
 
 
-def _bytes(value: bytes | str | None) -> bytes | None:
-    return value.encode() if isinstance(value, str) else value
-
-
 def produce(bootstrap: str, extra: Mapping[str, str], topic: str | None,
             batches: Iterable[pa.RecordBatch]) -> dict[TopicPartition, int]:
-    """Produce every row (see ``arrow.rows``), one acknowledged bundle per partition and batch."""
+    """Produce every row (columns as ``encode.Columns.of`` takes them). A partition's rows go in
+    uncompressed bundles of at most ``BUNDLE`` messages, encoded from the Arrow columns in C
+    (``encode.tank_messages``), ``IN_FLIGHT`` Produce requests at a time; returns records acknowledged
+    per partition."""
     written: dict[TopicPartition, int] = defaultdict(int)
+    pending: deque[tuple[int, str, int, int]] = deque()  # request id, topic, partition, messages
     with _client(bootstrap) as client:
+
+        def settle() -> None:
+            request, name, part, count = pending.popleft()
+            try:
+                client.produce_ack(request)
+            except TankError as e:
+                raise SourceError(f"produce to {name}/{part}: {e}") from None
+            written[name, part] += count
+
         counts: dict[str, int] = {}
-        for batch in batches:
-            todo = rows(batch, topic)
-            if todo.headers is not None and any(todo.headers):
-                raise SourceError("TANK records have no headers: write them with protocol kafka")
-            bundles: dict[TopicPartition, list[tuple[bytes | None, bytes]]] = defaultdict(list)
-            for i in range(len(todo)):
-                name, key = todo.topics[i], _bytes(todo.keys[i])
+        for number, batch in enumerate(batches):
+            now = now_ms()
+            for name, rows_of_topic in encode.by_topic(batch, topic) if batch.num_rows else ():
+                columns = encode.Columns.of(rows_of_topic)
+                if columns.headers is not None and (pc.max(pc.list_value_length(columns.headers)).as_py() or 0):
+                    raise SourceError("TANK records have no headers: write them with protocol kafka")
                 if name not in counts:
                     counts[name] = len(_discover(client, name))
-                part = todo.partitions[i] if todo.partitions is not None else None
-                if part is None:
-                    part = choose("fnv1a_32", key, counts[name], sum(written.values()) + i)
-                bundles[name, part].append((key, _bytes(todo.values[i])))
-            for (name, part), messages in bundles.items():
-                for at in range(0, len(messages), BUNDLE):
-                    try:
-                        client.produce_messages(name, part, messages[at:at + BUNDLE])
-                    except TankError as e:
-                        raise SourceError(f"produce to {name}/{part}: {e}") from None
-                written[name, part] += len(messages)
+                chosen = encode.row_partitions(columns, counts[name], number % counts[name], "fnv1a_32")
+                for part, rows in encode.rows_by_partition(chosen):
+                    total, at = len(columns) if rows is None else len(rows), 0
+                    while at < total:
+                        messages, count, at = encode.tank_messages(columns, rows, now, at, BUNDLE)
+                        pending.append((client.send_bundle(name, part, bundle.plain(messages, count)), name, part,
+                                        count))
+                        while len(pending) >= IN_FLIGHT:
+                            settle()
+        while pending:
+            settle()
     return dict(written)
