@@ -325,3 +325,34 @@ def test_sasl_ssl_wrong_password_is_refused(gateway_factory, pki, tmp_path):
     bad.purge()
     # the right password on the same gateway gets in
     assert confluent_round_trip(bootstrap(gw), unique("ok"), sec) == EXPECTED
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])
+def test_spark_tasks_write_and_read_over_sasl_ssl_with_requests_of_their_own(gateway_factory, pki, tmp_path,
+                                                                              mechanism, monkeypatch):
+    """The Spark source's write and read tasks take the kafka.* TLS and SASL options into their own
+    Produce and Fetch requests (no librdkafka in the task)."""
+    import pyarrow as pa
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from spark_support import ARROW_SCHEMA
+
+    from gateway.spark import kafka as kafka_source
+
+    gw = tls_kafka_gateway(gateway_factory, pki, *sasl_args(tmp_path))
+    extra = {"security.protocol": "SASL_SSL", "ssl.ca.location": str(pki.ca), "sasl.mechanism": mechanism,
+             "sasl.username": "alice", "sasl.password": USERS["alice"]}
+    topic = unique("spark-tls")
+    admin = AdminClient({"bootstrap.servers": bootstrap(gw), **extra})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+
+    def librdkafka(*args, **kwargs):
+        raise AssertionError("librdkafka in a task")
+
+    monkeypatch.setattr(ck, "Producer", librdkafka)
+    monkeypatch.setattr(ck, "Consumer", librdkafka)
+    batch = pa.RecordBatch.from_arrays([pa.array([k for k, _ in RECORDS]), pa.array([v for _, v in RECORDS])],
+                                       names=["key", "value"])
+    assert kafka_source.produce(bootstrap(gw), extra, topic, [batch]) == {(topic, 0): len(RECORDS)}
+    read = [row for b in kafka_source.read_range(bootstrap(gw), extra, topic, 0, 0, len(RECORDS), ARROW_SCHEMA,
+                                                 10_000) for row in b.to_pylist()]
+    assert [(r["offset"], r["key"], r["value"]) for r in read] == EXPECTED

@@ -68,7 +68,10 @@ class Settings:
         isolation = config.get("isolation.level", "read_committed").lower()
         if isolation not in ("read_committed", "read_uncommitted"):
             return None
-        sizes = [int(config[key]) for key in ("fetch.max.bytes", "max.partition.fetch.bytes") if key in config]
+        try:
+            sizes = [int(config[key]) for key in ("fetch.max.bytes", "max.partition.fetch.bytes") if key in config]
+        except ValueError:
+            return None  # librdkafka says what is wrong with it
         return cls(tls=_tls(config) if security.endswith("ssl") else None, mechanism=mechanism,
                    user=config.get("sasl.username", ""), password=config.get("sasl.password", ""),
                    read_committed=isolation == "read_committed", fetch_bytes=min(sizes) if sizes else FETCH_BYTES)

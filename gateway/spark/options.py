@@ -8,8 +8,10 @@ latest); ``startingTimestamp``/``endingTimestamp`` (ms, every partition) and
 partition) take precedence over offsets. A read plans one Spark partition per
 topic partition, cut into ranges of at most ``maxRecordsPerPartition`` records
 and, like Spark's ``minPartitions``, into at least ``minPartitions`` ranges.
-Options named ``kafka.<key>`` go unchanged to the client (librdkafka
-configuration). ``protocol`` is ``kafka`` (default) or ``tank`` and
+Options named ``kafka.<key>`` are librdkafka configuration: the tasks'
+own Fetch and Produce requests take the security, isolation and fetch size
+settings (``fetch.Settings``), and any other key sends the task's reads and
+writes through librdkafka, which gets them unchanged. ``protocol`` is ``kafka`` (default) or ``tank`` and
 ``bootstrap`` the host:port of that listener.
 """
 
