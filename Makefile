@@ -12,7 +12,8 @@ DATA   ?= .data
 MQTT   := plugins/polygate-mqtt
 
 # What serving needs (the gateway and the MQTT plugin), then, for make test, the test tools and Spark.
-$(SERVING): setup.cfg pyproject.toml $(MQTT)/pyproject.toml $(wildcard codecs/*/_speedups.c) gateway/_speedups.c
+$(SERVING): setup.cfg pyproject.toml $(MQTT)/pyproject.toml $(wildcard codecs/*/_speedups.c codecs/*/*.h) \
+          gateway/_speedups.c gateway/_speedups.h gateway/spark/_arrow.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 	$(PIP) install --quiet -e .
