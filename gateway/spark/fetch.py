@@ -101,6 +101,18 @@ class Fetched:
     records: bytes
 
 
+def open_client(settings: Settings, timeout: float, host: str, port: int) -> KafkaClient:
+    """A connection to a broker, logged in as ``settings`` say."""
+    client = KafkaClient(host, port, timeout, settings.tls, client_id="polygate-spark")
+    try:
+        if settings.mechanism:
+            client.login(settings.user, settings.password, settings.mechanism)
+        return client
+    except BaseException:
+        client.close()
+        raise
+
+
 def address_of(text: str) -> tuple[str, int]:
     """``(host, port)`` of ``host:port`` (``[v6]:port`` too)."""
     host, _, port = text.strip().rpartition(":")
@@ -131,23 +143,13 @@ class PartitionFetcher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _open(self, host: str, port: int) -> KafkaClient:
-        client = KafkaClient(host, port, self.timeout, self.settings.tls, client_id="polygate-spark")
-        try:
-            if self.settings.mechanism:
-                client.login(self.settings.user, self.settings.password, self.settings.mechanism)
-            return client
-        except BaseException:
-            client.close()
-            raise
-
     def connect(self) -> None:
         """Find the partition's leader (through the first bootstrap that answers) and connect to it."""
         self.close()
         failure: OSError | None = None
         for host, port in self.bootstraps:
             try:
-                client = self._open(host, port)
+                client = open_client(self.settings, self.timeout, host, port)
                 break
             except OSError as e:
                 failure = e
@@ -157,7 +159,7 @@ class PartitionFetcher:
             leader = self._leader(client)
             if leader != (host, port):
                 client.close()
-                client = self._open(*leader)
+                client = open_client(self.settings, self.timeout, *leader)
             versions = {k.ApiKey: k for k in client.call(API_VERSIONS, 0, {}).ApiKeys}
             fetch = versions.get(FETCH)
             if fetch is None or fetch.MaxVersion < FETCH_VERSIONS[0] or fetch.MinVersion > FETCH_VERSIONS[1]:

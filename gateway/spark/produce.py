@@ -23,7 +23,7 @@ from gateway.clients.kafka import KafkaClient, KafkaError
 
 from . import encode
 from .arrow import SourceError
-from .fetch import METADATA, RETRIABLE, Settings, address_of
+from .fetch import METADATA, RETRIABLE, Settings, address_of, open_client
 
 PRODUCE, API_VERSIONS = 0, 18
 PRODUCE_VERSIONS = (3, 8)  # 3: record batches v2; 8: the newest non-flexible version
@@ -67,20 +67,10 @@ class KafkaWriter:
 
     # ------------------------------------------------------------------ connections
 
-    def _open(self, host: str, port: int) -> KafkaClient:
-        client = KafkaClient(host, port, self.timeout, self.settings.tls, client_id="polygate-spark")
-        try:
-            if self.settings.mechanism:
-                client.login(self.settings.user, self.settings.password, self.settings.mechanism)
-            return client
-        except BaseException:
-            client.close()
-            raise
-
     def _leader(self, address: tuple[str, int]) -> _Leader:
         leader = self.leaders.get(address)
         if leader is None:
-            client = self._open(*address)
+            client = open_client(self.settings, self.timeout, *address)
             try:
                 versions = {k.ApiKey: k for k in client.call(API_VERSIONS, 0, {}).ApiKeys}
             except BaseException:
@@ -98,7 +88,7 @@ class KafkaWriter:
         failure: Exception | None = None
         for address in self.bootstraps:
             try:
-                client = self._open(*address)
+                client = open_client(self.settings, self.timeout, *address)
             except OSError as e:
                 failure = e
                 continue
