@@ -709,6 +709,21 @@ put_blob(unsigned char *out, const unsigned char *p, Py_ssize_t n)
     return out;
 }
 
+/* The column row of the ``next``-th row to write: rows[next] of a view of uint64 row indices, or ``next``
+ * itself without one; -1 with ValueError for an index past the ``length`` rows of the columns. */
+static Py_ssize_t
+row_at(const View *rows, Py_ssize_t next, Py_ssize_t length)
+{
+    if (rows == NULL)
+        return next;
+    uint64_t row = ((const uint64_t *)rows->values.buf)[rows->offset + next];
+    if (row >= (uint64_t)length) {
+        PyErr_SetString(PyExc_ValueError, "a row index past the columns");
+        return -1;
+    }
+    return (Py_ssize_t)row;
+}
+
 /* The headers of the rows, as ``(list view, entry validity or None, entry offset, key view, value view)``:
  * the list's offsets index the entries (struct rows), whose fields are the key and value views. */
 typedef struct {
@@ -900,15 +915,9 @@ kafka_batch(PyObject *self, PyObject *args)
     Py_ssize_t next = at;
     int64_t delta = 0;
     for (; next < total; next++, delta++) {
-        Py_ssize_t i = next;
-        if (rows_spec != Py_None) {
-            uint64_t row = ((const uint64_t *)rows.values.buf)[rows.offset + next];
-            if (row >= (uint64_t)values.length) {
-                PyErr_SetString(PyExc_ValueError, "a row index past the columns");
-                goto done;
-            }
-            i = (Py_ssize_t)row;
-        }
+        Py_ssize_t i = row_at(rows_spec != Py_None ? &rows : NULL, next, values.length);
+        if (i < 0)
+            goto done;
         Py_ssize_t body = record_body_size(&keys, &values, with_headers ? &headers : NULL, i, delta);
         if (body < 0)
             goto done;
@@ -1032,15 +1041,8 @@ tank_messages(PyObject *self, PyObject *args)
         goto done;
     }
     for (; next < total && next - at < most; next++) {
-        i = next;
-        if (rows_spec != Py_None) {
-            uint64_t row = ((const uint64_t *)rows.values.buf)[rows.offset + next];
-            if (row >= (uint64_t)values.length) {
-                PyErr_SetString(PyExc_ValueError, "a row index past the columns");
-                goto done;
-            }
-            i = (Py_ssize_t)row;
-        }
+        if ((i = row_at(rows_spec != Py_None ? &rows : NULL, next, values.length)) < 0)
+            goto done;
         const unsigned char *key = NULL, *value = NULL;
         Py_ssize_t key_n = -1, value_n;
         if ((keys_spec != Py_None && view_bytes(&keys, i, &key, &key_n) < 0) || view_bytes(&values, i, &value, &value_n) < 0)
