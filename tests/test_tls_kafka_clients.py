@@ -356,3 +356,22 @@ def test_spark_tasks_write_and_read_over_sasl_ssl_with_requests_of_their_own(gat
     read = [row for b in kafka_source.read_range(bootstrap(gw), extra, topic, 0, 0, len(RECORDS), ARROW_SCHEMA,
                                                  10_000) for row in b.to_pylist()]
     assert [(r["offset"], r["key"], r["value"]) for r in read] == EXPECTED
+
+
+def test_a_spark_task_with_a_wrong_password_fails_at_once(gateway_factory, pki, tmp_path):
+    import pyarrow as pa
+    from spark_support import ARROW_SCHEMA
+
+    from gateway.spark import kafka as kafka_source
+    from gateway.spark.arrow import SourceError
+
+    gw = tls_kafka_gateway(gateway_factory, pki, *sasl_args(tmp_path))
+    extra = {"security.protocol": "SASL_SSL", "ssl.ca.location": str(pki.ca), "sasl.mechanism": "SCRAM-SHA-256",
+             "sasl.username": "alice", "sasl.password": "wrong"}
+    started = time.monotonic()
+    with pytest.raises(SourceError, match="SASL_AUTHENTICATION_FAILED"):
+        list(kafka_source.read_range(bootstrap(gw), extra, "any", 0, 0, 1, ARROW_SCHEMA, 60_000))
+    assert time.monotonic() - started < 10  # not after the 60 s poll timeout
+    with pytest.raises(SourceError, match="SASL_AUTHENTICATION_FAILED"):
+        kafka_source.produce(bootstrap(gw), extra, "any", [pa.RecordBatch.from_arrays([pa.array([b"v"])],
+                                                                                      names=["value"])])

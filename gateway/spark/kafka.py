@@ -138,10 +138,10 @@ def _fetch_range(bootstrap: str, settings: fetch.Settings, topic: str, partition
                                       f"within {poll_timeout_ms} ms")
                 yield position, None
                 continue
-            if isinstance(answer, fetch.Fetched) and answer.error not in fetch.RETRIABLE:
-                raise SourceError(f"reading {topic}/{partition} at {position}: {KafkaError(answer.error)}")
+            why = KafkaError(answer.error) if isinstance(answer, fetch.Fetched) else answer
+            if isinstance(why, KafkaError) and why.code not in fetch.RETRIABLE:  # a refused login, say
+                raise SourceError(f"reading {topic}/{partition} at {position}: {why}")
             if time.monotonic() - last_progress > poll_timeout_ms / 1000:
-                why = answer if not isinstance(answer, fetch.Fetched) else KafkaError(answer.error)
                 raise SourceError(f"no record of {topic}/{partition} at {position} (reading up to {end}) "
                                   f"within {poll_timeout_ms} ms: {why}")
             fetcher.close()  # a retriable error: the leader is looked up again

@@ -92,6 +92,8 @@ class KafkaWriter:
             except OSError as e:
                 failure = e
                 continue
+            except KafkaError as e:  # a refused login
+                raise SourceError(f"connecting to {address[0]}:{address[1]}: {e}") from None
             try:
                 answer = client.call(METADATA, 4, {"Topics": [{"Name": topic}], "AllowAutoTopicCreation": False})
             finally:
