@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import attrs
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -30,34 +27,3 @@ def record_batch(schema: pa.Schema, topic: str, partition: int, keys: pa.Array, 
         offsets, pc.multiply(timestamps, 1000).cast(schema.field("timestamp").type), timestamp_types,
         headers,
     ], schema=schema)
-
-
-@attrs.frozen
-class Rows:
-    """The rows of a DataFrame batch to write, column by column (``None``: column absent)."""
-
-    topics: Sequence[str]
-    values: Sequence[bytes | str | None]
-    keys: Sequence[bytes | str | None]
-    partitions: Sequence[int | None] | None
-    headers: Sequence[list[dict] | None] | None
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-
-def rows(batch: pa.RecordBatch, topic: str | None) -> Rows:
-    """Columns ``value``, optional ``key``, ``partition``, ``headers``, ``topic``; ``topic`` (the option)
-    overrides a ``topic`` column. Raises SourceError without a value column or a topic."""
-    names = batch.schema.names
-    if "value" not in names:
-        raise SourceError("the DataFrame written to polygate needs a value column")
-    if topic is None and "topic" not in names:
-        raise SourceError('set option "topic" or give the DataFrame a topic column')
-    n = batch.num_rows
-
-    def column(name):
-        return batch.column(name).to_pylist() if name in names else None
-
-    return Rows(topics=[topic] * n if topic is not None else column("topic"), values=column("value"),
-                keys=column("key") or [None] * n, partitions=column("partition"), headers=column("headers"))

@@ -19,9 +19,9 @@ import pyarrow.compute as pc
 
 from gateway.clients.kafka import KafkaError
 
-from . import decode, fetch
+from . import decode, encode, fetch
 from . import produce as raw_produce
-from .arrow import SourceError, empty_headers, record_batch, rows
+from .arrow import SourceError, empty_headers, record_batch
 from .options import TopicPartition
 
 TIMEOUT_S = 30.0
@@ -209,7 +209,7 @@ def _arrow(messages: list[ck.Message], topic: str, partition: int, schema: pa.Sc
 
 def produce(bootstrap: str, extra: Mapping[str, str], topic: str | None,
             batches: Iterable[pa.RecordBatch]) -> dict[TopicPartition, int]:
-    """Produce every row (see ``arrow.rows``). Waits for every acknowledgement; returns records written per
+    """Produce every row (columns as ``encode.Columns.of`` takes them). Waits for every acknowledgement; returns records written per
     partition; raises SourceError with the first delivery error.
 
     Produce requests of our own write the rows, encoded from the Arrow columns in C (``produce``);
@@ -230,17 +230,22 @@ def produce(bootstrap: str, extra: Mapping[str, str], topic: str | None,
             key = (msg.topic(), msg.partition())
             written[key] = written.get(key, 0) + 1
 
-    for batch in batches:
-        todo = rows(batch, topic)
-        for i in range(len(todo)):
+    for name, rows_of_topic in (pair for batch in batches for pair in encode.by_topic(batch, topic)):
+        columns = encode.Columns.of(rows_of_topic)
+        n = len(columns)
+        values = columns.values.to_pylist()
+        keys = columns.keys.to_pylist() if columns.keys is not None else [None] * n
+        partitions = columns.partitions.to_pylist() if columns.partitions is not None else [None] * n
+        headers = columns.headers.to_pylist() if columns.headers is not None else [None] * n
+        for value, key, partition, row_headers in zip(values, keys, partitions, headers):
             kwargs = {}
-            if todo.partitions is not None and todo.partitions[i] is not None:
-                kwargs["partition"] = todo.partitions[i]
-            if todo.headers is not None and todo.headers[i]:
-                kwargs["headers"] = [(h["key"], h["value"]) for h in todo.headers[i]]
+            if partition is not None:
+                kwargs["partition"] = partition
+            if row_headers:
+                kwargs["headers"] = [(h["key"], h["value"]) for h in row_headers]
             while True:
                 try:
-                    producer.produce(todo.topics[i], todo.values[i], todo.keys[i], on_delivery=delivered, **kwargs)
+                    producer.produce(name, value, key, on_delivery=delivered, **kwargs)
                     break
                 except BufferError:
                     producer.poll(0.05)
