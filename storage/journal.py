@@ -18,11 +18,11 @@ import contextlib
 import logging
 import os
 import struct
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgpack
+from zlib_ng.zlib_ng import crc32
 
 from gateway.model import CommandError, ErrorCode
 
@@ -35,7 +35,7 @@ FRAME = struct.Struct(">II")
 
 def _frame(entry: dict[str, Any]) -> bytes:
     body = msgpack.packb(entry, use_bin_type=True)
-    return FRAME.pack(len(body), zlib.crc32(body)) + body
+    return FRAME.pack(len(body), crc32(body)) + body
 
 
 class Journal:
@@ -59,7 +59,7 @@ class Journal:
         while pos + FRAME.size <= len(data):
             length, crc = FRAME.unpack_from(data, pos)
             body = data[pos + FRAME.size : pos + FRAME.size + length]
-            if len(body) < length or zlib.crc32(body) != crc:
+            if len(body) < length or crc32(body) != crc:
                 break
             try:
                 entry = msgpack.unpackb(body, raw=False, strict_map_key=False)
