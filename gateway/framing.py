@@ -155,6 +155,12 @@ def fixed_header(layout: struct.Struct, size_field: int = -1) -> HeaderReader:
 # Frames up to this size are copied out of the buffer by slicing (two small copies beat
 # a memoryview's setup); larger ones through a memoryview (one copy).
 _SMALL_FRAME = 4096
+# A body over this size that is not whole yet is assembled from the received pieces
+# themselves (``_Assembly``) rather than appended to the buffer and copied out again.
+_LARGE_FRAME = 1 << 16
+# Pieces under this size are gathered into one ``bytearray`` first, so that a body
+# trickling in small pieces costs no list slot per piece.
+_PIECE = 1 << 14
 
 
 class _Framer:
@@ -182,6 +188,38 @@ class _Framer:
         return None
 
 
+class _Assembly:
+    """The body of a large frame, gathered as it arrives: the received pieces are kept
+    as they are and joined once, when the body is whole (one copy in all, where the
+    buffer would append each piece and then copy the body out)."""
+
+    __slots__ = ("header", "size", "have", "pieces", "small")
+
+    def __init__(self, header: bytes, size: int):
+        self.header = header
+        self.size = size
+        self.have = 0
+        self.pieces: list[bytes | bytearray] = []
+        self.small = bytearray()  # small pieces, gathered until they make one of ``_PIECE`` bytes
+
+    def add(self, piece: bytes | bytearray) -> None:
+        self.have += len(piece)
+        if len(piece) >= _PIECE:
+            if self.small:
+                self.pieces.append(self.small)
+                self.small = bytearray()
+            self.pieces.append(piece)
+            return
+        self.small += piece
+        if len(self.small) >= _PIECE:
+            self.pieces.append(self.small)
+            self.small = bytearray()
+
+    def body(self, mutable: bool) -> bytes | bytearray:
+        self.pieces.append(self.small)
+        return (bytearray() if mutable else b"").join(self.pieces)
+
+
 class LengthPrefixedFramer(_Framer):
     """Frames that start with a header telling the body's size (Kafka, TANK, Cursus, MQTT).
 
@@ -189,6 +227,9 @@ class LengthPrefixedFramer(_Framer):
     size at the front of the buffer; ``max_frame_size`` bounds the body.
     ``mutable_body`` returns bodies as ``bytearray`` the codec may patch in place
     (Kafka patches produce batches' base offsets); otherwise ``bytes``.
+
+    A body over 64 KiB that has not all arrived is gathered apart from the
+    buffer (``_Assembly``), from the pieces ``feed`` is given, and joined once.
     """
 
     def __init__(self, read_header: HeaderReader, max_frame_size: int, mutable_body: bool = False):
@@ -197,9 +238,31 @@ class LengthPrefixedFramer(_Framer):
         self.mutable_body = mutable_body
         self._discard = 0  # bytes of an oversized frame still to drop
         self._fixed = read_header if isinstance(read_header, FixedHeader) else None
+        self._assembly: _Assembly | None = None
+
+    def feed(self, data: bytes) -> None:
+        assembly = self._assembly
+        if assembly is None or not data:
+            self.buffer.feed(data)
+            return
+        need = assembly.size - assembly.have
+        if len(data) <= need:
+            assembly.add(data)
+            return
+        assembly.add(data[:need])
+        self.buffer.feed(data[need:])
+
+    def partial_frame(self) -> bool:
+        return self._assembly is not None or len(self.buffer) > 0
 
     def next_frame(self) -> tuple[bytes, bytes | bytearray] | None:
         buffer = self.buffer
+        assembly = self._assembly
+        if assembly is not None:
+            if assembly.have < assembly.size:
+                return None if self.finished else self._end(len(assembly.header) + assembly.have)
+            self._assembly = None
+            return assembly.header, assembly.body(self.mutable_body)
         fixed = self._fixed
         if fixed is not None and not self._discard:  # the common case, in place: a whole small frame
             data, pos = buffer._data, buffer._pos
@@ -229,6 +292,10 @@ class LengthPrefixedFramer(_Framer):
             self._discard = body_size
             raise FrameTooLarge(body_size, self.max_frame_size)
         if len(buffer) < header_size + body_size:
+            if body_size > _LARGE_FRAME and not buffer.eof:
+                assembly = self._assembly = _Assembly(buffer.take(header_size), body_size)
+                assembly.add(buffer.take(len(buffer)))
+                return None
             return self._end(len(buffer))
         header = buffer.take(header_size)
         body = buffer.take_mutable(body_size) if self.mutable_body else buffer.take(body_size)

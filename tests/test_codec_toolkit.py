@@ -85,6 +85,39 @@ def test_negative_size_is_malformed_and_bodies_may_be_mutable():
         framer.next_frame()
 
 
+@pytest.mark.parametrize("piece", [1, 1000, 16 * 1024, 65536, 300_000])
+@pytest.mark.parametrize("mutable", [False, True])
+def test_large_bodies_are_gathered_from_the_pieces_in_any_split(piece, mutable):
+    """Bodies over 64 KiB that arrive in pieces (``_Assembly``) come out whole and in
+    order, with frames before and after them in the same pieces, whatever the split."""
+    bodies = [b"small", bytes(range(256)) * 400, b"", b"m" * 70_000, b"tail", b"L" * 200_000]
+    stream = b"".join(framed(b) for b in bodies)
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20, mutable_body=mutable)
+    out = []
+    for i in range(0, len(stream), piece):
+        framer.feed(stream[i:i + piece])
+        out += frames(framer)
+        taken = sum(len(framed(b)) for b in bodies[:len(out)])
+        assert framer.partial_frame() == (taken < min(i + piece, len(stream)))
+    assert [body for _, body in out] == bodies
+    assert [header for header, _ in out] == [SIZE.pack(len(b)) for b in bodies]
+    assert all(isinstance(body, bytearray if mutable else bytes) for _, body in out)
+    assert not framer.partial_frame()
+
+
+def test_end_of_stream_inside_a_gathered_body_is_a_truncated_frame():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20)
+    framer.feed(framed(b"x" * 100_000)[:50_004])
+    assert framer.next_frame() is None and framer.partial_frame()
+    framer.feed(b"x" * 30_000)
+    assert framer.next_frame() is None
+    framer.feed(b"")
+    with pytest.raises(TruncatedFrame) as e:
+        framer.next_frame()
+    assert e.value.pending == 80_004
+    assert framer.finished and framer.next_frame() is None
+
+
 def test_line_framer_drops_an_over_long_line_once_and_goes_on():
     framer = LineFramer(8)
     framer.feed(b"short\n" + b"x" * 20)
