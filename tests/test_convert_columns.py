@@ -120,3 +120,23 @@ def test_any_records_convert_alike(items, src, dst):
     run = _stored(FORMATS[src], records, 7)
     if src != dst:
         assert convert_run(run, FORMATS[dst], FORMATS).payload == _by_records(run, FORMATS[dst], FORMATS)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_validate_each_is_validate_of_each_payload(name):
+    """``BatchFormat.validate_each`` (what the broker checks a burst of produces with) gives,
+    payload by payload, what ``validate`` gives: its ``Validated`` or its refusal."""
+    fmt = FORMATS[name]
+
+    def validate(payload):
+        try:
+            return fmt.validate(payload)
+        except m.CommandError as e:
+            return e.error
+
+    good = [fmt.encode([m.Record(b"v%d" % i, b"k", 1_700_000_000_000 + i, offset=i) for i in range(n)], 0)
+            for n in (1, 3, 1)]
+    for payloads in (good, [good[0], good[1][:-1], good[2]], [b"", *good]):
+        checked = fmt.validate_each(payloads)
+        assert checked == [validate(p) for p in payloads]
+        assert [type(c).__name__ for c in checked].count("Error") == (payloads != good)

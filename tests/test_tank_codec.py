@@ -25,6 +25,7 @@ from gateway.codecs.tank.bundle import (
 )
 from gateway.codecs.tank.codec import (
     PING,
+    ProduceError,
     TankConnection,
     consume_response,
     parse_consume,
@@ -384,3 +385,8 @@ def test_pipelined_produce_requests_run_as_one_request_answered_as_each():
     assert run.frames == 3 and len(run.commands) == 3 and conn.next_event() is None
     results = [m.ProduceResult("t", 0, 10 + i, 10 + i) for i in range(3)]
     assert conn.respond(run, results) == b"".join(b"\x01\x05\x00\x00\x00" + bytes((rid, 0, 0, 0, 0)) for rid in (1, 2, 3))
+    one_by_one = [conn.respond(r, [result]) for r, result in zip(run.context.requests(), results, strict=True)]
+    assert conn.respond(run, results) == b"".join(one_by_one)
+    results[1] = m.ProduceResult("t", 0, error=m.Error(m.ErrorCode.NOT_LEADER, "moved"))  # one ack is not OK
+    refused = b"\x01\x05\x00\x00\x00\x02\x00\x00\x00" + bytes((ProduceError.NO_LEADER,))
+    assert conn.respond(run, results) == one_by_one[0] + refused + one_by_one[2]

@@ -162,6 +162,22 @@ def test_pipelined_produce_lines_run_as_one_request_answered_as_their_lines():
         conn.respond(run, results))
 
 
+@pytest.mark.parametrize("lines", [
+    [b"V1|1|PRODUCE|t a:1", b"V1|2|PRODUCE|t b:2", b"V1|3|PRODUCE|t c:3"],
+    [b"V1|1|PRODUCE|t a:1", b"V1|2|PRODUCE|t  b:2", b"V1|3|PRODUCE|t c:3"],  # the second: the general parser's
+], ids=["plain", "mixed"])
+def test_a_stored_run_is_answered_in_one_step_as_its_lines_one_by_one(lines):
+    (run,) = events([b"".join(line + b"\n" for line in lines)], runs=True)
+    assert run.frames == 3
+    results = [m.ProduceResult("t", p, 10 + p, 10 + p, 12 + p) for p in range(3)]
+    conn = V1Connection(ListenerSettings(256))
+    assert conn.respond(run, results) == (
+        b"V1|1|OK|partition=0 offset=10 hw=11\nV1|2|OK|partition=1 offset=11 hw=12\n"
+        b"V1|3|OK|partition=2 offset=12 hw=13\n")
+    assert conn.respond(run, results) == b"".join(
+        conn.respond(r, [result]) for r, result in zip(run.context.requests(), results, strict=True))
+
+
 def test_a_run_takes_only_whole_lines_already_received_and_at_most_run_max():
     line = b"V1|1|PRODUCE|t k:v\n"
     conn = V1Connection(ListenerSettings(256))

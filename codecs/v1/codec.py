@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from gateway import model as m
-from gateway.codec import CodecConnection, Handled, ListenerSettings
+from gateway.codec import CodecConnection, Handled, ListenerSettings, Run
 from gateway.framing import FrameTooLarge, LineFramer, TruncatedFrame
 
 from . import batch
@@ -414,8 +414,7 @@ class V1Connection(CodecConnection):
                 commands = _produce_record(topic, key, record, now, acks)
             except BadRequest as e:
                 return Handled.answer(err(cid, "BAD_REQUEST", str(e)))
-            # (Handled's fields in order: commands, render, data, close, reason, hold, ordered, joins)
-            return Handled(commands, Produced(cid), b"", False, "", False, True, True)
+            return Handled.run(commands, Produced(cid), joins=True)
         parts = body.decode("utf-8", "surrogateescape").strip().split("|", 3)
         if len(parts) != 4:
             return Handled.answer(err("0", "BAD_REQUEST", "expected format V1|<correlation_id>|<command>|<args>"))
@@ -441,6 +440,17 @@ class V1Connection(CodecConnection):
         except BadRequest as e:
             return Handled.answer(err(cid, "BAD_REQUEST", str(e)))
         return Handled.run(commands, Answer(cid, command, args), joins=command.joins)
+
+    def render_run(self, run: Run, results: Sequence[Any]) -> bytes:
+        """A run of plain PRODUCE lines whose records were all stored (a client's pipelined
+        burst, as a rule) is answered in one step, as each ``Produced`` would answer; any
+        other run as ``CodecConnection`` answers it."""
+        parts = run.parts
+        answers = [f"V1|{handled.render.cid}|OK|{_stored(r)}\n" for handled, r in zip(parts, results)
+                   if type(handled.render) is Produced and r.error is None]
+        if len(answers) == len(parts) == len(results):
+            return "".join(answers).encode()
+        return super().render_run(run, results)
 
     def frame_too_large(self, error: FrameTooLarge) -> Handled:
         """An over-long line is answered once; its bytes are dropped up to its end."""

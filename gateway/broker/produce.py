@@ -23,6 +23,7 @@ from gateway.partitioners import choose
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
+    from gateway.convert import Validated
 
 ACKS_TIMEOUT = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
 
@@ -188,8 +189,9 @@ class Producer:
         routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
         results: list[Any] = [None] * len(cmds)
         route = self._route
-        for i, cmd in enumerate(cmds):
-            refusal = refused(fmt, cmd.batch)
+        checks = fmt.validate_each([cmd.batch.payload for cmd in cmds])
+        for i, (cmd, checked) in enumerate(zip(cmds, checks, strict=True)):
+            refusal = refusal_of(checked, cmd.batch)
             if refusal is None:
                 p = route(cmd, partitions)
                 indexes = routed.get(p)
@@ -343,6 +345,13 @@ def refused(fmt: BatchFormat, batch: m.Batch) -> Error | None:
         checked = fmt.validate(batch.payload)
     except CommandError as e:
         return e.error
+    return refusal_of(checked, batch)
+
+
+def refusal_of(checked: Validated | Error, batch: m.Batch) -> Error | None:
+    """``refused`` of ``batch``, from what its format's ``validate`` (or ``validate_each``) made of it."""
+    if isinstance(checked, Error):
+        return checked
     if checked.span != batch.count:
         return Error(ErrorCode.CORRUPT_MESSAGE, f"batch declares {batch.count} offsets, holds {checked.span}")
     return None
