@@ -199,10 +199,10 @@ class _Assembly:
         self.header = header
         self.size = size
         self.have = 0
-        self.pieces: list[bytes | bytearray] = []
+        self.pieces: list[bytes | bytearray | memoryview] = []
         self.small = bytearray()  # small pieces, gathered until they make one of ``_PIECE`` bytes
 
-    def add(self, piece: bytes | bytearray) -> None:
+    def add(self, piece: bytes | bytearray | memoryview) -> None:
         self.have += len(piece)
         if len(piece) >= _PIECE:
             if self.small:
@@ -228,8 +228,9 @@ class LengthPrefixedFramer(_Framer):
     ``mutable_body`` returns bodies as ``bytearray`` the codec may patch in place
     (Kafka patches produce batches' base offsets); otherwise ``bytes``.
 
-    A body over 64 KiB that has not all arrived is gathered apart from the
-    buffer (``_Assembly``), from the pieces ``feed`` is given, and joined once.
+    A body over 64 KiB that has not all arrived, or that a received piece starts
+    with, is gathered apart from the buffer (``_Assembly``), from the pieces
+    ``feed`` is given, and joined once: one copy of the body in all.
     """
 
     def __init__(self, read_header: HeaderReader, max_frame_size: int, mutable_body: bool = False):
@@ -242,15 +243,35 @@ class LengthPrefixedFramer(_Framer):
 
     def feed(self, data: bytes) -> None:
         assembly = self._assembly
-        if assembly is None or not data:
-            self.buffer.feed(data)
+        if assembly is None:
+            assembly = self._large_frame_at_front(data)
+            if assembly is None:
+                self.buffer.feed(data)
+                return
+            data = memoryview(data)[len(assembly.header):]
+        elif not data:
+            self.buffer.feed(data)  # the end of the stream
             return
         need = assembly.size - assembly.have
         if len(data) <= need:
             assembly.add(data)
             return
-        assembly.add(data[:need])
-        self.buffer.feed(data[need:])
+        view = memoryview(data)  # the pieces are views of what was received: no copy until the body is joined
+        assembly.add(view[:need])
+        self.buffer.feed(view[need:])
+
+    def _large_frame_at_front(self, data: bytes) -> _Assembly | None:
+        """The assembly of the large frame that ``data`` starts with, when it starts a frame
+        (nothing buffered before it) of a fixed header: its body is then gathered from
+        ``data`` and what follows, never copied into the buffer. None otherwise."""
+        fixed = self._fixed
+        if len(data) <= _LARGE_FRAME or fixed is None or len(self.buffer) or self._discard or self.buffer.eof:
+            return None
+        size = fixed.layout.unpack_from(data)[fixed.size_field]
+        if not _LARGE_FRAME < size <= self.max_frame_size:
+            return None  # the buffer's path takes it, with its refusals
+        assembly = self._assembly = _Assembly(bytes(data[: fixed.layout.size]), size)
+        return assembly
 
     def partial_frame(self) -> bool:
         return self._assembly is not None or len(self.buffer) > 0

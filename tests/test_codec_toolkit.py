@@ -85,12 +85,14 @@ def test_negative_size_is_malformed_and_bodies_may_be_mutable():
         framer.next_frame()
 
 
-@pytest.mark.parametrize("piece", [1, 1000, 16 * 1024, 65536, 300_000])
+@pytest.mark.parametrize("piece", [1, 1000, 16 * 1024, 65536, 300_000, 1 << 20])
 @pytest.mark.parametrize("mutable", [False, True])
-def test_large_bodies_are_gathered_from_the_pieces_in_any_split(piece, mutable):
-    """Bodies over 64 KiB that arrive in pieces (``_Assembly``) come out whole and in
-    order, with frames before and after them in the same pieces, whatever the split."""
-    bodies = [b"small", bytes(range(256)) * 400, b"", b"m" * 70_000, b"tail", b"L" * 200_000]
+@pytest.mark.parametrize("order", [1, -1], ids=["small-first", "large-first"])
+def test_large_bodies_are_gathered_from_the_pieces_in_any_split(piece, mutable, order):
+    """Bodies over 64 KiB that arrive in pieces, or that a received piece starts with
+    (``_Assembly``), come out whole and in order, with frames before and after them in the
+    same pieces, whatever the split."""
+    bodies = [b"small", bytes(range(256)) * 400, b"", b"m" * 70_000, b"tail", b"L" * 200_000][::order]
     stream = b"".join(framed(b) for b in bodies)
     framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20, mutable_body=mutable)
     out = []
@@ -105,16 +107,25 @@ def test_large_bodies_are_gathered_from_the_pieces_in_any_split(piece, mutable):
     assert not framer.partial_frame()
 
 
-def test_end_of_stream_inside_a_gathered_body_is_a_truncated_frame():
+def test_a_large_frame_over_the_limit_at_the_front_of_a_piece_is_refused_and_dropped():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 100_000)
+    framer.feed(framed(b"x" * 150_000) + framed(b"next"))
+    with pytest.raises(FrameTooLarge):
+        framer.next_frame()
+    assert framer.next_frame() == (SIZE.pack(4), b"next")
+
+
+@pytest.mark.parametrize("first", [50_004, 70_004])  # under and over 64 KiB: buffered first, or gathered at once
+def test_end_of_stream_inside_a_gathered_body_is_a_truncated_frame(first):
     framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20)
-    framer.feed(framed(b"x" * 100_000)[:50_004])
+    framer.feed(framed(b"x" * 120_000)[:first])
     assert framer.next_frame() is None and framer.partial_frame()
     framer.feed(b"x" * 30_000)
     assert framer.next_frame() is None
     framer.feed(b"")
     with pytest.raises(TruncatedFrame) as e:
         framer.next_frame()
-    assert e.value.pending == 80_004
+    assert e.value.pending == first + 30_000
     assert framer.finished and framer.next_frame() is None
 
 
