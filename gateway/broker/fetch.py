@@ -157,23 +157,30 @@ class Fetcher:
     def _read_many(self, cmd: m.FetchMany) -> Any:
         """Read each fetch in turn within ``cmd.max_bytes`` (the first data always
         fits): the results, or a Deferred of them when a read waits."""
-        out: list[m.FetchResult] = []
-        budget = [cmd.max_bytes]
+        return self._read_from(cmd, 0, [], cmd.max_bytes)
 
-        def step(index: int) -> Any:
-            for i in range(index, len(cmd.fetches)):
-                b = budget[0]
-                r = self._read(cmd.fetches[i], b if out and any(o.batches for o in out) else max(b, 1))
-                if isinstance(r, defer.Deferred):
-                    return r.addCallback(lambda r, i=i: (took(r), step(i + 1))[1])
-                took(r)
-            return tuple(out)
+    def _read_from(self, cmd: m.FetchMany, index: int, out: list[m.FetchResult], budget: int) -> Any:
+        """``_read_many`` from ``cmd.fetches[index]`` on, with ``out`` read so far and
+        ``budget`` bytes left.
 
-        def took(r: m.FetchResult) -> None:
-            budget[0] -= r.size
+        A method rather than a closure that calls itself: such a closure is a reference
+        cycle, and would keep what it read (a fetch's batches, a megabyte each) alive until
+        the garbage collector next ran, which a gateway serving large fetches seldom makes
+        it do. Memory then grew by what consumers read.
+        """
+        for i in range(index, len(cmd.fetches)):
+            r = self._read(cmd.fetches[i], budget if out and any(o.batches for o in out) else max(budget, 1))
+            if isinstance(r, defer.Deferred):
+                return r.addCallback(self._read_on, cmd, i, out, budget)
             out.append(r)
+            budget -= r.size
+        return tuple(out)
 
-        return step(0)
+    def _read_on(self, r: m.FetchResult, cmd: m.FetchMany, index: int, out: list[m.FetchResult],
+                 budget: int) -> Any:
+        """``_read_from`` after the read of ``cmd.fetches[index]`` that waited gave ``r``."""
+        out.append(r)
+        return self._read_from(cmd, index + 1, out, budget - r.size)
 
     def fetch(self, cmd: m.Fetch) -> Any:
         many = m.FetchMany((cmd,), cmd.max_wait_ms, cmd.min_bytes, cmd.max_bytes)
