@@ -272,7 +272,7 @@ class CodecConnection:
     codec that emits ``Subscribe``, ``timer`` for one that emits ``Timer``, and
     ``connection_lost`` (the commands of a last will); ``render`` runs a
     request's render (a codec may override it to turn its own error exception
-    into an answer).
+    into an answer); ``render_run`` answers a run of joined requests.
 
     An exception escaping ``handle_frame`` or a render is a bug, never bad
     input: the adapter logs it and closes the connection.
@@ -355,9 +355,12 @@ class CodecConnection:
 
     def render_run(self, run: Run, results: Sequence[Any]) -> bytes:
         """The answers of a run of joined requests (``Handled.joins``), written together: each
-        request's ``render`` of its own results, in order. A codec whose clients pipeline
-        one kind of request by the thousand (V1's PRODUCE lines) may override it to render
-        the usual run in one step, and pass any other run up."""
+        request's ``render`` of its own results, in order (``run.parts`` are the requests'
+        ``Handled``; ``run.ends``, where each one's results end in ``results``). A codec
+        whose clients pipeline one kind of request by the thousand (V1's PRODUCE lines) may
+        override it to answer the usual run in one step, with the bytes the requests'
+        renders would give (such an override does not go through ``render``), and pass any
+        other run up."""
         answers, start, render = [], 0, self.render
         for handled, end in zip(run.parts, run.ends, strict=True):
             answer = render(handled, results[start:end])
@@ -582,14 +585,16 @@ class BatchFormat(Protocol):
         record by record (a compressed payload decompressed once, under the
         format's inflate limit); ``CommandError(CORRUPT_MESSAGE)`` for a payload
         that is cut, corrupt, over the limit, or lies about its records. The
-        broker calls it for every produced batch before storing it."""
+        broker calls it (or ``validate_each``) for every produced batch before
+        storing it."""
         ...
 
     def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
         """``validate`` of each of ``payloads`` (the produces the broker appends together), in
         order: its ``Validated``, or the ``Error`` of the ``CommandError`` it raised. A format
         whose clients pipeline small payloads by the thousand overrides it to check them in
-        one loop."""
+        one loop; the override must give what ``validate`` gives, so one that takes a
+        shortcut takes it only while ``validate`` is its own (not a subclass's)."""
         checked: list[Validated | Error] = []
         for payload in payloads:
             try:

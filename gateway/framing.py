@@ -83,7 +83,8 @@ class ReceiveBuffer:
 # A framer cuts a codec's byte stream into frames. Both framers below share one
 # contract, so that a codec's ``handle_frame`` never sees a partial frame:
 #
-# * ``feed(data)`` adds received bytes; ``feed(b"")`` marks the end of the stream;
+# * ``feed(data)`` adds received ``bytes`` (which it may keep uncopied until their frame is
+#   taken: a caller never changes them afterwards); ``feed(b"")`` marks the end of the stream;
 # * ``next_frame()`` returns ``(header, body)`` for the next whole frame, or
 #   ``None`` while more bytes are needed (and, after the end of the stream with
 #   nothing left over, for good: ``finished`` is then true);
@@ -265,7 +266,7 @@ class LengthPrefixedFramer(_Framer):
         (nothing buffered before it) of a fixed header: its body is then gathered from
         ``data`` and what follows, never copied into the buffer. None otherwise."""
         fixed = self._fixed
-        if len(data) <= _LARGE_FRAME or fixed is None or len(self.buffer) or self._discard or self.buffer.eof:
+        if len(data) <= _LARGE_FRAME or fixed is None or len(self.buffer) or self._discard:
             return None
         size = fixed.layout.unpack_from(data)[fixed.size_field]
         if not _LARGE_FRAME < size <= self.max_frame_size:

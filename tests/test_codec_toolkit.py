@@ -107,6 +107,42 @@ def test_large_bodies_are_gathered_from_the_pieces_in_any_split(piece, mutable, 
     assert not framer.partial_frame()
 
 
+def test_the_tail_of_a_dropped_frame_is_not_read_as_a_large_frame():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 100_000)
+    refused = b"z" * 10 + SIZE.pack(75_000) + b"z" * 149_986  # bytes 10..14 of the refused body look like a size
+    framer.feed(SIZE.pack(150_000) + refused[:10])
+    with pytest.raises(FrameTooLarge):
+        framer.next_frame()
+    assert frames(framer) == []
+    framer.feed(refused[10:] + framed(b"next"))  # over 64 KiB, starting inside the dropped frame
+    assert frames(framer) == [(SIZE.pack(4), b"next")]
+
+
+def test_a_header_split_across_pieces_before_a_large_body():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20)
+    stream = framed(b"a" * 70_000) + framed(b"b")
+    framer.feed(stream[:2])
+    assert frames(framer) == []
+    framer.feed(stream[2:])
+    assert [len(body) for _, body in frames(framer)] == [70_000, 1]
+
+
+def test_a_frame_buffered_but_not_taken_stays_before_a_large_one_received_after_it():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20)
+    framer.feed(framed(b"first"))  # not taken yet: a held request's successor waits
+    framer.feed(framed(b"L" * 70_000))
+    assert [body[:5] for _, body in frames(framer)] == [b"first", b"LLLLL"]
+
+
+def test_end_of_stream_before_a_large_body_arrives_is_a_truncated_frame():
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20)
+    framer.feed(framed(b"x" * 70_000)[:100])
+    framer.feed(b"")
+    with pytest.raises(TruncatedFrame) as e:
+        framer.next_frame()
+    assert e.value.pending == 100 and framer.finished
+
+
 def test_a_large_frame_over_the_limit_at_the_front_of_a_piece_is_refused_and_dropped():
     framer = LengthPrefixedFramer(fixed_header(SIZE), 100_000)
     framer.feed(framed(b"x" * 150_000) + framed(b"next"))

@@ -442,9 +442,10 @@ class TankFormat(ColumnarFormat):
         return self._validate_bundles(payload)
 
     def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
-        """``validate`` of each payload, in one C loop when they are all plain and valid (a
-        burst of one-bundle produces); otherwise one by one."""
-        if _speedups is not None:
+        """``validate`` of each payload: in one loop over the C check when they are all plain
+        and valid (a burst of one-bundle produces); otherwise, or when a subclass checks more
+        in its own ``validate``, one by one."""
+        if _speedups is not None and type(self).validate is TankFormat.validate:
             plain = _speedups.validate_plain
             checked = [plain(payload) for payload in payloads]
             if None not in checked:

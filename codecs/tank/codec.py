@@ -394,10 +394,11 @@ class _OneAck:
     def __call__(self, results: Sequence[m.ProduceResult]) -> bytes:
         error = results[0].error
         code = ProduceError.OK if error is None else _PRODUCE_CODES.get(error.code, ProduceError.IO_FAULT)
-        return frame(MsgId.PRODUCE, _ID.pack(self.request_id) + bytes((code,)))
+        return _ONE_ACK.pack(_PRODUCE, 5, self.request_id, code)
 
 
-_STORED_ACK = struct.Struct("<BIIB")  # a Produce's acknowledgement of one partition stored: id, length 5, request id, OK
+_ONE_ACK = struct.Struct("<BIIB")  # the ack of a Produce of one partition: msg id, length 5, request id, code
+_PRODUCE, _OK = int(MsgId.PRODUCE), int(ProduceError.OK)
 
 
 class TankConnection(CodecConnection):
@@ -440,11 +441,12 @@ class TankConnection(CodecConnection):
     def render_run(self, run: Run, results: Sequence[Any]) -> bytes:
         """A run of one-partition Produces whose bundles were all stored (a client's pipelined
         burst, as a rule) is acknowledged in one step, as each ``_OneAck`` would acknowledge
-        it; any other run as ``CodecConnection`` answers it."""
-        parts, pack, produce, ok = run.parts, _STORED_ACK.pack, int(MsgId.PRODUCE), int(ProduceError.OK)
-        acks = [pack(produce, 5, handled.render.request_id, ok) for handled, r in zip(parts, results)
+        it; any other run as ``CodecConnection`` answers it. (Each ``_OneAck`` answers one
+        command, so a run of them has one result each.)"""
+        parts, pack = run.parts, _ONE_ACK.pack
+        acks = [pack(_PRODUCE, 5, handled.render.request_id, _OK) for handled, r in zip(parts, results)
                 if type(handled.render) is _OneAck and r.error is None]
-        if len(acks) == len(parts) == len(results):
+        if len(acks) == len(parts):
             return b"".join(acks)
         return super().render_run(run, results)
 

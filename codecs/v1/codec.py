@@ -395,8 +395,13 @@ class Produced(Answer):
     def __call__(self, results: Sequence[Any]) -> bytes:
         r: m.ProduceResult = results[0]
         if r.error is None:
-            return f"V1|{self.cid}|OK|{_stored(r)}\n".encode()
+            return _stored_line(self.cid, r).encode()
         return super().__call__(results)
+
+
+def _stored_line(cid: str, r: m.ProduceResult) -> str:
+    """The answer line of the plain PRODUCE ``cid`` whose record was stored."""
+    return f"V1|{cid}|OK|{_stored(r)}\n"
 
 
 class V1Connection(CodecConnection):
@@ -444,11 +449,12 @@ class V1Connection(CodecConnection):
     def render_run(self, run: Run, results: Sequence[Any]) -> bytes:
         """A run of plain PRODUCE lines whose records were all stored (a client's pipelined
         burst, as a rule) is answered in one step, as each ``Produced`` would answer; any
-        other run as ``CodecConnection`` answers it."""
+        other run as ``CodecConnection`` answers it. (Each ``Produced`` has one command, so
+        a run of them has one result each.)"""
         parts = run.parts
-        answers = [f"V1|{handled.render.cid}|OK|{_stored(r)}\n" for handled, r in zip(parts, results)
+        answers = [_stored_line(handled.render.cid, r) for handled, r in zip(parts, results)
                    if type(handled.render) is Produced and r.error is None]
-        if len(answers) == len(parts) == len(results):
+        if len(answers) == len(parts):
             return "".join(answers).encode()
         return super().render_run(run, results)
 

@@ -338,7 +338,8 @@ def refused(fmt: BatchFormat, batch: m.Batch) -> Error | None:
     """Why ``batch`` may not be stored, or None: its format's ``validate`` refused the
     payload, or the payload holds another number of offsets than the batch declares.
 
-    Every produced batch passes here before it is stored, so that no conversion
+    Every produced batch passes here (or, in a burst, through ``validate_each`` and
+    ``refusal_of``) before it is stored, so that no conversion
     ever meets a batch that lies about its records or inflates past its limit.
     """
     try:
