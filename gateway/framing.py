@@ -153,6 +153,50 @@ def fixed_header(layout: struct.Struct, size_field: int = -1) -> HeaderReader:
     return FixedHeader(layout, size_field)
 
 
+class VarintHeader:
+    """A ``HeaderReader`` for a header of ``prefix`` bytes, then the body's size as an unsigned
+    LEB128 varint of at most ``max_bytes`` bytes (MQTT's fixed header: one byte of type
+    and flags, then the remaining length in one to four bytes).
+
+    ``(header_size, body_size)`` once the header is there, ``None`` before; a size that
+    runs past ``max_bytes`` is a ``MalformedFrame``. ``LengthPrefixedFramer`` reads such
+    a header in place (``sizes_at``), as it reads a ``FixedHeader``.
+    """
+
+    __slots__ = ("prefix", "max_bytes")
+
+    def __init__(self, prefix: int, max_bytes: int):
+        self.prefix = prefix
+        self.max_bytes = max_bytes
+
+    def sizes_at(self, data: bytearray, pos: int) -> tuple[int, int] | None:
+        """``(header_size, body_size)`` of the header at ``data[pos:]`` if it is whole and
+        well formed, else ``None`` (``__call__`` tells the two apart)."""
+        i = pos + self.prefix
+        end = min(len(data), i + self.max_bytes)
+        size = shift = 0
+        while i < end:
+            byte = data[i]
+            size |= (byte & 0x7F) << shift
+            i += 1
+            if byte < 0x80:
+                return i - pos, size
+            shift += 7
+        return None
+
+    def __call__(self, buffer: ReceiveBuffer) -> tuple[int, int] | None:
+        sizes = self.sizes_at(buffer._data, buffer._pos)
+        if sizes is None and len(buffer) >= self.prefix + self.max_bytes:
+            raise MalformedFrame(f"frame size longer than {self.max_bytes} bytes")
+        return sizes
+
+
+def varint_header(prefix: int, max_bytes: int) -> HeaderReader:
+    """The ``HeaderReader`` of a header of ``prefix`` bytes, then the body's size as an
+    unsigned LEB128 varint of at most ``max_bytes`` bytes (a ``VarintHeader``)."""
+    return VarintHeader(prefix, max_bytes)
+
+
 # Frames up to this size are copied out of the buffer by slicing (two small copies beat
 # a memoryview's setup); larger ones through a memoryview (one copy).
 _SMALL_FRAME = 4096
@@ -240,6 +284,7 @@ class LengthPrefixedFramer(_Framer):
         self.mutable_body = mutable_body
         self._discard = 0  # bytes of an oversized frame still to drop
         self._fixed = read_header if isinstance(read_header, FixedHeader) else None
+        self._varint = read_header if isinstance(read_header, VarintHeader) else None
         self._assembly: _Assembly | None = None
 
     def feed(self, data: bytes) -> None:
@@ -285,12 +330,16 @@ class LengthPrefixedFramer(_Framer):
                 return None if self.finished else self._end(len(assembly.header) + assembly.have)
             self._assembly = None
             return assembly.header, assembly.body(self.mutable_body)
-        fixed = self._fixed
-        if fixed is not None and not self._discard:  # the common case, in place: a whole small frame
+        if not self._discard:  # the common case, in place: a whole small frame after a header read in place
             data, pos = buffer._data, buffer._pos
-            header_size = fixed.layout.size
-            if len(data) - pos >= header_size:
-                size = fixed.layout.unpack_from(data, pos)[fixed.size_field]
+            fixed, sizes = self._fixed, None
+            if fixed is not None:
+                if len(data) - pos >= fixed.layout.size:
+                    sizes = fixed.layout.size, fixed.layout.unpack_from(data, pos)[fixed.size_field]
+            elif self._varint is not None:
+                sizes = self._varint.sizes_at(data, pos)
+            if sizes is not None:
+                header_size, size = sizes
                 start, end = pos + header_size, pos + header_size + size
                 if 0 <= size <= _SMALL_FRAME and size <= self.max_frame_size and end <= len(data):
                     header = bytes(data[pos:start])

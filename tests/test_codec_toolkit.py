@@ -22,6 +22,7 @@ from gateway.framing import (
     MalformedFrame,
     TruncatedFrame,
     fixed_header,
+    varint_header,
 )
 
 SIZE = struct.Struct(">i")
@@ -267,3 +268,50 @@ def test_an_overridden_render_answers_a_codec_error_and_releases_the_hold():
     assert c.next_event() is None  # held
     assert c.respond(request, [None]) == b"no that"
     assert c.next_event() == Reply(b"later")
+
+
+def varint_framed(body: bytes, kind: int = 0x30) -> bytes:
+    """A frame with MQTT's header: a type byte, then the body's size as a varint."""
+    size, out = len(body), bytearray((kind,))
+    while True:
+        out.append(size & 0x7F | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            return bytes(out) + body
+
+
+@pytest.mark.parametrize("piece", [1, 3, 1000, 1 << 20])
+def test_varint_headers_frame_whatever_the_split(piece):
+    """Sizes of one to three varint bytes (read in place when whole, by the general path
+    when not), and a body large enough to be gathered."""
+    bodies = [b"", b"a" * 127, b"b" * 128, b"c" * 16_383, b"d" * 16_384, b"e" * 70_000, b"f"]
+    stream = b"".join(varint_framed(b) for b in bodies)
+    framer = LengthPrefixedFramer(varint_header(1, 4), 1 << 20)
+    out = []
+    for i in range(0, len(stream), piece):
+        framer.feed(stream[i:i + piece])
+        out += frames(framer)
+    assert [body for _, body in out] == bodies
+    assert [header for header, _ in out] == [varint_framed(b)[: len(varint_framed(b)) - len(b)] for b in bodies]
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_varint_size_longer_than_allowed_is_malformed(split):
+    """Refused as soon as the type byte and four size bytes that all say "more" are in."""
+    framer = LengthPrefixedFramer(varint_header(1, 4), 1 << 20)
+    garbage = b"\x30\xff\xff\xff\xff\x01"
+    fed = 0
+    with pytest.raises(MalformedFrame):
+        for chunk in ([garbage[i:i + 1] for i in range(len(garbage))] if split else [garbage]):
+            framer.feed(chunk)
+            fed += len(chunk)
+            framer.next_frame()
+    assert fed == (5 if split else 6)
+
+
+def test_a_varint_frame_over_the_limit_is_refused_and_dropped():
+    framer = LengthPrefixedFramer(varint_header(1, 4), 1000)
+    framer.feed(varint_framed(b"x" * 5000) + varint_framed(b"next"))
+    with pytest.raises(FrameTooLarge):
+        framer.next_frame()
+    assert [body for _, body in frames(framer)] == [b"next"]

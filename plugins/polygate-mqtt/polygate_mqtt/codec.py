@@ -70,7 +70,7 @@ from gateway.codec import (
     Unsubscribe,
     integer,
 )
-from gateway.framing import LengthPrefixedFramer, MalformedFrame, ReceiveBuffer
+from gateway.framing import LengthPrefixedFramer, varint_header
 
 from . import batch, packets, topics
 from .packets import MalformedPacket, PacketType
@@ -87,19 +87,7 @@ OPTIONS = (
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
-
-
-def fixed_header(buffer: ReceiveBuffer) -> tuple[int, int] | None:
-    """The ``HeaderReader`` of MQTT: a type-and-flags byte, then the remaining length as a varint.
-
-    ``(header size, remaining length)``, or ``None`` while the length bytes are incomplete;
-    a length of more than four bytes is a ``MalformedFrame``.
-    """
-    try:
-        header = packets.split_header(buffer.peek(min(len(buffer), 5)) or b"")
-    except MalformedPacket as e:
-        raise MalformedFrame(str(e)) from None
-    return None if header is None else header[2:]
+FIXED_HEADER = varint_header(1, 4)  # a type-and-flags byte, then the remaining length in one to four bytes
 
 
 @attrs.frozen
@@ -168,7 +156,7 @@ class MqttConnection(CodecConnection):
     """One client connection (see the module docstring)."""
 
     def __init__(self, settings: ListenerSettings):
-        super().__init__(settings, LengthPrefixedFramer(fixed_header, settings.max_frame_size))
+        super().__init__(settings, LengthPrefixedFramer(FIXED_HEADER, settings.max_frame_size))
         self.clock = settings.clock
         self.options = {**_DEFAULTS, **settings.options}
         self.connected = False
