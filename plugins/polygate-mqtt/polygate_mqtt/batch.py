@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from gateway.codec import BatchFormat
 from gateway.convert import Validated
-from gateway.model import CommandError, ErrorCode, Record, StoredBatch
+from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
 
 NAME = "mqtt"
 UNKNOWN_QOS = 0xFF
@@ -32,6 +32,9 @@ def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None
     value = value or b""
     return b"".join((HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
                      LEN.pack(len(value)), value))
+
+
+_ONE_RECORD = Validated(1, 1)
 
 
 class MqttFormat(BatchFormat):
@@ -57,6 +60,28 @@ class MqttFormat(BatchFormat):
         if pos != end or not count:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, "MQTT payload refused: a record cut short or no record")
         return Validated(count, count)
+
+    def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
+        """``validate`` of each payload. The payload of one PUBLISH, one record numbered 0
+        and nothing after it, is checked in place; any other through ``validate`` (and every
+        one, when a subclass checks more in its own ``validate``)."""
+        if type(self).validate is not MqttFormat.validate:
+            return super().validate_each(payloads)
+        checked: list[Validated | Error] = []
+        unpack_head, unpack_len = HEAD.unpack_from, LEN.unpack_from
+        for payload in payloads:
+            if len(payload) >= HEAD_SIZE + LEN.size:
+                delta, _, _, klen = unpack_head(payload)
+                at = HEAD_SIZE + max(klen, 0)
+                if delta == 0 and at + LEN.size <= len(payload) and \
+                        at + LEN.size + max(unpack_len(payload, at)[0], 0) == len(payload):
+                    checked.append(_ONE_RECORD)
+                    continue
+            try:
+                checked.append(self.validate(payload))
+            except CommandError as e:
+                checked.append(e.error)
+        return checked
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:
         data = batch.payload

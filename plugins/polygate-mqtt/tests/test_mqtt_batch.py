@@ -56,3 +56,23 @@ def test_deliveries_are_the_records_fields(messages, base):
     stored = StoredBatch(batch.NAME, base, base + len(messages) - 1, 0, payload)
     assert list(batch.FORMAT.deliveries(stored)) == [
         (r.offset, r.extras.get("mqtt_qos", batch.UNKNOWN_QOS), r.key, r.value) for r in batch.FORMAT.records(stored)]
+
+
+def _checked(payload: bytes):
+    try:
+        return batch.FORMAT.validate(payload)
+    except CommandError as e:
+        return e.error
+
+
+ONE = batch.encode_record(0, 1, 0, b"t", b"v")
+EDGES = [ONE, ONE[:-1], ONE + b"\0", ONE[:5], b"", ONE + ONE, batch.encode_record(1, 1, 0, b"t", b"v"),
+         batch.encode_record(0, 1, 0, None, b""), ONE[:17] + b"\xff\xff\xff\xff" + ONE[21:]]
+
+
+@given(st.lists(st.sampled_from(EDGES) | st.binary(max_size=40) | st.builds(
+    lambda key, value, delta: batch.encode_record(delta, 1, 1, key, value),
+    st.none() | st.binary(max_size=8), st.binary(max_size=8), st.sampled_from([0, 0, 0, 1])), max_size=12))
+def test_validate_each_is_validate_of_each_payload(payloads):
+    """The in-place check of one-PUBLISH payloads gives what ``validate`` gives, refusals included."""
+    assert batch.FORMAT.validate_each(payloads) == [_checked(p) for p in payloads]
