@@ -52,6 +52,7 @@ gateway before the listener starts): ``retry_ms`` (default 10000),
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -87,7 +88,24 @@ OPTIONS = (
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
+MAX_DESTINATIONS = 4096
 FIXED_HEADER = varint_header(1, 4)  # a type-and-flags byte, then the remaining length in one to four bytes
+
+
+_PACKET_TYPES = (None, *(PacketType(kind) for kind in range(1, 15)))  # by the header's type bits
+
+
+@functools.lru_cache(maxsize=MAX_DESTINATIONS)
+def _destination(name: str) -> tuple[str, bytes] | str:
+    """Where a PUBLISH to ``name`` is stored: its log topic and record key, or why it is
+    refused. Remembered for the last ``MAX_DESTINATIONS`` names, since a publisher
+    sends many messages to few names."""
+    if not topics.valid_name(name):
+        return f"invalid topic name {name!r}"
+    log_topic = topics.log_topic(name)
+    if log_topic is None:
+        return f"topic {name!r}: first level is not a log topic name [A-Za-z0-9._=-]{{1,249}}"
+    return log_topic, name.encode("utf-8")
 
 
 @attrs.frozen
@@ -235,7 +253,7 @@ class MqttConnection(CodecConnection):
         try:
             if not 1 <= kind <= 14:
                 raise MalformedPacket(f"reserved packet type {kind}")
-            kind = PacketType(kind)
+            kind = _PACKET_TYPES[kind]
             if kind is not PacketType.PUBLISH and flags != packets.REQUIRED_FLAGS[kind]:
                 raise MalformedPacket(f"{kind.name} with flags {flags:#x}")
             if not self.connected:
@@ -315,16 +333,16 @@ class MqttConnection(CodecConnection):
     @staticmethod
     def _produce(name: str, qos: int, payload: bytes) -> m.Produce:
         """The command storing an application message published to ``name``."""
-        if not topics.valid_name(name):
-            raise MalformedPacket(f"invalid topic name {name!r}")
-        log_topic = topics.log_topic(name)
-        if log_topic is None:
-            raise MalformedPacket(f"topic {name!r}: first level is not a log topic name [A-Za-z0-9._=-]{{1,249}}")
-        key = name.encode("utf-8")
+        destination = _destination(name)
+        if type(destination) is str:
+            raise MalformedPacket(destination)
+        log_topic, key = destination
         ts = int(time.time() * 1000)
         record = batch.encode_record(0, ts, qos, key, payload)
-        return m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), m.Acks.LEADER, key=key,
-                         partitioner="murmur2", auto_create=True)
+        # Positional arguments, as one is built per PUBLISH: topic, partition, batch, acks,
+        # timeout_ms, key, partitioner, auto_create.
+        return m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), m.Acks.LEADER, None, key, "murmur2",
+                         True)
 
     def _pubrel(self, body: bytes, flags: int) -> Handled:
         packet_id = packets.parse(packets.PACKET_ID, body).packet_id
