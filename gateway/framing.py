@@ -332,20 +332,20 @@ class LengthPrefixedFramer(_Framer):
             return assembly.header, assembly.body(self.mutable_body)
         if not self._discard:  # the common case, in place: a whole small frame after a header read in place
             data, pos = buffer._data, buffer._pos
-            fixed, sizes = self._fixed, None
+            fixed, size = self._fixed, -1  # -1: no header read in place
             if fixed is not None:
-                if len(data) - pos >= fixed.layout.size:
-                    sizes = fixed.layout.size, fixed.layout.unpack_from(data, pos)[fixed.size_field]
+                header_size = fixed.layout.size
+                if len(data) - pos >= header_size:
+                    size = fixed.layout.unpack_from(data, pos)[fixed.size_field]
             elif self._varint is not None:
-                sizes = self._varint.sizes_at(data, pos)
-            if sizes is not None:
-                header_size, size = sizes
-                start, end = pos + header_size, pos + header_size + size
-                if 0 <= size <= _SMALL_FRAME and size <= self.max_frame_size and end <= len(data):
-                    header = bytes(data[pos:start])
-                    body = data[start:end] if self.mutable_body else bytes(data[start:end])
-                    buffer.skip(end - pos)
-                    return header, body
+                header_size, size = self._varint.sizes_at(data, pos) or (0, -1)
+            if 0 <= size <= _SMALL_FRAME and size <= self.max_frame_size and pos + header_size + size <= len(data):
+                start = pos + header_size
+                end = start + size
+                header = bytes(data[pos:start])
+                body = data[start:end] if self.mutable_body else bytes(data[start:end])
+                buffer.skip(end - pos)
+                return header, body
         if self._discard:
             dropped = min(self._discard, len(buffer))
             buffer.skip(dropped)
