@@ -426,7 +426,9 @@ def _tune_garbage_collector() -> None:
     result); with the default thresholds the collector ran often enough to
     cost 2-3 µs per pipelined produce (measured in-process: TANK one message
     per request 16.8 -> 13.2 µs, V1 PRODUCE 14.5 -> 12.1). Garbage in cycles is
-    still collected, a little later.
+    still collected, but later: a path that handles large data must not hold it in a
+    reference cycle (``Fetcher._read_from`` says why), or it stays until many small
+    requests have come and gone.
     """
     gc.collect()
     gc.freeze()
