@@ -51,6 +51,11 @@ class Validated(NamedTuple):
     span: int
 
 
+ONE_RECORD = Validated(1, 1)
+"""What a payload of one record holds (a V1 PRODUCE line's, an MQTT PUBLISH's): ``validate``
+returns this one instead of building one per payload."""
+
+
 class Columns:
     """Records field by field: parallel lists with one item per record, as
     ``Record`` has them. ``headers`` (tuples of pairs) and ``extras``

@@ -16,6 +16,8 @@ import collections
 import struct
 from collections.abc import Callable
 
+from .varint import VarintError, read_uvarint
+
 
 class ReceiveBuffer:
     def __init__(self) -> None:
@@ -172,17 +174,11 @@ class VarintHeader:
     def sizes_at(self, data: bytearray, pos: int) -> tuple[int, int] | None:
         """``(header_size, body_size)`` of the header at ``data[pos:]`` if it is whole and
         well formed, else ``None`` (``__call__`` tells the two apart)."""
-        i = pos + self.prefix
-        end = min(len(data), i + self.max_bytes)
-        size = shift = 0
-        while i < end:
-            byte = data[i]
-            size |= (byte & 0x7F) << shift
-            i += 1
-            if byte < 0x80:
-                return i - pos, size
-            shift += 7
-        return None
+        try:
+            size, end = read_uvarint(data, pos + self.prefix, len(data), self.max_bytes)
+        except VarintError:
+            return None
+        return end - pos, size
 
     def __call__(self, buffer: ReceiveBuffer) -> tuple[int, int] | None:
         sizes = self.sizes_at(buffer._data, buffer._pos)

@@ -25,7 +25,7 @@ import struct
 from collections.abc import Iterable, Sequence
 
 from gateway.codec import ColumnarFormat
-from gateway.convert import Columns, Validated
+from gateway.convert import ONE_RECORD, Columns, Validated
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
 from gateway.text import as_texts
 
@@ -57,9 +57,6 @@ def encode_keyed(timestamp: int, key: bytes, value: bytes) -> bytes:
     return HEAD.pack(0, timestamp, len(key)) + key + LEN.pack(len(value)) + value
 
 
-_ONE_RECORD = Validated(1, 1)  # what a PRODUCE line's payload holds: one is checked per line
-
-
 class V1Format(ColumnarFormat):
     name = NAME
     joinable = True  # one-record payloads joined are one payload (see assign_offsets)
@@ -74,7 +71,7 @@ class V1Format(ColumnarFormat):
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"V1 payload refused: {e}") from None
         if not count:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, "V1 payload refused: no record")
-        return _ONE_RECORD if count == 1 else Validated(count, count)
+        return ONE_RECORD if count == 1 else Validated(count, count)
 
     def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
         """``validate`` of each payload: in one loop over the C count when they are all valid
@@ -87,7 +84,7 @@ class V1Format(ColumnarFormat):
             except ValueError:
                 counts = [0]
             if 0 not in counts:
-                return [_ONE_RECORD if c == 1 else Validated(c, c) for c in counts]
+                return [ONE_RECORD if c == 1 else Validated(c, c) for c in counts]
         return super().validate_each(payloads)
 
     def records(self, batch: StoredBatch) -> Iterable[Record]:

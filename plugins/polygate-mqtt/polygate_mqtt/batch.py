@@ -17,7 +17,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 
 from gateway.codec import BatchFormat
-from gateway.convert import Validated
+from gateway.convert import ONE_RECORD, Validated
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
 
 NAME = "mqtt"
@@ -32,9 +32,6 @@ def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None
     value = value or b""
     return b"".join((HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
                      LEN.pack(len(value)), value))
-
-
-_ONE_RECORD = Validated(1, 1)
 
 
 class MqttFormat(BatchFormat):
@@ -75,7 +72,7 @@ class MqttFormat(BatchFormat):
                 at = HEAD_SIZE + max(klen, 0)
                 if delta == 0 and at + LEN.size <= len(payload) and \
                         at + LEN.size + max(unpack_len(payload, at)[0], 0) == len(payload):
-                    checked.append(_ONE_RECORD)
+                    checked.append(ONE_RECORD)
                     continue
             try:
                 checked.append(self.validate(payload))
