@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import collections
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .varint import VarintError, read_uvarint
+
+try:
+    from gateway import _speedups
+except ImportError:  # not built: the same frames, cut in Python
+    _speedups = None
 
 
 class ReceiveBuffer:
@@ -129,15 +134,17 @@ class FixedHeader:
     """A ``HeaderReader`` for a header of fixed ``layout`` whose field ``size_field`` is the body's size.
 
     ``(header_size, body_size)`` once the header is there, ``None`` before; a
-    negative size is a ``MalformedFrame``. ``LengthPrefixedFramer`` reads such
-    a header in place, without calling it (the hot path of every frame).
+    negative size is a ``MalformedFrame``. ``LengthPrefixedFramer`` cuts the
+    whole frames of a buffer in bulk without calling it (``size_field_at``:
+    the hot path of every frame) when the layout has a standard byte order.
     """
 
-    __slots__ = ("layout", "size_field")
+    __slots__ = ("layout", "size_field", "size_field_at")
 
     def __init__(self, layout: struct.Struct, size_field: int = -1):
         self.layout = layout
         self.size_field = size_field
+        self.size_field_at = _size_field_at(layout, size_field)
 
     def __call__(self, buffer: ReceiveBuffer) -> tuple[int, int] | None:
         fields = buffer.unpack_from(self.layout)
@@ -147,6 +154,22 @@ class FixedHeader:
         if size < 0:
             raise MalformedFrame(f"negative frame size {size}")
         return self.layout.size, size
+
+
+def _size_field_at(layout: struct.Struct, size_field: int) -> tuple[int, int, int] | None:
+    """``(offset, width, flags)`` of the integer field ``size_field`` of ``layout`` for
+    ``_cut_frames``, or None when the layout has no standard byte order (or the field
+    is no integer): the framer then reads each header through the reader."""
+    fmt = layout.format
+    if fmt[:1] not in ("<", ">", "!") or not fmt[1:].isalpha():
+        return None
+    codes = fmt[1:]
+    code = codes[size_field]
+    if code not in "bBhHiIlLqQ":
+        return None
+    offset = struct.calcsize(fmt[0] + codes[: size_field % len(codes)])
+    flags = (_CUT_BIG_ENDIAN if fmt[0] != "<" else 0) | (_CUT_SIGNED if code.islower() else 0)
+    return offset, struct.calcsize(fmt[0] + code), flags
 
 
 def fixed_header(layout: struct.Struct, size_field: int = -1) -> HeaderReader:
@@ -161,30 +184,26 @@ class VarintHeader:
     and flags, then the remaining length in one to four bytes).
 
     ``(header_size, body_size)`` once the header is there, ``None`` before; a size that
-    runs past ``max_bytes`` is a ``MalformedFrame``. ``LengthPrefixedFramer`` reads such
-    a header in place (``sizes_at``), as it reads a ``FixedHeader``.
+    runs past ``max_bytes`` is a ``MalformedFrame``. ``LengthPrefixedFramer`` cuts
+    whole frames in bulk without calling it (``size_field_at``), as for a ``FixedHeader``.
     """
 
-    __slots__ = ("prefix", "max_bytes")
+    __slots__ = ("prefix", "max_bytes", "size_field_at")
 
     def __init__(self, prefix: int, max_bytes: int):
         self.prefix = prefix
         self.max_bytes = max_bytes
-
-    def sizes_at(self, data: bytearray, pos: int) -> tuple[int, int] | None:
-        """``(header_size, body_size)`` of the header at ``data[pos:]`` if it is whole and
-        well formed, else ``None`` (``__call__`` tells the two apart)."""
-        try:
-            size, end = read_uvarint(data, pos + self.prefix, len(data), self.max_bytes)
-        except VarintError:
-            return None
-        return end - pos, size
+        self.size_field_at = (prefix, max_bytes, _CUT_VARINT)
 
     def __call__(self, buffer: ReceiveBuffer) -> tuple[int, int] | None:
-        sizes = self.sizes_at(buffer._data, buffer._pos)
-        if sizes is None and len(buffer) >= self.prefix + self.max_bytes:
-            raise MalformedFrame(f"frame size longer than {self.max_bytes} bytes")
-        return sizes
+        pos = buffer._pos
+        try:
+            size, end = read_uvarint(buffer._data, pos + self.prefix, len(buffer._data), self.max_bytes)
+        except VarintError:
+            if len(buffer) >= self.prefix + self.max_bytes:
+                raise MalformedFrame(f"frame size longer than {self.max_bytes} bytes") from None
+            return None
+        return end - pos, size
 
 
 def varint_header(prefix: int, max_bytes: int) -> HeaderReader:
@@ -193,15 +212,54 @@ def varint_header(prefix: int, max_bytes: int) -> HeaderReader:
     return VarintHeader(prefix, max_bytes)
 
 
-# Frames up to this size are copied out of the buffer by slicing (two small copies beat
-# a memoryview's setup); larger ones through a memoryview (one copy).
-_SMALL_FRAME = 4096
 # A body over this size that is not whole yet is assembled from the received pieces
 # themselves (``_Assembly``) rather than appended to the buffer and copied out again.
 _LARGE_FRAME = 1 << 16
 # Pieces under this size are gathered into one ``bytearray`` first, so that a body
 # trickling in small pieces costs no list slot per piece.
 _PIECE = 1 << 14
+
+
+# ``_cut_frames``: how a header gives the body's size (``size_field_at``), and the bodies' type.
+_CUT_BIG_ENDIAN, _CUT_SIGNED, _CUT_VARINT, _CUT_MUTABLE = 1, 2, 4, 8
+# The most frames cut from the buffer at a time (a run of joined requests is at most 256).
+_CUT_MOST = 256
+
+
+def _cut_frames_in_python(data: bytearray, pos: int, size_at: int, size_width: int, flags: int, max_size: int,
+                          most: int) -> tuple[list[tuple[bytes, bytes | bytearray]], int]:
+    """``_cut_frames`` where the C loop is not built: the same frames."""
+    frames: list[tuple[bytes, bytes | bytearray]] = []
+    end = len(data)
+    order = "big" if flags & _CUT_BIG_ENDIAN else "little"
+    signed = bool(flags & _CUT_SIGNED)
+    while len(frames) < most and pos < end:
+        if flags & _CUT_VARINT:
+            try:
+                size, start = read_uvarint(data, pos + size_at, end, size_width)
+            except VarintError:
+                break
+        else:
+            start = pos + size_at + size_width
+            if start > end:
+                break
+            size = int.from_bytes(data[pos + size_at : start], order, signed=signed)
+        if not 0 <= size <= max_size or start + size > end:
+            break
+        body = data[start : start + size]
+        frames.append((bytes(data[pos:start]), body if flags & _CUT_MUTABLE else bytes(body)))
+        pos = start + size
+    return frames, pos
+
+
+_cut_frames = _cut_frames_in_python if _speedups is None else _speedups.cut_frames
+"""``_cut_frames(data, pos, size_at, size_width, flags, max_size, most) -> (frames, pos)``: the
+whole frames at ``data[pos:]``, at most ``most``, as ``(header, body)``, and the position after
+the last. A frame's body size is the integer of ``size_width`` bytes at ``size_at`` of its header
+(``_CUT_BIG_ENDIAN``, ``_CUT_SIGNED``), or with ``_CUT_VARINT`` the LEB128 varint of at most
+``size_width`` bytes there, the body right after it. Cutting stops before a frame that is not
+whole, or whose size is negative, over ``max_size`` or a varint too long: the framer's general
+path takes that one, with its errors. Bodies are ``bytearray`` with ``_CUT_MUTABLE``."""
 
 
 class _Framer:
@@ -269,9 +327,13 @@ class LengthPrefixedFramer(_Framer):
     ``mutable_body`` returns bodies as ``bytearray`` the codec may patch in place
     (Kafka patches produce batches' base offsets); otherwise ``bytes``.
 
-    A body over 64 KiB that has not all arrived, or that a received piece starts
-    with, is gathered apart from the buffer (``_Assembly``), from the pieces
-    ``feed`` is given, and joined once: one copy of the body in all.
+    The whole frames of up to 64 KiB at the buffer's front are cut from it
+    together (``_cut_frames``, in C where built) when the header reader tells
+    where its size field is (``size_field_at``: ``fixed_header``,
+    ``varint_header``), then returned one by one. A body over 64 KiB that has
+    not all arrived, or that a received piece starts with, is gathered apart
+    from the buffer (``_Assembly``), from the pieces ``feed`` is given, and
+    joined once: one copy of the body in all.
     """
 
     def __init__(self, read_header: HeaderReader, max_frame_size: int, mutable_body: bool = False):
@@ -280,7 +342,11 @@ class LengthPrefixedFramer(_Framer):
         self.mutable_body = mutable_body
         self._discard = 0  # bytes of an oversized frame still to drop
         self._fixed = read_header if isinstance(read_header, FixedHeader) else None
-        self._varint = read_header if isinstance(read_header, VarintHeader) else None
+        size_field_at = read_header.size_field_at if isinstance(read_header, FixedHeader | VarintHeader) else None
+        self._cut_args = None if size_field_at is None else (
+            *size_field_at[:2], size_field_at[2] | (_CUT_MUTABLE if mutable_body else 0),
+            min(max_frame_size, _LARGE_FRAME), _CUT_MOST)
+        self._cut: Iterator[tuple[bytes, bytes | bytearray]] = iter(())  # whole frames cut, not yet returned
         self._assembly: _Assembly | None = None
 
     def feed(self, data: bytes) -> None:
@@ -319,6 +385,9 @@ class LengthPrefixedFramer(_Framer):
         return self._assembly is not None or len(self.buffer) > 0
 
     def next_frame(self) -> tuple[bytes, bytes | bytearray] | None:
+        frame = next(self._cut, None)
+        if frame is not None:  # the common case: a frame cut from the buffer with the ones before it
+            return frame
         buffer = self.buffer
         assembly = self._assembly
         if assembly is not None:
@@ -326,22 +395,14 @@ class LengthPrefixedFramer(_Framer):
                 return None if self.finished else self._end(len(assembly.header) + assembly.have)
             self._assembly = None
             return assembly.header, assembly.body(self.mutable_body)
-        if not self._discard:  # the common case, in place: a whole small frame after a header read in place
-            data, pos = buffer._data, buffer._pos
-            fixed, size = self._fixed, -1  # -1: no header read in place
-            if fixed is not None:
-                header_size = fixed.layout.size
-                if len(data) - pos >= header_size:
-                    size = fixed.layout.unpack_from(data, pos)[fixed.size_field]
-            elif self._varint is not None:
-                header_size, size = self._varint.sizes_at(data, pos) or (0, -1)
-            if 0 <= size <= _SMALL_FRAME and size <= self.max_frame_size and pos + header_size + size <= len(data):
-                start = pos + header_size
-                end = start + size
-                header = bytes(data[pos:start])
-                body = data[start:end] if self.mutable_body else bytes(data[start:end])
+        cut_args = self._cut_args
+        if cut_args is not None and not self._discard and len(buffer):
+            pos = buffer._pos
+            frames, end = _cut_frames(buffer._data, pos, *cut_args)
+            if frames:
                 buffer.skip(end - pos)
-                return header, body
+                self._cut = cut = iter(frames)
+                return next(cut)
         if self._discard:
             dropped = min(self._discard, len(buffer))
             buffer.skip(dropped)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gateway import framing
 from gateway.codec import (
     Close,
     CodecConnection,
@@ -133,6 +136,16 @@ def test_a_frame_buffered_but_not_taken_stays_before_a_large_one_received_after_
     framer.feed(framed(b"first"))  # not taken yet: a held request's successor waits
     framer.feed(framed(b"L" * 70_000))
     assert [body[:5] for _, body in frames(framer)] == [b"first", b"LLLLL"]
+
+
+def test_frames_cut_but_not_taken_stay_before_a_large_one_received_after_them():
+    """The buffer is empty once its frames are cut: a large frame received then is gathered
+    apart, and still comes after them."""
+    framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20)
+    framer.feed(framed(b"first") + framed(b"second"))
+    assert framer.next_frame()[1] == b"first"  # "second" is cut too, not taken yet
+    framer.feed(framed(b"L" * 70_000))
+    assert [body[:6] for _, body in frames(framer)] == [b"second", b"LLLLLL"]
 
 
 def test_end_of_stream_before_a_large_body_arrives_is_a_truncated_frame():
@@ -315,3 +328,62 @@ def test_a_varint_frame_over_the_limit_is_refused_and_dropped():
     with pytest.raises(FrameTooLarge):
         framer.next_frame()
     assert [body for _, body in frames(framer)] == [b"next"]
+
+
+# --------------------------------------------------------------------------- cutting frames in bulk
+
+_CUTS = [  # (size_at, size_width, flags) of the codecs' headers
+    (0, 4, framing._CUT_BIG_ENDIAN | framing._CUT_SIGNED),  # Kafka: >i
+    (0, 4, framing._CUT_BIG_ENDIAN),  # Cursus: >I
+    (1, 4, 0),  # TANK: <BI, the size after the message id
+    (1, 2, framing._CUT_BIG_ENDIAN | framing._CUT_SIGNED),
+    (1, 4, framing._CUT_VARINT),  # MQTT
+    (0, 8, framing._CUT_SIGNED),
+]
+
+
+@pytest.mark.skipif(framing._speedups is None, reason="the C loop is not built")
+@settings(max_examples=400, deadline=None)
+@given(data=st.binary(max_size=200), cut=st.sampled_from(_CUTS), mutable=st.booleans(),
+       max_size=st.integers(0, 300), most=st.integers(1, 5), pos=st.integers(0, 10))
+def test_frames_cut_in_c_are_the_ones_cut_in_python(data, cut, mutable, max_size, most, pos):
+    """On any bytes (garbage, negative sizes, sizes over the limit, varints too long, frames
+    cut short): the same frames, of the same types, and the same stopping place."""
+    flags = cut[2] | (framing._CUT_MUTABLE if mutable else 0)
+    args = (bytearray(data), min(pos, len(data)), cut[0], cut[1], flags, max_size, most)
+    c_frames, c_end = framing._speedups.cut_frames(*args)
+    py_frames, py_end = framing._cut_frames_in_python(*args)
+    assert (c_frames, c_end) == (py_frames, py_end)
+    assert [tuple(map(type, f)) for f in c_frames] == [tuple(map(type, f)) for f in py_frames]
+
+
+@pytest.mark.parametrize("layout,size_field", [(struct.Struct(">i"), 0), (struct.Struct("<BI"), 1),
+                                               (struct.Struct("!HhI"), 2), (struct.Struct("@I"), 0)])
+def test_cut_frames_read_the_size_where_the_layout_puts_it(layout, size_field):
+    """Frames cut in bulk (a standard byte order) or read header by header (native order:
+    no cut) come out the same, and a negative size or one over the limit behind whole
+    frames is still refused by the general path once those frames are taken."""
+    reader = fixed_header(layout, size_field)
+    assert (reader.size_field_at is None) == layout.format.startswith("@")
+
+    def frame(body: bytes, size: int | None = None) -> bytes:
+        fields = [7] * len(layout.format[1:])
+        fields[size_field] = len(body) if size is None else size
+        return layout.pack(*fields) + body
+
+    bodies = [b"one", b"", b"x" * 300, b"last"]
+    framer = LengthPrefixedFramer(reader, 1000)
+    framer.feed(b"".join(frame(b) for b in bodies) + frame(b"", 5000))
+    assert [body for _, body in frames_until_error(framer, FrameTooLarge)] == bodies
+    if layout.format[1:][size_field].islower():
+        framer = LengthPrefixedFramer(reader, 1000)
+        framer.feed(frame(b"ok") + frame(b"", -1))
+        assert [body for _, body in frames_until_error(framer, MalformedFrame)] == [b"ok"]
+
+
+def frames_until_error(framer, error: type[Exception]) -> list:
+    out = []
+    with pytest.raises(error):
+        while (f := framer.next_frame()) is not None:
+            out.append(f)
+    return out
