@@ -6,7 +6,8 @@ import pytest
 from test_adapter import Reactor
 
 from gateway import model as m
-from gateway.broker import MERGE_BYTES, MERGE_RECORDS, Broker, BrokerConfig
+from gateway.broker import Broker, BrokerConfig
+from gateway.broker.produce import MERGE_BYTES, MERGE_RECORDS
 from gateway.codec import BatchFormat
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record

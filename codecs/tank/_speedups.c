@@ -15,7 +15,7 @@
  *     bundles are all uncompressed and valid; None for anything else (a compressed bundle, a fault, a
  *     sequence number past 64 bits), which the Python path then checks and refuses with its own message.
  * parse_produce(payload, with_seqnum) -> (request_id, [(topic, [(partition, stored, base_seq, header)])])
- *     the walk of ``codec.parse_produce``: ``topic`` as bytes, ``stored`` the partition's ``varint len | bundle``
+ *     the walk of ``codec.parse_produce``: ``topic`` as str (UTF-8, surrogateescape), ``stored`` the partition's ``varint len | bundle``
  *     (a Produce-with-seqnum's u64 base sequence number taken out), ``header`` the bundle's
  *     ``(flags, count, first_seq, seq_delta, body, first_ts)`` as ``bundle.parse_header`` reads it (``seq_delta``
  *     -1 unless a SPARSE bundle of several messages; ``first_ts`` 0 when ``bundle.first_timestamp`` would
@@ -355,7 +355,11 @@ parse_produce(PyObject *self, PyObject *args)
         if (name_end >= end)
             goto done;
         PyObject *parts = PyList_New(0);
-        PyObject *topic = parts ? Py_BuildValue("(y#N)", (const char *)p + pos + 1, name_end - pos - 1, parts) : NULL;
+        PyObject *name = parts ? PyUnicode_DecodeUTF8((const char *)p + pos + 1, name_end - pos - 1, "surrogateescape")
+                               : NULL;
+        PyObject *topic = name ? Py_BuildValue("(NN)", name, parts) : NULL;
+        if (name == NULL)
+            Py_XDECREF(parts);
         if (topic == NULL || append_new(topics, topic) < 0)
             goto error;
         unsigned parts_count = p[name_end];

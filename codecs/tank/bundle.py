@@ -39,7 +39,7 @@ import cramjam
 
 from gateway import compression
 from gateway.codec import ColumnarFormat
-from gateway.convert import Columns, Validated
+from gateway.convert import ONE_RECORD, Columns, Validated
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
 from gateway.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
 
@@ -70,6 +70,7 @@ _U64 = struct.Struct("<Q")
 _FLAGS_TS = struct.Struct("<BQ")
 _BYTES = tuple(bytes((i,)) for i in range(256))
 _PRODUCER = struct.Struct("<IQH")
+_ONE_MESSAGE = (1, 1)  # what ``_speedups.validate_plain`` says of a bundle of one message: ONE_RECORD
 
 
 class BundleError(ValueError):
@@ -448,8 +449,8 @@ class TankFormat(ColumnarFormat):
         if _speedups is not None and type(self).validate is TankFormat.validate:
             plain = _speedups.validate_plain
             checked = [plain(payload) for payload in payloads]
-            if None not in checked:
-                return [tuple.__new__(Validated, c) for c in checked]  # Validated(*c), without a call per payload
+            if None not in checked:  # Validated(*c), without a call per payload (none for one message)
+                return [ONE_RECORD if c == _ONE_MESSAGE else tuple.__new__(Validated, c) for c in checked]
         return super().validate_each(payloads)
 
     def _validate_bundles(self, payload: bytes) -> Validated:

@@ -167,6 +167,9 @@ def _batch_of_header(stored: bytes, base_seq: int, header: tuple | None) -> m.Ba
     if header is None:
         return ProduceError.IO_FAULT
     flags, count, first, delta, _, timestamp = header
+    if not flags & SPARSE and 0 < count <= MAX_SPAN and base_seq + count < MAX_SEQ and timestamp:
+        # What clients send most, as _checked_batch would take it (one call fewer per produce).
+        return m.Batch(NAME, stored, count, timestamp, base_seq - 1 if base_seq else None)
     return _checked_batch(stored, flags, count, first, first if delta < 0 else first + delta + 1,
                           timestamp or int(time.time() * 1000), base_seq)
 
@@ -220,11 +223,11 @@ def parse_produce(payload: bytes, with_seqnum: bool) -> tuple[int, list[tuple[st
         except ValueError as e:
             raise Malformed(str(e)) from None
         if len(raw) == 1 and len(raw[0][1]) == 1:  # what clients send most: one bundle for one partition
-            name, ((partition, stored, base_seq, header),) = raw[0]
-            return request_id, [(_text(name), [(partition, _batch_of_header(stored, base_seq, header))])]
-        return request_id, [(_text(name), [(partition, _batch_of_header(stored, base_seq, header))
-                                           for partition, stored, base_seq, header in parts])
-                            for name, parts in raw]
+            topic, ((partition, stored, base_seq, header),) = raw[0]
+            return request_id, [(topic, [(partition, _batch_of_header(stored, base_seq, header))])]
+        return request_id, [(topic, [(partition, _batch_of_header(stored, base_seq, header))
+                                     for partition, stored, base_seq, header in parts])
+                            for topic, parts in raw]
     return _parse_produce(payload, with_seqnum)
 
 
@@ -407,7 +410,7 @@ class TankConnection(CodecConnection):
     def __init__(self, settings: ListenerSettings):
         super().__init__(settings, LengthPrefixedFramer(fixed_header(HEADER, size_field=1), settings.max_frame_size))
         self._handlers: dict[int, Callable[[bytes], Handled]] = {
-            MsgId.PRODUCE: lambda p: self._produce(p, False),
+            MsgId.PRODUCE: self._produce,
             MsgId.PRODUCE_WITH_SEQNUM: lambda p: self._produce(p, True),
             MsgId.CONSUME: self._consume,
             MsgId.DISCOVER_PARTITIONS: self._discover_partitions,
@@ -450,13 +453,15 @@ class TankConnection(CodecConnection):
             return b"".join(acks)
         return super().render_run(run, results)
 
-    def _produce(self, payload: bytes, with_seqnum: bool) -> Handled:
+    def _produce(self, payload: bytes, with_seqnum: bool = False) -> Handled:
         """One ``Produce`` per partition; a partition refused by the parse gets its code unwritten."""
         request_id, topics = parse_produce(payload, with_seqnum)
-        if len(topics) == 1 and len(topics[0][1]) == 1 and type(topics[0][1][0][1]) is m.Batch:
-            # What a TANK client sends most: one bundle for one partition (no layout to keep).
-            topic, ((partition, batch),) = topics[0]
-            return Handled.run((m.Produce(topic, partition, batch),), _OneAck(request_id), joins=True)
+        if len(topics) == 1:
+            topic, parts = topics[0]
+            if len(parts) == 1 and type(parts[0][1]) is m.Batch:
+                # What a TANK client sends most: one bundle for one partition (no layout to keep).
+                partition, batch = parts[0]
+                return Handled.run((m.Produce(topic, partition, batch),), _OneAck(request_id), joins=True)
         commands = []
         layout = []
         for topic, parts in topics:

@@ -46,9 +46,6 @@ from gateway.storage.interface import Storage
 
 __all__ = ["Broker", "BrokerConfig", "FsyncPolicy"]
 
-MERGE_BYTES = 1 << 20  # a run of merged produces stops once its payloads reach this size...
-MERGE_RECORDS = 4096  # ...or this many records
-
 log = logging.getLogger(__name__)
 ANYONE_UNKNOWN = m.Caller()  # a caller nobody named: anonymous
 
@@ -194,24 +191,15 @@ class Broker:
 
     def run_many_unchecked(self, commands: Sequence[Any]) -> list[Any]:
         """``[run(c) for c in commands]``, except that consecutive produces that may
-        share appends (``Producer.merge_key``) share them, in runs of at most
-        ``MERGE_BYTES`` and ``MERGE_RECORDS`` (so that a stored batch stays a
-        size a reader converts at once): one append per partition,
+        share appends (``Producer.merged_run``) share them: one append per partition,
         each command still with its own ``ProduceResult``. A command that hits a
         bug gets a failed Deferred instead of raising, so the others keep theirs.
         """
         results: list[Any] = []
-        merge_key = self.producer.merge_key
+        merged_run = self.producer.merged_run
         i, n = 0, len(commands)
         while i < n:
-            key = merge_key(commands[i])
-            j = i + 1
-            if key is not None:
-                size, records = len(commands[i].batch.payload), commands[i].batch.count
-                while j < n and size < MERGE_BYTES and records < MERGE_RECORDS and merge_key(commands[j]) == key:
-                    size += len(commands[j].batch.payload)
-                    records += commands[j].batch.count
-                    j += 1
+            j = merged_run(commands, i)
             try:
                 if j - i > 1:
                     results.extend(self.producer.produce_merged(commands[i:j]))

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from gateway.convert import Validated
 
 ACKS_TIMEOUT = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
+MERGE_BYTES = 1 << 20  # a run of merged produces stops once its payloads reach this size...
+MERGE_RECORDS = 4096  # ...or this many records
 
 
 class Producer:
@@ -146,24 +148,42 @@ class Producer:
 
     # ------------------------------------------------------------------ merged batches
 
-    def merge_key(self, cmd: Any) -> tuple | None:
-        """Produces with equal keys may share appends (``produce_merged``); None: this one may not.
+    def merged_run(self, commands: Sequence[Any], start: int) -> int:
+        """Where the run of ``commands`` from ``start`` that may share appends (``produce_merged``)
+        ends: ``start + 1`` when ``commands[start]`` shares with none.
 
         Only plain batches (no idempotent producer, no explicit offset) of a
-        ``joinable`` format merge, and only with the same topic, acks and timeout.
+        ``joinable`` format merge, and only with the same topic, format, acks,
+        timeout and auto-creation; a run stops once its payloads reach
+        ``MERGE_BYTES`` or ``MERGE_RECORDS`` (so that a stored batch stays a size a
+        reader converts at once).
         """
-        if type(cmd) is not m.Produce:
-            return None
-        batch = cmd.batch
-        if batch.producer is not None or batch.base_offset is not None:
-            return None
-        fmt = self.broker.formats.get(batch.format)
-        if fmt is None or not fmt.joinable:
-            return None
-        return cmd.topic, batch.format, cmd.acks, cmd.timeout_ms, cmd.auto_create
+        first, end, n = commands[start], start + 1, len(commands)
+        if end == n or type(first) is not m.Produce:
+            return end
+        batch = first.batch
+        name = batch.format
+        fmt = self.broker.formats.get(name)
+        if batch.producer is not None or batch.base_offset is not None or fmt is None or not fmt.joinable:
+            return end
+        topic, acks, timeout_ms, auto_create = first.topic, first.acks, first.timeout_ms, first.auto_create
+        size, records, produce = len(batch.payload), batch.count, m.Produce
+        while end < n and size < MERGE_BYTES and records < MERGE_RECORDS:
+            cmd = commands[end]
+            if type(cmd) is not produce:
+                break
+            batch = cmd.batch
+            if (batch.format != name or batch.producer is not None or batch.base_offset is not None
+                    or cmd.topic != topic or cmd.acks != acks or cmd.timeout_ms != timeout_ms
+                    or cmd.auto_create != auto_create):
+                break
+            size += len(batch.payload)
+            records += batch.count
+            end += 1
+        return end
 
     def produce_merged(self, cmds: Sequence[m.Produce]) -> list[Any]:
-        """Results of ``cmds`` (equal ``merge_key``s) as if produced one by one, but
+        """Results of ``cmds`` (a ``merged_run``) as if produced one by one, but
         with one append per partition: each its own offsets, and the high watermark
         as once its last record was in. The results are values, or Deferreds when
         acknowledging waits (each partition's answers wait only for that partition)."""
@@ -189,9 +209,10 @@ class Producer:
         routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
         results: list[Any] = [None] * len(cmds)
         route = self._route
-        checks = fmt.validate_each([cmd.batch.payload for cmd in cmds])
-        for i, (cmd, checked) in enumerate(zip(cmds, checks, strict=True)):
-            refusal = refusal_of(checked, cmd.batch)
+        batches = [cmd.batch for cmd in cmds]
+        checks = fmt.validate_each([batch.payload for batch in batches])
+        for i, cmd, batch, checked in zip(range(len(cmds)), cmds, batches, checks, strict=True):
+            refusal = refusal_of(checked, batch)
             if refusal is None:
                 p = route(cmd, partitions)
                 indexes = routed.get(p)
@@ -202,11 +223,13 @@ class Producer:
             else:  # this command alone is refused; the others are stored
                 results[i] = m.ProduceResult(topic, -1 if cmd.partition is None else cmd.partition, error=refusal)
         for p, indexes in routed.items():
-            batches = [cmds[i].batch for i in indexes]
-            answers = then(self._append_joined(fmt, topic, p, batches, first.acks),
-                           lambda appended, p=p, batches=batches: self._acknowledge_joined(first, p, batches, appended))
+            joined = batches if len(indexes) == len(batches) else [batches[i] for i in indexes]
+            answers = then(self._append_joined(fmt, topic, p, joined, first.acks),
+                           lambda appended, p=p, joined=joined: self._acknowledge_joined(first, p, joined, appended))
             if isinstance(answers, defer.Deferred):
                 answers = fan_out(answers.addErrback(_as_results, topic, len(indexes)), len(indexes))
+            if len(indexes) == len(results):  # every command to one partition, as pipelined ones go
+                return answers
             for i, answer in zip(indexes, answers, strict=True):
                 results[i] = answer
         return results
