@@ -150,7 +150,10 @@ def _produce_record(topic: str, key: bytes, payload: bytes, timestamp: int, acks
     # Positional arguments: this runs once per PRODUCE line (topic, partition, batch, acks,
     # timeout_ms, key, partitioner, auto_create).
     return (m.Produce(topic, None, m.Batch(batch.NAME, payload, 1, timestamp),
-                      m.Acks.LEADER if acks is None else _acks(acks), None, key, "fnv1a_32", True),)
+                      _LEADER if acks is None else _acks(acks), None, key, "fnv1a_32", True),)
+
+
+_LEADER = m.Acks.LEADER  # looked up once: an enum member's lookup costs as much as a small object
 
 
 _PLAIN_PRODUCE = re.compile(rb"V1\|([\x21-\x7b\x7d\x7e]+)\|PRODUCE\|([\x21-\x7e]+) ([\x21-\x39\x3b-\x7e]*):([\x21-\x7e]*)"
@@ -409,9 +412,16 @@ class V1Connection(CodecConnection):
 
     def __init__(self, settings: ListenerSettings):
         super().__init__(settings, LineFramer(settings.max_frame_size))
+        self.received_at = time.time_ns() // 1_000_000
+
+    def receive_data(self, data: bytes) -> None:
+        """The time now is the timestamp of the records of the lines read from ``data`` (taken
+        once per read, not once per line)."""
+        self.received_at = time.time_ns() // 1_000_000
+        super().receive_data(data)
 
     def handle_frame(self, header: bytes, body: bytes) -> Handled:
-        now = time.time_ns() // 1_000_000
+        now = self.received_at
         plain = parse_produce(body, now)
         if plain is not None and not self.anonymous_refused:
             cid, topic, key, record, acks = plain

@@ -51,6 +51,8 @@ class Producer:
 
     def _route(self, cmd: m.Produce, partitions: int) -> int:
         if cmd.partition is None:
+            if partitions == 1:  # every partitioner's choice, without hashing the key
+                return 0
             return choose(cmd.partitioner, cmd.key, partitions, next(self._round_robin))
         return cmd.partition
 

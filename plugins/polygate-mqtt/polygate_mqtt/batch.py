@@ -26,6 +26,7 @@ HEAD = struct.Struct(">IqBi")
 HEAD_SIZE = HEAD.size
 LEN = struct.Struct(">i")
 DELTA = struct.Struct(">I")  # the offset delta, first in a record
+_ONE_RECORD_MIN = HEAD_SIZE + LEN.size  # a record with no key and no value
 
 
 def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None) -> bytes:
@@ -67,13 +68,15 @@ class MqttFormat(BatchFormat):
         checked: list[Validated | Error] = []
         unpack_head, unpack_len = HEAD.unpack_from, LEN.unpack_from
         for payload in payloads:
-            if len(payload) >= HEAD_SIZE + LEN.size:
+            size = len(payload)
+            if size >= _ONE_RECORD_MIN:
                 delta, _, _, klen = unpack_head(payload)
-                at = HEAD_SIZE + max(klen, 0)
-                if delta == 0 and at + LEN.size <= len(payload) and \
-                        at + LEN.size + max(unpack_len(payload, at)[0], 0) == len(payload):
-                    checked.append(ONE_RECORD)
-                    continue
+                at = HEAD_SIZE + klen if klen > 0 else HEAD_SIZE
+                if delta == 0 and at + LEN.size <= size:
+                    (vlen,) = unpack_len(payload, at)
+                    if at + LEN.size + (vlen if vlen > 0 else 0) == size:
+                        checked.append(ONE_RECORD)
+                        continue
             try:
                 checked.append(self.validate(payload))
             except CommandError as e:
@@ -128,17 +131,24 @@ class MqttFormat(BatchFormat):
         renumbered 0, 1, 2... across them, each record otherwise as it was."""
         parts: list[bytes | memoryview] = []
         count = 0
+        unpack_head, unpack_len, pack_delta = HEAD.unpack_from, LEN.unpack_from, DELTA.pack
         for payload in payloads:
+            klen = unpack_head(payload)[3]
+            at = HEAD_SIZE + klen if klen > 0 else HEAD_SIZE
+            vlen = unpack_len(payload, at)[0]
+            if at + LEN.size + (vlen if vlen > 0 else 0) == len(payload):  # one PUBLISH's record
+                parts += (pack_delta(count), payload[DELTA.size:])
+                count += 1
+                continue
             data = memoryview(payload)
             pos, end = 0, len(data)
             while pos < end:
                 start = pos
-                klen = HEAD.unpack_from(data, pos)[3]
-                pos += HEAD.size + max(klen, 0)
-                (vlen,) = LEN.unpack_from(data, pos)
+                klen = unpack_head(data, pos)[3]
+                pos += HEAD_SIZE + max(klen, 0)
+                (vlen,) = unpack_len(data, pos)
                 pos += LEN.size + max(vlen, 0)
-                parts.append(DELTA.pack(count))
-                parts.append(data[start + DELTA.size : pos])
+                parts += (pack_delta(count), data[start + DELTA.size : pos])
                 count += 1
         return b"".join(parts)
 
