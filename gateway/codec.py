@@ -238,6 +238,32 @@ _new_tuple = tuple.__new__
 
 RUN_MAX = 256
 """The most requests ``CodecConnection`` joins into one run (``Handled.joins``)."""
+_ONE_EACH = list(range(1, RUN_MAX + 1))  # a run's ``ends`` when each request has one command
+
+
+class Acknowledgement:
+    """The render of a joining request (``Handled.joins``) of one command whose answer, when
+    that command succeeds (its result's ``error`` is ``None``), is known as the request is
+    handled: ``ok`` (a TANK produce's ack, an MQTT PUBLISH's PUBACK, or ``b""`` for none).
+    ``context`` is the subclass's, for ``refused(result)``, the answer when the command
+    failed, which a subclass implements.
+
+    ``CodecConnection.render_run`` answers a run of acknowledgements whose commands all
+    succeeded by joining their ``ok``s, with no call per request.
+    """
+
+    __slots__ = ("ok", "context")
+
+    def __init__(self, ok: bytes, context: Any = None):
+        self.ok = ok
+        self.context = context
+
+    def __call__(self, results: Sequence[Any]) -> bytes:
+        result = results[0]
+        return self.ok if result.error is None else self.refused(result)
+
+    def refused(self, result: Any) -> bytes:
+        raise NotImplementedError(f"{type(self).__name__} does not say how a failure is answered")
 
 
 class Run(NamedTuple):
@@ -356,13 +382,22 @@ class CodecConnection:
     def render_run(self, run: Run, results: Sequence[Any]) -> bytes:
         """The answers of a run of joined requests (``Handled.joins``), written together: each
         request's ``render`` of its own results, in order (``run.parts`` are the requests'
-        ``Handled``; ``run.ends``, where each one's results end in ``results``). A codec
-        whose clients pipeline one kind of request by the thousand (V1's PRODUCE lines) may
-        override it to answer the usual run in one step, with the bytes the requests'
+        ``Handled``; ``run.ends``, where each one's results end in ``results``).
+
+        A run of ``Acknowledgement``s whose commands all succeeded is answered by joining
+        their ``ok``s, without a call per request. A codec whose clients pipeline another
+        kind of request by the thousand (V1's PRODUCE lines, whose answer holds the offset)
+        may override it to answer the usual run in one step, with the bytes the requests'
         renders would give (such an override does not go through ``render``), and pass any
         other run up."""
+        parts, ends = run.parts, run.ends
+        if ends == _ONE_EACH[: len(ends)]:  # one command each, so each request's result is results[i]
+            oks = [handled.render.ok for handled, result in zip(parts, results)
+                   if isinstance(handled.render, Acknowledgement) and result.error is None]
+            if len(oks) == len(parts):
+                return b"".join(oks)
         answers, start, render = [], 0, self.render
-        for handled, end in zip(run.parts, run.ends, strict=True):
+        for handled, end in zip(parts, ends, strict=True):
             answer = render(handled, results[start:end])
             if type(answer) is not bytes:
                 raise TypeError(f"the render of a joining request returned {answer!r}, not bytes")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gateway import framing
 from gateway.codec import (
+    Acknowledgement,
     Close,
     CodecConnection,
     Handled,
@@ -387,3 +388,47 @@ def frames_until_error(framer, error: type[Exception]) -> list:
         while (f := framer.next_frame()) is not None:
             out.append(f)
     return out
+
+
+# --------------------------------------------------------------------------- acknowledgements
+
+
+class _Ack(Acknowledgement):
+    __slots__ = ()
+
+    def refused(self, result):
+        return b"no(" + self.context + b")"
+
+
+class Acking(CodecConnection):
+    """``k<name>``: a joining request of one command acknowledged ``ok(<name>)``; ``t<name>``: one of
+    two commands, rendered by a function."""
+
+    def __init__(self):
+        super().__init__(ListenerSettings(64), LineFramer(64))
+
+    def handle_frame(self, header, body):
+        kind, name = body[:1], body[1:]
+        if kind == b"k":
+            return Handled.run((name,), _Ack(b"ok(" + name + b")", name), joins=True)
+        return Handled.run((name, name), lambda results: b"two(" + name + b")", joins=True)
+
+
+class Result:
+    def __init__(self, error=None):
+        self.error = error
+
+
+@pytest.mark.parametrize("lines,errors,answer", [
+    (b"ka\nkb\nkc\n", {}, b"ok(a)ok(b)ok(c)"),  # joined oks, no call per request
+    (b"ka\nkb\nkc\n", {1: "full"}, b"ok(a)no(b)ok(c)"),  # the failed one answers through refused
+    (b"ka\ntb\nkc\n", {}, b"ok(a)two(b)ok(c)"),  # a request of two commands in the run: each rendered
+    (b"ka\ntb\nkc\n", {3: "full"}, b"ok(a)two(b)no(c)"),
+])
+def test_a_run_of_acknowledgements_answers_as_each_would(lines, errors, answer):
+    c = Acking()
+    c.receive_data(lines)
+    run = c.next_event()
+    assert run.frames == 3
+    results = [Result(errors.get(i)) for i in range(len(run.commands))]
+    assert c.respond(run, results) == answer

@@ -42,7 +42,7 @@ from typing import Any
 from construct import ConstructError
 
 from gateway import model as m
-from gateway.codec import CodecConnection, Handled, ListenerSettings, Run
+from gateway.codec import Acknowledgement, CodecConnection, Handled, ListenerSettings
 from gateway.framing import LengthPrefixedFramer, fixed_header
 
 from . import schema
@@ -386,22 +386,17 @@ _NO_PARTITION = {"first_available": U64_MAX, "hwmark": U64_MAX, "reason": Consum
 # --------------------------------------------------------------------------- connection
 
 
-class _OneAck:
-    """The render of a Produce of one partition: its one-byte code."""
+class _ProduceAck(Acknowledgement):
+    """The render of a Produce of one partition: its one-byte code (``context``: the request id)."""
 
-    __slots__ = ("request_id",)
+    __slots__ = ()
 
-    def __init__(self, request_id: int):
-        self.request_id = request_id
-
-    def __call__(self, results: Sequence[m.ProduceResult]) -> bytes:
-        error = results[0].error
-        code = ProduceError.OK if error is None else _PRODUCE_CODES.get(error.code, ProduceError.IO_FAULT)
-        return _ONE_ACK.pack(_PRODUCE, 5, self.request_id, code)
+    def refused(self, result: m.ProduceResult) -> bytes:
+        return _ONE_ACK.pack(_PRODUCE, 5, self.context, _PRODUCE_CODES.get(result.error.code, ProduceError.IO_FAULT))
 
 
 _ONE_ACK = struct.Struct("<BIIB")  # the ack of a Produce of one partition: msg id, length 5, request id, code
-_PRODUCE, _OK = int(MsgId.PRODUCE), int(ProduceError.OK)
+_PRODUCE, _OK, _PING = int(MsgId.PRODUCE), int(ProduceError.OK), int(MsgId.PING)  # looked up once: per frame
 
 
 class TankConnection(CodecConnection):
@@ -427,7 +422,7 @@ class TankConnection(CodecConnection):
     def handle_frame(self, header: bytes, body: bytes) -> Handled | None:
         """A client Ping is ignored; an unknown message id or a malformed request closes, unanswered."""
         msg_id = header[0]
-        if msg_id == MsgId.PING:
+        if msg_id == _PING:
             return None
         if self.anonymous_refused:
             return Handled.answer(b"", close=True, reason="anonymous client on a listener that requires authentication")
@@ -441,18 +436,6 @@ class TankConnection(CodecConnection):
 
     # ------------------------------------------------------------------ produce
 
-    def render_run(self, run: Run, results: Sequence[Any]) -> bytes:
-        """A run of one-partition Produces whose bundles were all stored (a client's pipelined
-        burst, as a rule) is acknowledged in one step, as each ``_OneAck`` would acknowledge
-        it; any other run as ``CodecConnection`` answers it. (Each ``_OneAck`` answers one
-        command, so a run of them has one result each.)"""
-        parts, pack = run.parts, _ONE_ACK.pack
-        acks = [pack(_PRODUCE, 5, handled.render.request_id, _OK) for handled, r in zip(parts, results)
-                if type(handled.render) is _OneAck and r.error is None]
-        if len(acks) == len(parts):
-            return b"".join(acks)
-        return super().render_run(run, results)
-
     def _produce(self, payload: bytes, with_seqnum: bool = False) -> Handled:
         """One ``Produce`` per partition; a partition refused by the parse gets its code unwritten."""
         request_id, topics = parse_produce(payload, with_seqnum)
@@ -461,7 +444,8 @@ class TankConnection(CodecConnection):
             if len(parts) == 1 and type(parts[0][1]) is m.Batch:
                 # What a TANK client sends most: one bundle for one partition (no layout to keep).
                 partition, batch = parts[0]
-                return Handled.run((m.Produce(topic, partition, batch),), _OneAck(request_id), joins=True)
+                return Handled.run((m.Produce(topic, partition, batch),),
+                                   _ProduceAck(_ONE_ACK.pack(_PRODUCE, 5, request_id, _OK), request_id), joins=True)
         commands = []
         layout = []
         for topic, parts in topics:

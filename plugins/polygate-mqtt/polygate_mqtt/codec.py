@@ -54,13 +54,13 @@ from __future__ import annotations
 import collections
 import functools
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from gateway import model as m
 from gateway.codec import (
+    Acknowledgement,
     Close,
     CodecConnection,
     Handled,
@@ -93,6 +93,9 @@ FIXED_HEADER = varint_header(1, 4)  # a type-and-flags byte, then the remaining 
 
 
 _PACKET_TYPES = (None, *(PacketType(kind) for kind in range(1, 15)))  # by the header's type bits
+# Members looked up once: an enum member's attribute lookup costs as much as building a small
+# object, and these are looked up for every PUBLISH.
+_PUBLISH, _CONNECT, _LEADER = PacketType.PUBLISH, PacketType.CONNECT, m.Acks.LEADER
 
 
 @functools.lru_cache(maxsize=MAX_DESTINATIONS)
@@ -160,6 +163,22 @@ class _TopicSubscription:
         return found
 
 
+class _Stored(Acknowledgement):
+    """The answer to a PUBLISH once stored: ``ok`` is its PUBACK (QoS 1), PUBREC (QoS 2) or
+    nothing (QoS 0). ``context`` is ``(connection, topic name, qos)``."""
+
+    __slots__ = ()
+
+    def refused(self, result: m.ProduceResult) -> bytes:
+        connection, name, qos = self.context
+        error = result.error
+        if qos == 0 and error.code in m.AUTHORIZATION_ERRORS:
+            return b""  # refused, and QoS 0 has no answer: dropped
+        # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
+        connection._close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
+        return b""
+
+
 @attrs.define
 class _Outgoing:
     """A QoS 1 delivery waiting for its PUBACK."""
@@ -180,6 +199,7 @@ class MqttConnection(CodecConnection):
         self.connected = False
         self.keep_alive = 0.0
         self.last_seen = self.clock()
+        self.received_at = int(time.time() * 1000)  # ms: the timestamp of the messages of the last read
         self.subscriptions: dict[str, _TopicSubscription] = {}
         self.generation = 0
         self.inflight: collections.OrderedDict[int, _Outgoing] = collections.OrderedDict()
@@ -193,7 +213,9 @@ class MqttConnection(CodecConnection):
     # ------------------------------------------------------------------ Connection API
 
     def receive_data(self, data: bytes) -> None:
+        """Also the time of the messages read from ``data`` (taken once per read, not once per PUBLISH)."""
         self.last_seen = self.clock()
+        self.received_at = int(time.time() * 1000)
         super().receive_data(data)
 
     def end_of_stream(self) -> Close:
@@ -254,10 +276,10 @@ class MqttConnection(CodecConnection):
             if not 1 <= kind <= 14:
                 raise MalformedPacket(f"reserved packet type {kind}")
             kind = _PACKET_TYPES[kind]
-            if kind is not PacketType.PUBLISH and flags != packets.REQUIRED_FLAGS[kind]:
+            if kind is not _PUBLISH and flags != packets.REQUIRED_FLAGS[kind]:
                 raise MalformedPacket(f"{kind.name} with flags {flags:#x}")
             if not self.connected:
-                if kind is not PacketType.CONNECT:
+                if kind is not _CONNECT:
                     raise MalformedPacket(f"{kind.name} before CONNECT")
                 return self._connect(body)
             handler = self._HANDLERS.get(kind)
@@ -311,38 +333,24 @@ class MqttConnection(CodecConnection):
         if qos == 2 and packet_id in self.awaiting_release:
             return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
         produce = self._produce(name, qos, payload)
+        if qos == 0:
+            return Handled.run((produce,), _Stored(b"", (self, name, qos)), joins=True)
         if qos == 2:
             self.awaiting_release.add(packet_id)
+        ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
+        return Handled.run((produce,), _Stored(ack, (self, name, qos)), joins=True)
 
-        def stored(results: Sequence[m.ProduceResult]) -> bytes:
-            error = results[0].error
-            if error is not None:
-                if qos == 0 and error.code in m.AUTHORIZATION_ERRORS:
-                    return b""  # refused, and QoS 0 has no answer: dropped
-                # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
-                self._close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
-                return b""
-            if qos == 1:
-                return packets.with_packet_id(PacketType.PUBACK, packet_id)
-            if qos == 2:
-                return packets.with_packet_id(PacketType.PUBREC, packet_id)
-            return b""
-
-        return Handled.run((produce,), stored, joins=True)
-
-    @staticmethod
-    def _produce(name: str, qos: int, payload: bytes) -> m.Produce:
-        """The command storing an application message published to ``name``."""
+    def _produce(self, name: str, qos: int, payload: bytes) -> m.Produce:
+        """The command storing an application message published to ``name``, received now."""
         destination = _destination(name)
         if type(destination) is str:
             raise MalformedPacket(destination)
         log_topic, key = destination
-        ts = int(time.time() * 1000)
+        ts = self.received_at
         record = batch.encode_record(0, ts, qos, key, payload)
         # Positional arguments, as one is built per PUBLISH: topic, partition, batch, acks,
         # timeout_ms, key, partitioner, auto_create.
-        return m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), m.Acks.LEADER, None, key, "murmur2",
-                         True)
+        return m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), _LEADER, None, key, "murmur2", True)
 
     def _pubrel(self, body: bytes, flags: int) -> Handled:
         packet_id = packets.parse(packets.PACKET_ID, body).packet_id
