@@ -96,6 +96,7 @@ _PACKET_TYPES = (None, *(PacketType(kind) for kind in range(1, 15)))  # by the h
 # Members looked up once: an enum member's attribute lookup costs as much as building a small
 # object, and these are looked up for every PUBLISH.
 _PUBLISH, _CONNECT, _LEADER = PacketType.PUBLISH, PacketType.CONNECT, m.Acks.LEADER
+_NO_KEY = object()  # no record key seen yet (None is a key: no name)
 
 
 @functools.lru_cache(maxsize=MAX_DESTINATIONS)
@@ -235,13 +236,32 @@ class MqttConnection(CodecConnection):
             del self.subscriptions[context[0]]
             self._close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
             return b""
-        out = []
-        partition = result.partition
+        out: list[bytes] = []
+        partition, delivery, publish_qos0, unknown_qos = result.partition, sub.delivery, packets.publish_qos0, \
+            batch.UNKNOWN_QOS
+        last_key: bytes | None | object = _NO_KEY
         for stored in result.batches:
-            for offset, qos, key, payload in batch.FORMAT.deliveries(stored):
-                data = self._deliver(sub, partition, offset, qos, key, payload)
-                if data:
-                    out.append(data)
+            for offset, stored_qos, key, payload in batch.FORMAT.deliveries(stored):
+                if key != last_key:  # a burst has few distinct keys: look the filters up once per run of one
+                    last_key = key
+                    topic_field, grants = delivery(key)
+                    # From offset ``every_from`` on every matching filter takes the record: the
+                    # highest granted QoS applies. Below it, the filters that take it are looked for.
+                    top = max((qos for qos, _ in grants), default=-1)
+                    every_from = max((since.get(partition, 0) for _, since in grants), default=0)
+                if offset >= every_from:
+                    granted = top
+                else:
+                    granted = max((qos for qos, since in grants if offset >= since.get(partition, 0)), default=-1)
+                if granted < 0:
+                    continue
+                qos = granted if stored_qos == unknown_qos else min(granted, stored_qos)
+                if qos == 0:
+                    out.append(publish_qos0(topic_field, payload))
+                elif self._queue(topic_field[2:], payload):
+                    out.append(self._send_queued())  # in order with the QoS 0 ones around it
+                else:
+                    return b""
         return b"".join(out)
 
     def keepalive(self, context: Any) -> bytes:
@@ -435,29 +455,16 @@ class MqttConnection(CodecConnection):
 
     # ------------------------------------------------------------------ deliveries
 
-    def _deliver(self, sub: _TopicSubscription, partition: int, offset: int, stored_qos: int, key: bytes | None,
-                 payload: bytes) -> bytes:
-        """The PUBLISH of a stored record to this subscriber, if a filter of ``sub`` takes it: at
-        the QoS it was published with, at most the filter's granted QoS."""
-        topic_field, grants = sub.delivery(key)
-        granted = -1
-        for qos, since in grants:
-            if qos > granted and offset >= since.get(partition, 0):
-                granted = qos
-        if granted < 0:
-            return b""
-        qos = granted if stored_qos == batch.UNKNOWN_QOS else min(granted, stored_qos)
-        if qos == 0:
-            return packets.publish_qos0(topic_field, payload)
-        topic = topic_field[2:]
-        out = _Outgoing(topic, payload)
-        self.queued.append(out)
+    def _queue(self, topic: bytes, payload: bytes) -> bool:
+        """Queue a QoS 1 delivery (``_send_queued`` sends what the in-flight window takes); False
+        when the subscriber has left too many waiting, and is closed."""
+        self.queued.append(_Outgoing(topic, payload))
         self.queued_bytes += len(topic) + len(payload)
         if self.queued_bytes > self.options["max_queued_bytes"]:
             self._close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 messages "
                         "waiting for acknowledgements")
-            return b""
-        return self._send_queued()
+            return False
+        return True
 
     def _send_queued(self) -> bytes:
         """Send waiting QoS 1 messages while the in-flight window has room."""
