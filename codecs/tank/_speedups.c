@@ -20,6 +20,11 @@
  *     ``(flags, count, first_seq, seq_delta, body, first_ts)`` as ``bundle.parse_header`` reads it (``seq_delta``
  *     -1 unless a SPARSE bundle of several messages; ``first_ts`` 0 when ``bundle.first_timestamp`` would
  *     take the time now), or None when it does not parse. ValueError for a request cut short.
+ * parse_plain_produce(payload, with_seqnum) -> (request_id, topic, partition, stored, count, timestamp, base_seq) | None
+ *     what clients send most, ahead of ``parse_produce``: a request for one partition of one topic whose
+ *     bundle is plain (not SPARSE, with its own timestamp, a count ``codec._checked_batch`` takes as it
+ *     is); its fields as ``parse_produce`` and ``codec._batch_of_header`` make them. None for any other
+ *     request, whole or not: ``parse_produce`` takes it, with its codes and faults.
  * check_messages(data, count, sparse, first_seq, last_seq)
  *     checks that a produced bundle's message set is exactly ``count`` whole messages, whose sequence
  *     numbers ascend in a SPARSE bundle; ValueError naming the first fault.
@@ -285,47 +290,130 @@ validate_plain(PyObject *self, PyObject *args)
     return Py_BuildValue("(KK)", (unsigned long long)records, (unsigned long long)span);
 }
 
-/* The header of the bundle p[pos:end], as bundle.parse_header reads it, or None when it does not parse. */
-static PyObject *
-bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end)
+/* The fields of a bundle header that a produce needs, as bundle.parse_header reads them. */
+typedef struct {
+    unsigned char flags;
+    uint64_t count, first, delta; /* delta: meaningful when has_delta */
+    int has_delta;
+    Py_ssize_t body;  /* where the message set starts */
+    uint64_t first_ts; /* 0 when bundle.first_timestamp would take the time now */
+} BundleHeader;
+
+/* Read the header of the bundle p[pos:end] into *h: 0, or -1 when it does not parse. */
+static int
+read_bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, BundleHeader *h)
 {
     if (pos >= end)
-        Py_RETURN_NONE;
+        return -1;
     unsigned char flags = p[pos++];
     if ((flags & CODEC_MASK) > 1)
-        Py_RETURN_NONE;
+        return -1;
     if (flags & EXTRA_FLAGS) {
         if (pos >= end)
-            Py_RETURN_NONE;
+            return -1;
         pos += 1 + ((p[pos] & RICH_PRODUCER_INFO) ? PRODUCER_INFO_SIZE : 0);
     }
     uint64_t count = (flags >> 2) & 0x0F, first = 0, delta = 0;
     int has_delta = 0;
     if (!count && (pos > end || read_varint5(p, &pos, end, &count) < 0))
-        Py_RETURN_NONE;
+        return -1;
     if (flags & SPARSE) {
         if (pos + 8 > end)
-            Py_RETURN_NONE;
+            return -1;
         for (int b = 7; b >= 0; b--)
             first = (first << 8) | p[pos + b];
         pos += 8;
         if (count != 1) {
             if (read_varint5(p, &pos, end, &delta) < 0)
-                Py_RETURN_NONE;
+                return -1;
             has_delta = 1;
         }
     }
     if (pos > end)
-        Py_RETURN_NONE;
+        return -1;
     uint64_t ts = 0;
     if (!(flags & CODEC_MASK) && pos + 9 <= end && !(p[pos] & USE_LAST_TS))
         for (int b = 8; b >= 1; b--)
             ts = (ts << 8) | p[pos + b];
-    if (has_delta)
-        return Py_BuildValue("(BKKKnK)", flags, (unsigned long long)count, (unsigned long long)first,
-                             (unsigned long long)delta, pos, (unsigned long long)ts);
-    return Py_BuildValue("(BKKinK)", flags, (unsigned long long)count, (unsigned long long)first, -1, pos,
-                         (unsigned long long)ts);
+    *h = (BundleHeader){flags, count, first, delta, has_delta, pos, ts};
+    return 0;
+}
+
+/* The header of the bundle p[pos:end], as bundle.parse_header reads it, or None when it does not parse. */
+static PyObject *
+bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end)
+{
+    BundleHeader h;
+    if (read_bundle_header(p, pos, end, &h) < 0)
+        Py_RETURN_NONE;
+    if (h.has_delta)
+        return Py_BuildValue("(BKKKnK)", h.flags, (unsigned long long)h.count, (unsigned long long)h.first,
+                             (unsigned long long)h.delta, h.body, (unsigned long long)h.first_ts);
+    return Py_BuildValue("(BKKinK)", h.flags, (unsigned long long)h.count, (unsigned long long)h.first, -1, h.body,
+                         (unsigned long long)h.first_ts);
+}
+
+#define MAX_SPAN ((uint64_t)1 << 31)  /* codec.MAX_SPAN */
+#define MAX_SEQ ((uint64_t)1 << 63)   /* codec.MAX_SEQ */
+
+/* parse_plain_produce: see the module docstring. */
+static PyObject *
+parse_plain_produce(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    int with_seqnum;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*p", &buf, &with_seqnum))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t end = buf.len, pos, name_end, start, body;
+    PyObject *result = NULL;
+    uint64_t length, base_seq = 0;
+    BundleHeader h;
+    if (end < 7 || (pos = 7 + p[6]) + 6 > end || p[pos + 5] != 1) /* one topic */
+        goto other;
+    uint32_t request_id = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+    pos += 6;
+    if (pos >= end || (name_end = pos + 1 + p[pos]) >= end || p[name_end] != 1) /* one partition */
+        goto other;
+    Py_ssize_t name_at = pos + 1;
+    pos = name_end + 1;
+    if (pos + 2 > end)
+        goto other;
+    unsigned partition = p[pos] | p[pos + 1] << 8;
+    start = pos = pos + 2;
+    if (read_varint5(p, &pos, end, &length) < 0)
+        goto other;
+    body = pos;
+    if (with_seqnum) {
+        if (pos + 8 > end)
+            goto other;
+        for (int b = 7; b >= 0; b--)
+            base_seq = (base_seq << 8) | p[pos + b];
+        body = pos + 8;
+    }
+    if (length > (uint64_t)(end - body) || read_bundle_header(p, body, body + (Py_ssize_t)length, &h) < 0 ||
+        (h.flags & SPARSE) || h.count == 0 || h.count > MAX_SPAN || base_seq + h.count >= MAX_SEQ || !h.first_ts)
+        goto other;
+    PyObject *topic = PyUnicode_DecodeUTF8((const char *)p + name_at, name_end - name_at, "surrogateescape");
+    if (topic == NULL)
+        goto release;
+    Py_ssize_t varint = pos - start;
+    PyObject *stored = PyBytes_FromStringAndSize(NULL, varint + (Py_ssize_t)length);
+    if (stored == NULL) {
+        Py_DECREF(topic);
+        goto release;
+    }
+    memcpy(PyBytes_AS_STRING(stored), p + start, varint);
+    memcpy(PyBytes_AS_STRING(stored) + varint, p + body, length);
+    result = Py_BuildValue("(ININKKK)", request_id, topic, partition, stored, (unsigned long long)h.count,
+                           (unsigned long long)h.first_ts, (unsigned long long)base_seq);
+    goto release;
+other:
+    result = Py_NewRef(Py_None);
+release:
+    PyBuffer_Release(&buf);
+    return result;
 }
 
 static PyObject *
@@ -428,6 +516,8 @@ error:
 
 static PyMethodDef methods[] = {
     {"parse_produce", parse_produce, METH_VARARGS, "The partitions and bundles of a TANK Produce request."},
+    {"parse_plain_produce", parse_plain_produce, METH_VARARGS,
+     "The one plain bundle of a TANK Produce request for one partition, or None."},
     {"validate_plain", validate_plain, METH_VARARGS,
      "(records, span) of a produced payload of plain bundles, all valid; else None."},
     {"check_messages", check_messages, METH_VARARGS, "Check that a produced message set holds what it declares."},
