@@ -35,6 +35,7 @@ class Producer:
         self.broker = broker
         self.store = broker.store
         self._round_robin = itertools.count()
+        self._last_keyed: tuple[bytes | None, str, int, int] = (None, "", 0, 0)  # see _route
         # (topic, partition, producer id) -> fires when that producer's last batch there is settled
         self._in_order: dict[tuple[str, int, Any], defer.Deferred] = {}
 
@@ -50,11 +51,23 @@ class Producer:
             raise CommandError(ErrorCode.NOT_LEADER, "partition leader unavailable on this broker")
 
     def _route(self, cmd: m.Produce, partitions: int) -> int:
-        if cmd.partition is None:
-            if partitions == 1:  # every partitioner's choice, without hashing the key
-                return 0
-            return choose(cmd.partitioner, cmd.key, partitions, next(self._round_robin))
-        return cmd.partition
+        """The partition of ``cmd``: its own, or its partitioner's choice for its key. A burst
+        sends many records with one key (an MQTT topic name, a V1 key): the last keyed choice
+        is remembered."""
+        if cmd.partition is not None:
+            return cmd.partition
+        if partitions == 1:  # every partitioner's choice, without hashing the key
+            return 0
+        key, partitioner = cmd.key, cmd.partitioner
+        keyed = key is not None and partitioner != "round_robin"
+        if keyed:
+            last_key, last_partitioner, last_partitions, partition = self._last_keyed
+            if key == last_key and partitioner == last_partitioner and partitions == last_partitions:
+                return partition
+        partition = choose(partitioner, key, partitions, next(self._round_robin))
+        if keyed:
+            self._last_keyed = (key, partitioner, partitions, partition)
+        return partition
 
     # ------------------------------------------------------------------ one batch
 

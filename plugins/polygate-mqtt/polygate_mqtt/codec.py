@@ -72,6 +72,7 @@ from gateway.codec import (
     integer,
 )
 from gateway.framing import LengthPrefixedFramer, varint_header
+from gateway.varint import TABLE_SIZE, UVARINTS
 
 from . import batch, packets, topics
 from .packets import MalformedPacket, PacketType
@@ -237,8 +238,8 @@ class MqttConnection(CodecConnection):
             self._close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
             return b""
         out: list[bytes] = []
-        partition, delivery, publish_qos0, unknown_qos = result.partition, sub.delivery, packets.publish_qos0, \
-            batch.UNKNOWN_QOS
+        partition, delivery, unknown_qos, qos0 = result.partition, sub.delivery, batch.UNKNOWN_QOS, \
+            packets.PUBLISH_QOS0_BYTE
         last_key: bytes | None | object = _NO_KEY
         for stored in result.batches:
             for offset, stored_qos, key, payload in batch.FORMAT.deliveries(stored):
@@ -256,8 +257,10 @@ class MqttConnection(CodecConnection):
                 if granted < 0:
                     continue
                 qos = granted if stored_qos == unknown_qos else min(granted, stored_qos)
-                if qos == 0:
-                    out.append(publish_qos0(topic_field, payload))
+                if qos == 0:  # packets.publish_qos0, joined once with the others
+                    size = len(topic_field) + len(payload)
+                    out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
+                            topic_field, payload)
                 elif self._queue(topic_field[2:], payload):
                     out.append(self._send_queued())  # in order with the QoS 0 ones around it
                 else:

@@ -216,10 +216,10 @@ def topic_field(topic: bytes) -> bytes:
 def publish_qos0(topic: bytes, payload: bytes) -> bytes:
     """``publish(name, payload)`` from the name's ``topic_field``: a QoS 0 PUBLISH, as a
     subscriber is sent each record of a fan-out."""
-    return _PUBLISH_QOS0 + encode_length(len(topic) + len(payload)) + topic + payload
+    return PUBLISH_QOS0_BYTE + encode_length(len(topic) + len(payload)) + topic + payload
 
 
-_PUBLISH_QOS0 = bytes((PacketType.PUBLISH << 4,))
+PUBLISH_QOS0_BYTE = bytes((PacketType.PUBLISH << 4,))  # the first byte of a QoS 0 PUBLISH
 
 
 def publish(topic: bytes, payload: bytes, qos: int = 0, packet_id: int | None = None, dup: bool = False,
