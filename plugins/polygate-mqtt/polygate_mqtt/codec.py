@@ -230,6 +230,9 @@ class MqttConnection(CodecConnection):
         return sub is None or sub.stream != context or all(q == 0 for q, _ in sub.filters.values())
 
     def push(self, context: tuple[str, int], result: m.FetchResult) -> bytes:
+        """The PUBLISHes of the records a subscription's stream fetched: each record goes out if a
+        filter of the subscription takes it, at the QoS it was published with, at most the
+        highest granted QoS of the filters that take it (QoS 1 through the in-flight window)."""
         sub = self.subscriptions.get(context[0])
         if sub is None or sub.stream != context or self.closed:
             return b""
@@ -257,7 +260,7 @@ class MqttConnection(CodecConnection):
                 if granted < 0:
                     continue
                 qos = granted if stored_qos == unknown_qos else min(granted, stored_qos)
-                if qos == 0:  # packets.publish_qos0, joined once with the others
+                if qos == 0:  # the PUBLISH's parts (type, remaining length, topic, payload), joined once with all
                     size = len(topic_field) + len(payload)
                     out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
                             topic_field, payload)

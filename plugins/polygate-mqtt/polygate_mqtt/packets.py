@@ -213,13 +213,7 @@ def topic_field(topic: bytes) -> bytes:
     return _U16.pack(len(topic)) + topic
 
 
-def publish_qos0(topic: bytes, payload: bytes) -> bytes:
-    """``publish(name, payload)`` from the name's ``topic_field``: a QoS 0 PUBLISH, as a
-    subscriber is sent each record of a fan-out."""
-    return PUBLISH_QOS0_BYTE + encode_length(len(topic) + len(payload)) + topic + payload
-
-
-PUBLISH_QOS0_BYTE = bytes((PacketType.PUBLISH << 4,))  # the first byte of a QoS 0 PUBLISH
+PUBLISH_QOS0_BYTE = bytes((PacketType.PUBLISH << 4,))  # a QoS 0 PUBLISH's first byte (a subscriber's fan-out)
 
 
 def publish(topic: bytes, payload: bytes, qos: int = 0, packet_id: int | None = None, dup: bool = False,

@@ -10,10 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mqtt_support import Rig, connect_packet, puback, subscribe_packet, unsubscribe_packet
 from polygate_mqtt import batch, packets, plugin, topics
+from polygate_mqtt.codec import MqttConnection, _TopicSubscription
 from polygate_mqtt.packets import MalformedPacket, PacketType
 
 from gateway import model as m
-from gateway.codec import OptionError, parse_options
+from gateway.codec import ListenerSettings, OptionError, parse_options
 from gateway.codecs.v1 import batch as v1_batch
 from gateway.launcher import GATEWAY
 
@@ -352,3 +353,50 @@ def test_gateway_serve_refuses_to_start_with_a_bad_mqtt_option(tmp_path):
     assert run.returncode != 0
     last = run.stderr.strip().splitlines()[-1]
     assert "codec mqtt" in last and "retry_ms='soon'" in last and "a positive integer" in last
+
+
+# --------------------------------------------------------------------------- a subscriber's push
+
+
+def _expected_push(filters: dict, log_topic: str, partition: int, records: list) -> list:
+    """What ``push`` sends, record by record, as MQTT says: a record goes to the subscriber if a
+    filter whose start it is at or past matches its topic name, at the lower of its own QoS and
+    the highest such filter's granted QoS."""
+    out = []
+    for offset, qos, key, value in records:
+        name = topics.record_topic(log_topic, key)
+        granted = max((g for f, (g, since) in filters.items()
+                       if topics.matches(f, name) and offset >= since.get(partition, 0)), default=-1)
+        if granted >= 0:
+            out.append((name, granted if qos == batch.UNKNOWN_QOS else min(granted, qos), value))
+    return out
+
+
+@given(st.lists(st.tuples(st.sampled_from([b"t/a", b"t/b", b"t/a/c", None]), st.sampled_from([0, 1, 2, 0xFF])),
+                min_size=1, max_size=40),
+       st.dictionaries(st.sampled_from(["t/#", "t/+", "t/a", "t/b", "#"]),
+                       st.tuples(st.integers(0, 1), st.integers(100, 140)), min_size=1, max_size=4))
+def test_a_push_delivers_each_record_as_its_filters_and_their_starts_say(keyed, starts):
+    """Records of a few keys, filters started at different offsets (some past the first records):
+    the push, which looks a key's filters up once per run of records with that key, sends what
+    taking each record on its own would."""
+    conn = MqttConnection(ListenerSettings(1 << 20))
+    conn.connected = True
+    conn.options = {**conn.options, "max_inflight": 1 << 16}
+    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1))
+    filters = {f: (granted, {0: since}) for f, (granted, since) in starts.items()}
+    for f, (granted, since) in filters.items():
+        sub.subscribe(f, granted, since)
+    records = [(100 + i, qos, key, b"v%d" % i) for i, (key, qos) in enumerate(keyed)]
+    payload = b"".join(batch.encode_record(i, 1_700_000_000_000, qos, key, value)
+                       for i, (_, qos, key, value) in enumerate(records))
+    stored = m.StoredBatch(batch.NAME, 100, 100 + len(records) - 1, 1_700_000_000_000, payload)
+    sent = conn.push(sub.stream, m.FetchResult("t", 0, batches=(stored,), high_watermark=100 + len(records)))
+    got, pos = [], 0
+    while pos < len(sent):
+        kind, flags, header, length = packets.split_header(sent[pos:])
+        assert kind == PacketType.PUBLISH
+        name, qos, _, value = packets.parse_publish(flags, sent[pos + header : pos + header + length])
+        got.append((name, qos, value))
+        pos += header + length
+    assert got == _expected_push(filters, "t", 0, records)
