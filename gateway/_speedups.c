@@ -19,9 +19,10 @@
  * fnv1a_32(key), fnv1a_64(key), murmur2(key) -> int
  *     the partitioners' hashes of ``gateway.partitioners`` (a bytes-like key).
  *
- * cut_frames(data, pos, size_at, size_width, flags, max_size, most) -> (frames, pos)
+ * cut_frames(data, pos, size_at, size_width, flags, max_size, most, budget) -> (frames, pos)
  *     ``gateway.framing``'s ``_cut_frames``: the whole frames at ``data[pos:]`` (a bytearray),
- *     at most ``most``, as ``(header, body)`` tuples, and the position after the last. Each
+ *     at most ``most`` and no more once they hold ``budget`` bytes, as ``(header, body)``
+ *     tuples, and the position after the last. Each
  *     frame's body size is the unsigned (``CUT_SIGNED``: signed) ``size_width``-byte integer at
  *     ``size_at``, little-endian (``CUT_BIG_ENDIAN``: big), after which the body starts; with
  *     ``CUT_VARINT`` it is instead an unsigned LEB128 varint of at most ``size_width`` bytes at
@@ -297,14 +298,15 @@ static PyObject *
 cut_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 7 || !PyByteArray_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "cut_frames(data: bytearray, pos, size_at, size_width, flags, max_size, most)");
+    if (nargs != 8 || !PyByteArray_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cut_frames(data: bytearray, pos, size_at, size_width, flags, max_size, most, budget)");
         return NULL;
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]), size_at = PyLong_AsSsize_t(args[2]);
     long width = PyLong_AsLong(args[3]), flags = PyLong_AsLong(args[4]);
     long long max_size = PyLong_AsLongLong(args[5]);
-    Py_ssize_t most = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t most = PyLong_AsSsize_t(args[6]), budget = PyLong_AsSsize_t(args[7]), total = 0;
     if (PyErr_Occurred())
         return NULL;
     if (width < 1 || width > 8 || size_at < 0 || pos < 0) {
@@ -315,7 +317,7 @@ cut_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (frames == NULL)
         return NULL;
     Py_ssize_t end = PyByteArray_GET_SIZE(args[0]);
-    while (PyList_GET_SIZE(frames) < most && pos < end) {
+    while (PyList_GET_SIZE(frames) < most && total < budget && pos < end) {
         /* The bytearray's storage is read again each time: nothing below runs Python code, but
          * the address is cheap to take and this way no stale pointer can survive a change. */
         const unsigned char *p = (const unsigned char *)PyByteArray_AS_STRING(args[0]) + pos;
@@ -336,6 +338,7 @@ cut_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_DECREF(frame);
         pos += body_at + size;
+        total += body_at + size;
     }
     PyObject *out = Py_BuildValue("(Nn)", frames, pos);
     return out;

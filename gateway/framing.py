@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from .varint import VarintError, read_uvarint
 
@@ -222,18 +222,21 @@ _PIECE = 1 << 14
 
 # ``_cut_frames``: how a header gives the body's size (``size_field_at``), and the bodies' type.
 _CUT_BIG_ENDIAN, _CUT_SIGNED, _CUT_VARINT, _CUT_MUTABLE = 1, 2, 4, 8
-# The most frames cut from the buffer at a time (a run of joined requests is at most 256).
+# The most frames cut from the buffer at a time (a run of joined requests is at most 256), and
+# the bytes past which no more are cut (the frames cut are copies, until they are taken).
 _CUT_MOST = 256
+_CUT_BYTES = 1 << 20
 
 
 def _cut_frames_in_python(data: bytearray, pos: int, size_at: int, size_width: int, flags: int, max_size: int,
-                          most: int) -> tuple[list[tuple[bytes, bytes | bytearray]], int]:
+                          most: int, budget: int) -> tuple[list[tuple[bytes, bytes | bytearray]], int]:
     """``_cut_frames`` where the C loop is not built: the same frames."""
     frames: list[tuple[bytes, bytes | bytearray]] = []
     end = len(data)
+    start_pos = pos
     order = "big" if flags & _CUT_BIG_ENDIAN else "little"
     signed = bool(flags & _CUT_SIGNED)
-    while len(frames) < most and pos < end:
+    while len(frames) < most and pos - start_pos < budget and pos < end:
         if flags & _CUT_VARINT:
             try:
                 size, start = read_uvarint(data, pos + size_at, end, size_width)
@@ -253,9 +256,9 @@ def _cut_frames_in_python(data: bytearray, pos: int, size_at: int, size_width: i
 
 
 _cut_frames = _cut_frames_in_python if _speedups is None else _speedups.cut_frames
-"""``_cut_frames(data, pos, size_at, size_width, flags, max_size, most) -> (frames, pos)``: the
-whole frames at ``data[pos:]``, at most ``most``, as ``(header, body)``, and the position after
-the last. A frame's body size is the integer of ``size_width`` bytes at ``size_at`` of its header
+"""``_cut_frames(data, pos, size_at, size_width, flags, max_size, most, budget) -> (frames, pos)``:
+the whole frames at ``data[pos:]``, at most ``most`` and no more once they hold ``budget`` bytes,
+as ``(header, body)``, and the position after the last. A frame's body size is the integer of ``size_width`` bytes at ``size_at`` of its header
 (``_CUT_BIG_ENDIAN``, ``_CUT_SIGNED``), or with ``_CUT_VARINT`` the LEB128 varint of at most
 ``size_width`` bytes there, the body right after it. Cutting stops before a frame that is not
 whole, or whose size is negative, over ``max_size`` or a varint too long: the framer's general
@@ -343,10 +346,9 @@ class LengthPrefixedFramer(_Framer):
         self._discard = 0  # bytes of an oversized frame still to drop
         self._fixed = read_header if isinstance(read_header, FixedHeader) else None
         size_field_at = read_header.size_field_at if isinstance(read_header, FixedHeader | VarintHeader) else None
-        self._cut_args = None if size_field_at is None else (
-            *size_field_at[:2], size_field_at[2] | (_CUT_MUTABLE if mutable_body else 0),
-            min(max_frame_size, _LARGE_FRAME), _CUT_MOST)
-        self._cut: Iterator[tuple[bytes, bytes | bytearray]] = iter(())  # whole frames cut, not yet returned
+        self._size_field_at = None if size_field_at is None else (
+            *size_field_at[:2], size_field_at[2] | (_CUT_MUTABLE if mutable_body else 0))
+        self._cut: collections.deque[tuple[bytes, bytes | bytearray]] = collections.deque()  # cut, not yet taken
         self._assembly: _Assembly | None = None
 
     def feed(self, data: bytes) -> None:
@@ -382,12 +384,12 @@ class LengthPrefixedFramer(_Framer):
         return assembly
 
     def partial_frame(self) -> bool:
-        return self._assembly is not None or len(self.buffer) > 0
+        return self._assembly is not None or len(self.buffer) > 0 or len(self._cut) > 0
 
     def next_frame(self) -> tuple[bytes, bytes | bytearray] | None:
-        frame = next(self._cut, None)
-        if frame is not None:  # the common case: a frame cut from the buffer with the ones before it
-            return frame
+        cut = self._cut
+        if cut:  # the common case: a frame cut from the buffer with the ones before it
+            return cut.popleft()
         buffer = self.buffer
         assembly = self._assembly
         if assembly is not None:
@@ -395,14 +397,15 @@ class LengthPrefixedFramer(_Framer):
                 return None if self.finished else self._end(len(assembly.header) + assembly.have)
             self._assembly = None
             return assembly.header, assembly.body(self.mutable_body)
-        cut_args = self._cut_args
-        if cut_args is not None and not self._discard and len(buffer):
+        size_field_at = self._size_field_at
+        if size_field_at is not None and not self._discard and len(buffer):
             pos = buffer._pos
-            frames, end = _cut_frames(buffer._data, pos, *cut_args)
+            frames, end = _cut_frames(buffer._data, pos, *size_field_at, min(self.max_frame_size, _LARGE_FRAME),
+                                      _CUT_MOST, _CUT_BYTES)
             if frames:
                 buffer.skip(end - pos)
-                self._cut = cut = iter(frames)
-                return next(cut)
+                cut.extend(frames)
+                return cut.popleft()
         if self._discard:
             dropped = min(self._discard, len(buffer))
             buffer.skip(dropped)

@@ -145,6 +145,7 @@ def test_frames_cut_but_not_taken_stay_before_a_large_one_received_after_them():
     framer = LengthPrefixedFramer(fixed_header(SIZE), 1 << 20)
     framer.feed(framed(b"first") + framed(b"second"))
     assert framer.next_frame()[1] == b"first"  # "second" is cut too, not taken yet
+    assert framer.partial_frame()  # a whole frame not yet taken counts
     framer.feed(framed(b"L" * 70_000))
     assert [body[:6] for _, body in frames(framer)] == [b"second", b"LLLLLL"]
 
@@ -346,12 +347,12 @@ _CUTS = [  # (size_at, size_width, flags) of the codecs' headers
 @pytest.mark.skipif(framing._speedups is None, reason="the C loop is not built")
 @settings(max_examples=400, deadline=None)
 @given(data=st.binary(max_size=200), cut=st.sampled_from(_CUTS), mutable=st.booleans(),
-       max_size=st.integers(0, 300), most=st.integers(1, 5), pos=st.integers(0, 10))
-def test_frames_cut_in_c_are_the_ones_cut_in_python(data, cut, mutable, max_size, most, pos):
+       max_size=st.integers(0, 300), most=st.integers(1, 5), budget=st.integers(1, 300), pos=st.integers(0, 10))
+def test_frames_cut_in_c_are_the_ones_cut_in_python(data, cut, mutable, max_size, most, budget, pos):
     """On any bytes (garbage, negative sizes, sizes over the limit, varints too long, frames
     cut short): the same frames, of the same types, and the same stopping place."""
     flags = cut[2] | (framing._CUT_MUTABLE if mutable else 0)
-    args = (bytearray(data), min(pos, len(data)), cut[0], cut[1], flags, max_size, most)
+    args = (bytearray(data), min(pos, len(data)), cut[0], cut[1], flags, max_size, most, budget)
     c_frames, c_end = framing._speedups.cut_frames(*args)
     py_frames, py_end = framing._cut_frames_in_python(*args)
     assert (c_frames, c_end) == (py_frames, py_end)

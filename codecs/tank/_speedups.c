@@ -393,7 +393,7 @@ parse_plain_produce(PyObject *self, PyObject *args)
         body = pos + 8;
     }
     if (length > (uint64_t)(end - body) || read_bundle_header(p, body, body + (Py_ssize_t)length, &h) < 0 ||
-        (h.flags & SPARSE) || h.count == 0 || h.count > MAX_SPAN || base_seq + h.count >= MAX_SEQ || !h.first_ts)
+        (h.flags & SPARSE) || h.count == 0 || h.count > MAX_SPAN || base_seq >= MAX_SEQ - h.count || !h.first_ts)
         goto other;
     PyObject *topic = PyUnicode_DecodeUTF8((const char *)p + name_at, name_end - name_at, "surrogateescape");
     if (topic == NULL)

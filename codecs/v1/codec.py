@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from gateway import model as m
-from gateway.codec import CodecConnection, Handled, ListenerSettings, Run
+from gateway.codec import CodecConnection, Event, Handled, ListenerSettings, Run
 from gateway.framing import FrameTooLarge, LineFramer, TruncatedFrame
 
 from . import batch
@@ -412,16 +412,16 @@ class V1Connection(CodecConnection):
 
     def __init__(self, settings: ListenerSettings):
         super().__init__(settings, LineFramer(settings.max_frame_size))
-        self.received_at = time.time_ns() // 1_000_000
+        self.taken_at = time.time_ns() // 1_000_000
 
-    def receive_data(self, data: bytes) -> None:
-        """The time now is the timestamp of the records of the lines read from ``data`` (taken
-        once per read, not once per line)."""
-        self.received_at = time.time_ns() // 1_000_000
-        super().receive_data(data)
+    def next_event(self) -> Event | None:
+        """The time now is the timestamp of the records of the lines this call takes (once per
+        call, which takes a whole run of pipelined PRODUCE lines, not once per line)."""
+        self.taken_at = time.time_ns() // 1_000_000
+        return super().next_event()
 
     def handle_frame(self, header: bytes, body: bytes) -> Handled:
-        now = self.received_at
+        now = self.taken_at
         plain = parse_produce(body, now)
         if plain is not None and not self.anonymous_refused:
             cid, topic, key, record, acks = plain

@@ -63,6 +63,7 @@ from gateway.codec import (
     Acknowledgement,
     Close,
     CodecConnection,
+    Event,
     Handled,
     ListenerSettings,
     Option,
@@ -201,7 +202,7 @@ class MqttConnection(CodecConnection):
         self.connected = False
         self.keep_alive = 0.0
         self.last_seen = self.clock()
-        self.received_at = int(time.time() * 1000)  # ms: the timestamp of the messages of the last read
+        self.taken_at = int(time.time() * 1000)  # ms: the timestamp of the messages being taken (next_event)
         self.subscriptions: dict[str, _TopicSubscription] = {}
         self.generation = 0
         self.inflight: collections.OrderedDict[int, _Outgoing] = collections.OrderedDict()
@@ -215,10 +216,14 @@ class MqttConnection(CodecConnection):
     # ------------------------------------------------------------------ Connection API
 
     def receive_data(self, data: bytes) -> None:
-        """Also the time of the messages read from ``data`` (taken once per read, not once per PUBLISH)."""
         self.last_seen = self.clock()
-        self.received_at = int(time.time() * 1000)
         super().receive_data(data)
+
+    def next_event(self) -> Event | None:
+        """The time now is the timestamp of the messages this call takes (once per call, which
+        takes a whole run of pipelined PUBLISHes, not once per PUBLISH)."""
+        self.taken_at = int(time.time() * 1000)
+        return super().next_event()
 
     def end_of_stream(self) -> Close:
         return Close(reason="end of stream")
@@ -266,8 +271,8 @@ class MqttConnection(CodecConnection):
                             topic_field, payload)
                 elif self._queue(topic_field[2:], payload):
                     out.append(self._send_queued())  # in order with the QoS 0 ones around it
-                else:
-                    return b""
+                # else: too much QoS 1 left waiting, the subscriber is being closed; what was built
+                # goes out before the close, as it would have
         return b"".join(out)
 
     def keepalive(self, context: Any) -> bytes:
@@ -372,7 +377,7 @@ class MqttConnection(CodecConnection):
         if type(destination) is str:
             raise MalformedPacket(destination)
         log_topic, key = destination
-        ts = self.received_at
+        ts = self.taken_at
         record = batch.encode_record(0, ts, qos, key, payload)
         # Positional arguments, as one is built per PUBLISH: topic, partition, batch, acks,
         # timeout_ms, key, partitioner, auto_create.

@@ -400,3 +400,25 @@ def test_a_push_delivers_each_record_as_its_filters_and_their_starts_say(keyed, 
         got.append((name, qos, value))
         pos += header + length
     assert got == _expected_push(filters, "t", 0, records)
+
+
+def test_a_push_over_the_queued_bytes_limit_still_sends_what_it_built_then_closes():
+    """The QoS 1 delivery that overflows ``max_queued_bytes`` closes the subscriber; the PUBLISHes
+    of the push's other records, one of them already in flight, still go out before the close."""
+    conn = MqttConnection(ListenerSettings(1 << 20))
+    conn.connected = True
+    conn.options = {**conn.options, "max_inflight": 1, "max_queued_bytes": 20}
+    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1))
+    sub.subscribe("t/#", 1, {0: 0})
+    records = [(0, b"a"), (1, b"b"), (1, b"c" * 30), (0, b"d")]
+    payload = b"".join(batch.encode_record(i, 1_700_000_000_000, qos, b"t/x", value)
+                       for i, (qos, value) in enumerate(records))
+    stored = m.StoredBatch(batch.NAME, 0, len(records) - 1, 1_700_000_000_000, payload)
+    sent = conn.push(sub.stream, m.FetchResult("t", 0, batches=(stored,), high_watermark=len(records)))
+    got, pos = [], 0
+    while pos < len(sent):
+        kind, flags, header, length = packets.split_header(sent[pos:])
+        got.append(packets.parse_publish(flags, sent[pos + header : pos + header + length])[1::2])
+        pos += header + length
+    assert got == [(0, b"a"), (1, b"b"), (0, b"d")]
+    assert list(conn.inflight) == [1] and conn.closed
