@@ -356,6 +356,77 @@ bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end)
 #define MAX_SPAN ((uint64_t)1 << 31)  /* codec.MAX_SPAN */
 #define MAX_SEQ ((uint64_t)1 << 63)   /* codec.MAX_SEQ */
 
+/* The head of a Produce request in p[:end]: its request id, its topics' count, and where they start
+ * (*pos): 0, or -1 when cut short. */
+static int
+read_produce_head(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos, uint32_t *request_id, unsigned *topics)
+{
+    if (end < 7 || 7 + p[6] + 6 > end)
+        return -1;
+    Py_ssize_t at = 7 + p[6]; /* after u16 client version | u32 request id | str8 client id */
+    *request_id = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+    *topics = p[at + 5]; /* after u8 required acks | u32 ack timeout */
+    *pos = at + 6;
+    return 0;
+}
+
+/* One partition of a Produce request: ``u16 partition | varint length | (u64 base seqnum) | bundle``. */
+typedef struct {
+    unsigned partition;
+    Py_ssize_t start, varint, body; /* where its varint length starts, that varint's size, where its bundle starts */
+    uint64_t length, base_seq;
+} ProducedPartition;
+
+/* Read the partition at p[*pos:end] into *e and move *pos past it: 0, or -1 when cut short (*fault names a
+ * bundle longer than what is left). */
+static int
+read_produced_partition(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, int with_seqnum,
+                        ProducedPartition *e, const char **fault)
+{
+    if (*pos + 2 > end)
+        return -1;
+    e->partition = p[*pos] | p[*pos + 1] << 8;
+    e->start = *pos + 2;
+    Py_ssize_t at = e->start;
+    if (read_varint5(p, &at, end, &e->length) < 0)
+        return -1;
+    e->varint = at - e->start;
+    e->base_seq = 0;
+    if (with_seqnum) {
+        if (at + 8 > end)
+            return -1;
+        for (int b = 7; b >= 0; b--)
+            e->base_seq = (e->base_seq << 8) | p[at + b];
+        at += 8;
+    }
+    e->body = at;
+    if (e->length > (uint64_t)(end - at)) {
+        *fault = "bundle past the end of the request";
+        return -1;
+    }
+    *pos = at + (Py_ssize_t)e->length;
+    return 0;
+}
+
+/* What a partition stores: its varint length, then its bundle (a base sequence number taken out). */
+static PyObject *
+stored_of(const unsigned char *p, const ProducedPartition *e)
+{
+    PyObject *stored = PyBytes_FromStringAndSize(NULL, e->varint + (Py_ssize_t)e->length);
+    if (stored != NULL) {
+        memcpy(PyBytes_AS_STRING(stored), p + e->start, e->varint);
+        memcpy(PyBytes_AS_STRING(stored) + e->varint, p + e->body, e->length);
+    }
+    return stored;
+}
+
+/* A topic name of a request: UTF-8, what does not decode kept as surrogates (codec._text). */
+static PyObject *
+topic_name(const unsigned char *p, Py_ssize_t at, Py_ssize_t end)
+{
+    return PyUnicode_DecodeUTF8((const char *)p + at, end - at, "surrogateescape");
+}
+
 /* parse_plain_produce: see the module docstring. */
 static PyObject *
 parse_plain_produce(PyObject *self, PyObject *args)
@@ -366,48 +437,32 @@ parse_plain_produce(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*p", &buf, &with_seqnum))
         return NULL;
     const unsigned char *p = buf.buf;
-    Py_ssize_t end = buf.len, pos, name_end, start, body;
+    Py_ssize_t end = buf.len, pos, name_end;
     PyObject *result = NULL;
-    uint64_t length, base_seq = 0;
+    uint32_t request_id;
+    unsigned topics;
+    const char *fault = NULL;
+    ProducedPartition e;
     BundleHeader h;
-    if (end < 7 || (pos = 7 + p[6]) + 6 > end || p[pos + 5] != 1) /* one topic */
-        goto other;
-    uint32_t request_id = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
-    pos += 6;
-    if (pos >= end || (name_end = pos + 1 + p[pos]) >= end || p[name_end] != 1) /* one partition */
+    if (read_produce_head(p, end, &pos, &request_id, &topics) < 0 || topics != 1 || pos >= end ||
+        (name_end = pos + 1 + p[pos]) >= end || p[name_end] != 1) /* one topic, one partition */
         goto other;
     Py_ssize_t name_at = pos + 1;
     pos = name_end + 1;
-    if (pos + 2 > end)
+    if (read_produced_partition(p, &pos, end, with_seqnum, &e, &fault) < 0 ||
+        read_bundle_header(p, e.body, e.body + (Py_ssize_t)e.length, &h) < 0 || (h.flags & SPARSE) || h.count == 0 ||
+        h.count > MAX_SPAN || e.base_seq >= MAX_SEQ - h.count || !h.first_ts)
         goto other;
-    unsigned partition = p[pos] | p[pos + 1] << 8;
-    start = pos = pos + 2;
-    if (read_varint5(p, &pos, end, &length) < 0)
-        goto other;
-    body = pos;
-    if (with_seqnum) {
-        if (pos + 8 > end)
-            goto other;
-        for (int b = 7; b >= 0; b--)
-            base_seq = (base_seq << 8) | p[pos + b];
-        body = pos + 8;
-    }
-    if (length > (uint64_t)(end - body) || read_bundle_header(p, body, body + (Py_ssize_t)length, &h) < 0 ||
-        (h.flags & SPARSE) || h.count == 0 || h.count > MAX_SPAN || base_seq >= MAX_SEQ - h.count || !h.first_ts)
-        goto other;
-    PyObject *topic = PyUnicode_DecodeUTF8((const char *)p + name_at, name_end - name_at, "surrogateescape");
+    PyObject *topic = topic_name(p, name_at, name_end);
     if (topic == NULL)
         goto release;
-    Py_ssize_t varint = pos - start;
-    PyObject *stored = PyBytes_FromStringAndSize(NULL, varint + (Py_ssize_t)length);
+    PyObject *stored = stored_of(p, &e);
     if (stored == NULL) {
         Py_DECREF(topic);
         goto release;
     }
-    memcpy(PyBytes_AS_STRING(stored), p + start, varint);
-    memcpy(PyBytes_AS_STRING(stored) + varint, p + body, length);
-    result = Py_BuildValue("(ININKKK)", request_id, topic, partition, stored, (unsigned long long)h.count,
-                           (unsigned long long)h.first_ts, (unsigned long long)base_seq);
+    result = Py_BuildValue("(ININKKK)", request_id, topic, e.partition, stored, (unsigned long long)h.count,
+                           (unsigned long long)h.first_ts, (unsigned long long)e.base_seq);
     goto release;
 other:
     result = Py_NewRef(Py_None);
@@ -428,11 +483,10 @@ parse_produce(PyObject *self, PyObject *args)
     Py_ssize_t end = buf.len, pos;
     PyObject *topics = NULL, *result = NULL;
     const char *fault = "produce request cut short";
-    if (end < 7 || (pos = 7 + p[6]) + 6 > end)
+    uint32_t request_id;
+    unsigned topics_count;
+    if (read_produce_head(p, end, &pos, &request_id, &topics_count) < 0)
         goto done;
-    uint32_t request_id = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
-    unsigned topics_count = p[pos + 5];
-    pos += 6;
     topics = PyList_New(0);
     if (topics == NULL)
         goto done;
@@ -443,8 +497,7 @@ parse_produce(PyObject *self, PyObject *args)
         if (name_end >= end)
             goto done;
         PyObject *parts = PyList_New(0);
-        PyObject *name = parts ? PyUnicode_DecodeUTF8((const char *)p + pos + 1, name_end - pos - 1, "surrogateescape")
-                               : NULL;
+        PyObject *name = parts ? topic_name(p, pos + 1, name_end) : NULL;
         PyObject *topic = name ? Py_BuildValue("(NN)", name, parts) : NULL;
         if (name == NULL)
             Py_XDECREF(parts);
@@ -453,45 +506,16 @@ parse_produce(PyObject *self, PyObject *args)
         unsigned parts_count = p[name_end];
         pos = name_end + 1;
         for (unsigned i = 0; i < parts_count; i++) {
-            uint64_t length, base_seq = 0;
-            if (pos + 2 > end)
+            ProducedPartition e;
+            if (read_produced_partition(p, &pos, end, with_seqnum, &e, &fault) < 0)
                 goto done;
-            unsigned partition = p[pos] | p[pos + 1] << 8;
-            Py_ssize_t start = pos + 2, body;
-            pos = start;
-            if (read_varint5(p, &pos, end, &length) < 0)
-                goto done;
-            Py_ssize_t at = pos - start; /* where the bundle starts in ``stored``: after its length */
-            PyObject *stored;
-            if (with_seqnum) {
-                if (pos + 8 > end)
-                    goto done;
-                for (int b = 7; b >= 0; b--)
-                    base_seq = (base_seq << 8) | p[pos + b];
-                body = pos + 8;
-                if (length > (uint64_t)(end - body)) {
-                    fault = "bundle past the end of the request";
-                    goto done;
-                }
-                stored = PyBytes_FromStringAndSize(NULL, (pos - start) + (Py_ssize_t)length);
-                if (stored == NULL)
-                    goto error;
-                memcpy(PyBytes_AS_STRING(stored), p + start, pos - start);
-                memcpy(PyBytes_AS_STRING(stored) + (pos - start), p + body, length);
-                pos = body + (Py_ssize_t)length;
-            } else {
-                if (length > (uint64_t)(end - pos)) {
-                    fault = "bundle past the end of the request";
-                    goto done;
-                }
-                pos += (Py_ssize_t)length;
-                stored = PyBytes_FromStringAndSize((const char *)p + start, pos - start);
-                if (stored == NULL)
-                    goto error;
-            }
+            PyObject *stored = stored_of(p, &e);
+            if (stored == NULL)
+                goto error;
             const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(stored);
-            PyObject *header = bundle_header(s, at, PyBytes_GET_SIZE(stored));
-            PyObject *item = header ? Py_BuildValue("(INKN)", partition, stored, (unsigned long long)base_seq, header)
+            PyObject *header = bundle_header(s, e.varint, PyBytes_GET_SIZE(stored));
+            PyObject *item = header ? Py_BuildValue("(INKN)", e.partition, stored, (unsigned long long)e.base_seq,
+                                                    header)
                                     : NULL;
             if (item == NULL) {
                 if (header == NULL)
