@@ -20,7 +20,7 @@
  *     the partitioners' hashes of ``gateway.partitioners`` (a bytes-like key).
  *
  * cut_frames(data, pos, size_at, size_width, flags, max_size, most, budget) -> (frames, pos)
- *     ``gateway.framing``'s ``_cut_frames``: the whole frames at ``data[pos:]`` (a bytearray),
+ *     ``gateway.codec.framing``'s ``_cut_frames``: the whole frames at ``data[pos:]`` (a bytearray),
  *     at most ``most`` and no more once they hold ``budget`` bytes, as ``(header, body)``
  *     tuples, and the position after the last. Each
  *     frame's body size is the unsigned (``CUT_SIGNED``: signed) ``size_width``-byte integer at
@@ -350,7 +350,7 @@ static PyMethodDef methods[] = {
     {"fnv1a_64", fnv1a_64, METH_O, "FNV-1a 64 of a key."},
     {"murmur2", murmur2, METH_O, "Kafka's murmur2 of a key, as an unsigned 32-bit int."},
     {"cut_frames", (PyCFunction)(void (*)(void))cut_frames, METH_FASTCALL,
-     "The whole frames at the front of a receive buffer (gateway.framing)."},
+     "The whole frames at the front of a receive buffer (gateway.codec.framing)."},
     {NULL, NULL, 0, NULL},
 };
 

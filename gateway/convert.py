@@ -33,77 +33,12 @@ import collections
 import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
 
-from gateway.codec import BatchFormat
-from gateway.model import EMPTY, CommandError, ErrorCode, Record, StoredBatch
+from gateway.codec.formats import BatchFormat, Columns
+from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
 MAX_RUN_RECORDS = 4096
 MAX_RUN_BYTES = 1 << 20
-
-
-class Validated(NamedTuple):
-    """What a produced payload holds, as ``BatchFormat.validate`` checked it: ``records``,
-    the records present; ``span``, the offsets they take (``records`` unless the format
-    numbers records with gaps, as a SPARSE TANK bundle may)."""
-
-    records: int
-    span: int
-
-
-ONE_RECORD = Validated(1, 1)
-"""What a payload of one record holds (a V1 PRODUCE line's, an MQTT PUBLISH's): ``validate``
-returns this one instead of building one per payload."""
-
-
-class Columns:
-    """Records field by field: parallel lists with one item per record, as
-    ``Record`` has them. ``headers`` (tuples of pairs) and ``extras``
-    (mappings, read only) are ``None`` when no record has any.
-    """
-
-    __slots__ = ("offsets", "timestamps", "keys", "values", "headers", "extras")
-
-    def __init__(self, offsets: list[int | None], timestamps: list[int], keys: list[bytes | None],
-                 values: list[bytes | None], headers: list[tuple[tuple[str, bytes | None], ...]] | None = None,
-                 extras: list[Mapping[str, Any]] | None = None):
-        self.offsets = offsets
-        self.timestamps = timestamps
-        self.keys = keys
-        self.values = values
-        self.headers = headers
-        self.extras = extras
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    @classmethod
-    def of_records(cls, records: Iterable[Record]) -> Columns:
-        records = list(records)
-        headers = [r.headers for r in records]
-        extras = [r.extras for r in records]
-        return cls([r.offset for r in records], [r.timestamp for r in records], [r.key for r in records],
-                   [r.value for r in records], headers if any(headers) else None, extras if any(extras) else None)
-
-    def records(self) -> list[Record]:
-        return list(map(Record, self.values, self.keys, self.timestamps,
-                        self.headers or itertools.repeat(()), self.offsets, self.extras or itertools.repeat(EMPTY)))
-
-    def extend(self, other: Columns) -> None:
-        """Append ``other``'s records."""
-        for name, empty in (("headers", ()), ("extras", EMPTY)):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if theirs is not None:
-                if mine is None:
-                    setattr(self, name, [empty] * len(self) + theirs)
-                else:
-                    mine += theirs
-            elif mine is not None:
-                mine += [empty] * len(other)
-        self.offsets += other.offsets
-        self.timestamps += other.timestamps
-        self.keys += other.keys
-        self.values += other.values
 
 
 class ConversionCache:

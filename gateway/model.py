@@ -190,7 +190,7 @@ class ProducerState:
 
     ``rules`` names the protocol's deduplication rules (``"kafka"``: per
     batch, sequences from 0, the last five batches remembered; ``"cursus"``:
-    per message, sequences from 1); see ``gateway.idempotence``.
+    per message, sequences from 1); see ``gateway.broker.idempotence``.
     """
 
     producer_id: int | str

@@ -12,7 +12,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 import attrs
 
-from .codec import BatchFormat, CodecPlugin
+from gateway.codec import BatchFormat, CodecPlugin
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from gateway.admin import AdminServer
 from gateway.broker import Broker, BrokerConfig
 from gateway.cluster import ClusterConfig, ClusterStore
 from gateway.codec import CodecPlugin, ListenerSettings, Tokens, parse_options
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.registry import Registry
 from gateway.security.acl import Acls
+from gateway.security.tls import ReloadableTls, TlsConfig
 from gateway.security.users import UserStore
 from gateway.storage.engine import Engine, EngineConfig, StorageFailure
-from gateway.tls import ReloadableTls, TlsConfig
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from gateway.consumer_protocol import decode_subscription
+from gateway.codecs.kafka.consumer_protocol import decode_subscription
 from gateway.model import CommandError, ErrorCode
 
 DEFAULT_SESSION_TIMEOUT_MS = 10_000

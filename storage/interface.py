@@ -1,7 +1,7 @@
 """The storage interface: everything the broker may ask of storage, and nothing more.
 
 The broker (``gateway.broker``) reaches storage only through a ``Storage``;
-the local engine implements it in ``gateway.localstore``. Calls run in the
+the local engine implements it in ``gateway.local.store``. Calls run in the
 reactor thread, except ``sync``, which may run in a worker thread.
 
 Results: calls marked *may wait* return the value **or a Deferred/awaitable
@@ -205,7 +205,7 @@ class Storage(Protocol):
 
     def producer_state(self, topic: str, partition: int, producer_id: Any) -> Any:
         """*May wait.* The idempotence state stored for ``producer_id`` on the
-        partition (see ``gateway.idempotence``), or None. The broker checks and
+        partition (see ``gateway.broker.idempotence``), or None. The broker checks and
         appends one batch of a producer to a partition at a time when this waits."""
 
     def set_producer_state(self, topic: str, partition: int, producer_id: Any, state: dict[str, Any]) -> None:

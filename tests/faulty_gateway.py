@@ -8,7 +8,7 @@ import sys
 
 from faultyos import FaultyOS
 
-from gateway.cli import main
+from gateway.cli.main import main
 from gateway.storage import fileio
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ from gateway.codec import (
     Request,
     Subscribe,
 )
+from gateway.codec.framing import ReceiveBuffer
 from gateway.codecs.v1 import plugin as v1_plugin
-from gateway.framing import ReceiveBuffer
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 
 

@@ -19,14 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import compression as shared
+from gateway.codec import compression as shared
+from gateway.codec.formats import Validated
 from gateway.codecs import kafka, tank
 from gateway.codecs.cursus import batch as cursus_batch
 from gateway.codecs.cursus import compression as cursus_compression
 from gateway.codecs.kafka import compression, records
 from gateway.codecs.tank import bundle
 from gateway.codecs.v1 import batch as v1
-from gateway.convert import Validated, convert
+from gateway.convert import convert
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
 MIB = 1 << 20

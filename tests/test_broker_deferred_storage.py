@@ -11,7 +11,7 @@ from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 
 MAY_WAIT = ("create_topic", "add_partitions", "delete_topic", "append", "read", "join_group", "sync_group",

@@ -9,10 +9,10 @@ from gateway import model as m
 from gateway.broker import Broker, BrokerConfig
 from gateway.broker.produce import MERGE_BYTES, MERGE_RECORDS
 from gateway.codec import BatchFormat
+from gateway.codec.formats import Validated
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record
-from gateway.convert import Validated
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine, EngineConfig
 
 

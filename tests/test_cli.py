@@ -21,8 +21,8 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
-from gateway.cli import main
-from gateway.client_cli import DEFAULT_PORTS, _address
+from gateway.cli.client import DEFAULT_PORTS, _address
+from gateway.cli.main import main
 from gateway.clients.uniform import kafka_error_name, parse_v1_messages
 from gateway.launcher import Gateways
 
@@ -411,7 +411,7 @@ def test_status_answers_or_fails_in_one_line(gw):
 
 
 def test_every_client_command_has_help():
-    from gateway.client_cli import COMMANDS
+    from gateway.cli.client import COMMANDS
 
     commands = []
     for command in COMMANDS:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from security_support import auth_args
 from tls_support import Pki
 
-from gateway.cli import main
+from gateway.cli.main import main
 
 pytestmark = pytest.mark.local_only
 

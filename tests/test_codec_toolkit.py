@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import framing
 from gateway.codec import (
     Acknowledgement,
     Close,
@@ -18,8 +17,9 @@ from gateway.codec import (
     Reply,
     Request,
     Subscribe,
+    framing,
 )
-from gateway.framing import (
+from gateway.codec.framing import (
     FrameTooLarge,
     LengthPrefixedFramer,
     LineFramer,

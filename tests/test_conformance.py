@@ -1,4 +1,4 @@
-"""Every built-in codec passes the one conformance mixin (``gateway.testing``)."""
+"""Every built-in codec passes the one conformance mixin (``gateway.codec.testing``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from cursus.protocol.encoder import encode_message
 from tank_support import captures, split_frames
 
 from gateway.codec import Close, Reply, Request
+from gateway.codec.testing import CodecConformance
 from gateway.codecs import cursus, kafka, tank, v1
-from gateway.testing import CodecConformance
 
 LIMIT = CodecConformance.max_frame_size
 U32 = struct.Struct(">I")

@@ -1,4 +1,4 @@
-"""The column fast path of cross-format conversion (gateway.convert.Columns) gives the bytes the Record path gives."""
+"""The column fast path of cross-format conversion (gateway.codec.formats.Columns) gives the bytes the Record path gives."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from gateway import model as m
 from gateway.codec import BatchFormat
-from gateway.convert import Columns, convert, convert_run
+from gateway.codec.formats import Columns
+from gateway.convert import convert, convert_run
 from gateway.registry import Registry
 
 FORMATS = Registry.discover().batch_formats

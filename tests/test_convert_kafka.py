@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import model as m
+from gateway.codec.formats import Columns
 from gateway.codecs.kafka import records
-from gateway.convert import Columns
 
 speedups = records._speedups
 needs_c = pytest.mark.skipif(speedups is None, reason="the C loops were not built (no compiler): Python ones run")

@@ -1,4 +1,4 @@
-"""The shared varint and xerial snappy primitives (gateway.varint, gateway.compression)."""
+"""The shared varint and xerial snappy primitives (gateway.codec.varint, gateway.codec.compression)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import compression, varint
-from gateway.text import as_text, as_texts
+from gateway.codec import compression, varint
+from gateway.codec.text import as_text, as_texts
 
 _UNSAFE = re.compile(r"[\s,\x00-\x1f\x7f]")
 

@@ -114,8 +114,9 @@ def test_a_set_with_sequence_numbers_beyond_64_bits_is_read_by_the_python_loop()
 
 
 def test_a_kafka_batch_whose_offsets_do_not_ascend_reaches_tank_readers_in_order():
+    from gateway.codec.formats import Columns
     from gateway.codecs.kafka import records
-    from gateway.convert import Columns, convert
+    from gateway.convert import convert
     from gateway.model import StoredBatch
     from gateway.registry import Registry
 

@@ -22,7 +22,7 @@ from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import Close, ListenerSettings, Reply, Request, Subscribe
 from gateway.codecs.cursus import batch as cb
 from gateway.codecs.cursus.codec import CursusConnection
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 
 U32 = struct.Struct(">I")

@@ -8,7 +8,7 @@ from test_adapter import Reactor
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codecs.v1 import plugin as v1_plugin
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 
 

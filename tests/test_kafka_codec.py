@@ -31,7 +31,7 @@ from gateway.codecs import kafka
 from gateway.codecs.kafka import apis, compression, records, schema
 from gateway.codecs.kafka.codec import KafkaConnection
 from gateway.launcher import GATEWAY
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.security.users import MECHANISMS, UserStore, from_password
 from gateway.storage.engine import Engine
 
@@ -279,7 +279,7 @@ def test_sasl_handshake_v0_raw_plain_token():
     wrong = b"\x00alice\x00no"
     bad.receive_data(request(17, 0, {"Mechanism": "PLAIN"}) + struct.pack(">i", len(wrong)) + wrong
                      + request(3, 1, {"Topics": None}))
-    timer = events(bad)[-1]  # a failure is answered late (gateway.authlimits), and nothing after it is read
+    timer = events(bad)[-1]  # a failure is answered late (gateway.codec.authlimits), and nothing after it is read
     assert isinstance(timer, Timer) and timer.seconds > 0
     bad.timer(timer.context)
     (close,) = events(bad)

@@ -6,8 +6,8 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 
 from gateway import model as m
+from gateway.local.rebalance import ConsumerRebalance
 from gateway.model import CommandError, ErrorCode
-from gateway.rebalance import ConsumerRebalance
 from gateway.storage.groups import GroupCoordinator
 
 PROTOCOLS = (("range", b"meta-range"), ("roundrobin", b"meta-rr"))

@@ -25,8 +25,8 @@ from cursus_support import consume as cursus_consume
 
 from gateway.clients.tank import TankClient
 from gateway.clients.v1 import V1Client
+from gateway.codec.text import as_text
 from gateway.partitioners import fnv1a_32, murmur2
-from gateway.text import as_text
 
 PROTOCOLS = ("v1", "kafka", "tank", "cursus")
 MIB = 1 << 20

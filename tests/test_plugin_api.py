@@ -22,10 +22,10 @@ from gateway.codec import (
     Timer,
     Unsubscribe,
 )
+from gateway.codec.framing import ReceiveBuffer
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.batch import encode_record
-from gateway.framing import ReceiveBuffer
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 
 
@@ -237,7 +237,7 @@ def test_serving_loads_no_client_or_spark_code(tmp_path):
     script = (
         "import sys\n"
         "from twisted.internet import task\n"
-        "import gateway.cli\n"
+        "import gateway.cli.main\n"
         "from gateway.registry import Registry\n"
         "from gateway.server import Gateway, ListenerConfig\n"
         "registry = Registry.discover()\n"

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spark_support import ARROW_SCHEMA
 
+from gateway.codec.formats import Columns
 from gateway.codecs.kafka import compression, records
 from gateway.codecs.tank import bundle
-from gateway.convert import Columns
 from gateway.spark import decode
 
 SCHEMA = ARROW_SCHEMA

@@ -11,6 +11,7 @@ from tank_support import captures
 from gateway import model as m
 from gateway.clients.tank import produce_request
 from gateway.codec import Close, ListenerSettings, Reply, Request
+from gateway.codec.testing import per_frame
 from gateway.codecs.tank import codec, plugin, schema
 from gateway.codecs.tank.bundle import (
     FORMAT,
@@ -31,7 +32,6 @@ from gateway.codecs.tank.codec import (
     parse_consume,
     parse_produce,
 )
-from gateway.testing import per_frame
 
 CAPTURES = captures()
 CLIENT_FRAMES = [f for c in CAPTURES for f in c.client_frames]

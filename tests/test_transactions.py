@@ -462,7 +462,7 @@ def test_a_transactional_id_idle_for_seven_days_is_forgotten_as_kafka_forgets_it
     from gateway.broker import Broker, BrokerConfig, FsyncPolicy
     from gateway.broker.transactions import EXPIRATION_MS
     from gateway.codecs.kafka.records import FORMAT
-    from gateway.localstore import LocalStore
+    from gateway.local.store import LocalStore
     from gateway.storage.engine import Engine
 
     now = [1_800_000_000.0]

@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 from gateway import model as m
 from gateway.codec import RUN_MAX, ListenerSettings, Reply, Request
+from gateway.codec.testing import CodecConformance
 from gateway.codecs.v1 import batch
 from gateway.codecs.v1 import codec as v1
 from gateway.codecs.v1.batch import FORMAT
 from gateway.codecs.v1.codec import V1Connection
-from gateway.testing import CodecConformance
 
 
 def events(chunks: list[bytes], max_line: int = 256, runs: bool = False) -> list:

@@ -29,7 +29,7 @@ client with those headers reaches a Cursus consumer with its event fields;
 other headers have no place in a Cursus record and are dropped. The real
 clients decode keys and payloads as UTF-8, so a key or value written by
 another protocol that is not UTF-8 reaches a Cursus reader as ``b64:`` plus
-its base64 (``gateway.text.as_text``); Cursus-written records are served as
+its base64 (``gateway.codec.text.as_text``); Cursus-written records are served as
 stored.
 """
 
@@ -56,9 +56,9 @@ from construct import (
 )
 
 from gateway.codec import ColumnarFormat
-from gateway.convert import Columns, Validated
+from gateway.codec.formats import Columns, Validated
+from gateway.codec.text import as_texts
 from gateway.model import EMPTY, CommandError, ErrorCode, Record, StoredBatch
-from gateway.text import as_texts
 
 try:
     from . import _speedups
@@ -440,7 +440,7 @@ class CursusFormat(ColumnarFormat):
         return self.columns((batch,)).records()
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
-        """The records of ``batches``, field by field (``gateway.convert.Columns``)."""
+        """The records of ``batches``, field by field (``gateway.codec.formats.Columns``)."""
         read = _speedups.read_records if _speedups is not None else _read_records
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
@@ -465,7 +465,7 @@ class CursusFormat(ColumnarFormat):
         return self.encode_columns(Columns.of_records(records), base_offset)
 
     def encode_columns(self, columns: Columns, base_offset: int) -> bytes:
-        """``encode`` of records given field by field (``gateway.convert.Columns``)."""
+        """``encode`` of records given field by field (``gateway.codec.formats.Columns``)."""
         parts: list[bytes] = []
         plain_head, mid = _REC_HEAD_NO_PRODUCER.pack, _REC_MID.pack
         headers, extras = columns.headers, columns.extras

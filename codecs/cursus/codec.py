@@ -69,7 +69,7 @@ import attrs
 from gateway import model as m
 from gateway import topic_configs
 from gateway.codec import CodecConnection, Event, Handled, ListenerSettings, Subscribe
-from gateway.framing import FrameTooLarge, LengthPrefixedFramer, TruncatedFrame, fixed_header
+from gateway.codec.framing import FrameTooLarge, LengthPrefixedFramer, TruncatedFrame, fixed_header
 
 from . import batch as b
 from .compression import DecompressionError, decompress, decompressor

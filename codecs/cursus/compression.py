@@ -7,7 +7,7 @@ One algorithm per listener (``--codec-option cursus.compression=NAME``):
 detection in the protocol; responses are never compressed. A decompressed
 body is held to the listener's frame limit (checked before decompressing
 where the format tells the size: snappy, LZ4 block headers); past it,
-``BodyLimit`` (``gateway.compression.DecompressionLimit``).
+``BodyLimit`` (``gateway.codec.compression.DecompressionLimit``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import cramjam
 
-from gateway import compression as shared
-from gateway.compression import DecompressionLimit
+from gateway.codec import compression as shared
+from gateway.codec.compression import DecompressionLimit
 
 
 class DecompressionError(ValueError):

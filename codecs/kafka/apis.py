@@ -25,7 +25,7 @@ import attrs
 from gateway import model as m
 from gateway import topic_configs
 from gateway.codec import Handled
-from gateway.consumer_protocol import encode_assignment, encode_subscription
+from gateway.codecs.kafka.consumer_protocol import encode_assignment, encode_subscription
 from gateway.model import ErrorCode
 
 from . import records, sasl

@@ -36,7 +36,7 @@ from typing import Any
 from construct import ConstructError
 
 from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, integer
-from gateway.framing import LengthPrefixedFramer, fixed_header
+from gateway.codec.framing import LengthPrefixedFramer, fixed_header
 
 from . import apis, sasl, schema
 from .fetch_session import FetchSession

@@ -7,7 +7,7 @@ standard LZ4 frame format of record batch v2; frames whose header checksum
 is wrong (Kafka 0.8 clients hash the magic too, KAFKA-3160) are read block
 by block without checking it.
 
-Decompression is bounded (``gateway.compression``): ``decompress`` stops at
+Decompression is bounded (``gateway.codec.compression``): ``decompress`` stops at
 its ``limit``, by default ``INFLATE_LIMIT``, the Kafka listener's default
 frame limit, and raises ``CompressionLimit``.
 """
@@ -20,8 +20,8 @@ import zlib
 
 import cramjam
 
-from gateway import compression as shared
-from gateway.compression import DecompressionLimit
+from gateway.codec import compression as shared
+from gateway.codec.compression import DecompressionLimit
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
@@ -35,7 +35,7 @@ class CompressionError(ValueError):
 
 
 class CompressionLimit(DecompressionLimit, CompressionError):
-    """Data that decompresses to more than the limit (``gateway.compression.DecompressionLimit``)."""
+    """Data that decompresses to more than the limit (``gateway.codec.compression.DecompressionLimit``)."""
 
 
 def decompress(codec: int, data: bytes, limit: int = INFLATE_LIMIT) -> bytes:

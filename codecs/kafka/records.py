@@ -19,7 +19,7 @@ escapes, as a non-UTF-8 Cursus producer id is read, are written back as
 they were); headers are otherwise carried both ways unchanged.
 
 Nothing here inflates compressed data past a limit
-(``gateway.compression``): ``KafkaFormat.inflate_limit``, the Kafka
+(``gateway.codec.compression``): ``KafkaFormat.inflate_limit``, the Kafka
 listener's frame limit, holds a produced legacy message set, the batch that
 ``KafkaFormat.validate`` checks at produce time and every conversion of a
 stored batch; a batch over it is ``CorruptRecords`` at produce and
@@ -37,9 +37,9 @@ from typing import Any
 import crc32c
 
 from gateway.codec import BatchProducer, ColumnarFormat, LeaderEpochFormat, TransactionalFormat
-from gateway.convert import Columns, Validated
+from gateway.codec.formats import Columns, Validated
+from gateway.codec.varint import ZIGZAGS, read_zigzag, zigzag
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
-from gateway.varint import ZIGZAGS, read_zigzag, zigzag
 
 from . import compression
 
@@ -172,7 +172,7 @@ def read_batches(data: bytes, base_offset: int | None = None,
 
 
 def read_columns(data: bytes, base_offset: int | None = None, limit: int = compression.INFLATE_LIMIT) -> Columns:
-    """``read_batches`` field by field (``gateway.convert.Columns``)."""
+    """``read_batches`` field by field (``gateway.codec.formats.Columns``)."""
     columns = Columns([], [], [], [], [])
     if not read_into(data, base_offset, columns, limit):
         columns.headers = None
@@ -321,7 +321,7 @@ def encode_batch(records: Sequence[Record], base_offset: int, codec: int = compr
 
 def encode_columns(columns: Columns, base_offset: int, codec: int = compression.NONE,
                    producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
-    """``encode_batch`` of records given field by field (``gateway.convert.Columns``)."""
+    """``encode_batch`` of records given field by field (``gateway.codec.formats.Columns``)."""
     n = len(columns)
     stamps = [t for t in columns.timestamps if t >= 0]
     base_ts = min(stamps) if stamps else -1
@@ -504,7 +504,7 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat):
     """The ``kafka`` ``BatchFormat`` (see the module docstring).
 
     ``inflate_limit``: the most one batch may decompress to, in ``validate`` and
-    in every read (the Kafka listener's frame limit, ``gateway.compression``).
+    in every read (the Kafka listener's frame limit, ``gateway.codec.compression``).
     """
 
     name = NAME
@@ -559,7 +559,7 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat):
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored Kafka batch at {batch.base_offset}: {e}") from None
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
-        """The records of ``batches`` field by field (``gateway.convert.Columns``); errors as ``records``."""
+        """The records of ``batches`` field by field (``gateway.codec.formats.Columns``); errors as ``records``."""
         columns = Columns([], [], [], [], [])
         with_headers = False
         for b in batches:

@@ -45,7 +45,7 @@ from construct import (
     stream_write,
 )
 
-from gateway.varint import uvarint
+from gateway.codec.varint import uvarint
 
 MESSAGES_DIR = Path(__file__).with_name("messages")
 

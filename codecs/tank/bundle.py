@@ -22,7 +22,7 @@ above the one before it (only a Kafka producer that breaks the protocol
 writes such a batch) is left out. Other formats read a TANK timestamp (u64)
 above 2^63-1 as 2^63-1.
 
-A snappy message set is decompressed under a limit (``gateway.compression``),
+A snappy message set is decompressed under a limit (``gateway.codec.compression``),
 ``TankFormat.inflate_limit`` (the TANK listener's frame limit), both when
 ``TankFormat.validate`` checks a produced payload and on every read;
 past it, ``BundleLimit``.
@@ -37,11 +37,10 @@ from collections.abc import Iterable, Sequence
 
 import cramjam
 
-from gateway import compression
-from gateway.codec import ColumnarFormat
-from gateway.convert import ONE_RECORD, Columns, Validated
+from gateway.codec import ColumnarFormat, compression
+from gateway.codec.formats import ONE_RECORD, Columns, Validated
+from gateway.codec.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
-from gateway.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
 
 try:
     from . import _speedups
@@ -490,7 +489,7 @@ class TankFormat(ColumnarFormat):
         return self.columns((batch,)).records()
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
-        """The records of ``batches``, field by field (``gateway.convert.Columns``)."""
+        """The records of ``batches``, field by field (``gateway.codec.formats.Columns``)."""
         seqs: list[int] = []
         columns = Columns(seqs, [], [], [])
         for batch in batches:
@@ -523,7 +522,7 @@ class TankFormat(ColumnarFormat):
         return self.encode_columns(Columns.of_records(records), base_offset, sparse)
 
     def encode_columns(self, columns: Columns, base_offset: int, sparse: bool = False) -> bytes:
-        """``encode`` of records given field by field (``gateway.convert.Columns``)."""
+        """``encode`` of records given field by field (``gateway.codec.formats.Columns``)."""
         offsets = columns.offsets
         if not offsets:
             return b""

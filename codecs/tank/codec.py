@@ -43,7 +43,7 @@ from construct import ConstructError
 
 from gateway import model as m
 from gateway.codec import Acknowledgement, CodecConnection, Handled, ListenerSettings
-from gateway.framing import LengthPrefixedFramer, fixed_header
+from gateway.codec.framing import LengthPrefixedFramer, fixed_header
 
 from . import schema
 from .bundle import (

@@ -25,9 +25,9 @@ import struct
 from collections.abc import Iterable, Sequence
 
 from gateway.codec import ColumnarFormat
-from gateway.convert import ONE_RECORD, Columns, Validated
+from gateway.codec.formats import ONE_RECORD, Columns, Validated
+from gateway.codec.text import as_texts
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
-from gateway.text import as_texts
 
 try:
     from . import _speedups
@@ -91,7 +91,7 @@ class V1Format(ColumnarFormat):
         return self.columns((batch,)).records()
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
-        """The records of ``batches``, field by field (``gateway.convert.Columns``).
+        """The records of ``batches``, field by field (``gateway.codec.formats.Columns``).
 
         Raises ``ValueError`` on a record that runs past the end of its batch.
         """
@@ -106,7 +106,7 @@ class V1Format(ColumnarFormat):
         return self.encode_columns(Columns.of_records(records), base_offset)
 
     def encode_columns(self, columns: Columns, base_offset: int) -> bytes:
-        """``encode`` of records given field by field (``gateway.convert.Columns``)."""
+        """``encode`` of records given field by field (``gateway.codec.formats.Columns``)."""
         offsets = [base_offset + i if o is None else o for i, o in enumerate(columns.offsets)]
         args = (offsets, base_offset, list(columns.timestamps), list(columns.keys),
                 as_texts(columns.values, _UNSAFE))

@@ -28,7 +28,7 @@ import attrs
 
 from gateway import model as m
 from gateway.codec import CodecConnection, Event, Handled, ListenerSettings, Run
-from gateway.framing import FrameTooLarge, LineFramer, TruncatedFrame
+from gateway.codec.framing import FrameTooLarge, LineFramer, TruncatedFrame
 
 from . import batch
 

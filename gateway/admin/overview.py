@@ -16,7 +16,7 @@ from twisted.internet import defer
 
 from gateway import __version__
 from gateway import model as m
-from gateway.consumer_protocol import decode_assignment
+from gateway.codecs.kafka.consumer_protocol import decode_assignment
 from gateway.model import CommandError
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from gateway import idempotence
 from gateway import model as m
+from gateway.broker import idempotence
 from gateway.broker.calls import errors_as, fan_out, then
 from gateway.codec import BatchFormat, LeaderEpochFormat
 from gateway.model import CommandError, Error, ErrorCode
@@ -23,7 +23,7 @@ from gateway.partitioners import choose
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
-    from gateway.convert import Validated
+    from gateway.codec.formats import Validated
 
 ACKS_TIMEOUT = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
 MERGE_BYTES = 1 << 20  # a run of merged produces stops once its payloads reach this size...

@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from gateway.consumer_protocol import decode_assignment
+from gateway.codecs.kafka.consumer_protocol import decode_assignment
 from gateway.partitioners import choose
 
 SESSION_TIMEOUT_MS = 10_000
@@ -560,7 +560,7 @@ class KafkaSession(Session):
     # ------------------------------------------------------------------ groups
 
     def join(self, group: str, topic: str, member: Membership | None = None) -> Membership:
-        from gateway.consumer_protocol import (
+        from gateway.codecs.kafka.consumer_protocol import (
             decode_subscription,
             encode_assignment,
             encode_subscription,

@@ -47,7 +47,7 @@ from twisted.internet import defer
 from gateway import model as m
 from gateway.cluster.bridge import Loop, command_error, deferred_from
 from gateway.cluster.config import ClusterConfig
-from gateway.consumer_protocol import decode_subscription, encode_assignment
+from gateway.codecs.kafka.consumer_protocol import decode_subscription, encode_assignment
 from gateway.model import CommandError, Error, ErrorCode
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Idempotent producers' state, kept in the cluster with their records.
 
 Every record of an idempotent producer's append (Kafka's or Cursus's rules,
-``gateway.idempotence``) is written with the header ``polygate.producer``:
+``gateway.broker.idempotence``) is written with the header ``polygate.producer``:
 JSON ``[rules, producer id, epoch, first sequence, last sequence, records]``.
 A gateway keeps the state of the producers it serves in memory, as the local
 engine keeps it in its journal. A producer it does not know (one that
@@ -32,7 +32,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from twisted.internet import threads
 
-from gateway import idempotence
+from gateway.broker import idempotence
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import Metadata
 from gateway.model import CommandError, ErrorCode, ProducerState

@@ -39,7 +39,7 @@ from gateway.cluster.metadata import Metadata
 from gateway.cluster.producers import HEADER as PRODUCER_HEADER
 from gateway.cluster.writer import KAFKA
 from gateway.codec import TransactionalFormat
-from gateway.convert import Columns
+from gateway.codec.formats import Columns
 from gateway.model import StoredBatch
 
 log = logging.getLogger(__name__)

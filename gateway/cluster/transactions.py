@@ -51,7 +51,7 @@ from twisted.python.threadpool import ThreadPool
 
 from gateway.cluster.bridge import command_error, deferred_from
 from gateway.cluster.config import ClusterConfig
-from gateway.convert import Columns
+from gateway.codec.formats import Columns
 from gateway.model import CommandError, ErrorCode
 
 log = logging.getLogger(__name__)

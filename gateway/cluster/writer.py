@@ -25,7 +25,8 @@ from gateway import model as m
 from gateway.cluster.bridge import Loop, command_error
 from gateway.cluster.config import ClusterConfig
 from gateway.codec import BatchFormat
-from gateway.convert import Columns, convert
+from gateway.codec.formats import Columns
+from gateway.convert import convert
 from gateway.model import CommandError, ErrorCode, StoredBatch
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
+from gateway.codec.varint import read_uvarint
 from gateway.codecs.kafka import compression, records
 from gateway.codecs.tank import bundle
-from gateway.varint import read_uvarint
 
 try:
     from . import _arrow

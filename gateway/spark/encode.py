@@ -18,10 +18,10 @@ import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gateway.codec.varint import zigzag
 from gateway.codecs.kafka import records
 from gateway.codecs.tank import bundle
 from gateway.partitioners import choose
-from gateway.varint import zigzag
 
 from .arrow import SourceError
 

@@ -4,7 +4,7 @@ Installed with ``pip install ./plugins/polygate-mqtt``, it registers
 ``mqtt = polygate_mqtt:plugin`` in the ``gateway.codecs`` entry-point group;
 ``gateway serve --protocols v1,mqtt`` then serves it on port 1883. It uses
 only the public plugin API (``gateway.codec``, ``gateway.model``,
-``gateway.framing``) and no Twisted, like every codec.
+``gateway.codec.framing``) and no Twisted, like every codec.
 """
 
 from gateway.codec import CodecPlugin

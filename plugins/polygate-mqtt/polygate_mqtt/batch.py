@@ -17,7 +17,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 
 from gateway.codec import BatchFormat
-from gateway.convert import ONE_RECORD, Validated
+from gateway.codec.formats import ONE_RECORD, Validated
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
 
 NAME = "mqtt"

@@ -72,8 +72,8 @@ from gateway.codec import (
     Unsubscribe,
     integer,
 )
-from gateway.framing import LengthPrefixedFramer, varint_header
-from gateway.varint import TABLE_SIZE, UVARINTS
+from gateway.codec.framing import LengthPrefixedFramer, varint_header
+from gateway.codec.varint import TABLE_SIZE, UVARINTS
 
 from . import batch, packets, topics
 from .packets import MalformedPacket, PacketType

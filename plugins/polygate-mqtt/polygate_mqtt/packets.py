@@ -34,7 +34,7 @@ from construct import (
     this,
 )
 
-from gateway.varint import VarintError, read_uvarint, uvarint
+from gateway.codec.varint import VarintError, read_uvarint, uvarint
 
 PROTOCOL_NAME = "MQTT"
 PROTOCOL_LEVEL = 4  # 3.1.1

@@ -14,7 +14,7 @@ from gateway.adapter import CodecFactory
 from gateway.broker import Broker
 from gateway.codec import ListenerSettings, parse_options
 from gateway.codecs.v1 import plugin as v1_plugin
-from gateway.localstore import LocalStore
+from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from polygate_mqtt import batch
 
-from gateway.convert import Validated
+from gateway.codec.formats import Validated
 from gateway.model import CommandError, ErrorCode, StoredBatch
 
 

@@ -1,4 +1,4 @@
-"""The MQTT codec passes polygate's conformance mixin (``gateway.testing``)."""
+"""The MQTT codec passes polygate's conformance mixin (``gateway.codec.testing``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from polygate_mqtt import plugin
 from polygate_mqtt.packets import PacketType, packet, publish
 
 from gateway.codec import Close, Request
-from gateway.testing import CodecConformance
-from gateway.varint import uvarint
+from gateway.codec.testing import CodecConformance
+from gateway.codec.varint import uvarint
 
 LIMIT = CodecConformance.max_frame_size
 

@@ -19,7 +19,7 @@ from polygate_mqtt.packets import PacketType
 
 from gateway import model as m
 from gateway.codec import Close, ListenerSettings, Reply, Request, Subscribe, Timer, Unsubscribe
-from gateway.testing import per_frame
+from gateway.codec.testing import per_frame
 
 FRAME = 4096
 INTERNAL = re.compile(r"\b[A-Z]\w*(Error|Exception)\b|has no attribute|NoneType|not subscriptable|unsupported operand"

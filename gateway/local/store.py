@@ -1,7 +1,7 @@
 """``LocalStore``: the storage interface (``gateway.storage.interface``) on the local engine.
 
 It joins the synchronous engine, its group coordinator and Kafka's rebalance
-barrier (``gateway.rebalance``, which needs the reactor); every call answers
+barrier (``gateway.local.rebalance``, which needs the reactor); every call answers
 at once except a consumer group's JoinGroup and a follower's SyncGroup,
 which return Deferreds. Group rules stay in the coordinator: this module
 only turns its answers and ``CommandError``s into results, adding the
@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 
 from gateway import model as m
+from gateway.local.rebalance import ConsumerRebalance
 from gateway.model import CommandError, Error
-from gateway.rebalance import ConsumerRebalance
 from gateway.storage.consumer_groups import HEARTBEAT_INTERVAL_MS, ConsumerGroups
 from gateway.storage.engine import Engine
 from gateway.storage.groups import CommitRefused, Group

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from gateway.cli_credentials import caller_password, credential_options
+from gateway.cli.credentials import caller_password, credential_options
 
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 OPERATIONS = ("all", "read", "write", "create", "delete", "alter", "describe", "cluster_action",

@@ -16,7 +16,7 @@ import collections
 import struct
 from collections.abc import Callable
 
-from .varint import VarintError, read_uvarint
+from gateway.codec.varint import VarintError, read_uvarint
 
 try:
     from gateway import _speedups

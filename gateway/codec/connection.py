@@ -1,55 +1,26 @@
-"""The plugin API: what a codec gives the gateway, and what it gets back.
-
-A codec is sans-IO. For every accepted connection the adapter creates one
-``Connection`` with ``CodecPlugin.new_connection(settings)`` and then:
-
-* writes ``connection.connection_made()`` (a greeting; ``b""`` for none);
-* feeds received bytes to ``receive_data`` (``b""`` means end of stream);
-* takes events from ``next_event()`` until it returns ``None`` (more bytes
-  needed). Events are ``Request`` (commands to execute), ``Reply`` (bytes to
-  send with no command, e.g. a parse error), ``Subscribe`` (a server push
-  stream) and ``Close``;
-* for each ``Request`` executes its commands concurrently and writes
-  ``connection.respond(request, results)``, where ``results`` are in the
-  order of ``request.commands``. Answers are written in request order,
-  whatever order the commands complete in.
-
-The adapter takes events again after each call into the codec
-(``connection_made``, ``receive_data``, ``respond``, ``push`` and ``timer``),
-so any of them may leave events for ``next_event`` to return. Two events ask
-for no answer and take no place in the answer order: ``Timer`` (call
-``connection.timer(context)`` later: keep-alive deadlines, retries) and
-``Unsubscribe`` (stop push streams a client no longer wants).
-
-Every built-in codec, and the MQTT plugin, subclasses ``CodecConnection``
-(below), which implements this API once over a framer from
-``gateway.framing``: a codec then only turns each whole frame into one
-``Handled`` (an answer now, or commands plus a render function).
-
-A codec never blocks and never raises on bad input: it answers with its
-protocol's own error (``Reply``) or asks to close (``Close``). An exception
-escaping a codec is a bug; the adapter logs it and closes that connection.
-
-Each codec also names the storage format of the batches it produces
-(``batch_format``), so that records it wrote can be stored as they arrived and
-read back by any other codec through ``Record``.
-"""
+"""A codec's connection: the events it gives the adapter (``Request``, ``Reply``, ``Close``,
+``Subscribe``, ``Unsubscribe``, ``Timer``), the ``Connection`` Protocols the adapter drives,
+and ``CodecConnection``, which implements them once over a framer so that a codec only turns
+each whole frame into one ``Handled``. The contract is in ``gateway.codec``'s docstring."""
 
 from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import attrs
 
-from .authlimits import FailedAuthentications
-from .framing import FrameTooLarge, LengthPrefixedFramer, LineFramer, MalformedFrame, TruncatedFrame
-from .model import EMPTY, CommandError, Error, Fetch, Record, ScramCredential, StoredBatch
-
-if TYPE_CHECKING:
-    from .convert import Columns, Validated
+from gateway.codec.authlimits import FailedAuthentications
+from gateway.codec.framing import (
+    FrameTooLarge,
+    LengthPrefixedFramer,
+    LineFramer,
+    MalformedFrame,
+    TruncatedFrame,
+)
+from gateway.model import EMPTY, Fetch, ScramCredential
 
 Framer = LengthPrefixedFramer | LineFramer
 FAILED_LOGINS = FailedAuthentications()  # every listener's, per client address
@@ -282,7 +253,7 @@ class CodecConnection:
     """The one shape of a codec connection; every codec subclasses it.
 
     A subclass gives its framer (``LengthPrefixedFramer`` or ``LineFramer``
-    from ``gateway.framing``) to ``__init__`` and implements ``handle_frame``,
+    from ``gateway.codec.framing``) to ``__init__`` and implements ``handle_frame``,
     which turns one whole frame into a ``Handled``, an ``Event`` or ``None``.
     This class implements the adapter's side (``Connection``): framing,
     the queue of events, holding frames back behind a ``Handled(hold=True)``,
@@ -321,7 +292,7 @@ class CodecConnection:
 
     def refuse_login(self, answer: bytes, reason: str) -> None:
         """A failed authentication: nothing more is read, and ``answer`` goes out after a
-        delay that grows with the failures from the client's address (``gateway.authlimits``,
+        delay that grows with the failures from the client's address (``gateway.codec.authlimits``,
         as Kafka's ``connection.failed.authentication.delay.ms``); then the connection closes."""
         self.login_refused = (answer, reason)
         delay = FAILED_LOGINS.delay(self.settings.peer.rpartition(":")[0], self.settings.clock())
@@ -565,232 +536,3 @@ class TimerConnection(Connection, Protocol):
     """A connection that emits ``Timer`` events also implements ``timer``."""
 
     def timer(self, context: Any) -> None: ...
-
-
-@runtime_checkable
-class BatchFormat(Protocol):
-    """A storage format: how a codec's batches map to and from ``Record``.
-
-    ``records`` decodes a stored batch (offsets set from the stored
-    base offset); ``encode`` builds one payload holding ``records`` (with
-    their offsets, relative to ``base_offset``) for a reader of this format; ``assign_offsets`` patches a
-    received payload with the base offset the engine gave it, before it is
-    stored (identity where the format carries no offsets).
-
-    A format class subclasses ``BatchFormat`` (or ``ColumnarFormat``) and so
-    declares its capabilities, which the broker reads instead of probing:
-
-    * ``joinable``: payloads of the format can be joined (``join``) into one
-      payload whose records ``assign_offsets`` numbers from the batch base,
-      each payload's after the last offset of the one before. The broker then
-      appends consecutive produces of the format as one batch
-      (``Broker.run_many``). ``join`` concatenates (V1's records, Kafka's v2
-      batches, TANK's bundles); a format whose payload has one header for all
-      its records overrides it (Cursus's).
-    * ``columnar``: the format also implements ``ColumnarFormat``'s methods.
-    * ``transactional``: the format carries transactions (Kafka's): it also
-      implements ``TransactionalFormat``'s methods, with which the broker
-      writes commit and abort markers and keeps them and aborted records
-      from readers of other formats.
-    * ``leader_epochs``: the format's batches carry the leader epoch of the
-      partition they were written in (Kafka's): it also implements
-      ``LeaderEpochFormat``, whose ``assign_offsets_in_epoch`` the broker
-      numbers payloads with instead of ``assign_offsets``.
-    * ``inflate_limit``: for a format whose payloads may be compressed, the
-      most one payload may decompress to (``validate`` and every read stop
-      there); ``None`` for a format without compression. ``gateway serve``
-      sets it to the frame limit of the codec's listener (``--max-frame``).
-    """
-
-    name: str
-    joinable: ClassVar[bool] = False
-    columnar: ClassVar[bool] = False
-    transactional: ClassVar[bool] = False
-    leader_epochs: ClassVar[bool] = False
-    inflate_limit: int | None = None
-
-    def records(self, batch: StoredBatch) -> Iterable[Record]: ...
-
-    def encode(self, records: Sequence[Record], base_offset: int) -> bytes: ...
-
-    def assign_offsets(self, payload: bytes, base_offset: int) -> bytes: ...
-
-    def validate(self, payload: bytes) -> Validated:
-        """What a produced ``payload`` holds (``Validated(records, span)``), checked
-        record by record (a compressed payload decompressed once, under the
-        format's inflate limit); ``CommandError(CORRUPT_MESSAGE)`` for a payload
-        that is cut, corrupt, over the limit, or lies about its records. The
-        broker calls it (or ``validate_each``) for every produced batch before
-        storing it."""
-        ...
-
-    def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
-        """``validate`` of each of ``payloads`` (the produces the broker appends together), in
-        order: its ``Validated``, or the ``Error`` of the ``CommandError`` it raised. A format
-        whose clients pipeline small payloads by the thousand overrides it to check them in
-        one loop; the override must give what ``validate`` gives, so one that takes a
-        shortcut takes it only while ``validate`` is its own (not a subclass's)."""
-        checked: list[Validated | Error] = []
-        for payload in payloads:
-            try:
-                checked.append(self.validate(payload))
-            except CommandError as e:
-                checked.append(e.error)
-        return checked
-
-    def join(self, payloads: Sequence[bytes]) -> bytes:
-        """One payload holding ``payloads`` (validated, in order), for a ``joinable`` format."""
-        return b"".join(payloads)
-
-
-@runtime_checkable
-class ColumnarFormat(BatchFormat, Protocol):
-    """A ``BatchFormat`` that also reads and writes records field by field
-    (``gateway.convert.Columns``), which spares conversions a ``Record`` per record.
-
-    ``columns`` decodes consecutive stored batches of the format into one
-    ``Columns``; ``encode_columns`` builds one payload from them, as ``encode``.
-    """
-
-    columnar: ClassVar[bool] = True
-
-    def columns(self, batches: Sequence[StoredBatch]) -> Columns: ...
-
-    def encode_columns(self, columns: Columns, base_offset: int) -> bytes: ...
-
-
-@attrs.frozen
-class BatchProducer:
-    """Who wrote a stored batch, as its header says (``TransactionalFormat.batch_producer``)."""
-
-    producer_id: int  # -1: none (a plain batch)
-    epoch: int
-    transactional: bool  # part of a transaction
-    control: bool  # a commit or abort marker, not records
-
-
-@runtime_checkable
-class TransactionalFormat(BatchFormat, Protocol):
-    """A ``BatchFormat`` whose batches carry transactions (``transactional``).
-
-    ``batch_producer`` reads a stored payload's header (its first batch: the
-    broker never joins a transactional batch with another); ``control_batch``
-    builds the marker that ends a transaction on a partition (base offset 0,
-    numbered by ``assign_offsets`` like any payload); ``is_commit`` tells a
-    marker's kind from its payload; ``gap_batch`` covers offsets a reader may
-    not see and whose batches it does not get (a cluster's markers and aborted
-    records, which a read_committed read from the cluster leaves out) with one
-    control batch, so that the reader moves past them.
-    """
-
-    transactional: ClassVar[bool] = True
-
-    def batch_producer(self, payload: bytes) -> BatchProducer: ...
-
-    def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes: ...
-
-    def is_commit(self, payload: bytes) -> bool: ...
-
-    def gap_batch(self, base_offset: int, last_offset: int, timestamp_ms: int) -> bytes: ...
-
-
-@runtime_checkable
-class LeaderEpochFormat(BatchFormat, Protocol):
-    """A ``BatchFormat`` whose batches carry the partition leader epoch they were written in
-    (``leader_epochs``): ``assign_offsets_in_epoch`` is ``assign_offsets`` that also sets it
-    (``-1``: unknown, as a producer sends it)."""
-
-    leader_epochs: ClassVar[bool] = True
-
-    def assign_offsets_in_epoch(self, payload: bytes, base_offset: int, leader_epoch: int) -> bytes: ...
-
-
-class OptionError(ValueError):
-    """A codec option that is unknown or has a bad value; the message is one line for the operator."""
-
-
-@attrs.frozen
-class Option:
-    """One codec option (``--codec-option CODEC.NAME=VALUE``), declared by its plugin.
-
-    ``parse`` turns the operator's text into the value the codec uses, raising
-    ``ValueError`` for a bad one; ``allowed`` says what is allowed, in the
-    one-line refusal; ``default`` is the value when the option is not given.
-    """
-
-    name: str
-    parse: Callable[[str], Any]
-    default: Any
-    allowed: str
-    help: str = ""
-
-
-def integer(minimum: int = 0, maximum: int | None = None) -> Callable[[str], int]:
-    """An ``Option.parse`` for a decimal integer in ``[minimum, maximum]``."""
-
-    def parse(text: str) -> int:
-        if not text.strip().lstrip("+-").isdigit():
-            raise ValueError(text)
-        value = int(text)
-        if value < minimum or maximum is not None and value > maximum:
-            raise ValueError(text)
-        return value
-
-    return parse
-
-
-def choice(*values: str) -> Callable[[str], str]:
-    """An ``Option.parse`` for one of ``values`` (compared case-insensitively, returned as declared)."""
-
-    def parse(text: str) -> str:
-        for value in values:
-            if text.strip().lower() == value.lower():
-                return value
-        raise ValueError(text)
-
-    return parse
-
-
-def parse_options(plugin: CodecPlugin, given: Mapping[str, str]) -> dict[str, Any]:
-    """Every option of ``plugin``: the parsed value of each given one, the default of the others.
-
-    Raises ``OptionError`` naming the codec, the option and what is allowed, for
-    an unknown option or a bad value: ``gateway serve`` refuses to start with it.
-    """
-    declared = {o.name: o for o in plugin.options}
-    values = {o.name: o.default for o in plugin.options}
-    for name, text in given.items():
-        option = declared.get(name)
-        if option is None:
-            known = ", ".join(sorted(declared)) or "none"
-            raise OptionError(f"codec {plugin.name}: unknown option {name!r} (its options: {known})")
-        try:
-            values[name] = option.parse(text)
-        except ValueError:
-            raise OptionError(f"codec {plugin.name}: option {name}={text!r} is not allowed; "
-                              f"expected {option.allowed}") from None
-    return values
-
-
-@attrs.frozen
-class CodecPlugin:
-    """What a ``gateway.codecs`` entry point names.
-
-    ``new_connection`` builds a ``Connection``; ``default_port`` is used when
-    the listener is not given; ``max_frame_size`` is the default frame limit;
-    ``batch_format`` is the format of the batches the codec produces
-    (``None`` for a codec that writes through another codec's format);
-    ``versions`` lists the protocol versions it speaks, for ``gateway codecs``;
-    ``options`` declares the ``--codec-option``s it takes (``parse_options``):
-    its connections find them in ``ListenerSettings.options``, parsed, with
-    every default filled in.
-    """
-
-    name: str
-    default_port: int
-    new_connection: Callable[[ListenerSettings], Connection]
-    max_frame_size: int
-    description: str = ""
-    versions: str = ""
-    batch_format: BatchFormat | None = None
-    options: tuple[Option, ...] = ()

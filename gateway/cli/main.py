@@ -13,23 +13,24 @@ from typing import NoReturn
 
 import click
 
-from gateway import __version__, logs
+from gateway import __version__
 from gateway.adapter import ConnectionLimits
 from gateway.admin import DEFAULT_ADMIN, AdminError, parse_admin_address
 from gateway.admin import banner as admin_banner
 from gateway.broker import BrokerConfig, FsyncPolicy
-from gateway.client_cli import COMMANDS as client_commands
+from gateway.cli import logs
+from gateway.cli.client import COMMANDS as client_commands
+from gateway.cli.logs import FORMATS, LEVELS
+from gateway.cli.security import acls, users
 from gateway.cluster import ClusterConfig, parse_properties, parse_storage
 from gateway.codec import OptionError
-from gateway.logs import FORMATS, LEVELS
 from gateway.registry import Registry
 from gateway.security.acl import Acls, parse_principals
 from gateway.security.oauth import BearerTokens
+from gateway.security.tls import TlsConfig
 from gateway.security.users import UsersFileError, UserStore, read_users_file
-from gateway.security_cli import acls, users
 from gateway.server import Gateway, ListenerConfig, default_data_dir
 from gateway.storage.engine import DataDirFormatError, EngineConfig
-from gateway.tls import TlsConfig
 
 
 def _split_kv(values: tuple[str, ...], what: str) -> dict[str, str]:
@@ -465,7 +466,7 @@ def _tune_allocator() -> None:
 
 
 # --------------------------------------------------------------------------- client commands
-# topics, produce, consume, groups and status live in gateway.client_cli, which imports
+# topics, produce, consume, groups and status live in gateway.cli.client, which imports
 # gateway.clients only when a command runs (gateway serve never loads the clients).
 
 

@@ -3,7 +3,7 @@
 Every command takes ``--protocol`` (v1, kafka, tank or cursus) and ``--server HOST[:PORT]``, whose
 default is 127.0.0.1 and the default port of that protocol (``gateway codecs``); ``--timeout`` bounds
 the connection and each answer (5 s); ``--tls-ca``/``--tls-cert``/``--tls-key`` and ``--user``
-(``gateway.cli_credentials``) reach listeners that require TLS or a login. A failure is one line on stderr and exit status 1: the server
+(``gateway.cli.credentials``) reach listeners that require TLS or a login. A failure is one line on stderr and exit status 1: the server
 and, for a refusal, the protocol's own error name (``127.0.0.1:9092: kafka error
 UNKNOWN_TOPIC_OR_PARTITION: topic t``). ``--output json`` prints JSON with the same fields whatever the
 protocol (records and produce acknowledgements one object per line); offsets are offsets (from 0,
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from gateway.cli_credentials import caller_password, credential_options, tls_context
+from gateway.cli.credentials import caller_password, credential_options, tls_context
 
 if TYPE_CHECKING:
     from gateway.clients.uniform import Fetched, Membership, PartitionInfo, Record, Session
@@ -118,7 +118,7 @@ def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Sess
 
 
 def _credentials() -> tuple[Any, Any]:
-    """The TLS context and login the running command's options ask for (``gateway.cli_credentials``)."""
+    """The TLS context and login the running command's options ask for (``gateway.cli.credentials``)."""
     from gateway.clients.uniform import Login
 
     given = click.get_current_context().meta.get(__name__ + ".credentials", {})
@@ -573,7 +573,7 @@ def groups_describe(group, protocol, server, timeout, output) -> None:
     "member", "protocol", "committed", "high_watermark", "lag"}]}.
     """
     from gateway.clients.uniform import ProtocolError
-    from gateway.consumer_protocol import decode_assignment
+    from gateway.codecs.kafka.consumer_protocol import decode_assignment
 
     _kafka_only(protocol)
     with _session(protocol, server, timeout) as s:
@@ -644,4 +644,4 @@ def status(protocol, server, timeout, output) -> None:
 
 
 COMMANDS = (topics, produce, consume, groups, status)
-"""What ``gateway.cli`` registers."""
+"""What ``gateway.cli.main`` registers."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from .codec import (
+from gateway.codec import (
     Close,
     CodecPlugin,
     Connection,

@@ -1,0 +1,222 @@
+"""Batch formats: how a codec's stored batches map to and from ``Record``, and what a
+produced batch was checked to hold.
+
+A codec names its format (``CodecPlugin.batch_format``); the broker stores batches in the
+format they arrived in and reads them through it (``gateway.convert`` converts between
+formats). ``BatchFormat`` is the core every format implements; ``ColumnarFormat``,
+``TransactionalFormat`` and ``LeaderEpochFormat`` are capabilities a format declares with a
+class flag, which the broker reads instead of probing. ``Validated`` and ``Columns`` are
+the values these methods pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+
+import attrs
+
+from gateway.model import EMPTY, CommandError, Error, Record, StoredBatch
+
+
+class Validated(NamedTuple):
+    """What a produced payload holds, as ``BatchFormat.validate`` checked it: ``records``,
+    the records present; ``span``, the offsets they take (``records`` unless the format
+    numbers records with gaps, as a SPARSE TANK bundle may)."""
+
+    records: int
+    span: int
+
+
+ONE_RECORD = Validated(1, 1)
+"""What a payload of one record holds (a V1 PRODUCE line's, an MQTT PUBLISH's): ``validate``
+returns this one instead of building one per payload."""
+
+
+class Columns:
+    """Records field by field: parallel lists with one item per record, as
+    ``Record`` has them. ``headers`` (tuples of pairs) and ``extras``
+    (mappings, read only) are ``None`` when no record has any.
+    """
+
+    __slots__ = ("offsets", "timestamps", "keys", "values", "headers", "extras")
+
+    def __init__(self, offsets: list[int | None], timestamps: list[int], keys: list[bytes | None],
+                 values: list[bytes | None], headers: list[tuple[tuple[str, bytes | None], ...]] | None = None,
+                 extras: list[Mapping[str, Any]] | None = None):
+        self.offsets = offsets
+        self.timestamps = timestamps
+        self.keys = keys
+        self.values = values
+        self.headers = headers
+        self.extras = extras
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @classmethod
+    def of_records(cls, records: Iterable[Record]) -> Columns:
+        records = list(records)
+        headers = [r.headers for r in records]
+        extras = [r.extras for r in records]
+        return cls([r.offset for r in records], [r.timestamp for r in records], [r.key for r in records],
+                   [r.value for r in records], headers if any(headers) else None, extras if any(extras) else None)
+
+    def records(self) -> list[Record]:
+        return list(map(Record, self.values, self.keys, self.timestamps,
+                        self.headers or itertools.repeat(()), self.offsets, self.extras or itertools.repeat(EMPTY)))
+
+    def extend(self, other: Columns) -> None:
+        """Append ``other``'s records."""
+        for name, empty in (("headers", ()), ("extras", EMPTY)):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if theirs is not None:
+                if mine is None:
+                    setattr(self, name, [empty] * len(self) + theirs)
+                else:
+                    mine += theirs
+            elif mine is not None:
+                mine += [empty] * len(other)
+        self.offsets += other.offsets
+        self.timestamps += other.timestamps
+        self.keys += other.keys
+        self.values += other.values
+
+
+@runtime_checkable
+class BatchFormat(Protocol):
+    """A storage format: how a codec's batches map to and from ``Record``.
+
+    ``records`` decodes a stored batch (offsets set from the stored
+    base offset); ``encode`` builds one payload holding ``records`` (with
+    their offsets, relative to ``base_offset``) for a reader of this format; ``assign_offsets`` patches a
+    received payload with the base offset the engine gave it, before it is
+    stored (identity where the format carries no offsets).
+
+    A format class subclasses ``BatchFormat`` (or ``ColumnarFormat``) and so
+    declares its capabilities, which the broker reads instead of probing:
+
+    * ``joinable``: payloads of the format can be joined (``join``) into one
+      payload whose records ``assign_offsets`` numbers from the batch base,
+      each payload's after the last offset of the one before. The broker then
+      appends consecutive produces of the format as one batch
+      (``Broker.run_many``). ``join`` concatenates (V1's records, Kafka's v2
+      batches, TANK's bundles); a format whose payload has one header for all
+      its records overrides it (Cursus's).
+    * ``columnar``: the format also implements ``ColumnarFormat``'s methods.
+    * ``transactional``: the format carries transactions (Kafka's): it also
+      implements ``TransactionalFormat``'s methods, with which the broker
+      writes commit and abort markers and keeps them and aborted records
+      from readers of other formats.
+    * ``leader_epochs``: the format's batches carry the leader epoch of the
+      partition they were written in (Kafka's): it also implements
+      ``LeaderEpochFormat``, whose ``assign_offsets_in_epoch`` the broker
+      numbers payloads with instead of ``assign_offsets``.
+    * ``inflate_limit``: for a format whose payloads may be compressed, the
+      most one payload may decompress to (``validate`` and every read stop
+      there); ``None`` for a format without compression. ``gateway serve``
+      sets it to the frame limit of the codec's listener (``--max-frame``).
+    """
+
+    name: str
+    joinable: ClassVar[bool] = False
+    columnar: ClassVar[bool] = False
+    transactional: ClassVar[bool] = False
+    leader_epochs: ClassVar[bool] = False
+    inflate_limit: int | None = None
+
+    def records(self, batch: StoredBatch) -> Iterable[Record]: ...
+
+    def encode(self, records: Sequence[Record], base_offset: int) -> bytes: ...
+
+    def assign_offsets(self, payload: bytes, base_offset: int) -> bytes: ...
+
+    def validate(self, payload: bytes) -> Validated:
+        """What a produced ``payload`` holds (``Validated(records, span)``), checked
+        record by record (a compressed payload decompressed once, under the
+        format's inflate limit); ``CommandError(CORRUPT_MESSAGE)`` for a payload
+        that is cut, corrupt, over the limit, or lies about its records. The
+        broker calls it (or ``validate_each``) for every produced batch before
+        storing it."""
+        ...
+
+    def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
+        """``validate`` of each of ``payloads`` (the produces the broker appends together), in
+        order: its ``Validated``, or the ``Error`` of the ``CommandError`` it raised. A format
+        whose clients pipeline small payloads by the thousand overrides it to check them in
+        one loop; the override must give what ``validate`` gives, so one that takes a
+        shortcut takes it only while ``validate`` is its own (not a subclass's)."""
+        checked: list[Validated | Error] = []
+        for payload in payloads:
+            try:
+                checked.append(self.validate(payload))
+            except CommandError as e:
+                checked.append(e.error)
+        return checked
+
+    def join(self, payloads: Sequence[bytes]) -> bytes:
+        """One payload holding ``payloads`` (validated, in order), for a ``joinable`` format."""
+        return b"".join(payloads)
+
+
+@runtime_checkable
+class ColumnarFormat(BatchFormat, Protocol):
+    """A ``BatchFormat`` that also reads and writes records field by field
+    (``gateway.convert.Columns``), which spares conversions a ``Record`` per record.
+
+    ``columns`` decodes consecutive stored batches of the format into one
+    ``Columns``; ``encode_columns`` builds one payload from them, as ``encode``.
+    """
+
+    columnar: ClassVar[bool] = True
+
+    def columns(self, batches: Sequence[StoredBatch]) -> Columns: ...
+
+    def encode_columns(self, columns: Columns, base_offset: int) -> bytes: ...
+
+
+@attrs.frozen
+class BatchProducer:
+    """Who wrote a stored batch, as its header says (``TransactionalFormat.batch_producer``)."""
+
+    producer_id: int  # -1: none (a plain batch)
+    epoch: int
+    transactional: bool  # part of a transaction
+    control: bool  # a commit or abort marker, not records
+
+
+@runtime_checkable
+class TransactionalFormat(BatchFormat, Protocol):
+    """A ``BatchFormat`` whose batches carry transactions (``transactional``).
+
+    ``batch_producer`` reads a stored payload's header (its first batch: the
+    broker never joins a transactional batch with another); ``control_batch``
+    builds the marker that ends a transaction on a partition (base offset 0,
+    numbered by ``assign_offsets`` like any payload); ``is_commit`` tells a
+    marker's kind from its payload; ``gap_batch`` covers offsets a reader may
+    not see and whose batches it does not get (a cluster's markers and aborted
+    records, which a read_committed read from the cluster leaves out) with one
+    control batch, so that the reader moves past them.
+    """
+
+    transactional: ClassVar[bool] = True
+
+    def batch_producer(self, payload: bytes) -> BatchProducer: ...
+
+    def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes: ...
+
+    def is_commit(self, payload: bytes) -> bool: ...
+
+    def gap_batch(self, base_offset: int, last_offset: int, timestamp_ms: int) -> bytes: ...
+
+
+@runtime_checkable
+class LeaderEpochFormat(BatchFormat, Protocol):
+    """A ``BatchFormat`` whose batches carry the partition leader epoch they were written in
+    (``leader_epochs``): ``assign_offsets_in_epoch`` is ``assign_offsets`` that also sets it
+    (``-1``: unknown, as a producer sends it)."""
+
+    leader_epochs: ClassVar[bool] = True
+
+    def assign_offsets_in_epoch(self, payload: bytes, base_offset: int, leader_epoch: int) -> bytes: ...
