@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 SERVING := $(VENV)/.installed-serve
 DATA   ?= .data
 
-.PHONY: serve test lint venv bench clean java mosquitto
+.PHONY: serve test lint lint-tree typecheck venv bench clean java mosquitto
 
 MQTT   := plugins/polygate-mqtt
 
@@ -30,14 +30,24 @@ venv: $(STAMP)
 serve: $(SERVING)
 	$(VENV)/bin/gateway serve --data-dir $(DATA)
 
-# import-linter walks the installed tree, so it checks a real build (the
-# editable install maps gateway.codecs/gateway.storage without such a tree).
-lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins examples docs
+# import-linter and mypy walk an installed tree, so they check a real build (the editable install
+# maps gateway.codecs/gateway.storage without such a tree).
+lint-tree: $(STAMP)
 	rm -rf build  # a stale build/lib would install modules that no longer exist
 	$(PIP) install --quiet --no-deps --no-build-isolation --target build/lint .
+
+lint: lint-tree
+	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins examples docs
 	cd build/lint && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../setup.cfg
 	cd build/lint && PYTHONPATH=.:../../$(MQTT) ../../$(VENV)/bin/lint-imports --config ../../$(MQTT)/pyproject.toml
+
+# mypy checks the gateway and the MQTT plugin (settings: [tool.mypy] in pyproject.toml); its
+# report names each file where it is in the repository, not in build/lint.
+typecheck: lint-tree
+	cd build/lint && MYPYPATH=../../$(MQTT) ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
+	  -p gateway -p polygate_mqtt >mypy.txt; status=$$?; \
+	  sed -e 's,^gateway/codecs/,codecs/,' -e 's,^gateway/storage/,storage/,' -e 's,^$(CURDIR)/,,' mypy.txt; \
+	  exit $$status
 
 # The Spark tests (tests/test_spark_*.py) run Spark in a local JVM.
 java:

@@ -17,7 +17,7 @@ import enum
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar, dataclass_transform
 
 import attrs
 
@@ -28,15 +28,19 @@ except ImportError:  # built without a C compiler: attrs' own __init__
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
+_C = TypeVar("_C", bound=type)
 
-def frozen(cls: type) -> type:
+
+@dataclass_transform(frozen_default=True, field_specifiers=(attrs.field,))
+def frozen(cls: _C) -> _C:
     """``attrs.frozen`` (frozen, slotted, auto_attribs), with a C ``__init__`` where it is built.
 
     attrs' ``__init__`` of a frozen class sets each field through ``object.__setattr__``
     and costs about four times a mutable one's; the C one (``gateway/_speedups.c``) stores the
     arguments in the slots directly and takes the same arguments. A class with a field that
     has a converter, validator or factory, or a private name, or with a pre- or post-init hook,
-    keeps attrs' ``__init__``.
+    keeps attrs' ``__init__``. Type checkers read the class as they read an ``attrs.frozen`` one
+    (``dataclass_transform``): its fields are the ``__init__`` arguments.
     """
     cls = attrs.frozen(cls)
     fields = attrs.fields(cls)
