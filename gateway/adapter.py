@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from twisted.internet import defer, protocol
@@ -43,10 +43,12 @@ from gateway.codec import (
     CodecPlugin,
     Connection,
     ListenerSettings,
+    PushConnection,
     Reply,
     Request,
     Subscribe,
     Timer,
+    TimerConnection,
     Unsubscribe,
 )
 from gateway.stats import ListenerStats
@@ -165,7 +167,7 @@ class _Stream:
     calls: list[Any] = attrs.Factory(list)
     stopped: bool = False
     parked: list[m.Fetch] = attrs.Factory(list)  # not polled while the subscriber's buffer is full
-    resume: Callable[[m.Fetch], None] | None = None  # polls a parked fetch again
+    resume: Callable[[m.Fetch], None] = attrs.field(init=False)  # polls a parked fetch again (set at start)
 
     def later(self, reactor: Any, seconds: float, f: Callable[..., None], *args: Any) -> None:
         """Call ``f(*args)`` in ``seconds`` unless the stream stops first. Calls that are done are
@@ -190,6 +192,11 @@ def _pending(call: Any) -> bool:
 @implementer(IPushProducer, IHandshakeListener)
 class CodecProtocol(protocol.Protocol):
     """Adapter between one TCP connection and one codec ``Connection``."""
+
+    # A TCP or TLS transport. Twisted declares ``ITransport | None``; what the adapter uses of it
+    # (producer registration, TCP_NODELAY, buffer sizes, the peer's certificate) is spread over
+    # interfaces that it tests at run time.
+    transport: Any
 
     def __init__(self, factory: CodecFactory):
         self.factory = factory
@@ -398,6 +405,8 @@ class CodecProtocol(protocol.Protocol):
         budget = factory.max_answer_bytes - self._held
         if budget <= 0:
             return  # answers held for the peer: nothing runs until they are written
+        if self.codec is None:
+            return  # the codec failed to start: the connection is closing
         # Events that take a slot: below max_in_flight, and as many requests as the rest of the
         # slice may run at what this connection's requests cost so far.
         room = min(factory.max_in_flight - len(queue) - len(unordered) - self._run_frames,
@@ -503,7 +512,7 @@ class CodecProtocol(protocol.Protocol):
         d.addCallbacks(done, failed)
 
     def _answer(self, slot: _Slot, request: Request, results: list[Any]) -> None:
-        if self.closing and slot not in self.queue:
+        if self.closing and slot not in self.queue or self.codec is None:
             return
         try:
             slot.data = self.codec.respond(request, results)
@@ -541,7 +550,8 @@ class CodecProtocol(protocol.Protocol):
 
     def _flush(self) -> None:
         """Write the answers ready at the head of the queue, in order, in one write."""
-        queue, ready = self.queue, []
+        queue = self.queue
+        ready: list[bytes] = []
         while queue:
             slot = queue[0]
             if slot.stream is not None:
@@ -611,14 +621,15 @@ class CodecProtocol(protocol.Protocol):
         offsets = {(f.topic, f.partition): f.offset for f in sub.fetches}
         state = {"last_push": self.factory.reactor.seconds()}
         stream = _Stream(sub)
+        codec = cast(PushConnection, self.codec)  # a codec that emits Subscribe pushes (the API's contract)
         self._streams.append(stream)
 
         def poll(fetch: m.Fetch) -> None:
             if self.closing or stream.stopped:
                 return
-            if self.write_paused and not (self.codec.may_drop(sub.context) and self._full_for(DROP_AFTER_S)):
+            if self.write_paused and not (codec.may_drop(sub.context) and self._full_for(DROP_AFTER_S)):
                 stream.parked.append(fetch)  # the subscriber is full: hold nothing more for it
-                if self.codec.may_drop(sub.context):  # unless it stays full: then it loses messages
+                if codec.may_drop(sub.context):  # unless it stays full: then it loses messages
                     stream.later(self.factory.reactor, DROP_AFTER_S, unpark, fetch)
                 return
             wait = sub.keepalive_ms or 5000
@@ -638,7 +649,7 @@ class CodecProtocol(protocol.Protocol):
             if self.closing or stream.stopped:
                 return
             try:
-                if (result.batches and self.write_paused and self.codec.may_drop(sub.context)
+                if (result.batches and self.write_paused and codec.may_drop(sub.context)
                         and self._full_for(DROP_AFTER_S)):
                     # Full for a while, and this stream may lose messages: skip to the end, count them.
                     key = (fetch.topic, fetch.partition)
@@ -648,18 +659,18 @@ class CodecProtocol(protocol.Protocol):
                     data = b""
                 elif result.batches:
                     offsets[(fetch.topic, fetch.partition)] = result.batches[-1].last_offset + 1
-                    data = self.codec.push(sub.context, result)
+                    data = codec.push(sub.context, result)
                     self._meter.fetched(result)
                     state["last_push"] = self.factory.reactor.seconds()
                 elif result.error is not None:
-                    data = self.codec.push(sub.context, result)
+                    data = codec.push(sub.context, result)
                 else:
                     if result.offset >= 0:  # keep where LATEST/EARLIEST resolved
                         offsets[(fetch.topic, fetch.partition)] = result.offset
                     data = b""
                     now = self.factory.reactor.seconds()
                     if sub.keepalive_ms and now - state["last_push"] >= sub.keepalive_ms / 1000 - 0.01:
-                        data = self.codec.keepalive(sub.context)
+                        data = codec.keepalive(sub.context)
                         state["last_push"] = now
             except Exception:
                 self._codec_bug()
@@ -732,7 +743,7 @@ class CodecProtocol(protocol.Protocol):
         if self.closing or self.codec is None:
             return
         try:
-            self.codec.timer(context)
+            cast(TimerConnection, self.codec).timer(context)  # it emitted the Timer
         except Exception:
             self._codec_bug()
             return

@@ -34,7 +34,7 @@ import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 
-from gateway.codec.formats import BatchFormat, Columns
+from gateway.codec.formats import BatchFormat, Columns, is_columnar
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
 MAX_RUN_RECORDS = 4096
@@ -105,7 +105,7 @@ def runs(batches: Iterable[StoredBatch], target: str) -> Iterable[StoredBatch | 
 def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
                 formats: Mapping[str, BatchFormat]) -> StoredBatch:
     """Decode ``run`` (consecutive foreign batches) and encode it as one ``target`` batch."""
-    by_columns = target.columnar
+    by_columns = is_columnar(target)
     records: list[Record] = []
     columns: Columns | None = None
     for name, group in itertools.groupby(run, key=_FORMAT):
@@ -114,13 +114,13 @@ def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
             raise CommandError(ErrorCode.CORRUPT_MESSAGE,
                                f"cannot convert {name!r} batches to {target.name!r}: format not installed")
         if not by_columns:
-            if source.columnar:  # one call for the group, not one per (maybe one-record) batch
+            if is_columnar(source):  # one call for the group, not one per (maybe one-record) batch
                 records += source.columns(list(group)).records()
             else:
                 for b in group:
                     records.extend(source.records(b))
             continue
-        if source.columnar:
+        if is_columnar(source):
             part = source.columns(list(group))
         else:
             part = Columns.of_records(itertools.chain.from_iterable(source.records(b) for b in group))
@@ -130,7 +130,8 @@ def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
             columns.extend(part)
     first, last = run[0], run[-1]
     base = first.base_offset
-    payload = target.encode_columns(columns, base) if columns is not None else target.encode(records, base)
+    payload = (target.encode_columns(columns, base) if columns is not None and is_columnar(target)
+               else target.encode(records, base))
     return StoredBatch(target.name, base, last.last_offset, max(map(_MAX_TIMESTAMP, run)), payload)
 
 

@@ -17,7 +17,7 @@ import enum
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar, dataclass_transform
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -31,26 +31,33 @@ EMPTY: Mapping[str, Any] = MappingProxyType({})
 _C = TypeVar("_C", bound=type)
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(attrs.field,))
-def frozen(cls: _C) -> _C:
+def _frozen(cls: _C) -> _C:
     """``attrs.frozen`` (frozen, slotted, auto_attribs), with a C ``__init__`` where it is built.
 
     attrs' ``__init__`` of a frozen class sets each field through ``object.__setattr__``
     and costs about four times a mutable one's; the C one (``gateway/_speedups.c``) stores the
     arguments in the slots directly and takes the same arguments. A class with a field that
     has a converter, validator or factory, or a private name, or with a pre- or post-init hook,
-    keeps attrs' ``__init__``. Type checkers read the class as they read an ``attrs.frozen`` one
-    (``dataclass_transform``): its fields are the ``__init__`` arguments.
+    keeps attrs' ``__init__``.
     """
     cls = attrs.frozen(cls)
     fields = attrs.fields(cls)
     if _speedups is None or hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__") or any(
             f.converter is not None or f.validator is not None or not f.init or f.kw_only or f.alias != f.name
-            or isinstance(f.default, attrs.Factory) for f in fields):
+            # attrs types Factory as the function that makes one; it is the class of factory defaults
+            or isinstance(f.default, attrs.Factory) for f in fields):  # type: ignore[arg-type]
         return cls
     defaults = tuple(f.default for f in fields if f.default is not attrs.NOTHING)
-    cls.__init__ = _speedups.init(cls, tuple(f.name for f in fields), defaults)
+    cls.__init__ = _speedups.init(cls, tuple(f.name for f in fields), defaults)  # type: ignore[misc]  # meant
     return cls
+
+
+if TYPE_CHECKING:
+    # The type checker's attrs support reads the classes as the attrs.frozen ones they are
+    # (fields, converters, attrs.evolve); it knows attrs' decorators by name only.
+    from attrs import frozen
+else:
+    frozen = _frozen
 
 
 def _extras(value: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -41,6 +41,7 @@ from twisted.internet import defer, threads
 
 from gateway import model as m
 from gateway.codec import BatchFormat
+from gateway.codec.formats import is_transactional
 from gateway.model import CommandError
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ class Cleaner:
         fmt = formats.get(b.format)
         if fmt is None:
             raise CommandError(m.ErrorCode.UNSUPPORTED, f"no codec reads the stored format {b.format!r}")
-        if fmt.transactional:
+        if is_transactional(fmt):
             producer = fmt.batch_producer(b.payload)
             if producer.control:
                 return MARKER, []

@@ -17,6 +17,7 @@ from twisted.internet import defer
 
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
+from gateway.codec.formats import is_transactional
 from gateway.convert import convert
 from gateway.model import CommandError, Error, ErrorCode
 
@@ -130,12 +131,12 @@ class Fetcher:
 
     def _transactional(self, name: str) -> bool:
         fmt = self.broker.formats.get(name)
-        return fmt is not None and fmt.transactional
+        return fmt is not None and is_transactional(fmt)
 
     def _hidden(self, cmd: m.Fetch, batch: m.StoredBatch) -> bool:
         """Whether a reader of another format may not see ``batch``: a marker, or aborted records."""
         fmt = self.broker.formats.get(batch.format)
-        if fmt is None or not fmt.transactional:
+        if fmt is None or not is_transactional(fmt):
             return False
         producer = fmt.batch_producer(batch.payload)
         return producer.control or (producer.transactional and self.broker.transactions.is_aborted(

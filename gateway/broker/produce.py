@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -17,7 +17,8 @@ from twisted.python.failure import Failure
 from gateway import model as m
 from gateway.broker import idempotence
 from gateway.broker.calls import errors_as, fan_out, then
-from gateway.codec import BatchFormat, LeaderEpochFormat
+from gateway.codec import BatchFormat
+from gateway.codec.formats import has_leader_epochs
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
 
@@ -399,6 +400,6 @@ def refusal_of(checked: Validated | Error, batch: m.Batch) -> Error | None:
 def numbered(store: Any, fmt: BatchFormat, payload: bytes, base: int, topic: str, partition: int) -> bytes:
     """``payload`` numbered from ``base`` for its append, and stamped with the partition's leader
     epoch when its batches carry one (``LeaderEpochFormat``)."""
-    if fmt.leader_epochs:
-        return cast(LeaderEpochFormat, fmt).assign_offsets_in_epoch(payload, base, store.leader_epoch(topic, partition))
+    if has_leader_epochs(fmt):
+        return fmt.assign_offsets_in_epoch(payload, base, store.leader_epoch(topic, partition))
     return fmt.assign_offsets(payload, base)

@@ -53,6 +53,7 @@ from gateway import model as m
 from gateway.broker.calls import errors_as, then
 from gateway.broker.produce import numbered
 from gateway.codec import TransactionalFormat
+from gateway.codec.formats import is_transactional
 from gateway.model import CommandError, Error, ErrorCode
 
 if TYPE_CHECKING:
@@ -409,8 +410,8 @@ class Transactions:
 
     def _format(self) -> TransactionalFormat:
         for fmt in self.broker.formats.values():
-            if fmt.transactional:
-                return fmt  # type: ignore[return-value]
+            if is_transactional(fmt):
+                return fmt
         raise CommandError(ErrorCode.UNSUPPORTED, "no storage format carries transactions (the Kafka codec)")
 
     def _exists(self, topic: str, partition: int) -> bool:

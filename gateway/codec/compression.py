@@ -173,8 +173,8 @@ def decompress(data: bytes, limit: int | None = None) -> bytes:
             raise SnappyError("truncated xerial chunk")
         try:
             out.append(snappy_block(view[pos : pos + size], None if limit is None else limit - total))
-        except SnappyLimit:
-            raise SnappyLimit(limit, "snappy stream") from None
+        except SnappyLimit as e:  # over what the stream had left: over its limit
+            raise SnappyLimit(total + e.limit, "snappy stream") from None
         total += len(out[-1])
         pos += size
     return b"".join(out)

@@ -249,13 +249,66 @@ class Run(NamedTuple):
         return [Request(part.commands, part, part.ordered) for part in self.parts]
 
 
-class CodecConnection:
+class Connection(Protocol):
+    """One client connection's protocol state (see the module docstring).
+
+    ``principal`` is who the client is (``User:<name>``), ``None`` while it is
+    anonymous: the adapter sets it from a TLS client certificate (``User:<CN>``)
+    before the first byte arrives, and the codec when its client authenticates
+    (SASL, MQTT CONNECT, Cursus AUTH). The broker checks every command of the
+    connection against it (``--authorizer acl``).
+    """
+
+    principal: str | None
+
+    def connection_made(self) -> bytes: ...
+
+    def receive_data(self, data: bytes) -> None: ...
+
+    def next_event(self) -> Event | None: ...
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes: ...
+
+    def partial_frame(self) -> bool:
+        """Whether bytes of a frame not yet whole are buffered (the adapter's frame
+        timeout closes a connection that leaves one unfinished too long)."""
+        ...
+
+    def connection_lost(self) -> Sequence[Any]:
+        """Called once when the connection ended, whoever closed it; returns
+        commands for the broker to run with no one to answer (a last will, a
+        cleanup), or ``()``. Their results are dropped and a failure is only
+        logged. No call into the codec follows."""
+        ...
+
+
+class PushConnection(Connection, Protocol):
+    """A connection that emits ``Subscribe`` events also implements these."""
+
+    def push(self, context: Any, result: Any) -> bytes: ...
+
+    def keepalive(self, context: Any) -> bytes: ...
+
+    def may_drop(self, context: Any) -> bool:
+        """Whether the stream ``context`` may lose messages when the subscriber does not
+        read (MQTT QoS 0): the adapter then skips them (counted) instead of stopping."""
+        ...
+
+
+class TimerConnection(Connection, Protocol):
+    """A connection that emits ``Timer`` events also implements ``timer``."""
+
+    def timer(self, context: Any) -> None: ...
+
+
+class CodecConnection(PushConnection, TimerConnection):
     """The one shape of a codec connection; every codec subclasses it.
 
     A subclass gives its framer (``LengthPrefixedFramer`` or ``LineFramer``
     from ``gateway.codec.framing``) to ``__init__`` and implements ``handle_frame``,
     which turns one whole frame into a ``Handled``, an ``Event`` or ``None``.
-    This class implements the adapter's side (``Connection``): framing,
+    This class implements the adapter's side (``Connection`` and its optional capabilities,
+    which it declares as its bases so that the type checker holds it to them): framing,
     the queue of events, holding frames back behind a ``Handled(hold=True)``,
     and ``respond``, which calls the request's ``render``. Handlers that have
     more to say than one result (a push protocol's timers and streams) call
@@ -348,7 +401,7 @@ class CodecConnection:
         """``handled.render(results)``. A codec whose renders raise its own "answer with
         this error" exception (Cursus's ``Reject``) overrides this to answer it, so that
         the exception still ends the request's steps (and releases its hold)."""
-        return handled.render(results)
+        return handled.render(results)  # type: ignore[misc]  # a Request's Handled has a render
 
     def render_run(self, run: Run, results: Sequence[Any]) -> bytes:
         """The answers of a run of joined requests (``Handled.joins``), written together: each
@@ -472,9 +525,10 @@ class CodecConnection:
             return
         if isinstance(item, Handled):
             if item.render is not None:
-                event: Event = Request(item.commands, item, item.ordered)
+                request = Request(item.commands, item, item.ordered)
                 if item.hold:
-                    self.held = event
+                    self.held = request
+                event: Event = request
             elif item.close:
                 event = Close(item.data, item.reason)
             else:
@@ -484,55 +538,3 @@ class CodecConnection:
         if isinstance(event, Close) or isinstance(event, Reply) and event.close:
             self.closed = True
         self.events.append(event)
-
-
-class Connection(Protocol):
-    """One client connection's protocol state (see the module docstring).
-
-    ``principal`` is who the client is (``User:<name>``), ``None`` while it is
-    anonymous: the adapter sets it from a TLS client certificate (``User:<CN>``)
-    before the first byte arrives, and the codec when its client authenticates
-    (SASL, MQTT CONNECT, Cursus AUTH). The broker checks every command of the
-    connection against it (``--authorizer acl``).
-    """
-
-    principal: str | None
-
-    def connection_made(self) -> bytes: ...
-
-    def receive_data(self, data: bytes) -> None: ...
-
-    def next_event(self) -> Event | None: ...
-
-    def respond(self, request: Request, results: Sequence[Any]) -> bytes: ...
-
-    def partial_frame(self) -> bool:
-        """Whether bytes of a frame not yet whole are buffered (the adapter's frame
-        timeout closes a connection that leaves one unfinished too long)."""
-        ...
-
-    def connection_lost(self) -> Sequence[Any]:
-        """Called once when the connection ended, whoever closed it; returns
-        commands for the broker to run with no one to answer (a last will, a
-        cleanup), or ``()``. Their results are dropped and a failure is only
-        logged. No call into the codec follows."""
-        ...
-
-
-class PushConnection(Connection, Protocol):
-    """A connection that emits ``Subscribe`` events also implements these."""
-
-    def push(self, context: Any, result: Any) -> bytes: ...
-
-    def keepalive(self, context: Any) -> bytes: ...
-
-    def may_drop(self, context: Any) -> bool:
-        """Whether the stream ``context`` may lose messages when the subscriber does not
-        read (MQTT QoS 0): the adapter then skips them (counted) instead of stopping."""
-        ...
-
-
-class TimerConnection(Connection, Protocol):
-    """A connection that emits ``Timer`` events also implements ``timer``."""
-
-    def timer(self, context: Any) -> None: ...

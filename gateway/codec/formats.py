@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeGuard, runtime_checkable
 
 import attrs
 
@@ -220,3 +220,22 @@ class LeaderEpochFormat(BatchFormat, Protocol):
     leader_epochs: ClassVar[bool] = True
 
     def assign_offsets_in_epoch(self, payload: bytes, base_offset: int, leader_epoch: int) -> bytes: ...
+
+
+# The capability flags as the type checker reads them: a format that declares one is of its
+# Protocol (the flag is the declaration; ``isinstance`` on a Protocol would probe every method).
+
+
+def is_columnar(fmt: BatchFormat) -> TypeGuard[ColumnarFormat]:
+    """Whether ``fmt`` declares ``columnar``."""
+    return fmt.columnar
+
+
+def is_transactional(fmt: BatchFormat) -> TypeGuard[TransactionalFormat]:
+    """Whether ``fmt`` declares ``transactional``."""
+    return fmt.transactional
+
+
+def has_leader_epochs(fmt: BatchFormat) -> TypeGuard[LeaderEpochFormat]:
+    """Whether ``fmt`` declares ``leader_epochs``."""
+    return fmt.leader_epochs

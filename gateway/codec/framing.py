@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import struct
 from collections.abc import Callable
+from typing import Literal
 
 from gateway.codec.varint import VarintError, read_uvarint
 
@@ -234,7 +235,7 @@ def _cut_frames_in_python(data: bytearray, pos: int, size_at: int, size_width: i
     frames: list[tuple[bytes, bytes | bytearray]] = []
     end = len(data)
     start_pos = pos
-    order = "big" if flags & _CUT_BIG_ENDIAN else "little"
+    order: Literal["big", "little"] = "big" if flags & _CUT_BIG_ENDIAN else "little"
     signed = bool(flags & _CUT_SIGNED)
     while len(frames) < most and pos - start_pos < budget and pos < end:
         if flags & _CUT_VARINT:
@@ -394,7 +395,9 @@ class LengthPrefixedFramer(_Framer):
         assembly = self._assembly
         if assembly is not None:
             if assembly.have < assembly.size:
-                return None if self.finished else self._end(len(assembly.header) + assembly.have)
+                if not self.finished:
+                    self._end(len(assembly.header) + assembly.have)
+                return None
             self._assembly = None
             return assembly.header, assembly.body(self.mutable_body)
         size_field_at = self._size_field_at
@@ -411,12 +414,14 @@ class LengthPrefixedFramer(_Framer):
             buffer.skip(dropped)
             self._discard -= dropped
             if self._discard:
-                return self._end(self._discard)
+                self._end(self._discard)
+                return None
         if self.finished:
             return None
         sizes = self.read_header(buffer)
         if sizes is None:
-            return self._end(len(buffer))
+            self._end(len(buffer))
+            return None
         header_size, body_size = sizes
         if body_size > self.max_frame_size:
             buffer.skip(header_size)
@@ -427,7 +432,8 @@ class LengthPrefixedFramer(_Framer):
                 assembly = self._assembly = _Assembly(buffer.take(header_size), body_size)
                 assembly.add(buffer.take(len(buffer)))
                 return None
-            return self._end(len(buffer))
+            self._end(len(buffer))
+            return None
         header = buffer.take(header_size)
         body = buffer.take_mutable(body_size) if self.mutable_body else buffer.take(body_size)
         return header, body

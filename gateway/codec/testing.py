@@ -53,7 +53,7 @@ def describe(event: Event) -> tuple:
     return type(event).__name__, event.context
 
 
-def per_frame(event: Event) -> list[Event]:
+def per_frame(event: Event) -> Sequence[Event]:
     """``event``, or the requests of its frames for a run of joined requests (``Handled.joins``),
     which the run must stand for: what a test of the codec's events compares."""
     if isinstance(event, Request) and type(event.context) is Run:
@@ -153,7 +153,8 @@ class CodecConformance:
 
     def test_a_frame_over_the_limit_is_refused_before_its_body_arrives(self) -> None:
         conn = self.connection()
-        data, step, fed, events = self.oversized, 16, 0, []
+        data, step, fed = self.oversized, 16, 0
+        events: list[Event] = []
         while fed < len(data) and not events:
             events = self.feed(conn, [data[fed:fed + step]])
             fed += step

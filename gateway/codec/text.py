@@ -36,8 +36,8 @@ def as_texts(values: Sequence[bytes | None], unsafe: re.Pattern[str] | None = No
     try:
         joined = b"".join(values)  # type: ignore[arg-type]
     except TypeError:  # null values
-        values = [v or b"" for v in values]
-        joined = b"".join(values)
+        present = [v or b"" for v in values]
+        values, joined = present, b"".join(present)
     if joined.isascii() and B64_PREFIX not in joined and (unsafe is None or _ascii_safe(joined, unsafe)):
         return list(values)  # type: ignore[arg-type]
     return [as_text(v, unsafe) for v in values]
