@@ -110,3 +110,27 @@ def test_super_users_option():
     assert parse_principals("User:a, User:b") == {"User:a", "User:b"}
     with pytest.raises(ValueError):
         parse_principals("alice")
+
+
+def test_refused_acl_commands_answer_each_binding_and_filter(tmp_path):
+    """The broker's refusal of ACL changes by a principal without ALTER on the cluster: one error
+    per binding (CreateAcls) and per filter (DeleteAcls), the bindings it deleted empty."""
+    from test_adapter import Reactor
+
+    from gateway.broker import Broker
+    from gateway.codecs.v1 import plugin as v1_plugin
+    from gateway.local.store import LocalStore
+    from gateway.model import Caller, CreateAcls, DeleteAcls, ErrorCode
+    from gateway.storage.engine import Engine
+
+    reactor = Reactor()
+    engine = Engine(str(tmp_path / "data"))
+    try:
+        broker = Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor, acls=Acls())
+        mallory = Caller("User:mallory", "10.0.0.9")
+        created = broker.execute(CreateAcls((b("orders", Op.READ), b("pay", Op.WRITE))), mallory).result
+        assert [e.code for e in created.errors] == [ErrorCode.CLUSTER_AUTHORIZATION] * 2
+        deleted = broker.execute(DeleteAcls((AclFilter(), AclFilter(T))), mallory).result
+        assert [(gone, e.code) for gone, e in deleted.matches] == [((), ErrorCode.CLUSTER_AUTHORIZATION)] * 2
+    finally:
+        engine.close()

@@ -125,7 +125,7 @@ class Access:
             m.SetPartitionRole: self._cluster_rule(Op.CLUSTER_ACTION, lambda c, e: m.SetPartitionRoleResult(
                 c.topic, c.partition, error=e)),
             m.CreateAcls: self._cluster_rule(Op.ALTER, lambda c, e: m.CreateAclsResult((e,) * len(c.bindings))),
-            m.DeleteAcls: self._cluster_rule(Op.ALTER, lambda c, e: m.DeleteAclsResult(((), e),) * len(c.filters)),
+            m.DeleteAcls: self._cluster_rule(Op.ALTER, lambda c, e: m.DeleteAclsResult((((), e),) * len(c.filters))),
             m.AlterUsers: self._cluster_rule(Op.ALTER, lambda c, e: m.AlterUsersResult(tuple(
                 (u, e) for u in dict.fromkeys([u for u, *_ in c.upsertions] + [u for u, _ in c.deletions])))),
             m.DescribeAcls: self._cluster_rule(Op.DESCRIBE, lambda c, e: m.DescribeAclsResult(error=e)),
@@ -259,21 +259,22 @@ class Access:
         def describable(name: str) -> bool:
             return self.may(caller, operation, ResourceType.TOPIC, name)
 
-        if cmd.topics is None:
+        topics = cmd.topics
+        if topics is None:
             return then(self.broker.run(cmd), lambda r: m.ListTopicsResult(
                 tuple(t for t in r.topics if describable(t.topic))))
         refused = {name: m.TopicInfo(name, error=denied(ResourceType.TOPIC, name, operation))
-                   for name in cmd.topics if not describable(name)}
-        allowed = tuple(name for name in cmd.topics if name not in refused)
+                   for name in topics if not describable(name)}
+        allowed = tuple(name for name in topics if name not in refused)
         if not allowed:
-            return m.ListTopicsResult(tuple(refused[n] for n in cmd.topics))
+            return m.ListTopicsResult(tuple(refused[n] for n in topics))
         auto_create = cmd.auto_create and all(
             self.broker.store.has_topic(n) or self._may_create(caller, n) for n in allowed)
         ran = self.broker.run(m.ListTopics(allowed, auto_create, cmd.read))
 
         def merge(result: m.ListTopicsResult) -> m.ListTopicsResult:
             by_name = {t.topic: t for t in result.topics}
-            return m.ListTopicsResult(tuple(refused.get(n) or by_name[n] for n in cmd.topics if n in refused
+            return m.ListTopicsResult(tuple(refused.get(n) or by_name[n] for n in topics if n in refused
                                             or n in by_name))
 
         return then(ran, merge)
