@@ -32,8 +32,11 @@ class GatewayProcess:
     def __init__(self, data_dir: str | None = None, protocols: Sequence[str] = ("v1",),
                  extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
                  command: Sequence[str] = (GATEWAY,)):
-        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="polygate-")
-        self.data_dir = data_dir or self._tmp.name
+        self._tmp = None
+        if not data_dir:
+            self._tmp = tempfile.TemporaryDirectory(prefix="polygate-")
+            data_dir = self._tmp.name
+        self.data_dir = data_dir
         self.protocols = list(protocols)
         self.extra_args = list(extra_args)
         self.env = env
@@ -57,13 +60,14 @@ class GatewayProcess:
         args = [*self.command, "serve", "--data-dir", self.data_dir, "--protocols", ",".join(self.protocols),
                 *[f"--listen={p}=127.0.0.1:0" for p in self.protocols], "--admin=127.0.0.1:0", *self.extra_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        assert proc.stdout is not None  # a pipe
         self.ports = {}
         self.admin_port = None
         admin = self._admin_wanted()
         deadline = time.monotonic() + timeout
         while len(self.ports) < len(self.protocols) or admin and self.admin_port is None:
-            line = self.proc.stdout.readline()
+            line = proc.stdout.readline()
             if not line:
                 raise RuntimeError("gateway exited during start:\n" + "".join(self.output))
             self.output.append(line)
@@ -79,7 +83,7 @@ class GatewayProcess:
         return self
 
     def _drain(self) -> None:
-        assert self.proc is not None
+        assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self.output.append(line)
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import attrs
 from twisted.internet import defer
+from twisted.internet.interfaces import IProtocolFactory
 
 from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
 from gateway.admin import AdminServer
@@ -21,6 +22,7 @@ from gateway.security.acl import Acls
 from gateway.security.tls import ReloadableTls, TlsConfig
 from gateway.security.users import UserStore
 from gateway.storage.engine import Engine, EngineConfig, StorageFailure
+from gateway.storage.interface import Storage
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,7 @@ class Gateway:
             fmt = plugin.batch_format
             if fmt is not None and fmt.inflate_limit is not None:
                 fmt.inflate_limit = listener_settings.max_frame_size  # decompression is held to the frame limit
+        store: Storage
         try:
             if self.cluster is not None:
                 self.cluster_store = ClusterStore(self.cluster, self.registry.batch_formats, self.reactor)
@@ -133,7 +136,10 @@ class Gateway:
                 port = plugin.default_port if lc.port is None else lc.port
                 factory = CodecFactory(plugin, listener_settings, self.broker, self.reactor, limits=limits,
                                        fairness=fairness)
-                served = self.tls.wrap(factory) if lc.tls else factory
+                served: IProtocolFactory = factory
+                if lc.tls:
+                    assert self.tls is not None  # made above for any TLS listener
+                    served = self.tls.wrap(factory)
                 listening = self.reactor.listenTCP(port, served, interface=lc.host)
                 bound = listening.getHost()
                 advertised = lc.advertised_host or (lc.host if lc.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
@@ -181,7 +187,7 @@ class Gateway:
         if self.stopping:
             checks["gateway"] = "stopping"
         if self.cluster is not None:
-            problem = store.unavailable() if open_ else "not started"
+            problem = store.unavailable() if store is not None and open_ else "not started"
             checks["cluster"] = "reachable" if problem is None else problem
             ready = ready and problem is None
         return ready, checks

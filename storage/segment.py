@@ -124,6 +124,7 @@ class Segment:
             pos = header.position + header.size
         truncated = self.size - pos
         if truncated:
+            assert self.fd is not None  # recovered when opened, before it can be sealed
             os.ftruncate(self.fd, pos)
             self.size = pos
         self._write_index_file()
@@ -268,13 +269,15 @@ class Segment:
         parts = entry_parts(fmt, base_offset, last_offset, max_ts, payload)
         position = self.size
         header = EntryHeader(position, base_offset, last_offset, max_ts, fmt, len(payload))
-        size = fileio.pwrite_all(self.fd, parts, position)
+        fd = self.fd
+        assert fd is not None  # appends go to the active segment, never sealed
+        size = fileio.pwrite_all(fd, parts, position)
         if self._index_due() and self.index_fd is not None:
             entry = INDEX_ENTRY.pack(base_offset - self.base_offset, position, max(self.max_timestamp, max_ts))
             try:
                 fileio.append_all(self.index_fd, entry, len(self.index_offsets) * INDEX_ENTRY.size)
             except OSError as e:
-                fileio.undo(self.fd, position, e)
+                fileio.undo(fd, position, e)
         self.size += size
         self._appends += 1
         self._note(header)
@@ -292,6 +295,7 @@ class Segment:
         """
         appends = self._appends
         if appends != self._synced_appends:  # never for a sealed segment (seal waits until synced)
+            assert self.fd is not None
             fileio.fsync(self.fd)
             self._synced_appends = appends
 

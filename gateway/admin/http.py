@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from twisted.internet import defer
 from twisted.web import pages
-from twisted.web.resource import Resource
+from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET
 
 from gateway.admin.overview import overview
@@ -120,7 +120,7 @@ class Assets(Resource):
 
     TYPES = {".js": b"text/javascript; charset=utf-8", ".css": b"text/css; charset=utf-8"}
 
-    def getChild(self, path: bytes, request: Any) -> Resource:  # noqa: N802 - twisted.web's name
+    def getChild(self, path: bytes, request: Any) -> IResource:  # noqa: N802 - twisted.web's name
         name = path.decode("ascii", "replace")
         file = STATIC / name
         if file.suffix not in self.TYPES or file.name != name or not file.is_file():

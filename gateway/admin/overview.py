@@ -88,14 +88,14 @@ def _groups(infos: list[m.GroupInfo], offsets: list[tuple[str, str, int, int]],
         members = [_member(mem) for mem in info.members]
         owner = {(t, p): row for row in members for t, ps in row["assignment"].items() for p in ps}
         mine = committed.get(info.group, {})
-        partitions = []
+        partitions: list[dict[str, Any]] = []
         for topic, partition in sorted(set(owner) | set(mine)):
-            offset, high_watermark = mine.get((topic, partition)), marks.get((topic, partition))
-            row = owner.get((topic, partition))
+            at, high_watermark = mine.get((topic, partition)), marks.get((topic, partition))
+            owning = owner.get((topic, partition))
             partitions.append({
-                "topic": topic, "partition": partition, "member": row and row["member_id"],
-                "protocol": row and row["protocol"], "committed": offset, "high_watermark": high_watermark,
-                "lag": None if offset is None or high_watermark is None else max(high_watermark - offset, 0)})
+                "topic": topic, "partition": partition, "member": owning and owning["member_id"],
+                "protocol": owning and owning["protocol"], "committed": at, "high_watermark": high_watermark,
+                "lag": None if at is None or high_watermark is None else max(high_watermark - at, 0)})
         out.append({"group": info.group, "state": info.state, "protocol_type": info.protocol_type,
                     "assignor": info.protocol or None, "generation": info.generation, "members": members,
                     "partitions": partitions,
@@ -133,7 +133,7 @@ def overview(gateway: Gateway, reactor: Any) -> Any:
     broker = gateway.broker
     store = broker.store if broker is not None else None
     view["available"] = store is not None and store.unavailable() is None
-    if not view["available"]:
+    if store is None or not view["available"]:
         return view
     partitions = read_partitions(store)
     topics: dict[str, dict[str, Any]] = {}
@@ -155,9 +155,8 @@ def overview(gateway: Gateway, reactor: Any) -> Any:
             defer.maybeDeferred(store.describe_groups, m.DescribeGroups(tuple(names))),
             committed_offsets(store, names)], consumeErrors=True).addTimeout(GROUPS_TIMEOUT_S, reactor)
     except Exception as e:  # noqa: BLE001 - the page shows what it could read, and why not the rest
-        if isinstance(e, defer.FirstError):
-            e = e.subFailure.value
-        view["groups_error"] = str(e) or type(e).__name__
+        cause = e.subFailure.value if isinstance(e, defer.FirstError) else e
+        view["groups_error"] = str(cause) or type(cause).__name__
         return view
     view["groups"] = _groups([g for g in described.groups if g.error is None], offsets, marks)
     return view

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from gateway.model import CommandError
 
@@ -20,6 +21,23 @@ def then(value: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(value, defer.Deferred):
         return value.addCallback(fn)
     return fn(value)
+
+
+def first_failure(f: Failure) -> Failure:
+    """``f``, or, for the ``FirstError`` of calls waited for together (``gatherResults``), the
+    failure of the call that failed first."""
+    error = f.value
+    return error.subFailure if isinstance(error, defer.FirstError) else f
+
+
+def command_error(f: Failure) -> CommandError:
+    """The ``CommandError`` that failed ``f`` (through ``first_failure``); any other failure
+    is raised again (``Failure.trap``)."""
+    f = first_failure(f)
+    f.trap(CommandError)
+    error = f.value
+    assert isinstance(error, CommandError)  # what trap let through
+    return error
 
 
 def errors_as(result_type: Callable[..., Any], *fields: str) -> Callable[[Callable], Callable]:
@@ -37,11 +55,8 @@ def errors_as(result_type: Callable[..., Any], *fields: str) -> Callable[[Callab
             except CommandError as e:
                 return as_result(cmd, e)
             if isinstance(result, defer.Deferred):
-                def failed(f: Any) -> Any:
-                    if f.check(defer.FirstError):  # from one of several calls waited for together
-                        f = f.value.subFailure
-                    f.trap(CommandError)
-                    return as_result(cmd, f.value)
+                def failed(f: Failure) -> Any:
+                    return as_result(cmd, command_error(f))
 
                 return result.addErrback(failed)
             return result
@@ -54,7 +69,7 @@ def errors_as(result_type: Callable[..., Any], *fields: str) -> Callable[[Callab
 def fan_out(d: defer.Deferred, count: int) -> list[defer.Deferred]:
     """``count`` Deferreds, the k-th firing with item k of the sequence ``d`` fires
     with (or with its failure). Cancelling one leaves the others waiting."""
-    children = [defer.Deferred() for _ in range(count)]
+    children: list[defer.Deferred] = [defer.Deferred() for _ in range(count)]
 
     def deliver(results: Any) -> None:
         for child, result in zip(children, results, strict=True):

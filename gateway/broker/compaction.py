@@ -163,7 +163,7 @@ class Cleaner:
                                                         "(the Kafka codec)")
         read = [(seg, self.store.read_segment(plan.topic, plan.partition, seg.base_offset)) for seg in plan.segments]
         decoded: dict[int, tuple[str, list[m.Record]]] = {}  # id of a batch -> (MARKER, ABORTED or RECORDS, records)
-        last: dict[bytes, int] = {}
+        last: dict[bytes, int | None] = {}  # a key's last offset
         for _, batches in read:
             for b in batches:
                 kind, records = decoded[id(b)] = self._records(formats, plan, b)
@@ -189,9 +189,10 @@ class Cleaner:
                     continue
                 changed = True
                 if survivors:
-                    kept.append(m.StoredBatch(target.name, survivors[0].offset, survivors[-1].offset,
-                                              max(r.timestamp for r in survivors),
-                                              target.encode(survivors, survivors[0].offset)))
+                    first, final = survivors[0].offset, survivors[-1].offset
+                    assert first is not None and final is not None  # read from storage: numbered
+                    kept.append(m.StoredBatch(target.name, first, final, max(r.timestamp for r in survivors),
+                                              target.encode(survivors, first)))
             if changed:
                 cleaned.append(self.store.write_cleaned(plan.topic, plan.partition, seg.base_offset, kept))
         return Outcome(tuple(cleaned), before, after)
@@ -213,7 +214,7 @@ class Cleaner:
         return RECORDS, list(fmt.records(b))
 
     @staticmethod
-    def _stays(r: m.Record, last: dict[bytes, int], plan: Plan) -> bool:
+    def _stays(r: m.Record, last: dict[bytes, int | None], plan: Plan) -> bool:
         if r.key is None:
             return True  # records without a key are never compacted
         if last.get(r.key) != r.offset:

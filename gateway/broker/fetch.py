@@ -10,10 +10,12 @@ aborted records (``_visible``).
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any
 
 import attrs
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
@@ -199,12 +201,12 @@ class Fetcher:
             except CommandError:
                 fetches.append(f)  # its read answers with the error
                 continue
-            fetches.append(then(offset, lambda o, f=f: attrs.evolve(f, offset=o, group=None)))
+            fetches.append(then(offset, functools.partial(_started_at, f)))
         waits = [f for f in fetches if isinstance(f, defer.Deferred)]
         if waits:
             for i, f in enumerate(fetches):
                 if isinstance(f, defer.Deferred):
-                    fetches[i] = f.addErrback(lambda failure, f=cmd.fetches[i]: failure.trap(CommandError) and f)
+                    fetches[i] = f.addErrback(_refused_as, cmd.fetches[i])
             return defer.gatherResults(
                 [f if isinstance(f, defer.Deferred) else defer.succeed(f) for f in fetches]).addCallback(
                 lambda resolved: self._fetch_from(attrs.evolve(cmd, fetches=tuple(resolved))))
@@ -257,7 +259,11 @@ class Fetcher:
             if rs is not None:
                 d.callback(m.FetchManyResult(rs))
             else:
-                then(self._read_many(cmd), lambda rs: d.called or d.callback(m.FetchManyResult(rs)))
+                then(self._read_many(cmd), deliver)
+
+        def deliver(rs: tuple[m.FetchResult, ...]) -> None:
+            if not d.called:
+                d.callback(m.FetchManyResult(rs))
 
         d: defer.Deferred = defer.Deferred(lambda _: finish(()))
         state["timer"] = self.broker.reactor.callLater(cmd.max_wait_ms / 1000, finish)
@@ -312,6 +318,20 @@ class Fetcher:
         for batch in stored[:1]:
             fmt = self.broker.formats.get(batch.format)
             for record in fmt.records(batch) if fmt is not None else ():
-                if record.offset >= offset and record.timestamp >= timestamp:
-                    return record.offset, record.timestamp
+                at = record.offset
+                assert at is not None  # read from storage: numbered
+                if at >= offset and record.timestamp >= timestamp:
+                    return at, record.timestamp
         return offset, timestamp
+
+
+def _started_at(fetch: m.Fetch, offset: int) -> m.Fetch:
+    """``fetch`` from the ``offset`` its group's committed offset or spec resolved to."""
+    return attrs.evolve(fetch, offset=offset, group=None)
+
+
+def _refused_as(failure: Failure, fetch: m.Fetch) -> m.Fetch:
+    """``fetch`` itself when resolving its start failed with a ``CommandError``: its read
+    answers with the error."""
+    failure.trap(CommandError)
+    return fetch

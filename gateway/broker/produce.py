@@ -7,6 +7,7 @@ write is durable under the fsync policy.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from twisted.python.failure import Failure
 
 from gateway import model as m
 from gateway.broker import idempotence
-from gateway.broker.calls import errors_as, fan_out, then
+from gateway.broker.calls import command_error, errors_as, fan_out, first_failure, then
 from gateway.codec import BatchFormat
 from gateway.codec.formats import has_leader_epochs
 from gateway.model import CommandError, Error, ErrorCode
@@ -241,7 +242,7 @@ class Producer:
         for p, indexes in routed.items():
             joined = batches if len(indexes) == len(batches) else [batches[i] for i in indexes]
             answers = then(self._append_joined(fmt, topic, p, joined, first.acks),
-                           lambda appended, p=p, joined=joined: self._acknowledge_joined(first, p, joined, appended))
+                           functools.partial(self._acknowledge_joined, first, p, joined))
             if isinstance(answers, defer.Deferred):
                 answers = fan_out(answers.addErrback(_as_results, topic, len(indexes)), len(indexes))
             if len(indexes) == len(results):  # every command to one partition, as pipelined ones go
@@ -306,7 +307,7 @@ class Producer:
         timeout_ms = cmd.timeout_ms if cmd.timeout_ms is not None else self.broker.config.ack_timeout_ms
         waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, last in lasts.items()]
         d = waits[0].addCallback(lambda ok: [ok]) if len(waits) == 1 else defer.gatherResults(
-            waits, consumeErrors=True).addErrback(lambda f: f.value.subFailure if f.check(defer.FirstError) else f)
+            waits, consumeErrors=True).addErrback(first_failure)
         d.addCallback(lambda oks: result(frozenset(p for p, ok in zip(lasts, oks, strict=True) if not ok)))
         return d.addCallback(self.broker.durable)
 
@@ -365,12 +366,9 @@ def shielded(d: defer.Deferred) -> defer.Deferred:
     return out
 
 
-def _as_results(f: Any, topic: str, count: int) -> list[m.ProduceResult]:
+def _as_results(f: Failure, topic: str, count: int) -> list[m.ProduceResult]:
     """A ``CommandError`` failure as ``count`` failed ``ProduceResult``s (other failures pass)."""
-    if f.check(defer.FirstError):
-        f = f.value.subFailure
-    f.trap(CommandError)
-    return [m.ProduceResult(topic, error=f.value.error)] * count
+    return [m.ProduceResult(topic, error=command_error(f).error)] * count
 
 
 def refused(fmt: BatchFormat, batch: m.Batch) -> Error | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -82,7 +82,7 @@ class Security:
         elif kind not in ("user", "acl"):
             log.warning("ignoring an unknown security record %r", kind)
 
-    def _persist(self, changes: list[tuple[str, Any, Callable[[], None]]]) -> Any:
+    def _persist(self, changes: Sequence[tuple[str, Any, Callable[[], None]]]) -> Any:
         """Write each ``(key, value)`` record, then run its ``apply``: a list of ``Error | None``
         in the order of ``changes`` (or a Deferred of it), durable under the fsync policy."""
         outcomes: list[Any] = []
@@ -108,7 +108,8 @@ class Security:
     # ------------------------------------------------------------------ ACLs
 
     def create_acls(self, cmd: m.CreateAcls) -> Any:
-        if self.acls is None:
+        acls = self.acls
+        if acls is None:
             return m.CreateAclsResult((_DISABLED,) * len(cmd.bindings))
         errors: dict[int, Error] = {}
         changes = []
@@ -118,7 +119,7 @@ class Security:
             except InvalidAcl as e:
                 errors[i] = Error(ErrorCode.INVALID_REQUEST, str(e))
                 continue
-            changes.append((acl_key(b), 1, lambda b=b: self.acls.replace(b, True)))
+            changes.append((acl_key(b), 1, lambda b=b: acls.replace(b, True)))
         def result(outcomes: list[Error | None]) -> m.CreateAclsResult:
             written = iter(outcomes)
             return m.CreateAclsResult(tuple(errors[i] if i in errors else next(written)
@@ -132,11 +133,12 @@ class Security:
         return m.DescribeAclsResult(tuple(self.acls.describe(cmd.filter)))
 
     def delete_acls(self, cmd: m.DeleteAcls) -> Any:
-        if self.acls is None:
+        acls = self.acls
+        if acls is None:
             return m.DeleteAclsResult(tuple(((), _DISABLED) for _ in cmd.filters))
-        matches = [tuple(self.acls.describe(f)) for f in cmd.filters]
+        matches = [tuple(acls.describe(f)) for f in cmd.filters]
         gone = list(dict.fromkeys(b for ms in matches for b in ms))
-        changes = [(acl_key(b), None, lambda b=b: self.acls.replace(b, False)) for b in gone]
+        changes = [(acl_key(b), None, lambda b=b: acls.replace(b, False)) for b in gone]
 
         def result(outcomes: list[Error | None]) -> m.DeleteAclsResult:
             failed = {b: e for b, e in zip(gone, outcomes, strict=True) if e is not None}
@@ -180,7 +182,7 @@ class Security:
 
     def describe_users(self, cmd: m.DescribeUsers) -> Any:
         names = self.users.names() if cmd.users is None else list(dict.fromkeys(cmd.users))
-        out = []
+        out: list[tuple[str, tuple[tuple[str, int], ...], Error | None]] = []
         for user in names:
             creds = self.users.credentials(user)
             if creds:

@@ -58,6 +58,7 @@ from gateway.model import CommandError, Error, ErrorCode
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
+    from gateway.storage.interface import ClusterTransactions
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +192,11 @@ class Transactions:
         if not 0 < cmd.transaction_timeout_ms <= MAX_TIMEOUT_MS:
             raise CommandError(ErrorCode.INVALID_TRANSACTION_TIMEOUT,
                                f"transaction timeout {cmd.transaction_timeout_ms} ms is not in 1..{MAX_TIMEOUT_MS}")
-        txn = self.by_id.get(cmd.transactional_id)
+        transactional_id = cmd.transactional_id
+        assert transactional_id is not None  # the broker hands over the transactional ones only
+        txn = self.by_id.get(transactional_id)
         if txn is None:
-            txn = Txn(cmd.transactional_id, self.store.allocate_producer_id(), 0, cmd.transaction_timeout_ms)
+            txn = Txn(transactional_id, self.store.allocate_producer_id(), 0, cmd.transaction_timeout_ms)
             self._index(txn)
             return self._initialised(txn)
         if cmd.producer_id >= 0 and (cmd.producer_id, cmd.epoch) != (txn.producer_id, txn.epoch):
@@ -222,8 +225,9 @@ class Transactions:
         """The answer to an InitProducerId, once ``txn`` is saved (and, on a cluster, its producer
         there is the newest instance of the transactional id)."""
         saved = self._save(txn)
-        if self.cluster is not None:
-            saved = then(saved, lambda _: self.cluster.init(txn.transactional_id, txn.producer_id, txn.timeout_ms))
+        cluster = self.cluster
+        if cluster is not None:
+            saved = then(saved, lambda _: cluster.init(txn.transactional_id, txn.producer_id, txn.timeout_ms))
         return self._durable(saved, m.InitProducerIdResult(txn.producer_id, txn.epoch))
 
     @errors_as(m.AddPartitionsToTxnResult)
@@ -306,7 +310,8 @@ class Transactions:
                 opened.pop(txn.producer_id, None)
                 if not opened:
                     del self.open_on[tp]
-        waits = self._write_end(txn, commit) if self.cluster is None else [self._end_in_cluster(txn, commit)]
+        waits = self._write_end(txn, commit) if self.cluster is None else [
+            self._end_in_cluster(self.cluster, txn, commit)]
 
         def complete(_: Any) -> Any:
             txn.enter(COMPLETE[commit])
@@ -317,7 +322,7 @@ class Transactions:
         done = defer.gatherResults(deferreds, consumeErrors=True) if deferreds else None
         return then(done, complete)
 
-    def _end_in_cluster(self, txn: Txn, commit: bool) -> Any:
+    def _end_in_cluster(self, cluster: ClusterTransactions, txn: Txn, commit: bool) -> Any:
         """End the transaction in the cluster. A commit the cluster refused was aborted there:
         the transaction completes as aborted and its producer is fenced (a new epoch), as after a
         timeout, so the client learns that its commit did not happen."""
@@ -333,7 +338,7 @@ class Transactions:
             self._save(txn)
             raise CommandError(ErrorCode.FENCED_PRODUCER, f"the transaction was aborted: {f.value.error.message}")
 
-        ended = self.cluster.end(txn.producer_id, commit, offsets)
+        ended = cluster.end(txn.producer_id, commit, offsets)
         return ended.addErrback(refused) if commit else ended
 
     def _write_end(self, txn: Txn, commit: bool) -> list[Any]:
@@ -385,8 +390,8 @@ class Transactions:
                             txn.timeout_ms)
                 ended = self._end(txn, False, bump=True)
                 if isinstance(ended, defer.Deferred):
-                    ended.addErrback(lambda f, t=txn: log.error("transaction %s: abort failed: %s",
-                                                                t.transactional_id, f.getErrorMessage()))
+                    ended.addErrback(lambda f, tid: log.error("transaction %s: abort failed: %s", tid,
+                                                              f.getErrorMessage()), txn.transactional_id)
 
     def forget_deleted(self) -> None:
         """Drop the aborted-transaction records of partitions whose markers retention deleted,
@@ -503,7 +508,7 @@ class Transactions:
     def describe_producers(self, cmd: m.DescribeProducers) -> m.DescribeProducersResult:
         """Per partition, the transactional producers that wrote to it: epoch, last sequence, and
         the first offset of their open transaction there (-1: none)."""
-        out = []
+        out: list[tuple[str, int, tuple[m.ProducerInfo, ...], Error | None]] = []
         for topic, partition in cmd.partitions:
             if not self._exists(topic, partition):
                 out.append((topic, partition, (), Error(ErrorCode.UNKNOWN_PARTITION, f"no partition {topic}/{partition}")))

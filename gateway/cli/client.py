@@ -28,7 +28,14 @@ import click
 from gateway.cli.credentials import caller_password, credential_options, tls_context
 
 if TYPE_CHECKING:
-    from gateway.clients.uniform import Fetched, Membership, PartitionInfo, Record, Session
+    from gateway.clients.uniform import (
+        Fetched,
+        KafkaSession,
+        Membership,
+        PartitionInfo,
+        Record,
+        Session,
+    )
 
 PROTOCOLS = ("v1", "kafka", "tank", "cursus")
 DEFAULT_PORTS = {"v1": 9192, "kafka": 9092, "tank": 11011, "cursus": 9000}
@@ -526,10 +533,17 @@ def groups() -> None:
     """
 
 
-def _kafka_only(protocol: str) -> None:
+@contextmanager
+def _kafka_session(protocol: str, server: str | None, timeout: float) -> Iterator[KafkaSession]:
+    """``_session`` for the group commands, which only Kafka has."""
+    from gateway.clients.uniform import KafkaSession
+
     if protocol != "kafka":
         _fail(f"{protocol.upper()} has no request that lists or describes groups: use --protocol kafka "
               "(the gateway's Kafka listener shows the groups of every protocol)")
+    with _session(protocol, server, timeout) as s:
+        assert isinstance(s, KafkaSession)
+        yield s
 
 
 def member_protocol(member: Any) -> str:
@@ -544,8 +558,7 @@ def member_protocol(member: Any) -> str:
 def groups_list(protocol, server, timeout, output) -> None:
     """Print every group: its state, member count and the protocols its members speak
     (json: a list of {"group", "state", "members", "protocols"})."""
-    _kafka_only(protocol)
-    with _session(protocol, server, timeout) as s:
+    with _kafka_session(protocol, server, timeout) as s:
         described = s.describe_groups(s.list_groups())
     rows = [{"group": g.GroupId, "state": g.GroupState, "members": len(g.Members),
              "protocols": sorted({member_protocol(mem) for mem in g.Members})} for g in described]
@@ -575,8 +588,7 @@ def groups_describe(group, protocol, server, timeout, output) -> None:
     from gateway.clients.uniform import ProtocolError
     from gateway.codecs.kafka.consumer_protocol import decode_assignment
 
-    _kafka_only(protocol)
-    with _session(protocol, server, timeout) as s:
+    with _kafka_session(protocol, server, timeout) as s:
         g = s.describe_groups([group])[0]
         committed = s.group_offsets(group)
         if g.GroupState == "Dead" and not g.Members and not committed:
@@ -598,9 +610,9 @@ def groups_describe(group, protocol, server, timeout, output) -> None:
                 ends.update({(t, info.partition): info.high_watermark for info in s.describe_topic(t)})
     partitions = []
     for t, p in keys:
-        c, hw, row = committed.get((t, p)), ends.get((t, p)), owner.get((t, p))
-        partitions.append({"topic": t, "partition": p, "member": row and row["member_id"],
-                           "protocol": row and row["protocol"], "committed": c, "high_watermark": hw,
+        c, hw, owning = committed.get((t, p)), ends.get((t, p)), owner.get((t, p))
+        partitions.append({"topic": t, "partition": p, "member": owning and owning["member_id"],
+                           "protocol": owning and owning["protocol"], "committed": c, "high_watermark": hw,
                            "lag": None if c is None or hw is None else max(hw - c, 0)})
     result = {"group": group, "state": g.GroupState, "assignor": g.ProtocolData or None, "members": members,
               "partitions": partitions}

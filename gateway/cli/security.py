@@ -191,6 +191,7 @@ def acls_add(topic, group, transactional_id, cluster, prefixed, principal, acl_h
     if not principal or not operations:
         raise click.UsageError("give --principal and at least one --operation")
     rtype, name = _resource(topic, group, transactional_id, cluster, required=True)
+    assert name is not None  # required
     pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
     permission = AclPermissionType.DENY if deny else AclPermissionType.ALLOW
     bindings = [AclBinding(rtype, name, pattern, principal, acl_host or "*", _operation(op), permission)
@@ -240,4 +241,6 @@ def _filters(topic, group, transactional_id, cluster, prefixed, principal, acl_h
     pattern = ResourcePatternType.PREFIXED if prefixed else (
         ResourcePatternType.LITERAL if name is not None else ResourcePatternType.ANY)
     ops = [_operation(op) for op in operations] or [AclOperation.ANY]
-    return [AclBindingFilter(rtype, name, pattern, principal, acl_host, op, AclPermissionType.ANY) for op in ops]
+    # A filter's None matches any name (confluent-kafka annotates the binding's str).
+    return [AclBindingFilter(rtype, name, pattern, principal, acl_host, op, AclPermissionType.ANY)  # type: ignore[arg-type]
+            for op in ops]

@@ -140,12 +140,13 @@ class KafkaClient:
             answer = self.fetch(topic, partition, offset)
             if answer.ErrorCode:
                 raise KafkaError(answer.ErrorCode)
-            got = [r for r in records.read_batches(answer.Records or b"") if r.offset >= offset]
-            for r in got:
-                yield r.offset, (r.value or b"").decode("utf-8", "replace")
-            if not got or got[-1].offset + 1 >= answer.HighWatermark:
+            got = [(r.offset, r.value) for r in records.read_batches(answer.Records or b"")
+                   if r.offset is not None and r.offset >= offset]
+            for at, value in got:
+                yield at, (value or b"").decode("utf-8", "replace")
+            if not got or got[-1][0] + 1 >= answer.HighWatermark:
                 return
-            offset = got[-1].offset + 1
+            offset = got[-1][0] + 1
 
     # ------------------------------------------------------------------ admin
 

@@ -158,7 +158,7 @@ def chunk_bundles(chunk: bytes, first_seq: int | None) -> tuple[list[Bundle], in
     """The whole bundles of a consume chunk, and the bytes needed to read the first cut one (0: none
     was cut). ``first_seq`` numbers the first bundle (``None`` when it is SPARSE). Raises
     ``TankError`` for a bundle that does not decode."""
-    out = []
+    out: list[Bundle] = []
     pos = 0
     seq = first_seq or 0
     end = len(chunk)
@@ -174,7 +174,11 @@ def chunk_bundles(chunk: bytes, first_seq: int | None) -> tuple[list[Bundle], in
             messages = message_set(chunk, header)
         except BundleError as e:
             raise TankError(0xFB, f"corrupt bundle at sequence number {seq}: {e}") from None
-        first, last = (header.first_seq, header.last_seq) if header.sparse else (seq, seq + header.count - 1)
+        if header.sparse:
+            assert header.first_seq is not None and header.last_seq is not None  # a SPARSE header has both
+            first, last = header.first_seq, header.last_seq
+        else:
+            first, last = seq, seq + header.count - 1
         out.append(Bundle(header, messages, first, last))
         seq = last + 1
         pos = start + length
@@ -187,7 +191,7 @@ def parse_chunk(chunk: bytes, first_seq: int | None, wanted: int, hwmark: int) -
     ``first_seq`` numbers the first bundle (``None`` when it is SPARSE).
     Returns ``(messages, last seq seen, bytes needed to read the first cut bundle or 0)``.
     """
-    out = []
+    out: list[Message] = []
     last = 0
     bundles, need = chunk_bundles(chunk, first_seq)
     for b in bundles:

@@ -48,7 +48,9 @@ class V1Reply:
 
 def _tokens(payload: str) -> list[str]:
     """Split on spaces outside ``[...]`` (``assigned=[0 1 2]`` is one token)."""
-    tokens, depth, cur = [], 0, []
+    tokens: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in payload:
         if ch == "[":
             depth += 1

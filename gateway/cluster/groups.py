@@ -43,6 +43,7 @@ import attrs
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from gateway import model as m
 from gateway.cluster.bridge import Loop, command_error, deferred_from
@@ -474,8 +475,11 @@ class ClusterGroups:
                                                     request_timeout=self.config.request_timeout_ms / 1000)
 
         def one(g: str) -> defer.Deferred:
-            return deferred_from(self.reactor, futures[g], f"delete group {g}", lambda _: (g, None)).addErrback(
-                lambda f: (g, f.value.error if f.check(CommandError) else Error(ErrorCode.STORAGE_ERROR, str(f.value))))
+            def failed(f: Failure) -> tuple[str, Error]:
+                error = f.value
+                return g, error.error if isinstance(error, CommandError) else Error(ErrorCode.STORAGE_ERROR, str(error))
+
+            return deferred_from(self.reactor, futures[g], f"delete group {g}", lambda _: (g, None)).addErrback(failed)
 
         return defer.gatherResults([one(g) for g in cmd.groups]).addCallback(
             lambda rs: m.DeleteGroupsResult(tuple(rs)))

@@ -37,8 +37,7 @@ from gateway.cluster.bridge import Loop
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import Metadata
 from gateway.cluster.producers import HEADER as PRODUCER_HEADER
-from gateway.cluster.writer import KAFKA
-from gateway.codec import TransactionalFormat
+from gateway.cluster.writer import KAFKA, KafkaFormat
 from gateway.codec.formats import Columns
 from gateway.model import StoredBatch
 
@@ -114,7 +113,7 @@ class Window:
 class Reader:
     """Serves ``read`` and ``wait_for_data`` from windows filled by the consumer thread."""
 
-    def __init__(self, config: ClusterConfig, metadata: Metadata, reactor: Any, kafka: TransactionalFormat,
+    def __init__(self, config: ClusterConfig, metadata: Metadata, reactor: Any, kafka: KafkaFormat,
                  window_bytes: int = WINDOW_BYTES, committed: bool = True):
         self.metadata = metadata
         self.reactor = reactor

@@ -31,7 +31,7 @@ from gateway.cluster.producers import ProducerStates, header
 from gateway.cluster.reader import Reader
 from gateway.cluster.security import SecurityTopic
 from gateway.cluster.transactions import TransactionalProducers
-from gateway.cluster.writer import KAFKA, Writer
+from gateway.cluster.writer import KAFKA, Writer, kafka_format
 from gateway.codec import BatchFormat
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.storage.interface import ReplicaStatus
@@ -66,7 +66,7 @@ class ClusterStore:
         self.admin = AdminClient(config.client())
         self.metadata = Metadata(config, self.admin, reactor, gone=self._topic_gone)
         self.writer = Writer(config, reactor, formats, self._delivered)
-        self.reader = Reader(config, self.metadata, reactor, formats[KAFKA])
+        self.reader = Reader(config, self.metadata, reactor, kafka_format(formats))
         self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read
         self.groups = ClusterGroups(config, self.admin, reactor)
         self.producers = ProducerStates(config, self.metadata, reactor)

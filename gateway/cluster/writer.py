@@ -13,10 +13,11 @@ twice; ``acks=1`` and ``acks=0`` ones through the leader-acks producer
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, cast
 
 from confluent_kafka import KafkaError, Producer
 from twisted.internet import defer
@@ -25,13 +26,22 @@ from gateway import model as m
 from gateway.cluster.bridge import Loop, command_error
 from gateway.cluster.config import ClusterConfig
 from gateway.codec import BatchFormat
-from gateway.codec.formats import Columns
+from gateway.codec.formats import ColumnarFormat, Columns, TransactionalFormat
 from gateway.convert import convert
 from gateway.model import CommandError, ErrorCode, StoredBatch
 
 log = logging.getLogger(__name__)
 
 KAFKA = "kafka"
+
+
+class KafkaFormat(ColumnarFormat, TransactionalFormat, Protocol):
+    """The Kafka codec's format, in which the cluster holds every batch: columnar and transactional."""
+
+
+def kafka_format(formats: Mapping[str, BatchFormat]) -> KafkaFormat:
+    """The Kafka format of ``formats``."""
+    return cast(KafkaFormat, formats[KAFKA])  # it declares both capabilities
 MESSAGE_MAX_BYTES = 64 << 20  # the gateway does not cut records: the listeners' frame limits and the cluster do
 
 
@@ -90,7 +100,7 @@ class Writer:
                  delivered: Any):
         self.reactor = reactor
         self.formats = formats
-        self.kafka = formats[KAFKA]
+        self.kafka = kafka_format(formats)
         self.delivered = delivered  # (topic, partition, last offset) in the reactor thread
         common = {"linger.ms": 0, "message.timeout.ms": config.request_timeout_ms,
                   "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
@@ -101,7 +111,7 @@ class Writer:
             m.Acks.ALL: Producer(config.client(acks="all", **{"enable.idempotence": True, "error_cb": _fatal},
                                                **common)),
         }
-        self._loops = [Loop(f"polygate-cluster-producer-{int(acks)}", lambda p=p: p.poll(0.1))
+        self._loops = [Loop(f"polygate-cluster-producer-{int(acks)}", functools.partial(p.poll, 0.1))
                        for acks, p in self.producers.items()]
 
     def start(self) -> None:

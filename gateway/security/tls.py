@@ -66,7 +66,7 @@ def load(config: TlsConfig) -> ssl.CertificateOptions:
     verify = config.client_auth != "none"
     options = ssl.CertificateOptions(
         privateKey=key, certificate=chain[0], extraCertChain=chain[1:],
-        verify=verify, caCerts=_certificates(config.ca) if verify else None,
+        verify=verify, caCerts=_certificates(config.ca) if verify and config.ca is not None else None,
         requireCertificate=config.client_auth == "required", raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
     try:
         options.getContext().check_privatekey()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import overload
 
 import attrs
 
@@ -62,6 +63,14 @@ class SourceOptions:
 
 PROTOCOLS = ("kafka", "tank")
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
+
+
+@overload
+def _int(options: Mapping[str, str], name: str, default: int) -> int: ...
+
+
+@overload
+def _int(options: Mapping[str, str], name: str, default: None) -> int | None: ...
 
 
 def _int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
