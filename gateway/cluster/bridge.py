@@ -13,9 +13,9 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 from twisted.internet import defer
 
 from gateway.model import CommandError, ErrorCode
@@ -44,6 +44,20 @@ AS_MODEL = {
     KafkaError.GROUP_ID_NOT_FOUND: ErrorCode.GROUP_NOT_FOUND,
     KafkaError.NON_EMPTY_GROUP: ErrorCode.INVALID_REQUEST,
 }
+
+
+def consumed_at(msg: Message) -> tuple[str, int, int]:
+    """Where a consumed message (or end-of-partition event) is: topic, partition, offset, which it
+    always has (confluent-kafka types them optional, as for a message being produced)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
+def consumed_headers(msg: Message) -> list[tuple[str, bytes | None]]:
+    """A consumed message's headers, in order (confluent-kafka types them as a producer may
+    give them: a dict, or values as str)."""
+    return cast(list[tuple[str, bytes | None]], msg.headers() or [])
 
 
 def command_error(error: Any, doing: str) -> CommandError:
@@ -86,7 +100,7 @@ def deferred_from(reactor: Any, future: Future, doing: str,
 class Loop:
     """A daemon thread that calls ``step()`` until stopped; ``step`` errors are logged, not fatal."""
 
-    def __init__(self, name: str, step: Callable[[], None]):
+    def __init__(self, name: str, step: Callable[[], object]):
         self.step = step
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)

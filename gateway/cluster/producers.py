@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from twisted.internet import threads
 
 from gateway.broker import idempotence
+from gateway.cluster.bridge import consumed_at, consumed_headers
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import Metadata
 from gateway.model import CommandError, ErrorCode, ProducerState
@@ -131,11 +132,11 @@ class ProducerStates:
                             at_end = True
                             continue
                         raise CommandError(ErrorCode.STORAGE_ERROR, f"reading {topic}/{partition}: {err.str()}")
-                    for name, value in msg.headers() or ():
+                    for name, value in consumed_headers(msg):
                         if name == HEADER and value:
                             rules, pid, epoch, first, last, records = json.loads(value)
                             if pid == producer_id:
-                                appends.setdefault((rules, epoch, first, last, records), []).append(msg.offset())
+                                appends.setdefault((rules, epoch, first, last, records), []).append(consumed_at(msg)[2])
         finally:
             consumer.close()
         state = None

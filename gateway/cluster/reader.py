@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from twisted.internet import defer
 
-from gateway.cluster.bridge import Loop
+from gateway.cluster.bridge import Loop, consumed_at
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import Metadata
 from gateway.cluster.producers import HEADER as PRODUCER_HEADER
@@ -76,7 +76,8 @@ class Window:
     def read(self, offset: int, max_bytes: int) -> list[StoredBatch]:
         """Batches from the one holding ``offset`` (at least one), about ``max_bytes``."""
         i = bisect.bisect_left(self.lasts, offset)
-        out, size = [], 0
+        out: list[StoredBatch] = []
+        size = 0
         for batch in self.batches[i:]:
             if out and size + len(batch.payload) > max_bytes:
                 break
@@ -154,7 +155,12 @@ class Reader:
             return []
         d: defer.Deferred = defer.Deferred()
         w.pending.append((offset, max_bytes, d))
-        self.reactor.callLater(MISS_WAIT, lambda: d.called or d.callback([]))
+
+        def missed() -> None:
+            if not d.called:
+                d.callback([])
+
+        self.reactor.callLater(MISS_WAIT, missed)
         return d
 
     def _caught_up(self, w: Window, offset: int) -> bool:
@@ -279,10 +285,11 @@ class Reader:
         eof: dict[tuple[str, int], int] = {}
         for msg in messages:
             err = msg.error()
-            key = (msg.topic(), msg.partition())
+            topic, partition, offset = consumed_at(msg)
+            key = (topic, partition)
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    eof[key] = msg.offset()
+                    eof[key] = offset
                 else:
                     log.warning("reading %s/%s from the cluster: %s", key[0], key[1], err.str())
                 continue

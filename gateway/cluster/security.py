@@ -136,7 +136,9 @@ class SecurityTopic:
                 return True
             log.warning("security records: %s", error.str())
             return False
-        key = message.key().decode("utf-8", "replace")
+        raw_key = message.key()
+        assert raw_key is not None  # every security record has one
+        key = raw_key.decode("utf-8", "replace")
         raw = message.value()
         value = None if raw is None else msgpack.unpackb(raw, raw=False)
         if initial:  # the reactor is not running yet: nothing else touches the records

@@ -299,6 +299,7 @@ class ClusterStore:
         if producer is None:
             return self.writer.append(topic, partition, records, acks)
         if producer.transactional:  # through the transactional id's own producer on the cluster
+            assert isinstance(producer.producer_id, int)  # a Kafka producer's
             return self.transactions.produce(producer.producer_id, topic, partition, records).addCallback(
                 self._delivered_in_transaction, topic, partition)
         appending = self.writer.append(topic, partition, records, acks, header(producer, len(records)))

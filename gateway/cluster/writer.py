@@ -102,7 +102,7 @@ class Writer:
         self.formats = formats
         self.kafka = kafka_format(formats)
         self.delivered = delivered  # (topic, partition, last offset) in the reactor thread
-        common = {"linger.ms": 0, "message.timeout.ms": config.request_timeout_ms,
+        common: dict[str, Any] = {"linger.ms": 0, "message.timeout.ms": config.request_timeout_ms,
                   "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
                   "message.max.bytes": MESSAGE_MAX_BYTES}
         common.update((k, v) for k, v in config.properties.items() if k in common)  # the operator's say wins
@@ -147,7 +147,8 @@ class Writer:
         report = pending.delivered
         for i in range(n):
             ts = stamps[i]
-            record_headers = list(headers[i]) if headers is not None and headers[i] else None
+            record_headers: list[tuple[str, str | bytes | None]] | None = (
+                list(headers[i]) if headers is not None and headers[i] else None)
             if tag is not None:
                 record_headers = [*(record_headers or ()), tag]
             try:

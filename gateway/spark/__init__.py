@@ -30,7 +30,7 @@ Option reference: ``gateway.spark.options``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -117,7 +117,7 @@ def split(start: dict[TopicPartition, int], end: dict[TopicPartition, int], most
     total = sum(max(0, last - start.get(tp, 0)) for tp, last in end.items())
     if at_least > 1 and total:
         most = min(most, -(-total // at_least))
-    ranges = []
+    ranges: list[OffsetRange] = []
     for (topic, part), last in sorted(end.items()):
         first = start.get((topic, part), 0)
         ranges.extend(OffsetRange(topic, part, lo, min(lo + most, last)) for lo in range(first, last, most))
@@ -138,8 +138,11 @@ def from_json(offsets: dict) -> dict[TopicPartition, int]:
 def resolve(topics: kafka.Topics | tank.Topics, bound: Bound,
             partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
     """Concrete offsets of ``bound`` in each partition, clamped into [earliest, high watermark]."""
-    times = {tp: bound.timestamps.get(tp, bound.timestamp) for tp in partitions
-             if tp in bound.timestamps or (bound.timestamp is not None and tp not in bound.offsets)}
+    times: dict[TopicPartition, int] = {}
+    for tp in partitions:
+        stamp = bound.timestamps.get(tp, bound.timestamp)
+        if stamp is not None and (tp in bound.timestamps or tp not in bound.offsets):
+            times[tp] = stamp
     out = topics.offsets_for_times(times)
     for tp in partitions:
         if tp not in out:
@@ -260,7 +263,7 @@ class Written(WriterCommitMessage):
 
 
 class PolygateWriter(DataSourceArrowWriter):
-    def __init__(self, options: dict[str, str]):
+    def __init__(self, options: Mapping[str, str]):
         self.bootstrap = options.get("bootstrap") or options.get("kafka.bootstrap.servers")
         if not self.bootstrap:
             raise OptionError('option "bootstrap" (host:port of the gateway\'s listener) is required')

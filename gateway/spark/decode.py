@@ -49,7 +49,7 @@ def inflate(codec: int, data: bytes) -> bytes:
     return compression.decompress(codec, data)
 
 
-def builder() -> Builder:
+def builder() -> Builder | _CBuilder:
     """An empty builder: ``_arrow.Builder`` in C when it was built, else ``Builder`` here."""
     return _CBuilder() if _arrow is not None else Builder()
 
@@ -125,6 +125,9 @@ class Builder:
     record by record, giving the same bytes (its docstring states the contract)."""
 
     def __init__(self) -> None:
+        self._empty()
+
+    def _empty(self) -> None:
         self.count = 0
         self.offsets, self.stamps, self.types = bytearray(), bytearray(), bytearray()
         self.header_offsets = bytearray(_I32.pack(0))
@@ -134,7 +137,7 @@ class Builder:
         out = (self.count, bytes(self.offsets), bytes(self.stamps), bytes(self.types), *self.keys.buffers(),
                *self.values.buffers(), bytes(self.header_offsets), *self.header_keys.buffers()[1:],
                *self.header_values.buffers())
-        self.__init__()
+        self._empty()
         return out
 
     def _append(self, offset: int, us: int, kind: int, key: bytes | None, value: bytes | None) -> None:

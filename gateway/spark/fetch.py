@@ -143,7 +143,7 @@ class PartitionFetcher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def connect(self) -> None:
+    def connect(self) -> KafkaClient:
         """Find the partition's leader (through the first bootstrap that answers) and connect to it."""
         self.close()
         failure: OSError | None = None
@@ -169,6 +169,7 @@ class PartitionFetcher:
             client.close()
             raise
         self.client = client
+        return client
 
     def _leader(self, client: KafkaClient) -> tuple[str, int]:
         answer = client.call(METADATA, 4, {"Topics": [{"Name": self.topic}], "AllowAutoTopicCreation": False})
@@ -186,8 +187,7 @@ class PartitionFetcher:
 
     def fetch(self, offset: int, max_wait_ms: int) -> Fetched:
         """The partition's records from ``offset`` (waiting up to ``max_wait_ms`` for the first)."""
-        if self.client is None:
-            self.connect()
+        client = self.client if self.client is not None else self.connect()
         size = self.settings.fetch_bytes
         body = {"ReplicaId": -1, "MaxWaitMs": max_wait_ms, "MinBytes": 1, "MaxBytes": size,
                 "IsolationLevel": 1 if self.settings.read_committed else 0, "SessionId": 0, "SessionEpoch": -1,
@@ -196,7 +196,7 @@ class PartitionFetcher:
                     "LogStartOffset": -1, "PartitionMaxBytes": size}]}],
                 "ForgottenTopicsData": [], "RackId": ""}
         try:
-            answer = self.client.call(FETCH, self.version, body)
+            answer = client.call(FETCH, self.version, body)
         except BaseException:
             self.close()
             raise

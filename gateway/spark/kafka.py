@@ -54,7 +54,7 @@ class Topics:
 
     def partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
         """Every partition of ``topics``; raises SourceError for a topic the gateway does not know."""
-        out = []
+        out: list[TopicPartition] = []
         for topic in topics:
             meta = self.consumer.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
             if meta is None or meta.error is not None:
@@ -113,6 +113,7 @@ def _fetch_range(bootstrap: str, settings: fetch.Settings, topic: str, partition
     position, last_progress = start, time.monotonic()
     with fetch.PartitionFetcher(bootstrap, settings, topic, partition, TIMEOUT_S) as fetcher:
         while position < end:
+            answer: fetch.Fetched | OSError | KafkaError
             try:
                 answer = fetcher.fetch(position, FETCH_WAIT_MS)
             except (OSError, KafkaError) as e:
@@ -161,10 +162,10 @@ def _consume_range(bootstrap: str, extra: Mapping[str, str], topic: str, partiti
         position, last_progress = start, time.monotonic()
         while position < end:
             messages = consumer.consume(CONSUME_BATCH, 1.0)
-            if messages and (messages[-1].offset() >= end or any(map(ck.Message.error, messages))):
+            if messages and (_offset(messages[-1]) >= end or any(map(ck.Message.error, messages))):
                 messages, position = _records_before(messages, end, position, topic, partition)
             if messages:
-                position = max(position, messages[-1].offset() + 1)
+                position = max(position, _offset(messages[-1]) + 1)
                 last_progress = time.monotonic()
                 yield _arrow(messages, topic, partition, schema)
             elif position < end and time.monotonic() - last_progress > poll_timeout_ms / 1000:
@@ -172,6 +173,14 @@ def _consume_range(bootstrap: str, extra: Mapping[str, str], topic: str, partiti
                                   f"within {poll_timeout_ms} ms")
     finally:
         consumer.close()
+
+
+def _offset(msg: ck.Message) -> int:
+    """A consumed message's offset, which it always has (confluent-kafka types it optional, as
+    for a message being produced)."""
+    offset = msg.offset()
+    assert offset is not None
+    return offset
 
 
 def _records_before(messages: list[ck.Message], end: int, position: int, topic: str,
@@ -182,8 +191,8 @@ def _records_before(messages: list[ck.Message], end: int, position: int, topic: 
         if (err := msg.error()) is not None:
             if err.code() != ck.KafkaError._PARTITION_EOF:
                 raise SourceError(f"reading {topic}/{partition} at {position}: {err}")
-            position = max(position, msg.offset())
-        elif msg.offset() < end:
+            position = max(position, _offset(msg))
+        elif _offset(msg) < end:
             records.append(msg)
         else:
             position = end
@@ -203,7 +212,7 @@ def _arrow(messages: list[ck.Message], topic: str, partition: int, schema: pa.Sc
         offsets=pa.array(map(ck.Message.offset, messages), pa.int64(), size=n),
         timestamps=pc.if_else(pc.equal(kinds, ck.TIMESTAMP_NOT_AVAILABLE), None, pa.array(stamps, pa.int64())),
         timestamp_types=pc.if_else(pc.equal(kinds, ck.TIMESTAMP_LOG_APPEND_TIME), 1, 0).cast(pa.int32()),
-        headers=pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
+        headers=pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],  # type: ignore[str-unpack]  # a consumed message: pairs
                          schema.field("headers").type) if any(headers) else empty_headers(schema, n))
 
 
