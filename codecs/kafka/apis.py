@@ -8,8 +8,8 @@ or commands and a ``render(results)`` returning the framed response (``b""``
 for no response at all: Produce with acks=0). Bodies are dicts with Kafka's
 field names; fields left out take their defaults.
 
-``APIS`` lists the advertised APIs and version ranges: PROTOCOLS.md §4.2
-widened with the 0.8-era versions of seed 002 and with the flexible versions
+``APIS`` lists the advertised APIs and version ranges (docs/protocols/kafka.md): every
+version from 0 (Kafka 0.8 clients included), up to the flexible versions
 that need no topic IDs (Fetch <= 12, Metadata <= 12) and no fields the
 command model lacks (SyncGroup v5's protocol echo, ListGroups v4's states).
 """
