@@ -10,7 +10,8 @@ import pytest
 
 from gateway.codecs.kafka import apis, schema
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "protocols"
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "setup.cfg").is_file())
+DOCS = REPO / "docs" / "protocols"
 PAGES = ("v1.md", "kafka.md", "tank.md", "cursus.md", "mqtt.md")
 _ROW = re.compile(r"^\| (\d+) \| (\w+) \| (\d+)(?:–(\d+))? \| ([^|]+) \|", re.M)
 
