@@ -552,6 +552,9 @@ class JoinGroup:
     ``new_member_id`` (server groups): the id a member not in the group gets
     instead of ``member_id`` (Cursus suffixes new members; a member still in
     the group keeps its id). The result's ``member_id`` is the id used.
+    A ``"consumer"`` member's ``topics`` are those of its subscription, read by its
+    codec from ``protocols``; ``subscription_unreadable`` when it could not read
+    them (Kafka then counts the member as reading every topic).
     """
 
     group: str
@@ -568,6 +571,7 @@ class JoinGroup:
     extras: Mapping[str, Any] = attrs.field(default=EMPTY, converter=_extras)
     new_member_id: str | None = None
     codec: str = ""
+    subscription_unreadable: bool = False
 
 
 @frozen

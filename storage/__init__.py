@@ -1,1 +1,1 @@
-"""The storage engine (imported as ``gateway.storage``): segments, index, journal, groups."""
+"""The storage engine (imported as ``gateway.storage``): segments, index, journal, and the group records it is given."""

@@ -34,7 +34,6 @@ from gateway.model import (
 
 from . import datadir, fileio
 from .datadir import DataDirFormatError as DataDirFormatError  # raised by Engine(), for callers
-from .groups import GroupCoordinator
 from .journal import Journal
 from .log import CleanedSegment, PartitionLog, SegmentInfo
 from .replication import ReplicaSet
@@ -176,7 +175,10 @@ class Engine:
         except BaseException:
             self._lock_file.close()
             raise
-        self.groups = GroupCoordinator(self.journal, self.partition_count, self.now_ms)
+        # Group records, replayed and saved for the group coordinator (``gateway.local.groups``):
+        # each group's state as last saved (a map the engine does not read), and committed offsets.
+        self.group_states: dict[str, dict[str, Any]] = {}
+        self.offsets: dict[str, dict[tuple[str, int], tuple[int, str]]] = {}
         self._sync_lock = threading.Lock()
         self.recovered_bytes = 0
         try:
@@ -256,7 +258,7 @@ class Engine:
                     self.records[kind].pop(entry["k"], None)
                 else:
                     self.records[kind][entry["k"]] = entry["v"]
-            elif not self.groups.apply(entry):
+            elif not self._apply_group_record(entry):
                 log.warning("unknown journal entry %r", kind)
         if self.format_version < datadir.CURRENT_FORMAT:
             datadir.migrate(self.data_dir, self.format_version,
@@ -285,7 +287,7 @@ class Engine:
             log.warning("%s: %s", os.path.join(self.data_dir, datadir.LOGS), datadir.describe_unknown(unknown))
 
     def _live_entries(self) -> int:
-        return len(self.topics) + self.groups.live_entries + sum(map(len, self.records.values())) + sum(
+        return len(self.topics) + len(self.group_states) + sum(map(len, self.offsets.values())) + sum(map(len, self.records.values())) + sum(
             len(p.producers) + bool(p.log.start_floor) for t in self.topics.values() for p in t.partitions) + 1
 
     def _snapshot(self) -> Iterable[dict[str, Any]]:
@@ -293,7 +295,11 @@ class Engine:
         for t in self.topics.values():
             yield {"t": "topic", "name": t.name, "id": t.topic_id, "n": len(t.partitions),
                    "cfg": _config_state(t.config)}
-        yield from self.groups.snapshot()
+        for state in self.group_states.values():
+            yield {"t": "group", "g": state}
+        for group, offsets in self.offsets.items():
+            for (topic, partition), (offset, metadata) in offsets.items():
+                yield {"t": "offset", "g": group, "tp": topic, "p": partition, "o": offset, "m": metadata}
         for kind, records in self.records.items():
             for key, value in records.items():
                 yield {"t": kind, "k": key, "v": value}
@@ -402,7 +408,9 @@ class Engine:
             p.notify()
             if p.epoch_key in self.records["lep"]:
                 self.put_record("lep", p.epoch_key, None)
-        self.groups.forget_topic(name)
+        for group, offsets in self.offsets.items():  # a topic's committed offsets go with it
+            for topic, partition in [key for key in offsets if key[0] == name]:
+                self.delete_offset(group, topic, partition)
 
     def topic(self, name: str) -> Topic:
         try:
@@ -581,6 +589,46 @@ class Engine:
             self.records[kind].pop(key, None)
         else:
             self.records[kind][key] = value
+
+    # ------------------------------------------------------------------ group records
+
+    def _apply_group_record(self, entry: dict[str, Any]) -> bool:
+        """Apply one journal entry of a group during replay; False if it is not one."""
+        kind = entry.get("t")
+        if kind == "group":
+            self.group_states[entry["g"]["name"]] = entry["g"]
+        elif kind == "group-del":
+            self.group_states.pop(entry["g"], None)
+            self.offsets.pop(entry["g"], None)
+        elif kind == "offset":
+            self.offsets.setdefault(entry["g"], {})[(entry["tp"], entry["p"])] = (entry["o"], entry.get("m", ""))
+        elif kind == "offset-del":
+            self.offsets.get(entry["g"], {}).pop((entry["tp"], entry["p"]), None)
+        else:
+            return False
+        return True
+
+    def save_group(self, state: dict[str, Any]) -> None:
+        """Journal the state of the group ``state["name"]``, in place of the one saved before; kept once
+        written. The engine keeps and replays it as given: what it means is the coordinator's."""
+        self.journal.append({"t": "group", "g": state})
+        self.group_states[state["name"]] = state
+
+    def delete_group(self, name: str) -> None:
+        """Journal that group ``name`` is gone: its saved state and its committed offsets."""
+        self.journal.append({"t": "group-del", "g": name})
+        self.group_states.pop(name, None)
+        self.offsets.pop(name, None)
+
+    def save_offset(self, group: str, topic: str, partition: int, offset: int, metadata: str = "") -> None:
+        """Journal the offset ``group`` committed for a partition, with its metadata; kept once written."""
+        self.journal.append({"t": "offset", "g": group, "tp": topic, "p": partition, "o": offset, "m": metadata})
+        self.offsets.setdefault(group, {})[(topic, partition)] = (offset, metadata)
+
+    def delete_offset(self, group: str, topic: str, partition: int) -> None:
+        """Journal that ``group`` has no committed offset for the partition any more."""
+        self.journal.append({"t": "offset-del", "g": group, "tp": topic, "p": partition})
+        self.offsets.get(group, {}).pop((topic, partition), None)
 
     # ------------------------------------------------------------------ producers
 

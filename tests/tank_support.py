@@ -1,4 +1,4 @@
-"""The TANK golden captures (``../shared/vectors/tank``) and helpers to compare with them."""
+"""The TANK golden captures (``VECTORS``: tank-cli and a real TANK 4.0 broker) and helpers to compare with them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ VECTORS = REPO.parent / "shared" / "vectors" / "tank"
 
 
 def vectors_dir() -> Path:
-    """The captures folder; fails clearly where ``shared/`` is not beside the clone."""
+    """The captures folder; fails clearly where it is missing."""
     if not (VECTORS / "README.md").is_file():
         raise FileNotFoundError(f"TANK captures not found at {VECTORS} (shared/ must sit beside the repository)")
     return VECTORS

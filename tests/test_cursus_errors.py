@@ -1,4 +1,4 @@
-"""Every Cursus reply and error string, byte for byte, over raw sockets (PROTOCOLS.md 2.3-2.9)."""
+"""Every Cursus reply and error string, byte for byte, over raw sockets (docs/protocols/cursus.md)."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def test_consume_errors_and_forms(addr, topic):
     _ack(addr, batch(topic, 0, ["a", "b", "c"]))
     assert consume(addr, topic, 0, 9) == "ERROR: OFFSET_OUT_OF_RANGE requested=9 earliest=0 latest=3"
     assert [m.offset for m in consume(addr, topic, 0, 1)] == [1, 2]
-    with RawCursus(addr) as c:  # the seed's positional form
+    with RawCursus(addr) as c:  # the positional form
         c.send_body(f"CONSUME {topic} 0 2".encode())
         assert c.read_frame().endswith(b"c" + b"\x00" * 16)
     with RawCursus(addr) as c:

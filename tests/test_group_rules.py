@@ -1,4 +1,4 @@
-"""Group rules live in the coordinator: results carry what codecs need."""
+"""Group rules live in the coordinator (``gateway.local.groups``): results carry what codecs need."""
 
 from __future__ import annotations
 
@@ -7,18 +7,24 @@ from test_adapter import Reactor
 
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
+from gateway.codecs.kafka.consumer_protocol import encode_subscription, subscribed_topics
 from gateway.codecs.v1 import plugin as v1_plugin
+from gateway.local.groups.classic import assign
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 
 
+def _broker(engine: Engine) -> Broker:
+    reactor = Reactor()
+    return Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor,
+                  BrokerConfig(fsync=FsyncPolicy("never")))
+
+
 @pytest.fixture
 def broker(tmp_path):
-    reactor = Reactor()
     engine = Engine(str(tmp_path))
     engine.create_topic("t", 2)
-    yield Broker(LocalStore(engine, reactor), {"v1": v1_plugin.batch_format}, reactor,
-                 BrokerConfig(fsync=FsyncPolicy("never")))
+    yield _broker(engine)
     engine.close()
 
 
@@ -69,3 +75,69 @@ def test_validate_only_checks_everything_and_stores_nothing(broker):
                                          validate_only=True))
     assert refused.error.code is m.ErrorCode.NOT_ASSIGNED
     assert [(t, p) for t, p, e in refused.errors if e is not None] == [("t", theirs)]
+
+
+@pytest.mark.parametrize("assignor, expected", [
+    ("round_robin", {"a": {"t": [0, 2, 4]}, "b": {"t": [1, 3]}}),
+    ("range", {"a": {"t": [0, 1, 2]}, "b": {"t": [3, 4]}}),
+])
+def test_assignors(assignor, expected):
+    assert assign(assignor, ["b", "a"], [("t", p) for p in range(5)]) == expected
+
+
+def test_an_offset_out_of_range_is_refused(broker):
+    assert broker.run(m.CommitOffsets("g", (("t", 0, 1 << 64, ""),))).error.code is m.ErrorCode.INVALID_REQUEST
+
+
+def test_the_kafka_codec_reads_the_topics_a_member_subscribes_to():
+    both = encode_subscription(["u", "t"])
+    assert subscribed_topics((("range", both), ("roundrobin", encode_subscription(["t", "u", "t"])))) == ("t", "u")
+    assert subscribed_topics((("range", both), ("roundrobin", b"\x00"))) is None  # unreadable
+    assert subscribed_topics((("range", both), ("roundrobin", encode_subscription(["t"])))) is None
+
+
+def kafka_join(broker: Broker, topics: tuple[str, ...], unreadable: bool = False) -> m.JoinGroupResult:
+    joined = broker.run(m.JoinGroup("g", "", topics, "consumer", protocols=(("range", b"metadata"),),
+                                    subscription_unreadable=unreadable))
+    results: list[m.JoinGroupResult] = []
+    joined.addCallback(results.append)  # the only member: the rebalance ends at once
+    return results[0]
+
+
+def deletable(broker: Broker) -> list[tuple[str, m.ErrorCode | None]]:
+    """Which of the group's offsets of t and u OffsetDelete forgets (``None``) or keeps."""
+    outcome = broker.run(m.DeleteOffsets("g", (("t", 0), ("u", 0))))
+    return [(t, e and e.code) for t, _, e in outcome.errors]
+
+
+def test_offset_delete_keeps_the_offsets_of_the_topics_the_members_read(broker):
+    broker.run(m.CommitOffsets("g", (("t", 0, 1, ""), ("u", 0, 1, ""))))
+    assert kafka_join(broker, ("t",)).error is None
+    assert deletable(broker) == [("t", m.ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC), ("u", None)]
+
+
+def test_a_member_whose_subscription_could_not_be_read_reads_every_topic(broker):
+    broker.run(m.CommitOffsets("g", (("t", 0, 1, ""), ("u", 0, 1, ""))))
+    assert kafka_join(broker, (), unreadable=True).error is None
+    assert deletable(broker) == [("t", m.ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC), ("u", m.ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)]
+
+
+def test_a_group_replays_as_saved_and_members_saved_without_their_topics_read_every_topic(tmp_path):
+    engine = Engine(str(tmp_path))
+    broker = _broker(engine)
+    broker.run(m.CommitOffsets("g", (("t", 0, 1, ""), ("u", 0, 1, ""))))
+    member = kafka_join(broker, ("t",)).member_id
+    saved = engine.group_states["g"]
+    assert [mem["tp"] for mem in saved["members"]] == [["t"]]
+    engine.close()
+    engine = Engine(str(tmp_path))
+    try:
+        broker = _broker(engine)
+        assert broker.run(m.DescribeGroups(("g",))).groups[0].members[0].member_id == member
+        assert deletable(broker) == [("t", m.ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC), ("u", None)]
+        engine.save_group({**saved, "members": [{k: v for k, v in mem.items() if k != "tp"}
+                                                for mem in saved["members"]]})  # as saved before topics were
+        assert deletable(_broker(engine)) == [("t", m.ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC),
+                                              ("u", m.ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)]
+    finally:
+        engine.close()

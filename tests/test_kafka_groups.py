@@ -1,4 +1,4 @@
-"""Kafka's consumer-group protocol: pure group state and the broker's Deferred barrier (in-memory clock)."""
+"""Kafka's consumer-group protocol: the classic groups' state and the Deferred barrier (in-memory clock)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,13 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 
 from gateway import model as m
-from gateway.local.rebalance import ConsumerRebalance
+from gateway.local.groups.classic import ClassicGroups
+from gateway.local.groups.offsets import Offsets
+from gateway.local.groups.rebalance import ConsumerRebalance
 from gateway.model import CommandError, ErrorCode
-from gateway.storage.groups import GroupCoordinator
+from gateway.storage.engine import Engine
 
 PROTOCOLS = (("range", b"meta-range"), ("roundrobin", b"meta-rr"))
-
-
-class Journal:
-    def __init__(self):
-        self.entries = []
-
-    def append(self, entry):
-        self.entries.append(entry)
 
 
 @pytest.fixture
@@ -27,8 +21,20 @@ def clock():
 
 
 @pytest.fixture
-def groups(clock):
-    return GroupCoordinator(Journal(), lambda topic: 4, lambda: int(clock.seconds() * 1000))
+def engine(tmp_path):
+    engine = Engine(str(tmp_path))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def groups(engine, clock):
+    return ClassicGroups(engine, lambda topic: 4, lambda: int(clock.seconds() * 1000))
+
+
+@pytest.fixture
+def offsets(engine, groups):
+    return Offsets(engine, groups)
 
 
 @pytest.fixture
@@ -116,13 +122,13 @@ def test_inconsistent_protocols_and_unknown_members(barrier):
     assert e.value.error.code is ErrorCode.UNKNOWN_MEMBER
 
 
-def test_commit_during_completing_rebalance_is_refused(barrier, groups):
+def test_commit_during_completing_rebalance_is_refused(barrier, offsets):
     a = result(join(barrier))
     with pytest.raises(CommandError) as e:
-        groups.commit("g", [("t", 0, 5, "")], a.member_id, 1)
+        offsets.commit("g", [("t", 0, 5, "")], a.member_id, 1)
     assert e.value.error.code is ErrorCode.REBALANCE_IN_PROGRESS
-    groups.commit("g", [("t", 0, 5, "")])  # generation-less commits always work
-    assert groups.committed("g", "t", 0) == (5, "")
+    offsets.commit("g", [("t", 0, 5, "")])  # generation-less commits always work
+    assert offsets.committed("g", "t", 0) == (5, "")
 
 
 def test_first_join_of_an_empty_group_waits_for_more_members(barrier, clock):

@@ -14,7 +14,7 @@ Cursus AUTH or inline credentials); V1 and TANK have no login, so there the prin
 ``User:ANONYMOUS`` for every role (the roles differ by their topics' ACLs). On ``mtls`` it is the
 client certificate's ``User:<CN>``. Topics and ACLs are made through Kafka's CreateTopics and
 CreateAcls (confluent-kafka's AdminClient) by the super user ``User:admin``; only topic ACLs are
-given (no group ACL: Cursus reads are checked in both CONSUME forms, the seed's positional one
+given (no group ACL: Cursus reads are checked in both CONSUME forms, the positional one
 without a group and the real clients' ``key=value`` one, whose group is ``default-group``).
 
 Also: records written by one principal in one protocol are read by another in another protocol,
@@ -216,8 +216,8 @@ class Cursus(RawCursus):
         return [msg.payload for msg in decode_batch(frame)[0]]
 
     def consume_both_forms(self, topic: str) -> tuple[list[str] | str, list[str] | str]:
-        """Partition 0 from offset 0 with the seed's positional CONSUME (no group) and with the real
-        clients' ``key=value`` CONSUME (group ``default-group`` when none is named, PROTOCOLS.md 2.9)."""
+        """Partition 0 from offset 0 with the positional CONSUME (no group) and with the real
+        clients' ``key=value`` CONSUME (group ``default-group`` when none is named, docs/protocols/cursus.md)."""
         return (self.consume(f"CONSUME {topic} 0 0"),
                 self.consume(f"CONSUME topic={topic} partition=0 offset=0 member=sec"))
 

@@ -8,7 +8,6 @@ import pytest
 
 from gateway.model import CommandError, ErrorCode, TopicConfig
 from gateway.storage.engine import Engine, EngineConfig
-from gateway.storage.groups import assign
 from gateway.storage.journal import Journal
 
 
@@ -124,11 +123,11 @@ def test_topic_names_and_partitions_are_validated(engine):
 def test_delete_topic_removes_data_and_offsets(engine, tmp_path):
     engine.create_topic("gone", 1)
     append(engine, "gone", 0, b"x")
-    engine.groups.commit("g", [("gone", 0, 1, "")])
+    engine.save_offset("g", "gone", 0, 1)
     directory = engine.partition("gone", 0).log.directory
     engine.delete_topic("gone")
     assert not os.path.exists(directory)
-    assert engine.groups.committed("g", "gone", 0) is None
+    assert ("gone", 0) not in engine.offsets["g"]
 
 
 def test_journal_survives_torn_tail_and_compacts(tmp_path):
@@ -150,11 +149,11 @@ def test_engine_compacts_offsets_journal_on_start(tmp_path):
     e = Engine(str(tmp_path))
     e.create_topic("t", 1)
     for i in range(5000):
-        e.groups.commit("g", [("t", 0, i, "")])
+        e.save_offset("g", "t", 0, i)
     e.close()
     before = os.path.getsize(tmp_path / "meta.journal")
     e = Engine(str(tmp_path))
-    assert e.groups.committed("g", "t", 0) == (4999, "")
+    assert e.offsets["g"][("t", 0)] == (4999, "")
     e.close()
     assert os.path.getsize(tmp_path / "meta.journal") < before / 100
 
@@ -164,14 +163,6 @@ def test_second_engine_on_same_dir_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match="in use"):
         Engine(str(tmp_path))
     e.close()
-
-
-@pytest.mark.parametrize("assignor, expected", [
-    ("round_robin", {"a": {"t": [0, 2, 4]}, "b": {"t": [1, 3]}}),
-    ("range", {"a": {"t": [0, 1, 2]}, "b": {"t": [3, 4]}}),
-])
-def test_assignors(assignor, expected):
-    assert assign(assignor, ["b", "a"], [("t", p) for p in range(5)]) == expected
 
 
 def test_replication_high_watermark_and_isr(tmp_path):
@@ -202,9 +193,6 @@ def test_limits_that_protect_the_process(engine):
     engine.create_topic("small", 1)
     with pytest.raises(CommandError):
         engine.add_partitions("small", 10_001)
-    with pytest.raises(CommandError) as e:
-        engine.groups.commit("g", [("small", 0, 1 << 64, "")])
-    assert e.value.error.code is ErrorCode.INVALID_REQUEST
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

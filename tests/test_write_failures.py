@@ -17,6 +17,7 @@ from test_adapter import Reactor
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codecs.v1 import plugin as v1_plugin
+from gateway.local.groups import GroupCoordinator
 from gateway.local.store import LocalStore
 from gateway.model import CommandError, ErrorCode
 from gateway.storage import fileio
@@ -167,11 +168,16 @@ def test_an_append_during_an_fsync_stays_dirty(engine):
 # --------------------------------------------------------------------------- metadata journal
 
 
+def _groups(engine: Engine) -> GroupCoordinator:
+    return GroupCoordinator(engine, engine.partition_count, engine.now_ms, Reactor())
+
+
 def test_metadata_is_applied_only_once_its_journal_record_is_written(restarts, faulty, caplog):
     engine = restarts.engine
+    groups = _groups(engine)
     engine.create_topic("kept", 1)
-    engine.groups.commit("g", [("kept", 0, 5, "")])
-    group, _ = engine.groups.join_server("sg", "m1", ("kept",), "range")
+    groups.offsets.commit("g", [("kept", 0, 5, "")])
+    group, _ = groups.classic.join_server("sg", "m1", ("kept",), "range")
     generation = group.generation
     pid = engine.allocate_producer_id()
     faulty.rules = {"write": rule(errno.ENOSPC, match="meta.journal")}
@@ -179,11 +185,11 @@ def test_metadata_is_applied_only_once_its_journal_record_is_written(restarts, f
         lambda: engine.create_topic("new", 1),
         lambda: engine.add_partitions("kept", 3),
         lambda: engine.delete_topic("kept"),
-        lambda: engine.groups.commit("g", [("kept", 0, 9, "")]),
-        lambda: engine.groups.join_server("sg", "m2", ("kept",), "range"),
-        lambda: engine.groups.join_server("other", "m1", ("kept",), "range"),
-        lambda: engine.groups.leave("sg", "m1", generation),
-        lambda: engine.groups.delete("g"),
+        lambda: groups.offsets.commit("g", [("kept", 0, 9, "")]),
+        lambda: groups.classic.join_server("sg", "m2", ("kept",), "range"),
+        lambda: groups.classic.join_server("other", "m1", ("kept",), "range"),
+        lambda: groups.classic.leave("sg", "m1", generation),
+        lambda: engine.delete_group("g"),
         lambda: engine.allocate_producer_id(),
         lambda: engine.set_producer_state("kept", 0, 7, {"e": 0}),
     ]
@@ -192,31 +198,32 @@ def test_metadata_is_applied_only_once_its_journal_record_is_written(restarts, f
             change()
         _storage_error(e)
 
-    def state(e: Engine):
-        g = e.groups.groups["sg"]
-        return (sorted(e.topics), len(e.topic("kept").partitions), e.groups.committed("g", "kept", 0),
-                sorted(e.groups.groups), g.generation, sorted(g.members), e.producer_state("kept", 0, 7),
+    def state(e: Engine, groups: GroupCoordinator):
+        g = groups.classic.groups["sg"]
+        return (sorted(e.topics), len(e.topic("kept").partitions), groups.offsets.committed("g", "kept", 0),
+                sorted(groups.classic.groups), g.generation, sorted(g.members), e.producer_state("kept", 0, 7),
                 e._next_producer_id)
 
     expected = (["kept"], 1, (5, ""), ["sg"], generation, ["m1"], None, pid + 1)
-    assert state(engine) == expected
+    assert state(engine, groups) == expected
     faulty.rules = {}
-    assert engine.groups.commit("g", [("kept", 0, 6, "")]) is None, "the journal takes writes again"
-    assert state(restarts.restart()) == expected[:2] + ((6, ""),) + expected[3:]
+    assert groups.offsets.commit("g", [("kept", 0, 6, "")]) is None, "the journal takes writes again"
+    restarted = restarts.restart()
+    assert state(restarted, _groups(restarted)) == expected[:2] + ((6, ""),) + expected[3:]
     assert "torn journal tail" not in caplog.text
 
 
 def test_a_failed_journal_fsync_fences_the_journal_but_not_the_data(engine, faulty, caplog):
     engine.create_topic("t", 1)
-    engine.groups.commit("g", [("t", 0, 1, "")])
+    engine.save_offset("g", "t", 0, 1)
     faulty.rules = {"fsync": rule(errno.EIO, match="meta.journal")}
     with pytest.raises(StorageFailure, match="metadata journal"):
         engine.sync()
     faulty.rules = {}
     with pytest.raises(CommandError) as e:
-        engine.groups.commit("g", [("t", 0, 2, "")])
+        engine.save_offset("g", "t", 0, 2)
     _storage_error(e)
-    assert engine.groups.committed("g", "t", 0) == (1, "")
+    assert engine.offsets["g"][("t", 0)] == (1, "")
     assert _append(engine, "t", 0, b"data still goes in") == 0
     engine.sync()
     assert [r.levelno for r in caplog.records if "refused until restart" in r.getMessage()] == [logging.ERROR]
@@ -271,7 +278,7 @@ def test_the_interval_fsync_loop_survives_failures_and_reports_each(engine, faul
         faulty.rules = {}
         assert caplog.text.count("interval fsync failed") == 3
         assert all(loop.running for loop in broker._loops)
-        engine.groups.commit("g", [("t", 0, 1, "")])
+        engine.save_offset("g", "t", 0, 1)
         reactor.advance(0.1)
         assert not engine.journal.dirty, "the loop still fsyncs"
     finally:
@@ -286,4 +293,4 @@ def test_a_kafka_style_join_the_journal_refuses_gets_a_storage_error(engine, fau
     reactor.advance(0)
     assert _fired(joined).error.code is ErrorCode.STORAGE_ERROR
     if fault == "write":
-        assert engine.groups.groups["g"].generation == 0, "the new generation was not kept"
+        assert broker.store.groups.classic.groups["g"].generation == 0, "the new generation was not kept"

@@ -1,4 +1,4 @@
-"""Cursus protocol codec (seed 001, PROTOCOLS.md section 2): what cursus-python and cursus-java speak."""
+"""Cursus protocol codec (docs/protocols/cursus.md): what cursus-python and cursus-java speak."""
 
 from gateway.codec import CodecPlugin, Option, choice, integer
 

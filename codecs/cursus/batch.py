@@ -1,6 +1,6 @@
 """The Cursus 0xBA7C binary batch and the ``cursus`` storage format.
 
-Layout (big-endian; PROTOCOLS.md section 2.7, as cursus-python, cursus-java
+Layout (big-endian; docs/protocols/cursus.md, as cursus-python, cursus-java
 and the broker's ``util/encode.go`` write it)::
 
     u16 0xBA7C | u16 topicLen | topic | i32 partition | u8 acksLen | acks
@@ -10,10 +10,10 @@ and the broker's ``util/encode.go`` write it)::
       | u32 len + payload | u16 len + eventType | u32 schemaVersion
       | u64 aggregateVersion | u16 len + metadata
 
-The seed document's header (``u16 len`` + decimal partition string, ``u16
+The header of cursus-java's protocol document (``u16 len`` + decimal partition string, ``u16
 len`` + acks) is accepted too and rewritten into the real layout: the two are
 told apart by the second byte after the topic (0 in the real layout for any
-partition below 65536, the low byte of a non-zero length in the seed's).
+partition below 65536, the low byte of a non-zero length in the document's).
 
 Storage keeps a produced batch as received (after decompression, in the real
 layout) with each record's offset field set to its log offset. Readers of
@@ -187,14 +187,14 @@ def parse_header(data: bytes) -> Header:
 
 
 def is_seed_layout(data: bytes) -> bool:
-    """True for the seed document's header (u16-length partition string)."""
+    """True for the header of cursus-java's protocol document (u16-length partition string)."""
     (topic_len,) = _U16.unpack_from(data, 2)
     pos = 4 + topic_len
     return len(data) > pos + 1 and data[pos + 1] != 0
 
 
 def normalize(data: bytes) -> bytes:
-    """Rewrite a seed-layout header into the real layout; raises ``BatchError``."""
+    """Rewrite a header of that document's layout into the real layout; raises ``BatchError``."""
     try:
         seed = SEED_HEADER.parse(data)
     except ConstructError:

@@ -1,4 +1,4 @@
-"""Cursus protocol, server side (sans-IO): PROTOCOLS.md section 2, seed 001.
+"""Cursus protocol, server side (sans-IO); the reference is docs/protocols/cursus.md.
 
 Frames are ``u32 BE length | body`` both ways; a length over the listener's
 frame limit is answered ``ERROR: frame_too_large ...`` and the connection
@@ -15,7 +15,7 @@ malformed_input reason=missing_topic_or_payload`` and a close. An envelope
 that does not decode gets ``ERROR: decode_failed reason=...``.
 
 Commands take the ``key=value`` form of the real clients and the positional
-form of the seed (told apart by the ``=`` of the first argument). Every
+form of cursus-java's protocol document (told apart by the ``=`` of the first argument). Every
 produced batch is answered with a JSON ack (``"status":"OK"`` also for
 acks=0, ``"status":"ERROR"`` with the reason on failure), which is what
 cursus-python needs. Commands that must look before they act (JOIN_GROUP
@@ -31,11 +31,11 @@ rejoin after GEN_MISMATCH) keeps its id and the current generation, so that
 rejoins do not rebalance the group over and over. Idempotence (the broker's
 ``cursus`` rules) applies to batches whose header sets ``isIdempotent`` and
 whose records name one producer with sequence numbers from 1, and to PUBLISH
-with ``isIdempotent=true seqNum=N``. A seed-form HEARTBEAT with a stale
-generation is answered ``ERROR: REBALANCE_REQUIRED ...`` (what the seed's
+with ``isIdempotent=true seqNum=N``. A positional HEARTBEAT with a stale
+generation is answered ``ERROR: REBALANCE_REQUIRED ...`` (what that document's
 clients wait for), the key=value form ``ERROR: GEN_MISMATCH ...``.
 
-Authentication (PROTOCOLS.md §2.5) checks the gateway's user store:
+Authentication (docs/protocols/cursus.md) checks the gateway's user store:
 ``AUTH principal=<p> token=<t>`` (answered ``OK principal=<p>``), or inline
 ``principal=<p> auth_token=<t>`` on any command; either makes ``User:<p>`` the
 connection's principal from that command on. ``principal=`` without
@@ -85,7 +85,7 @@ MAX_INT = (1 << 63) - 1  # offsets, sequence numbers and epochs are 64-bit on th
 MAX_PARTITION = (1 << 31) - 1
 MAX_PARTITIONS = 1000  # per topic: each partition holds files open
 
-# The broker's command table (pkg/protocol/commands.go) plus the seed's SUBSCRIBE and COMMIT.
+# The broker's command table (pkg/protocol/commands.go) plus the older SUBSCRIBE and COMMIT.
 KNOWN_COMMANDS = frozenset((
     "AUTH", "CREATE", "DELETE", "LIST", "LIST_CLUSTER", "CLUSTER_STATUS", "ELECT_LEADER", "PUBLISH",
     "CONSUME", "STREAM", "HELP", "HEARTBEAT", "JOIN_GROUP", "LEAVE_GROUP", "COMMIT_OFFSET", "BATCH_COMMIT",
@@ -106,7 +106,7 @@ _FEATURE = re.compile(r"[a-z0-9_]{1,64}")
 FEATURES = ("idempotent_producer_v1", "offset_resume_v1", "stream_control_v1")
 ERROR_CLASSES = "authorization,availability,conflict,fencing,internal,not_found,routing,validation"
 
-# Seed positional forms: command -> parameter names in order.
+# Positional forms (cursus-java's protocol document): command -> parameter names in order.
 POSITIONAL = {
     "CREATE": ("topic", "partitions"),
     "DELETE": ("topic",),
@@ -241,7 +241,7 @@ _OPEN_COMMANDS = frozenset({"AUTH", "HELP", "PROTOCOL_INFO", "NEGOTIATE"})  # se
 
 
 def _refusal(command: str, topic: str | None, error: m.Error) -> str:
-    """The Cursus broker's answer to a command its ACLs refuse (PROTOCOLS.md §2.5)."""
+    """The Cursus broker's answer to a command its ACLs refuse (docs/protocols/cursus.md, "Errors")."""
     if error.code is m.ErrorCode.TOPIC_AUTHORIZATION and command not in _ADMIN_COMMANDS:
         operation = "write" if command in _WRITE_COMMANDS else "read"
         return f"ERROR: NOT_AUTHORIZED_FOR_TOPIC topic={topic} operation={operation}"
@@ -361,7 +361,7 @@ class CursusConnection(CodecConnection):
         if handler is None:
             return Handled.answer(frame(f"ERROR: unknown_command command={q(args.raw)}"))
         principal = args.get("principal")
-        if principal is not None and args.name != "AUTH":  # inline credentials (PROTOCOLS.md §2.5)
+        if principal is not None and args.name != "AUTH":  # inline credentials
             token = args.get("auth_token")
             if not token:
                 return Handled.answer(frame(f"ERROR: authentication_required command={args.name}"))
@@ -740,7 +740,7 @@ class CursusConnection(CodecConnection):
             if r.error is None:
                 return frame(f"OK member={member} generation={gen}")
             if a.positional and r.error.code is m.ErrorCode.GENERATION_MISMATCH:
-                # the seed's clients wait for REBALANCE_REQUIRED
+                # clients of the positional form wait for REBALANCE_REQUIRED
                 return frame(f"ERROR: REBALANCE_REQUIRED current={r.generation} requested={gen} group={group} "
                              f"member={member}")
             return frame(_group_error(r.error, group, member, gen, r.generation))
@@ -798,7 +798,7 @@ class CursusConnection(CodecConnection):
         return self._commit_flow(topic, group, member, gen, {partition: offset}, "OK", validate_only)
 
     def _commit(self, a: Args) -> Handled:
-        """The seed's ``COMMIT <topic> <group> <partition> <offset>``: no membership check."""
+        """The positional ``COMMIT <topic> <group> <partition> <offset>``: no membership check."""
         topic = a.need("topic")
         group = a.need("group")
         partition = a.int("partition", "ERROR: invalid_partition") if a.need("partition") else 0

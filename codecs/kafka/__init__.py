@@ -1,4 +1,4 @@
-"""Apache Kafka wire protocol codec (seeds 002 and 004, PROTOCOLS.md section 4)."""
+"""Apache Kafka wire protocol codec (docs/protocols/kafka.md)."""
 
 from gateway.codec import CodecPlugin
 

@@ -8,8 +8,8 @@ or commands and a ``render(results)`` returning the framed response (``b""``
 for no response at all: Produce with acks=0). Bodies are dicts with Kafka's
 field names; fields left out take their defaults.
 
-``APIS`` lists the advertised APIs and version ranges: PROTOCOLS.md §4.2
-widened with the 0.8-era versions of seed 002 and with the flexible versions
+``APIS`` lists the advertised APIs and version ranges (docs/protocols/kafka.md): every
+version from 0 (Kafka 0.8 clients included), up to the flexible versions
 that need no topic IDs (Fetch <= 12, Metadata <= 12) and no fields the
 command model lacks (SyncGroup v5's protocol echo, ListGroups v4's states).
 """
@@ -25,7 +25,11 @@ import attrs
 from gateway import model as m
 from gateway import topic_configs
 from gateway.codec import Handled
-from gateway.codecs.kafka.consumer_protocol import encode_assignment, encode_subscription
+from gateway.codecs.kafka.consumer_protocol import (
+    encode_assignment,
+    encode_subscription,
+    subscribed_topics,
+)
 from gateway.model import ErrorCode
 
 from . import records, sasl
@@ -485,13 +489,15 @@ def find_coordinator(session: Session, version: int, req: Any, frame: Frame) -> 
 
 def join_group(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     rebalance = req.get("RebalanceTimeoutMs", -1)
-    cmd = m.JoinGroup(req.GroupId, req.MemberId, protocol_type="consumer",
+    protocols = tuple((p.Name, p.Metadata) for p in req.Protocols)
+    topics = subscribed_topics(protocols)
+    cmd = m.JoinGroup(req.GroupId, req.MemberId, topics or (), protocol_type="consumer",
                       session_timeout_ms=req.SessionTimeoutMs,
                       rebalance_timeout_ms=rebalance if rebalance > 0 else req.SessionTimeoutMs,
                       client_id=session.client_id, client_host=session.client_host,
-                      protocols=tuple((p.Name, p.Metadata) for p in req.Protocols),
-                      group_instance_id=req.get("GroupInstanceId"),
-                      extras={"initial_rebalance_delay_ms": session.initial_rebalance_delay_ms}, codec="kafka")
+                      protocols=protocols, group_instance_id=req.get("GroupInstanceId"),
+                      extras={"initial_rebalance_delay_ms": session.initial_rebalance_delay_ms}, codec="kafka",
+                      subscription_unreadable=topics is None)
 
     def render(results: Sequence[m.JoinGroupResult]) -> bytes:
         r = results[0]

@@ -9,7 +9,7 @@ Bad input: a frame over the size limit, a negative size, an unknown API key
 or a body that does not parse closes the connection (what Kafka does). A
 known API at a version outside the advertised range gets an
 UNSUPPORTED_VERSION answer; for ApiVersions that answer is the KIP-511 v0
-body listing only ApiVersions' own range (PROTOCOLS.md §4.3). SASL is
+body listing only ApiVersions' own range (docs/protocols/kafka.md). SASL is
 offered on every listener (against ``ListenerSettings.users``); when the
 listener requires authentication (``--require-auth kafka``) and the client
 has no principal from a TLS certificate, only ApiVersions, SaslHandshake and

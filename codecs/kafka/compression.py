@@ -85,7 +85,7 @@ def _rotl(x: int, r: int) -> int:
 
 
 def _xxh32_short(data: bytes) -> int:
-    """xxHash32 (seed 0) of fewer than 16 bytes: an LZ4 frame descriptor."""
+    """xxHash32, with a zero seed, of fewer than 16 bytes: an LZ4 frame descriptor."""
     h = (_P5 + len(data)) & _M32
     pos = 0
     while pos + 4 <= len(data):

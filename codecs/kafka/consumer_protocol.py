@@ -1,14 +1,16 @@
 """Kafka's ConsumerProtocol (version 0): the subscription and assignment bytes of a ``consumer`` group member.
 
-Kafka brokers carry these bytes without reading them; polygate reads and
-writes them where it shows a group that Kafka clients did not assign
-(V1 and Cursus members, a cluster's members described through a gateway)
-and where it joins a cluster's group for a Kafka client (cluster mode).
+Kafka brokers read only the topics of a subscription (OffsetDelete keeps the offsets of the
+topics a group reads); polygate reads them when the Kafka codec builds a JoinGroup, and reads
+and writes these bytes where it shows a group that Kafka clients did not assign (V1 and Cursus
+members, a cluster's members described through a gateway) and where it joins a cluster's
+group for a Kafka client (cluster mode).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 from gateway.model import CommandError, ErrorCode
 
@@ -44,6 +46,19 @@ def decode_subscription(metadata: bytes) -> tuple[str, ...]:
     except (struct.error, ValueError) as e:
         raise CommandError(ErrorCode.INVALID_REQUEST, f"not a consumer protocol subscription: {e}") from None
     return tuple(topics)
+
+
+def subscribed_topics(protocols: Iterable[tuple[str, bytes]]) -> tuple[str, ...] | None:
+    """The topics a JoinGroup's member subscribes to, read from the metadata of each protocol it
+    offers (Kafka's clients write the same subscription for each), sorted; ``None`` when one cannot
+    be read or they differ, a member Kafka counts as reading every topic."""
+    subscriptions = set()
+    for _, metadata in protocols:
+        try:
+            subscriptions.add(tuple(sorted(set(decode_subscription(metadata)))))
+        except CommandError:
+            return None
+    return subscriptions.pop() if len(subscriptions) == 1 else None
 
 
 def decode_assignment(data: bytes) -> dict[str, list[int]]:

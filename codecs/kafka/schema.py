@@ -12,7 +12,7 @@ The engine understands the fields' ``versions``, ``nullableVersions``,
 ``flexibleVersions`` (compact strings, bytes and arrays, tagged-field
 sections) and ``taggedVersions``. Only tagged fields whose value differs from
 the default are written, so a response normally carries an empty tagged
-section (``00``), which every librdkafka version parses (PROTOCOLS.md §4.3).
+section (``00``), which every librdkafka version parses (docs/protocols/kafka.md).
 Unknown tags are skipped when parsing.
 """
 

@@ -1,4 +1,4 @@
-"""TANK binary protocol codec (seed 003, PROTOCOLS.md section 3), compatible
+"""TANK binary protocol codec (docs/protocols/tank.md), compatible
 with the TANK 4.0 broker and ``tank-cli``.
 
 TANK sequence numbers are the engine's offsets plus one (TANK numbers each

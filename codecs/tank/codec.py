@@ -97,7 +97,7 @@ class MsgId(enum.IntEnum):
 class ProduceError(enum.IntEnum):
     OK = 0
     UNKNOWN_PARTITION = 1
-    IO_FAULT = 2  # also a malformed bundle (the seed's "invalid request")
+    IO_FAULT = 2  # also a malformed bundle (TANK's protocol document calls 2 "invalid request")
     ACKS_FAILED = 3
     INVALID_SEQ_NUMS = 10
     NO_LEADER = 0xFD

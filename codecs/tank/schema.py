@@ -1,7 +1,7 @@
 """TANK wire layouts as ``construct`` schemas, one per message and direction.
 
-Names and field order follow ``tank_protocol.md`` (seed 003) as corrected by
-the TANK 4.0 sources (PROTOCOLS.md section 3). Every integer is
+Names and field order follow TANK's ``tank_protocol.md`` as corrected by
+the TANK 4.0 sources (docs/protocols/tank.md). Every integer is
 little-endian; ``str8`` is a u8 length and the bytes; a varint is unsigned
 LEB128 (at most 5 bytes for the 32-bit values TANK writes).
 

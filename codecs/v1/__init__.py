@@ -1,4 +1,4 @@
-"""V1 pipe-delimited text protocol codec (seed 000, PROTOCOLS.md section 1)."""
+"""V1 pipe-delimited text protocol codec (docs/protocols/v1.md)."""
 
 from gateway.codec import CodecPlugin
 

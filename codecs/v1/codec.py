@@ -6,7 +6,7 @@ order: ``V1|<id>|OK[|<payload>]`` or ``V1|<id>|ERR|<CODE>|<message>``.
 Parse errors answer with correlation id 0 and keep the connection open, as
 does a line over the frame limit (the rest of that line is discarded).
 
-Two error codes are this gateway's additions to the seed's list, for its
+Two error codes are this gateway's additions to V1's error codes, for its
 security (README, "Security"): ``NOT_AUTHORIZED``, a command the ACLs refuse
 (the connection stays open), and ``AUTHENTICATION_REQUIRED``, the answer to
 the first request of a client without a certificate on a listener that
@@ -335,7 +335,7 @@ COMMANDS: dict[str, Command] = {
         Command("SET_PARTITION_ROLE", "SET_PARTITION_ROLE requires: <topic> <partition> <leader|follower>", 3, 3,
                 _set_role, _render_set_role),
         Command("PING", "PING takes no arguments", 0, 0, lambda a: (m.Ping(),), lambda a, r: ""),
-        # Additive administration commands (the seed's compatibility policy allows them).
+        # Additive administration commands (V1's compatibility policy allows new commands).
         Command("ADMIN_CREATE_TOPIC", "ADMIN_CREATE_TOPIC requires: <topic> [partitions] [replication_factor]",
                 1, 3, _create_topic, _render_create_topic),
         Command("ADMIN_DELETE_TOPIC", "ADMIN_DELETE_TOPIC requires: <topic>", 1, 1,

@@ -1,2 +1,2 @@
 """The local store: the embedded engine (``gateway.storage``) behind the ``Storage`` interface,
-with the reactor-side parts it needs (the Kafka rebalance barrier)."""
+with the group coordinator over it (``groups``, which needs the reactor for Kafka's rebalances)."""

@@ -1,11 +1,10 @@
 """``LocalStore``: the storage interface (``gateway.storage.interface``) on the local engine.
 
-It joins the synchronous engine, its group coordinator and Kafka's rebalance
-barrier (``gateway.local.rebalance``, which needs the reactor); every call answers
-at once except a consumer group's JoinGroup and a follower's SyncGroup,
-which return Deferreds. Group rules stay in the coordinator: this module
-only turns its answers and ``CommandError``s into results, adding the
-group's current generation.
+It joins the synchronous engine and the group coordinator (``gateway.local.groups``, which
+holds every group rule and needs the reactor for Kafka's rebalance barrier); every call
+answers at once except a consumer group's JoinGroup and a follower's SyncGroup, which
+return Deferreds. Group calls go to the coordinator as they are, but for the topic ids of
+Kafka's consumer protocol, which this module turns into topic names and back.
 """
 
 from __future__ import annotations
@@ -13,14 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import attrs
-
 from gateway import model as m
-from gateway.local.rebalance import ConsumerRebalance
-from gateway.model import CommandError, Error
-from gateway.storage.consumer_groups import HEARTBEAT_INTERVAL_MS, ConsumerGroups
+from gateway.local.groups import GroupCoordinator
+from gateway.local.groups.consumer import HEARTBEAT_INTERVAL_MS
+from gateway.model import CommandError
 from gateway.storage.engine import Engine
-from gateway.storage.groups import CommitRefused, Group
 from gateway.storage.interface import ReplicaStatus
 
 
@@ -29,11 +25,7 @@ class LocalStore:
 
     def __init__(self, engine: Engine, reactor: Any):
         self.engine = engine
-        self.groups = engine.groups
-        self.rebalance = ConsumerRebalance(engine.groups, reactor)
-        self.consumer_groups = ConsumerGroups(
-            engine.partition_count, engine.now_ms,
-            lambda name: name in self.groups.groups and bool(self.groups.groups[name].members))
+        self.groups = GroupCoordinator(engine, engine.partition_count, engine.now_ms, reactor)
         self.started_at = engine.started_at
 
     def now_ms(self) -> int:
@@ -154,58 +146,24 @@ class LocalStore:
 
     # ------------------------------------------------------------------ groups and commits
 
-    def _assignment(self, group: Group, member_id: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        owned = self.groups.assignment_of(group, member_id)
-        return tuple((t, tuple(ps)) for t, ps in sorted(owned.items()))
-
     def join_group(self, cmd: m.JoinGroup) -> Any:
-        try:
-            if cmd.group in self.consumer_groups.groups:
-                raise CommandError(m.ErrorCode.INVALID_REQUEST,
-                                   f"group {cmd.group} uses Kafka's consumer protocol (KIP-848)")
-            if cmd.protocol_type == "consumer":
-                return self.rebalance.join(cmd)
-            if cmd.protocol_type != "server":
-                raise CommandError(m.ErrorCode.UNSUPPORTED, f"membership protocol {cmd.protocol_type!r}")
-            group, member_id = self.groups.join_server(cmd.group, cmd.member_id, cmd.topics, cmd.assignor,
-                                                       cmd.session_timeout_ms, cmd.client_id, cmd.client_host,
-                                                       cmd.new_member_id, cmd.codec)
-        except CommandError as e:
-            return m.JoinGroupResult(cmd.group, generation=self.groups.generation(cmd.group), error=e.error)
-        return m.JoinGroupResult(cmd.group, member_id, group.generation, self._assignment(group, member_id))
+        return self.groups.join(cmd)
 
     def sync_group(self, cmd: m.SyncGroup) -> Any:
-        try:
-            if self.groups.protocol_type(cmd.group) == "consumer":
-                return self.rebalance.sync(cmd)
-            group = self.groups.sync_server(cmd.group, cmd.member_id, cmd.generation)
-        except CommandError as e:
-            return m.SyncGroupResult(cmd.group, self.groups.generation(cmd.group), error=e.error)
-        return m.SyncGroupResult(cmd.group, group.generation, self._assignment(group, cmd.member_id))
+        return self.groups.sync(cmd)
 
     def heartbeat(self, cmd: m.Heartbeat) -> m.HeartbeatResult:
-        try:
-            group = self.groups.heartbeat(cmd.group, cmd.member_id, cmd.generation)
-        except CommandError as e:
-            return m.HeartbeatResult(cmd.group, e.error, self.groups.generation(cmd.group))
-        return m.HeartbeatResult(cmd.group, generation=group.generation)
+        return self.groups.heartbeat(cmd)
 
     def leave_group(self, cmd: m.LeaveGroup) -> m.LeaveGroupResult:
-        try:
-            group = self.groups.leave(cmd.group, cmd.member_id, cmd.generation)
-        except CommandError as e:
-            return m.LeaveGroupResult(cmd.group, e.error, self.groups.generation(cmd.group))
-        self.rebalance.changed(cmd.group)
-        return m.LeaveGroupResult(cmd.group, generation=group.generation)
+        return self.groups.leave(cmd)
 
     def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> m.ConsumerGroupHeartbeatResult:
         engine = self.engine
         try:
             owned = None if cmd.owned is None else {
                 engine.topic_by_id(tid).name: set(ps) for tid, ps in cmd.owned if engine.topic_by_id(tid)}
-            beat = self.consumer_groups.heartbeat(
-                cmd.group, cmd.member_id, cmd.member_epoch, cmd.topics, owned,
-                lambda: self.groups.new_member_id(cmd.client_id or "consumer"), cmd.client_id, cmd.client_host)
+            beat = self.groups.consumer_heartbeat(cmd, owned)
         except CommandError as e:
             return m.ConsumerGroupHeartbeatResult(cmd.group, cmd.member_id, error=e.error)
         assignment = None if beat.assignment is None else tuple(
@@ -215,88 +173,25 @@ class LocalStore:
                                               assignment)
 
     def commit_offsets(self, cmd: m.CommitOffsets) -> m.CommitOffsetsResult:
-        epoch = self.consumer_groups.member_epoch(cmd.group, cmd.member_id)
-        if epoch is not None or cmd.group in self.consumer_groups.groups:  # a consumer-protocol group
-            if cmd.generation is not None and cmd.generation != epoch:
-                error = (m.Error(m.ErrorCode.UNKNOWN_MEMBER, f"member {cmd.member_id} is not in group {cmd.group}")
-                         if epoch is None else
-                         m.Error(m.ErrorCode.STALE_MEMBER_EPOCH if cmd.generation < epoch else
-                                 m.ErrorCode.FENCED_MEMBER_EPOCH, f"member epoch {cmd.generation}, the member's is {epoch}"))
-                return m.CommitOffsetsResult(cmd.group, tuple((t, p, error) for t, p, _, _ in cmd.offsets), error)
-            cmd = attrs.evolve(cmd, generation=None, member_id="")  # the epoch was the membership check
-        try:
-            self.groups.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation, cmd.require_assignment,
-                               cmd.no_regression, cmd.validate_only)
-        except CommitRefused as e:
-            return m.CommitOffsetsResult(cmd.group, ((e.topic, e.partition, e.error),), e.error,
-                                         self.groups.generation(cmd.group))
-        except CommandError as e:
-            return m.CommitOffsetsResult(cmd.group, error=e.error, generation=self.groups.generation(cmd.group))
-        return m.CommitOffsetsResult(cmd.group, tuple((t, p, None) for t, p, _, _ in cmd.offsets),
-                                     generation=self.groups.generation(cmd.group))
+        return self.groups.commit(cmd)
 
     def fetch_offsets(self, cmd: m.FetchOffsets) -> m.FetchOffsetsResult:
-        generation = self.groups.generation(cmd.group)
-        if cmd.partitions is None:
-            found = self.groups.committed_all(cmd.group)
-            return m.FetchOffsetsResult(cmd.group, tuple(
-                (t, p, o, meta) for (t, p), (o, meta) in sorted(found.items())), generation=generation)
-        out = []
-        for t, p in cmd.partitions:
-            c = self.groups.committed(cmd.group, t, p)
-            out.append((t, p, c[0], c[1]) if c else (t, p, -1, ""))
-        return m.FetchOffsetsResult(cmd.group, tuple(out), generation=generation)
+        return self.groups.fetch(cmd)
 
     def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
-        committed = self.groups.committed(group, topic, partition)
-        return committed[0] if committed is not None else None
+        return self.groups.committed_offset(group, topic, partition)
 
     def describe_groups(self, cmd: m.DescribeGroups) -> m.DescribeGroupsResult:
-        return m.DescribeGroupsResult(tuple(self._describe(name) for name in cmd.groups))
-
-    def _describe(self, name: str) -> m.GroupInfo:
-        group = self.groups.groups.get(name)
-        consumer = self.consumer_groups.groups.get(name)
-        if consumer is not None:  # Kafka's consumer protocol: the coordinator's assignment
-            return m.GroupInfo(name, "Stable", "consumer", "uniform", consumer.epoch, tuple(
-                m.GroupMemberInfo(mem.member_id, mem.client_id, mem.client_host, "consumer",
-                                  partitions=tuple((t, tuple(sorted(ps))) for t, ps in sorted(mem.assigned.items())),
-                                  codec="kafka")
-                for mem in consumer.members.values()))
-        if group is None:
-            return m.GroupInfo(name, "Dead")
-        members = tuple(
-            m.GroupMemberInfo(mem.member_id, mem.client_id, mem.client_host, group.protocol_type,
-                              dict(mem.protocols).get(group.protocol, b""), mem.assignment,
-                              self._assignment(group, mem.member_id), mem.codec)
-            for mem in group.members.values()
-        )
-        return m.GroupInfo(name, group.state, group.protocol_type, group.protocol or group.assignor,
-                           group.generation, members)
+        return self.groups.describe(cmd)
 
     def list_groups(self, cmd: m.ListGroups) -> m.ListGroupsResult:
-        classic = [(n, self.groups.protocol_type(n) or "") for n in self.groups.names()]
-        names = {n for n, _ in classic}
-        return m.ListGroupsResult(tuple(classic + [(n, "consumer") for n in self.consumer_groups.groups
-                                                   if n not in names]))
+        return self.groups.list(cmd)
 
     def delete_groups(self, cmd: m.DeleteGroups) -> m.DeleteGroupsResult:
-        errors = []
-        for name in cmd.groups:
-            try:
-                self.groups.delete(name)
-                errors.append((name, None))
-            except CommandError as e:
-                errors.append((name, e.error))
-        return m.DeleteGroupsResult(tuple(errors))
+        return self.groups.delete(cmd)
 
     def delete_offsets(self, cmd: m.DeleteOffsets) -> m.DeleteOffsetsResult:
-        try:
-            outcome = self.groups.delete_offsets(cmd.group, cmd.partitions)
-        except CommandError as e:
-            return m.DeleteOffsetsResult(cmd.group, error=e.error)
-        return m.DeleteOffsetsResult(cmd.group, tuple(
-            (t, p, None if code is None else Error(code, f"group {cmd.group} reads {t}")) for t, p, code in outcome))
+        return self.groups.delete_offsets(cmd)
 
     # ------------------------------------------------------------------ housekeeping and durability
 
@@ -343,9 +238,7 @@ class LocalStore:
         return None  # open as long as this store exists (the gateway closes it at shutdown)
 
     def housekeeping(self) -> None:
-        for name in self.groups.expire_all():
-            self.rebalance.changed(name)
-        self.consumer_groups.expire_all()
+        self.groups.expire()
         self.engine.refresh_watermarks()
         self.engine.compact_journal()
         self.engine.seal_idle_segments()

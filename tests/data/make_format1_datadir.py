@@ -62,7 +62,8 @@ def main(commit: str = "42b10ac") -> None:
         engine.create_topic("gone", 1)
         engine.append("gone", 0, "v1", v1_record("k", "deleted"), 1, TS)
         engine.journal.append({"t": "topic-del", "name": "gone"})  # and a crash before its folder went
-        engine.groups.commit("billing", [("orders", 0, 7, "meta"), ("orders", 2, 1, "")])
+        engine.save_offset("billing", "orders", 0, 7, "meta")
+        engine.save_offset("billing", "orders", 2, 1)
         engine.allocate_producer_id()
         engine.put_record("sec", "user:alice", encode_credentials(
             {"SCRAM-SHA-256": from_password("SCRAM-SHA-256", "alice-secret", 4096)}))

@@ -9,8 +9,8 @@ epoch too: it reaches the group's once it gave up the partitions its target no l
 new member only once the old one released it, so no partition is ever owned by two members.
 
 Members live in memory: after a restart a member's heartbeat gets ``UNKNOWN_MEMBER``, and it joins
-again (epoch 0) as Kafka's clients do after a coordinator moved. Committed offsets are the
-``GroupCoordinator``'s, journaled and shared with every other protocol.
+again (epoch 0) as Kafka's clients do after a coordinator moved. Committed offsets are those of
+``offsets``, saved and shared with every other protocol.
 """
 
 from __future__ import annotations

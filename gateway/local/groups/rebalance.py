@@ -8,8 +8,7 @@ the broker distributes: followers whose SyncGroup arrived first wait for it.
 A new rebalance answers waiting SyncGroups with REBALANCE_IN_PROGRESS. The
 first join of an empty group waits ``extras["initial_rebalance_delay_ms"]``
 (Kafka's ``group.initial.rebalance.delay.ms``) for more members before the
-join phase may end. The group state itself lives in
-``gateway.storage.groups`` (pure).
+join phase may end. The group state itself lives in ``classic`` (no Deferreds).
 """
 
 from __future__ import annotations
@@ -19,12 +18,12 @@ from typing import Any
 from twisted.internet import defer
 
 from gateway import model as m
+from gateway.local.groups.classic import ClassicGroups
 from gateway.model import CommandError, Error, ErrorCode
-from gateway.storage.groups import GroupCoordinator
 
 
 class ConsumerRebalance:
-    def __init__(self, groups: GroupCoordinator, reactor: Any):
+    def __init__(self, groups: ClassicGroups, reactor: Any):
         self.groups = groups
         self.reactor = reactor
         self.joins: dict[str, dict[str, defer.Deferred]] = {}
@@ -39,7 +38,7 @@ class ConsumerRebalance:
         group, member_id = self.groups.join_consumer(
             cmd.group, cmd.member_id, cmd.protocols, cmd.session_timeout_ms or 10_000,
             cmd.rebalance_timeout_ms or cmd.session_timeout_ms or 10_000, cmd.client_id, cmd.client_host,
-            cmd.group_instance_id, cmd.codec)
+            cmd.group_instance_id, cmd.codec, None if cmd.subscription_unreadable else cmd.topics)
         waiting = self.joins.setdefault(cmd.group, {})
         previous = waiting.pop(member_id, None)
         if previous is not None:

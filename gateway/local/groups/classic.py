@@ -1,21 +1,18 @@
-"""Consumer groups and committed offsets, shared by every protocol.
+"""Classic groups, shared by every protocol: membership, generations and assignments.
 
 A group is named once for all protocols. Its membership protocol is set by
 the first member: ``"server"`` groups (V1, Cursus) have partitions assigned
 by the broker with the group's assignor, and a JOIN is answered at once;
-``"consumer"`` groups (Kafka) follow Kafka's rebalance: the broker collects
-the members' joins, elects a leader that assigns, and hands each member its
-assignment in SyncGroup (that barrier lives in the broker, which can wait;
-this module only keeps state). Committed offsets are keyed by
-``(group, topic, partition)`` whatever protocol committed them: the offset
-is the next one to consume.
+``"consumer"`` groups (Kafka's JoinGroup) follow Kafka's rebalance: the broker
+collects the members' joins, elects a leader that assigns, and hands each member
+its assignment in SyncGroup (that barrier is ``rebalance``, which can wait; this
+module only keeps state).
 
-All state changes are written to the journal; ``replay`` rebuilds them. A
-change is kept in memory only once its journal record is written: when the
-journal refuses it (``CommandError(STORAGE_ERROR)``), the group is put back
-as it was and the error propagates.
+Every change of a group's saved state goes to its records (``state.GroupRecords``),
+which write it before keeping it. When they refuse it (``CommandError(STORAGE_ERROR)``),
+the group is put back as it was and the error propagates.
 Times are milliseconds from an injected clock; members whose session
-expired are removed on the next call for their group and by ``expire``.
+expired are removed on the next call for their group and by ``expire_all``.
 """
 
 from __future__ import annotations
@@ -24,75 +21,11 @@ import contextlib
 import copy
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 import attrs
 
-from gateway.codecs.kafka.consumer_protocol import decode_subscription
+from gateway.local.groups.state import DEFAULT_SESSION_TIMEOUT_MS, Group, GroupRecords, Member
 from gateway.model import CommandError, ErrorCode
-
-DEFAULT_SESSION_TIMEOUT_MS = 10_000
-
-
-@attrs.define
-class Member:
-    member_id: str
-    last_heartbeat_ms: int
-    session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
-    rebalance_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
-    client_id: str = ""
-    client_host: str = ""
-    protocols: tuple[tuple[str, bytes], ...] = ()
-    assignment: bytes = b""  # consumer groups: the leader's assignment blob
-    group_instance_id: str | None = None
-    codec: str = ""  # the wire protocol the member speaks (kafka, v1, cursus)
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "id": self.member_id, "st": self.session_timeout_ms, "rt": self.rebalance_timeout_ms,
-            "cid": self.client_id, "host": self.client_host,
-            "pr": [[n, m] for n, m in self.protocols], "as": self.assignment,
-            "gi": self.group_instance_id, "cd": self.codec,
-        }
-
-    @classmethod
-    def from_state(cls, s: dict[str, Any], now_ms: int) -> Member:
-        return cls(s["id"], now_ms, s["st"], s["rt"], s["cid"], s["host"],
-                   tuple((n, bytes(m)) for n, m in s["pr"]), bytes(s["as"]), s.get("gi"), s.get("cd", ""))
-
-
-@attrs.define
-class Group:
-    name: str
-    protocol_type: str
-    topics: tuple[str, ...] = ()
-    generation: int = 1
-    assignor: str = "round_robin"
-    protocol: str = ""  # consumer groups: the chosen assignment protocol
-    leader: str = ""
-    state: str = "Empty"  # Empty | PreparingRebalance | CompletingRebalance | Stable | Dead
-    members: dict[str, Member] = attrs.Factory(dict)
-    # server groups: member -> {topic: [partitions]}, computed at each generation
-    assignments: dict[str, dict[str, list[int]]] = attrs.Factory(dict)
-    # consumer groups: members that joined the rebalance in progress (not persisted)
-    joined: set[str] = attrs.Factory(set)
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "pt": self.protocol_type, "topics": list(self.topics),
-            "gen": self.generation, "assignor": self.assignor, "proto": self.protocol,
-            "leader": self.leader, "state": self.state,
-            "members": [m.to_state() for m in self.members.values()],
-            "assign": self.assignments,
-        }
-
-    @classmethod
-    def from_state(cls, s: dict[str, Any], now_ms: int) -> Group:
-        g = cls(s["name"], s["pt"], tuple(s["topics"]), s["gen"], s["assignor"], s["proto"],
-                s["leader"], s["state"])
-        g.members = {m["id"]: Member.from_state(m, now_ms) for m in s["members"]}
-        g.assignments = {m: {t: list(ps) for t, ps in a.items()} for m, a in s["assign"].items()}
-        return g
 
 
 def assign(assignor: str, members: list[str], partitions: list[tuple[str, int]]) -> dict[str, dict[str, list[int]]]:
@@ -123,65 +56,30 @@ def assign(assignor: str, members: list[str], partitions: list[tuple[str, int]])
     return out
 
 
-class CommitRefused(CommandError):
-    """A commit refused because of one partition (``topic``, ``partition``)."""
+class ClassicGroups:
+    """Classic group membership, over the groups saved in ``records``.
 
-    def __init__(self, code: ErrorCode, message: str, topic: str, partition: int):
-        super().__init__(code, message)
-        self.topic = topic
-        self.partition = partition
-
-
-class GroupCoordinator:
-    """Group membership and committed offsets.
-
-    ``journal`` has ``append(dict)``; ``partitions_of(topic)`` gives a
-    topic's partition count (0 if unknown); ``clock()`` gives ms.
+    ``partitions_of(topic)`` gives a topic's partition count (0 if unknown);
+    ``clock()`` gives ms.
     """
 
-    def __init__(self, journal: Any, partitions_of: Callable[[str], int], clock: Callable[[], int]):
-        self.journal = journal
+    def __init__(self, records: GroupRecords, partitions_of: Callable[[str], int], clock: Callable[[], int]):
+        self.records = records
         self.partitions_of = partitions_of
         self.clock = clock
-        self.groups: dict[str, Group] = {}
-        self.offsets: dict[str, dict[tuple[str, int], tuple[int, str]]] = {}
+        now = clock()
+        self.groups: dict[str, Group] = {name: Group.from_state(state, now)
+                                         for name, state in records.group_states.items()}
         self._member_seq = itertools.count(1)
 
     # ------------------------------------------------------------------ persistence
 
-    def apply(self, entry: dict[str, Any]) -> bool:
-        """Apply one journal entry during replay; False if not a group entry."""
-        kind = entry.get("t")
-        if kind == "group":
-            self.groups[entry["g"]["name"]] = Group.from_state(entry["g"], self.clock())
-        elif kind == "group-del":
-            self.groups.pop(entry["g"], None)
-            self.offsets.pop(entry["g"], None)
-        elif kind == "offset":
-            self.offsets.setdefault(entry["g"], {})[(entry["tp"], entry["p"])] = (entry["o"], entry.get("m", ""))
-        elif kind == "offset-del":
-            self.offsets.get(entry["g"], {}).pop((entry["tp"], entry["p"]), None)
-        else:
-            return False
-        return True
-
-    def snapshot(self) -> Iterable[dict[str, Any]]:
-        for g in self.groups.values():
-            yield {"t": "group", "g": g.to_state()}
-        for name, offs in self.offsets.items():
-            for (topic, p), (o, meta) in offs.items():
-                yield {"t": "offset", "g": name, "tp": topic, "p": p, "o": o, "m": meta}
-
-    @property
-    def live_entries(self) -> int:
-        return len(self.groups) + sum(len(o) for o in self.offsets.values())
-
     def _save(self, group: Group) -> None:
-        self.journal.append({"t": "group", "g": group.to_state()})
+        self.records.save_group(group.to_state())
 
     @contextlib.contextmanager
     def _changing(self, name: str) -> Iterator[None]:
-        """Put group ``name`` back as it was if the block's journal record cannot be written."""
+        """Put group ``name`` back as it was if the block's record cannot be saved."""
         before = copy.deepcopy(self.groups.get(name))
         try:
             yield
@@ -216,7 +114,7 @@ class GroupCoordinator:
     def expire_all(self) -> list[str]:
         """Remove expired members of every group; returns the groups that changed.
 
-        A group whose change the journal refuses keeps its members until it accepts it.
+        A group whose change its records refuse keeps its members until they accept it.
         """
         now = self.clock()
         changed = []
@@ -334,10 +232,6 @@ class GroupCoordinator:
         group = self.groups.get(name)
         return group.generation if group is not None else -1
 
-    def names(self) -> list[str]:
-        """Groups with members or with committed offsets, sorted."""
-        return sorted(set(self.groups) | set(self.offsets))
-
     def heartbeat(self, name: str, member_id: str, generation: int) -> Group:
         """Keep a member alive; a consumer group in rebalance answers REBALANCE_IN_PROGRESS."""
         group = self.check_member(name, member_id, generation)
@@ -358,9 +252,10 @@ class GroupCoordinator:
     def join_consumer(self, name: str, member_id: str, protocols: tuple[tuple[str, bytes], ...],
                       session_timeout_ms: int, rebalance_timeout_ms: int, client_id: str = "",
                       client_host: str = "", group_instance_id: str | None = None,
-                      codec: str = "") -> tuple[Group, str]:
+                      codec: str = "", topics: tuple[str, ...] | None = None) -> tuple[Group, str]:
         """Kafka JoinGroup: add or refresh the member and put the group in (or keep it
-        in) PreparingRebalance, with this member counted as rejoined.
+        in) PreparingRebalance, with this member counted as rejoined. ``topics``: those of
+        the member's subscription (``None``: unreadable).
 
         Returns the group and the member id (a new one when ``member_id`` is
         empty). Raises UNKNOWN_MEMBER for an id the group does not know and
@@ -383,7 +278,7 @@ class GroupCoordinator:
             raise CommandError(ErrorCode.INVALID_REQUEST, "inconsistent group protocol")
         member_id = member_id or self.new_member_id(client_id or "consumer")
         group.members[member_id] = Member(member_id, now, session_timeout_ms, rebalance_timeout_ms, client_id,
-                                          client_host, protocols, b"", group_instance_id, codec)
+                                          client_host, protocols, b"", group_instance_id, codec, topics)
         if group.state != "PreparingRebalance":
             group.state = "PreparingRebalance"
             group.joined = set()
@@ -443,99 +338,3 @@ class GroupCoordinator:
 
     def assignment_of(self, group: Group, member_id: str) -> dict[str, list[int]]:
         return group.assignments.get(member_id, {})
-
-    # ------------------------------------------------------------------ offsets
-
-    def commit(self, name: str, offsets: Iterable[tuple[str, int, int, str]], member_id: str = "",
-               generation: int | None = None, require_assignment: bool = False, no_regression: bool = False,
-               validate_only: bool = False) -> None:
-        """Store committed offsets, after the checks asked for: membership (with
-        ``generation``), ``require_assignment`` (``NOT_ASSIGNED``), ``no_regression``
-        (``OFFSET_REGRESSION`` below the offset committed); ``validate_only``
-        stores nothing. A check refused for one partition raises ``CommitRefused``."""
-        offsets = list(offsets)
-        for topic, partition, offset, _ in offsets:
-            if not -1 <= offset < 1 << 63 or not 0 <= partition < 1 << 31:
-                raise CommandError(ErrorCode.INVALID_REQUEST, f"offset {offset} out of range for {topic}/{partition}")
-        if generation is not None:
-            group = self.check_member(name, member_id, generation)
-            group.members[member_id].last_heartbeat_ms = self.clock()
-            if group.protocol_type == "consumer" and group.state == "CompletingRebalance":
-                raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress")
-            if require_assignment:
-                owned = self.assignment_of(group, member_id)
-                for topic, partition, _, _ in offsets:
-                    if partition not in owned.get(topic, ()):
-                        raise CommitRefused(ErrorCode.NOT_ASSIGNED, "partition not assigned to member", topic,
-                                            partition)
-        if no_regression:
-            for topic, partition, offset, _ in offsets:
-                current = self.committed(name, topic, partition)
-                if current is not None and current[0] > offset:
-                    raise CommitRefused(ErrorCode.OFFSET_REGRESSION,
-                                        f"offset regression group={name} topic={topic} partition={partition} "
-                                        f"current={current[0]} got={offset}", topic, partition)
-        if validate_only:
-            return
-        for topic, partition, offset, meta in offsets:
-            self.journal.append({"t": "offset", "g": name, "tp": topic, "p": partition, "o": offset, "m": meta})
-            self.offsets.setdefault(name, {})[(topic, partition)] = (offset, meta)
-
-    def committed(self, name: str, topic: str, partition: int) -> tuple[int, str] | None:
-        return self.offsets.get(name, {}).get((topic, partition))
-
-    def committed_all(self, name: str) -> dict[tuple[str, int], tuple[int, str]]:
-        return dict(self.offsets.get(name, {}))
-
-    def delete(self, name: str) -> None:
-        group = self.groups.get(name)
-        if group is None and name not in self.offsets:
-            raise CommandError(ErrorCode.GROUP_NOT_FOUND, "group not found")
-        if group is not None and group.members:
-            raise CommandError(ErrorCode.INVALID_REQUEST, "group is not empty")
-        self.journal.append({"t": "group-del", "g": name})
-        self.groups.pop(name, None)
-        self.offsets.pop(name, None)
-
-    def subscribed_topics(self, name: str) -> set[str] | None:
-        """The topics the members of group ``name`` read (``None``: any, when a Kafka member's
-        subscription cannot be read); empty for a group without members."""
-        group = self.groups.get(name)
-        if group is None or not group.members:
-            return set()
-        if group.protocol_type != "consumer":
-            return set(group.topics)
-        topics: set[str] = set()
-        for member in group.members.values():
-            try:
-                topics.update(decode_subscription(dict(member.protocols).get(group.protocol, b"")))
-            except CommandError:
-                return None
-        return topics
-
-    def delete_offsets(self, name: str,
-                       partitions: Iterable[tuple[str, int]]) -> list[tuple[str, int, ErrorCode | None]]:
-        """Forget committed offsets, Kafka's OffsetDelete: a partition of a topic the group's members
-        read keeps its offset (``GROUP_SUBSCRIBED_TO_TOPIC``). Raises GROUP_NOT_FOUND for a group
-        with neither members nor commits."""
-        if name not in self.groups and name not in self.offsets:
-            raise CommandError(ErrorCode.GROUP_NOT_FOUND, "group not found")
-        subscribed = self.subscribed_topics(name)
-        offsets = self.offsets.get(name, {})
-        outcome: list[tuple[str, int, ErrorCode | None]] = []
-        for topic, partition in partitions:
-            if subscribed is None or topic in subscribed:
-                outcome.append((topic, partition, ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC))
-                continue
-            if (topic, partition) in offsets:
-                self.journal.append({"t": "offset-del", "g": name, "tp": topic, "p": partition})
-                del offsets[(topic, partition)]
-            outcome.append((topic, partition, None))
-        return outcome
-
-    def forget_topic(self, topic: str) -> None:
-        """Drop the committed offsets of a deleted topic."""
-        for name, offs in self.offsets.items():
-            for key in [k for k in offs if k[0] == topic]:
-                self.journal.append({"t": "offset-del", "g": name, "tp": topic, "p": key[1]})
-                del offs[key]
