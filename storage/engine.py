@@ -409,8 +409,8 @@ class Engine:
             if p.epoch_key in self.records["lep"]:
                 self.put_record("lep", p.epoch_key, None)
         for group, offsets in self.offsets.items():  # a topic's committed offsets go with it
-            for topic, partition in [key for key in offsets if key[0] == name]:
-                self.delete_offset(group, topic, partition)
+            for _, partition in [key for key in offsets if key[0] == name]:
+                self.delete_offset(group, name, partition)
 
     def topic(self, name: str) -> Topic:
         try:

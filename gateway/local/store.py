@@ -162,7 +162,7 @@ class LocalStore:
         engine = self.engine
         try:
             owned = None if cmd.owned is None else {
-                engine.topic_by_id(tid).name: set(ps) for tid, ps in cmd.owned if engine.topic_by_id(tid)}
+                topic.name: set(ps) for tid, ps in cmd.owned if (topic := engine.topic_by_id(tid)) is not None}
             beat = self.groups.consumer_heartbeat(cmd, owned)
         except CommandError as e:
             return m.ConsumerGroupHeartbeatResult(cmd.group, cmd.member_id, error=e.error)

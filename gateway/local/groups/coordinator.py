@@ -178,7 +178,7 @@ class GroupCoordinator:
                                                    if n not in names]))
 
     def delete(self, cmd: m.DeleteGroups) -> m.DeleteGroupsResult:
-        errors = []
+        errors: list[tuple[str, Error | None]] = []
         for name in cmd.groups:
             try:
                 self._delete(name)

@@ -44,7 +44,7 @@ class ConsumerRebalance:
         if previous is not None:
             _fire(previous, m.JoinGroupResult(cmd.group, member_id, error=Error(
                 ErrorCode.REBALANCE_IN_PROGRESS, "superseded by a newer JoinGroup")))
-        d: defer.Deferred = defer.Deferred(lambda _: waiting.pop(member_id, None))
+        d: defer.Deferred = defer.Deferred(lambda _: _forget(waiting, member_id))
         waiting[member_id] = d
         timer = self.timers.get(cmd.group)
         if timer is None or not timer.active():
@@ -61,7 +61,7 @@ class ConsumerRebalance:
         assignment = self.groups.sync_consumer(cmd.group, cmd.member_id, cmd.generation, cmd.assignments)
         if assignment is None:
             waiting = self.syncs.setdefault(cmd.group, {})
-            d: defer.Deferred = defer.Deferred(lambda _: waiting.pop(cmd.member_id, None))
+            d: defer.Deferred = defer.Deferred(lambda _: _forget(waiting, cmd.member_id))
             waiting[cmd.member_id] = d
             return d
         group = self.groups.get(cmd.group)
@@ -113,3 +113,8 @@ class ConsumerRebalance:
 def _fire(d: defer.Deferred, result: Any) -> None:
     if not d.called:
         d.callback(result)
+
+
+def _forget(waiting: dict[str, defer.Deferred], member_id: str) -> None:
+    """A cancelled wait: the member no longer waits."""
+    waiting.pop(member_id, None)
