@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import resource
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from typing import Any
 
 import attrs
 from twisted.internet import defer
@@ -65,7 +66,7 @@ class Gateway:
     ``admin`` is the ``(host, port)`` of the HTTP admin listener (``gateway.admin``:
     metrics and health checks), ``None`` for none."""
 
-    def __init__(self, reactor, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
+    def __init__(self, reactor: Any, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
                  limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None,
                  tls: TlsConfig | None = None, users: UserStore | None = None, acls: Acls | None = None,
@@ -196,7 +197,7 @@ class Gateway:
         return defer.maybeDeferred(self.admin.stop) if self.admin is not None else defer.succeed(None)
 
     @defer.inlineCallbacks
-    def stop(self):
+    def stop(self) -> Generator[defer.Deferred, object, None]:
         """Stop listening, drop connections, flush and close storage."""
         self.stopping = True
         yield defer.DeferredList([defer.maybeDeferred(p.stopListening) for p in self.ports] + [self._stop_admin()])

@@ -19,7 +19,7 @@ bindings. Answers are cached until the bindings change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from gateway.model import (
     AclBinding,
@@ -97,7 +97,7 @@ class Acls:
     def __len__(self) -> int:
         return len(self._bindings)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[AclBinding]:
         return iter(list(self._bindings))
 
     def _index(self) -> None:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -64,6 +66,9 @@ from .options import (
     parse,
 )
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 TRANSPORTS = {"kafka": kafka, "tank": tank}  # the options module's PROTOCOLS
 
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -72,12 +77,12 @@ SCHEMA = ("key binary, value binary, topic string, partition int, offset long, t
 __all__ = ["SCHEMA", "PolygateDataSource", "register"]
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """Make ``format("polygate")`` available in ``spark`` (a SparkSession)."""
     spark.dataSource.register(PolygateDataSource)
 
 
-def local_session(app_name: str = "polygate"):
+def local_session(app_name: str = "polygate") -> SparkSession:
     """A small ``local[2]`` SparkSession on loopback with ``polygate`` registered.
 
     What the tests, the example and the benchmark run on: workers use this
@@ -174,7 +179,7 @@ class _Reading:
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     @property
-    def transport(self):
+    def transport(self) -> ModuleType:
         return TRANSPORTS[self.options.protocol]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -232,12 +232,13 @@ def produce(bootstrap: str, extra: Mapping[str, str], topic: str | None,
     written: dict[TopicPartition, int] = {}
     errors: list[str] = []
 
-    def delivered(err, msg):
+    def delivered(err: ck.KafkaError | None, msg: ck.Message) -> None:
         if err is not None:
             errors.append(f"{msg.topic()}/{msg.partition()}: {err}")
         else:
-            key = (msg.topic(), msg.partition())
-            written[key] = written.get(key, 0) + 1
+            delivered_to, partition = msg.topic(), msg.partition()
+            assert delivered_to is not None and partition is not None  # a delivered message has both
+            written[(delivered_to, partition)] = written.get((delivered_to, partition), 0) + 1
 
     for name, rows_of_topic in (pair for batch in batches for pair in encode.by_topic(batch, topic)):
         columns = encode.Columns.of(rows_of_topic)
