@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import progress, write_result  # noqa: E402
 
-from gateway.codecs.cursus import batch as cursus  # noqa: E402
+from gateway.codecs.cursus import format as cursus  # noqa: E402
 from gateway.codecs.kafka import compression, records  # noqa: E402
 from gateway.codecs.tank import bundle  # noqa: E402
 from gateway.codecs.v1 import batch as v1  # noqa: E402

@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-try:
-    from gateway import _speedups
-except ImportError:  # built without a C compiler: attrs' own __init__
-    _speedups = None
+from gateway._extensions import load
+
+_speedups = load("gateway._speedups")  # None: attrs' own __init__
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 

@@ -7,10 +7,9 @@ The hashes run in C where ``gateway._speedups`` is built (the same values).
 
 from __future__ import annotations
 
-try:
-    from gateway import _speedups
-except ImportError:  # built without a C compiler: the Python hashes below
-    _speedups = None
+from gateway._extensions import load
+
+_speedups = load("gateway._speedups")  # None: the Python hashes below
 
 
 def _fnv1a_32(data: bytes) -> int:

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from gateway.codec import compression as shared
 from gateway.codec.formats import Validated
 from gateway.codecs import kafka, tank
-from gateway.codecs.cursus import batch as cursus_batch
 from gateway.codecs.cursus import compression as cursus_compression
+from gateway.codecs.cursus import format as cursus_format
 from gateway.codecs.kafka import compression, records
 from gateway.codecs.tank import bundle
 from gateway.codecs.v1 import batch as v1
@@ -31,7 +31,7 @@ from gateway.convert import convert
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
 MIB = 1 << 20
-KAFKA, TANK, CURSUS, V1 = records.FORMAT, bundle.FORMAT, cursus_batch.FORMAT, v1.FORMAT
+KAFKA, TANK, CURSUS, V1 = records.FORMAT, bundle.FORMAT, cursus_format.FORMAT, v1.FORMAT
 CODECS = [compression.NONE, compression.GZIP, compression.SNAPPY, compression.LZ4, compression.ZSTD]
 RECORDS = st.lists(st.builds(Record, st.binary(max_size=200), st.none() | st.binary(max_size=20),
                              st.integers(0, 2**41)), min_size=1, max_size=30)
@@ -341,20 +341,20 @@ def test_a_stored_lie_meets_a_conversion_as_corrupt_message():
 def test_cursus_a_batch_must_hold_exactly_its_records():
     payload = CURSUS.encode(records_of(3), 0)
     assert CURSUS.validate(payload) == Validated(3, 3)
-    extra = CURSUS.encode(records_of(1), 0)[len(cursus_batch.encode_header("", 0, "1", False, 0, 0, 1)) :]
+    extra = CURSUS.encode(records_of(1), 0)[len(cursus_format.encode_header("", 0, "1", False, 0, 0, 1)) :]
     assert "bytes after" in refused(CURSUS.validate, payload + extra)  # a fourth record, never counted
     refused(CURSUS.validate, payload[:-1])
-    refused(CURSUS.validate, cursus_batch.encode_header("", 0, "1", False, 0, 0, 0))
+    refused(CURSUS.validate, cursus_format.encode_header("", 0, "1", False, 0, 0, 0))
     refused(CURSUS.validate, b"\xba\x7c")
 
 
 def test_cursus_a_payload_the_codec_walked_is_validated_alike():
     payload = CURSUS.encode(records_of(3), 0)
-    header = cursus_batch.parse_header(payload)
-    CURSUS.remember(payload, cursus_batch.walk(payload, header.size, header.count))
+    header = cursus_format.parse_header(payload)
+    CURSUS.remember(payload, cursus_format.walk(payload, header.size, header.count))
     assert CURSUS.validate(payload) == Validated(3, 3)
     trailing = payload + b"\0"
-    CURSUS.remember(trailing, cursus_batch.walk(trailing, header.size, header.count))
+    CURSUS.remember(trailing, cursus_format.walk(trailing, header.size, header.count))
     refused(CURSUS.validate, trailing)
 
 

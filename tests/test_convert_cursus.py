@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import model as m
-from gateway.codecs.cursus import batch
+from gateway.codecs.cursus import format as cursus_format
 
-speedups = batch._speedups
+speedups = cursus_format._speedups
 needs_c = pytest.mark.skipif(speedups is None, reason="the C loop was not built (no compiler): the Python one runs")
 
 U64 = st.integers(0, 2**64 - 1)
@@ -21,15 +21,15 @@ RECORDS = st.lists(st.tuples(U64, st.binary(max_size=12), st.binary(max_size=20)
 
 
 def _payload(items) -> tuple[bytes, int]:
-    head = batch.encode_header("t", 0, "1", False, 0, 0, len(items))
-    body = b"".join(batch.encode_record(i, seq, pid, key, epoch, value, event, schema, aggregate, meta)
+    head = cursus_format.encode_header("t", 0, "1", False, 0, 0, len(items))
+    body = b"".join(cursus_format.encode_record(i, seq, pid, key, epoch, value, event, schema, aggregate, meta)
                     for i, (seq, pid, key, epoch, value, event, schema, aggregate, meta) in enumerate(items))
     return head + body, len(head)
 
 
 def _read(read, data, pos, count):
     cols = ([], [], [], [])
-    end, any_headers = read(data, pos, count, *cols, batch._NAMES)
+    end, any_headers = read(data, pos, count, *cols, cursus_format._NAMES)
     return end, any_headers, cols
 
 
@@ -39,7 +39,7 @@ def _read(read, data, pos, count):
 def test_c_and_python_read_alike(items):
     data, pos = _payload(items)
     c = _read(speedups.read_records, data, pos, len(items))
-    assert c == _read(batch._read_records, data, pos, len(items))
+    assert c == _read(cursus_format._read_records, data, pos, len(items))
     assert c[0] == len(data)
 
 
@@ -59,8 +59,8 @@ def test_c_read_of_damaged_or_cut_batches(items, data):
     except ValueError:
         c = None
     try:
-        p = _read(batch._read_records, cut, pos, count)
-    except (ValueError, batch.struct.error):
+        p = _read(cursus_format._read_records, cut, pos, count)
+    except (ValueError, cursus_format.struct.error):
         p = None
     assert c == p
 
@@ -77,7 +77,7 @@ def test_columns_of_stored_batches():
     items = [(7, b"p-1", b"k", 3, b"v1", b"Created", 2, 9, b"m"), (8, b"p-1", b"", 3, b"v2", b"", 0, 0, b"")]
     data, _ = _payload(items)
     stored = [m.StoredBatch("cursus", 10, 11, 1234, data), m.StoredBatch("cursus", 12, 13, 1300, data)]
-    cols = batch.FORMAT.columns(stored)
+    cols = cursus_format.FORMAT.columns(stored)
     assert cols.offsets == [10, 11, 12, 13]
     assert cols.timestamps == [1234, 1234, 1300, 1300]
     assert cols.keys == [b"k", None] * 2
@@ -85,8 +85,8 @@ def test_columns_of_stored_batches():
                                ("cursus.aggregate_version", b"9"), ("cursus.metadata", b"m"))
     assert cols.headers[1] == ()
     assert cols.extras[1] == {"cursus.producer_id": "p-1", "cursus.epoch": 3, "cursus.seq_num": 8}
-    with pytest.raises(batch.BatchError, match="runs past"):
-        batch.FORMAT.columns([m.StoredBatch("cursus", 0, 1, 0, data[:-3])])
+    with pytest.raises(cursus_format.BatchError, match="runs past"):
+        cursus_format.FORMAT.columns([m.StoredBatch("cursus", 0, 1, 0, data[:-3])])
 
 
 PLAIN = st.lists(st.tuples(U64, st.binary(max_size=40), st.binary(max_size=300)), max_size=30)
@@ -98,9 +98,9 @@ PLAIN = st.lists(st.tuples(U64, st.binary(max_size=40), st.binary(max_size=300))
 def test_c_and_python_write_plain_records_alike(items):
     offsets, keys, values = ([list(c) for c in zip(*items)] if items else ([], [], []))
     c = speedups.encode_plain_records(offsets, keys, values)
-    assert c == batch._encode_plain_records(offsets, keys, values)
-    head = batch.encode_header("", 0, "1", False, 0, 0, len(items))
-    cols = batch.FORMAT.columns([m.StoredBatch("cursus", 0, max(len(items) - 1, 0), 5, head + c)])
+    assert c == cursus_format._encode_plain_records(offsets, keys, values)
+    head = cursus_format.encode_header("", 0, "1", False, 0, 0, len(items))
+    cols = cursus_format.FORMAT.columns([m.StoredBatch("cursus", 0, max(len(items) - 1, 0), 5, head + c)])
     assert cols.values == values
     assert cols.keys == [k or None for k in keys]
     assert cols.headers is None or not any(cols.headers)
@@ -114,4 +114,4 @@ def test_what_the_c_plain_loop_does_not_take_goes_to_the_python_loop():
         speedups.encode_plain_records([-1], [b""], [b"v"])
     with pytest.raises(OverflowError):
         speedups.encode_plain_records([1], [b"k" * 65536], [b"v"])
-    assert batch._plain_records([1], [bytearray(b"k")], [b"v"]) == batch._encode_plain_records([1], [b"k"], [b"v"])
+    assert cursus_format._plain_records([1], [bytearray(b"k")], [b"v"]) == cursus_format._encode_plain_records([1], [b"k"], [b"v"])

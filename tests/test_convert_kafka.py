@@ -171,7 +171,7 @@ def test_a_stored_batch_that_does_not_parse_is_corrupt_message():
 
 
 def test_a_cursus_producer_id_that_is_not_utf8_keeps_its_bytes():
-    from gateway.codecs.cursus import batch as cursus
+    from gateway.codecs.cursus import format as cursus
     from gateway.convert import convert
     from gateway.registry import Registry
 

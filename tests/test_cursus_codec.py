@@ -20,7 +20,7 @@ from twisted.internet import task
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import Close, ListenerSettings, Reply, Request, Subscribe
-from gateway.codecs.cursus import batch as cb
+from gateway.codecs.cursus import format as cb
 from gateway.codecs.cursus.codec import CursusConnection
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine

@@ -2,9 +2,9 @@
 
 from gateway.codec import CodecPlugin, Option, choice, integer
 
-from .batch import FORMAT
 from .codec import STREAM_KEEPALIVE_MS, CursusConnection
 from .compression import DECOMPRESSORS
+from .format import FORMAT
 
 DEFAULT_PORT = 9000
 MAX_FRAME = 64 * 1024 * 1024

@@ -1,4 +1,4 @@
-/* The Cursus record loop of conversions in C (optional; batch.py has the same in Python).
+/* The Cursus record loop of conversions in C (optional; format.py has the same in Python).
  *
  * read_records(data, pos, count, keys, values, headers, extras, names) -> (end, any_headers)
  *     appends the fields of ``count`` records of data[pos:] to the lists, as

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gateway.clients import open_socket
-from gateway.codecs.cursus import batch
+from gateway.codecs.cursus import format as cursus_format
 
 U32 = struct.Struct(">I")
 
@@ -95,9 +95,9 @@ class CursusClient:
         answer = self.request(f"CONSUME topic={topic} partition={partition} offset={offset} member=gateway-cli")
         if answer.startswith(b"ERROR"):
             raise CursusError(answer.decode("utf-8", "surrogateescape"))
-        header = batch.parse_header(answer)
-        starts = batch.walk(answer, header.size, header.count)
-        return [(r.offset, r.payload) for r in (batch.decode_record(answer, s) for s in starts[:-1])]
+        header = cursus_format.parse_header(answer)
+        starts = cursus_format.walk(answer, header.size, header.count)
+        return [(r.offset, r.payload) for r in (cursus_format.decode_record(answer, s) for s in starts[:-1])]
 
     def consume_all(self, topic: str, partition: int, offset: int = 0) -> Iterator[tuple[int, str]]:
         while records := self.consume(topic, partition, offset):

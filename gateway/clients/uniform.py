@@ -793,13 +793,13 @@ class CursusSession(Session):
         import json
 
         from gateway.clients.cursus import U32
-        from gateway.codecs.cursus import batch
+        from gateway.codecs.cursus import format as cursus_format
 
         if key is not None and len(key) > 0xFFFF:
             raise Unsupported("a Cursus key is at most 65535 bytes")
         if partition is None:  # as cursus-python's producer: FNV-1a 32 of the key (where V1 puts it); else spread
             partition = choose("fnv1a_32", key or None, self.partition_count(topic), next(self._spread))
-        body = batch.encode_header(topic, partition, "1", False, 0, 0, 1) + batch.encode_record(
+        body = cursus_format.encode_header(topic, partition, "1", False, 0, 0, 1) + cursus_format.encode_record(
             0, 0, b"gateway-cli", key or b"", 0, value)
         self.client.sock.sendall(U32.pack(len(body)) + body)
         (length,) = U32.unpack(self.client._exact(4))
@@ -810,16 +810,16 @@ class CursusSession(Session):
         return Produced(topic, partition, int(ack["last_offset"]), key)
 
     def fetch(self, topic: str, partition: int, offset: int, wait_ms: int = 0) -> Fetched:
-        from gateway.codecs.cursus import batch
+        from gateway.codecs.cursus import format as cursus_format
 
         command = f"CONSUME topic={topic} partition={partition} offset={offset} member=gateway-cli"
         with self.timeout(wait_ms / 1000 + 5):
             answer = self.client.request(command + (f" wait_ms={wait_ms}" if wait_ms else ""))
         if not answer.startswith(b"\xba\x7c"):
             raise _cursus_error(_text(answer))
-        header = batch.parse_header(answer)
-        starts = batch.walk(answer, header.size, header.count)
-        decoded = [batch.decode_record(answer, s) for s in starts[:-1]]
+        header = cursus_format.parse_header(answer)
+        starts = cursus_format.walk(answer, header.size, header.count)
+        decoded = [cursus_format.decode_record(answer, s) for s in starts[:-1]]
         kept = tuple(Record(topic, partition, r.offset, r.key or None, r.payload, None)
                      for r in decoded if r.offset >= offset)
         return Fetched(topic, partition, kept, max([offset] + [r.offset + 1 for r in decoded]), None)

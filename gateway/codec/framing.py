@@ -17,12 +17,10 @@ import struct
 from collections.abc import Callable
 from typing import Literal
 
+from gateway._extensions import load
 from gateway.codec.varint import VarintError, read_uvarint
 
-try:
-    from gateway import _speedups
-except ImportError:  # not built: the same frames, cut in Python
-    _speedups = None
+_speedups = load("gateway._speedups")  # None: the same frames, cut in Python
 
 
 class ReceiveBuffer:

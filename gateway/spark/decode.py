@@ -21,14 +21,12 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
+from gateway._extensions import load
 from gateway.codec.varint import read_uvarint
 from gateway.codecs.kafka import compression, records
 from gateway.codecs.tank import bundle
 
-try:
-    from . import _arrow
-except ImportError:  # built without a C compiler: the loop below does the same
-    _arrow = None
+_arrow = load("gateway.spark._arrow")  # None: the Python builder below does the same
 
 Inflate = Callable[[int, bytes], bytes]
 Buffers = tuple  # a builder's take(): (count, then 15 column buffers)
@@ -47,11 +45,6 @@ class LegacyRecords(ValueError):
 def inflate(codec: int, data: bytes) -> bytes:
     """A compressed batch's records (Kafka's codecs, up to the Kafka listener's frame limit)."""
     return compression.decompress(codec, data)
-
-
-def builder() -> Builder | _CBuilder:
-    """An empty builder: ``_arrow.Builder`` in C when it was built, else ``Builder`` here."""
-    return _CBuilder() if _arrow is not None else Builder()
 
 
 class _CBuilder:
@@ -240,6 +233,10 @@ class Builder:
         if at != stop:
             raise ValueError("more records than the batch declares")
         return False
+
+
+builder: Callable[[], Builder | _CBuilder] = Builder if _arrow is None else _CBuilder
+"""An empty builder: ``_arrow.Builder`` in C when it was built, else ``Builder`` here."""
 
 
 def _is_abort_marker(data: bytes, pos: int, stop: int) -> bool:

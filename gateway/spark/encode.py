@@ -18,6 +18,7 @@ import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gateway._extensions import load
 from gateway.codec.varint import zigzag
 from gateway.codecs.kafka import records
 from gateway.codecs.tank import bundle
@@ -25,10 +26,7 @@ from gateway.partitioners import choose
 
 from .arrow import SourceError
 
-try:
-    from . import _arrow
-except ImportError:  # built without a C compiler: the loops below do the same
-    _arrow = None
+_arrow = load("gateway.spark._arrow")  # None: the Python loops below do the same
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
@@ -116,13 +114,7 @@ def row_partitions(columns: Columns, count: int, sticky: int, hash: str = "murmu
     (``murmur2``: the Java client's default partitioner; ``fnv1a_32``: V1's and Cursus'), else
     ``sticky``; SourceError for a partition the topic lacks."""
     try:
-        if _arrow is not None:
-            if columns.keys is None and columns.partitions is None:
-                return pa.repeat(pa.scalar(sticky, pa.int32()), len(columns))
-            chosen = _arrow.row_partitions(_binary_view(columns.keys), columns.partitions and _fixed_view(
-                columns.partitions), count, sticky, HASHES[hash])
-            return pa.Array.from_buffers(pa.int32(), len(columns), [None, pa.py_buffer(chosen)])
-        return pa.array(_python_partitions(columns, count, sticky, hash), pa.int32())
+        return _row_partitions(columns, count, sticky, hash)
     except ValueError as e:
         raise SourceError(str(e)) from None
 
@@ -132,6 +124,21 @@ def rows_by_partition(chosen: pa.Array) -> Iterator[tuple[int, pa.Array | None]]
     targets = pc.unique(chosen).to_pylist()
     for partition in targets:
         yield partition, None if len(targets) == 1 else pc.indices_nonzero(pc.equal(chosen, partition))
+
+
+def _row_partitions_in_c(columns: Columns, count: int, sticky: int, hash: str) -> pa.Array:
+    if columns.keys is None and columns.partitions is None:
+        return pa.repeat(pa.scalar(sticky, pa.int32()), len(columns))
+    chosen = _arrow.row_partitions(_binary_view(columns.keys), columns.partitions and _fixed_view(
+        columns.partitions), count, sticky, HASHES[hash])
+    return pa.Array.from_buffers(pa.int32(), len(columns), [None, pa.py_buffer(chosen)])
+
+
+def _row_partitions_in_python(columns: Columns, count: int, sticky: int, hash: str) -> pa.Array:
+    return pa.array(_python_partitions(columns, count, sticky, hash), pa.int32())
+
+
+_row_partitions = _row_partitions_in_python if _arrow is None else _row_partitions_in_c
 
 
 def _python_partitions(columns: Columns, count: int, sticky: int, hash: str = "murmur2") -> list[int]:
@@ -149,14 +156,14 @@ def _python_partitions(columns: Columns, count: int, sticky: int, hash: str = "m
     return out
 
 
-def tank_messages(columns: Columns, rows: pa.Array | None, timestamp_ms: int, at: int,
-                  most: int) -> tuple[bytes, int, int]:
-    """The message set of an uncompressed TANK bundle of ``rows[at:]`` (as ``kafka_batch`` takes them),
-    at most ``most``, each stamped ``timestamp_ms`` (a null key is none, a null value empty); how many
-    rows it holds; where the next bundle starts."""
-    if _arrow is not None:
-        return _arrow.tank_messages(rows and _fixed_view(rows), _binary_view(columns.keys),
-                                    _binary_view(columns.values), timestamp_ms, at, most)
+def _tank_messages_in_c(columns: Columns, rows: pa.Array | None, timestamp_ms: int, at: int,
+                        most: int) -> tuple[bytes, int, int]:
+    return _arrow.tank_messages(rows and _fixed_view(rows), _binary_view(columns.keys),
+                                _binary_view(columns.values), timestamp_ms, at, most)
+
+
+def _tank_messages_in_python(columns: Columns, rows: pa.Array | None, timestamp_ms: int, at: int,
+                             most: int) -> tuple[bytes, int, int]:
     indices = rows.to_pylist() if rows is not None else range(len(columns))
     if not 0 <= at < len(indices) or most < 1:
         raise ValueError("columns of different lengths, or no row at that position")
@@ -168,16 +175,18 @@ def tank_messages(columns: Columns, rows: pa.Array | None, timestamp_ms: int, at
     return messages, len(chosen), at + len(chosen)
 
 
-def kafka_batch(columns: Columns, rows: pa.Array | None, timestamp_ms: int, max_bytes: int,
-                at: int) -> tuple[bytes, int]:
-    """One v2 record batch of ``rows[at:]`` (uint64 indices into ``columns``; None: every row in order),
-    as many as fit in ``max_bytes`` (at least one), each stamped ``timestamp_ms``; and where the next
-    batch starts."""
-    if _arrow is not None:
-        return _arrow.kafka_batch(rows and _fixed_view(rows), _binary_view(columns.keys),
-                                  _binary_view(columns.values), _headers_view(columns.headers), timestamp_ms,
-                                  max_bytes, at)
-    return _python_batch(columns, rows, timestamp_ms, max_bytes, at)
+tank_messages = _tank_messages_in_python if _arrow is None else _tank_messages_in_c
+"""``tank_messages(columns, rows, timestamp_ms, at, most) -> (message set, count, next)``: the message
+set of an uncompressed TANK bundle of ``rows[at:]`` (as ``kafka_batch`` takes them), at most ``most``,
+each stamped ``timestamp_ms`` (a null key is none, a null value empty); how many rows it holds; where
+the next bundle starts."""
+
+
+def _kafka_batch_in_c(columns: Columns, rows: pa.Array | None, timestamp_ms: int, max_bytes: int,
+                      at: int) -> tuple[bytes, int]:
+    return _arrow.kafka_batch(rows and _fixed_view(rows), _binary_view(columns.keys),
+                              _binary_view(columns.values), _headers_view(columns.headers), timestamp_ms,
+                              max_bytes, at)
 
 
 def _bytes(array: pa.Array) -> list[bytes | None]:
@@ -212,3 +221,9 @@ def _python_batch(columns: Columns, rows: pa.Array | None, timestamp_ms: int, ma
         delta += 1
     tail = struct.pack(">hiqqqhii", 0, delta - 1, timestamp_ms, timestamp_ms, -1, -1, -1, delta) + body
     return (struct.pack(">qiibI", 0, len(tail) + 9, -1, 2, crc32c.crc32c(tail)) + tail), at + delta
+
+
+kafka_batch = _python_batch if _arrow is None else _kafka_batch_in_c
+"""``kafka_batch(columns, rows, timestamp_ms, max_bytes, at) -> (batch, next)``: one v2 record batch of
+``rows[at:]`` (uint64 indices into ``columns``; None: every row in order), as many as fit in
+``max_bytes`` (at least one), each stamped ``timestamp_ms``; and where the next batch starts."""

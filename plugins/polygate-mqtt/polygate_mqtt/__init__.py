@@ -9,8 +9,8 @@ only the public plugin API (``gateway.codec``, ``gateway.model``,
 
 from gateway.codec import CodecPlugin
 
-from .batch import FORMAT
 from .codec import OPTIONS, MqttConnection
+from .format import FORMAT
 
 DEFAULT_PORT = 1883
 MAX_FRAME = 1 << 20  # remaining length of one packet; --max-frame mqtt=BYTES

@@ -47,12 +47,16 @@ Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
 gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
 (10000).
+
+This module is the connection: framing, connection state, timers and the
+deliveries of subscriptions; each packet a client sends is handled by its
+function in ``handlers`` (``HANDLERS``, by packet type), the storage format
+is ``format``.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import time
 from typing import Any
 
@@ -60,7 +64,6 @@ import attrs
 
 from gateway import model as m
 from gateway.codec import (
-    Acknowledgement,
     Close,
     CodecConnection,
     Event,
@@ -69,13 +72,14 @@ from gateway.codec import (
     Option,
     Subscribe,
     Timer,
-    Unsubscribe,
     integer,
 )
 from gateway.codec.framing import LengthPrefixedFramer, varint_header
 from gateway.codec.varint import TABLE_SIZE, UVARINTS
 
-from . import batch, packets, topics
+from . import format as fmt
+from . import packets, topics
+from .handlers import HANDLERS, connect
 from .packets import MalformedPacket, PacketType
 
 OPTIONS = (
@@ -90,36 +94,14 @@ OPTIONS = (
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
-MAX_DESTINATIONS = 4096
 FIXED_HEADER = varint_header(1, 4)  # a type-and-flags byte, then the remaining length in one to four bytes
 
 
 _PACKET_TYPES = (None, *(PacketType(kind) for kind in range(1, 15)))  # by the header's type bits
 # Members looked up once: an enum member's attribute lookup costs as much as building a small
 # object, and these are looked up for every PUBLISH.
-_PUBLISH, _CONNECT, _LEADER = PacketType.PUBLISH, PacketType.CONNECT, m.Acks.LEADER
+_PUBLISH, _CONNECT = PacketType.PUBLISH, PacketType.CONNECT
 _NO_KEY = object()  # no record key seen yet (None is a key: no name)
-
-
-@functools.lru_cache(maxsize=MAX_DESTINATIONS)
-def _destination(name: str) -> tuple[str, bytes] | str:
-    """Where a PUBLISH to ``name`` is stored: its log topic and record key, or why it is
-    refused. Remembered for the last ``MAX_DESTINATIONS`` names, since a publisher
-    sends many messages to few names."""
-    if not topics.valid_name(name):
-        return f"invalid topic name {name!r}"
-    log_topic = topics.log_topic(name)
-    if log_topic is None:
-        return f"topic {name!r}: first level is not a log topic name [A-Za-z0-9._=-]{{1,249}}"
-    return log_topic, name.encode("utf-8")
-
-
-@attrs.frozen
-class _Subscribe:
-    """Context of a SUBSCRIBE waiting for its log topics' partitions."""
-
-    packet_id: int
-    entries: tuple[tuple[str, int, str | None], ...]  # (filter, requested qos, log topic or None)
 
 
 MAX_CACHED_NAMES = 1024
@@ -164,22 +146,6 @@ class _TopicSubscription:
                 self._deliveries.clear()
             self._deliveries[key] = found
         return found
-
-
-class _Stored(Acknowledgement):
-    """The answer to a PUBLISH once stored: ``ok`` is its PUBACK (QoS 1), PUBREC (QoS 2) or
-    nothing (QoS 0). ``context`` is ``(connection, topic name, qos)``."""
-
-    __slots__ = ()
-
-    def refused(self, result: m.ProduceResult) -> bytes:
-        connection, name, qos = self.context
-        error = result.error
-        if qos == 0 and error.code in m.AUTHORIZATION_ERRORS:
-            return b""  # refused, and QoS 0 has no answer: dropped
-        # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
-        connection._close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
-        return b""
 
 
 @attrs.define
@@ -243,14 +209,14 @@ class MqttConnection(CodecConnection):
             return b""
         if result.error is not None:
             del self.subscriptions[context[0]]
-            self._close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
+            self.close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
             return b""
         out: list[bytes] = []
-        partition, delivery, unknown_qos, qos0 = result.partition, sub.delivery, batch.UNKNOWN_QOS, \
+        partition, delivery, unknown_qos, qos0 = result.partition, sub.delivery, fmt.UNKNOWN_QOS, \
             packets.PUBLISH_QOS0_BYTE
         last_key: bytes | None | object = _NO_KEY
         for stored in result.batches:
-            for offset, stored_qos, key, payload in batch.FORMAT.deliveries(stored):
+            for offset, stored_qos, key, payload in fmt.FORMAT.deliveries(stored):
                 if key != last_key:  # a burst has few distinct keys: look the filters up once per run of one
                     last_key = key
                     topic_field, grants = delivery(key)
@@ -270,7 +236,7 @@ class MqttConnection(CodecConnection):
                     out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
                             topic_field, payload)
                 elif self._queue(topic_field[2:], payload):
-                    out.append(self._send_queued())  # in order with the QoS 0 ones around it
+                    out.append(self.send_queued())  # in order with the QoS 0 ones around it
                 # else: too much QoS 1 left waiting, the subscriber is being closed; what was built
                 # goes out before the close, as it would have
         return b"".join(out)
@@ -285,12 +251,12 @@ class MqttConnection(CodecConnection):
     def timer(self, context: str) -> None:
         now = self.clock()
         if context == "connect" and not self.connected:
-            self._close(f"no CONNECT within {self.options['connect_timeout_ms']} ms")
+            self.close(f"no CONNECT within {self.options['connect_timeout_ms']} ms")
         elif context == "keepalive" and self.keep_alive:
             idle = now - self.last_seen
             limit = 1.5 * self.keep_alive
             if idle >= limit - 0.001:
-                self._close(f"keep-alive: nothing received for {idle:.1f} s (keep-alive {self.keep_alive:g} s)")
+                self.close(f"keep-alive: nothing received for {idle:.1f} s (keep-alive {self.keep_alive:g} s)")
             else:
                 self.emit(Timer(limit - idle, "keepalive"))
         elif context == "retry":
@@ -312,172 +278,46 @@ class MqttConnection(CodecConnection):
             if not self.connected:
                 if kind is not _CONNECT:
                     raise MalformedPacket(f"{kind.name} before CONNECT")
-                return self._connect(body)
-            handler = self._HANDLERS.get(kind)
+                return connect(self, body, flags)
+            handler = HANDLERS.get(kind)
             if handler is None:
                 raise MalformedPacket(f"{kind.name} is not sent by clients" if kind is not PacketType.CONNECT
                                       else "second CONNECT")
             return handler(self, body, flags)
         except MalformedPacket as e:
-            self._close(str(e))
+            self.close(str(e))
             return None
 
-    def _close(self, reason: str) -> None:
+    def close(self, reason: str) -> None:
+        """Close the connection (once) for ``reason``, with no answer."""
         if not self.closed:
             self.emit(Close(reason=reason))
 
-    def _connect(self, body: bytes) -> Handled | None:
-        head = packets.parse(packets.CONNECT_PROTOCOL, body)
-        if head.protocol_name not in ("MQTT", "MQIsdp"):
-            raise MalformedPacket(f"unknown protocol name {head.protocol_name!r}")
-        if (head.protocol_name, head.protocol_level) != (packets.PROTOCOL_NAME, packets.PROTOCOL_LEVEL):
-            return Handled.answer(packets.connack(packets.ConnectReturn.UNACCEPTABLE_PROTOCOL_VERSION), close=True,
-                                  reason=f"protocol {head.protocol_name} level {head.protocol_level}: "
-                                         "only MQTT 3.1.1 (4) is served")
-        c = packets.parse(packets.CONNECT, body)
-        f = c.flags
-        if f.reserved or f.will_qos == 3 or (not f.will and (f.will_qos or f.will_retain)) \
-                or (f.password and not f.username):
-            raise MalformedPacket("CONNECT with invalid flags")
-        if not c.client_id and not f.clean_session:
-            return Handled.answer(packets.connack(packets.ConnectReturn.IDENTIFIER_REJECTED), close=True,
-                                  reason="empty client identifier with clean session 0")
-        if f.username:
-            password = (c.password or b"").decode("utf-8", "surrogateescape")
-            if not self.authenticate(c.username, password):
-                self.refuse_login(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), "MQTT login refused")
-                return None
-        elif self.anonymous_refused:
-            return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
-                                  reason="anonymous client on a listener that requires authentication")
-        if f.will:
-            self.will = self._produce(c.will_topic, f.will_qos, c.will_message)
-        self.connected = True
-        self.keep_alive = float(c.keep_alive)
-        self.emit(Timer(None, "connect"))
-        if self.keep_alive:
-            self.emit(Timer(1.5 * self.keep_alive, "keepalive"))
-        return Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED))
-
-    def _publish(self, body: bytes, flags: int) -> Handled:
-        name, qos, packet_id, payload = packets.parse_publish(flags, body)
-        if qos == 2 and packet_id in self.awaiting_release:
-            return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
-        produce = self._produce(name, qos, payload)
-        if qos == 0:
-            return Handled.run((produce,), _Stored(b"", (self, name, qos)), joins=True)
-        if qos == 2:
-            self.awaiting_release.add(packet_id)
-        ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
-        return Handled.run((produce,), _Stored(ack, (self, name, qos)), joins=True)
-
-    def _produce(self, name: str, qos: int, payload: bytes) -> m.Produce:
-        """The command storing an application message published to ``name``, received now."""
-        destination = _destination(name)
-        if type(destination) is str:
-            raise MalformedPacket(destination)
-        log_topic, key = destination
-        ts = self.taken_at
-        record = batch.encode_record(0, ts, qos, key, payload)
-        # Positional arguments, as one is built per PUBLISH: topic, partition, batch, acks,
-        # timeout_ms, key, partitioner, auto_create.
-        return m.Produce(log_topic, None, m.Batch(batch.NAME, record, 1, ts), _LEADER, None, key, "murmur2", True)
-
-    def _pubrel(self, body: bytes, flags: int) -> Handled:
-        packet_id = packets.parse(packets.PACKET_ID, body).packet_id
-        self.awaiting_release.discard(packet_id)
-        return Handled.answer(packets.with_packet_id(PacketType.PUBCOMP, packet_id))
-
-    def _puback(self, body: bytes, flags: int) -> Handled | None:
-        packet_id = packets.parse(packets.PACKET_ID, body).packet_id
-        if self.inflight.pop(packet_id, None) is not None:
-            data = self._send_queued()
-            if data:
-                return Handled.answer(data)
-        return None
-
-    def _subscribe(self, body: bytes, flags: int) -> Handled:
-        s = packets.parse(packets.SUBSCRIBE, body)
-        if not s.topics:
-            raise MalformedPacket("SUBSCRIBE without a topic filter")
-        entries = []
-        for t in s.topics:
-            if t.qos > 2:
-                raise MalformedPacket(f"SUBSCRIBE requested QoS byte {t.qos:#x}")
-            if not topics.valid_filter(t.filter):
-                raise MalformedPacket(f"invalid topic filter {t.filter!r}")
-            entries.append((t.filter, t.qos, topics.log_topic(t.filter)))
-        wanted = tuple(dict.fromkeys(e[2] for e in entries if e[2] is not None))
-        if not wanted:
-            return Handled.answer(packets.suback(s.packet_id, [packets.SUBACK_FAILURE] * len(entries)))
-        ctx = _Subscribe(s.packet_id, tuple(entries))
-        # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription
-        return Handled.run((m.ListTopics(wanted, auto_create=True, read=True),),
-                           lambda results: self._subscribed(ctx, results[0]), hold=True)
-
-    def _subscribed(self, ctx: _Subscribe, result: m.ListTopicsResult) -> bytes:
-        """Grant what the partitions allow, start streams for new log topics, answer SUBACK."""
-        infos = {t.topic: t for t in result.topics}
-        codes = []
-        for topic_filter, qos, log_topic in ctx.entries:
-            info = infos.get(log_topic)
-            if info is None or info.error is not None or not info.partitions:
-                codes.append(packets.SUBACK_FAILURE)
-                continue
-            granted = min(qos, 1)
-            since = {p.partition: p.high_watermark for p in info.partitions}
-            sub = self.subscriptions.get(log_topic)
-            if sub is None:
-                self.generation += 1
-                sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation))
-                fetches = tuple(m.Fetch(log_topic, p, offset, batch.NAME) for p, offset in since.items())
-                self.emit(Subscribe(fetches, sub.stream, exclusive=False))
-            sub.subscribe(topic_filter, granted, since)
-            codes.append(granted)
-        return packets.suback(ctx.packet_id, codes)
-
-    def _unsubscribe(self, body: bytes, flags: int) -> Handled:
-        u = packets.parse(packets.UNSUBSCRIBE, body)
-        if not u.filters:
-            raise MalformedPacket("UNSUBSCRIBE without a topic filter")
-        for topic_filter in u.filters:
-            sub = self.subscriptions.get(topics.log_topic(topic_filter) or "")
-            if sub is not None and sub.unsubscribe(topic_filter) and not sub.filters:
-                del self.subscriptions[sub.stream[0]]
-                self.emit(Unsubscribe(sub.stream))
-        return Handled.answer(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id))
-
-    def _pingreq(self, body: bytes, flags: int) -> Handled:
-        return Handled.answer(packets.PINGRESP)
-
-    def _disconnect(self, body: bytes, flags: int) -> Handled:
-        self.will = None
-        return Handled.answer(b"", close=True, reason="client sent DISCONNECT")
-
-    _HANDLERS = {
-        PacketType.PUBLISH: _publish,
-        PacketType.PUBACK: _puback,
-        PacketType.PUBREL: _pubrel,
-        PacketType.SUBSCRIBE: _subscribe,
-        PacketType.UNSUBSCRIBE: _unsubscribe,
-        PacketType.PINGREQ: _pingreq,
-        PacketType.DISCONNECT: _disconnect,
-    }
-
     # ------------------------------------------------------------------ deliveries
 
+    def subscription(self, log_topic: str, since: dict[int, int]) -> _TopicSubscription:
+        """The subscription of ``log_topic``; a new one starts its push stream, each partition
+        from its offset in ``since``."""
+        sub = self.subscriptions.get(log_topic)
+        if sub is None:
+            self.generation += 1
+            sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation))
+            fetches = tuple(m.Fetch(log_topic, p, offset, fmt.NAME) for p, offset in since.items())
+            self.emit(Subscribe(fetches, sub.stream, exclusive=False))
+        return sub
+
     def _queue(self, topic: bytes, payload: bytes) -> bool:
-        """Queue a QoS 1 delivery (``_send_queued`` sends what the in-flight window takes); False
+        """Queue a QoS 1 delivery (``send_queued`` sends what the in-flight window takes); False
         when the subscriber has left too many waiting, and is closed."""
         self.queued.append(_Outgoing(topic, payload))
         self.queued_bytes += len(topic) + len(payload)
         if self.queued_bytes > self.options["max_queued_bytes"]:
-            self._close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 messages "
+            self.close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 messages "
                         "waiting for acknowledgements")
             return False
         return True
 
-    def _send_queued(self) -> bytes:
+    def send_queued(self) -> bytes:
         """Send waiting QoS 1 messages while the in-flight window has room."""
         out = []
         now = self.clock()

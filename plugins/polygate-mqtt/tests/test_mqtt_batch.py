@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from polygate_mqtt import batch
+from polygate_mqtt import format as mqtt_format
 
 from gateway.codec.formats import Validated
 from gateway.model import CommandError, ErrorCode, StoredBatch
@@ -13,22 +13,22 @@ from gateway.model import CommandError, ErrorCode, StoredBatch
 
 def refused(payload: bytes) -> str:
     with pytest.raises(CommandError) as e:
-        batch.FORMAT.validate(payload)
+        mqtt_format.FORMAT.validate(payload)
     assert e.value.error.code is ErrorCode.CORRUPT_MESSAGE
     return str(e.value)
 
 
 @given(st.lists(st.tuples(st.none() | st.binary(max_size=30), st.binary(max_size=100)), min_size=1, max_size=20))
 def test_a_payload_of_records_numbered_from_0_validates_to_its_records(messages):
-    payload = b"".join(batch.encode_record(i, 1_700_000_000_000, 1, key, value) for i, (key, value) in enumerate(messages))
-    assert batch.FORMAT.validate(payload) == Validated(len(messages), len(messages))
+    payload = b"".join(mqtt_format.encode_record(i, 1_700_000_000_000, 1, key, value) for i, (key, value) in enumerate(messages))
+    assert mqtt_format.FORMAT.validate(payload) == Validated(len(messages), len(messages))
 
 
 def test_a_payload_that_is_not_whole_numbered_records_is_refused():
-    one = batch.encode_record(0, 1, 0, b"t", b"v")
+    one = mqtt_format.encode_record(0, 1, 0, b"t", b"v")
     for bad in (b"", one[:-1], one + b"\0", one[:5]):
         refused(bad)
-    assert "offset delta 2147483647" in refused(batch.encode_record(2**31 - 1, 1, 0, b"t", b"v"))
+    assert "offset delta 2147483647" in refused(mqtt_format.encode_record(2**31 - 1, 1, 0, b"t", b"v"))
     assert "offset delta" in refused(one + one)
 
 
@@ -36,43 +36,43 @@ def test_a_payload_that_is_not_whole_numbered_records_is_refused():
                          max_size=5), min_size=1, max_size=8))
 def test_joined_payloads_are_one_valid_payload_of_their_records_in_order(payloads):
     """``join`` (the broker's merge of pipelined PUBLISHes) renumbers the offset deltas across the payloads."""
-    encoded = [b"".join(batch.encode_record(i, 1_700_000_000_000 + i, i % 3, key, value)
+    encoded = [b"".join(mqtt_format.encode_record(i, 1_700_000_000_000 + i, i % 3, key, value)
                         for i, (key, value) in enumerate(messages)) for messages in payloads]
-    joined = batch.FORMAT.join([memoryview(p) for p in encoded])
+    joined = mqtt_format.FORMAT.join([memoryview(p) for p in encoded])
     everything = [m for messages in payloads for m in messages]
-    assert batch.FORMAT.validate(joined) == Validated(len(everything), len(everything))
-    stored = StoredBatch(batch.NAME, 10, 10 + len(everything) - 1, 0, joined)
-    records = list(batch.FORMAT.records(stored))
+    assert mqtt_format.FORMAT.validate(joined) == Validated(len(everything), len(everything))
+    stored = StoredBatch(mqtt_format.NAME, 10, 10 + len(everything) - 1, 0, joined)
+    records = list(mqtt_format.FORMAT.records(stored))
     assert [(r.offset, r.key, r.value) for r in records] == [(10 + i, k, v) for i, (k, v) in enumerate(everything)]
     assert [r.extras["mqtt_qos"] for r in records] == [i % 3 for messages in payloads for i in range(len(messages))]
 
 
-@given(st.lists(st.tuples(st.sampled_from([0, 1, batch.UNKNOWN_QOS]), st.none() | st.binary(max_size=30),
+@given(st.lists(st.tuples(st.sampled_from([0, 1, mqtt_format.UNKNOWN_QOS]), st.none() | st.binary(max_size=30),
                           st.binary(max_size=100)), min_size=1, max_size=20), st.integers(0, 2**40))
 def test_deliveries_are_the_records_fields(messages, base):
     """What a subscriber's push reads of a stored batch (``deliveries``) is what ``records`` gives."""
-    payload = b"".join(batch.encode_record(i, 1_700_000_000_000 + i, qos, key, value)
+    payload = b"".join(mqtt_format.encode_record(i, 1_700_000_000_000 + i, qos, key, value)
                        for i, (qos, key, value) in enumerate(messages))
-    stored = StoredBatch(batch.NAME, base, base + len(messages) - 1, 0, payload)
-    assert list(batch.FORMAT.deliveries(stored)) == [
-        (r.offset, r.extras.get("mqtt_qos", batch.UNKNOWN_QOS), r.key, r.value) for r in batch.FORMAT.records(stored)]
+    stored = StoredBatch(mqtt_format.NAME, base, base + len(messages) - 1, 0, payload)
+    assert list(mqtt_format.FORMAT.deliveries(stored)) == [
+        (r.offset, r.extras.get("mqtt_qos", mqtt_format.UNKNOWN_QOS), r.key, r.value) for r in mqtt_format.FORMAT.records(stored)]
 
 
 def _checked(payload: bytes):
     try:
-        return batch.FORMAT.validate(payload)
+        return mqtt_format.FORMAT.validate(payload)
     except CommandError as e:
         return e.error
 
 
-ONE = batch.encode_record(0, 1, 0, b"t", b"v")
-EDGES = [ONE, ONE[:-1], ONE + b"\0", ONE[:5], b"", ONE + ONE, batch.encode_record(1, 1, 0, b"t", b"v"),
-         batch.encode_record(0, 1, 0, None, b""), ONE[:17] + b"\xff\xff\xff\xff" + ONE[21:]]
+ONE = mqtt_format.encode_record(0, 1, 0, b"t", b"v")
+EDGES = [ONE, ONE[:-1], ONE + b"\0", ONE[:5], b"", ONE + ONE, mqtt_format.encode_record(1, 1, 0, b"t", b"v"),
+         mqtt_format.encode_record(0, 1, 0, None, b""), ONE[:17] + b"\xff\xff\xff\xff" + ONE[21:]]
 
 
 @given(st.lists(st.sampled_from(EDGES) | st.binary(max_size=40) | st.builds(
-    lambda key, value, delta: batch.encode_record(delta, 1, 1, key, value),
+    lambda key, value, delta: mqtt_format.encode_record(delta, 1, 1, key, value),
     st.none() | st.binary(max_size=8), st.binary(max_size=8), st.sampled_from([0, 0, 0, 1])), max_size=12))
 def test_validate_each_is_validate_of_each_payload(payloads):
     """The in-place check of one-PUBLISH payloads gives what ``validate`` gives, refusals included."""
-    assert batch.FORMAT.validate_each(payloads) == [_checked(p) for p in payloads]
+    assert mqtt_format.FORMAT.validate_each(payloads) == [_checked(p) for p in payloads]

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from mqtt_support import Rig, connect_packet, puback, subscribe_packet, unsubscribe_packet
-from polygate_mqtt import batch, packets, plugin, topics
+from polygate_mqtt import format as mqtt_format
+from polygate_mqtt import packets, plugin, topics
 from polygate_mqtt.codec import MqttConnection, _TopicSubscription
 from polygate_mqtt.packets import MalformedPacket, PacketType
 
@@ -134,15 +135,15 @@ def test_records_of_other_protocols_are_named_after_their_log_topic(key, name):
 
 
 def test_format_round_trips_and_reads_other_formats_through_record():
-    payload = batch.encode_record(0, 5, 1, b"t/a", b"v1") + batch.encode_record(1, 6, 0, b"t/b", b"")
+    payload = mqtt_format.encode_record(0, 5, 1, b"t/a", b"v1") + mqtt_format.encode_record(1, 6, 0, b"t/b", b"")
     stored = m.StoredBatch("mqtt", 10, 11, 6, payload)
-    records = list(batch.FORMAT.records(stored))
+    records = list(mqtt_format.FORMAT.records(stored))
     assert [(r.key, r.value, r.offset, r.timestamp, r.extras["mqtt_qos"]) for r in records] == [
         (b"t/a", b"v1", 10, 5, 1), (b"t/b", b"", 11, 6, 0)]
-    assert batch.FORMAT.encode(records, 10) == payload
+    assert mqtt_format.FORMAT.encode(records, 10) == payload
     foreign = v1_batch.encode_record(0, 7, b"user1", b"hello")
-    converted = batch.FORMAT.encode(list(v1_batch.FORMAT.records(m.StoredBatch("v1", 3, 3, 7, foreign))), 3)
-    [r] = batch.FORMAT.records(m.StoredBatch("mqtt", 3, 3, 7, converted))
+    converted = mqtt_format.FORMAT.encode(list(v1_batch.FORMAT.records(m.StoredBatch("v1", 3, 3, 7, foreign))), 3)
+    [r] = mqtt_format.FORMAT.records(m.StoredBatch("mqtt", 3, 3, 7, converted))
     assert (r.key, r.value, r.offset, r.timestamp, dict(r.extras)) == (b"user1", b"hello", 3, 7, {})
 
 
@@ -301,7 +302,7 @@ def stored(rig: Rig, topic: str) -> list[bytes]:
     out = []
     for p in range(3):
         result = rig.broker.execute(m.Fetch(topic, p, 0, "mqtt")).result
-        out += [r.value for b in result.batches for r in batch.FORMAT.records(b)]
+        out += [r.value for b in result.batches for r in mqtt_format.FORMAT.records(b)]
     return out
 
 
@@ -368,7 +369,7 @@ def _expected_push(filters: dict, log_topic: str, partition: int, records: list)
         granted = max((g for f, (g, since) in filters.items()
                        if topics.matches(f, name) and offset >= since.get(partition, 0)), default=-1)
         if granted >= 0:
-            out.append((name, granted if qos == batch.UNKNOWN_QOS else min(granted, qos), value))
+            out.append((name, granted if qos == mqtt_format.UNKNOWN_QOS else min(granted, qos), value))
     return out
 
 
@@ -388,9 +389,9 @@ def test_a_push_delivers_each_record_as_its_filters_and_their_starts_say(keyed, 
     for f, (granted, since) in filters.items():
         sub.subscribe(f, granted, since)
     records = [(100 + i, qos, key, b"v%d" % i) for i, (key, qos) in enumerate(keyed)]
-    payload = b"".join(batch.encode_record(i, 1_700_000_000_000, qos, key, value)
+    payload = b"".join(mqtt_format.encode_record(i, 1_700_000_000_000, qos, key, value)
                        for i, (_, qos, key, value) in enumerate(records))
-    stored = m.StoredBatch(batch.NAME, 100, 100 + len(records) - 1, 1_700_000_000_000, payload)
+    stored = m.StoredBatch(mqtt_format.NAME, 100, 100 + len(records) - 1, 1_700_000_000_000, payload)
     sent = conn.push(sub.stream, m.FetchResult("t", 0, batches=(stored,), high_watermark=100 + len(records)))
     got, pos = [], 0
     while pos < len(sent):
@@ -411,9 +412,9 @@ def test_a_push_over_the_queued_bytes_limit_still_sends_what_it_built_then_close
     sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1))
     sub.subscribe("t/#", 1, {0: 0})
     records = [(0, b"a"), (1, b"b"), (1, b"c" * 30), (0, b"d")]
-    payload = b"".join(batch.encode_record(i, 1_700_000_000_000, qos, b"t/x", value)
+    payload = b"".join(mqtt_format.encode_record(i, 1_700_000_000_000, qos, b"t/x", value)
                        for i, (qos, value) in enumerate(records))
-    stored = m.StoredBatch(batch.NAME, 0, len(records) - 1, 1_700_000_000_000, payload)
+    stored = m.StoredBatch(mqtt_format.NAME, 0, len(records) - 1, 1_700_000_000_000, payload)
     sent = conn.push(sub.stream, m.FetchResult("t", 0, batches=(stored,), high_watermark=len(records)))
     got, pos = [], 0
     while pos < len(sent):

@@ -55,15 +55,13 @@ from construct import (
     this,
 )
 
+from gateway._extensions import load
 from gateway.codec import ColumnarFormat
 from gateway.codec.formats import Columns, Validated
 from gateway.codec.text import as_texts
 from gateway.model import EMPTY, CommandError, ErrorCode, Record, StoredBatch
 
-try:
-    from . import _speedups
-except ImportError:  # built without a C compiler: _read_records below does the same
-    _speedups = None
+_speedups = load("gateway.codecs.cursus._speedups")  # None: the Python loops below do the same
 
 NAME = "cursus"
 MAGIC = 0xBA7C
@@ -393,6 +391,9 @@ def _read_records(data: bytes, pos: int, count: int, keys: list, values: list, h
     return pos, any_headers
 
 
+read_records = _read_records if _speedups is None else _speedups.read_records
+
+
 class CursusFormat(ColumnarFormat):
     """The ``cursus`` storage format (see the module docstring).
 
@@ -441,7 +442,6 @@ class CursusFormat(ColumnarFormat):
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
         """The records of ``batches``, field by field (``gateway.codec.formats.Columns``)."""
-        read = _speedups.read_records if _speedups is not None else _read_records
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         headers: list[tuple[tuple[str, bytes | None], ...]] = []
@@ -455,7 +455,7 @@ class CursusFormat(ColumnarFormat):
             offsets += range(batch.base_offset, batch.base_offset + header.count)
             stamps += [batch.max_timestamp] * header.count
             try:
-                _, had = read(data, header.size, header.count, keys, values, headers, extras, _NAMES)
+                _, had = read_records(data, header.size, header.count, keys, values, headers, extras, _NAMES)
             except (ValueError, struct.error):
                 raise BatchError(f"stored batch at {batch.base_offset}: a record runs past its end") from None
             with_headers |= had
@@ -529,16 +529,6 @@ class CursusFormat(ColumnarFormat):
         return set_offsets(payload, starts[:-1], base_offset)
 
 
-def _plain_records(offsets: list[int], keys: list[bytes], values: list[bytes]) -> bytes:
-    """Records without producer or event fields (keys up to 65535 bytes), in C when it was built."""
-    if _speedups is not None:
-        try:
-            return _speedups.encode_plain_records(offsets, keys, values)
-        except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
-            pass
-    return _encode_plain_records(offsets, keys, values)
-
-
 def _encode_plain_records(offsets: Sequence[int], keys: Sequence[bytes], values: Sequence[bytes]) -> bytes:
     """``_speedups.encode_plain_records`` in Python."""
     parts: list[bytes] = []
@@ -546,6 +536,18 @@ def _encode_plain_records(offsets: Sequence[int], keys: Sequence[bytes], values:
     for offset, key, value in zip(offsets, keys, values, strict=True):
         parts += (head(offset, 0, 0, len(key)), key, mid(0, len(value)), value, _NO_EVENT)
     return b"".join(parts)
+
+
+def _plain_records_in_c(offsets: list[int], keys: list[bytes], values: list[bytes]) -> bytes:
+    """``_speedups.encode_plain_records``, or the Python loop for what the C loop does not take."""
+    try:
+        return _speedups.encode_plain_records(offsets, keys, values)
+    except (TypeError, OverflowError):
+        return _encode_plain_records(offsets, keys, values)
+
+
+_plain_records = _encode_plain_records if _speedups is None else _plain_records_in_c
+"""Records without producer or event fields (keys up to 65535 bytes), in C when it was built."""
 
 
 FORMAT = CursusFormat()
