@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import importlib
 import os
-from types import ModuleType
+from typing import Any
 
 DISABLED = os.environ.get("POLYGATE_NO_EXTENSIONS", "") not in ("", "0")
 """True when ``POLYGATE_NO_EXTENSIONS`` asks for the Python twins only."""
 
 
-def load(name: str) -> ModuleType | None:
-    """The compiled module ``name``, or ``None`` where it is not built or ``DISABLED``."""
+def load(name: str) -> Any:
+    """The compiled module ``name``, or ``None`` where it is not built or ``DISABLED``.
+
+    Typed ``Any``: a C module carries no types, and a module binds the functions it needs from it
+    only where it is not ``None`` (a function that runs only then uses it as it is)."""
     if DISABLED:
         return None
     try:

@@ -103,15 +103,17 @@ class Refusing:
 
 def _stream_close(state: StreamState, r: m.FetchResult) -> str:
     """The frame text that ends a STREAM whose fetch failed."""
-    code = r.error.code
+    error = r.error
+    assert error is not None  # it failed
+    code = error.code
     if code is m.ErrorCode.OFFSET_OUT_OF_RANGE:
         return (f"STREAM_CONTROL type=CLOSE reason=offset_out_of_range offset={r.offset} requested={r.offset} "
                 f"earliest={r.log_start_offset} latest={r.high_watermark}")
     if code in m.AUTHORIZATION_ERRORS:
-        return topic_error(r.error, state.topic)
+        return topic_error(error, state.topic)
     if code in (m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION):
         if not state.started:
-            return topic_error(r.error, state.topic)
+            return topic_error(error, state.topic)
         return f"STREAM_CONTROL type=CLOSE reason=removed offset={state.next_offset}"
     return f"STREAM_CONTROL type=CLOSE reason=error offset={state.next_offset}"
 
@@ -144,7 +146,7 @@ class CursusConnection(CodecConnection):
     def render(self, handled: Handled, results: Sequence[Any]) -> bytes | Handled | Event:
         """A ``Reject`` raised by a render (a check of the results) is the request's answer."""
         try:
-            return handled.render(results)
+            return handled.render(results)  # type: ignore[misc]  # a Request's Handled has a render
         except Reject as e:
             return frame(str(e))
 
@@ -163,7 +165,7 @@ class CursusConnection(CodecConnection):
 
     # ------------------------------------------------------------------ classification
 
-    def handle_frame(self, header: bytes, body: bytes) -> Handled:
+    def handle_frame(self, header: bytes, body: bytes) -> Handled | None:
         if self.decompress is not None:
             with contextlib.suppress(DecompressionError):  # a command sent uncompressed
                 body = decompress(self.decompress, body, self.settings.max_frame_size)
@@ -198,8 +200,9 @@ class CursusConnection(CodecConnection):
             if not token:
                 return Handled.answer(frame(f"ERROR: authentication_required command={args.name}"))
             if not self.authenticate(principal, token):
-                return self.refuse_login(frame(f"ERROR: authentication_failed command={args.name}"),
-                                         "Cursus authentication failed")
+                self.refuse_login(frame(f"ERROR: authentication_failed command={args.name}"),
+                                  "Cursus authentication failed")
+                return None
         elif self.anonymous_refused and args.name not in _OPEN_COMMANDS:
             return Handled.answer(frame(f"ERROR: authentication_required command={args.name}"))
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from typing import overload
 
 import attrs
 
@@ -106,6 +107,12 @@ class Args:
         if rest and "=" not in rest[-1].group():
             params.setdefault("offsets", rest[-1].group())  # BATCH_COMMIT's trailing payload
         return cls(name, raw, params)
+
+    @overload
+    def get(self, key: str, default: str) -> str: ...
+
+    @overload
+    def get(self, key: str, default: None = None) -> str | None: ...
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return self.params.get(key, default)

@@ -37,13 +37,15 @@ from __future__ import annotations
 
 import collections
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 from construct import (
     Bytes,
     Const,
     ConstructError,
+    Container,
     Flag,
     Int8ub,
     Int16ub,
@@ -267,8 +269,8 @@ def _producer_id(data: bytes, start: int) -> bytes:
     return data[start + 18 : start + 18 + plen]
 
 
-def decode_record(data: bytes, start: int) -> dict:
-    """One record as a dict of the ``RECORD`` fields."""
+def decode_record(data: bytes, start: int) -> Container:
+    """One record: the ``RECORD`` fields, as attributes."""
     return RECORD.parse(data[start:])
 
 
@@ -445,7 +447,7 @@ class CursusFormat(ColumnarFormat):
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         headers: list[tuple[tuple[str, bytes | None], ...]] = []
-        extras: list[dict] = []
+        extras: list[Mapping[str, Any]] = []
         offsets: list[int | None] = []
         stamps: list[int] = []
         with_headers = False
@@ -486,12 +488,12 @@ class CursusFormat(ColumnarFormat):
             if not x and not (h and any(name in _EVENT_HEADERS for name, _ in h)) and len(key) <= 0xFFFF:
                 parts += (plain_head(offset, 0, 0, len(key)), key, mid(0, len(value)), value, _NO_EVENT)
                 continue
-            h = dict(h)
+            named = dict(h)
             pid = str(x.get(X_PRODUCER_ID, "")).encode("utf-8", "surrogateescape")
             parts.append(encode_record(
                 offset, seq, pid, key, int(x.get(X_EPOCH, 0)), value,
-                _header_value(h, H_EVENT_TYPE), _header_int(h, H_SCHEMA_VERSION),
-                _header_int(h, H_AGGREGATE_VERSION), _header_value(h, H_METADATA)))
+                _header_value(named, H_EVENT_TYPE), _header_int(named, H_SCHEMA_VERSION),
+                _header_int(named, H_AGGREGATE_VERSION), _header_value(named, H_METADATA)))
         if n == 1:
             seqs[1] = seqs[0]
         return encode_header("", 0, "1", False, seqs[0], seqs[1], n) + b"".join(parts)

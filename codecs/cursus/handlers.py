@@ -15,7 +15,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
 
@@ -87,7 +87,8 @@ def auth(conn: CursusConnection, a: Args) -> Handled | None:
     if not principal or not token:
         raise Reject("ERROR: missing_credentials command=AUTH")
     if not conn.authenticate(principal, token):
-        return conn.refuse_login(frame("ERROR: authentication_failed command=AUTH"), "Cursus authentication failed")
+        conn.refuse_login(frame("ERROR: authentication_failed command=AUTH"), "Cursus authentication failed")
+        return None
     return Handled.answer(frame(f"OK principal={principal}"))
 
 
@@ -133,14 +134,13 @@ def produce_batch(conn: CursusConnection, body: bytes) -> Handled:
         r: m.ProduceResult = results[0]
         if r.error is not None:
             return _ack(conn, "ERROR", epoch=scan.epoch, producer_id=pid, seq_start=scan.first_seq,
-                        seq_end=scan.last_seq, error=_produce_error(conn, r, header.topic, header.partition))
+                        seq_end=scan.last_seq, error=_produce_error(conn, r.error, header.topic, header.partition))
         return _ack(conn, "OK", r.last_offset, scan.epoch, pid, scan.first_seq, scan.last_seq)
 
     return Handled.run((cmd,), render, joins=True)
 
 
-def _produce_error(conn: CursusConnection, r: m.ProduceResult, topic: str, partition: int | None) -> str:
-    e = r.error
+def _produce_error(conn: CursusConnection, e: m.Error, topic: str, partition: int | None) -> str:
     if e.code is m.ErrorCode.UNKNOWN_TOPIC:
         return f"topic_not_found topic={topic}"
     if e.code is m.ErrorCode.UNKNOWN_PARTITION:
@@ -182,7 +182,7 @@ def publish(conn: CursusConnection, a: Args) -> Handled:
     def render(results: Sequence[Any]) -> bytes:
         r: m.ProduceResult = results[0]
         if r.error is not None:
-            text = _produce_error(conn, r, topic, partition)
+            text = _produce_error(conn, r.error, topic, partition)
             return frame(text if text.startswith("NOT_LEADER") else f"ERROR: {text}")
         if acks is m.Acks.NONE:
             return frame("OK")
@@ -401,13 +401,21 @@ def stream(conn: CursusConnection, a: Args) -> Handled:
         fetch = m.Fetch(topic, partition, begin, fmt.NAME, FETCH_MAX_BYTES)
         info = t.partitions[partition]
         at = {m.OffsetSpec.LATEST: info.high_watermark, m.OffsetSpec.EARLIEST: info.log_start_offset}
-        state = StreamState(topic, partition, at.get(begin, begin))
+        state = StreamState(topic, partition, at[begin] if isinstance(begin, m.OffsetSpec) else begin)
         return Subscribe((fetch,), state, conn.keepalive_ms, exclusive=True)
 
     return Handled.run(commands, start, hold=True)
 
 
 # --------------------------------------------------------------------------- groups
+
+
+@overload
+def _group_args(a: Args, command: str, generation: Literal[True] = True) -> tuple[str, str, str, int]: ...
+
+
+@overload
+def _group_args(a: Args, command: str, generation: bool) -> tuple[str, str, str, int | None]: ...
 
 
 def _group_args(a: Args, command: str, generation: bool = True) -> tuple[str, str, str, int | None]:

@@ -47,7 +47,7 @@ class ListenerSettings:
     advertised_host: str = "127.0.0.1"
     advertised_port: int = 0
     peer: str = ""
-    options: Mapping[str, str] = EMPTY
+    options: Mapping[str, Any] = EMPTY  # parsed (``parse_options``): each option's value as its parser made it
     clock: Callable[[], float] = time.monotonic
     users: Credentials | None = None
     require_auth: bool = False

@@ -97,7 +97,7 @@ MAX_PACKET_ID = 0xFFFF
 FIXED_HEADER = varint_header(1, 4)  # a type-and-flags byte, then the remaining length in one to four bytes
 
 
-_PACKET_TYPES = (None, *(PacketType(kind) for kind in range(1, 15)))  # by the header's type bits
+_PACKET_TYPES = {kind: PacketType(kind) for kind in range(1, 15)}  # by the header's type bits (0, 15: reserved)
 # Members looked up once: an enum member's attribute lookup costs as much as building a small
 # object, and these are looked up for every PUBLISH.
 _PUBLISH, _CONNECT = PacketType.PUBLISH, PacketType.CONNECT
@@ -268,11 +268,11 @@ class MqttConnection(CodecConnection):
 
     def handle_frame(self, header: bytes, body: bytes) -> Handled | None:
         """One packet; a protocol violation closes the connection without an answer (4.8)."""
-        kind, flags = header[0] >> 4, header[0] & 0x0F
+        number, flags = header[0] >> 4, header[0] & 0x0F
         try:
-            if not 1 <= kind <= 14:
-                raise MalformedPacket(f"reserved packet type {kind}")
-            kind = _PACKET_TYPES[kind]
+            kind = _PACKET_TYPES.get(number)
+            if kind is None:
+                raise MalformedPacket(f"reserved packet type {number}")
             if kind is not _PUBLISH and flags != packets.REQUIRED_FLAGS[kind]:
                 raise MalformedPacket(f"{kind.name} with flags {flags:#x}")
             if not self.connected:

@@ -120,8 +120,10 @@ class MqttFormat(BatchFormat):
                 yield base + delta, qos, key, b""
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
-        return b"".join(encode_record(r.offset - base_offset, r.timestamp, r.extras.get("mqtt_qos", UNKNOWN_QOS),
-                                      r.key, r.value) for r in records)
+        # a record without an offset takes the next one, as in the other formats
+        return b"".join(encode_record(i if r.offset is None else r.offset - base_offset, r.timestamp,
+                                      r.extras.get("mqtt_qos", UNKNOWN_QOS), r.key, r.value)
+                        for i, r in enumerate(records))
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return payload

@@ -74,6 +74,7 @@ class _Stored(Acknowledgement):
     def refused(self, result: m.ProduceResult) -> bytes:
         connection, name, qos = self.context
         error = result.error
+        assert error is not None  # refused
         if qos == 0 and error.code in m.AUTHORIZATION_ERRORS:
             return b""  # refused, and QoS 0 has no answer: dropped
         # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
@@ -88,6 +89,7 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     produce = _produce(conn, name, qos, payload)
     if qos == 0:
         return Handled.run((produce,), _Stored(b"", (conn, name, qos)), joins=True)
+    assert packet_id is not None  # QoS 1 and 2 carry one
     if qos == 2:
         conn.awaiting_release.add(packet_id)
     ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
@@ -110,7 +112,7 @@ def _destination(name: str) -> tuple[str, bytes] | str:
 def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce:
     """The command storing an application message published to ``name``, received now."""
     destination = _destination(name)
-    if type(destination) is str:
+    if isinstance(destination, str):
         raise MalformedPacket(destination)
     log_topic, key = destination
     ts = conn.taken_at
@@ -168,8 +170,8 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, result: m.ListTopicsResul
     infos = {t.topic: t for t in result.topics}
     codes = []
     for topic_filter, qos, log_topic in ctx.entries:
-        info = infos.get(log_topic)
-        if info is None or info.error is not None or not info.partitions:
+        info = None if log_topic is None else infos.get(log_topic)
+        if log_topic is None or info is None or info.error is not None or not info.partitions:
             codes.append(packets.SUBACK_FAILURE)
             continue
         granted = min(qos, 1)

@@ -21,6 +21,7 @@ from construct import (
     BitsInteger,
     BitStruct,
     ConstructError,
+    Container,
     Flag,
     GreedyBytes,
     GreedyRange,
@@ -135,7 +136,7 @@ UNSUBSCRIBE = Struct("packet_id" / Int16ub, "filters" / GreedyRange(Utf8), Termi
 EMPTY = Terminated
 
 
-def parse(schema: Struct, body: bytes, **context: object) -> object:
+def parse(schema: Struct, body: bytes, **context: object) -> Container:
     """Parse ``body`` with ``schema``; ``MalformedPacket`` if it does not fit."""
     try:
         return schema.parse(body, **context)
