@@ -26,7 +26,7 @@ from common import progress, write_result  # noqa: E402
 from gateway.codecs.cursus import format as cursus  # noqa: E402
 from gateway.codecs.kafka import compression, records  # noqa: E402
 from gateway.codecs.tank import bundle  # noqa: E402
-from gateway.codecs.v1 import batch as v1  # noqa: E402
+from gateway.codecs.v1 import format as v1  # noqa: E402
 from gateway.model import Record, StoredBatch  # noqa: E402
 
 

@@ -24,7 +24,7 @@ import crc32c
 from gateway.codecs.cursus import compression as cursus_compression
 from gateway.codecs.kafka import compression, records
 from gateway.codecs.tank import bundle
-from gateway.codecs.v1 import batch as v1
+from gateway.codecs.v1 import format as v1
 from gateway.convert import convert
 from gateway.model import StoredBatch
 

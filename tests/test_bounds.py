@@ -26,7 +26,7 @@ from gateway.codecs.cursus import compression as cursus_compression
 from gateway.codecs.cursus import format as cursus_format
 from gateway.codecs.kafka import compression, records
 from gateway.codecs.tank import bundle
-from gateway.codecs.v1 import batch as v1
+from gateway.codecs.v1 import format as v1
 from gateway.convert import convert
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
@@ -166,7 +166,7 @@ def walker(request, monkeypatch):
         if records._speedups is None:
             pytest.skip("the C loops were not built")
     else:
-        for module in (records, bundle, v1):
+        for module in (records, bundle):
             monkeypatch.setattr(module, "_speedups", None)
     return request.param
 

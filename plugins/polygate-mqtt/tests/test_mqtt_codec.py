@@ -16,7 +16,7 @@ from polygate_mqtt.packets import MalformedPacket, PacketType
 
 from gateway import model as m
 from gateway.codec import ListenerSettings, OptionError, parse_options
-from gateway.codecs.v1 import batch as v1_batch
+from gateway.codecs.v1 import format as v1_batch
 from gateway.launcher import GATEWAY
 
 # --------------------------------------------------------------------------- schemas
