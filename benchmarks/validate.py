@@ -25,7 +25,7 @@ from common import progress, write_result  # noqa: E402
 
 from gateway.codecs.cursus import format as cursus  # noqa: E402
 from gateway.codecs.kafka import compression, records  # noqa: E402
-from gateway.codecs.tank import bundle  # noqa: E402
+from gateway.codecs.tank import format as tank_format  # noqa: E402
 from gateway.codecs.v1 import format as v1  # noqa: E402
 from gateway.model import Record, StoredBatch  # noqa: E402
 
@@ -45,8 +45,8 @@ def cases(n: int) -> list[tuple[str, object, bytes]]:
     messages = [(r.timestamp, r.key, r.value) for r in recs]
     out = [(f"kafka {compression.NAMES[codec]}", records.FORMAT, records.encode_batch(recs, 0, codec))
            for codec in compression.NAMES]
-    out += [("tank none", bundle.FORMAT, bundle.frame(bundle.encode(messages, compress=False))),
-            ("tank snappy", bundle.FORMAT, bundle.frame(bundle.encode(messages, compress=True))),
+    out += [("tank none", tank_format.FORMAT, tank_format.frame(tank_format.encode(messages, compress=False))),
+            ("tank snappy", tank_format.FORMAT, tank_format.frame(tank_format.encode(messages, compress=True))),
             ("cursus walked", cursus.FORMAT, cursus.FORMAT.encode(recs, 0)),
             ("v1 joined", v1.FORMAT, v1.FORMAT.encode(recs, 0))]
     return out

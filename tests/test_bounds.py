@@ -25,13 +25,13 @@ from gateway.codecs import kafka, tank
 from gateway.codecs.cursus import compression as cursus_compression
 from gateway.codecs.cursus import format as cursus_format
 from gateway.codecs.kafka import compression, records
-from gateway.codecs.tank import bundle
+from gateway.codecs.tank import format as tank_format
 from gateway.codecs.v1 import format as v1
 from gateway.convert import convert
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
 MIB = 1 << 20
-KAFKA, TANK, CURSUS, V1 = records.FORMAT, bundle.FORMAT, cursus_format.FORMAT, v1.FORMAT
+KAFKA, TANK, CURSUS, V1 = records.FORMAT, tank_format.FORMAT, cursus_format.FORMAT, v1.FORMAT
 CODECS = [compression.NONE, compression.GZIP, compression.SNAPPY, compression.LZ4, compression.ZSTD]
 RECORDS = st.lists(st.builds(Record, st.binary(max_size=200), st.none() | st.binary(max_size=20),
                              st.integers(0, 2**41)), min_size=1, max_size=30)
@@ -65,7 +65,7 @@ def test_the_inflate_limit_of_a_format_is_its_listeners_frame_limit():
 def test_every_limit_error_is_one_type_and_its_codecs_own_error():
     for limit_error, codec_error in [(shared.SnappyLimit, shared.SnappyError),
                                      (compression.CompressionLimit, compression.CompressionError),
-                                     (bundle.BundleLimit, bundle.BundleError),
+                                     (tank_format.BundleLimit, tank_format.BundleError),
                                      (cursus_compression.BodyLimit, cursus_compression.DecompressionError)]:
         assert issubclass(limit_error, shared.DecompressionLimit) and issubclass(limit_error, codec_error)
 
@@ -166,7 +166,7 @@ def walker(request, monkeypatch):
         if records._speedups is None:
             pytest.skip("the C loops were not built")
     else:
-        for module in (records, bundle):
+        for module in (records,):
             monkeypatch.setattr(module, "_speedups", None)
     return request.param
 
@@ -253,9 +253,9 @@ MESSAGES = [(1_700_000_000_000 + i, b"k%d" % i, b"v" * i) for i in range(15)]  #
 
 def lying_bundle(held: int, declared: int, compress: bool = False) -> bytes:
     """A plain bundle holding ``held`` messages whose header declares ``declared``."""
-    honest = bundle.encode(MESSAGES[:held], compress=compress)
+    honest = tank_format.encode(MESSAGES[:held], compress=compress)
     flags = honest[0] & ~0x3C
-    return bundle.frame(bytes([flags]) + bundle.varint(declared) + honest[1:])
+    return tank_format.frame(bytes([flags]) + tank_format.varint(declared) + honest[1:])
 
 
 @pytest.mark.parametrize("compress", [False, True])
@@ -270,29 +270,29 @@ def test_tank_a_message_count_that_is_not_the_messages_held_is_refused(walker, h
 
 
 def test_tank_sparse_bundles_span_their_sequence_numbers(walker):
-    sparse = bundle.frame(bundle.encode(MESSAGES[:3], seqs=[5, 9, 20]))
+    sparse = tank_format.frame(tank_format.encode(MESSAGES[:3], seqs=[5, 9, 20]))
     assert TANK.validate(sparse) == Validated(3, 16)
-    assert TANK.validate(bundle.frame(bundle.encode(MESSAGES[:1], seqs=[7]))) == Validated(1, 1)
+    assert TANK.validate(tank_format.frame(tank_format.encode(MESSAGES[:1], seqs=[7]))) == Validated(1, 1)
     assert "shares its payload" in refused(TANK.validate, sparse + sparse)
-    plain = bundle.frame(bundle.encode(MESSAGES[:4], compress=False))
+    plain = tank_format.frame(tank_format.encode(MESSAGES[:4], compress=False))
     assert TANK.validate(plain + plain) == Validated(8, 8)
 
 
 def test_tank_sparse_sequence_numbers_must_ascend(walker):
     # seqs 5, 9, 20: the header says first 5, last 20; the middle message's gap (3) is raised past the last.
-    body = bytearray(bundle.encode(MESSAGES[:3], seqs=[5, 9, 20], compress=False))
-    header = bundle.parse_header(body, 0, len(body))
+    body = bytearray(tank_format.encode(MESSAGES[:3], seqs=[5, 9, 20], compress=False))
+    header = tank_format.parse_header(body, 0, len(body))
     first_message_end = header.body + 1 + 8 + 1 + 2 + 1  # flags, ts, key length, key, value length
     assert body[first_message_end + 1] == 3  # the second message's gap, after its flags
     body[first_message_end + 1] = 30
-    assert "ascend" in refused(TANK.validate, bundle.frame(bytes(body)))
+    assert "ascend" in refused(TANK.validate, tank_format.frame(bytes(body)))
 
 
 def test_tank_framing_faults_are_refused(walker):
-    plain = bundle.frame(bundle.encode(MESSAGES[:4], compress=False))
+    plain = tank_format.frame(tank_format.encode(MESSAGES[:4], compress=False))
     for bad in (b"", plain[:-1], plain + b"\0", plain + b"\x05\x00"):
         refused(TANK.validate, bad)
-    refused(TANK.validate, bundle.frame(bytes([bundle.CODEC_SNAPPY | 1 << 2]) + b"\xff" * 5))  # not snappy
+    refused(TANK.validate, tank_format.frame(bytes([tank_format.CODEC_SNAPPY | 1 << 2]) + b"\xff" * 5))  # not snappy
 
 
 @settings(max_examples=60, deadline=None)
@@ -303,7 +303,7 @@ def test_tank_a_bundle_validates_exactly_when_it_declares_what_it_holds(messages
     seqs = None
     if gaps is not None:
         seqs = [sum(gaps[: i + 1]) + i + 1 for i in range(len(messages))]
-    payload = bundle.frame(bundle.encode(messages, seqs, compress=compress))
+    payload = tank_format.frame(tank_format.encode(messages, seqs, compress=compress))
     span = seqs[-1] - seqs[0] + 1 if seqs else len(messages)
     assert TANK.validate(payload) == Validated(len(messages), span)
     if seqs is None and lie:
@@ -311,21 +311,17 @@ def test_tank_a_bundle_validates_exactly_when_it_declares_what_it_holds(messages
         refused(TANK.validate, lying_bundle(held, held + lie))
 
 
-@pytest.mark.skipif(bundle._speedups is None, reason="the C loop was not built")
+@pytest.mark.skipif(tank_format._speedups is None, reason="the C loop was not built")
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=60), st.integers(0, 6), st.booleans(), st.integers(1, 50), st.integers(0, 60))
 def test_tank_c_and_python_walkers_agree(data, count, sparse, first, span):
-    header = bundle.Header(bundle.SPARSE if sparse else 0, count, first, first + span, 0, len(data))
     outcomes = []
-    for speedups in (bundle._speedups, None):
-        bundle._speedups, saved = speedups, bundle._speedups
+    for check in (tank_format._speedups.check_messages, tank_format._check_messages):
         try:
-            bundle.check_messages(data, header)
+            check(data, count, sparse, first, first + span)
             outcomes.append(None)
-        except bundle.BundleError:
-            outcomes.append(bundle.BundleError)
-        finally:
-            bundle._speedups = saved
+        except ValueError:
+            outcomes.append(ValueError)
     assert outcomes[0] is outcomes[1]
 
 

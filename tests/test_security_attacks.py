@@ -56,7 +56,7 @@ from gateway.clients.tank import _request as tank_request
 from gateway.clients.v1 import V1Client
 from gateway.codecs.kafka import records
 from gateway.codecs.tank import schema as tank_schema
-from gateway.codecs.tank.codec import MsgId
+from gateway.codecs.tank.schema import MsgId
 from gateway.launcher import GatewayProcess, Tansu
 
 kcat = kafka_support.kcat

@@ -15,7 +15,7 @@ from spark_support import ARROW_SCHEMA
 
 from gateway.codec.formats import Columns
 from gateway.codecs.kafka import compression, records
-from gateway.codecs.tank import bundle
+from gateway.codecs.tank import format as tank_format
 from gateway.spark import decode
 
 SCHEMA = ARROW_SCHEMA
@@ -164,9 +164,9 @@ MESSAGE = st.tuples(st.integers(0, 1 << 45), st.none() | st.binary(max_size=10),
 def test_tank_message_sets_give_the_same_buffers_in_c_and_python(messages, sparse, first, skip, start, length,
                                                                    cut):
     seqs = [first + i * (1 + skip % 3) for i in range(len(messages))] if sparse else None
-    data = bundle.encode(messages, seqs, compress=False)
-    header = bundle.parse_header(data, 0, len(data))
-    body = bytes(bundle.message_set(data, header))
+    data = tank_format.encode(messages, seqs, compress=False)
+    header = tank_format.parse_header(data, 0, len(data))
+    body = bytes(tank_format.message_set(data, header))
     if cut:
         body = body[:len(body) // 2]
     first_seq, last_seq = (header.first_seq, header.last_seq) if sparse else (first, 0)

@@ -27,7 +27,7 @@ import attrs
 
 from gateway.clients import open_socket
 from gateway.codecs.tank import schema
-from gateway.codecs.tank.bundle import (
+from gateway.codecs.tank.format import (
     BundleError,
     Header,
     decode_messages,
@@ -38,7 +38,7 @@ from gateway.codecs.tank.bundle import (
     read_varint,
     varint,
 )
-from gateway.codecs.tank.codec import MsgId
+from gateway.codecs.tank.schema import MsgId
 
 CLIENT_VERSION = 2
 CLIENT_ID = "c++"

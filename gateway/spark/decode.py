@@ -24,7 +24,7 @@ import pyarrow as pa
 from gateway._extensions import load
 from gateway.codec.varint import read_uvarint
 from gateway.codecs.kafka import compression, records
-from gateway.codecs.tank import bundle
+from gateway.codecs.tank import format as tank_format
 
 _arrow = load("gateway.spark._arrow")  # None: the Python builder below does the same
 
@@ -144,7 +144,7 @@ class Builder:
         keys: list[bytes | None] = []
         values: list[bytes] = []
         start, end = max(start, 0), max(end, 0)
-        read, stop = bundle._read_messages(messages, count, sparse, first_seq, last_seq, seqs, stamps, keys, values)
+        read, stop = tank_format._read_messages(messages, count, sparse, first_seq, last_seq, seqs, stamps, keys, values)
         if any(seq >= 1 << 64 for seq in seqs):
             raise OverflowError("sequence number beyond 64 bits")
         for seq, ts, key, value in zip(seqs, stamps, keys, values):

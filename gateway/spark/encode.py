@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from gateway._extensions import load
 from gateway.codec.varint import zigzag
 from gateway.codecs.kafka import records
-from gateway.codecs.tank import bundle
+from gateway.codecs.tank import format as tank_format
 from gateway.partitioners import choose
 
 from .arrow import SourceError
@@ -170,7 +170,7 @@ def _tank_messages_in_python(columns: Columns, rows: pa.Array | None, timestamp_
     chosen = indices[at:at + most]
     values = _bytes(columns.values)
     keys = _bytes(columns.keys) if columns.keys is not None else [None] * len(columns)
-    messages = bundle._encode_messages([timestamp_ms] * len(chosen), [keys[i] for i in chosen],
+    messages = tank_format._encode_messages([timestamp_ms] * len(chosen), [keys[i] for i in chosen],
                                        [values[i] or b"" for i in chosen], None)
     return messages, len(chosen), at + len(chosen)
 
