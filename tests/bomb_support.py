@@ -22,7 +22,8 @@ import cramjam
 import crc32c
 
 from gateway.codecs.cursus import compression as cursus_compression
-from gateway.codecs.kafka import compression, records
+from gateway.codecs.kafka import compression
+from gateway.codecs.kafka import format as kafka_format
 from gateway.codecs.tank import format as tank_format
 from gateway.codecs.v1 import format as v1
 from gateway.convert import convert
@@ -32,7 +33,7 @@ GIB = 1 << 30
 SEGMENT = 16 << 20
 _V2_HEAD = struct.Struct(">qiibI")  # baseOffset, batchLength, partitionLeaderEpoch, magic, crc
 _V2_TAIL = struct.Struct(">hiqqqhii")  # attributes, lastOffsetDelta, timestamps, producer, recordCount
-FORMATS = {f.name: f for f in (records.FORMAT, tank_format.FORMAT, v1.FORMAT)}
+FORMATS = {f.name: f for f in (kafka_format.FORMAT, tank_format.FORMAT, v1.FORMAT)}
 
 
 def gzip_stream(segment: bytes, repeats: int) -> bytes:
@@ -120,12 +121,12 @@ def _stored(fmt: str, payload: bytes) -> list[StoredBatch]:
 
 # name -> (build the bomb, feed it to the part under test)
 ATTACKS = {
-    "kafka produce, gzip message set": (legacy_gzip_message_set, lambda p: _refusal(records.split_batches, p)),
-    "kafka validate, zstd v2 batch": (zstd_v2_batch, lambda p: _refusal(records.FORMAT.validate, p)),
+    "kafka produce, gzip message set": (legacy_gzip_message_set, lambda p: _refusal(kafka_format.split_batches, p)),
+    "kafka validate, zstd v2 batch": (zstd_v2_batch, lambda p: _refusal(kafka_format.FORMAT.validate, p)),
     "kafka convert, zstd v2 batch": (zstd_v2_batch, lambda p: _refusal(convert, _stored("kafka", p), "v1", FORMATS)),
-    "kafka validate, lz4 v2 batch": (lz4_v2_batch, lambda p: _refusal(records.FORMAT.validate, p)),
-    "kafka validate, gzip v2 batch": (gzip_v2_batch, lambda p: _refusal(records.FORMAT.validate, p)),
-    "kafka validate, snappy v2 batch": (snappy_v2_batch, lambda p: _refusal(records.FORMAT.validate, p)),
+    "kafka validate, lz4 v2 batch": (lz4_v2_batch, lambda p: _refusal(kafka_format.FORMAT.validate, p)),
+    "kafka validate, gzip v2 batch": (gzip_v2_batch, lambda p: _refusal(kafka_format.FORMAT.validate, p)),
+    "kafka validate, snappy v2 batch": (snappy_v2_batch, lambda p: _refusal(kafka_format.FORMAT.validate, p)),
     "tank validate, snappy bundle": (tank_snappy_bundle, lambda p: _refusal(tank_format.FORMAT.validate, p)),
     "tank convert, snappy bundle": (tank_snappy_bundle, lambda p: _refusal(convert, _stored("tank", p), "v1", FORMATS)),
     "cursus frame, gzip body": (cursus_gzip_body, lambda p: _refusal(

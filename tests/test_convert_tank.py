@@ -113,14 +113,14 @@ def test_a_set_with_sequence_numbers_beyond_64_bits_is_read_by_the_python_loop()
 
 def test_a_kafka_batch_whose_offsets_do_not_ascend_reaches_tank_readers_in_order():
     from gateway.codec.formats import Columns
-    from gateway.codecs.kafka import records
+    from gateway.codecs.kafka import format as kafka_format
     from gateway.convert import convert
     from gateway.model import StoredBatch
     from gateway.registry import Registry
 
     offsets = [100, 100, 101, 99, 102]  # offset deltas 0, 0, 1, -1, 2: only a broken producer sends them
     columns = Columns(offsets, [1, 2, 3, 4, 5], [None] * 5, [b"a", b"b", b"c", b"d", b"e"])
-    stored = StoredBatch("kafka", 100, 102, 5, records.encode_columns(columns, 100))
+    stored = StoredBatch("kafka", 100, 102, 5, kafka_format.encode_columns(columns, 100))
     (tank,) = convert([stored], "tank", Registry.discover().batch_formats)
     got = tank_format.FORMAT.columns([tank])
     assert (got.offsets, got.values) == ([100, 101, 102], [b"a", b"c", b"e"])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.codecs.kafka import records
+from gateway.codecs.kafka import format as kafka_format
 from gateway.codecs.tank import format as tank_format
 from gateway.partitioners import murmur2
 from gateway.spark import encode
@@ -47,8 +47,8 @@ def test_the_c_and_python_encoders_give_the_same_bytes(rows, strings, sliced, ma
         c = encode.kafka_batch(columns, picked, 1_700_000_000_000, max_bytes, at)
         assert encode._python_batch(columns, picked, 1_700_000_000_000, max_bytes, at) == c
         assert c[1] > at and (len(c[0]) <= max_bytes or c[1] == at + 1)
-        records.split_batches(c[0])  # a batch a broker takes: length, magic and CRC32C check
-        decoded += list(records.read_batches(c[0]))
+        kafka_format.split_batches(c[0])  # a batch a broker takes: length, magic and CRC32C check
+        decoded += list(kafka_format.read_batches(c[0]))
         at = c[1]
     expected_rows = range(len(columns)) if picked is None else picked.to_pylist()
     values = columns.values.to_pylist()

@@ -17,7 +17,8 @@ from typing import Any
 
 from gateway import model as m
 from gateway.clients import open_socket, scram
-from gateway.codecs.kafka import records, schema
+from gateway.codecs.kafka import errors, schema
+from gateway.codecs.kafka import format as kafka_format
 
 _SIZE = struct.Struct(">i")
 
@@ -26,9 +27,7 @@ class KafkaError(Exception):
     """A Kafka error code; ``name`` is Kafka's name for it (``UNKNOWN_TOPIC_OR_PARTITION`` for 3)."""
 
     def __init__(self, code: int, message: str = ""):
-        from gateway.clients.uniform import kafka_error_name
-
-        self.name = kafka_error_name(code)
+        self.name = errors.name(code)
         super().__init__(f"{self.name} ({code}){': ' + message if message else ''}")
         self.code = code
 
@@ -120,7 +119,7 @@ class KafkaClient:
         return self.call(0, version, body).Responses[0].PartitionResponses[0]
 
     def produce(self, topic: str, key: str, value: str, partition: int = 0) -> dict[str, Any]:
-        batch = records.encode_batch([m.Record(value.encode(), key.encode() if key else None,
+        batch = kafka_format.encode_batch([m.Record(value.encode(), key.encode() if key else None,
                                                int(time.time() * 1000))], 0)
         answer = self.produce_batch(topic, partition, batch)
         if answer.ErrorCode:  # ErrorMessage exists from Produce v8 on
@@ -140,7 +139,7 @@ class KafkaClient:
             answer = self.fetch(topic, partition, offset)
             if answer.ErrorCode:
                 raise KafkaError(answer.ErrorCode)
-            got = [r for r in records.read_batches(answer.Records or b"") if r.offset >= offset]
+            got = [r for r in kafka_format.read_batches(answer.Records or b"") if r.offset >= offset]
             for r in got:
                 yield r.offset, (r.value or b"").decode("utf-8", "replace")
             if not got or got[-1].offset + 1 >= answer.HighWatermark:

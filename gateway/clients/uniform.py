@@ -34,60 +34,15 @@ from typing import Any
 
 import attrs
 
+from gateway.codecs.kafka import errors
 from gateway.codecs.kafka.consumer_protocol import decode_assignment
+from gateway.codecs.kafka.errors import Errors
 from gateway.partitioners import choose
 
 SESSION_TIMEOUT_MS = 10_000
 HEARTBEAT_S = 3.0
 
-# Kafka's error codes by name (org.apache.kafka.common.protocol.Errors).
-KAFKA_ERRORS = {
-    -1: "UNKNOWN_SERVER_ERROR", 0: "NONE", 1: "OFFSET_OUT_OF_RANGE", 2: "CORRUPT_MESSAGE",
-    3: "UNKNOWN_TOPIC_OR_PARTITION", 4: "INVALID_FETCH_SIZE", 5: "LEADER_NOT_AVAILABLE",
-    6: "NOT_LEADER_OR_FOLLOWER", 7: "REQUEST_TIMED_OUT", 8: "BROKER_NOT_AVAILABLE", 9: "REPLICA_NOT_AVAILABLE",
-    10: "MESSAGE_TOO_LARGE", 11: "STALE_CONTROLLER_EPOCH", 12: "OFFSET_METADATA_TOO_LARGE",
-    13: "NETWORK_EXCEPTION", 14: "COORDINATOR_LOAD_IN_PROGRESS", 15: "COORDINATOR_NOT_AVAILABLE",
-    16: "NOT_COORDINATOR", 17: "INVALID_TOPIC_EXCEPTION", 18: "RECORD_LIST_TOO_LARGE", 19: "NOT_ENOUGH_REPLICAS",
-    20: "NOT_ENOUGH_REPLICAS_AFTER_APPEND", 21: "INVALID_REQUIRED_ACKS", 22: "ILLEGAL_GENERATION",
-    23: "INCONSISTENT_GROUP_PROTOCOL", 24: "INVALID_GROUP_ID", 25: "UNKNOWN_MEMBER_ID",
-    26: "INVALID_SESSION_TIMEOUT", 27: "REBALANCE_IN_PROGRESS", 28: "INVALID_COMMIT_OFFSET_SIZE",
-    29: "TOPIC_AUTHORIZATION_FAILED", 30: "GROUP_AUTHORIZATION_FAILED", 31: "CLUSTER_AUTHORIZATION_FAILED",
-    32: "INVALID_TIMESTAMP", 33: "UNSUPPORTED_SASL_MECHANISM", 34: "ILLEGAL_SASL_STATE", 35: "UNSUPPORTED_VERSION",
-    36: "TOPIC_ALREADY_EXISTS", 37: "INVALID_PARTITIONS", 38: "INVALID_REPLICATION_FACTOR",
-    39: "INVALID_REPLICA_ASSIGNMENT", 40: "INVALID_CONFIG", 41: "NOT_CONTROLLER", 42: "INVALID_REQUEST",
-    43: "UNSUPPORTED_FOR_MESSAGE_FORMAT", 44: "POLICY_VIOLATION", 45: "OUT_OF_ORDER_SEQUENCE_NUMBER",
-    46: "DUPLICATE_SEQUENCE_NUMBER", 47: "INVALID_PRODUCER_EPOCH", 48: "INVALID_TXN_STATE",
-    49: "INVALID_PRODUCER_ID_MAPPING", 50: "INVALID_TRANSACTION_TIMEOUT", 51: "CONCURRENT_TRANSACTIONS",
-    52: "TRANSACTION_COORDINATOR_FENCED", 53: "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", 54: "SECURITY_DISABLED",
-    55: "OPERATION_NOT_ATTEMPTED", 56: "KAFKA_STORAGE_ERROR", 57: "LOG_DIR_NOT_FOUND",
-    58: "SASL_AUTHENTICATION_FAILED", 59: "UNKNOWN_PRODUCER_ID", 60: "REASSIGNMENT_IN_PROGRESS",
-    61: "DELEGATION_TOKEN_AUTH_DISABLED", 62: "DELEGATION_TOKEN_NOT_FOUND", 63: "DELEGATION_TOKEN_OWNER_MISMATCH",
-    64: "DELEGATION_TOKEN_REQUEST_NOT_ALLOWED", 65: "DELEGATION_TOKEN_AUTHORIZATION_FAILED",
-    66: "DELEGATION_TOKEN_EXPIRED", 67: "INVALID_PRINCIPAL_TYPE", 68: "NON_EMPTY_GROUP", 69: "GROUP_ID_NOT_FOUND",
-    70: "FETCH_SESSION_ID_NOT_FOUND", 71: "INVALID_FETCH_SESSION_EPOCH", 72: "LISTENER_NOT_FOUND",
-    73: "TOPIC_DELETION_DISABLED", 74: "FENCED_LEADER_EPOCH", 75: "UNKNOWN_LEADER_EPOCH",
-    76: "UNSUPPORTED_COMPRESSION_TYPE", 77: "STALE_BROKER_EPOCH", 78: "OFFSET_NOT_AVAILABLE",
-    79: "MEMBER_ID_REQUIRED", 80: "PREFERRED_LEADER_NOT_AVAILABLE", 81: "GROUP_MAX_SIZE_REACHED",
-    82: "FENCED_INSTANCE_ID", 83: "ELIGIBLE_LEADERS_NOT_AVAILABLE", 84: "ELECTION_NOT_NEEDED",
-    85: "NO_REASSIGNMENT_IN_PROGRESS", 86: "GROUP_SUBSCRIBED_TO_TOPIC", 87: "INVALID_RECORD",
-    88: "UNSTABLE_OFFSET_COMMIT", 89: "THROTTLING_QUOTA_EXCEEDED", 90: "PRODUCER_FENCED",
-    91: "RESOURCE_NOT_FOUND", 92: "DUPLICATE_RESOURCE", 93: "UNACCEPTABLE_CREDENTIAL",
-    94: "INCONSISTENT_VOTER_SET", 95: "INVALID_UPDATE_VERSION", 96: "FEATURE_UPDATE_FAILED",
-    97: "PRINCIPAL_DESERIALIZATION_FAILURE", 98: "SNAPSHOT_NOT_FOUND", 99: "POSITION_OUT_OF_RANGE",
-    100: "UNKNOWN_TOPIC_ID", 101: "DUPLICATE_BROKER_REGISTRATION", 102: "BROKER_ID_NOT_REGISTERED",
-    103: "INCONSISTENT_TOPIC_ID", 104: "INCONSISTENT_CLUSTER_ID", 105: "TRANSACTIONAL_ID_NOT_FOUND",
-    106: "FETCH_SESSION_TOPIC_ID_ERROR", 107: "INELIGIBLE_REPLICA", 108: "NEW_LEADER_ELECTED",
-    109: "OFFSET_MOVED_TO_TIERED_STORAGE", 110: "FENCED_MEMBER_EPOCH", 111: "UNRELEASED_INSTANCE_ID",
-    112: "UNSUPPORTED_ASSIGNOR", 113: "STALE_MEMBER_EPOCH", 114: "MISMATCHED_ENDPOINT_TYPE",
-    115: "UNSUPPORTED_ENDPOINT_TYPE", 116: "UNKNOWN_CONTROLLER_ID", 117: "UNKNOWN_SUBSCRIPTION_ID",
-    118: "TELEMETRY_TOO_LARGE", 119: "INVALID_REGISTRATION",
-}
-REBALANCE = {22, 25, 27}  # ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS: join again
-
-
-def kafka_error_name(code: int) -> str:
-    """Kafka's name of an error code (``UNKNOWN_TOPIC_OR_PARTITION`` for 3)."""
-    return KAFKA_ERRORS.get(code, f"UNKNOWN_ERROR_CODE_{code}")
+REBALANCE = {Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID, Errors.REBALANCE_IN_PROGRESS}  # join again
 
 
 # TANK's names of its error codes (the gateway's TANK codec: ProduceError, ConsumeFlags, CreateTopicError).
@@ -470,7 +425,7 @@ class KafkaSession(Session):
     @staticmethod
     def check(code: int, message: str | None = "") -> None:
         if code:
-            raise ProtocolError("kafka", kafka_error_name(code), message or "")
+            raise ProtocolError("kafka", errors.name(code), message or "")
 
     def _metadata(self, topics: Sequence[str] | None, create: bool = False) -> dict[str, int]:
         body = {"Topics": None if topics is None else [{"Name": t} for t in topics],
@@ -519,12 +474,12 @@ class KafkaSession(Session):
 
     def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
         from gateway import model as m
-        from gateway.codecs.kafka import records
+        from gateway.codecs.kafka import format as kafka_format
 
         count = self.partition_count(topic)  # creates a missing topic, as Kafka clients' Metadata does
         if partition is None:  # as Kafka's Java client: murmur2 of the key; without a key, spread
             partition = choose("murmur2", key, count, next(self._spread))
-        batch = records.encode_batch([m.Record(value, key, int(time.time() * 1000))], 0)
+        batch = kafka_format.encode_batch([m.Record(value, key, int(time.time() * 1000))], 0)
         answer = self.client.produce_batch(topic, partition, batch)
         self.check(answer.ErrorCode, answer.get("ErrorMessage") or f"topic {topic} partition {partition}")
         return Produced(topic, partition, answer.BaseOffset, key)
@@ -533,7 +488,7 @@ class KafkaSession(Session):
         return self.fetch_many([(topic, partition, offset)], wait_ms)[0]
 
     def fetch_many(self, wanted: Sequence[tuple[str, int, int]], wait_ms: int = 0) -> list[Fetched]:
-        from gateway.codecs.kafka import records
+        from gateway.codecs.kafka import format as kafka_format
 
         topics: dict[str, list[dict[str, Any]]] = {}
         for t, p, o in wanted:
@@ -550,7 +505,7 @@ class KafkaSession(Session):
         out = []
         for t, p, o in wanted:
             part = got[(t, p)]
-            seen = list(records.read_batches(part.Records or b""))
+            seen = list(kafka_format.read_batches(part.Records or b""))
             kept = tuple(Record(t, p, r.offset, r.key, r.value or b"", r.timestamp if r.timestamp >= 0 else None)
                          for r in seen if r.offset >= o)
             next_offset = max([o] + [r.offset + 1 for r in seen])

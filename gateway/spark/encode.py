@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from gateway._extensions import load
 from gateway.codec.varint import zigzag
-from gateway.codecs.kafka import records
+from gateway.codecs.kafka import format as kafka_format
 from gateway.codecs.tank import format as tank_format
 from gateway.partitioners import choose
 
@@ -215,7 +215,7 @@ def _python_batch(columns: Columns, rows: pa.Array | None, timestamp_ms: int, ma
             parts += (zigzag(-1),) if entry["value"] is None else (zigzag(len(entry["value"])), entry["value"])
         record = b"".join(parts)
         record = zigzag(len(record)) + record
-        if delta and records.BATCH_HEADER.size + len(body) + len(record) > max_bytes:
+        if delta and kafka_format.BATCH_HEADER.size + len(body) + len(record) > max_bytes:
             break
         body += record
         delta += 1
