@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.codecs.kafka import handlers, schema
+from gateway.codecs.kafka.errors import Errors
 
 REPO = next(p for p in Path(__file__).resolve().parents if (p / "setup.cfg").is_file())
 DOCS = REPO / "docs" / "protocols"
@@ -29,6 +30,14 @@ def test_the_kafka_table_is_what_the_codec_registers():
         expected[key] = (message.name, low, high, "–" if first is None else f"{first}+")
     assert rows == expected
     assert f"{len(handlers.VERSIONS)} APIs" in section
+
+
+def test_the_kafka_error_codes_are_kafkas():
+    """Every ``NAME`` (code) of the error table is Kafka's name for that code."""
+    text = (DOCS / "kafka.md").read_text()
+    section = text[text.index("## Errors"):]
+    named = re.findall(r"`([A-Z_]+)` \((-?\d+)\)", section[:section.index("\n## ", 1)])
+    assert named and all(Errors[name] == int(code) for name, code in named)
 
 
 @pytest.mark.parametrize("page", PAGES)
