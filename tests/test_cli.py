@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from gateway.cli.client import DEFAULT_PORTS, _address
 from gateway.cli.main import main
-from gateway.clients.uniform import parse_v1_messages
+from gateway.clients.v1 import parse_v1_messages
 from gateway.codecs.kafka.errors import name as kafka_error_name
 from gateway.launcher import Gateways
 
