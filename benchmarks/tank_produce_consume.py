@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Gateway, Meter, comparison, progress, us_per, write_result  # noqa: E402
 
 from gateway.clients.tank import TankClient, consume_request, produce_request  # noqa: E402
-from gateway.codecs.tank.bundle import encode, read_varint  # noqa: E402
+from gateway.codecs.tank.format import encode, read_varint  # noqa: E402
 
 SIZE = 100
 REFERENCE_PRODUCE = {1: 0.1e6, 100: 1.0e6, 1000: 2.9e6}  # TANK C++ broker, msg/s (1000: 2.6-3.2 M)

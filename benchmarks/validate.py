@@ -24,9 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import progress, write_result  # noqa: E402
 
 from gateway.codecs.cursus import format as cursus  # noqa: E402
-from gateway.codecs.kafka import compression, records  # noqa: E402
-from gateway.codecs.tank import bundle  # noqa: E402
-from gateway.codecs.v1 import batch as v1  # noqa: E402
+from gateway.codecs.kafka import compression  # noqa: E402
+from gateway.codecs.kafka import format as kafka_format  # noqa: E402
+from gateway.codecs.tank import format as tank_format  # noqa: E402
+from gateway.codecs.v1 import format as v1  # noqa: E402
 from gateway.model import Record, StoredBatch  # noqa: E402
 
 
@@ -43,10 +44,10 @@ def cases(n: int) -> list[tuple[str, object, bytes]]:
     """``(name, format, payload)`` of each timed batch."""
     recs = [Record(b"%0100d" % i, b"%08d" % i, 1_700_000_000_000 + i) for i in range(n)]
     messages = [(r.timestamp, r.key, r.value) for r in recs]
-    out = [(f"kafka {compression.NAMES[codec]}", records.FORMAT, records.encode_batch(recs, 0, codec))
+    out = [(f"kafka {compression.NAMES[codec]}", kafka_format.FORMAT, kafka_format.encode_batch(recs, 0, codec))
            for codec in compression.NAMES]
-    out += [("tank none", bundle.FORMAT, bundle.frame(bundle.encode(messages, compress=False))),
-            ("tank snappy", bundle.FORMAT, bundle.frame(bundle.encode(messages, compress=True))),
+    out += [("tank none", tank_format.FORMAT, tank_format.frame(tank_format.encode(messages, compress=False))),
+            ("tank snappy", tank_format.FORMAT, tank_format.frame(tank_format.encode(messages, compress=True))),
             ("cursus walked", cursus.FORMAT, cursus.FORMAT.encode(recs, 0)),
             ("v1 joined", v1.FORMAT, v1.FORMAT.encode(recs, 0))]
     return out

@@ -22,9 +22,10 @@ import cramjam
 import crc32c
 
 from gateway.codecs.cursus import compression as cursus_compression
-from gateway.codecs.kafka import compression, records
-from gateway.codecs.tank import bundle
-from gateway.codecs.v1 import batch as v1
+from gateway.codecs.kafka import compression
+from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.tank import format as tank_format
+from gateway.codecs.v1 import format as v1
 from gateway.convert import convert
 from gateway.model import StoredBatch
 
@@ -32,7 +33,7 @@ GIB = 1 << 30
 SEGMENT = 16 << 20
 _V2_HEAD = struct.Struct(">qiibI")  # baseOffset, batchLength, partitionLeaderEpoch, magic, crc
 _V2_TAIL = struct.Struct(">hiqqqhii")  # attributes, lastOffsetDelta, timestamps, producer, recordCount
-FORMATS = {f.name: f for f in (records.FORMAT, bundle.FORMAT, v1.FORMAT)}
+FORMATS = {f.name: f for f in (kafka_format.FORMAT, tank_format.FORMAT, v1.FORMAT)}
 
 
 def gzip_stream(segment: bytes, repeats: int) -> bytes:
@@ -54,7 +55,7 @@ def frames(compress: object, segment: bytes, repeats: int) -> bytes:
 
 def snappy_run(prefix: bytes, copies: int) -> bytes:
     """A raw snappy block: ``prefix`` (at most 60 bytes) then its last byte ``64 * copies`` more times."""
-    return bundle.varint(len(prefix) + 64 * copies) + bytes([(len(prefix) - 1) << 2]) + prefix + b"\xfe\x01\x00" * copies
+    return tank_format.varint(len(prefix) + 64 * copies) + bytes([(len(prefix) - 1) << 2]) + prefix + b"\xfe\x01\x00" * copies
 
 
 def v2_batch(codec: int, body: bytes, count: int = 1) -> bytes:
@@ -89,16 +90,16 @@ def gzip_v2_batch(total: int = 3 * GIB // 2) -> bytes:
 
 def snappy_v2_batch(total: int = 3 * GIB // 2) -> bytes:
     """A raw snappy block declaring ``total`` bytes but holding one: the allocation is the bomb."""
-    return v2_batch(compression.SNAPPY, bundle.varint(total) + b"\x00x")
+    return v2_batch(compression.SNAPPY, tank_format.varint(total) + b"\x00x")
 
 
 def tank_snappy_bundle(size: int = 50_000_000) -> bytes:
     """Finding 2, third bomb: a stored TANK payload of about ``size`` bytes, one snappy bundle
     holding one message whose value is 64 bytes per 3 of the bundle (1.07 GB for 50 MB)."""
     copies = size // 3
-    header = b"\x00" + struct.pack("<Q", 1_700_000_000_000) + bundle.varint(1 + 64 * copies)
-    body = bytes([bundle.CODEC_SNAPPY | 1 << 2]) + snappy_run(header + b"v", copies)
-    return bundle.frame(body)
+    header = b"\x00" + struct.pack("<Q", 1_700_000_000_000) + tank_format.varint(1 + 64 * copies)
+    body = bytes([tank_format.CODEC_SNAPPY | 1 << 2]) + snappy_run(header + b"v", copies)
+    return tank_format.frame(body)
 
 
 def cursus_gzip_body(total: int = 3 * GIB // 2) -> bytes:
@@ -120,13 +121,13 @@ def _stored(fmt: str, payload: bytes) -> list[StoredBatch]:
 
 # name -> (build the bomb, feed it to the part under test)
 ATTACKS = {
-    "kafka produce, gzip message set": (legacy_gzip_message_set, lambda p: _refusal(records.split_batches, p)),
-    "kafka validate, zstd v2 batch": (zstd_v2_batch, lambda p: _refusal(records.FORMAT.validate, p)),
+    "kafka produce, gzip message set": (legacy_gzip_message_set, lambda p: _refusal(kafka_format.split_batches, p)),
+    "kafka validate, zstd v2 batch": (zstd_v2_batch, lambda p: _refusal(kafka_format.FORMAT.validate, p)),
     "kafka convert, zstd v2 batch": (zstd_v2_batch, lambda p: _refusal(convert, _stored("kafka", p), "v1", FORMATS)),
-    "kafka validate, lz4 v2 batch": (lz4_v2_batch, lambda p: _refusal(records.FORMAT.validate, p)),
-    "kafka validate, gzip v2 batch": (gzip_v2_batch, lambda p: _refusal(records.FORMAT.validate, p)),
-    "kafka validate, snappy v2 batch": (snappy_v2_batch, lambda p: _refusal(records.FORMAT.validate, p)),
-    "tank validate, snappy bundle": (tank_snappy_bundle, lambda p: _refusal(bundle.FORMAT.validate, p)),
+    "kafka validate, lz4 v2 batch": (lz4_v2_batch, lambda p: _refusal(kafka_format.FORMAT.validate, p)),
+    "kafka validate, gzip v2 batch": (gzip_v2_batch, lambda p: _refusal(kafka_format.FORMAT.validate, p)),
+    "kafka validate, snappy v2 batch": (snappy_v2_batch, lambda p: _refusal(kafka_format.FORMAT.validate, p)),
+    "tank validate, snappy bundle": (tank_snappy_bundle, lambda p: _refusal(tank_format.FORMAT.validate, p)),
     "tank convert, snappy bundle": (tank_snappy_bundle, lambda p: _refusal(convert, _stored("tank", p), "v1", FORMATS)),
     "cursus frame, gzip body": (cursus_gzip_body, lambda p: _refusal(
         cursus_compression.decompress, cursus_compression.decompressor("gzip"), p, 64 << 20)),

@@ -129,7 +129,7 @@ def structure(frame: bytes) -> dict[str, Any]:
     time; a consume response's chunks are compared message by message with
     their timestamps replaced by 0.
     """
-    from gateway.codecs.tank.bundle import decode_messages, message_set, parse_header, read_varint
+    from gateway.codecs.tank.format import decode_messages, message_set, parse_header, read_varint
 
     msg_id = frame[0]
     if msg_id == 0x03:
@@ -201,7 +201,7 @@ class CaptureBroker:
 
 def produced_timestamps(capture: Capture) -> list[int]:
     """Message timestamps of every bundle the client produced in a capture, in order."""
-    from gateway.codecs.tank.bundle import decode_messages, message_set, parse_header
+    from gateway.codecs.tank.format import decode_messages, message_set, parse_header
 
     out = []
     for f in capture.client_frames:

@@ -219,7 +219,7 @@ def broker(tmp_path):
 
 
 def produce(topic: str, value: bytes, acks: m.Acks = m.Acks.LEADER, partition: int = 0) -> m.Produce:
-    from gateway.codecs.v1.batch import encode_record
+    from gateway.codecs.v1.format import encode_record
 
     return m.Produce(topic, partition, m.Batch("v1", encode_record(0, 1, b"k", value), 1, 1), acks,
                      auto_create=True)
@@ -285,7 +285,7 @@ def test_acks_all_waits_for_followers_without_blocking(tmp_path):
 def test_conversion_goes_through_records_and_is_cached(broker):
     b, reactor, engine = broker
     engine.create_topic("conv", 1)
-    engine.append("conv", 0, "v1", __import__("gateway.codecs.v1.batch", fromlist=["x"]).encode_record(
+    engine.append("conv", 0, "v1", __import__("gateway.codecs.v1.format", fromlist=["x"]).encode_record(
         0, 5, b"k", b"hello world"), 1, 5)
 
     class Upper(BatchFormat):
@@ -339,7 +339,7 @@ def _records(engine: Engine, topic: str, partition: int) -> list[tuple[int, byte
 
 def _keyed(topic: str, keys, values, stamps, acks: m.Acks = m.Acks.LEADER) -> list[m.Produce]:
     """One V1 record per key, routed by the key (the run of PRODUCE lines ``Broker.run_many`` joins)."""
-    from gateway.codecs.v1.batch import encode_record
+    from gateway.codecs.v1.format import encode_record
 
     return [m.Produce(topic, None, m.Batch("v1", encode_record(0, t, k, v), 1, t), acks, key=k,
                       partitioner="fnv1a_32") for k, v, t in zip(keys, values, stamps, strict=True)]

@@ -10,7 +10,7 @@ from twisted.internet import defer
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codecs.v1 import plugin as v1_plugin
-from gateway.codecs.v1.batch import encode_record
+from gateway.codecs.v1.format import encode_record
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 

@@ -11,7 +11,7 @@ from gateway.broker.produce import MERGE_BYTES, MERGE_RECORDS
 from gateway.codec import BatchFormat
 from gateway.codec.formats import Validated
 from gateway.codecs.v1 import plugin as v1_plugin
-from gateway.codecs.v1.batch import encode_record
+from gateway.codecs.v1.format import encode_record
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine, EngineConfig
 

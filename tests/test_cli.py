@@ -23,7 +23,8 @@ from click.testing import CliRunner
 
 from gateway.cli.client import DEFAULT_PORTS, _address
 from gateway.cli.main import main
-from gateway.clients.uniform import kafka_error_name, parse_v1_messages
+from gateway.clients.v1 import parse_v1_messages
+from gateway.codecs.kafka.errors import name as kafka_error_name
 from gateway.launcher import Gateways
 
 GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")

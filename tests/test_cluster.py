@@ -30,7 +30,7 @@ from gateway import model as m
 from gateway.clients.kafka import KafkaClient
 from gateway.clients.tank import TankClient
 from gateway.clients.v1 import V1Client
-from gateway.codecs.kafka import records
+from gateway.codecs.kafka import format as kafka_format
 from gateway.launcher import GatewayProcess, Tansu, free_port
 
 
@@ -447,16 +447,16 @@ def test_a_kafka_idempotent_producer_keeps_its_guarantees_on_another_gateway(tan
     with KafkaClient("127.0.0.1", a.port("kafka")) as first:
         ids = first.call(22, 1, {"TransactionalId": None, "TransactionTimeoutMs": 1000})
         for seq in (0, 2):
-            batch = records.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, seq))
+            batch = kafka_format.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, seq))
             assert first.produce_batch(topic, 0, batch, acks=-1).ErrorCode == 0
     a.kill()  # the producer's gateway dies; it retries on another one
     with KafkaClient("127.0.0.1", b.port("kafka")) as second:
-        retried = records.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 2))
+        retried = kafka_format.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 2))
         again = second.produce_batch(topic, 0, retried, acks=-1)
         assert (again.ErrorCode, again.BaseOffset) == (0, 2)  # a duplicate, with the offsets it was stored at
-        gap = records.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 7))
+        gap = kafka_format.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 7))
         assert second.produce_batch(topic, 0, gap, acks=-1).ErrorCode == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
-        nxt = records.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 4))
+        nxt = kafka_format.encode_batch(recs, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 4))
         assert second.produce_batch(topic, 0, nxt, acks=-1).BaseOffset == 4
     assert [v for _, _, v in native_records(tansu.bootstrap, topic, 1, 6)] == [b"v0", b"v1"] * 3
 

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from gateway import model as m
 from gateway.codec.formats import Columns
-from gateway.codecs.kafka import records
+from gateway.codecs.kafka import format as kafka_format
 
-speedups = records._speedups
+speedups = kafka_format._speedups
 needs_c = pytest.mark.skipif(speedups is None, reason="the C loops were not built (no compiler): Python ones run")
 
 HEADERS = st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=3).map(tuple)
@@ -30,7 +30,7 @@ def _records(items) -> list[m.Record]:
 
 def _python_columns(body, count, base, base_ts, append_ts):
     cols = Columns([], [], [], [], [])
-    any_headers = records._read_records(body, 61, len(body), count, base, base_ts, append_ts, cols.offsets,
+    any_headers = kafka_format._read_records(body, 61, len(body), count, base, base_ts, append_ts, cols.offsets,
                                         cols.timestamps, cols.keys, cols.values, cols.headers)
     return any_headers, cols
 
@@ -51,8 +51,8 @@ def _fields(result):
 @settings(max_examples=150, deadline=None)
 @given(RECORDS, st.none() | st.integers(0, 2**41))
 def test_c_and_python_read_alike(items, append_ts):
-    batch = records.encode_batch(_records(items), 100)
-    base_ts = records.BATCH_HEADER.unpack_from(batch)[7]
+    batch = kafka_format.encode_batch(_records(items), 100)
+    base_ts = kafka_format.BATCH_HEADER.unpack_from(batch)[7]
     args = (batch, len(items), 7, base_ts, append_ts)
     assert _fields(_c_columns(*args)) == _fields(_python_columns(*args))
 
@@ -66,8 +66,8 @@ def test_c_and_python_encode_alike(items):
     ts = [t - 5 for t in cols.timestamps]
     headers = cols.headers or [()] * len(cols)
     assert (speedups.encode_records(deltas, ts, cols.keys, cols.values, headers)
-            == records._encode_records(deltas, ts, cols.keys, cols.values, headers))
-    assert speedups.encode_records(deltas, ts, cols.keys, cols.values, None) == records._encode_records(
+            == kafka_format._encode_records(deltas, ts, cols.keys, cols.values, headers))
+    assert speedups.encode_records(deltas, ts, cols.keys, cols.values, None) == kafka_format._encode_records(
         deltas, ts, cols.keys, cols.values, None)
 
 
@@ -81,12 +81,10 @@ EXTRAS = st.none() | st.dictionaries(st.text(max_size=6), st.none() | st.binary(
 def test_c_and_python_write_extras_alike(items, data):
     cols = Columns.of_records(_records(items))
     cols.extras = [data.draw(EXTRAS) for _ in items]
-    with_c = records.encode_columns(cols, 100)
-    c_loops, records._speedups = records._speedups, None
-    try:
-        assert records.encode_columns(cols, 100) == with_c
-    finally:
-        records._speedups = c_loops
+    with_c = kafka_format.encode_columns(cols, 100)
+    with pytest.MonkeyPatch.context() as patch:  # the Python loop, where the C one is bound
+        patch.setattr(kafka_format, "encode_records", kafka_format._encode_columns)
+        assert kafka_format.encode_columns(cols, 100) == with_c
 
 
 @needs_c
@@ -94,7 +92,7 @@ def test_c_leaves_other_extras_to_python():
     for extras in (m.Record(b"v", extras={"a": 1}).extras, {"flag": True}, {"f": 1.5}, {"big": 2**70}):
         with pytest.raises((TypeError, OverflowError)):
             speedups.encode_records([0], [0], [None], [b"v"], None, [extras])
-    (r,) = records.read_batches(records.encode_columns(Columns([0], [5], [None], [b"v"], None, [{"flag": True}]), 0))
+    (r,) = kafka_format.read_batches(kafka_format.encode_columns(Columns([0], [5], [None], [b"v"], None, [{"flag": True}]), 0))
     assert r.headers == (("polygate.flag", b"True"),)
 
 
@@ -102,7 +100,7 @@ def test_c_leaves_other_extras_to_python():
 @settings(max_examples=60, deadline=None)
 def test_batch_round_trip(items):
     recs = _records(items)
-    back = list(records.read_batches(records.encode_batch(recs, 100), 100))
+    back = list(kafka_format.read_batches(kafka_format.encode_batch(recs, 100), 100))
     assert [(r.value, r.key, r.headers, r.offset) for r in back] == [(r.value, r.key, r.headers, r.offset)
                                                                       for r in recs]
     stamps = [r.timestamp for r in recs if r.timestamp >= 0]
@@ -123,7 +121,7 @@ def test_c_read_of_garbage_raises_value_error_only(body, count):
 @settings(max_examples=200, deadline=None)
 @given(RECORDS, st.data())
 def test_c_read_of_damaged_batches(items, data):
-    batch = bytearray(records.encode_batch(_records(items), 100))
+    batch = bytearray(kafka_format.encode_batch(_records(items), 100))
     for _ in range(data.draw(st.integers(1, 4))):
         at = data.draw(st.integers(61, len(batch) - 1))
         batch[at] = data.draw(st.integers(0, 255))
@@ -154,14 +152,14 @@ def test_c_loops_refuse_wrong_types():
 
 
 def test_encode_takes_what_c_refuses():
-    batch = records.encode_batch([m.Record(bytearray(b"v"), None, 5, offset=7)], 2)  # type: ignore[arg-type]
-    (r,) = records.read_batches(batch, 2)
+    batch = kafka_format.encode_batch([m.Record(bytearray(b"v"), None, 5, offset=7)], 2)  # type: ignore[arg-type]
+    (r,) = kafka_format.read_batches(batch, 2)
     assert (r.value, r.offset) == (b"v", 7)
 
 
 def test_a_stored_batch_that_does_not_parse_is_corrupt_message():
-    fmt = records.FORMAT
-    good = records.encode_batch([m.Record(b"v" * 50, b"k", 5, offset=0)] * 3, 0)
+    fmt = kafka_format.FORMAT
+    good = kafka_format.encode_batch([m.Record(b"v" * 50, b"k", 5, offset=0)] * 3, 0)
     bad = bytearray(good)
     bad[61] = 0x7F  # first record's length: past the batch
     stored = m.StoredBatch("kafka", 0, 2, 5, bytes(bad))
@@ -178,24 +176,20 @@ def test_a_cursus_producer_id_that_is_not_utf8_keeps_its_bytes():
     head = cursus.encode_header("t", 0, "1", False, 0, 0, 1)
     stored = m.StoredBatch("cursus", 3, 3, 1000, head + cursus.encode_record(3, 7, b"p\xff\xfe", b"k", 2, b"v"))
     formats = Registry.discover().batch_formats
-    for c_loops in (records._speedups, None):
-        saved, records._speedups = records._speedups, c_loops
-        try:
+    for loop in (kafka_format.encode_records, kafka_format._encode_columns):  # the bound one, the Python one
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(kafka_format, "encode_records", loop)
             (kafka,) = convert([stored], "kafka", formats)
-        finally:
-            records._speedups = saved
-        (record,) = records.FORMAT.records(kafka)
+        (record,) = kafka_format.FORMAT.records(kafka)
         assert dict(record.headers)["polygate.cursus.producer_id"] == b"p\xff\xfe"
         assert (record.offset, record.key, record.value) == (3, b"k", b"v")
 
 
 def test_offsets_and_timestamps_outside_64_bits_are_corrupt_in_both_loops():
-    batch = bytearray(records.encode_batch([m.Record(b"a", None, 10, offset=0), m.Record(b"b", None, 15, offset=1)], 0))
+    batch = bytearray(kafka_format.encode_batch([m.Record(b"a", None, 10, offset=0), m.Record(b"b", None, 15, offset=1)], 0))
     batch[27:35] = (2**63 - 3).to_bytes(8, "big")  # baseTimestamp: the second record's lands past 2^63 - 1
-    for c_loops in (records._speedups, None):
-        saved, records._speedups = records._speedups, c_loops
-        try:
-            with pytest.raises(records.CorruptRecords, match="outside 64 bits"):
-                records.read_into(bytes(batch), 0, Columns([], [], [], [], []))
-        finally:
-            records._speedups = saved
+    for loop in (kafka_format.read_records, kafka_format._read_records):  # the bound one, the Python one
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(kafka_format, "read_records", loop)
+            with pytest.raises(kafka_format.CorruptRecords, match="outside 64 bits"):
+                kafka_format.read_into(bytes(batch), 0, Columns([], [], [], [], []))

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.codecs.tank import bundle
+from gateway.codecs.tank import format as tank_format
 
-speedups = bundle._speedups
+speedups = tank_format._speedups
 needs_c = pytest.mark.skipif(speedups is None, reason="the C loop was not built (no compiler): the Python one runs")
 
 # Timestamps drawn from few values so that runs of equal ones (USE_LAST_TS) are common.
@@ -31,29 +31,27 @@ def test_c_and_python_write_alike(messages, gaps):
     stamps, keys, values = ([list(c) for c in zip(*messages)] if messages else ([], [], []))
     seqs = None if gaps is None else _seqs(messages, gaps)
     c = speedups.encode_messages(stamps, keys, values, seqs)
-    assert c == bundle._encode_messages(stamps, keys, values, seqs)
+    assert c == tank_format._encode_messages(stamps, keys, values, seqs)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(STAMP, st.none() | st.binary(min_size=1, max_size=255), st.binary(max_size=300)),
                 min_size=1, max_size=40), st.booleans())
 def test_the_python_loop_round_trips(messages, sparse):
-    c_loop, bundle._speedups = bundle._speedups, None
-    try:
-        seqs = _seqs(messages, [3] * len(messages)) if sparse else None
-        data = bundle.encode(messages, seqs, compress=False)
-    finally:
-        bundle._speedups = c_loop
-    header = bundle.parse_header(data, 0, len(data))
-    got = bundle.decode_messages(bundle.message_set(data, header), header, 1)
+    seqs = _seqs(messages, [3] * len(messages)) if sparse else None
+    with pytest.MonkeyPatch.context() as patch:  # the Python loop, even where the C one is bound
+        patch.setattr(tank_format, "_encode_loop", tank_format._encode_messages)
+        data = tank_format.encode(messages, seqs, compress=False)
+    header = tank_format.parse_header(data, 0, len(data))
+    got = tank_format.decode_messages(tank_format.message_set(data, header), header, 1)
     assert got == [(s, *m) for s, m in zip(seqs or range(1, len(messages) + 1), messages)]
 
 
 @needs_c
 def test_what_the_c_loop_does_not_take_goes_to_the_python_loop():
     stamps, values = [5, 5, 6], [b"a", b"b", b"c"]
-    expected = bundle.encode_fields(stamps, [b"k", None, b"k2"], values, compress=False)
-    assert bundle.encode_fields(stamps, [bytearray(b"k"), None, b"k2"], values, compress=False) == expected
+    expected = tank_format.encode_fields(stamps, [b"k", None, b"k2"], values, compress=False)
+    assert tank_format.encode_fields(stamps, [bytearray(b"k"), None, b"k2"], values, compress=False) == expected
     with pytest.raises(TypeError):
         speedups.encode_messages(stamps, [bytearray(b"k"), None, b"k2"], values, None)
     with pytest.raises(OverflowError):
@@ -74,7 +72,7 @@ def _read(read, data, count, sparse, first, last):
 @given(MESSAGES, st.booleans(), st.data())
 def test_c_and_python_read_alike_whole_damaged_or_cut(messages, sparse, data):
     seqs = _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40, max_size=40))) if sparse else None
-    body = bundle._encode_messages(*([list(c) for c in zip(*messages)] if messages else ([], [], [])), seqs)
+    body = tank_format._encode_messages(*([list(c) for c in zip(*messages)] if messages else ([], [], [])), seqs)
     damaged = bytearray(body)
     for _ in range(data.draw(st.integers(0, 3))):
         if damaged:
@@ -87,7 +85,7 @@ def test_c_and_python_read_alike_whole_damaged_or_cut(messages, sparse, data):
             c = _read(speedups.read_messages, payload, count, sparse, first, last)
         except OverflowError:
             continue  # beyond 64 bits: read_messages hands such sets to the Python loop
-        assert c == _read(bundle._read_messages, payload, count, sparse, first, last)
+        assert c == _read(tank_format._read_messages, payload, count, sparse, first, last)
     if not cut or cut == body:
         (read, end), cols = _read(speedups.read_messages, body, len(messages), sparse, first, last)
         assert (read, end) == (len(messages), len(body))
@@ -104,33 +102,33 @@ def test_c_read_of_garbage_agrees_or_hands_over(data, count, sparse, first, last
         c = _read(speedups.read_messages, data, count, sparse, first, last)
     except OverflowError:
         return
-    assert c == _read(bundle._read_messages, data, count, sparse, first, last)
+    assert c == _read(tank_format._read_messages, data, count, sparse, first, last)
 
 
 def test_a_set_with_sequence_numbers_beyond_64_bits_is_read_by_the_python_loop():
-    header = bundle.Header(bundle.SPARSE, 3, 2**64 - 2, 2**64 + 5, 0, 0)
-    body = bundle._encode_messages([1, 1, 1], [None] * 3, [b"a", b"b", b"c"], [2**64 - 2, 2**64 + 1, 2**64 + 5])
-    assert [s for s, *_ in bundle.decode_messages(body, header, 0)] == [2**64 - 2, 2**64 + 1, 2**64 + 5]
+    header = tank_format.Header(tank_format.SPARSE, 3, 2**64 - 2, 2**64 + 5, 0, 0)
+    body = tank_format._encode_messages([1, 1, 1], [None] * 3, [b"a", b"b", b"c"], [2**64 - 2, 2**64 + 1, 2**64 + 5])
+    assert [s for s, *_ in tank_format.decode_messages(body, header, 0)] == [2**64 - 2, 2**64 + 1, 2**64 + 5]
 
 
 def test_a_kafka_batch_whose_offsets_do_not_ascend_reaches_tank_readers_in_order():
     from gateway.codec.formats import Columns
-    from gateway.codecs.kafka import records
+    from gateway.codecs.kafka import format as kafka_format
     from gateway.convert import convert
     from gateway.model import StoredBatch
     from gateway.registry import Registry
 
     offsets = [100, 100, 101, 99, 102]  # offset deltas 0, 0, 1, -1, 2: only a broken producer sends them
     columns = Columns(offsets, [1, 2, 3, 4, 5], [None] * 5, [b"a", b"b", b"c", b"d", b"e"])
-    stored = StoredBatch("kafka", 100, 102, 5, records.encode_columns(columns, 100))
+    stored = StoredBatch("kafka", 100, 102, 5, kafka_format.encode_columns(columns, 100))
     (tank,) = convert([stored], "tank", Registry.discover().batch_formats)
-    got = bundle.FORMAT.columns([tank])
+    got = tank_format.FORMAT.columns([tank])
     assert (got.offsets, got.values) == ([100, 101, 102], [b"a", b"c", b"e"])
 
 
 def test_tank_timestamps_beyond_signed_64_bits_read_as_the_largest():
-    data = bundle.frame(bundle.encode([(2**64 - 1, None, b"a"), (7, None, b"b")], compress=False))
-    got = bundle.FORMAT.columns([bundle.StoredBatch("tank", 0, 1, 0, data)])
+    data = tank_format.frame(tank_format.encode([(2**64 - 1, None, b"a"), (7, None, b"b")], compress=False))
+    got = tank_format.FORMAT.columns([tank_format.StoredBatch("tank", 0, 1, 0, data)])
     assert got.timestamps == [2**63 - 1, 7]
 
 
@@ -148,14 +146,14 @@ def test_c_validation_of_produced_payloads_agrees_or_hands_over(bundles, data):
             messages = [(1, None, b"v")]
         seqs = _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40, max_size=40))) \
             if kind == "sparse" else None
-        payload += bundle.frame(bundle.encode(messages, seqs, compress=kind == "snappy"))
+        payload += tank_format.frame(tank_format.encode(messages, seqs, compress=kind == "snappy"))
     damaged = bytearray(payload)
     for _ in range(data.draw(st.integers(0, 2))):
         damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
     cut = bytes(damaged[: data.draw(st.integers(0, len(damaged)))])
     for candidate in (payload, bytes(damaged), cut):
         try:
-            python = tuple(bundle.FORMAT._validate_bundles(candidate))
+            python = tuple(tank_format.FORMAT._validate_bundles(candidate))
         except CommandError:
             python = None
         c = speedups.validate_plain(candidate)

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import model as m
-from gateway.codecs.v1 import batch
+from gateway.codecs.v1 import format as v1_format
 
-speedups = batch._speedups
+speedups = v1_format._speedups
 needs_c = pytest.mark.skipif(speedups is None, reason="the C loop was not built (no compiler): the Python one runs")
 
 RECORD = st.tuples(st.integers(0, 2**32 - 1), st.integers(-(2**63), 2**63 - 1), st.none() | st.binary(max_size=20),
@@ -20,7 +20,7 @@ PAYLOADS = st.lists(st.tuples(st.integers(0, 2**63 - 2**32), st.lists(RECORD, ma
 
 
 def _payloads(items):
-    return ([b"".join(batch.encode_record(*r) for r in records) for _, records in items],
+    return ([b"".join(v1_format.encode_record(*r) for r in records) for _, records in items],
             [base for base, _ in items])
 
 
@@ -36,7 +36,7 @@ def _read(read, payloads, bases):
 def test_c_and_python_read_alike(items):
     payloads, bases = _payloads(items)
     c = _read(speedups.read_records, payloads, bases)
-    assert c == _read(batch._read_records, payloads, bases)
+    assert c == _read(v1_format._read_records, payloads, bases)
     assert c[0] == [base + r[0] for base, records in items for r in records]
 
 
@@ -52,7 +52,7 @@ def test_c_read_of_damaged_or_cut_payloads(items, data):
                 damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
         payloads[i] = bytes(damaged[: data.draw(st.integers(0, len(damaged)))])
     outcomes = []
-    for read in (speedups.read_records, batch._read_records):
+    for read in (speedups.read_records, v1_format._read_records):
         try:
             outcomes.append(_read(read, payloads, bases))
         except ValueError:
@@ -69,14 +69,14 @@ def test_c_read_of_garbage_raises_value_error_only(payloads):
 
 
 def test_columns_of_stored_batches():
-    one = batch.encode_record(0, 1000, b"k", b"a")
-    two = batch.encode_record(0, 1001, None, b"") + batch.encode_record(2, 1002, b"", None)
+    one = v1_format.encode_record(0, 1000, b"k", b"a")
+    two = v1_format.encode_record(0, 1001, None, b"") + v1_format.encode_record(2, 1002, b"", None)
     stored = [m.StoredBatch("v1", 10, 10, 1000, one), m.StoredBatch("v1", 11, 13, 1002, memoryview(two))]
-    cols = batch.FORMAT.columns(iter(stored))
+    cols = v1_format.FORMAT.columns(iter(stored))
     assert (cols.offsets, cols.timestamps, cols.keys, cols.values) == (
         [10, 11, 13], [1000, 1001, 1002], [b"k", None, b""], [b"a", b"", None])
     with pytest.raises(ValueError, match="runs past"):
-        batch.FORMAT.columns([m.StoredBatch("v1", 0, 0, 0, one[:-1])])
+        v1_format.FORMAT.columns([m.StoredBatch("v1", 0, 0, 0, one[:-1])])
 
 
 @needs_c
@@ -87,7 +87,7 @@ def test_c_and_python_write_alike(base, records):
     stamps, keys = [r[1] for r in records], [r[2] for r in records]
     values = [r[3] or b"" for r in records]
     c = speedups.encode_records(offsets, base, stamps, keys, values)
-    assert c == batch._encode_records(offsets, base, stamps, keys, values)
+    assert c == v1_format._encode_records(offsets, base, stamps, keys, values)
     cols = _read(speedups.read_records, [c], [base])
     assert cols == (offsets, stamps, keys, values)
 
@@ -104,8 +104,8 @@ def test_what_the_c_writer_does_not_take_goes_to_the_python_loop():
         speedups.encode_records([0], 0, [2**63], [None], [b"v"])
     with pytest.raises(TypeError, match="per record"):
         speedups.encode_records([0, 1], 0, [1], [None], [b"v"])
-    columns = batch.Columns([5, None], [1, 2], [bytearray(b"k"), None], [b"a", None])
-    assert batch.FORMAT.encode_columns(columns, 5) == batch._encode_records([5, 6], 5, [1, 2], [b"k", None],
+    columns = v1_format.Columns([5, None], [1, 2], [bytearray(b"k"), None], [b"a", None])
+    assert v1_format.FORMAT.encode_columns(columns, 5) == v1_format._encode_records([5, 6], 5, [1, 2], [b"k", None],
                                                                              [b"a", b""])
 
 
@@ -125,10 +125,10 @@ def test_the_c_loops_take_only_ints_for_numbers():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(RECORD, min_size=1, max_size=30), st.integers(0, 40))
 def test_c_and_python_number_joined_records_alike(records, cut):
-    payload = b"".join(batch.encode_record(*r) for r in records)
+    payload = b"".join(v1_format.encode_record(*r) for r in records)
     numbered = speedups.number_records(payload)
-    assert numbered == batch._number_records(payload)
+    assert numbered == v1_format._number_records(payload)
     assert _read(speedups.read_records, [numbered], [0])[0] == list(range(len(records)))
-    if 0 < cut < len(batch.encode_record(*records[-1])):  # the last record cut short
+    if 0 < cut < len(v1_format.encode_record(*records[-1])):  # the last record cut short
         with pytest.raises(ValueError, match="cut short"):
             speedups.number_records(payload[:-cut])

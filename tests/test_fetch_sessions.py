@@ -10,7 +10,7 @@ from kafka_support import bootstrap, unique, wait_until
 from gateway import model as m
 from gateway.clients.kafka import KafkaClient
 from gateway.clients.v1 import V1Client
-from gateway.codecs.kafka import records
+from gateway.codecs.kafka import format as kafka_format
 
 kafka_gateway = kafka_support.kafka_gateway
 
@@ -33,7 +33,7 @@ def listed(answer: object) -> dict[int, object]:
 
 
 def produce(client: KafkaClient, topic: str, partition: int, value: bytes) -> None:
-    client.produce_batch(topic, partition, records.encode_batch([m.Record(value, None, 1_700_000_000_000)], 0))
+    client.produce_batch(topic, partition, kafka_format.encode_batch([m.Record(value, None, 1_700_000_000_000)], 0))
 
 
 def test_an_incremental_fetch_lists_only_partitions_with_news(kafka_gateway):

@@ -28,8 +28,10 @@ from gateway.codec import (
     parse_options,
 )
 from gateway.codecs import kafka
-from gateway.codecs.kafka import apis, compression, records, schema
+from gateway.codecs.kafka import compression, handlers, schema
+from gateway.codecs.kafka import format as kafka_format
 from gateway.codecs.kafka.codec import KafkaConnection
+from gateway.codecs.kafka.errors import Errors
 from gateway.launcher import GATEWAY
 from gateway.local.store import LocalStore
 from gateway.security.users import MECHANISMS, UserStore, from_password
@@ -103,10 +105,10 @@ def test_api_versions_v3_golden_answer():
     data = reply.data
     assert data[4:8] == struct.pack(">i", 42)  # header v0: no tagged fields
     assert data[8:10] == b"\x00\x00"
-    assert data[10] == len(apis.APIS) + 1  # compact array
-    entries = data[11 : 11 + 7 * len(apis.APIS)]
+    assert data[10] == len(handlers.HANDLERS) + 1  # compact array
+    entries = data[11 : 11 + 7 * len(handlers.HANDLERS)]
     assert entries[:7] == b"\x00\x00\x00\x00\x00\x09\x00"  # Produce 0-9, empty entry tags
-    assert data[11 + 7 * len(apis.APIS) :] == b"\x00\x00\x00\x00\x00"  # throttle, no top-level tags
+    assert data[11 + 7 * len(handlers.HANDLERS) :] == b"\x00\x00\x00\x00\x00"  # throttle, no top-level tags
 
 
 def test_unsupported_api_versions_gets_kip511_v0_answer():
@@ -123,7 +125,7 @@ def test_unsupported_version_answers_and_keeps_the_connection():
     first, second = events(conn)
     assert isinstance(first, Reply) and not first.close
     correlation, body = answer(16, 4, first.data)
-    assert (correlation, body.ErrorCode) == (1, apis.UNSUPPORTED_VERSION)
+    assert (correlation, body.ErrorCode) == (1, Errors.UNSUPPORTED_VERSION)
     assert answer(18, 0, second.data)[0] == 2
 
 
@@ -191,12 +193,12 @@ RECORDS = [m.Record(b"v1", b"k1", 1000, (("h", b"x"), ("n", None))), m.Record(No
 
 @pytest.mark.parametrize("codec", sorted(compression.NAMES))
 def test_batch_round_trip_with_every_codec(codec):
-    data = records.encode_batch(RECORDS, 0, codec)
-    (batch,) = records.split_batches(data)
+    data = kafka_format.encode_batch(RECORDS, 0, codec)
+    (batch,) = kafka_format.split_batches(data)
     assert batch.count == 3 and batch.max_timestamp == 1010
-    stored = records.assign_offsets(batch.payload, 40)
-    (again,) = records.split_batches(stored)  # the CRC does not cover the base offset
-    got = list(records.FORMAT.records(m.StoredBatch("kafka", 40, 42, 1010, stored)))
+    stored = kafka_format.assign_offsets(batch.payload, 40)
+    (again,) = kafka_format.split_batches(stored)  # the CRC does not cover the base offset
+    got = list(kafka_format.FORMAT.records(m.StoredBatch("kafka", 40, 42, 1010, stored)))
     assert [r.offset for r in got] == [40, 41, 42]
     assert [(r.value, r.key, r.timestamp) for r in got] == [(r.value, r.key, r.timestamp) for r in RECORDS]
     assert got[0].headers == RECORDS[0].headers
@@ -204,20 +206,20 @@ def test_batch_round_trip_with_every_codec(codec):
 
 
 def test_corrupt_batch_is_refused():
-    data = bytearray(records.encode_batch(RECORDS, 0))
+    data = bytearray(kafka_format.encode_batch(RECORDS, 0))
     data[-1] ^= 1
-    with pytest.raises(records.CorruptRecords):
-        records.split_batches(bytes(data))
-    with pytest.raises(records.CorruptRecords):
-        records.split_batches(bytes(data[:40]))
+    with pytest.raises(kafka_format.CorruptRecords):
+        kafka_format.split_batches(bytes(data))
+    with pytest.raises(kafka_format.CorruptRecords):
+        kafka_format.split_batches(bytes(data[:40]))
 
 
 @pytest.mark.parametrize("magic", [0, 1])
 def test_legacy_message_sets_both_ways(magic):
     with_offsets = [m.Record(r.value, r.key, r.timestamp, offset=i) for i, r in enumerate(RECORDS)]
-    data = records.encode_message_set(with_offsets, magic)
-    (batch,) = records.split_batches(data, now_ms=777)
-    got = list(records.read_batches(batch.payload))
+    data = kafka_format.encode_message_set(with_offsets, magic)
+    (batch,) = kafka_format.split_batches(data, now_ms=777)
+    got = list(kafka_format.read_batches(batch.payload))
     assert [(r.value, r.key) for r in got] == [(r.value, r.key) for r in RECORDS]
     assert [r.timestamp for r in got] == ([777] * 3 if magic == 0 else [1000, 1005, 1010])
 
@@ -236,7 +238,7 @@ def test_snappy_xerial_and_raw_lz4_kafka08():
 
 
 def _valid_frames() -> st.SearchStrategy[bytes]:
-    apis_and_versions = [(k, v) for k, a in apis.APIS.items() for v in range(a.min_version, a.max_version + 1)]
+    apis_and_versions = [(k, v) for k, (low, high) in handlers.VERSIONS.items() for v in range(low, high + 1)]
     return st.sampled_from(apis_and_versions).map(lambda kv: request(kv[0], kv[1], {}, 3))
 
 
@@ -316,7 +318,7 @@ def kafka_listener(tmp_path):
     """A Kafka listener over a real broker and engine, with in-memory connections."""
     reactor = Reactor()
     engine = Engine(str(tmp_path))
-    broker = Broker(LocalStore(engine, reactor), {records.NAME: records.FORMAT}, reactor,
+    broker = Broker(LocalStore(engine, reactor), {kafka_format.NAME: kafka_format.FORMAT}, reactor,
                     BrokerConfig(fsync=FsyncPolicy("never")))
     factory = CodecFactory(kafka.plugin, SETTINGS, broker, reactor)
 
@@ -334,17 +336,17 @@ def _broken(*args: Any) -> Any:
     raise TypeError("a bug, not bad input")
 
 
-@pytest.mark.parametrize("api", [
-    apis.Api(18, 0, 3, _broken),  # the handler raises
-    apis.Api(3, 0, 12, lambda s, v, req, frame: Handled.run((m.ListTopics(None),), _broken)),  # the render raises
+@pytest.mark.parametrize(("api_key", "handler"), [
+    (18, _broken),  # the handler raises
+    (3, lambda conn, v, req, frame: Handled.run((m.ListTopics(None),), _broken)),  # the render raises
 ])
 def test_a_handler_bug_is_logged_with_its_traceback_and_closes_only_that_connection(
-        kafka_listener, monkeypatch, caplog, api):
-    monkeypatch.setitem(apis.APIS, api.key, api)
+        kafka_listener, monkeypatch, caplog, api_key, handler):
+    monkeypatch.setitem(handlers.HANDLERS, api_key, handler)
     proto, transport = kafka_listener()
     other, other_transport = kafka_listener()
     with caplog.at_level(logging.INFO):
-        proto.dataReceived(request(api.key, 1, {}, 5))
+        proto.dataReceived(request(api_key, 1, {}, 5))
     assert transport.disconnecting and transport.value() == b""
     bug = [r.getMessage() for r in caplog.records if "codec error" in r.getMessage()]
     assert len(bug) == 1 and "Traceback" in bug[0] and "TypeError: a bug, not bad input" in bug[0]

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.codecs.kafka import apis, schema
+from gateway.codecs.kafka import handlers, schema
 from gateway.launcher import GatewayProcess
 
 # JoinGroup and SyncGroup may legitimately wait for other members: not fuzzed here.
-FUZZED = [(k, v) for k, a in apis.APIS.items() if k not in (11, 14) for v in range(a.min_version, a.max_version + 1)]
+FUZZED = [(k, v) for k, (low, high) in handlers.VERSIONS.items() if k not in (11, 14) for v in range(low, high + 1)]
 
 
 @pytest.fixture(scope="module")

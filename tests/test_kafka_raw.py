@@ -15,7 +15,7 @@ from kafka_support import unique
 from gateway import model as m
 from gateway.clients.kafka import KafkaClient
 from gateway.clients.v1 import V1Client
-from gateway.codecs.kafka import records
+from gateway.codecs.kafka import format as kafka_format
 
 kafka_gateway = kafka_support.kafka_gateway
 
@@ -31,25 +31,25 @@ def create(client: KafkaClient, topic: str) -> None:
 def test_fetch_returns_the_stored_bytes(kafka_gateway):
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
-    first = records.encode_batch(RECS, 0, 1)  # gzip, as a producer sent it
+    first = kafka_format.encode_batch(RECS, 0, 1)  # gzip, as a producer sent it
     assert client.produce_batch(topic, 0, first).BaseOffset == 0
     assert client.produce_batch(topic, 0, first).BaseOffset == 2
     part = client.fetch(topic, 0, 0)
     assert part.HighWatermark == 4
     # as a Kafka broker does, the gateway stamps the partition's leader epoch (outside the CRC)
     epoch = client.call(3, 9, {"Topics": [{"Name": topic}]}).Topics[0].Partitions[0].LeaderEpoch
-    assert part.Records == records.assign_offsets(first, 0, epoch) + records.assign_offsets(first, 2, epoch)
+    assert part.Records == kafka_format.assign_offsets(first, 0, epoch) + kafka_format.assign_offsets(first, 2, epoch)
 
 
 def test_idempotent_duplicate_is_not_appended_twice(kafka_gateway):
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
     ids = client.call(22, 1, {"TransactionalId": None, "TransactionTimeoutMs": 1000})
-    batch = records.encode_batch(RECS, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 0))
+    batch = kafka_format.encode_batch(RECS, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 0))
     assert client.produce_batch(topic, 0, batch).BaseOffset == 0
     again = client.produce_batch(topic, 0, batch)
     assert (again.ErrorCode, again.BaseOffset) == (0, 0)
-    gap = records.encode_batch(RECS, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 7))
+    gap = kafka_format.encode_batch(RECS, 0, producer=(ids.ProducerId, ids.ProducerEpoch, 7))
     assert client.produce_batch(topic, 0, gap).ErrorCode == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
     assert client.fetch(topic, 0, 0).HighWatermark == 2
 
@@ -57,8 +57,8 @@ def test_idempotent_duplicate_is_not_appended_twice(kafka_gateway):
 def test_acks_0_gets_no_answer_and_corrupt_batches_are_refused(kafka_gateway):
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
-    client.produce_batch(topic, 0, records.encode_batch(RECS, 0), acks=0)
-    bad = bytearray(records.encode_batch(RECS, 0))
+    client.produce_batch(topic, 0, kafka_format.encode_batch(RECS, 0), acks=0)
+    bad = bytearray(kafka_format.encode_batch(RECS, 0))
     bad[-1] ^= 0xFF
     assert client.produce_batch(topic, 0, bytes(bad)).ErrorCode == 2  # CORRUPT_MESSAGE, connection kept
     assert client.fetch(topic, 0, 0).HighWatermark == 2
@@ -67,19 +67,19 @@ def test_acks_0_gets_no_answer_and_corrupt_batches_are_refused(kafka_gateway):
 def test_legacy_fetch_gets_message_sets(kafka_gateway):
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
-    client.produce_batch(topic, 0, records.encode_batch(RECS, 0, 2))  # snappy v2 batch
+    client.produce_batch(topic, 0, kafka_format.encode_batch(RECS, 0, 2))  # snappy v2 batch
     for version, magic in ((0, 0), (2, 1)):
         data = client.fetch(topic, 0, 1, version=version).Records
         assert data[16] == magic
-        got = list(records.read_message_set(data, now_ms=0))
+        got = list(kafka_format.read_message_set(data, now_ms=0))
         assert [(r.key, r.value) for r in got] == [(None, b"v1")]
         assert struct.unpack_from(">q", data)[0] == 1
         if magic == 1:
             assert got[0].timestamp == RECS[1].timestamp
     # and a 0.8-era producer's message set is stored as a v2 batch
-    legacy = records.encode_message_set([m.Record(b"old", b"k", -1, offset=0)], 0)
+    legacy = kafka_format.encode_message_set([m.Record(b"old", b"k", -1, offset=0)], 0)
     assert client.produce_batch(topic, 0, legacy, version=0).BaseOffset == 2
-    (rec,) = records.read_batches(client.fetch(topic, 0, 2).Records)
+    (rec,) = kafka_format.read_batches(client.fetch(topic, 0, 2).Records)
     assert (rec.key, rec.value, rec.offset) == (b"k", b"old", 2)
 
 
@@ -88,8 +88,8 @@ def test_records_cross_between_v1_and_kafka(kafka_gateway):
     create(client, topic)
     with V1Client("127.0.0.1", kafka_gateway.port("v1")) as v1:
         v1.produce(topic, "user", "from-v1")
-        client.produce_batch(topic, 0, records.encode_batch([m.Record(b"from-kafka", b"k", 1_700_000_000_000)], 0))
-        got = list(records.read_batches(client.fetch(topic, 0, 0).Records))
+        client.produce_batch(topic, 0, kafka_format.encode_batch([m.Record(b"from-kafka", b"k", 1_700_000_000_000)], 0))
+        got = list(kafka_format.read_batches(client.fetch(topic, 0, 0).Records))
         assert [(r.key, r.value, r.offset) for r in got] == [(b"user", b"from-v1", 0), (b"k", b"from-kafka", 1)]
         assert got[0].timestamp > 1_700_000_000_000
         messages, _ = v1.consume(topic, 0, 0)
@@ -101,13 +101,13 @@ def test_fetches_cross_segments_without_skipping(gateway_factory):
     client, topic = KafkaClient("127.0.0.1", gw.port("kafka")), unique("raw")
     create(client, topic)
     for i in range(30):
-        client.produce_batch(topic, 0, records.encode_batch([m.Record(b"x" * 200, str(i).encode(), 1000 + i)], 0))
+        client.produce_batch(topic, 0, kafka_format.encode_batch([m.Record(b"x" * 200, str(i).encode(), 1000 + i)], 0))
     offset, seen = 0, []
     while offset < 30:
         body = {"ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 0, "MaxBytes": 1000,
                 "Topics": [{"Topic": topic, "Partitions": [{"Partition": 0, "FetchOffset": offset,
                                                             "PartitionMaxBytes": 1000}]}]}
-        got = list(records.read_batches(client.call(1, 11, body).Responses[0].Partitions[0].Records))
+        got = list(kafka_format.read_batches(client.call(1, 11, body).Responses[0].Partitions[0].Records))
         seen += [r.offset for r in got]
         offset = got[-1].offset + 1
     assert seen == list(range(30))
@@ -133,8 +133,8 @@ def test_batch_with_good_crc_but_bad_records_is_refused_at_produce(kafka_gateway
     (its reader side is tested at the format level in tests/test_bounds.py)."""
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
-    good = records.encode_batch(RECS, 0)
-    tail = good[records.CRC_START:-3] + b"\xff\xff\xff"  # records cut short, CRC recomputed
+    good = kafka_format.encode_batch(RECS, 0)
+    tail = good[kafka_format.CRC_START:-3] + b"\xff\xff\xff"  # records cut short, CRC recomputed
     bad = good[:8] + struct.pack(">i", len(tail) + 9) + good[12:17] + struct.pack(">I", crc32c.crc32c(tail)) + tail
     assert client.produce_batch(topic, 0, bad).ErrorCode == 2  # CORRUPT_MESSAGE, as Kafka's log validator
     assert client.fetch(topic, 0, 0, version=2).ErrorCode == 0  # nothing was stored
@@ -160,7 +160,7 @@ def test_pipelined_produces_share_appends_and_keep_their_answers(kafka_gateway):
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
     sock, client.sock = client.sock, _Collect()
-    batches = [records.encode_batch([m.Record(b"v%d" % i, None, 1_700_000_000_000 + i)] * 2, 0) for i in range(20)]
+    batches = [kafka_format.encode_batch([m.Record(b"v%d" % i, None, 1_700_000_000_000 + i)] * 2, 0) for i in range(20)]
     sent = [client.send(0, 3, {"Acks": 1, "TimeoutMs": 10_000, "TopicData": [
         {"Name": topic, "PartitionData": [{"Index": 0, "Records": batch}]}]}) for batch in batches]
     frames, client.sock = client.sock.data, sock
@@ -171,7 +171,7 @@ def test_pipelined_produces_share_appends_and_keep_their_answers(kafka_gateway):
     assert [(p.ErrorCode, p.BaseOffset) for p in parts] == [(0, 2 * i) for i in range(20)]
     fetched = client.fetch(topic, 0, 0)
     assert fetched.HighWatermark == 40
-    assert [(r.offset, r.value) for r in records.read_batches(fetched.Records)] == [
+    assert [(r.offset, r.value) for r in kafka_format.read_batches(fetched.Records)] == [
         (offset, b"v%d" % (offset // 2)) for offset in range(40)]
     client.close()
     kafka_gateway.stop()

@@ -15,11 +15,12 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka_support import unique, wait_until
 
 from gateway.clients.kafka import KafkaClient
+from gateway.codecs.kafka.errors import Errors
 from gateway.launcher import free_port
 
 pytestmark = pytest.mark.local_only("the cluster's brokers keep their own leader epochs")
 
-FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = 74, 76
+FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH
 
 
 def produce(gw, topic: str, values: list[str]) -> None:

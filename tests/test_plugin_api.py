@@ -24,7 +24,7 @@ from gateway.codec import (
 )
 from gateway.codec.framing import ReceiveBuffer
 from gateway.codecs.v1 import plugin as v1_plugin
-from gateway.codecs.v1.batch import encode_record
+from gateway.codecs.v1.format import encode_record
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 

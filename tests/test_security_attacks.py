@@ -54,9 +54,9 @@ from gateway.clients.scram import HASHES, client_final, client_first, server_fir
 from gateway.clients.tank import TankClient, TankError
 from gateway.clients.tank import _request as tank_request
 from gateway.clients.v1 import V1Client
-from gateway.codecs.kafka import records
+from gateway.codecs.kafka import format as kafka_format
 from gateway.codecs.tank import schema as tank_schema
-from gateway.codecs.tank.codec import MsgId
+from gateway.codecs.tank.schema import MsgId
 from gateway.launcher import GatewayProcess, Tansu
 
 kcat = kafka_support.kcat
@@ -315,7 +315,7 @@ def test_kafka_requests_before_sasl_close_the_connection_and_store_nothing(secur
     gw = secured.gw
     topic, ghost, meta_ghost = unique("nosasl"), unique("nosasl-created"), unique("nosasl-meta")
     create_topic(gw, topic, "kept")
-    injected = records.encode_batch([m.Record(b"injected", b"k", int(time.time() * 1000))], 0)
+    injected = kafka_format.encode_batch([m.Record(b"injected", b"k", int(time.time() * 1000))], 0)
 
     def produce(name: str) -> dict:
         return {"Acks": 1, "TimeoutMs": 5000,

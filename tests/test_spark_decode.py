@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from spark_support import ARROW_SCHEMA
 
 from gateway.codec.formats import Columns
-from gateway.codecs.kafka import compression, records
-from gateway.codecs.tank import bundle
+from gateway.codecs.kafka import compression
+from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.tank import format as tank_format
 from gateway.spark import decode
 
 SCHEMA = ARROW_SCHEMA
@@ -26,10 +27,10 @@ def batch(base: int, rows: list[tuple], codec: int = 0, pid: int = -1, transacti
           log_append: bool = False) -> bytes:
     """One v2 batch of ``rows`` ``(key, value, timestamp, headers)`` at ``base``."""
     keys, values, stamps, headers = (list(column) for column in zip(*rows))
-    data = records.encode_columns(Columns(list(range(base, base + len(rows))), stamps, keys, values, headers),
+    data = kafka_format.encode_columns(Columns(list(range(base, base + len(rows))), stamps, keys, values, headers),
                                   base, codec, (pid, 0, 0 if pid >= 0 else -1))
-    attributes = struct.unpack_from(">h", data, 21)[0] | (records.ATTR_TRANSACTIONAL if transactional else 0) | (
-        records.ATTR_LOG_APPEND_TIME if log_append else 0)
+    attributes = struct.unpack_from(">h", data, 21)[0] | (kafka_format.ATTR_TRANSACTIONAL if transactional else 0) | (
+        kafka_format.ATTR_LOG_APPEND_TIME if log_append else 0)
     out = bytearray(data)
     struct.pack_into(">h", out, 21, attributes)
     struct.pack_into(">I", out, 17, crc32c.crc32c(bytes(out[21:])))
@@ -86,7 +87,7 @@ def test_the_c_and_python_loops_give_the_same_buffers(batches, start, length, cu
         data += batch(base, b["rows"], b["codec"], b["pid"], b["transactional"], b["log_append"])
         base += len(b["rows"])
         if b["marker"] is not None and b["pid"] >= 0:
-            data += records.control_batch(b["pid"], 0, b["marker"], 1, base_offset=base)
+            data += kafka_format.control_batch(b["pid"], 0, b["marker"], 1, base_offset=base)
             base += 1
     data = bytes(data[:len(data) - cut])  # a fetch answer may end inside a batch
     next_offset, buffers = both(data, start, start + length,
@@ -134,13 +135,13 @@ def test_the_range_cuts_records_and_the_next_offset_skips_what_is_not_read():
 def test_read_committed_leaves_out_aborted_transactions_as_kafka_consumers_do():
     data = (batch(0, [(None, b"a0", 1, ()), (None, b"a1", 1, ())], pid=7, transactional=True)
             + batch(2, [(None, b"c2", 1, ())], pid=8, transactional=True)
-            + records.control_batch(7, 0, False, 1, base_offset=3)
+            + kafka_format.control_batch(7, 0, False, 1, base_offset=3)
             + batch(4, [(None, b"plain", 1, ())])
             + batch(5, [(None, b"a5", 1, ())], pid=7, transactional=True)
-            + records.control_batch(8, 0, True, 1, base_offset=6)
-            + records.control_batch(7, 0, False, 1, base_offset=7)
+            + kafka_format.control_batch(8, 0, True, 1, base_offset=6)
+            + kafka_format.control_batch(7, 0, False, 1, base_offset=7)
             + batch(8, [(None, b"c8", 1, ())], pid=7, transactional=True)
-            + records.control_batch(7, 0, True, 1, base_offset=9))
+            + kafka_format.control_batch(7, 0, True, 1, base_offset=9))
     next_offset, committed = both(data, 0, 100, [(7, 0), (7, 5)])
     assert [r[2] for r in rows([], committed)] == [b"c2", b"plain", b"c8"] and next_offset == 10
     next_offset, uncommitted = both(data, 0, 100, None)
@@ -149,7 +150,7 @@ def test_read_committed_leaves_out_aborted_transactions_as_kafka_consumers_do():
 
 
 def test_a_legacy_message_set_is_left_to_librdkafka():
-    legacy = records.encode_message_set([records.Record(b"v" * 60, None, 1, offset=0)], 1)
+    legacy = kafka_format.encode_message_set([kafka_format.Record(b"v" * 60, None, 1, offset=0)], 1)
     with pytest.raises(decode.LegacyRecords):
         both(legacy, 0, 10, None)
 
@@ -164,9 +165,9 @@ MESSAGE = st.tuples(st.integers(0, 1 << 45), st.none() | st.binary(max_size=10),
 def test_tank_message_sets_give_the_same_buffers_in_c_and_python(messages, sparse, first, skip, start, length,
                                                                    cut):
     seqs = [first + i * (1 + skip % 3) for i in range(len(messages))] if sparse else None
-    data = bundle.encode(messages, seqs, compress=False)
-    header = bundle.parse_header(data, 0, len(data))
-    body = bytes(bundle.message_set(data, header))
+    data = tank_format.encode(messages, seqs, compress=False)
+    header = tank_format.parse_header(data, 0, len(data))
+    body = bytes(tank_format.message_set(data, header))
     if cut:
         body = body[:len(body) // 2]
     first_seq, last_seq = (header.first_seq, header.last_seq) if sparse else (first, 0)

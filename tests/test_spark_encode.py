@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.codecs.kafka import records
-from gateway.codecs.tank import bundle
+from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.tank import format as tank_format
 from gateway.partitioners import murmur2
 from gateway.spark import encode
 
@@ -47,8 +47,8 @@ def test_the_c_and_python_encoders_give_the_same_bytes(rows, strings, sliced, ma
         c = encode.kafka_batch(columns, picked, 1_700_000_000_000, max_bytes, at)
         assert encode._python_batch(columns, picked, 1_700_000_000_000, max_bytes, at) == c
         assert c[1] > at and (len(c[0]) <= max_bytes or c[1] == at + 1)
-        records.split_batches(c[0])  # a batch a broker takes: length, magic and CRC32C check
-        decoded += list(records.read_batches(c[0]))
+        kafka_format.split_batches(c[0])  # a batch a broker takes: length, magic and CRC32C check
+        decoded += list(kafka_format.read_batches(c[0]))
         at = c[1]
     expected_rows = range(len(columns)) if picked is None else picked.to_pylist()
     values = columns.values.to_pylist()
@@ -90,9 +90,9 @@ def test_tank_message_sets_and_fnv_partitions_are_the_same_in_c_and_python(rows,
         c = encode.tank_messages(columns, picked, 1_700_000_000_000, at, most)
         assert encode._tank_messages_in_python(columns, picked, 1_700_000_000_000, at, most) == c
         messages, count, at = c
-        data = bundle.plain(messages, count)
-        decoded += bundle.decode_messages(bundle.message_set(data, bundle.parse_header(data, 0, len(data))),
-                                          bundle.parse_header(data, 0, len(data)), 1)
+        data = tank_format.plain(messages, count)
+        decoded += tank_format.decode_messages(tank_format.message_set(data, tank_format.parse_header(data, 0, len(data))),
+                                          tank_format.parse_header(data, 0, len(data)), 1)
     expected_rows = range(len(columns)) if picked is None else picked.to_pylist()
     keys, values = columns.keys.to_pylist(), columns.values.to_pylist()
     assert [(k, v) for _, _, k, v in decoded] == [

@@ -12,8 +12,9 @@ from gateway import model as m
 from gateway.clients.tank import produce_request
 from gateway.codec import Close, ListenerSettings, Reply, Request
 from gateway.codec.testing import per_frame
-from gateway.codecs.tank import codec, plugin, schema
-from gateway.codecs.tank.bundle import (
+from gateway.codecs.tank import handlers, plugin, schema
+from gateway.codecs.tank.codec import PING, TankConnection
+from gateway.codecs.tank.format import (
     FORMAT,
     BundleError,
     build_chunk,
@@ -24,10 +25,8 @@ from gateway.codecs.tank.bundle import (
     message_set,
     parse_header,
 )
-from gateway.codecs.tank.codec import (
-    PING,
+from gateway.codecs.tank.handlers import (
     ProduceError,
-    TankConnection,
     consume_response,
     parse_consume,
     parse_produce,
@@ -188,7 +187,7 @@ def test_chunks_renumber_a_bundle_after_a_gap():
 
 
 def test_malformed_bundles_are_refused_with_produce_error_codes():
-    from gateway.codecs.tank.codec import _batch
+    from gateway.codecs.tank.handlers import _batch
 
     assert _batch(b"\x01\x03", 1, 0) == 2  # unknown codec
     assert _batch(b"\x01\x00", 1, 0) == 2  # varint count 0
@@ -258,7 +257,7 @@ def test_mutated_requests_never_raise(f, data):
 
 
 def test_sequence_numbers_beyond_the_engine_are_refused():
-    from gateway.codecs.tank.codec import _batch
+    from gateway.codecs.tank.handlers import _batch
 
     huge = frame(encode([(1, None, b"a")], [1 << 63]))
     assert _batch(huge, 1, 0) == 10
@@ -343,7 +342,7 @@ BUNDLES = st.tuples(st.lists(st.tuples(st.sampled_from([0, 1_700_000_000_000, 2*
                     st.sampled_from(["plain", "sparse", "snappy"]), st.integers(0, 2**63) | st.just(2**64 - 1))
 
 
-@pytest.mark.skipif(codec._speedups is None, reason="the C walk was not built (no compiler): the Python one runs")
+@pytest.mark.skipif(handlers._speedups is None, reason="the C walk was not built (no compiler): the Python one runs")
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.text(max_size=8), st.lists(st.tuples(st.integers(0, 65535), BUNDLES), max_size=3)),
                 max_size=3), st.booleans(), st.data())
@@ -365,20 +364,20 @@ def test_c_and_python_produce_parses_agree_whole_damaged_or_cut(topics, with_seq
         damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
     for candidate in (payload, bytes(damaged), payload[: data.draw(st.integers(0, len(payload)))]):
         outcomes = []
-        for parse in (codec.parse_produce, codec._parse_produce):
+        for parse in (handlers.parse_produce, handlers._parse_produce):
             try:
                 request_id, parsed = parse(candidate, with_seqnum)
-            except codec.Malformed:
+            except handlers.Malformed:
                 outcomes.append("malformed")
                 continue
             outcomes.append((request_id, [(t, [(p, attrs.evolve(b, max_timestamp=0) if isinstance(b, m.Batch) else b)
                                                for p, b in parts]) for t, parts in parsed]))
         assert outcomes[0] == outcomes[1]
-        plain = codec.parse_plain_produce(candidate, with_seqnum)
+        plain = handlers.parse_plain_produce(candidate, with_seqnum)
         if plain is not None:  # the shortcut gives what the walk gives
             request_id, topic, partition, batch = plain
             assert outcomes[0] == (request_id, [(topic, [(partition, attrs.evolve(batch, max_timestamp=0))])])
-            assert batch.max_timestamp == codec.parse_produce(candidate, with_seqnum)[1][0][1][0][1].max_timestamp
+            assert batch.max_timestamp == handlers.parse_produce(candidate, with_seqnum)[1][0][1][0][1].max_timestamp
 
 
 def test_pipelined_produce_requests_run_as_one_request_answered_as_each():

@@ -18,7 +18,7 @@ from tank_support import captures, read_frames
 from gateway.clients.tank import LATEST, TankClient, TankError, consume_request, produce_request
 from gateway.clients.v1 import V1Client
 from gateway.codecs.tank import schema
-from gateway.codecs.tank.bundle import encode
+from gateway.codecs.tank.format import encode
 
 GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 

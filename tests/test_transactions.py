@@ -461,7 +461,7 @@ def test_a_transactional_id_idle_for_seven_days_is_forgotten_as_kafka_forgets_it
     from gateway import model as m
     from gateway.broker import Broker, BrokerConfig, FsyncPolicy
     from gateway.broker.transactions import EXPIRATION_MS
-    from gateway.codecs.kafka.records import FORMAT
+    from gateway.codecs.kafka.format import FORMAT
     from gateway.local.store import LocalStore
     from gateway.storage.engine import Engine
 

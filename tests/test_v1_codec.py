@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -9,10 +11,9 @@ from hypothesis import strategies as st
 from gateway import model as m
 from gateway.codec import RUN_MAX, ListenerSettings, Reply, Request
 from gateway.codec.testing import CodecConformance
-from gateway.codecs.v1 import batch
 from gateway.codecs.v1 import codec as v1
-from gateway.codecs.v1.batch import FORMAT
 from gateway.codecs.v1.codec import V1Connection
+from gateway.codecs.v1.format import FORMAT
 
 
 def events(chunks: list[bytes], max_line: int = 256, runs: bool = False) -> list:
@@ -209,7 +210,7 @@ def test_the_plain_produce_path_gives_what_the_general_parser_gives(parts):
     commands and the same answers, for whatever line."""
     line = b"V1|9|PRODUCE|" + b"".join(parts) if parts[:1] != [b"V1"] else b"".join(parts)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(v1.time, "time_ns", lambda: 1_700_000_000_123_456_789)
+        patch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)  # the codec's clock and the handlers'
         fast = events([line + b"\n"])
         patch.setattr(v1, "parse_produce", lambda body, now: None)
         general = events([line + b"\n"])
@@ -225,9 +226,9 @@ def describe_fully(event) -> tuple:
     return "request", event.commands, answer
 
 
-@pytest.mark.skipif(batch._speedups is None, reason="built without a C compiler")
+@pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
 @settings(max_examples=1000, deadline=None)
 @given(st.lists(LINE_PARTS | st.binary(max_size=3), max_size=14), st.booleans())
 def test_c_and_python_parse_plain_produce_lines_alike(parts, prefixed):
     line = (b"V1|12|PRODUCE|" if prefixed else b"") + b"".join(parts)
-    assert batch._speedups.parse_produce(line, 1234) == v1._parse_produce(line, 1234)
+    assert v1._speedups.parse_produce(line, 1234) == v1._parse_produce(line, 1234)

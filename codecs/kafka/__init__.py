@@ -2,9 +2,9 @@
 
 from gateway.codec import CodecPlugin
 
-from .apis import APIS
 from .codec import OPTIONS, KafkaConnection
-from .records import FORMAT
+from .format import FORMAT
+from .handlers import HANDLERS
 
 DEFAULT_PORT = 9092
 MAX_FRAME = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
@@ -15,7 +15,7 @@ plugin = CodecPlugin(
     new_connection=KafkaConnection,
     max_frame_size=MAX_FRAME,
     description="Apache Kafka wire protocol (0.8 to 3.x clients)",
-    versions=f"{len(APIS)} APIs",
+    versions=f"{len(HANDLERS)} APIs",
     batch_format=FORMAT,
     options=OPTIONS,
 )

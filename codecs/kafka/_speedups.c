@@ -1,4 +1,4 @@
-/* Kafka record batch v2 record loops in C (optional; records.py has the same in Python).
+/* Kafka record batch v2 record loops in C (optional; format.py has the same in Python).
  *
  * read_records(body, pos, stop, count, base, base_ts, append_ts, offsets, stamps, keys, values, headers)
  *     appends the fields of ``count`` records of body[pos:stop] to the lists; returns whether any

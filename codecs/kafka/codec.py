@@ -20,6 +20,10 @@ exception there closes the connection as a malformed request. An exception in
 a handler or a render is a bug and escapes to the adapter, which logs it and
 closes the connection.
 
+This module reads a request's header and dispatches it through
+``handlers.HANDLERS`` (what each API does is there; ``handlers.VERSIONS`` the
+versions advertised).
+
 Listener options (``--codec-option kafka.KEY=VALUE``, ``OPTIONS``, parsed by
 the gateway before the listener starts): ``advertised.host``,
 ``advertised.port``, ``sasl.mechanisms`` (see ``sasl``) and
@@ -38,8 +42,10 @@ from construct import ConstructError
 from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, integer
 from gateway.codec.framing import LengthPrefixedFramer, fixed_header
 
-from . import apis, sasl, schema
+from . import sasl, schema
+from .errors import Errors
 from .fetch_session import FetchSession
+from .handlers import API_VERSIONS, HANDLERS, SASL_APIS, VERSIONS
 
 _SIZE = struct.Struct(">i")
 _KEY_VERSION = struct.Struct(">hhi")
@@ -90,13 +96,14 @@ class KafkaConnection(CodecConnection):
         if len(body) < _KEY_VERSION.size:
             return _close("frame shorter than a request header")
         api_key, version, correlation_id = _KEY_VERSION.unpack_from(body)
-        api = apis.APIS.get(api_key)
+        handler = HANDLERS.get(api_key)
         message = schema.MESSAGES.get(api_key)
-        if api is None or message is None:
+        if handler is None or message is None:
             return _close(f"unknown API key {api_key}")
-        if self.anonymous_refused and api_key not in apis.SASL_APIS:
+        if self.anonymous_refused and api_key not in SASL_APIS:
             return _close(f"{message.name} request before SASL authentication")
-        if not api.min_version <= version <= api.max_version:
+        low, high = VERSIONS[api_key]
+        if not low <= version <= high:
             return Handled.answer(self._unsupported(api_key, version, correlation_id))
         try:
             request_header, pos = schema.parse(schema.request_header(message.flexible(version)), body)
@@ -108,7 +115,7 @@ class KafkaConnection(CodecConnection):
         def frame(response: dict[str, Any]) -> bytes:
             return _frame(api_key, version, correlation_id, response)
 
-        return api.handle(self, version, request, frame)
+        return handler(self, version, request, frame)
 
     def _raw_sasl(self, token: bytes) -> Handled | None:
         """SaslHandshake v0: a raw token answered by a raw token; failure closes (after its delay)."""
@@ -128,13 +135,13 @@ class KafkaConnection(CodecConnection):
 
     def _unsupported(self, api_key: int, version: int, correlation_id: int) -> bytes:
         message = schema.MESSAGES[api_key]
-        if api_key == apis.API_VERSIONS:
-            own = apis.APIS[api_key]
-            body = {"ErrorCode": apis.UNSUPPORTED_VERSION,
-                    "ApiKeys": [{"ApiKey": api_key, "MinVersion": own.min_version, "MaxVersion": own.max_version}]}
+        if api_key == API_VERSIONS:
+            low, high = VERSIONS[api_key]
+            body = {"ErrorCode": Errors.UNSUPPORTED_VERSION,
+                    "ApiKeys": [{"ApiKey": api_key, "MinVersion": low, "MaxVersion": high}]}
             return _frame(api_key, 0, correlation_id, body)
         shown = min(max(version, message.valid[0]), message.valid[1])
-        return _frame(api_key, shown, correlation_id, {"ErrorCode": apis.UNSUPPORTED_VERSION})
+        return _frame(api_key, shown, correlation_id, {"ErrorCode": Errors.UNSUPPORTED_VERSION})
 
 
 def _close(reason: str) -> Handled:

@@ -2,13 +2,13 @@
 with the TANK 4.0 broker and ``tank-cli``.
 
 TANK sequence numbers are the engine's offsets plus one (TANK numbers each
-partition's messages from 1), in every partition; see ``codec.py``.
+partition's messages from 1), in every partition; see ``handlers.py``.
 """
 
 from gateway.codec import CodecPlugin
 
-from .bundle import FORMAT
 from .codec import TankConnection
+from .format import FORMAT
 
 DEFAULT_PORT = 11011
 MAX_FRAME = 64 << 20

@@ -1,6 +1,6 @@
 /* The walk over a TANK message set, shared by the codec's C loops (``_speedups.c``) and the Spark
  * source's Arrow loop (``gateway/spark/_arrow.c``), so that both read messages exactly as
- * ``bundle._read_messages`` does.
+ * ``format._read_messages`` does.
  */
 #ifndef POLYGATE_TANK_MESSAGES_H
 #define POLYGATE_TANK_MESSAGES_H

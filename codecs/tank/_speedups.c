@@ -1,12 +1,12 @@
-/* The TANK message loops of conversions in C (optional; bundle.py has the same in Python).
+/* The TANK message loops of conversions in C (optional; format.py has the same in Python).
  *
  * read_messages(data, count, sparse, first_seq, last_seq, seqs, stamps, keys, values) -> (read, end)
  *     appends the fields of up to ``count`` messages of a message set to the lists, as
- *     ``bundle._read_messages`` does, stopping at the first message cut short or undecodable;
+ *     ``format._read_messages`` does, stopping at the first message cut short or undecodable;
  *     returns how many it read and the position after the last. OverflowError for sequence
  *     numbers beyond 64 bits (the Python loop takes them).
  * encode_messages(stamps, keys, values, seqs) -> bytes
- *     the messages part of an uncompressed bundle, as ``bundle._encode_messages`` writes it:
+ *     the messages part of an uncompressed bundle, as ``format._encode_messages`` writes it:
  *     stamps are u64 timestamps (ms), keys bytes or None (cut to 255 bytes), values bytes;
  *     seqs is None, or one ascending sequence number per message for a SPARSE bundle.
  *     TypeError or OverflowError for what only the Python loop takes (other types, out of range).
@@ -15,15 +15,15 @@
  *     bundles are all uncompressed and valid; None for anything else (a compressed bundle, a fault, a
  *     sequence number past 64 bits), which the Python path then checks and refuses with its own message.
  * parse_produce(payload, with_seqnum) -> (request_id, [(topic, [(partition, stored, base_seq, header)])])
- *     the walk of ``codec.parse_produce``: ``topic`` as str (UTF-8, surrogateescape), ``stored`` the partition's ``varint len | bundle``
+ *     the walk of ``handlers.parse_produce``: ``topic`` as str (UTF-8, surrogateescape), ``stored`` the partition's ``varint len | bundle``
  *     (a Produce-with-seqnum's u64 base sequence number taken out), ``header`` the bundle's
- *     ``(flags, count, first_seq, seq_delta, body, first_ts)`` as ``bundle.parse_header`` reads it (``seq_delta``
- *     -1 unless a SPARSE bundle of several messages; ``first_ts`` 0 when ``bundle.first_timestamp`` would
+ *     ``(flags, count, first_seq, seq_delta, body, first_ts)`` as ``format.parse_header`` reads it (``seq_delta``
+ *     -1 unless a SPARSE bundle of several messages; ``first_ts`` 0 when ``format.first_timestamp`` would
  *     take the time now), or None when it does not parse. ValueError for a request cut short.
  * parse_plain_produce(payload, with_seqnum) -> (request_id, topic, partition, stored, count, timestamp, base_seq) | None
  *     what clients send most, ahead of ``parse_produce``: a request for one partition of one topic whose
- *     bundle is plain (not SPARSE, with its own timestamp, a count ``codec._checked_batch`` takes as it
- *     is); its fields as ``parse_produce`` and ``codec._batch_of_header`` make them. None for any other
+ *     bundle is plain (not SPARSE, with its own timestamp, a count ``handlers._checked_batch`` takes as it
+ *     is); its fields as ``parse_produce`` and ``handlers._batch_of_header`` make them. None for any other
  *     request, whole or not: ``parse_produce`` takes it, with its codes and faults.
  * check_messages(data, count, sparse, first_seq, last_seq)
  *     checks that a produced bundle's message set is exactly ``count`` whole messages, whose sequence
@@ -290,13 +290,13 @@ validate_plain(PyObject *self, PyObject *args)
     return Py_BuildValue("(KK)", (unsigned long long)records, (unsigned long long)span);
 }
 
-/* The fields of a bundle header that a produce needs, as bundle.parse_header reads them. */
+/* The fields of a bundle header that a produce needs, as format.parse_header reads them. */
 typedef struct {
     unsigned char flags;
     uint64_t count, first, delta; /* delta: meaningful when has_delta */
     int has_delta;
     Py_ssize_t body;  /* where the message set starts */
-    uint64_t first_ts; /* 0 when bundle.first_timestamp would take the time now */
+    uint64_t first_ts; /* 0 when format.first_timestamp would take the time now */
 } BundleHeader;
 
 /* Read the header of the bundle p[pos:end] into *h: 0, or -1 when it does not parse. */
@@ -339,7 +339,7 @@ read_bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, Bundl
     return 0;
 }
 
-/* The header of the bundle p[pos:end], as bundle.parse_header reads it, or None when it does not parse. */
+/* The header of the bundle p[pos:end], as format.parse_header reads it, or None when it does not parse. */
 static PyObject *
 bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end)
 {
@@ -353,8 +353,8 @@ bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end)
                          (unsigned long long)h.first_ts);
 }
 
-#define MAX_SPAN ((uint64_t)1 << 31)  /* codec.MAX_SPAN */
-#define MAX_SEQ ((uint64_t)1 << 63)   /* codec.MAX_SEQ */
+#define MAX_SPAN ((uint64_t)1 << 31)  /* handlers.MAX_SPAN */
+#define MAX_SEQ ((uint64_t)1 << 63)   /* handlers.MAX_SEQ */
 
 /* The head of a Produce request in p[:end]: its request id, its topics' count, and where they start
  * (*pos): 0, or -1 when cut short. */
@@ -420,7 +420,7 @@ stored_of(const unsigned char *p, const ProducedPartition *e)
     return stored;
 }
 
-/* A topic name of a request: UTF-8, what does not decode kept as surrogates (codec._text). */
+/* A topic name of a request: UTF-8, what does not decode kept as surrogates (handlers._text). */
 static PyObject *
 topic_name(const unsigned char *p, Py_ssize_t at, Py_ssize_t end)
 {

@@ -6,12 +6,15 @@ little-endian; ``str8`` is a u8 length and the bytes; a varint is unsigned
 LEB128 (at most 5 bytes for the 32-bit values TANK writes).
 
 The produce request parser and the consume response builder of the server
-have hand-written ``struct`` fast paths (``codec.py``); the tests check that
-they agree with these schemas byte for byte.
+have hand-written ``struct`` fast paths (``handlers.py``); the tests check that
+they agree with these schemas byte for byte. ``MsgId``, ``HEADER`` and ``frame``
+are the frame layout both sides share.
 """
 
 from __future__ import annotations
 
+import enum
+import struct
 from typing import Any
 
 from construct import (
@@ -40,6 +43,29 @@ from construct import (
 
 U64_MAX = (1 << 64) - 1
 UNKNOWN_TOPIC = 0xFFFF
+
+
+class MsgId(enum.IntEnum):
+    """A frame's message type (its first byte)."""
+
+    PRODUCE = 0x01
+    CONSUME = 0x02
+    PING = 0x03
+    PRODUCE_WITH_SEQNUM = 0x05
+    DISCOVER_PARTITIONS = 0x06
+    CREATE_TOPIC = 0x07
+    RELOAD_CONF = 0x08
+    STATUS = 0x0A
+    DISCOVER_TOPICS = 0x0B
+    DISCOVER_TOPOLOGY = 0x0C
+
+
+HEADER = struct.Struct("<BI")  # a frame's head: message type, body size (``FrameHeader``, in one step)
+
+
+def frame(msg_id: int, body: bytes) -> bytes:
+    """The frame of a message: ``msgId:u8 size:u32 | body``."""
+    return HEADER.pack(msg_id, len(body)) + body
 
 
 class _Text(Adapter):

@@ -2,8 +2,8 @@
 
 from gateway.codec import CodecPlugin
 
-from .batch import FORMAT
 from .codec import V1Connection
+from .format import FORMAT
 
 DEFAULT_PORT = 9192
 MAX_LINE = 64 * 1024

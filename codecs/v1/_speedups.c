@@ -1,4 +1,4 @@
-/* The V1 record loop of conversions in C (optional; batch.py has the same in Python).
+/* The V1 record loop of conversions in C (optional; format.py has the same in Python).
  *
  * read_records(payloads, bases, offsets, timestamps, keys, values) -> None
  *     appends the fields of every record of every payload (a stored V1 batch) to the
@@ -6,7 +6,7 @@
  *     the record's offset delta; a negative length is a null key or value.
  *     Raises ValueError on a record that runs past the end of its payload.
  * encode_records(offsets, base_offset, timestamps, keys, values) -> bytes
- *     the payload of a V1 batch, as ``batch._encode_records`` writes it (keys bytes or None,
+ *     the payload of a V1 batch, as ``format._encode_records`` writes it (keys bytes or None,
  *     values bytes); TypeError or OverflowError for what only the Python loop takes (other
  *     types, an offset delta outside 32 bits, a timestamp outside 64).
  * count_records(payload) -> int
@@ -17,9 +17,9 @@
  *     set to 0, 1, 2..., as ``V1Format.assign_offsets`` numbers joined one-record payloads;
  *     the payload itself when they already are. ValueError when a record is cut short.
  * parse_produce(line, timestamp) -> (cid, topic, key, payload, acks) | None
- *     a plain PRODUCE line, as ``codec.parse_produce`` parses it: ``V1|<cid>|PRODUCE|<topic>
+ *     a plain PRODUCE line, as ``codec._parse_produce`` parses it: ``V1|<cid>|PRODUCE|<topic>
  *     <key>:<value>[ <acks>]``, every field printable ASCII, one space between arguments. The
- *     payload is the record as ``batch.encode_keyed(timestamp, key, value)`` writes it; acks is
+ *     payload is the record as ``format.encode_keyed(timestamp, key, value)`` writes it; acks is
  *     the third argument's text or None. None for every other line (the codec's general parser
  *     takes it).
  */

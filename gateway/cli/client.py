@@ -7,7 +7,7 @@ the connection and each answer (5 s); ``--tls-ca``/``--tls-cert``/``--tls-key`` 
 and, for a refusal, the protocol's own error name (``127.0.0.1:9092: kafka error
 UNKNOWN_TOPIC_OR_PARTITION: topic t``). ``--output json`` prints JSON with the same fields whatever the
 protocol (records and produce acknowledgements one object per line); offsets are offsets (from 0,
-TANK's sequence numbers converted). The protocol-specific work is in ``gateway.clients.uniform``;
+TANK's sequence numbers converted). The protocol-specific work is in each protocol's session (``gateway.clients.session``);
 this module imports ``gateway.clients`` only when a command runs, so ``gateway serve`` never loads it.
 """
 
@@ -28,14 +28,8 @@ import click
 from gateway.cli.credentials import caller_password, credential_options, tls_context
 
 if TYPE_CHECKING:
-    from gateway.clients.uniform import (
-        Fetched,
-        KafkaSession,
-        Membership,
-        PartitionInfo,
-        Record,
-        Session,
-    )
+    from gateway.clients.kafka import KafkaSession
+    from gateway.clients.session import Fetched, Membership, PartitionInfo, Record, Session
 
 PROTOCOLS = ("v1", "kafka", "tank", "cursus")
 DEFAULT_PORTS = {"v1": 9192, "kafka": 9092, "tank": 11011, "cursus": 9000}
@@ -84,7 +78,8 @@ def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Sess
     """A session with the listener; every failure becomes one line (``_fail``), never a traceback."""
     import ssl
 
-    from gateway.clients.uniform import ProtocolError, Unsupported, open_session
+    from gateway.clients import open_session
+    from gateway.clients.session import ProtocolError, Unsupported
 
     host, port = _address(server, protocol)
     where = _where(host, port)
@@ -126,7 +121,7 @@ def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Sess
 
 def _credentials() -> tuple[Any, Any]:
     """The TLS context and login the running command's options ask for (``gateway.cli.credentials``)."""
-    from gateway.clients.uniform import Login
+    from gateway.clients.session import Login
 
     given = click.get_current_context().meta.get(__name__ + ".credentials", {})
     tls = tls_context(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
@@ -286,7 +281,8 @@ def produce(topic, messages, key, partition, protocol, server, timeout, output) 
     first ':', so over V1 a value with whitespace, or a key with ':' or whitespace, is refused (nothing
     is sent): use another --protocol for those, they carry any bytes.
     """
-    from gateway.clients.uniform import ProtocolError, Unsupported, v1_message
+    from gateway.clients.session import ProtocolError, Unsupported
+    from gateway.clients.v1 import v1_message
 
     raw_key = None if key is None else key.encode("utf-8", "surrogateescape")
     if protocol == "v1":  # refuse before anything is sent
@@ -432,7 +428,7 @@ def _read(s: Session, topic: str, positions: dict[int, int], floors: dict[int, i
     """Read the partitions of ``positions`` (updated as records are printed) to their end, or on with
     ``follow``. In a group, commit what was printed, heartbeat, and return ``"rebalance"`` when the
     group moved on; else ``"done"``."""
-    from gateway.clients.uniform import HEARTBEAT_S
+    from gateway.clients.session import HEARTBEAT_S
 
     done: set[int] = set()
     beat = time.monotonic()
@@ -508,7 +504,7 @@ def _read_in_group(s: Session, protocol: str, server: str | None, timeout: float
 def _leave(s: Session, member: Membership, interrupted: bool, protocol: str, server: str | None,
            timeout: float) -> None:
     """Leave the group; after an interruption, from a new connection (an answer may be half read on this one)."""
-    from gateway.clients.uniform import open_session
+    from gateway.clients import open_session
 
     try:
         if not interrupted:
@@ -536,7 +532,7 @@ def groups() -> None:
 @contextmanager
 def _kafka_session(protocol: str, server: str | None, timeout: float) -> Iterator[KafkaSession]:
     """``_session`` for the group commands, which only Kafka has."""
-    from gateway.clients.uniform import KafkaSession
+    from gateway.clients.kafka import KafkaSession
 
     if protocol != "kafka":
         _fail(f"{protocol.upper()} has no request that lists or describes groups: use --protocol kafka "
@@ -585,7 +581,7 @@ def groups_describe(group, protocol, server, timeout, output) -> None:
     "client_host", "assignment": {topic: [partitions]}}], "partitions": [{"topic", "partition",
     "member", "protocol", "committed", "high_watermark", "lag"}]}.
     """
-    from gateway.clients.uniform import ProtocolError
+    from gateway.clients.session import ProtocolError
     from gateway.codecs.kafka.consumer_protocol import decode_assignment
 
     with _kafka_session(protocol, server, timeout) as s:

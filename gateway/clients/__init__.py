@@ -1,9 +1,14 @@
 """Small clients used by the CLI, the tests and the benchmarks."""
 
+from __future__ import annotations
+
 import socket
 import ssl
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.clients.session import Login, Session
 
 # protocol name -> "module:class" of a client with the CLI's methods
 # (create_topic, list_topics, describe_topic, delete_topic, produce, consume_all).
@@ -15,10 +20,23 @@ CLIENTS = {
 }
 
 
+# protocol name -> "module:class" of its uniform session (``gateway.clients.session``)
+SESSIONS = {
+    "v1": "gateway.clients.v1:V1Session",
+    "kafka": "gateway.clients.kafka:KafkaSession",
+    "tank": "gateway.clients.tank:TankSession",
+    "cursus": "gateway.clients.cursus:CursusSession",
+}
+
+
+def _load(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(import_module(module), name)
+
+
 def connect(protocol: str, host: str, port: int | None) -> Any:
     """Open a client of ``protocol`` to ``host:port``."""
-    module, _, name = CLIENTS[protocol].partition(":")
-    cls = getattr(import_module(module), name)
+    cls = _load(CLIENTS[protocol])
     return cls(host, port) if port is not None else cls(host)
 
 
@@ -34,3 +52,18 @@ def open_socket(host: str, port: int, timeout: float, tls: ssl.SSLContext | None
     except BaseException:
         sock.close()
         raise
+
+
+def open_session(protocol: str, host: str, port: int, connect_timeout: float, timeout: float,
+                 tls: ssl.SSLContext | None = None, login: Login | None = None) -> Session:
+    """Connect to ``host:port`` (waiting up to ``connect_timeout``), over TLS with ``tls``, and log in
+    with ``login``; answers are then waited for up to ``timeout`` seconds each."""
+    session = _load(SESSIONS[protocol])(host, port, connect_timeout, tls)
+    try:
+        session.set_timeout(timeout)
+        if login is not None:
+            session.login(login)
+    except BaseException:
+        session.close()
+        raise
+    return session

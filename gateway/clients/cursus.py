@@ -8,14 +8,31 @@ consume uses ``CONSUME`` and decodes the 0xBA7C batch it answers.
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import ssl
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from gateway.clients import open_socket
+from gateway.clients.session import (
+    Fetched,
+    Login,
+    Membership,
+    PartitionInfo,
+    Produced,
+    ProtocolError,
+    Record,
+    Session,
+    Unsupported,
+    as_text,
+    key_values,
+    member_name,
+)
 from gateway.codecs.cursus import format as cursus_format
+from gateway.partitioners import choose
 
 U32 = struct.Struct(">I")
 
@@ -104,3 +121,125 @@ class CursusClient:
             for off, payload in records:
                 yield off, payload.decode("utf-8", "surrogateescape")
             offset = records[-1][0] + 1
+
+
+# --------------------------------------------------------------------------- the uniform session
+
+
+def _cursus_error(text: str) -> ProtocolError:
+    """``ERROR: name k=v ...`` (or a produce acknowledgement's ``name k=v``) as a ProtocolError."""
+    body = text.removeprefix("ERROR:").strip()
+    name, _, rest = body.partition(" ")
+    return ProtocolError("cursus", name or "ERROR", rest)
+
+
+class CursusSession(Session):
+    protocol = "cursus"
+
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
+        self.client = CursusClient(host, port, timeout, tls)
+        self._spread = itertools.count(random.randrange(1 << 16))
+
+    def login(self, login: Login) -> None:
+        if any(c.isspace() for c in login.user + login.password):
+            raise Unsupported("Cursus AUTH cannot carry a user name or password with whitespace")
+        self._text(f"AUTH principal={login.user} token={login.password}")
+
+    def _text(self, command: str) -> str:
+        answer = as_text(self.client.request(command))
+        if not answer.startswith("OK"):
+            raise _cursus_error(answer)
+        return answer
+
+    def _fields(self, command: str) -> dict[str, str]:
+        return key_values(self._text(command)[2:].strip())
+
+    def create_topic(self, topic: str, partitions: int | None) -> int:
+        return int(self._fields(f"CREATE topic={topic}" + (f" partitions={partitions}" if partitions else ""))
+                   ["partitions"])
+
+    def delete_topic(self, topic: str) -> None:
+        self._text(f"DELETE topic={topic}")
+
+    def list_topics(self) -> dict[str, int]:
+        names = [n for n in self._fields("LIST").get("topics", "").split(",") if n]
+        return {n: int(self._fields(f"METADATA topic={n}")["partitions"]) for n in names}
+
+    def describe_topic(self, topic: str) -> list[PartitionInfo]:
+        out = []
+        for item in self._fields(f"LIST_OFFSETS topic={topic}").get("offsets", "").split(","):
+            if item:
+                name, *pairs = item.split(":")
+                fields = dict(pair.split("=", 1) for pair in pairs)
+                out.append(PartitionInfo(int(name[1:]), int(fields["earliest"]), int(fields["hwm"])))
+        return out
+
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+        """One record in a binary batch (0xBA7C): any key and value travel unchanged (PUBLISH's
+        ``message=`` would lose trailing whitespace)."""
+        if key is not None and len(key) > 0xFFFF:
+            raise Unsupported("a Cursus key is at most 65535 bytes")
+        if partition is None:  # as cursus-python's producer: FNV-1a 32 of the key (where V1 puts it); else spread
+            partition = choose("fnv1a_32", key or None, self.partition_count(topic), next(self._spread))
+        body = cursus_format.encode_header(topic, partition, "1", False, 0, 0, 1) + cursus_format.encode_record(
+            0, 0, b"gateway-cli", key or b"", 0, value)
+        self.client.sock.sendall(U32.pack(len(body)) + body)
+        (length,) = U32.unpack(self.client._exact(4))
+        answer = self.client._exact(length)
+        ack = json.loads(answer) if answer.startswith(b"{") else {"status": "ERROR", "error": as_text(answer)}
+        if ack.get("status") != "OK":
+            raise _cursus_error(ack.get("error") or as_text(answer))
+        return Produced(topic, partition, int(ack["last_offset"]), key)
+
+    def fetch(self, topic: str, partition: int, offset: int, wait_ms: int = 0) -> Fetched:
+        command = f"CONSUME topic={topic} partition={partition} offset={offset} member=gateway-cli"
+        with self.timeout(wait_ms / 1000 + 5):
+            answer = self.client.request(command + (f" wait_ms={wait_ms}" if wait_ms else ""))
+        if not answer.startswith(b"\xba\x7c"):
+            raise _cursus_error(as_text(answer))
+        header = cursus_format.parse_header(answer)
+        starts = cursus_format.walk(answer, header.size, header.count)
+        decoded = [cursus_format.decode_record(answer, s) for s in starts[:-1]]
+        kept = tuple(Record(topic, partition, r.offset, r.key or None, r.payload, None)
+                     for r in decoded if r.offset >= offset)
+        return Fetched(topic, partition, kept, max([offset] + [r.offset + 1 for r in decoded]), None)
+
+    def fetch_many(self, wanted: Sequence[tuple[str, int, int]], wait_ms: int = 0) -> list[Fetched]:
+        if len(wanted) == 1:  # CONSUME waits on one partition
+            return [self.fetch(*wanted[0], wait_ms=wait_ms)]
+        return super().fetch_many(wanted, wait_ms)
+
+    def join(self, group: str, topic: str, member: Membership | None = None) -> Membership:
+        member_id = member.member_id if member else member_name()
+        text = self._text(f"JOIN_GROUP topic={topic} group={group} member={member_id}")
+        fields = key_values(text[2:].strip())
+        return Membership(group, topic, fields.get("member", member_id), int(fields["generation"]),
+                          [int(p) for p in fields.get("assignments", "[]").strip("[]").split()])
+
+    def _member_call(self, command: str) -> bool:
+        try:
+            self._text(command)
+        except ProtocolError as e:
+            if e.name in ("GEN_MISMATCH", "REBALANCE_REQUIRED", "member_not_found", "NOT_OWNER"):
+                return False
+            raise
+        return True
+
+    def heartbeat(self, member: Membership) -> bool:
+        return self._member_call(f"HEARTBEAT topic={member.topic} group={member.group} member={member.member_id} "
+                                 f"generation={member.generation}")
+
+    def committed(self, member: Membership, partition: int) -> int | None:
+        offset = int(self._fields(f"FETCH_OFFSET topic={member.topic} partition={partition} group={member.group}")
+                     ["offset"])
+        return offset or None  # FETCH_OFFSET answers 0 when nothing was committed
+
+    def commit(self, member: Membership, partition: int, offset: int) -> bool:
+        return self._member_call(f"COMMIT_OFFSET topic={member.topic} partition={partition} group={member.group} "
+                                 f"offset={offset} member={member.member_id} generation={member.generation}")
+
+    def leave(self, member: Membership) -> None:
+        self._member_call(f"LEAVE_GROUP topic={member.topic} group={member.group} member={member.member_id}")
+
+    def ping(self) -> None:
+        self._text("PROTOCOL_INFO")

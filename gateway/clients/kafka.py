@@ -9,15 +9,35 @@ one broker (the gateway) and uses non-flexible versions.
 from __future__ import annotations
 
 import itertools
+import random
 import ssl
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from gateway import model as m
 from gateway.clients import open_socket, scram
-from gateway.codecs.kafka import records, schema
+from gateway.clients.session import (
+    Fetched,
+    Login,
+    Membership,
+    PartitionInfo,
+    Produced,
+    ProtocolError,
+    Record,
+    Session,
+)
+from gateway.codecs.kafka import errors, schema
+from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.kafka.consumer_protocol import (
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+)
+from gateway.codecs.kafka.errors import Errors
+from gateway.partitioners import choose
 
 _SIZE = struct.Struct(">i")
 
@@ -26,9 +46,7 @@ class KafkaError(Exception):
     """A Kafka error code; ``name`` is Kafka's name for it (``UNKNOWN_TOPIC_OR_PARTITION`` for 3)."""
 
     def __init__(self, code: int, message: str = ""):
-        from gateway.clients.uniform import kafka_error_name
-
-        self.name = kafka_error_name(code)
+        self.name = errors.name(code)
         super().__init__(f"{self.name} ({code}){': ' + message if message else ''}")
         self.code = code
 
@@ -120,7 +138,7 @@ class KafkaClient:
         return self.call(0, version, body).Responses[0].PartitionResponses[0]
 
     def produce(self, topic: str, key: str, value: str, partition: int = 0) -> dict[str, Any]:
-        batch = records.encode_batch([m.Record(value.encode(), key.encode() if key else None,
+        batch = kafka_format.encode_batch([m.Record(value.encode(), key.encode() if key else None,
                                                int(time.time() * 1000))], 0)
         answer = self.produce_batch(topic, partition, batch)
         if answer.ErrorCode:  # ErrorMessage exists from Produce v8 on
@@ -140,7 +158,7 @@ class KafkaClient:
             answer = self.fetch(topic, partition, offset)
             if answer.ErrorCode:
                 raise KafkaError(answer.ErrorCode)
-            got = [(r.offset, r.value) for r in records.read_batches(answer.Records or b"")
+            got = [(r.offset, r.value) for r in kafka_format.read_batches(answer.Records or b"")
                    if r.offset is not None and r.offset >= offset]
             for at, value in got:
                 yield at, (value or b"").decode("utf-8", "replace")
@@ -177,3 +195,209 @@ class KafkaClient:
     def describe_topic(self, topic: str) -> dict[str, str]:
         parts = self._metadata([topic])[topic]
         return {"partitions": str(len(parts)), "leader": ",".join(str(p.LeaderId) for p in parts)}
+
+
+# --------------------------------------------------------------------------- the uniform session
+
+
+SESSION_TIMEOUT_MS = 10_000
+REBALANCE = {Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID, Errors.REBALANCE_IN_PROGRESS}  # join again
+
+
+class KafkaSession(Session):
+    protocol = "kafka"
+
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
+        self.client = KafkaClient(host, port, timeout, tls)
+        self._spread = itertools.count(random.randrange(1 << 16))
+        self._member_id = ""
+
+    def login(self, login: Login) -> None:
+        try:
+            self.client.login(login.user, login.password, login.mechanism)
+        except KafkaError as e:
+            raise ProtocolError("kafka", e.name, str(e).partition(": ")[2]) from None
+
+    @staticmethod
+    def check(code: int, message: str | None = "") -> None:
+        if code:
+            raise ProtocolError("kafka", errors.name(code), message or "")
+
+    def _metadata(self, topics: Sequence[str] | None, create: bool = False) -> dict[str, int]:
+        body = {"Topics": None if topics is None else [{"Name": t} for t in topics],
+                "AllowAutoTopicCreation": create}
+        out = {}
+        for t in self.client.call(3, 4, body).Topics:
+            self.check(t.ErrorCode, f"topic {t.Name}")
+            out[t.Name] = len(t.Partitions)
+        return out
+
+    def create_topic(self, topic: str, partitions: int | None) -> int:
+        answer = self.client.call(19, 2, {"Topics": [{"Name": topic, "NumPartitions": partitions or -1,
+                                                      "ReplicationFactor": -1}], "TimeoutMs": 10_000}).Topics[0]
+        self.check(answer.ErrorCode, answer.get("ErrorMessage") or f"topic {topic}")
+        return self._metadata([topic])[topic]
+
+    def _partition_count(self, topic: str) -> int:
+        return self._metadata([topic], create=True)[topic]
+
+    def delete_topic(self, topic: str) -> None:
+        answer = self.client.call(20, 1, {"TopicNames": [topic], "TimeoutMs": 10_000}).Responses[0]
+        self.check(answer.ErrorCode, f"topic {topic}")
+
+    def list_topics(self) -> dict[str, int]:
+        return self._metadata(None)
+
+    def _offsets(self, wanted: dict[str, list[int]], timestamp: int) -> dict[tuple[str, int], int]:
+        body = {"ReplicaId": -1, "Topics": [{"Name": t, "Partitions": [{"PartitionIndex": p, "Timestamp": timestamp}
+                                                                        for p in ps]} for t, ps in wanted.items()]}
+        out = {}
+        for t in self.client.call(2, 1, body).Topics:
+            for p in t.Partitions:
+                self.check(p.ErrorCode, f"topic {t.Name} partition {p.PartitionIndex}")
+                out[(t.Name, p.PartitionIndex)] = p.Offset
+        return out
+
+    def describe_topics(self, topics: Sequence[str]) -> dict[str, list[PartitionInfo]]:
+        counts = self._metadata(list(topics)) if topics else {}
+        wanted = {t: list(range(n)) for t, n in counts.items() if n}
+        start = self._offsets(wanted, -2) if wanted else {}
+        end = self._offsets(wanted, -1) if wanted else {}
+        return {t: [PartitionInfo(p, start[(t, p)], end[(t, p)]) for p in range(n)] for t, n in counts.items()}
+
+    def describe_topic(self, topic: str) -> list[PartitionInfo]:
+        return self.describe_topics([topic])[topic]
+
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+        count = self.partition_count(topic)  # creates a missing topic, as Kafka clients' Metadata does
+        if partition is None:  # as Kafka's Java client: murmur2 of the key; without a key, spread
+            partition = choose("murmur2", key, count, next(self._spread))
+        batch = kafka_format.encode_batch([m.Record(value, key, int(time.time() * 1000))], 0)
+        answer = self.client.produce_batch(topic, partition, batch)
+        self.check(answer.ErrorCode, answer.get("ErrorMessage") or f"topic {topic} partition {partition}")
+        return Produced(topic, partition, answer.BaseOffset, key)
+
+    def fetch(self, topic: str, partition: int, offset: int, wait_ms: int = 0) -> Fetched:
+        return self.fetch_many([(topic, partition, offset)], wait_ms)[0]
+
+    def fetch_many(self, wanted: Sequence[tuple[str, int, int]], wait_ms: int = 0) -> list[Fetched]:
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for t, p, o in wanted:
+            topics.setdefault(t, []).append({"Partition": p, "FetchOffset": o, "PartitionMaxBytes": 1 << 20})
+        body = {"ReplicaId": -1, "MaxWaitMs": wait_ms, "MinBytes": 1 if wait_ms else 0, "MaxBytes": 4 << 20,
+                "Topics": [{"Topic": t, "Partitions": ps} for t, ps in topics.items()]}
+        with self.timeout(wait_ms / 1000 + 5):
+            answer = self.client.call(1, 11, body)
+        got = {}
+        for t in answer.Responses:
+            for p in t.Partitions:
+                self.check(p.ErrorCode, f"topic {t.Topic} partition {p.PartitionIndex}")
+                got[(t.Topic, p.PartitionIndex)] = p
+        out = []
+        for t, p, o in wanted:
+            part = got[(t, p)]
+            seen = list(kafka_format.read_batches(part.Records or b""))
+            kept = tuple(Record(t, p, r.offset, r.key, r.value or b"", r.timestamp if r.timestamp >= 0 else None)
+                         for r in seen if r.offset >= o)
+            next_offset = max([o] + [r.offset + 1 for r in seen])
+            out.append(Fetched(t, p, kept, next_offset, part.HighWatermark))
+        return out
+
+    # ------------------------------------------------------------------ groups
+
+    def join(self, group: str, topic: str, member: Membership | None = None) -> Membership:
+        while True:
+            body = {"GroupId": group, "SessionTimeoutMs": SESSION_TIMEOUT_MS, "RebalanceTimeoutMs": SESSION_TIMEOUT_MS,
+                    "MemberId": self._member_id, "ProtocolType": "consumer",
+                    "Protocols": [{"Name": "range", "Metadata": encode_subscription([topic])}]}
+            with self.timeout(SESSION_TIMEOUT_MS / 1000 + 10):  # the join waits for every member
+                joined = self.client.call(11, 1, body)
+            if joined.ErrorCode == Errors.UNKNOWN_MEMBER_ID:  # join as a new member
+                self._member_id = ""
+                continue
+            self.check(joined.ErrorCode, f"group {group}")
+            self._member_id = joined.MemberId
+            assignments = []
+            if joined.Leader == joined.MemberId:  # this member assigns, by range, as Kafka's RangeAssignor
+                subscribed = {mem.MemberId: decode_subscription(mem.Metadata) for mem in joined.Members}
+                counts = self._metadata(sorted({t for ts in subscribed.values() for t in ts}))
+                plan: dict[str, list[tuple[str, tuple[int, ...]]]] = {mid: [] for mid in subscribed}
+                for t, n in counts.items():
+                    members = sorted(mid for mid, ts in subscribed.items() if t in ts)
+                    per, extra = divmod(n, len(members))
+                    start = 0
+                    for i, mid in enumerate(members):
+                        size = per + (1 if i < extra else 0)
+                        plan[mid].append((t, tuple(range(start, start + size))))
+                        start += size
+                assignments = [{"MemberId": mid, "Assignment": encode_assignment(tuple(ps))} for mid, ps in plan.items()]
+            with self.timeout(SESSION_TIMEOUT_MS / 1000 + 10):
+                synced = self.client.call(14, 1, {"GroupId": group, "GenerationId": joined.GenerationId,
+                                                  "MemberId": self._member_id, "Assignments": assignments})
+            if synced.ErrorCode in REBALANCE:
+                continue
+            self.check(synced.ErrorCode, f"group {group}")
+            partitions = sorted(decode_assignment(synced.Assignment or b"").get(topic, []))
+            return Membership(group, topic, self._member_id, joined.GenerationId, partitions)
+
+    def heartbeat(self, member: Membership) -> bool:
+        answer = self.client.call(12, 0, {"GroupId": member.group, "GenerationId": member.generation,
+                                          "MemberId": member.member_id})
+        if answer.ErrorCode in REBALANCE:
+            return False
+        self.check(answer.ErrorCode, f"group {member.group}")
+        return True
+
+    def committed(self, member: Membership, partition: int) -> int | None:
+        return self.group_offsets(member.group, {member.topic: [partition]}).get((member.topic, partition))
+
+    def group_offsets(self, group: str, wanted: dict[str, list[int]] | None = None) -> dict[tuple[str, int], int]:
+        """The group's committed offsets (of every partition it committed when ``wanted`` is ``None``)."""
+        topics = None if wanted is None else [{"Name": t, "PartitionIndexes": ps} for t, ps in wanted.items()]
+        answer = self.client.call(9, 3, {"GroupId": group, "Topics": topics})
+        self.check(answer.ErrorCode, f"group {group}")
+        out = {}
+        for t in answer.Topics:
+            for p in t.Partitions:
+                self.check(p.ErrorCode, f"group {group} topic {t.Name} partition {p.PartitionIndex}")
+                if p.CommittedOffset >= 0:
+                    out[(t.Name, p.PartitionIndex)] = p.CommittedOffset
+        return out
+
+    def commit(self, member: Membership, partition: int, offset: int) -> bool:
+        body = {"GroupId": member.group, "GenerationIdOrMemberEpoch": member.generation, "MemberId": member.member_id,
+                "RetentionTimeMs": -1, "Topics": [{"Name": member.topic, "Partitions": [
+                    {"PartitionIndex": partition, "CommittedOffset": offset, "CommittedMetadata": ""}]}]}
+        for t in self.client.call(8, 2, body).Topics:
+            for p in t.Partitions:
+                if p.ErrorCode in REBALANCE:
+                    return False
+                self.check(p.ErrorCode, f"group {member.group}")
+        return True
+
+    def leave(self, member: Membership) -> None:
+        answer = self.client.call(13, 0, {"GroupId": member.group, "MemberId": member.member_id})
+        if answer.ErrorCode not in REBALANCE:
+            self.check(answer.ErrorCode, f"group {member.group}")
+
+    # ------------------------------------------------------------------ group admin (Kafka only)
+
+    def list_groups(self) -> list[str]:
+        answer = self.client.call(16, 0, {})
+        self.check(answer.ErrorCode, "listing groups")
+        return sorted(g.GroupId for g in answer.Groups)
+
+    def describe_groups(self, groups: Sequence[str]) -> list[Any]:
+        """DescribeGroups v1 answers (``GroupId``, ``GroupState``, ``ProtocolType``, ``ProtocolData``, ``Members``)."""
+        if not groups:
+            return []
+        described = list(self.client.call(15, 1, {"Groups": list(groups)}).Groups)
+        for g in described:
+            self.check(g.ErrorCode, f"group {g.GroupId}")
+        return described
+
+    def group_count(self) -> int | None:
+        return len(self.list_groups())
+
+    def ping(self) -> None:
+        self.check(self.client.call(18, 0, {}).ErrorCode, "ApiVersions")

@@ -17,17 +17,28 @@ larger fetch size when a chunk holds no whole bundle.
 from __future__ import annotations
 
 import itertools
+import random
 import ssl
 import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
 
 from gateway.clients import open_socket
+from gateway.clients.session import (
+    Fetched,
+    PartitionInfo,
+    Produced,
+    ProtocolError,
+    Record,
+    Session,
+    Unsupported,
+)
 from gateway.codecs.tank import schema
-from gateway.codecs.tank.bundle import (
+from gateway.codecs.tank.format import (
     BundleError,
     Header,
     decode_messages,
@@ -38,7 +49,8 @@ from gateway.codecs.tank.bundle import (
     read_varint,
     varint,
 )
-from gateway.codecs.tank.codec import MsgId
+from gateway.codecs.tank.schema import MsgId
+from gateway.partitioners import choose
 
 CLIENT_VERSION = 2
 CLIENT_ID = "c++"
@@ -445,3 +457,79 @@ class TankClient:
         resp = schema.StatusResponse.parse(self.answer(rid)[1])
         return {"topics": resp.topics, "partitions": resp.partitions, "startup_ts": resp.startup_ts,
                 "version": resp.version}
+
+
+# --------------------------------------------------------------------------- the uniform session
+
+
+# TANK's names of its error codes (the gateway's TANK codec: ProduceError, ConsumeFlags, CreateTopicError).
+TANK_PRODUCE_ERRORS = {1: "UNKNOWN_PARTITION", 2: "IO_FAULT", 3: "ACKS_FAILED", 4: "INSUFFICIENT_REPLICAS",
+                       10: "INVALID_SEQ_NUMS", 0xFC: "OTHER_LEADER", 0xFD: "NO_LEADER", 0xFE: "READ_ONLY",
+                       0xFF: "UNKNOWN_TOPIC"}
+TANK_CONSUME_ERRORS = {1: "BOUNDARY_CHECK", 0xFB: "SYSTEM_ERROR", 0xFD: "NO_LEADER", 0xFF: "UNKNOWN_PARTITION"}
+TANK_CREATE_ERRORS = {1: "ALREADY_EXISTS", 2: "SYSTEM_ERROR", 4: "INVALID_CONFIGURATION", 5: "READ_ONLY",
+                      10: "INVALID_REQUEST", 11: "NOT_SUPPORTED"}
+
+
+class TankSession(Session):
+    protocol = "tank"
+    has_groups = False
+
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
+        self.client = TankClient(host, port, timeout, tls)
+        self._spread = itertools.count(random.randrange(1 << 16))
+
+    @contextmanager
+    def _errors(self, names: dict[int, str]) -> Iterator[None]:
+        try:
+            yield
+        except TankError as e:
+            raise ProtocolError("tank", names.get(e.code, f"{e.code:#x}"), e.message) from None
+
+    def create_topic(self, topic: str, partitions: int | None) -> int:
+        with self._errors(TANK_CREATE_ERRORS):
+            return int(self.client.create_topic(topic, partitions or 1)["partitions"])
+
+    def delete_topic(self, topic: str) -> None:
+        raise Unsupported("TANK has no request to delete a topic (use --protocol v1, kafka or cursus)")
+
+    def list_topics(self) -> dict[str, int]:
+        return self.client.discover_topics()
+
+    def describe_topic(self, topic: str) -> list[PartitionInfo]:
+        with self._errors({0xFF: "UNKNOWN_TOPIC"}):
+            parts = self.client.discover_partitions(topic)
+        # sequence numbers: first available = log start + 1 (0 when empty), last assigned = high watermark
+        return [PartitionInfo(i, first - 1 if first else last, last) for i, (first, last) in enumerate(parts)]
+
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+        if partition is None:  # TANK clients always choose: FNV-1a 32 of the key, where V1 and Cursus put it
+            partition = choose("fnv1a_32", key, self.partition_count(topic), next(self._spread))
+        with self._errors(TANK_PRODUCE_ERRORS):
+            self.client.produce_messages(topic, partition, [(key, value)])
+        return Produced(topic, partition, None, key)  # TANK's acknowledgement carries no offset
+
+    def fetch(self, topic: str, partition: int, offset: int, wait_ms: int = 0) -> Fetched:
+        return self.fetch_many([(topic, partition, offset)], wait_ms)[0]
+
+    def fetch_many(self, wanted: Sequence[tuple[str, int, int]], wait_ms: int = 0) -> list[Fetched]:
+        fetch_size = 1 << 20
+        while True:
+            with self._errors(TANK_CONSUME_ERRORS), self.timeout(wait_ms / 1000 + 5):
+                results = self.client.consume_many([(t, p, o + 1) for t, p, o in wanted], wait_ms,
+                                                   1 if wait_ms else 0, fetch_size)
+            if any(not r.messages and r.need_bytes for r in results) and fetch_size < (256 << 20):
+                fetch_size = max(fetch_size * 2, *(r.need_bytes + 64 for r in results))  # a bundle was cut
+                continue
+            break
+        by_partition = {(r.topic, r.partition): r for r in results}
+        out = []
+        for t, p, o in wanted:
+            r = by_partition[(t, p)]
+            kept = tuple(Record(t, p, msg.seq - 1, msg.key, msg.value, msg.timestamp)
+                         for msg in r.messages if msg.seq - 1 >= o)
+            out.append(Fetched(t, p, kept, max(o, r.next_seq - 1, *(rec.offset + 1 for rec in kept)), r.hwmark))
+        return out
+
+    def ping(self) -> None:
+        self.client.status()

@@ -8,12 +8,27 @@ answers. OK payloads are ``key=value`` tokens, parsed into ``fields``.
 from __future__ import annotations
 
 import itertools
+import re
 import ssl
 from collections.abc import Iterable, Sequence
 
 import attrs
 
 from gateway.clients import open_socket
+from gateway.clients.session import (
+    Fetched,
+    Membership,
+    PartitionInfo,
+    Produced,
+    ProtocolError,
+    Record,
+    Session,
+    Unsupported,
+    as_bytes,
+    as_text,
+    key_values,
+    member_name,
+)
 
 
 class V1Error(Exception):
@@ -33,38 +48,12 @@ class V1Reply:
 
     @property
     def fields(self) -> dict[str, str]:
-        out = {}
-        for token in _tokens(self.payload):
-            key, sep, value = token.partition("=")
-            if sep:
-                out[key] = value
-        return out
+        return key_values(self.payload)
 
     def check(self) -> V1Reply:
         if not self.ok:
             raise V1Error(self.code, self.message)
         return self
-
-
-def _tokens(payload: str) -> list[str]:
-    """Split on spaces outside ``[...]`` (``assigned=[0 1 2]`` is one token)."""
-    tokens: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in payload:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == " " and depth == 0:
-            if cur:
-                tokens.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if cur:
-        tokens.append("".join(cur))
-    return tokens
 
 
 def parse_reply(line: str) -> V1Reply:
@@ -170,3 +159,136 @@ class V1Client:
 
     def describe_topic(self, topic: str) -> dict[str, str]:
         return self.request("ADMIN_DESCRIBE_TOPIC", topic).check().fields
+
+
+# --------------------------------------------------------------------------- the uniform session
+
+
+def v1_message(key: bytes | None, value: bytes) -> str:
+    """The ``<key>:<value>`` argument of a V1 PRODUCE, or ``Unsupported`` when V1 cannot carry them
+    unchanged: V1 splits a request's arguments at whitespace and a message at its first ``:``."""
+    k, v = as_text(key or b""), as_text(value)
+    if ":" in k:
+        raise Unsupported(f"V1 cannot carry the key {k!r}: V1 splits a message at its first ':', so a V1 key "
+                          "cannot contain ':' (use --protocol kafka, tank or cursus)")
+    if any(c.isspace() for c in k):
+        raise Unsupported(f"V1 cannot carry the key {k!r}: V1 splits its arguments at whitespace, so a V1 key "
+                          "cannot contain spaces, tabs or line breaks (use --protocol kafka, tank or cursus)")
+    if any(c.isspace() for c in v):
+        raise Unsupported(f"V1 cannot carry the value {v!r}: V1 splits its arguments at whitespace, so a V1 value "
+                          "cannot contain spaces, tabs or line breaks (use --protocol kafka, tank or cursus)")
+    return f"{k}:{v}"
+
+
+def parse_v1_messages(text: str, hw: int) -> list[tuple[int, str]]:
+    """The ``<offset>:<value>,...`` list of a V1 CONSUME answer. A value may hold ``,`` (written by another
+    protocol): a piece starts a new message only when it starts ``<offset>:`` with an offset after the
+    previous one and at most ``hw``."""
+    out: list[tuple[int, str]] = []
+    for piece in text.split(",") if text else ():
+        head = re.match(r"(\d+):", piece)
+        if head and (not out or out[-1][0] < int(head.group(1)) <= hw):
+            out.append((int(head.group(1)), piece[head.end():]))
+        elif out:
+            out[-1] = (out[-1][0], f"{out[-1][1]},{piece}")
+        else:
+            raise ValueError(f"not a V1 message list: {text[:80]!r}")
+    return out
+
+
+class V1Session(Session):
+    protocol = "v1"
+    carries_keys = False  # CONSUME answers offsets and values only
+
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
+        self.client = V1Client(host, port, timeout, tls)
+
+    def _call(self, command: str, *args: str) -> str:
+        reply = self.client.request(command, *args)
+        if not reply.ok:
+            raise ProtocolError("v1", reply.code or "ERR", reply.message)
+        return reply.payload
+
+    def create_topic(self, topic: str, partitions: int | None) -> int:
+        fields = key_values(self._call("ADMIN_CREATE_TOPIC", topic, *([str(partitions)] if partitions else [])))
+        return int(fields["partitions"])
+
+    def delete_topic(self, topic: str) -> None:
+        self._call("ADMIN_DELETE_TOPIC", topic)
+
+    def list_topics(self) -> dict[str, int]:
+        topics = key_values(self._call("ADMIN_GET_METADATA")).get("topics", "[]")
+        out = {}
+        for item in topics.strip("[]").split():
+            name, _, count = item.rpartition(":")
+            out[name] = int(count)
+        return out
+
+    def describe_topic(self, topic: str) -> list[PartitionInfo]:
+        out = []
+        for key, value in key_values(self._call("ADMIN_DESCRIBE_TOPIC", topic)).items():
+            if re.fullmatch(r"p\d+", key):
+                fields = dict(item.split(":", 1) for item in value.split(","))
+                out.append(PartitionInfo(int(key[1:]), int(fields["start"]), int(fields["hw"]) + 1))
+        return sorted(out, key=lambda p: p.partition)
+
+    def describe_topics(self, topics: Sequence[str]) -> dict[str, list[PartitionInfo]]:
+        if not topics:
+            return {}
+        replies = self.client.pipeline([("ADMIN_DESCRIBE_TOPIC", t) for t in topics])
+        out = {}
+        for topic, reply in zip(topics, replies, strict=True):
+            if reply.ok:
+                parts = [(k, v) for k, v in key_values(reply.payload).items() if re.fullmatch(r"p\d+", k)]
+                out[topic] = [PartitionInfo(int(k[1:]), int(f["start"]), int(f["hw"]) + 1)
+                              for k, v in parts for f in [dict(i.split(":", 1) for i in v.split(","))]]
+        return out
+
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+        if partition is not None:
+            raise Unsupported("V1's PRODUCE names no partition: the gateway places a V1 record by its key "
+                              "(FNV-1a 32); leave out --partition, or use another --protocol")
+        fields = key_values(self._call("PRODUCE", topic, v1_message(key, value)))
+        return Produced(topic, int(fields["partition"]), int(fields["offset"]), key or b"")
+
+    def fetch(self, topic: str, partition: int, offset: int, wait_ms: int = 0) -> Fetched:
+        payload = self._call("CONSUME", topic, str(partition), str(offset))
+        if not payload.startswith("messages="):
+            raise ValueError(f"not a V1 CONSUME answer: {payload[:80]!r}")
+        items, _, hw_text = payload[len("messages="):].rpartition(" hw=")
+        hw = int(hw_text)
+        records = tuple(Record(topic, partition, off, None, as_bytes(value), None)
+                        for off, value in parse_v1_messages(items, hw) if off >= offset)
+        next_offset = records[-1].offset + 1 if records else offset
+        return Fetched(topic, partition, records, next_offset, hw + 1)
+
+    def join(self, group: str, topic: str, member: Membership | None = None) -> Membership:
+        member_id = member.member_id if member else member_name()
+        fields = key_values(self._call("JOIN", group, topic, member_id))
+        return Membership(group, topic, member_id, int(fields["generation"]),
+                          [int(p) for p in fields["assigned"].strip("[]").split()])
+
+    def _member_call(self, command: str, member: Membership, *args: str) -> bool:
+        try:
+            self._call(command, member.group, member.topic, member.member_id, str(member.generation), *args)
+        except ProtocolError as e:
+            if e.name == "GENERATION_MISMATCH":
+                return False
+            raise
+        return True
+
+    def heartbeat(self, member: Membership) -> bool:
+        return self._member_call("HEARTBEAT", member)
+
+    def committed(self, member: Membership, partition: int) -> int | None:
+        offset = int(key_values(self._call("OFFSET", member.group, member.topic, str(partition)))["offset"])
+        return offset or None  # V1's OFFSET answers 0 when nothing was committed
+
+    def commit(self, member: Membership, partition: int, offset: int) -> bool:
+        return self._member_call("COMMIT", member, str(partition), str(offset))
+
+    def leave(self, member: Membership) -> None:
+        self._member_call("LEAVE", member)
+
+    def ping(self) -> None:
+        self._call("PING")

@@ -23,8 +23,9 @@ import pyarrow as pa
 
 from gateway._extensions import load
 from gateway.codec.varint import read_uvarint
-from gateway.codecs.kafka import compression, records
-from gateway.codecs.tank import bundle
+from gateway.codecs.kafka import compression
+from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.tank import format as tank_format
 
 _arrow = load("gateway.spark._arrow")  # None: the Python builder below does the same
 
@@ -35,7 +36,7 @@ _I64 = struct.Struct("<q")
 _I32 = struct.Struct("<i")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _MASK64 = (1 << 64) - 1
-_HEADER = records.BATCH_HEADER
+_HEADER = kafka_format.BATCH_HEADER
 
 
 class LegacyRecords(ValueError):
@@ -147,7 +148,7 @@ class Builder:
         keys: list[bytes | None] = []
         values: list[bytes] = []
         start, end = max(start, 0), max(end, 0)
-        read, stop = bundle._read_messages(messages, count, sparse, first_seq, last_seq, seqs, stamps, keys, values)
+        read, stop = tank_format._read_messages(messages, count, sparse, first_seq, last_seq, seqs, stamps, keys, values)
         if any(seq >= 1 << 64 for seq in seqs):
             raise OverflowError("sequence number beyond 64 bits")
         for seq, ts, key, value in zip(seqs, stamps, keys, values):
@@ -170,13 +171,13 @@ class Builder:
                 data, pos)
             if magic < 2:
                 raise LegacyRecords("a magic 0/1 message set")
-            if magic != 2 or length < _HEADER.size - records.BATCH_OVERHEAD:
+            if magic != 2 or length < _HEADER.size - kafka_format.BATCH_OVERHEAD:
                 raise ValueError("bad record batch header")
-            if length > len(data) - pos - records.BATCH_OVERHEAD:
+            if length > len(data) - pos - kafka_format.BATCH_OVERHEAD:
                 break  # the partial batch a fetch answer may end with
-            stop = pos + records.BATCH_OVERHEAD + length
+            stop = pos + kafka_format.BATCH_OVERHEAD + length
             last = _wrap(base + last_delta)
-            control = attributes & records.ATTR_CONTROL
+            control = attributes & kafka_format.ATTR_CONTROL
             skip = bool(control) or last < start
             if aborted is not None and pid >= 0:
                 while pending and pending[0][1] <= last:
@@ -184,15 +185,15 @@ class Builder:
                 if control:
                     if _is_abort_marker(data, pos + _HEADER.size, stop):
                         open_aborts.discard(pid)
-                elif attributes & records.ATTR_TRANSACTIONAL and pid in open_aborts:
+                elif attributes & kafka_format.ATTR_TRANSACTIONAL and pid in open_aborts:
                     skip = True
             if not skip:
                 body, at, body_stop = data, pos + _HEADER.size, stop
-                if codec := attributes & records.ATTR_COMPRESSION:
+                if codec := attributes & kafka_format.ATTR_COMPRESSION:
                     body = inflate(codec, data[at:stop])
                     at, body_stop = 0, len(body)
                 reached = self._kafka_records(body, at, body_stop, n, base, base_ts, max_ts,
-                                              bool(attributes & records.ATTR_LOG_APPEND_TIME), start, end)
+                                              bool(attributes & kafka_format.ATTR_LOG_APPEND_TIME), start, end)
             next_offset = max(next_offset, last + 1)
             pos = stop
         return end if reached or next_offset > end else next_offset

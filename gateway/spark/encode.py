@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 
 from gateway._extensions import load
 from gateway.codec.varint import zigzag
-from gateway.codecs.kafka import records
-from gateway.codecs.tank import bundle
+from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.tank import format as tank_format
 from gateway.partitioners import choose
 
 from .arrow import SourceError
@@ -170,7 +170,7 @@ def _tank_messages_in_python(columns: Columns, rows: pa.Array | None, timestamp_
     chosen = indices[at:at + most]
     values = _bytes(columns.values)
     keys = _bytes(columns.keys) if columns.keys is not None else [None] * len(columns)
-    messages = bundle._encode_messages([timestamp_ms] * len(chosen), [keys[i] for i in chosen],
+    messages = tank_format._encode_messages([timestamp_ms] * len(chosen), [keys[i] for i in chosen],
                                        [values[i] or b"" for i in chosen], None)
     return messages, len(chosen), at + len(chosen)
 
@@ -215,7 +215,7 @@ def _python_batch(columns: Columns, rows: pa.Array | None, timestamp_ms: int, ma
             parts += (zigzag(-1),) if entry["value"] is None else (zigzag(len(entry["value"])), entry["value"])
         record = b"".join(parts)
         record = zigzag(len(record)) + record
-        if delta and records.BATCH_HEADER.size + len(body) + len(record) > max_bytes:
+        if delta and kafka_format.BATCH_HEADER.size + len(body) + len(record) > max_bytes:
             break
         body += record
         delta += 1

@@ -16,17 +16,18 @@ from collections.abc import Mapping
 import attrs
 
 from gateway.clients.kafka import KafkaClient, KafkaError
+from gateway.codecs.kafka.errors import Errors
 
 FETCH, METADATA, API_VERSIONS = 1, 3, 18
 FETCH_VERSIONS = (4, 11)  # 4: aborted transactions; 11: the newest non-flexible version
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 FETCH_BYTES = 16 << 20
 # errors after which the partition's leader is looked up again and the fetch retried
-RETRIABLE = {
-    3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE", 6: "NOT_LEADER_OR_FOLLOWER",
-    7: "REQUEST_TIMED_OUT", 13: "NETWORK_EXCEPTION", 56: "KAFKA_STORAGE_ERROR", 74: "FENCED_LEADER_EPOCH",
-    75: "UNKNOWN_LEADER_EPOCH", 78: "OFFSET_NOT_AVAILABLE",
-}
+RETRIABLE = frozenset({
+    Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.LEADER_NOT_AVAILABLE, Errors.NOT_LEADER_OR_FOLLOWER,
+    Errors.REQUEST_TIMED_OUT, Errors.NETWORK_EXCEPTION, Errors.KAFKA_STORAGE_ERROR, Errors.FENCED_LEADER_EPOCH,
+    Errors.UNKNOWN_LEADER_EPOCH, Errors.OFFSET_NOT_AVAILABLE,
+})
 # librdkafka options that change nothing in what this reader fetches
 _IGNORED = {"client.id", "socket.timeout.ms", "check.crcs", "fetch.wait.max.ms", "fetch.min.bytes",
             "log_level", "group.id", "enable.auto.commit", "auto.offset.reset"}

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gateway.clients.tank import TankClient, TankError, chunk_bundles, now_ms
-from gateway.codecs.tank import bundle
+from gateway.codecs.tank import format as tank_format
 
 from . import decode, encode
 from .arrow import SourceError
@@ -141,7 +141,7 @@ def produce(bootstrap: str, extra: Mapping[str, str], topic: str | None,
                     total, at = len(columns) if rows is None else len(rows), 0
                     while at < total:
                         messages, count, at = encode.tank_messages(columns, rows, now, at, BUNDLE)
-                        pending.append((client.send_bundle(name, part, bundle.plain(messages, count)), name, part,
+                        pending.append((client.send_bundle(name, part, tank_format.plain(messages, count)), name, part,
                                         count))
                         while len(pending) >= IN_FLIGHT:
                             settle()

@@ -77,7 +77,7 @@ def main(commit: str = "42b10ac") -> None:
 
 
 def v1_record(key: str, value: str) -> bytes:
-    """One record in the ``v1`` storage format (``codecs/v1/batch.py``), as a V1 PRODUCE stores it."""
+    """One record in the ``v1`` storage format (``codecs/v1/format.py``), as a V1 PRODUCE stores it."""
     k, v = key.encode(), value.encode()
     return struct.pack(">Iqi", 0, TS, len(k)) + k + struct.pack(">i", len(v)) + v
 

@@ -16,7 +16,7 @@ from polygate_mqtt.packets import MalformedPacket, PacketType
 
 from gateway import model as m
 from gateway.codec import ListenerSettings, OptionError, parse_options
-from gateway.codecs.v1 import batch as v1_batch
+from gateway.codecs.v1 import format as v1_format
 from gateway.launcher import GATEWAY
 
 # --------------------------------------------------------------------------- schemas
@@ -141,8 +141,8 @@ def test_format_round_trips_and_reads_other_formats_through_record():
     assert [(r.key, r.value, r.offset, r.timestamp, r.extras["mqtt_qos"]) for r in records] == [
         (b"t/a", b"v1", 10, 5, 1), (b"t/b", b"", 11, 6, 0)]
     assert mqtt_format.FORMAT.encode(records, 10) == payload
-    foreign = v1_batch.encode_record(0, 7, b"user1", b"hello")
-    converted = mqtt_format.FORMAT.encode(list(v1_batch.FORMAT.records(m.StoredBatch("v1", 3, 3, 7, foreign))), 3)
+    foreign = v1_format.encode_record(0, 7, b"user1", b"hello")
+    converted = mqtt_format.FORMAT.encode(list(v1_format.FORMAT.records(m.StoredBatch("v1", 3, 3, 7, foreign))), 3)
     [r] = mqtt_format.FORMAT.records(m.StoredBatch("mqtt", 3, 3, 7, converted))
     assert (r.key, r.value, r.offset, r.timestamp, dict(r.extras)) == (b"user1", b"hello", 3, 7, {})
 
@@ -158,7 +158,7 @@ def rig(tmp_path):
 
 
 def v1_produce(rig: Rig, topic: str, value: bytes, partition: int = 0) -> None:
-    record = v1_batch.encode_record(0, 1, b"k", value)
+    record = v1_format.encode_record(0, 1, b"k", value)
     rig.broker.execute(m.Produce(topic, partition, m.Batch("v1", record, 1, 1), auto_create=True))
     rig.reactor.advance(0)  # a reactor turn: streams poll again
 

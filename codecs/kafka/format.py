@@ -36,6 +36,7 @@ from typing import Any
 
 import crc32c
 
+from gateway._extensions import load
 from gateway.codec import BatchProducer, ColumnarFormat, LeaderEpochFormat, TransactionalFormat
 from gateway.codec.formats import Columns, Validated
 from gateway.codec.varint import ZIGZAGS, read_zigzag, zigzag
@@ -43,10 +44,7 @@ from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record,
 
 from . import compression
 
-try:
-    from . import _speedups
-except ImportError:  # built without a C compiler: the Python loops below do the same
-    _speedups = None
+_speedups = load("gateway.codecs.kafka._speedups")  # the C twins, bound below the Python ones
 
 NAME = "kafka"
 EXTRA_HEADER = "polygate."
@@ -191,7 +189,7 @@ def read_into(data: bytes, base_offset: int | None, columns: Columns, limit: int
     """
     if type(data) is not bytes:
         data = bytes(data)
-    read = _speedups.read_records if _speedups is not None else _read_records
+    read = read_records
     with_headers = False
     pos = 0
     while pos + BATCH_HEADER.size <= len(data):
@@ -235,7 +233,7 @@ def _check_batch(payload: bytes, limit: int) -> int:
         body = compression.decompress(codec, bytes(memoryview(payload)[start:]), limit)
         start, stop = 0, len(body)
     try:
-        (_speedups.check_records if _speedups is not None else _check_records)(body, start, stop, count)
+        check_records(body, start, stop, count)
     except (IndexError, ValueError) as e:
         raise CorruptRecords(str(e)) from None
     return count
@@ -331,18 +329,10 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
         ts_deltas = [t - base_ts for t in columns.timestamps]
     else:
         ts_deltas = [t - base_ts if t >= 0 and base_ts >= 0 else 0 for t in columns.timestamps]
-    body = None
-    if _speedups is not None:
-        try:
-            body = _speedups.encode_records(deltas, ts_deltas, columns.keys, columns.values, columns.headers,
-                                            columns.extras)
-        except (TypeError, OverflowError):  # values the C loop does not take: the Python loop takes anything
-            body = None
-    if body is None:
-        headers = columns.headers
-        if columns.extras is not None:
-            headers = _with_extras(headers or [()] * n, columns.extras)
-        body = _encode_records(deltas, ts_deltas, columns.keys, columns.values, headers)
+    try:
+        body = encode_records(deltas, ts_deltas, columns.keys, columns.values, columns.headers, columns.extras)
+    except (TypeError, OverflowError):  # values the C loop does not take: the Python loop takes anything
+        body = _encode_columns(deltas, ts_deltas, columns.keys, columns.values, columns.headers, columns.extras)
     if codec:
         body = compression.compress(codec, body)
     pid, epoch, seq = producer
@@ -362,9 +352,18 @@ def control_batch(producer_id: int, epoch: int, commit: bool, timestamp_ms: int,
     return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
 
 
+def _encode_columns(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None], values: list[bytes | None],
+                    headers: list[tuple[tuple[str, bytes | None], ...]] | None, extras: list | None) -> bytes:
+    """The records of a batch, their ``Columns.extras`` (attributes Kafka keeps as headers) among
+    their headers: ``_speedups.encode_records`` in Python."""
+    if extras is not None:
+        headers = _with_extras(headers or [()] * len(values), extras)
+    return _encode_records(deltas, ts_deltas, keys, values, headers)
+
+
 def _encode_records(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None], values: list[bytes | None],
                     headers: list[tuple[tuple[str, bytes | None], ...]] | None) -> bytes:
-    """The records of a batch (``_speedups.encode_records`` in C when built)."""
+    """The records of a batch, with their headers as given."""
     zz = ZIGZAGS
     half = len(ZIGZAGS)
     parts: list[bytes] = []
@@ -602,5 +601,11 @@ def _records_of_control(payload: bytes) -> Iterator[bytes]:
         yield payload[pos:pos + max(key_length, 0)]
         pos = end
 
+
+if _speedups is None:
+    read_records, check_records, encode_records = _read_records, _check_records, _encode_columns
+else:
+    read_records, check_records, encode_records = (
+        _speedups.read_records, _speedups.check_records, _speedups.encode_records)
 
 FORMAT = KafkaFormat()

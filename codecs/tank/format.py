@@ -37,15 +37,13 @@ from collections.abc import Iterable, Sequence
 
 import cramjam
 
+from gateway._extensions import load
 from gateway.codec import ColumnarFormat, compression
 from gateway.codec.formats import ONE_RECORD, Columns, Validated
 from gateway.codec.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
 
-try:
-    from . import _speedups
-except ImportError:  # built without a C compiler: _encode_messages below does the same
-    _speedups = None
+_speedups = load("gateway.codecs.tank._speedups")  # the C twins, bound below the Python ones
 
 NAME = "tank"
 
@@ -192,15 +190,13 @@ def read_messages(data: bytes | memoryview, header: Header, first_seq: int, seqs
     """``decode_messages`` appending the fields of each message to the lists (in C when it was built)."""
     sparse = bool(header.flags & SPARSE)
     start, last = (header.first_seq, header.last_seq) if sparse else (first_seq, 0)
-    read = None
-    if _speedups is not None:
-        mark = len(values)
-        try:
-            read = _speedups.read_messages(data, header.count, sparse, start, last, seqs, stamps, keys, values)
-        except OverflowError:  # sequence numbers beyond 64 bits: the Python loop takes them, from the start
-            for column in (seqs, stamps, keys, values):
-                del column[mark:]
-    count, pos = read or _read_messages(data, header.count, sparse, start, last, seqs, stamps, keys, values)
+    mark = len(values)
+    try:
+        count, pos = _read_loop(data, header.count, sparse, start, last, seqs, stamps, keys, values)
+    except OverflowError:  # the C loop meets sequence numbers beyond 64 bits: the Python loop takes them, from the start
+        for column in (seqs, stamps, keys, values):
+            del column[mark:]
+        count, pos = _read_messages(data, header.count, sparse, start, last, seqs, stamps, keys, values)
     if not partial:
         if count < header.count:
             raise BundleError("message set cut short")
@@ -210,16 +206,23 @@ def read_messages(data: bytes | memoryview, header: Header, first_seq: int, seqs
 
 def check_messages(data: bytes | memoryview, header: Header) -> None:
     """The message set of a produced bundle is exactly its ``header.count`` whole messages,
-    whose sequence numbers ascend in a SPARSE bundle; else ``BundleError``
-    (``_speedups.check_messages`` in C when built)."""
-    if _speedups is not None:
-        try:
-            _speedups.check_messages(data, header.count, header.sparse, header.first_seq or 0, header.last_seq or 0)
-        except ValueError as e:
-            raise BundleError(str(e)) from None
-        return
+    whose sequence numbers ascend in a SPARSE bundle; else ``BundleError``."""
+    try:
+        _check_loop(data, header.count, header.sparse, header.first_seq or 0, header.last_seq or 0)
+    except ValueError as e:
+        raise BundleError(str(e)) from None
+
+
+def _check_messages(data: bytes | memoryview, count: int, sparse: bool, first_seq: int, last_seq: int) -> None:
+    """``_speedups.check_messages`` in Python: ``count`` whole messages and nothing after them,
+    ascending sequence numbers from ``first_seq`` to ``last_seq`` when ``sparse``; else ``BundleError``."""
     seqs: list[int] = []
-    read_messages(data, header, 0, seqs, [], [], [])
+    read, pos = _read_messages(data, count, sparse, first_seq if sparse else 0, last_seq if sparse else 0,
+                               seqs, [], [], [])
+    if read < count:
+        raise BundleError("message set cut short")
+    if pos != len(data):
+        raise BundleError("bytes after the last message of a bundle")
     if any(b <= a for a, b in zip(seqs, seqs[1:])):
         raise BundleError("sequence numbers do not ascend")
 
@@ -290,14 +293,9 @@ def encode_fields(stamps: Sequence[int], keys: Sequence[bytes | None], values: S
                   seqs: Sequence[int] | None = None, compress: bool | None = None) -> bytes:
     """``encode`` with the messages given field by field (the conversion hot path)."""
     n = len(values)
-    body = None
-    if _speedups is not None:
-        try:
-            body = _speedups.encode_messages(list(stamps), list(keys), list(values),
-                                             None if seqs is None else list(seqs))
-        except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
-            body = None
-    if body is None:
+    try:
+        body = _encode_loop(list(stamps), list(keys), list(values), None if seqs is None else list(seqs))
+    except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
         body = _encode_messages(stamps, keys, values, seqs)
     if compress is None:
         compress = n > COMPRESS_MESSAGES or (sum(map(len, values)) + sum(len(k[:255]) for k in keys if k)
@@ -433,12 +431,11 @@ class TankFormat(ColumnarFormat):
         payload takes: its messages, or a SPARSE bundle's first to last.
 
         Plain, valid payloads (the common case) are checked in one C pass
-        (``_speedups.validate_plain``); anything else, here.
+        (``_speedups.validate_plain``, where it was built); anything else, here.
         """
-        if _speedups is not None:
-            checked = _speedups.validate_plain(payload)
-            if checked is not None:
-                return Validated(*checked)
+        checked = validate_plain(payload)
+        if checked is not None:
+            return Validated(*checked)
         return self._validate_bundles(payload)
 
     def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
@@ -446,7 +443,7 @@ class TankFormat(ColumnarFormat):
         and valid (a burst of one-bundle produces); otherwise, or when a subclass checks more
         in its own ``validate``, one by one."""
         if _speedups is not None and type(self).validate is TankFormat.validate:
-            plain = _speedups.validate_plain
+            plain = validate_plain
             checked = [plain(payload) for payload in payloads]
             if None not in checked:  # Validated(*c), without a call per payload (none for one message)
                 return [ONE_RECORD if c == _ONE_MESSAGE else tuple.__new__(Validated, c) for c in checked]
@@ -551,5 +548,16 @@ def _ascending(offsets: Sequence[int]) -> list[int]:
             top = offset
     return kept
 
+
+def _not_plain(payload: bytes) -> None:
+    """``_speedups.validate_plain`` where the C pass was not built: every payload is checked in Python."""
+    return None
+
+
+if _speedups is None:
+    _read_loop, _check_loop, _encode_loop, validate_plain = _read_messages, _check_messages, _encode_messages, _not_plain
+else:
+    _read_loop, _check_loop, _encode_loop, validate_plain = (
+        _speedups.read_messages, _speedups.check_messages, _speedups.encode_messages, _speedups.validate_plain)
 
 FORMAT = TankFormat()

@@ -24,15 +24,13 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 
+from gateway._extensions import load
 from gateway.codec import ColumnarFormat
 from gateway.codec.formats import ONE_RECORD, Columns, Validated
 from gateway.codec.text import as_texts
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
 
-try:
-    from . import _speedups
-except ImportError:  # built without a C compiler: _read_records below does the same
-    _speedups = None
+_speedups = load("gateway.codecs.v1._speedups")  # the C twins, bound below the Python ones
 
 NAME = "v1"
 HEAD = struct.Struct(">Iqi")
@@ -66,7 +64,7 @@ class V1Format(ColumnarFormat):
         refused with ``CommandError(CORRUPT_MESSAGE)`` unless it is whole records, at
         least one, with nothing after the last."""
         try:
-            count = (_speedups.count_records if _speedups is not None else _count_records)(payload)
+            count = count_records(payload)
         except ValueError as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"V1 payload refused: {e}") from None
         if not count:
@@ -78,7 +76,7 @@ class V1Format(ColumnarFormat):
         (a burst of PRODUCE lines); otherwise, or when a subclass checks more in its own
         ``validate``, one by one, each refusal with its own message."""
         if _speedups is not None and type(self).validate is V1Format.validate:
-            count = _speedups.count_records
+            count = count_records
             try:
                 counts = [count(payload) for payload in payloads]
             except ValueError:
@@ -97,8 +95,7 @@ class V1Format(ColumnarFormat):
         """
         batches = list(batches)
         columns = Columns([], [], [], [])
-        read = _speedups.read_records if _speedups is not None else _read_records
-        read([b.payload for b in batches], [b.base_offset for b in batches], columns.offsets, columns.timestamps,
+        read_records([b.payload for b in batches], [b.base_offset for b in batches], columns.offsets, columns.timestamps,
              columns.keys, columns.values)
         return columns
 
@@ -110,19 +107,17 @@ class V1Format(ColumnarFormat):
         offsets = [base_offset + i if o is None else o for i, o in enumerate(columns.offsets)]
         args = (offsets, base_offset, list(columns.timestamps), list(columns.keys),
                 as_texts(columns.values, _UNSAFE))
-        if _speedups is not None:
-            try:
-                return _speedups.encode_records(*args)
-            except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
-                pass
-        return _encode_records(*args)
+        try:
+            return encode_records(*args)
+        except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
+            return _encode_records(*args)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         """``payload`` with its records numbered 0, 1, 2... from the batch base (``base_offset``
         is not needed: the deltas are relative), so that joined one-record payloads
         (``Broker.run_many``) are one batch. V1 payloads hold consecutive records only."""
-        if _speedups is not None and type(payload) is bytes:
-            return _speedups.number_records(payload)
+        if type(payload) is bytes:  # the C loop takes bytes only
+            return number_records(payload)
         return _number_records(payload)
 
 
@@ -206,5 +201,12 @@ def _read_records(payloads: list, bases: list[int], offsets: list[int], timestam
             offsets.append(base + delta)
             timestamps.append(ts)
 
+
+if _speedups is None:
+    count_records, read_records, encode_records, number_records = (
+        _count_records, _read_records, _encode_records, _number_records)
+else:
+    count_records, read_records, encode_records, number_records = (
+        _speedups.count_records, _speedups.read_records, _speedups.encode_records, _speedups.number_records)
 
 FORMAT = V1Format()

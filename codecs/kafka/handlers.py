@@ -1,6 +1,6 @@
 """What each Kafka API does: request body -> model commands -> response body.
 
-Every handler takes the connection's ``Session``, the request version, the
+Every handler takes the connection, the request version, the
 parsed request body (a ``Container`` with Kafka's field names) and ``frame``,
 which turns a response body into the whole response frame (size, header with
 the request's correlation id, body). It returns a ``Handled``: an answer now,
@@ -8,8 +8,9 @@ or commands and a ``render(results)`` returning the framed response (``b""``
 for no response at all: Produce with acks=0). Bodies are dicts with Kafka's
 field names; fields left out take their defaults.
 
-``APIS`` lists the advertised APIs and version ranges (docs/protocols/kafka.md): every
-version from 0 (Kafka 0.8 clients included), up to the flexible versions
+``HANDLERS`` maps each API key to its handler and ``VERSIONS`` to the
+version range advertised (docs/protocols/kafka.md): every version from 0
+(Kafka 0.8 clients included), up to the flexible versions
 that need no topic IDs (Fetch <= 12, Metadata <= 12) and no fields the
 command model lacks (SyncGroup v5's protocol echo, ListGroups v4's states).
 """
@@ -18,143 +19,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from gateway import model as m
 from gateway import topic_configs
 from gateway.codec import Handled
-from gateway.codecs.kafka.consumer_protocol import (
-    encode_assignment,
-    encode_subscription,
-    subscribed_topics,
-)
 from gateway.model import ErrorCode
 
-from . import records, sasl
-from .fetch_session import (
-    FETCH_SESSION_ID_NOT_FOUND,
-    FINAL_EPOCH,
-    INITIAL_EPOCH,
-    INVALID_FETCH_SESSION_EPOCH,
-    FetchSession,
-    new_session,
-)
+from . import format, sasl
+from .consumer_protocol import encode_assignment, encode_subscription, subscribed_topics
+from .errors import NONE, Errors, code, message
+from .fetch_session import FINAL_EPOCH, INITIAL_EPOCH, new_session
 
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_TOPIC = 17
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-UNKNOWN_MEMBER_ID = 25
-REBALANCE_IN_PROGRESS = 27
-UNSUPPORTED_SASL_MECHANISM = 33
-ILLEGAL_SASL_STATE = 34
-UNSUPPORTED_VERSION = 35
-TOPIC_ALREADY_EXISTS = 36
-INVALID_PARTITIONS = 37
-INVALID_REQUEST = 42
-SASL_AUTHENTICATION_FAILED = 58
-NON_EMPTY_GROUP = 68
-TOPIC_AUTHORIZATION_FAILED = 29
-GROUP_AUTHORIZATION_FAILED = 30
-CLUSTER_AUTHORIZATION_FAILED = 31
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
-SECURITY_DISABLED = 54
-RESOURCE_NOT_FOUND = 91
-GROUP_ID_NOT_FOUND = 69
-GROUP_SUBSCRIBED_TO_TOPIC = 86
-FENCED_LEADER_EPOCH = 74
-UNKNOWN_LEADER_EPOCH = 76
-UNKNOWN_TOPIC_ID = 100
-FENCED_MEMBER_EPOCH = 110
-STALE_MEMBER_EPOCH = 113
-UNKNOWN_SERVER_ERROR = -1
-
-ERRORS = {
-    ErrorCode.UNKNOWN_TOPIC: UNKNOWN_TOPIC_OR_PARTITION,
-    ErrorCode.UNKNOWN_PARTITION: UNKNOWN_TOPIC_OR_PARTITION,
-    ErrorCode.TOPIC_EXISTS: TOPIC_ALREADY_EXISTS,
-    ErrorCode.INVALID_TOPIC: INVALID_TOPIC,
-    ErrorCode.INVALID_REQUEST: INVALID_REQUEST,
-    ErrorCode.NOT_LEADER: 6,  # NOT_LEADER_OR_FOLLOWER
-    ErrorCode.REPLICATION_TIMEOUT: 7,  # REQUEST_TIMED_OUT
-    ErrorCode.OFFSET_OUT_OF_RANGE: OFFSET_OUT_OF_RANGE,
-    ErrorCode.GENERATION_MISMATCH: ILLEGAL_GENERATION,
-    ErrorCode.UNKNOWN_MEMBER: UNKNOWN_MEMBER_ID,
-    ErrorCode.GROUP_NOT_FOUND: GROUP_ID_NOT_FOUND,
-    ErrorCode.REBALANCE_IN_PROGRESS: REBALANCE_IN_PROGRESS,
-    ErrorCode.NOT_ASSIGNED: ILLEGAL_GENERATION,
-    ErrorCode.INVALID_SEQUENCE: 45,  # OUT_OF_ORDER_SEQUENCE_NUMBER
-    ErrorCode.DUPLICATE_SEQUENCE: 46,  # DUPLICATE_SEQUENCE_NUMBER
-    ErrorCode.FENCED_PRODUCER: 47,  # INVALID_PRODUCER_EPOCH
-    ErrorCode.CORRUPT_MESSAGE: CORRUPT_MESSAGE,
-    ErrorCode.STORAGE_ERROR: 56,  # KAFKA_STORAGE_ERROR
-    ErrorCode.UNSUPPORTED: UNKNOWN_SERVER_ERROR,
-    ErrorCode.TOPIC_AUTHORIZATION: TOPIC_AUTHORIZATION_FAILED,
-    ErrorCode.GROUP_AUTHORIZATION: GROUP_AUTHORIZATION_FAILED,
-    ErrorCode.CLUSTER_AUTHORIZATION: CLUSTER_AUTHORIZATION_FAILED,
-    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION: TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    ErrorCode.RESOURCE_NOT_FOUND: RESOURCE_NOT_FOUND,
-    ErrorCode.SECURITY_DISABLED: SECURITY_DISABLED,
-    ErrorCode.INVALID_TXN_STATE: 48,
-    ErrorCode.INVALID_PRODUCER_ID_MAPPING: 49,
-    ErrorCode.INVALID_TRANSACTION_TIMEOUT: 50,
-    ErrorCode.CONCURRENT_TRANSACTIONS: 51,
-    ErrorCode.TRANSACTIONAL_ID_NOT_FOUND: 105,
-    ErrorCode.INVALID_CONFIG: 40,
-    ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: GROUP_SUBSCRIBED_TO_TOPIC,
-    ErrorCode.FENCED_LEADER_EPOCH: FENCED_LEADER_EPOCH,
-    ErrorCode.UNKNOWN_LEADER_EPOCH: UNKNOWN_LEADER_EPOCH,
-    ErrorCode.FENCED_MEMBER_EPOCH: FENCED_MEMBER_EPOCH,
-    ErrorCode.STALE_MEMBER_EPOCH: STALE_MEMBER_EPOCH,
-}
-
-
-def code(error: m.Error | None, **overrides: int) -> int:
-    """The Kafka error code of a model error (0 for none); ``overrides`` by model code name."""
-    if error is None:
-        return NONE
-    return overrides.get(error.code.name, ERRORS.get(error.code, UNKNOWN_SERVER_ERROR))
-
-
-def message(error: m.Error | None) -> str | None:
-    return None if error is None else error.message
-
-
-class Session(Protocol):
-    """What handlers know of their connection."""
-
-    advertised_host: str
-    advertised_port: int
-    client_id: str
-    client_host: str
-    initial_rebalance_delay_ms: int
-    sasl_config: sasl.SaslConfig | None
-    sasl_exchange: sasl.Exchange | None
-    sasl_raw: bool
-    fetch_session: FetchSession | None
-
-    def refuse_login(self, answer: bytes, reason: str) -> None:
-        """Send ``answer`` after the failure delay, then close."""
-
-    def authenticated_now(self, user: str) -> None:
-        """The exchange succeeded: lift the limits of an unauthenticated connection."""
-
+if TYPE_CHECKING:
+    from .codec import KafkaConnection
 
 Frame = Callable[[dict[str, Any]], bytes]  # a response body -> the whole response frame
-Handler = Callable[[Session, int, Any, Frame], Handled]
-
-
-@attrs.frozen
-class Api:
-    key: int
-    min_version: int
-    max_version: int
-    handle: Handler
+Handler = Callable[["KafkaConnection", int, Any, Frame], Handled]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -172,7 +55,7 @@ def _by_topic(items: Sequence[tuple[str, dict[str, Any]]], topic_field: str = "N
 # --------------------------------------------------------------------------- produce / fetch
 
 
-def produce(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def produce(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     acks = {0: m.Acks.NONE, 1: m.Acks.LEADER}.get(req.Acks, m.Acks.ALL)
     commands: list[Any] = []
     slots: list[tuple[str, int, int, int, int]] = []  # topic, partition, first command, count, error
@@ -180,9 +63,9 @@ def produce(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     for topic in req.TopicData:
         for part in topic.PartitionData:
             try:
-                batches = records.split_batches(part.Records or b"", now)
-            except records.CorruptRecords:
-                slots.append((topic.Name, part.Index, len(commands), 0, CORRUPT_MESSAGE))
+                batches = format.split_batches(part.Records or b"", now)
+            except format.CorruptRecords:
+                slots.append((topic.Name, part.Index, len(commands), 0, Errors.CORRUPT_MESSAGE))
                 continue
             slots.append((topic.Name, part.Index, len(commands), len(batches), NONE))
             commands += [m.Produce(topic.Name, part.Index, b, acks, req.TimeoutMs) for b in batches]
@@ -205,27 +88,27 @@ def produce(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     return Handled.run(tuple(commands), render, joins=True)
 
 
-def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Fetch, with incremental fetch sessions from v7 (``fetch_session``): an incremental request
     fetches every partition of the session and is answered with those that have news."""
     epoch = req.get("SessionEpoch", FINAL_EPOCH)
-    current = session.fetch_session
+    current = conn.fetch_session
     incremental = epoch > INITIAL_EPOCH
     if incremental:
-        error = (FETCH_SESSION_ID_NOT_FOUND if current is None or current.id != req.SessionId else
-                 INVALID_FETCH_SESSION_EPOCH if current.epoch != epoch else NONE)
+        error = (Errors.FETCH_SESSION_ID_NOT_FOUND if current is None or current.id != req.SessionId else
+                 Errors.INVALID_FETCH_SESSION_EPOCH if current.epoch != epoch else NONE)
         if error != NONE:
             return Handled.answer(frame({"ErrorCode": error, "SessionId": 0, "Responses": []}))
         current.update(req.Topics, req.get("ForgottenTopicsData"))
         current.epoch += 1
         wanted = [(t, p, s.fetch_offset, s.max_bytes, s.leader_epoch) for (t, p), s in current.partitions.items()]
     else:  # a full fetch: an initial one opens a new session, a final one closes the session
-        current = session.fetch_session = (
+        current = conn.fetch_session = (
             new_session(req.Topics) if epoch == INITIAL_EPOCH and version >= 7 else None)
         wanted = [(t.Topic, p.Partition, p.FetchOffset, p.PartitionMaxBytes, p.get("CurrentLeaderEpoch", -1))
                   for t in req.Topics for p in t.Partitions]
     committed = req.get("IsolationLevel", 0) == 1  # READ_COMMITTED
-    fetches = tuple(m.Fetch(topic, partition, offset, records.NAME, max_bytes=max(max_bytes, 0),
+    fetches = tuple(m.Fetch(topic, partition, offset, format.NAME, max_bytes=max(max_bytes, 0),
                             read_committed=committed, leader_epoch=leader_epoch)
                     for topic, partition, offset, max_bytes, leader_epoch in wanted)
     max_bytes = req.get("MaxBytes", 0x7FFFFFFF)
@@ -240,8 +123,8 @@ def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
                 data = tuple(b.payload for b in r.batches)  # stored bytes, written as they are
             else:
                 try:
-                    data = records.encode_message_set(
-                        (rec for b in r.batches for rec in records.FORMAT.records(b) if rec.offset >= f.offset),
+                    data = format.encode_message_set(
+                        (rec for b in r.batches for rec in format.FORMAT.records(b) if rec.offset >= f.offset),
                         legacy_magic)
                 except m.CommandError as e:
                     data, error = b"", e.error
@@ -263,7 +146,7 @@ def fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
     return Handled.run((cmd,), render)
 
 
-def list_offsets(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def list_offsets(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     committed = req.get("IsolationLevel", 0) == 1  # READ_COMMITTED: latest is the last stable offset
     commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, p.Timestamp, committed)
                      for t in req.Topics for p in t.Partitions)
@@ -282,7 +165,7 @@ def list_offsets(session: Session, version: int, req: Any, frame: Frame) -> Hand
     return Handled.run(commands, render)
 
 
-def offset_for_leader_epoch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def offset_for_leader_epoch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """OffsetForLeaderEpoch (KIP-320): where each partition's leader epoch ended."""
     commands = tuple(m.OffsetForLeaderEpoch(t.Topic, p.Partition, p.LeaderEpoch, p.get("CurrentLeaderEpoch", -1))
                      for t in req.Topics for p in t.Partitions)
@@ -298,10 +181,10 @@ def offset_for_leader_epoch(session: Session, version: int, req: Any, frame: Fra
 # --------------------------------------------------------------------------- metadata and topics
 
 
-def metadata(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Metadata; from v10 topics carry their ids, and a request may name topics by id (clients of the
     consumer group protocol resolve the ids of their assignment so): all topics are then listed and
-    those asked for answered, an unknown id ``UNKNOWN_TOPIC_ID``."""
+    those asked for answered, an unknown id ``Errors.UNKNOWN_TOPIC_ID``."""
     ids = {bytes(t.TopicId).hex() for t in req.Topics or () if t.Name is None and any(t.get("TopicId") or b"")}
     names = None if req.Topics is None or ids or (version == 0 and not req.Topics) else tuple(
         dict.fromkeys(t.Name for t in req.Topics if t.Name is not None))  # each topic once, as Kafka answers
@@ -315,20 +198,20 @@ def metadata(session: Session, version: int, req: Any, frame: Frame) -> Handled:
                 continue
             ids.discard(t.topic_id)
             topics.append({
-                "ErrorCode": code(t.error, INVALID_REQUEST=INVALID_TOPIC), "Name": t.topic,
+                "ErrorCode": code(t.error, INVALID_REQUEST=Errors.INVALID_TOPIC_EXCEPTION), "Name": t.topic,
                 "TopicId": bytes.fromhex(t.topic_id) if len(t.topic_id) == 32 else bytes(16),
                 "Partitions": [{"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": p.leader_epoch,
                                 "ReplicaNodes": [0], "IsrNodes": [0]} for p in t.partitions],
             })
-        topics += [{"ErrorCode": UNKNOWN_TOPIC_ID, "Name": None, "TopicId": bytes.fromhex(i), "Partitions": []}
+        topics += [{"ErrorCode": Errors.UNKNOWN_TOPIC_ID, "Name": None, "TopicId": bytes.fromhex(i), "Partitions": []}
                    for i in sorted(ids)]
-        return frame({"Brokers": [{"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port}],
+        return frame({"Brokers": [{"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port}],
                 "ClusterId": "polygate", "ControllerId": 0, "Topics": topics})
 
     return Handled.run((m.ListTopics(names, auto and not ids),), render)
 
 
-def create_topics(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def create_topics(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Topics with their settings (``gateway.topic_configs``); a topic whose settings are refused
     is answered ``INVALID_CONFIG`` and not created, the others are."""
     refused: dict[str, m.Error] = {}
@@ -354,7 +237,7 @@ def create_topics(session: Session, version: int, req: Any, frame: Frame) -> Han
                             "NumPartitions": -1, "ReplicationFactor": -1})
                 continue
             r = next(made)
-            out.append({"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
+            out.append({"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=Errors.INVALID_PARTITIONS),
                         "ErrorMessage": message(r.error), "NumPartitions": r.partitions if not r.error else -1,
                         "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1})
         return frame({"Topics": out})
@@ -362,7 +245,7 @@ def create_topics(session: Session, version: int, req: Any, frame: Frame) -> Han
     return Handled.run(tuple(commands), render) if commands else Handled.answer(render(()))
 
 
-def delete_topics(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def delete_topics(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     commands = tuple(m.DeleteTopic(name) for name in req.TopicNames)
 
     def render(results: Sequence[m.DeleteTopicResult]) -> bytes:
@@ -371,13 +254,13 @@ def delete_topics(session: Session, version: int, req: Any, frame: Frame) -> Han
     return Handled.run(commands, render)
 
 
-def create_partitions(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def create_partitions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     if req.ValidateOnly:
         return Handled.answer(frame({"Results": [{"Name": t.Name} for t in req.Topics]}))
     commands = tuple(m.CreatePartitions(t.Name, t.Count) for t in req.Topics)
 
     def render(results: Sequence[m.CreatePartitionsResult]) -> bytes:
-        return frame({"Results": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=INVALID_PARTITIONS),
+        return frame({"Results": [{"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=Errors.INVALID_PARTITIONS),
                              "ErrorMessage": message(r.error)} for r in results]})
 
     return Handled.run(commands, render)
@@ -387,7 +270,7 @@ TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG = 5, 1
 
 
-def describe_configs(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def describe_configs(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Topics: every setting with its effective value (the topic's own, else the server's:
     ``gateway.topic_configs``); the broker: its listener."""
     topics = tuple(r.ResourceName for r in req.Resources if r.ResourceType == TOPIC_RESOURCE)
@@ -409,11 +292,11 @@ def describe_configs(session: Session, version: int, req: Any, frame: Frame) -> 
                             Configs=[] if settings.error else entries(settings.settings, r.ConfigurationKeys))
             elif r.ResourceType == BROKER_RESOURCE:
                 body["Configs"] = entries([("advertised.listeners",
-                                            f"PLAINTEXT://{session.advertised_host}:{session.advertised_port}",
+                                            f"PLAINTEXT://{conn.advertised_host}:{conn.advertised_port}",
                                             True), ("auto.create.topics.enable", "true", True)],
                                           r.ConfigurationKeys)
             else:
-                body.update(ErrorCode=INVALID_REQUEST, ErrorMessage="unsupported resource type")
+                body.update(ErrorCode=Errors.INVALID_REQUEST, ErrorMessage="unsupported resource type")
             out.append(body)
         return frame({"Results": out})
 
@@ -422,7 +305,7 @@ def describe_configs(session: Session, version: int, req: Any, frame: Frame) -> 
     return Handled.run((m.DescribeConfigs(topics),), render)
 
 
-def delete_records(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def delete_records(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """The log start of each partition moved to the offset given (-1: the high watermark)."""
     commands = tuple(m.DeleteRecords(t.Name, p.PartitionIndex, p.Offset) for t in req.Topics for p in t.Partitions)
 
@@ -434,12 +317,12 @@ def delete_records(session: Session, version: int, req: Any, frame: Frame) -> Ha
     return Handled.run(commands, render)
 
 
-def describe_cluster(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def describe_cluster(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """This gateway is the cluster: one broker, node 0, which is also the controller."""
     return Handled.answer(frame({"ClusterId": "polygate", "ControllerId": 0, "EndpointType": 1,
                                  "ClusterAuthorizedOperations": -2147483648,
-                                 "Brokers": [{"BrokerId": 0, "Host": session.advertised_host,
-                                              "Port": session.advertised_port, "Rack": None}]}))
+                                 "Brokers": [{"BrokerId": 0, "Host": conn.advertised_host,
+                                              "Port": conn.advertised_port, "Rack": None}]}))
 
 
 INCREMENTAL_OPERATIONS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
@@ -452,7 +335,7 @@ def _alter_configs(req: Any, frame: Frame, incremental: bool) -> Handled:
         body = {"ResourceType": r.ResourceType, "ResourceName": r.ResourceName}
         answers.append(body)
         if r.ResourceType != TOPIC_RESOURCE:
-            body.update(ErrorCode=INVALID_REQUEST, ErrorMessage="only topic settings can be changed")
+            body.update(ErrorCode=Errors.INVALID_REQUEST, ErrorMessage="only topic settings can be changed")
             continue
         changes = tuple((c.Name, INCREMENTAL_OPERATIONS.get(c.ConfigOperation, "?") if incremental else "set",
                          c.Value) for c in r.Configs)
@@ -470,12 +353,12 @@ def _alter_configs(req: Any, frame: Frame, incremental: bool) -> Handled:
     return Handled.run(tuple(commands), render) if commands else Handled.answer(render(()))
 
 
-def alter_configs(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def alter_configs(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """AlterConfigs: a topic's settings replaced by the ones given (the others back to the defaults)."""
     return _alter_configs(req, frame, incremental=False)
 
 
-def incremental_alter_configs(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def incremental_alter_configs(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """IncrementalAlterConfigs: set, delete (back to the default), append to or subtract from a setting."""
     return _alter_configs(req, frame, incremental=True)
 
@@ -483,26 +366,26 @@ def incremental_alter_configs(session: Session, version: int, req: Any, frame: F
 # --------------------------------------------------------------------------- groups
 
 
-def find_coordinator(session: Session, version: int, req: Any, frame: Frame) -> Handled:
-    return Handled.answer(frame({"NodeId": 0, "Host": session.advertised_host, "Port": session.advertised_port}))
+def find_coordinator(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    return Handled.answer(frame({"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port}))
 
 
-def join_group(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def join_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     rebalance = req.get("RebalanceTimeoutMs", -1)
     protocols = tuple((p.Name, p.Metadata) for p in req.Protocols)
     topics = subscribed_topics(protocols)
     cmd = m.JoinGroup(req.GroupId, req.MemberId, topics or (), protocol_type="consumer",
                       session_timeout_ms=req.SessionTimeoutMs,
                       rebalance_timeout_ms=rebalance if rebalance > 0 else req.SessionTimeoutMs,
-                      client_id=session.client_id, client_host=session.client_host,
+                      client_id=conn.client_id, client_host=conn.client_host,
                       protocols=protocols, group_instance_id=req.get("GroupInstanceId"),
-                      extras={"initial_rebalance_delay_ms": session.initial_rebalance_delay_ms}, codec="kafka",
+                      extras={"initial_rebalance_delay_ms": conn.initial_rebalance_delay_ms}, codec="kafka",
                       subscription_unreadable=topics is None)
 
     def render(results: Sequence[m.JoinGroupResult]) -> bytes:
         r = results[0]
-        return frame({"ErrorCode": code(r.error, INVALID_REQUEST=INCONSISTENT_GROUP_PROTOCOL,
-                                  GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID),
+        return frame({"ErrorCode": code(r.error, INVALID_REQUEST=Errors.INCONSISTENT_GROUP_PROTOCOL,
+                                  GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID),
                 "GenerationId": r.generation, "ProtocolType": req.ProtocolType, "ProtocolName": r.protocol,
                 "Leader": r.leader,
                 "MemberId": r.member_id or req.MemberId,
@@ -511,36 +394,36 @@ def join_group(session: Session, version: int, req: Any, frame: Frame) -> Handle
     return Handled.run((cmd,), render)
 
 
-def sync_group(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def sync_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     cmd = m.SyncGroup(req.GroupId, req.MemberId, req.GenerationId,
                       tuple((a.MemberId, a.Assignment) for a in req.Assignments))
 
     def render(results: Sequence[m.SyncGroupResult]) -> bytes:
         r = results[0]
-        return frame({"ErrorCode": code(r.error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment})
+        return frame({"ErrorCode": code(r.error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment})
 
     return Handled.run((cmd,), render)
 
 
-def heartbeat(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def heartbeat(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     def render(results: Sequence[m.HeartbeatResult]) -> bytes:
-        return frame({"ErrorCode": code(results[0].error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID)})
+        return frame({"ErrorCode": code(results[0].error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID)})
 
     return Handled.run((m.Heartbeat(req.GroupId, req.MemberId, req.GenerationId),), render)
 
 
-def leave_group(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def leave_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     members = [req.MemberId] if version < 3 else [mem.MemberId for mem in req.Members]
 
     def render(results: Sequence[m.LeaveGroupResult]) -> bytes:
-        errors = [code(r.error, GROUP_NOT_FOUND=UNKNOWN_MEMBER_ID) for r in results]
+        errors = [code(r.error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID) for r in results]
         return frame({"ErrorCode": errors[0] if version < 3 and errors else NONE,
                 "Members": [{"MemberId": mid, "ErrorCode": e} for mid, e in zip(members, errors, strict=True)]})
 
     return Handled.run(tuple(m.LeaveGroup(req.GroupId, mid) for mid in members), render)
 
 
-def offset_commit(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     generation = req.get("GenerationIdOrMemberEpoch", -1)
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
@@ -548,7 +431,7 @@ def offset_commit(session: Session, version: int, req: Any, frame: Frame) -> Han
 
     def render(results: Sequence[m.CommitOffsetsResult]) -> bytes:
         r = results[0]
-        failed = code(r.error, GROUP_NOT_FOUND=ILLEGAL_GENERATION)
+        failed = code(r.error, GROUP_NOT_FOUND=Errors.ILLEGAL_GENERATION)
         per = {(t, p): e for t, p, e in r.errors}
         parts = [(t, {"PartitionIndex": p, "ErrorCode": failed or code(per.get((t, p)))}) for t, p, _, _ in offsets]
         return frame({"Topics": _by_topic(parts)})
@@ -556,7 +439,7 @@ def offset_commit(session: Session, version: int, req: Any, frame: Frame) -> Han
     return Handled.run((cmd,), render)
 
 
-def offset_fetch(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def offset_fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     wanted = None if req.Topics is None else tuple((t.Name, p) for t in req.Topics for p in t.PartitionIndexes)
 
     def render(results: Sequence[m.FetchOffsetsResult]) -> bytes:
@@ -573,7 +456,7 @@ def _consumer_protocol(partitions: tuple[tuple[str, tuple[int, ...]], ...]) -> t
     return encode_subscription([t for t, _ in partitions]), encode_assignment(partitions)
 
 
-def describe_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def describe_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Groups of every protocol. Broker-assigned (V1, Cursus) groups are shown as Kafka
     ``consumer`` groups, members' subscriptions and assignments in ConsumerProtocol v0, as
     are members known only by their partitions (a cluster's members, in cluster mode).
@@ -601,7 +484,7 @@ def describe_groups(session: Session, version: int, req: Any, frame: Frame) -> H
     return Handled.run((m.DescribeGroups(tuple(req.Groups)),), render)
 
 
-def list_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def list_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     def render(results: Sequence[m.ListGroupsResult]) -> bytes:
         return frame({"Groups": [{"GroupId": g, "ProtocolType": "consumer" if pt == "server" else pt}
                            for g, pt in results[0].groups]})
@@ -609,19 +492,19 @@ def list_groups(session: Session, version: int, req: Any, frame: Frame) -> Handl
     return Handled.run((m.ListGroups(),), render)
 
 
-def consumer_group_heartbeat(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def consumer_group_heartbeat(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """ConsumerGroupHeartbeat (KIP-848): the coordinator assigns, by topic id."""
     owned = None if req.TopicPartitions is None else tuple(
         (bytes(t.TopicId).hex(), tuple(t.Partitions)) for t in req.TopicPartitions)
     topics = None if req.SubscribedTopicNames is None else tuple(req.SubscribedTopicNames)
     cmd = m.ConsumerGroupHeartbeat(req.GroupId, req.MemberId or "", req.MemberEpoch, topics, owned,
-                                   session.client_id, session.client_host)
+                                   conn.client_id, conn.client_host)
 
     def render(results: Sequence[m.ConsumerGroupHeartbeatResult]) -> bytes:
         r = results[0]
         assignment = None if r.assignment is None else {"TopicPartitions": [
             {"TopicId": bytes.fromhex(tid), "Partitions": list(ps)} for tid, ps in r.assignment]}
-        return frame({"ErrorCode": code(r.error, INVALID_REQUEST=INCONSISTENT_GROUP_PROTOCOL),
+        return frame({"ErrorCode": code(r.error, INVALID_REQUEST=Errors.INCONSISTENT_GROUP_PROTOCOL),
                       "ErrorMessage": message(r.error), "MemberId": r.member_id or None,
                       "MemberEpoch": r.member_epoch, "HeartbeatIntervalMs": r.heartbeat_interval_ms,
                       "Assignment": assignment})
@@ -629,15 +512,15 @@ def consumer_group_heartbeat(session: Session, version: int, req: Any, frame: Fr
     return Handled.run((cmd,), render)
 
 
-def delete_groups(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def delete_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     def render(results: Sequence[m.DeleteGroupsResult]) -> bytes:
-        return frame({"Results": [{"GroupId": g, "ErrorCode": code(e, INVALID_REQUEST=NON_EMPTY_GROUP)}
+        return frame({"Results": [{"GroupId": g, "ErrorCode": code(e, INVALID_REQUEST=Errors.NON_EMPTY_GROUP)}
                             for g, e in results[0].errors]})
 
     return Handled.run((m.DeleteGroups(tuple(req.GroupsNames)),), render)
 
 
-def offset_delete(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def offset_delete(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """OffsetDelete: an error of the group as a whole (unknown group, not authorized) is the top-level
     one, and the partitions then carry none; partition errors say which offsets were kept."""
     cmd = m.DeleteOffsets(req.GroupId, tuple((t.Name, p.PartitionIndex) for t in req.Topics for p in t.Partitions))
@@ -672,7 +555,7 @@ def _acl_fields(b: m.AclBinding) -> dict[str, Any]:
             "PermissionType": int(b.permission)}
 
 
-def create_acls(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def create_acls(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     bindings: list[m.AclBinding | None] = []
     for c in req.Creations:
         try:
@@ -697,10 +580,10 @@ def create_acls(session: Session, version: int, req: Any, frame: Frame) -> Handl
     return Handled.run((m.CreateAcls(known),), render)
 
 
-def describe_acls(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def describe_acls(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     acl_filter = _acl_filter(req)
     if acl_filter is None:
-        return Handled.answer(frame({"ErrorCode": INVALID_REQUEST, "ErrorMessage": "unknown ACL filter value",
+        return Handled.answer(frame({"ErrorCode": Errors.INVALID_REQUEST, "ErrorMessage": "unknown ACL filter value",
                                      "Resources": []}))
 
     def render(results: Sequence[m.DescribeAclsResult]) -> bytes:
@@ -715,7 +598,7 @@ def describe_acls(session: Session, version: int, req: Any, frame: Frame) -> Han
     return Handled.run((m.DescribeAcls(acl_filter),), render)
 
 
-def delete_acls(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def delete_acls(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     filters = [_acl_filter(f) for f in req.Filters]
     known = tuple(f for f in filters if f is not None)
 
@@ -724,7 +607,7 @@ def delete_acls(session: Session, version: int, req: Any, frame: Frame) -> Handl
         out = []
         for f in filters:
             if f is None:
-                out.append({"ErrorCode": INVALID_REQUEST, "ErrorMessage": "unknown ACL filter value",
+                out.append({"ErrorCode": Errors.INVALID_REQUEST, "ErrorMessage": "unknown ACL filter value",
                             "MatchingAcls": []})
                 continue
             bindings, error = next(matches)
@@ -739,7 +622,7 @@ def delete_acls(session: Session, version: int, req: Any, frame: Frame) -> Handl
     return Handled.run((m.DeleteAcls(known),), render)
 
 
-def describe_user_scram_credentials(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def describe_user_scram_credentials(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     names = tuple(u.Name for u in req.Users) if req.Users else None  # null or empty: every user
 
     def render(results: Sequence[m.DescribeUsersResult]) -> bytes:
@@ -753,7 +636,7 @@ def describe_user_scram_credentials(session: Session, version: int, req: Any, fr
     return Handled.run((m.DescribeUsers(names),), render)
 
 
-def alter_user_scram_credentials(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def alter_user_scram_credentials(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     unknown = "unknown SCRAM mechanism"
     upsertions = tuple((u.Name, SCRAM_MECHANISMS.get(u.Mechanism, unknown), u.Iterations, bytes(u.Salt),
                         bytes(u.SaltedPassword)) for u in req.Upsertions)
@@ -769,7 +652,7 @@ def alter_user_scram_credentials(session: Session, version: int, req: Any, frame
 # --------------------------------------------------------------------------- producers, versions, SASL
 
 
-def init_producer_id(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def init_producer_id(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     def render(results: Sequence[m.InitProducerIdResult]) -> bytes:
         r = results[0]
         return frame({"ErrorCode": code(r.error), "ProducerId": r.producer_id, "ProducerEpoch": r.epoch})
@@ -782,7 +665,7 @@ def init_producer_id(session: Session, version: int, req: Any, frame: Frame) -> 
 # --------------------------------------------------------------------------- transactions
 
 
-def add_partitions_to_txn(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def add_partitions_to_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     partitions = tuple((t.Name, p) for t in req.V3AndBelowTopics for p in t.Partitions)
     cmd = m.AddPartitionsToTxn(req.V3AndBelowTransactionalId, req.V3AndBelowProducerId,
                                req.V3AndBelowProducerEpoch, partitions)
@@ -797,17 +680,17 @@ def add_partitions_to_txn(session: Session, version: int, req: Any, frame: Frame
     return Handled.run((cmd,), render)
 
 
-def add_offsets_to_txn(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def add_offsets_to_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     cmd = m.AddOffsetsToTxn(req.TransactionalId, req.ProducerId, req.ProducerEpoch, req.GroupId)
     return Handled.run((cmd,), lambda results: frame({"ErrorCode": code(results[0].error)}))
 
 
-def end_txn(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def end_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     cmd = m.EndTxn(req.TransactionalId, req.ProducerId, req.ProducerEpoch, req.Committed)
     return Handled.run((cmd,), lambda results: frame({"ErrorCode": code(results[0].error)}))
 
 
-def txn_offset_commit(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def txn_offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
     cmd = m.TxnOffsetCommit(req.TransactionalId, req.GroupId, req.ProducerId, req.ProducerEpoch, offsets)
@@ -832,7 +715,7 @@ def _transaction(info: m.TransactionInfo) -> dict[str, Any]:
             "Topics": [{"Topic": t, "Partitions": ps} for t, ps in topics.items()]}
 
 
-def list_transactions(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def list_transactions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     cmd = m.ListTransactions(tuple(req.StateFilters), tuple(req.ProducerIdFilters))
 
     def render(results: Sequence[m.ListTransactionsResult]) -> bytes:
@@ -842,13 +725,13 @@ def list_transactions(session: Session, version: int, req: Any, frame: Frame) ->
     return Handled.run((cmd,), render)
 
 
-def describe_transactions(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def describe_transactions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     cmd = m.DescribeTransactions(tuple(req.TransactionalIds))
     return Handled.run((cmd,), lambda results: frame({"TransactionStates": [
         _transaction(t) for t in results[0].transactions]}))
 
 
-def describe_producers(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def describe_producers(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     cmd = m.DescribeProducers(tuple((t.Name, p) for t in req.Topics for p in t.PartitionIndexes))
 
     def render(results: Sequence[m.DescribeProducersResult]) -> bytes:
@@ -863,80 +746,87 @@ def describe_producers(session: Session, version: int, req: Any, frame: Frame) -
     return Handled.run((cmd,), render)
 
 
-def api_versions(session: Session, version: int, req: Any, frame: Frame) -> Handled:
+def api_versions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     return Handled.answer(frame({"ApiKeys": advertised()}))
 
 
-def sasl_handshake(session: Session, version: int, req: Any, frame: Frame) -> Handled:
-    config = session.sasl_config
+def sasl_handshake(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    config = conn.sasl_config
     offered = list(config.mechanisms) if config else []
     if config is None or req.Mechanism not in offered:
-        return Handled.answer(frame({"ErrorCode": UNSUPPORTED_SASL_MECHANISM, "Mechanisms": offered}))
-    session.sasl_exchange = sasl.Exchange(config, req.Mechanism)
-    session.sasl_raw = version == 0  # v0: raw tokens follow, without Kafka headers
+        return Handled.answer(frame({"ErrorCode": Errors.UNSUPPORTED_SASL_MECHANISM, "Mechanisms": offered}))
+    conn.sasl_exchange = sasl.Exchange(config, req.Mechanism)
+    conn.sasl_raw = version == 0  # v0: raw tokens follow, without Kafka headers
     return Handled.answer(frame({"Mechanisms": offered}))
 
 
-def sasl_authenticate(session: Session, version: int, req: Any, frame: Frame) -> Handled:
-    exchange = session.sasl_exchange
+def sasl_authenticate(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    exchange = conn.sasl_exchange
     if exchange is None:
-        return Handled.answer(frame({"ErrorCode": ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"}))
+        return Handled.answer(frame({"ErrorCode": Errors.ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"}))
     try:
         token = exchange.step(req.AuthBytes)
     except sasl.AuthFailed as e:  # answered late, then the connection closes (as Kafka does)
-        return session.refuse_login(frame({"ErrorCode": SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}),
+        return conn.refuse_login(frame({"ErrorCode": Errors.SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}),
                                     "SASL authentication failed")
     if exchange.done:
-        session.authenticated_now(exchange.user)
+        conn.authenticated_now(exchange.user)
     return Handled.answer(frame({"AuthBytes": token}))
 
 
-APIS: dict[int, Api] = {api.key: api for api in (
-    Api(0, 0, 9, produce),
-    Api(1, 0, 12, fetch),
-    Api(2, 0, 7, list_offsets),
-    Api(3, 0, 12, metadata),
-    Api(8, 0, 8, offset_commit),
-    Api(9, 0, 7, offset_fetch),
-    Api(10, 0, 3, find_coordinator),
-    Api(11, 0, 7, join_group),
-    Api(12, 0, 4, heartbeat),
-    Api(13, 0, 4, leave_group),
-    Api(14, 0, 4, sync_group),
-    Api(15, 0, 5, describe_groups),
-    Api(16, 0, 3, list_groups),
-    Api(17, 0, 1, sasl_handshake),
-    Api(18, 0, 3, api_versions),
-    Api(19, 0, 5, create_topics),
-    Api(20, 0, 4, delete_topics),
-    Api(21, 0, 2, delete_records),
-    Api(22, 0, 4, init_producer_id),
-    Api(23, 0, 4, offset_for_leader_epoch),
-    Api(24, 0, 3, add_partitions_to_txn),
-    Api(25, 0, 3, add_offsets_to_txn),
-    Api(26, 0, 3, end_txn),
-    Api(28, 0, 3, txn_offset_commit),
-    Api(29, 0, 3, describe_acls),
-    Api(30, 0, 3, create_acls),
-    Api(31, 0, 3, delete_acls),
-    Api(32, 0, 4, describe_configs),
-    Api(33, 0, 2, alter_configs),
-    Api(36, 0, 2, sasl_authenticate),
-    Api(37, 0, 3, create_partitions),
-    Api(42, 0, 2, delete_groups),
-    Api(44, 0, 1, incremental_alter_configs),
-    Api(47, 0, 0, offset_delete),
-    Api(50, 0, 0, describe_user_scram_credentials),
-    Api(51, 0, 0, alter_user_scram_credentials),
-    Api(60, 0, 1, describe_cluster),
-    Api(61, 0, 0, describe_producers),
-    Api(65, 0, 0, describe_transactions),
-    Api(66, 0, 0, list_transactions),
-    Api(68, 0, 1, consumer_group_heartbeat),
-)}
+_APIS = (  # API key, the versions advertised, handler
+    (0, 0, 9, produce),
+    (1, 0, 12, fetch),
+    (2, 0, 7, list_offsets),
+    (3, 0, 12, metadata),
+    (8, 0, 8, offset_commit),
+    (9, 0, 7, offset_fetch),
+    (10, 0, 3, find_coordinator),
+    (11, 0, 7, join_group),
+    (12, 0, 4, heartbeat),
+    (13, 0, 4, leave_group),
+    (14, 0, 4, sync_group),
+    (15, 0, 5, describe_groups),
+    (16, 0, 3, list_groups),
+    (17, 0, 1, sasl_handshake),
+    (18, 0, 3, api_versions),
+    (19, 0, 5, create_topics),
+    (20, 0, 4, delete_topics),
+    (21, 0, 2, delete_records),
+    (22, 0, 4, init_producer_id),
+    (23, 0, 4, offset_for_leader_epoch),
+    (24, 0, 3, add_partitions_to_txn),
+    (25, 0, 3, add_offsets_to_txn),
+    (26, 0, 3, end_txn),
+    (28, 0, 3, txn_offset_commit),
+    (29, 0, 3, describe_acls),
+    (30, 0, 3, create_acls),
+    (31, 0, 3, delete_acls),
+    (32, 0, 4, describe_configs),
+    (33, 0, 2, alter_configs),
+    (36, 0, 2, sasl_authenticate),
+    (37, 0, 3, create_partitions),
+    (42, 0, 2, delete_groups),
+    (44, 0, 1, incremental_alter_configs),
+    (47, 0, 0, offset_delete),
+    (50, 0, 0, describe_user_scram_credentials),
+    (51, 0, 0, alter_user_scram_credentials),
+    (60, 0, 1, describe_cluster),
+    (61, 0, 0, describe_producers),
+    (65, 0, 0, describe_transactions),
+    (66, 0, 0, list_transactions),
+    (68, 0, 1, consumer_group_heartbeat),
+)
+
+HANDLERS: dict[int, Handler] = {key: handle for key, _, _, handle in _APIS}
+"""Each API key served -> its handler."""
+
+VERSIONS: dict[int, tuple[int, int]] = {key: (low, high) for key, low, high, _ in _APIS}
+"""Each API key served -> the lowest and highest versions advertised."""
+
 API_VERSIONS = 18
 SASL_APIS = frozenset({17, 18, 36})
 
 
 def advertised() -> list[dict[str, int]]:
-    return [{"ApiKey": a.key, "MinVersion": a.min_version, "MaxVersion": a.max_version} for a in APIS.values()]
+    return [{"ApiKey": key, "MinVersion": low, "MaxVersion": high} for key, (low, high) in VERSIONS.items()]
