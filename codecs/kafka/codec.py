@@ -90,7 +90,9 @@ class KafkaConnection(CodecConnection):
             self.framer.max_frame_size = self.settings.max_frame_size
         super().receive_data(data)
 
-    def handle_frame(self, header: bytes, body: bytearray) -> Handled | None:
+    # The override takes what its framer hands out: mutable bodies (``mutable_body``), which
+    # produces patch in place.
+    def handle_frame(self, header: bytes, body: bytearray) -> Handled | None:  # type: ignore[override]
         if self.sasl_raw:
             return self._raw_sasl(bytes(body))
         if len(body) < _KEY_VERSION.size:
@@ -119,12 +121,15 @@ class KafkaConnection(CodecConnection):
 
     def _raw_sasl(self, token: bytes) -> Handled | None:
         """SaslHandshake v0: a raw token answered by a raw token; failure closes (after its delay)."""
+        exchange = self.sasl_exchange
+        assert exchange is not None  # raw SASL follows its handshake, which started the exchange
         try:
-            answer = self.sasl_exchange.step(token)
+            answer = exchange.step(token)
         except sasl.AuthFailed:
-            return self.refuse_login(b"", "SASL authentication failed")
-        if self.sasl_exchange.done:
-            self.authenticated_now(self.sasl_exchange.user)
+            self.refuse_login(b"", "SASL authentication failed")
+            return None
+        if exchange.done:
+            self.authenticated_now(exchange.user)
         return Handled.answer(_SIZE.pack(len(answer)) + answer)
 
     def authenticated_now(self, user: str) -> None:

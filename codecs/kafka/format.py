@@ -190,6 +190,8 @@ def read_into(data: bytes, base_offset: int | None, columns: Columns, limit: int
     if type(data) is not bytes:
         data = bytes(data)
     read = read_records
+    headers = columns.headers
+    assert headers is not None  # a list, as said above
     with_headers = False
     pos = 0
     while pos + BATCH_HEADER.size <= len(data):
@@ -209,7 +211,7 @@ def read_into(data: bytes, base_offset: int | None, columns: Columns, limit: int
                 with_headers |= read(body, start, stop, count, base, base_ts,
                                      max_ts if attributes & ATTR_LOG_APPEND_TIME else None,
                                      columns.offsets, columns.timestamps, columns.keys, columns.values,
-                                     columns.headers)
+                                     headers)
             except (IndexError, ValueError) as e:
                 raise CorruptRecords(f"bad record: {e}") from None
         pos = end
@@ -396,7 +398,7 @@ def _encode_records(deltas: list[int], ts_deltas: list[int], keys: list[bytes | 
 def _with_extras(headers: Sequence[tuple[tuple[str, bytes | None], ...]],
                  extras: Sequence[Mapping[str, Any]]) -> list[tuple[tuple[str, bytes | None], ...]]:
     """Each record's headers, then its extras as ``polygate.<key>`` headers (see the module docstring)."""
-    out = []
+    out: list[tuple[tuple[str, bytes | None], ...]] = []
     append = out.append
     names: dict[str, str] = {}
     for h, x in zip(headers, extras, strict=True):

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .codec import KafkaConnection
 
 Frame = Callable[[dict[str, Any]], bytes]  # a response body -> the whole response frame
-Handler = Callable[["KafkaConnection", int, Any, Frame], Handled]
+Handler = Callable[["KafkaConnection", int, Any, Frame], Handled | None]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -99,6 +99,7 @@ def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handle
                  Errors.INVALID_FETCH_SESSION_EPOCH if current.epoch != epoch else NONE)
         if error != NONE:
             return Handled.answer(frame({"ErrorCode": error, "SessionId": 0, "Responses": []}))
+        assert current is not None  # found
         current.update(req.Topics, req.get("ForgottenTopicsData"))
         current.epoch += 1
         wanted = [(t, p, s.fetch_offset, s.max_bytes, s.leader_epoch) for (t, p), s in current.partitions.items()]
@@ -119,12 +120,14 @@ def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handle
         parts = []
         for f, r in zip(fetches, results[0].results, strict=True):
             error = r.error
+            data: bytes | tuple[bytes, ...]
             if legacy_magic is None:
                 data = tuple(b.payload for b in r.batches)  # stored bytes, written as they are
             else:
                 try:
                     data = format.encode_message_set(
-                        (rec for b in r.batches for rec in format.FORMAT.records(b) if rec.offset >= f.offset),
+                        (rec for b in r.batches for rec in format.FORMAT.records(b)
+                         if rec.offset is not None and rec.offset >= f.offset),
                         legacy_magic)
                 except m.CommandError as e:
                     data, error = b"", e.error
@@ -760,15 +763,16 @@ def sasl_handshake(conn: KafkaConnection, version: int, req: Any, frame: Frame) 
     return Handled.answer(frame({"Mechanisms": offered}))
 
 
-def sasl_authenticate(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+def sasl_authenticate(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled | None:
     exchange = conn.sasl_exchange
     if exchange is None:
         return Handled.answer(frame({"ErrorCode": Errors.ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"}))
     try:
         token = exchange.step(req.AuthBytes)
     except sasl.AuthFailed as e:  # answered late, then the connection closes (as Kafka does)
-        return conn.refuse_login(frame({"ErrorCode": Errors.SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}),
-                                    "SASL authentication failed")
+        conn.refuse_login(frame({"ErrorCode": Errors.SASL_AUTHENTICATION_FAILED, "ErrorMessage": str(e)}),
+                          "SASL authentication failed")
+        return None
     if exchange.done:
         conn.authenticated_now(exchange.user)
     return Handled.answer(frame({"AuthBytes": token}))

@@ -87,9 +87,10 @@ class Exchange:
             return self._plain(token)
         if self.mechanism == "OAUTHBEARER":
             return self._oauthbearer(token)
-        if self._state is None:
+        state = self._state
+        if state is None:
             return self._scram_first(token)
-        return self._scram_final(token)
+        return self._scram_final(token, state)
 
     def _plain(self, token: bytes) -> bytes:
         parts = token.split(b"\x00")
@@ -110,8 +111,10 @@ class Exchange:
         scheme, _, jwt_text = bearer.partition(" ")
         if scheme.lower() != "bearer" or not jwt_text:
             raise AuthFailed("malformed OAUTHBEARER message")
+        tokens = self.config.tokens
+        assert tokens is not None  # OAUTHBEARER is offered only with them
         try:
-            self.user = self.config.tokens.verify(jwt_text.strip())
+            self.user = tokens.verify(jwt_text.strip())
         except ValueError as e:
             raise AuthFailed(f"Authentication failed: {e}") from None
         self.done = True
@@ -133,8 +136,8 @@ class Exchange:
         self._state = (user, cred, bare, server_first, attrs["r"], nonce)
         return server_first.encode()
 
-    def _scram_final(self, token: bytes) -> bytes:
-        user, cred, client_first_bare, server_first, client_nonce, nonce = self._state
+    def _scram_final(self, token: bytes, state: tuple) -> bytes:
+        user, cred, client_first_bare, server_first, client_nonce, nonce = state
         self._state = None
         self.mechanism = ""  # one exchange per connection: a replayed final message finds nothing
         text = token.decode("utf-8", "replace")

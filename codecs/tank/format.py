@@ -110,6 +110,14 @@ class Header:
     def sparse(self) -> bool:
         return bool(self.flags & SPARSE)
 
+    def seqs_from(self, first_seq: int) -> tuple[int, int]:
+        """``(first, last)`` sequence numbers of the bundle's messages: the header's own for a
+        SPARSE bundle (which has both), else ``count`` of them from ``first_seq``."""
+        if self.flags & SPARSE:
+            assert self.first_seq is not None and self.last_seq is not None
+            return self.first_seq, self.last_seq
+        return first_seq, first_seq + self.count - 1
+
     @property
     def codec(self) -> int:
         return self.flags & CODEC_MASK
@@ -186,10 +194,10 @@ def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
 
 
 def read_messages(data: bytes | memoryview, header: Header, first_seq: int, seqs: list[int], stamps: list[int],
-                  keys: list[bytes | None], values: list[bytes], partial: bool = False) -> None:
+                  keys: list[bytes | None], values: list[bytes | None], partial: bool = False) -> None:
     """``decode_messages`` appending the fields of each message to the lists (in C when it was built)."""
     sparse = bool(header.flags & SPARSE)
-    start, last = (header.first_seq, header.last_seq) if sparse else (first_seq, 0)
+    start, last = header.seqs_from(first_seq) if sparse else (first_seq, 0)
     mark = len(values)
     try:
         count, pos = _read_loop(data, header.count, sparse, start, last, seqs, stamps, keys, values)
@@ -229,7 +237,7 @@ def _check_messages(data: bytes | memoryview, count: int, sparse: bool, first_se
 
 def _read_messages(data: bytes | memoryview, count: int, sparse: bool, first_seq: int, last_seq: int,
                    seqs: list[int], stamps: list[int], keys: list[bytes | None],
-                   values: list[bytes]) -> tuple[int, int]:
+                   values: list[bytes | None]) -> tuple[int, int]:
     """``_speedups.read_messages`` in Python: ``first_seq`` is the first message's sequence number
     (a SPARSE bundle's from its header, whose ``last_seq`` the last message has)."""
     if type(data) is not bytes:
@@ -324,6 +332,8 @@ def _encode_messages(stamps: Sequence[int], keys: Sequence[bytes | None], values
     n = len(values)
     parts: list[bytes] = []
     byte, uv, flags_ts = _BYTES, UVARINTS, _FLAGS_TS.pack
+    gaps: Iterable[int]
+    seq_flags: Iterable[int]
     if seqs is None:
         gaps = seq_flags = itertools.repeat(0)
     else:  # a middle message is SEQ_PREV_PLUS_ONE or has its gap to the previous one; the last has none
@@ -392,11 +402,9 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
         except BundleError as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {b.base_offset}: {e}") from None
         sparse = header.flags & SPARSE
-        seq = header.first_seq if sparse else b.base_offset + 1
+        seq, last = header.seqs_from(b.base_offset + 1)
         if header.end != len(payload):  # bundles of merged produce requests, all plain, spanning the batch
             last = b.last_offset + 1
-        else:
-            last = header.last_seq if sparse else seq + header.count - 1
         if next_seq is None:
             first_sparse = bool(sparse)
             first_seq = seq
@@ -446,7 +454,8 @@ class TankFormat(ColumnarFormat):
             plain = validate_plain
             checked = [plain(payload) for payload in payloads]
             if None not in checked:  # Validated(*c), without a call per payload (none for one message)
-                return [ONE_RECORD if c == _ONE_MESSAGE else tuple.__new__(Validated, c) for c in checked]
+                return [ONE_RECORD if c == _ONE_MESSAGE else tuple.__new__(Validated, c)  # type: ignore[arg-type]  # no None (above)
+                        for c in checked]
         return super().validate_each(payloads)
 
     def _validate_bundles(self, payload: bytes) -> Validated:
@@ -469,7 +478,8 @@ class TankFormat(ColumnarFormat):
                     budget -= len(messages)
                 check_messages(messages, header)
                 records += header.count
-                span += header.last_seq - header.first_seq + 1 if header.sparse else header.count
+                first, last = header.seqs_from(0)
+                span += last - first + 1
                 pos = body + n
         except BundleLimit:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE,
@@ -488,7 +498,7 @@ class TankFormat(ColumnarFormat):
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
         """The records of ``batches``, field by field (``gateway.codec.formats.Columns``)."""
         seqs: list[int] = []
-        columns = Columns(seqs, [], [], [])
+        columns = Columns([], [], [], [])
         for batch in batches:
             payload = batch.payload
             end = len(payload)
@@ -505,7 +515,7 @@ class TankFormat(ColumnarFormat):
                     if header.codec:
                         budget -= len(messages)
                     read_messages(messages, header, seq, seqs, columns.timestamps, columns.keys, columns.values)
-                    seq = (header.last_seq if header.flags & SPARSE else seq + header.count - 1) + 1
+                    seq = header.seqs_from(seq)[1] + 1
                     pos = body + n
             except BundleError as e:
                 raise CommandError(ErrorCode.CORRUPT_MESSAGE,
@@ -526,14 +536,14 @@ class TankFormat(ColumnarFormat):
         stamps, keys, values = columns.timestamps, columns.keys, columns.values
         seqs: list[int] | None = None
         if sparse or offsets != list(range(base_offset, base_offset + len(offsets))):
-            kept = _ascending(offsets)
-            if len(kept) < len(offsets):  # only a non-conforming Kafka producer writes such offsets
-                offsets, stamps, keys, values = ([column[i] for i in kept]
-                                                 for column in (offsets, stamps, keys, values))
-            seqs = [o + 1 for o in offsets]
+            numbered = [base_offset + i if o is None else o for i, o in enumerate(offsets)]  # as the other formats
+            kept = _ascending(numbered)
+            if len(kept) < len(numbered):  # only a non-conforming Kafka producer writes such offsets
+                numbered = [numbered[i] for i in kept]
+                stamps, keys, values = [stamps[i] for i in kept], [keys[i] for i in kept], [values[i] for i in kept]
+            seqs = [o + 1 for o in numbered]
         stamps = [t if t > 0 else 0 for t in stamps]
-        values = [v or b"" for v in values]
-        return frame(encode_fields(stamps, keys, values, seqs, compress=False))
+        return frame(encode_fields(stamps, keys, [v or b"" for v in values], seqs, compress=False))
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return payload

@@ -155,6 +155,7 @@ def _checked_batch(stored: bytes, flags: int, count: int, first: int | None, las
                    base_seq: int) -> m.Batch | int:
     """The batch of a bundle with these header fields, or the produce error code its numbers call for."""
     if flags & SPARSE:
+        assert first is not None and last is not None  # a SPARSE header has both
         if not 0 < first <= last < MAX_SEQ or not 0 < count <= last - first + 1 or last - first >= MAX_SPAN:
             return ProduceError.INVALID_SEQ_NUMS
         return m.Batch(NAME, stored, last - first + 1, timestamp, first - 1)
@@ -265,7 +266,9 @@ class _ProduceAck(Acknowledgement):
     __slots__ = ()
 
     def refused(self, result: m.ProduceResult) -> bytes:
-        return _ONE_ACK.pack(_PRODUCE, 5, self.context, _PRODUCE_CODES.get(result.error.code, ProduceError.IO_FAULT))
+        error = result.error
+        assert error is not None  # refused
+        return _ONE_ACK.pack(_PRODUCE, 5, self.context, _PRODUCE_CODES.get(error.code, ProduceError.IO_FAULT))
 
 
 def _one_bundle(request_id: int, topic: str, partition: int, batch: m.Batch) -> Handled:
@@ -299,9 +302,11 @@ def _produce(payload: bytes, with_seqnum: bool) -> Handled:
     request_id, topics = parse_produce(payload, with_seqnum)
     if len(topics) == 1:
         topic, parts = topics[0]
-        if len(parts) == 1 and type(parts[0][1]) is m.Batch:
-            return _one_bundle(request_id, topic, *parts[0])
-    commands = []
+        if len(parts) == 1:
+            partition, batch = parts[0]
+            if isinstance(batch, m.Batch):
+                return _one_bundle(request_id, topic, partition, batch)
+    commands: list[m.Produce] = []
     layout = []
     for topic, parts in topics:
         slots = []
@@ -410,7 +415,7 @@ def consume_response(request_id: int, layout: Sequence[tuple[str, Sequence[int]]
 def consume(conn: TankConnection, payload: bytes) -> Handled:
     """Consume (0x02): one ``FetchMany`` of every partition asked for; a long-poll when ``max_wait``."""
     request_id, max_wait, min_bytes, topics = parse_consume(payload)
-    fetches = []
+    fetches: list[m.Fetch] = []
     sizes = []
     layout = []
     for topic, parts in topics:
@@ -448,7 +453,7 @@ def topic_config(text: str) -> m.TopicConfig:
 
     Keys the gateway has no use for are ignored, as TANK ignores unknown keys.
     """
-    fields = {}
+    fields: dict[str, Any] = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0]
         if not line.strip():

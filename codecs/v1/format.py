@@ -171,7 +171,7 @@ def _count_records(payload: bytes) -> int:
     return count
 
 
-def _read_records(payloads: list, bases: list[int], offsets: list[int], timestamps: list[int],
+def _read_records(payloads: list, bases: list[int], offsets: list[int | None], timestamps: list[int],
                   keys: list[bytes | None], values: list[bytes | None]) -> None:
     """Append the fields of every record of ``payloads`` (stored V1 batches, based at ``bases``) to the lists.
 

@@ -197,6 +197,9 @@ def stored_line(cid: str, r: m.ProduceResult) -> str:
     return f"V1|{cid}|OK|{_stored(r)}\n"
 
 
+_NO_ARGS: list[str] = []  # a Produced's arguments: none, and one list for all (it is never changed)
+
+
 class Produced(Answer):
     """The render of a plain PRODUCE line (``codec.parse_produce``): ``Answer``'s, with the
     answer of a stored record written in one step (one is made per pipelined line)."""
@@ -204,7 +207,7 @@ class Produced(Answer):
     __slots__ = ()
 
     def __init__(self, cid: str):
-        self.cid, self.render, self.args = cid, _render_produce, ()
+        self.cid, self.render, self.args = cid, _render_produce, _NO_ARGS
 
     def __call__(self, results: Sequence[Any]) -> bytes:
         r: m.ProduceResult = results[0]
@@ -235,7 +238,7 @@ def _render_consume(args: list[str], results: Sequence[Any]) -> str:
     items = []
     for b in r.batches:
         for rec in format.FORMAT.records(b):
-            if rec.offset >= wanted:
+            if rec.offset is not None and rec.offset >= wanted:
                 value = (rec.value or b"").decode("utf-8", "surrogateescape")
                 items.append(f"{rec.offset}:{value}")
     return f"messages={','.join(items)} hw={_hw(r.high_watermark)}"

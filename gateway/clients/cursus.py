@@ -135,6 +135,7 @@ def _cursus_error(text: str) -> ProtocolError:
 
 class CursusSession(Session):
     protocol = "cursus"
+    client: CursusClient
 
     def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         self.client = CursusClient(host, port, timeout, tls)

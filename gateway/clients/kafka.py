@@ -206,6 +206,7 @@ REBALANCE = {Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID, Errors.REBALAN
 
 class KafkaSession(Session):
     protocol = "kafka"
+    client: KafkaClient
 
     def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         self.client = KafkaClient(host, port, timeout, tls)
@@ -296,10 +297,10 @@ class KafkaSession(Session):
         out = []
         for t, p, o in wanted:
             part = got[(t, p)]
-            seen = list(kafka_format.read_batches(part.Records or b""))
-            kept = tuple(Record(t, p, r.offset, r.key, r.value or b"", r.timestamp if r.timestamp >= 0 else None)
-                         for r in seen if r.offset >= o)
-            next_offset = max([o] + [r.offset + 1 for r in seen])
+            seen = [(r.offset, r) for r in kafka_format.read_batches(part.Records or b"") if r.offset is not None]
+            kept = tuple(Record(t, p, at, r.key, r.value or b"", r.timestamp if r.timestamp >= 0 else None)
+                         for at, r in seen if at >= o)
+            next_offset = max([o] + [at + 1 for at, _ in seen])
             out.append(Fetched(t, p, kept, next_offset, part.HighWatermark))
         return out
 

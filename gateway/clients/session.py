@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -126,9 +127,19 @@ class Login:
     mechanism: str = "SCRAM-SHA-256"  # Kafka only
 
 
-class Session:
-    """A connection to one listener; see the module docstring. Subclasses speak one protocol each."""
+class Client(Protocol):
+    """What a session needs of its protocol's client: the socket it talks over, and ``close``."""
 
+    sock: socket.socket
+
+    def close(self) -> None: ...
+
+
+class Session:
+    """A connection to one listener; see the module docstring. Subclasses speak one protocol each,
+    through their protocol's client (each declares its own ``client``)."""
+
+    client: Client
     protocol = ""
     carries_keys = True
     has_groups = True
@@ -246,7 +257,9 @@ class Session:
 
 def tokens(payload: str) -> list[str]:
     """Split on spaces outside ``[...]`` (``assigned=[0 1 2]`` is one token)."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in payload:
         if ch == "[":
             depth += 1

@@ -473,6 +473,7 @@ TANK_CREATE_ERRORS = {1: "ALREADY_EXISTS", 2: "SYSTEM_ERROR", 4: "INVALID_CONFIG
 
 class TankSession(Session):
     protocol = "tank"
+    client: TankClient
     has_groups = False
 
     def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):

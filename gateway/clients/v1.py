@@ -198,6 +198,7 @@ def parse_v1_messages(text: str, hw: int) -> list[tuple[int, str]]:
 
 class V1Session(Session):
     protocol = "v1"
+    client: V1Client
     carries_keys = False  # CONSUME answers offsets and values only
 
     def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):

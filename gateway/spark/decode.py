@@ -146,7 +146,7 @@ class Builder:
         seqs: list[int] = []
         stamps: list[int] = []
         keys: list[bytes | None] = []
-        values: list[bytes] = []
+        values: list[bytes | None] = []
         start, end = max(start, 0), max(end, 0)
         read, stop = tank_format._read_messages(messages, count, sparse, first_seq, last_seq, seqs, stamps, keys, values)
         if any(seq >= 1 << 64 for seq in seqs):
