@@ -36,18 +36,22 @@ lint-tree: $(STAMP)
 	rm -rf build  # a stale build/lib would install modules that no longer exist
 	$(PIP) install --quiet --no-deps --no-build-isolation --target build/lint .
 
+# mypy checks the gateway and the MQTT plugin (settings: [tool.mypy] in pyproject.toml); its
+# report names each file where it is in the repository, not in build/lint.
+MYPY = cd build/lint && MYPYPATH=../../$(MQTT) ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
+	  -p gateway -p polygate_mqtt >mypy.txt; status=$$?; \
+	  sed -e 's,^gateway/codecs/,codecs/,' -e 's,^gateway/storage/,storage/,' -e 's,^$(CURDIR)/,,' mypy.txt; \
+	  exit $$status
+
 lint: lint-tree
 	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins examples docs
 	cd build/lint && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../setup.cfg
 	cd build/lint && PYTHONPATH=.:../../$(MQTT) ../../$(VENV)/bin/lint-imports --config ../../$(MQTT)/pyproject.toml
+	$(MYPY)
 
-# mypy checks the gateway and the MQTT plugin (settings: [tool.mypy] in pyproject.toml); its
-# report names each file where it is in the repository, not in build/lint.
+# The type check alone (make lint runs it last).
 typecheck: lint-tree
-	cd build/lint && MYPYPATH=../../$(MQTT) ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
-	  -p gateway -p polygate_mqtt >mypy.txt; status=$$?; \
-	  sed -e 's,^gateway/codecs/,codecs/,' -e 's,^gateway/storage/,storage/,' -e 's,^$(CURDIR)/,,' mypy.txt; \
-	  exit $$status
+	$(MYPY)
 
 # The Spark tests (tests/test_spark_*.py) run Spark in a local JVM.
 java:
