@@ -408,9 +408,6 @@ class Engine:
             p.notify()
             if p.epoch_key in self.records["lep"]:
                 self.put_record("lep", p.epoch_key, None)
-        for group, offsets in self.offsets.items():  # a topic's committed offsets go with it
-            for _, partition in [key for key in offsets if key[0] == name]:
-                self.delete_offset(group, name, partition)
 
     def topic(self, name: str) -> Topic:
         try:

@@ -141,3 +141,19 @@ def test_a_group_replays_as_saved_and_members_saved_without_their_topics_read_ev
                                               ("u", m.ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)]
     finally:
         engine.close()
+
+
+def test_a_deleted_topic_takes_the_offsets_committed_for_it_along(tmp_path):
+    engine = Engine(str(tmp_path))
+    engine.create_topic("t", 1)
+    engine.create_topic("u", 1)
+    broker = _broker(engine)
+    try:
+        broker.run(m.CommitOffsets("g", (("t", 0, 1, ""), ("u", 0, 2, ""))))
+        assert broker.run(m.DeleteTopic("t")).error is None
+        assert broker.run(m.FetchOffsets("g")).offsets == (("u", 0, 2, ""),)
+        engine.close()
+        engine = Engine(str(tmp_path))
+        assert _broker(engine).run(m.FetchOffsets("g")).offsets == (("u", 0, 2, ""),), "journaled"
+    finally:
+        engine.close()

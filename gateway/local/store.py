@@ -69,6 +69,7 @@ class LocalStore:
 
     def delete_topic(self, topic: str) -> None:
         self.engine.delete_topic(topic)
+        self.groups.topic_deleted(topic)
 
     # ------------------------------------------------------------------ data
 

@@ -137,6 +137,10 @@ class GroupCoordinator:
         committed = self.offsets.committed(group, topic, partition)
         return committed[0] if committed is not None else None
 
+    def topic_deleted(self, topic: str) -> None:
+        """A deleted topic's committed offsets go with it; raises ``CommandError(STORAGE_ERROR)``."""
+        self.offsets.forget_topic(topic)
+
     def delete_offsets(self, cmd: m.DeleteOffsets) -> m.DeleteOffsetsResult:
         try:
             outcome = self.offsets.delete_offsets(cmd.group, cmd.partitions)

@@ -93,3 +93,9 @@ class Offsets:
                 self.records.delete_offset(name, topic, partition)
             outcome.append((topic, partition, None))
         return outcome
+
+    def forget_topic(self, topic: str) -> None:
+        """Forget the offsets every group committed for the partitions of ``topic``, once it was deleted."""
+        for name, offsets in self.records.offsets.items():
+            for _, partition in [key for key in offsets if key[0] == topic]:
+                self.records.delete_offset(name, topic, partition)
