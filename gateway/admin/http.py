@@ -38,7 +38,7 @@ def _json(request: Any, status: int, body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode() + b"\n"
 
 
-def answer_later(request: Any, body: defer.Deferred) -> Any:
+def answer_later(request: Any, body: defer.Deferred) -> int:
     """Answer ``request`` with the bytes ``body`` fires with, unless the client left meanwhile."""
     gone: list[bool] = []
     request.notifyFinish().addErrback(lambda _: gone.append(True))
@@ -62,7 +62,7 @@ class MetricsPage(Resource):
         self.registry = registry
         self.storage = storage
 
-    def render_GET(self, request: Any) -> Any:  # noqa: N802 - twisted.web's name
+    def render_GET(self, request: Any) -> int:  # noqa: N802 - twisted.web's name
         def render(_: Any) -> bytes:
             try:
                 body = generate_latest(self.registry)
@@ -155,7 +155,7 @@ class Overview(Resource):
         self.gateway = gateway
         self.reactor = reactor
 
-    def render_GET(self, request: Any) -> Any:  # noqa: N802 - twisted.web's name
+    def render_GET(self, request: Any) -> bytes | int:  # noqa: N802 - twisted.web's name
         if request.postpath not in ([], [b""]):
             return pages.notFound().render(request)
 

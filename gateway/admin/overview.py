@@ -9,6 +9,7 @@ by the time between them.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -115,7 +116,7 @@ def _listeners(gateway: Gateway) -> list[dict[str, Any]]:
 
 
 @defer.inlineCallbacks
-def overview(gateway: Gateway, reactor: Any) -> Any:
+def overview(gateway: Gateway, reactor: Any) -> Generator[defer.Deferred, Any, dict[str, Any]]:
     """The admin page's view of ``gateway`` now, as a JSON-ready dict (a Deferred of it)::
 
         {"version", "storage", "available", "time", "listeners": [...],
