@@ -1,8 +1,30 @@
 """The storage interface: everything the broker may ask of storage, and nothing more.
 
 The broker (``gateway.broker``) reaches storage only through a ``Storage``;
-the local engine implements it in ``gateway.local.store``. Calls run in the
-reactor thread, except ``sync``, which may run in a worker thread.
+the local engine implements it in ``gateway.local.store``, a Kafka cluster in
+``gateway.cluster.store``. Calls run in the reactor thread, except those marked
+to run in a worker thread.
+
+``Storage`` is the core every store implements: topics, appends and reads,
+watermarks, producer state, groups and committed offsets, security and
+transaction records, health. What only some stores do is a capability, a
+Protocol of its own that a store declares by subclassing it, which sets the
+capability's class flag (as batch formats declare theirs, ``gateway.codec.formats``):
+
+* ``compacts``: ``CompactingStorage``, the broker's log cleaner rewrites its segments;
+* ``replicates``: ``ReplicatingStorage``, the broker keeps replicas and leadership;
+* ``syncs``: ``SyncingStorage``, the broker fsyncs it under its fsync policy;
+* ``enforces_retention``: ``RetentionStorage``, the broker has it delete expired data;
+* ``leader_epochs``: ``LeaderEpochStorage``, it keeps the partitions' leader epochs;
+* ``consumer_group_protocol``: ``ConsumerGroupStorage``, Kafka's consumer group protocol (KIP-848);
+* ``deletes_offsets``: ``OffsetDeleteStorage``, Kafka's OffsetDelete;
+* ``transactions_in_cluster``: ``ClusterTransactionStorage``, its cluster performs transactions.
+
+The broker reads the flags once, when it is built, never per request: what a
+store lacks, the broker does without (no cleaner, no fsync, every partition
+led here) or refuses to the client with ``UNSUPPORTED`` and the store's message
+for the call (``Storage.refusals``). ``assigns_offsets`` is a flag without calls:
+the store numbers appended batches itself, so the broker does not.
 
 Results: calls marked *may wait* return the value **or a Deferred/awaitable
 of it** (a remote implementation, e.g. on a Kafka cluster, answers later);
@@ -16,8 +38,8 @@ their result with ``error`` set.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Protocol
 
 import attrs
 
@@ -35,7 +57,7 @@ class ReplicaStatus:
 
 class ClusterTransactions(Protocol):
     """The steps of Kafka transactions that a store's cluster performs itself
-    (``Storage.cluster_transactions``). The broker's coordinator
+    (``ClusterTransactionStorage.cluster_transactions``). The broker's coordinator
     (``gateway.broker.transactions``) keeps its rules and hands it these steps instead of
     writing markers and committing offsets itself. Producers are the coordinator's producer ids."""
 
@@ -62,6 +84,30 @@ class ClusterTransactions(Protocol):
 
 
 class Storage(Protocol):
+    """The core every store implements (see the module docstring for the capabilities).
+
+    Class flags: one per capability, ``False`` here and ``True`` in the capability's Protocol
+    (so a store that subclasses it has it set); ``assigns_offsets``, set by a store itself.
+    """
+
+    compacts: ClassVar[bool] = False
+    replicates: ClassVar[bool] = False
+    syncs: ClassVar[bool] = False
+    enforces_retention: ClassVar[bool] = False
+    leader_epochs: ClassVar[bool] = False
+    consumer_group_protocol: ClassVar[bool] = False
+    deletes_offsets: ClassVar[bool] = False
+    transactions_in_cluster: ClassVar[bool] = False
+
+    assigns_offsets: ClassVar[bool] = False
+    """The store numbers what it appends itself (a cluster), whatever offsets the payload holds:
+    the broker hands it payloads as produced, and ``append`` answers with the store's offsets."""
+
+    refusals: ClassVar[Mapping[str, str]] = {}
+    """Why the store lacks a capability, by the name of a call of it that a client's command
+    reaches: the message of the ``UNSUPPORTED`` error the client gets (a call not named here: a
+    message naming it)."""
+
     started_at: float
     """When the storage was opened (seconds since the epoch)."""
 
@@ -115,14 +161,15 @@ class Storage(Protocol):
                max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
                producer: m.ProducerState | None = None) -> Any:
         """*May wait.* Append one stored batch of format ``fmt`` spanning
-        ``count`` offsets, whose offsets were already assigned from ``base_offset``
+        ``count`` offsets, whose offsets the broker already assigned from ``base_offset``
         (``None``: the log end): ``(base, last)``. Raises ``NOT_LEADER`` on a
         follower, ``INVALID_SEQUENCE`` below the log end, ``STORAGE_ERROR``
         when the write fails. Waiters on the partition are woken.
 
-        ``acks`` is the produce's: a store that replicates (a Kafka cluster)
-        answers once that many replicas hold the batch, and may then assign
-        other offsets than the ones in ``payload`` (it answers with its own).
+        A store that ``assigns_offsets`` gets the payload as produced and answers with
+        the offsets it assigned (it may refuse an explicit ``base_offset``).
+        ``acks`` is the produce's: a store that replicates by itself (a Kafka cluster)
+        answers once that many replicas hold the batch.
         ``producer`` is the batch's idempotent producer, for a store that keeps
         producer state with the records (a cluster); the broker has checked it."""
 
@@ -130,7 +177,7 @@ class Storage(Protocol):
         """*May wait.* Stored batches from the one holding ``offset`` on, below the
         high watermark, about ``max_bytes`` (at least one batch if any). ``committed``: the
         reader may see committed records only; a store whose cluster keeps the transactions
-        (``cluster_transactions``) returns those only, the local engine returns every batch
+        (``ClusterTransactionStorage``) returns those only, any other returns every batch
         (the broker leaves out what the reader may not see)."""
 
     def delete_records(self, topic: str, partition: int, offset: int) -> Any:
@@ -156,16 +203,6 @@ class Storage(Protocol):
     def log_end_offset(self, topic: str, partition: int) -> int:
         """The offset the next append gets."""
 
-    def leader_epoch(self, topic: str, partition: int) -> int:
-        """The partition's leader epoch, which appends stamp into batches that carry one
-        (``LeaderEpochFormat``); ``-1`` when the storage does not know it."""
-
-    def end_offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> tuple[int, int]:
-        """Kafka's OffsetForLeaderEpoch: ``(epoch, end offset)`` for the largest epoch at most
-        ``leader_epoch`` in which the partition was led, ending where the next one began (the log
-        end offset for the current epoch); ``(-1, -1)`` for an epoch past the current one. Raises
-        ``CommandError`` (UNSUPPORTED where the storage keeps no epochs)."""
-
     def partition_size(self, topic: str, partition: int) -> int | None:
         """The bytes the partition's log takes on local disk; None for a store that keeps
         nothing on local disk (a cluster)."""
@@ -182,21 +219,6 @@ class Storage(Protocol):
 
     def max_timestamp_offset(self, topic: str, partition: int) -> Any:
         """*May wait.* ``(offset, timestamp)`` of the record with the largest timestamp, ``(-1, -1)`` if none."""
-
-    # ------------------------------------------------------------------ replicas
-
-    def is_leader(self, topic: str, partition: int) -> bool:
-        """Whether this broker leads the partition (only a leader takes appends)."""
-
-    def enough_replicas(self, topic: str, partition: int) -> bool:
-        """Whether at least ``min_insync_replicas`` replicas are in sync now."""
-
-    def report_replica(self, topic: str, partition: int, replica_id: int, offset: int) -> ReplicaStatus:
-        """Follower ``replica_id`` holds the log up to ``offset``: the new state.
-        Raises ``NOT_LEADER`` or ``INVALID_REQUEST`` (an unknown replica id)."""
-
-    def set_role(self, topic: str, partition: int, role: str) -> int:
-        """Make this broker ``"leader"`` or ``"follower"`` of the partition: its high watermark."""
 
     # ------------------------------------------------------------------ producers
 
@@ -245,13 +267,6 @@ class Storage(Protocol):
     def delete_groups(self, cmd: m.DeleteGroups) -> Any:
         """*May wait.* A ``DeleteGroupsResult``: a group with members is not deleted."""
 
-    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> Any:
-        """*May wait.* A ``ConsumerGroupHeartbeatResult`` (Kafka's consumer group protocol, KIP-848)."""
-
-    def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
-        """*May wait.* A ``DeleteOffsetsResult``: ``GROUP_SUBSCRIBED_TO_TOPIC`` for a partition
-        whose topic the group's members read, ``GROUP_NOT_FOUND`` for an unknown group."""
-
     # ------------------------------------------------------------------ security records
 
     def security_records(self) -> dict[str, Any]:
@@ -275,18 +290,29 @@ class Storage(Protocol):
     def put_transaction_record(self, key: str, value: Any) -> Any:
         """*May wait.* Persist one transaction record (``None`` deletes it), durable with the
         next ``sync`` as an append is; raises ``CommandError(STORAGE_ERROR)`` when it could
-        not be written."""
+        not be written. A ``ClusterTransactionStorage`` may keep none (its cluster persists the
+        transactions): its ``transaction_records`` are then empty."""
 
-    def cluster_transactions(self) -> ClusterTransactions | None:
-        """The cluster that performs the steps of transactions itself, or None: the broker writes
-        the markers and commits the offsets to this storage."""
+    # ------------------------------------------------------------------ health and upkeep
 
-    # ------------------------------------------------------------------ compaction (``gateway.broker.compaction``)
+    def unavailable(self) -> str | None:
+        """Why the storage cannot serve now (a cluster that does not answer), or None when it can
+        (the readiness check, ``/readyz``)."""
+
+    def housekeeping(self) -> None:
+        """Periodic upkeep: expire group members, re-evaluate in-sync replicas, compact metadata
+        (what the store keeps of these)."""
+
+
+class CompactingStorage(Storage, Protocol):
+    """A store whose compacted topics the broker's log cleaner compacts (``gateway.broker.compaction``),
+    segment by segment. A store without it compacts them itself, or not at all."""
+
+    compacts: ClassVar[bool] = True
 
     def sealed_segments(self, topic: str, partition: int) -> list[Any]:
         """The partition's segments that take no more appends (``base_offset``, ``next_offset``,
-        ``size``, ``max_timestamp``), oldest first; ``[]`` for a store that compacts by itself
-        (a cluster)."""
+        ``size``, ``max_timestamp``), oldest first."""
 
     def read_segment(self, topic: str, partition: int, base_offset: int) -> list[m.StoredBatch]:
         """Every batch of a sealed segment. May run in a worker thread."""
@@ -306,17 +332,33 @@ class Storage(Protocol):
     def put_compaction_checkpoint(self, key: str, value: Any) -> Any:
         """Persist one compaction checkpoint (``None`` deletes it)."""
 
-    # ------------------------------------------------------------------ housekeeping and durability
 
-    def unavailable(self) -> str | None:
-        """Why the storage cannot serve now (a cluster that does not answer), or None when it can
-        (the readiness check, ``/readyz``)."""
+class ReplicatingStorage(Storage, Protocol):
+    """A store that keeps the replicas of its partitions with the broker: followers report
+    their progress, partitions change role. A store without it replicates by itself (a cluster):
+    the broker leads each of its partitions, and acks=all waits for its high watermark only."""
 
-    def housekeeping(self) -> None:
-        """Periodic upkeep: expire group members, re-evaluate in-sync replicas, compact metadata."""
+    replicates: ClassVar[bool] = True
 
-    def enforce_retention(self) -> int:
-        """Delete data past its topic's retention: the number of segments deleted."""
+    def is_leader(self, topic: str, partition: int) -> bool:
+        """Whether this broker leads the partition (only a leader takes appends)."""
+
+    def enough_replicas(self, topic: str, partition: int) -> bool:
+        """Whether at least ``min_insync_replicas`` replicas are in sync now."""
+
+    def report_replica(self, topic: str, partition: int, replica_id: int, offset: int) -> ReplicaStatus:
+        """Follower ``replica_id`` holds the log up to ``offset``: the new state.
+        Raises ``NOT_LEADER`` or ``INVALID_REQUEST`` (an unknown replica id)."""
+
+    def set_role(self, topic: str, partition: int, role: str) -> int:
+        """Make this broker ``"leader"`` or ``"follower"`` of the partition: its high watermark."""
+
+
+class SyncingStorage(Storage, Protocol):
+    """A store that the broker makes durable under its fsync policy (``gateway.broker.durability``).
+    A store without it is durable on its own terms (a cluster's replicas): the broker waits for no fsync."""
+
+    syncs: ClassVar[bool] = True
 
     @property
     def dirty(self) -> bool:
@@ -324,3 +366,62 @@ class Storage(Protocol):
 
     def sync(self) -> None:
         """fsync everything written so far (runs in a worker thread)."""
+
+
+class RetentionStorage(Storage, Protocol):
+    """A store that the broker has delete what is past its topics' retention, periodically. A store
+    without it applies retention itself (a cluster)."""
+
+    enforces_retention: ClassVar[bool] = True
+
+    def enforce_retention(self) -> int:
+        """Delete data past its topic's retention: the number of segments deleted."""
+
+
+class LeaderEpochStorage(Storage, Protocol):
+    """A store that keeps the leader epochs of its partitions: appends stamp them into batches that
+    carry one, reads check a client's, and Kafka's OffsetForLeaderEpoch answers. A store without it
+    knows no epoch: batches are stamped ``-1`` (unknown), a client's epoch is not checked."""
+
+    leader_epochs: ClassVar[bool] = True
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch, which appends stamp into batches that carry one
+        (``LeaderEpochFormat``)."""
+
+    def end_offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch: ``(epoch, end offset)`` for the largest epoch at most
+        ``leader_epoch`` in which the partition was led, ending where the next one began (the log
+        end offset for the current epoch); ``(-1, -1)`` for an epoch past the current one. Raises
+        ``UNKNOWN_TOPIC``/``UNKNOWN_PARTITION``."""
+
+
+class ConsumerGroupStorage(Storage, Protocol):
+    """A store whose group coordinator also runs Kafka's consumer group protocol (KIP-848)."""
+
+    consumer_group_protocol: ClassVar[bool] = True
+
+    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> Any:
+        """*May wait.* A ``ConsumerGroupHeartbeatResult`` (Kafka's consumer group protocol, KIP-848)."""
+
+
+class OffsetDeleteStorage(Storage, Protocol):
+    """A store whose group coordinator deletes a group's committed offsets (Kafka's OffsetDelete)."""
+
+    deletes_offsets: ClassVar[bool] = True
+
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
+        """*May wait.* A ``DeleteOffsetsResult``: ``GROUP_SUBSCRIBED_TO_TOPIC`` for a partition
+        whose topic the group's members read, ``GROUP_NOT_FOUND`` for an unknown group."""
+
+
+class ClusterTransactionStorage(Storage, Protocol):
+    """A store whose cluster performs the steps of Kafka transactions itself. A store without it
+    keeps what the broker's coordinator writes: markers in the log, offsets through ``commit_offsets``,
+    the transactions' state in its transaction records."""
+
+    transactions_in_cluster: ClassVar[bool] = True
+
+    def cluster_transactions(self) -> ClusterTransactions:
+        """The cluster that performs the steps of transactions, which the broker's coordinator
+        hands it instead of writing markers and committing offsets itself."""

@@ -7,6 +7,10 @@ value, or a Deferred that fires with it when the command has to wait
 later); failures the client should hear about are results with ``error``
 set, never errbacks. Waiting never blocks the reactor.
 
+The store's capabilities (``gateway.storage.interface``) are read once, here and in
+the modules' constructors: what the store lacks is left out (no log cleaner, no
+fsync) or refused to the client, never probed per request.
+
 One module per concern: ``produce`` (appends, merging, acks), ``fetch``
 (reads, long-polls, offsets), ``groups`` (calls to the coordinator),
 ``topics`` (admin, server info), ``replication`` (replica progress, roles),
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from twisted.internet import defer, task
@@ -42,7 +46,7 @@ from gateway.model import Error, ErrorCode
 from gateway.security.acl import Acls
 from gateway.security.users import UserStore
 from gateway.stats import BrokerStats, MeteredConversionCache
-from gateway.storage.interface import Storage
+from gateway.storage.interface import RetentionStorage, Storage, SyncingStorage
 
 __all__ = ["Broker", "BrokerConfig", "FsyncPolicy"]
 
@@ -72,7 +76,9 @@ class Broker:
         self.reactor = reactor
         self.config = config or BrokerConfig()
         self.stats = BrokerStats()  # fsyncs, storage errors, conversions (``gateway.admin.metrics``)
-        self.commit = GroupCommit(store, reactor, self.stats)
+        # Writes wait for an fsync only under the policy ``always``, on a store the broker syncs.
+        self.commit = (GroupCommit(cast(SyncingStorage, store), reactor, self.stats)
+                       if store.syncs and self.config.fsync.mode == "always" else None)
         self.cache = MeteredConversionCache(self.config.conversion_cache_bytes)
         self.listeners: tuple[tuple[str, str, int], ...] = ()
         self._loops: list[task.LoopingCall] = []
@@ -83,7 +89,7 @@ class Broker:
         self.replication = Replication(self)
         self.security = Security(self, users if users is not None else UserStore(), acls)
         self.transactions = Transactions(self)
-        self.cleaner = Cleaner(self)
+        self.cleaner = Cleaner(self) if store.compacts else None
         self.access = Access(self, acls) if acls is not None else None
         self._handlers: dict[type, Callable[[Any], Any]] = {
             m.Produce: self.producer.produce,
@@ -132,21 +138,25 @@ class Broker:
 
     def start(self) -> None:
         """Load the persisted users, ACLs and transactions (completing the transaction ends a stop
-        interrupted); start housekeeping: group expiry, ISR lag, transaction timeouts, retention,
-        fsync interval."""
+        interrupted); start housekeeping: group expiry, ISR lag, transaction timeouts, and what the
+        store has the broker do: retention, the log cleaner, the fsync interval."""
         self.security.load()
         loaded = self.transactions.load()
         if isinstance(loaded, defer.Deferred):
             loaded.addErrback(lambda f: log.error("transactions: completing at start failed: %s", f.getErrorMessage()))
+        store = self.store
         every: list[tuple[int, Callable[[], Any]]] = [
-            (self.config.housekeeping_ms, self.store.housekeeping),
+            (self.config.housekeeping_ms, store.housekeeping),
             (self.config.housekeeping_ms, self.transactions.expire),
-            (self.config.retention_check_ms, self.store.enforce_retention),
             (self.config.retention_check_ms, self.transactions.forget_deleted),
-            (self.config.cleaner_interval_ms, self.cleaner.run),
         ]
-        if self.config.fsync.mode == "interval":
-            every.append((self.config.fsync.interval_ms, lambda: _interval_sync(self.store, self.reactor, self.stats)))
+        if store.enforces_retention:
+            every.append((self.config.retention_check_ms, cast(RetentionStorage, store).enforce_retention))
+        if self.cleaner is not None:
+            every.append((self.config.cleaner_interval_ms, self.cleaner.run))
+        if store.syncs and self.config.fsync.mode == "interval":
+            syncing = cast(SyncingStorage, store)
+            every.append((self.config.fsync.interval_ms, lambda: _interval_sync(syncing, self.reactor, self.stats)))
         for ms, fn in every:
             loop = task.LoopingCall(fn)
             loop.clock = self.reactor
@@ -162,7 +172,7 @@ class Broker:
     def durable(self, value: Any) -> Any:
         """``value`` once the writes made so far are durable under the fsync policy;
         ``value`` with a ``STORAGE_ERROR`` if the fsync failed."""
-        if self.config.fsync.mode == "always":
+        if self.commit is not None:
             return self.commit.durable().addCallbacks(
                 lambda _: value,
                 lambda f: with_error(value, Error(ErrorCode.STORAGE_ERROR, f.getErrorMessage())))

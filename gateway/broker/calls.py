@@ -1,15 +1,17 @@
-"""Small helpers the broker's modules share: values that may be Deferreds, errors as results."""
+"""Small helpers the broker's modules share: values that may be Deferreds, errors as results,
+and what stands in for a call of a capability the store lacks."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from gateway.model import CommandError
+from gateway.model import CommandError, ErrorCode
+from gateway.storage.interface import Storage
 
 
 def then(value: Any, fn: Callable[[Any], Any]) -> Any:
@@ -83,3 +85,21 @@ def fan_out(d: defer.Deferred, count: int) -> list[defer.Deferred]:
 
     d.addCallbacks(deliver, fail)
     return children
+
+
+def refusal(store: Storage, call: str) -> Callable[..., NoReturn]:
+    """What the broker calls instead of ``call`` of a capability ``store`` lacks (decided when the
+    broker is built): it raises ``CommandError(UNSUPPORTED)`` with the store's reason
+    (``Storage.refusals``), which the command's handler answers as its result."""
+    message = store.refusals.get(call, f"the storage does not support {call}")
+
+    def refuse(*args: Any) -> NoReturn:
+        raise CommandError(ErrorCode.UNSUPPORTED, message)
+
+    return refuse
+
+
+def unknown_leader_epoch(topic: str, partition: int) -> int:
+    """The leader epoch of a partition of a store that keeps none (``LeaderEpochStorage``):
+    ``-1``, unknown, as a producer stamps it; a client's epoch is then not checked."""
+    return -1

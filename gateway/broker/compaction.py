@@ -34,7 +34,7 @@ written last: a cleaning a stop interrupted is done again.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from twisted.internet import defer, threads
@@ -43,6 +43,7 @@ from gateway import model as m
 from gateway.codec import BatchFormat
 from gateway.codec.formats import is_transactional
 from gateway.model import CommandError
+from gateway.storage.interface import CompactingStorage
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -73,11 +74,12 @@ class Outcome:
 
 
 class Cleaner:
-    """Compacts the partitions of compacted topics (see the module docstring)."""
+    """Compacts the partitions of compacted topics (see the module docstring) of a store that
+    has the broker compact them (``CompactingStorage``)."""
 
     def __init__(self, broker: Broker):
         self.broker = broker
-        self.store = broker.store
+        self.store = cast(CompactingStorage, broker.store)
         self.running: defer.Deferred | None = None
 
     def run(self) -> defer.Deferred | None:

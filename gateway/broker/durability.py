@@ -12,7 +12,7 @@ from twisted.internet import defer, threads
 from gateway import model as m
 from gateway.model import Error
 from gateway.stats import BrokerStats
-from gateway.storage.interface import Storage
+from gateway.storage.interface import SyncingStorage
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class GroupCommit:
     writes made after that.
     """
 
-    def __init__(self, engine: Storage, reactor: Any, stats: BrokerStats | None = None):
+    def __init__(self, engine: SyncingStorage, reactor: Any, stats: BrokerStats | None = None):
         self.engine = engine
         self.reactor = reactor
         self.stats = stats or BrokerStats()
@@ -89,7 +89,7 @@ class GroupCommit:
         d.addBoth(done)
 
 
-def _interval_sync(engine: Storage, reactor: Any, stats: BrokerStats | None = None) -> defer.Deferred | None:
+def _interval_sync(engine: SyncingStorage, reactor: Any, stats: BrokerStats | None = None) -> defer.Deferred | None:
     """fsync what was written; a failure is logged and the loop goes on (storage
     fences what failed, and skips it from then on). ``stats`` counts and times it."""
     if engine.dirty:

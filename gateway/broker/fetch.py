@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from gateway import model as m
-from gateway.broker.calls import errors_as, then
+from gateway.broker.calls import errors_as, refusal, then, unknown_leader_epoch
 from gateway.codec.formats import is_transactional
 from gateway.convert import convert
 from gateway.model import CommandError, Error, ErrorCode
+from gateway.storage.interface import LeaderEpochStorage
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -30,7 +32,15 @@ if TYPE_CHECKING:
 class Fetcher:
     def __init__(self, broker: Broker):
         self.broker = broker
-        self.store = broker.store
+        self.store = store = broker.store
+        self._leader_epoch: Callable[[str, int], int]
+        self._end_offset_for_leader_epoch: Callable[[str, int, int], tuple[int, int]]
+        if store.leader_epochs:
+            epochs = cast(LeaderEpochStorage, store)
+            self._leader_epoch, self._end_offset_for_leader_epoch = epochs.leader_epoch, epochs.end_offset_for_leader_epoch
+        else:  # no epoch to check a client's against, none to look up
+            self._leader_epoch = unknown_leader_epoch
+            self._end_offset_for_leader_epoch = refusal(store, "end_offset_for_leader_epoch")
 
     def _start_offset(self, cmd: m.Fetch) -> Any:
         """The offset ``cmd`` starts at (or a Deferred of it): the group's commit, else
@@ -272,7 +282,7 @@ class Fetcher:
 
     def _check_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> None:
         """Raise unless ``leader_epoch`` is the partition's (or the storage keeps none)."""
-        current = self.store.leader_epoch(topic, partition)
+        current = self._leader_epoch(topic, partition)
         if current >= 0 and leader_epoch != current:
             raise CommandError(ErrorCode.FENCED_LEADER_EPOCH if leader_epoch < current else
                                ErrorCode.UNKNOWN_LEADER_EPOCH,
@@ -280,7 +290,7 @@ class Fetcher:
 
     def offset_for_leader_epoch(self, cmd: m.OffsetForLeaderEpoch) -> m.OffsetForLeaderEpochResult:
         try:
-            epoch, end = self.store.end_offset_for_leader_epoch(cmd.topic, cmd.partition, cmd.leader_epoch)
+            epoch, end = self._end_offset_for_leader_epoch(cmd.topic, cmd.partition, cmd.leader_epoch)
             if cmd.current_leader_epoch >= 0:
                 self._check_leader_epoch(cmd.topic, cmd.partition, cmd.current_leader_epoch)
         except CommandError as e:

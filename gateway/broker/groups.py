@@ -1,15 +1,18 @@
-"""Group commands: thin calls to the coordinator, which owns every group rule."""
+"""Group commands: thin calls to the coordinator, which owns every group rule. Kafka's consumer
+group protocol (KIP-848) and OffsetDelete are refused on a store whose coordinator lacks them."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from twisted.internet import defer
 
 from gateway import model as m
-from gateway.broker.calls import errors_as, then
+from gateway.broker.calls import errors_as, refusal, then
+from gateway.storage.interface import ConsumerGroupStorage, OffsetDeleteStorage
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -22,6 +25,13 @@ class Groups:
         self.broker = broker
         self.store = broker.store
         self._generations: dict[str, int] = {}  # the generation last logged per group
+        store = self.store
+        self._consumer_group_heartbeat: Callable[[m.ConsumerGroupHeartbeat], Any] = (
+            cast(ConsumerGroupStorage, store).consumer_group_heartbeat if store.consumer_group_protocol
+            else refusal(store, "consumer_group_heartbeat"))
+        self._delete_offsets: Callable[[m.DeleteOffsets], Any] = (
+            cast(OffsetDeleteStorage, store).delete_offsets if store.deletes_offsets
+            else refusal(store, "delete_offsets"))
 
     def _joined(self, cmd: m.JoinGroup, result: Any) -> Any:
         """Log a member joining and each new generation (a rebalance) once."""
@@ -81,8 +91,10 @@ class Groups:
     def delete(self, cmd: m.DeleteGroups) -> Any:
         return then(self.store.delete_groups(cmd), self.broker.durable)
 
+    @errors_as(m.ConsumerGroupHeartbeatResult, "group", "member_id")
     def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> Any:
-        return self.store.consumer_group_heartbeat(cmd)
+        return self._consumer_group_heartbeat(cmd)
 
+    @errors_as(m.DeleteOffsetsResult, "group")
     def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
-        return then(self.store.delete_offsets(cmd), self.broker.durable)
+        return then(self._delete_offsets(cmd), self.broker.durable)

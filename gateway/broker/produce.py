@@ -3,6 +3,10 @@
 A produce is acknowledged once ``acks`` holds (acks=all: the high watermark
 passed its last offset with enough replicas in sync, or the timeout) and the
 write is durable under the fsync policy.
+
+On a store without ``ReplicatingStorage`` this broker leads every partition and
+acks=all waits for the high watermark alone; a store that ``assigns_offsets``
+gets payloads as produced, not numbered here.
 """
 
 from __future__ import annotations
@@ -10,18 +14,26 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from gateway import model as m
 from gateway.broker import idempotence
-from gateway.broker.calls import command_error, errors_as, fan_out, first_failure, then
+from gateway.broker.calls import (
+    command_error,
+    errors_as,
+    fan_out,
+    first_failure,
+    then,
+    unknown_leader_epoch,
+)
 from gateway.codec import BatchFormat
 from gateway.codec.formats import has_leader_epochs
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
+from gateway.storage.interface import LeaderEpochStorage, ReplicatingStorage
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -35,7 +47,19 @@ MERGE_RECORDS = 4096  # ...or this many records
 class Producer:
     def __init__(self, broker: Broker):
         self.broker = broker
-        self.store = broker.store
+        self.store = store = broker.store
+        self._is_leader: Callable[[str, int], bool]
+        self._enough_replicas: Callable[[str, int], bool]
+        if store.replicates:
+            replicating = cast(ReplicatingStorage, store)
+            self._is_leader, self._enough_replicas = replicating.is_leader, replicating.enough_replicas
+        else:
+            self._is_leader, self._enough_replicas = self._has_partition, _no_replicas_to_wait_for
+        self._leader_epoch: Callable[[str, int], int] = (
+            cast(LeaderEpochStorage, store).leader_epoch if store.leader_epochs else unknown_leader_epoch)
+        # ``numbered(fmt, payload, base, topic, partition)``: ``payload`` as its append stores it.
+        self.numbered: Callable[[BatchFormat, bytes, int, str, int], bytes] = (
+            _as_produced if store.assigns_offsets else self._numbered)
         self._round_robin = itertools.count()
         self._last_keyed: tuple[bytes | None, str, int, int] = (None, "", 0, 0)  # see _route
         # (topic, partition, producer id) -> fires when that producer's last batch there is settled
@@ -49,8 +73,21 @@ class Producer:
 
     def check_leader(self, topic: str, partition: int) -> None:
         """Raise ``NOT_LEADER`` unless this broker leads the partition."""
-        if not self.store.is_leader(topic, partition):
+        if not self._is_leader(topic, partition):
             raise CommandError(ErrorCode.NOT_LEADER, "partition leader unavailable on this broker")
+
+    def _has_partition(self, topic: str, partition: int) -> bool:
+        """``is_leader`` of a store that replicates by itself: this broker leads each of its
+        partitions; ``UNKNOWN_TOPIC``/``UNKNOWN_PARTITION`` for one it does not have."""
+        self.store.log_end_offset(topic, partition)
+        return True
+
+    def _numbered(self, fmt: BatchFormat, payload: bytes, base: int, topic: str, partition: int) -> bytes:
+        """``payload`` numbered from ``base`` for its append, and stamped with the partition's
+        leader epoch when its batches carry one (``LeaderEpochFormat``)."""
+        if has_leader_epochs(fmt):
+            return fmt.assign_offsets_in_epoch(payload, base, self._leader_epoch(topic, partition))
+        return fmt.assign_offsets(payload, base)
 
     def _route(self, cmd: m.Produce, partitions: int) -> int:
         """The partition of ``cmd``: its own, or its partitioner's choice for its key. A burst
@@ -130,7 +167,7 @@ class Producer:
         store = self.store
         batch = cmd.batch
         base = store.log_end_offset(cmd.topic, partition) if batch.base_offset is None else batch.base_offset
-        payload = numbered(store, fmt, batch.payload, base, cmd.topic, partition)
+        payload = self.numbered(fmt, batch.payload, base, cmd.topic, partition)
 
         def remember(offsets: tuple[int, int]) -> tuple[int, int]:
             if producer is not None:
@@ -285,8 +322,8 @@ class Producer:
                 count += b.count if b.count > 0 else 1
                 if b.max_timestamp > max_timestamp:
                     max_timestamp = b.max_timestamp
-            payload = numbered(self.store, fmt, payloads[0] if len(payloads) == 1 else fmt.join(payloads), base,
-                               topic, partition)
+            payload = self.numbered(fmt, payloads[0] if len(payloads) == 1 else fmt.join(payloads), base,
+                                    topic, partition)
             appended = self.store.append(topic, partition, fmt.name, payload, count, max_timestamp, None, acks)
         except CommandError as e:
             return e.error
@@ -314,12 +351,12 @@ class Producer:
     def _await_replication(self, topic: str, partition: int, last: int, timeout_ms: int) -> defer.Deferred:
         """Fire True once the high watermark passes ``last`` with enough
         replicas in sync, False after ``timeout_ms``."""
-        store = self.store
+        store, enough_replicas = self.store, self._enough_replicas
         d: defer.Deferred = defer.Deferred()
         state: dict[str, Any] = {}
 
         def satisfied() -> bool:
-            return store.high_watermark(topic, partition) > last and store.enough_replicas(topic, partition)
+            return store.high_watermark(topic, partition) > last and enough_replicas(topic, partition)
 
         def check() -> None:
             try:
@@ -395,9 +432,12 @@ def refusal_of(checked: Validated | Error, batch: m.Batch) -> Error | None:
     return None
 
 
-def numbered(store: Any, fmt: BatchFormat, payload: bytes, base: int, topic: str, partition: int) -> bytes:
-    """``payload`` numbered from ``base`` for its append, and stamped with the partition's leader
-    epoch when its batches carry one (``LeaderEpochFormat``)."""
-    if has_leader_epochs(fmt):
-        return fmt.assign_offsets_in_epoch(payload, base, store.leader_epoch(topic, partition))
-    return fmt.assign_offsets(payload, base)
+def _as_produced(fmt: BatchFormat, payload: bytes, base: int, topic: str, partition: int) -> bytes:
+    """``numbered`` for a store that ``assigns_offsets``: the payload as produced."""
+    return payload
+
+
+def _no_replicas_to_wait_for(topic: str, partition: int) -> bool:
+    """``enough_replicas`` of a store that replicates by itself: what its high watermark passed,
+    its replicas hold."""
+    return True

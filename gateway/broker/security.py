@@ -99,8 +99,9 @@ class Security:
                 outcomes.append(None)
         if any(isinstance(o, defer.Deferred) for o in outcomes):
             return defer.gatherResults([o if isinstance(o, defer.Deferred) else defer.succeed(o) for o in outcomes])
-        if self.broker.config.fsync.mode == "always" and changes:
-            return self.broker.commit.durable().addCallbacks(
+        commit = self.broker.commit
+        if commit is not None and changes:
+            return commit.durable().addCallbacks(
                 lambda _: outcomes,
                 lambda f: [e or Error(ErrorCode.STORAGE_ERROR, f.getErrorMessage()) for e in outcomes])
         return outcomes

@@ -26,7 +26,7 @@ restarts with a transaction open keeps it open until its producer ends it or
 its timeout aborts it.
 
 On a store whose cluster performs transactions itself
-(``Storage.cluster_transactions``, cluster mode), the rules above stay here
+(``ClusterTransactionStorage``, cluster mode), the rules above stay here
 and the steps go to the cluster: an InitProducerId makes the producer the
 cluster's newest instance of its transactional id, a transaction opens there
 too, transactional batches are appended through it, and an end commits (with
@@ -44,17 +44,17 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from twisted.internet import defer
 
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
-from gateway.broker.produce import numbered
 from gateway.codec import TransactionalFormat
 from gateway.codec.formats import is_transactional
 from gateway.model import CommandError, Error, ErrorCode
+from gateway.storage.interface import ClusterTransactionStorage
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -117,8 +117,9 @@ class Transactions:
 
     def __init__(self, broker: Broker):
         self.broker = broker
-        self.store = broker.store
-        self.cluster = broker.store.cluster_transactions()
+        self.store = store = broker.store
+        self.cluster = (cast(ClusterTransactionStorage, store).cluster_transactions()
+                        if store.transactions_in_cluster else None)
         self.by_id: dict[str, Txn] = {}
         self.by_producer: dict[int, Txn] = {}
         # partition -> producer id -> first offset of its open transaction there
@@ -351,8 +352,8 @@ class Transactions:
                 marker = self.store.log_end_offset(topic, partition)
                 if not commit and first >= 0:
                     waits.append(self._aborted(topic, partition, marker, first, txn.producer_id))
-                payload = numbered(self.store, fmt, fmt.control_batch(txn.producer_id, txn.epoch, commit, now),
-                                   marker, topic, partition)
+                payload = self.broker.producer.numbered(
+                    fmt, fmt.control_batch(txn.producer_id, txn.epoch, commit, now), marker, topic, partition)
                 waits.append(self.store.append(topic, partition, fmt.name, payload, 1, now, None, m.Acks.ALL))
             except CommandError as e:  # the topic was deleted meanwhile: nothing left to mark
                 log.info("transaction %s: no marker on %s/%d: %s", txn.transactional_id, topic, partition, e)

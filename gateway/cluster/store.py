@@ -6,7 +6,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import (
@@ -33,8 +33,8 @@ from gateway.cluster.security import SecurityTopic
 from gateway.cluster.transactions import TransactionalProducers
 from gateway.cluster.writer import KAFKA, Writer, kafka_format
 from gateway.codec import BatchFormat
-from gateway.model import CommandError, Error, ErrorCode
-from gateway.storage.interface import ReplicaStatus
+from gateway.model import CommandError, ErrorCode
+from gateway.storage.interface import ClusterTransactionStorage
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +46,28 @@ KAFKA_DEFAULTS = m.TopicConfig(retention_bytes=-1, retention_ms=7 * 24 * 3600 * 
                                cleanup_policy="delete", delete_retention_ms=24 * 3600 * 1000,
                                min_cleanable_dirty_ratio=0.5, min_compaction_lag_ms=0)
 
-class ClusterStore:
+class ClusterStore(ClusterTransactionStorage):
     """Implements ``Storage`` on the cluster at ``config.bootstrap``.
 
     Calls that the interface marks *may wait* return Deferreds; the others
     answer from the metadata kept at hand. Differences from the local
     engine, each a property of the cluster: the cluster assigns offsets (an
-    explicit offset, TANK's ProduceWithSeqnum, is refused), replica
-    bookkeeping is the cluster's (``report_replica`` and ``set_role`` are
-    refused), and so are transactions (``cluster_transactions``): readers
-    read the cluster read_committed, but for Kafka's read_uncommitted consumers."""
+    explicit offset, TANK's ProduceWithSeqnum, is refused), and keeps the
+    transactions (``cluster_transactions``): readers read the cluster
+    read_committed, but for Kafka's read_uncommitted consumers. The
+    capabilities it lacks are the cluster's own (compaction, replication and
+    leadership, durability, retention, leader epochs) or have no call in
+    confluent-kafka (KIP-848's consumer groups, OffsetDelete): ``refusals``
+    says why to a client that asks for them."""
+
+    assigns_offsets = True
+    refusals: ClassVar[Mapping[str, str]] = {
+        "report_replica": "in cluster mode replication is the cluster's",
+        "set_role": "in cluster mode partition leadership is the cluster's",
+        "end_offset_for_leader_epoch": "confluent-kafka has no call for the cluster's OffsetForLeaderEpoch",
+        "consumer_group_heartbeat": "the consumer group protocol (KIP-848) is not passed to the cluster",
+        "delete_offsets": "deleting a group's offsets is not passed to the cluster",
+    }
 
     def __init__(self, config: ClusterConfig, formats: Mapping[str, BatchFormat], reactor: Any):
         if KAFKA not in formats:
@@ -115,24 +127,6 @@ class ClusterStore:
             return result.low_watermark
 
         return d.addCallback(deleted)
-
-    def sealed_segments(self, topic: str, partition: int) -> list[Any]:
-        return []  # the cluster compacts its topics itself (their cleanup.policy is passed on)
-
-    def read_segment(self, topic: str, partition: int, base_offset: int) -> list[m.StoredBatch]:
-        raise CommandError(ErrorCode.UNSUPPORTED, "the cluster compacts its own segments")
-
-    def write_cleaned(self, topic: str, partition: int, base_offset: int, batches: list[m.StoredBatch]) -> Any:
-        raise CommandError(ErrorCode.UNSUPPORTED, "the cluster compacts its own segments")
-
-    def swap_cleaned(self, topic: str, partition: int, cleaned: Any) -> bool:
-        return False
-
-    def compaction_checkpoints(self) -> dict[str, Any]:
-        return {}
-
-    def put_compaction_checkpoint(self, key: str, value: Any) -> None:
-        pass
 
     def transaction_records(self) -> dict[str, Any]:
         return {}  # the cluster keeps its transactions: a gateway starts without any
@@ -351,12 +345,6 @@ class ClusterStore:
     def log_end_offset(self, topic: str, partition: int) -> int:
         return self.metadata.marks(topic, partition).high_watermark
 
-    def leader_epoch(self, topic: str, partition: int) -> int:
-        return -1  # the cluster's brokers stamp their own
-
-    def end_offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int) -> tuple[int, int]:
-        raise CommandError(ErrorCode.UNSUPPORTED, "confluent-kafka has no call for the cluster's OffsetForLeaderEpoch")
-
     def partition_size(self, topic: str, partition: int) -> None:
         self.metadata.marks(topic, partition)
         return None  # the cluster's brokers keep the data
@@ -380,21 +368,6 @@ class ClusterStore:
         futures = self.admin.list_offsets({tp: spec}, request_timeout=self._timeout)
         return deferred_from(self.reactor, futures[tp], f"list offsets of {topic}/{partition}",
                              lambda r: (r.offset, r.timestamp))
-
-    # ------------------------------------------------------------------ replicas: the cluster's own
-
-    def is_leader(self, topic: str, partition: int) -> bool:
-        self.metadata.marks(topic, partition)
-        return True
-
-    def enough_replicas(self, topic: str, partition: int) -> bool:
-        return True  # acks=all appends were acknowledged by the cluster's in-sync replicas
-
-    def report_replica(self, topic: str, partition: int, replica_id: int, offset: int) -> ReplicaStatus:
-        raise CommandError(ErrorCode.UNSUPPORTED, "in cluster mode replication is the cluster's")
-
-    def set_role(self, topic: str, partition: int, role: str) -> int:
-        raise CommandError(ErrorCode.UNSUPPORTED, "in cluster mode partition leadership is the cluster's")
 
     # ------------------------------------------------------------------ producers
 
@@ -443,17 +416,7 @@ class ClusterStore:
     def delete_groups(self, cmd: m.DeleteGroups) -> Any:
         return self.groups.delete(cmd)
 
-    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> Any:
-        """Refused: the gateway's members of the cluster's groups are librdkafka consumers of the classic protocol."""
-        return m.ConsumerGroupHeartbeatResult(cmd.group, cmd.member_id, error=Error(
-            ErrorCode.UNSUPPORTED, "the consumer group protocol (KIP-848) is not passed to the cluster"))
-
-    def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
-        """Refused: confluent-kafka's admin client has no call for Kafka's OffsetDelete."""
-        return m.DeleteOffsetsResult(cmd.group, error=Error(
-            ErrorCode.UNSUPPORTED, "deleting a group's offsets is not passed to the cluster"))
-
-    # ------------------------------------------------------------------ housekeeping and durability
+    # ------------------------------------------------------------------ health and upkeep
 
     def unavailable(self) -> str | None:
         if self.metadata.reachable:
@@ -464,13 +427,3 @@ class ClusterStore:
         self.groups.expire()
         for reader in self._readers():
             reader.expire()
-
-    def enforce_retention(self) -> int:
-        return 0  # the cluster's retention applies
-
-    @property
-    def dirty(self) -> bool:
-        return False  # nothing is written locally
-
-    def sync(self) -> None:
-        pass

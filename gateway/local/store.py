@@ -17,11 +17,23 @@ from gateway.local.groups import GroupCoordinator
 from gateway.local.groups.consumer import HEARTBEAT_INTERVAL_MS
 from gateway.model import CommandError
 from gateway.storage.engine import Engine
-from gateway.storage.interface import ReplicaStatus
+from gateway.storage.interface import (
+    CompactingStorage,
+    ConsumerGroupStorage,
+    LeaderEpochStorage,
+    OffsetDeleteStorage,
+    ReplicaStatus,
+    ReplicatingStorage,
+    RetentionStorage,
+    SyncingStorage,
+)
 
 
-class LocalStore:
-    """Implements ``Storage`` over ``engine``; the engine stays the caller's to close."""
+class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, RetentionStorage, LeaderEpochStorage,
+                 ConsumerGroupStorage, OffsetDeleteStorage):
+    """Implements ``Storage`` over ``engine``, with every capability but ``ClusterTransactionStorage``
+    (the broker writes the markers and offsets of transactions here); the engine stays the caller's
+    to close."""
 
     def __init__(self, engine: Engine, reactor: Any):
         self.engine = engine
@@ -228,9 +240,6 @@ class LocalStore:
 
     def put_transaction_record(self, key: str, value: Any) -> None:
         self.engine.put_record("txn", key, value)
-
-    def cluster_transactions(self) -> None:
-        return None  # the broker writes markers and offsets to the local log
 
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         """Only this process writes a local engine: no other gateway's changes to report."""
