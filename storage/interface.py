@@ -26,8 +26,8 @@ led here) or refuses to the client with ``UNSUPPORTED`` and the store's message
 for the call (``Storage.refusals``). ``assigns_offsets`` is a flag without calls:
 the store numbers appended batches itself, so the broker does not.
 
-Results: calls marked *may wait* return the value **or a Deferred/awaitable
-of it** (a remote implementation, e.g. on a Kafka cluster, answers later);
+Results: calls marked *may wait* return the value **or a Deferred of it**
+(``MayWait``: a remote implementation, e.g. on a Kafka cluster, answers later);
 the broker handles both. Every other call answers at once from state the
 implementation keeps at hand (a remote one caches its metadata).
 
@@ -39,11 +39,19 @@ their result with ``error`` set.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, Union
 
 import attrs
 
 from gateway import model as m
+
+if TYPE_CHECKING:  # the storage engine imports no Twisted; its stores' answers may be Deferreds
+    from twisted.internet.defer import Deferred
+
+_T = TypeVar("_T")
+
+MayWait = Union[_T, "Deferred[_T]"]
+"""What a call marked *may wait* returns: the value, or a Deferred of it."""
 
 
 @attrs.frozen
@@ -135,11 +143,11 @@ class Storage(Protocol):
         """The topic's partitions and config; raises ``UNKNOWN_TOPIC``."""
 
     def create_topic(self, topic: str, partitions: int | None = None,
-                     config: m.TopicConfig | None = None) -> Any:
+                     config: m.TopicConfig | None = None) -> MayWait[m.TopicInfo]:
         """*May wait.* Create ``topic`` (``partitions=None``: the default count):
         its ``TopicInfo``. Raises ``TOPIC_EXISTS``, ``INVALID_TOPIC`` or ``INVALID_REQUEST``."""
 
-    def alter_topic_config(self, topic: str, config: m.TopicConfig) -> Any:
+    def alter_topic_config(self, topic: str, config: m.TopicConfig) -> MayWait[m.TopicInfo]:
         """*May wait.* Replace ``topic``'s settings with ``config`` (``None`` fields: the
         server's): its ``TopicInfo``. Raises ``UNKNOWN_TOPIC``, or ``INVALID_CONFIG`` for a
         setting the store refuses."""
@@ -147,11 +155,11 @@ class Storage(Protocol):
     def topic_defaults(self) -> m.TopicConfig:
         """The server's settings, which a topic has where its own config leaves a field ``None``."""
 
-    def add_partitions(self, topic: str, total: int) -> Any:
+    def add_partitions(self, topic: str, total: int) -> MayWait[m.TopicInfo]:
         """*May wait.* Grow ``topic`` to ``total`` partitions (no-op if it has
         them): its ``TopicInfo``. Shrinking raises ``INVALID_REQUEST``."""
 
-    def delete_topic(self, topic: str) -> Any:
+    def delete_topic(self, topic: str) -> MayWait[None]:
         """*May wait.* Delete ``topic``, its data and the offsets committed for
         it; waiters on its partitions are woken. Raises ``UNKNOWN_TOPIC``."""
 
@@ -159,7 +167,7 @@ class Storage(Protocol):
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
                max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
-               producer: m.ProducerState | None = None) -> Any:
+               producer: m.ProducerState | None = None) -> MayWait[tuple[int, int]]:
         """*May wait.* Append one stored batch of format ``fmt`` spanning
         ``count`` offsets, whose offsets the broker already assigned from ``base_offset``
         (``None``: the log end): ``(base, last)``. Raises ``NOT_LEADER`` on a
@@ -173,14 +181,14 @@ class Storage(Protocol):
         ``producer`` is the batch's idempotent producer, for a store that keeps
         producer state with the records (a cluster); the broker has checked it."""
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool = True) -> Any:
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool = True) -> MayWait[list[m.StoredBatch]]:
         """*May wait.* Stored batches from the one holding ``offset`` on, below the
         high watermark, about ``max_bytes`` (at least one batch if any). ``committed``: the
         reader may see committed records only; a store whose cluster keeps the transactions
         (``ClusterTransactionStorage``) returns those only, any other returns every batch
         (the broker leaves out what the reader may not see)."""
 
-    def delete_records(self, topic: str, partition: int, offset: int) -> Any:
+    def delete_records(self, topic: str, partition: int, offset: int) -> MayWait[int]:
         """*May wait.* Make ``offset`` the partition's log start (Kafka's DeleteRecords): the new
         log start offset. Raises ``OFFSET_OUT_OF_RANGE`` past the high watermark."""
 
@@ -207,17 +215,17 @@ class Storage(Protocol):
         """The bytes the partition's log takes on local disk; None for a store that keeps
         nothing on local disk (a cluster)."""
 
-    def refresh_watermarks(self, topic: str, partition: int) -> Any:
+    def refresh_watermarks(self, topic: str, partition: int) -> MayWait[None]:
         """*May wait.* Make the watermarks above current: None at once where they
         always are (the local engine), else a Deferred that fires once they were
         asked again (a store that caches another's, as a cluster's). The broker
         asks before it answers ``OFFSET_OUT_OF_RANGE`` for an offset past them."""
 
-    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> Any:
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> MayWait[int | None]:
         """*May wait.* The base offset of the first batch whose records may reach
         ``timestamp`` (or that record's own offset), or None."""
 
-    def max_timestamp_offset(self, topic: str, partition: int) -> Any:
+    def max_timestamp_offset(self, topic: str, partition: int) -> MayWait[tuple[int, int]]:
         """*May wait.* ``(offset, timestamp)`` of the record with the largest timestamp, ``(-1, -1)`` if none."""
 
     # ------------------------------------------------------------------ producers
@@ -235,36 +243,36 @@ class Storage(Protocol):
 
     # ------------------------------------------------------------------ groups and commits (the coordinator)
 
-    def join_group(self, cmd: m.JoinGroup) -> Any:
+    def join_group(self, cmd: m.JoinGroup) -> MayWait[m.JoinGroupResult]:
         """*May wait.* A ``JoinGroupResult``: at once for ``"server"`` groups, at
         the end of the join phase for ``"consumer"`` groups."""
 
-    def sync_group(self, cmd: m.SyncGroup) -> Any:
+    def sync_group(self, cmd: m.SyncGroup) -> MayWait[m.SyncGroupResult]:
         """*May wait.* A ``SyncGroupResult``; a consumer group's follower waits for the leader's sync."""
 
-    def heartbeat(self, cmd: m.Heartbeat) -> Any:
+    def heartbeat(self, cmd: m.Heartbeat) -> MayWait[m.HeartbeatResult]:
         """*May wait.* A ``HeartbeatResult``; keeps the member alive."""
 
-    def leave_group(self, cmd: m.LeaveGroup) -> Any:
+    def leave_group(self, cmd: m.LeaveGroup) -> MayWait[m.LeaveGroupResult]:
         """*May wait.* A ``LeaveGroupResult``; the group rebalances."""
 
-    def commit_offsets(self, cmd: m.CommitOffsets) -> Any:
+    def commit_offsets(self, cmd: m.CommitOffsets) -> MayWait[m.CommitOffsetsResult]:
         """*May wait.* A ``CommitOffsetsResult`` once the offsets are stored,
         after the membership checks ``cmd`` asks for."""
 
-    def fetch_offsets(self, cmd: m.FetchOffsets) -> Any:
+    def fetch_offsets(self, cmd: m.FetchOffsets) -> MayWait[m.FetchOffsetsResult]:
         """*May wait.* A ``FetchOffsetsResult``: offset -1 for a partition with no commit."""
 
-    def committed_offset(self, group: str, topic: str, partition: int) -> Any:
+    def committed_offset(self, group: str, topic: str, partition: int) -> MayWait[int | None]:
         """*May wait.* The offset ``group`` committed for the partition, None if none."""
 
-    def describe_groups(self, cmd: m.DescribeGroups) -> Any:
+    def describe_groups(self, cmd: m.DescribeGroups) -> MayWait[m.DescribeGroupsResult]:
         """*May wait.* A ``DescribeGroupsResult``: state ``"Dead"`` for an unknown group."""
 
-    def list_groups(self, cmd: m.ListGroups) -> Any:
+    def list_groups(self, cmd: m.ListGroups) -> MayWait[m.ListGroupsResult]:
         """*May wait.* A ``ListGroupsResult``: groups with members or with commits."""
 
-    def delete_groups(self, cmd: m.DeleteGroups) -> Any:
+    def delete_groups(self, cmd: m.DeleteGroups) -> MayWait[m.DeleteGroupsResult]:
         """*May wait.* A ``DeleteGroupsResult``: a group with members is not deleted."""
 
     # ------------------------------------------------------------------ security records
@@ -401,7 +409,7 @@ class ConsumerGroupStorage(Storage, Protocol):
 
     consumer_group_protocol: ClassVar[bool] = True
 
-    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> Any:
+    def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> MayWait[m.ConsumerGroupHeartbeatResult]:
         """*May wait.* A ``ConsumerGroupHeartbeatResult`` (Kafka's consumer group protocol, KIP-848)."""
 
 
@@ -410,7 +418,7 @@ class OffsetDeleteStorage(Storage, Protocol):
 
     deletes_offsets: ClassVar[bool] = True
 
-    def delete_offsets(self, cmd: m.DeleteOffsets) -> Any:
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> MayWait[m.DeleteOffsetsResult]:
         """*May wait.* A ``DeleteOffsetsResult``: ``GROUP_SUBSCRIBED_TO_TOPIC`` for a partition
         whose topic the group's members read, ``GROUP_NOT_FOUND`` for an unknown group."""
 

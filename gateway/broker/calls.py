@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from gateway.model import CommandError, ErrorCode
-from gateway.storage.interface import Storage
+from gateway.storage.interface import MayWait, Storage
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
-def then(value: Any, fn: Callable[[Any], Any]) -> Any:
+def then(value: MayWait[_T], fn: Callable[[_T], MayWait[_R]]) -> MayWait[_R]:
     """``fn(value)``, or a Deferred of it when ``value`` is a Deferred.
 
     Storage calls that may wait return either; the local engine answers at

@@ -56,7 +56,7 @@ class Groups:
             cmd = attrs.evolve(cmd, session_timeout_ms=self.broker.config.group_session_timeout_ms)
         ensured = [self.broker.topics.ensure(t, True) for t in cmd.topics]
         waits = [d for d in ensured if isinstance(d, defer.Deferred)]
-        joined = defer.gatherResults(waits, consumeErrors=True) if waits else None
+        joined: defer.Deferred | None = defer.gatherResults(waits, consumeErrors=True) if waits else None
         return then(then(then(joined, lambda _: self.store.join_group(cmd)), self._durable),
                     lambda r: self._joined(cmd, r))
 
