@@ -34,7 +34,7 @@ from gateway.cluster.transactions import TransactionalProducers
 from gateway.cluster.writer import KAFKA, Writer, kafka_format
 from gateway.codec import BatchFormat
 from gateway.model import CommandError, ErrorCode
-from gateway.storage.interface import ClusterTransactionStorage
+from gateway.storage.interface import ClusterTransactionStorage, MayWait
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class ClusterStore(ClusterTransactionStorage):
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         self.security.watch(callback)
 
-    def delete_records(self, topic: str, partition: int, offset: int) -> Any:
+    def delete_records(self, topic: str, partition: int, offset: int) -> MayWait[int]:
         """The cluster's own DeleteRecords (``AdminClient.delete_records``): its new low watermark."""
         futures = self.admin.delete_records([TopicPartition(topic, partition, offset)],
                                             request_timeout=self._timeout)
@@ -164,7 +164,7 @@ class ClusterStore(ClusterTransactionStorage):
             for p, marks in enumerate(state.partitions)), state.config)
 
     def create_topic(self, topic: str, partitions: int | None = None,
-                     config: m.TopicConfig | None = None) -> Any:
+                     config: m.TopicConfig | None = None) -> MayWait[m.TopicInfo]:
         m.check_topic_name(topic)
         self.metadata.check_reachable()
         count = self.config.default_partitions if partitions is None else partitions
@@ -185,7 +185,7 @@ class ClusterStore(ClusterTransactionStorage):
 
         return d.addCallbacks(lambda _: self._visible(topic, lambda s: len(s.partitions) >= count), exists)
 
-    def alter_topic_config(self, topic: str, config: m.TopicConfig) -> Any:
+    def alter_topic_config(self, topic: str, config: m.TopicConfig) -> MayWait[m.TopicInfo]:
         """The cluster's own settings of ``topic`` changed to ``config`` (IncrementalAlterConfigs:
         what ``config`` sets is set, the rest of polygate's settings go back to the cluster's)."""
         state = self.metadata.state(topic)
@@ -230,7 +230,7 @@ class ClusterStore(ClusterTransactionStorage):
         self.metadata.refresh(check)
         return d
 
-    def add_partitions(self, topic: str, total: int) -> Any:
+    def add_partitions(self, topic: str, total: int) -> MayWait[m.TopicInfo]:
         current = self.partition_count(topic)
         if total < current:
             raise CommandError(ErrorCode.INVALID_REQUEST, f"{topic} has {current} partitions; cannot shrink to {total}")
@@ -240,7 +240,7 @@ class ClusterStore(ClusterTransactionStorage):
         return deferred_from(self.reactor, futures[topic], f"add partitions to {topic}").addCallback(
             lambda _: self._visible(topic, lambda s: len(s.partitions) >= total))
 
-    def delete_topic(self, topic: str) -> Any:
+    def delete_topic(self, topic: str) -> MayWait[None]:
         self.metadata.state(topic)
 
         def delete(_: Any) -> defer.Deferred:
@@ -284,7 +284,7 @@ class ClusterStore(ClusterTransactionStorage):
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
                max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
-               producer: m.ProducerState | None = None) -> Any:
+               producer: m.ProducerState | None = None) -> MayWait[tuple[int, int]]:
         if base_offset is not None:
             raise CommandError(ErrorCode.INVALID_REQUEST, "in cluster mode the cluster assigns offsets: "
                                                           "a produce at an explicit offset is refused")
@@ -315,7 +315,7 @@ class ClusterStore(ClusterTransactionStorage):
             for reader in self._readers():
                 reader.changed(topic, partition)
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool = True) -> Any:
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool = True) -> MayWait[list[m.StoredBatch]]:
         return self._reader(committed).read(topic, partition, offset, max_bytes)
 
     def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None],
@@ -349,17 +349,17 @@ class ClusterStore(ClusterTransactionStorage):
         self.metadata.marks(topic, partition)
         return None  # the cluster's brokers keep the data
 
-    def refresh_watermarks(self, topic: str, partition: int) -> Any:
+    def refresh_watermarks(self, topic: str, partition: int) -> MayWait[None]:
         self.metadata.marks(topic, partition)
         d: defer.Deferred = defer.Deferred()
         self.metadata.refresh(lambda: d.callback(None))
         return d
 
-    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> Any:
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> MayWait[int | None]:
         return self._list_offset(topic, partition, OffsetSpec.for_timestamp(timestamp)).addCallback(
             lambda found: found[0] if found[0] >= 0 else None)
 
-    def max_timestamp_offset(self, topic: str, partition: int) -> Any:
+    def max_timestamp_offset(self, topic: str, partition: int) -> MayWait[tuple[int, int]]:
         return self._list_offset(topic, partition, OffsetSpec.max_timestamp())
 
     def _list_offset(self, topic: str, partition: int, spec: Any) -> defer.Deferred:
@@ -386,34 +386,34 @@ class ClusterStore(ClusterTransactionStorage):
 
     # ------------------------------------------------------------------ groups and commits
 
-    def join_group(self, cmd: m.JoinGroup) -> Any:
+    def join_group(self, cmd: m.JoinGroup) -> MayWait[m.JoinGroupResult]:
         return self.groups.join(cmd)
 
-    def sync_group(self, cmd: m.SyncGroup) -> Any:
+    def sync_group(self, cmd: m.SyncGroup) -> MayWait[m.SyncGroupResult]:
         return self.groups.sync(cmd)
 
-    def heartbeat(self, cmd: m.Heartbeat) -> Any:
+    def heartbeat(self, cmd: m.Heartbeat) -> MayWait[m.HeartbeatResult]:
         return self.groups.heartbeat(cmd)
 
-    def leave_group(self, cmd: m.LeaveGroup) -> Any:
+    def leave_group(self, cmd: m.LeaveGroup) -> MayWait[m.LeaveGroupResult]:
         return self.groups.leave(cmd)
 
-    def commit_offsets(self, cmd: m.CommitOffsets) -> Any:
+    def commit_offsets(self, cmd: m.CommitOffsets) -> MayWait[m.CommitOffsetsResult]:
         return self.groups.commit(cmd)
 
-    def fetch_offsets(self, cmd: m.FetchOffsets) -> Any:
+    def fetch_offsets(self, cmd: m.FetchOffsets) -> MayWait[m.FetchOffsetsResult]:
         return self.groups.fetch(cmd)
 
-    def committed_offset(self, group: str, topic: str, partition: int) -> Any:
+    def committed_offset(self, group: str, topic: str, partition: int) -> MayWait[int | None]:
         return self.groups.committed_offset(group, topic, partition)
 
-    def describe_groups(self, cmd: m.DescribeGroups) -> Any:
+    def describe_groups(self, cmd: m.DescribeGroups) -> MayWait[m.DescribeGroupsResult]:
         return self.groups.describe(cmd)
 
-    def list_groups(self, cmd: m.ListGroups) -> Any:
+    def list_groups(self, cmd: m.ListGroups) -> MayWait[m.ListGroupsResult]:
         return self.groups.list(cmd)
 
-    def delete_groups(self, cmd: m.DeleteGroups) -> Any:
+    def delete_groups(self, cmd: m.DeleteGroups) -> MayWait[m.DeleteGroupsResult]:
         return self.groups.delete(cmd)
 
     # ------------------------------------------------------------------ health and upkeep

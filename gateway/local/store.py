@@ -21,6 +21,7 @@ from gateway.storage.interface import (
     CompactingStorage,
     ConsumerGroupStorage,
     LeaderEpochStorage,
+    MayWait,
     OffsetDeleteStorage,
     ReplicaStatus,
     ReplicatingStorage,
@@ -159,10 +160,10 @@ class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, Retentio
 
     # ------------------------------------------------------------------ groups and commits
 
-    def join_group(self, cmd: m.JoinGroup) -> Any:
+    def join_group(self, cmd: m.JoinGroup) -> MayWait[m.JoinGroupResult]:
         return self.groups.join(cmd)
 
-    def sync_group(self, cmd: m.SyncGroup) -> Any:
+    def sync_group(self, cmd: m.SyncGroup) -> MayWait[m.SyncGroupResult]:
         return self.groups.sync(cmd)
 
     def heartbeat(self, cmd: m.Heartbeat) -> m.HeartbeatResult:
