@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import attrs
 from twisted.internet import defer, task
@@ -46,9 +46,11 @@ from gateway.model import Error, ErrorCode
 from gateway.security.acl import Acls
 from gateway.security.users import UserStore
 from gateway.stats import BrokerStats, MeteredConversionCache
-from gateway.storage.interface import RetentionStorage, Storage, SyncingStorage
+from gateway.storage.interface import MayWait, RetentionStorage, Storage, SyncingStorage
 
 __all__ = ["Broker", "BrokerConfig", "FsyncPolicy"]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 ANYONE_UNKNOWN = m.Caller()  # a caller nobody named: anonymous
@@ -169,7 +171,7 @@ class Broker:
                 loop.stop()
         self._loops.clear()
 
-    def durable(self, value: Any) -> Any:
+    def durable(self, value: _T) -> MayWait[_T]:
         """``value`` once the writes made so far are durable under the fsync policy;
         ``value`` with a ``STORAGE_ERROR`` if the fsync failed."""
         if self.commit is not None:

@@ -5,19 +5,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import attrs
 from twisted.internet import defer
 
 from gateway import model as m
 from gateway.broker.calls import errors_as, refusal, then
-from gateway.storage.interface import ConsumerGroupStorage, OffsetDeleteStorage
+from gateway.storage.interface import ConsumerGroupStorage, MayWait, OffsetDeleteStorage
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
 
 log = logging.getLogger(__name__)
+
+
+class _Outcome(Protocol):
+    """A group command's result: its error, if it failed."""
+
+    @property
+    def error(self) -> m.Error | None: ...
+
+
+_Result = TypeVar("_Result", bound=_Outcome)
 
 
 class Groups:
@@ -33,7 +43,7 @@ class Groups:
             cast(OffsetDeleteStorage, store).delete_offsets if store.deletes_offsets
             else refusal(store, "delete_offsets"))
 
-    def _joined(self, cmd: m.JoinGroup, result: Any) -> Any:
+    def _joined(self, cmd: m.JoinGroup, result: m.JoinGroupResult) -> m.JoinGroupResult:
         """Log a member joining and each new generation (a rebalance) once."""
         if (isinstance(result, m.JoinGroupResult) and result.error is None
                 and self._generations.get(cmd.group) != result.generation):
@@ -44,51 +54,53 @@ class Groups:
                      cmd.protocol_type, result.member_id)
         return result
 
-    def _durable(self, result: Any) -> Any:
+    def _durable(self, result: _Result) -> MayWait[_Result]:
         """A successful change, once durable; an error at once."""
         return result if result.error is not None else self.broker.durable(result)
 
     @errors_as(m.JoinGroupResult, "group")
-    def join(self, cmd: m.JoinGroup) -> Any:
+    def join(self, cmd: m.JoinGroup) -> MayWait[m.JoinGroupResult]:
         if cmd.protocol_type != "server":
-            return then(then(self.store.join_group(cmd), self._durable), lambda r: self._joined(cmd, r))
-        if not cmd.session_timeout_ms:
-            cmd = attrs.evolve(cmd, session_timeout_ms=self.broker.config.group_session_timeout_ms)
-        ensured = [self.broker.topics.ensure(t, True) for t in cmd.topics]
-        waits = [d for d in ensured if isinstance(d, defer.Deferred)]
-        joined: defer.Deferred | None = defer.gatherResults(waits, consumeErrors=True) if waits else None
-        return then(then(then(joined, lambda _: self.store.join_group(cmd)), self._durable),
-                    lambda r: self._joined(cmd, r))
+            result = self.store.join_group(cmd)
+        else:
+            if not cmd.session_timeout_ms:
+                cmd = attrs.evolve(cmd, session_timeout_ms=self.broker.config.group_session_timeout_ms)
+            ensured = [self.broker.topics.ensure(t, True) for t in cmd.topics]
+            waits = [d for d in ensured if isinstance(d, defer.Deferred)]
+            joined: defer.Deferred | None = defer.gatherResults(waits, consumeErrors=True) if waits else None
+            result = then(joined, lambda _: self.store.join_group(cmd))
+        durable: MayWait[m.JoinGroupResult] = then(result, self._durable)
+        return then(durable, lambda r: self._joined(cmd, r))
 
-    def sync(self, cmd: m.SyncGroup) -> Any:
+    def sync(self, cmd: m.SyncGroup) -> MayWait[m.SyncGroupResult]:
         return then(self.store.sync_group(cmd), self._durable)  # a leader's sync stores the assignment
 
-    def heartbeat(self, cmd: m.Heartbeat) -> Any:
+    def heartbeat(self, cmd: m.Heartbeat) -> MayWait[m.HeartbeatResult]:
         return self.store.heartbeat(cmd)
 
-    def leave(self, cmd: m.LeaveGroup) -> Any:
-        def left(result: Any) -> Any:
+    def leave(self, cmd: m.LeaveGroup) -> MayWait[m.LeaveGroupResult]:
+        def left(result: m.LeaveGroupResult) -> m.LeaveGroupResult:
             if isinstance(result, m.LeaveGroupResult) and result.error is None:
                 log.info("group %s: member %s left", cmd.group, cmd.member_id)
             return result
 
         return then(then(self.store.leave_group(cmd), self._durable), left)
 
-    def commit_offsets(self, cmd: m.CommitOffsets) -> Any:
+    def commit_offsets(self, cmd: m.CommitOffsets) -> MayWait[m.CommitOffsetsResult]:
         if cmd.validate_only:  # nothing is written
             return self.store.commit_offsets(cmd)
         return then(self.store.commit_offsets(cmd), self._durable)
 
-    def fetch_offsets(self, cmd: m.FetchOffsets) -> Any:
+    def fetch_offsets(self, cmd: m.FetchOffsets) -> MayWait[m.FetchOffsetsResult]:
         return self.store.fetch_offsets(cmd)
 
-    def describe(self, cmd: m.DescribeGroups) -> Any:
+    def describe(self, cmd: m.DescribeGroups) -> MayWait[m.DescribeGroupsResult]:
         return self.store.describe_groups(cmd)
 
-    def list(self, cmd: m.ListGroups) -> Any:
+    def list(self, cmd: m.ListGroups) -> MayWait[m.ListGroupsResult]:
         return self.store.list_groups(cmd)
 
-    def delete(self, cmd: m.DeleteGroups) -> Any:
+    def delete(self, cmd: m.DeleteGroups) -> MayWait[m.DeleteGroupsResult]:
         return then(self.store.delete_groups(cmd), self.broker.durable)
 
     @errors_as(m.ConsumerGroupHeartbeatResult, "group", "member_id")
