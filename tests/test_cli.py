@@ -25,7 +25,7 @@ from gateway.cli.client import DEFAULT_PORTS, _address
 from gateway.cli.main import main
 from gateway.clients.v1 import parse_v1_messages
 from gateway.codecs.kafka.errors import name as kafka_error_name
-from gateway.launcher import Gateways
+from gateway.launcher import Gateways, default_stop_signals
 
 GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 PROTOCOLS = ("v1", "kafka", "tank", "cursus")
@@ -73,7 +73,7 @@ def out_lines(gw, *args: str, protocol: str = "v1", stdin: str | None = None) ->
 
 def child(gw, *args: str, protocol: str = "v1") -> subprocess.Popen:
     return subprocess.Popen([GATEWAY, *args, "--protocol", protocol, "--server", gw.address(protocol)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_stop_signals)
 
 
 # --------------------------------------------------------------------------- --server, --timeout
