@@ -31,6 +31,25 @@ ADMIN_BANNER = re.compile(r"^polygate: admin listening on (\S+):(\d+)(;.*)?$")
 GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 
 
+class ProcessRefused(AssertionError):
+    """A process was started where none may be (an in-memory test)."""
+
+
+def refuse_processes(monkeypatch) -> None:
+    """Make starting a process fail for the rest of a test (``monkeypatch``: pytest's fixture).
+
+    The guard of the in-memory tests (``tests/unit/``): every ``subprocess`` call goes through
+    ``Popen._execute_child``; ``os.fork``, ``os.posix_spawn*`` and ``os.system`` are the other ways.
+    A test that needs a process belongs with the integration tests.
+    """
+    def refuse(*args, **kwargs):
+        raise ProcessRefused("an in-memory test started a process; move it out of tests/unit/")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    for name in ("fork", "posix_spawn", "posix_spawnp", "system"):
+        monkeypatch.setattr(os, name, refuse)
+
+
 def default_stop_signals() -> None:
     """Set SIGINT and SIGTERM back to their default dispositions; a ``preexec_fn`` of ``Popen``.
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from test_adapter import Reactor, connect
+from reactor_support import Reactor, connect
 
 from gateway import model as m
 from gateway.adapter import CodecFactory

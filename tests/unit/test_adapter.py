@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from reactor_support import Reactor, connect
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import StringTransport
 
 from gateway import model as m
 from gateway.adapter import CodecFactory, ConnectionLimits
@@ -26,24 +27,6 @@ from gateway.codec.framing import ReceiveBuffer
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
-
-
-class _Threadpool:
-    """Runs "threaded" work inline, so deferToThreadPool is synchronous in tests."""
-
-    def callInThreadWithCallback(self, onResult, f, *a, **kw):  # noqa: N802 - Twisted's name
-        try:
-            onResult(True, f(*a, **kw))
-        except Exception as e:  # noqa: BLE001
-            onResult(False, e)
-
-
-class Reactor(MemoryReactorClock):
-    def getThreadPool(self):  # noqa: N802 - Twisted's name
-        return _Threadpool()
-
-    def callFromThread(self, f, *a, **kw):  # noqa: N802 - Twisted's name
-        f(*a, **kw)
 
 
 class Script:
@@ -108,13 +91,6 @@ class ScriptBroker:
 
     def execute(self, command, caller=None):
         return defer.maybeDeferred(self.run, command)
-
-
-def connect(factory) -> tuple[Any, StringTransport]:
-    proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
-    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
-    proto.makeConnection(transport)
-    return proto, transport
 
 
 @pytest.fixture
