@@ -65,6 +65,9 @@ class Script:
     def connection_lost(self) -> Sequence[Any]:
         return ()  # nothing to run when the connection ends
 
+    def partial_frame(self) -> bool:
+        return len(self.buffer) > 0
+
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         return f"{request.context}={results[0]}\n".encode()
 
@@ -160,6 +163,23 @@ def test_codec_bug_closes_only_that_connection(script):
     assert transport.disconnecting or transport.disconnected
     other.dataReceived(b"reply alive\n")
     assert other_transport.value().endswith(b"alive\n")
+
+
+def test_idleness_counts_from_the_last_answer_not_from_the_request(script):
+    """A request in flight longer than the idle timeout (a Kafka long-poll) is not idleness, and
+    neither is the moment after its answer: the client has had no time to send its next request."""
+    factory, waits = script
+    factory.limits = ConnectionLimits(idle_timeout_s=0.5)
+    proto, transport = connect(factory)
+    proto.dataReceived(b"wait poll\n")
+    factory.reactor.pump([0.125] * 16)  # 2 s in flight, swept every 1/4 of the timeout
+    assert not transport.disconnected
+    waits["poll"].callback("records")
+    factory.reactor.pump([0.125, 0.125])  # answered; the next request is on its way
+    assert transport.value().endswith(b"poll=records\n")
+    assert not transport.disconnected
+    factory.reactor.pump([0.125] * 4)  # then 0.5 s with nothing: idle
+    assert transport.disconnected
 
 
 def test_close_event_writes_earlier_answers_then_closes(script):
