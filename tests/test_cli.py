@@ -76,6 +76,38 @@ def child(gw, *args: str, protocol: str = "v1") -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_stop_signals)
 
 
+# --------------------------------------------------------------------------- a quick command line
+
+# What only `gateway serve` needs: the reactor, the server, the broker, and Kafka's C client.
+SERVER_MODULES = ("twisted.internet.reactor", "gateway.server", "gateway.broker", "confluent_kafka")
+
+
+def imported_by(*args: str) -> set[str]:
+    """The modules ``gateway ARGS`` imports (``python -X importtime``; it does not see one imported with
+    ``importlib.import_module``, only what that one imports); checks the command succeeds."""
+    done = subprocess.run([sys.executable, "-X", "importtime", GATEWAY, *args], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {line.split("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [("--help",), ("produce", "--help"), ("topics", "list", "--help"),
+                                  ("consume", "--help"), ("groups", "--help"), ("status", "--help"),
+                                  ("users", "--help"), ("acls", "--help")])
+def test_help_and_client_commands_import_no_server(args):
+    modules = imported_by(*args)
+    assert "click" in modules  # the probe sees imports
+    assert not modules & set(SERVER_MODULES), sorted(modules & set(SERVER_MODULES))
+
+
+def test_serve_is_listed_with_its_own_help_and_imports_the_server_when_asked():
+    from gateway.cli.serve import serve
+
+    listing = CliRunner().invoke(main, ["--help"]).stdout
+    assert f"serve    {serve.get_short_help_str(100)}" in listing
+    assert "gateway.server" in imported_by("serve", "--help")
+
+
 # --------------------------------------------------------------------------- --server, --timeout
 
 

@@ -90,7 +90,7 @@ def test_a_config_file_with_an_unknown_key_is_refused(tmp_path):
 
 
 def test_the_example_file_names_every_option_and_its_defaults_start_a_gateway(tmp_path):
-    from gateway.cli.main import serve
+    from gateway.cli.serve import serve
 
     with open(EXAMPLE, encoding="utf-8") as f:
         text = f.read()
