@@ -51,8 +51,9 @@ java:
 UNIT_TESTS  := tests/unit $(MQTT)/tests/unit
 INTEGRATION_TESTS := tests $(MQTT)/tests --ignore=tests/unit --ignore=$(MQTT)/tests/unit
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
-# Integration tests mostly wait on sockets and child processes, so more workers than cores pay;
-# tests that must not share the machine carry @pytest.mark.xdist_group and run one after another.
+# Integration tests mostly wait on sockets and child processes, so more workers than cores pay.
+# Tests that must have the machine to themselves are marked serial and run after, one at a time;
+# tests that share an expensive session (the Spark JVM) carry one xdist_group, run by one worker.
 WORKERS ?= 4
 PARALLEL := -n $(WORKERS) --dist loadgroup
 
@@ -66,7 +67,8 @@ unit: $(STAMP)
 	$(PYTEST) $(UNIT_TESTS)
 
 integration: $(STAMP) java
-	$(PYTEST) $(PARALLEL) $(INTEGRATION_TESTS)
+	$(PYTEST) $(PARALLEL) -m "not serial" $(INTEGRATION_TESTS)
+	$(PYTEST) -m serial $(INTEGRATION_TESTS)
 
 cluster: $(STAMP)
 	POLYGATE_TEST_STORAGE=cluster $(PYTEST) $(PARALLEL) $(CLUSTER_SUITES)

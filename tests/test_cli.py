@@ -133,6 +133,7 @@ def test_server_defaults_to_the_port_of_the_protocol():
     assert bad.exit_code == 2 and "bad port" in bad.stderr
 
 
+@pytest.mark.serial  # asserts on how long the timeout takes
 def test_a_listener_that_does_not_accept_or_answer_fails_in_one_line_within_the_timeout(gw):
     with socket.socket() as full:
         full.bind(("127.0.0.1", 0))
