@@ -10,8 +10,8 @@ from __future__ import annotations
 import bomb_support
 import pytest
 
-from gateway.codecs.kafka import records
-from gateway.codecs.tank import bundle
+from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.tank import format as tank_format
 
 MIB = 1 << 20
 
@@ -19,7 +19,7 @@ MIB = 1 << 20
 @pytest.mark.parametrize("attack", list(bomb_support.ATTACKS))
 def test_a_bomb_is_refused_having_allocated_no_more_than_its_limit(attack):
     got = bomb_support.measure(attack)
-    limit_mib = {"kafka": records.FORMAT.inflate_limit, "tank": bundle.FORMAT.inflate_limit,
+    limit_mib = {"kafka": kafka_format.FORMAT.inflate_limit, "tank": tank_format.FORMAT.inflate_limit,
                  "cursus": 64 * MIB}[attack.split()[0]] / MIB
     assert "frame limit" in got["error"]
     assert got["error"].split(":")[0] in ("CommandError", "CorruptRecords", "BodyLimit")

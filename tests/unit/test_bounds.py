@@ -2,9 +2,9 @@
 
 Finding 2: every bomb (``bomb_support``) is refused with the format's corrupt-batch error (what
 the refusal costs in memory, measured in a fresh interpreter, is tests/test_bomb_memory.py).
-Finding 6: a batch whose declared record count or offset
-delta is not what it holds is refused by its format's ``validate``, which the broker calls
-before storing; honest batches of every format validate to what they hold.
+Finding 6: a batch whose declared record count or offset delta is not what it holds is refused
+by its format's ``validate``, which the broker calls before storing; honest batches of every
+format validate to what they hold.
 
 The checks run on the twins each format bound at import: the C walkers where they were
 built, the Python ones under ``POLYGATE_NO_EXTENSIONS=1``; the two are also compared directly.
