@@ -53,10 +53,10 @@ INTEGRATION_TESTS := tests $(MQTT)/tests --ignore=tests/unit --ignore=$(MQTT)/te
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 # Integration tests mostly wait on sockets and child processes, so more workers than cores pay: on
 # 2 cores, ten integration files took 113 s one at a time, 64 s on 4 workers, 58 s on 6, 75 s on 8.
-# Tests that must have the machine to themselves are marked serial and run after, one at a time;
-# tests that share an expensive session (the Spark JVM) carry one xdist_group, run by one worker.
+# Tests that must have the machine to themselves are marked serial and run after, one at a time,
+# with the Spark tests (one JVM for them all, where each worker would start its own).
 WORKERS ?= 6
-PARALLEL := -n $(WORKERS) --dist loadgroup
+PARALLEL := -n $(WORKERS)
 
 # The protocol suites again with every gateway in cluster mode, each test on a Tansu cluster of its
 # own (tests of local-mode rules are marked local_only and skipped there).
@@ -68,8 +68,8 @@ unit: $(STAMP)
 	$(PYTEST) $(UNIT_TESTS)
 
 integration: $(STAMP) java
-	$(PYTEST) $(PARALLEL) -m "not serial" $(INTEGRATION_TESTS)
-	$(PYTEST) -m serial $(INTEGRATION_TESTS)
+	$(PYTEST) $(PARALLEL) -m "not serial and not spark" $(INTEGRATION_TESTS)
+	$(PYTEST) -m "serial or spark" $(INTEGRATION_TESTS)
 
 cluster: $(STAMP)
 	POLYGATE_TEST_STORAGE=cluster $(PYTEST) $(PARALLEL) $(CLUSTER_SUITES)

@@ -14,7 +14,7 @@ from gateway.spark import kafka as kafka_source
 from gateway.spark import options as opts
 from gateway.spark.encode import HEADERS
 
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one worker, one JVM
+pytestmark = pytest.mark.spark
 spark = spark_support.spark
 spark_gateway = spark_support.spark_gateway
 

@@ -16,7 +16,7 @@ from spark_support import consume, unique
 from gateway.clients.v1 import V1Client
 from gateway.launcher import GatewayProcess, Tansu
 
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one worker, one JVM
+pytestmark = pytest.mark.spark
 spark = spark_support.spark
 
 

@@ -9,7 +9,7 @@ import pytest
 import spark_support
 from spark_support import consume, create_topic, produce, wait_until
 
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one worker, one JVM
+pytestmark = pytest.mark.spark
 spark = spark_support.spark
 spark_gateway = spark_support.spark_gateway
 
