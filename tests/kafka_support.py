@@ -9,13 +9,16 @@ the installer's output.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -63,14 +66,26 @@ def _run(args: list[str], what: str, **kw) -> None:
         pytest.fail(f"installing {what} failed ({' '.join(args)}):\n{proc.stdout}\n{proc.stderr}")
 
 
+@contextmanager
+def installing() -> Iterator[None]:
+    """Hold the machine-wide lock of the tests' installs (apt-get, npm, pip) while checking for and
+    installing a tool: test workers run side by side (pytest-xdist), each with its own session
+    fixtures; one installs while the others wait, then find the tool installed."""
+    with open(os.path.join(tempfile.gettempdir(), "polygate-tests-install.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def kcat() -> str:
     """Path of Debian's kcat, installed with apt-get if missing."""
-    path = shutil.which("kcat")
-    if path is None:
-        _run(["apt-get", "update", "-q"], "kcat (apt-get update)")
-        _run(["apt-get", "install", "-y", "-q", "kcat"], "kcat", env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    with installing():
         path = shutil.which("kcat")
+        if path is None:
+            _run(["apt-get", "update", "-q"], "kcat (apt-get update)")
+            _run(["apt-get", "install", "-y", "-q", "kcat"], "kcat",
+                 env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+            path = shutil.which("kcat")
     if path is None:
         pytest.fail("kcat is not on PATH after apt-get install kcat")
     return path
@@ -79,11 +94,12 @@ def kcat() -> str:
 @pytest.fixture(scope="session")
 def kafkajs() -> Path:
     """Directory whose node_modules holds kafkajs (npm install on first use)."""
-    if not all((KAFKAJS_DIR / "node_modules" / p.rpartition("@")[0] / "package.json").exists()
-               for p in KAFKAJS_PACKAGES):
-        KAFKAJS_DIR.mkdir(exist_ok=True)
-        _run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(KAFKAJS_DIR), *KAFKAJS_PACKAGES],
-             "kafkajs")
+    with installing():
+        if not all((KAFKAJS_DIR / "node_modules" / p.rpartition("@")[0] / "package.json").exists()
+                   for p in KAFKAJS_PACKAGES):
+            KAFKAJS_DIR.mkdir(exist_ok=True)
+            _run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(KAFKAJS_DIR), *KAFKAJS_PACKAGES],
+                 "kafkajs")
     return KAFKAJS_DIR
 
 

@@ -19,7 +19,7 @@ import urllib.request
 import confluent_kafka as ck
 import pytest
 from browser_support import headless_chromium
-from kafka_support import consume, unique, wait_until
+from kafka_support import consume, installing, unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
@@ -30,12 +30,13 @@ FAST_GROUP = {"heartbeat.interval.ms": 200, "session.timeout.ms": 6000, "auto.of
 @pytest.fixture(scope="session")
 def chromium() -> tuple[str, str]:
     """Paths of Debian's ``chromium`` and ``chromedriver``, installed with apt-get if missing."""
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for args in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]):
-            proc = subprocess.run(args, capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                pytest.fail(f"installing chromium failed ({' '.join(args)}):\n{proc.stdout}\n{proc.stderr}")
+    with installing():
+        if not (shutil.which("chromium") and shutil.which("chromedriver")):
+            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+            for args in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]):
+                proc = subprocess.run(args, capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    pytest.fail(f"installing chromium failed ({' '.join(args)}):\n{proc.stdout}\n{proc.stderr}")
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (browser and driver):
         pytest.fail("chromium or chromedriver is not on PATH after apt-get install chromium chromium-driver")

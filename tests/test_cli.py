@@ -25,7 +25,7 @@ from gateway.cli.client import DEFAULT_PORTS, _address
 from gateway.cli.main import main
 from gateway.clients.v1 import parse_v1_messages
 from gateway.codecs.kafka.errors import name as kafka_error_name
-from gateway.launcher import Gateways
+from gateway.launcher import Gateways, default_stop_signals
 
 GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 PROTOCOLS = ("v1", "kafka", "tank", "cursus")
@@ -73,7 +73,39 @@ def out_lines(gw, *args: str, protocol: str = "v1", stdin: str | None = None) ->
 
 def child(gw, *args: str, protocol: str = "v1") -> subprocess.Popen:
     return subprocess.Popen([GATEWAY, *args, "--protocol", protocol, "--server", gw.address(protocol)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_stop_signals)
+
+
+# --------------------------------------------------------------------------- a quick command line
+
+# What only `gateway serve` needs: the reactor, the server, the broker, and Kafka's C client.
+SERVER_MODULES = ("twisted.internet.reactor", "gateway.server", "gateway.broker", "confluent_kafka")
+
+
+def imported_by(*args: str) -> set[str]:
+    """The modules ``gateway ARGS`` imports (``python -X importtime``; it does not see one imported with
+    ``importlib.import_module``, only what that one imports); checks the command succeeds."""
+    done = subprocess.run([sys.executable, "-X", "importtime", GATEWAY, *args], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {line.split("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [("--help",), ("produce", "--help"), ("topics", "list", "--help"),
+                                  ("consume", "--help"), ("groups", "--help"), ("status", "--help"),
+                                  ("users", "--help"), ("acls", "--help")])
+def test_help_and_client_commands_import_no_server(args):
+    modules = imported_by(*args)
+    assert "click" in modules  # the probe sees imports
+    assert not modules & set(SERVER_MODULES), sorted(modules & set(SERVER_MODULES))
+
+
+def test_serve_is_listed_with_its_own_help_and_imports_the_server_when_asked():
+    from gateway.cli.serve import serve
+
+    listing = CliRunner().invoke(main, ["--help"]).stdout
+    assert f"serve    {serve.get_short_help_str(100)}" in listing
+    assert "gateway.server" in imported_by("serve", "--help")
 
 
 # --------------------------------------------------------------------------- --server, --timeout
@@ -101,6 +133,7 @@ def test_server_defaults_to_the_port_of_the_protocol():
     assert bad.exit_code == 2 and "bad port" in bad.stderr
 
 
+@pytest.mark.serial  # asserts on how long the timeout takes
 def test_a_listener_that_does_not_accept_or_answer_fails_in_one_line_within_the_timeout(gw):
     with socket.socket() as full:
         full.bind(("127.0.0.1", 0))

@@ -355,6 +355,7 @@ def test_kill_9_of_a_gateway_loses_no_acknowledged_record(tansu, gateways):
 # --------------------------------------------------------------------------- waiting reads
 
 
+@pytest.mark.serial  # asserts on latency
 def test_waiting_readers_on_another_gateway_get_new_records_within_about_100_ms(tansu, gateways):
     a = gateways(tansu.bootstrap, ("v1", "kafka", "tank"))
     b = gateways(tansu.bootstrap, ("v1", "kafka", "tank"))
@@ -484,6 +485,7 @@ def test_a_cursus_idempotent_producer_keeps_its_guarantees_on_another_gateway(ta
     assert [v for _, _, v in native_records(tansu.bootstrap, topic, 1, 4)] == [b"m0", b"m1", b"m2", b"m3"]
 
 
+@pytest.mark.serial  # asserts on latency
 def test_a_cursus_stream_on_another_gateway_gets_new_records_within_about_100_ms(tansu, gateways):
     a, b = gateways(tansu.bootstrap), gateways(tansu.bootstrap, ("v1", "cursus"))
     topic = topic_name()

@@ -7,6 +7,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from gateway.clients.v1 import V1Client
 
 
@@ -135,6 +137,7 @@ def test_restart_keeps_topics_records_groups_and_offsets(gateway_factory, tmp_pa
         c.request("COMMIT", "billing", "kept", "alice", generation, "2", "9").check()
 
 
+@pytest.mark.serial  # asserts on how long the expiry takes
 def test_group_member_expires_after_session_timeout(gateway_factory):
     gw = gateway_factory(("v1",), ("--group-session-timeout-ms", "500"))
     with V1Client("127.0.0.1", gw.port("v1")) as c:

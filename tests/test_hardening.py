@@ -20,6 +20,9 @@ from gateway.clients.kafka import KafkaClient
 from gateway.clients.v1 import V1Client
 from gateway.launcher import GATEWAY
 
+# Floods, descriptor limits, memory bounds and timeouts: each alone on the machine (make integration).
+pytestmark = pytest.mark.serial
+
 RSS_BOUND_MIB = 300
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_adapter import Reactor
+from reactor_support import Reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 

@@ -13,6 +13,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 from kafka_support import bootstrap, unique, wait_until
 
+from gateway.launcher import default_stop_signals
+
 kafka_gateway = kafka_support.kafka_gateway
 kcat = kafka_support.kcat
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -56,7 +58,7 @@ class GroupMember:
 
     def __init__(self, kcat: str, servers: str, group: str, topic: str):
         self.proc = subprocess.Popen([kcat, "-b", servers, "-G", group, *FAST, topic], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, preexec_fn=default_stop_signals)
         self.owned: set[int] = set()
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

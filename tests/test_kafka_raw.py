@@ -130,7 +130,7 @@ def test_cli_speaks_kafka(kafka_gateway):
 
 def test_batch_with_good_crc_but_bad_records_is_refused_at_produce(kafka_gateway):
     """Issue 13: a batch is validated when produced, so no reader ever meets it
-    (its reader side is tested at the format level in tests/test_bounds.py)."""
+    (its reader side is tested at the format level in tests/unit/test_bounds.py)."""
     client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
     create(client, topic)
     good = kafka_format.encode_batch(RECS, 0)

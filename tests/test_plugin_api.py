@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from test_adapter import Reactor, connect
+from reactor_support import Reactor, connect
 
 from gateway import model as m
 from gateway.adapter import CodecFactory
@@ -237,7 +237,7 @@ def test_serving_loads_no_client_or_spark_code(tmp_path):
     script = (
         "import sys\n"
         "from twisted.internet import task\n"
-        "import gateway.cli.main\n"
+        "import gateway.cli.serve\n"
         "from gateway.registry import Registry\n"
         "from gateway.server import Gateway, ListenerConfig\n"
         "registry = Registry.discover()\n"

@@ -19,9 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.launcher import BANNER, free_port
+from gateway.launcher import BANNER, GATEWAY, default_stop_signals, free_port
 
-GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -58,7 +57,8 @@ def test_the_readme_using_it_section_runs_as_written(tmp_path):
     if "--admin" in help_text:
         serve += ["--admin", "none"]
     proc = subprocess.Popen([GATEWAY, *serve], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=default_stop_signals)
     log = []
     try:
         listening = set()
@@ -135,7 +135,8 @@ def test_the_readme_security_example_runs_as_written(tmp_path):
     serve = [arg.replace("127.0.0.1:9092", f"127.0.0.1:{port}") for arg in shlex.split(serve_line)]
     assert serve[:2] == ["gateway", "serve"]
     proc = subprocess.Popen([GATEWAY, *serve[1:], "--admin", "none"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=default_stop_signals)
     log = []
     try:
         deadline = time.monotonic() + 30

@@ -23,7 +23,7 @@ from kafka.admin import ACLResourcePatternType as Pattern
 from kafka_support import unique
 from security_support import auth_args, users_file
 
-from gateway.launcher import BANNER, GATEWAY
+from gateway.launcher import BANNER, GATEWAY, default_stop_signals
 
 ADMIN = {"admin": "4dm1n-pw"}
 SECURE = ("--authorizer", "acl", "--super-users", "User:admin")
@@ -112,7 +112,7 @@ def test_kafka_python_admin_client_manages_acls(gateway_factory, tmp_path):
 def banner(tmp_path, *args: str) -> dict[str, tuple[str, str]]:
     """Start ``gateway serve`` with ``args``; per codec, the bound host and who it is open to."""
     proc = subprocess.Popen([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path / "data"), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_stop_signals)
     seen: dict[str, tuple[str, str]] = {}
     try:
         for line in proc.stdout:

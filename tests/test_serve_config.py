@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gateway.clients.v1 import V1Client
-from gateway.launcher import GATEWAY, GatewayProcess
+from gateway.launcher import GATEWAY, GatewayProcess, default_stop_signals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "polygate.example.toml")
@@ -49,7 +49,7 @@ def test_an_empty_data_dir_is_refused_not_replaced_by_the_home_folder(tmp_path):
 
 def test_listen_without_protocols_serves_only_the_listed_codecs(tmp_path):
     proc = subprocess.Popen([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path / "d"), "--listen", "tank=127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_stop_signals)
     try:
         lines = []
         while not any("polygate: tank listening" in line for line in lines):
@@ -90,7 +90,7 @@ def test_a_config_file_with_an_unknown_key_is_refused(tmp_path):
 
 
 def test_the_example_file_names_every_option_and_its_defaults_start_a_gateway(tmp_path):
-    from gateway.cli.main import serve
+    from gateway.cli.serve import serve
 
     with open(EXAMPLE, encoding="utf-8") as f:
         text = f.read()

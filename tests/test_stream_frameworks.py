@@ -23,7 +23,7 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
-from kafka_support import unique, wait_until
+from kafka_support import installing, unique, wait_until
 
 pytestmark = pytest.mark.local_only
 
@@ -37,13 +37,14 @@ PACKAGES = ("quixstreams>=3.0", "faust-streaming>=0.11")
 def frameworks_python() -> str:
     """The Python of ``tests/.frameworks``, a venv with the frameworks (made on first use)."""
     python = FRAMEWORKS / "bin" / "python"
-    if not (FRAMEWORKS / ".installed").exists():
-        for args in ([sys.executable, "-m", "venv", str(FRAMEWORKS)],
-                     [str(python), "-m", "pip", "install", "--quiet", *PACKAGES]):
-            done = subprocess.run(args, capture_output=True, text=True)
-            if done.returncode != 0:
-                pytest.fail(f"installing the frameworks failed ({' '.join(args)}):\n{done.stdout}\n{done.stderr}")
-        (FRAMEWORKS / ".installed").touch()
+    with installing():
+        if not (FRAMEWORKS / ".installed").exists():
+            for args in ([sys.executable, "-m", "venv", str(FRAMEWORKS)],
+                         [str(python), "-m", "pip", "install", "--quiet", *PACKAGES]):
+                done = subprocess.run(args, capture_output=True, text=True)
+                if done.returncode != 0:
+                    pytest.fail(f"installing the frameworks failed ({' '.join(args)}):\n{done.stdout}\n{done.stderr}")
+            (FRAMEWORKS / ".installed").touch()
     return str(python)
 KEYS = 3
 PER_KEY = 60

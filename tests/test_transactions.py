@@ -456,7 +456,7 @@ def test_a_transactional_id_idle_for_seven_days_is_forgotten_as_kafka_forgets_it
     """Kafka's transactional.id.expiration.ms: an id without a transaction whose state did not
     change for 7 days is forgotten (its record too); its producer must initialise again. An id
     with a transaction open is kept."""
-    from test_adapter import Reactor
+    from reactor_support import Reactor
 
     from gateway import model as m
     from gateway.broker import Broker, BrokerConfig, FsyncPolicy

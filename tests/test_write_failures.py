@@ -12,7 +12,7 @@ import os
 
 import pytest
 from faultyos import FaultyOS, rule
-from test_adapter import Reactor
+from reactor_support import Reactor
 
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy

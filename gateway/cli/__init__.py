@@ -1,2 +1,2 @@
-"""``gateway``, the command line: ``serve`` (``main``), the client commands (``client``), users and
-ACLs (``security``), and what they share (``credentials``, ``logs``)."""
+"""``gateway``, the command line: the group (``main``), ``serve`` (``serve``), the client commands
+(``client``), users and ACLs (``security``), and what they share (``credentials``, ``logs``)."""

@@ -6,7 +6,6 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 import time
 
 import paho.mqtt.client as mqtt
@@ -14,9 +13,8 @@ import pytest
 from polygate_mqtt import packets
 
 from gateway.clients.v1 import V1Client
+from gateway.launcher import GATEWAY, default_stop_signals
 from gateway.partitioners import murmur2
-
-GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
 
 
 def installed_codecs(env: dict[str, str] | None = None) -> str:
@@ -43,7 +41,7 @@ def test_codecs_lists_the_plugin_and_serve_uses_its_default_port(tmp_path):
             pytest.skip("port 1883 is taken on this machine")
     proc = subprocess.Popen([GATEWAY, "serve", "--admin", "none", "--data-dir", str(tmp_path), "--protocols", "v1,mqtt",
                              "--host", "127.0.0.1", "--listen", "v1=127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_stop_signals)
     try:
         lines = []
         while "polygate: mqtt listening" not in (lines[-1] if lines else "") and len(lines) < 30:

@@ -4,7 +4,7 @@ every command gets the same result as over the local engine, only later."""
 from __future__ import annotations
 
 import attrs
-from test_adapter import Reactor
+from reactor_support import Reactor
 from twisted.internet import defer
 
 from gateway import model as m

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_adapter import Reactor
+from reactor_support import Reactor
 
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig

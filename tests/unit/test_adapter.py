@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from reactor_support import Reactor, connect
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import StringTransport
 
 from gateway import model as m
 from gateway.adapter import CodecFactory, ConnectionLimits
@@ -26,24 +27,6 @@ from gateway.codec.framing import ReceiveBuffer
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
-
-
-class _Threadpool:
-    """Runs "threaded" work inline, so deferToThreadPool is synchronous in tests."""
-
-    def callInThreadWithCallback(self, onResult, f, *a, **kw):  # noqa: N802 - Twisted's name
-        try:
-            onResult(True, f(*a, **kw))
-        except Exception as e:  # noqa: BLE001
-            onResult(False, e)
-
-
-class Reactor(MemoryReactorClock):
-    def getThreadPool(self):  # noqa: N802 - Twisted's name
-        return _Threadpool()
-
-    def callFromThread(self, f, *a, **kw):  # noqa: N802 - Twisted's name
-        f(*a, **kw)
 
 
 class Script:
@@ -82,6 +65,9 @@ class Script:
     def connection_lost(self) -> Sequence[Any]:
         return ()  # nothing to run when the connection ends
 
+    def partial_frame(self) -> bool:
+        return len(self.buffer) > 0
+
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         return f"{request.context}={results[0]}\n".encode()
 
@@ -108,13 +94,6 @@ class ScriptBroker:
 
     def execute(self, command, caller=None):
         return defer.maybeDeferred(self.run, command)
-
-
-def connect(factory) -> tuple[Any, StringTransport]:
-    proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
-    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
-    proto.makeConnection(transport)
-    return proto, transport
 
 
 @pytest.fixture
@@ -184,6 +163,23 @@ def test_codec_bug_closes_only_that_connection(script):
     assert transport.disconnecting or transport.disconnected
     other.dataReceived(b"reply alive\n")
     assert other_transport.value().endswith(b"alive\n")
+
+
+def test_idleness_counts_from_the_last_answer_not_from_the_request(script):
+    """A request in flight longer than the idle timeout (a Kafka long-poll) is not idleness, and
+    neither is the moment after its answer: the client has had no time to send its next request."""
+    factory, waits = script
+    factory.limits = ConnectionLimits(idle_timeout_s=0.5)
+    proto, transport = connect(factory)
+    proto.dataReceived(b"wait poll\n")
+    factory.reactor.pump([0.125] * 16)  # 2 s in flight, swept every 1/4 of the timeout
+    assert not transport.disconnected
+    waits["poll"].callback("records")
+    factory.reactor.pump([0.125, 0.125])  # answered; the next request is on its way
+    assert transport.value().endswith(b"poll=records\n")
+    assert not transport.disconnected
+    factory.reactor.pump([0.125] * 4)  # then 0.5 s with nothing: idle
+    assert transport.disconnected
 
 
 def test_close_event_writes_earlier_answers_then_closes(script):
