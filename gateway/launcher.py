@@ -25,6 +25,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    import pytest
 
 BANNER = re.compile(r"^polygate: (\S+) listening on (\S+):(\d+)( \(TLS\))?(; open to .*)?$")
 ADMIN_BANNER = re.compile(r"^polygate: admin listening on (\S+):(\d+)(;.*)?$")
@@ -35,14 +39,14 @@ class ProcessRefused(AssertionError):
     """A process was started where none may be (an in-memory test)."""
 
 
-def refuse_processes(monkeypatch) -> None:
+def refuse_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make starting a process fail for the rest of a test (``monkeypatch``: pytest's fixture).
 
     The guard of the in-memory tests (``tests/unit/``): every ``subprocess`` call goes through
     ``Popen._execute_child``; ``os.fork``, ``os.posix_spawn*`` and ``os.system`` are the other ways.
     A test that needs a process belongs with the integration tests.
     """
-    def refuse(*args, **kwargs):
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
         raise ProcessRefused("an in-memory test started a process; move it out of tests/unit/")
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)

@@ -45,7 +45,7 @@ class LazyGroup(click.Group):
         for name in names:
             if name in self.lazy and name not in self.commands:
                 rows.append((name, self.lazy[name][1]))
-            elif not (command := self.get_command(ctx, name)).hidden:
+            elif (command := self.get_command(ctx, name)) is not None and not command.hidden:
                 rows.append((name, command.get_short_help_str(limit)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)

@@ -12,7 +12,7 @@ import signal
 import sys
 import tomllib
 from collections.abc import Iterable
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import click
 
@@ -224,6 +224,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
     Every option can also come from the environment (``POLYGATE_DATA_DIR`` for ``--data-dir``...)
     or a ``--config`` file; the command line wins over the environment, which wins over the file."""
     from twisted.internet import reactor
+    from twisted.internet.interfaces import IReactorThreads
     from twisted.python import log as twisted_log
 
     try:
@@ -357,7 +358,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
     if gateway.admin_bound is not None:
         click.echo(admin_banner(*gateway.admin_bound))
     sys.stdout.flush()
-    signal.signal(signal.SIGHUP, lambda *_: reactor.callFromThread(gateway.reload_tls))
+    threads = cast(IReactorThreads, reactor)  # Twisted types the global reactor by its common part only
+    signal.signal(signal.SIGHUP, lambda *_: threads.callFromThread(gateway.reload_tls))
     reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
     reactor.run()
     click.echo("polygate: stopped")
