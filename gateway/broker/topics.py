@@ -15,6 +15,7 @@ from gateway.model import CommandError, ErrorCode
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
+    from gateway.storage.interface import MayWait
 
 log = logging.getLogger(__name__)
 
@@ -39,25 +40,25 @@ class Topics:
         return None
 
     @errors_as(m.CreateTopicResult, "topic")
-    def create(self, cmd: m.CreateTopic) -> Any:
+    def create(self, cmd: m.CreateTopic) -> MayWait[m.CreateTopicResult]:
         if cmd.if_not_exists and self.store.has_topic(cmd.topic):
             existing = self.store.describe_topic(cmd.topic)
             if cmd.partitions and cmd.partitions > len(existing.partitions):
                 return then(self.store.add_partitions(cmd.topic, cmd.partitions), self._created)
             return self._created(existing)
 
-        def created(info: m.TopicInfo) -> Any:
+        def created(info: m.TopicInfo) -> MayWait[m.CreateTopicResult]:
             log.info("topic %s: created with %d partitions", info.topic, len(info.partitions))
             return self._created(info)
 
         return then(self.store.create_topic(cmd.topic, cmd.partitions, cmd.config), created)
 
-    def _created(self, info: m.TopicInfo) -> Any:
+    def _created(self, info: m.TopicInfo) -> MayWait[m.CreateTopicResult]:
         return self.broker.durable(m.CreateTopicResult(info.topic, len(info.partitions), config=info.config))
 
     @errors_as(m.DeleteTopicResult, "topic")
-    def delete(self, cmd: m.DeleteTopic) -> Any:
-        def deleted(_: Any) -> Any:
+    def delete(self, cmd: m.DeleteTopic) -> MayWait[m.DeleteTopicResult]:
+        def deleted(_: None) -> MayWait[m.DeleteTopicResult]:
             log.info("topic %s: deleted", cmd.topic)
             self.broker.cache.clear()
             return self.broker.durable(m.DeleteTopicResult(cmd.topic))
@@ -65,15 +66,15 @@ class Topics:
         return then(self.store.delete_topic(cmd.topic), deleted)
 
     @errors_as(m.CreatePartitionsResult, "topic")
-    def create_partitions(self, cmd: m.CreatePartitions) -> Any:
+    def create_partitions(self, cmd: m.CreatePartitions) -> MayWait[m.CreatePartitionsResult]:
         return then(self.store.add_partitions(cmd.topic, cmd.count),
                     lambda _: self.broker.durable(m.CreatePartitionsResult(cmd.topic)))
 
     @errors_as(m.DeleteRecordsResult, "topic", "partition")
-    def delete_records(self, cmd: m.DeleteRecords) -> Any:
+    def delete_records(self, cmd: m.DeleteRecords) -> MayWait[m.DeleteRecordsResult]:
         offset = cmd.offset if cmd.offset >= 0 else self.store.high_watermark(cmd.topic, cmd.partition)
 
-        def deleted(start: int) -> Any:
+        def deleted(start: int) -> MayWait[m.DeleteRecordsResult]:
             log.info("topic %s/%d: records before %d deleted", cmd.topic, cmd.partition, start)
             self.broker.cache.clear()
             return self.broker.durable(m.DeleteRecordsResult(cmd.topic, cmd.partition, start))
@@ -93,7 +94,7 @@ class Topics:
         return m.DescribeConfigsResult(tuple(out))
 
     @errors_as(m.AlterConfigsResult, "topic")
-    def alter_configs(self, cmd: m.AlterConfigs) -> Any:
+    def alter_configs(self, cmd: m.AlterConfigs) -> MayWait[m.AlterConfigsResult]:
         current = self.store.describe_topic(cmd.topic).config
         base = m.TopicConfig(replication_factor=current.replication_factor) if cmd.replace else current
         changes: dict[str, str | None] = {}
@@ -109,7 +110,7 @@ class Topics:
         if cmd.validate_only or config == current:
             return m.AlterConfigsResult(cmd.topic)
 
-        def altered(_: Any) -> Any:
+        def altered(_: m.TopicInfo) -> MayWait[m.AlterConfigsResult]:
             log.info("topic %s: settings now %s", cmd.topic, topic_configs.changes_of(config) or "the defaults")
             return self.broker.durable(m.AlterConfigsResult(cmd.topic))
 
