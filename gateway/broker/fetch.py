@@ -23,7 +23,7 @@ from gateway.broker.calls import errors_as, refusal, then, unknown_leader_epoch
 from gateway.codec.formats import is_transactional
 from gateway.convert import convert
 from gateway.model import CommandError, Error, ErrorCode
-from gateway.storage.interface import LeaderEpochStorage
+from gateway.storage.interface import LeaderEpochStorage, MayWait
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -195,11 +195,11 @@ class Fetcher:
         out.append(r)
         return self._read_from(cmd, index + 1, out, budget - r.size)
 
-    def fetch(self, cmd: m.Fetch) -> Any:
+    def fetch(self, cmd: m.Fetch) -> MayWait[m.FetchResult]:
         many = m.FetchMany((cmd,), cmd.max_wait_ms, cmd.min_bytes, cmd.max_bytes)
         return then(self.fetch_many(many), lambda r: r.results[0])
 
-    def fetch_many(self, cmd: m.FetchMany) -> Any:
+    def fetch_many(self, cmd: m.FetchMany) -> MayWait[m.FetchManyResult]:
         """Answer at once if there is ``min_bytes`` of data (or an error, or no
         wait asked); otherwise when an append brings enough, or at the timeout."""
         # Resolve EARLIEST/LATEST/group offsets once, so that waiting for "latest"
@@ -298,7 +298,7 @@ class Fetcher:
         return m.OffsetForLeaderEpochResult(cmd.topic, cmd.partition, epoch, end)
 
     @errors_as(m.ListOffsetsResult, "topic", "partition")
-    def list_offsets(self, cmd: m.ListOffsets) -> Any:
+    def list_offsets(self, cmd: m.ListOffsets) -> MayWait[m.ListOffsetsResult]:
         store, topic, partition = self.store, cmd.topic, cmd.partition
         if cmd.timestamp == m.OffsetSpec.EARLIEST:
             return m.ListOffsetsResult(topic, partition, store.log_start_offset(topic, partition))
@@ -313,7 +313,7 @@ class Fetcher:
                         lambda found: m.ListOffsetsResult(topic, partition, *found))
         return then(store.offset_for_timestamp(topic, partition, cmd.timestamp), lambda o: self._at_time(cmd, o))
 
-    def _at_time(self, cmd: m.ListOffsets, offset: int | None) -> Any:
+    def _at_time(self, cmd: m.ListOffsets, offset: int | None) -> MayWait[m.ListOffsetsResult]:
         """The first record at or after ``cmd.timestamp``, from the batch found at ``offset``."""
         store, topic, partition = self.store, cmd.topic, cmd.partition
         if offset is None or offset >= store.high_watermark(topic, partition):

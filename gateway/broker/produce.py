@@ -33,7 +33,7 @@ from gateway.codec import BatchFormat
 from gateway.codec.formats import has_leader_epochs
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
-from gateway.storage.interface import LeaderEpochStorage, ReplicatingStorage
+from gateway.storage.interface import LeaderEpochStorage, MayWait, ReplicatingStorage
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -111,7 +111,7 @@ class Producer:
     # ------------------------------------------------------------------ one batch
 
     @errors_as(m.ProduceResult, "topic")
-    def produce(self, cmd: m.Produce) -> Any:
+    def produce(self, cmd: m.Produce) -> MayWait[m.ProduceResult]:
         return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce(cmd))
 
     def _produce(self, cmd: m.Produce) -> Any:
