@@ -1,5 +1,6 @@
 /* The gateway core's optional C loops: where this module is not built, ``gateway.model`` keeps
- * attrs' own ``__init__`` and ``gateway.partitioners`` hashes keys in Python, with the same results.
+ * attrs' own ``__init__``, ``gateway.partitioners`` hashes keys and ``gateway.codec.framing`` cuts
+ * frames in Python, with the same results.
  *
  * A C ``__init__`` for the model's frozen, slotted attrs classes.
  *
