@@ -223,7 +223,7 @@ class TopicConfig:
     segment_bytes: int | None = None
     replication_factor: int | None = None
     extras: Mapping[str, Any] = attrs.field(default=EMPTY, converter=_extras)
-    cleanup_policy: str | None = None  # "delete", "compact" or "compact,delete" (gateway.topic_configs)
+    cleanup_policy: str | None = None  # "delete", "compact" or "compact,delete" (gateway.codec.topic_configs)
     delete_retention_ms: int | None = None
     min_cleanable_dirty_ratio: float | None = None
     min_compaction_lag_ms: int | None = None
@@ -248,7 +248,7 @@ class DeleteRecordsResult:
 
 @frozen
 class DescribeConfigs:
-    """The settings of ``topics`` (``gateway.topic_configs``), each with its effective value."""
+    """The settings of ``topics`` (``gateway.codec.topic_configs``), each with its effective value."""
 
     topics: tuple[str, ...]
 

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import attrs
 
 from gateway import model as m
-from gateway import topic_configs
-from gateway.codec import Handled, Subscribe
+from gateway.codec import Handled, Subscribe, topic_configs
 
 from . import format as fmt
 from .commands import MAX_INT, Args, Reject, frame, q, refusal, topic_error

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from gateway import model as m
-from gateway import topic_configs
-from gateway.codec import Handled
+from gateway.codec import Handled, topic_configs
 from gateway.model import ErrorCode
 
 from . import format, sasl
@@ -215,7 +214,7 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
 
 
 def create_topics(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    """Topics with their settings (``gateway.topic_configs``); a topic whose settings are refused
+    """Topics with their settings (``gateway.codec.topic_configs``); a topic whose settings are refused
     is answered ``INVALID_CONFIG`` and not created, the others are."""
     refused: dict[str, m.Error] = {}
     commands = []
@@ -275,7 +274,7 @@ DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG = 5, 1
 
 def describe_configs(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Topics: every setting with its effective value (the topic's own, else the server's:
-    ``gateway.topic_configs``); the broker: its listener."""
+    ``gateway.codec.topic_configs``); the broker: its listener."""
     topics = tuple(r.ResourceName for r in req.Resources if r.ResourceType == TOPIC_RESOURCE)
 
     def entries(pairs: Sequence[tuple[str, Any, bool]], keys: Sequence[str] | None) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """The log cleaner: compacted topics keep the last record of each key.
 
 A topic whose ``cleanup.policy`` is ``compact`` or ``compact,delete``
-(``gateway.topic_configs``) is compacted in the background, one partition at a
+(``gateway.codec.topic_configs``) is compacted in the background, one partition at a
 time, as Kafka's cleaner does it:
 
 * Only **sealed** segments are cleaned (never the one taking appends), and of

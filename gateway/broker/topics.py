@@ -9,8 +9,8 @@ import attrs
 from twisted.internet import defer
 
 from gateway import model as m
-from gateway import topic_configs
 from gateway.broker.calls import errors_as, then
+from gateway.codec import topic_configs
 from gateway.model import CommandError, ErrorCode
 
 if TYPE_CHECKING:

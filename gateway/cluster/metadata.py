@@ -22,9 +22,9 @@ from confluent_kafka import TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, OffsetSpec
 
 from gateway import model as m
-from gateway import topic_configs
 from gateway.cluster.bridge import Loop
 from gateway.cluster.config import ClusterConfig
+from gateway.codec import topic_configs
 from gateway.model import CommandError, ErrorCode
 
 log = logging.getLogger(__name__)

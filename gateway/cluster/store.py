@@ -22,7 +22,6 @@ from confluent_kafka.admin import (
 from twisted.internet import defer, task
 
 from gateway import model as m
-from gateway import topic_configs
 from gateway.cluster.bridge import deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.groups import ClusterGroups
@@ -32,7 +31,7 @@ from gateway.cluster.reader import Reader
 from gateway.cluster.security import SecurityTopic
 from gateway.cluster.transactions import TransactionalProducers
 from gateway.cluster.writer import KAFKA, Writer, kafka_format
-from gateway.codec import BatchFormat
+from gateway.codec import BatchFormat, topic_configs
 from gateway.model import CommandError, ErrorCode
 from gateway.storage.interface import ClusterTransactionStorage, MayWait
 

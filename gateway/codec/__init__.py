@@ -37,7 +37,8 @@ read back by any other codec through ``Record``.
 This package is that API's face; its parts are ``connection`` (events, the ``Connection``
 Protocols, ``CodecConnection``), ``formats`` (``BatchFormat`` and its capabilities),
 ``plugin`` (``CodecPlugin``, options), and the toolkit a codec builds on: ``framing``,
-``varint``, ``text``, ``compression``, ``authlimits`` and ``testing`` (the conformance mixin).
+``varint``, ``text``, ``compression``, ``authlimits``, ``topic_configs`` (topic settings under
+Kafka's names) and ``testing`` (the conformance mixin).
 """
 
 from gateway.codec.connection import (
@@ -94,7 +95,6 @@ __all__ = [
     "Columns",
     "Connection",
     "Credentials",
-    "Event",
     "Event",
     "FAILED_LOGINS",
     "Framer",
