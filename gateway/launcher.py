@@ -79,6 +79,7 @@ class GatewayProcess:
         self.env = env
         self.command = list(command)  # what runs the ``gateway`` CLI
         self.proc: subprocess.Popen | None = None
+        self._drainer: threading.Thread | None = None
         self.ports: dict[str, int] = {}
         self.admin_port: int | None = None
         self.output: list[str] = []
@@ -117,7 +118,8 @@ class GatewayProcess:
                 self.ports[match.group(1)] = int(match.group(3))
             if time.monotonic() > deadline:
                 raise RuntimeError("gateway did not start:\n" + "".join(self.output))
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         return self
 
     def _drain(self) -> None:
@@ -147,6 +149,11 @@ class GatewayProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
+        # What the process wrote before it ended is in ``log`` once ``stop`` returns: a test that
+        # reads the log right after a SIGKILL must not miss the last lines still in the pipe.
+        if self._drainer is not None:
+            self._drainer.join(5)
+            self._drainer = None
         self.proc = None
         return code
 
