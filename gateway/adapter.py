@@ -212,7 +212,7 @@ class CodecProtocol(protocol.Protocol):
         self._held = 0  # bytes of the rendered answers not yet written (``_Slot.held``)
         self._deadline = 0.0  # when the running pump's slice ends
         self._cost = 1e-5  # seconds a request of this connection takes to run (a moving average)
-        self._last_active = 0.0  # when bytes last arrived or an answer last went out: idleness starts there
+        self._last_active = 0.0  # when bytes last arrived, or a check last found an answer owed: idleness starts there
         self._events = 0  # events taken so far: a frame finished since the last timeout check?
         self._events_seen = 0
         self._partial_since: float | None = None  # since when an unfinished frame waits
@@ -580,9 +580,6 @@ class CodecProtocol(protocol.Protocol):
             self._meter.bytes_out += len(data)
             self.transport.write(data)
             ready.clear()
-            # a client is not idle while it reads an answer: a long-poll's answer must not be
-            # followed by a close before the client could send its next request
-            self._last_active = self.factory.reactor.seconds()
 
     # ------------------------------------------------------------------ back-pressure
 
@@ -761,6 +758,12 @@ class CodecProtocol(protocol.Protocol):
         if self.closing or self.codec is None:
             return
         waiting = bool(self.queue or self.unordered or self._streams)
+        if waiting:
+            # A connection owed an answer is not idle, and its idleness starts no earlier than
+            # the last check that found it waiting: a long poll answered after the idle timeout
+            # is not followed by a close before the client could send its next request. Kept
+            # here, at the periodic check, rather than as a clock read per write.
+            self._last_active = now
         if self._events != self._events_seen or waiting or not self.codec.partial_frame():
             self._events_seen = self._events
             self._partial_since = None
