@@ -82,7 +82,7 @@ HEADER = Struct(
     "seq_end" / Int64ub,
     "count" / Int32sb,
 )
-SEED_HEADER = Struct(  # the seed document's table: partition and acks as u16-length strings
+SEED_HEADER = Struct(  # the layout of cursus-java's protocol document: partition and acks as u16-length strings
     "magic" / Const(MAGIC, Int16ub),
     "topic_len" / Int16ub,
     "topic" / Bytes(this.topic_len),
