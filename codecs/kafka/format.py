@@ -331,10 +331,7 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
         ts_deltas = [t - base_ts for t in columns.timestamps]
     else:
         ts_deltas = [t - base_ts if t >= 0 and base_ts >= 0 else 0 for t in columns.timestamps]
-    try:
-        body = encode_records(deltas, ts_deltas, columns.keys, columns.values, columns.headers, columns.extras)
-    except (TypeError, OverflowError):  # values the C loop does not take: the Python loop takes anything
-        body = _encode_columns(deltas, ts_deltas, columns.keys, columns.values, columns.headers, columns.extras)
+    body = encode_records(deltas, ts_deltas, columns.keys, columns.values, columns.headers, columns.extras)
     if codec:
         body = compression.compress(codec, body)
     pid, epoch, seq = producer
@@ -604,10 +601,20 @@ def _records_of_control(payload: bytes) -> Iterator[bytes]:
         pos = end
 
 
+def _encode_columns_in_c(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None],
+                        values: list[bytes | None], headers: list[tuple[tuple[str, bytes | None], ...]] | None,
+                        extras: list | None) -> bytes:
+    """``_speedups.encode_records``, or the Python loop for values the C loop does not take."""
+    try:
+        return _speedups.encode_records(deltas, ts_deltas, keys, values, headers, extras)
+    except (TypeError, OverflowError):
+        return _encode_columns(deltas, ts_deltas, keys, values, headers, extras)
+
+
 if _speedups is None:
     read_records, check_records, encode_records = _read_records, _check_records, _encode_columns
 else:
     read_records, check_records, encode_records = (
-        _speedups.read_records, _speedups.check_records, _speedups.encode_records)
+        _speedups.read_records, _speedups.check_records, _encode_columns_in_c)
 
 FORMAT = KafkaFormat()

@@ -198,13 +198,7 @@ def read_messages(data: bytes | memoryview, header: Header, first_seq: int, seqs
     """``decode_messages`` appending the fields of each message to the lists (in C when it was built)."""
     sparse = bool(header.flags & SPARSE)
     start, last = header.seqs_from(first_seq) if sparse else (first_seq, 0)
-    mark = len(values)
-    try:
-        count, pos = _read_loop(data, header.count, sparse, start, last, seqs, stamps, keys, values)
-    except OverflowError:  # the C loop meets sequence numbers beyond 64 bits: the Python loop takes them, from the start
-        for column in (seqs, stamps, keys, values):
-            del column[mark:]
-        count, pos = _read_messages(data, header.count, sparse, start, last, seqs, stamps, keys, values)
+    count, pos = _read_loop(data, header.count, sparse, start, last, seqs, stamps, keys, values)
     if not partial:
         if count < header.count:
             raise BundleError("message set cut short")
@@ -301,10 +295,7 @@ def encode_fields(stamps: Sequence[int], keys: Sequence[bytes | None], values: S
                   seqs: Sequence[int] | None = None, compress: bool | None = None) -> bytes:
     """``encode`` with the messages given field by field (the conversion hot path)."""
     n = len(values)
-    try:
-        body = _encode_loop(list(stamps), list(keys), list(values), None if seqs is None else list(seqs))
-    except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
-        body = _encode_messages(stamps, keys, values, seqs)
+    body = _encode_loop(stamps, keys, values, seqs)
     if compress is None:
         compress = n > COMPRESS_MESSAGES or (sum(map(len, values)) + sum(len(k[:255]) for k in keys if k)
                                              > COMPRESS_BYTES)
@@ -564,10 +555,34 @@ def _not_plain(payload: bytes) -> None:
     return None
 
 
+def _read_messages_in_c(data: bytes | memoryview, count: int, sparse: bool, first_seq: int, last_seq: int,
+                        seqs: list[int], stamps: list[int], keys: list[bytes | None],
+                        values: list[bytes | None]) -> tuple[int, int]:
+    """``_speedups.read_messages``, or, for sequence numbers beyond 64 bits, which the C loop
+    does not take, the Python loop from the bundle's start."""
+    mark = len(values)
+    try:
+        return _speedups.read_messages(data, count, sparse, first_seq, last_seq, seqs, stamps, keys, values)
+    except OverflowError:
+        for column in (seqs, stamps, keys, values):
+            del column[mark:]
+        return _read_messages(data, count, sparse, first_seq, last_seq, seqs, stamps, keys, values)
+
+
+def _encode_messages_in_c(stamps: Sequence[int], keys: Sequence[bytes | None], values: Sequence[bytes],
+                          seqs: Sequence[int] | None) -> bytes:
+    """``_speedups.encode_messages`` (which takes lists), or the Python loop for what it does not take."""
+    try:
+        return _speedups.encode_messages(list(stamps), list(keys), list(values),
+                                         None if seqs is None else list(seqs))
+    except (TypeError, OverflowError):
+        return _encode_messages(stamps, keys, values, seqs)
+
+
 if _speedups is None:
     _read_loop, _check_loop, _encode_loop, validate_plain = _read_messages, _check_messages, _encode_messages, _not_plain
 else:
     _read_loop, _check_loop, _encode_loop, validate_plain = (
-        _speedups.read_messages, _speedups.check_messages, _speedups.encode_messages, _speedups.validate_plain)
+        _read_messages_in_c, _speedups.check_messages, _encode_messages_in_c, _speedups.validate_plain)
 
 FORMAT = TankFormat()

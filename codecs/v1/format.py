@@ -107,10 +107,7 @@ class V1Format(ColumnarFormat):
         offsets = [base_offset + i if o is None else o for i, o in enumerate(columns.offsets)]
         args = (offsets, base_offset, list(columns.timestamps), list(columns.keys),
                 as_texts(columns.values, _UNSAFE))
-        try:
-            return encode_records(*args)
-        except (TypeError, OverflowError):  # what the C loop does not take: the Python loop takes it
-            return _encode_records(*args)
+        return encode_records(*args)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         """``payload`` with its records numbered 0, 1, 2... from the batch base (``base_offset``
@@ -202,11 +199,20 @@ def _read_records(payloads: list, bases: list[int], offsets: list[int | None], t
             timestamps.append(ts)
 
 
+def _encode_records_in_c(offsets: Sequence[int], base_offset: int, timestamps: Sequence[int],
+                        keys: Sequence[bytes | None], values: Sequence[bytes]) -> bytes:
+    """``_speedups.encode_records``, or the Python loop for what the C loop does not take."""
+    try:
+        return _speedups.encode_records(offsets, base_offset, timestamps, keys, values)
+    except (TypeError, OverflowError):
+        return _encode_records(offsets, base_offset, timestamps, keys, values)
+
+
 if _speedups is None:
     count_records, read_records, encode_records, number_records = (
         _count_records, _read_records, _encode_records, _number_records)
 else:
     count_records, read_records, encode_records, number_records = (
-        _speedups.count_records, _speedups.read_records, _speedups.encode_records, _speedups.number_records)
+        _speedups.count_records, _speedups.read_records, _encode_records_in_c, _speedups.number_records)
 
 FORMAT = V1Format()
