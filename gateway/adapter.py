@@ -37,6 +37,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway import model as m
+from gateway.broker.calls import first_failure
 from gateway.codec import (
     LOGIN_REFUSED,
     Close,
@@ -504,8 +505,7 @@ class CodecProtocol(protocol.Protocol):
 
         def failed(f: Failure) -> None:
             slot.pending = None
-            if isinstance(f.value, defer.FirstError):
-                f = f.value.subFailure
+            f = first_failure(f)
             if not f.check(defer.CancelledError):
                 self._internal_error(slot, request, f)
 

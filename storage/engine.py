@@ -590,7 +590,8 @@ class Engine:
     # ------------------------------------------------------------------ group records
 
     def _apply_group_record(self, entry: dict[str, Any]) -> bool:
-        """Apply one journal entry of a group during replay; False if it is not one."""
+        """Apply one journal entry of a group (at replay, and once a save has written it); False
+        if it is not one."""
         kind = entry.get("t")
         if kind == "group":
             self.group_states[entry["g"]["name"]] = entry["g"]
@@ -605,27 +606,28 @@ class Engine:
             return False
         return True
 
+    def _journal_group_record(self, entry: dict[str, Any]) -> None:
+        """Write ``entry`` to the journal, then apply it as replay would: kept only once written."""
+        self.journal.append(entry)
+        self._apply_group_record(entry)
+
     def save_group(self, state: dict[str, Any]) -> None:
         """Journal the state of the group ``state["name"]``, in place of the one saved before; kept once
         written. The engine keeps and replays it as given: what it means is the coordinator's."""
-        self.journal.append({"t": "group", "g": state})
-        self.group_states[state["name"]] = state
+        self._journal_group_record({"t": "group", "g": state})
 
     def delete_group(self, name: str) -> None:
         """Journal that group ``name`` is gone: its saved state and its committed offsets."""
-        self.journal.append({"t": "group-del", "g": name})
-        self.group_states.pop(name, None)
-        self.offsets.pop(name, None)
+        self._journal_group_record({"t": "group-del", "g": name})
 
     def save_offset(self, group: str, topic: str, partition: int, offset: int, metadata: str = "") -> None:
         """Journal the offset ``group`` committed for a partition, with its metadata; kept once written."""
-        self.journal.append({"t": "offset", "g": group, "tp": topic, "p": partition, "o": offset, "m": metadata})
-        self.offsets.setdefault(group, {})[(topic, partition)] = (offset, metadata)
+        self._journal_group_record({"t": "offset", "g": group, "tp": topic, "p": partition, "o": offset,
+                                    "m": metadata})
 
     def delete_offset(self, group: str, topic: str, partition: int) -> None:
         """Journal that ``group`` has no committed offset for the partition any more."""
-        self.journal.append({"t": "offset-del", "g": group, "tp": topic, "p": partition})
-        self.offsets.get(group, {}).pop((topic, partition), None)
+        self._journal_group_record({"t": "offset-del", "g": group, "tp": topic, "p": partition})
 
     # ------------------------------------------------------------------ producers
 

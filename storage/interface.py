@@ -410,7 +410,8 @@ class ConsumerGroupStorage(Storage, Protocol):
     consumer_group_protocol: ClassVar[bool] = True
 
     def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> MayWait[m.ConsumerGroupHeartbeatResult]:
-        """*May wait.* A ``ConsumerGroupHeartbeatResult`` (Kafka's consumer group protocol, KIP-848)."""
+        """*May wait.* A ``ConsumerGroupHeartbeatResult`` (Kafka's consumer group protocol, KIP-848);
+        a refused heartbeat raises ``CommandError`` (the broker answers it as the result's error)."""
 
 
 class OffsetDeleteStorage(Storage, Protocol):
@@ -420,7 +421,8 @@ class OffsetDeleteStorage(Storage, Protocol):
 
     def delete_offsets(self, cmd: m.DeleteOffsets) -> MayWait[m.DeleteOffsetsResult]:
         """*May wait.* A ``DeleteOffsetsResult``: ``GROUP_SUBSCRIBED_TO_TOPIC`` for a partition
-        whose topic the group's members read, ``GROUP_NOT_FOUND`` for an unknown group."""
+        whose topic the group's members read; raises ``CommandError(GROUP_NOT_FOUND)`` for an
+        unknown group (the broker answers it as the result's error)."""
 
 
 class ClusterTransactionStorage(Storage, Protocol):

@@ -49,6 +49,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from twisted.internet import defer, threads
 from twisted.python.threadpool import ThreadPool
 
+from gateway.broker.calls import first_failure
 from gateway.cluster.bridge import command_error, deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.codec.formats import Columns
@@ -241,7 +242,7 @@ class TransactionalProducers:
             return committed if committed < uncommitted else high_watermark
 
         return defer.gatherResults(asked, consumeErrors=True).addCallbacks(
-            stable, lambda f: f.value.subFailure if f.check(defer.FirstError) else f)
+            stable, first_failure)
 
     # ------------------------------------------------------------------ calls, one at a time per producer
 

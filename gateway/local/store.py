@@ -15,7 +15,6 @@ from typing import Any
 from gateway import model as m
 from gateway.local.groups import GroupCoordinator
 from gateway.local.groups.consumer import HEARTBEAT_INTERVAL_MS
-from gateway.model import CommandError
 from gateway.storage.engine import Engine
 from gateway.storage.interface import (
     CompactingStorage,
@@ -174,12 +173,9 @@ class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, Retentio
 
     def consumer_group_heartbeat(self, cmd: m.ConsumerGroupHeartbeat) -> m.ConsumerGroupHeartbeatResult:
         engine = self.engine
-        try:
-            owned = None if cmd.owned is None else {
-                topic.name: set(ps) for tid, ps in cmd.owned if (topic := engine.topic_by_id(tid)) is not None}
-            beat = self.groups.consumer_heartbeat(cmd, owned)
-        except CommandError as e:
-            return m.ConsumerGroupHeartbeatResult(cmd.group, cmd.member_id, error=e.error)
+        owned = None if cmd.owned is None else {
+            topic.name: set(ps) for tid, ps in cmd.owned if (topic := engine.topic_by_id(tid)) is not None}
+        beat = self.groups.consumer_heartbeat(cmd, owned)  # a refusal raises: the broker answers it
         assignment = None if beat.assignment is None else tuple(
             (engine.topic(t).topic_id, tuple(sorted(ps))) for t, ps in sorted(beat.assignment.items())
             if t in engine.topics)

@@ -142,10 +142,7 @@ class GroupCoordinator:
         self.offsets.forget_topic(topic)
 
     def delete_offsets(self, cmd: m.DeleteOffsets) -> m.DeleteOffsetsResult:
-        try:
-            outcome = self.offsets.delete_offsets(cmd.group, cmd.partitions)
-        except CommandError as e:
-            return m.DeleteOffsetsResult(cmd.group, error=e.error)
+        outcome = self.offsets.delete_offsets(cmd.group, cmd.partitions)  # GROUP_NOT_FOUND raises
         return m.DeleteOffsetsResult(cmd.group, tuple(
             (t, p, None if code is None else Error(code, f"group {cmd.group} reads {t}")) for t, p, code in outcome))
 
