@@ -111,6 +111,10 @@ class Storage(Protocol):
     """The store numbers what it appends itself (a cluster), whatever offsets the payload holds:
     the broker hands it payloads as produced, and ``append`` answers with the store's offsets."""
 
+    forwards_format: ClassVar[str | None] = None
+    """The batch format the store sends on as each batch arrived (a cluster's own): the broker does
+    not merge produces of that format, which would join their batches into one made anew."""
+
     refusals: ClassVar[Mapping[str, str]] = {}
     """Why the store lacks a capability, by the name of a call of it that a client's command
     reaches: the message of the ``UNSUPPORTED`` error the client gets (a call not named here: a
@@ -232,6 +236,11 @@ class Storage(Protocol):
 
     def allocate_producer_id(self) -> int:
         """A producer id never handed out before (it survives restarts)."""
+
+    def idempotent_producer_id(self) -> MayWait[int]:
+        """*May wait.* A producer id for an idempotent producer outside transactions: one
+        ``allocate_producer_id`` gives, or one the store's cluster handed out, so that the
+        cluster takes the producer's batches with their producer fields as they are."""
 
     def producer_state(self, topic: str, partition: int, producer_id: Any) -> Any:
         """*May wait.* The idempotence state stored for ``producer_id`` on the

@@ -31,7 +31,7 @@ from twisted.internet import defer, task
 
 from gateway import model as m
 from gateway.broker.access import Access
-from gateway.broker.calls import errors_as
+from gateway.broker.calls import errors_as, then
 from gateway.broker.compaction import Cleaner
 from gateway.broker.durability import FsyncPolicy, GroupCommit, _interval_sync, with_error
 from gateway.broker.fetch import Fetcher
@@ -237,4 +237,4 @@ class Broker:
             return self.transactions.init_producer_id(cmd)
         if cmd.producer_id >= 0:
             return self.durable(m.InitProducerIdResult(cmd.producer_id, cmd.epoch + 1))
-        return self.durable(m.InitProducerIdResult(self.store.allocate_producer_id(), 0))
+        return then(self.store.idempotent_producer_id(), lambda given: self.durable(m.InitProducerIdResult(given, 0)))

@@ -207,7 +207,8 @@ class Producer:
         ends: ``start + 1`` when ``commands[start]`` shares with none.
 
         Only plain batches (no idempotent producer, no explicit offset) of a
-        ``joinable`` format merge, and only with the same topic, format, acks,
+        ``joinable`` format that the store does not forward as they arrived
+        (``forwards_format``) merge, and only with the same topic, format, acks,
         timeout and auto-creation; a run stops once its payloads reach
         ``MERGE_BYTES`` or ``MERGE_RECORDS`` (so that a stored batch stays a size a
         reader converts at once).
@@ -218,7 +219,8 @@ class Producer:
         batch = first.batch
         name = batch.format
         fmt = self.broker.formats.get(name)
-        if batch.producer is not None or batch.base_offset is not None or fmt is None or not fmt.joinable:
+        if (batch.producer is not None or batch.base_offset is not None or fmt is None or not fmt.joinable
+                or name == self.store.forwards_format):
             return end
         topic, acks, timeout_ms, auto_create = first.topic, first.acks, first.timeout_ms, first.auto_create
         size, records, produce = len(batch.payload), batch.count, m.Produce

@@ -4,17 +4,23 @@
 local disk: topics, records, offsets, watermarks, consumer groups and
 committed offsets are the cluster's own, so any number of gateways can
 serve the same cluster and a gateway can die without losing an
-acknowledged record. The pieces (each with its own thread for librdkafka's
-blocking calls, handing results to the reactor thread):
+acknowledged record. The pieces:
 
+* ``wire``: the gateway's own Kafka client, in the reactor thread, for the
+  data path: record batches go to the cluster and come back as the bytes
+  they are (librdkafka takes and gives records one by one);
+* ``writer``: appends, one Kafka record batch each, through an idempotent
+  producer of the gateway's own for acks=all;
+* ``reader``: reads and waits for new records, from fetched batches;
+* ``producers``: idempotent producers' state, read back from the batches;
 * ``metadata``: topics, ids and watermarks, refreshed every second;
-* ``writer``: appends, through librdkafka producers with the produce's acks;
-* ``reader``: reads and waits for new records, through one assign-only consumer;
 * ``groups``: V1/Cursus members as members of real consumer groups, and commits;
+* ``transactions``: Kafka transactions through the cluster's coordinator;
 * ``store``: ``ClusterStore``, the ``Storage`` the broker talks to.
 
-librdkafka (confluent-kafka) is the cluster client: it handles metadata,
-leader changes, retries, idempotence, compression, SASL and TLS.
+librdkafka (confluent-kafka) serves what is off the data path, each client
+with its own thread for its blocking calls, handing results to the reactor
+thread: the admin calls behind ``metadata``, group membership, transactions.
 """
 
 from gateway.cluster.config import ClusterConfig, parse_properties, parse_storage

@@ -1,44 +1,41 @@
-"""Reads from the cluster: one assign-only librdkafka consumer, and a window of records per partition.
+"""Reads from the cluster: fetched record batches, kept as they came, in a window per partition.
 
-The consumer (no group membership, never commits) runs in its own thread
-and fetches every partition someone reads or waits on, from the position a
-reader asked for, then onwards as records arrive (``fetch.wait.max.ms`` 50:
-a new record reaches a waiting reader within about 100 ms). Each answer is
-encoded, in that thread, as one Kafka record batch with the cluster's
-offsets, and handed to the reactor thread, which keeps a partition's recent
-batches in a ``Window``: a read inside the window answers at once, a read
-elsewhere moves the partition's position there and waits for the first
-records (or answers empty after ``MISS_WAIT`` seconds, and the broker's
-long-poll carries on). The offsets are the cluster's: gaps (compaction,
-transaction markers, aborted records) stay gaps, as a Kafka reader would see
-them; a gap after the last record read (a marker at the log end) is covered
-by a control batch (``TransactionalFormat.gap_batch``), so that a reader
-moves past it to the log end.
+The reader fetches every partition someone reads or waits on, from the
+position a reader asked for, then onwards as records arrive, through the
+gateway's own client (``gateway.cluster.wire``): one Fetch at a time per
+broker, which the broker holds up to ``FETCH_WAIT_MS`` for new records. The
+record batches the cluster answers are kept as they are (``StoredBatch``es
+of the Kafka format with the cluster's offsets): a Kafka reader gets those
+very bytes, other protocols' readers their conversion, as in local mode.
+The reactor thread keeps a partition's recent batches in a ``Window``: a
+read inside the window answers at once, a read elsewhere moves the
+partition's position there and waits for the first answer (or answers empty
+after ``MISS_WAIT`` seconds, and the broker's long-poll carries on).
 
 A reader reads read_committed (``committed``, for every protocol's readers
-but Kafka's read_uncommitted consumers): no aborted record, no marker,
-nothing of a transaction still open, which holds back what comes after it.
-A read_uncommitted one sees every record but the markers.
+but Kafka's read_uncommitted consumers): the cluster answers nothing past
+the last stable offset, and the batches of aborted transactions it lists
+are replaced by a gap batch (``TransactionalFormat.gap_batch``: a marker of
+no producer over their offsets), so that no reader sees them and every
+reader moves past them. Transaction markers stay, as they are in a Kafka
+log. A read_uncommitted one sees every batch.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-import queue
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from twisted.internet import defer
 
-from gateway.cluster.bridge import Loop, consumed_at
-from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import Metadata
-from gateway.cluster.producers import HEADER as PRODUCER_HEADER
+from gateway.cluster.wire import FETCH, STALE_METADATA, ClusterClient, WireError
 from gateway.cluster.writer import KAFKA, KafkaFormat
-from gateway.codec.formats import Columns
+from gateway.codecs.kafka.errors import Errors
 from gateway.model import StoredBatch
 
 log = logging.getLogger(__name__)
@@ -46,14 +43,21 @@ log = logging.getLogger(__name__)
 WINDOW_BYTES = 4 << 20  # per partition: older batches are dropped past this
 MISS_WAIT = 5.0  # seconds a read outside the window waits for the first fetch answer
 IDLE_S = 60.0  # a partition nobody read or waited on for this long is no longer fetched
-BATCH_RECORDS = 1000
+FETCH_WAIT_MS = 100  # the longest a fetch waits for new records: a partition added meanwhile waits as long
+FETCH_MAX_BYTES = 16 << 20
+PARTITION_MAX_BYTES = 1 << 20
+RETRY_BACKOFF_S = 0.2
+# A v2 record batch's header, as far as the reader looks into it.
+_HEADER = struct.Struct(">qi4xb4xhi8xqq")  # base offset, length, magic, attributes, last delta, max ts, producer
+_HEADER_SIZE = 61
+_TRANSACTIONAL, _CONTROL = 0x10, 0x20
 
 
 class Window:
     """A partition's batches read from the cluster, ``start`` to ``next`` (the fetch position)."""
 
     __slots__ = ("topic", "partition", "batches", "lasts", "start", "next", "size", "version", "waiters",
-                 "pending", "used", "fresh", "read_to", "paused")
+                 "pending", "used", "fresh", "read_to", "paused", "stable", "stable_at")
 
     def __init__(self, topic: str, partition: int, offset: int, version: int):
         self.topic = topic
@@ -69,6 +73,8 @@ class Window:
         self.fresh = False  # True once the first fetch answer (records or end of log) came
         self.read_to = offset  # the end of the furthest read served: batches below it may go
         self.paused = False  # fetching stopped: the window is full of batches nobody has read yet
+        self.stable = -1  # the last stable offset the cluster last answered (a committed read ends there) ...
+        self.stable_at = -1  # ... with this high watermark: once the watermark moves, it is stale
 
     def covers(self, offset: int) -> bool:
         return self.start <= offset < self.next
@@ -112,31 +118,28 @@ class Window:
 
 
 class Reader:
-    """Serves ``read`` and ``wait_for_data`` from windows filled by the consumer thread."""
+    """Serves ``read`` and ``wait_for_data`` from windows filled by fetches."""
 
-    def __init__(self, config: ClusterConfig, metadata: Metadata, reactor: Any, kafka: KafkaFormat,
+    def __init__(self, client: ClusterClient, metadata: Metadata, reactor: Any, kafka: KafkaFormat,
                  window_bytes: int = WINDOW_BYTES, committed: bool = True):
+        self.client = client
         self.metadata = metadata
         self.reactor = reactor
         self.kafka = kafka
         self.window_bytes = window_bytes
+        self.committed = committed
+        self.lane = "fetch" if committed else "fetch-uncommitted"
         self.windows: dict[tuple[str, int], Window] = {}
         self._versions = 0
-        self._control: queue.SimpleQueue = queue.SimpleQueue()
-        name = "reader" if committed else "reader-uncommitted"
-        self._consumer = Consumer(config.client(**{
-            "group.id": f"{config.prefix}-{name}", "enable.auto.commit": False, "enable.partition.eof": True,
-            "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest", "client.id": f"{config.client_id}-{name}",
-            "isolation.level": "read_committed" if committed else "read_uncommitted"}))
-        self._assigned: dict[tuple[str, int], int] = {}  # thread side: partition -> version
-        self._loop = Loop(f"polygate-cluster-{name}", self._step)
+        self._fetching: set[int] = set()  # brokers with a fetch in flight
+        self._waiting_leaders: set[tuple[str, int]] = set()
+        self._stopped = False
 
     def start(self) -> None:
-        self._loop.start()
+        pass
 
     def stop(self) -> None:
-        self._loop.stop()
-        self._consumer.close()
+        self._stopped = True
 
     # ------------------------------------------------------------------ reactor side
 
@@ -147,7 +150,7 @@ class Reader:
             batches = w.read(offset, max_bytes)
             if w.paused and not w.trim(self.window_bytes // 2):
                 w.paused = False  # the reader caught up: fetch again
-                self._control.put(("resume", topic, partition, 0, w.version))
+                self._fetch()
             return batches
         if offset != w.next:  # outside the window: fetch from there
             w = self._move(w, offset)
@@ -164,8 +167,14 @@ class Reader:
         return d
 
     def _caught_up(self, w: Window, offset: int) -> bool:
-        """Whether a read at ``offset`` has nothing to wait for: it is at the log end."""
-        return offset >= w.next and offset >= self.metadata.marks(w.topic, w.partition).high_watermark
+        """Whether a read at ``offset`` has nothing to wait for: it is at the log end (at the last
+        stable offset, for a read_committed reader)."""
+        if offset < w.next:
+            return False
+        end = self.metadata.marks(w.topic, w.partition).high_watermark
+        if self.committed and 0 <= w.stable < end == w.stable_at:
+            end = w.stable
+        return offset >= end
 
     def wait_for_data(self, topic: str, partition: int, callback: Callable[[], None]) -> Callable[[], None]:
         marks = self.metadata.marks(topic, partition)
@@ -189,16 +198,11 @@ class Reader:
             for callback in waiters:
                 callback()
 
-    def forget_topic(self, topic: str) -> defer.Deferred:
-        """``topic`` is gone (or about to be): wake its waiters, stop fetching it. Fires once the
-        consumer no longer has its partitions (librdkafka 2.16 may crash when a topic it fetches is
-        deleted under it, as on Tansu 0.6)."""
+    def forget_topic(self, topic: str) -> None:
+        """``topic`` is gone (or about to be): wake its waiters, stop fetching it."""
         for key in [k for k in self.windows if k[0] == topic]:
             self.changed(*key)
             self._drop(key)
-        done: defer.Deferred = defer.Deferred()
-        self._control.put(("then", topic, 0, 0, lambda: self.reactor.callFromThread(done.callback, None)))
-        return done
 
     def expire(self) -> None:
         """Stop fetching partitions nobody used for ``IDLE_S``."""
@@ -213,7 +217,7 @@ class Reader:
         if w is None:
             self._versions += 1
             w = self.windows[(topic, partition)] = Window(topic, partition, offset, self._versions)
-            self._control.put(("assign", topic, partition, offset, w.version))
+            self._fetch()
         w.used = time.monotonic()
         return w
 
@@ -222,7 +226,7 @@ class Reader:
         moved = Window(w.topic, w.partition, offset, self._versions)
         moved.waiters, moved.pending = w.waiters, w.pending
         self.windows[(w.topic, w.partition)] = moved
-        self._control.put(("assign", w.topic, w.partition, offset, moved.version))
+        self._fetch()
         return moved
 
     def _drop(self, key: tuple[str, int]) -> None:
@@ -231,149 +235,170 @@ class Reader:
             for _, _, d in w.pending:
                 if not d.called:
                     d.callback([])
-            self._control.put(("drop", key[0], key[1], 0, 0))
 
-    def _arrived(self, arrivals: list[tuple[str, int, int, StoredBatch | None, int, int, int]]) -> None:
-        for topic, partition, version, batch, position, low, high in arrivals:
-            moved = self.metadata.advance(topic, partition, high, low if low >= 0 else None)
-            w = self.windows.get((topic, partition))
-            if w is None or w.version != version:
-                continue  # fetched for a position nobody wants any more
-            gap = self._gap(w, batch, position)
-            full = w.add(batch, position, self.window_bytes)
-            if gap is not None:
-                full = w.add(gap, position, self.window_bytes)
-            if full and not w.paused:
-                w.paused = True  # nobody read these yet: stop fetching until someone does
-                self._control.put(("pause", topic, partition, 0, version))
-            w.fresh = True
-            if w.pending:
-                waiting, w.pending = w.pending, []
-                for offset, max_bytes, d in waiting:
-                    if d.called:
-                        continue
-                    if w.covers(offset):
-                        d.callback(w.read(offset, max_bytes))
-                    elif self._caught_up(w, offset):
-                        d.callback([])
-                    else:
-                        w.pending.append((offset, max_bytes, d))
-            if batch is not None or moved:
-                self.changed(topic, partition)
+    # ------------------------------------------------------------------ fetching
 
-    def _gap(self, w: Window, batch: StoredBatch | None, position: int) -> StoredBatch | None:
-        """A batch covering the offsets between the last record read and ``position`` (where the
-        consumer fetches next), if any: markers and records the read left out (aborted ones,
-        for a read_committed reader). Without it, a reader whose last records precede a marker
-        would fetch at the marker's offset for ever, never reaching the log end."""
-        end = batch.last_offset + 1 if batch is not None else (w.lasts[-1] + 1 if w.batches else w.next)
-        if position <= end:
-            return None
-        stamp = batch.max_timestamp if batch is not None else (w.batches[-1].max_timestamp if w.batches else 0)
-        return StoredBatch(KAFKA, end, position - 1, stamp, self.kafka.gap_batch(end, position - 1, stamp))
-
-    # ------------------------------------------------------------------ consumer thread
-
-    def _step(self) -> None:
-        self._apply_control(block=not self._assigned)
-        if not self._assigned:
+    def _fetch(self) -> None:
+        """Send a fetch to every broker that leads a partition to fetch and has none in flight."""
+        if self._stopped:
             return
-        messages = self._consumer.consume(BATCH_RECORDS, 0.05)
-        if not messages:
+        by_leader: dict[int, list[Window]] = {}
+        for key, w in self.windows.items():
+            if w.paused:
+                continue
+            leader = self.client.leaders.get(key)
+            if leader is None or leader.node_id not in self.client.brokers:
+                self._find_leader(*key)
+                continue
+            if leader.node_id not in self._fetching:
+                by_leader.setdefault(leader.node_id, []).append(w)
+        for node_id, windows in by_leader.items():
+            self._fetch_from(node_id, windows)
+
+    def _find_leader(self, topic: str, partition: int) -> None:
+        key = (topic, partition)
+        if key in self._waiting_leaders:
             return
-        by_partition: dict[tuple[str, int], list[Any]] = {}
-        eof: dict[tuple[str, int], int] = {}
-        for msg in messages:
-            err = msg.error()
-            topic, partition, offset = consumed_at(msg)
-            key = (topic, partition)
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    eof[key] = offset
+        self._waiting_leaders.add(key)
+
+        def found(_: Any) -> None:
+            self._waiting_leaders.discard(key)
+            self._fetch()
+
+        def not_found(f: Any) -> None:
+            log.debug("no leader for %s/%s yet: %s", topic, partition, f.getErrorMessage())
+            self.reactor.callLater(RETRY_BACKOFF_S, found, None)
+
+        leader = self.client.leader(topic, partition)
+        if isinstance(leader, defer.Deferred):
+            leader.addCallbacks(found, not_found)
+        else:
+            found(None)
+
+    def _fetch_from(self, node_id: int, windows: list[Window]) -> None:
+        self._fetching.add(node_id)
+        asked = {(w.topic, w.partition): (w.version, w.next) for w in windows}
+        topics: dict[str, list[tuple[int, int]]] = {}
+        for w in windows:
+            topics.setdefault(w.topic, []).append((w.partition, w.next))
+        body = fetch_body(topics, self.committed, FETCH_WAIT_MS)
+        timeout = self.client.timeout_s + FETCH_WAIT_MS / 1000
+
+        def answered(answer: Any) -> None:
+            self._fetching.discard(node_id)
+            for t in answer.Responses:
+                for p in t.Partitions:
+                    self._arrived(t.Topic, p, asked.get((t.Topic, p.PartitionIndex)))
+            self._fetch()
+
+        def failed(f: Any) -> None:
+            self._fetching.discard(node_id)
+            if f.check(WireError):
+                for topic, partition in asked:
+                    self.client.stale(topic, partition)
+                log.debug("fetch from broker %d failed: %s", node_id, f.getErrorMessage())
+            else:
+                log.error("fetch from broker %d failed: %s", node_id, f.getTraceback())
+            self.reactor.callLater(RETRY_BACKOFF_S, self._fetch)
+
+        self.client.request(node_id, self.lane, FETCH, body, timeout).addCallbacks(answered, failed)
+
+    def _in_range(self, w: Window, log_start: int) -> int:
+        """Where a fetch outside the partition's offsets goes on: at the log start from below it
+        (as a consumer with auto.offset.reset=earliest), else at the log end."""
+        marks = self.metadata.marks(w.topic, w.partition)
+        start = log_start if log_start >= 0 else marks.log_start_offset
+        return start if w.next < start else marks.high_watermark
+
+    def _arrived(self, topic: str, p: Any, asked: tuple[int, int] | None) -> None:
+        """One partition's part of a fetch answer."""
+        partition = p.PartitionIndex
+        w = self.windows.get((topic, partition))
+        if asked is None or w is None or w.version != asked[0] or w.next != asked[1]:
+            return  # fetched for a position nobody wants any more
+        if p.ErrorCode:
+            if p.ErrorCode == Errors.OFFSET_OUT_OF_RANGE:
+                w.next = w.start = self._in_range(w, p.get("LogStartOffset", -1))
+            elif p.ErrorCode in STALE_METADATA:
+                self.client.stale(topic, partition)
+            else:
+                log.warning("reading %s/%s from the cluster: %s", topic, partition, Errors(p.ErrorCode).name)
+            return
+        high = p.HighWatermark
+        low = p.get("LogStartOffset", -1)
+        moved = self.metadata.advance(topic, partition, high, low if low >= 0 else None)
+        w.stable, w.stable_at = p.get("LastStableOffset", -1), self.metadata.marks(topic, partition).high_watermark
+        batches = batches_of(p.Records, p.AbortedTransactions if self.committed else None, self.kafka)
+        full = False
+        for batch in batches:
+            full = w.add(batch, batch.last_offset + 1, self.window_bytes)
+        if not batches:
+            w.add(None, w.next, self.window_bytes)
+        if full and not w.paused:
+            w.paused = True  # nobody read these yet: stop fetching until someone does
+        w.fresh = True
+        if w.pending:
+            waiting, w.pending = w.pending, []
+            for offset, max_bytes, d in waiting:
+                if d.called:
+                    continue
+                if w.covers(offset):
+                    d.callback(w.read(offset, max_bytes))
+                elif self._caught_up(w, offset):
+                    d.callback([])
                 else:
-                    log.warning("reading %s/%s from the cluster: %s", key[0], key[1], err.str())
-                continue
-            by_partition.setdefault(key, []).append(msg)
-        arrivals = []
-        for key in by_partition.keys() | eof.keys():
-            version = self._assigned.get(key)
-            if version is None:
-                continue
-            batch, position = None, eof.get(key, -1)
-            msgs = by_partition.get(key)
-            if msgs:
-                batch = self._encode(msgs)
-                position = max(position, batch.last_offset + 1)
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(*key), cached=True) or (-1, -1)
-            arrivals.append((key[0], key[1], version, batch, position, low, max(high, position)))
-        self.reactor.callFromThread(self._arrived, arrivals)
+                    w.pending.append((offset, max_bytes, d))
+        if batches or moved:
+            self.changed(topic, partition)
 
-    def _apply_control(self, block: bool) -> None:
-        try:
-            op = self._control.get(timeout=0.1) if block else self._control.get_nowait()
-        except queue.Empty:
-            return
-        assign: dict[tuple[str, int], tuple[int, int]] = {}
-        drop: set[tuple[str, int]] = set()
-        paused: dict[tuple[str, int], tuple[bool, int]] = {}  # the last pause or resume, for its version
-        after: list[Callable[[], None]] = []
-        while op is not None:
-            kind, topic, partition, offset, version = op
-            key = (topic, partition)
-            if kind == "assign":
-                assign[key] = (offset, version)
-                drop.discard(key)
-            elif kind == "drop":
-                drop.add(key)
-                assign.pop(key, None)
-            elif kind == "then":
-                after.append(version)  # a callable, run once the changes before it are made
-            else:
-                paused[key] = (kind == "pause", version)
-            try:
-                op = self._control.get_nowait()
-            except queue.Empty:
-                op = None
-        again = [k for k in assign.keys() | drop if k in self._assigned]
-        if again:
-            self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in again])
-            for k in again:
-                del self._assigned[k]
-        if assign:
-            tps = [TopicPartition(t, p, offset) for (t, p), (offset, _) in assign.items()]
-            self._consumer.incremental_assign(tps)
-            # librdkafka keeps a partition paused across unassign and assign: a window moved or made
-            # again after its partition was paused for being full would never be fetched.
-            self._consumer.resume(tps)
-            for k, (_, version) in assign.items():
-                self._assigned[k] = version
-        for (t, p), (pause, version) in paused.items():
-            if self._assigned.get((t, p)) != version:
-                continue  # for a position given up since
-            # librdkafka drops what it fetched ahead for a paused partition, and fetches again
-            # from the next offset not yet handed over when it is resumed.
-            (self._consumer.pause if pause else self._consumer.resume)([TopicPartition(t, p)])
-        for then in after:
-            then()
 
-    def _encode(self, msgs: list[Any]) -> StoredBatch:
-        """Consumed messages of one partition as one Kafka record batch with their offsets
-        (without the ``polygate.producer`` header the writer adds to an idempotent producer's records)."""
-        offsets, stamps, keys, values, headers = [], [], [], [], []
-        any_headers = False
-        for msg in msgs:
-            offsets.append(msg.offset())
-            stamps.append(msg.timestamp()[1])
-            keys.append(msg.key())
-            values.append(msg.value())
-            h = msg.headers()
-            if h:
-                if h[-1][0] == PRODUCER_HEADER:  # the gateways' own (``producers``): not the client's
-                    h = h[:-1]
-                any_headers = any_headers or bool(h)
-                headers.append(tuple(h))
-            else:
-                headers.append(())
-        columns = Columns(offsets, stamps, keys, values, headers if any_headers else None)
-        payload = self.kafka.encode_columns(columns, offsets[0])
-        return StoredBatch(KAFKA, offsets[0], offsets[-1], max(stamps), payload)
+def fetch_body(partitions: Mapping[str, list[tuple[int, int]]], committed: bool, wait_ms: int) -> dict[str, Any]:
+    """A Fetch request (versions 4 to 12) for ``(partition, offset)``s by topic, without a fetch session."""
+    return {"ReplicaId": -1, "MaxWaitMs": wait_ms, "MinBytes": 1, "MaxBytes": FETCH_MAX_BYTES,
+            "IsolationLevel": 1 if committed else 0, "SessionId": 0, "SessionEpoch": -1,
+            "Topics": [{"Topic": t, "Partitions": [
+                {"Partition": p, "CurrentLeaderEpoch": -1, "FetchOffset": offset, "LastFetchedEpoch": -1,
+                 "LogStartOffset": -1, "PartitionMaxBytes": PARTITION_MAX_BYTES} for p, offset in ps]}
+                for t, ps in partitions.items()],
+            "ForgottenTopicsData": [], "RackId": ""}
+
+
+def batches_of(records: Any, aborted: Any, kafka: KafkaFormat) -> list[StoredBatch]:
+    """The whole record batches of a fetch answer's ``records``, as stored batches; those of the
+    ``aborted`` transactions it lists (given for a read_committed read) replaced by a gap batch."""
+    if not records:
+        return []
+    view = memoryview(records)
+    # producer id -> first offsets of its aborted transactions in this answer, in order
+    aborts: dict[int, list[int]] = {}
+    for a in sorted(aborted or (), key=lambda a: a.FirstOffset):
+        aborts.setdefault(a.ProducerId, []).append(a.FirstOffset)
+    out: list[StoredBatch] = []
+    pos, size = 0, len(view)
+    unpack = _HEADER.unpack_from
+    while pos + _HEADER_SIZE <= size:
+        base, length, magic, attributes, last_delta, max_timestamp, producer_id = unpack(view, pos)
+        end = pos + 12 + length
+        if end > size:
+            break  # the answer's size limit cut it: fetched again from its start
+        last = base + last_delta
+        if magic != 2:
+            log.warning("skipping a record batch of magic %d at offset %d (the cluster stores v2 batches)", magic, base)
+        elif attributes & _TRANSACTIONAL and producer_id in aborts and _aborted(aborts[producer_id], base,
+                                                                                 attributes & _CONTROL):
+            out.append(StoredBatch(KAFKA, base, last, max_timestamp, kafka.gap_batch(base, last, max_timestamp)))
+        else:
+            out.append(StoredBatch(KAFKA, base, last, max_timestamp, bytes(view[pos:end])))
+        pos = end
+    return out
+
+
+def _aborted(firsts: list[int], base: int, control: int) -> bool:
+    """Whether a producer's batch at ``base`` belongs to one of its aborted transactions (which
+    start at ``firsts``); its abort marker, a control batch, ends one (the marker itself stays)."""
+    if not firsts or base < firsts[0]:
+        return False
+    if control:
+        firsts.pop(0)
+        return False
+    return True

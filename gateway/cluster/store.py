@@ -19,7 +19,7 @@ from confluent_kafka.admin import (
     OffsetSpec,
     ResourceType,
 )
-from twisted.internet import defer, task
+from twisted.internet import defer
 
 from gateway import model as m
 from gateway.cluster.bridge import deferred_from
@@ -30,14 +30,15 @@ from gateway.cluster.producers import ProducerStates, header
 from gateway.cluster.reader import Reader
 from gateway.cluster.security import SecurityTopic
 from gateway.cluster.transactions import TransactionalProducers
-from gateway.cluster.writer import KAFKA, Writer, kafka_format
+from gateway.cluster.wire import INIT_PRODUCER_ID, ClusterClient, WireError
+from gateway.cluster.writer import KAFKA, Writer, command_error, kafka_format
 from gateway.codec import BatchFormat, topic_configs
+from gateway.codecs.kafka.errors import Errors
 from gateway.model import CommandError, ErrorCode
 from gateway.storage.interface import ClusterTransactionStorage, MayWait
 
 log = logging.getLogger(__name__)
 
-RELEASE_S = 0.3  # after the reader let go of a topic, before it is deleted
 CREATE_VISIBLE_TRIES = 20  # metadata refreshes to wait for a created topic to show in the cluster's metadata
 
 
@@ -60,6 +61,7 @@ class ClusterStore(ClusterTransactionStorage):
     says why to a client that asks for them."""
 
     assigns_offsets = True
+    forwards_format = KAFKA
     refusals: ClassVar[Mapping[str, str]] = {
         "report_replica": "in cluster mode replication is the cluster's",
         "set_role": "in cluster mode partition leadership is the cluster's",
@@ -76,18 +78,20 @@ class ClusterStore(ClusterTransactionStorage):
         self.started_at = time.time()
         self.admin = AdminClient(config.client())
         self.metadata = Metadata(config, self.admin, reactor, gone=self._topic_gone)
-        self.writer = Writer(config, reactor, formats, self._delivered)
-        self.reader = Reader(config, self.metadata, reactor, kafka_format(formats))
+        self.client = ClusterClient(config, reactor)
+        self.writer = Writer(config, self.client, reactor, formats, self._delivered)
+        self.reader = Reader(self.client, self.metadata, reactor, kafka_format(formats))
         self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read
         self.groups = ClusterGroups(config, self.admin, reactor)
-        self.producers = ProducerStates(config, self.metadata, reactor)
+        self.producers = ProducerStates(config, self.client, self.metadata, reactor, kafka_format(formats))
         self.security = SecurityTopic(config, self.admin, reactor)
         self.transactions = TransactionalProducers(config, self.admin, reactor)
         self._timeout = config.request_timeout_ms / 1000
 
     def start(self) -> None:
         log.info("storage: %s", self.config.describe())
-        for part in (self.metadata, self.writer, self.reader, self.groups, self.security, self.transactions):
+        for part in (self.metadata, self.client, self.writer, self.reader, self.groups, self.security,
+                     self.transactions):
             part.start()
 
     def close(self) -> None:
@@ -98,6 +102,7 @@ class ClusterStore(ClusterTransactionStorage):
         self.groups.stop()
         for reader in self._readers():
             reader.stop()
+        self.client.stop()
         self.metadata.stop()
 
     def now_ms(self) -> int:
@@ -242,20 +247,15 @@ class ClusterStore(ClusterTransactionStorage):
     def delete_topic(self, topic: str) -> MayWait[None]:
         self.metadata.state(topic)
 
-        def delete(_: Any) -> defer.Deferred:
-            futures = self.admin.delete_topics([topic], request_timeout=self._timeout)
-            return deferred_from(self.reactor, futures[topic], f"delete topic {topic}")
-
         def deleted(_: Any) -> Any:
             self.metadata.topics.pop(topic, None)
             self._topic_gone(topic)
             return self._gone(topic)
 
-        # The reader lets go of the topic first, and its fetches in flight (at most fetch.wait.max.ms)
-        # end: librdkafka 2.16 crashes on the answer to a fetch of a topic deleted under it (Tansu 0.6).
-        released = defer.gatherResults([r.forget_topic(topic) for r in self._readers()]).addCallback(
-            lambda _: task.deferLater(self.reactor, RELEASE_S, lambda: None))
-        return released.addCallback(delete).addCallback(deleted)
+        for reader in self._readers():
+            reader.forget_topic(topic)  # its waiters woken, no more fetches of it
+        futures = self.admin.delete_topics([topic], request_timeout=self._timeout)
+        return deferred_from(self.reactor, futures[topic], f"delete topic {topic}").addCallback(deleted)
 
     def _topic_gone(self, topic: str) -> None:
         """``topic`` is no longer in the cluster (deleted here or elsewhere)."""
@@ -288,14 +288,23 @@ class ClusterStore(ClusterTransactionStorage):
             raise CommandError(ErrorCode.INVALID_REQUEST, "in cluster mode the cluster assigns offsets: "
                                                           "a produce at an explicit offset is refused")
         self.metadata.marks(topic, partition)
-        records = self.writer.records(fmt, payload, count, max_timestamp)
+        writer = self.writer
         if producer is None:
-            return self.writer.append(topic, partition, records, acks)
+            return writer.append(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count, acks)
         if producer.transactional:  # through the transactional id's own producer on the cluster
             assert isinstance(producer.producer_id, int)  # a Kafka producer's
+            records = writer.records(fmt, payload, count, max_timestamp)
             return self.transactions.produce(producer.producer_id, topic, partition, records).addCallback(
                 self._delivered_in_transaction, topic, partition)
-        appending = self.writer.append(topic, partition, records, acks, header(producer, len(records)))
+        if producer.rules == "kafka":
+            # The client's batch as it is: its producer id, epoch and sequence are where a gateway
+            # reads the producer's state back (``producers``), and a cluster that applies
+            # idempotence itself checks them too.
+            appending = writer.forward(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count, acks)
+        else:  # Cursus's producers: their ids have no place in a Kafka batch, so each record says it
+            appending = writer.append(topic, partition,
+                                      writer.batch(fmt, payload, count, max_timestamp, header(producer, count)),
+                                      count, acks)
 
         def uncertain(f: Any) -> Any:
             # The cluster may hold the batch all the same (a timeout): the producer's next batch
@@ -325,7 +334,7 @@ class ClusterStore(ClusterTransactionStorage):
         if committed:
             return self.reader
         if self._uncommitted_reader is None:
-            self._uncommitted_reader = Reader(self.config, self.metadata, self.reactor, self.reader.kafka,
+            self._uncommitted_reader = Reader(self.client, self.metadata, self.reactor, self.reader.kafka,
                                               committed=False)
             self._uncommitted_reader.start()
         return self._uncommitted_reader
@@ -376,6 +385,25 @@ class ClusterStore(ClusterTransactionStorage):
         producer_id = random.getrandbits(62) | (1 << 40)
         self.producers.handed_out(producer_id)
         return producer_id
+
+    def idempotent_producer_id(self) -> MayWait[int]:
+        """A producer id from the cluster's InitProducerId: a cluster refuses batches of an id
+        it did not hand out (Tansu does), and the client's batches go to it as they are."""
+
+        def given(answer: Any) -> int:
+            if answer.ErrorCode:
+                raise CommandError(ErrorCode.STORAGE_ERROR, f"the Kafka cluster refused a producer id: "
+                                                            f"{Errors(answer.ErrorCode).name}")
+            self.producers.handed_out(answer.ProducerId)
+            return int(answer.ProducerId)
+
+        def unreachable(f: Any) -> Any:
+            f.trap(WireError)
+            raise command_error(f.value, "a producer id from the Kafka cluster")
+
+        return self.client.request(-1, "metadata", INIT_PRODUCER_ID, {
+            "TransactionalId": None, "TransactionTimeoutMs": -1, "ProducerId": -1, "ProducerEpoch": -1,
+        }).addCallbacks(given, unreachable)
 
     def producer_state(self, topic: str, partition: int, producer_id: Any) -> Any:
         return self.producers.get(topic, partition, producer_id)

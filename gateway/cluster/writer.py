@@ -1,38 +1,96 @@
-"""Appends to the cluster: one librdkafka producer per acks level, each polled by its own thread.
+"""Appends to the cluster: one Kafka record batch per append, sent as it is.
 
-A stored batch of any format reaches the cluster as the Kafka records a
-Kafka reader of the gateway would get for it (``gateway.convert``: keys,
+A Kafka client's batch goes to the cluster as it arrived, compression
+included; any other format's stored batch is converted once into one Kafka
+record batch (``gateway.convert``, the conversions local mode uses: keys,
 values, timestamps, headers, and the fields Kafka has no place for as
-``polygate.*`` and ``cursus.*`` headers), produced one by one to the
-partition the broker chose. The append is acknowledged once the cluster
-acknowledged every record with the producer's acks: ``acks=all`` records
-go through the idempotent producer, so librdkafka's retries never store one
-twice; ``acks=1`` and ``acks=0`` ones through the leader-acks producer
-(``acks=0`` is upgraded to 1: the gateway needs the offsets to answer).
+``polygate.*`` and ``cursus.*`` headers). One append is one batch, so its
+records get consecutive offsets in the cluster whatever else is written to
+the partition at the same time: the offsets answered are where the records
+are.
+
+How an append travels (``gateway.cluster.wire`` sends it):
+
+- ``acks=all`` appends go through the gateway's own idempotent producer: a
+  producer id from the cluster (InitProducerId) stamped into each batch with
+  its partition's next sequence number, up to ``IN_FLIGHT`` batches per
+  partition at once. An append whose answer did not come (a stall, a lost
+  connection, a leader that moved) is sent again, with the same sequence,
+  until ``request_timeout_ms`` ends: the cluster recognises a batch it
+  already holds. When the cluster no longer knows the producer (a restarted
+  cluster, an expired or fenced id, sequences out of order at the head of a
+  partition), the producer takes a new id and sends what was not
+  acknowledged again from sequence 0: the gateway heals without a restart.
+- ``acks=1`` (and ``acks=0``, upgraded: the gateway needs the offsets to
+  answer) appends are sent as they are; one is sent again only when the
+  cluster said it did not store it (a leader that moved, a connection that
+  could not be made).
+- An idempotent Kafka client's batch (``forward``) keeps the producer id,
+  epoch and sequence the client gave it (the broker checked them,
+  ``gateway.broker.idempotence``; they are where a gateway reads the
+  producer's state back, ``gateway.cluster.producers``). It is sent again
+  only when the cluster said it did not store it: a cluster need not apply
+  idempotence itself (Tansu 0.6 does not), so a batch whose answer was lost
+  is left to the client's retry, which the broker recognises.
+
+With a cluster that applies idempotence (Kafka), the gateway's own producer
+never stores a batch twice; on one that does not (Tansu 0.6), a batch sent
+again after its answer was lost may be stored twice (at least once, never
+lost), as librdkafka's producer would store it there.
 """
 
 from __future__ import annotations
 
-import functools
+import collections
+import itertools
 import logging
-import threading
-from collections.abc import Mapping
+import struct
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
-from confluent_kafka import KafkaError, Producer
-from twisted.internet import defer
+import attrs
+import crc32c
+from twisted.internet import defer, task
 
 from gateway import model as m
-from gateway.cluster.bridge import Loop, command_error
 from gateway.cluster.config import ClusterConfig
+from gateway.cluster.wire import INIT_PRODUCER_ID, PRODUCE, STALE_METADATA, ClusterClient, WireError
 from gateway.codec import BatchFormat
 from gateway.codec.formats import ColumnarFormat, Columns, TransactionalFormat
+from gateway.codecs.kafka.errors import Errors
 from gateway.convert import convert
 from gateway.model import CommandError, ErrorCode, StoredBatch
 
 log = logging.getLogger(__name__)
 
 KAFKA = "kafka"
+IN_FLIGHT = 5  # batches per partition in flight at once: the most Kafka keeps sequences for
+RETRY_BACKOFF_S = 0.1
+# Where a v2 record batch keeps what the producer stamps, and what its CRC covers.
+_LENGTH_AT, _CRC_AT, _CRC_FROM, PRODUCER_AT, _COUNT_AT = 8, 17, 21, 43, 57
+PRODUCER = struct.Struct(">qhi")  # producer id, epoch, first sequence
+_CRC = struct.Struct(">I")
+
+# Answers after which the same batch may be sent again: the cluster did not store it, or cannot
+# have stored it twice (the idempotent producer's sequence says so).
+RETRIABLE = STALE_METADATA | {
+    Errors.REQUEST_TIMED_OUT, Errors.NETWORK_EXCEPTION, Errors.NOT_ENOUGH_REPLICAS,
+    Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND, Errors.KAFKA_STORAGE_ERROR, Errors.BROKER_NOT_AVAILABLE,
+    Errors.COORDINATOR_LOAD_IN_PROGRESS, Errors.CONCURRENT_TRANSACTIONS, Errors.THROTTLING_QUOTA_EXCEEDED}
+# Answers that say the cluster no longer knows the producer as the gateway does.
+PRODUCER_LOST = {Errors.UNKNOWN_PRODUCER_ID, Errors.INVALID_PRODUCER_EPOCH, Errors.PRODUCER_FENCED,
+                 Errors.INVALID_PRODUCER_ID_MAPPING, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER}
+AS_MODEL: dict[int, ErrorCode] = {
+    Errors.MESSAGE_TOO_LARGE: ErrorCode.INVALID_REQUEST, Errors.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_REQUEST,
+    Errors.CORRUPT_MESSAGE: ErrorCode.CORRUPT_MESSAGE, Errors.INVALID_RECORD: ErrorCode.CORRUPT_MESSAGE,
+    Errors.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.UNKNOWN_TOPIC, Errors.INVALID_TOPIC_EXCEPTION: ErrorCode.INVALID_TOPIC,
+    Errors.INVALID_PRODUCER_EPOCH: ErrorCode.FENCED_PRODUCER, Errors.PRODUCER_FENCED: ErrorCode.FENCED_PRODUCER,
+    Errors.OUT_OF_ORDER_SEQUENCE_NUMBER: ErrorCode.INVALID_SEQUENCE,
+    Errors.UNKNOWN_PRODUCER_ID: ErrorCode.INVALID_SEQUENCE,
+    Errors.REQUEST_TIMED_OUT: ErrorCode.REPLICATION_TIMEOUT, Errors.NOT_ENOUGH_REPLICAS: ErrorCode.REPLICATION_TIMEOUT,
+    Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.REPLICATION_TIMEOUT,
+    Errors.NETWORK_EXCEPTION: ErrorCode.REPLICATION_TIMEOUT,
+}
 
 
 class KafkaFormat(ColumnarFormat, TransactionalFormat, Protocol):
@@ -42,129 +100,278 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat, Protocol):
 def kafka_format(formats: Mapping[str, BatchFormat]) -> KafkaFormat:
     """The Kafka format of ``formats``."""
     return cast(KafkaFormat, formats[KAFKA])  # it declares both capabilities
-MESSAGE_MAX_BYTES = 64 << 20  # the gateway does not cut records: the listeners' frame limits and the cluster do
 
 
-def _fatal(err: Any) -> None:
-    """librdkafka's error callback of the idempotent producer: a fatal error stops it for good."""
-    if err.fatal():
-        log.error("the acks=all producer stopped on a fatal error (acks=all writes fail until restart): %s",
-                  err.str())
+def command_error(error: WireError, doing: str) -> CommandError:
+    """The ``CommandError`` a client hears for the cluster's ``error`` met while ``doing`` something."""
+    model = AS_MODEL.get(error.code, ErrorCode.STORAGE_ERROR)
+    if model is ErrorCode.REPLICATION_TIMEOUT:
+        return CommandError(model, f"{doing}: the Kafka cluster did not confirm in time ({error})")
+    return CommandError(model, f"{doing}: Kafka cluster error {error.name}: {error}")
 
 
-class PendingAppend:
-    """One append's records in flight: fires ``deferred`` in the reactor thread once every
-    delivery report came, with ``(first offset, last offset)`` or the first error."""
+def stamped(batch: bytes, producer_id: int, epoch: int, sequence: int) -> bytes:
+    """``batch`` (one v2 record batch) as the idempotent producer ``producer_id`` sends it, CRC included."""
+    out = bytearray(batch)
+    PRODUCER.pack_into(out, PRODUCER_AT, producer_id, epoch, sequence)
+    _CRC.pack_into(out, _CRC_AT, crc32c.crc32c(memoryview(out)[_CRC_FROM:]))
+    return bytes(out)
 
-    __slots__ = ("deferred", "left", "first", "last", "error", "lock", "reactor", "done")
 
-    def __init__(self, reactor: Any, count: int, done: Any):
-        self.reactor = reactor
-        self.deferred: defer.Deferred = defer.Deferred()
-        self.left = count
-        self.first = -1
-        self.last = -1
-        self.error: Any = None
-        self.lock = threading.Lock()
-        self.done = done
+def is_one_batch(payload: bytes) -> bool:
+    return len(payload) > _COUNT_AT and int.from_bytes(payload[_LENGTH_AT:_LENGTH_AT + 4], "big") + 12 == len(payload)
 
-    def delivered(self, error: Any, message: Any) -> None:
-        """librdkafka's delivery report (poll thread)."""
-        offset = -1 if error is not None else message.offset()
-        self._count(error, offset, 1)
 
-    def _count(self, error: Any, offset: int, n: int) -> None:
-        with self.lock:
-            if error is not None:
-                if self.error is None:
-                    self.error = error
-            elif offset >= 0:
-                if self.first < 0 or offset < self.first:
-                    self.first = offset
-                if offset > self.last:
-                    self.last = offset
-            self.left -= n
-            finished = self.left == 0
-        if finished:
-            self.reactor.callFromThread(self.done, self)
+@attrs.define(eq=False)
+class Append:
+    """One batch on its way to a partition; ``deferred`` fires with ``(first, last)`` offsets."""
 
-    def not_queued(self, error: Any, n: int) -> None:
-        """``n`` records that never reached the producer's queue."""
-        self._count(error, -1, n)
+    topic: str
+    partition: int
+    batch: bytes
+    records: int
+    deadline: float
+    order: int
+    deferred: defer.Deferred = attrs.field(factory=defer.Deferred)
+    sequence: int | None = None  # the idempotent producer's, once given
+    generation: int = -1  # the producer id's generation it was sent with
+
+
+@attrs.define(eq=False)
+class Lane:
+    """One partition's appends through the idempotent producer, in order."""
+
+    next_sequence: int = 0
+    queue: collections.deque[Append] = attrs.field(factory=collections.deque)
+    in_flight: list[Append] = attrs.field(factory=list)
+    failed: list[Append] = attrs.field(factory=list)  # to send again once the in-flight ones answered
+    holding: bool = False
 
 
 class Writer:
-    """Produces stored batches to the cluster (``append``) from the reactor thread."""
+    """Produces batches to the cluster (``append``, ``forward``) from the reactor thread."""
 
-    def __init__(self, config: ClusterConfig, reactor: Any, formats: Mapping[str, BatchFormat],
-                 delivered: Any):
+    def __init__(self, config: ClusterConfig, client: ClusterClient, reactor: Any,
+                 formats: Mapping[str, BatchFormat], delivered: Callable[[str, int, int], None]):
         self.reactor = reactor
+        self.client = client
         self.formats = formats
         self.kafka = kafka_format(formats)
-        self.delivered = delivered  # (topic, partition, last offset) in the reactor thread
-        common: dict[str, Any] = {"linger.ms": 0, "message.timeout.ms": config.request_timeout_ms,
-                  "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
-                  "message.max.bytes": MESSAGE_MAX_BYTES}
-        common.update((k, v) for k, v in config.properties.items() if k in common)  # the operator's say wins
-        self.producers = {
-            m.Acks.LEADER: Producer(config.client(acks=1, **common, **{"client.id": f"{config.client_id}-acks1"})),
-            m.Acks.ALL: Producer(config.client(acks="all", **{"enable.idempotence": True, "error_cb": _fatal},
-                                               **common)),
-        }
-        self._loops = [Loop(f"polygate-cluster-producer-{int(acks)}", functools.partial(p.poll, 0.1))
-                       for acks, p in self.producers.items()]
+        self.delivered = delivered  # (topic, partition, last offset)
+        self.timeout_s = config.request_timeout_ms / 1000
+        self.producer_id = -1
+        self.epoch = -1
+        self.generation = 0
+        self._initializing: defer.Deferred | None = None
+        self.lanes: dict[tuple[str, int], Lane] = {}
+        self._order = itertools.count()
 
     def start(self) -> None:
-        for loop in self._loops:
-            loop.start()
+        self._init_producer()
 
-    def stop(self, timeout: float = 10) -> None:
-        """Deliver what is queued (up to ``timeout``), then stop polling."""
-        for p in self.producers.values():
-            p.flush(timeout)
-        for loop in self._loops:
-            loop.stop()
+    def stop(self) -> None:
+        """Fail what was not sent (the store is closing)."""
+        for lane in self.lanes.values():
+            while lane.queue:
+                a = lane.queue.popleft()
+                if not a.deferred.called:
+                    a.deferred.errback(CommandError(ErrorCode.STORAGE_ERROR, "the gateway is stopping"))
+
+    # ------------------------------------------------------------------ batches
+
+    def batch(self, fmt: str, payload: bytes, count: int, max_timestamp: int,
+              tag: tuple[str, bytes] | None = None) -> bytes:
+        """The stored batch as one Kafka record batch: as it is, for a Kafka batch; else converted
+        once (each record with the header ``tag`` added, if given)."""
+        if fmt == KAFKA and tag is None and is_one_batch(payload):
+            return payload
+        if tag is None and fmt != KAFKA:
+            converted = convert([self._numbered(fmt, payload, count, max_timestamp)], KAFKA, self.formats)
+            if len(converted) == 1 and is_one_batch(converted[0].payload):
+                return converted[0].payload
+        records = self.records(fmt, payload, count, max_timestamp)
+        if tag is not None:
+            headers = records.headers or [()] * len(records)
+            records = Columns(records.offsets, records.timestamps, records.keys, records.values,
+                              [(*h, tag) for h in headers])
+        return self.kafka.encode_columns(records, 0)
 
     def records(self, fmt: str, payload: bytes, count: int, max_timestamp: int) -> Columns:
-        """The records of a stored batch as a Kafka reader of the gateway gets them."""
-        batch = StoredBatch(fmt, 0, max(count, 1) - 1, max_timestamp, payload)
-        batches = convert([batch], KAFKA, self.formats) if fmt != KAFKA else [batch]
-        return self.kafka.columns(batches)
+        """The records of a stored batch as a Kafka reader of the gateway gets them, numbered from 0."""
+        batch = self._numbered(fmt, payload, count, max_timestamp)
+        return self.kafka.columns(convert([batch], KAFKA, self.formats) if fmt != KAFKA else [batch])
 
-    def append(self, topic: str, partition: int, records: Columns, acks: m.Acks,
-               tag: tuple[str, bytes] | None = None) -> defer.Deferred:
-        """Produce ``records`` to the partition, each with the header ``tag`` added if given: a
-        Deferred of ``(first, last)`` offsets as the cluster assigned them, failing with the
-        client's ``CommandError``."""
-        n = len(records)
-        if n == 0:
-            raise CommandError(ErrorCode.INVALID_REQUEST, "a batch without records")
-        producer = self.producers[m.Acks.ALL if acks == m.Acks.ALL else m.Acks.LEADER]
-        pending = PendingAppend(self.reactor, n, lambda p: self._done(topic, partition, p))
-        produce = producer.produce
-        keys, values, stamps = records.keys, records.values, records.timestamps
-        headers = records.headers
-        report = pending.delivered
-        for i in range(n):
-            ts = stamps[i]
-            record_headers: list[tuple[str, str | bytes | None]] | None = (
-                list(headers[i]) if headers is not None and headers[i] else None)
-            if tag is not None:
-                record_headers = [*(record_headers or ()), tag]
-            try:
-                produce(topic, values[i], keys[i], partition=partition, on_delivery=report,
-                        timestamp=ts if ts > 0 else 0, headers=record_headers)
-            except BufferError:
-                pending.not_queued(KafkaError(KafkaError._QUEUE_FULL, "the gateway's produce queue is full"), n - i)
-                break
-            except Exception as e:  # noqa: BLE001 - a record librdkafka refuses (too large, ...)
-                pending.not_queued(e, n - i)
-                break
-        return pending.deferred
+    def _numbered(self, fmt: str, payload: bytes, count: int, max_timestamp: int) -> StoredBatch:
+        """The payload as a stored batch whose records are numbered from 0, as the local engine numbers
+        them (a produced payload has no offsets, or, joined, each part's own)."""
+        return StoredBatch(fmt, 0, max(count, 1) - 1, max_timestamp, self.formats[fmt].assign_offsets(payload, 0))
 
-    def _done(self, topic: str, partition: int, pending: PendingAppend) -> None:
-        if pending.error is not None:
-            pending.deferred.errback(command_error(pending.error, f"produce to {topic}/{partition}"))
+    # ------------------------------------------------------------------ appends
+
+    def append(self, topic: str, partition: int, batch: bytes, records: int, acks: m.Acks) -> defer.Deferred:
+        """Append one Kafka record batch of ``records`` records: a Deferred of ``(first, last)``
+        offsets as the cluster assigned them, failing with the client's ``CommandError``."""
+        a = Append(topic, partition, batch, records, self.reactor.seconds() + self.timeout_s, next(self._order))
+        if acks == m.Acks.ALL:
+            lane = self.lanes.get((topic, partition))
+            if lane is None:
+                lane = self.lanes[(topic, partition)] = Lane()
+            lane.queue.append(a)
+            self._pump(lane)
+        else:
+            self._send_plain(a, 1)
+        return a.deferred.addCallback(self._acknowledged, a)
+
+    def forward(self, topic: str, partition: int, batch: bytes, records: int, acks: m.Acks) -> defer.Deferred:
+        """Append a client's idempotent batch with the producer fields it carries (see the module docstring)."""
+        a = Append(topic, partition, batch, records, self.reactor.seconds() + self.timeout_s, next(self._order))
+        self._send_plain(a, -1 if acks == m.Acks.ALL else 1)
+        return a.deferred.addCallback(self._acknowledged, a)
+
+    def _acknowledged(self, offsets: tuple[int, int], a: Append) -> tuple[int, int]:
+        self.delivered(a.topic, a.partition, offsets[1])
+        return offsets
+
+    def _send_plain(self, a: Append, acks: int) -> None:
+        """Send ``a`` as it is; again after an answer that says it was not stored."""
+
+        def failed(f: Any) -> None:
+            e = f.value
+            if not isinstance(e, WireError):
+                a.deferred.errback(f)
+                return
+            again = e.code in STALE_METADATA or not e.sent
+            if again and self.reactor.seconds() + RETRY_BACKOFF_S < a.deadline:
+                task.deferLater(self.reactor, RETRY_BACKOFF_S, self._send_plain, a, acks)
+            else:
+                a.deferred.errback(command_error(e, f"produce to {a.topic}/{a.partition}"))
+
+        self._produce(a, a.batch, acks).addCallbacks(
+            lambda base: a.deferred.callback((base, base + a.records - 1)), failed)
+
+    def _produce(self, a: Append, batch: bytes, acks: int) -> defer.Deferred:
+        """One Produce request for ``batch``: a Deferred of its base offset, or of the ``WireError``."""
+        client = self.client
+        found = client.leader(a.topic, a.partition)
+        timeout_ms = max(1, int((a.deadline - self.reactor.seconds()) * 1000))
+        body = {"TransactionalId": None, "Acks": acks, "TimeoutMs": timeout_ms, "TopicData": [
+            {"Name": a.topic, "PartitionData": [{"Index": a.partition, "Records": (batch,)}]}]}  # a buffer, unjoined
+
+        def send(leader: Any) -> defer.Deferred:
+            return client.request(leader.node_id, "produce", PRODUCE, body)
+
+        def answered(answer: Any) -> int:
+            p = answer.Responses[0].PartitionResponses[0]
+            if p.ErrorCode:
+                if p.ErrorCode in STALE_METADATA:
+                    client.stale(a.topic, a.partition)
+                raise WireError(p.ErrorCode, p.get("ErrorMessage") or Errors(p.ErrorCode).name, sent=True)
+            return int(p.BaseOffset)
+
+        def lost(f: Any) -> Any:
+            if f.check(WireError) and f.value.code in (Errors.NETWORK_EXCEPTION, Errors.REQUEST_TIMED_OUT):
+                client.stale(a.topic, a.partition)
+            return f
+
+        d = send(found) if not isinstance(found, defer.Deferred) else found.addCallback(send)
+        return d.addCallback(answered).addErrback(lost)
+
+    # ------------------------------------------------------------------ the idempotent producer
+
+    def _init_producer(self) -> None:
+        """Take a new producer id from the cluster (tried again until it answers)."""
+        if self._initializing is not None:
             return
-        self.delivered(topic, partition, pending.last)
-        pending.deferred.callback((pending.first, pending.last))
+        self.producer_id = -1
+        self._initializing = self.client.request(-1, "metadata", INIT_PRODUCER_ID, {
+            "TransactionalId": None, "TransactionTimeoutMs": -1, "ProducerId": -1, "ProducerEpoch": -1})
+
+        def ready(answer: Any) -> None:
+            self._initializing = None
+            if answer.ErrorCode:
+                raise WireError(answer.ErrorCode, "InitProducerId refused")
+            self.producer_id, self.epoch = answer.ProducerId, answer.ProducerEpoch
+            self.generation += 1
+            log.info("cluster producer: id %d epoch %d", self.producer_id, self.epoch)
+            for lane in self.lanes.values():
+                self._pump(lane)
+
+        def again(f: Any) -> None:
+            self._initializing = None
+            log.debug("cluster producer: no producer id yet (%s)", f.getErrorMessage())
+            self.reactor.callLater(RETRY_BACKOFF_S * 5, self._init_producer)
+
+        self._initializing.addCallback(ready).addErrback(again)
+
+    def _reset_producer(self, why: str) -> None:
+        """The cluster no longer knows the producer as the gateway does: a new id, and every
+        partition's appends not acknowledged sent again from sequence 0."""
+        if self.producer_id < 0:
+            return  # already resetting
+        log.warning("cluster producer %d: %s; taking a new producer id", self.producer_id, why)
+        for lane in self.lanes.values():
+            lane.next_sequence = 0
+            lane.holding = True
+            for a in lane.queue:
+                a.sequence = None
+        self._init_producer()
+
+    def _pump(self, lane: Lane) -> None:
+        """Send what the lane may send now."""
+        if lane.holding:
+            if lane.in_flight:
+                return  # until every answer of the batches before came
+            if lane.failed:
+                lane.queue.extendleft(sorted(lane.failed, key=lambda a: a.order, reverse=True))
+                lane.failed.clear()
+            lane.holding = False
+        if self.producer_id < 0:
+            if lane.queue:
+                self._init_producer()
+            return
+        now = self.reactor.seconds()
+        while lane.queue and len(lane.in_flight) < IN_FLIGHT:
+            a = lane.queue.popleft()
+            if a.generation != self.generation:
+                a.sequence = None
+            if now >= a.deadline:
+                a.deferred.errback(CommandError(ErrorCode.REPLICATION_TIMEOUT, f"produce to {a.topic}/{a.partition}: "
+                                                                               f"the Kafka cluster did not confirm in time"))
+                continue
+            if a.sequence is None:
+                a.sequence = lane.next_sequence
+                lane.next_sequence = (lane.next_sequence + a.records) & 0x7FFFFFFF
+                a.generation = self.generation
+            lane.in_flight.append(a)
+            batch = stamped(a.batch, self.producer_id, self.epoch, a.sequence)
+            self._produce(a, batch, -1).addCallbacks(self._stored, self._not_stored, callbackArgs=(a, lane),
+                                                     errbackArgs=(a, lane))
+
+    def _stored(self, base: int, a: Append, lane: Lane) -> None:
+        lane.in_flight.remove(a)
+        a.deferred.callback((base, base + a.records - 1))
+        self._pump(lane)
+
+    def _not_stored(self, f: Any, a: Append, lane: Lane) -> None:
+        lane.in_flight.remove(a)
+        e = f.value
+        if not isinstance(e, WireError):
+            a.deferred.errback(f)
+            return
+        first = not lane.failed and all(b.order > a.order for b in lane.in_flight)
+        if a.generation == self.generation and e.code in PRODUCER_LOST and (
+                first or e.code != Errors.OUT_OF_ORDER_SEQUENCE_NUMBER):
+            lane.failed.append(a)
+            self._reset_producer(f"{e.name} on {a.topic}/{a.partition}")
+        elif e.code in RETRIABLE or e.code in PRODUCER_LOST or a.generation != self.generation:
+            # Later batches of the lane will be refused for the gap this one leaves: all go again, in order.
+            lane.failed.append(a)
+            lane.holding = True
+        else:
+            a.deferred.errback(command_error(e, f"produce to {a.topic}/{a.partition}"))
+            # The cluster's sequence for the partition now has a hole the next batch would hit.
+            self._reset_producer(f"{e.name} left a gap in {a.topic}/{a.partition}'s sequence")
+        if lane.holding and not lane.in_flight:
+            self.reactor.callLater(RETRY_BACKOFF_S, self._pump, lane)
+        else:
+            self._pump(lane)

@@ -151,6 +151,9 @@ class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, Retentio
     def allocate_producer_id(self) -> int:
         return self.engine.allocate_producer_id()
 
+    def idempotent_producer_id(self) -> int:
+        return self.allocate_producer_id()
+
     def producer_state(self, topic: str, partition: int, producer_id: Any) -> dict[str, Any] | None:
         return self.engine.producer_state(topic, partition, producer_id)
 

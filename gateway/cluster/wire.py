@@ -1,0 +1,475 @@
+"""The gateway's own Kafka client of the cluster, for the data path: batches in, batches out.
+
+librdkafka takes records, not batches: through it, every record of a batch
+was decoded, handed over with its own call, batched and compressed again,
+and fetched records came back one by one. This client speaks the Kafka
+protocol itself, in the reactor thread, with the Kafka codec's message
+definitions (``gateway.codecs.kafka.schema``, built from Apache's), so that a
+record batch goes to the cluster as the bytes it is and comes back the same
+way, as Kroxylicious forwards batches with Kafka's own message classes.
+
+What it does:
+
+- **Connections.** One connection per broker and *lane*: produce requests and
+  fetch requests travel on different connections, because a broker answers
+  one connection's requests in order and a fetch waits up to its
+  ``max_wait``. Each connection agrees the versions with ApiVersions, then
+  authenticates (SASL PLAIN or SCRAM-SHA-256/512, as ``sasl.*`` configure it;
+  TLS as ``security.protocol`` and ``ssl.*`` do, with librdkafka's property
+  names, which ``--cluster-option`` takes).
+- **Time.** A request not answered within its timeout fails with
+  ``REQUEST_TIMED_OUT`` and closes its connection (its later answers would be
+  out of order); the next request opens a new one. A stalled or restarted
+  cluster is thus met with new connections, never a stuck one.
+- **Where partitions are.** Metadata for the topics in use, refreshed when an
+  answer says a leader moved or a connection failed, and every
+  ``METADATA_MAX_AGE_S``.
+
+It does not retry: the writer and the reader decide what may be retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from twisted.internet import defer, endpoints, protocol, ssl, task
+from twisted.protocols.basic import Int32StringReceiver
+from twisted.python.failure import Failure
+
+from gateway.cluster.config import ClusterConfig
+from gateway.codecs.kafka import schema
+from gateway.codecs.kafka.errors import Errors
+
+log = logging.getLogger(__name__)
+
+PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_HANDSHAKE, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 0, 1, 3, 18, 17, 22, 36
+# The highest version of each API the client uses (Fetch 12: the last that names topics, not ids).
+WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 9, INIT_PRODUCER_ID: 4, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2}
+# The lowest each must reach: record batches (magic 2) need Produce 3 and Fetch 4.
+NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 0}
+MAX_FRAME = 256 << 20
+METADATA_MAX_AGE_S = 30.0
+SWEEP_S = 0.1  # how often requests are checked for their timeout
+CONNECT_TIMEOUT_S = 5.0
+
+# Errors after which the partition's leader is looked up again.
+STALE_METADATA = frozenset({Errors.NOT_LEADER_OR_FOLLOWER, Errors.LEADER_NOT_AVAILABLE,
+                            Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.FENCED_LEADER_EPOCH,
+                            Errors.UNKNOWN_LEADER_EPOCH, Errors.NOT_CONTROLLER})
+
+
+class WireError(Exception):
+    """A request that failed: ``code`` is Kafka's error code (``Errors``); ``sent`` says whether the
+    request may have reached the broker (a retry of a request that did may be a duplicate)."""
+
+    def __init__(self, code: int, message: str, sent: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.sent = sent
+
+    @property
+    def name(self) -> str:
+        try:
+            return Errors(self.code).name
+        except ValueError:
+            return f"error {self.code}"
+
+
+@attrs.define
+class _Pending:
+    api_key: int
+    version: int
+    deferred: defer.Deferred
+    deadline: float
+
+
+class BrokerConnection(Int32StringReceiver):
+    """One connection to one broker: requests out, answers matched by correlation id, in order."""
+
+    MAX_LENGTH = MAX_FRAME
+    transport: Any  # a TCP or TLS transport: abortConnection too
+
+    def __init__(self, clock: Any, client_id: str):
+        self.clock = clock
+        self.client_id = client_id
+        self.pending: dict[int, _Pending] = {}
+        self.correlation = 0
+        self.versions: dict[int, int] = {}  # api key -> the version used with this broker
+        self.closed = False
+        self.label = "?"
+
+    # ------------------------------------------------------------------ requests
+
+    def request(self, api_key: int, body: Mapping[str, Any], timeout_s: float,
+                version: int | None = None) -> defer.Deferred:
+        """A Deferred of the answer's body (a construct ``Container``), or of a ``WireError``."""
+        if self.closed:
+            return defer.fail(WireError(Errors.NETWORK_EXCEPTION, f"connection to {self.label} closed"))
+        if version is None:
+            version = self.versions[api_key]
+        message = schema.MESSAGES[api_key]
+        flexible = message.flexible(version)
+        self.correlation = (self.correlation + 1) & 0x7FFFFFFF
+        header = {"RequestApiKey": api_key, "RequestApiVersion": version, "CorrelationId": self.correlation,
+                  "ClientId": self.client_id}
+        frame = schema.build_frame(((schema.request_header(flexible), header), (message.request(version), body)))
+        d: defer.Deferred = defer.Deferred()
+        self.pending[self.correlation] = _Pending(api_key, version, d, self.clock.seconds() + timeout_s)
+        self.transport.write(frame)
+        return d
+
+    def stringReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
+        correlation = int.from_bytes(data[:4], "big")
+        pending = self.pending.pop(correlation, None)
+        if pending is None:
+            return  # the answer to a request that timed out: the connection is closing
+        try:
+            message = schema.MESSAGES[pending.api_key]
+            header, at = schema.parse(schema.response_header(pending.api_key, message.flexible(pending.version)),
+                                      data)
+            body, _ = schema.parse(message.response(pending.version), data, at)
+        except Exception as e:  # noqa: BLE001 - a malformed answer fails its request, not the process
+            pending.deferred.errback(WireError(Errors.CORRUPT_MESSAGE, f"malformed answer from {self.label}: {e}",
+                                               sent=True))
+            self.transport.loseConnection()
+            return
+        pending.deferred.callback(body)
+
+    def expire(self, now: float) -> None:
+        """Fail the requests past their deadline, and close: later answers would be out of order."""
+        late = [c for c, p in self.pending.items() if p.deadline <= now]
+        if not late:
+            return
+        for c in late:
+            p = self.pending.pop(c)
+            p.deferred.errback(WireError(Errors.REQUEST_TIMED_OUT, f"{self.label} did not answer in time", sent=True))
+        self.transport.abortConnection()
+
+    def connectionLost(self, reason: Any = None) -> None:  # noqa: N802 - Twisted's name
+        self.closed = True
+        pending, self.pending = self.pending, {}
+        for p in pending.values():
+            p.deferred.errback(WireError(Errors.NETWORK_EXCEPTION, f"connection to {self.label} lost", sent=True))
+
+    def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802 - Twisted's name
+        log.warning("%s answered a frame of %d bytes: closing", self.label, length)
+        self.transport.abortConnection()
+
+
+@attrs.frozen
+class Broker:
+    node_id: int
+    host: str
+    port: int
+
+    @property
+    def label(self) -> str:
+        return f"broker {self.node_id} at {self.host}:{self.port}"
+
+
+@attrs.frozen
+class PartitionLeader:
+    node_id: int
+    epoch: int
+
+
+class Security:
+    """``security.protocol``, ``sasl.*`` and ``ssl.*`` of the cluster's properties, as this client uses them."""
+
+    def __init__(self, properties: Mapping[str, str]):
+        self.protocol = properties.get("security.protocol", "plaintext").upper()
+        if self.protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+            raise ValueError(f"security.protocol={self.protocol!r}: expected plaintext, ssl, sasl_plaintext or sasl_ssl")
+        self.mechanism = properties.get("sasl.mechanism", properties.get("sasl.mechanisms", "GSSAPI")).upper()
+        if self.sasl and self.mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise ValueError(f"sasl.mechanism={self.mechanism}: cluster mode speaks PLAIN, SCRAM-SHA-256 and "
+                             f"SCRAM-SHA-512 to the cluster")
+        self.username = properties.get("sasl.username", "")
+        self.password = properties.get("sasl.password", "")
+        self.ca = properties.get("ssl.ca.location")
+        self.certificate = properties.get("ssl.certificate.location")
+        self.key = properties.get("ssl.key.location")
+        self.verify_host = properties.get("ssl.endpoint.identification.algorithm", "https").lower() == "https"
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    def tls_options(self, host: str) -> Any:
+        """Twisted's client TLS options for ``host``: the CA given (else the system's), the client
+        certificate if given, the host name checked unless turned off."""
+        trust = None
+        if self.ca:
+            with open(self.ca, "rb") as f:
+                trust = ssl.Certificate.loadPEM(f.read())
+        client = None
+        if self.certificate and self.key:
+            with open(self.certificate, "rb") as c, open(self.key, "rb") as k:
+                client = ssl.PrivateCertificate.loadPEM(c.read() + b"\n" + k.read())
+        if self.verify_host:
+            return ssl.optionsForClientTLS(host, trustRoot=trust, clientCertificate=client)
+        return ssl.CertificateOptions(
+            trustRoot=trust, verify=True, caCerts=[trust.original] if trust is not None else None,
+            privateKey=client.privateKey.original if client else None,
+            certificate=client.original if client else None)
+
+
+class ClusterClient:
+    """Connections to the cluster's brokers, and where each partition's leader is.
+
+    ``request(node, lane, api_key, body)`` sends to one broker; ``leader(topic, partition)``
+    says which one leads a partition (looking it up if needed)."""
+
+    def __init__(self, config: ClusterConfig, reactor: Any):
+        self.reactor = reactor
+        self.timeout_s = config.request_timeout_ms / 1000
+        self.client_id = config.client_id
+        self.security = Security(config.properties)
+        self.bootstrap = [_host_port(item) for item in config.bootstrap.split(",")]
+        self.brokers: dict[int, Broker] = {}
+        self.leaders: dict[tuple[str, int], PartitionLeader] = {}
+        self.partitions: dict[str, int] = {}
+        self.topics: set[str] = set()  # the topics whose metadata is kept
+        self._connections: dict[tuple[int, str], Shared | BrokerConnection] = {}
+        self._refreshing: Shared | None = None
+        self._refreshed_at = 0.0
+        self._sweep = task.LoopingCall(self._expire)
+        self._sweep.clock = reactor
+        self._bootstrap_turn = 0
+
+    def start(self) -> None:
+        self._sweep.start(SWEEP_S, now=False)
+
+    def stop(self) -> None:
+        if self._sweep.running:
+            self._sweep.stop()
+        for conn in list(self._connections.values()):
+            if isinstance(conn, BrokerConnection):
+                conn.transport.loseConnection()
+        self._connections.clear()
+
+    # ------------------------------------------------------------------ requests
+
+    def request(self, node_id: int, lane: str, api_key: int, body: Mapping[str, Any] | Callable[[int], Mapping[str, Any]],
+                timeout_s: float | None = None) -> defer.Deferred:
+        """Send to broker ``node_id`` (-1: any bootstrap server) on the connection of ``lane``.
+        ``body`` may be a function of the version agreed with the broker."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+
+        def send(conn: BrokerConnection) -> defer.Deferred:
+            version = conn.versions[api_key]
+            return conn.request(api_key, body(version) if callable(body) else body, timeout, version)
+
+        return self.connection(node_id, lane).addCallback(send)
+
+    def connection(self, node_id: int, lane: str) -> defer.Deferred:
+        """A Deferred of a ready connection to ``node_id`` for ``lane``, opened if needed."""
+        key = (node_id, lane)
+        conn = self._connections.get(key)
+        if isinstance(conn, BrokerConnection):
+            if not conn.closed:
+                return defer.succeed(conn)
+            del self._connections[key]
+        elif conn is not None:
+            return conn.wait()
+        opening = self._open(node_id)
+
+        def opened(c: BrokerConnection) -> BrokerConnection:
+            if self._connections.get(key) is shared:
+                self._connections[key] = c
+            return c
+
+        def failed(f: Any) -> Any:
+            if self._connections.get(key) is shared:
+                del self._connections[key]
+            return f
+
+        shared = Shared(opening.addCallbacks(opened, failed))
+        self._connections[key] = shared
+        return shared.wait()
+
+    def _open(self, node_id: int) -> defer.Deferred:
+        if node_id < 0:
+            self._bootstrap_turn += 1
+            host, port = self.bootstrap[self._bootstrap_turn % len(self.bootstrap)]
+            label = f"bootstrap server {host}:{port}"
+        else:
+            broker = self.brokers.get(node_id)
+            if broker is None:
+                return defer.fail(WireError(Errors.LEADER_NOT_AVAILABLE, f"broker {node_id} is not in the metadata"))
+            host, port, label = broker.host, broker.port, broker.label
+        endpoint: Any = endpoints.HostnameEndpoint(self.reactor, host, port, timeout=CONNECT_TIMEOUT_S)
+        if self.security.tls:
+            endpoint = endpoints.wrapClientTLS(self.security.tls_options(host), endpoint)
+        factory = protocol.Factory.forProtocol(lambda: BrokerConnection(self.reactor, self.client_id))
+
+        def connected(conn: BrokerConnection) -> defer.Deferred:
+            conn.label = label
+            return self._handshake(conn)
+
+        def unreachable(f: Any) -> Any:
+            if f.check(WireError):
+                return f
+            raise WireError(Errors.NETWORK_EXCEPTION, f"cannot reach {label}: {f.getErrorMessage()}")
+
+        return endpoint.connect(factory).addCallback(connected).addErrback(unreachable)
+
+    @defer.inlineCallbacks
+    def _handshake(self, conn: BrokerConnection) -> Any:
+        """Agree the versions, then log in: the connection once usable."""
+        try:
+            answer = yield conn.request(API_VERSIONS, {}, self.timeout_s, version=0)
+            if answer.ErrorCode:
+                raise WireError(answer.ErrorCode, f"{conn.label} refused ApiVersions")
+            theirs = {a.ApiKey: (a.MinVersion, a.MaxVersion) for a in answer.ApiKeys}
+            for api_key, wanted in WANTED.items():
+                low, high = theirs.get(api_key, (0, -1))
+                ours = min(wanted, high, schema.MESSAGES[api_key].valid[1])
+                if ours >= max(low, NEEDED[api_key]):
+                    conn.versions[api_key] = ours
+            for api_key in (PRODUCE, FETCH, METADATA):
+                if api_key not in conn.versions:
+                    raise WireError(Errors.UNSUPPORTED_VERSION,
+                                    f"{conn.label} does not serve {schema.MESSAGES[api_key].name} with record batches")
+            if self.security.sasl:
+                yield self._login(conn)
+        except Exception:
+            conn.transport.abortConnection()
+            raise
+        return conn
+
+    @defer.inlineCallbacks
+    def _login(self, conn: BrokerConnection) -> Any:
+        sec = self.security
+        answer = yield conn.request(SASL_HANDSHAKE, {"Mechanism": sec.mechanism}, self.timeout_s)
+        if answer.ErrorCode:
+            raise WireError(answer.ErrorCode, f"{conn.label} does not take SASL {sec.mechanism} "
+                                              f"(it offers {', '.join(answer.Mechanisms)})")
+        if sec.mechanism == "PLAIN":
+            yield self._authenticate(conn, b"\0" + sec.username.encode() + b"\0" + sec.password.encode())
+            return
+        import scramp  # only when SCRAM is configured
+
+        client = scramp.ScramClient([sec.mechanism], sec.username, sec.password)
+        server_first = yield self._authenticate(conn, client.get_client_first().encode())
+        client.set_server_first(server_first.decode())
+        server_final = yield self._authenticate(conn, client.get_client_final().encode())
+        try:
+            client.set_server_final(server_final.decode())
+        except scramp.ScramException as e:
+            raise WireError(Errors.SASL_AUTHENTICATION_FAILED, f"{conn.label} did not prove the password: {e}") from e
+
+    @defer.inlineCallbacks
+    def _authenticate(self, conn: BrokerConnection, token: bytes) -> Any:
+        answer = yield conn.request(SASL_AUTHENTICATE, {"AuthBytes": token}, self.timeout_s)
+        if answer.ErrorCode:
+            raise WireError(answer.ErrorCode, f"{conn.label} refused the login of {self.security.username!r}: "
+                                              f"{answer.ErrorMessage or Errors(answer.ErrorCode).name}")
+        return bytes(answer.AuthBytes)
+
+    def _expire(self) -> None:
+        now = self.reactor.seconds()
+        for conn in list(self._connections.values()):
+            if isinstance(conn, BrokerConnection) and conn.pending:
+                conn.expire(now)
+
+    # ------------------------------------------------------------------ metadata
+
+    def leader(self, topic: str, partition: int) -> defer.Deferred | PartitionLeader:
+        """The partition's leader: at once when known, else a Deferred of it after a lookup."""
+        found = self.leaders.get((topic, partition))
+        if found is not None and found.node_id in self.brokers:
+            return found
+        self.topics.add(topic)
+        return self.refresh().addCallback(lambda _: self._known_leader(topic, partition))
+
+    def _known_leader(self, topic: str, partition: int) -> PartitionLeader:
+        found = self.leaders.get((topic, partition))
+        if found is None or found.node_id not in self.brokers:
+            raise WireError(Errors.LEADER_NOT_AVAILABLE, f"{topic}/{partition} has no leader in the cluster's metadata")
+        return found
+
+    def stale(self, topic: str, partition: int) -> None:
+        """An answer said the partition's leader moved: look it up again before the next request."""
+        self.leaders.pop((topic, partition), None)
+
+    def refresh(self) -> defer.Deferred:
+        """Fires once the metadata of the topics in use was read again (one request at a time)."""
+        if self._refreshing is not None:
+            return self._refreshing.wait()
+        topics = sorted(self.topics)
+        d = self.request(-1, "metadata", METADATA, lambda v: {
+            "Topics": [{"Name": t} for t in topics], "AllowAutoTopicCreation": False})
+
+        def read(answer: Any) -> None:
+            self.brokers = {b.NodeId: Broker(b.NodeId, b.Host, b.Port) for b in answer.Brokers}
+            for t in answer.Topics:
+                if t.ErrorCode:
+                    self.partitions.pop(t.Name, None)
+                    for key in [k for k in self.leaders if k[0] == t.Name]:
+                        del self.leaders[key]
+                    continue
+                self.partitions[t.Name] = len(t.Partitions)
+                for p in t.Partitions:
+                    self.leaders[(t.Name, p.PartitionIndex)] = PartitionLeader(p.LeaderId, p.get("LeaderEpoch", -1))
+            self._refreshed_at = time.monotonic()
+
+        def done(result: Any) -> Any:
+            self._refreshing = None
+            return result
+
+        self._refreshing = Shared(d.addCallback(read).addBoth(done))
+        return self._refreshing.wait()
+
+    def refresh_if_old(self) -> None:
+        if time.monotonic() - self._refreshed_at > METADATA_MAX_AGE_S and self.topics:
+            self.refresh().addErrback(lambda f: log.debug("metadata refresh failed: %s", f.getErrorMessage()))
+
+
+class Shared:
+    """One outcome many wait for: ``wait()`` gives each waiter a Deferred of its own, so that
+    none of them can change what the others get."""
+
+    _UNSET: Any = object()
+
+    def __init__(self, d: defer.Deferred):
+        self.outcome: Any = self._UNSET
+        self.waiters: list[defer.Deferred] = []
+        d.addBoth(self._settle)
+
+    @property
+    def settled(self) -> bool:
+        return self.outcome is not self._UNSET
+
+    def _settle(self, outcome: Any) -> None:
+        self.outcome = outcome
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            self._give(w)
+
+    def _give(self, w: defer.Deferred) -> None:
+        if isinstance(self.outcome, Failure):
+            w.errback(self.outcome)
+        else:
+            w.callback(self.outcome)
+
+    def wait(self) -> defer.Deferred:
+        w: defer.Deferred = defer.Deferred()
+        if self.settled:
+            self._give(w)
+        else:
+            self.waiters.append(w)
+        return w
+
+
+def _host_port(item: str) -> tuple[str, int]:
+    host, _, port = item.strip().rpartition(":")
+    return host.strip("[]"), int(port)
