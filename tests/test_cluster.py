@@ -352,6 +352,62 @@ def test_kill_9_of_a_gateway_loses_no_acknowledged_record(tansu, gateways):
     assert len(acked) >= 500 and not missing
 
 
+def test_two_gateways_writing_one_partition_answer_where_each_record_is(tansu, gateways):
+    """V1 pipelines, Kafka batches and TANK bundles, written at once through two gateways into one
+    partition: every offset answered holds its own record in the cluster, and a bundle's records
+    sit together (each append is one batch: another writer's records never land inside it)."""
+    a, b = (gateways(tansu.bootstrap, ("v1", "kafka", "tank")) for _ in range(2))
+    topic = topic_name()
+    create(a, topic, 1, b)
+    answered: dict[int, bytes] = {}
+    bundles: list[list[bytes]] = []
+    lock = threading.Lock()
+
+    def v1(gw: GatewayProcess, name: str) -> None:
+        with V1Client("127.0.0.1", gw.port("v1"), timeout=30) as c:
+            for round_ in range(10):
+                lines = [("PRODUCE", topic, f"k:{name}-{round_}-{i}", "acks=all") for i in range(50)]
+                for (_, _, record, *_), reply in zip(lines, c.pipeline(lines), strict=True):
+                    assert reply.ok, reply
+                    with lock:
+                        answered[int(reply.fields["offset"])] = record.partition(":")[2].encode()
+
+    def kafka(gw: GatewayProcess, name: str) -> None:
+        producer = Producer({"bootstrap.servers": gw.address("kafka"), "linger.ms": 5})
+
+        def delivered(err, msg) -> None:
+            assert err is None, err
+            with lock:
+                answered[msg.offset()] = msg.value()
+
+        for i in range(500):
+            producer.produce(topic, f"{name}-{i}".encode(), partition=0, on_delivery=delivered)
+            producer.poll(0)
+        assert producer.flush(30) == 0
+
+    def tank(gw: GatewayProcess, name: str) -> None:
+        with TankClient("127.0.0.1", gw.port("tank")) as c:
+            for round_ in range(20):
+                values = [f"{name}-{round_}-{i}".encode() for i in range(25)]
+                c.produce_messages(topic, 0, values)
+                with lock:
+                    bundles.append(values)
+
+    writers = [threading.Thread(target=write, args=(gw, f"{write.__name__}-{label}"))
+               for write in (v1, kafka, tank) for gw, label in ((a, "a"), (b, "b"))]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(120)
+    stored = {o: v for _, o, v in every_native_record(tansu.bootstrap, topic, 1)}
+    assert len(answered) == 2 * (500 + 500) and len(bundles) == 2 * 20
+    assert {o: stored.get(o) for o in answered} == answered
+    where = {v: o for o, v in stored.items()}
+    for values in bundles:
+        first = where[values[0]]
+        assert [where.get(v) for v in values] == list(range(first, first + len(values)))
+
+
 # --------------------------------------------------------------------------- waiting reads
 
 
