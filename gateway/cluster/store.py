@@ -451,6 +451,7 @@ class ClusterStore(ClusterTransactionStorage):
         return f"the Kafka cluster at {self.config.bootstrap} is unavailable: {self.metadata.error}"
 
     def housekeeping(self) -> None:
+        self.client.refresh_if_old()
         self.groups.expire()
         for reader in self._readers():
             reader.expire()
