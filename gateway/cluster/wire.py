@@ -31,16 +31,17 @@ It does not retry: the writer and the reader decide what may be retried.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 from twisted.internet import defer, endpoints, protocol, ssl, task
-from twisted.protocols.basic import Int32StringReceiver
 from twisted.python.failure import Failure
 
 from gateway.cluster.config import ClusterConfig
+from gateway.codec.framing import FrameTooLarge, LengthPrefixedFramer, fixed_header
 from gateway.codecs.kafka import schema
 from gateway.codecs.kafka.errors import Errors
 
@@ -52,6 +53,7 @@ WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 9, INIT_PRODUCER_ID: 4, SASL_HANDSHAK
 # The lowest each must reach: record batches (magic 2) need Produce 3 and Fetch 4.
 NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 0}
 MAX_FRAME = 256 << 20
+_SIZE = struct.Struct(">i")
 METADATA_MAX_AGE_S = 30.0
 SWEEP_S = 0.1  # how often requests are checked for their timeout
 CONNECT_TIMEOUT_S = 5.0
@@ -87,13 +89,16 @@ class _Pending:
     deadline: float
 
 
-class BrokerConnection(Int32StringReceiver):
-    """One connection to one broker: requests out, answers matched by correlation id, in order."""
+class BrokerConnection(protocol.Protocol):
+    """One connection to one broker: requests out, answers matched by correlation id, in order.
 
-    MAX_LENGTH = MAX_FRAME
+    Answers are framed by the codec toolkit's framer, which gathers a large answer (a fetch's
+    megabytes) from the pieces received and joins it once."""
+
     transport: Any  # a TCP or TLS transport: abortConnection too
 
     def __init__(self, clock: Any, client_id: str):
+        self.framer = LengthPrefixedFramer(fixed_header(_SIZE, 0), MAX_FRAME)
         self.clock = clock
         self.client_id = client_id
         self.pending: dict[int, _Pending] = {}
@@ -122,7 +127,17 @@ class BrokerConnection(Int32StringReceiver):
         self.transport.write(frame)
         return d
 
-    def stringReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
+        framer = self.framer
+        framer.feed(data)
+        try:
+            while (frame := framer.next_frame()) is not None:
+                self._answered(frame[1])
+        except FrameTooLarge as e:
+            log.warning("%s answered a frame of %d bytes: closing", self.label, e.size)
+            self.transport.abortConnection()
+
+    def _answered(self, data: bytes | bytearray) -> None:
         correlation = int.from_bytes(data[:4], "big")
         pending = self.pending.pop(correlation, None)
         if pending is None:
@@ -154,10 +169,6 @@ class BrokerConnection(Int32StringReceiver):
         pending, self.pending = self.pending, {}
         for p in pending.values():
             p.deferred.errback(WireError(Errors.NETWORK_EXCEPTION, f"connection to {self.label} lost", sent=True))
-
-    def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802 - Twisted's name
-        log.warning("%s answered a frame of %d bytes: closing", self.label, length)
-        self.transport.abortConnection()
 
 
 @attrs.frozen
