@@ -1,0 +1,165 @@
+"""The cluster data path in memory: what the reader makes of fetched batches, and how the gateway's
+idempotent producer answers the cluster's faults.
+
+The writer's tests script the cluster's answers at the client's interface (``ClusterClient.request``):
+the faults they answer with (sequences out of order, a producer the cluster forgot, answers that never
+come) are ones the test clusters do not give on demand, and Tansu applies no idempotence at all. The
+integration tests (``tests/test_cluster.py``) run the same code against real clusters."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+from construct import Container
+from twisted.internet import defer
+from twisted.internet.testing import MemoryReactorClock
+
+from gateway import model as m
+from gateway.cluster.config import ClusterConfig
+from gateway.cluster.reader import batches_of
+from gateway.cluster.wire import INIT_PRODUCER_ID, PRODUCE, PartitionLeader, WireError
+from gateway.cluster.writer import PRODUCER, PRODUCER_AT, Writer
+from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.kafka.errors import Errors
+from gateway.model import CommandError, ErrorCode
+from gateway.registry import Registry
+
+FORMATS = Registry.discover().batch_formats
+RECORDS = [m.Record(b"a", None, 1_700_000_000_000), m.Record(b"b", None, 1_700_000_000_001)]
+
+
+def transactional(batch: bytes) -> bytes:
+    """``batch`` with its transactional flag set (and its CRC made again)."""
+    out = bytearray(batch)
+    struct.pack_into(">h", out, 21, struct.unpack_from(">h", out, 21)[0] | 0x10)
+    struct.pack_into(">I", out, 17, crc32c.crc32c(memoryview(out)[21:]))
+    return bytes(out)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_a_read_committed_fetch_replaces_aborted_batches_by_a_gap_and_keeps_the_rest():
+    kafka = FORMATS["kafka"]
+    aborted_pid, committed_pid = 7, 8
+    data = b"".join([
+        kafka_format.encode_batch(RECORDS, 0),                                                # plain, 0-1
+        transactional(kafka_format.encode_batch(RECORDS, 2, producer=(aborted_pid, 0, 0))),   # aborted, 2-3
+        transactional(kafka_format.encode_batch(RECORDS, 4, producer=(committed_pid, 0, 0))),  # committed, 4-5
+        kafka_format.control_batch(aborted_pid, 0, False, 0, base_offset=6),                  # its abort, 6
+        kafka_format.control_batch(committed_pid, 0, True, 0, base_offset=7),                 # its commit, 7
+        transactional(kafka_format.encode_batch(RECORDS, 8, producer=(aborted_pid, 0, 2))),   # a later one, 8-9
+    ])
+    cut = kafka_format.encode_batch(RECORDS, 10)[:30]  # the answer's size limit cut the last batch
+    aborted = [Container(ProducerId=aborted_pid, FirstOffset=2)]
+
+    committed = batches_of(data + cut, aborted, kafka)
+    assert [(b.base_offset, b.last_offset) for b in committed] == [(0, 1), (2, 3), (4, 5), (6, 6), (7, 7), (8, 9)]
+    gap = committed[1]
+    assert kafka.is_commit(gap.payload) and not list(kafka.records(gap))  # no record of it is read
+    assert [r.value for r in kafka.records(committed[5])] == [b"a", b"b"]  # after the abort
+
+    uncommitted = batches_of(data, None, kafka)
+    assert [r.value for b in uncommitted[1:2] for r in kafka.records(b)] == [b"a", b"b"]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class ScriptedCluster:
+    """The client's interface, answering as the test says: ``produced`` holds ``(producer id,
+    sequence, Deferred)`` of each Produce sent, which the test fires with ``answer``."""
+
+    def __init__(self) -> None:
+        self.produced: list[tuple[int, int, defer.Deferred]] = []
+        self.producer_ids = iter(range(100, 200))
+        self.stale_marked = 0
+
+    def leader(self, topic: str, partition: int) -> PartitionLeader:
+        return PartitionLeader(0, 0)
+
+    def stale(self, topic: str, partition: int) -> None:
+        self.stale_marked += 1
+
+    def request(self, node_id: int, lane: str, api_key: int, body, timeout_s=None) -> defer.Deferred:
+        if api_key == INIT_PRODUCER_ID:
+            return defer.succeed(Container(ErrorCode=0, ProducerId=next(self.producer_ids), ProducerEpoch=0))
+        assert api_key == PRODUCE
+        (batch,) = body["TopicData"][0]["PartitionData"][0]["Records"]
+        producer_id, _, sequence = PRODUCER.unpack_from(batch, PRODUCER_AT)
+        d: defer.Deferred = defer.Deferred()
+        self.produced.append((producer_id, sequence, d))
+        return d
+
+    def answer(self, i: int, error: int = 0, base: int = -1) -> None:
+        d = self.produced[i][2]
+        if error in (Errors.NETWORK_EXCEPTION, Errors.REQUEST_TIMED_OUT):
+            d.errback(WireError(error, "no answer", sent=True))
+            return
+        d.callback(Container(Responses=[Container(PartitionResponses=[
+            Container(ErrorCode=error, BaseOffset=base, ErrorMessage=None)])]))
+
+
+def writer_on(cluster: ScriptedCluster, reactor: MemoryReactorClock) -> Writer:
+    writer = Writer(ClusterConfig("unused:9092", request_timeout_ms=10_000), cluster,  # type: ignore[arg-type]
+                    reactor, FORMATS, lambda *_: None)
+    writer.start()
+    return writer
+
+
+def appends(writer: Writer, n: int) -> list[defer.Deferred]:
+    batch = kafka_format.encode_batch(RECORDS, 0)
+    return [writer.append("t", 0, batch, 2, m.Acks.ALL) for _ in range(n)]
+
+
+def outcome(d: defer.Deferred):
+    got = []
+    d.addBoth(got.append)
+    return got[0] if got else None
+
+
+def test_batches_answered_out_of_order_after_a_lost_answer_go_again_in_order_with_their_sequences():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    writer = writer_on(cluster, reactor)
+    sent = appends(writer, 6)
+    assert [(p, s) for p, s, _ in cluster.produced] == [(100, 0), (100, 2), (100, 4), (100, 6), (100, 8)]  # 5 in flight
+    cluster.answer(0, Errors.NETWORK_EXCEPTION)  # the first answer was lost: the cluster may hold it or not
+    for i in range(1, 5):
+        cluster.answer(i, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)  # the later ones hit the gap
+    reactor.advance(1)
+    again = cluster.produced[5:]
+    assert [(p, s) for p, s, _ in again] == [(100, 0), (100, 2), (100, 4), (100, 6), (100, 8)]
+    for i in range(5, 10):
+        cluster.answer(i, base=20 + 2 * (i - 5))
+    assert [outcome(d) for d in sent[:5]] == [(20, 21), (22, 23), (24, 25), (26, 27), (28, 29)]
+    assert [(p, s) for p, s, _ in cluster.produced[10:]] == [(100, 10)]  # the sixth, after them
+
+
+def test_a_cluster_that_forgot_the_producer_gets_a_new_producer_id_and_sequences_from_zero():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    writer = writer_on(cluster, reactor)
+    first, second = appends(writer, 2)
+    cluster.answer(0, base=0)
+    cluster.answer(1, Errors.UNKNOWN_PRODUCER_ID)  # the cluster restarted and lost its producer state
+    reactor.advance(1)
+    assert [(p, s) for p, s, _ in cluster.produced[2:]] == [(101, 0)]
+    cluster.answer(2, base=2)
+    assert (outcome(first), outcome(second)) == ((0, 1), (2, 3))
+    third = appends(writer, 1)[0]
+    assert [(p, s) for p, s, _ in cluster.produced[3:]] == [(101, 2)]
+    cluster.answer(3, base=4)
+    assert outcome(third) == (4, 5)
+
+
+def test_an_append_the_cluster_never_confirms_fails_with_the_replication_timeout():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    writer = writer_on(cluster, reactor)
+    (d,) = appends(writer, 1)
+    for _ in range(3):
+        cluster.answer(len(cluster.produced) - 1, Errors.REQUEST_TIMED_OUT)
+        reactor.advance(4)
+    failure = outcome(d)
+    assert failure is not None and failure.check(CommandError)
+    assert failure.value.error.code == ErrorCode.REPLICATION_TIMEOUT
+    assert len(cluster.produced) == 3  # sent again twice within the 10 s, then given up
