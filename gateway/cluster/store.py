@@ -452,6 +452,7 @@ class ClusterStore(ClusterTransactionStorage):
 
     def housekeeping(self) -> None:
         self.client.refresh_if_old()
+        self.writer.expire()
         self.groups.expire()
         for reader in self._readers():
             reader.expire()

@@ -110,6 +110,11 @@ def command_error(error: WireError, doing: str) -> CommandError:
     return CommandError(model, f"{doing}: Kafka cluster error {error.name}: {error}")
 
 
+def _timed_out(a: Append) -> CommandError:
+    return CommandError(ErrorCode.REPLICATION_TIMEOUT, f"produce to {a.topic}/{a.partition}: "
+                                                       f"the Kafka cluster did not confirm in time")
+
+
 def stamped(batch: bytes, producer_id: int, epoch: int, sequence: int) -> bytes:
     """``batch`` (one v2 record batch) as the idempotent producer ``producer_id`` sends it, CRC included."""
     out = bytearray(batch)
@@ -168,6 +173,20 @@ class Writer:
 
     def start(self) -> None:
         self._init_producer()
+
+    def expire(self) -> None:
+        """Fail the appends still queued past their deadline (the producer may wait for an id
+        from a cluster that does not answer: nothing else would end them)."""
+        now = self.reactor.seconds()
+        for lane in self.lanes.values():
+            if lane.queue and lane.queue[0].deadline <= now:
+                kept: collections.deque[Append] = collections.deque()
+                for a in lane.queue:
+                    if a.deadline <= now:
+                        a.deferred.errback(_timed_out(a))
+                    else:
+                        kept.append(a)
+                lane.queue = kept
 
     def stop(self) -> None:
         """Fail what was not sent (the store is closing)."""
@@ -335,8 +354,7 @@ class Writer:
             if a.generation != self.generation:
                 a.sequence = None
             if now >= a.deadline:
-                a.deferred.errback(CommandError(ErrorCode.REPLICATION_TIMEOUT, f"produce to {a.topic}/{a.partition}: "
-                                                                               f"the Kafka cluster did not confirm in time"))
+                a.deferred.errback(_timed_out(a))
                 continue
             if a.sequence is None:
                 a.sequence = lane.next_sequence

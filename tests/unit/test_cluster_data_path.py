@@ -163,3 +163,15 @@ def test_an_append_the_cluster_never_confirms_fails_with_the_replication_timeout
     assert failure is not None and failure.check(CommandError)
     assert failure.value.error.code == ErrorCode.REPLICATION_TIMEOUT
     assert len(cluster.produced) == 3  # sent again twice within the 10 s, then given up
+
+
+def test_appends_waiting_for_a_producer_id_from_a_cluster_that_does_not_answer_time_out():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    never: defer.Deferred = defer.Deferred()
+    cluster.request = lambda *a, **k: never  # type: ignore[method-assign]  # InitProducerId unanswered
+    writer = writer_on(cluster, reactor)
+    (d,) = appends(writer, 1)
+    reactor.advance(11)
+    writer.expire()
+    failure = outcome(d)
+    assert failure is not None and failure.value.error.code == ErrorCode.REPLICATION_TIMEOUT
