@@ -31,7 +31,7 @@ from gateway.cluster.reader import Reader
 from gateway.cluster.security import SecurityTopic
 from gateway.cluster.transactions import TransactionalProducers
 from gateway.cluster.wire import INIT_PRODUCER_ID, ClusterClient, WireError
-from gateway.cluster.writer import KAFKA, Writer, command_error, kafka_format
+from gateway.cluster.writer import KAFKA, Writer, command_error, is_one_batch, kafka_format
 from gateway.codec import BatchFormat, topic_configs
 from gateway.codecs.kafka.errors import Errors
 from gateway.model import CommandError, ErrorCode
@@ -290,6 +290,8 @@ class ClusterStore(ClusterTransactionStorage):
         self.metadata.marks(topic, partition)
         writer = self.writer
         if producer is None:
+            if fmt == KAFKA and is_one_batch(payload):  # a Kafka client's batch goes as it arrived
+                return writer.forward(topic, partition, payload, count, acks)
             return writer.append(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count, acks)
         if producer.transactional:  # through the transactional id's own producer on the cluster
             assert isinstance(producer.producer_id, int)  # a Kafka producer's

@@ -11,7 +11,8 @@ are.
 
 How an append travels (``gateway.cluster.wire`` sends it):
 
-- ``acks=all`` appends go through the gateway's own idempotent producer: a
+- ``acks=all`` appends of batches the gateway made (every protocol's but a
+  Kafka client's) go through the gateway's own idempotent producer: a
   producer id from the cluster (InitProducerId) stamped into each batch with
   its partition's next sequence number, up to ``IN_FLIGHT`` batches per
   partition at once. An append whose answer did not come (a stall, a lost
@@ -22,16 +23,18 @@ How an append travels (``gateway.cluster.wire`` sends it):
   partition), the producer takes a new id and sends what was not
   acknowledged again from sequence 0: the gateway heals without a restart.
 - ``acks=1`` (and ``acks=0``, upgraded: the gateway needs the offsets to
-  answer) appends are sent as they are; one is sent again only when the
+  answer) appends of such batches are sent as they are; one is sent again only when the
   cluster said it did not store it (a leader that moved, a connection that
   could not be made).
-- An idempotent Kafka client's batch (``forward``) keeps the producer id,
-  epoch and sequence the client gave it (the broker checked them,
-  ``gateway.broker.idempotence``; they are where a gateway reads the
-  producer's state back, ``gateway.cluster.producers``). It is sent again
-  only when the cluster said it did not store it: a cluster need not apply
-  idempotence itself (Tansu 0.6 does not), so a batch whose answer was lost
-  is left to the client's retry, which the broker recognises.
+- A Kafka client's batch (``forward``) goes as it arrived, its producer
+  fields as the client stamped them (an idempotent producer's id, epoch and
+  sequence: the broker checked them, ``gateway.broker.idempotence``, and a
+  gateway reads the producer's state back from them,
+  ``gateway.cluster.producers``), with the client's acks. It is sent again
+  only when the cluster said it did not store it: a batch whose answer was
+  lost is left to the client's retry, as with a broker of its own (the broker
+  recognises an idempotent producer's retry; a cluster need not apply
+  idempotence itself, and Tansu 0.6 does not).
 
 With a cluster that applies idempotence (Kafka), the gateway's own producer
 never stores a batch twice; on one that does not (Tansu 0.6), a batch sent
@@ -242,7 +245,7 @@ class Writer:
         return a.deferred.addCallback(self._acknowledged, a)
 
     def forward(self, topic: str, partition: int, batch: bytes, records: int, acks: m.Acks) -> defer.Deferred:
-        """Append a client's idempotent batch with the producer fields it carries (see the module docstring)."""
+        """Append a Kafka client's batch as it arrived (see the module docstring)."""
         a = Append(topic, partition, batch, records, self.reactor.seconds() + self.timeout_s, next(self._order))
         self._send_plain(a, -1 if acks == m.Acks.ALL else 1)
         return a.deferred.addCallback(self._acknowledged, a)
