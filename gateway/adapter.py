@@ -37,7 +37,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway import model as m
-from gateway.broker.calls import first_failure
+from gateway.broker.calls import Share, first_failure, gather, waits
 from gateway.codec import (
     LOGIN_REFUSED,
     Close,
@@ -482,19 +482,18 @@ class CodecProtocol(protocol.Protocol):
         # The common case, no waiting: no result is a Deferred. A run's results are told by
         # their types, once per type: an isinstance check of Deferred (an ABC) per result
         # would cost more than the rest of its answer.
-        if (not isinstance(results[0], defer.Deferred) if len(results) == 1
-                else not any(issubclass(kind, defer.Deferred) for kind in set(map(type, results)))):
+        if (not waits(results[0]) if len(results) == 1
+                else not any(kind is Share or issubclass(kind, defer.Deferred) for kind in set(map(type, results)))):
             self._answer(slot, request, results)
             return
-        if len(results) == 1:  # one command that waits (a long poll, acks=all): no list to gather
+        if len(results) == 1 and type(results[0]) is not Share:  # one command that waits (a long poll)
             d = results[0].addCallback(lambda result: [result])
         else:
-            d = defer.gatherResults([r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in results],
-                                    consumeErrors=True)
+            d = gather(results)
         slot.pending = d
         self._waited += request.frames
         began = self._pass_began
-        waited = [i for i, r in enumerate(results) if isinstance(r, defer.Deferred)]  # the others are counted
+        waited = [i for i, r in enumerate(results) if waits(r)]  # the others are counted
 
         def done(results: list[Any]) -> None:
             slot.pending = None

@@ -4,7 +4,7 @@ and what stands in for a call of a capability the store lacks."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from twisted.internet import defer
@@ -71,23 +71,102 @@ def errors_as(result_type: Callable[..., Any], *fields: str) -> Callable[[Callab
     return wrap
 
 
-def fan_out(d: defer.Deferred, count: int) -> list[defer.Deferred]:
-    """``count`` Deferreds, the k-th firing with item k of the sequence ``d`` fires
-    with (or with its failure). Cancelling one leaves the others waiting."""
-    children: list[defer.Deferred] = [defer.Deferred() for _ in range(count)]
+class Shared:
+    """One outcome that many wait for: ``wait()`` gives each waiter a Deferred of its own, so
+    that none can change what the others get, and one that gives up (cancels its Deferred)
+    leaves the others waiting."""
 
-    def deliver(results: Any) -> None:
-        for child, result in zip(children, results, strict=True):
-            if not child.called:
-                child.callback(result)
+    _UNSET: Any = object()
 
-    def fail(f: Any) -> None:
-        for child in children:
-            if not child.called:
-                child.errback(f)
+    def __init__(self, d: defer.Deferred):
+        self.outcome: Any = self._UNSET
+        self.waiters: list[defer.Deferred] = []
+        d.addBoth(self._settle)
 
-    d.addCallbacks(deliver, fail)
-    return children
+    @property
+    def settled(self) -> bool:
+        return self.outcome is not self._UNSET
+
+    def _settle(self, outcome: Any) -> None:
+        self.outcome = outcome
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            self._give(w)
+
+    def _give(self, w: defer.Deferred) -> None:
+        if w.called:  # cancelled by its waiter
+            return
+        if isinstance(self.outcome, Failure):
+            w.errback(self.outcome)
+        else:
+            w.callback(self.outcome)
+
+    def wait(self) -> defer.Deferred:
+        w: defer.Deferred = defer.Deferred()
+        if self.settled:
+            self._give(w)
+        else:
+            self.waiters.append(w)
+        return w
+
+
+class Share:
+    """The result of one command of a run whose results come together (``fan_out``): item
+    ``index`` of the sequence ``whole`` settles with. It stands where a Deferred of that result
+    would, without a Deferred per command: ``gather`` waits on a run's results once."""
+
+    __slots__ = ("whole", "index")
+
+    def __init__(self, whole: Shared, index: int):
+        self.whole = whole
+        self.index = index
+
+    def wait(self) -> defer.Deferred:
+        """A Deferred of this one result."""
+        index = self.index
+        return self.whole.wait().addCallback(lambda results: results[index])
+
+
+def fan_out(d: defer.Deferred, count: int) -> list[Share]:
+    """``count`` results to come, the k-th being item k of the sequence ``d`` fires with (or its failure)."""
+    whole = Shared(d)
+    return [Share(whole, i) for i in range(count)]
+
+
+def waits(result: Any) -> bool:
+    """Whether ``result`` (of ``Broker.run_many``) is still to come: a Deferred or a ``Share``."""
+    return type(result) is Share or isinstance(result, defer.Deferred)
+
+
+def gather(results: Sequence[Any]) -> defer.Deferred:
+    """A Deferred of ``results`` with each Deferred and ``Share`` replaced by what it settles with
+    (failing with the first failure): one wait per run of ``Share``s, however many commands it ran."""
+    pending: list[defer.Deferred] = []
+    places: list[int | list[tuple[int, int]]] = []  # per pending: the result's place, or a run's places
+    runs: dict[int, list[tuple[int, int]]] = {}
+    for i, r in enumerate(results):
+        if type(r) is Share:
+            run = runs.get(id(r.whole))
+            if run is None:
+                run = runs[id(r.whole)] = []
+                pending.append(r.whole.wait())
+                places.append(run)
+            run.append((i, r.index))
+        elif isinstance(r, defer.Deferred):
+            pending.append(r)
+            places.append(i)
+    out = list(results)
+
+    def fill(outcomes: list[Any]) -> list[Any]:
+        for place, outcome in zip(places, outcomes, strict=True):
+            if isinstance(place, int):
+                out[place] = outcome
+            else:
+                for i, k in place:
+                    out[i] = outcome[k]
+        return out
+
+    return defer.gatherResults(pending, consumeErrors=True).addCallback(fill)
 
 
 def refusal(store: Storage, call: str) -> Callable[..., NoReturn]:

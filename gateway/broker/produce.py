@@ -26,6 +26,7 @@ from gateway.broker.calls import (
     errors_as,
     fan_out,
     first_failure,
+    gather,
     then,
     unknown_leader_epoch,
 )
@@ -249,8 +250,7 @@ class Producer:
         except CommandError as e:
             return [m.ProduceResult(first.topic, error=e.error)] * len(cmds)
         if isinstance(ensured, defer.Deferred):
-            answers = ensured.addCallback(lambda _: defer.gatherResults(
-                [r if isinstance(r, defer.Deferred) else defer.succeed(r) for r in self._produce_merged(cmds)], consumeErrors=True))
+            answers = ensured.addCallback(lambda _: gather(self._produce_merged(cmds)))
             return fan_out(answers.addErrback(_as_results, first.topic, len(cmds)), len(cmds))
         return self._produce_merged(cmds)
 

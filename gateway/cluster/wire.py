@@ -38,8 +38,8 @@ from typing import Any
 
 import attrs
 from twisted.internet import defer, endpoints, protocol, ssl, task
-from twisted.python.failure import Failure
 
+from gateway.broker.calls import Shared
 from gateway.cluster.config import ClusterConfig
 from gateway.codec.framing import FrameTooLarge, LengthPrefixedFramer, fixed_header
 from gateway.codecs.kafka import schema
@@ -443,42 +443,6 @@ class ClusterClient:
     def refresh_if_old(self) -> None:
         if time.monotonic() - self._refreshed_at > METADATA_MAX_AGE_S and self.topics:
             self.refresh().addErrback(lambda f: log.debug("metadata refresh failed: %s", f.getErrorMessage()))
-
-
-class Shared:
-    """One outcome many wait for: ``wait()`` gives each waiter a Deferred of its own, so that
-    none of them can change what the others get."""
-
-    _UNSET: Any = object()
-
-    def __init__(self, d: defer.Deferred):
-        self.outcome: Any = self._UNSET
-        self.waiters: list[defer.Deferred] = []
-        d.addBoth(self._settle)
-
-    @property
-    def settled(self) -> bool:
-        return self.outcome is not self._UNSET
-
-    def _settle(self, outcome: Any) -> None:
-        self.outcome = outcome
-        waiters, self.waiters = self.waiters, []
-        for w in waiters:
-            self._give(w)
-
-    def _give(self, w: defer.Deferred) -> None:
-        if isinstance(self.outcome, Failure):
-            w.errback(self.outcome)
-        else:
-            w.callback(self.outcome)
-
-    def wait(self) -> defer.Deferred:
-        w: defer.Deferred = defer.Deferred()
-        if self.settled:
-            self._give(w)
-        else:
-            self.waiters.append(w)
-        return w
 
 
 def _host_port(item: str) -> tuple[str, int]:

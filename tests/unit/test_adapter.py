@@ -14,6 +14,7 @@ from twisted.internet.testing import StringTransport
 from gateway import model as m
 from gateway.adapter import CodecFactory, ConnectionLimits
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
+from gateway.broker.calls import gather
 from gateway.codec import (
     BatchFormat,
     Close,
@@ -344,7 +345,9 @@ def _keyed(topic: str, keys, values, stamps, acks: m.Acks = m.Acks.LEADER) -> li
 def _answers(reactor, results):
     """``results`` of ``run_many``, once the reactor ran what they wait for."""
     reactor.advance(0)
-    return [r.result if isinstance(r, defer.Deferred) else r for r in results]
+    got = []
+    gather(results).addBoth(got.append)
+    return got[0]
 
 
 def test_merged_produces_append_one_batch_per_partition(broker):
@@ -423,12 +426,12 @@ def test_merged_produces_with_acks_all_wait_per_partition(tmp_path):
     assert set(partitions) == {0, 1}
     cmds = _keyed("r", keys, keys, (1,) * 8, m.Acks.ALL)
     per_partition = [partitions.count(0), partitions.count(1)]
-    d = defer.gatherResults(b.run_many(cmds))
+    d = gather(b.run_many(cmds))
     b.execute(m.ReplicaProgress("r", 0, 1, per_partition[0]))  # the follower's log end
     assert not d.called  # partition 0 is replicated, partition 1 is not yet
     b.execute(m.ReplicaProgress("r", 1, 1, per_partition[1]))
     assert all(r.error is None for r in d.result)
-    d2 = defer.gatherResults(b.run_many(cmds))
+    d2 = gather(b.run_many(cmds))
     b.execute(m.ReplicaProgress("r", 0, 1, 2 * per_partition[0]))  # this time only partition 0 follows
     reactor.advance(1.1)
     for r, partition in zip(d2.result, partitions):

@@ -9,6 +9,7 @@ from twisted.internet import defer
 
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
+from gateway.broker.calls import gather
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.format import encode_record
 from gateway.local.store import LocalStore
@@ -92,8 +93,10 @@ def answers(tmp_path, store_type, steps):
             results = step(broker)
             for _ in range(3):
                 reactor.advance(0)
-            assert all(r.called for r in results if isinstance(r, defer.Deferred)), results
-            out += [without_topic_ids(r.result if isinstance(r, defer.Deferred) else r) for r in results]
+            settled: list = []
+            gather(results).addBoth(settled.append)
+            assert settled and isinstance(settled[0], list), results
+            out += [without_topic_ids(r) for r in settled[0]]
     finally:
         engine.close()
     return out

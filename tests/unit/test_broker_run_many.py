@@ -148,7 +148,7 @@ def test_acks_all_merged_produces_wait_per_partition(rig):
                                     BrokerConfig(ack_timeout_ms=1000))
     engine.create_topic("r", 2)
     cmds = [produce("r", p, b"v%d" % i, acks=m.Acks.ALL) for i, p in enumerate((0, 0, 1, 0, 1))]
-    results = b.run_many(cmds)
+    results = [r.wait() for r in b.run_many(cmds)]  # a Deferred for each answer, to see which came
     assert store.appends == 2 and not any(d.called for d in results)
     b.run(m.ReplicaProgress("r", 0, 1, 3))  # partition 0's follower has all three
     assert [d.called for d in results] == [True, True, False, True, False]
@@ -163,7 +163,8 @@ def test_a_cancelled_answer_leaves_the_others_of_its_append_waiting(rig):
     b, store, engine, reactor = rig("cancel", EngineConfig(replication_factor=2, min_insync_replicas=2),
                                     BrokerConfig(ack_timeout_ms=1000))
     engine.create_topic("r", 1)
-    first, second = b.run_many([produce("r", 0, b"a", acks=m.Acks.ALL), produce("r", 0, b"b", acks=m.Acks.ALL)])
+    first, second = (r.wait() for r in b.run_many([produce("r", 0, b"a", acks=m.Acks.ALL),
+                                                     produce("r", 0, b"b", acks=m.Acks.ALL)]))
     first.addErrback(lambda f: None)
     first.cancel()
     b.run(m.ReplicaProgress("r", 0, 1, 2))
