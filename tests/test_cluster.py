@@ -347,6 +347,28 @@ def test_a_thousand_v1_and_cursus_members_cost_no_thread_each(tansu, gateways):
                 c.close()
 
 
+
+def test_the_members_a_gateway_keeps_in_the_clusters_groups_are_capped(tansu, gateways):
+    """Each group's V1 and Cursus members (and each Kafka client's member) cost the gateway a
+    librdkafka consumer: past --cluster-max-members, a JOIN of another group is refused, so the
+    gateway's threads stay bounded whatever the number of groups."""
+    gw = gateways(tansu.bootstrap, ("v1",), "--cluster-max-members", "2")
+    topic = topic_name()
+    create(gw, topic, 1)
+    groups = [f"g{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+    with V1Client("127.0.0.1", gw.port("v1"), timeout=10) as c:
+        first = c.request("JOIN", groups[0], topic, "a").check()
+        c.request("JOIN", groups[1], topic, "b").check()
+        assert c.request("JOIN", groups[0], topic, "c").ok  # another member of a group it holds: free
+        refused = c.request("JOIN", groups[2], topic, "d")
+        assert (refused.code, refused.message) == (
+            "BAD_REQUEST", "this gateway keeps at most 2 members of the cluster's groups (--cluster-max-members)")
+        for member in ("a", "c"):  # the group's last member leaves: its consumer closes
+            generation = c.request("JOIN", groups[0], topic, member).check().fields["generation"]
+            c.request("LEAVE", groups[0], topic, member, generation).check()
+        assert assigned(c.request("JOIN", groups[2], topic, "d").check()) == [0]
+    assert first.fields["assigned"] == "[0]"
+
 def test_kafka_consumers_through_two_gateways_and_one_on_the_cluster_share_a_group(tansu, gateways):
     a, b = gateways(tansu.bootstrap, ("v1", "kafka")), gateways(tansu.bootstrap, ("v1", "kafka"))
     topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"

@@ -28,7 +28,9 @@ What a member costs: a V1 or Cursus member is a few hundred bytes here (its
 connection aside), whatever the number of members; a group costs its
 gateway one librdkafka consumer (4 threads and about 0.5 MiB resident, as
 measured on Tansu), so a gateway's threads grow with the groups its V1 and
-Cursus clients use at once, not with their members.
+Cursus clients use at once, not with their members; it keeps at most
+``--cluster-max-members`` (256) members in the cluster's groups, and refuses
+a JOIN that would need another (``INVALID_REQUEST``: V1 ``BAD_REQUEST``).
 
 A Kafka client's member (a ``"consumer"`` group) is a member of the cluster's
 group of its own (it has its own assignment protocol): the gateway reads the
@@ -165,6 +167,7 @@ class ClusterGroups:
         self.reactor = reactor
         self.members: dict[tuple[str, str], Member] = {}
         self.shared: dict[str, GatewayGroup] = {}
+        self.clusters: set[ClusterMember] = set()  # those whose consumer is open (or opening)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._polled: list[ClusterMember] = []  # thread side
         self._loop = Loop("polygate-cluster-groups", self._step)
@@ -179,6 +182,7 @@ class ClusterGroups:
             self._unsubscribe(cluster)
         self.members.clear()
         self.shared.clear()
+        self.clusters.clear()
 
     def _in_thread(self, fn: Callable[[], Any]) -> defer.Deferred:
         """Run ``fn`` in the groups thread: a Deferred of its result in the reactor thread."""
@@ -249,6 +253,16 @@ class ClusterGroups:
 
     # ------------------------------------------------------------------ reactor side
 
+    def _new_cluster(self, group: str, topics: tuple[str, ...], assignor: str, client_id: str) -> ClusterMember:
+        """A new member of the cluster's group ``group``, joining it; refused past ``max_members``."""
+        if len(self.clusters) >= self.config.max_members:
+            raise CommandError(ErrorCode.INVALID_REQUEST, f"this gateway keeps at most {self.config.max_members} "
+                                                          "members of the cluster's groups (--cluster-max-members)")
+        cluster = ClusterMember(group, topics, assignor, client_id)
+        self.clusters.add(cluster)
+        self._join_cluster(cluster, topics)
+        return cluster
+
     def _join_cluster(self, cluster: ClusterMember, topics: tuple[str, ...]) -> None:
         """Subscribe ``cluster`` to ``topics``: its partitions come with the cluster's next rebalance."""
         cluster.assigned = False
@@ -276,6 +290,7 @@ class ClusterGroups:
 
     def _leave_cluster(self, cluster: ClusterMember) -> defer.Deferred:
         """Close ``cluster``'s consumer: it leaves the cluster's group at once."""
+        self.clusters.discard(cluster)
         waiting, cluster.waiting = cluster.waiting, []
         for d in waiting:
             d.errback(CommandError(ErrorCode.UNKNOWN_MEMBER, "left the group"))
@@ -336,9 +351,11 @@ class ClusterGroups:
         topics = tuple(cmd.topics)
         shared = self.shared.get(cmd.group)
         if shared is None:
-            cluster = ClusterMember(cmd.group, topics, cmd.assignor, f"{self.config.client_id}-members")
+            try:
+                cluster = self._new_cluster(cmd.group, topics, cmd.assignor, f"{self.config.client_id}-members")
+            except CommandError as e:
+                return m.JoinGroupResult(cmd.group, error=e.error)
             shared = self.shared[cmd.group] = GatewayGroup(cmd.group, topics, cmd.assignor, cluster)
-            self._join_cluster(cluster, topics)
         member_id = cmd.member_id
         if cmd.new_member_id is not None and member_id not in shared.members:
             member_id = cmd.new_member_id
@@ -379,11 +396,14 @@ class ClusterGroups:
             self._close(member)
             member = None
         if member is None:
-            cluster = ClusterMember(cmd.group, topics, assignor, f"{self.config.client_id}-{cmd.codec}:{member_id}")
+            try:
+                cluster = self._new_cluster(cmd.group, topics, assignor,
+                                            f"{self.config.client_id}-{cmd.codec}:{member_id}")
+            except CommandError as e:
+                return m.JoinGroupResult(cmd.group, error=e.error)
             member = Member(cmd.group, member_id, topics, cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
                             cluster, cmd.protocol_type, protocol, cmd.codec)
             self.members[(cmd.group, member_id)] = member
-            self._join_cluster(cluster, topics)
         member.last_seen = time.monotonic()
         return self._when_assigned(member.cluster).addCallback(
             lambda cluster: m.JoinGroupResult(cmd.group, member_id, cluster.generation, cluster.assignment, LEADER,
