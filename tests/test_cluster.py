@@ -318,8 +318,9 @@ def gateway_status(gw: GatewayProcess) -> tuple[int, int]:
 def test_a_thousand_v1_and_cursus_members_cost_no_thread_each(tansu, gateways):
     """Members of a group on one gateway share one member of the cluster's group: the gateway's
     threads do not grow with them (a member of its own would cost a librdkafka consumer: 4 threads,
-    about 0.5 MiB)."""
-    gw = gateways(tansu.bootstrap, ("v1", "cursus"))
+    about 0.5 MiB). Once their connections are closed they expire together, and the gateway's member
+    leaves the cluster's group."""
+    gw = gateways(tansu.bootstrap, ("v1", "cursus"), "--group-session-timeout-ms", "3000")
     topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
     create(gw, topic, 8)
     members = 1000
@@ -345,7 +346,8 @@ def test_a_thousand_v1_and_cursus_members_cost_no_thread_each(tansu, gateways):
         finally:
             for c in clients:
                 c.close()
-
+    native_member_owns(tansu.bootstrap, group, topic, 8, 20)
+    assert gateway_status(gw)[0] < threads  # its consumer closed
 
 
 def test_the_members_a_gateway_keeps_in_the_clusters_groups_are_capped(tansu, gateways):

@@ -296,27 +296,32 @@ class ClusterGroups:
             d.errback(CommandError(ErrorCode.UNKNOWN_MEMBER, "left the group"))
         return self._in_thread(lambda: self._unsubscribe(cluster))
 
-    def _close(self, member: Member) -> defer.Deferred:
-        """Take ``member`` out of its group; a Deferred that fires once the cluster was told."""
-        self.members.pop((member.group, member.member_id), None)
-        if member.kind == "consumer":
-            return self._leave_cluster(member.cluster)
-        shared = self.shared.get(member.group)
-        if shared is None or shared.members.get(member.member_id) is not member:
-            return defer.succeed(None)
-        del shared.members[member.member_id]
-        if not shared.members:
-            del self.shared[member.group]
-            return self._leave_cluster(shared.cluster)
-        if shared.cluster.assigned:
-            self._split(shared)
-        return defer.succeed(None)
+    def _close(self, *members: Member) -> defer.Deferred:
+        """Take ``members`` out of their groups, each group's split changed once; a Deferred that
+        fires once the cluster was told of the members of the cluster's groups that closed."""
+        told: list[defer.Deferred] = []
+        changed: set[str] = set()
+        for member in members:
+            self.members.pop((member.group, member.member_id), None)
+            shared = self.shared.get(member.group)
+            if member.kind == "consumer":
+                told.append(self._leave_cluster(member.cluster))
+            elif shared is not None and shared.members.get(member.member_id) is member:
+                del shared.members[member.member_id]
+                changed.add(member.group)
+        for group in changed:
+            shared = self.shared[group]
+            if not shared.members:
+                del self.shared[group]
+                told.append(self._leave_cluster(shared.cluster))
+            elif shared.cluster.assigned:
+                self._split(shared)
+        return defer.gatherResults(told)
 
     def _failed_subscribe(self, f: Any, cluster: ClusterMember) -> None:
         log.error("group %s: %s could not join the cluster's group: %s", cluster.group, cluster.client_id,
                   f.getErrorMessage())
-        for member in [mem for mem in self.members.values() if mem.cluster is cluster]:
-            self._close(member)
+        self._close(*[mem for mem in self.members.values() if mem.cluster is cluster])
 
     def _generation_of(self, member: Member) -> int:
         shared = self.shared.get(member.group)
@@ -335,12 +340,14 @@ class ClusterGroups:
     def expire(self) -> None:
         """Take out the members that stopped heartbeating."""
         now = time.monotonic()
-        for member in list(self.members.values()):
+        expired = []
+        for member in self.members.values():
             if member.cluster.waiting:  # its client may wait for the cluster's rebalance: alive
                 member.last_seen = now
             elif now - member.last_seen > member.session_timeout_ms / 1000:
                 log.info("group %s: member %s expired", member.group, member.member_id)
-                self._close(member)
+                expired.append(member)
+        self._close(*expired)
 
     def join(self, cmd: m.JoinGroup) -> Any:
         if cmd.protocol_type == "consumer":
