@@ -45,6 +45,18 @@ def tansu():
         yield cluster
 
 
+@pytest.fixture(params=["tansu", "polygate"])
+def cluster(request):
+    """The bootstrap servers of a cluster of Tansu, or of a polygate in local mode serving only Kafka."""
+    if request.param == "tansu":
+        with Tansu() as tansu:
+            yield tansu.bootstrap
+    else:
+        polygate = GatewayProcess(None, ("kafka",)).start()
+        yield polygate.address("kafka")
+        polygate.stop()
+
+
 @pytest.fixture
 def gateways():
     """``start(bootstrap, protocols, *args)`` starts a gateway on that cluster; all are checked and stopped."""
@@ -261,10 +273,10 @@ def cli(gw: GatewayProcess, protocol: str, *args: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("protocol", ["v1", "cursus"])
-def test_a_one_shot_group_consumer_prints_every_record_and_commits_it(tansu, gateways, protocol):
+def test_a_one_shot_group_consumer_prints_every_record_and_commits_it(cluster, gateways, protocol):
     """``gateway consume --group`` as in local mode (tests/test_cli.py): a JOIN is answered once the
     cluster assigned the partitions, within the client's 5 s, and the member leaves at the end."""
-    gw = gateways(tansu.bootstrap, ("v1", "kafka", "cursus"))
+    gw = gateways(cluster, ("v1", "kafka", "cursus"))
     topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
     create(gw, topic, 2)
     for i, partition in enumerate((0, 1, 0)):
@@ -275,7 +287,7 @@ def test_a_one_shot_group_consumer_prints_every_record_and_commits_it(tansu, gat
     assert cli(gw, protocol, *consume) == []  # all committed
     cli(gw, "kafka", "produce", topic, "v3", "--partition", "1")
     assert [r["value"] for r in cli(gw, protocol, *consume)] == ["v3"]
-    native = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group})
+    native = Consumer({"bootstrap.servers": cluster, "group.id": group})
     assert [tp.offset for tp in native.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=10)] == [2, 2]
     native.close()
 
@@ -293,11 +305,11 @@ def native_member_owns(bootstrap: str, group: str, topic: str, partitions: int, 
         native.close()
 
 
-def test_a_leave_takes_the_member_out_of_the_clusters_group_at_once(tansu, gateways):
+def test_a_leave_takes_the_member_out_of_the_clusters_group_at_once(cluster, gateways):
     """A one-shot member: one JOIN, then LEAVE with the generation it was told. The cluster's group is
     free at once: a native consumer of the group gets every partition within a first rebalance
-    (3 s on Tansu with a 6 s rebalance timeout), not after a session timeout (10 s, then the cluster's)."""
-    gw = gateways(tansu.bootstrap)
+    (3 s), not after a session timeout (10 s, then the cluster's)."""
+    gw = gateways(cluster)
     topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
     create(gw, topic, 3)
     with V1Client("127.0.0.1", gw.port("v1"), timeout=10) as c:
@@ -306,7 +318,7 @@ def test_a_leave_takes_the_member_out_of_the_clusters_group_at_once(tansu, gatew
         assert c.request("LEAVE", group, topic, "one-shot", joined.fields["generation"]).ok
         reply = c.request("HEARTBEAT", group, topic, "one-shot", joined.fields["generation"])
         assert reply.code == "GENERATION_MISMATCH" and "group not found" in reply.message
-    native_member_owns(tansu.bootstrap, group, topic, 3, 6)
+    native_member_owns(cluster, group, topic, 3, 6)
 
 
 def gateway_status(gw: GatewayProcess) -> tuple[int, int]:
