@@ -148,14 +148,15 @@ class Member:
 @attrs.define(eq=False)
 class GatewayGroup:
     """This gateway's V1 and Cursus members of one group and the member of the cluster's group
-    they share; ``generation`` moves on at each change of how they split its partitions."""
+    they share; ``generation`` moves on at each change of how they split its partitions (from 1, so
+    that a group on one gateway counts its generations as a local one does)."""
 
     name: str
     topics: tuple[str, ...]
     assignor: str
     cluster: ClusterMember
     members: dict[str, Member] = attrs.field(factory=dict)
-    generation: int = 0
+    generation: int = 1
 
 
 class ClusterGroups:
@@ -492,9 +493,8 @@ class ClusterGroups:
                 owned = dict(member.assignment if member.kind == "server" else member.cluster.assignment)
                 for t, p, _, _ in cmd.offsets:
                     if p not in owned.get(t, ()):
-                        return m.CommitOffsetsResult(cmd.group, ((t, p, Error(ErrorCode.NOT_ASSIGNED, "not assigned")),),
-                                                     Error(ErrorCode.NOT_ASSIGNED, f"partition {p} is not assigned"),
-                                                     generation)
+                        refused = Error(ErrorCode.NOT_ASSIGNED, "partition not assigned to member")
+                        return m.CommitOffsetsResult(cmd.group, ((t, p, refused),), refused, generation)
         except CommandError as e:
             return m.CommitOffsetsResult(cmd.group, error=e.error, generation=generation)
         if cmd.no_regression:
