@@ -156,23 +156,34 @@ def test_overview_api_assets_and_headers(gateway_factory):
 
 def test_a_clusters_group_description_names_each_members_protocol():
     """In cluster mode the gateway describes a group from the cluster's own description (Tansu, the
-    cluster of the other tests, describes no members): a gateway's member is found by the client id
-    of its consumer (``<client id>-<codec>:<member id>``, from any gateway), anyone else is a Kafka
-    client connected to the cluster. Fed with confluent-kafka's own description objects."""
+    cluster of the other tests, describes no members): the member its V1 and Cursus members share
+    (client id ``<client id>-members``) is described as those members; another gateway's is one
+    member; a Kafka client's member through a gateway is found by the client id of its consumer
+    (``<client id>-kafka:<member id>``); anyone else is a Kafka client connected to the cluster.
+    Fed with confluent-kafka's own description objects."""
     from confluent_kafka import ConsumerGroupState, Node, TopicPartition
     from confluent_kafka.admin import ConsumerGroupDescription, MemberAssignment, MemberDescription
 
     from gateway.cluster.config import ClusterConfig
-    from gateway.cluster.groups import ClusterGroups
+    from gateway.cluster.groups import ClusterGroups, ClusterMember, GatewayGroup, Member
 
     groups = ClusterGroups(ClusterConfig("127.0.0.1:1", client_id="edge"), None, None)
+    ours = ClusterMember("g", ("t",), "range", "edge-members", member_id="rdkafka-1", assigned=True,
+                         assignment=(("t", (0, 2)),))
+    shared = groups.shared["g"] = GatewayGroup("g", ("t",), "range", ours)
+    for member_id, codec, partitions in (("auditor-1", "v1", (0,)), ("reader-0042", "cursus", (2,))):
+        shared.members[member_id] = Member("g", member_id, ("t",), 10_000, ours, codec=codec,
+                                           assignment=(("t", partitions),))
     members = [
-        MemberDescription("rdkafka-1", "edge-v1:auditor-1", "/10.0.0.7", MemberAssignment([TopicPartition("t", 0)])),
-        MemberDescription("rdkafka-2", "edge-cursus:reader-0042", "/10.0.0.8", MemberAssignment([])),
-        MemberDescription("rdkafka-3", "billing-service", "/10.0.0.9", MemberAssignment([TopicPartition("t", 1)])),
+        MemberDescription("rdkafka-1", "edge-members", "/10.0.0.7",
+                          MemberAssignment([TopicPartition("t", 0), TopicPartition("t", 2)])),
+        MemberDescription("rdkafka-2", "edge-members", "/10.0.0.8", MemberAssignment([TopicPartition("t", 3)])),
+        MemberDescription("rdkafka-3", "edge-kafka:app-1", "/10.0.0.8", MemberAssignment([])),
+        MemberDescription("rdkafka-4", "billing-service", "/10.0.0.9", MemberAssignment([TopicPartition("t", 1)])),
     ]
     info = groups._info(ConsumerGroupDescription("g", False, members, "range", ConsumerGroupState.STABLE,
                                                  Node(1, "127.0.0.1", 1)))
-    assert [(m.member_id, m.codec, m.client_id) for m in info.members] == [
-        ("auditor-1", "v1", ""), ("reader-0042", "cursus", ""), ("rdkafka-3", "kafka", "billing-service")]
-    assert info.members[0].partitions == (("t", (0,)),)
+    assert [(m.member_id, m.codec, m.client_id, m.partitions) for m in info.members] == [
+        ("auditor-1", "v1", "", (("t", (0,)),)), ("reader-0042", "cursus", "", (("t", (2,)),)),
+        ("rdkafka-2", "", "", (("t", (3,)),)), ("app-1", "kafka", "edge-kafka:app-1", ()),
+        ("rdkafka-4", "kafka", "billing-service", (("t", (1,)),))]

@@ -10,11 +10,16 @@ client of the company's cluster would.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -38,6 +43,18 @@ from gateway.launcher import GatewayProcess, Tansu, free_port
 def tansu():
     with Tansu() as cluster:
         yield cluster
+
+
+@pytest.fixture(params=["tansu", "polygate"])
+def cluster(request):
+    """The bootstrap servers of a cluster of Tansu, or of a polygate in local mode serving only Kafka."""
+    if request.param == "tansu":
+        with Tansu() as tansu:
+            yield tansu.bootstrap
+    else:
+        polygate = GatewayProcess(None, ("kafka",)).start()
+        yield polygate.address("kafka")
+        polygate.stop()
 
 
 @pytest.fixture
@@ -171,23 +188,22 @@ def test_v1_members_on_two_gateways_share_a_group_of_the_cluster(tansu, gateways
             V1Client("127.0.0.1", b.port("v1"), timeout=40) as bob:
         first = join(alice, group, topic, "alice")
         assert assigned(first) == [0, 1, 2, 3, 4]
-        # bob joins through the other gateway: the cluster's coordinator splits the partitions
+        # bob joins through the other gateway: the cluster's coordinator splits the partitions between
+        # the gateways (round_robin: 3 and 2), and alice learns of it at her next heartbeat
         joined = join(bob, group, topic, "bob")
         rejoined = rejoined_after_rebalance(alice, group, topic, "alice", first.fields["generation"])
-        assert rejoined["generation"] == joined.fields["generation"]
-        generation = joined.fields["generation"]
-        # round_robin, members in id order (alice's before bob's): as the reference broker assigns
-        mine = [int(p) for p in rejoined["assigned"].strip("[]").split()]
-        assert (mine, assigned(joined)) == ([0, 2, 4], [1, 3])
-        assert alice.request("COMMIT", group, topic, "alice", generation, "2", "7").ok
-        assert not bob.request("COMMIT", group, topic, "bob", generation, "2", "7").ok  # not bob's partition
+        mine, theirs = [int(p) for p in rejoined["assigned"].strip("[]").split()], assigned(joined)
+        assert sorted(mine + theirs) == [0, 1, 2, 3, 4] and sorted([len(mine), len(theirs)]) == [2, 3]
+        generation = rejoined["generation"]  # each gateway's, for its members
+        assert alice.request("COMMIT", group, topic, "alice", generation, str(mine[0]), "7").ok
+        assert not bob.request("COMMIT", group, topic, "bob", joined.fields["generation"], str(mine[0]), "7").ok
         # bob leaves: alice gets every partition again
-        assert bob.request("LEAVE", group, topic, "bob", generation).ok
+        assert bob.request("LEAVE", group, topic, "bob", joined.fields["generation"]).ok
         rejoined = rejoined_after_rebalance(alice, group, topic, "alice", generation)
         assert rejoined["assigned"] == "[0 1 2 3 4]"
         # the committed offset is the cluster's: a native consumer of the group resumes from it
         native = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group})
-        [tp] = native.committed([TopicPartition(topic, 2)], timeout=10)
+        [tp] = native.committed([TopicPartition(topic, mine[0])], timeout=10)
         native.close()
         assert tp.offset == 7
 
@@ -201,7 +217,8 @@ def test_range_is_honoured_and_a_member_dies_with_its_gateway(tansu, gateways):
         first = join(alice, group, topic, "alice", "assignor=range")
         joined = join(bob, group, topic, "bob", "assignor=range")
         rejoined = rejoined_after_rebalance(alice, group, topic, "alice", first.fields["generation"], "range")
-        assert (rejoined["assigned"], joined.fields["assigned"]) == ("[0 1 2]", "[3 4]")  # contiguous blocks
+        # contiguous blocks, to the gateways' members of the cluster's group in the order of their ids
+        assert {rejoined["assigned"], joined.fields["assigned"]} == {"[0 1 2]", "[3 4]"}
         b.kill()  # bob's gateway dies: the cluster expires its member after the session timeout
         rejoined = rejoined_after_rebalance(alice, group, topic, "alice", rejoined["generation"], "range")
         assert rejoined["assigned"] == "[0 1 2 3 4]"
@@ -235,7 +252,7 @@ def test_cursus_members_on_two_gateways_share_a_group(tansu, gateways):
         if reply.startswith("OK"):
             return False
         first._join_and_sync()
-        return first._generation == second._generation
+        return sorted(first._assignments + second._assignments) == [0, 1, 2, 3]
 
     wait_until(first_rejoined, 40, 0.5)
     assert sorted(first._assignments + second._assignments) == [0, 1, 2, 3]
@@ -243,6 +260,128 @@ def test_cursus_members_on_two_gateways_share_a_group(tansu, gateways):
     first.close()
     second.close()
 
+
+GATEWAY = os.path.join(os.path.dirname(sys.executable), "gateway")
+
+
+def cli(gw: GatewayProcess, protocol: str, *args: str) -> list[dict]:
+    """``gateway ARGS --output json`` against ``gw``'s ``protocol`` listener, with the default timeout."""
+    done = subprocess.run([GATEWAY, *args, "--output", "json", "--protocol", protocol,
+                           "--server", gw.address(protocol)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("protocol", ["v1", "cursus"])
+def test_a_one_shot_group_consumer_prints_every_record_and_commits_it(cluster, gateways, protocol):
+    """``gateway consume --group`` as in local mode (tests/test_cli.py): a JOIN is answered once the
+    cluster assigned the partitions, within the client's 5 s, and the member leaves at the end."""
+    gw = gateways(cluster, ("v1", "kafka", "cursus"))
+    topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
+    create(gw, topic, 2)
+    for i, partition in enumerate((0, 1, 0)):
+        cli(gw, "kafka", "produce", topic, f"v{i}", "--partition", str(partition))
+    consume = ("consume", topic, "--group", group)
+    assert [r["value"] for r in cli(gw, protocol, *consume, "--limit", "2")] == ["v0", "v2"]
+    assert [r["value"] for r in cli(gw, protocol, *consume)] == ["v1"]
+    assert cli(gw, protocol, *consume) == []  # all committed
+    cli(gw, "kafka", "produce", topic, "v3", "--partition", "1")
+    assert [r["value"] for r in cli(gw, protocol, *consume)] == ["v3"]
+    native = Consumer({"bootstrap.servers": cluster, "group.id": group})
+    assert [tp.offset for tp in native.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=10)] == [2, 2]
+    native.close()
+
+
+def native_member_owns(bootstrap: str, group: str, topic: str, partitions: int, within: float) -> None:
+    """A Kafka consumer of ``group`` on the cluster is assigned every partition within ``within`` s."""
+    owned: set[int] = set()
+    native = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": 6000,
+                       "heartbeat.interval.ms": 500, "max.poll.interval.ms": 6000})
+    native.subscribe([topic], on_assign=lambda c, ps: owned.update(p.partition for p in ps),
+                     on_revoke=lambda c, ps: owned.clear())
+    try:
+        wait_until(lambda: native.poll(0.1) or owned == set(range(partitions)), within, 0)
+    finally:
+        native.close()
+
+
+def test_a_leave_takes_the_member_out_of_the_clusters_group_at_once(cluster, gateways):
+    """A one-shot member: one JOIN, then LEAVE with the generation it was told. The cluster's group is
+    free at once: a native consumer of the group gets every partition within a first rebalance
+    (3 s), not after a session timeout (10 s, then the cluster's)."""
+    gw = gateways(cluster)
+    topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
+    create(gw, topic, 3)
+    with V1Client("127.0.0.1", gw.port("v1"), timeout=10) as c:
+        joined = c.request("JOIN", group, topic, "one-shot").check()
+        assert assigned(joined) == [0, 1, 2]
+        assert c.request("LEAVE", group, topic, "one-shot", joined.fields["generation"]).ok
+        reply = c.request("HEARTBEAT", group, topic, "one-shot", joined.fields["generation"])
+        assert reply.code == "GENERATION_MISMATCH" and "group not found" in reply.message
+    native_member_owns(cluster, group, topic, 3, 6)
+
+
+def gateway_status(gw: GatewayProcess) -> tuple[int, int]:
+    """``(threads, resident KiB)`` of the gateway process."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{gw.proc.pid}/status").read_text().splitlines())
+    return int(fields["Threads"]), int(fields["VmRSS"].split()[0])
+
+
+def test_a_thousand_v1_and_cursus_members_cost_no_thread_each(tansu, gateways):
+    """Members of a group on one gateway share one member of the cluster's group: the gateway's
+    threads do not grow with them (a member of its own would cost a librdkafka consumer: 4 threads,
+    about 0.5 MiB). Once their connections are closed they expire together, and the gateway's member
+    leaves the cluster's group."""
+    gw = gateways(tansu.bootstrap, ("v1", "cursus"), "--group-session-timeout-ms", "3000")
+    topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
+    create(gw, topic, 8)
+    members = 1000
+    with V1Client("127.0.0.1", gw.port("v1"), timeout=10) as first:
+        assert assigned(first.request("JOIN", group, topic, "m0000").check()) == list(range(8))
+        threads, rss = gateway_status(gw)
+        clients: list[V1Client | RawCursus] = []
+        try:
+            for i in range(1, members):  # every other member speaks Cursus; each keeps its connection
+                if i % 2:
+                    clients.append(V1Client("127.0.0.1", gw.port("v1"), timeout=10))
+                    assert clients[-1].request("JOIN", group, topic, f"m{i:04d}").ok
+                else:
+                    clients.append(RawCursus(gw.address("cursus")))
+                    answer = clients[-1].raw_command(f"JOIN_GROUP topic={topic} group={group} member=m{i:04d}")
+                    assert answer.startswith("OK generation="), answer
+            after_threads, after_rss = gateway_status(gw)
+            print(f"{members} members: {threads} -> {after_threads} threads, "
+                  f"{(after_rss - rss) / (members - 1):.1f} KiB a member")
+            assert after_threads <= threads + 2
+            # the split covers every member: round_robin over 1000 sorted member ids gives m0000 partition 0
+            assert assigned(first.request("JOIN", group, topic, "m0000").check()) == [0]
+        finally:
+            for c in clients:
+                c.close()
+    native_member_owns(tansu.bootstrap, group, topic, 8, 20)
+    assert gateway_status(gw)[0] < threads  # its consumer closed
+
+
+def test_the_members_a_gateway_keeps_in_the_clusters_groups_are_capped(tansu, gateways):
+    """Each group's V1 and Cursus members (and each Kafka client's member) cost the gateway a
+    librdkafka consumer: past --cluster-max-members, a JOIN of another group is refused, so the
+    gateway's threads stay bounded whatever the number of groups."""
+    gw = gateways(tansu.bootstrap, ("v1",), "--cluster-max-members", "2")
+    topic = topic_name()
+    create(gw, topic, 1)
+    groups = [f"g{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+    with V1Client("127.0.0.1", gw.port("v1"), timeout=10) as c:
+        first = c.request("JOIN", groups[0], topic, "a").check()
+        c.request("JOIN", groups[1], topic, "b").check()
+        assert c.request("JOIN", groups[0], topic, "c").ok  # another member of a group it holds: free
+        refused = c.request("JOIN", groups[2], topic, "d")
+        assert (refused.code, refused.message) == (
+            "BAD_REQUEST", "this gateway keeps at most 2 members of the cluster's groups (--cluster-max-members)")
+        for member in ("a", "c"):  # the group's last member leaves: its consumer closes
+            generation = c.request("JOIN", groups[0], topic, member).check().fields["generation"]
+            c.request("LEAVE", groups[0], topic, member, generation).check()
+        assert assigned(c.request("JOIN", groups[2], topic, "d").check()) == [0]
+    assert first.fields["assigned"] == "[0]"
 
 def test_kafka_consumers_through_two_gateways_and_one_on_the_cluster_share_a_group(tansu, gateways):
     a, b = gateways(tansu.bootstrap, ("v1", "kafka")), gateways(tansu.bootstrap, ("v1", "kafka"))

@@ -254,7 +254,6 @@ def test_async_consumer_reads_and_commits(cursus, mode):
         assert command(address, f"FETCH_OFFSET topic={topic} partition={part} group={group}") == "OK offset=20"
 
 
-@pytest.mark.local_only("generations are the broker's own, and a JOIN answers at once with its assignment")
 def test_second_member_syncs_and_the_first_gets_gen_mismatch(cursus):
     address, topic = cursus.address("cursus"), _topic()
     _produce(address, topic, 1, partitions=1).close()

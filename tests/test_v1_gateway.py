@@ -142,7 +142,6 @@ def test_follower_role_blocks_produce_and_hides_data(client):
     assert reply.payload == f"topic=roles partition={p} role=leader hw=0"
 
 
-@pytest.mark.local_only("generation numbers are the broker's own, and JOIN answers at once")
 def test_group_lifecycle(client):
     j1 = client.request("JOIN", "g1", "events", "alice").check().fields
     assert j1 == {"generation": "2", "assigned": "[0 1 2]"}

@@ -183,6 +183,9 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
               help="Start of the names polygate gives the cluster (its reader's group, members' client ids).")
 @click.option("--cluster-timeout-ms", default=10_000, show_default=True, type=int,
               help="How long a request waits for the cluster before the client hears its protocol's timeout.")
+@click.option("--cluster-max-members", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Members of the cluster's groups the gateway keeps at once, each a librdkafka consumer "
+                   "(4 threads or more): one per group of V1 and Cursus members, one per Kafka client's member.")
 @click.option("--tls", "tls_codecs", default="", metavar="CODEC[,CODEC...]|all",
               help="Listeners that speak TLS (Twisted over pyOpenSSL); needs --tls-cert and --tls-key.")
 @click.option("--tls-cert", default=None, metavar="FILE", help="The server certificate, then its chain (PEM).")
@@ -216,8 +219,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
           max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
           max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
           send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
-          cluster_timeout_ms, tls_codecs, tls_cert, tls_key, tls_ca, tls_client_auth, users_file, require_auth,
-          authorizer, super_users, oauth_issuer, oauth_jwks, oauth_audience, oauth_principal_claim,
+          cluster_timeout_ms, cluster_max_members, tls_codecs, tls_cert, tls_key, tls_ca, tls_client_auth, users_file,
+          require_auth, authorizer, super_users, oauth_issuer, oauth_jwks, oauth_audience, oauth_principal_claim,
           log_level, log_format, log_file) -> None:
     """Serve the given protocols from one storage engine.
 
@@ -301,7 +304,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
             bootstrap, cluster_client_id, cluster_prefix, parse_properties(cluster_option),
             default_partitions=default_partitions,
             replication_factor=replication_factor if replication_factor > 1 else -1,
-            request_timeout_ms=cluster_timeout_ms)
+            request_timeout_ms=cluster_timeout_ms, max_members=cluster_max_members)
     except ValueError as e:
         _refuse(f"--storage/--cluster-option: {e}")
     try:

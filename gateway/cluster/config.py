@@ -24,7 +24,10 @@ class ClusterConfig:
     (``security.protocol``, ``sasl.*``, ``ssl.*``, ...). ``default_partitions``
     and ``replication_factor``: for topics the gateway creates.
     ``request_timeout_ms``: how long the gateway waits for the cluster before a
-    client hears its protocol's timeout."""
+    client hears its protocol's timeout. ``max_members``: how many members of
+    the cluster's groups the gateway keeps at once (each a librdkafka consumer,
+    with its threads): one per group of V1 and Cursus members, one per Kafka
+    client's member."""
 
     bootstrap: str
     client_id: str = "polygate"
@@ -33,6 +36,7 @@ class ClusterConfig:
     default_partitions: int = 3
     replication_factor: int = -1  # -1: the cluster's default
     request_timeout_ms: int = 10_000
+    max_members: int = 256
 
     def client(self, **extra: Any) -> dict[str, Any]:
         """librdkafka settings for one of the gateway's clients."""

@@ -1,31 +1,53 @@
 """Groups and committed offsets in the cluster, coordinated by its group coordinator.
 
-A V1 or Cursus member (a ``"server"`` group: the broker assigns partitions)
-becomes a member of a real consumer group in the cluster: the gateway gives
-it a librdkafka consumer of its own that subscribes to its topics with the
-member's assignor (``round_robin`` is Kafka's ``roundrobin``, ``range`` is
-``range``; the other is offered after it, so a group of mixed members still
-agrees on one), never fetches (its partitions are paused) and is closed when
-the member leaves, or stops heartbeating for its session timeout. So members
-on different gateways, and Kafka consumers connected straight to the
-cluster, share one group; the generation a member is told is the cluster's,
-and a rebalance in the cluster reaches the member as ``GENERATION_MISMATCH``
-at its next heartbeat, after which it rejoins and gets its new partitions.
-A member's session lives on the gateway it joined through. Its consumer's
-client id is ``<client id>-<codec>:<member id>`` (``polygate-v1:alice``), so
-the cluster's tools show the V1 or Cursus member, and the group's description
-through any gateway names the member by its own id and the protocol it speaks.
+The V1 and Cursus members of one group (a ``"server"`` group: the broker
+assigns partitions) on one gateway share one member of the cluster's
+consumer group: a librdkafka consumer of the gateway's that subscribes to
+the group's topics with the group's assignor (``round_robin`` is Kafka's
+``roundrobin``, ``range`` is ``range``; the other is offered after it, so a
+group of mixed members still agrees on one), never fetches (its partitions
+are paused) and is closed, which leaves the cluster's group at once, when
+the last of those members leaves or expires. The cluster's coordinator
+splits the group's partitions between the gateways and the Kafka consumers
+(native, or through a gateway); each gateway splits its share among its
+members with the group's assignor, as local mode splits a whole group (a JOIN
+with another topic set, or another assignor, changes the gateway's group as
+it changes a local one; the shared member keeps the assignor it was made
+with). A member is told the generation of its gateway's split: it moves on
+whenever that split changes (a member joins, leaves or expires; the cluster
+moves the gateway's share), and a member with an older one gets
+``GENERATION_MISMATCH`` at its next heartbeat and joins again, as in local
+mode. A JOIN waits for the cluster to assign the gateway's share (a new
+group's first rebalance: half the rebalance timeout on Tansu, Kafka's
+``group.initial.rebalance.delay.ms`` on Kafka, 3 s either way) for up to
+``SERVER_JOIN_WAIT_S``, within the real clients' 5 s; once the share is
+assigned, members join at once. A member's session lives on the gateway it
+joined through.
 
-A Kafka client's member (a ``"consumer"`` group) joins the same way: the
-gateway reads the topics of its subscription, joins the cluster's group
-with the client's ``range`` protocol if it offers one (``roundrobin``
-otherwise), and answers the client as a follower, with the partitions the
-cluster's assignor gave it encoded in ConsumerProtocol; a rebalance reaches
-the client as ``REBALANCE_IN_PROGRESS`` at its next heartbeat.
+What a member costs: a V1 or Cursus member is a few hundred bytes here (its
+connection aside), whatever the number of members; a group costs its
+gateway one librdkafka consumer (4 threads and about 0.5 MiB resident, as
+measured on Tansu), so a gateway's threads grow with the groups its V1 and
+Cursus clients use at once, not with their members; it keeps at most
+``--cluster-max-members`` (256) members in the cluster's groups, and refuses
+a JOIN that would need another (``INVALID_REQUEST``: V1 ``BAD_REQUEST``).
 
-Commits by a member go through its consumer (the cluster checks its
-generation); commits without a generation, offset look-ups and the group
-admin calls go through the admin client, as a Kafka tool's would. All
+A Kafka client's member (a ``"consumer"`` group) is a member of the cluster's
+group of its own (it has its own assignment protocol): the gateway reads the
+topics of its subscription, joins the cluster's group with the client's
+``range`` protocol if it offers one (``roundrobin`` otherwise), and answers
+the client as a follower, with the partitions the cluster's assignor gave it
+encoded in ConsumerProtocol; a rebalance reaches the client as
+``REBALANCE_IN_PROGRESS`` at its next heartbeat. Its consumer's client id is
+``<client id>-kafka:<member id>``, so the group's description through any
+gateway names it; the shared member of a gateway's V1 and Cursus members is
+``<client id>-members``, described by its own gateway as those members (each by
+its id, protocol and partitions) and by other gateways as one member.
+
+Commits by a member go through its cluster member's consumer (the cluster
+checks its generation; a V1/Cursus member's generation and partitions are
+checked here first); commits without a generation, offset look-ups and the
+group admin calls go through the admin client, as a Kafka tool's would. All
 librdkafka calls of the members run in one thread, in order.
 """
 
@@ -49,6 +71,7 @@ from gateway import model as m
 from gateway.cluster.bridge import Loop, command_error, deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.codecs.kafka.consumer_protocol import decode_subscription, encode_assignment
+from gateway.local.groups.classic import assign
 from gateway.model import CommandError, Error, ErrorCode
 
 log = logging.getLogger(__name__)
@@ -56,14 +79,18 @@ log = logging.getLogger(__name__)
 ASSIGNORS = {"round_robin": "roundrobin", "range": "range"}
 LEADER = "polygate-cluster"  # the leader a Kafka client is told of: never itself, so it only follows
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
-MIN_SESSION_TIMEOUT_MS = 6_000  # Kafka's group.min.session.timeout.ms
-REBALANCE_TIMEOUT_MS = 10_000
-# A V1 or Cursus JOIN (or SYNC) waits this long for the cluster's assignment, then answers with none
-# (and generation 0, which Cursus clients accept; the next heartbeat fails with GENERATION_MISMATCH
-# and they join again): the real clients read within 5 s, and a new group's first rebalance takes 3 s.
+# Kafka's group.min.session.timeout.ms, and the rebalance timeout (max.poll.interval.ms, which
+# librdkafka wants at least as long): the groups thread polls every consumer all the time, so a short
+# one costs nothing and keeps rebalances short (Tansu holds a new group's first rebalance for half of it).
+SESSION_TIMEOUT_MS = REBALANCE_TIMEOUT_MS = 6_000
+# A V1 or Cursus JOIN (or SYNC) waits this long for the cluster's assignment, then answers with no
+# partitions (its next heartbeat fails with GENERATION_MISMATCH once they come, and it joins again):
+# the real clients read within 5 s, and a new group's first rebalance takes 3 s.
 SERVER_JOIN_WAIT_S = 4.0
 STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
           "COMPLETING_REBALANCING": "CompletingRebalance", "EMPTY": "Empty", "DEAD": "Dead", "UNKNOWN": "Unknown"}
+
+Assignment = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 def preference(assignor: str) -> str:
@@ -85,25 +112,51 @@ def generation_of(consumer: Consumer) -> int:
 
 
 @attrs.define(eq=False)
+class ClusterMember:
+    """A member of the cluster's group that this gateway runs (reactor-side view): a librdkafka
+    consumer, touched only in the groups thread, that never fetches."""
+
+    group: str
+    topics: tuple[str, ...]
+    assignor: str
+    client_id: str
+    consumer: Consumer | None = None
+    member_id: str = ""  # the cluster's id for it, known once it is assigned partitions
+    generation: int = -1
+    assignment: Assignment = ()
+    assigned: bool = False  # False between a revocation and the next assignment
+    waiting: list[defer.Deferred] = attrs.field(factory=list)
+
+
+@attrs.define(eq=False)
 class Member:
-    """One V1/Cursus member's consumer in the cluster (reactor-side view)."""
+    """A client's member of a group, on this gateway."""
 
     group: str
     member_id: str
     topics: tuple[str, ...]
-    assignor: str
     session_timeout_ms: int
+    cluster: ClusterMember  # its own (a Kafka client's) or its gateway group's (V1, Cursus)
     kind: str = "server"  # the membership protocol the client speaks: "server" (V1, Cursus) or "consumer" (Kafka)
     protocol: str = ""  # a Kafka client's protocol name, as it offered it
     codec: str = ""  # the wire protocol the client speaks (kafka, v1, cursus)
-    consumer: Consumer | None = None
-    generation: int = -1
-    assignment: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    assigned: bool = False  # False between a revocation and the next assignment
-    told: int = -2  # the generation whose assignment the client was last given (-2: none yet)
+    assignment: Assignment = ()  # a V1/Cursus member's part of its gateway group's share
+    told: int = -2  # the generation whose assignment a V1/Cursus client was last given (-2: none yet)
     last_seen: float = attrs.field(factory=time.monotonic)
-    waiting: list[defer.Deferred] = attrs.field(factory=list)
-    closed: bool = False
+
+
+@attrs.define(eq=False)
+class GatewayGroup:
+    """This gateway's V1 and Cursus members of one group and the member of the cluster's group
+    they share; ``generation`` moves on at each change of how they split its partitions (from 1, so
+    that a group on one gateway counts its generations as a local one does)."""
+
+    name: str
+    topics: tuple[str, ...]
+    assignor: str
+    cluster: ClusterMember
+    members: dict[str, Member] = attrs.field(factory=dict)
+    generation: int = 1
 
 
 class ClusterGroups:
@@ -114,8 +167,10 @@ class ClusterGroups:
         self.admin = admin
         self.reactor = reactor
         self.members: dict[tuple[str, str], Member] = {}
+        self.shared: dict[str, GatewayGroup] = {}
+        self.clusters: set[ClusterMember] = set()  # those whose consumer is open (or opening)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._polled: list[Member] = []  # thread side
+        self._polled: list[ClusterMember] = []  # thread side
         self._loop = Loop("polygate-cluster-groups", self._step)
 
     def start(self) -> None:
@@ -124,9 +179,11 @@ class ClusterGroups:
     def stop(self) -> None:
         """Stop the thread, then leave the cluster's groups (each member's consumer closes)."""
         self._loop.stop()
-        for member in list(self._polled):
-            self._unsubscribe(member)
+        for cluster in list(self._polled):
+            self._unsubscribe(cluster)
         self.members.clear()
+        self.shared.clear()
+        self.clusters.clear()
 
     def _in_thread(self, fn: Callable[[], Any]) -> defer.Deferred:
         """Run ``fn`` in the groups thread: a Deferred of its result in the reactor thread."""
@@ -156,70 +213,120 @@ class ClusterGroups:
                 job = self._work.get_nowait()
             except queue.Empty:
                 job = None
-        for member in self._polled:
-            if member.consumer is not None:
-                member.consumer.poll(0)
+        for cluster in self._polled:
+            if cluster.consumer is not None:
+                cluster.consumer.poll(0)
 
-    def _subscribe(self, member: Member) -> None:
-        """Make ``member``'s consumer and join the cluster's group (groups thread)."""
+    def _subscribe(self, cluster: ClusterMember, topics: tuple[str, ...]) -> None:
+        """Join the cluster's group with ``cluster``'s consumer, made on first use, reading
+        ``topics`` (groups thread)."""
         def assigned(consumer: Consumer, partitions: list[TopicPartition]) -> None:
             consumer.assign(partitions)
             consumer.pause(partitions)  # a member's consumer never fetches: the gateway's reader does
-            owned: dict[str, list[int]] = {}
-            for tp in partitions:
-                owned.setdefault(tp.topic, []).append(tp.partition)
-            assignment = tuple((t, tuple(sorted(ps))) for t, ps in sorted(owned.items()))
-            self.reactor.callFromThread(self._assigned, member, generation_of(consumer), assignment)
+            self.reactor.callFromThread(self._assigned, cluster, consumer.memberid() or "",
+                                        generation_of(consumer), _owned(partitions))
 
         def revoked(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            self.reactor.callFromThread(self._revoked, member)
+            self.reactor.callFromThread(self._revoked, cluster)
 
-        # The member's session in the cluster only has to outlive this gateway: the gateway itself
-        # expires a member whose client stops heartbeating, after the client's session timeout.
-        session_timeout_ms = min(max(member.session_timeout_ms, MIN_SESSION_TIMEOUT_MS), REBALANCE_TIMEOUT_MS)
-        consumer = Consumer(self.config.client(**{
-            "group.id": member.group, "enable.auto.commit": False,
-            # The member's assignor first, the other as a fallback: a group whose other members
-            # (native consumers, or members of another protocol) offer only that one still takes it.
-            "partition.assignment.strategy": preference(member.assignor),
-            "session.timeout.ms": session_timeout_ms,
-            # The rebalance timeout is max.poll.interval.ms: the groups thread polls every member's
-            # consumer all the time, so a short one costs nothing and keeps rebalances short (Tansu
-            # holds a new group's first rebalance for half of it).
-            "heartbeat.interval.ms": 500, "max.poll.interval.ms": REBALANCE_TIMEOUT_MS,
-            "client.id": f"{self.config.client_id}-{member.codec}:{member.member_id}"[:200],
-            "error_cb": lambda err: log.warning("group %s: member %s: %s", member.group, member.member_id,
-                                                err.str())}))
-        consumer.subscribe(list(member.topics), on_assign=assigned, on_revoke=revoked)
-        member.consumer = consumer
-        self._polled.append(member)
+        if cluster.consumer is None:
+            # The member's session in the cluster only has to outlive this gateway: the gateway itself
+            # expires a member whose client stops heartbeating, after the client's session timeout.
+            cluster.consumer = Consumer(self.config.client(**{
+                "group.id": cluster.group, "enable.auto.commit": False,
+                # The member's assignor first, the other as a fallback: a group whose other members
+                # (native consumers, or members of another protocol) offer only that one still takes it.
+                "partition.assignment.strategy": preference(cluster.assignor),
+                "session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 500,
+                "max.poll.interval.ms": REBALANCE_TIMEOUT_MS, "client.id": cluster.client_id[:200],
+                "error_cb": lambda err: log.warning("group %s: cluster member %s: %s", cluster.group,
+                                                    cluster.client_id, err.str())}))
+            self._polled.append(cluster)
+        cluster.consumer.subscribe(list(topics), on_assign=assigned, on_revoke=revoked)
 
-    def _unsubscribe(self, member: Member) -> None:
+    def _unsubscribe(self, cluster: ClusterMember) -> None:
         """Leave the cluster's group (groups thread)."""
-        if member in self._polled:
-            self._polled.remove(member)
-        if member.consumer is not None:
-            member.consumer.close()
-            member.consumer = None
+        if cluster in self._polled:
+            self._polled.remove(cluster)
+        if cluster.consumer is not None:
+            cluster.consumer.close()
+            cluster.consumer = None
 
     # ------------------------------------------------------------------ reactor side
 
-    def _assigned(self, member: Member, generation: int, assignment: tuple) -> None:
-        member.generation, member.assignment, member.assigned = generation, assignment, True
-        waiting, member.waiting = member.waiting, []
+    def _new_cluster(self, group: str, topics: tuple[str, ...], assignor: str, client_id: str) -> ClusterMember:
+        """A new member of the cluster's group ``group``, joining it; refused past ``max_members``."""
+        if len(self.clusters) >= self.config.max_members:
+            raise CommandError(ErrorCode.INVALID_REQUEST, f"this gateway keeps at most {self.config.max_members} "
+                                                          "members of the cluster's groups (--cluster-max-members)")
+        cluster = ClusterMember(group, topics, assignor, client_id)
+        self.clusters.add(cluster)
+        self._join_cluster(cluster, topics)
+        return cluster
+
+    def _join_cluster(self, cluster: ClusterMember, topics: tuple[str, ...]) -> None:
+        """Subscribe ``cluster`` to ``topics``: its partitions come with the cluster's next rebalance."""
+        cluster.assigned = False
+        self._in_thread(lambda: self._subscribe(cluster, topics)).addErrback(self._failed_subscribe, cluster)
+
+    def _assigned(self, cluster: ClusterMember, member_id: str, generation: int, assignment: Assignment) -> None:
+        cluster.member_id, cluster.generation, cluster.assignment = member_id, generation, assignment
+        cluster.assigned = True
+        shared = self.shared.get(cluster.group)
+        if shared is not None and shared.cluster is cluster:
+            self._split(shared)
+        waiting, cluster.waiting = cluster.waiting, []
         for d in waiting:
-            d.callback(member)
+            d.callback(cluster)
 
-    def _revoked(self, member: Member) -> None:
-        member.assigned = False
+    def _revoked(self, cluster: ClusterMember) -> None:
+        cluster.assigned = False
 
-    def _close(self, member: Member) -> defer.Deferred:
-        member.closed = True
-        self.members.pop((member.group, member.member_id), None)
-        waiting, member.waiting = member.waiting, []
+    def _split(self, shared: GatewayGroup) -> None:
+        """Split the gateway group's share of the partitions among its members: a new generation."""
+        shared.generation += 1
+        owned = [(t, p) for t, ps in shared.cluster.assignment for p in ps]
+        for member_id, parts in assign(shared.assignor, list(shared.members), owned).items():
+            shared.members[member_id].assignment = tuple((t, tuple(sorted(ps))) for t, ps in sorted(parts.items()))
+
+    def _leave_cluster(self, cluster: ClusterMember) -> defer.Deferred:
+        """Close ``cluster``'s consumer: it leaves the cluster's group at once."""
+        self.clusters.discard(cluster)
+        waiting, cluster.waiting = cluster.waiting, []
         for d in waiting:
             d.errback(CommandError(ErrorCode.UNKNOWN_MEMBER, "left the group"))
-        return self._in_thread(lambda: self._unsubscribe(member))
+        return self._in_thread(lambda: self._unsubscribe(cluster))
+
+    def _close(self, *members: Member) -> defer.Deferred:
+        """Take ``members`` out of their groups, each group's split changed once; a Deferred that
+        fires once the cluster was told of the members of the cluster's groups that closed."""
+        told: list[defer.Deferred] = []
+        changed: set[str] = set()
+        for member in members:
+            self.members.pop((member.group, member.member_id), None)
+            shared = self.shared.get(member.group)
+            if member.kind == "consumer":
+                told.append(self._leave_cluster(member.cluster))
+            elif shared is not None and shared.members.get(member.member_id) is member:
+                del shared.members[member.member_id]
+                changed.add(member.group)
+        for group in changed:
+            shared = self.shared[group]
+            if not shared.members:
+                del self.shared[group]
+                told.append(self._leave_cluster(shared.cluster))
+            elif shared.cluster.assigned:
+                self._split(shared)
+        return defer.gatherResults(told)
+
+    def _failed_subscribe(self, f: Any, cluster: ClusterMember) -> None:
+        log.error("group %s: %s could not join the cluster's group: %s", cluster.group, cluster.client_id,
+                  f.getErrorMessage())
+        self._close(*[mem for mem in self.members.values() if mem.cluster is cluster])
+
+    def _generation_of(self, member: Member) -> int:
+        shared = self.shared.get(member.group)
+        return shared.generation if member.kind == "server" and shared is not None else member.cluster.generation
 
     def _member(self, group: str, member_id: str, generation: int | None) -> Member:
         member = self.members.get((group, member_id))
@@ -227,75 +334,102 @@ class ClusterGroups:
             known = any(g == group for g, _ in self.members)
             raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member" if known else "group not found")
         member.last_seen = time.monotonic()
-        if generation is not None and generation != member.generation:
+        if generation is not None and generation != self._generation_of(member):
             raise CommandError(ErrorCode.GENERATION_MISMATCH, "stale generation")
         return member
 
     def expire(self) -> None:
-        """Close the consumers of members that stopped heartbeating."""
+        """Take out the members that stopped heartbeating."""
         now = time.monotonic()
-        for member in list(self.members.values()):
-            if member.waiting:  # its client waits for the cluster's rebalance: alive
+        expired = []
+        for member in self.members.values():
+            if member.cluster.waiting:  # its client may wait for the cluster's rebalance: alive
                 member.last_seen = now
             elif now - member.last_seen > member.session_timeout_ms / 1000:
                 log.info("group %s: member %s expired", member.group, member.member_id)
-                self._close(member)
+                expired.append(member)
+        self._close(*expired)
 
     def join(self, cmd: m.JoinGroup) -> Any:
-        protocol, topics, assignor = "", tuple(cmd.topics), cmd.assignor
         if cmd.protocol_type == "consumer":
-            try:
-                protocol, metadata = _choose(cmd.protocols)
-                topics = decode_subscription(metadata)
-            except CommandError as e:
-                return m.JoinGroupResult(cmd.group, error=e.error)
-            assignor = "range" if protocol == "range" else "round_robin"
-        elif cmd.protocol_type != "server":
+            return self._join_consumer(cmd)
+        if cmd.protocol_type != "server":
             return m.JoinGroupResult(cmd.group, error=Error(ErrorCode.UNSUPPORTED,
                                                             f"membership protocol {cmd.protocol_type!r}"))
+        topics = tuple(cmd.topics)
+        shared = self.shared.get(cmd.group)
+        if shared is None:
+            try:
+                cluster = self._new_cluster(cmd.group, topics, cmd.assignor, f"{self.config.client_id}-members")
+            except CommandError as e:
+                return m.JoinGroupResult(cmd.group, error=e.error)
+            shared = self.shared[cmd.group] = GatewayGroup(cmd.group, topics, cmd.assignor, cluster)
+        member_id = cmd.member_id
+        if cmd.new_member_id is not None and member_id not in shared.members:
+            member_id = cmd.new_member_id
+        changed = False
+        if set(shared.topics) != set(topics):  # as in local mode, another topic set clears the members
+            for old in list(shared.members.values()):
+                self.members.pop((old.group, old.member_id), None)
+            shared.members.clear()
+            shared.topics = shared.cluster.topics = topics
+            self._join_cluster(shared.cluster, topics)
+            changed = True
+        if shared.assignor != cmd.assignor:
+            shared.assignor = cmd.assignor
+            changed = True
+        member = shared.members.get(member_id)
+        if member is None:
+            member = Member(cmd.group, member_id, topics, cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
+                            shared.cluster, cmd.protocol_type, codec=cmd.codec)
+            shared.members[member_id] = self.members[(cmd.group, member_id)] = member
+            changed = True
+        member.last_seen = time.monotonic()
+        if changed and shared.cluster.assigned:
+            self._split(shared)
+        return self._when_assigned(shared.cluster, SERVER_JOIN_WAIT_S).addCallback(
+            lambda _: m.JoinGroupResult(cmd.group, member_id, *self._tell(member)))
+
+    def _join_consumer(self, cmd: m.JoinGroup) -> Any:
+        """A Kafka client's JoinGroup: a member of the cluster's group of its own."""
+        try:
+            protocol, metadata = _choose(cmd.protocols)
+            topics = decode_subscription(metadata)
+        except CommandError as e:
+            return m.JoinGroupResult(cmd.group, error=e.error)
+        assignor = "range" if protocol == "range" else "round_robin"
         member_id = cmd.member_id or f"{cmd.client_id or 'consumer'}-{uuid.uuid4()}"
         member = self.members.get((cmd.group, member_id))
-        if member is None and cmd.new_member_id is not None:
-            member_id = cmd.new_member_id
-            member = self.members.get((cmd.group, member_id))
-        if member is not None and (set(member.topics) != set(topics) or member.assignor != assignor):
+        if member is not None and (set(member.topics) != set(topics) or member.cluster.assignor != assignor):
             self._close(member)
             member = None
         if member is None:
-            member = Member(cmd.group, member_id, topics, assignor,
-                            cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS, cmd.protocol_type, protocol,
-                            cmd.codec)
+            try:
+                cluster = self._new_cluster(cmd.group, topics, assignor,
+                                            f"{self.config.client_id}-{cmd.codec}:{member_id}")
+            except CommandError as e:
+                return m.JoinGroupResult(cmd.group, error=e.error)
+            member = Member(cmd.group, member_id, topics, cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
+                            cluster, cmd.protocol_type, protocol, cmd.codec)
             self.members[(cmd.group, member_id)] = member
-            self._in_thread(lambda: self._subscribe(member)).addErrback(self._failed_subscribe, member)
         member.last_seen = time.monotonic()
+        return self._when_assigned(member.cluster).addCallback(
+            lambda cluster: m.JoinGroupResult(cmd.group, member_id, cluster.generation, cluster.assignment, LEADER,
+                                              protocol))
 
-        def joined(mem: Member) -> m.JoinGroupResult:
-            if mem.kind == "consumer":
-                return m.JoinGroupResult(cmd.group, mem.member_id, mem.generation, mem.assignment, LEADER,
-                                         mem.protocol)
-            return m.JoinGroupResult(cmd.group, mem.member_id, *self._tell(mem))
-
-        return self._when_assigned(member, None if member.kind == "consumer" else SERVER_JOIN_WAIT_S).addCallback(
-            joined)
-
-    def _failed_subscribe(self, f: Any, member: Member) -> None:
-        log.error("group %s: member %s could not join the cluster's group: %s", member.group, member.member_id,
-                  f.getErrorMessage())
-        self._close(member)
-
-    def _when_assigned(self, member: Member, limit: float | None = None) -> defer.Deferred:
-        """Fires with ``member`` once the cluster assigned it partitions, or after ``limit`` seconds
+    def _when_assigned(self, cluster: ClusterMember, limit: float | None = None) -> defer.Deferred:
+        """Fires with ``cluster`` once the cluster assigned it partitions, or after ``limit`` seconds
         with what it has (``_tell`` then answers no partitions, and the member's heartbeats fail until
         it joins again)."""
-        if member.assigned:
-            return defer.succeed(member)
+        if cluster.assigned:
+            return defer.succeed(cluster)
         d: defer.Deferred = defer.Deferred()
-        member.waiting.append(d)
+        cluster.waiting.append(d)
         if limit is not None:
             def give_up() -> None:
                 if not d.called:
-                    member.waiting.remove(d)
-                    d.callback(member)
+                    cluster.waiting.remove(d)
+                    d.callback(cluster)
 
             self.reactor.callLater(limit, give_up)
         return d
@@ -303,49 +437,49 @@ class ClusterGroups:
     def sync(self, cmd: m.SyncGroup) -> Any:
         try:
             member = self._member(cmd.group, cmd.member_id, None)
-            if member.kind == "consumer" and (not member.assigned or cmd.generation != member.generation):
+            if member.kind == "consumer" and (not member.cluster.assigned or cmd.generation != member.cluster.generation):
                 raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "the cluster's group rebalanced: rejoin")
             self._member(cmd.group, cmd.member_id, cmd.generation)
         except CommandError as e:
             return m.SyncGroupResult(cmd.group, self._generation(cmd.group), error=e.error)
         if member.kind == "consumer":
-            return m.SyncGroupResult(cmd.group, member.generation, member.assignment,
-                                     encode_assignment(member.assignment))
-        return self._when_assigned(member, SERVER_JOIN_WAIT_S).addCallback(
-            lambda mem: m.SyncGroupResult(cmd.group, *self._tell(mem)))
+            return m.SyncGroupResult(cmd.group, member.cluster.generation, member.cluster.assignment,
+                                     encode_assignment(member.cluster.assignment))
+        return self._when_assigned(member.cluster, SERVER_JOIN_WAIT_S).addCallback(
+            lambda _: m.SyncGroupResult(cmd.group, *self._tell(member)))
 
-    @staticmethod
-    def _tell(member: Member) -> tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]:
-        """The generation and assignment a V1 or Cursus JOIN or SYNC answers: the cluster's,
-        or, while it has not assigned the member yet, generation 0 and no partitions."""
-        if not member.assigned:
-            return max(member.generation, 0), ()
-        member.told = member.generation
-        return member.generation, member.assignment
+    def _tell(self, member: Member) -> tuple[int, Assignment]:
+        """The generation and assignment a V1 or Cursus JOIN or SYNC answers: the member's part of
+        its gateway group's share, or, while the cluster has not assigned that yet, no partitions."""
+        generation = self._generation_of(member)
+        if not member.cluster.assigned:
+            return generation, ()
+        member.told = generation
+        return generation, member.assignment
 
     def heartbeat(self, cmd: m.Heartbeat) -> Any:
         try:
             member = self._member(cmd.group, cmd.member_id, None)
-            if member.kind == "consumer" and (not member.assigned or cmd.generation != member.generation):
+            if member.kind == "consumer" and (not member.cluster.assigned or cmd.generation != member.cluster.generation):
                 raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "the cluster's group rebalanced: rejoin")
-            if member.kind == "server" and (not member.assigned or member.told != member.generation):
-                raise CommandError(ErrorCode.GENERATION_MISMATCH, "the cluster's group rebalanced: rejoin")
+            if member.kind == "server" and (not member.cluster.assigned or member.told != self._generation_of(member)):
+                raise CommandError(ErrorCode.GENERATION_MISMATCH, "the group rebalanced: rejoin")
             self._member(cmd.group, cmd.member_id, cmd.generation)
         except CommandError as e:
             return m.HeartbeatResult(cmd.group, e.error, self._generation(cmd.group))
-        return m.HeartbeatResult(cmd.group, generation=member.generation)
+        return m.HeartbeatResult(cmd.group, generation=self._generation_of(member))
 
     def leave(self, cmd: m.LeaveGroup) -> Any:
         try:
             member = self._member(cmd.group, cmd.member_id, cmd.generation)
         except CommandError as e:
             return m.LeaveGroupResult(cmd.group, e.error, self._generation(cmd.group))
-        generation = member.generation
+        generation = self._generation_of(member)
         return self._close(member).addCallback(lambda _: m.LeaveGroupResult(cmd.group, generation=generation))
 
     def _generation(self, group: str) -> int:
         """The generation this gateway's members of ``group`` know, -1 if none."""
-        return max((mem.generation for (g, _), mem in self.members.items() if g == group), default=-1)
+        return max((self._generation_of(mem) for (g, _), mem in self.members.items() if g == group), default=-1)
 
     # ------------------------------------------------------------------ offsets
 
@@ -356,12 +490,11 @@ class ClusterGroups:
             if cmd.generation is not None or cmd.member_id and (cmd.group, cmd.member_id) in self.members:
                 member = self._member(cmd.group, cmd.member_id, cmd.generation)
             if cmd.require_assignment and member is not None:
-                owned = dict(member.assignment)
+                owned = dict(member.assignment if member.kind == "server" else member.cluster.assignment)
                 for t, p, _, _ in cmd.offsets:
                     if p not in owned.get(t, ()):
-                        return m.CommitOffsetsResult(cmd.group, ((t, p, Error(ErrorCode.NOT_ASSIGNED, "not assigned")),),
-                                                     Error(ErrorCode.NOT_ASSIGNED, f"partition {p} is not assigned"),
-                                                     generation)
+                        refused = Error(ErrorCode.NOT_ASSIGNED, "partition not assigned to member")
+                        return m.CommitOffsetsResult(cmd.group, ((t, p, refused),), refused, generation)
         except CommandError as e:
             return m.CommitOffsetsResult(cmd.group, error=e.error, generation=generation)
         if cmd.no_regression:
@@ -392,8 +525,8 @@ class ClusterGroups:
             error = command_error(f.value, f"commit for group {cmd.group}").error
             return m.CommitOffsetsResult(cmd.group, error=error, generation=self._generation(cmd.group))
 
-        if member is not None and member.consumer is not None:
-            consumer = member.consumer
+        if member is not None and member.cluster.consumer is not None:
+            consumer = member.cluster.consumer
             d = self._in_thread(lambda: consumer.commit(offsets=tps, asynchronous=False))
         else:
             futures = self.admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(cmd.group, tps)],
@@ -438,22 +571,27 @@ class ClusterGroups:
             self._dead, g) for g in cmd.groups]
         return defer.gatherResults(infos).addCallback(lambda got: m.DescribeGroupsResult(tuple(got)))
 
-    def _member_of(self, mem: Any) -> tuple[str, str]:
-        """``(member id, codec)`` of a member of the cluster's group: a gateway's member by the
-        client id of its consumer (``<client id>-<codec>:<member id>``), else a Kafka client's."""
+    def _members_of(self, group: str, mem: Any) -> list[m.GroupMemberInfo]:
+        """The members a member of the cluster's group stands for: this gateway's V1 and Cursus
+        members of ``group`` for the one they share; a Kafka client's member through a gateway by the
+        client id of its consumer (``<client id>-kafka:<member id>``); else the member itself."""
+        shared = self.shared.get(group)
+        if shared is not None and shared.cluster.member_id == mem.member_id:
+            return [m.GroupMemberInfo(member.member_id, "", mem.host, "consumer", codec=member.codec,
+                                      partitions=member.assignment) for member in shared.members.values()]
         prefix = f"{self.config.client_id}-"
-        if not mem.client_id.startswith(prefix):
-            return mem.member_id, "kafka"
-        codec, sep, member_id = mem.client_id[len(prefix):].partition(":")
-        return (member_id, codec) if sep else (codec, "")
+        if not mem.client_id.startswith(prefix):  # a Kafka client on the cluster itself
+            member_id, codec = mem.member_id, "kafka"
+        else:
+            codec, sep, member_id = mem.client_id[len(prefix):].partition(":")
+            if not sep:  # the V1 and Cursus members of another gateway, as one
+                member_id, codec = mem.member_id, ""
+        return [m.GroupMemberInfo(member_id, mem.client_id if codec == "kafka" else "", mem.host, "consumer",
+                                  codec=codec,
+                                  partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ()))]
 
     def _info(self, d: Any) -> m.GroupInfo:
-        members = []
-        for mem in d.members:
-            member_id, codec = self._member_of(mem)
-            members.append(m.GroupMemberInfo(
-                member_id, mem.client_id if codec == "kafka" else "", mem.host, "consumer", codec=codec,
-                partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ())))
+        members = [info for mem in d.members for info in self._members_of(d.group_id, mem)]
         state = STATES.get(getattr(d.state, "name", str(d.state)), "Unknown")
         generation = self._generation(d.group_id)
         return m.GroupInfo(d.group_id, state, "" if d.is_simple_consumer_group else "consumer",
@@ -492,7 +630,7 @@ def _choose(protocols: tuple[tuple[str, bytes], ...]) -> tuple[str, bytes]:
     return next((p for p in protocols if p[0] == "range"), protocols[0])
 
 
-def _owned(tps: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def _owned(tps: Any) -> Assignment:
     owned: dict[str, list[int]] = {}
     for tp in tps:
         owned.setdefault(tp.topic, []).append(tp.partition)
