@@ -15,14 +15,16 @@ load from elsewhere on the machine hits every path alike.
 3. **Latency:** one confluent-kafka produce at a time (``linger.ms=0``, acks=all),
    straight to the cluster and through the gateway in turn, sample by sample.
 4. **Scale-out:** V1 and TANK producers at once over two cluster-mode gateways, vs the
-   same load on one.
+   same load on one; each run also says how many cores the gateways, Tansu, the clients
+   (this process), other processes on the machine and nothing (idle) took.
 
 At the end, a table of the goals: gateway CPU per record in cluster mode at most 2× the
 local-mode figure (Kafka, TANK, V1); Kafka through a gateway at least 0.8× straight to
 the cluster; at most 2 ms added to the p99 of one produce at a time; two gateways at
-least 1.8× one. CPU per record is what a process spent (user + system, from /proc) over
-the records of a step: the clients, Tansu and the gateways share this machine's cores,
-so rates are blurred and CPU per record is the steadier figure.
+least 1.8× one. CPU per record is what a process spent (user + system, from /proc, to
+the nanosecond: ``common.Meter``) over the records of a step: the clients, Tansu and the
+gateways share this machine's cores, so rates are blurred and CPU per record is the
+steadier figure.
 
 Two gateways can only serve 1.8× one where cores are free for the second, so that goal
 is shown two ways. By the rates, beside the share of the machine's CPU that was idle
@@ -31,6 +33,9 @@ CPU-bound and the table says so). And by the CPU per record: a gateway's data pa
 on its one reactor thread, so gateways add up as long as each spends as much CPU per
 record beside another as alone; 2 × (CPU per record on one) / (CPU per record on two)
 is the ratio two gateways reach on free cores.
+
+``results/cluster.json`` keeps every round's figures, the best ones and the goals table;
+``results/cluster.png`` draws the goals (with matplotlib, as ``make bench`` installs).
 
     python benchmarks/cluster.py [--records N] [--messages N] [--requests N] [--samples N] [--rounds R]
 """
@@ -364,7 +369,7 @@ def plot(rows: list[dict]) -> None:
         ax.set_ylabel("ms added" if first["unit"] == "ms" else "ratio (same run)")
         ax.tick_params(axis="x", labelsize=7, labelrotation=20)
         ax.legend(fontsize=7)
-    fig.suptitle("polygate cluster mode in front of Tansu (2-core machine), each beside its reference")
+    fig.suptitle(f"polygate cluster mode in front of Tansu ({os.cpu_count()}-core machine), each beside its reference")
     fig.tight_layout()
     fig.savefig(path)
     progress(f"plot: {path}")
