@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -54,28 +55,71 @@ def progress(message: str) -> None:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far, from /proc (what a server costs,
-    whatever the clients beside it on the same cores cost)."""
+    whatever the clients beside it on the same cores cost), to /proc/<pid>/stat's tick
+    (10 ms): every thread the process ever had, the ended ones too."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def live_threads_cpu_seconds(pid: int) -> float:
+    """CPU time the threads a process has now have used so far, to the nanosecond (the first field
+    of each /proc/<pid>/task/<tid>/schedstat); threads that have ended are left out."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        # a thread that ends meanwhile is left out
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
+
+
+def cpu_used(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """CPU seconds between two ``(cpu_seconds, live_threads_cpu_seconds)`` readings of a process:
+    the nanosecond figure, unless it falls short of the tick figure by more than the ticks' own
+    rounding (the user and system fields, each cut to a tick): threads that ended in between."""
+    ticks, precise = after[0] - before[0], after[1] - before[1]
+    return precise if abs(ticks - precise) <= 2 / os.sysconf("SC_CLK_TCK") + 0.001 else ticks
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(idle, total) CPU time of the whole machine so far, all cores, in /proc/stat's ticks
+    (idle counts iowait too: a core waiting on a disk could run something else)."""
+    with open("/proc/stat") as f:
+        ticks = [int(t) for t in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[3] + ticks[4], sum(ticks)
+
+
 class Meter:
-    """Over a ``with`` block: its wall-clock ``seconds``, and in ``used`` the CPU seconds spent by
-    each process named in the constructor (``name=pid``)."""
+    """Over a ``with`` block: its wall-clock ``seconds``, in ``used`` the CPU seconds spent by
+    each process named in the constructor (``name=pid``; see ``cpu_used``), and in ``machine_idle`` the share
+    (0-1) of the whole machine's CPU time that was idle, whoever ran on it."""
 
     def __init__(self, **pids: int):
         self.pids = pids
         self.used: dict[str, float] = {}
 
+    def reading(self) -> dict[str, tuple[float, float]]:
+        # this process itself (clients metered beside the servers) has a nanosecond clock of its own
+        return {name: (time.process_time(),) * 2 if pid == os.getpid()
+                else (cpu_seconds(pid), live_threads_cpu_seconds(pid)) for name, pid in self.pids.items()}
+
     def __enter__(self) -> Meter:
-        self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.before = self.reading()
+        self.machine_before = machine_ticks()
         self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self.start
-        self.used = {name: cpu_seconds(pid) - self.before[name] for name, pid in self.pids.items()}
+        self.used = {name: cpu_used(self.before[name], now) for name, now in self.reading().items()}
+        (idle, total), (idle0, total0) = machine_ticks(), self.machine_before
+        self.machine_idle = (idle - idle0) / (total - total0) if total > total0 else 0.0
+
+
+def best_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The figures of several rounds of one thing, each key at its best: the least of a CPU
+    figure (a key ending ``_cpu_us_per_record``), the most of any other (a rate)."""
+    return {k: (min if k.endswith("_cpu_us_per_record") else max)(r[k] for r in runs) for k in runs[0]}
 
 
 def us_per(seconds: float, count: int) -> float:

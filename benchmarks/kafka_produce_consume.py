@@ -26,7 +26,17 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Gateway, Meter, comparison, progress, ratio, ratio_text, us_per, write_result  # noqa: E402
+from common import (  # noqa: E402
+    Gateway,
+    Meter,
+    best_of,
+    comparison,
+    progress,
+    ratio,
+    ratio_text,
+    us_per,
+    write_result,
+)
 
 from gateway.launcher import Tansu  # noqa: E402
 
@@ -110,9 +120,7 @@ def main() -> None:
         progress(f"round {n + 1}: Tansu (memory storage)")
         with Tansu() as tansu:
             rounds["tansu"].append(run(tansu.bootstrap, args.records, server=tansu.proc.pid))
-    # the best rate and the least CPU per record of the rounds
-    results = {name: {k: (min if k.endswith("_cpu_us_per_record") else max)(r[k] for r in rs) for k in rs[0]}
-               for name, rs in rounds.items()}
+    results = {name: best_of(rs) for name, rs in rounds.items()}
     ratios = {k: ratio(results["polygate"][k], results["tansu"][k]) for k in results["polygate"]}
     for name, r in results.items():
         print(f"{name:<9} " + "   ".join(
