@@ -201,6 +201,8 @@ class KafkaClient:
 
 
 SESSION_TIMEOUT_MS = 10_000
+SCRAM_MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}
+"""Kafka's numbers of the SCRAM mechanisms (DescribeUserScramCredentials)."""
 REBALANCE = {Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID, Errors.REBALANCE_IN_PROGRESS}  # join again
 
 
@@ -399,6 +401,28 @@ class KafkaSession(Session):
 
     def group_count(self) -> int | None:
         return len(self.list_groups())
+
+    # ------------------------------------------------------------------ security admin (Kafka only)
+
+    def describe_users(self, names: Sequence[str] | None = None) -> dict[str, list[tuple[str, int]]]:
+        """DescribeUserScramCredentials: each user (``names``, or every one) with its SCRAM mechanisms
+        and iterations; a user that does not exist is left out. A refusal raises ``ProtocolError``."""
+        answer = self.client.call(50, 0, {"Users": None if names is None else [{"Name": n} for n in names]})
+        self.check(answer.ErrorCode, answer.ErrorMessage or "describing users")
+        return {r.User: [(SCRAM_MECHANISMS.get(c.Mechanism, str(c.Mechanism)), c.Iterations) for c in r.CredentialInfos]
+                for r in answer.Results if not r.ErrorCode}
+
+    def describe_acls(self, acl_filter: dict[str, Any]) -> list[dict[str, Any]]:
+        """DescribeAcls v1 with ``acl_filter`` (its fields by Kafka's names: ``ResourceTypeFilter``,
+        ``ResourceNameFilter``, ``PatternTypeFilter``, ``PrincipalFilter``, ``HostFilter``, ``Operation``,
+        ``PermissionType``): the matching ACLs, each a dict of ``ResourceType``, ``ResourceName``,
+        ``PatternType``, ``Principal``, ``Host``, ``Operation`` and ``PermissionType``. A refusal
+        raises ``ProtocolError``."""
+        answer = self.client.call(29, 1, acl_filter)
+        self.check(answer.ErrorCode, answer.ErrorMessage or "describing ACLs")
+        return [{"ResourceType": r.ResourceType, "ResourceName": r.ResourceName, "PatternType": r.PatternType,
+                 "Principal": a.Principal, "Host": a.Host, "Operation": a.Operation,
+                 "PermissionType": a.PermissionType} for r in answer.Resources for a in r.Acls]
 
     def ping(self) -> None:
         self.check(self.client.call(18, 0, {}).ErrorCode, "ApiVersions")
