@@ -120,14 +120,18 @@ def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Sess
 
 
 def _credentials() -> tuple[Any, Any]:
-    """The TLS context and login the running command's options ask for (``gateway.cli.credentials``)."""
+    """The TLS context and login the running command's options ask for (``gateway.cli.credentials``);
+    the password is asked once per command, however many connections it opens."""
     from gateway.clients.session import Login
 
-    given = click.get_current_context().meta.get(__name__ + ".credentials", {})
-    tls = tls_context(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
-    user = given.get("user")
-    login = Login(user, caller_password(user), given.get("mechanism") or "SCRAM-SHA-256") if user else None
-    return tls, login
+    meta = click.get_current_context().meta
+    if __name__ + ".session" not in meta:
+        given = meta.get(__name__ + ".credentials", {})
+        tls = tls_context(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
+        user = given.get("user")
+        login = Login(user, caller_password(user), given.get("mechanism") or "SCRAM-SHA-256") if user else None
+        meta[__name__ + ".session"] = (tls, login)
+    return meta[__name__ + ".session"]
 
 
 def _ports() -> str:
@@ -503,7 +507,9 @@ def _read_in_group(s: Session, protocol: str, server: str | None, timeout: float
 
 def _leave(s: Session, member: Membership, interrupted: bool, protocol: str, server: str | None,
            timeout: float) -> None:
-    """Leave the group; after an interruption, from a new connection (an answer may be half read on this one)."""
+    """Leave the group; after an interruption or a failure, from a new connection (an answer may be
+    half read on this one), logged in as this one was: a member left behind would hold its
+    partitions, and keep its protocol type on the group, until the gateway expires it."""
     from gateway.clients import open_session
 
     try:
@@ -511,7 +517,7 @@ def _leave(s: Session, member: Membership, interrupted: bool, protocol: str, ser
             s.leave(member)
             return
         host, port = _address(server, protocol)
-        with open_session(protocol, host, port, timeout, timeout) as fresh:
+        with open_session(protocol, host, port, timeout, timeout, *_credentials()) as fresh:
             fresh.leave(member)
     except Exception:  # noqa: BLE001, S110 - the gateway drops a silent member at its session timeout anyway
         pass
