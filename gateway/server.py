@@ -6,7 +6,7 @@ import logging
 import os
 import resource
 from collections.abc import Generator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from twisted.internet import defer
@@ -23,9 +23,12 @@ from gateway.security.acl import Acls
 from gateway.security.tls import ReloadableTls, TlsConfig
 from gateway.security.users import UserStore
 from gateway.storage.engine import Engine, EngineConfig, StorageFailure
-from gateway.storage.interface import Storage
+from gateway.storage.interface import Storage, SyncingStorage
 
 log = logging.getLogger(__name__)
+
+FENCED_SHOWN = 20
+"""How many fenced partitions ``/readyz`` names (then how many more)."""
 
 
 def default_data_dir() -> str:
@@ -191,6 +194,12 @@ class Gateway:
             problem = store.unavailable() if store is not None and open_ else "not started"
             checks["cluster"] = "reachable" if problem is None else problem
             ready = ready and problem is None
+        fenced = cast(SyncingStorage, store).fenced() if open_ and store is not None and store.syncs else {}
+        if fenced:  # an fsync failed: until an operator restarts the gateway, these partitions take no writes
+            shown = [f"{t}/{p} (readable below offset {end})" for (t, p), end in sorted(fenced.items())[:FENCED_SHOWN]]
+            more = f" and {len(fenced) - FENCED_SHOWN} more" if len(fenced) > FENCED_SHOWN else ""
+            checks["fenced"] = f"an fsync failed; refusing writes until restart: {', '.join(shown)}{more}"
+            ready = False
         return ready, checks
 
     def _stop_admin(self) -> defer.Deferred:

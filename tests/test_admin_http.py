@@ -196,6 +196,13 @@ def test_a_failed_fsync_is_counted_as_a_storage_error(gateway_factory, tmp_path)
     assert d("polygate_storage_errors_total", operation="fsync") >= 1
     assert d("polygate_storage_errors_total", operation="Produce") == 1
     assert d("polygate_commands_total", command="Produce", result="STORAGE_ERROR", **v1) == 1
+    # the partition says it is fenced: in the metrics and /readyz, and its high watermark did not move
+    after = scrape(gw)
+    assert after.get("polygate_partition_fenced", topic="t", partition="0") == 1
+    assert after.get("polygate_partition_high_watermark", topic="t", partition="0") == 1
+    status, body = get(gw, "/readyz")
+    assert status == 503 and "t/0 (readable below offset 1)" in body["fenced"], body
+    assert "readers see offsets below 1 only" in gw.log
 
 
 # --------------------------------------------------------------------------- health
