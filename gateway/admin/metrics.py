@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from prometheus_client.core import (
@@ -32,6 +32,7 @@ from gateway.admin.overview import (
     read_partitions,
 )
 from gateway.stats import BrokerStats, Histogram, ListenerStats
+from gateway.storage.interface import SyncingStorage
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
@@ -183,7 +184,7 @@ class StorageCollector:
         except Exception as e:  # noqa: BLE001 - a scrape reports what it could read
             log.warning("metrics: group offsets not read: %s", e)
             offsets, known = (), False
-        fenced = frozenset(store.fenced()) if store.syncs else frozenset()
+        fenced = frozenset(cast(SyncingStorage, store).fenced()) if store.syncs else frozenset()
         self.snapshot = Snapshot(True, tuple(partitions), tuple(offsets), known, fenced)
 
     def collect(self) -> Iterator[Metric]:
