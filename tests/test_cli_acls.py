@@ -74,3 +74,11 @@ def test_a_member_refused_after_joining_leaves_its_group(gw):
     assert "NOT_AUTHORIZED_FOR_TOPIC" in line, line
     described = json.loads(run(gw, "kafka", "groups", "describe", group, "-o", "json"))
     assert described["members"] == [], described
+
+
+def test_a_kafka_client_without_a_login_on_a_sasl_listener_is_told_so(gw):
+    result = CliRunner().invoke(main, ["topics", "list", "-p", "kafka", "--server", gw.address("kafka")])
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "SASL" in line, line  # the listener's refusal, or the hint
+

@@ -176,9 +176,11 @@ class CursusSession(Session):
                 out.append(PartitionInfo(int(name[1:]), int(fields["earliest"]), int(fields["hwm"])))
         return out
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                headers: Sequence[tuple[str, bytes]] = ()) -> Produced:
         """One record in a binary batch (0xBA7C): any key and value travel unchanged (PUBLISH's
         ``message=`` would lose trailing whitespace)."""
+        self.no_headers(headers)
         if key is not None and len(key) > 0xFFFF:
             raise Unsupported("a Cursus key is at most 65535 bytes")
         if partition is None:  # as cursus-python's producer: FNV-1a 32 of the key (where V1 puts it); else spread

@@ -209,6 +209,7 @@ REBALANCE = {Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID, Errors.REBALAN
 class KafkaSession(Session):
     protocol = "kafka"
     client: KafkaClient
+    carries_headers = True
 
     def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         self.client = KafkaClient(host, port, timeout, tls)
@@ -235,11 +236,55 @@ class KafkaSession(Session):
             out[t.Name] = len(t.Partitions)
         return out
 
-    def create_topic(self, topic: str, partitions: int | None) -> int:
-        answer = self.client.call(19, 2, {"Topics": [{"Name": topic, "NumPartitions": partitions or -1,
-                                                      "ReplicationFactor": -1}], "TimeoutMs": 10_000}).Topics[0]
+    def create_topic(self, topic: str, partitions: int | None, configs: dict[str, str] | None = None) -> int:
+        """CreateTopics, with the topic ``configs`` (``retention.ms``, ``cleanup.policy``...) given."""
+        answer = self.client.call(19, 2, {"Topics": [{
+            "Name": topic, "NumPartitions": partitions or -1, "ReplicationFactor": -1,
+            "Configs": [{"Name": k, "Value": v} for k, v in (configs or {}).items()]}], "TimeoutMs": 10_000}).Topics[0]
         self.check(answer.ErrorCode, answer.get("ErrorMessage") or f"topic {topic}")
         return self._metadata([topic])[topic]
+
+    def alter_topic_configs(self, topic: str, set_: dict[str, str], delete: Sequence[str] = ()) -> None:
+        """IncrementalAlterConfigs: set ``set_`` and delete ``delete`` (back to the default) on ``topic``."""
+        configs = [{"Name": k, "ConfigOperation": 0, "Value": v} for k, v in set_.items()]
+        configs += [{"Name": k, "ConfigOperation": 1, "Value": None} for k in delete]
+        answer = self.client.call(44, 0, {"Resources": [{"ResourceType": 2, "ResourceName": topic,
+                                                         "Configs": configs}], "ValidateOnly": False})
+        for r in answer.Responses:
+            self.check(r.ErrorCode, r.ErrorMessage or f"topic {topic}")
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        """CreatePartitions: ``topic`` gets ``total`` partitions."""
+        answer = self.client.call(37, 1, {"Topics": [{"Name": topic, "Count": total, "Assignments": None}],
+                                          "TimeoutMs": 10_000, "ValidateOnly": False})
+        for r in answer.Results:
+            self.check(r.ErrorCode, r.ErrorMessage or f"topic {topic}")
+
+    def offsets_for_times(self, topic: str, timestamp_ms: int) -> dict[int, int]:
+        """Each partition's first offset whose timestamp is at or after ``timestamp_ms`` (its end
+        offset when none is), as Kafka's ListOffsets finds it."""
+        count = self._metadata([topic])[topic]
+        found = self._offsets({topic: list(range(count))}, timestamp_ms)
+        ends = self._offsets({topic: list(range(count))}, -1)
+        return {p: found[(topic, p)] if found[(topic, p)] >= 0 else ends[(topic, p)] for p in range(count)}
+
+    def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit ``offsets`` for ``group`` as an admin does, from outside the group (generation -1):
+        Kafka accepts it only while the group has no members."""
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for (t, p), offset in sorted(offsets.items()):
+            topics.setdefault(t, []).append({"PartitionIndex": p, "CommittedOffset": offset, "CommittedMetadata": ""})
+        body = {"GroupId": group, "GenerationIdOrMemberEpoch": -1, "MemberId": "", "RetentionTimeMs": -1,
+                "Topics": [{"Name": t, "Partitions": ps} for t, ps in topics.items()]}
+        for t in self.client.call(8, 2, body).Topics:
+            for p in t.Partitions:
+                self.check(p.ErrorCode, f"group {group} topic {t.Name} partition {p.PartitionIndex}")
+
+    def delete_groups(self, groups: Sequence[str]) -> None:
+        """DeleteGroups: each group's committed offsets and the group itself (Kafka refuses a group
+        with members: NON_EMPTY_GROUP)."""
+        for r in self.client.call(42, 1, {"GroupsNames": list(groups)}).Results:
+            self.check(r.ErrorCode, f"group {r.GroupId}")
 
     def _partition_count(self, topic: str) -> int:
         return self._metadata([topic], create=True)[topic]
@@ -271,11 +316,12 @@ class KafkaSession(Session):
     def describe_topic(self, topic: str) -> list[PartitionInfo]:
         return self.describe_topics([topic])[topic]
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                headers: Sequence[tuple[str, bytes]] = ()) -> Produced:
         count = self.partition_count(topic)  # creates a missing topic, as Kafka clients' Metadata does
         if partition is None:  # as Kafka's Java client: murmur2 of the key; without a key, spread
             partition = choose("murmur2", key, count, next(self._spread))
-        batch = kafka_format.encode_batch([m.Record(value, key, int(time.time() * 1000))], 0)
+        batch = kafka_format.encode_batch([m.Record(value, key, int(time.time() * 1000), tuple(headers))], 0)
         answer = self.client.produce_batch(topic, partition, batch)
         self.check(answer.ErrorCode, answer.get("ErrorMessage") or f"topic {topic} partition {partition}")
         return Produced(topic, partition, answer.BaseOffset, key)
