@@ -6,11 +6,15 @@ add-partitions``, ``groups reset-offsets`` and ``groups delete``, ``produce --he
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -152,3 +156,47 @@ def test_a_topic_name_v1_cannot_carry_is_named(gw):
     assert "V1 cannot carry the name 'my topic'" in line and "key:value" not in line
     line = one_line(run(gw, "topics", "create", "my topic", code=1).stderr)
     assert "V1 cannot carry the name 'my topic'" in line
+
+
+class SlowAnswers:
+    """A TCP proxy to ``target`` that holds each answer ``delay`` seconds (a gateway waiting for its
+    cluster, as the CLI sees it); one connection at a time, until closed."""
+
+    def __init__(self, target: tuple[str, int], delay: float):
+        self.target, self.delay = target, delay
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.server.accept()
+                upstream = socket.create_connection(self.target)
+                threading.Thread(target=self._pipe, args=(client, upstream, 0.0), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(upstream, client, self.delay), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket, delay: float) -> None:
+        with contextlib.suppress(OSError), source, sink:
+            while data := source.recv(65536):
+                time.sleep(delay)
+                sink.sendall(data)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_produce_waits_longer_than_the_gateway_waits_for_a_cluster(gw):
+    """--timeout 1 bounds the other requests; a produce's answer is waited for at least 15 s (the
+    gateway's --cluster-timeout-ms is 10 s), so a slow cluster's answer still arrives."""
+    topic = unique()
+    run(gw, "topics", "create", topic, "--partitions", "1")
+    proxy = SlowAnswers(("127.0.0.1", gw.port("v1")), 2.0)
+    try:
+        slow = CliRunner().invoke(main, ["produce", topic, "late", "-s", proxy.address, "--timeout", "1"])
+        assert slow.exit_code == 0, slow.stderr
+        listed = CliRunner().invoke(main, ["topics", "list", "-s", proxy.address, "--timeout", "1"])
+        assert listed.exit_code == 1 and "no answer from" in listed.stderr
+    finally:
+        proxy.close()
