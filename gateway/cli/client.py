@@ -148,7 +148,7 @@ def _speaks_tls(host: str, port: int) -> bool:
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     try:
-        with socket.create_connection((host, port), timeout=2) as sock, context.wrap_socket(sock) as tls:
+        with socket.create_connection((host, port), timeout=1) as sock, context.wrap_socket(sock) as tls:
             return tls.version() is not None
     except (OSError, ssl.SSLError):
         return False
