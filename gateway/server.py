@@ -6,14 +6,14 @@ import logging
 import os
 import resource
 from collections.abc import Generator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from twisted.internet import defer
 from twisted.internet.interfaces import IProtocolFactory
 
 from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
-from gateway.admin import AdminServer
+from gateway.admin import AdminAccess, AdminServer
 from gateway.broker import Broker, BrokerConfig
 from gateway.cluster import ClusterConfig, ClusterStore
 from gateway.codec import CodecPlugin, ListenerSettings, Tokens, parse_options
@@ -23,9 +23,12 @@ from gateway.security.acl import Acls
 from gateway.security.tls import ReloadableTls, TlsConfig
 from gateway.security.users import UserStore
 from gateway.storage.engine import Engine, EngineConfig, StorageFailure
-from gateway.storage.interface import Storage
+from gateway.storage.interface import Storage, SyncingStorage
 
 log = logging.getLogger(__name__)
+
+FENCED_SHOWN = 20
+"""How many fenced partitions ``/readyz`` names (then how many more)."""
 
 
 def default_data_dir() -> str:
@@ -64,14 +67,14 @@ class Gateway:
     allowed), ``require_auth`` the codecs whose listeners refuse anonymous clients,
     ``tokens`` the verifier of OAuth bearer tokens (Kafka OAUTHBEARER), if any.
     ``admin`` is the ``(host, port)`` of the HTTP admin listener (``gateway.admin``:
-    metrics and health checks), ``None`` for none."""
+    metrics and health checks), ``None`` for none; ``admin_access`` who may use it."""
 
     def __init__(self, reactor: Any, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
                  limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None,
                  tls: TlsConfig | None = None, users: UserStore | None = None, acls: Acls | None = None,
                  require_auth: frozenset[str] = frozenset(), tokens: Tokens | None = None,
-                 admin: tuple[str, int] | None = None):
+                 admin: tuple[str, int] | None = None, admin_access: AdminAccess | None = None):
         self.reactor = reactor
         self.limits = limits or ConnectionLimits()
         self.registry = registry
@@ -93,6 +96,7 @@ class Gateway:
         self.factories: list[CodecFactory] = []
         self.bound: list[tuple[str, str, int]] = []
         self.admin_address = admin
+        self.admin_access = admin_access or AdminAccess()
         self.admin: AdminServer | None = None
         self.admin_bound: tuple[str, int] | None = None
         self.stopping = False
@@ -105,12 +109,12 @@ class Gateway:
         """
         listeners = [(lc, self.registry.get(lc.codec)) for lc in self.listener_configs]
         settings = [self._settings(lc, plugin) for lc, plugin in listeners]
-        if any(lc.tls for lc in self.listener_configs):
+        if any(lc.tls for lc in self.listener_configs) or self.admin_address is not None and self.admin_access.tls:
             if self.tls_config is None:
                 raise ValueError("a TLS listener needs a certificate and its key")
             self.tls = ReloadableTls(self.tls_config)  # raises, naming the file, before storage opens
         if self.admin_address is not None:  # AdminError for a taken address, before storage opens
-            self.admin = AdminServer(self, self.reactor)
+            self.admin = AdminServer(self, self.reactor, self.admin_access)
             self.admin_bound = self.admin.listen(*self.admin_address)
         for (_, plugin), listener_settings in zip(listeners, settings, strict=True):
             fmt = plugin.batch_format
@@ -191,6 +195,12 @@ class Gateway:
             problem = store.unavailable() if store is not None and open_ else "not started"
             checks["cluster"] = "reachable" if problem is None else problem
             ready = ready and problem is None
+        fenced = cast(SyncingStorage, store).fenced() if open_ and store is not None and store.syncs else {}
+        if fenced:  # an fsync failed: until an operator restarts the gateway, these partitions take no writes
+            shown = [f"{t}/{p} (readable below offset {end})" for (t, p), end in sorted(fenced.items())[:FENCED_SHOWN]]
+            more = f" and {len(fenced) - FENCED_SHOWN} more" if len(fenced) > FENCED_SHOWN else ""
+            checks["fenced"] = f"an fsync failed; refusing writes until restart: {', '.join(shown)}{more}"
+            ready = False
         return ready, checks
 
     def _stop_admin(self) -> defer.Deferred:

@@ -108,11 +108,11 @@ class Partition:
 
     @property
     def high_watermark(self) -> int:
-        return self.replicas.high_watermark
+        return min(self.replicas.high_watermark, self.log.readable_end)
 
     @property
     def log_end_offset(self) -> int:
-        return self.log.next_offset
+        return self.log.readable_end
 
     @property
     def log_start_offset(self) -> int:
@@ -695,6 +695,29 @@ class Engine:
                 failures.append(f"metadata journal: {e}")
         if failures:
             raise StorageFailure("; ".join(failures))
+
+    def fenced(self) -> dict[tuple[str, int], int]:
+        """The partitions an fsync failure fenced, each with the end of what readers see of it."""
+        return {(t.name, p.index): p.log.durable_end for t in self.topics.values() for p in t.partitions
+                if isinstance(p.log.failure, fileio.FsyncFailed)}
+
+    def cut_failed_writes(self) -> None:
+        """Cut from the files of each fenced partition the records its failed fsync did not make
+        durable (``PartitionLog.cut_to_durable``), so that a restart does not bring back records
+        answered as failed. Call it between appends (the reactor); a cut the disk refuses is
+        logged, and readers still stop where the durable records end."""
+        with self._sync_lock:
+            for (topic, index), end in self.fenced().items():
+                plog = self.topics[topic].partitions[index].log
+                try:
+                    cut = plog.cut_to_durable()
+                except OSError as e:
+                    log.error("%s/%d: cutting the records from offset %d, which no fsync made durable, failed: %s; "
+                              "a restart may bring them back", topic, index, end, e)
+                    continue
+                if cut:
+                    log.error("%s/%d: cut %d records from offset %d, which no fsync made durable; the partition "
+                              "is fenced until restart", topic, index, cut, end)
 
     def close(self) -> None:
         with self._sync_lock:

@@ -384,6 +384,14 @@ class SyncingStorage(Storage, Protocol):
     def sync(self) -> None:
         """fsync everything written so far (runs in a worker thread)."""
 
+    def fenced(self) -> dict[tuple[str, int], int]:
+        """The partitions a failed fsync fenced until restart, each with the end of what readers see
+        of it (the records after it were answered as failed, or lost under an fsync interval)."""
+
+    def cut_failed_writes(self) -> None:
+        """After a failed ``sync``, on the reactor between writes: cut from the files what it did not
+        make durable, so that a restart does not bring it back."""
+
 
 class RetentionStorage(Storage, Protocol):
     """A store that the broker has delete what is past its topics' retention, periodically. A store

@@ -3,10 +3,13 @@
 Failures, decided as Kafka and PostgreSQL do:
 
 - A failed fsync *fences* the log: it is logged once (ERROR) and every later
-  append raises ``Fenced`` until the process restarts (restart recovery then
-  keeps what reached the disk). The fsync is never retried: after an error
-  the kernel may already have dropped the dirty pages, so a later fsync that
-  succeeds proves nothing. Reads keep working.
+  append raises ``Fenced`` until the process restarts. The fsync is never
+  retried: after an error the kernel may already have dropped the dirty pages,
+  so a later fsync that succeeds proves nothing. Reads keep working, up to
+  ``durable_end`` (the log end the last good fsync covered): the records after
+  it were, or are about to be, answered as failed, and no reader ever sees
+  them. ``cut_to_durable`` then cuts them from the files, so that a restart
+  does not bring them back either.
 - A failed write (EIO, ENOSPC) that was fully undone (see ``fileio``) only
   fails that append: the log is as it was, and space may come back.
 - A failed write that could not be undone (``TornWrite``) fences the log too.
@@ -90,6 +93,7 @@ class PartitionLog:
             self.segments.append(self._new_segment(0))
         self._bases = [s.base_offset for s in self.segments]
         self.failure: OSError | None = None  # set once a failed fsync or torn write fenced the log
+        self.durable_end = self.next_offset  # the log end the last good fsync covered (at open: what is on disk)
         self.deleted = False
         self.start_floor = 0  # DeleteRecords: no offset below this is readable, whatever the segments hold
 
@@ -148,7 +152,9 @@ class PartitionLog:
 
     def roll(self, base_offset: int | None = None) -> None:
         base = self.next_offset if base_offset is None else base_offset
-        self.active.sync()
+        end = self.next_offset
+        self.active.sync()  # the segments before it were synced when they rolled: the whole log is durable
+        self.durable_end = max(self.durable_end, end)
         self.segments.append(self._new_segment(base))
         self._bases.append(base)
 
@@ -165,10 +171,33 @@ class PartitionLog:
         """
         if self.failure is not None:
             return
+        end = self.next_offset  # read first: appends made meanwhile are not counted as covered
         with self._fencing():
             for seg in self.segments:
                 if seg.dirty:
                     seg.sync()
+        self.durable_end = max(self.durable_end, end)
+
+    @property
+    def readable_end(self) -> int:
+        """The end of what readers may see: the log end; once an fsync failed, ``durable_end``."""
+        return self.durable_end if isinstance(self.failure, fileio.FsyncFailed) else self.next_offset
+
+    def cut_to_durable(self) -> int:
+        """Once an fsync failed, cut the records after ``durable_end`` from the files (they were
+        answered as failed, or acknowledged under an fsync interval that allows their loss), so
+        that a restart does not bring them back; returns how many offsets were cut. Runs between
+        appends (the engine's thread), never during one. Raises ``OSError`` if the disk refuses
+        even that: reads still stop at ``durable_end`` until restart."""
+        if not isinstance(self.failure, fileio.FsyncFailed) or self.next_offset <= self.durable_end:
+            return 0
+        cut = self.next_offset - self.durable_end
+        while len(self.segments) > 1 and self.segments[-1].base_offset >= self.durable_end:
+            self.segments.pop().delete()
+            self._bases.pop()
+        if self.active.next_offset > self.durable_end:
+            self.active.truncate(self.durable_end)
+        return cut
 
     @contextlib.contextmanager
     def _fencing(self) -> Iterator[None]:
@@ -178,7 +207,12 @@ class PartitionLog:
         except fileio.Unrecoverable as e:
             if self.failure is None and not self.deleted:  # a sync racing a delete fails harmlessly
                 self.failure = e
-                log.error("%s: %s; the partition refuses writes until restart", self.directory, e)
+                if isinstance(e, fileio.FsyncFailed):
+                    log.error("%s: %s; the partition is fenced: readers see offsets below %d only (what "
+                              "fsyncs made durable), and it refuses writes until restart",
+                              self.directory, e, self.durable_end)
+                else:
+                    log.error("%s: %s; the partition refuses writes until restart", self.directory, e)
             raise
 
     @property
@@ -193,6 +227,7 @@ class PartitionLog:
 
         The first batch is returned whole even if larger than ``max_bytes``.
         """
+        upto = min(upto, self.readable_end)
         if offset >= upto:
             return []
         i = max(bisect.bisect_right(self._bases, offset) - 1, 0)

@@ -299,6 +299,17 @@ class Segment:
             fileio.fsync(self.fd)
             self._synced_appends = appends
 
+    def truncate(self, offset: int) -> None:
+        """Cut the entries from the one at ``offset`` (an entry's first offset) on, with their index
+        entries. Only an open segment (one with unsynced appends) is ever cut."""
+        position = next((h.position for h in self.headers_from(self._position_for(offset)) if h.base_offset >= offset),
+                        self.size)
+        assert self.fd is not None
+        os.ftruncate(self.fd, position)
+        self.size = position
+        self._synced_appends = self._appends  # nothing is left to fsync: what remains was durable
+        self.recover()
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)

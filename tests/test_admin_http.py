@@ -5,9 +5,11 @@ itself (none, a taken port, a bad value)."""
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -17,11 +19,14 @@ from collections.abc import Callable
 
 import confluent_kafka as ck
 import pytest
+from click.testing import CliRunner
 from faultyos import rule, write_rules
 from kafka_support import consume, unique, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from security_support import auth_args
+from tls_support import Pki
 
+from gateway.cli.main import main as cli_main
 from gateway.clients.v1 import V1Client
 from gateway.launcher import GATEWAY, GatewayProcess, Tansu, free_port
 
@@ -196,6 +201,13 @@ def test_a_failed_fsync_is_counted_as_a_storage_error(gateway_factory, tmp_path)
     assert d("polygate_storage_errors_total", operation="fsync") >= 1
     assert d("polygate_storage_errors_total", operation="Produce") == 1
     assert d("polygate_commands_total", command="Produce", result="STORAGE_ERROR", **v1) == 1
+    # the partition says it is fenced: in the metrics and /readyz, and its high watermark did not move
+    after = scrape(gw)
+    assert after.get("polygate_partition_fenced", topic="t", partition="0") == 1
+    assert after.get("polygate_partition_high_watermark", topic="t", partition="0") == 1
+    status, body = get(gw, "/readyz")
+    assert status == 503 and "t/0 (readable below offset 1)" in body["fenced"], body
+    assert "readers see offsets below 1 only" in gw.log
 
 
 # --------------------------------------------------------------------------- health
@@ -314,3 +326,74 @@ def test_a_scrape_is_fast_and_leaves_no_log_line(gateway_factory):
         [1 for n, _, _ in s.samples if n == "polygate_partition_high_watermark"]) == 60
     time.sleep(0.2)
     assert "GET /metrics" not in gw.log and "gateway.admin" not in gw.log, gw.log
+
+
+# --------------------------------------------------------------------------- login and what each caller sees
+
+
+ADMIN_USERS = {"admin": "4dm1n-pw", "alice": "al1ce-pw"}
+
+
+def fetch(url: str, user: str | None = None, password: str | None = None,
+          context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], bytes]:
+    """GET ``url`` (with HTTP Basic as ``user``): status, headers, body."""
+    request = urllib.request.Request(url)
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password or ADMIN_USERS[user]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def as_admin(gw: GatewayProcess, *args: str) -> None:
+    result = CliRunner(env={"POLYGATE_PASSWORD": ADMIN_USERS["admin"]}).invoke(
+        cli_main, [*args, "--server", gw.address("kafka"), "--user", "admin"])
+    assert result.exit_code == 0, (args, result.stdout, result.stderr)
+
+
+def test_the_admin_listener_asks_for_a_login_and_shows_what_the_caller_may_describe(gateway_factory, tmp_path):
+    gw = gateway_factory(("kafka",), ("--default-partitions", "1", "--authorizer", "acl", "--super-users",
+                                      "User:admin", *auth_args(str(tmp_path), ADMIN_USERS, require="kafka,admin")))
+    seen, hidden = unique("seen"), unique("hidden")
+    for topic in (seen, hidden):
+        as_admin(gw, "topics", "create", topic, "-p", "kafka")
+    as_admin(gw, "acls", "add", "--principal", "User:alice", "--operation", "describe", "--topic", seen)
+
+    for path in ("/metrics", "/healthz", "/readyz", "/", "/api/overview"):
+        status, headers, _ = fetch(gw.admin_url(path))
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Basic realm="), (path, status)
+    assert fetch(gw.admin_url("/metrics"), "alice", "wrong")[0] == 401
+
+    status, _, body = fetch(gw.admin_url("/metrics"), "alice")
+    assert status == 200
+    alice = Scrape(body.decode())
+    assert alice.has("polygate_partition_high_watermark", topic=seen)
+    assert not alice.has("polygate_partition_high_watermark", topic=hidden), "hidden from alice by the ACLs"
+    assert hidden not in body.decode()
+    status, _, body = fetch(gw.admin_url("/api/overview"), "alice")
+    assert status == 200 and [t["topic"] for t in json.loads(body)["topics"]] == [seen]
+
+    status, _, body = fetch(gw.admin_url("/metrics"), "admin")
+    assert status == 200 and Scrape(body.decode()).has("polygate_partition_high_watermark", topic=hidden)
+    assert fetch(gw.admin_url("/healthz"), "alice")[0] == 200
+    assert "al1ce-pw" not in gw.log and "wrong" not in gw.log
+
+
+@pytest.mark.local_only("one TLS set-up is enough")
+def test_the_admin_listener_over_tls_takes_a_client_certificate_and_may_leave_health_open(gateway_factory, tmp_path):
+    pki = Pki(tmp_path / "pki")
+    cert, key = pki.issue("server")
+    gw = gateway_factory(("v1",), ("--admin-tls", "--admin-open-health", "--tls-cert", str(cert), "--tls-key",
+                                   str(key), "--tls-ca", str(pki.ca), "--tls-client-auth", "optional",
+                                   *auth_args(str(tmp_path), ADMIN_USERS, require="admin")))
+    url = f"https://localhost:{gw.admin_port}"
+    assert fetch(url + "/healthz", context=pki.context())[0] == 200, "open to probes"
+    assert fetch(url + "/readyz", context=pki.context())[0] == 200
+    assert fetch(url + "/metrics", context=pki.context())[0] == 401
+    assert fetch(url + "/metrics", "alice", context=pki.context())[0] == 200
+    client = pki.issue("client", cn="alice", client=True)
+    assert fetch(url + "/metrics", context=pki.context(client))[0] == 200
+    assert "over TLS" in gw.log and "clients that log in (/healthz and /readyz open)" in gw.log

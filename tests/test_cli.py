@@ -450,13 +450,15 @@ def test_every_client_command_has_help():
     commands = []
     for command in COMMANDS:
         commands += list(command.commands.values()) if hasattr(command, "commands") else [command]
-    assert {c.name for c in commands} == {"create", "list", "describe", "delete", "produce", "consume", "status"}
+    assert {c.name for c in commands} == {"create", "list", "describe", "delete", "produce", "consume", "status",
+                                          "alter", "add-partitions", "reset-offsets"}
     for command in [*COMMANDS, *commands]:
         assert command.help and len(command.help) > 30, command.name
         for param in command.params:
             if param.param_type_name == "option":
                 assert param.help, (command.name, param.name)
     for args in (["topics"], ["topics", "create"], ["topics", "list"], ["topics", "describe"], ["topics", "delete"],
-                 ["produce"], ["consume"], ["groups"], ["groups", "list"], ["groups", "describe"], ["status"]):
+                 ["produce"], ["consume"], ["groups"], ["groups", "list"], ["groups", "describe"], ["status"],
+                 ["topics", "alter"], ["topics", "add-partitions"], ["groups", "reset-offsets"], ["groups", "delete"]):
         result = CliRunner().invoke(main, [*args, "--help"])
         assert result.exit_code == 0 and "Usage: " in result.stdout, args

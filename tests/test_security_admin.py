@@ -78,6 +78,20 @@ def test_gateway_users_refuses_a_wrong_caller_in_one_line(gateway_factory, tmp_p
     assert run.returncode != 0 and "Traceback" not in run.stderr and "wrong" not in run.stderr
 
 
+def test_a_caller_refused_the_cluster_is_told_so_in_one_line(gateway_factory, tmp_path):
+    """``users list`` used to die in librdkafka (segmentation fault) on the refusal, and ``acls list``
+    printed nothing with exit status 0: both say they were refused, exit status 1."""
+    gw = gateway_factory(("kafka",), (*auth_args(tmp_path, {**ADMIN, "bob": "b0b-pw"}, require="kafka"), *SECURE))
+    for command, doing in ((("users", "list"), "listing users"), (("acls", "list"), "listing ACLs"),
+                           (("users", "remove", "admin"), "looking up admin")):
+        run = subprocess.run([GATEWAY, *command, "-s", gw.address("kafka"), "-u", "bob"], capture_output=True,
+                             text=True, timeout=60, env=dict(os.environ, POLYGATE_PASSWORD="b0b-pw"))
+        assert run.returncode == 1, (command, run.returncode, run.stderr)
+        assert run.stderr.strip() == (f"Error: {doing}: kafka error CLUSTER_AUTHORIZATION_FAILED: "
+                                      "not authorized to describe the cluster"), run.stderr
+        assert run.stdout == ""
+
+
 def test_kafka_python_admin_client_manages_acls(gateway_factory, tmp_path):
     gw = gateway_factory(("kafka",), (*auth_args(tmp_path, ADMIN, require="kafka"), *SECURE))
     admin = KafkaAdminClient(bootstrap_servers=gw.address("kafka"), security_protocol="SASL_PLAINTEXT",

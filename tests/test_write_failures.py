@@ -17,6 +17,7 @@ from reactor_support import Reactor
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codecs.v1 import plugin as v1_plugin
+from gateway.codecs.v1.format import encode_record
 from gateway.local.groups import GroupCoordinator
 from gateway.local.store import LocalStore
 from gateway.model import CommandError, ErrorCode
@@ -137,12 +138,42 @@ def test_a_failed_fsync_fences_the_partition_once_and_is_never_retried(restarts,
     with pytest.raises(CommandError) as e:
         _append(engine, "t", 0, b"refused")
     _storage_error(e)
-    assert _values(engine, "t", 0) == [b"durable", b"lost?"], "reads go on"
+    assert _values(engine, "t", 0) == [b"durable"], "reads go on, up to what was durable"
+    assert engine.partition("t", 0).high_watermark == engine.partition("t", 0).log_end_offset == 1
+    assert engine.fenced() == {("t", 0): 1}
     assert _append(engine, "t", 1, b"still writable") == 1
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "t" in errors[0].getMessage() and "until restart" in errors[0].getMessage()
+    assert "readers see offsets below 1 only" in errors[0].getMessage()
+    engine.cut_failed_writes()
+    assert "cut 1 records from offset 1" in caplog.text
     faulty.rules = {}
-    assert _append(restarts.restart(), "t", 0, b"after restart") == 2, "a restart lifts the fence"
+    engine = restarts.restart()
+    assert _values(engine, "t", 0) == [b"durable"], "the record that was not durable does not come back"
+    assert engine.fenced() == {}
+    assert _append(engine, "t", 0, b"after restart") == 1, "a restart lifts the fence"
+
+
+def test_a_produce_whose_fsync_failed_is_never_readable(engine, faulty, caplog):
+    """fsync always: the produce is answered STORAGE_ERROR, and no reader sees its record, now or
+    after a restart; the next produce to the partition is refused, not given the next offset."""
+    broker, reactor = _broker(engine, "always")
+    engine.create_topic("t", 1)
+    batch = m.Batch(v1_plugin.batch_format.name, encode_record(0, 1, b"k", b"v"), 1, 1)
+    produced = broker.execute(m.Produce("t", 0, batch, m.Acks.LEADER))
+    reactor.advance(0)
+    assert _fired(produced).error is None
+    faulty.rules = {"fsync": rule(errno.EIO, match=engine.topic("t").topic_id + "-0")}
+    failed = broker.execute(m.Produce("t", 0, batch, m.Acks.LEADER))
+    reactor.advance(0)
+    assert _fired(failed).error.code is ErrorCode.STORAGE_ERROR
+    assert [b.base_offset for b in engine.read("t", 0, 0, 1 << 20)] == [0]
+    assert engine.partition("t", 0).high_watermark == 1
+    faulty.rules = {}
+    again = broker.execute(m.Produce("t", 0, batch, m.Acks.LEADER))
+    reactor.advance(0)
+    assert _fired(again).error.code is ErrorCode.STORAGE_ERROR
+    assert engine.partition("t", 0).log.next_offset == 1, "cut back to the durable end before answering"
 
 
 def test_an_append_during_an_fsync_stays_dirty(engine):

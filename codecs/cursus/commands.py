@@ -133,9 +133,10 @@ class Args:
 # --------------------------------------------------------------------------- error texts
 
 
-def topic_error(error: m.Error, topic: str, partition: int | None = None) -> str:
-    if error.code in m.AUTHORIZATION_ERRORS:  # a stream's read refused
-        return refusal("STREAM", topic, error)
+def topic_error(error: m.Error, topic: str, partition: int | None = None, command: str = "STREAM") -> str:
+    """The answer to ``command`` (a read: CONSUME, STREAM, METADATA...) whose topic answered ``error``."""
+    if error.code in m.AUTHORIZATION_ERRORS:
+        return refusal(command, topic, error)
     if error.code is m.ErrorCode.UNKNOWN_PARTITION and partition is not None:
         return f"ERROR: partition_not_found partition={partition}"
     if error.code in (m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION):

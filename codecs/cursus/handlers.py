@@ -277,13 +277,14 @@ def negotiate(conn: CursusConnection, a: Args) -> Handled:
 
 
 def _topic_info(a: Args, command: str) -> tuple[str, Callable[[Sequence[Any]], m.TopicInfo]]:
-    """The ``topic`` argument, and a function that picks its TopicInfo or raises topic_not_found."""
+    """The ``topic`` argument, and a function that picks its TopicInfo or raises its error:
+    topic_not_found, or NOT_AUTHORIZED_FOR_TOPIC when the ACLs hide it from the caller."""
     topic = a.need("topic", f"ERROR: missing_topic command={command}")
 
     def info(results: Sequence[Any]) -> m.TopicInfo:
         t: m.TopicInfo = results[0].topics[0]
         if t.error is not None:
-            raise Reject(f"ERROR: topic_not_found topic={topic}")
+            raise Reject(topic_error(t.error, topic, command=command))
         return t
 
     return topic, info
@@ -387,7 +388,7 @@ def stream(conn: CursusConnection, a: Args) -> Handled:
     def start(results: Sequence[Any]) -> Subscribe:
         t: m.TopicInfo = results[0].topics[0]
         if t.error is not None:
-            raise Reject(f"ERROR: topic_not_found topic={topic}")
+            raise Reject(topic_error(t.error, topic))
         if partition >= len(t.partitions):
             raise Reject(f"ERROR: partition_not_found partition={partition}")
         committed = results[1].offsets[0][2] if group is not None else -1
@@ -433,8 +434,8 @@ def join_group(conn: CursusConnection, a: Args) -> Handled:
     suffixed = f"{member}-{random.randrange(10000):04d}"
 
     def join(results: Sequence[Any]) -> Handled:
-        if results[0].topics[0].error is not None:
-            raise Reject(f"ERROR: topic_not_found topic={topic}")
+        if (error := results[0].topics[0].error) is not None:
+            raise Reject(topic_error(error, topic, command="JOIN_GROUP"))
         # A member still in the group (a rejoin after GEN_MISMATCH, or a resume with
         # generation=) keeps its id and takes the current assignment; a new one gets a
         # suffix. Re-suffixing a live member would rebalance the group at every rejoin.

@@ -9,6 +9,10 @@
   a live throughput chart), its files under ``/static/`` and its data at
   ``/api/overview`` (``gateway.admin.overview``).
 
+Who may use it, and what each caller sees, is ``gateway.admin.access``: a login
+with ``--require-auth admin``, TLS with ``--admin-tls``, and views filtered by the
+ACLs.
+
 ``AdminServer.root`` is a ``twisted.web`` resource: other pages mount under it
 (``root.putChild``).
 """
@@ -23,13 +27,14 @@ from twisted.internet import error as net_error
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from gateway.admin.http import Assets, Health, MetricsPage, Overview, Page, Ready
+from gateway.admin.access import AdminAccess, Gate
+from gateway.admin.http import Assets, Health, MetricsPage, Overview, Page, Ready, Refused
 from gateway.admin.metrics import ServingCollector, StorageCollector
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
 
-__all__ = ["DEFAULT_ADMIN", "AdminError", "AdminServer", "banner", "parse_admin_address"]
+__all__ = ["DEFAULT_ADMIN", "AdminAccess", "AdminError", "AdminServer", "banner", "parse_admin_address"]
 
 DEFAULT_ADMIN = "127.0.0.1:9644"
 
@@ -57,21 +62,37 @@ def parse_admin_address(text: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def banner(host: str, port: int) -> str:
+def banner(host: str, port: int, access: AdminAccess | None = None) -> str:
     """The start line of the admin listener."""
+    access = access or AdminAccess()
     try:
         local = ipaddress.ip_address(host).is_loopback
     except ValueError:
         local = host == "localhost"
     where = "this machine only" if local else f"every host that reaches {host}"
-    return f"polygate: admin listening on {host}:{port}; open to {where}: the admin page at /, /metrics, /healthz, /readyz, no authentication"
+    if not access.login:
+        who = "no authentication"
+    else:
+        who = "clients that log in" + (" (/healthz and /readyz open)" if access.open_health else "")
+    return (f"polygate: admin listening on {host}:{port}; open to {where}{' over TLS' if access.tls else ''}: "
+            f"the admin page at /, /metrics, /healthz, /readyz, {who}")
 
 
 class _QuietSite(Site):
-    """No access log (a line per scrape) and no "Starting factory" line."""
+    """No access log (a line per scrape) and no "Starting factory" line; every request passes the
+    gate first (``gateway.admin.access``)."""
 
     noisy = False
     displayTracebacks = False
+
+    def __init__(self, root: Resource, gate: Gate):
+        super().__init__(root)
+        self.gate = gate
+
+    def getResourceFor(self, request: Any) -> Any:  # noqa: N802 - twisted.web's name
+        if not self.gate.admit(request):
+            return Refused()
+        return super().getResourceFor(request)
 
     def log(self, request: Any) -> None:
         pass
@@ -80,9 +101,11 @@ class _QuietSite(Site):
 class AdminServer:
     """The HTTP admin listener of ``gateway`` (see the module docstring)."""
 
-    def __init__(self, gateway: Gateway, reactor: Any):
+    def __init__(self, gateway: Gateway, reactor: Any, access: AdminAccess | None = None):
         self.gateway = gateway
         self.reactor = reactor
+        self.access = access or AdminAccess()
+        gate = Gate(self.access, gateway.users, gateway.acls)
         self.registry = CollectorRegistry()
         self.storage = StorageCollector(gateway, reactor)
         self.registry.register(ServingCollector(gateway))
@@ -91,21 +114,25 @@ class AdminServer:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.root = Resource()
-        self.root.putChild(b"metrics", MetricsPage(self.registry, self.storage))
+        self.root.putChild(b"metrics", MetricsPage(self.registry, self.storage, gate))
         self.root.putChild(b"healthz", Health())
         self.root.putChild(b"readyz", Ready(gateway))
         self.root.putChild(b"", Page())
         self.root.putChild(b"static", Assets())
         api = Resource()
-        api.putChild(b"overview", Overview(gateway, reactor))
+        api.putChild(b"overview", Overview(gateway, reactor, gate))
         self.root.putChild(b"api", api)
-        self.site = _QuietSite(self.root)
+        self.site = _QuietSite(self.root, gate)
         self.port: Any = None
 
     def listen(self, host: str, port: int) -> tuple[str, int]:
         """Bind; the bound ``(host, port)``. Raises ``AdminError`` if the address is taken."""
+        served: Any = self.site
+        if self.access.tls:
+            assert self.gateway.tls is not None  # the gateway made it for --admin-tls
+            served = self.gateway.tls.wrap(self.site)
         try:
-            self.port = self.reactor.listenTCP(port, self.site, interface=host)
+            self.port = self.reactor.listenTCP(port, served, interface=host)
         except net_error.CannotListenError as e:
             reason = getattr(e.socketError, "strerror", None) or str(e.socketError)
             raise AdminError(f"--admin {host}:{port}: cannot listen: {reason} (give another "

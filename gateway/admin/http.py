@@ -14,6 +14,7 @@ from twisted.web import pages
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET
 
+from gateway.admin.access import Gate, refuse, visible_metrics, visible_overview
 from gateway.admin.overview import overview
 
 if TYPE_CHECKING:
@@ -52,20 +53,42 @@ def answer_later(request: Any, body: defer.Deferred) -> int:
     return NOT_DONE_YET
 
 
-class MetricsPage(Resource):
-    """``/metrics``: storage is read first (it may answer later), then the registry rendered."""
+class Refused(Resource):
+    """Any page, to a request without a valid login (``gateway.admin.access``)."""
 
     isLeaf = True
 
-    def __init__(self, registry: CollectorRegistry, storage: StorageCollector):
+    def render(self, request: Any) -> bytes:
+        return refuse(request)
+
+
+class _Visible:
+    """A registry as one caller may see it (``access.visible_metrics``): what ``generate_latest`` renders."""
+
+    def __init__(self, registry: CollectorRegistry, gate: Gate, request: Any):
+        self.registry = registry
+        self.visible = gate.visible(request)
+
+    def collect(self) -> Any:
+        return visible_metrics(self.registry.collect(), self.visible)
+
+
+class MetricsPage(Resource):
+    """``/metrics``: storage is read first (it may answer later), then the registry rendered, as
+    the caller may see it."""
+
+    isLeaf = True
+
+    def __init__(self, registry: CollectorRegistry, storage: StorageCollector, gate: Gate):
         super().__init__()
         self.registry = registry
         self.storage = storage
+        self.gate = gate
 
     def render_GET(self, request: Any) -> int:  # noqa: N802 - twisted.web's name
         def render(_: Any) -> bytes:
             try:
-                body = generate_latest(self.registry)
+                body = generate_latest(_Visible(self.registry, self.gate, request))
             except Exception:
                 log.exception("metrics: rendering failed")
                 request.setResponseCode(500)
@@ -146,14 +169,16 @@ class _Asset(Resource):
 
 
 class Overview(Resource):
-    """``/api/overview``: the admin page's data (``gateway.admin.overview``), as JSON."""
+    """``/api/overview``: the admin page's data (``gateway.admin.overview``), as JSON, as the
+    caller may see it."""
 
     isLeaf = True
 
-    def __init__(self, gateway: Gateway, reactor: Any):
+    def __init__(self, gateway: Gateway, reactor: Any, gate: Gate):
         super().__init__()
         self.gateway = gateway
         self.reactor = reactor
+        self.gate = gate
 
     def render_GET(self, request: Any) -> bytes | int:  # noqa: N802 - twisted.web's name
         if request.postpath not in ([], [b""]):
@@ -163,5 +188,6 @@ class Overview(Resource):
             log.error("admin page: overview failed: %s", f.getTraceback())
             return _json(request, 500, {"error": "overview failed; see the gateway log"})
 
+        visible = self.gate.visible(request)
         return answer_later(request, overview(self.gateway, self.reactor).addCallbacks(
-            lambda view: _json(request, 200, view), failed))
+            lambda view: _json(request, 200, visible_overview(view, visible)), failed))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from prometheus_client.core import (
@@ -32,6 +32,7 @@ from gateway.admin.overview import (
     read_partitions,
 )
 from gateway.stats import BrokerStats, Histogram, ListenerStats
+from gateway.storage.interface import SyncingStorage
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
@@ -152,6 +153,7 @@ class Snapshot:
     partitions: tuple[PartitionView, ...] = ()
     offsets: tuple[tuple[str, str, int, int], ...] = ()  # (group, topic, partition, committed offset)
     groups_known: bool = False  # False: the group offsets were not read (the storage did not answer in time)
+    fenced: frozenset[tuple[str, int]] = frozenset()  # partitions a failed fsync fenced until restart
 
 
 class StorageCollector:
@@ -182,7 +184,8 @@ class StorageCollector:
         except Exception as e:  # noqa: BLE001 - a scrape reports what it could read
             log.warning("metrics: group offsets not read: %s", e)
             offsets, known = (), False
-        self.snapshot = Snapshot(True, tuple(partitions), tuple(offsets), known)
+        fenced = frozenset(cast(SyncingStorage, store).fenced()) if store.syncs else frozenset()
+        self.snapshot = Snapshot(True, tuple(partitions), tuple(offsets), known, fenced)
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
@@ -197,16 +200,20 @@ class StorageCollector:
                                                                       "readers may see.", labels=part)
         size = GaugeMetricFamily("polygate_partition_size_bytes", "Bytes the partition's log takes on local "
                                                                   "disk (none in cluster mode).", labels=part)
+        fenced = GaugeMetricFamily("polygate_partition_fenced", "1 for a partition an fsync failure fenced: it "
+                                                               "refuses writes until the gateway restarts.",
+                                   labels=part)
         marks: dict[tuple[str, int], int] = {}
         for p in snap.partitions:
             labels = [p.topic, str(p.partition)]
+            fenced.add_metric(labels, int((p.topic, p.partition) in snap.fenced))
             start.add_metric(labels, p.log_start_offset)
             end.add_metric(labels, p.log_end_offset)
             high.add_metric(labels, p.high_watermark)
             if p.size is not None:
                 size.add_metric(labels, p.size)
             marks[(p.topic, p.partition)] = p.high_watermark
-        yield from (start, end, high, size)
+        yield from (start, end, high, size, fenced)
         group = ("group", "topic", "partition")
         committed = GaugeMetricFamily("polygate_group_committed_offset", "The offset a group committed for a "
                                                                          "partition.", labels=group)

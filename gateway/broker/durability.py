@@ -73,6 +73,7 @@ class GroupCommit:
             self.fsyncs += 1
             if isinstance(result, defer.Failure):
                 log.error("fsync failed, failing %d waiting writes: %s", len(self.waiters), result.getErrorMessage())
+                self.engine.cut_failed_writes()  # before any is answered: none of them is ever read back
                 failed, self.waiters = self.waiters, collections.deque()
                 self.synced = self.written
                 for _, waiter in failed:
@@ -91,11 +92,17 @@ class GroupCommit:
 
 def _interval_sync(engine: SyncingStorage, reactor: Any, stats: BrokerStats | None = None) -> defer.Deferred | None:
     """fsync what was written; a failure is logged and the loop goes on (storage
-    fences what failed, and skips it from then on). ``stats`` counts and times it."""
+    fences what failed, cuts what it did not make durable, and skips it from then on).
+    ``stats`` counts and times it."""
     if engine.dirty:
         d = threads.deferToThreadPool(reactor, reactor.getThreadPool(), (stats or BrokerStats()).timed_sync,
                                       engine.sync)
-        return d.addErrback(lambda f: log.error("interval fsync failed: %s", f.getErrorMessage()))
+
+        def failed(f: Any) -> None:
+            log.error("interval fsync failed: %s", f.getErrorMessage())
+            engine.cut_failed_writes()
+
+        return d.addErrback(failed)
     return None
 
 

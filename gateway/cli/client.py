@@ -36,6 +36,9 @@ DEFAULT_PORTS = {"v1": 9192, "kafka": 9092, "tank": 11011, "cursus": 9000}
 """The default port of each protocol's listener, as ``gateway codecs`` lists them."""
 
 POLL_MS = 500  # how long a --follow fetch waits for new records
+PRODUCE_WAIT_S = 15.0
+"""The least time a produce waits for its answer: longer than the gateway waits for a cluster
+(``--cluster-timeout-ms``, 10 s), whose timeout then reaches the CLI as the protocol's error."""
 
 
 def _fail(message: str) -> NoReturn:
@@ -74,8 +77,9 @@ def _where(host: str, port: int) -> str:
 
 
 @contextmanager
-def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Session]:
-    """A session with the listener; every failure becomes one line (``_fail``), never a traceback."""
+def _session(protocol: str, server: str | None, timeout: float, answers: float | None = None) -> Iterator[Session]:
+    """A session with the listener, connected within ``timeout`` and waiting ``answers`` (default:
+    ``timeout``) for each answer; every failure becomes one line (``_fail``), never a traceback."""
     import ssl
 
     from gateway.clients import open_session
@@ -86,7 +90,7 @@ def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Sess
     hint = f"is a gateway serving {protocol} there? (default ports: {_ports()})"
     tls, login = _credentials()
     try:
-        session = open_session(protocol, host, port, timeout, timeout, tls, login)
+        session = open_session(protocol, host, port, timeout, answers or timeout, tls, login)
     except ProtocolError as e:
         _fail(f"{where}: login refused: {e}")
     except Unsupported as e:
@@ -95,6 +99,10 @@ def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Sess
         _fail(f"{where}: TLS failed: {e.reason or e}" + ("" if tls else f": {hint}"))
     except TimeoutError:
         _fail(f"cannot connect to {where} within {timeout:g} s: {hint}")
+    except ConnectionRefusedError as e:
+        _fail(f"cannot connect to {where}: {e.strerror or e}: {hint}")
+    except ConnectionError as e:  # connected, then closed: during the login, or at once
+        _fail(f"{where} closed the connection ({e.strerror or e}): {_why(protocol, host, port, tls, login, True)}")
     except OSError as e:
         _fail(f"cannot connect to {where}: {e.strerror or e}: {hint}")
     try:
@@ -107,27 +115,58 @@ def _session(protocol: str, server: str | None, timeout: float) -> Iterator[Sess
     except Unsupported as e:
         _fail(str(e))
     except TimeoutError:
-        _fail(f"no answer from {where} within {timeout:g} s: is it a {protocol} listener? (default ports: {_ports()})")
+        _fail(f"no answer from {where} within {answers or timeout:g} s: {_why(protocol, host, port, tls, login)}")
     except ConnectionError as e:
-        _fail(f"{where} closed the connection ({e.strerror or e}): is it a {protocol} listener? "
-              f"(default ports: {_ports()})")
+        _fail(f"{where} closed the connection ({e.strerror or e}): {_why(protocol, host, port, tls, login, True)}")
     except OSError as e:
         _fail(f"{where}: {e.strerror or e}")
     except Exception as e:  # noqa: BLE001 - an answer we could not read: one line, not a traceback
         if os.environ.get("POLYGATE_DEBUG"):
             raise
-        _fail(f"unexpected answer from {where} ({type(e).__name__}: {e}): is it a {protocol} listener?")
+        _fail(f"unexpected answer from {where} ({type(e).__name__}: {e}): {_why(protocol, host, port, tls, login)}")
+
+
+def _why(protocol: str, host: str, port: int, tls: Any, login: Any, closed: bool = False) -> str:
+    """The likely reason a listener did not answer, answered what the protocol's client could not
+    read, or (``closed``) closed the connection: it speaks TLS and we did not; it wants a login
+    (a Kafka listener that requires SASL closes the connection of a client that sends none) and we
+    gave none; or it is not a ``protocol`` listener."""
+    if tls is None and _speaks_tls(host, port):
+        return "the listener speaks TLS: give --tls-ca FILE (the CA of its certificate; --tls-cert/--tls-key " \
+               "for a client certificate)"
+    if closed and login is None and protocol == "kafka":
+        return f"the listener may require SASL: give --user (is it a kafka listener? default ports: {_ports()})"
+    return f"is it a {protocol} listener? (default ports: {_ports()})"
+
+
+def _speaks_tls(host: str, port: int) -> bool:
+    """Whether a TLS handshake with ``host:port`` completes (any certificate: this only tells)."""
+    import socket
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=1) as sock, context.wrap_socket(sock) as tls:
+            return tls.version() is not None
+    except (OSError, ssl.SSLError):
+        return False
 
 
 def _credentials() -> tuple[Any, Any]:
-    """The TLS context and login the running command's options ask for (``gateway.cli.credentials``)."""
+    """The TLS context and login the running command's options ask for (``gateway.cli.credentials``);
+    the password is asked once per command, however many connections it opens."""
     from gateway.clients.session import Login
 
-    given = click.get_current_context().meta.get(__name__ + ".credentials", {})
-    tls = tls_context(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
-    user = given.get("user")
-    login = Login(user, caller_password(user), given.get("mechanism") or "SCRAM-SHA-256") if user else None
-    return tls, login
+    meta = click.get_current_context().meta
+    if __name__ + ".session" not in meta:
+        given = meta.get(__name__ + ".credentials", {})
+        tls = tls_context(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
+        user = given.get("user")
+        login = Login(user, caller_password(user), given.get("mechanism") or "SCRAM-SHA-256") if user else None
+        meta[__name__ + ".session"] = (tls, login)
+    return meta[__name__ + ".session"]
 
 
 def _ports() -> str:
@@ -190,16 +229,39 @@ def topics() -> None:
     """Create, list, describe and delete topics on a running gateway."""
 
 
+def _configs(pairs: Sequence[str]) -> dict[str, str]:
+    """``--config KEY=VALUE`` options as a dict."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE (e.g. retention.ms=86400000)",
+                                     param_hint="--config")
+        out[key.strip()] = value
+    return out
+
+
+_CONFIG_HELP = ("A topic setting KEY=VALUE, as Kafka names it (retention.ms, retention.bytes, cleanup.policy, "
+                "compression.type, segment.bytes...); repeat for several. Topic settings travel in Kafka's "
+                "requests: over --protocol kafka.")
+
+
 @topics.command("create")
 @click.argument("topic")
 @click.option("--partitions", type=click.IntRange(min=1), default=None,
               help="How many partitions, at least 1 (default: the gateway's --default-partitions over v1 and kafka, "
                    "the Cursus default 4 over cursus, 1 over tank).")
+@click.option("--config", "-c", "config_pairs", multiple=True, metavar="KEY=VALUE", help=_CONFIG_HELP)
 @_connection()
-def topics_create(topic, partitions, protocol, server, timeout, output) -> None:
+def topics_create(topic, partitions, config_pairs, protocol, server, timeout, output) -> None:
     """Create TOPIC. Prints TOPIC and its partition count (json: {"topic", "partitions"})."""
-    with _session(protocol, server, timeout) as s:
-        count = s.create_topic(topic, partitions)
+    configs = _configs(config_pairs)
+    if configs:
+        with _kafka_session(protocol, server, timeout, "carries topic settings (--config)") as k:
+            count = k.create_topic(topic, partitions, configs)
+    else:
+        with _session(protocol, server, timeout) as s:
+            count = s.create_topic(topic, partitions)
     if output == "json":
         _echo(_json({"topic": topic, "partitions": count}))
     else:
@@ -238,6 +300,44 @@ def topics_describe(topic, protocol, server, timeout, output) -> None:
             _echo(_row(*r.values()))
 
 
+@topics.command("alter")
+@click.argument("topic")
+@click.option("--config", "-c", "config_pairs", multiple=True, metavar="KEY=VALUE", help=_CONFIG_HELP)
+@click.option("--delete-config", "deleted", multiple=True, metavar="KEY",
+              help="A topic setting to remove (back to the gateway's default); repeat for several.")
+@_connection(default_protocol="kafka")
+def topics_alter(topic, config_pairs, deleted, protocol, server, timeout, output) -> None:
+    """Change TOPIC's settings (Kafka's IncrementalAlterConfigs): the others stay as they are.
+    Prints TOPIC and each change (json: {"topic", "set", "deleted"})."""
+    configs = _configs(config_pairs)
+    if not configs and not deleted:
+        raise click.UsageError("give at least one --config KEY=VALUE or --delete-config KEY")
+    with _kafka_session(protocol, server, timeout, "carries topic settings") as k:
+        k.alter_topic_configs(topic, configs, deleted)
+    if output == "json":
+        _echo(_json({"topic": topic, "set": configs, "deleted": list(deleted)}))
+    else:
+        for key, value in configs.items():
+            _echo(_row(topic, f"{key}={value}"))
+        for key in deleted:
+            _echo(_row(topic, f"{key} deleted"))
+
+
+@topics.command("add-partitions")
+@click.argument("topic")
+@click.option("--num", "-n", "added", type=click.IntRange(min=1), required=True,
+              help="How many partitions to add.")
+@_connection(default_protocol="kafka")
+def topics_add_partitions(topic, added, protocol, server, timeout, output) -> None:
+    """Add partitions to TOPIC (Kafka's CreatePartitions; a topic never loses partitions). Keys then
+    map to other partitions: records of one key written before and after are in different ones.
+    Prints TOPIC and its new partition count (json: {"topic", "partitions"})."""
+    with _kafka_session(protocol, server, timeout, "adds partitions") as k:
+        total = len(k.describe_topic(topic)) + added
+        k.add_partitions(topic, total)
+    _echo(_json({"topic": topic, "partitions": total}) if output == "json" else _row(topic, total))
+
+
 @topics.command("delete")
 @click.argument("topic")
 @_connection()
@@ -269,12 +369,19 @@ def _lines(messages: Sequence[str]) -> Iterator[str]:
               help="The partition (default: chosen by the key as the protocol's clients do: Kafka's murmur2; "
                    "FNV-1a 32 over V1 (the gateway chooses: V1 names no partition), Cursus (as cursus-python) "
                    "and TANK (whose clients have no rule of their own); spread over the partitions without a key).")
+@click.option("--key-separator", "-K", "separator", default=None, metavar="SEP",
+              help="Each message is KEY<SEP>VALUE, split at the first SEP (as kcat -K); a message without SEP "
+                   "has no key (or --key).")
+@click.option("--header", "-H", "header_pairs", multiple=True, metavar="NAME=VALUE",
+              help="A header of every message (Kafka only); repeat for several.")
 @_connection()
-def produce(topic, messages, key, partition, protocol, server, timeout, output) -> None:
+def produce(topic, messages, key, partition, separator, header_pairs, protocol, server, timeout, output) -> None:
     """Produce MESSAGES to TOPIC, or one message per line of stdin when none is given.
 
     Prints where each message went: TOPIC PARTITION OFFSET KEY (json: one {"topic", "partition",
     "offset", "key"} per line). TANK's acknowledgement carries no offset (shown as - or null).
+    Each answer is waited for at least 15 s (or --timeout), longer than the gateway waits for a
+    cluster (--cluster-timeout-ms), so that a cluster's outage is reported as the gateway says it.
 
     V1 and Kafka create a missing topic (with the gateway's --default-partitions); TANK and Cursus
     answer that it does not exist. V1 splits a request's arguments at whitespace and a message at its
@@ -284,17 +391,33 @@ def produce(topic, messages, key, partition, protocol, server, timeout, output) 
     from gateway.clients.session import ProtocolError, Unsupported
     from gateway.clients.v1 import v1_message
 
-    raw_key = None if key is None else key.encode("utf-8", "surrogateescape")
+    if separator == "":
+        raise click.BadParameter("the key separator is empty", param_hint="--key-separator")
+    headers = tuple((name, value.encode("utf-8", "surrogateescape")) for name, value in
+                    (pair.partition("=")[::2] for pair in header_pairs))
+    if any(not name for name, _ in headers):
+        raise click.BadParameter("a header needs a NAME (NAME=VALUE)", param_hint="--header")
+
+    def split(message: str) -> tuple[bytes | None, bytes]:
+        """A message's key (``--key``, or before ``--key-separator``) and value, as bytes."""
+        k: str | None = key
+        if separator is not None and separator in message:
+            k, message = message.split(separator, 1)
+        return (None if k is None else k.encode("utf-8", "surrogateescape")), message.encode("utf-8", "surrogateescape")
+
     if protocol == "v1":  # refuse before anything is sent
         try:
-            for value in messages:
-                v1_message(raw_key, value.encode("utf-8", "surrogateescape"))
+            for message in messages:
+                v1_message(*split(message))
         except Unsupported as e:
             _fail(str(e))
-    with _session(protocol, server, timeout) as s:
-        for n, value in enumerate(_lines(messages), 1):
+    with _session(protocol, server, timeout, max(timeout, PRODUCE_WAIT_S)) as s:
+        if headers and not s.carries_headers:
+            _fail(f"{protocol.upper()} records carry no headers: use --protocol kafka for --header")
+        for n, message in enumerate(_lines(messages), 1):
+            raw_key, value = split(message)
             try:
-                done = s.produce(topic, raw_key, value.encode("utf-8", "surrogateescape"), partition)
+                done = s.produce(topic, raw_key, value, partition, headers)
             except ProtocolError as e:
                 if e.name in ("UNKNOWN_TOPIC", "topic_not_found"):
                     _fail(f"topic {topic} does not exist ({e}): {protocol} does not create topics on produce; "
@@ -402,7 +525,7 @@ def consume(topic, partition, offset_text, follow, group, limit, protocol, serve
         with _session(protocol, server, timeout) as s:
             if group is not None and not s.has_groups:
                 _fail(f"{protocol.upper()} has no consumer groups: use --protocol v1, kafka or cursus with --group")
-            infos = {p.partition: p for p in s.describe_topic(topic)}
+            infos = {p.partition: p for p in (_await_topic(s, topic) if follow else s.describe_topic(topic))}
             if partition is not None and partition not in infos:
                 _fail(f"topic {topic} has no partition {partition} (it has {len(infos)})")
             if group is None:
@@ -421,6 +544,30 @@ def consume(topic, partition, offset_text, follow, group, limit, protocol, serve
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Stop
+
+
+def _unknown_topic(e: Exception) -> bool:
+    """Whether a protocol's error says that the topic does not exist."""
+    from gateway.clients.session import ProtocolError
+
+    return isinstance(e, ProtocolError) and (
+        e.name in ("UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PARTITION", "topic_not_found")
+        or e.protocol == "v1" and "unknown topic" in str(e))
+
+
+def _await_topic(s: Session, topic: str) -> list[PartitionInfo]:
+    """``topic``'s partitions, once it exists (``consume --follow`` of a topic not created yet)."""
+    said = False
+    while True:
+        try:
+            return s.describe_topic(topic)
+        except Exception as e:
+            if not _unknown_topic(e):
+                raise
+        if not said:
+            click.echo(f"waiting for topic {topic} to be created (Ctrl-C to stop)", err=True)
+            said = True
+        time.sleep(POLL_MS / 1000)
 
 
 def _read(s: Session, topic: str, positions: dict[int, int], floors: dict[int, int], follow: bool,
@@ -503,7 +650,9 @@ def _read_in_group(s: Session, protocol: str, server: str | None, timeout: float
 
 def _leave(s: Session, member: Membership, interrupted: bool, protocol: str, server: str | None,
            timeout: float) -> None:
-    """Leave the group; after an interruption, from a new connection (an answer may be half read on this one)."""
+    """Leave the group; after an interruption or a failure, from a new connection (an answer may be
+    half read on this one), logged in as this one was: a member left behind would hold its
+    partitions, and keep its protocol type on the group, until the gateway expires it."""
     from gateway.clients import open_session
 
     try:
@@ -511,7 +660,7 @@ def _leave(s: Session, member: Membership, interrupted: bool, protocol: str, ser
             s.leave(member)
             return
         host, port = _address(server, protocol)
-        with open_session(protocol, host, port, timeout, timeout) as fresh:
+        with open_session(protocol, host, port, timeout, timeout, *_credentials()) as fresh:
             fresh.leave(member)
     except Exception:  # noqa: BLE001, S110 - the gateway drops a silent member at its session timeout anyway
         pass
@@ -530,13 +679,14 @@ def groups() -> None:
 
 
 @contextmanager
-def _kafka_session(protocol: str, server: str | None, timeout: float) -> Iterator[KafkaSession]:
-    """``_session`` for the group commands, which only Kafka has."""
+def _kafka_session(protocol: str, server: str | None, timeout: float,
+                   what: str = "lists, describes, resets or deletes groups") -> Iterator[KafkaSession]:
+    """``_session`` for the commands only Kafka has a request for (``what`` it does)."""
     from gateway.clients.kafka import KafkaSession
 
     if protocol != "kafka":
-        _fail(f"{protocol.upper()} has no request that lists or describes groups: use --protocol kafka "
-              "(the gateway's Kafka listener shows the groups of every protocol)")
+        _fail(f"{protocol.upper()} has no request that {what}: use --protocol kafka (the gateway's Kafka "
+              "listener does it for every protocol)")
     with _session(protocol, server, timeout) as s:
         assert isinstance(s, KafkaSession)
         yield s
@@ -626,6 +776,88 @@ def groups_describe(group, protocol, server, timeout, output) -> None:
     _echo(_row("TOPIC", "PARTITION", "MEMBER", "PROTOCOL", "COMMITTED", "HIGH_WATERMARK", "LAG"))
     for r in partitions:
         _echo(_row(*r.values()))
+
+
+def _timestamp_ms(text: str) -> int:
+    """``--to-datetime``: ISO 8601 (``2026-11-27T10:00:00``, with ``Z`` or ``+01:00``; without a
+    zone, local time, as kafka-consumer-groups reads it) in milliseconds since the epoch."""
+    from datetime import datetime
+
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected YYYY-MM-DDTHH:MM:SS[.fff][Z|+HH:MM]",
+                                 param_hint="--to-datetime") from None
+
+
+@groups.command("reset-offsets")
+@click.argument("group")
+@click.option("--topic", "-t", required=True, help="The topic whose offsets are reset.")
+@click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
+              help="Only this partition (repeat for several; default: every partition of --topic).")
+@click.option("--to-earliest", "to", flag_value="earliest", help="To each partition's first offset.")
+@click.option("--to-latest", "to", flag_value="latest", help="To each partition's end: skip what is there.")
+@click.option("--to-offset", type=click.IntRange(min=0), default=None,
+              help="To this offset (kept within each partition's first offset and end).")
+@click.option("--to-datetime", default=None, metavar="YYYY-MM-DDTHH:MM:SS",
+              help="To the first record at or after this time (the end where none is).")
+@click.option("--dry-run", is_flag=True, help="Print the new offsets without committing them.")
+@_connection(default_protocol="kafka")
+def groups_reset_offsets(group, topic, partitions, to, to_offset, to_datetime, dry_run, protocol, server, timeout,
+                         output) -> None:
+    """Set GROUP's committed offsets of --topic, as kafka-consumer-groups --reset-offsets does: only
+    while the group has no members (stop its consumers first). Exactly one of --to-earliest,
+    --to-latest, --to-offset and --to-datetime. Prints GROUP TOPIC PARTITION NEW_OFFSET per partition
+    (json: {"group", "topic", "dry_run", "partitions": [{"partition", "offset"}]})."""
+    given = [name for name, value in (("--to-earliest/--to-latest", to), ("--to-offset", to_offset),
+                                      ("--to-datetime", to_datetime)) if value is not None]
+    if len(given) != 1:
+        raise click.UsageError("give one of --to-earliest, --to-latest, --to-offset and --to-datetime")
+    at = _timestamp_ms(to_datetime) if to_datetime is not None else None
+    with _kafka_session(protocol, server, timeout) as k:
+        described = k.describe_groups([group])[0]
+        if described.Members:
+            _fail(f"group {group} has {len(described.Members)} members (state {described.GroupState}): offsets "
+                  "can be reset only while the group is inactive; stop its consumers first")
+        infos = {p.partition: p for p in k.describe_topic(topic)}
+        wanted = list(partitions) or sorted(infos)
+        if missing := [p for p in wanted if p not in infos]:
+            _fail(f"topic {topic} has no partition {missing[0]} (it has {len(infos)})")
+        found = k.offsets_for_times(topic, at) if at is not None else {}
+        new = {}
+        for p in wanted:
+            info = infos[p]
+            if to == "earliest":
+                new[p] = info.log_start
+            elif to == "latest":
+                new[p] = info.high_watermark
+            elif to_offset is not None:
+                new[p] = min(max(to_offset, info.log_start), info.high_watermark)
+            else:
+                new[p] = found[p]
+        if not dry_run:
+            k.commit_offsets(group, {(topic, p): offset for p, offset in new.items()})
+    if output == "json":
+        _echo(_json({"group": group, "topic": topic, "dry_run": dry_run,
+                     "partitions": [{"partition": p, "offset": o} for p, o in new.items()]}))
+        return
+    _echo(_row("GROUP", "TOPIC", "PARTITION", "NEW_OFFSET"))
+    for p, offset in new.items():
+        _echo(_row(group, topic, p, offset))
+    if dry_run:
+        _echo("(dry run: nothing was committed)")
+
+
+@groups.command("delete")
+@click.argument("group", nargs=-1, required=True)
+@_connection(default_protocol="kafka")
+def groups_delete(group, protocol, server, timeout, output) -> None:
+    """Delete each GROUP and its committed offsets (Kafka's DeleteGroups: only a group without
+    members). Prints "deleted GROUP" (json: {"group", "deleted"} per group)."""
+    with _kafka_session(protocol, server, timeout) as k:
+        k.delete_groups(group)
+    for g in group:
+        _echo(_json({"group": g, "deleted": True}) if output == "json" else f"deleted {g}")
 
 
 # --------------------------------------------------------------------------- status

@@ -1,10 +1,15 @@
 """``gateway users`` and ``gateway acls``: manage a running gateway's users and ACLs.
 
-Both talk to the gateway's Kafka listener with confluent-kafka's AdminClient
-(AlterUserScramCredentials, DescribeUserScramCredentials, CreateAcls,
-DescribeAcls, DeleteAcls), so they work the same on any Kafka-compatible
-server and need the rights Kafka asks for (Alter or Describe on the cluster,
-with ``--authorizer acl``). Passwords are never taken from the command line:
+Both talk to the gateway's Kafka listener with Kafka's own requests, so they
+work the same on any Kafka-compatible server and need the rights Kafka asks
+for (Alter or Describe on the cluster, with ``--authorizer acl``). Changes
+(AlterUserScramCredentials, CreateAcls, DeleteAcls) go through
+confluent-kafka's AdminClient; the two descriptions (DescribeUserScramCredentials,
+DescribeAcls) through the gateway's own Kafka client (``gateway.clients.kafka``),
+because librdkafka mishandles their request-level error: it drops DescribeAcls's
+(a refused caller saw an empty list) and frees a string it does not own on
+DescribeUserScramCredentials's (the CLI died with a segmentation fault). A
+refusal is one line on stderr and exit status 1. Passwords are never taken from the command line:
 ``users add`` prompts for the new one (or reads one line from stdin with
 ``--password-stdin``), and the caller's own SASL password comes from
 ``$POLYGATE_PASSWORD`` or a prompt.
@@ -13,11 +18,16 @@ with ``--authorizer acl``). Passwords are never taken from the command line:
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from gateway.cli.credentials import caller_password, credential_options
+from gateway.cli.credentials import caller_password, credential_options, tls_context
+
+if TYPE_CHECKING:
+    from gateway.clients.kafka import KafkaSession
 
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 OPERATIONS = ("all", "read", "write", "create", "delete", "alter", "describe", "cluster_action",
@@ -44,6 +54,35 @@ def _admin(server: str, user: str | None, mechanism: str, tls_ca: str | None, tl
     if tls_cert:
         conf.update({"ssl.certificate.location": tls_cert, "ssl.key.location": tls_key or tls_cert})
     return AdminClient(conf)
+
+
+@contextmanager
+def _session(server: str, user: str | None, mechanism: str, tls_ca: str | None, tls_cert: str | None,
+             tls_key: str | None, doing: str) -> Iterator[KafkaSession]:
+    """A session of the gateway's own Kafka client, logged in as the options say; a failure, the
+    answer's refusal included, is one line naming what failed."""
+    from gateway.cli.client import _address
+    from gateway.clients import open_session
+    from gateway.clients.kafka import KafkaSession
+    from gateway.clients.session import Login, ProtocolError
+
+    host, port = _address(server, "kafka")
+    login = Login(user, caller_password(user), mechanism) if user else None
+    tls = tls_context(tls_ca, tls_cert, tls_key)
+    try:
+        session = open_session("kafka", host, port, 10, 30, tls, login)
+    except ProtocolError as e:
+        raise click.ClickException(f"{doing}: login refused: {e}") from None
+    except OSError as e:  # refused, timed out, reset, or TLS failed
+        raise click.ClickException(f"{doing}: {server}: {e.strerror or e}") from None
+    try:
+        with session:
+            assert isinstance(session, KafkaSession)
+            yield session
+    except ProtocolError as e:
+        raise click.ClickException(f"{doing}: {e}") from None
+    except OSError as e:
+        raise click.ClickException(f"{doing}: {server}: {e.strerror or e}") from None
 
 
 def _result(future: Any, doing: str) -> Any:
@@ -99,12 +138,10 @@ def users_add(name, mechanisms, iterations, password_stdin, server, user, mechan
 @_connection_options
 def users_list(server, user, mechanism, tls_ca, tls_cert, tls_key) -> None:
     """Print each user with its SCRAM mechanisms and iterations."""
-    admin = _admin(server, user, mechanism, tls_ca, tls_cert, tls_key)
-    described = _result(admin.describe_user_scram_credentials(), "listing users")
-    for name, description in sorted(described.items()):
-        infos = ", ".join(f"{info.mechanism.name.replace('_', '-')} ({info.iterations} iterations)"
-                          for info in description.scram_credential_infos)
-        click.echo(f"{name}\t{infos}")
+    with _session(server, user, mechanism, tls_ca, tls_cert, tls_key, "listing users") as s:
+        described = s.describe_users()
+    for name, infos in sorted(described.items()):
+        click.echo(f"{name}\t" + ", ".join(f"{mech} ({iterations} iterations)" for mech, iterations in infos))
 
 
 @users.command("remove")
@@ -112,13 +149,15 @@ def users_list(server, user, mechanism, tls_ca, tls_cert, tls_key) -> None:
 @_connection_options
 def users_remove(name, server, user, mechanism, tls_ca, tls_cert, tls_key) -> None:
     """Remove user NAME (every SCRAM credential it has)."""
-    from confluent_kafka.admin import UserScramCredentialDeletion
+    from confluent_kafka.admin import ScramMechanism, UserScramCredentialDeletion
 
-    admin = _admin(server, user, mechanism, tls_ca, tls_cert, tls_key)
-    described = _result(admin.describe_user_scram_credentials([name])[name], f"looking up {name}")
-    deletions = [UserScramCredentialDeletion(name, info.mechanism) for info in described.scram_credential_infos]
-    if not deletions:
+    with _session(server, user, mechanism, tls_ca, tls_cert, tls_key, f"looking up {name}") as s:
+        infos = s.describe_users([name]).get(name)
+    if not infos:
         raise click.ClickException(f"no such user {name!r}")
+    admin = _admin(server, user, mechanism, tls_ca, tls_cert, tls_key)
+    deletions = [UserScramCredentialDeletion(name, getattr(ScramMechanism, mech.replace("-", "_")))
+                 for mech, _ in infos]
     for future in admin.alter_user_scram_credentials(deletions).values():
         _result(future, f"removing {name}")
     click.echo(f"user {name}: removed")
@@ -208,10 +247,24 @@ def acls_add(topic, group, transactional_id, cluster, prefixed, principal, acl_h
 def acls_list(topic, group, transactional_id, cluster, prefixed, principal, acl_host, operations, server, user,
               mechanism, tls_ca, tls_cert, tls_key) -> None:
     """Print the ACLs that match the options (all of them without options)."""
-    admin = _admin(server, user, mechanism, tls_ca, tls_cert, tls_key)
-    for acl_filter in _filters(topic, group, transactional_id, cluster, prefixed, principal, acl_host, operations):
-        for binding in _result(admin.describe_acls(acl_filter), "listing ACLs"):
-            click.echo(_show(binding))
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    filters = _filters(topic, group, transactional_id, cluster, prefixed, principal, acl_host, operations)
+    with _session(server, user, mechanism, tls_ca, tls_cert, tls_key, "listing ACLs") as s:
+        found = [acl for f in filters for acl in s.describe_acls({  # confluent-kafka's enums carry Kafka's numbers
+            "ResourceTypeFilter": f.restype.value, "ResourceNameFilter": f.name,
+            "PatternTypeFilter": f.resource_pattern_type.value, "PrincipalFilter": f.principal,
+            "HostFilter": f.host, "Operation": f.operation.value, "PermissionType": f.permission_type.value})]
+    for acl in found:
+        click.echo(_show(AclBinding(ResourceType(acl["ResourceType"]), acl["ResourceName"],
+                                    ResourcePatternType(acl["PatternType"]), acl["Principal"], acl["Host"],
+                                    AclOperation(acl["Operation"]), AclPermissionType(acl["PermissionType"]))))
 
 
 @acls.command("remove")

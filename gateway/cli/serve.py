@@ -18,7 +18,7 @@ import click
 
 from gateway import __version__
 from gateway.adapter import ConnectionLimits
-from gateway.admin import DEFAULT_ADMIN, AdminError, parse_admin_address
+from gateway.admin import DEFAULT_ADMIN, AdminAccess, AdminError, parse_admin_address
 from gateway.admin import banner as admin_banner
 from gateway.broker import BrokerConfig, FsyncPolicy
 from gateway.cli import logs
@@ -32,6 +32,9 @@ from gateway.security.tls import TlsConfig
 from gateway.security.users import UsersFileError, UserStore, read_users_file
 from gateway.server import Gateway, ListenerConfig, default_data_dir
 from gateway.storage.engine import DataDirFormatError, EngineConfig
+
+ADMIN = "admin"
+"""The admin listener's name in ``--require-auth`` (beside the codecs'; ``all`` names it too)."""
 
 
 def _split_kv(values: tuple[str, ...], what: str) -> dict[str, str]:
@@ -136,6 +139,10 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--advertised-host", default=None, help="Host that clients are told to connect to.")
 @click.option("--admin", default=DEFAULT_ADMIN, show_default=True, metavar="HOST:PORT|none",
               help="The HTTP admin listener: /metrics (Prometheus), /healthz, /readyz; none: no admin listener.")
+@click.option("--admin-tls", is_flag=True, help="The admin listener speaks TLS (--tls-cert, --tls-key; client "
+                                                "certificates log in as --tls-client-auth says).")
+@click.option("--admin-open-health", is_flag=True, help="With --require-auth admin: /healthz and /readyz answer "
+                                                        "without a login (probes).")
 @click.option("--max-frame", multiple=True, metavar="CODEC=BYTES", help="Frame size limit of a codec.")
 @click.option("--codec-option", multiple=True, metavar="CODEC.KEY=VALUE", help="Codec-specific listener option.")
 @click.option("--fsync", default="interval:1000", show_default=True, help="always | interval:<ms> | never")
@@ -198,7 +205,8 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
               help="Users as name:password lines; read at start and kept as salted SCRAM hashes only. "
                    "Users also change at run time (gateway users, Kafka's AlterUserScramCredentials).")
 @click.option("--require-auth", default="", metavar="CODEC[,CODEC...]|all",
-              help="Listeners that refuse anonymous clients (SASL, MQTT login, Cursus AUTH, or a client certificate).")
+              help="Listeners that refuse anonymous clients (SASL, MQTT login, Cursus AUTH, or a client certificate); "
+                   "admin: the admin listener (HTTP Basic, or a client certificate with --admin-tls).")
 @click.option("--authorizer", default="none", show_default=True, type=click.Choice(["none", "acl"]),
               help="acl: every command of every protocol is checked against Kafka-style ACLs (deny by default).")
 @click.option("--super-users", default="", metavar="User:a,User:b", help="Principals exempt from ACL checks.")
@@ -213,7 +221,8 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS),
               help="json: one object per line, for log shippers.")
 @click.option("--log-file", default=None, metavar="FILE", help="Append the log to FILE instead of stderr.")
-def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, codec_option, fsync,
+def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, admin_open_health, max_frame,
+          codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
           ack_timeout_ms, group_session_timeout_ms, cleaner_interval_ms, segment_bytes, max_topics, max_partitions,
           max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
@@ -315,6 +324,10 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
         admin_address = parse_admin_address(admin)
     except ValueError as e:
         _refuse(f"--admin: {e}")
+    if admin_tls and not (tls_cert and tls_key):
+        _refuse("--admin-tls needs --tls-cert and --tls-key")
+    admin_access = AdminAccess(login=ADMIN in required, tls=admin_tls, open_health=admin_open_health)
+    required -= {ADMIN}
     gateway = Gateway(
         reactor, registry, data_dir, listeners,
         EngineConfig(default_partitions=default_partitions, replication_factor=replication_factor,
@@ -335,6 +348,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
         required,
         tokens,
         admin=admin_address,
+        admin_access=admin_access,
     )
     try:
         bound = gateway.start()
@@ -359,7 +373,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
         click.echo(f"polygate: {codec} listening on {h}:{p}{' (TLS)' if codec in tls_names else ''}; "
                    f"open to {open_to[codec]}")
     if gateway.admin_bound is not None:
-        click.echo(admin_banner(*gateway.admin_bound))
+        click.echo(admin_banner(*gateway.admin_bound, admin_access))
     sys.stdout.flush()
     threads = cast(IReactorThreads, reactor)  # Twisted types the global reactor by its common part only
     signal.signal(signal.SIGHUP, lambda *_: threads.callFromThread(gateway.reload_tls))
@@ -391,7 +405,7 @@ def _security(names: list[str], users_file: str | None, require_auth: str, autho
         users = UserStore(read_users_file(users_file) if users_file else None)
     except UsersFileError as e:
         _refuse(f"--users-file: {e}")
-    required = _codec_list(require_auth, names, "--require-auth")
+    required = _codec_list(require_auth, [*names, ADMIN], "--require-auth")
     try:
         supers = parse_principals(super_users)
     except ValueError as e:

@@ -140,6 +140,7 @@ class CursusSession(Session):
     def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         self.client = CursusClient(host, port, timeout, tls)
         self._spread = itertools.count(random.randrange(1 << 16))
+        self._group: str | None = None  # the group joined: CONSUME names it (else the broker reads as default-group)
 
     def login(self, login: Login) -> None:
         if any(c.isspace() for c in login.user + login.password):
@@ -175,9 +176,11 @@ class CursusSession(Session):
                 out.append(PartitionInfo(int(name[1:]), int(fields["earliest"]), int(fields["hwm"])))
         return out
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                headers: Sequence[tuple[str, bytes]] = ()) -> Produced:
         """One record in a binary batch (0xBA7C): any key and value travel unchanged (PUBLISH's
         ``message=`` would lose trailing whitespace)."""
+        self.no_headers(headers)
         if key is not None and len(key) > 0xFFFF:
             raise Unsupported("a Cursus key is at most 65535 bytes")
         if partition is None:  # as cursus-python's producer: FNV-1a 32 of the key (where V1 puts it); else spread
@@ -194,6 +197,8 @@ class CursusSession(Session):
 
     def fetch(self, topic: str, partition: int, offset: int, wait_ms: int = 0) -> Fetched:
         command = f"CONSUME topic={topic} partition={partition} offset={offset} member=gateway-cli"
+        if self._group is not None:  # the ACLs check Read on the group a CONSUME names
+            command += f" group={self._group}"
         with self.timeout(wait_ms / 1000 + 5):
             answer = self.client.request(command + (f" wait_ms={wait_ms}" if wait_ms else ""))
         if not answer.startswith(b"\xba\x7c"):
@@ -213,6 +218,7 @@ class CursusSession(Session):
     def join(self, group: str, topic: str, member: Membership | None = None) -> Membership:
         member_id = member.member_id if member else member_name()
         text = self._text(f"JOIN_GROUP topic={topic} group={group} member={member_id}")
+        self._group = group
         fields = key_values(text[2:].strip())
         return Membership(group, topic, fields.get("member", member_id), int(fields["generation"]),
                           [int(p) for p in fields.get("assignments", "[]").strip("[]").split()])
@@ -241,6 +247,7 @@ class CursusSession(Session):
 
     def leave(self, member: Membership) -> None:
         self._member_call(f"LEAVE_GROUP topic={member.topic} group={member.group} member={member.member_id}")
+        self._group = None
 
     def ping(self) -> None:
         self._text("PROTOCOL_INFO")

@@ -201,12 +201,15 @@ class KafkaClient:
 
 
 SESSION_TIMEOUT_MS = 10_000
+SCRAM_MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}
+"""Kafka's numbers of the SCRAM mechanisms (DescribeUserScramCredentials)."""
 REBALANCE = {Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID, Errors.REBALANCE_IN_PROGRESS}  # join again
 
 
 class KafkaSession(Session):
     protocol = "kafka"
     client: KafkaClient
+    carries_headers = True
 
     def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         self.client = KafkaClient(host, port, timeout, tls)
@@ -233,11 +236,55 @@ class KafkaSession(Session):
             out[t.Name] = len(t.Partitions)
         return out
 
-    def create_topic(self, topic: str, partitions: int | None) -> int:
-        answer = self.client.call(19, 2, {"Topics": [{"Name": topic, "NumPartitions": partitions or -1,
-                                                      "ReplicationFactor": -1}], "TimeoutMs": 10_000}).Topics[0]
+    def create_topic(self, topic: str, partitions: int | None, configs: dict[str, str] | None = None) -> int:
+        """CreateTopics, with the topic ``configs`` (``retention.ms``, ``cleanup.policy``...) given."""
+        answer = self.client.call(19, 2, {"Topics": [{
+            "Name": topic, "NumPartitions": partitions or -1, "ReplicationFactor": -1,
+            "Configs": [{"Name": k, "Value": v} for k, v in (configs or {}).items()]}], "TimeoutMs": 10_000}).Topics[0]
         self.check(answer.ErrorCode, answer.get("ErrorMessage") or f"topic {topic}")
         return self._metadata([topic])[topic]
+
+    def alter_topic_configs(self, topic: str, set_: dict[str, str], delete: Sequence[str] = ()) -> None:
+        """IncrementalAlterConfigs: set ``set_`` and delete ``delete`` (back to the default) on ``topic``."""
+        configs = [{"Name": k, "ConfigOperation": 0, "Value": v} for k, v in set_.items()]
+        configs += [{"Name": k, "ConfigOperation": 1, "Value": None} for k in delete]
+        answer = self.client.call(44, 0, {"Resources": [{"ResourceType": 2, "ResourceName": topic,
+                                                         "Configs": configs}], "ValidateOnly": False})
+        for r in answer.Responses:
+            self.check(r.ErrorCode, r.ErrorMessage or f"topic {topic}")
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        """CreatePartitions: ``topic`` gets ``total`` partitions."""
+        answer = self.client.call(37, 1, {"Topics": [{"Name": topic, "Count": total, "Assignments": None}],
+                                          "TimeoutMs": 10_000, "ValidateOnly": False})
+        for r in answer.Results:
+            self.check(r.ErrorCode, r.ErrorMessage or f"topic {topic}")
+
+    def offsets_for_times(self, topic: str, timestamp_ms: int) -> dict[int, int]:
+        """Each partition's first offset whose timestamp is at or after ``timestamp_ms`` (its end
+        offset when none is), as Kafka's ListOffsets finds it."""
+        count = self._metadata([topic])[topic]
+        found = self._offsets({topic: list(range(count))}, timestamp_ms)
+        ends = self._offsets({topic: list(range(count))}, -1)
+        return {p: found[(topic, p)] if found[(topic, p)] >= 0 else ends[(topic, p)] for p in range(count)}
+
+    def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit ``offsets`` for ``group`` as an admin does, from outside the group (generation -1):
+        Kafka accepts it only while the group has no members."""
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for (t, p), offset in sorted(offsets.items()):
+            topics.setdefault(t, []).append({"PartitionIndex": p, "CommittedOffset": offset, "CommittedMetadata": ""})
+        body = {"GroupId": group, "GenerationIdOrMemberEpoch": -1, "MemberId": "", "RetentionTimeMs": -1,
+                "Topics": [{"Name": t, "Partitions": ps} for t, ps in topics.items()]}
+        for t in self.client.call(8, 2, body).Topics:
+            for p in t.Partitions:
+                self.check(p.ErrorCode, f"group {group} topic {t.Name} partition {p.PartitionIndex}")
+
+    def delete_groups(self, groups: Sequence[str]) -> None:
+        """DeleteGroups: each group's committed offsets and the group itself (Kafka refuses a group
+        with members: NON_EMPTY_GROUP)."""
+        for r in self.client.call(42, 1, {"GroupsNames": list(groups)}).Results:
+            self.check(r.ErrorCode, f"group {r.GroupId}")
 
     def _partition_count(self, topic: str) -> int:
         return self._metadata([topic], create=True)[topic]
@@ -269,11 +316,12 @@ class KafkaSession(Session):
     def describe_topic(self, topic: str) -> list[PartitionInfo]:
         return self.describe_topics([topic])[topic]
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                headers: Sequence[tuple[str, bytes]] = ()) -> Produced:
         count = self.partition_count(topic)  # creates a missing topic, as Kafka clients' Metadata does
         if partition is None:  # as Kafka's Java client: murmur2 of the key; without a key, spread
             partition = choose("murmur2", key, count, next(self._spread))
-        batch = kafka_format.encode_batch([m.Record(value, key, int(time.time() * 1000))], 0)
+        batch = kafka_format.encode_batch([m.Record(value, key, int(time.time() * 1000), tuple(headers))], 0)
         answer = self.client.produce_batch(topic, partition, batch)
         self.check(answer.ErrorCode, answer.get("ErrorMessage") or f"topic {topic} partition {partition}")
         return Produced(topic, partition, answer.BaseOffset, key)
@@ -399,6 +447,28 @@ class KafkaSession(Session):
 
     def group_count(self) -> int | None:
         return len(self.list_groups())
+
+    # ------------------------------------------------------------------ security admin (Kafka only)
+
+    def describe_users(self, names: Sequence[str] | None = None) -> dict[str, list[tuple[str, int]]]:
+        """DescribeUserScramCredentials: each user (``names``, or every one) with its SCRAM mechanisms
+        and iterations; a user that does not exist is left out. A refusal raises ``ProtocolError``."""
+        answer = self.client.call(50, 0, {"Users": None if names is None else [{"Name": n} for n in names]})
+        self.check(answer.ErrorCode, answer.ErrorMessage or "describing users")
+        return {r.User: [(SCRAM_MECHANISMS.get(c.Mechanism, str(c.Mechanism)), c.Iterations) for c in r.CredentialInfos]
+                for r in answer.Results if not r.ErrorCode}
+
+    def describe_acls(self, acl_filter: dict[str, Any]) -> list[dict[str, Any]]:
+        """DescribeAcls v1 with ``acl_filter`` (its fields by Kafka's names: ``ResourceTypeFilter``,
+        ``ResourceNameFilter``, ``PatternTypeFilter``, ``PrincipalFilter``, ``HostFilter``, ``Operation``,
+        ``PermissionType``): the matching ACLs, each a dict of ``ResourceType``, ``ResourceName``,
+        ``PatternType``, ``Principal``, ``Host``, ``Operation`` and ``PermissionType``. A refusal
+        raises ``ProtocolError``."""
+        answer = self.client.call(29, 1, acl_filter)
+        self.check(answer.ErrorCode, answer.ErrorMessage or "describing ACLs")
+        return [{"ResourceType": r.ResourceType, "ResourceName": r.ResourceName, "PatternType": r.PatternType,
+                 "Principal": a.Principal, "Host": a.Host, "Operation": a.Operation,
+                 "PermissionType": a.PermissionType} for r in answer.Resources for a in r.Acls]
 
     def ping(self) -> None:
         self.check(self.client.call(18, 0, {}).ErrorCode, "ApiVersions")

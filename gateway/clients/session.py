@@ -142,6 +142,7 @@ class Session:
     client: Client
     protocol = ""
     carries_keys = True
+    carries_headers = False
     has_groups = True
     _counts: dict[str, int]
 
@@ -201,8 +202,15 @@ class Session:
 
     # ------------------------------------------------------------------ records
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                headers: Sequence[tuple[str, bytes]] = ()) -> Produced:
+        """Produce one record; ``headers`` only where ``carries_headers`` (else ``Unsupported``)."""
         raise NotImplementedError
+
+    def no_headers(self, headers: Sequence[tuple[str, bytes]]) -> None:
+        """Refuse ``headers`` for a protocol whose records carry none."""
+        if headers:
+            raise Unsupported(f"{self.protocol.upper()} records carry no headers: use --protocol kafka for --header")
 
     def fetch(self, topic: str, partition: int, offset: int, wait_ms: int = 0) -> Fetched:
         raise NotImplementedError

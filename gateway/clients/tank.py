@@ -503,7 +503,9 @@ class TankSession(Session):
         # sequence numbers: first available = log start + 1 (0 when empty), last assigned = high watermark
         return [PartitionInfo(i, first - 1 if first else last, last) for i, (first, last) in enumerate(parts)]
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                headers: Sequence[tuple[str, bytes]] = ()) -> Produced:
+        self.no_headers(headers)
         if partition is None:  # TANK clients always choose: FNV-1a 32 of the key, where V1 and Cursus put it
             partition = choose("fnv1a_32", key, self.partition_count(topic), next(self._spread))
         with self._errors(TANK_PRODUCE_ERRORS):

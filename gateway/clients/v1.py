@@ -205,6 +205,11 @@ class V1Session(Session):
         self.client = V1Client(host, port, timeout, tls)
 
     def _call(self, command: str, *args: str) -> str:
+        for arg in args:  # a message was checked by v1_message: what is left is a name
+            if not arg or any(c.isspace() for c in arg):
+                raise Unsupported(f"V1 cannot carry the name {arg!r}: V1 splits its arguments at whitespace, so a "
+                                  "topic, group or member name cannot be empty or contain spaces, tabs or line "
+                                  "breaks (use --protocol kafka, tank or cursus)")
         reply = self.client.request(command, *args)
         if not reply.ok:
             raise ProtocolError("v1", reply.code or "ERR", reply.message)
@@ -245,7 +250,9 @@ class V1Session(Session):
                               for k, v in parts for f in [dict(i.split(":", 1) for i in v.split(","))]]
         return out
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None) -> Produced:
+    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                headers: Sequence[tuple[str, bytes]] = ()) -> Produced:
+        self.no_headers(headers)
         if partition is not None:
             raise Unsupported("V1's PRODUCE names no partition: the gateway places a V1 record by its key "
                               "(FNV-1a 32); leave out --partition, or use another --protocol")

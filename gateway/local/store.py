@@ -262,3 +262,9 @@ class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, Retentio
 
     def sync(self) -> None:
         self.engine.sync()
+
+    def fenced(self) -> dict[tuple[str, int], int]:
+        return self.engine.fenced()
+
+    def cut_failed_writes(self) -> None:
+        self.engine.cut_failed_writes()
