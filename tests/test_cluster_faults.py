@@ -155,7 +155,7 @@ def test_a_cluster_down_10_s_costs_the_log_a_handful_of_lines(tansu_behind_proxy
         lines = gw.output[before:]
         tansu.start()
         [up] = until_ready_is([gw], 200, time.monotonic())
-    assert len(lines) <= 6, "".join(lines)
+    assert len(lines) <= 8, "".join(lines)  # librdkafka alone wrote ~20 a second
     assert sum("cluster unavailable:" in line for line in lines) == 1, "".join(lines)
     assert up is not None
 

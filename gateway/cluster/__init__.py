@@ -8,7 +8,7 @@ acknowledged record. The pieces (each with its own thread for librdkafka's
 blocking calls, handing results to the reactor thread):
 
 * ``metadata``: topics, ids and watermarks, refreshed every second, and whether the
-  cluster answers (probed twice a second; ``/readyz`` follows it);
+  cluster answers (probed four times a second; ``/readyz`` follows it);
 * ``clientlog``: librdkafka's log lines in the gateway's log, a repeat held back;
 * ``writer``: appends, through librdkafka producers with the produce's acks;
 * ``reader``: reads and waits for new records, through one assign-only consumer;

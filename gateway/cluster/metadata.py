@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 TOPIC_SET = (ConfigSource.DYNAMIC_TOPIC_CONFIG, ConfigSource.DYNAMIC_TOPIC_CONFIG.value)  # as enum or as number
 FIRST_ASK_S = 5.0  # how long a start waits for the cluster before it serves anyway (and fails calls)
-PROBE_EVERY_S = 0.5  # a probe starts this long after the previous one started (at once after a failed one)
+PROBE_EVERY_S = 0.25  # a probe starts this long after the previous one started (at once after a failed one)
 PROBE_TIMEOUT_S = 1.0  # a probe not answered within this long: the cluster is unreachable
 MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
 
