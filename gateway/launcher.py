@@ -267,6 +267,13 @@ class Tansu:
                     raise RuntimeError("Tansu did not start") from None
                 time.sleep(0.05)
 
+    def kill(self) -> None:
+        """Kill -9 (``start()`` again keeps the port; the data, in memory, is lost)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()

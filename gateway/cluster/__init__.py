@@ -13,7 +13,9 @@ acknowledged record. The pieces:
   producer of the gateway's own for acks=all;
 * ``reader``: reads and waits for new records, from fetched batches;
 * ``producers``: idempotent producers' state, read back from the batches;
-* ``metadata``: topics, ids and watermarks, refreshed every second;
+* ``metadata``: topics, ids and watermarks, refreshed every second, and whether the
+  cluster answers (probed four times a second; ``/readyz`` follows it);
+* ``clientlog``: librdkafka's log lines in the gateway's log, a repeat held back;
 * ``groups``: V1/Cursus members as members of real consumer groups, and commits;
 * ``transactions``: Kafka transactions through the cluster's coordinator;
 * ``store``: ``ClusterStore``, the ``Storage`` the broker talks to.

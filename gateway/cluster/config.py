@@ -8,9 +8,12 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from gateway.cluster.clientlog import LOG
+
 # librdkafka properties a gateway sets itself; a --cluster-option may not override them.
 RESERVED = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit", "acks", "enable.idempotence",
                       "on_delivery", "error_cb", "logger"})
+RECONNECT_MAX_MS = 1000  # the longest a client waits before it tries a lost broker again
 # Properties whose values never reach a log line.
 SECRET = ("password", "secret", "key.pem", "token", "sasl.oauthbearer.config")
 
@@ -39,10 +42,15 @@ class ClusterConfig:
     max_members: int = 256
 
     def client(self, **extra: Any) -> dict[str, Any]:
-        """librdkafka settings for one of the gateway's clients."""
-        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "client.id": self.client_id}
+        """librdkafka settings for one of the gateway's clients: its log lines go to the gateway's
+        log (``gateway.cluster.clientlog``: the client must be polled), and it tries a lost broker
+        again at least every ``RECONNECT_MAX_MS`` (librdkafka's default backs off to 10 s, so a
+        cluster back up would wait that long for the gateway), unless the operator says otherwise."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "client.id": self.client_id,
+                                "reconnect.backoff.max.ms": RECONNECT_MAX_MS}
         conf.update(self.properties)
         conf.update(extra)
+        conf["logger"] = LOG
         return conf
 
     def describe(self) -> str:

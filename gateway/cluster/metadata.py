@@ -1,12 +1,19 @@
-"""The cluster's topics and watermarks, kept at hand for the broker's synchronous calls.
+"""The cluster's topics and watermarks, kept at hand for the broker's synchronous calls,
+and whether the cluster answers at all.
 
 A thread asks the cluster every ``interval`` seconds (sooner when woken)
 for its topics, their ids and every partition's first and next offsets, and
 hands the answer to the reactor thread. The first question is asked before the
 listeners open, so a gateway whose cluster is up serves from its first request.
-While the cluster does not answer it counts as unreachable: calls that need it
-fail with ``STORAGE_ERROR`` saying so, and the thread keeps asking, logging
-what it waits for.
+
+Another thread probes the cluster every ``PROBE_EVERY_S`` with a metadata
+request that must be answered within ``PROBE_TIMEOUT_S``: that is what
+``reachable`` (and so ``/readyz``) follows, so a stalled, silent or dead
+cluster is seen within about ``PROBE_EVERY_S + PROBE_TIMEOUT_S`` and a cluster
+back within about a probe (plus librdkafka's reconnect backoff,
+``config.RECONNECT_MAX_MS``). While the cluster is unreachable, calls that
+need it fail with ``STORAGE_ERROR`` saying so. Each change is logged once:
+``cluster unavailable: why``, ``cluster available again``.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from confluent_kafka import TopicCollection, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, OffsetSpec
 
 from gateway import model as m
@@ -31,6 +38,8 @@ log = logging.getLogger(__name__)
 
 TOPIC_SET = (ConfigSource.DYNAMIC_TOPIC_CONFIG, ConfigSource.DYNAMIC_TOPIC_CONFIG.value)  # as enum or as number
 FIRST_ASK_S = 5.0  # how long a start waits for the cluster before it serves anyway (and fails calls)
+PROBE_EVERY_S = 0.25  # a probe starts this long after the previous one started (at once after a failed one)
+PROBE_TIMEOUT_S = 1.0  # a probe not answered within this long: the cluster is unreachable
 MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
 
 
@@ -61,33 +70,40 @@ class Metadata:
         self.reactor = reactor
         self.interval = interval
         self.topics: dict[str, TopicState] = {}
-        self.reachable = False
-        self.error = "not asked yet"
+        self.reachable = False  # the last probe was answered, and the topics were read at least once
+        self.error = "not asked yet"  # why not reachable
         self.brokers = 0
+        self._answering = False  # the last probe's outcome
+        self._pictured = False  # the topics were read at least once
+        self._said_unavailable = False  # "cluster unavailable" logged since the cluster last answered
         self._ids: dict[str, str] = {}  # thread-side: topic -> id, asked once per name
         self._configs: dict[str, m.TopicConfig] = {}  # thread-side: topic -> its settings, asked with its id
         self._wake = threading.Event()
         self._refreshed: list[Any] = []  # reactor-side callbacks waiting for the next refresh
         self._loop = Loop("polygate-cluster-metadata", self._step)
-        self._said_waiting = 0.0
+        self._probe = Loop("polygate-cluster-probe", self._probe_step)
         self._asked_on_miss = 0.0
 
     def start(self) -> None:
-        """Ask once now (in the calling thread, before anything is served), then keep asking."""
+        """Ask once now (in the calling thread, before anything is served), then keep asking
+        and probing."""
+        timeout = min(self.config.request_timeout_ms / 1000, FIRST_ASK_S)
         try:
-            topics, brokers = self._ask(min(self.config.request_timeout_ms / 1000, FIRST_ASK_S))
-        except Exception as e:  # noqa: BLE001 - not reachable yet: the thread goes on asking
-            log.warning("waiting for the Kafka cluster at %s: %s", self.config.bootstrap, e)
-            self._said_waiting = time.monotonic()
-            self.error = str(e)
+            topics, brokers = self._ask(timeout)
+        except Exception as e:  # noqa: BLE001 - not reachable yet: the threads go on asking
+            self._answered(None, why(e, timeout))
         else:
+            self._answered(brokers, "")
             self._apply(topics, brokers, "")
         self._loop.start()
+        self._probe.start()
 
     def stop(self) -> None:
         self._loop.stopping.set()
+        self._probe.stopping.set()
         self._wake.set()
         self._loop.stop()
+        self._probe.stop()
 
     def refresh(self, then: Any = None) -> None:
         """Ask again now; ``then()`` runs in the reactor thread after the next answer (or failure)."""
@@ -135,17 +151,36 @@ class Metadata:
             marks.log_start_offset = log_start_offset
         return moved
 
+    def _answered(self, brokers: int | None, error: str) -> None:
+        """A probe's outcome: the cluster's broker count, or ``None`` and why it did not answer."""
+        if brokers is None:
+            self._answering, self.error = False, error
+            if not self._said_unavailable:
+                log.warning("cluster unavailable: the Kafka cluster at %s: %s", self.config.bootstrap, error)
+                self._said_unavailable = True
+        else:
+            if not self._answering:
+                self.refresh()  # what changed while it did not answer (a restarted cluster may have lost topics)
+            self._answering, self.brokers = True, brokers
+        self._update()
+
+    def _update(self) -> None:
+        was, self.reachable = self.reachable, self._answering and self._pictured
+        if self.reachable and not was:
+            self.error = ""
+            again = self._said_unavailable
+            self._said_unavailable = False
+            log.info("cluster available%s: the Kafka cluster at %s (%d brokers, %d topics)",
+                     " again" if again else "", self.config.bootstrap, self.brokers, len(self.topics))
+
     def _apply(self, topics: dict[str, tuple[str, list[tuple[int, int]], m.TopicConfig]] | None, brokers: int,
                error: str) -> None:
         if topics is None:
-            if self.reachable:
-                log.warning("lost the Kafka cluster at %s: %s (retrying)", self.config.bootstrap, error)
-            self.reachable, self.error = False, error
+            log.debug("cluster metadata not refreshed: %s", error)  # reachability is the probe's to say
+            if not self._pictured:
+                self.error = error
         else:
-            if not self.reachable:
-                log.info("connected to the Kafka cluster at %s (%d brokers, %d topics)",
-                         self.config.bootstrap, brokers, len(topics))
-            self.reachable, self.error, self.brokers = True, "", brokers
+            self.brokers = brokers
             for name in list(self.topics):
                 if name not in topics or self.topics[name].topic_id != topics[name][0]:
                     del self.topics[name]  # deleted (and maybe created again): its old marks are void
@@ -161,6 +196,9 @@ class Metadata:
                         current.high_watermark = max(current.high_watermark, end)
                     else:
                         state.partitions.append(PartitionMarks(start, end))
+            if not self._pictured:
+                self._pictured = True
+                self._update()
         waiting, self._refreshed = self._refreshed, []
         for then in waiting:
             try:
@@ -173,17 +211,23 @@ class Metadata:
     def _step(self) -> None:
         try:
             topics, brokers = self._ask()
-        except Exception as e:  # noqa: BLE001 - any failure means "not reachable now"
-            now = time.monotonic()
-            if now - self._said_waiting > 30:
-                log.warning("waiting for the Kafka cluster at %s: %s", self.config.bootstrap, e)
-                self._said_waiting = now
-            self.reactor.callFromThread(self._apply, None, 0, str(e))
+        except Exception as e:  # noqa: BLE001 - not refreshed this time: the probe says whether it is reachable
+            self.reactor.callFromThread(self._apply, None, 0, why(e, self.config.request_timeout_ms / 1000))
         else:
-            self._said_waiting = 0.0
             self.reactor.callFromThread(self._apply, topics, brokers, "")
         self._wake.wait(self.interval)
         self._wake.clear()
+
+    def _probe_step(self) -> None:
+        began = time.monotonic()
+        self.admin.poll(0)  # the admin client's log lines (``clientlog``) are handed over here
+        try:
+            brokers = len(self.admin.list_topics(timeout=PROBE_TIMEOUT_S).brokers)
+        except Exception as e:  # noqa: BLE001 - any failure means "not answering now"
+            self.reactor.callFromThread(self._answered, None, why(e, PROBE_TIMEOUT_S))
+        else:
+            self.reactor.callFromThread(self._answered, brokers, "")
+        self._probe.stopping.wait(max(0.0, PROBE_EVERY_S - (time.monotonic() - began)))
 
     def _ask(self, timeout: float | None = None) -> tuple[dict[str, tuple[str, list[tuple[int, int]], m.TopicConfig]], int]:
         timeout = timeout or self.config.request_timeout_ms / 1000
@@ -242,3 +286,13 @@ class Metadata:
         state = self.topics.get(topic)
         if state is not None:
             state.config = config
+
+
+def why(error: Exception, timeout: float) -> str:
+    """What a request to the cluster that failed (after ``timeout`` seconds at most) says, for a log
+    line or a client."""
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        if error.args[0].code() == KafkaError._TIMED_OUT:
+            return f"no answer within {timeout:g} s"
+        return error.args[0].str()
+    return str(error)
