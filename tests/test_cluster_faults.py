@@ -467,79 +467,39 @@ def run_scenario(kind: str, data_dir: str) -> Report:
 
 KINDS = ("polygate", "tansu")
 
-# The checks the cluster data path does not pass yet (issue 31, "It does not heal"), by (cluster,
-# check, its params), each with its cause as this test found it. The data path's rewrite is to remove
-# them. All on Tansu: on the polygate cluster every check passes.
-FENCED = ("after messages timed out in the 15 s stall, librdkafka's idempotent acks=all producer of the gateway "
-          "bumps its epoch itself (KIP-360, PID{Id:1,Epoch:0} -> Epoch:1) and Tansu 0.6 answers every produce of the "
-          "bumped epoch with PRODUCER_FENCED, for good (confluent-kafka straight to Tansu does the same; the "
-          "polygate cluster takes the bump): V1 STORAGE_ERROR, Cursus broker_error, the Kafka client's retries "
-          "end in _MSG_TIMED_OUT; acks=1 (TANK) heals")
-RESTARTED = ("a restarted Tansu knows no producer id (memory storage) and answers UNKNOWN_PRODUCER_ID; "
-             "librdkafka's idempotent producer then bumps its epoch itself again and again (Epoch:0 -> Epoch:100 "
-             "in 10 s) instead of asking for a new producer id, and every acks=all produce times out (confluent-kafka "
-             "straight to Tansu does the same); besides, the fencing of the stall is still there")
-NOT_YET: dict[tuple[str, ...], str] = {
-    ("tansu", "recovers", "stall", "v1"): FENCED,
-    ("tansu", "recovers", "stall", "kafka"): FENCED,
-    ("tansu", "recovers", "stall", "cursus"): FENCED,
-    ("tansu", "recovers", "reset", "v1"): FENCED,
-    ("tansu", "recovers", "reset", "kafka"): FENCED,
-    ("tansu", "recovers", "reset", "cursus"): FENCED,
-    ("tansu", "recovers", "restart", "v1"): RESTARTED,
-    ("tansu", "recovers", "restart", "kafka"): RESTARTED,
-    ("tansu", "recovers", "restart", "cursus"): RESTARTED,
-    ("tansu", "served on"): RESTARTED + ": the gateway left running serves no acks=all produce",
-}
-
-
 @pytest.fixture(scope="module", params=KINDS)
 def scenario(request, tmp_path_factory) -> Report:
     """The scenario on each kind of cluster, run once for all the checks below."""
     return run_scenario(request.param, str(tmp_path_factory.mktemp("cluster")))
 
 
-def expect(request: pytest.FixtureRequest, scenario: Report, *check: str) -> None:
-    """Mark the running check xfail (strict: once it passes, its entry in ``NOT_YET`` must go) where
-    ``NOT_YET`` names its cause."""
-    reason = NOT_YET.get((scenario.kind, *check))
-    if reason is not None:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-
-
 @pytest.mark.parametrize("phase", ["stall", "restart"])
-def test_readyz_says_503_within_2_s_of_the_cluster_not_answering(request, scenario, phase):
-    expect(request, scenario, "503", phase)
+def test_readyz_says_503_within_2_s_of_the_cluster_not_answering(scenario, phase):
     down = scenario.down[phase]
     assert all(s is not None and s <= READY_S for s in down), f"503 after {down} s\n{scenario}"
 
 
 @pytest.mark.parametrize("phase", PHASES)
-def test_readyz_says_200_within_2_s_of_the_cluster_answering_again(request, scenario, phase):
-    expect(request, scenario, "200", phase)
+def test_readyz_says_200_within_2_s_of_the_cluster_answering_again(scenario, phase):
     up = scenario.up[phase]
     assert all(s is not None and s <= READY_S for s in up), f"200 after {up} s\n{scenario}"
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("phase", PHASES)
-def test_each_gateway_recovers_within_5_s_of_the_cluster_answering_again(request, scenario, phase, protocol):
-    expect(request, scenario, "recovers", phase, protocol)
+def test_each_gateway_recovers_within_5_s_of_the_cluster_answering_again(scenario, phase, protocol):
     recovered = scenario.recovered[phase][protocol]
     assert all(s is not None and s <= RECOVER_S for s in recovered), f"recovered after {recovered} s\n{scenario}"
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_nothing_acknowledged_is_lost(request, scenario, protocol):
-    expect(request, scenario, "lost", protocol)
+def test_nothing_acknowledged_is_lost(scenario, protocol):
     assert not scenario.lost[protocol], scenario
 
 
-def test_the_idempotent_producer_leaves_no_duplicate(request, scenario):
-    expect(request, scenario, "duplicate")
+def test_the_idempotent_producer_leaves_no_duplicate(scenario):
     assert not scenario.duplicated, scenario
 
 
-def test_the_other_gateway_serves_on_when_one_is_killed(request, scenario):
-    expect(request, scenario, "served on")
+def test_the_other_gateway_serves_on_when_one_is_killed(scenario):
     assert scenario.served_on, scenario
