@@ -45,6 +45,22 @@ class ListenerConfig:
     tls: bool = False  # behind the gateway's TLS (``Gateway(tls=...)``)
 
 
+DEFAULT_LISTEN_BACKLOG = 1024
+SOMAXCONN = "/proc/sys/net/core/somaxconn"
+
+
+def listen_backlog(requested: int) -> int:
+    """The accept queue a listener asks for: ``requested``, at most the kernel's ``somaxconn``
+    (which caps it anyway). Twisted's default of 50 overflowed under a burst of connects: the
+    client whose SYN found the queue full waited a second for its retransmission."""
+    try:
+        with open(SOMAXCONN, encoding="ascii") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):  # not Linux: the kernel caps it silently
+        return requested
+    return max(1, min(requested, limit))
+
+
 def connection_limits(given: ConnectionLimits, listeners: int) -> ConnectionLimits:
     """``given``, its connection caps derived where unset (0) from the descriptor limit:
     half of ``RLIMIT_NOFILE`` for connections (the other half stays for storage), shared
@@ -64,14 +80,15 @@ class Gateway:
     allowed), ``require_auth`` the codecs whose listeners refuse anonymous clients,
     ``tokens`` the verifier of OAuth bearer tokens (Kafka OAUTHBEARER), if any.
     ``admin`` is the ``(host, port)`` of the HTTP admin listener (``gateway.admin``:
-    metrics and health checks), ``None`` for none."""
+    metrics and health checks), ``None`` for none. ``backlog`` is every listener's accept queue,
+    the admin listener's too (``listen_backlog``)."""
 
     def __init__(self, reactor: Any, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
                  limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None,
                  tls: TlsConfig | None = None, users: UserStore | None = None, acls: Acls | None = None,
                  require_auth: frozenset[str] = frozenset(), tokens: Tokens | None = None,
-                 admin: tuple[str, int] | None = None):
+                 admin: tuple[str, int] | None = None, backlog: int = DEFAULT_LISTEN_BACKLOG):
         self.reactor = reactor
         self.limits = limits or ConnectionLimits()
         self.registry = registry
@@ -93,6 +110,7 @@ class Gateway:
         self.factories: list[CodecFactory] = []
         self.bound: list[tuple[str, str, int]] = []
         self.admin_address = admin
+        self.backlog = listen_backlog(backlog)
         self.admin: AdminServer | None = None
         self.admin_bound: tuple[str, int] | None = None
         self.stopping = False
@@ -111,7 +129,7 @@ class Gateway:
             self.tls = ReloadableTls(self.tls_config)  # raises, naming the file, before storage opens
         if self.admin_address is not None:  # AdminError for a taken address, before storage opens
             self.admin = AdminServer(self, self.reactor)
-            self.admin_bound = self.admin.listen(*self.admin_address)
+            self.admin_bound = self.admin.listen(*self.admin_address, self.backlog)
         for (_, plugin), listener_settings in zip(listeners, settings, strict=True):
             fmt = plugin.batch_format
             if fmt is not None and fmt.inflate_limit is not None:
@@ -141,7 +159,7 @@ class Gateway:
                 if lc.tls:
                     assert self.tls is not None  # made above for any TLS listener
                     served = self.tls.wrap(factory)
-                listening = self.reactor.listenTCP(port, served, interface=lc.host)
+                listening = self.reactor.listenTCP(port, served, backlog=self.backlog, interface=lc.host)
                 bound = listening.getHost()
                 advertised = lc.advertised_host or (lc.host if lc.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
                 factory.settings = attrs.evolve(listener_settings, advertised_host=advertised, advertised_port=bound.port)

@@ -102,10 +102,11 @@ class AdminServer:
         self.site = _QuietSite(self.root)
         self.port: Any = None
 
-    def listen(self, host: str, port: int) -> tuple[str, int]:
-        """Bind; the bound ``(host, port)``. Raises ``AdminError`` if the address is taken."""
+    def listen(self, host: str, port: int, backlog: int) -> tuple[str, int]:
+        """Bind, with a queue of ``backlog`` connections not yet accepted; the bound ``(host, port)``.
+        Raises ``AdminError`` if the address is taken."""
         try:
-            self.port = self.reactor.listenTCP(port, self.site, interface=host)
+            self.port = self.reactor.listenTCP(port, self.site, backlog=backlog, interface=host)
         except net_error.CannotListenError as e:
             reason = getattr(e.socketError, "strerror", None) or str(e.socketError)
             raise AdminError(f"--admin {host}:{port}: cannot listen: {reason} (give another "
