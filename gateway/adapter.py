@@ -40,6 +40,7 @@ from gateway import model as m
 from gateway.broker.calls import first_failure
 from gateway.codec import (
     LOGIN_REFUSED,
+    LOGIN_TURN,
     Close,
     CodecPlugin,
     Connection,
@@ -209,6 +210,7 @@ class CodecProtocol(protocol.Protocol):
         self.streaming = False
         self.write_paused = False
         self.read_paused = False
+        self.awaiting_login_turn = False  # a guess waits for its turn (``LOGIN_TURN``): nothing more is read
         self._pumping = False
         self._held = 0  # bytes of the rendered answers not yet written (``_Slot.held``)
         self._deadline = 0.0  # when the running pump's slice ends
@@ -452,6 +454,8 @@ class CodecProtocol(protocol.Protocol):
             elif isinstance(event, Timer):
                 if event.context == LOGIN_REFUSED:
                     self._meter.auth_failures += 1  # ``CodecConnection.refuse_login``: a failed authentication
+                elif event.context == LOGIN_TURN:
+                    self.awaiting_login_turn = True
                 self._set_timer(event)
             else:  # pragma: no cover
                 raise TypeError(f"unknown codec event {event!r}")
@@ -587,7 +591,7 @@ class CodecProtocol(protocol.Protocol):
         return len(self.queue) + len(self.unordered) + self._run_frames >= self.factory.max_in_flight
 
     def _update_reading(self) -> None:
-        want_pause = self.write_paused or self._yielded or self._too_busy()
+        want_pause = self.write_paused or self._yielded or self.awaiting_login_turn or self._too_busy()
         if want_pause and not self.read_paused:
             self.read_paused = True
             self.transport.pauseProducing()
@@ -740,6 +744,8 @@ class CodecProtocol(protocol.Protocol):
 
     def _timer_fired(self, context: Any) -> None:
         self._timers.pop(context, None)
+        if context == LOGIN_TURN:
+            self.awaiting_login_turn = False
         if self.closing or self.codec is None:
             return
         try:

@@ -16,7 +16,7 @@ from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
 from gateway.admin import AdminServer
 from gateway.broker import Broker, BrokerConfig
 from gateway.cluster import ClusterConfig, ClusterStore
-from gateway.codec import CodecPlugin, ListenerSettings, Tokens, parse_options
+from gateway.codec import CodecPlugin, ListenerSettings, LoginLimits, Tokens, parse_options
 from gateway.local.store import LocalStore
 from gateway.registry import Registry
 from gateway.security.acl import Acls
@@ -103,6 +103,7 @@ class Gateway:
         self.acls = acls
         self.require_auth = require_auth
         self.tokens = tokens
+        self.logins = LoginLimits()  # every listener's: guesses over several protocols add up
         self.engine: Engine | None = None
         self.cluster_store: ClusterStore | None = None
         self.broker: Broker | None = None
@@ -190,7 +191,8 @@ class Gateway:
     def _settings(self, lc: ListenerConfig, plugin: CodecPlugin) -> ListenerSettings:
         """The listener's settings, its options parsed (``OptionError`` for a bad one)."""
         return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=parse_options(plugin, lc.options),
-                                users=self.users, require_auth=lc.codec in self.require_auth, tokens=self.tokens)
+                                users=self.users, require_auth=lc.codec in self.require_auth, tokens=self.tokens,
+                                logins=self.logins)
 
     def readiness(self) -> tuple[bool, dict[str, str]]:
         """Whether the gateway serves (``/readyz``): storage open, every listener bound and, in

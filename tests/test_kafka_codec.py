@@ -7,6 +7,7 @@ import struct
 import subprocess
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from gateway import model as m
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import (
+    LOGIN_TURN,
     Close,
     Handled,
     ListenerSettings,
@@ -286,6 +288,29 @@ def test_sasl_handshake_v0_raw_plain_token():
     bad.timer(timer.context)
     (close,) = events(bad)
     assert isinstance(close, Close)
+
+
+def test_a_guess_waits_for_its_turn_after_a_failure_on_another_connection():
+    """The login limits span connections (gateway.codec.authlimits): after a failure from an
+    address, a guess on another connection from it is not checked, nor anything after it read,
+    until the address's turn; then it is, and the right password gets in."""
+    now = [100.0]
+    settings = attrs.evolve(sasl_settings({"alice": "pw"}, require_auth=True), peer="10.0.0.1:1000",
+                            clock=lambda: now[0])
+    first, second = KafkaConnection(settings), KafkaConnection(attrs.evolve(settings, peer="10.0.0.1:1001"))
+    first.receive_data(request(17, 1, {"Mechanism": "PLAIN"}) + request(36, 1, {"AuthBytes": b"\x00alice\x00no"}))
+    refused = events(first)[-1]
+    assert isinstance(refused, Timer) and refused.seconds == pytest.approx(0.1)
+    second.receive_data(request(17, 1, {"Mechanism": "PLAIN"}) + request(36, 1, {"AuthBytes": b"\x00alice\x00pw"})
+                        + request(3, 1, {"Topics": None}))
+    handshake, turn = events(second)
+    assert isinstance(turn, Timer) and turn.context == LOGIN_TURN and turn.seconds == pytest.approx(0.1)
+    assert answer(17, 1, handshake.data)[1].ErrorCode == 0 and second.principal is None
+    now[0] += turn.seconds
+    second.timer(turn.context)
+    authenticated, metadata = events(second)
+    assert answer(36, 1, authenticated.data)[1].ErrorCode == 0 and isinstance(metadata, Request)
+    assert second.principal == "User:alice"
 
 
 @pytest.mark.parametrize(("name", "value", "allowed"), [

@@ -123,6 +123,7 @@ class KafkaConnection(CodecConnection):
         """SaslHandshake v0: a raw token answered by a raw token; failure closes (after its delay)."""
         exchange = self.sasl_exchange
         assert exchange is not None  # raw SASL follows its handshake, which started the exchange
+        self.wait_for_login_turn(exchange.claimed_user(token))
         try:
             answer = exchange.step(token)
         except sasl.AuthFailed:
