@@ -58,6 +58,9 @@ from gateway.stats import ListenerStats
 log = logging.getLogger(__name__)
 
 
+LOG_EVERY_S = 10.0  # a repeated warning or close reason from one address, at most once per this
+MAX_LOGGED_REASONS = 10_000  # (address, reason) pairs remembered for that
+
 MAX_ANSWER_BYTES = 16 << 20
 """Default bound of the answer bytes a connection may owe before its next request runs."""
 @attrs.frozen
@@ -445,7 +448,7 @@ class CodecProtocol(protocol.Protocol):
                 self.queue.append(_Slot(event.data, True))
                 self.closing = True
                 if event.reason:
-                    log.info("%s %s: closing: %s", self.factory.plugin.name, self.peer, event.reason)
+                    self.factory.log_closing(self._peer_host, self.peer, event.reason)
             elif isinstance(event, Subscribe):
                 self.queue.append(_Slot(stream=event))
                 self.streaming = event.exclusive
@@ -831,6 +834,7 @@ class CodecFactory(protocol.Factory):
         broker_stats = getattr(broker, "stats", None)  # BrokerStats: storage errors are counted there too
         self.meter = ListenerStats(plugin.name, storage_errors=broker_stats.storage_errors if broker_stats else None)
         self._refusal_logged: dict[str, float] = {}
+        self._closing_logged: dict[tuple[str, str], float] = {}  # (address, reason): when last logged
         self._sweep: Any = None
         self.stopped = False
 
@@ -846,11 +850,23 @@ class CodecFactory(protocol.Factory):
             return CodecProtocol(self)
         self.refused += 1
         now = self.reactor.seconds()
-        if now - self._refusal_logged.get(host, -1e9) >= 10:  # once per peer per 10 s, not per connection
+        if now - self._refusal_logged.get(host, -1e9) >= LOG_EVERY_S:  # once per peer, not per connection
             self._refusal_logged[host] = now
             log.warning("%s: refusing connections from %s: %s reached (%d refused so far)",
                         self.plugin.name, host, over, self.refused)
         return None
+
+    def log_closing(self, host: str, peer: str, reason: str) -> None:
+        """Log why a connection from ``peer`` closes: once per address and reason every
+        ``LOG_EVERY_S`` (a client that reconnects at once and is refused each time, as one
+        without the listener's SASL settings, would log a line per attempt)."""
+        now, key = self.reactor.seconds(), (host, reason)
+        if now - self._closing_logged.get(key, -1e9) < LOG_EVERY_S:
+            return
+        if len(self._closing_logged) >= MAX_LOGGED_REASONS:
+            self._closing_logged.clear()
+        self._closing_logged[key] = now
+        log.info("%s %s: closing: %s", self.plugin.name, peer, reason)
 
     def connection_made(self, conn: CodecProtocol) -> None:
         self.connections.add(conn)

@@ -19,6 +19,7 @@ from gateway import model as m
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import (
+    LOGIN_REFUSED,
     LOGIN_TURN,
     Close,
     Handled,
@@ -168,9 +169,18 @@ def test_metadata_advertises_the_listener():
 
 def test_sasl_required_before_other_requests():
     conn = KafkaConnection(sasl_settings({"u": "p"}, require_auth=True))
-    conn.receive_data(request(18, 0, {}) + request(3, 1, {"Topics": None}))
-    first, second = events(conn)
-    assert isinstance(first, Reply) and isinstance(second, Close)
+    conn.receive_data(request(18, 0, {}) + request(3, 1, {"Topics": None}) + request(10, 3, {"Key": "g"}))
+    first, delay = events(conn)  # Metadata's answer has no error code: none, then the close after a delay
+    assert isinstance(first, Reply) and isinstance(delay, Timer) and delay.context == LOGIN_REFUSED
+    conn.timer(delay.context)
+    (close,) = events(conn)
+    assert isinstance(close, Close) and close.data == b""
+    refused = KafkaConnection(sasl_settings({"u": "p"}, require_auth=True))
+    refused.receive_data(request(10, 3, {"Key": "g"}))  # FindCoordinator's has one: ILLEGAL_SASL_STATE
+    (delay,) = events(refused)
+    refused.timer(delay.context)
+    (close,) = events(refused)
+    assert answer(10, 3, close.data)[1].ErrorCode == Errors.ILLEGAL_SASL_STATE
 
 
 def test_sasl_is_optional_unless_required():

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Protocol
 
 import attrs
 
-from gateway.codec.authlimits import LoginLimits
+from gateway.codec.authlimits import BASE_DELAY_S, LoginLimits
 from gateway.codec.framing import (
     FrameTooLarge,
     LengthPrefixedFramer,
@@ -380,6 +380,14 @@ class CodecConnection(PushConnection, TimerConnection):
         delay = self.settings.logins.failed(self.settings.peer.rpartition(":")[0], self.login_user,
                                             self.settings.clock())
         self.emit(Timer(seconds=delay, context=LOGIN_REFUSED))
+
+    def refuse_unauthenticated(self, answer: bytes, reason: str) -> None:
+        """A request that needs authentication from a client that has not tried to (a Kafka client
+        without SASL settings): nothing more is read, and ``answer`` goes out after the first
+        failure's delay, then the connection closes. Not a guess: the login limits are untouched,
+        but a client that reconnects at once is slowed."""
+        self.login_refused = (answer, reason)
+        self.emit(Timer(seconds=BASE_DELAY_S, context=LOGIN_REFUSED))
 
     def authenticate(self, user: str, password: str) -> bool:
         """Check ``user``'s ``password`` against the user store, once it is this guess's turn
