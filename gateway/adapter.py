@@ -226,6 +226,7 @@ class CodecProtocol(protocol.Protocol):
         self._drop_logged = -1e9
         self._yielded = False  # the slice ran out with events maybe left: going on at the next turn
         self._greeting = b""  # a greeting held back until the TLS handshake completed
+        self._handshake_since: float | None = None  # since when a TLS handshake is under way
         self._answers_due: Any = None  # answers that waited came in: written, and reading resumed, at the next turn
         self._streams: list[_Stream] = []
         self._timers: dict[Any, Any] = {}
@@ -263,7 +264,10 @@ class CodecProtocol(protocol.Protocol):
         except Exception:
             self._codec_bug()
             return
-        if greeting and ISSLTransport.providedBy(self.transport):
+        tls = ISSLTransport.providedBy(self.transport)
+        if tls:  # the frame timeout applies to the handshake: a client that sends no ClientHello is closed
+            self._handshake_since = self.factory.reactor.seconds()
+        if greeting and tls:
             # Behind TLS a write before the handshake pauses us as a producer, and a paused
             # connection stops reading: the client's handshake would never be read.
             self._greeting = greeting
@@ -278,6 +282,7 @@ class CodecProtocol(protocol.Protocol):
         """TLS is up: a client certificate names the principal (``User:<CN>``, for the codec
         to keep or replace when its client authenticates); the greeting, held back until
         now, goes out."""
+        self._handshake_since = None
         cert = self.transport.getPeerCertificate()
         if cert is not None and self.codec is not None:
             common_name = cert.get_subject().commonName
@@ -761,10 +766,14 @@ class CodecProtocol(protocol.Protocol):
     # ------------------------------------------------------------------ timeouts
 
     def check_timeouts(self, now: float, limits: ConnectionLimits) -> None:
-        """Close this connection if it is idle past ``idle_timeout_s``, or has left a frame
-        unfinished past ``frame_timeout_s`` (called periodically by the factory). A connection
+        """Close this connection if it is idle past ``idle_timeout_s``, or has left a frame, or
+        its TLS handshake, unfinished past ``frame_timeout_s`` (called periodically by the factory). A connection
         whose codec keeps a timer (MQTT's keep-alive) is the codec's to time out for idleness."""
         if self.closing or self.codec is None:
+            return
+        if (limits.frame_timeout_s and self._handshake_since is not None
+                and now - self._handshake_since >= limits.frame_timeout_s):
+            self._close_for(f"a TLS handshake left unfinished for {limits.frame_timeout_s:g} s")
             return
         waiting = bool(self.queue or self.unordered or self._streams)
         if waiting:
@@ -796,7 +805,7 @@ class CodecProtocol(protocol.Protocol):
         self.transport.loseConnection()
 
     def _close_for(self, reason: str) -> None:
-        log.info("%s %s: closing: %s", self.factory.plugin.name, self.peer, reason)
+        self.factory.log_closing(self._peer_host, self.peer, reason)
         self.closing = True
         self.queue.clear()
         self.transport.abortConnection()

@@ -246,6 +246,24 @@ def test_idle_connections_and_unfinished_frames_are_closed_after_their_timeouts(
     assert "idle for 1.5 s" in gw.log and "a frame left unfinished for 0.6 s" in gw.log
 
 
+def test_silent_tls_connections_are_closed_at_the_frame_timeout(gateway_factory, tmp_path):
+    """Issue 33, defect 4: 500 TLS connections that never sent a ClientHello held their slots for
+    over 60 s, until the idle timeout. The frame timeout applies to the handshake too."""
+    from tls_support import Pki
+
+    cert, key = Pki(tmp_path / "pki").issue("server")
+    gw = gateway_factory(("v1", "kafka"), ("--tls", "kafka", "--tls-cert", str(cert), "--tls-key", str(key),
+                                           "--frame-timeout", "1", "--max-connections-per-peer", "600"))
+    silent = [socket.create_connection(("127.0.0.1", gw.port("kafka"))) for _ in range(500)]
+    try:
+        assert len(_answer_times(silent, 15)) == 500  # closed: within 1 s and a check, as a rule
+    finally:
+        for sock in silent:
+            sock.close()
+    assert "a TLS handshake left unfinished for 1 s" in gw.log
+    assert _served(gw) < 1
+
+
 def test_a_long_poll_is_not_idle(gateway_factory):
     gw = gateway_factory(("v1", "kafka"), ("--idle-timeout", "0.5"))
     topic = unique("poll")
