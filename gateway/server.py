@@ -147,7 +147,13 @@ class Gateway:
         except Exception:
             self._stop_admin()
             raise
-        self.broker = Broker(store, self.registry.batch_formats, self.reactor, self.broker_config,
+        broker_config = self.broker_config
+        if not broker_config.max_partitions_per_principal and self.engine is not None:
+            # One principal may use up a quarter of the partitions: a client that creates topics
+            # (an anonymous one, from one address) leaves the rest to the others.
+            broker_config = attrs.evolve(broker_config,
+                                         max_partitions_per_principal=max(1, self.engine.max_partitions // 4))
+        self.broker = Broker(store, self.registry.batch_formats, self.reactor, broker_config,
                              users=self.users, acls=self.acls)
         fairness = Fairness(self.reactor)  # one for every listener: connections share the reactor
         limits = connection_limits(self.limits, len(listeners))

@@ -472,7 +472,8 @@ def test_descriptors_stay_within_the_limit_and_a_restart_fits_in_it(gateway_fact
     allows 170 partitions (half the descriptors, three each), refuses beyond, keeps idle
     segments closed, and restarts within the same limit."""
     limited = ("sh", "-c", 'ulimit -n 1024 && exec "$0" "$@"', GATEWAY)
-    gw = gateway_factory(("v1",), ("--segment-bytes", "20000"), command=limited)
+    gw = gateway_factory(("v1",), ("--segment-bytes", "20000", "--max-partitions-per-principal", "20000"),
+                         command=limited)  # one client creates them all: its quota is the gateway's budget
     with V1Client("127.0.0.1", gw.port("v1")) as c:
         bomb = c.request("ADMIN_CREATE_TOPIC", "fdbomb", "10000")
         assert not bomb.ok and "per topic" in bomb.message
@@ -493,6 +494,32 @@ def test_descriptors_stay_within_the_limit_and_a_restart_fits_in_it(gateway_fact
             got = sum(len(list(c.consume_all(f"t{i}", p))) for p in range(3))
             assert got == 12, (i, got)
     assert gw.memory_mib()[1] < RSS_BOUND_MIB
+
+
+def test_one_principal_creates_at_most_its_quota_of_partitions(gateway_factory):
+    """Issue 33, defect 2: one anonymous client used up the gateway's partitions, after which
+    every client of every protocol was refused a new topic. A principal (an anonymous client:
+    per address) may create a quarter of --max-partitions by default; a deleted topic's
+    partitions count no more."""
+    gw = gateway_factory(("v1", "kafka"), ("--max-partitions", "40", "--default-partitions", "3"))
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        c.request("ADMIN_CREATE_TOPIC", "mine", "2").check()
+        for i in range(3):  # a produce creates (3 partitions each): the quota of 10 is reached, not refused
+            c.produce(f"mine{i}", "k", "v")
+        over = c.request("PRODUCE", "mine3", "k:v")
+        assert over.code == "BAD_REQUEST" and "--max-partitions-per-principal" in over.message, over
+        assert c.request("ADMIN_CREATE_TOPIC", "one", "1").code == "BAD_REQUEST"
+        with KafkaClient("127.0.0.1", gw.port("kafka")) as k:  # the same address over Kafka
+            answer = k.call(19, 4, {"Topics": [{"Name": "kone", "NumPartitions": 1, "ReplicationFactor": 1,
+                                                "Assignments": [], "Configs": []}], "TimeoutMs": 5000})
+            assert answer.Topics[0].ErrorCode != 0
+        c.delete_topic("mine0")
+        c.request("ADMIN_CREATE_TOPIC", "one", "1").check()  # the deleted topic's partitions are free again
+    other = socket.create_connection(("127.0.0.1", gw.port("v1")), source_address=("127.0.0.2", 0))
+    other.sendall(b"V1|1|PRODUCE|theirs k:v\n")  # another anonymous client has a quota of its own
+    assert b"|OK|" in other.recv(4096)
+    other.close()
+    assert "created on first use by User:ANONYMOUS@127.0.0.2" in gw.log
 
 
 def test_pipelined_kafka_fetches_that_are_never_read_hold_a_bounded_amount(gateway_factory):

@@ -157,6 +157,9 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
               help="Partitions of all topics (default: half the descriptor limit, 3 per partition).")
 @click.option("--max-partitions-per-topic", default=0, type=int,
               help="Partitions of one topic (default: --max-partitions, at most 10,000).")
+@click.option("--max-partitions-per-principal", default=0, type=click.IntRange(0),
+              help="Partitions one principal may create, an anonymous client per address (default: a quarter "
+                   "of --max-partitions; with --storage kafka://, no limit).")
 @click.option("--file-mode", default="0600", show_default=True, callback=lambda ctx, param, v: _octal_mode(v),
               help="Mode of the data files (octal); directories get the matching search bits (0600: 0700).")
 @click.option("--retention-bytes", default=None, type=int, help="Per-partition size limit (default: none).")
@@ -219,7 +222,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
           ack_timeout_ms, group_session_timeout_ms, cleaner_interval_ms, segment_bytes, max_topics, max_partitions,
-          max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
+          max_partitions_per_topic, max_partitions_per_principal, file_mode, retention_bytes, retention_ms,
           max_connections, max_connections_per_peer, listen_backlog, idle_timeout, frame_timeout, max_answer_bytes,
           send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
           cluster_timeout_ms, tls, tls_cert, tls_key, tls_ca, tls_client_auth, users_file, require_auth,
@@ -327,7 +330,8 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, max_frame, 
                      file_mode=file_mode, max_topics=max_topics, max_partitions=max_partitions,
                      max_partitions_per_topic=max_partitions_per_topic),
         BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms,
-                     cleaner_interval_ms=cleaner_interval_ms),
+                     cleaner_interval_ms=cleaner_interval_ms,
+                     max_partitions_per_principal=max_partitions_per_principal),
         ConnectionLimits(max_connections=max_connections, max_per_peer=max_connections_per_peer,
                          idle_timeout_s=idle_timeout or None, frame_timeout_s=frame_timeout or None,
                          max_answer_bytes=max_answer_bytes, send_buffer_bytes=send_buffer_bytes,
