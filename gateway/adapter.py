@@ -40,6 +40,7 @@ from gateway import model as m
 from gateway.broker.calls import Share, first_failure, gather, waits
 from gateway.codec import (
     LOGIN_REFUSED,
+    LOGIN_TURN,
     Close,
     CodecPlugin,
     Connection,
@@ -56,6 +57,9 @@ from gateway.stats import ListenerStats
 
 log = logging.getLogger(__name__)
 
+
+LOG_EVERY_S = 10.0  # a repeated warning or close reason from one address, at most once per this
+MAX_LOGGED_REASONS = 10_000  # (address, reason) pairs remembered for that
 
 MAX_ANSWER_BYTES = 16 << 20
 """Default bound of the answer bytes a connection may owe before its next request runs."""
@@ -209,6 +213,7 @@ class CodecProtocol(protocol.Protocol):
         self.streaming = False
         self.write_paused = False
         self.read_paused = False
+        self.awaiting_login_turn = False  # a guess waits for its turn (``LOGIN_TURN``): nothing more is read
         self._pumping = False
         self._held = 0  # bytes of the rendered answers not yet written (``_Slot.held``)
         self._deadline = 0.0  # when the running pump's slice ends
@@ -221,6 +226,7 @@ class CodecProtocol(protocol.Protocol):
         self._drop_logged = -1e9
         self._yielded = False  # the slice ran out with events maybe left: going on at the next turn
         self._greeting = b""  # a greeting held back until the TLS handshake completed
+        self._handshake_since: float | None = None  # since when a TLS handshake is under way
         self._answers_due: Any = None  # answers that waited came in: written, and reading resumed, at the next turn
         self._streams: list[_Stream] = []
         self._timers: dict[Any, Any] = {}
@@ -258,7 +264,10 @@ class CodecProtocol(protocol.Protocol):
         except Exception:
             self._codec_bug()
             return
-        if greeting and ISSLTransport.providedBy(self.transport):
+        tls = ISSLTransport.providedBy(self.transport)
+        if tls:  # the frame timeout applies to the handshake: a client that sends no ClientHello is closed
+            self._handshake_since = self.factory.reactor.seconds()
+        if greeting and tls:
             # Behind TLS a write before the handshake pauses us as a producer, and a paused
             # connection stops reading: the client's handshake would never be read.
             self._greeting = greeting
@@ -273,6 +282,7 @@ class CodecProtocol(protocol.Protocol):
         """TLS is up: a client certificate names the principal (``User:<CN>``, for the codec
         to keep or replace when its client authenticates); the greeting, held back until
         now, goes out."""
+        self._handshake_since = None
         cert = self.transport.getPeerCertificate()
         if cert is not None and self.codec is not None:
             common_name = cert.get_subject().commonName
@@ -443,7 +453,7 @@ class CodecProtocol(protocol.Protocol):
                 self.queue.append(_Slot(event.data, True))
                 self.closing = True
                 if event.reason:
-                    log.info("%s %s: closing: %s", self.factory.plugin.name, self.peer, event.reason)
+                    self.factory.log_closing(self._peer_host, self.peer, event.reason)
             elif isinstance(event, Subscribe):
                 self.queue.append(_Slot(stream=event))
                 self.streaming = event.exclusive
@@ -452,6 +462,8 @@ class CodecProtocol(protocol.Protocol):
             elif isinstance(event, Timer):
                 if event.context == LOGIN_REFUSED:
                     self._meter.auth_failures += 1  # ``CodecConnection.refuse_login``: a failed authentication
+                elif event.context == LOGIN_TURN:
+                    self.awaiting_login_turn = True
                 self._set_timer(event)
             else:  # pragma: no cover
                 raise TypeError(f"unknown codec event {event!r}")
@@ -586,7 +598,7 @@ class CodecProtocol(protocol.Protocol):
         return len(self.queue) + len(self.unordered) + self._run_frames >= self.factory.max_in_flight
 
     def _update_reading(self) -> None:
-        want_pause = self.write_paused or self._yielded or self._too_busy()
+        want_pause = self.write_paused or self._yielded or self.awaiting_login_turn or self._too_busy()
         if want_pause and not self.read_paused:
             self.read_paused = True
             self.transport.pauseProducing()
@@ -739,6 +751,8 @@ class CodecProtocol(protocol.Protocol):
 
     def _timer_fired(self, context: Any) -> None:
         self._timers.pop(context, None)
+        if context == LOGIN_TURN:
+            self.awaiting_login_turn = False
         if self.closing or self.codec is None:
             return
         try:
@@ -751,10 +765,14 @@ class CodecProtocol(protocol.Protocol):
     # ------------------------------------------------------------------ timeouts
 
     def check_timeouts(self, now: float, limits: ConnectionLimits) -> None:
-        """Close this connection if it is idle past ``idle_timeout_s``, or has left a frame
-        unfinished past ``frame_timeout_s`` (called periodically by the factory). A connection
+        """Close this connection if it is idle past ``idle_timeout_s``, or has left a frame, or
+        its TLS handshake, unfinished past ``frame_timeout_s`` (called periodically by the factory). A connection
         whose codec keeps a timer (MQTT's keep-alive) is the codec's to time out for idleness."""
         if self.closing or self.codec is None:
+            return
+        if (limits.frame_timeout_s and self._handshake_since is not None
+                and now - self._handshake_since >= limits.frame_timeout_s):
+            self._close_for(f"a TLS handshake left unfinished for {limits.frame_timeout_s:g} s")
             return
         waiting = bool(self.queue or self.unordered or self._streams)
         if waiting:
@@ -786,7 +804,7 @@ class CodecProtocol(protocol.Protocol):
         self.transport.loseConnection()
 
     def _close_for(self, reason: str) -> None:
-        log.info("%s %s: closing: %s", self.factory.plugin.name, self.peer, reason)
+        self.factory.log_closing(self._peer_host, self.peer, reason)
         self.closing = True
         self.queue.clear()
         self.transport.abortConnection()
@@ -824,6 +842,7 @@ class CodecFactory(protocol.Factory):
         broker_stats = getattr(broker, "stats", None)  # BrokerStats: storage errors are counted there too
         self.meter = ListenerStats(plugin.name, storage_errors=broker_stats.storage_errors if broker_stats else None)
         self._refusal_logged: dict[str, float] = {}
+        self._closing_logged: dict[tuple[str, str], float] = {}  # (address, reason): when last logged
         self._sweep: Any = None
         self.stopped = False
 
@@ -839,11 +858,23 @@ class CodecFactory(protocol.Factory):
             return CodecProtocol(self)
         self.refused += 1
         now = self.reactor.seconds()
-        if now - self._refusal_logged.get(host, -1e9) >= 10:  # once per peer per 10 s, not per connection
+        if now - self._refusal_logged.get(host, -1e9) >= LOG_EVERY_S:  # once per peer, not per connection
             self._refusal_logged[host] = now
             log.warning("%s: refusing connections from %s: %s reached (%d refused so far)",
                         self.plugin.name, host, over, self.refused)
         return None
+
+    def log_closing(self, host: str, peer: str, reason: str) -> None:
+        """Log why a connection from ``peer`` closes: once per address and reason every
+        ``LOG_EVERY_S`` (a client that reconnects at once and is refused each time, as one
+        without the listener's SASL settings, would log a line per attempt)."""
+        now, key = self.reactor.seconds(), (host, reason)
+        if now - self._closing_logged.get(key, -1e9) < LOG_EVERY_S:
+            return
+        if len(self._closing_logged) >= MAX_LOGGED_REASONS:
+            self._closing_logged.clear()
+        self._closing_logged[key] = now
+        log.info("%s %s: closing: %s", self.plugin.name, peer, reason)
 
     def connection_made(self, conn: CodecProtocol) -> None:
         self.connections.add(conn)

@@ -329,7 +329,9 @@ class CreatePartitionsResult:
 @frozen
 class ListTopics:
     """List topics; ``topics=None`` means all of them. ``read`` says the caller asks in
-    order to read them (a subscription): with ACLs, each needs Read rather than Describe."""
+    order to read them (a subscription): with ACLs, each needs Read rather than Describe.
+    ``auto_create`` creates the missing ones: only Kafka's Metadata asks for it, when its
+    client allows it (a producer's, as in Kafka), never a subscription, a consume or a join."""
 
     topics: tuple[str, ...] | None = None
     auto_create: bool = False

@@ -16,7 +16,7 @@ from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
 from gateway.admin import AdminAccess, AdminServer
 from gateway.broker import Broker, BrokerConfig
 from gateway.cluster import ClusterConfig, ClusterStore
-from gateway.codec import CodecPlugin, ListenerSettings, Tokens, parse_options
+from gateway.codec import CodecPlugin, ListenerSettings, LoginLimits, Tokens, parse_options
 from gateway.local.store import LocalStore
 from gateway.registry import Registry
 from gateway.security.acl import Acls
@@ -48,6 +48,22 @@ class ListenerConfig:
     tls: bool = False  # behind the gateway's TLS (``Gateway(tls=...)``)
 
 
+DEFAULT_LISTEN_BACKLOG = 1024
+SOMAXCONN = "/proc/sys/net/core/somaxconn"
+
+
+def listen_backlog(requested: int) -> int:
+    """The accept queue a listener asks for: ``requested``, at most the kernel's ``somaxconn``
+    (which caps it anyway). Twisted's default of 50 overflowed under a burst of connects: the
+    client whose SYN found the queue full waited a second for its retransmission."""
+    try:
+        with open(SOMAXCONN, encoding="ascii") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):  # not Linux: the kernel caps it silently
+        return requested
+    return max(1, min(requested, limit))
+
+
 def connection_limits(given: ConnectionLimits, listeners: int) -> ConnectionLimits:
     """``given``, its connection caps derived where unset (0) from the descriptor limit:
     half of ``RLIMIT_NOFILE`` for connections (the other half stays for storage), shared
@@ -67,14 +83,16 @@ class Gateway:
     allowed), ``require_auth`` the codecs whose listeners refuse anonymous clients,
     ``tokens`` the verifier of OAuth bearer tokens (Kafka OAUTHBEARER), if any.
     ``admin`` is the ``(host, port)`` of the HTTP admin listener (``gateway.admin``:
-    metrics and health checks), ``None`` for none; ``admin_access`` who may use it."""
+    metrics and health checks), ``None`` for none; ``admin_access`` who may use it. ``backlog`` is
+    every listener's accept queue, the admin listener's too (``listen_backlog``)."""
 
     def __init__(self, reactor: Any, registry: Registry, data_dir: str, listeners: list[ListenerConfig],
                  engine_config: EngineConfig | None = None, broker_config: BrokerConfig | None = None,
                  limits: ConnectionLimits | None = None, cluster: ClusterConfig | None = None,
                  tls: TlsConfig | None = None, users: UserStore | None = None, acls: Acls | None = None,
                  require_auth: frozenset[str] = frozenset(), tokens: Tokens | None = None,
-                 admin: tuple[str, int] | None = None, admin_access: AdminAccess | None = None):
+                 admin: tuple[str, int] | None = None, admin_access: AdminAccess | None = None,
+                 backlog: int = DEFAULT_LISTEN_BACKLOG):
         self.reactor = reactor
         self.limits = limits or ConnectionLimits()
         self.registry = registry
@@ -89,6 +107,7 @@ class Gateway:
         self.acls = acls
         self.require_auth = require_auth
         self.tokens = tokens
+        self.logins = LoginLimits()  # every listener's: guesses over several protocols add up
         self.engine: Engine | None = None
         self.cluster_store: ClusterStore | None = None
         self.broker: Broker | None = None
@@ -97,6 +116,7 @@ class Gateway:
         self.bound: list[tuple[str, str, int]] = []
         self.admin_address = admin
         self.admin_access = admin_access or AdminAccess()
+        self.backlog = listen_backlog(backlog)
         self.admin: AdminServer | None = None
         self.admin_bound: tuple[str, int] | None = None
         self.stopping = False
@@ -115,7 +135,7 @@ class Gateway:
             self.tls = ReloadableTls(self.tls_config)  # raises, naming the file, before storage opens
         if self.admin_address is not None:  # AdminError for a taken address, before storage opens
             self.admin = AdminServer(self, self.reactor, self.admin_access)
-            self.admin_bound = self.admin.listen(*self.admin_address)
+            self.admin_bound = self.admin.listen(*self.admin_address, self.backlog)
         for (_, plugin), listener_settings in zip(listeners, settings, strict=True):
             fmt = plugin.batch_format
             if fmt is not None and fmt.inflate_limit is not None:
@@ -132,7 +152,13 @@ class Gateway:
         except Exception:
             self._stop_admin()
             raise
-        self.broker = Broker(store, self.registry.batch_formats, self.reactor, self.broker_config,
+        broker_config = self.broker_config
+        if not broker_config.max_partitions_per_principal and self.engine is not None:
+            # One principal may use up a quarter of the partitions: a client that creates topics
+            # (an anonymous one, from one address) leaves the rest to the others.
+            broker_config = attrs.evolve(broker_config,
+                                         max_partitions_per_principal=max(1, self.engine.max_partitions // 4))
+        self.broker = Broker(store, self.registry.batch_formats, self.reactor, broker_config,
                              users=self.users, acls=self.acls)
         fairness = Fairness(self.reactor)  # one for every listener: connections share the reactor
         limits = connection_limits(self.limits, len(listeners))
@@ -145,7 +171,7 @@ class Gateway:
                 if lc.tls:
                     assert self.tls is not None  # made above for any TLS listener
                     served = self.tls.wrap(factory)
-                listening = self.reactor.listenTCP(port, served, interface=lc.host)
+                listening = self.reactor.listenTCP(port, served, backlog=self.backlog, interface=lc.host)
                 bound = listening.getHost()
                 advertised = lc.advertised_host or (lc.host if lc.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
                 factory.settings = attrs.evolve(listener_settings, advertised_host=advertised, advertised_port=bound.port)
@@ -176,7 +202,8 @@ class Gateway:
     def _settings(self, lc: ListenerConfig, plugin: CodecPlugin) -> ListenerSettings:
         """The listener's settings, its options parsed (``OptionError`` for a bad one)."""
         return ListenerSettings(lc.max_frame_size or plugin.max_frame_size, options=parse_options(plugin, lc.options),
-                                users=self.users, require_auth=lc.codec in self.require_auth, tokens=self.tokens)
+                                users=self.users, require_auth=lc.codec in self.require_auth, tokens=self.tokens,
+                                logins=self.logins)
 
     def readiness(self) -> tuple[bool, dict[str, str]]:
         """Whether the gateway serves (``/readyz``): storage open, every listener bound and, in

@@ -141,6 +141,7 @@ def test_restart_keeps_topics_records_groups_and_offsets(gateway_factory, tmp_pa
 def test_group_member_expires_after_session_timeout(gateway_factory):
     gw = gateway_factory(("v1",), ("--group-session-timeout-ms", "500"))
     with V1Client("127.0.0.1", gw.port("v1")) as c:
+        c.create_topic("t", 3)  # a JOIN creates no topic
         c.request("JOIN", "g", "t", "a").check()
         gen = c.request("JOIN", "g", "t", "b").check().fields["generation"]
         started = time.monotonic()

@@ -190,6 +190,32 @@ def test_connections_over_the_listener_or_peer_cap_are_closed_at_once(gateway_fa
             s.close()
 
 
+def _slowest_connect(port: int, count: int) -> float:
+    """Seconds the slowest of ``count`` back-to-back connects to ``port`` took (all held open
+    until the last one is made)."""
+    held, slowest = [], 0.0
+    try:
+        for _ in range(count):
+            started = time.monotonic()
+            held.append(socket.create_connection(("127.0.0.1", port)))
+            slowest = max(slowest, time.monotonic() - started)
+    finally:
+        for s in held:
+            s.close()
+    return slowest
+
+
+def test_back_to_back_connects_never_wait_for_a_syn_retransmit(gateway_factory):
+    """Issue 33, defect 5: with Twisted's accept queue of 50, every ~55th of 300 back-to-back
+    connects found it full and waited a second for its SYN to be sent again. A connect that
+    waits over 100 ms waited for that (the kernel completes a connect in microseconds). The
+    admin listener has the same queue."""
+    gw = gateway_factory(("v1",), ("--max-connections-per-peer", "400"))
+    assert _slowest_connect(gw.port("v1"), 300) < 0.1
+    assert _slowest_connect(gw.admin_port, 300) < 0.1
+    assert _served(gw) < 1
+
+
 def test_the_listener_cap_holds_across_addresses(gateway_factory):
     gw = gateway_factory(("v1",), ("--max-connections", "20", "--max-connections-per-peer", "100"))
     held = [socket.create_connection(("127.0.0.1", gw.port("v1")), source_address=(f"127.0.0.{2 + i % 3}", 0))
@@ -218,6 +244,24 @@ def test_idle_connections_and_unfinished_frames_are_closed_after_their_timeouts(
         assert 1.4 < time.monotonic() - started < 4
         active.request("PING").check()
     assert "idle for 1.5 s" in gw.log and "a frame left unfinished for 0.6 s" in gw.log
+
+
+def test_silent_tls_connections_are_closed_at_the_frame_timeout(gateway_factory, tmp_path):
+    """Issue 33, defect 4: 500 TLS connections that never sent a ClientHello held their slots for
+    over 60 s, until the idle timeout. The frame timeout applies to the handshake too."""
+    from tls_support import Pki
+
+    cert, key = Pki(tmp_path / "pki").issue("server")
+    gw = gateway_factory(("v1", "kafka"), ("--tls", "kafka", "--tls-cert", str(cert), "--tls-key", str(key),
+                                           "--frame-timeout", "1", "--max-connections-per-peer", "600"))
+    silent = [socket.create_connection(("127.0.0.1", gw.port("kafka"))) for _ in range(500)]
+    try:
+        assert len(_answer_times(silent, 15)) == 500  # closed: within 1 s and a check, as a rule
+    finally:
+        for sock in silent:
+            sock.close()
+    assert "a TLS handshake left unfinished for 1 s" in gw.log
+    assert _served(gw) < 1
 
 
 def test_a_long_poll_is_not_idle(gateway_factory):
@@ -295,6 +339,92 @@ def test_password_guessing_is_slowed_and_each_failure_closes(gateway_factory, tm
     assert _guess(gw, "alice", "wonderland")[0] == 0
 
 
+def _utf8(text: str) -> bytes:
+    return struct.pack(">H", len(text.encode())) + text.encode()
+
+
+def _mqtt_login(sock: socket.socket, user: str, password: str) -> None:
+    body = _utf8("MQTT") + bytes((4, 0b11000010)) + struct.pack(">H", 0) + _utf8("c") + _utf8(user) + _utf8(password)
+    sock.sendall(bytes((0x10, len(body))) + body)
+
+
+def _guessers(gw, per_protocol: int, user: str, sources: tuple[str, ...] = ("127.0.0.1",)) -> list[socket.socket]:
+    """``per_protocol`` connections on each of the Kafka, Cursus and MQTT listeners (spread over
+    ``sources``), each having sent one wrong password for ``user`` and waiting for its answer
+    (the Kafka ones after the SASL handshake, which is not a guess)."""
+    guessers = []
+    for i in range(per_protocol):
+        source = (sources[i % len(sources)], 0)
+        k = KafkaClient("127.0.0.1", gw.port("kafka"))
+        k.sock.close()
+        k.sock = socket.create_connection(("127.0.0.1", gw.port("kafka")), timeout=10, source_address=source)
+        k.call(17, 1, {"Mechanism": "PLAIN"})
+        guessers.append(k)
+    for k in guessers:
+        k.send(36, 1, {"AuthBytes": f"\x00{user}\x00wrong".encode()})
+    socks = [k.sock for k in guessers]
+    for i in range(per_protocol):
+        cursus = socket.create_connection(("127.0.0.1", gw.port("cursus")), timeout=10,
+                                          source_address=(sources[i % len(sources)], 0))
+        text = f"AUTH principal={user} token=wrong".encode()
+        cursus.sendall(struct.pack(">I", len(text)) + text)
+        mqtt = socket.create_connection(("127.0.0.1", gw.port("mqtt")), timeout=10,
+                                        source_address=(sources[i % len(sources)], 0))
+        _mqtt_login(mqtt, user, "wrong")
+        socks += [cursus, mqtt]
+    return socks
+
+
+def _answer_times(socks: list[socket.socket], seconds: float) -> list[float]:
+    """When, in seconds from now, each socket that was answered (bytes or a close) within
+    ``seconds`` got its answer."""
+    import selectors
+
+    started, answered = time.monotonic(), []
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            selector.register(sock, selectors.EVENT_READ)
+        while selector.get_map() and (left := started + seconds - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                selector.unregister(key.fileobj)
+                answered.append(time.monotonic() - started)
+    return answered
+
+
+def _most_in_a_window(times: list[float], window: float) -> int:
+    return max((sum(1 for t in times if start <= t < start + window) for start in times), default=0)
+
+
+def test_parallel_guesses_from_one_address_are_answered_no_faster_than_one_connection_guesses(
+        gateway_factory, tmp_path):
+    """Issue 33, defect 1: 100 parallel MQTT CONNECTs with wrong passwords were all answered within
+    5.6 s (the delay grew per connection, not across them), and Cursus AUTH and Kafka SASL alike.
+    Now a guess waits for its address's turn, over every connection and protocol:
+    docs/limits.md's at most 6 guesses in 3 s. Observed for 8 s (the first five turns take
+    3.1 s, the next waits 5 s)."""
+    gw = gateway_factory(("kafka", "cursus", "mqtt", "v1"), (*sasl(tmp_path), "--max-connections-per-peer", "200"))
+    socks = _guessers(gw, 15, "alice")
+    try:
+        answered = _answer_times(socks, 8)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert len(answered) >= 3 and _most_in_a_window(answered, 3) <= 6, answered
+    assert _served(gw) < 1  # other clients were never held up
+
+
+def test_guesses_for_one_user_from_several_addresses_take_turns(gateway_factory, tmp_path):
+    """The failures for a user count too: guessers spread over addresses get no more turns."""
+    gw = gateway_factory(("kafka", "cursus", "mqtt", "v1"), sasl(tmp_path))
+    socks = _guessers(gw, 6, "alice", sources=("127.0.0.2", "127.0.0.3", "127.0.0.4"))
+    try:
+        answered = _answer_times(socks, 8)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert len(answered) >= 3 and _most_in_a_window(answered, 3) <= 6, answered
+
+
 def test_an_unknown_user_is_answered_as_a_wrong_password(gateway_factory, tmp_path):
     gw = gateway_factory(("kafka",), sasl(tmp_path))
 
@@ -342,7 +472,8 @@ def test_descriptors_stay_within_the_limit_and_a_restart_fits_in_it(gateway_fact
     allows 170 partitions (half the descriptors, three each), refuses beyond, keeps idle
     segments closed, and restarts within the same limit."""
     limited = ("sh", "-c", 'ulimit -n 1024 && exec "$0" "$@"', GATEWAY)
-    gw = gateway_factory(("v1",), ("--segment-bytes", "20000"), command=limited)
+    gw = gateway_factory(("v1",), ("--segment-bytes", "20000", "--max-partitions-per-principal", "20000"),
+                         command=limited)  # one client creates them all: its quota is the gateway's budget
     with V1Client("127.0.0.1", gw.port("v1")) as c:
         bomb = c.request("ADMIN_CREATE_TOPIC", "fdbomb", "10000")
         assert not bomb.ok and "per topic" in bomb.message
@@ -363,6 +494,32 @@ def test_descriptors_stay_within_the_limit_and_a_restart_fits_in_it(gateway_fact
             got = sum(len(list(c.consume_all(f"t{i}", p))) for p in range(3))
             assert got == 12, (i, got)
     assert gw.memory_mib()[1] < RSS_BOUND_MIB
+
+
+def test_one_principal_creates_at_most_its_quota_of_partitions(gateway_factory):
+    """Issue 33, defect 2: one anonymous client used up the gateway's partitions, after which
+    every client of every protocol was refused a new topic. A principal (an anonymous client:
+    per address) may create a quarter of --max-partitions by default; a deleted topic's
+    partitions count no more."""
+    gw = gateway_factory(("v1", "kafka"), ("--max-partitions", "40", "--default-partitions", "3"))
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        c.request("ADMIN_CREATE_TOPIC", "mine", "2").check()
+        for i in range(3):  # a produce creates (3 partitions each): the quota of 10 is reached, not refused
+            c.produce(f"mine{i}", "k", "v")
+        over = c.request("PRODUCE", "mine3", "k:v")
+        assert over.code == "BAD_REQUEST" and "--max-partitions-per-principal" in over.message, over
+        assert c.request("ADMIN_CREATE_TOPIC", "one", "1").code == "BAD_REQUEST"
+        with KafkaClient("127.0.0.1", gw.port("kafka")) as k:  # the same address over Kafka
+            answer = k.call(19, 4, {"Topics": [{"Name": "kone", "NumPartitions": 1, "ReplicationFactor": 1,
+                                                "Assignments": [], "Configs": []}], "TimeoutMs": 5000})
+            assert answer.Topics[0].ErrorCode != 0
+        c.delete_topic("mine0")
+        c.request("ADMIN_CREATE_TOPIC", "one", "1").check()  # the deleted topic's partitions are free again
+    other = socket.create_connection(("127.0.0.1", gw.port("v1")), source_address=("127.0.0.2", 0))
+    other.sendall(b"V1|1|PRODUCE|theirs k:v\n")  # another anonymous client has a quota of its own
+    assert b"|OK|" in other.recv(4096)
+    other.close()
+    assert "created on first use by User:ANONYMOUS@127.0.0.2" in gw.log
 
 
 def test_pipelined_kafka_fetches_that_are_never_read_hold_a_bounded_amount(gateway_factory):

@@ -7,6 +7,7 @@ import struct
 import subprocess
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,8 @@ from gateway import model as m
 from gateway.adapter import CodecFactory
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codec import (
+    LOGIN_REFUSED,
+    LOGIN_TURN,
     Close,
     Handled,
     ListenerSettings,
@@ -166,9 +169,18 @@ def test_metadata_advertises_the_listener():
 
 def test_sasl_required_before_other_requests():
     conn = KafkaConnection(sasl_settings({"u": "p"}, require_auth=True))
-    conn.receive_data(request(18, 0, {}) + request(3, 1, {"Topics": None}))
-    first, second = events(conn)
-    assert isinstance(first, Reply) and isinstance(second, Close)
+    conn.receive_data(request(18, 0, {}) + request(3, 1, {"Topics": None}) + request(10, 3, {"Key": "g"}))
+    first, delay = events(conn)  # Metadata's answer has no error code: none, then the close after a delay
+    assert isinstance(first, Reply) and isinstance(delay, Timer) and delay.context == LOGIN_REFUSED
+    conn.timer(delay.context)
+    (close,) = events(conn)
+    assert isinstance(close, Close) and close.data == b""
+    refused = KafkaConnection(sasl_settings({"u": "p"}, require_auth=True))
+    refused.receive_data(request(10, 3, {"Key": "g"}))  # FindCoordinator's has one: ILLEGAL_SASL_STATE
+    (delay,) = events(refused)
+    refused.timer(delay.context)
+    (close,) = events(refused)
+    assert answer(10, 3, close.data)[1].ErrorCode == Errors.ILLEGAL_SASL_STATE
 
 
 def test_sasl_is_optional_unless_required():
@@ -286,6 +298,29 @@ def test_sasl_handshake_v0_raw_plain_token():
     bad.timer(timer.context)
     (close,) = events(bad)
     assert isinstance(close, Close)
+
+
+def test_a_guess_waits_for_its_turn_after_a_failure_on_another_connection():
+    """The login limits span connections (gateway.codec.authlimits): after a failure from an
+    address, a guess on another connection from it is not checked, nor anything after it read,
+    until the address's turn; then it is, and the right password gets in."""
+    now = [100.0]
+    settings = attrs.evolve(sasl_settings({"alice": "pw"}, require_auth=True), peer="10.0.0.1:1000",
+                            clock=lambda: now[0])
+    first, second = KafkaConnection(settings), KafkaConnection(attrs.evolve(settings, peer="10.0.0.1:1001"))
+    first.receive_data(request(17, 1, {"Mechanism": "PLAIN"}) + request(36, 1, {"AuthBytes": b"\x00alice\x00no"}))
+    refused = events(first)[-1]
+    assert isinstance(refused, Timer) and refused.seconds == pytest.approx(0.1)
+    second.receive_data(request(17, 1, {"Mechanism": "PLAIN"}) + request(36, 1, {"AuthBytes": b"\x00alice\x00pw"})
+                        + request(3, 1, {"Topics": None}))
+    handshake, turn = events(second)
+    assert isinstance(turn, Timer) and turn.context == LOGIN_TURN and turn.seconds == pytest.approx(0.1)
+    assert answer(17, 1, handshake.data)[1].ErrorCode == 0 and second.principal is None
+    now[0] += turn.seconds
+    second.timer(turn.context)
+    authenticated, metadata = events(second)
+    assert answer(36, 1, authenticated.data)[1].ErrorCode == 0 and isinstance(metadata, Request)
+    assert second.principal == "User:alice"
 
 
 @pytest.mark.parametrize(("name", "value", "allowed"), [

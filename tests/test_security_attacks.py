@@ -72,6 +72,7 @@ RUNTIME_USER, RUNTIME_PASSWORD = "runtime", "runt1me-Pw-Hd6w3"
 TIMEOUT = 15.0
 KAFKA_SCRAM = {"SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256, "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512}
 SASL_AUTHENTICATION_FAILED = 58
+ILLEGAL_SASL_STATE = 34
 TOPIC_AUTHORIZATION_FAILED = 29
 
 
@@ -336,9 +337,28 @@ def test_kafka_requests_before_sasl_close_the_connection_and_store_nothing(secur
             for allowed_api, allowed_version, allowed_body in allowed:
                 assert k.call(allowed_api, allowed_version, allowed_body).ErrorCode == 0, name
             k.send(api, version, body)
+            if api == 1:  # Fetch v11's answer has an error code: Kafka's refusal of a request out of the SASL sequence
+                assert k.receive(api, version)[1].ErrorCode == ILLEGAL_SASL_STATE, name
             assert closed_without_answer(k.sock), name
     assert stored(gw, topic) == ["kept"]
     assert not {ghost, meta_ghost} & topics(gw)
+
+
+def test_a_kafka_client_without_sasl_settings_hears_why_and_is_logged_once(secured):
+    """Issue 33, defect 11: a client without SASL settings was closed without a reason, reconnected
+    every 50 ms, and each attempt was logged. Now a request whose answer has an error code is
+    answered ILLEGAL_SASL_STATE (as Kafka answers a request out of the SASL sequence), the
+    connection closes after Kafka's failed-authentication delay, and the reason is logged once
+    per address (every 10 s), not once per attempt."""
+    gw = secured.gw
+    group = unique("nosasl-group")
+    for _ in range(20):
+        with KafkaClient("127.0.0.1", gw.port("kafka"), timeout=TIMEOUT) as k:
+            assert k.call(18, 3, {"ClientSoftwareName": "x", "ClientSoftwareVersion": "1"}).ErrorCode == 0
+            answer = k.call(10, 3, {"Key": group, "KeyType": 0})  # FindCoordinator, as a consumer's first request
+            assert answer.ErrorCode == ILLEGAL_SASL_STATE and "SASL" in answer.ErrorMessage
+            assert closed_without_answer(k.sock)
+    assert gw.log.count("FindCoordinator request before SASL authentication") == 1
 
 
 # --------------------------------------------------------------------------- 2. wrong passwords

@@ -131,3 +131,39 @@ def test_the_log_says_what_happened_in_json(tmp_path):
     assert re.search(r"group billing: generation \d+ \(server member m1\S* joined\)", text), text
     assert re.search(r"v1 127\.0\.0\.1:\d+: User:ANONYMOUS runs .*CreateTopic", text)  # DEBUG: the requests
     assert "Starting factory" not in text and "IPv4Address" not in text
+
+
+def tls_listeners(gw: GatewayProcess) -> list[str]:
+    """The codecs whose start banner says they speak TLS."""
+    return [line.split()[1] for line in gw.output if " listening on " in line and "(TLS);" in line]
+
+
+def test_tls_has_one_name_on_the_command_line_in_the_file_and_in_the_environment(tmp_path):
+    """``--tls``, ``tls = "all"`` (as packaging/polygate.toml writes it) and ``POLYGATE_TLS=all`` all
+    put the listeners behind TLS (the file's key used to be ``tls-codecs``, and the variable was ignored)."""
+    from tls_support import Pki
+
+    cert, key = Pki(tmp_path / "pki").issue("server")
+    files = ("--tls-cert", str(cert), "--tls-key", str(key))
+    config = tmp_path / "polygate.toml"
+    config.write_text('tls = "all"\n')
+    cases = {"flag": (("--tls", "all", *files), {}), "file": (("--config", str(config), *files), {}),
+             "environment": (files, {"POLYGATE_TLS": "all"})}
+    for how, (args, env) in cases.items():
+        gw = GatewayProcess(str(tmp_path / how), ("v1",), args, env=env).start()
+        try:
+            assert tls_listeners(gw) == ["v1"], (how, gw.log)
+        finally:
+            gw.stop()
+
+
+def test_an_environment_variable_that_names_no_option_is_warned_about(tmp_path):
+    gw = GatewayProcess(str(tmp_path / "d"), ("v1",), env={"POLYGATE_TLS_CODECS": "all", "POLYGATE_PASSWORD": "x"})
+    gw.start()
+    try:
+        with V1Client("127.0.0.1", gw.port("v1")) as c:
+            assert c.list_topics() == {}
+        assert "environment variable POLYGATE_TLS_CODECS names no option" in gw.log
+        assert "POLYGATE_PASSWORD names" not in gw.log  # the clients' password: known, not an option
+    finally:
+        gw.stop()

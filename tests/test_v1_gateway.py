@@ -143,6 +143,9 @@ def test_follower_role_blocks_produce_and_hides_data(client):
 
 
 def test_group_lifecycle(client):
+    assert client.request("JOIN", "g0", "events", "zed").check().fields["assigned"] == "[]"  # a join creates no topic
+    assert "events" not in client.list_topics()
+    client.create_topic("events", 3)
     j1 = client.request("JOIN", "g1", "events", "alice").check().fields
     assert j1 == {"generation": "2", "assigned": "[0 1 2]"}
     j2 = client.request("JOIN", "g1", "events", "bob").check().fields

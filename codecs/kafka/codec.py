@@ -13,7 +13,10 @@ body listing only ApiVersions' own range (docs/protocols/kafka.md). SASL is
 offered on every listener (against ``ListenerSettings.users``); when the
 listener requires authentication (``--require-auth kafka``) and the client
 has no principal from a TLS certificate, only ApiVersions, SaslHandshake and
-SaslAuthenticate are served until it has authenticated; anything else closes.
+SaslAuthenticate are served until it has authenticated; anything else is
+refused as Kafka refuses a request out of the SASL sequence, with
+ILLEGAL_SASL_STATE in its answer (if its answer has an error code), sent after
+Kafka's failed-authentication delay, then the connection closes.
 
 Only the parsing of a request (its header and body) can meet bad input: an
 exception there closes the connection as a malformed request. An exception in
@@ -103,7 +106,8 @@ class KafkaConnection(CodecConnection):
         if handler is None or message is None:
             return _close(f"unknown API key {api_key}")
         if self.anonymous_refused and api_key not in SASL_APIS:
-            return _close(f"{message.name} request before SASL authentication")
+            self._before_authentication(api_key, version, correlation_id)
+            return None
         low, high = VERSIONS[api_key]
         if not low <= version <= high:
             return Handled.answer(self._unsupported(api_key, version, correlation_id))
@@ -123,6 +127,7 @@ class KafkaConnection(CodecConnection):
         """SaslHandshake v0: a raw token answered by a raw token; failure closes (after its delay)."""
         exchange = self.sasl_exchange
         assert exchange is not None  # raw SASL follows its handshake, which started the exchange
+        self.wait_for_login_turn(exchange.claimed_user(token))
         try:
             answer = exchange.step(token)
         except sasl.AuthFailed:
@@ -137,6 +142,23 @@ class KafkaConnection(CodecConnection):
         self.principal = f"User:{user}"
         self.sasl_raw = False
         self.framer.max_frame_size = self.settings.max_frame_size
+
+    def _before_authentication(self, api_key: int, version: int, correlation_id: int) -> None:
+        """A request other than ApiVersions and SASL's on a listener that requires SASL, from a
+        client that has not authenticated (one without SASL settings, as a rule): refused with
+        ILLEGAL_SASL_STATE, as Kafka refuses a request out of the SASL sequence
+        (``IllegalSaslStateException``), where its answer has an error code (an answer without one
+        could only say nothing), then closed after the failed-authentication delay
+        (``refuse_unauthenticated``), so that a client that reconnects at once is slowed."""
+        message = schema.MESSAGES[api_key]
+        low, high = VERSIONS[api_key]
+        answer = b""
+        if low <= version <= high and any(name == "ErrorCode" for name, _, _ in message.response(version).fields):
+            answer = _frame(api_key, version, correlation_id, {
+                "ErrorCode": Errors.ILLEGAL_SASL_STATE,
+                "ErrorMessage": "this listener requires SASL authentication (SaslHandshake, SaslAuthenticate)"})
+        self.refuse_unauthenticated(answer, f"{message.name} request before SASL authentication, on a listener "
+                                            "that requires it: the client has no SASL settings?")
 
     def _unsupported(self, api_key: int, version: int, correlation_id: int) -> bytes:
         message = schema.MESSAGES[api_key]

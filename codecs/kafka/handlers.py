@@ -766,6 +766,7 @@ def sasl_authenticate(conn: KafkaConnection, version: int, req: Any, frame: Fram
     exchange = conn.sasl_exchange
     if exchange is None:
         return Handled.answer(frame({"ErrorCode": Errors.ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"}))
+    conn.wait_for_login_turn(exchange.claimed_user(req.AuthBytes))
     try:
         token = exchange.step(req.AuthBytes)
     except sasl.AuthFailed as e:  # answered late, then the connection closes (as Kafka does)

@@ -14,8 +14,10 @@ user's), the failure coming at the proof. One exchange per connection: a
 client-final message replayed on the same connection, or on another (whose
 server nonce differs), fails. On a listener that requires SASL, before authentication frames are
 capped at ``MAX_FRAME_BEFORE_AUTH`` (Kafka's ``sasl.server.max.receive.size``),
-and a failure is answered after a delay that grows per client address
-(``CodecConnection.refuse_login``), then the connection is closed.
+each step waits for its turn under the login limits of the client's address and of
+the user it names (``CodecConnection.wait_for_login_turn``), and a failure is answered
+after a delay that grows with them (``CodecConnection.refuse_login``), then the
+connection is closed.
 """
 
 from __future__ import annotations
@@ -80,6 +82,19 @@ class Exchange:
         self.user = ""
         self._state: tuple | None = None
 
+    def claimed_user(self, token: bytes) -> str | None:
+        """The user the step of ``token`` names before it checks anything (a PLAIN message's,
+        a SCRAM exchange's), for the login limits; ``None`` for a bearer token."""
+        if self.mechanism == "PLAIN":
+            parts = token.split(b"\x00")
+            return parts[1].decode("utf-8", "replace") if len(parts) == 3 else ""
+        if self.mechanism in _HASHES:
+            if self._state is not None:
+                return self._state[0]
+            first = _client_first(token)
+            return "" if first is None else first[2]
+        return None
+
     def step(self, token: bytes) -> bytes:
         if self.done or not self.mechanism:
             raise AuthFailed("already authenticated" if self.done else "the SCRAM exchange is over")
@@ -121,15 +136,10 @@ class Exchange:
         return b""
 
     def _scram_first(self, token: bytes) -> bytes:
-        text = token.decode("utf-8", "replace")
-        gs2, _, bare = text.partition(",")
-        authzid, _, bare = bare.partition(",")
-        if gs2 not in ("n", "y") or not bare:
+        first = _client_first(token)
+        if first is None or "r" not in first[1]:
             raise AuthFailed("malformed SCRAM client-first message")
-        attrs = _attributes(bare)
-        user = attrs.get("n", "").replace("=2C", ",").replace("=3D", "=")
-        if "r" not in attrs:
-            raise AuthFailed("malformed SCRAM client-first message")
+        bare, attrs, user = first
         cred = self.config.scram_credential(self.mechanism, user)  # unknown users too
         nonce = attrs["r"] + base64.b64encode(os.urandom(18)).decode()
         server_first = f"r={nonce},s={base64.b64encode(cred.salt).decode()},i={cred.iterations}"
@@ -162,6 +172,17 @@ class Exchange:
         self.user = user
         self.done = True
         return b"v=" + base64.b64encode(hmac.new(cred.server_key, auth_message, digest).digest())
+
+
+def _client_first(token: bytes) -> tuple[str, dict[str, str], str] | None:
+    """A SCRAM client-first message's bare part, its attributes and the user it names; None if
+    it is not one."""
+    gs2, _, rest = token.decode("utf-8", "replace").partition(",")
+    _authzid, _, bare = rest.partition(",")
+    if gs2 not in ("n", "y") or not bare:
+        return None
+    attrs = _attributes(bare)
+    return bare, attrs, attrs.get("n", "").replace("=2C", ",").replace("=3D", "=")
 
 
 def _attributes(text: str) -> dict[str, str]:

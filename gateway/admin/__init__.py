@@ -125,14 +125,15 @@ class AdminServer:
         self.site = _QuietSite(self.root, gate)
         self.port: Any = None
 
-    def listen(self, host: str, port: int) -> tuple[str, int]:
-        """Bind; the bound ``(host, port)``. Raises ``AdminError`` if the address is taken."""
+    def listen(self, host: str, port: int, backlog: int) -> tuple[str, int]:
+        """Bind, with a queue of ``backlog`` connections not yet accepted; the bound ``(host, port)``.
+        Raises ``AdminError`` if the address is taken."""
         served: Any = self.site
         if self.access.tls:
             assert self.gateway.tls is not None  # the gateway made it for --admin-tls
             served = self.gateway.tls.wrap(self.site)
         try:
-            self.port = self.reactor.listenTCP(port, served, interface=host)
+            self.port = self.reactor.listenTCP(port, served, backlog=backlog, interface=host)
         except net_error.CannotListenError as e:
             reason = getattr(e.socketError, "strerror", None) or str(e.socketError)
             raise AdminError(f"--admin {host}:{port}: cannot listen: {reason} (give another "

@@ -64,6 +64,7 @@ class BrokerConfig:
     housekeeping_ms: int = 1000
     conversion_cache_bytes: int = 64 << 20
     auto_create_topics: bool = True
+    max_partitions_per_principal: int = 0  # partitions one principal may create (``topics.Creations``); 0: no limit
     group_session_timeout_ms: int = 10_000
     cleaner_interval_ms: int = 15_000  # how often the log cleaner looks for a partition to compact
 
@@ -83,6 +84,9 @@ class Broker:
                        if store.syncs and self.config.fsync.mode == "always" else None)
         self.cache = MeteredConversionCache(self.config.conversion_cache_bytes)
         self.listeners: tuple[tuple[str, str, int], ...] = ()
+        # Who the commands being run are run for: set by ``run_many`` and ``execute`` for the
+        # synchronous part of their run, where creations are checked against the quota.
+        self.caller = ANYONE_UNKNOWN
         self._loops: list[task.LoopingCall] = []
         self.topics = Topics(self)
         self.producer = Producer(self)
@@ -197,9 +201,13 @@ class Broker:
         """The results of ``commands`` run for ``caller`` (anonymous if ``None``): with
         ACLs on (``access``), what the caller may do (``gateway.broker.access``); without,
         ``run_many_unchecked(commands)``."""
-        if self.access is not None:
-            return self.access.run_many(commands, caller or ANYONE_UNKNOWN)
-        return self.run_many_unchecked(commands)
+        previous, self.caller = self.caller, caller or ANYONE_UNKNOWN  # (a result may run another's commands)
+        try:
+            if self.access is not None:
+                return self.access.run_many(commands, self.caller)
+            return self.run_many_unchecked(commands)
+        finally:
+            self.caller = previous
 
     def run_many_unchecked(self, commands: Sequence[Any]) -> list[Any]:
         """``[run(c) for c in commands]``, except that consecutive produces that may
@@ -225,9 +233,13 @@ class Broker:
 
     def execute(self, command: Any, caller: m.Caller | None = None) -> defer.Deferred:
         """Run ``command`` for ``caller`` (as ``run_many``); the Deferred fires with its result."""
-        if self.access is not None:
-            return defer.maybeDeferred(self.access.run, command, caller or ANYONE_UNKNOWN)
-        return defer.maybeDeferred(self.run, command)
+        previous, self.caller = self.caller, caller or ANYONE_UNKNOWN
+        try:
+            if self.access is not None:
+                return defer.maybeDeferred(self.access.run, command, self.caller)
+            return defer.maybeDeferred(self.run, command)
+        finally:
+            self.caller = previous
 
     # ------------------------------------------------------------------ producer ids
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import attrs
-from twisted.internet import defer
 
 from gateway import model as m
 from gateway.broker.calls import errors_as, refusal, then
@@ -65,10 +64,7 @@ class Groups:
         else:
             if not cmd.session_timeout_ms:
                 cmd = attrs.evolve(cmd, session_timeout_ms=self.broker.config.group_session_timeout_ms)
-            ensured = [self.broker.topics.ensure(t, True) for t in cmd.topics]
-            waits = [d for d in ensured if isinstance(d, defer.Deferred)]
-            joined: defer.Deferred | None = defer.gatherResults(waits, consumeErrors=True) if waits else None
-            result = then(joined, lambda _: self.store.join_group(cmd))
+            result = self.store.join_group(cmd)  # a join never creates the topics it names
         durable: MayWait[m.JoinGroupResult] = then(result, self._durable)
         return then(durable, lambda r: self._joined(cmd, r))
 

@@ -1,4 +1,5 @@
-"""Topic commands and admin: create, delete, add partitions, list; server info."""
+"""Topic commands and admin: create, delete, add partitions, list; server info; and the
+partitions each principal created (``Creations``, ``--max-partitions-per-principal``)."""
 
 from __future__ import annotations
 
@@ -20,38 +21,106 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class Creations:
+    """The partitions each principal created, against its quota (``limit``, 0: none).
+
+    Only a produce to a missing topic (V1, MQTT; Kafka's producers through a Metadata request
+    that allows it, as in Kafka), CreateTopic and CreatePartitions create; a subscription, a
+    consume or a group join never does. A principal is its
+    name, and an anonymous caller its name and address (anonymous clients are not one
+    client). A creation is refused when the principal's partitions and the new ones would
+    pass the quota (a topic created by a produce, whose partitions are the store's default,
+    once they reached it); what it created is charged once created, and refunded when the
+    topic is deleted. Kept in memory: after a restart the count starts over, from the partitions
+    created since (so a restart never refuses less than before)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used: dict[str, int] = {}
+        self._charged: dict[str, dict[str, int]] = {}  # topic -> {principal: its partitions}
+
+    @staticmethod
+    def principal(caller: m.Caller) -> str:
+        return f"{caller.principal}@{caller.host}" if caller.principal == m.ANONYMOUS else caller.principal
+
+    def check(self, caller: m.Caller, partitions: int) -> None:
+        """Raise ``INVALID_REQUEST`` if ``caller`` may not create ``partitions`` more."""
+        who = self.principal(caller)
+        used = self.used.get(who, 0)
+        if self.limit and used + partitions > self.limit:
+            raise CommandError(ErrorCode.INVALID_REQUEST,
+                               f"{who} created {used} partitions: creating {partitions} more would pass its quota "
+                               f"of {self.limit} (--max-partitions-per-principal)")
+
+    def charge(self, caller: m.Caller, topic: str, partitions: int) -> None:
+        who = self.principal(caller)
+        self.used[who] = self.used.get(who, 0) + partitions
+        charged = self._charged.setdefault(topic, {})
+        charged[who] = charged.get(who, 0) + partitions
+
+    def refund(self, topic: str) -> None:
+        """``topic`` is deleted: its partitions count for nobody any more."""
+        for who, partitions in self._charged.pop(topic, {}).items():
+            left = self.used.get(who, 0) - partitions
+            if left > 0:
+                self.used[who] = left
+            else:
+                self.used.pop(who, None)
+
+
 class Topics:
     def __init__(self, broker: Broker):
         self.broker = broker
         self.store = broker.store
+        self.creations = Creations(broker.config.max_partitions_per_principal)
 
     def ensure(self, topic: str, auto_create: bool) -> Any:
         """Create ``topic`` with the default partition count when it is missing, the
-        command asks for it and the broker allows it: None, or a Deferred of the creation.
+        command asks for it and the broker allows it, within the caller's quota
+        (``Creations``): None, or a Deferred of the creation.
 
         A topic someone else created meanwhile (another gateway on the same
         cluster) counts as created."""
         if auto_create and self.broker.config.auto_create_topics and not self.store.has_topic(topic):
-            log.info("topic %s: created on first use", topic)
-            created = self.store.create_topic(topic)
+            caller = self.broker.caller
+            self.creations.check(caller, 1)
+            log.info("topic %s: created on first use by %s", topic, Creations.principal(caller))
+            created = then(self.store.create_topic(topic), lambda info: self._charge(caller, info))
             if isinstance(created, defer.Deferred):
                 return created.addErrback(_exists_is_enough)
             return created
         return None
 
+    def _charge(self, caller: m.Caller, info: m.TopicInfo) -> m.TopicInfo:
+        self.creations.charge(caller, info.topic, len(info.partitions))
+        return info
+
     @errors_as(m.CreateTopicResult, "topic")
     def create(self, cmd: m.CreateTopic) -> MayWait[m.CreateTopicResult]:
+        caller = self.broker.caller
         if cmd.if_not_exists and self.store.has_topic(cmd.topic):
             existing = self.store.describe_topic(cmd.topic)
             if cmd.partitions and cmd.partitions > len(existing.partitions):
-                return then(self.store.add_partitions(cmd.topic, cmd.partitions), self._created)
+                return self._grow(caller, cmd.topic, len(existing.partitions), cmd.partitions, self._created)
             return self._created(existing)
+        self.creations.check(caller, cmd.partitions or 1)
 
         def created(info: m.TopicInfo) -> MayWait[m.CreateTopicResult]:
-            log.info("topic %s: created with %d partitions", info.topic, len(info.partitions))
-            return self._created(info)
+            log.info("topic %s: created with %d partitions by %s", info.topic, len(info.partitions),
+                     Creations.principal(caller))
+            return self._created(self._charge(caller, info))
 
         return then(self.store.create_topic(cmd.topic, cmd.partitions, cmd.config), created)
+
+    def _grow(self, caller: m.Caller, topic: str, had: int, total: int, done: Any) -> Any:
+        """Grow ``topic`` from ``had`` to ``total`` partitions, within the caller's quota; ``done(info)``."""
+        self.creations.check(caller, total - had)
+
+        def grown(info: m.TopicInfo) -> Any:
+            self.creations.charge(caller, topic, len(info.partitions) - had)
+            return done(info)
+
+        return then(self.store.add_partitions(topic, total), grown)
 
     def _created(self, info: m.TopicInfo) -> MayWait[m.CreateTopicResult]:
         return self.broker.durable(m.CreateTopicResult(info.topic, len(info.partitions), config=info.config))
@@ -60,6 +129,7 @@ class Topics:
     def delete(self, cmd: m.DeleteTopic) -> MayWait[m.DeleteTopicResult]:
         def deleted(_: None) -> MayWait[m.DeleteTopicResult]:
             log.info("topic %s: deleted", cmd.topic)
+            self.creations.refund(cmd.topic)
             self.broker.cache.clear()
             return self.broker.durable(m.DeleteTopicResult(cmd.topic))
 
@@ -67,8 +137,9 @@ class Topics:
 
     @errors_as(m.CreatePartitionsResult, "topic")
     def create_partitions(self, cmd: m.CreatePartitions) -> MayWait[m.CreatePartitionsResult]:
-        return then(self.store.add_partitions(cmd.topic, cmd.count),
-                    lambda _: self.broker.durable(m.CreatePartitionsResult(cmd.topic)))
+        had = self.store.partition_count(cmd.topic)
+        return self._grow(self.broker.caller, cmd.topic, had, max(cmd.count, had),
+                          lambda _: self.broker.durable(m.CreatePartitionsResult(cmd.topic)))
 
     @errors_as(m.DeleteRecordsResult, "topic", "partition")
     def delete_records(self, cmd: m.DeleteRecords) -> MayWait[m.DeleteRecordsResult]:

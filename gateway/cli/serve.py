@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import signal
 import sys
@@ -35,6 +36,8 @@ from gateway.storage.engine import DataDirFormatError, EngineConfig
 
 ADMIN = "admin"
 """The admin listener's name in ``--require-auth`` (beside the codecs'; ``all`` names it too)."""
+
+log = logging.getLogger(__name__)
 
 
 def _split_kv(values: tuple[str, ...], what: str) -> dict[str, str]:
@@ -161,6 +164,9 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
               help="Partitions of all topics (default: half the descriptor limit, 3 per partition).")
 @click.option("--max-partitions-per-topic", default=0, type=int,
               help="Partitions of one topic (default: --max-partitions, at most 10,000).")
+@click.option("--max-partitions-per-principal", default=0, type=click.IntRange(0),
+              help="Partitions one principal may create, an anonymous client per address (default: a quarter "
+                   "of --max-partitions; with --storage kafka://, no limit).")
 @click.option("--file-mode", default="0600", show_default=True, callback=lambda ctx, param, v: _octal_mode(v),
               help="Mode of the data files (octal); directories get the matching search bits (0600: 0700).")
 @click.option("--retention-bytes", default=None, type=int, help="Per-partition size limit (default: none).")
@@ -169,6 +175,9 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
               help="Connections per listener (default: half the descriptor limit, shared by the listeners).")
 @click.option("--max-connections-per-peer", default=0, type=int,
               help="Connections per listener from one address (default: a quarter of --max-connections).")
+@click.option("--listen-backlog", default=1024, show_default=True, type=click.IntRange(1),
+              help="Connections each listener (the admin one too) queues before accepting them; the "
+                   "kernel's somaxconn caps it.")
 @click.option("--idle-timeout", default=600.0, show_default=True, type=float,
               help="Seconds a connection may send nothing with nothing in flight (0: never closed for it).")
 @click.option("--frame-timeout", default=60.0, show_default=True, type=float,
@@ -193,7 +202,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--cluster-max-members", default=256, show_default=True, type=click.IntRange(min=1),
               help="Members of the cluster's groups the gateway keeps at once, each a librdkafka consumer "
                    "(4 threads or more): one per group of V1 and Cursus members, one per Kafka client's member.")
-@click.option("--tls", "tls_codecs", default="", metavar="CODEC[,CODEC...]|all",
+@click.option("--tls", default="", metavar="CODEC[,CODEC...]|all",
               help="Listeners that speak TLS (Twisted over pyOpenSSL); needs --tls-cert and --tls-key.")
 @click.option("--tls-cert", default=None, metavar="FILE", help="The server certificate, then its chain (PEM).")
 @click.option("--tls-key", default=None, metavar="FILE", help="The certificate's private key (PEM).")
@@ -225,10 +234,10 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, 
           codec_option, fsync,
           default_partitions, replication_factor, min_insync_replicas, replica_lag_timeout_ms,
           ack_timeout_ms, group_session_timeout_ms, cleaner_interval_ms, segment_bytes, max_topics, max_partitions,
-          max_partitions_per_topic, file_mode, retention_bytes, retention_ms,
-          max_connections, max_connections_per_peer, idle_timeout, frame_timeout, max_answer_bytes,
+          max_partitions_per_topic, max_partitions_per_principal, file_mode, retention_bytes, retention_ms,
+          max_connections, max_connections_per_peer, listen_backlog, idle_timeout, frame_timeout, max_answer_bytes,
           send_buffer_bytes, push_stall_timeout, storage, cluster_option, cluster_client_id, cluster_prefix,
-          cluster_timeout_ms, cluster_max_members, tls_codecs, tls_cert, tls_key, tls_ca, tls_client_auth, users_file,
+          cluster_timeout_ms, cluster_max_members, tls, tls_cert, tls_key, tls_ca, tls_client_auth, users_file,
           require_auth, authorizer, super_users, oauth_issuer, oauth_jwks, oauth_audience, oauth_principal_claim,
           log_level, log_format, log_file) -> None:
     """Serve the given protocols from one storage engine.
@@ -244,6 +253,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, 
     except OSError as e:
         _refuse(f"--log-file: {e}")
     twisted_log.PythonLoggingObserver().start()
+    _warn_unknown_environment()
     if data_dir is not None and not data_dir.strip():
         _refuse("--data-dir is empty (leave it out for the default)")
     registry = Registry.discover()
@@ -287,13 +297,13 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, 
             tokens = BearerTokens(oauth_issuer, oauth_jwks, oauth_audience, oauth_principal_claim)
         except ValueError as e:
             _refuse(f"--oauth-jwks: {e}")
-    tls_names = _codec_list(tls_codecs, names, "--tls")
-    tls = None
+    tls_names = _codec_list(tls, names, "--tls")
+    tls_config = None
     if tls_names or tls_cert or tls_key:
         if not (tls_cert and tls_key):
             _refuse("--tls needs --tls-cert and --tls-key")
         try:
-            tls = TlsConfig(tls_cert, tls_key, tls_ca, tls_client_auth)
+            tls_config = TlsConfig(tls_cert, tls_key, tls_ca, tls_client_auth)
         except ValueError as e:
             _refuse(f"--tls-client-auth: {e}")
     listeners = []
@@ -336,19 +346,21 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, 
                      file_mode=file_mode, max_topics=max_topics, max_partitions=max_partitions,
                      max_partitions_per_topic=max_partitions_per_topic),
         BrokerConfig(ack_timeout_ms=ack_timeout_ms, fsync=policy, group_session_timeout_ms=group_session_timeout_ms,
-                     cleaner_interval_ms=cleaner_interval_ms),
+                     cleaner_interval_ms=cleaner_interval_ms,
+                     max_partitions_per_principal=max_partitions_per_principal),
         ConnectionLimits(max_connections=max_connections, max_per_peer=max_connections_per_peer,
                          idle_timeout_s=idle_timeout or None, frame_timeout_s=frame_timeout or None,
                          max_answer_bytes=max_answer_bytes, send_buffer_bytes=send_buffer_bytes,
                          push_stall_timeout_s=push_stall_timeout or None),
         cluster,
-        tls,
+        tls_config,
         users,
         acls,
         required,
         tokens,
         admin=admin_address,
         admin_access=admin_access,
+        backlog=listen_backlog,
     )
     try:
         bound = gateway.start()
@@ -380,6 +392,21 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, 
     reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
     reactor.run()
     click.echo("polygate: stopped")
+
+
+# The variables of the gateway that name no ``serve`` option: the clients' password, the CLI's
+# debug output, the switch to the Python twins of the C extensions.
+OTHER_VARIABLES = frozenset({"POLYGATE_PASSWORD", "POLYGATE_DEBUG", "POLYGATE_NO_EXTENSIONS"})
+
+
+def _warn_unknown_environment() -> None:
+    """Warn about each ``POLYGATE_*`` variable that names no option (a misspelt one would
+    otherwise be ignored without a word, and its setting not applied)."""
+    known = {p.envvar for p in serve.params} | OTHER_VARIABLES
+    for name in sorted(os.environ):
+        if name.startswith("POLYGATE_") and name not in known:
+            log.warning("environment variable %s names no option of gateway serve: ignored (options: %s)", name,
+                        ", ".join(sorted(str(p.envvar) for p in serve.params)))
 
 
 def _served_only(codecs: Iterable[str], names: list[str], option: str) -> None:
@@ -469,5 +496,4 @@ def _tune_allocator() -> None:
 
 
 for _param in serve.params:  # every serve option from the environment too: POLYGATE_DATA_DIR, ...
-    if _param.name != "config":
-        _param.envvar = f"POLYGATE_{_param.name.upper()}"
+    _param.envvar = f"POLYGATE_{(_param.name or '').upper()}"

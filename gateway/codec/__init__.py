@@ -41,9 +41,10 @@ Protocols, ``CodecConnection``), ``formats`` (``BatchFormat`` and its capabiliti
 Kafka's names) and ``testing`` (the conformance mixin).
 """
 
+from gateway.codec.authlimits import LoginLimits
 from gateway.codec.connection import (
-    FAILED_LOGINS,
     LOGIN_REFUSED,
+    LOGIN_TURN,
     RUN_MAX,
     Acknowledgement,
     Close,
@@ -96,11 +97,12 @@ __all__ = [
     "Connection",
     "Credentials",
     "Event",
-    "FAILED_LOGINS",
     "Framer",
     "Handled",
     "LOGIN_REFUSED",
+    "LOGIN_TURN",
     "LeaderEpochFormat",
+    "LoginLimits",
     "ListenerSettings",
     "ONE_RECORD",
     "Option",

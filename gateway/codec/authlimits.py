@@ -1,30 +1,52 @@
-"""Limits on failed authentication, for any codec that authenticates its clients (sans-IO).
+"""Limits on password guessing, for any codec that authenticates its clients (sans-IO).
 
-A client that fails to authenticate is answered late and then disconnected, as
-Kafka does (``connection.failed.authentication.delay.ms``), and the delay grows
-with the failures seen from the same address: a guesser gets one guess per
-connection, and the connections of one address get slower and slower
-(``FailedAuthentications.delay``). The codec keeps one ``FailedAuthentications``
-per listener, arms a ``Timer`` for the delay, holds every later frame, and closes
-with its failure answer when the timer fires.
+Failed logins are counted per client address and per user name, across the connections
+and listeners of the gateway (one ``LoginLimits`` for all, ``ListenerSettings.logins``),
+in bounded memory. Each failure sets when the next guess from that address, or for that
+user, may be checked: the first failure 0.1 s later, doubling with each further one up to
+5 s; an address or user quiet for 5 minutes starts over. A guess that comes earlier, on
+any connection, waits before it is checked (``CodecConnection.wait_for_login_turn``, which
+stops reading the connection meanwhile), so parallel connections guess no faster than one;
+and a failure is answered after its delay, then the connection closes, as Kafka does with
+``connection.failed.authentication.delay.ms``. So at most 5 guesses in the first 3 s, then
+one every 5 s, from one address, whatever the number of connections or protocols.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 
 BASE_DELAY_S = 0.1
 MAX_DELAY_S = 5.0
 FORGET_AFTER_S = 300.0
-MAX_ADDRESSES = 10_000
+MAX_REMEMBERED = 10_000  # addresses, and user names apart: names a guesser makes up evict no address
 
 
-class FailedAuthentications:
-    """Recent authentication failures per client address (at most ``MAX_ADDRESSES`` remembered).
+class _Failures:
+    """Failures per key (an address, or a user name), the ``MAX_REMEMBERED`` most recent:
+    ``(count, when the last one was, when the next guess may be checked)``."""
 
-    ``delay(address, now)`` records one failure and returns how long to wait before
-    answering it: ``BASE_DELAY_S`` for the first failure from an address, doubling with
-    each further one up to ``MAX_DELAY_S``; an address quiet for ``FORGET_AFTER_S`` starts over.
+    def __init__(self) -> None:
+        self.by_key: collections.OrderedDict[str, tuple[int, float, float]] = collections.OrderedDict()
+
+    def state(self, key: str, now: float, forget_after_s: float) -> tuple[int, float, float]:
+        count, last, turn = self.by_key.get(key, (0, now, now))
+        return (0, now, now) if now - last > forget_after_s else (count, last, turn)
+
+    def record(self, key: str, count: int, now: float, turn: float) -> None:
+        self.by_key.pop(key, None)
+        self.by_key[key] = (count, now, turn)
+        while len(self.by_key) > MAX_REMEMBERED:
+            self.by_key.popitem(last=False)
+
+
+class LoginLimits:
+    """Failed logins per address and per user (see the module docstring).
+
+    ``wait(address, user, now)``: how long a guess must wait before it is checked (0: now);
+    ``failed(address, user, now)``: record a failure, and how long to wait before answering
+    it. ``user`` is ``None`` where the guess names no user before it is checked (a bearer token).
     """
 
     def __init__(self, base_s: float = BASE_DELAY_S, max_s: float = MAX_DELAY_S,
@@ -32,17 +54,27 @@ class FailedAuthentications:
         self.base_s = base_s
         self.max_s = max_s
         self.forget_after_s = forget_after_s
-        self._failures: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()
+        self._addresses = _Failures()
+        self._users = _Failures()
 
-    def delay(self, address: str, now: float) -> float:
-        count, last = self._failures.pop(address, (0, now))
-        if now - last > self.forget_after_s:
-            count = 0
-        count += 1
-        self._failures[address] = (count, now)
-        while len(self._failures) > MAX_ADDRESSES:
-            self._failures.popitem(last=False)
-        return min(self.max_s, self.base_s * 2 ** (count - 1))
+    def _keyed(self, address: str, user: str | None) -> Iterable[tuple[_Failures, str]]:
+        yield self._addresses, address
+        if user is not None:
+            yield self._users, user
+
+    def wait(self, address: str, user: str | None, now: float) -> float:
+        return max(max(failures.state(key, now, self.forget_after_s)[2] - now, 0.0)
+                   for failures, key in self._keyed(address, user))
+
+    def failed(self, address: str, user: str | None, now: float) -> float:
+        delay = 0.0
+        for failures, key in self._keyed(address, user):
+            count = failures.state(key, now, self.forget_after_s)[0] + 1
+            this = min(self.max_s, self.base_s * 2 ** (count - 1))
+            failures.record(key, count, now, now + this)
+            delay = max(delay, this)
+        return delay
 
     def failures(self, address: str) -> int:
-        return self._failures.get(address, (0, 0.0))[0]
+        """The failures remembered from ``address``."""
+        return self._addresses.by_key.get(address, (0, 0.0, 0.0))[0]

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Protocol
 
 import attrs
 
-from gateway.codec.authlimits import FailedAuthentications
+from gateway.codec.authlimits import BASE_DELAY_S, LoginLimits
 from gateway.codec.framing import (
     FrameTooLarge,
     LengthPrefixedFramer,
@@ -23,8 +23,19 @@ from gateway.codec.framing import (
 from gateway.model import EMPTY, Fetch, ScramCredential
 
 Framer = LengthPrefixedFramer | LineFramer
-FAILED_LOGINS = FailedAuthentications()  # every listener's, per client address
 LOGIN_REFUSED = "login refused"  # the context of the Timer that answers a failed authentication
+LOGIN_TURN = "login turn"  # the context of the Timer after which a guess that waited is checked
+
+
+class LoginDeferred(Exception):
+    """Raised by ``CodecConnection.wait_for_login_turn`` (through ``authenticate``) out of
+    ``handle_frame``: the frame's guess may not be checked for ``seconds``. The connection
+    keeps the frame and handles it again then; a handler that checks a login therefore
+    changes nothing before the check."""
+
+    def __init__(self, seconds: float):
+        super().__init__(seconds)
+        self.seconds = seconds
 
 
 @attrs.frozen
@@ -41,6 +52,8 @@ class ListenerSettings:
     ``require_auth`` refuses clients that do not authenticate
     (``--require-auth``), each codec in its protocol's form; ``tokens``
     verifies OAuth bearer tokens (``--oauth-issuer``), if configured.
+    ``logins`` counts failed logins per address and user (``gateway.codec.authlimits``): the
+    gateway gives every listener the same one, so that guesses over several protocols add up.
     """
 
     max_frame_size: int
@@ -52,6 +65,7 @@ class ListenerSettings:
     users: Credentials | None = None
     require_auth: bool = False
     tokens: Tokens | None = None
+    logins: LoginLimits = attrs.field(factory=LoginLimits)
 
 
 class Tokens(Protocol):
@@ -336,6 +350,9 @@ class CodecConnection(PushConnection, TimerConnection):
         self.closed = False
         self.principal: str | None = None  # see ``Connection.principal``
         self.login_refused: tuple[bytes, str] | None = None  # see ``refuse_login``
+        self.login_user: str | None = None  # the user the guess being checked names (``wait_for_login_turn``)
+        self._deferred: tuple[bytes, bytes] | None = None  # a frame whose guess waits for its turn
+        self._awaiting_turn = False
 
     @property
     def anonymous_refused(self) -> bool:
@@ -343,17 +360,39 @@ class CodecConnection(PushConnection, TimerConnection):
         has not authenticated yet: the codec answers in its protocol's own form."""
         return self.settings.require_auth and self.principal is None
 
+    def wait_for_login_turn(self, user: str | None) -> None:
+        """Called before a guess (a password, a SCRAM message, a token) is checked, with the user
+        it names (``None`` if it names none before the check). Raises ``LoginDeferred`` while
+        failures from this client's address, or for that user, on any connection, leave the
+        guess to wait (``gateway.codec.authlimits``): the frame is handled again once it may."""
+        limits, address = self.settings.logins, self.settings.peer.rpartition(":")[0]
+        wait = limits.wait(address, user, self.settings.clock())
+        if wait > 0:
+            raise LoginDeferred(wait)
+        self.login_user = user
+
     def refuse_login(self, answer: bytes, reason: str) -> None:
         """A failed authentication: nothing more is read, and ``answer`` goes out after a
-        delay that grows with the failures from the client's address (``gateway.codec.authlimits``,
-        as Kafka's ``connection.failed.authentication.delay.ms``); then the connection closes."""
+        delay that grows with the failures from the client's address and for the user its
+        guess named (``gateway.codec.authlimits``, as Kafka's
+        ``connection.failed.authentication.delay.ms``); then the connection closes."""
         self.login_refused = (answer, reason)
-        delay = FAILED_LOGINS.delay(self.settings.peer.rpartition(":")[0], self.settings.clock())
+        delay = self.settings.logins.failed(self.settings.peer.rpartition(":")[0], self.login_user,
+                                            self.settings.clock())
         self.emit(Timer(seconds=delay, context=LOGIN_REFUSED))
 
+    def refuse_unauthenticated(self, answer: bytes, reason: str) -> None:
+        """A request that needs authentication from a client that has not tried to (a Kafka client
+        without SASL settings): nothing more is read, and ``answer`` goes out after the first
+        failure's delay, then the connection closes. Not a guess: the login limits are untouched,
+        but a client that reconnects at once is slowed."""
+        self.login_refused = (answer, reason)
+        self.emit(Timer(seconds=BASE_DELAY_S, context=LOGIN_REFUSED))
+
     def authenticate(self, user: str, password: str) -> bool:
-        """Check ``user``'s ``password`` against the user store; on success the connection's
-        principal becomes ``User:<user>``."""
+        """Check ``user``'s ``password`` against the user store, once it is this guess's turn
+        (``wait_for_login_turn``); on success the connection's principal becomes ``User:<user>``."""
+        self.wait_for_login_turn(user)
         if self.settings.users is None or not self.settings.users.verify_password(user, password):
             return False
         self.principal = f"User:{user}"
@@ -391,6 +430,9 @@ class CodecConnection(PushConnection, TimerConnection):
         """A codec with timers of its own overrides this and passes other contexts up."""
         if context == LOGIN_REFUSED and self.login_refused is not None:
             self.emit(Close(*self.login_refused))
+            return
+        if context == LOGIN_TURN:
+            self._awaiting_turn = False  # the frame that waited is handled again (``_next_frame``)
             return
         raise NotImplementedError(f"{type(self).__name__} emitted a Timer but has no timer()")
 
@@ -448,7 +490,10 @@ class CodecConnection(PushConnection, TimerConnection):
                 if events:
                     break
                 return None
-            handled = self.handle_frame(*frame)
+            try:
+                handled = self.handle_frame(*frame)
+            except LoginDeferred as e:
+                handled = self._defer(frame, e)
             if type(handled) is Handled and handled.render is not None and not handled.hold:
                 if handled.joins:
                     return self._run(handled)
@@ -456,9 +501,20 @@ class CodecConnection(PushConnection, TimerConnection):
             self.emit(handled)
         return events.popleft()
 
+    def _defer(self, frame: tuple[bytes, bytes], deferred: LoginDeferred) -> Timer:
+        """``frame``'s guess waits for its turn: no frame is taken until the ``LOGIN_TURN`` timer,
+        then ``frame`` is handled again first."""
+        self._deferred, self._awaiting_turn = frame, True
+        return Timer(deferred.seconds, LOGIN_TURN)
+
     def _next_frame(self) -> tuple[bytes, bytes] | None:
         """The next whole frame to handle, or None: more bytes needed, or an event was emitted
         instead (a framing failure, the end of the stream)."""
+        if self._deferred is not None:
+            if self._awaiting_turn or self.closed:
+                return None
+            deferred, self._deferred = self._deferred, None
+            return deferred
         framer = self.framer
         while not (self.closed or self.held is not None or framer.finished):
             try:
@@ -493,7 +549,10 @@ class CodecConnection(PushConnection, TimerConnection):
             frame = next_frame()
             if frame is None:
                 break
-            handled = handle_frame(*frame)
+            try:
+                handled = handle_frame(*frame)
+            except LoginDeferred as e:
+                handled = self._defer(frame, e)
             if type(handled) is not Handled or not handled.joins or handled.render is None or handled.hold:
                 self.emit(handled)
                 break

@@ -433,3 +433,22 @@ def test_a_run_of_acknowledgements_answers_as_each_would(lines, errors, answer):
     assert run.frames == 3
     results = [Result(errors.get(i)) for i in range(len(run.commands))]
     assert c.respond(run, results) == answer
+
+
+def test_login_limits_take_turns_per_address_and_per_user_in_bounded_memory():
+    """``LoginLimits``: a failure sets the next guess's turn for its address and its user
+    (0.1 s, doubling, at most 5 s); a quiet address starts over; memory stays bounded."""
+    from gateway.codec import LoginLimits
+    from gateway.codec.authlimits import MAX_REMEMBERED
+
+    limits = LoginLimits()
+    assert limits.wait("10.0.0.1", "alice", 0.0) == 0
+    assert [limits.failed("10.0.0.1", "alice", t) for t in (0.0, 0.1, 0.3, 0.7, 1.5, 3.1, 6.3, 11.3)] == \
+        pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+    assert limits.wait("10.0.0.1", None, 12.0) == pytest.approx(4.3)  # the address's turn
+    assert limits.wait("10.0.0.2", "alice", 12.0) == pytest.approx(4.3)  # the user's, from elsewhere
+    assert limits.wait("10.0.0.2", "bob", 12.0) == 0
+    assert limits.wait("10.0.0.1", "bob", 1000.0) == 0 and limits.failed("10.0.0.1", "bob", 1000.0) == 0.1
+    for i in range(MAX_REMEMBERED + 10):
+        limits.failed(f"10.1.{i // 256}.{i % 256}", f"user{i}", 2000.0)
+    assert len(limits._addresses.by_key) == len(limits._users.by_key) == MAX_REMEMBERED

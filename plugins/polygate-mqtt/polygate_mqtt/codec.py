@@ -31,7 +31,11 @@ What a client gets (see the README for the full list and its reasons):
   subscription delivers every record appended after the SUBSCRIBE was
   handled, by any protocol, whose MQTT topic name matches, once, at the
   highest granted QoS of the matching filters, capped by the QoS it was
-  published with. UNSUBSCRIBE/UNSUBACK stops them.
+  published with. UNSUBSCRIBE/UNSUBACK stops them. A SUBSCRIBE never creates a
+  log topic (creating one is a PUBLISH's, or an admin's): a filter whose log topic
+  does not exist yet is granted, and delivers from the log's start once the topic
+  is created (looked for every ``AWAIT_EVERY_S``, for at most ``MAX_AWAITED``
+  log topics per connection; a filter past them gets SUBACK 0x80).
 * QoS 1 deliveries are resent (DUP set) every ``retry_ms`` until PUBACKed,
   while the connection lives. At most ``max_inflight`` are unacknowledged;
   later ones wait, up to ``max_queued_bytes``, past which the subscriber is
@@ -58,6 +62,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -106,6 +111,11 @@ _NO_KEY = object()  # no record key seen yet (None is a key: no name)
 
 MAX_CACHED_NAMES = 1024
 """The most topic names a subscription remembers the matching filters of (``delivery``)."""
+MAX_AWAITED = 256
+"""The most log topics that do not exist yet one connection's subscriptions wait for; a filter
+past them gets SUBACK 0x80."""
+AWAIT_EVERY_S = 1.0
+"""How often a connection looks whether the log topics its subscriptions wait for exist."""
 
 
 @attrs.define
@@ -170,6 +180,7 @@ class MqttConnection(CodecConnection):
         self.last_seen = self.clock()
         self.taken_at = int(time.time() * 1000)  # ms: the timestamp of the messages being taken (next_event)
         self.subscriptions: dict[str, _TopicSubscription] = {}
+        self.awaited: dict[str, dict[str, int]] = {}  # log topic not there yet -> {filter: granted qos}
         self.generation = 0
         self.inflight: collections.OrderedDict[int, _Outgoing] = collections.OrderedDict()
         self.queued: collections.deque[_Outgoing] = collections.deque()
@@ -261,6 +272,9 @@ class MqttConnection(CodecConnection):
                 self.emit(Timer(limit - idle, "keepalive"))
         elif context == "retry":
             self._retry(now)
+        elif context == "await":
+            if self.awaited:  # (an UNSUBSCRIBE may have emptied it)
+                self.emit(Handled.run((m.ListTopics(tuple(self.awaited), read=True),), self._appeared))
         elif context not in ("connect", "keepalive"):
             super().timer(context)
 
@@ -305,6 +319,44 @@ class MqttConnection(CodecConnection):
             fetches = tuple(m.Fetch(log_topic, p, offset, fmt.NAME) for p, offset in since.items())
             self.emit(Subscribe(fetches, sub.stream, exclusive=False))
         return sub
+
+    def await_topic(self, log_topic: str, topic_filter: str, granted: int) -> bool:
+        """Subscribe ``topic_filter`` to ``log_topic``, which does not exist yet (a SUBSCRIBE never
+        creates one): its stream starts, from the log's start, once a publisher or an admin created
+        it (looked for every ``AWAIT_EVERY_S``). False past ``MAX_AWAITED`` log topics."""
+        filters = self.awaited.get(log_topic)
+        if filters is None:
+            if len(self.awaited) >= MAX_AWAITED:
+                return False
+            if not self.awaited:
+                self.emit(Timer(AWAIT_EVERY_S, "await"))
+            filters = self.awaited[log_topic] = {}
+        filters[topic_filter] = granted
+        return True
+
+    def stop_awaiting(self, log_topic: str, topic_filter: str) -> None:
+        """UNSUBSCRIBE of a filter whose log topic is awaited."""
+        filters = self.awaited.get(log_topic)
+        if filters is not None:
+            filters.pop(topic_filter, None)
+            if not filters:
+                del self.awaited[log_topic]
+
+    def _appeared(self, results: Sequence[m.ListTopicsResult]) -> bytes:
+        """The awaited log topics that exist now get their streams, from their start (everything
+        in them was published after the SUBSCRIBE); the others are looked for again later."""
+        for info in results[0].topics:
+            filters = self.awaited.get(info.topic)
+            if filters is None or info.error is not None or not info.partitions:
+                continue
+            del self.awaited[info.topic]
+            since = {p.partition: p.log_start_offset for p in info.partitions}
+            sub = self.subscription(info.topic, since)
+            for topic_filter, granted in filters.items():
+                sub.subscribe(topic_filter, granted, since)
+        if self.awaited:
+            self.emit(Timer(AWAIT_EVERY_S, "await"))
+        return b""
 
     def _queue(self, topic: bytes, payload: bytes) -> bool:
         """Queue a QoS 1 delivery (``send_queued`` sends what the in-flight window takes); False

@@ -160,21 +160,27 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if not wanted:
         return Handled.answer(packets.suback(s.packet_id, [packets.SUBACK_FAILURE] * len(entries)))
     ctx = _Subscribe(s.packet_id, tuple(entries))
-    # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription
-    return Handled.run((m.ListTopics(wanted, auto_create=True, read=True),),
+    # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription. A
+    # SUBSCRIBE never creates a log topic: one that does not exist yet is waited for (``MqttConnection.await_topic``).
+    return Handled.run((m.ListTopics(wanted, read=True),),
                        lambda results: _subscribed(conn, ctx, results[0]), hold=True)
 
 
 def _subscribed(conn: MqttConnection, ctx: _Subscribe, result: m.ListTopicsResult) -> bytes:
-    """Grant what the partitions allow, start streams for new log topics, answer SUBACK."""
+    """Grant what the partitions allow, start streams for the log topics there are and wait for
+    those there are not yet (up to ``MAX_AWAITED`` per connection), answer SUBACK."""
     infos = {t.topic: t for t in result.topics}
     codes = []
     for topic_filter, qos, log_topic in ctx.entries:
         info = None if log_topic is None else infos.get(log_topic)
+        granted = min(qos, 1)
+        if log_topic is not None and info is not None and info.error is not None \
+                and info.error.code is m.ErrorCode.UNKNOWN_TOPIC and conn.await_topic(log_topic, topic_filter, granted):
+            codes.append(granted)
+            continue
         if log_topic is None or info is None or info.error is not None or not info.partitions:
             codes.append(packets.SUBACK_FAILURE)
             continue
-        granted = min(qos, 1)
         since = {p.partition: p.high_watermark for p in info.partitions}
         conn.subscription(log_topic, since).subscribe(topic_filter, granted, since)
         codes.append(granted)
@@ -186,6 +192,7 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if not u.filters:
         raise MalformedPacket("UNSUBSCRIBE without a topic filter")
     for topic_filter in u.filters:
+        conn.stop_awaiting(topics.log_topic(topic_filter) or "", topic_filter)
         sub = conn.subscriptions.get(topics.log_topic(topic_filter) or "")
         if sub is not None and sub.unsubscribe(topic_filter) and not sub.filters:
             del conn.subscriptions[sub.stream[0]]

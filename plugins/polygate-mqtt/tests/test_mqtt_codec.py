@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mqtt_support import Rig, connect_packet, puback, subscribe_packet, unsubscribe_packet
 from polygate_mqtt import format as mqtt_format
 from polygate_mqtt import packets, plugin, topics
-from polygate_mqtt.codec import MqttConnection, _TopicSubscription
+from polygate_mqtt.codec import AWAIT_EVERY_S, MqttConnection, _TopicSubscription
 from polygate_mqtt.packets import MalformedPacket, PacketType
 
 from gateway import model as m
@@ -157,6 +157,12 @@ def rig(tmp_path):
     r.close()
 
 
+def created(rig: Rig, topic: str) -> None:
+    """Create log topic ``topic``: a SUBSCRIBE creates none, and waits for a missing one."""
+    rig.broker.execute(m.CreateTopic(topic, 1))
+    rig.reactor.advance(0)
+
+
 def v1_produce(rig: Rig, topic: str, value: bytes, partition: int = 0) -> None:
     record = v1_format.encode_record(0, 1, b"k", value)
     rig.broker.execute(m.Produce(topic, partition, m.Batch("v1", record, 1, 1), auto_create=True))
@@ -187,7 +193,21 @@ def test_a_connection_without_connect_is_closed_after_the_connect_timeout(rig):
     assert c.closed
 
 
+def test_a_subscribe_creates_no_topic_and_delivers_once_a_publisher_creates_it(rig):
+    """Issue 33: a SUBSCRIBE used to create its log topics. Now a missing one is granted and
+    waited for; the messages published from its creation on are delivered."""
+    c = rig.client()
+    assert c.send(subscribe_packet(1, ("w/#", 1))) == [(PacketType.SUBACK, 0, b"\x00\x01\x01")]
+    assert not rig.broker.store.has_topic("w")
+    publisher = rig.client()
+    assert publisher.send(packets.publish(b"w/x", b"first", 1, 5)) == [(PacketType.PUBACK, 0, b"\x00\x05")]
+    assert c.received() == []
+    rig.reactor.advance(AWAIT_EVERY_S)
+    assert [publish_of(p)[:4] for p in c.received()] == [("w/x", 1, 1, b"first")]
+
+
 def test_qos1_deliveries_are_resent_with_dup_until_acknowledged(rig):
+    created(rig, "t")
     c = rig.client()
     assert c.send(subscribe_packet(1, ("t/#", 1))) == [(PacketType.SUBACK, 0, b"\x00\x01\x01")]
     v1_produce(rig, "t", b"hello")
@@ -201,6 +221,7 @@ def test_qos1_deliveries_are_resent_with_dup_until_acknowledged(rig):
 
 
 def test_the_in_flight_window_holds_later_deliveries_until_acks_free_it(rig):
+    created(rig, "t")
     c = rig.client()
     c.send(subscribe_packet(1, ("t", 1)))
     for i in range(3):
@@ -215,6 +236,7 @@ def test_the_in_flight_window_holds_later_deliveries_until_acks_free_it(rig):
 
 
 def test_a_qos0_publish_is_delivered_at_qos0_to_a_qos1_subscription(rig):
+    created(rig, "t")
     c = rig.client()
     c.send(subscribe_packet(1, ("t/+", 1)))
     got = c.send(packets.publish(b"t/x", b"zero") + packets.publish(b"t/y", b"one", 1, 9))
@@ -242,6 +264,7 @@ def test_pipelined_subscribe_unsubscribe_leaves_no_stream(rig):
 
 
 def test_overlapping_filters_deliver_once_at_the_highest_qos(rig):
+    created(rig, "t")
     c = rig.client()
     c.send(subscribe_packet(1, ("t/#", 0), ("t/+", 1), ("t/a", 0)))
     got = c.send(packets.publish(b"t/a", b"v", 1, 1))
@@ -329,6 +352,7 @@ def test_a_will_topic_outside_the_mapping_is_refused(rig):
 
 
 def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
+    created(rig, "t")
     c = rig.client()
     c.send(subscribe_packet(1, ("t/#", 0)))
     got = c.send(subscribe_packet(2, ("t/#", 1)) + packets.publish(b"t/a", b"v", 1, 3))
