@@ -7,7 +7,7 @@ What a client gets (see the README for the full list and its reasons):
   asking for a persistent session (clean session 0) is accepted with
   "session present" 0 and must subscribe again. A user name and password
   are checked against the gateway's user store: a wrong pair is answered
-  CONNACK 5 (not authorized), late (``CodecConnection.refuse_login``), and the
+  CONNACK 4 (bad user name or password), late (``CodecConnection.refuse_login``), and the
   connection closes; the client is then ``User:<name>`` for the ACLs. Without
   them it is anonymous (or its TLS certificate's ``User:<CN>``), which a
   listener under ``--require-auth mqtt`` answers CONNACK 5 and closes.
@@ -17,8 +17,8 @@ What a client gets (see the README for the full list and its reasons):
   has no negative acknowledgement).
 * A will message is published (stored, RETAIN ignored) when the connection
   ends for any reason but a DISCONNECT from the client (or the gateway
-  shutting down); its topic follows the same mapping as a PUBLISH's, or the
-  CONNECT is refused by closing.
+  shutting down); its topic is any valid name, stored as a PUBLISH's would be
+  (a name the mapping has no log topic for: CONNACK 5).
 * Keep-alive: with a keep-alive of K seconds the connection is closed once
   no byte arrived for 1.5 K. A connection that sends no CONNECT within
   ``connect_timeout_ms`` is closed.
@@ -27,11 +27,19 @@ What a client gets (see the README for the full list and its reasons):
   The RETAIN flag is not honoured: the message is stored and delivered like
   any other and not kept for later subscribers, since a subscription starts
   at the end of the log (the log itself is the history).
-* SUBSCRIBE/SUBACK with ``+`` and ``#``; granted QoS is at most 1. A
+* SUBSCRIBE/SUBACK with ``+`` and ``#`` at any level; granted QoS is at most
+  1. A filter reads the log topics the mapping (``topics``, option
+  ``mapping``) may have put its names in: for a ``per-level`` filter whose
+  first level is a wildcard, every log topic, also those created later. Every
+  ``discovery_ms`` the connection looks for log topics and partitions created
+  since and reads them from their start, within ``max_partitions``. A
   subscription delivers every record appended after the SUBSCRIBE was
   handled, by any protocol, whose MQTT topic name matches, once, at the
   highest granted QoS of the matching filters, capped by the QoS it was
   published with. UNSUBSCRIBE/UNSUBACK stops them.
+* ``$SYS/...`` is the gateway's: a PUBLISH there is acknowledged and dropped
+  (as Mosquitto does), and a subscription gets the figures of ``ServerInfo``
+  as retained messages, then again every ``sys_interval_ms``.
 * QoS 1 deliveries are resent (DUP set) every ``retry_ms`` until PUBACKed,
   while the connection lives. At most ``max_inflight`` are unacknowledged;
   later ones wait, up to ``max_queued_bytes``, past which the subscriber is
@@ -40,13 +48,14 @@ What a client gets (see the README for the full list and its reasons):
 
 Anything the spec calls a protocol violation (a malformed packet, a first
 packet that is not CONNECT, a second CONNECT, wrong fixed-header flags, a
-remaining length over the frame limit, a topic name outside the mapping in
-``topics``) closes the connection without an answer, as section 4.8 asks.
+remaining length over the frame limit, a PUBLISH to a name the mapping has no
+log topic for) closes the connection without an answer, as section 4.8 asks.
 
 Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
 gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
-(10000).
+(10000), ``mapping`` (``per-level``), ``discovery_ms`` (1000),
+``max_partitions`` (4096), ``sys_interval_ms`` (10000).
 
 This module is the connection: framing, connection state, timers and the
 deliveries of subscriptions; each packet a client sends is handled by its
@@ -72,6 +81,7 @@ from gateway.codec import (
     Option,
     Subscribe,
     Timer,
+    Unsubscribe,
     integer,
 )
 from gateway.codec.framing import LengthPrefixedFramer, varint_header
@@ -79,7 +89,7 @@ from gateway.codec.varint import TABLE_SIZE, UVARINTS
 
 from . import format as fmt
 from . import packets, topics
-from .handlers import HANDLERS, connect
+from .handlers import HANDLERS, connect, discover, sys_figures
 from .packets import MalformedPacket, PacketType
 
 OPTIONS = (
@@ -91,6 +101,15 @@ OPTIONS = (
            help="QoS 1 messages waiting for room in the in-flight window, past which a subscriber is closed"),
     Option("connect_timeout_ms", integer(1), 10_000, "a positive integer (milliseconds)",
            help="how long a connection may wait before its CONNECT"),
+    Option("mapping", topics.parse_mapping, topics.PerLevel(),
+           "per-level[:TOPIC], single[:TOPIC] or rules:PATH (a TOML file of [[rule]] filter, topic)",
+           help="which log topic an MQTT topic name is stored in (docs/protocols/mqtt.md)"),
+    Option("discovery_ms", integer(1), 1000, "a positive integer (milliseconds)",
+           help="how often a subscriber looks for log topics and partitions created after its SUBSCRIBE"),
+    Option("max_partitions", integer(1), 4096, "a positive integer",
+           help="log partitions one connection's subscriptions read at most"),
+    Option("sys_interval_ms", integer(1), 10_000, "a positive integer (milliseconds)",
+           help="how often $SYS subscribers get the gateway's figures again"),
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
@@ -106,6 +125,7 @@ _NO_KEY = object()  # no record key seen yet (None is a key: no name)
 
 MAX_CACHED_NAMES = 1024
 """The most topic names a subscription remembers the matching filters of (``delivery``)."""
+_NOT_DELIVERED: tuple[bytes, list[tuple[int, dict[int, int]]]] = (b"", [])  # a record that is no MQTT message
 
 
 @attrs.define
@@ -117,6 +137,8 @@ class _TopicSubscription:
     """
 
     stream: tuple[str, int]  # the Subscribe context: (log topic, generation)
+    mapping: topics.Mapping
+    partitions: set[int] = attrs.Factory(set)  # the partitions its streams read
     filters: dict[str, tuple[int, dict[int, int]]] = attrs.Factory(dict)
     # record key -> (the PUBLISH topic field, the (qos, since) of the filters its name matches); a
     # burst of records has few distinct keys. Cleared whenever ``filters`` changes (``subscribe``).
@@ -138,10 +160,12 @@ class _TopicSubscription:
         topic name) and the ``(granted qos, since)`` of each filter its topic name matches."""
         found = self._deliveries.get(key)
         if found is None:
-            name = topics.record_topic(self.stream[0], key)
-            encoded = name.encode("utf-8")
-            found = (packets.topic_field(encoded),
-                     [grant for topic_filter, grant in self.filters.items() if topics.matches(topic_filter, name)])
+            name = self.mapping.record_topic(self.stream[0], key)
+            if name is None:
+                found = _NOT_DELIVERED
+            else:
+                found = (packets.topic_field(name.encode("utf-8")),
+                         [grant for topic_filter, grant in self.filters.items() if topics.matches(topic_filter, name)])
             if len(self._deliveries) >= MAX_CACHED_NAMES:
                 self._deliveries.clear()
             self._deliveries[key] = found
@@ -169,7 +193,11 @@ class MqttConnection(CodecConnection):
         self.keep_alive = 0.0
         self.last_seen = self.clock()
         self.taken_at = int(time.time() * 1000)  # ms: the timestamp of the messages being taken (next_event)
-        self.subscriptions: dict[str, _TopicSubscription] = {}
+        self.mapping: topics.Mapping = self.options["mapping"]
+        self.subscriptions: dict[str, _TopicSubscription] = {}  # by log topic
+        self.open_filters: dict[str, int] = {}  # filters that read every log topic -> granted QoS
+        self.known_topics: set[str] = set()  # log topics listed since the first of ``open_filters``
+        self.sys_filters: dict[str, int] = {}  # filters of $SYS topics -> granted QoS
         self.generation = 0
         self.inflight: collections.OrderedDict[int, _Outgoing] = collections.OrderedDict()
         self.queued: collections.deque[_Outgoing] = collections.deque()
@@ -261,6 +289,10 @@ class MqttConnection(CodecConnection):
                 self.emit(Timer(limit - idle, "keepalive"))
         elif context == "retry":
             self._retry(now)
+        elif context == "discover":
+            self.emit(discover(self))
+        elif context == "sys":
+            self.emit(sys_figures(self, retain=False))
         elif context not in ("connect", "keepalive"):
             super().timer(context)
 
@@ -296,15 +328,28 @@ class MqttConnection(CodecConnection):
     # ------------------------------------------------------------------ deliveries
 
     def subscription(self, log_topic: str, since: dict[int, int]) -> _TopicSubscription:
-        """The subscription of ``log_topic``; a new one starts its push stream, each partition
-        from its offset in ``since``."""
+        """The subscription of ``log_topic``; its push streams read each partition of ``since``
+        they do not read yet, from its offset there."""
         sub = self.subscriptions.get(log_topic)
         if sub is None:
             self.generation += 1
-            sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation))
-            fetches = tuple(m.Fetch(log_topic, p, offset, fmt.NAME) for p, offset in since.items())
+            sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation), self.mapping)
+        fetches = tuple(m.Fetch(log_topic, p, offset, fmt.NAME) for p, offset in since.items()
+                        if p not in sub.partitions)
+        if fetches:
+            sub.partitions.update(f.partition for f in fetches)
             self.emit(Subscribe(fetches, sub.stream, exclusive=False))
         return sub
+
+    @property
+    def partitions_read(self) -> int:
+        """The log partitions the subscriptions read (at most ``max_partitions``)."""
+        return sum(len(sub.partitions) for sub in self.subscriptions.values())
+
+    def drop_subscription(self, log_topic: str) -> None:
+        """Stop reading ``log_topic``."""
+        sub = self.subscriptions.pop(log_topic)
+        self.emit(Unsubscribe(sub.stream))
 
     def _queue(self, topic: bytes, payload: bytes) -> bool:
         """Queue a QoS 1 delivery (``send_queued`` sends what the in-flight window takes); False

@@ -11,13 +11,15 @@ module docstring.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import importlib.metadata
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
 
 from gateway import model as m
-from gateway.codec import Acknowledgement, Handled, Timer, Unsubscribe
+from gateway.codec import Acknowledgement, Handled, Timer
 
 from . import format as fmt
 from . import packets, topics
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from .codec import MqttConnection
 
 MAX_DESTINATIONS = 4096
+_VERSION = importlib.metadata.version("polygate")
 _LEADER = m.Acks.LEADER  # looked up once: an enum member's attribute lookup is dear on every PUBLISH
 
 
@@ -50,12 +53,17 @@ def connect(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     if f.username:
         password = (c.password or b"").decode("utf-8", "surrogateescape")
         if not conn.authenticate(c.username, password):
-            conn.refuse_login(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), "MQTT login refused")
+            conn.refuse_login(packets.connack(packets.ConnectReturn.BAD_USER_NAME_OR_PASSWORD), "MQTT login refused")
             return None
     elif conn.anonymous_refused:
         return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
                               reason="anonymous client on a listener that requires authentication")
     if f.will:
+        if not topics.valid_name(c.will_topic):
+            raise MalformedPacket(f"will topic {c.will_topic!r} is not a topic name")
+        if not topics.is_sys(c.will_topic) and conn.mapping.log_topic(c.will_topic) is None:
+            return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
+                                  reason=f"will topic {c.will_topic!r}: no log topic under mapping {conn.mapping.spec}")
         conn.will = _produce(conn, c.will_topic, f.will_qos, c.will_message)
     conn.connected = True
     conn.keep_alive = float(c.keep_alive)
@@ -88,32 +96,39 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
         return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
     produce = _produce(conn, name, qos, payload)
     if qos == 0:
-        return Handled.run((produce,), _Stored(b"", (conn, name, qos)), joins=True)
+        return Handled.answer(b"") if produce is None else Handled.run((produce,), _Stored(b"", (conn, name, qos)),
+                                                                         joins=True)
     assert packet_id is not None  # QoS 1 and 2 carry one
     if qos == 2:
         conn.awaiting_release.add(packet_id)
     ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
+    if produce is None:
+        return Handled.answer(ack)
     return Handled.run((produce,), _Stored(ack, (conn, name, qos)), joins=True)
 
 
 @functools.lru_cache(maxsize=MAX_DESTINATIONS)
-def _destination(name: str) -> tuple[str, bytes] | str:
-    """Where a PUBLISH to ``name`` is stored: its log topic and record key, or why it is
-    refused. Remembered for the last ``MAX_DESTINATIONS`` names, since a publisher
-    sends many messages to few names."""
+def _destination(mapping: topics.Mapping, name: str) -> tuple[str, bytes] | None:
+    """Where a PUBLISH to ``name`` is stored: its log topic and record key; None for a
+    ``$SYS`` name (acknowledged and dropped, as Mosquitto does). Raises ``MalformedPacket``
+    for a name that is not one, or that the mapping has no log topic for. Remembered for the
+    last ``MAX_DESTINATIONS`` names, since a publisher sends many messages to few names."""
     if not topics.valid_name(name):
-        return f"invalid topic name {name!r}"
-    log_topic = topics.log_topic(name)
+        raise MalformedPacket(f"invalid topic name {name!r}")
+    if topics.is_sys(name):
+        return None
+    log_topic = mapping.log_topic(name)
     if log_topic is None:
-        return f"topic {name!r}: first level is not a log topic name [A-Za-z0-9._=-]{{1,249}}"
+        raise MalformedPacket(f"topic {name!r}: no log topic under mapping {mapping.spec}")
     return log_topic, name.encode("utf-8")
 
 
-def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce:
-    """The command storing an application message published to ``name``, received now."""
-    destination = _destination(name)
-    if isinstance(destination, str):
-        raise MalformedPacket(destination)
+def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce | None:
+    """The command storing an application message published to ``name``, received now (None:
+    a ``$SYS`` name, nothing to store)."""
+    destination = _destination(conn.mapping, name)
+    if destination is None:
+        return None
     log_topic, key = destination
     ts = conn.taken_at
     record = fmt.encode_record(0, ts, qos, key, payload)
@@ -137,12 +152,15 @@ def puback(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     return None
 
 
+MAX_GRANTED_QOS = 1
+
+
 @attrs.frozen
 class _Subscribe:
-    """Context of a SUBSCRIBE waiting for its log topics' partitions."""
+    """Context of a SUBSCRIBE waiting for the log topics its filters read."""
 
     packet_id: int
-    entries: tuple[tuple[str, int, str | None], ...]  # (filter, requested qos, log topic or None)
+    entries: tuple[tuple[str, int, topics.Sources | None], ...]  # (filter, requested qos, sources; None: $SYS)
 
 
 def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
@@ -155,30 +173,115 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
             raise MalformedPacket(f"SUBSCRIBE requested QoS byte {t.qos:#x}")
         if not topics.valid_filter(t.filter):
             raise MalformedPacket(f"invalid topic filter {t.filter!r}")
-        entries.append((t.filter, t.qos, topics.log_topic(t.filter)))
-    wanted = tuple(dict.fromkeys(e[2] for e in entries if e[2] is not None))
-    if not wanted:
-        return Handled.answer(packets.suback(s.packet_id, [packets.SUBACK_FAILURE] * len(entries)))
+        entries.append((t.filter, t.qos, None if topics.is_sys(t.filter) else conn.mapping.sources(t.filter)))
+    named = tuple(dict.fromkeys(name for *_, sources in entries if sources is not None for name in sources.topics))
+    listings = []
+    if named:
+        listings.append(m.ListTopics(named, auto_create=True, read=True))
+    if any(sources is not None and sources.every for *_, sources in entries):
+        listings.append(m.ListTopics(None, read=True))
     ctx = _Subscribe(s.packet_id, tuple(entries))
     # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription
-    return Handled.run((m.ListTopics(wanted, auto_create=True, read=True),),
-                       lambda results: _subscribed(conn, ctx, results[0]), hold=True)
+    return Handled.run(tuple(listings), lambda results: _subscribed(conn, ctx, results), hold=True)
 
 
-def _subscribed(conn: MqttConnection, ctx: _Subscribe, result: m.ListTopicsResult) -> bytes:
-    """Grant what the partitions allow, start streams for new log topics, answer SUBACK."""
-    infos = {t.topic: t for t in result.topics}
+def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListTopicsResult]) -> bytes | Handled:
+    """Grant each filter whose log topics may all be read (within ``max_partitions``), start
+    reading the log topics new to the connection, answer SUBACK (and $SYS figures)."""
+    infos = {t.topic: t for result in results for t in result.topics}
     codes = []
-    for topic_filter, qos, log_topic in ctx.entries:
-        info = None if log_topic is None else infos.get(log_topic)
-        if log_topic is None or info is None or info.error is not None or not info.partitions:
+    for topic_filter, qos, sources in ctx.entries:
+        granted = min(qos, MAX_GRANTED_QOS)
+        if sources is None:
+            conn.sys_filters[topic_filter] = granted
+            codes.append(granted)
+            continue
+        read = [infos.get(name) for name in sources.topics]
+        if sources.every:
+            read += [info for info in infos.values() if topics.follows(info.topic) and info.topic not in sources.topics]
+        if not read and not sources.every \
+                or any(info is None or info.error is not None or not info.partitions for info in read) \
+                or not _room(conn, read):
             codes.append(packets.SUBACK_FAILURE)
             continue
-        granted = min(qos, 1)
-        since = {p.partition: p.high_watermark for p in info.partitions}
-        conn.subscription(log_topic, since).subscribe(topic_filter, granted, since)
+        for info in read:
+            assert info is not None  # checked above
+            since = {p.partition: p.high_watermark for p in info.partitions}
+            conn.subscription(info.topic, since).subscribe(topic_filter, granted, since)
+        if sources.every:
+            conn.open_filters[topic_filter] = granted
+            conn.known_topics.update(infos)
         codes.append(granted)
-    return packets.suback(ctx.packet_id, codes)
+    if conn.subscriptions or conn.open_filters:
+        conn.emit(Timer(conn.options["discovery_ms"] / 1000, "discover"))
+    suback = packets.suback(ctx.packet_id, codes)
+    if any(sources is None for *_, sources in ctx.entries):
+        # the SUBACK first, then the figures (as retained messages, as Mosquitto's)
+        conn.emit(Handled.answer(suback))
+        return sys_figures(conn, retain=True) or b""
+    return suback
+
+
+def _room(conn: MqttConnection, infos: Sequence[m.TopicInfo | None]) -> bool:
+    """Whether reading the partitions of ``infos`` keeps the connection within ``max_partitions``."""
+    new = sum(len(info.partitions) for info in infos if info is not None and info.topic not in conn.subscriptions)
+    return conn.partitions_read + new <= conn.options["max_partitions"]
+
+
+def discover(conn: MqttConnection) -> Handled | None:
+    """The periodic look for partitions added to the log topics read, and, for filters that read
+    every log topic, for log topics created since (``discovery_ms``)."""
+    if not conn.subscriptions and not conn.open_filters:
+        return None
+    names = None if conn.open_filters else tuple(conn.subscriptions)
+    return Handled.run((m.ListTopics(names, read=True),), lambda results: _discovered(conn, results[0]))
+
+
+def _discovered(conn: MqttConnection, result: m.ListTopicsResult) -> bytes:
+    """Read the new partitions and log topics from their first offset: every record there was
+    appended after the SUBSCRIBE."""
+    for info in result.topics:
+        if info.error is not None:
+            continue
+        sub = conn.subscriptions.get(info.topic)
+        if sub is not None:
+            new = {p.partition: 0 for p in info.partitions if p.partition not in sub.partitions}
+            if new and conn.partitions_read + len(new) <= conn.options["max_partitions"]:
+                conn.subscription(info.topic, new)
+        elif conn.open_filters and info.topic not in conn.known_topics and topics.follows(info.topic):
+            conn.known_topics.add(info.topic)
+            if info.partitions and _room(conn, [info]):
+                sub = conn.subscription(info.topic, {p.partition: 0 for p in info.partitions})
+                for topic_filter, granted in conn.open_filters.items():
+                    sub.subscribe(topic_filter, granted, {})
+    if conn.subscriptions or conn.open_filters:
+        conn.emit(Timer(conn.options["discovery_ms"] / 1000, "discover"))
+    return b""
+
+
+def sys_figures(conn: MqttConnection, retain: bool) -> Handled | None:
+    """The gateway's figures, as PUBLISHes of the ``$SYS/broker/...`` topics the ``$SYS``
+    filters match (again every ``sys_interval_ms`` while there are such filters)."""
+    if not conn.sys_filters:
+        return None
+    return Handled.run((m.ServerInfo(),), lambda results: _sys_published(conn, results[0], retain))
+
+
+def _sys_published(conn: MqttConnection, info: m.ServerInfoResult, retain: bool) -> bytes:
+    figures = {
+        "$SYS/broker/version": f"polygate {_VERSION}",
+        "$SYS/broker/uptime": f"{max(int(time.time() - info.started_at), 0)} seconds",
+        "$SYS/broker/topics": str(info.topics),
+        "$SYS/broker/partitions": str(info.partitions),
+        "$SYS/broker/listeners": " ".join(f"{codec}={host}:{port}" for codec, host, port in info.listeners),
+    }
+    out = []
+    for name, value in figures.items():
+        granted = [qos for topic_filter, qos in conn.sys_filters.items() if topics.matches(topic_filter, name)]
+        if granted:  # at QoS 0, as Mosquitto sends them: a figure is soon replaced by the next
+            out.append(packets.publish(name.encode("utf-8"), value.encode("utf-8"), retain=retain))
+    conn.emit(Timer(conn.options["sys_interval_ms"] / 1000, "sys"))
+    return b"".join(out)
 
 
 def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
@@ -186,10 +289,13 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if not u.filters:
         raise MalformedPacket("UNSUBSCRIBE without a topic filter")
     for topic_filter in u.filters:
-        sub = conn.subscriptions.get(topics.log_topic(topic_filter) or "")
-        if sub is not None and sub.unsubscribe(topic_filter) and not sub.filters:
-            del conn.subscriptions[sub.stream[0]]
-            conn.emit(Unsubscribe(sub.stream))
+        conn.open_filters.pop(topic_filter, None)
+        conn.sys_filters.pop(topic_filter, None)
+        for sub in list(conn.subscriptions.values()):
+            if sub.unsubscribe(topic_filter) and not sub.filters:
+                conn.drop_subscription(sub.stream[0])
+    if not conn.open_filters:
+        conn.known_topics.clear()
     return Handled.answer(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id))
 
 

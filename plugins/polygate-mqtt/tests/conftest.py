@@ -16,15 +16,38 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from gateway.launcher import Gateways  # noqa: E402
+from gateway.launcher import Gateways, Tansu  # noqa: E402
+
+# POLYGATE_TEST_STORAGE=cluster runs the suites that use ``gateway_factory`` against gateways in
+# cluster mode, each test on a Tansu cluster of its own, as polygate's own suites do; tests of
+# local-mode rules are marked ``local_only`` and skipped then.
+CLUSTER_MODE = os.environ.get("POLYGATE_TEST_STORAGE", "local") == "cluster"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("local_only")
+    if marker is not None and CLUSTER_MODE:
+        pytest.skip(f"a local-mode rule: {marker.args[0]}")
 
 
 @pytest.fixture
-def gateway_factory(tmp_path):
+def test_cluster():
+    """The bootstrap servers of the test's cluster in cluster mode, else None."""
+    if not CLUSTER_MODE:
+        yield None
+    else:
+        with Tansu() as cluster:
+            yield cluster.bootstrap
+
+
+@pytest.fixture
+def gateway_factory(tmp_path, test_cluster):
     """``gateway_factory(protocols=("v1", "mqtt"), args=(...), env=None)``; all stopped at teardown."""
     gateways = Gateways(str(tmp_path))
 
     def start(protocols=("v1", "mqtt"), args=(), env=None):
+        if test_cluster is not None:
+            args = ("--storage", f"kafka://{test_cluster}", *args)
         return gateways.start(protocols, args, env=env)
 
     yield start

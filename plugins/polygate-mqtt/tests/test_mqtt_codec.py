@@ -118,17 +118,94 @@ def test_invalid_filters(text):
     assert not topics.valid_filter(text)
 
 
+PER_LEVEL, SINGLE = topics.PerLevel(), topics.Single("all")
+
+
 @pytest.mark.parametrize("name, log", [("sensors/a/b", "sensors"), ("sensors", "sensors"), ("a.b=c-d_e/x", "a.b=c-d_e"),
-                                       ("/a", None), ("$SYS/x", None), ("bad level/x", None), ("ü/x", None),
-                                       ("#", None), ("+/x", None), ("x" * 250, None), ("x" * 249, "x" * 249)])
-def test_log_topic_is_the_first_level_when_it_is_a_log_topic_name(name, log):
-    assert topics.log_topic(name) == log
+                                       ("/a", "mqtt"), ("$SYS/x", None), ("$other/x", "mqtt"), ("bad level/x", "mqtt"),
+                                       ("ü/x", "mqtt"), ("x" * 250, "mqtt"), ("x" * 249, "x" * 249)])
+def test_per_level_stores_a_name_in_its_first_level_or_else_in_the_other_topic(name, log):
+    assert PER_LEVEL.log_topic(name) == log
 
 
-@pytest.mark.parametrize("key, name", [(b"t/a/b", "t/a/b"), (b"t", "t"), (b"tx/a", "t"), (b"user1", "t"),
-                                       (None, "t"), (b"\xff", "t"), (b"t/+", "t")])
-def test_records_of_other_protocols_are_named_after_their_log_topic(key, name):
-    assert topics.record_topic("t", key) == name
+@pytest.mark.parametrize("name, log", [("sensors/a/b", "all"), ("/a", "all"), ("$other", "all"), ("$SYS/x", None)])
+def test_single_stores_every_name_but_sys_in_its_topic(name, log):
+    assert SINGLE.log_topic(name) == log
+
+
+RULES_FILE = """
+[[rule]]
+filter = "sensors/+/temp"
+topic = "temps"
+[[rule]]
+filter = "sensors/#"
+topic = "sensors"
+[[rule]]
+filter = "$dev/#"
+topic = "dev"
+"""
+
+
+@pytest.fixture
+def rules(tmp_path):
+    path = tmp_path / "rules.toml"
+    path.write_text(RULES_FILE)
+    return topics.parse_mapping(f"rules:{path}")
+
+
+@pytest.mark.parametrize("name, log", [("sensors/k/temp", "temps"), ("sensors/k/hum", "sensors"), ("sensors", "sensors"),
+                                       ("$dev/x", "dev"), ("other/x", None), ("$SYS/x", None)])
+def test_rules_store_a_name_in_the_topic_of_the_first_rule_that_matches_it(rules, name, log):
+    assert rules.log_topic(name) == log
+
+
+@pytest.mark.parametrize("topic_filter, read", [("sensors/k/temp", ("temps",)), ("sensors/+/+", ("temps", "sensors")),
+                                                ("#", ("temps", "sensors")), ("+/k/#", ("temps", "sensors")),
+                                                ("$dev/+", ("dev",)), ("other/#", ()), ("sensors/k/hum", ("sensors",))])
+def test_a_filter_reads_the_topics_of_the_rules_it_overlaps(rules, topic_filter, read):
+    assert rules.sources(topic_filter) == topics.Sources(read)
+
+
+@pytest.mark.parametrize("topic_filter, read", [("sensors/#", topics.Sources(("sensors",))),
+                                                ("/+", topics.Sources(("mqtt",))),
+                                                ("#", topics.Sources(every=True)),
+                                                ("+/x", topics.Sources(every=True))])
+def test_per_level_filters_read_their_first_level_or_every_topic(topic_filter, read):
+    assert PER_LEVEL.sources(topic_filter) == read
+
+
+@pytest.mark.parametrize("text", ["per-level:__x", "single:bad name", "rules:/no/such/file", "levels", "rules:"])
+def test_a_bad_mapping_is_refused(text):
+    with pytest.raises(ValueError):
+        topics.parse_mapping(text)
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ("#", "a/b", True), ("a/+", "+/b", True), ("a/#", "a", True), ("a/b", "a/c", False), ("a/+/c", "a/b", False),
+    ("#", "$x/a", False), ("+/a", "$x/a", False), ("$x/#", "$x/+", True), ("a", "a/+", False), ("+/+", "/+", True),
+])
+def test_two_filters_overlap_when_some_name_matches_both(a, b, expected):
+    assert topics.overlaps(a, b) is expected and topics.overlaps(b, a) is expected
+    names = ["a", "a/b", "a/c", "a/b/c", "$x/a", "/a", "x/b", "a/x/c", ""]
+    if not expected:  # no sample name matches both
+        assert not any(topics.matches(a, n) and topics.matches(b, n) for n in names)
+
+
+@pytest.mark.parametrize("mapping", [PER_LEVEL, SINGLE], ids=["per-level", "single"])
+@pytest.mark.parametrize("key", [b"t/a/b", b"t", b"tx/a", b"user1", None, b"\xff", b"t/+", b"$x/y", b"/a"])
+def test_a_record_is_delivered_from_the_log_topic_its_name_maps_to(mapping, key):
+    """A key that the mapping stores in ``log`` is the record's name; any other record is named
+    after ``log`` when the mapping stores that name there, else it is no MQTT message."""
+    for log in ("t", "mqtt", "all"):
+        name = mapping.record_topic(log, key)
+        try:
+            text = key.decode("utf-8") if key else ""
+        except UnicodeDecodeError:
+            text = ""
+        if key and topics.valid_name(text) and mapping.log_topic(text) == log:
+            assert name == text
+        else:
+            assert name == (log if mapping.log_topic(log) == log else None)
 
 
 # --------------------------------------------------------------------------- storage format
@@ -322,9 +399,9 @@ def test_the_will_is_published_unless_the_client_disconnects(rig, ending, publis
     assert stored(rig, "status") == published
 
 
-def test_a_will_topic_outside_the_mapping_is_refused(rig):
+def test_a_will_topic_that_is_no_topic_name_is_a_protocol_violation(rig):
     c = rig.client(client_id=b"")
-    c.send(will_connect().replace(b"status/w", b"$tatus/w"))
+    assert c.send(will_connect().replace(b"status/w", b"status/+")) == []
     assert c.closed
 
 
@@ -339,7 +416,8 @@ def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
 @pytest.mark.parametrize(("given", "expected"), [
     ({"retry_ms": "soon"}, "option retry_ms='soon' is not allowed; expected a positive integer (milliseconds)"),
     ({"max_inflight": "0"}, "option max_inflight='0' is not allowed; expected a positive integer"),
-    ({"no_such_option": "1"}, "unknown option 'no_such_option' (its options: connect_timeout_ms, max_inflight"),
+    ({"no_such_option": "1"}, "unknown option 'no_such_option' (its options: connect_timeout_ms, discovery_ms"),
+    ({"mapping": "levels"}, "option mapping='levels' is not allowed; expected per-level[:TOPIC], single[:TOPIC]"),
 ])
 def test_a_bad_codec_option_is_refused_with_what_is_allowed(given, expected):
     with pytest.raises(OptionError) as refused:
@@ -365,7 +443,7 @@ def _expected_push(filters: dict, log_topic: str, partition: int, records: list)
     the highest such filter's granted QoS."""
     out = []
     for offset, qos, key, value in records:
-        name = topics.record_topic(log_topic, key)
+        name = PER_LEVEL.record_topic(log_topic, key)
         granted = max((g for f, (g, since) in filters.items()
                        if topics.matches(f, name) and offset >= since.get(partition, 0)), default=-1)
         if granted >= 0:
@@ -384,7 +462,7 @@ def test_a_push_delivers_each_record_as_its_filters_and_their_starts_say(keyed, 
     conn = MqttConnection(ListenerSettings(1 << 20))
     conn.connected = True
     conn.options = {**conn.options, "max_inflight": 1 << 16}
-    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1))
+    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1), PER_LEVEL)
     filters = {f: (granted, {0: since}) for f, (granted, since) in starts.items()}
     for f, (granted, since) in filters.items():
         sub.subscribe(f, granted, since)
@@ -409,7 +487,7 @@ def test_a_push_over_the_queued_bytes_limit_still_sends_what_it_built_then_close
     conn = MqttConnection(ListenerSettings(1 << 20))
     conn.connected = True
     conn.options = {**conn.options, "max_inflight": 1, "max_queued_bytes": 20}
-    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1))
+    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1), PER_LEVEL)
     sub.subscribe("t/#", 1, {0: 0})
     records = [(0, b"a"), (1, b"b"), (1, b"c" * 30), (0, b"d")]
     payload = b"".join(mqtt_format.encode_record(i, 1_700_000_000_000, qos, b"t/x", value)

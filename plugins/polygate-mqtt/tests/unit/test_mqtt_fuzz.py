@@ -35,9 +35,11 @@ def results_for(request: Request) -> list:
     for cmd in request.commands:
         if isinstance(cmd, m.Produce):
             out.append(m.ProduceResult(cmd.topic, 0, 0, 0, 1))
+        elif isinstance(cmd, m.ServerInfo):
+            out.append(m.ServerInfoResult(0.0, 1, 1))
         else:
             out.append(m.ListTopicsResult(tuple(
-                m.TopicInfo(t, (m.PartitionInfo(0, 0, 0, 0),)) for t in cmd.topics)))
+                m.TopicInfo(t, (m.PartitionInfo(0, 0, 0, 0),)) for t in cmd.topics or ("t",))))
     return out
 
 
