@@ -15,7 +15,7 @@ What a client gets (see the README for the full list and its reasons):
   may not read gets SUBACK 0x80; a refused PUBLISH QoS 0 is dropped silently
   (QoS 0 has no answer), a refused QoS 1 or 2 closes the connection (3.1.1
   has no negative acknowledgement).
-* A will message is published (stored, RETAIN ignored) when the connection
+* A will message is published (stored, and retained with will RETAIN) when the connection
   ends for any reason but a DISCONNECT from the client (or the gateway
   shutting down); its topic is any valid name, stored as a PUBLISH's would be
   (a name the mapping has no log topic for: CONNACK 5).
@@ -24,9 +24,9 @@ What a client gets (see the README for the full list and its reasons):
   ``connect_timeout_ms`` is closed.
 * PUBLISH QoS 0, 1 (PUBACK once stored) and 2 (PUBREC once stored,
   PUBCOMP on PUBREL; a resent PUBLISH awaiting PUBREL is not stored twice).
-  The RETAIN flag is not honoured: the message is stored and delivered like
-  any other and not kept for later subscribers, since a subscription starts
-  at the end of the log (the log itself is the history).
+  With RETAIN it is also kept as its name's retained message, in a compacted
+  log topic (``handlers.RETAINED_TOPIC``); an empty payload clears it. A
+  SUBSCRIBE gets the retained messages its granted filters match, RETAIN set.
 * SUBSCRIBE/SUBACK with ``+`` and ``#`` at any level; granted QoS is at most
   1. A filter reads the log topics the mapping (``topics``, option
   ``mapping``) may have put its names in: for a ``per-level`` filter whose
@@ -178,6 +178,7 @@ class _Outgoing:
 
     topic: bytes
     payload: bytes
+    retain: bool = False
     packet_id: int = 0
     sent_at: float = 0.0
 
@@ -204,7 +205,8 @@ class MqttConnection(CodecConnection):
         self.queued_bytes = 0
         self.next_id = 0
         self.awaiting_release: set[int] = set()
-        self.will: m.Produce | None = None
+        self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
+        self.retained_ready = False  # the retained messages' topic is known to exist (``handlers.RETAINED_TOPIC``)
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API
@@ -263,7 +265,7 @@ class MqttConnection(CodecConnection):
                     size = len(topic_field) + len(payload)
                     out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
                             topic_field, payload)
-                elif self._queue(topic_field[2:], payload):
+                elif self.queue(topic_field[2:], payload):
                     out.append(self.send_queued())  # in order with the QoS 0 ones around it
                 # else: too much QoS 1 left waiting, the subscriber is being closed; what was built
                 # goes out before the close, as it would have
@@ -273,8 +275,8 @@ class MqttConnection(CodecConnection):
         return b""
 
     def connection_lost(self) -> tuple[m.Produce, ...]:
-        """The will message, unless the client said DISCONNECT."""
-        return (self.will,) if self.will is not None else ()
+        """The will message (and its retained copy), unless the client said DISCONNECT."""
+        return self.will
 
     def timer(self, context: str) -> None:
         now = self.clock()
@@ -351,10 +353,10 @@ class MqttConnection(CodecConnection):
         sub = self.subscriptions.pop(log_topic)
         self.emit(Unsubscribe(sub.stream))
 
-    def _queue(self, topic: bytes, payload: bytes) -> bool:
+    def queue(self, topic: bytes, payload: bytes, retain: bool = False) -> bool:
         """Queue a QoS 1 delivery (``send_queued`` sends what the in-flight window takes); False
         when the subscriber has left too many waiting, and is closed."""
-        self.queued.append(_Outgoing(topic, payload))
+        self.queued.append(_Outgoing(topic, payload, retain))
         self.queued_bytes += len(topic) + len(payload)
         if self.queued_bytes > self.options["max_queued_bytes"]:
             self.close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 messages "
@@ -374,7 +376,7 @@ class MqttConnection(CodecConnection):
             if not self.inflight:
                 self.emit(Timer(self.options["retry_ms"] / 1000, "retry"))
             self.inflight[msg.packet_id] = msg
-            out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id))
+            out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id, retain=msg.retain))
         return b"".join(out)
 
     def _packet_id(self) -> int:
@@ -390,7 +392,7 @@ class MqttConnection(CodecConnection):
         for msg in self.inflight.values():
             if now - msg.sent_at >= retry - 0.001:
                 msg.sent_at = now
-                out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id, dup=True))
+                out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id, dup=True, retain=msg.retain))
         if out:
             self.emit(Handled.answer(b"".join(out)))
         if self.inflight:

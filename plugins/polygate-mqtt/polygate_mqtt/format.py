@@ -2,7 +2,7 @@
 
 A payload is a run of records, each::
 
-    u32 offset_delta | i64 timestamp_ms | u8 qos | i32 key_len (-1: null) | key | i32 value_len | value
+    u32 offset_delta | i64 timestamp_ms | u8 qos | i32 key_len (-1: null) | key | i32 value_len (-1: null) | value
 
 ``key`` is the MQTT topic name (UTF-8), ``value`` the application message,
 ``qos`` the QoS it was published with (0xFF for a record converted from
@@ -30,9 +30,9 @@ _ONE_RECORD_MIN = HEAD_SIZE + LEN.size  # a record with no key and no value
 
 
 def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None) -> bytes:
-    value = value or b""
+    """One record; a null ``value`` is a tombstone (a cleared retained message)."""
     return b"".join((HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
-                     LEN.pack(len(value)), value))
+                     LEN.pack(-1 if value is None else len(value)), value or b""))
 
 
 class MqttFormat(BatchFormat):
@@ -93,8 +93,8 @@ class MqttFormat(BatchFormat):
             pos += max(klen, 0)
             (vlen,) = LEN.unpack_from(data, pos)
             pos += LEN.size
-            value = bytes(data[pos : pos + vlen])
-            pos += vlen
+            value = None if vlen < 0 else bytes(data[pos : pos + vlen])
+            pos += max(vlen, 0)
             extras = {} if qos == UNKNOWN_QOS else {"mqtt_qos": qos}
             yield Record(value, key, ts, offset=batch.base_offset + delta, extras=extras)
 

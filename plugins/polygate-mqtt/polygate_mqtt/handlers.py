@@ -64,13 +64,16 @@ def connect(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
         if not topics.is_sys(c.will_topic) and conn.mapping.log_topic(c.will_topic) is None:
             return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
                                   reason=f"will topic {c.will_topic!r}: no log topic under mapping {conn.mapping.spec}")
-        conn.will = _produce(conn, c.will_topic, f.will_qos, c.will_message)
+        conn.will = _commands(conn, c.will_topic, f.will_qos, c.will_message, f.will_retain)
     conn.connected = True
     conn.keep_alive = float(c.keep_alive)
     conn.emit(Timer(None, "connect"))
     if conn.keep_alive:
         conn.emit(Timer(1.5 * conn.keep_alive, "keepalive"))
-    return Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED))
+    connack = packets.connack(packets.ConnectReturn.ACCEPTED)
+    if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
+        return _with_retained_topic(conn, lambda: Handled.answer(connack))
+    return Handled.answer(connack)
 
 
 class _Stored(Acknowledgement):
@@ -94,6 +97,8 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     name, qos, packet_id, payload = packets.parse_publish(flags, body)
     if qos == 2 and packet_id in conn.awaiting_release:
         return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
+    if flags & 1:
+        return _publish_retained(conn, name, qos, packet_id, payload)
     produce = _produce(conn, name, qos, payload)
     if qos == 0:
         return Handled.answer(b"") if produce is None else Handled.run((produce,), _Stored(b"", (conn, name, qos)),
@@ -135,6 +140,60 @@ def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Pro
     # Positional arguments, as one is built per PUBLISH: topic, partition, batch, acks,
     # timeout_ms, key, partitioner, auto_create.
     return m.Produce(log_topic, None, m.Batch(fmt.NAME, record, 1, ts), _LEADER, None, key, "murmur2", True)
+
+
+RETAINED_TOPIC = "__mqtt_retained"
+"""The last retained message of each MQTT topic name, keyed by it, in the ``mqtt`` format (a cleared
+one: a tombstone, a null value), in a compacted log topic shared by every gateway of a cluster."""
+_ENSURE_RETAINED = m.CreateTopic(RETAINED_TOPIC, None, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
+RETAINED_FETCH_BYTES = 4 << 20  # read per partition and round trip when a SUBSCRIBE scans the retained messages
+
+
+def _retained(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce:
+    """The command keeping ``payload`` as ``name``'s retained message (an empty one clears it)."""
+    key, ts = name.encode("utf-8"), conn.taken_at
+    record = fmt.encode_record(0, ts, qos, key, payload or None)
+    return m.Produce(RETAINED_TOPIC, None, m.Batch(fmt.NAME, record, 1, ts), _LEADER, None, key, "murmur2", False)
+
+
+def _commands(conn: MqttConnection, name: str, qos: int, payload: bytes, retain: bool) -> tuple[m.Produce, ...]:
+    """The commands storing a message published to ``name``, and keeping it as retained."""
+    produce = _produce(conn, name, qos, payload)
+    if produce is None:
+        return ()
+    return (produce, _retained(conn, name, qos, payload)) if retain else (produce,)
+
+
+def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> Handled:
+    """``then()``, once the retained messages' topic exists (created compacted on first use); later
+    packets wait, so that nothing overtakes the step ``then`` returns."""
+    if conn.retained_ready:
+        return then()
+
+    def created(results: Sequence[m.CreateTopicResult]) -> Handled:
+        conn.retained_ready = results[0].error is None  # else the retained copy fails, and says why
+        return then()
+
+    return Handled.run((_ENSURE_RETAINED,), created, hold=True)
+
+
+def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int | None, payload: bytes) -> Handled:
+    """A PUBLISH with RETAIN: stored as any other, and kept as ``name``'s retained message (both
+    before the acknowledgement). Delivered live without RETAIN, as 3.3.1.3 says."""
+    commands = _commands(conn, name, qos, payload, True)
+    ack = b"" if qos == 0 else packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC,
+                                                      packet_id or 0)
+    if qos == 2:
+        conn.awaiting_release.add(packet_id or 0)
+    if not commands:  # $SYS: acknowledged, dropped
+        return Handled.answer(ack)
+    stored = _Stored(ack, (conn, name, qos))
+
+    def answer(results: Sequence[m.ProduceResult]) -> bytes:
+        failed = next((result for result in results if result.error is not None), None)
+        return stored.ok if failed is None else stored.refused(failed)
+
+    return _with_retained_topic(conn, lambda: Handled.run(commands, answer))
 
 
 def pubrel(conn: MqttConnection, body: bytes, flags: int) -> Handled:
@@ -180,6 +239,7 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
         listings.append(m.ListTopics(named, auto_create=True, read=True))
     if any(sources is not None and sources.every for *_, sources in entries):
         listings.append(m.ListTopics(None, read=True))
+    listings.append(m.ListTopics((RETAINED_TOPIC,), read=True))  # where the retained messages are
     ctx = _Subscribe(s.packet_id, tuple(entries))
     # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription
     return Handled.run(tuple(listings), lambda results: _subscribed(conn, ctx, results), hold=True)
@@ -187,8 +247,10 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
 
 def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListTopicsResult]) -> bytes | Handled:
     """Grant each filter whose log topics may all be read (within ``max_partitions``), start
-    reading the log topics new to the connection, answer SUBACK (and $SYS figures)."""
+    reading the log topics new to the connection, answer SUBACK, then send the $SYS figures and
+    the retained messages the granted filters match."""
     infos = {t.topic: t for result in results for t in result.topics}
+    retained = infos.pop(RETAINED_TOPIC)
     codes = []
     for topic_filter, qos, sources in ctx.entries:
         granted = min(qos, MAX_GRANTED_QOS)
@@ -215,11 +277,76 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
     if conn.subscriptions or conn.open_filters:
         conn.emit(Timer(conn.options["discovery_ms"] / 1000, "discover"))
     suback = packets.suback(ctx.packet_id, codes)
-    if any(sources is None for *_, sources in ctx.entries):
-        # the SUBACK first, then the figures (as retained messages, as Mosquitto's)
-        conn.emit(Handled.answer(suback))
-        return sys_figures(conn, retain=True) or b""
-    return suback
+    grants = {topic_filter: code for (topic_filter, _, sources), code in zip(ctx.entries, codes, strict=True)
+              if sources is not None and code != packets.SUBACK_FAILURE}
+    scan = _RetainedScan(grants, {p.partition: (p.log_start_offset, p.high_watermark) for p in retained.partitions
+                                   if p.high_watermark > p.log_start_offset} if retained.error is None else {})
+    has_sys = any(sources is None for *_, sources in ctx.entries)
+    if not has_sys and not (grants and scan.positions):
+        return suback
+    conn.emit(Handled.answer(suback))  # the SUBACK first, then the figures and the retained messages
+    if has_sys:
+        conn.emit(sys_figures(conn, retain=True))  # as retained messages, as Mosquitto's
+    return _scan_retained(conn, scan) if grants and scan.positions else b""
+
+
+@attrs.define
+class _RetainedScan:
+    """A SUBSCRIBE's read of the retained messages: the granted ``filters`` (-> QoS), where each
+    partition's read is and ends, and the last retained message of each name the filters match."""
+
+    filters: dict[str, int]
+    positions: dict[int, tuple[int, int]]  # partition -> (next offset, high watermark at the SUBSCRIBE)
+    found: dict[str, tuple[int, bytes]] = attrs.Factory(dict)  # name -> (qos it was published with, payload)
+
+
+def _scan_retained(conn: MqttConnection, scan: _RetainedScan) -> Handled:
+    fetches = tuple(m.Fetch(RETAINED_TOPIC, partition, offset, fmt.NAME, max_bytes=RETAINED_FETCH_BYTES)
+                    for partition, (offset, _) in scan.positions.items())
+    return Handled.run(fetches, lambda results: _retained_read(conn, scan, results))
+
+
+def _retained_read(conn: MqttConnection, scan: _RetainedScan, results: Sequence[m.FetchResult]) -> bytes | Handled:
+    """Keep the last message of each matching name, read on until the high watermark each
+    partition had at the SUBSCRIBE, then send them with RETAIN set, each at the lower of the QoS
+    it was published with and the highest granted QoS of the filters that match it."""
+    for result in results:
+        end = scan.positions[result.partition][1]
+        if result.error is not None or not result.batches:
+            del scan.positions[result.partition]  # nothing more to read there
+            continue
+        for batch in result.batches:
+            for record in fmt.FORMAT.records(batch):
+                if record.offset is None or record.offset >= end or not record.key:
+                    continue
+                try:
+                    name = record.key.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # not an MQTT topic name: no MQTT client retained it
+                if any(topics.matches(topic_filter, name) for topic_filter in scan.filters):
+                    if record.value:
+                        scan.found[name] = (record.extras.get("mqtt_qos", fmt.UNKNOWN_QOS), record.value)
+                    else:
+                        scan.found.pop(name, None)
+        following = result.batches[-1].last_offset + 1
+        if following < end:
+            scan.positions[result.partition] = (following, end)
+        else:
+            del scan.positions[result.partition]
+    if scan.positions:
+        return _scan_retained(conn, scan)
+    out = []
+    for name, (stored_qos, payload) in scan.found.items():
+        granted = max(qos for topic_filter, qos in scan.filters.items() if topics.matches(topic_filter, name))
+        qos = granted if stored_qos == fmt.UNKNOWN_QOS else min(granted, stored_qos)
+        topic = name.encode("utf-8")
+        if qos == 0:
+            out.append(packets.publish(topic, payload, retain=True))
+        elif conn.queue(topic, payload, retain=True):
+            out.append(conn.send_queued())
+        else:
+            break  # too much left waiting: the subscriber is being closed
+    return b"".join(out)
 
 
 def _room(conn: MqttConnection, infos: Sequence[m.TopicInfo | None]) -> bool:
@@ -304,7 +431,7 @@ def pingreq(conn: MqttConnection, body: bytes, flags: int) -> Handled:
 
 
 def disconnect(conn: MqttConnection, body: bytes, flags: int) -> Handled:
-    conn.will = None
+    conn.will = ()
     return Handled.answer(b"", close=True, reason="client sent DISCONNECT")
 
 

@@ -114,6 +114,12 @@ class Device:
             self.arrived.wait_for(lambda: len(self.messages) >= n, timeout)
             return [(msg.topic, msg.payload, msg.qos) for msg in self.messages]
 
+    def wait_for(self, wanted: tuple[str, bytes, int], timeout: float = 15) -> bool:
+        """Whether the message ``(topic, payload, qos)`` arrives within ``timeout``."""
+        with self.arrived:
+            return self.arrived.wait_for(
+                lambda: wanted in [(msg.topic, msg.payload, msg.qos) for msg in self.messages], timeout)
+
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()

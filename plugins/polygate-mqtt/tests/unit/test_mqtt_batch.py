@@ -76,3 +76,10 @@ EDGES = [ONE, ONE[:-1], ONE + b"\0", ONE[:5], b"", ONE + ONE, mqtt_format.encode
 def test_validate_each_is_validate_of_each_payload(payloads):
     """The in-place check of one-PUBLISH payloads gives what ``validate`` gives, refusals included."""
     assert mqtt_format.FORMAT.validate_each(payloads) == [_checked(p) for p in payloads]
+
+
+def test_a_null_value_is_a_tombstone_and_reads_back_as_none():
+    payload = mqtt_format.encode_record(0, 1, 1, b"t/a", None) + mqtt_format.encode_record(1, 2, 1, b"t/a", b"")
+    assert mqtt_format.FORMAT.validate(payload) == Validated(2, 2)
+    records = list(mqtt_format.FORMAT.records(StoredBatch("mqtt", 0, 1, 2, payload)))
+    assert [(r.key, r.value) for r in records] == [(b"t/a", None), (b"t/a", b"")]
