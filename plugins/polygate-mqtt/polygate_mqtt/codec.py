@@ -25,10 +25,10 @@ What a client gets (see the README for the full list and its reasons):
 * PUBLISH QoS 0, 1 (PUBACK once stored) and 2 (PUBREC once stored,
   PUBCOMP on PUBREL; a resent PUBLISH awaiting PUBREL is not stored twice).
   With RETAIN it is also kept as its name's retained message, in a compacted
-  log topic (``handlers.RETAINED_TOPIC``); an empty payload clears it. A
+  log topic (``topics.RETAINED_TOPIC``); an empty payload clears it. A
   SUBSCRIBE gets the retained messages its granted filters match, RETAIN set.
-* SUBSCRIBE/SUBACK with ``+`` and ``#`` at any level; granted QoS is at most
-  1. A filter reads the log topics the mapping (``topics``, option
+* SUBSCRIBE/SUBACK with ``+`` and ``#`` at any level, the requested QoS
+  granted. A filter reads the log topics the mapping (``topics``, option
   ``mapping``) may have put its names in: for a ``per-level`` filter whose
   first level is a wildcard, every log topic, also those created later. Every
   ``discovery_ms`` the connection looks for log topics and partitions created
@@ -40,8 +40,8 @@ What a client gets (see the README for the full list and its reasons):
 * ``$SYS/...`` is the gateway's: a PUBLISH there is acknowledged and dropped
   (as Mosquitto does), and a subscription gets the figures of ``ServerInfo``
   as retained messages, then again every ``sys_interval_ms``.
-* QoS 1 deliveries are resent (DUP set) every ``retry_ms`` until PUBACKed,
-  while the connection lives. At most ``max_inflight`` are unacknowledged;
+* QoS 1 and 2 deliveries are resent (DUP set) every ``retry_ms`` until
+  PUBACKed (QoS 2: PUBREC is answered PUBREL, then resent until PUBCOMP). At most ``max_inflight`` are unacknowledged;
   later ones wait, up to ``max_queued_bytes``, past which the subscriber is
   disconnected as too slow.
 * PINGREQ/PINGRESP, DISCONNECT.
@@ -91,14 +91,15 @@ from . import format as fmt
 from . import packets, topics
 from .handlers import HANDLERS, connect, discover, sys_figures
 from .packets import MalformedPacket, PacketType
+from .session import Outgoing
 
 OPTIONS = (
     Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
            help="how long a QoS 1 delivery waits for its PUBACK before it is resent"),
     Option("max_inflight", integer(1), 1000, "a positive integer",
-           help="QoS 1 deliveries waiting for their PUBACK at most"),
+           help="QoS 1 and 2 deliveries waiting for their acknowledgement at most"),
     Option("max_queued_bytes", integer(0), 64 << 20, "a non-negative integer (bytes)",
-           help="QoS 1 messages waiting for room in the in-flight window, past which a subscriber is closed"),
+           help="QoS 1 and 2 messages waiting for room in the in-flight window, past which a subscriber is closed"),
     Option("connect_timeout_ms", integer(1), 10_000, "a positive integer (milliseconds)",
            help="how long a connection may wait before its CONNECT"),
     Option("mapping", topics.parse_mapping, topics.PerLevel(),
@@ -172,17 +173,6 @@ class _TopicSubscription:
         return found
 
 
-@attrs.define
-class _Outgoing:
-    """A QoS 1 delivery waiting for its PUBACK."""
-
-    topic: bytes
-    payload: bytes
-    retain: bool = False
-    packet_id: int = 0
-    sent_at: float = 0.0
-
-
 class MqttConnection(CodecConnection):
     """One client connection (see the module docstring)."""
 
@@ -200,13 +190,13 @@ class MqttConnection(CodecConnection):
         self.known_topics: set[str] = set()  # log topics listed since the first of ``open_filters``
         self.sys_filters: dict[str, int] = {}  # filters of $SYS topics -> granted QoS
         self.generation = 0
-        self.inflight: collections.OrderedDict[int, _Outgoing] = collections.OrderedDict()
-        self.queued: collections.deque[_Outgoing] = collections.deque()
+        self.inflight: collections.OrderedDict[int, Outgoing] = collections.OrderedDict()
+        self.queued: collections.deque[Outgoing] = collections.deque()
         self.queued_bytes = 0
         self.next_id = 0
         self.awaiting_release: set[int] = set()
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
-        self.retained_ready = False  # the retained messages' topic is known to exist (``handlers.RETAINED_TOPIC``)
+        self.retained_ready = False  # the retained messages' topic is known to exist (``topics.RETAINED_TOPIC``)
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API
@@ -242,8 +232,8 @@ class MqttConnection(CodecConnection):
             self.close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
             return b""
         out: list[bytes] = []
-        partition, delivery, unknown_qos, qos0 = result.partition, sub.delivery, fmt.UNKNOWN_QOS, \
-            packets.PUBLISH_QOS0_BYTE
+        log_topic, partition, delivery, unknown_qos, qos0 = context[0], result.partition, sub.delivery, \
+            fmt.UNKNOWN_QOS, packets.PUBLISH_QOS0_BYTE
         last_key: bytes | None | object = _NO_KEY
         for stored in result.batches:
             for offset, stored_qos, key, payload in fmt.FORMAT.deliveries(stored):
@@ -265,7 +255,7 @@ class MqttConnection(CodecConnection):
                     size = len(topic_field) + len(payload)
                     out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
                             topic_field, payload)
-                elif self.queue(topic_field[2:], payload):
+                elif self.queue(Outgoing(topic_field[2:], payload, qos, False, (log_topic, partition, offset))):
                     out.append(self.send_queued())  # in order with the QoS 0 ones around it
                 # else: too much QoS 1 left waiting, the subscriber is being closed; what was built
                 # goes out before the close, as it would have
@@ -353,19 +343,19 @@ class MqttConnection(CodecConnection):
         sub = self.subscriptions.pop(log_topic)
         self.emit(Unsubscribe(sub.stream))
 
-    def queue(self, topic: bytes, payload: bytes, retain: bool = False) -> bool:
-        """Queue a QoS 1 delivery (``send_queued`` sends what the in-flight window takes); False
-        when the subscriber has left too many waiting, and is closed."""
-        self.queued.append(_Outgoing(topic, payload, retain))
-        self.queued_bytes += len(topic) + len(payload)
+    def queue(self, msg: Outgoing) -> bool:
+        """Queue a QoS 1 or 2 delivery (``send_queued`` sends what the in-flight window takes);
+        False when the subscriber has left too many waiting, and is closed."""
+        self.queued.append(msg)
+        self.queued_bytes += len(msg.topic) + len(msg.payload)
         if self.queued_bytes > self.options["max_queued_bytes"]:
-            self.close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 messages "
+            self.close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 and 2 messages "
                         "waiting for acknowledgements")
             return False
         return True
 
     def send_queued(self) -> bytes:
-        """Send waiting QoS 1 messages while the in-flight window has room."""
+        """Send waiting QoS 1 and 2 messages while the in-flight window has room."""
         out = []
         now = self.clock()
         while self.queued and len(self.inflight) < min(self.options["max_inflight"], MAX_PACKET_ID):
@@ -376,7 +366,7 @@ class MqttConnection(CodecConnection):
             if not self.inflight:
                 self.emit(Timer(self.options["retry_ms"] / 1000, "retry"))
             self.inflight[msg.packet_id] = msg
-            out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id, retain=msg.retain))
+            out.append(msg.packet(dup=False))
         return b"".join(out)
 
     def _packet_id(self) -> int:
@@ -386,13 +376,14 @@ class MqttConnection(CodecConnection):
                 return self.next_id
 
     def _retry(self, now: float) -> None:
-        """Resend, DUP set, every QoS 1 delivery unacknowledged for ``retry_ms``."""
+        """Resend, DUP set, every delivery unacknowledged for ``retry_ms`` (a released QoS 2 one:
+        its PUBREL)."""
         retry = self.options["retry_ms"] / 1000
         out = []
         for msg in self.inflight.values():
             if now - msg.sent_at >= retry - 0.001:
                 msg.sent_at = now
-                out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id, dup=True, retain=msg.retain))
+                out.append(msg.packet(dup=True))
         if out:
             self.emit(Handled.answer(b"".join(out)))
         if self.inflight:

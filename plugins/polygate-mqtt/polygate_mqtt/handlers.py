@@ -24,6 +24,7 @@ from gateway.codec import Acknowledgement, Handled, Timer
 from . import format as fmt
 from . import packets, topics
 from .packets import MalformedPacket, PacketType
+from .session import Outgoing
 
 if TYPE_CHECKING:
     from .codec import MqttConnection
@@ -142,9 +143,7 @@ def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Pro
     return m.Produce(log_topic, None, m.Batch(fmt.NAME, record, 1, ts), _LEADER, None, key, "murmur2", True)
 
 
-RETAINED_TOPIC = "__mqtt_retained"
-"""The last retained message of each MQTT topic name, keyed by it, in the ``mqtt`` format (a cleared
-one: a tombstone, a null value), in a compacted log topic shared by every gateway of a cluster."""
+RETAINED_TOPIC = topics.RETAINED_TOPIC
 _ENSURE_RETAINED = m.CreateTopic(RETAINED_TOPIC, None, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
 RETAINED_FETCH_BYTES = 4 << 20  # read per partition and round trip when a SUBSCRIBE scans the retained messages
 
@@ -203,15 +202,37 @@ def pubrel(conn: MqttConnection, body: bytes, flags: int) -> Handled:
 
 
 def puback(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
+    """The end of a QoS 1 delivery; room for a waiting one."""
+    return _delivered(conn, packets.parse(packets.PACKET_ID, body).packet_id, 1)
+
+
+def pubcomp(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
+    """The end of a released QoS 2 delivery; room for a waiting one."""
+    return _delivered(conn, packets.parse(packets.PACKET_ID, body).packet_id, 2)
+
+
+def _delivered(conn: MqttConnection, packet_id: int, qos: int) -> Handled | None:
+    msg = conn.inflight.get(packet_id)
+    if msg is None or msg.qos != qos or (qos == 2 and not msg.released):
+        return None  # not (or no longer) in flight at that stage: nothing to complete (4.3)
+    del conn.inflight[packet_id]
+    data = conn.send_queued()
+    return Handled.answer(data) if data else None
+
+
+def pubrec(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
+    """A QoS 2 delivery received: from now on it is released, PUBREL (not the PUBLISH) is what is
+    resent until PUBCOMP."""
     packet_id = packets.parse(packets.PACKET_ID, body).packet_id
-    if conn.inflight.pop(packet_id, None) is not None:
-        data = conn.send_queued()
-        if data:
-            return Handled.answer(data)
-    return None
+    msg = conn.inflight.get(packet_id)
+    if msg is None or msg.qos != 2:
+        return None
+    msg.released = True
+    msg.sent_at = conn.clock()
+    return Handled.answer(msg.packet(dup=False))
 
 
-MAX_GRANTED_QOS = 1
+MAX_GRANTED_QOS = 2
 
 
 @attrs.frozen
@@ -260,7 +281,7 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
             continue
         read = [infos.get(name) for name in sources.topics]
         if sources.every:
-            read += [info for info in infos.values() if topics.follows(info.topic) and info.topic not in sources.topics]
+            read += [info for info in infos.values() if not topics.own(info.topic) and info.topic not in sources.topics]
         if not read and not sources.every \
                 or any(info is None or info.error is not None or not info.partitions for info in read) \
                 or not _room(conn, read):
@@ -325,7 +346,7 @@ def _retained_read(conn: MqttConnection, scan: _RetainedScan, results: Sequence[
                     continue  # not an MQTT topic name: no MQTT client retained it
                 if any(topics.matches(topic_filter, name) for topic_filter in scan.filters):
                     if record.value:
-                        scan.found[name] = (record.extras.get("mqtt_qos", fmt.UNKNOWN_QOS), record.value)
+                        scan.found[name] = (fmt.qos_of(record), record.value)
                     else:
                         scan.found.pop(name, None)
         following = result.batches[-1].last_offset + 1
@@ -342,7 +363,7 @@ def _retained_read(conn: MqttConnection, scan: _RetainedScan, results: Sequence[
         topic = name.encode("utf-8")
         if qos == 0:
             out.append(packets.publish(topic, payload, retain=True))
-        elif conn.queue(topic, payload, retain=True):
+        elif conn.queue(Outgoing(topic, payload, qos, True)):
             out.append(conn.send_queued())
         else:
             break  # too much left waiting: the subscriber is being closed
@@ -375,7 +396,7 @@ def _discovered(conn: MqttConnection, result: m.ListTopicsResult) -> bytes:
             new = {p.partition: 0 for p in info.partitions if p.partition not in sub.partitions}
             if new and conn.partitions_read + len(new) <= conn.options["max_partitions"]:
                 conn.subscription(info.topic, new)
-        elif conn.open_filters and info.topic not in conn.known_topics and topics.follows(info.topic):
+        elif conn.open_filters and info.topic not in conn.known_topics and not topics.own(info.topic):
             conn.known_topics.add(info.topic)
             if info.partitions and _room(conn, [info]):
                 sub = conn.subscription(info.topic, {p.partition: 0 for p in info.partitions})
@@ -438,7 +459,9 @@ def disconnect(conn: MqttConnection, body: bytes, flags: int) -> Handled:
 HANDLERS: dict[PacketType, Callable[[MqttConnection, bytes, int], Handled | None]] = {
     PacketType.PUBLISH: publish,
     PacketType.PUBACK: puback,
+    PacketType.PUBREC: pubrec,
     PacketType.PUBREL: pubrel,
+    PacketType.PUBCOMP: pubcomp,
     PacketType.SUBSCRIBE: subscribe,
     PacketType.UNSUBSCRIBE: unsubscribe,
     PacketType.PINGREQ: pingreq,

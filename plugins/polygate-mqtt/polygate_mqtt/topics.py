@@ -47,7 +47,13 @@ LOG_TOPIC = re.compile(r"[A-Za-z0-9._=\-]{1,249}")
 MAX_TOPIC_BYTES = 65535
 DEFAULT_TOPIC = "mqtt"
 SYS_PREFIX = "$SYS/"
-INTERNAL_PREFIX = "__"  # log topics of the gateway's own (group offsets, retained messages): no filter reads them
+RETAINED_TOPIC = "_mqtt_retained"
+"""The last retained message of each MQTT topic name, keyed by it, in the ``mqtt`` format (a cleared
+one: a tombstone, a null value), in a compacted log topic shared by every gateway of a cluster."""
+SESSIONS_TOPIC = "_mqtt_sessions"
+"""The log topic whose partition 0 carries, in the metadata of each session's commit, the session's
+subscriptions (``session``); nothing is written to it."""
+_OWN = frozenset((RETAINED_TOPIC, SESSIONS_TOPIC))
 MAX_CACHED_NAMES = 4096  # names whose log topic each mapping remembers: a publisher sends to few names
 
 
@@ -118,9 +124,10 @@ class Sources:
     every: bool = False
 
 
-def follows(name: str) -> bool:
-    """Whether a log topic is one that ``Sources.every`` reads (not one of the gateway's own)."""
-    return not name.startswith(INTERNAL_PREFIX)
+def own(name: str) -> bool:
+    """Whether a log topic is the gateway's own (the plugin's, or a Kafka-internal ``__`` one):
+    no MQTT name is stored there, and no filter reads it."""
+    return name in _OWN or name.startswith("__")
 
 
 class Mapping:
@@ -160,13 +167,13 @@ class PerLevel(Mapping):
         if is_sys(name):
             return None
         first = name.split("/", 1)[0]
-        return first if LOG_TOPIC.fullmatch(first) else self.other
+        return first if LOG_TOPIC.fullmatch(first) and not own(first) else self.other
 
     def sources(self, topic_filter: str) -> Sources:
         if wildcard_first(topic_filter):
             return Sources(every=True)
         first = topic_filter.split("/", 1)[0]
-        return Sources((first if LOG_TOPIC.fullmatch(first) else self.other,))
+        return Sources((first if LOG_TOPIC.fullmatch(first) and not own(first) else self.other,))
 
 
 class Single(Mapping):
@@ -204,8 +211,8 @@ class Rules(Mapping):
 
 
 def _log_topic_name(text: str) -> str:
-    if not LOG_TOPIC.fullmatch(text) or text.startswith(INTERNAL_PREFIX):
-        raise ValueError(f"{text!r} is not a log topic name [A-Za-z0-9._=-]{{1,249}} (nor one starting with __)")
+    if not LOG_TOPIC.fullmatch(text) or own(text):
+        raise ValueError(f"{text!r} is not a log topic name [A-Za-z0-9._=-]{{1,249}} of its own")
     return text
 
 

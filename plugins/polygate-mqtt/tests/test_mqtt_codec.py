@@ -12,7 +12,7 @@ from mqtt_support import Rig, connect_packet, puback, subscribe_packet, unsubscr
 from polygate_mqtt import format as mqtt_format
 from polygate_mqtt import packets, plugin, topics
 from polygate_mqtt.codec import MqttConnection, _TopicSubscription
-from polygate_mqtt.packets import MalformedPacket, PacketType
+from polygate_mqtt.packets import MalformedPacket, PacketType, with_packet_id
 
 from gateway import model as m
 from gateway.codec import ListenerSettings, OptionError, parse_options
@@ -123,7 +123,8 @@ PER_LEVEL, SINGLE = topics.PerLevel(), topics.Single("all")
 
 @pytest.mark.parametrize("name, log", [("sensors/a/b", "sensors"), ("sensors", "sensors"), ("a.b=c-d_e/x", "a.b=c-d_e"),
                                        ("/a", "mqtt"), ("$SYS/x", None), ("$other/x", "mqtt"), ("bad level/x", "mqtt"),
-                                       ("ü/x", "mqtt"), ("x" * 250, "mqtt"), ("x" * 249, "x" * 249)])
+                                       ("ü/x", "mqtt"), ("x" * 250, "mqtt"), ("x" * 249, "x" * 249),
+                                       ("_mqtt_retained/x", "mqtt"), ("__consumer_offsets", "mqtt")])
 def test_per_level_stores_a_name_in_its_first_level_or_else_in_the_other_topic(name, log):
     assert PER_LEVEL.log_topic(name) == log
 
@@ -273,6 +274,28 @@ def test_qos1_deliveries_are_resent_with_dup_until_acknowledged(rig):
     rig.reactor.advance(1.0)
     assert [publish_of(p) for p in c.received()] == [("t", 1, 1, b"hello", True)]
     c.send(puback(1))
+    rig.reactor.advance(5)
+    assert c.received() == []
+
+
+def test_qos2_deliveries_go_publish_pubrec_pubrel_pubcomp_and_resend_the_stage_they_are_at(rig):
+    c = rig.client()
+    assert c.send(subscribe_packet(1, ("t/#", 2))) == [(PacketType.SUBACK, 0, b"\x00\x01\x02")]
+    answers = c.send(packets.publish(b"t/a", b"once", 2, 9) + packets.with_packet_id(PacketType.PUBREL, 9))
+    rig.reactor.advance(0)  # a reactor turn: the stream polls again
+    answers += c.received()
+    assert [p for p in answers if p[0] != PacketType.PUBLISH] == [(PacketType.PUBREC, 0, b"\x00\x09"),
+                                                                  (PacketType.PUBCOMP, 0, b"\x00\x09")]
+    [delivered] = [publish_of(p) for p in answers if p[0] == PacketType.PUBLISH]
+    assert delivered == ("t/a", 2, 1, b"once", False)
+    rig.reactor.advance(1.0)  # no PUBREC yet: the PUBLISH again, DUP set
+    assert [publish_of(p) for p in c.received()] == [("t/a", 2, 1, b"once", True)]
+    assert c.send(puback(1)) == []  # a PUBACK does not end a QoS 2 delivery
+    assert c.send(with_packet_id(PacketType.PUBCOMP, 1)) == []  # nor a PUBCOMP before its PUBREC
+    assert c.send(with_packet_id(PacketType.PUBREC, 1)) == [(PacketType.PUBREL, 2, b"\x00\x01")]
+    rig.reactor.advance(1.0)  # released: PUBREL is what is resent, never the PUBLISH
+    assert c.received() == [(PacketType.PUBREL, 2, b"\x00\x01")]
+    assert c.send(with_packet_id(PacketType.PUBCOMP, 1)) == []
     rig.reactor.advance(5)
     assert c.received() == []
 
