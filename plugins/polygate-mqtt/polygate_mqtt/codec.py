@@ -3,9 +3,9 @@
 What a client gets (see the README for the full list and its reasons):
 
 * CONNECT/CONNACK. Only protocol level 4 (3.1.1) is accepted; another level
-  is answered CONNACK 0x01 and closed. Every session is clean: a client
-  asking for a persistent session (clean session 0) is accepted with
-  "session present" 0 and must subscribe again. A user name and password
+  is answered CONNACK 0x01 and closed. Clean session 0 resumes or begins the
+  client's persistent session, kept as a consumer group of committed offsets
+  (``session``), and "session present" says which; clean session 1 ends it. A user name and password
   are checked against the gateway's user store: a wrong pair is answered
   CONNACK 4 (bad user name or password), late (``CodecConnection.refuse_login``), and the
   connection closes; the client is then ``User:<name>`` for the ACLs. Without
@@ -55,7 +55,8 @@ Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
 gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
 (10000), ``mapping`` (``per-level``), ``discovery_ms`` (1000),
-``max_partitions`` (4096), ``sys_interval_ms`` (10000).
+``max_partitions`` (4096), ``sys_interval_ms`` (10000), ``commit_ms`` (1000),
+``session_expiry_s`` (7 days), ``max_session_backlog`` (100000).
 
 This module is the connection: framing, connection state, timers and the
 deliveries of subscriptions; each packet a client sends is handled by its
@@ -66,6 +67,7 @@ is ``format``.
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from typing import Any
 
@@ -88,8 +90,8 @@ from gateway.codec.framing import LengthPrefixedFramer, varint_header
 from gateway.codec.varint import TABLE_SIZE, UVARINTS
 
 from . import format as fmt
-from . import packets, topics
-from .handlers import HANDLERS, connect, discover, sys_figures
+from . import packets, session, topics
+from .handlers import HANDLERS, connect, discover, ignored, sys_figures
 from .packets import MalformedPacket, PacketType
 from .session import Outgoing
 
@@ -111,6 +113,12 @@ OPTIONS = (
            help="log partitions one connection's subscriptions read at most"),
     Option("sys_interval_ms", integer(1), 10_000, "a positive integer (milliseconds)",
            help="how often $SYS subscribers get the gateway's figures again"),
+    Option("commit_ms", integer(1), 1000, "a positive integer (milliseconds)",
+           help="how often a persistent session's position is committed while it moves"),
+    Option("session_expiry_s", integer(1), 7 * 24 * 3600, "a positive integer (seconds)",
+           help="how long a persistent session outlives its client's last connection"),
+    Option("max_session_backlog", integer(0), 100_000, "a non-negative integer (messages)",
+           help="messages per log partition a returning persistent session gets at most (the latest)"),
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
@@ -196,6 +204,10 @@ class MqttConnection(CodecConnection):
         self.next_id = 0
         self.awaiting_release: set[int] = set()
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
+        self.session_group: str | None = None  # the group of a persistent session (``session``)
+        self.read_to: dict[tuple[str, int], int] = {}  # (log topic, partition) -> the next offset to take
+        self.redeliver: dict[tuple[str, int, int], int] = {}  # a restored session's deliveries in flight: ids
+        self.commit_pending = False
         self.retained_ready = False  # the retained messages' topic is known to exist (``topics.RETAINED_TOPIC``)
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
@@ -255,18 +267,28 @@ class MqttConnection(CodecConnection):
                     size = len(topic_field) + len(payload)
                     out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
                             topic_field, payload)
-                elif self.queue(Outgoing(topic_field[2:], payload, qos, False, (log_topic, partition, offset))):
-                    out.append(self.send_queued())  # in order with the QoS 0 ones around it
-                # else: too much QoS 1 left waiting, the subscriber is being closed; what was built
-                # goes out before the close, as it would have
+                else:
+                    source = (log_topic, partition, offset)
+                    msg = Outgoing(topic_field[2:], payload, qos, False, source)
+                    if self.redeliver:  # in flight when the session's last connection ended
+                        msg.packet_id = self.redeliver.pop(source, 0)
+                    if self.queue(msg):
+                        out.append(self.send_queued())  # in order with the QoS 0 ones around it
+                    # else: too much left waiting, the subscriber is being closed; what was built
+                    # goes out before the close, as it would have
+        if self.session_group is not None and result.batches:
+            self.read_to[(log_topic, partition)] = result.batches[-1].last_offset + 1
+            self.session_moved()
         return b"".join(out)
 
     def keepalive(self, context: Any) -> bytes:
         return b""
 
-    def connection_lost(self) -> tuple[m.Produce, ...]:
-        """The will message (and its retained copy), unless the client said DISCONNECT."""
-        return self.will
+    def connection_lost(self) -> tuple[m.Produce | m.CommitOffsets, ...]:
+        """The will message (and its retained copy), unless the client said DISCONNECT; and the
+        persistent session's last commit, with the time the client left."""
+        commit = self.session_commit(left_ms=int(time.time() * 1000))
+        return self.will if commit is None else (*self.will, commit)
 
     def timer(self, context: str) -> None:
         now = self.clock()
@@ -283,6 +305,9 @@ class MqttConnection(CodecConnection):
             self._retry(now)
         elif context == "discover":
             self.emit(discover(self))
+        elif context == "commit":
+            self.commit_pending = False
+            self.commit_session()
         elif context == "sys":
             self.emit(sys_figures(self, retain=False))
         elif context not in ("connect", "keepalive"):
@@ -330,6 +355,9 @@ class MqttConnection(CodecConnection):
                         if p not in sub.partitions)
         if fetches:
             sub.partitions.update(f.partition for f in fetches)
+            if self.session_group is not None:
+                for f in fetches:
+                    self.read_to[(log_topic, f.partition)] = f.offset
             self.emit(Subscribe(fetches, sub.stream, exclusive=False))
         return sub
 
@@ -342,6 +370,8 @@ class MqttConnection(CodecConnection):
         """Stop reading ``log_topic``."""
         sub = self.subscriptions.pop(log_topic)
         self.emit(Unsubscribe(sub.stream))
+        for partition in sub.partitions:
+            self.read_to.pop((log_topic, partition), None)
 
     def queue(self, msg: Outgoing) -> bool:
         """Queue a QoS 1 or 2 delivery (``send_queued`` sends what the in-flight window takes);
@@ -361,13 +391,58 @@ class MqttConnection(CodecConnection):
         while self.queued and len(self.inflight) < min(self.options["max_inflight"], MAX_PACKET_ID):
             msg = self.queued.popleft()
             self.queued_bytes -= len(msg.topic) + len(msg.payload)
-            msg.packet_id = self._packet_id()
+            resent = bool(msg.packet_id) and msg.packet_id not in self.inflight  # under its first id, DUP set
+            if not resent:
+                msg.packet_id = self._packet_id()
             msg.sent_at = now
             if not self.inflight:
                 self.emit(Timer(self.options["retry_ms"] / 1000, "retry"))
             self.inflight[msg.packet_id] = msg
-            out.append(msg.packet(dup=False))
+            out.append(msg.packet(dup=resent))
         return b"".join(out)
+
+    # ------------------------------------------------------------------ a persistent session
+
+    def session_moved(self) -> None:
+        """The session's position moved: commit it within ``commit_ms``."""
+        if not self.commit_pending and self.session_group is not None:
+            self.commit_pending = True
+            self.emit(Timer(self.options["commit_ms"] / 1000, "commit"))
+
+    def commit_session(self) -> None:
+        """Commit the persistent session now (its answer, awaited by nothing, overtakes none)."""
+        commit = self.session_commit()
+        if commit is not None:
+            self.emit(Handled.run((commit,), ignored, ordered=False))
+
+    def session_commit(self, left_ms: int = 0) -> m.CommitOffsets | None:
+        """The commit that keeps the persistent session (``session``'s docstring), None without one."""
+        if self.session_group is None:
+            return None
+        filters: dict[str, int] = {}
+        for sub in self.subscriptions.values():
+            filters.update((topic_filter, qos) for topic_filter, (qos, _) in sub.filters.items())
+        filters.update(self.open_filters)
+        filters.update(self.sys_filters)
+        released = tuple(packet_id for packet_id, msg in self.inflight.items() if msg.released)
+        lowest = dict(self.read_to)
+        in_flight: dict[tuple[str, int], dict[int, int]] = {}
+        for msg in itertools.chain(self.inflight.values(), self.queued):
+            if msg.source is None or msg.released:
+                continue
+            topic, partition, offset = msg.source
+            if offset < lowest.get((topic, partition), offset + 1):
+                lowest[(topic, partition)] = offset
+            if msg.packet_id:
+                in_flight.setdefault((topic, partition), {})[offset] = msg.packet_id
+        offsets = [(*session.ANCHOR, 0, session.Anchor(filters, released, left_ms).encode())]
+        for (topic, partition), offset in lowest.items():
+            reading = self.subscriptions.get(topic)
+            since = {} if reading is None else {topic_filter: start[partition] for topic_filter, (_, start)
+                                                in reading.filters.items() if start.get(partition, 0) > offset}
+            position = session.Position(offset, since, in_flight.get((topic, partition), {}))
+            offsets.append((topic, partition, offset, position.encode()))
+        return m.CommitOffsets(self.session_group, tuple(offsets))
 
     def _packet_id(self) -> int:
         while True:

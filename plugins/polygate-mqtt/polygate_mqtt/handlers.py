@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -22,7 +22,7 @@ from gateway import model as m
 from gateway.codec import Acknowledgement, Handled, Timer
 
 from . import format as fmt
-from . import packets, topics
+from . import packets, session, topics
 from .packets import MalformedPacket, PacketType
 from .session import Outgoing
 
@@ -71,10 +71,67 @@ def connect(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     conn.emit(Timer(None, "connect"))
     if conn.keep_alive:
         conn.emit(Timer(1.5 * conn.keep_alive, "keepalive"))
-    connack = packets.connack(packets.ConnectReturn.ACCEPTED)
+    group = session.group_of(c.client_id)
+    if f.clean_session:
+        if c.client_id:  # a persistent session left by an earlier connection ends (3.1.2.4), unwaited for
+            conn.emit(Handled.run((m.DeleteGroups((group,)),), ignored, ordered=False))
+
+        def accepted() -> Handled:
+            return Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED))
+    else:
+        conn.session_group = group
+
+        def accepted() -> Handled:
+            return Handled.run((session.ENSURE_SESSIONS, m.FetchOffsets(group)),
+                               lambda results: _resume(conn, results[1]), hold=True)
     if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
-        return _with_retained_topic(conn, lambda: Handled.answer(connack))
-    return Handled.answer(connack)
+        return _with_retained_topic(conn, accepted)
+    return accepted()
+
+
+def ignored(results: Sequence[object]) -> bytes:
+    """The render of a command whose answer nobody waits for."""
+    return b""
+
+
+def _begun(conn: MqttConnection) -> bytes:
+    """A new persistent session: its anchor committed, so that it is present when the client returns."""
+    conn.commit_session()
+    return b""
+
+
+def _resume(conn: MqttConnection, result: m.FetchOffsetsResult) -> bytes | Handled:
+    """CONNACK for a persistent session, "session present" as it is: the session's filters read
+    again from where it stood, deliveries in flight resent with DUP under their first packet ids
+    and released ones' PUBREL resent (4.4). A session unused for ``session_expiry_s`` is gone: its
+    group is deleted before a new one begins."""
+    anchor, positions = session.restored(result.offsets) if result.error is None else (None, {})
+    expired = anchor is not None and anchor.left_ms > 0 \
+        and time.time() * 1000 - anchor.left_ms > conn.options["session_expiry_s"] * 1000
+    if anchor is None or expired:
+        conn.emit(Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED, session_present=False)))
+        if positions or expired:  # what an expired session left: its positions would be taken for the new one's
+            return Handled.run((m.DeleteGroups((conn.session_group or "",)),), lambda _: _begun(conn),
+                               hold=True)  # then anchor the new one
+        return _begun(conn)
+    conn.emit(Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED, session_present=True)))
+    out = []
+    for packet_id in anchor.released:
+        msg = Outgoing(b"", b"", 2, packet_id=packet_id, sent_at=conn.clock(), released=True)
+        conn.inflight[packet_id] = msg
+        out.append(msg.packet(dup=True))
+    if out:
+        conn.emit(Timer(conn.options["retry_ms"] / 1000, "retry"))
+        conn.emit(Handled.answer(b"".join(out)))
+    conn.redeliver = {(topic, partition, offset): packet_id for (topic, partition), position in positions.items()
+                      for offset, packet_id in position.inflight.items()}
+    entries = tuple((topic_filter, qos, None if topics.is_sys(topic_filter) else conn.mapping.sources(topic_filter))
+                    for topic_filter, qos in anchor.filters.items())
+    if not entries:
+        conn.commit_session()
+        return b""
+    ctx = _Subscribe(None, entries, positions)
+    return Handled.run(_listings(entries), lambda results: _subscribed(conn, ctx, results), hold=True)
 
 
 class _Stored(Acknowledgement):
@@ -216,20 +273,26 @@ def _delivered(conn: MqttConnection, packet_id: int, qos: int) -> Handled | None
     if msg is None or msg.qos != qos or (qos == 2 and not msg.released):
         return None  # not (or no longer) in flight at that stage: nothing to complete (4.3)
     del conn.inflight[packet_id]
+    conn.session_moved()
     data = conn.send_queued()
     return Handled.answer(data) if data else None
 
 
 def pubrec(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     """A QoS 2 delivery received: from now on it is released, PUBREL (not the PUBLISH) is what is
-    resent until PUBCOMP."""
+    resent until PUBCOMP. A persistent session keeps that before the PUBREL goes out, so that a
+    client back after it gets the PUBREL again, never the message (exactly once, 4.3.3)."""
     packet_id = packets.parse(packets.PACKET_ID, body).packet_id
     msg = conn.inflight.get(packet_id)
     if msg is None or msg.qos != 2:
         return None
     msg.released = True
     msg.sent_at = conn.clock()
-    return Handled.answer(msg.packet(dup=False))
+    pubrel = msg.packet(dup=False)
+    commit = conn.session_commit()
+    if commit is None:
+        return Handled.answer(pubrel)
+    return Handled.run((commit,), lambda _: pubrel)
 
 
 MAX_GRANTED_QOS = 2
@@ -239,8 +302,9 @@ MAX_GRANTED_QOS = 2
 class _Subscribe:
     """Context of a SUBSCRIBE waiting for the log topics its filters read."""
 
-    packet_id: int
+    packet_id: int | None  # None: a persistent session's subscriptions, restored (no SUBACK)
     entries: tuple[tuple[str, int, topics.Sources | None], ...]  # (filter, requested qos, sources; None: $SYS)
+    positions: Mapping[tuple[str, int], session.Position] | None = None  # where a restored session stood
 
 
 def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
@@ -254,6 +318,14 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
         if not topics.valid_filter(t.filter):
             raise MalformedPacket(f"invalid topic filter {t.filter!r}")
         entries.append((t.filter, t.qos, None if topics.is_sys(t.filter) else conn.mapping.sources(t.filter)))
+    ctx = _Subscribe(s.packet_id, tuple(entries))
+    # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription
+    return Handled.run(_listings(ctx.entries), lambda results: _subscribed(conn, ctx, results), hold=True)
+
+
+def _listings(entries: Sequence[tuple[str, int, topics.Sources | None]]) -> tuple[m.ListTopics, ...]:
+    """The log topics the filters of ``entries`` read (created if they are named), then the
+    retained messages' topic."""
     named = tuple(dict.fromkeys(name for *_, sources in entries if sources is not None for name in sources.topics))
     listings = []
     if named:
@@ -261,9 +333,7 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if any(sources is not None and sources.every for *_, sources in entries):
         listings.append(m.ListTopics(None, read=True))
     listings.append(m.ListTopics((RETAINED_TOPIC,), read=True))  # where the retained messages are
-    ctx = _Subscribe(s.packet_id, tuple(entries))
-    # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription
-    return Handled.run(tuple(listings), lambda results: _subscribed(conn, ctx, results), hold=True)
+    return tuple(listings)
 
 
 def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListTopicsResult]) -> bytes | Handled:
@@ -290,13 +360,20 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
         for info in read:
             assert info is not None  # checked above
             since = {p.partition: p.high_watermark for p in info.partitions}
-            conn.subscription(info.topic, since).subscribe(topic_filter, granted, since)
+            if ctx.positions is None:
+                conn.subscription(info.topic, since).subscribe(topic_filter, granted, since)
+            else:
+                starts, firsts = _restored_starts(conn, info, ctx.positions, topic_filter)
+                conn.subscription(info.topic, starts).subscribe(topic_filter, granted, firsts)
         if sources.every:
             conn.open_filters[topic_filter] = granted
             conn.known_topics.update(infos)
         codes.append(granted)
     if conn.subscriptions or conn.open_filters:
         conn.emit(Timer(conn.options["discovery_ms"] / 1000, "discover"))
+    conn.commit_session()  # the session's filters, kept before the SUBACK is read
+    if ctx.packet_id is None:  # restored: no SUBACK, and retained messages are a SUBSCRIBE's only (3.3.1.3)
+        return b""
     suback = packets.suback(ctx.packet_id, codes)
     grants = {topic_filter: code for (topic_filter, _, sources), code in zip(ctx.entries, codes, strict=True)
               if sources is not None and code != packets.SUBACK_FAILURE}
@@ -368,6 +445,23 @@ def _retained_read(conn: MqttConnection, scan: _RetainedScan, results: Sequence[
         else:
             break  # too much left waiting: the subscriber is being closed
     return b"".join(out)
+
+
+def _restored_starts(conn: MqttConnection, info: m.TopicInfo, positions: Mapping[tuple[str, int], session.Position],
+                     topic_filter: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Where a restored session reads each partition of ``info`` from, and where ``topic_filter``
+    starts in each: at the session's position (a partition without one was created while the
+    client was away: from its start), within the last ``max_session_backlog`` messages. The
+    filter starts there too (a read may return the records of a batch before it, as Kafka's
+    do), or later where it began later."""
+    starts, firsts = {}, {}
+    for p in info.partitions:
+        position = positions.get((info.topic, p.partition))
+        start = max(0 if position is None else position.offset,
+                    p.high_watermark - conn.options["max_session_backlog"], p.log_start_offset)
+        starts[p.partition] = start
+        firsts[p.partition] = max(start, 0 if position is None else position.since.get(topic_filter, 0))
+    return starts, firsts
 
 
 def _room(conn: MqttConnection, infos: Sequence[m.TopicInfo | None]) -> bool:
@@ -444,6 +538,7 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
                 conn.drop_subscription(sub.stream[0])
     if not conn.open_filters:
         conn.known_topics.clear()
+    conn.commit_session()
     return Handled.answer(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id))
 
 

@@ -439,7 +439,7 @@ def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
 @pytest.mark.parametrize(("given", "expected"), [
     ({"retry_ms": "soon"}, "option retry_ms='soon' is not allowed; expected a positive integer (milliseconds)"),
     ({"max_inflight": "0"}, "option max_inflight='0' is not allowed; expected a positive integer"),
-    ({"no_such_option": "1"}, "unknown option 'no_such_option' (its options: connect_timeout_ms, discovery_ms"),
+    ({"no_such_option": "1"}, "unknown option 'no_such_option' (its options: commit_ms, connect_timeout_ms"),
     ({"mapping": "levels"}, "option mapping='levels' is not allowed; expected per-level[:TOPIC], single[:TOPIC]"),
 ])
 def test_a_bad_codec_option_is_refused_with_what_is_allowed(given, expected):
