@@ -388,12 +388,12 @@ def test_packet_id_fast_path_agrees_with_the_schema(kind):
     assert packets.with_packet_id(kind, 513) == packets.packet(kind, packets.PACKET_ID.build({"packet_id": 513}), flags)
 
 
-def will_connect(keep_alive: int = 0) -> bytes:
+def will_connect(keep_alive: int = 0, topic: str = "status/w") -> bytes:
     body = packets.CONNECT.build({
         "protocol_name": "MQTT", "protocol_level": 4,
         "flags": {"username": False, "password": False, "will_retain": False, "will_qos": 1, "will": True,
                   "clean_session": True, "reserved": False},
-        "keep_alive": keep_alive, "client_id": "w", "will_topic": "status/w", "will_message": b"offline",
+        "keep_alive": keep_alive, "client_id": "w", "will_topic": topic, "will_message": b"offline",
         "username": None, "password": None})
     return packets.packet(PacketType.CONNECT, body)
 
@@ -424,8 +424,22 @@ def test_the_will_is_published_unless_the_client_disconnects(rig, ending, publis
 
 def test_a_will_topic_that_is_no_topic_name_is_a_protocol_violation(rig):
     c = rig.client(client_id=b"")
-    assert c.send(will_connect().replace(b"status/w", b"status/+")) == []
+    assert c.send(will_connect(topic="status/+")) == []
     assert c.closed
+
+
+def test_a_will_topic_the_mapping_has_no_log_topic_for_gets_connack_5(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nfilter = "plant/#"\ntopic = "plant"\n')
+    rig = Rig(str(tmp_path / "data"), mapping=f"rules:{rules}")
+    try:
+        c = rig.client(client_id=b"")
+        assert c.send(will_connect()) == [(PacketType.CONNACK, 0, b"\x00\x05")]  # status/w: no rule
+        assert c.closed
+        c = rig.client(client_id=b"")
+        assert c.send(will_connect(topic="plant/w")) == [(PacketType.CONNACK, 0, b"\x00\x00")]
+    finally:
+        rig.close()
 
 
 def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
