@@ -79,11 +79,9 @@ def connect(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
         def accepted() -> Handled:
             return Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED))
     else:
-        conn.session_group = group
-
         def accepted() -> Handled:
             return Handled.run((session.ENSURE_SESSIONS, m.FetchOffsets(group)),
-                               lambda results: _resume(conn, results[1]), hold=True)
+                               lambda results: _resume(conn, group, results[1]), hold=True)
     if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
         return _with_retained_topic(conn, accepted)
     return accepted()
@@ -94,26 +92,29 @@ def ignored(results: Sequence[object]) -> bytes:
     return b""
 
 
-def _begun(conn: MqttConnection) -> bytes:
+def _begun(conn: MqttConnection, group: str) -> bytes:
     """A new persistent session: its anchor committed, so that it is present when the client returns."""
+    conn.session_group = group
     conn.commit_session()
     return b""
 
 
-def _resume(conn: MqttConnection, result: m.FetchOffsetsResult) -> bytes | Handled:
+def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult) -> bytes | Handled:
     """CONNACK for a persistent session, "session present" as it is: the session's filters read
     again from where it stood, deliveries in flight resent with DUP under their first packet ids
     and released ones' PUBREL resent (4.4). A session unused for ``session_expiry_s`` is gone: its
-    group is deleted before a new one begins."""
+    group is deleted before a new one begins. The connection commits the session only once it
+    holds it whole (``MqttConnection.session_group`` set), so that a connection lost meanwhile
+    leaves the session as it was."""
     anchor, positions = session.restored(result.offsets) if result.error is None else (None, {})
     expired = anchor is not None and anchor.left_ms > 0 \
         and time.time() * 1000 - anchor.left_ms > conn.options["session_expiry_s"] * 1000
     if anchor is None or expired:
         conn.emit(Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED, session_present=False)))
         if positions or expired:  # what an expired session left: its positions would be taken for the new one's
-            return Handled.run((m.DeleteGroups((conn.session_group or "",)),), lambda _: _begun(conn),
+            return Handled.run((m.DeleteGroups((group,)),), lambda _: _begun(conn, group),
                                hold=True)  # then anchor the new one
-        return _begun(conn)
+        return _begun(conn, group)
     conn.emit(Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED, session_present=True)))
     out = []
     for packet_id in anchor.released:
@@ -128,9 +129,8 @@ def _resume(conn: MqttConnection, result: m.FetchOffsetsResult) -> bytes | Handl
     entries = tuple((topic_filter, qos, None if topics.is_sys(topic_filter) else conn.mapping.sources(topic_filter))
                     for topic_filter, qos in anchor.filters.items())
     if not entries:
-        conn.commit_session()
-        return b""
-    ctx = _Subscribe(None, entries, positions)
+        return _begun(conn, group)
+    ctx = _Subscribe(None, entries, positions, group)
     return Handled.run(_listings(entries), lambda results: _subscribed(conn, ctx, results), hold=True)
 
 
@@ -305,6 +305,7 @@ class _Subscribe:
     packet_id: int | None  # None: a persistent session's subscriptions, restored (no SUBACK)
     entries: tuple[tuple[str, int, topics.Sources | None], ...]  # (filter, requested qos, sources; None: $SYS)
     positions: Mapping[tuple[str, int], session.Position] | None = None  # where a restored session stood
+    group: str | None = None  # a restored session's
 
 
 def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
@@ -342,6 +343,8 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
     the retained messages the granted filters match."""
     infos = {t.topic: t for result in results for t in result.topics}
     retained = infos.pop(RETAINED_TOPIC)
+    if ctx.group is not None:
+        conn.session_group = ctx.group  # restored: from now on it is this connection's to commit
     codes = []
     for topic_filter, qos, sources in ctx.entries:
         granted = min(qos, MAX_GRANTED_QOS)

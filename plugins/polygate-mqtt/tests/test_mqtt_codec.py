@@ -442,6 +442,26 @@ def test_a_will_topic_the_mapping_has_no_log_topic_for_gets_connack_5(tmp_path):
         rig.close()
 
 
+def test_a_persistent_session_is_present_again_with_its_subscriptions_and_a_clean_one_ends_it(rig):
+    def connect(clean: bool):
+        c = rig.client(client_id=b"")
+        [(kind, _, connack)] = c.send(connect_packet(b"p", clean=clean))
+        assert kind == PacketType.CONNACK and connack[1] == 0
+        return c, bool(connack[0])
+
+    c, present = connect(clean=False)
+    assert not present
+    c.send(subscribe_packet(1, ("t/#", 1)))
+    c.proto.connectionLost()
+    c, present = connect(clean=False)
+    assert present
+    v1_produce(rig, "t", b"after")  # no SUBSCRIBE on this connection: the session's filter delivers it
+    assert [publish_of(p)[:4] for p in c.received()] == [("t", 1, 1, b"after")]
+    c.proto.connectionLost()
+    connect(clean=True)[0].proto.connectionLost()
+    assert connect(clean=False)[1] is False
+
+
 def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
     c = rig.client()
     c.send(subscribe_packet(1, ("t/#", 0)))

@@ -39,6 +39,12 @@ def results_for(request: Request) -> list:
             out.append(m.ServerInfoResult(0.0, 1, 1))
         elif isinstance(cmd, m.DeleteGroups):
             out.append(m.DeleteGroupsResult(tuple((group, None) for group in cmd.groups)))
+        elif isinstance(cmd, m.CreateTopic):
+            out.append(m.CreateTopicResult(cmd.topic, 1))
+        elif isinstance(cmd, m.FetchOffsets):
+            out.append(m.FetchOffsetsResult(cmd.group))
+        elif isinstance(cmd, m.CommitOffsets):
+            out.append(m.CommitOffsetsResult(cmd.group))
         else:
             out.append(m.ListTopicsResult(tuple(
                 m.TopicInfo(t, (m.PartitionInfo(0, 0, 0, 0),)) for t in cmd.topics or ("t",))))
