@@ -56,7 +56,8 @@ gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
 (10000), ``mapping`` (``per-level``), ``discovery_ms`` (1000),
 ``max_partitions`` (4096), ``sys_interval_ms`` (10000), ``commit_ms`` (1000),
-``session_expiry_s`` (7 days), ``max_session_backlog`` (100000).
+``session_expiry_s`` (7 days), ``max_session_backlog`` (100000),
+``max_session_queued_bytes`` (64 MiB).
 
 This module is the connection: framing, connection state, timers and the
 deliveries of subscriptions; each packet a client sends is handled by its
@@ -118,7 +119,10 @@ OPTIONS = (
     Option("session_expiry_s", integer(1), 7 * 24 * 3600, "a positive integer (seconds)",
            help="how long a persistent session outlives its client's last connection"),
     Option("max_session_backlog", integer(0), 100_000, "a non-negative integer (messages)",
-           help="messages per log partition a returning persistent session gets at most (the latest)"),
+           help="messages per log partition a returning persistent session reads at most (the latest)"),
+    Option("max_session_queued_bytes", integer(0), 64 << 20, "a non-negative integer (bytes)",
+           help="bytes of messages published while a persistent session's client was away that it gets "
+                "(topic names and payloads; the oldest first, later ones dropped, as Mosquitto's queue)"),
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
@@ -207,6 +211,10 @@ class MqttConnection(CodecConnection):
         self.session_group: str | None = None  # the group of a persistent session (``session``)
         self.read_to: dict[tuple[str, int], int] = {}  # (log topic, partition) -> the next offset to take
         self.redeliver: dict[tuple[str, int, int], int] = {}  # a restored session's deliveries in flight: ids
+        # (log topic, partition) -> the high watermark when a session was restored: below it, what was
+        # published while the client was away, of which it gets ``max_session_queued_bytes``
+        self.backlog: dict[tuple[str, int], int] = {}
+        self.backlog_left = self.options["max_session_queued_bytes"]
         self.commit_pending = False
         self.retained_ready = False  # the retained messages' topic is known to exist (``topics.RETAINED_TOPIC``)
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
@@ -246,6 +254,7 @@ class MqttConnection(CodecConnection):
         out: list[bytes] = []
         log_topic, partition, delivery, unknown_qos, qos0 = context[0], result.partition, sub.delivery, \
             fmt.UNKNOWN_QOS, packets.PUBLISH_QOS0_BYTE
+        backlog = self.backlog
         last_key: bytes | None | object = _NO_KEY
         for stored in result.batches:
             for offset, stored_qos, key, payload in fmt.FORMAT.deliveries(stored):
@@ -263,6 +272,9 @@ class MqttConnection(CodecConnection):
                 if granted < 0:
                     continue
                 qos = granted if stored_qos == unknown_qos else min(granted, stored_qos)
+                if backlog and offset < backlog.get((log_topic, partition), -1) and not self._from_backlog(
+                        len(topic_field) - 2 + len(payload)):
+                    continue  # published while the client was away, past what it may get
                 if qos == 0:  # the PUBLISH's parts (type, remaining length, topic, payload), joined once with all
                     size = len(topic_field) + len(payload)
                     out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
@@ -402,6 +414,15 @@ class MqttConnection(CodecConnection):
         return b"".join(out)
 
     # ------------------------------------------------------------------ a persistent session
+
+    def _from_backlog(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes published while the client was away is delivered:
+        while ``max_session_queued_bytes`` are not used up (later ones are dropped)."""
+        if size > self.backlog_left:
+            self.backlog_left = 0
+            return False
+        self.backlog_left -= size
+        return True
 
     def session_moved(self) -> None:
         """The session's position moved: commit it within ``commit_ms``."""

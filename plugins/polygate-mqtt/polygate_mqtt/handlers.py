@@ -464,6 +464,7 @@ def _restored_starts(conn: MqttConnection, info: m.TopicInfo, positions: Mapping
                     p.high_watermark - conn.options["max_session_backlog"], p.log_start_offset)
         starts[p.partition] = start
         firsts[p.partition] = max(start, 0 if position is None else position.since.get(topic_filter, 0))
+        conn.backlog[(info.topic, p.partition)] = p.high_watermark
     return starts, firsts
 
 

@@ -202,3 +202,23 @@ def test_paho_gets_what_was_published_while_it_was_away(gateway_factory, device_
     finally:
         away.disconnect()
         away.loop_stop()
+
+
+def test_a_returning_session_gets_at_most_its_queued_bytes_of_what_it_missed(gateway_factory, device_factory):
+    """As Mosquitto's queue of an offline client: the oldest messages up to the limit, the rest
+    dropped; what is published once it is back arrives as ever."""
+    gw = gateway_factory(("v1", "mqtt"), ("--codec-option", "mqtt.max_session_queued_bytes=15",
+                                          "--default-partitions", "1"))
+    client = Raw(gw.port("mqtt"), b"offline")
+    client.subscribe("q/#", 1)
+    left(client)
+    publisher(gw, device_factory, ("q/1", b"aaaa", 1), ("q/1", b"bbbb", 1), ("q/1", b"cccc", 1))  # 7 bytes each
+    client = Raw(gw.port("mqtt"), b"offline")
+    got = client.publishes(2)
+    assert [payload for _, _, _, payload, _ in got] == [b"aaaa", b"bbbb"]
+    for _, _, packet_id, _, _ in got:
+        client.send(PacketType.PUBACK, packet_id)
+    publisher(gw, device_factory, ("q/1", b"live", 1))
+    [(_, _, _, payload, _)] = client.publishes(1)
+    assert payload == b"live"
+    client.close()
