@@ -30,9 +30,10 @@ What a client gets (see the README for the full list and its reasons):
 * SUBSCRIBE/SUBACK with ``+`` and ``#`` at any level, the requested QoS
   granted. A filter reads the log topics the mapping (``topics``, option
   ``mapping``) may have put its names in: for a ``per-level`` filter whose
-  first level is a wildcard, every log topic, also those created later. Every
-  ``discovery_ms`` the connection looks for log topics and partitions created
-  since and reads them from their start, within ``max_partitions``. A
+  first level is a wildcard, every log topic, also those created later. The
+  connection looks for log topics created since every ``discovery_ms`` (while
+  it has such filters) and for partitions added every ``partition_check_ms``,
+  and reads them from their start, within ``max_partitions``. A
   subscription delivers every record appended after the SUBSCRIBE was
   handled, by any protocol, whose MQTT topic name matches, once, at the
   highest granted QoS of the matching filters, capped by the QoS it was
@@ -54,7 +55,7 @@ log topic for) closes the connection without an answer, as section 4.8 asks.
 Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
 gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
-(10000), ``mapping`` (``per-level``), ``discovery_ms`` (1000),
+(10000), ``mapping`` (``per-level``), ``discovery_ms`` (1000), ``partition_check_ms`` (30000),
 ``max_partitions`` (4096), ``sys_interval_ms`` (10000), ``commit_ms`` (1000),
 ``session_expiry_s`` (7 days), ``max_session_backlog`` (100000),
 ``max_session_queued_bytes`` (64 MiB).
@@ -109,7 +110,9 @@ OPTIONS = (
            "per-level[:TOPIC], single[:TOPIC] or rules:PATH (a TOML file of [[rule]] filter, topic)",
            help="which log topic an MQTT topic name is stored in (docs/protocols/mqtt.md)"),
     Option("discovery_ms", integer(1), 1000, "a positive integer (milliseconds)",
-           help="how often a subscriber looks for log topics and partitions created after its SUBSCRIBE"),
+           help="how often a subscriber of every log topic (# and +/... under per-level) looks for new ones"),
+    Option("partition_check_ms", integer(1), 30_000, "a positive integer (milliseconds)",
+           help="how often a subscriber looks for partitions added to the log topics it reads"),
     Option("max_partitions", integer(1), 4096, "a positive integer",
            help="log partitions one connection's subscriptions read at most"),
     Option("sys_interval_ms", integer(1), 10_000, "a positive integer (milliseconds)",

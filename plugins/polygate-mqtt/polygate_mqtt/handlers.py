@@ -372,8 +372,7 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
             conn.open_filters[topic_filter] = granted
             conn.known_topics.update(infos)
         codes.append(granted)
-    if conn.subscriptions or conn.open_filters:
-        conn.emit(Timer(conn.options["discovery_ms"] / 1000, "discover"))
+    _discover_later(conn)
     conn.commit_session()  # the session's filters, kept before the SUBACK is read
     if ctx.packet_id is None:  # restored: no SUBACK, and retained messages are a SUBSCRIBE's only (3.3.1.3)
         return b""
@@ -476,7 +475,7 @@ def _room(conn: MqttConnection, infos: Sequence[m.TopicInfo | None]) -> bool:
 
 def discover(conn: MqttConnection) -> Handled | None:
     """The periodic look for partitions added to the log topics read, and, for filters that read
-    every log topic, for log topics created since (``discovery_ms``)."""
+    every log topic, for log topics created since (``_discover_later``)."""
     if not conn.subscriptions and not conn.open_filters:
         return None
     names = None if conn.open_filters else tuple(conn.subscriptions)
@@ -500,9 +499,18 @@ def _discovered(conn: MqttConnection, result: m.ListTopicsResult) -> bytes:
                 sub = conn.subscription(info.topic, {p.partition: 0 for p in info.partitions})
                 for topic_filter, granted in conn.open_filters.items():
                     sub.subscribe(topic_filter, granted, {})
-    if conn.subscriptions or conn.open_filters:
-        conn.emit(Timer(conn.options["discovery_ms"] / 1000, "discover"))
+    _discover_later(conn)
     return b""
+
+
+def _discover_later(conn: MqttConnection) -> None:
+    """The next look for what was created since: within ``discovery_ms`` for filters that read
+    every log topic (a new log topic is common), else within ``partition_check_ms`` (partitions
+    are added to a log topic seldom, and an idle subscriber should cost little)."""
+    if conn.open_filters:
+        conn.emit(Timer(conn.options["discovery_ms"] / 1000, "discover"))
+    elif conn.subscriptions:
+        conn.emit(Timer(conn.options["partition_check_ms"] / 1000, "discover"))
 
 
 def sys_figures(conn: MqttConnection, retain: bool) -> Handled | None:

@@ -462,6 +462,28 @@ def test_a_persistent_session_is_present_again_with_its_subscriptions_and_a_clea
     assert connect(clean=False)[1] is False
 
 
+def test_partitions_added_and_log_topics_created_after_a_subscribe_are_followed(tmp_path):
+    rig = Rig(str(tmp_path), discovery_ms="100", partition_check_ms="1000")
+    try:
+        exact, every = rig.client(b"exact"), rig.client(b"every")
+        v1_produce(rig, "t", b"before")
+        exact.send(subscribe_packet(1, ("t/#", 0)))
+        every.send(subscribe_packet(1, ("#", 0)))
+        listed = []
+        rig.broker.execute(m.ListTopics(("t",))).addCallback(listed.append)
+        partitions = len(listed[0].topics[0].partitions)
+        rig.broker.execute(m.CreatePartitions("t", partitions + 1))
+        v1_produce(rig, "u", b"new topic")
+        rig.reactor.advance(0.1)  # every's look for new log topics: u is read from its start
+        got = [publish_of(p)[3] for p in every.received()]
+        rig.reactor.advance(1.0)  # the look for new partitions
+        v1_produce(rig, "t", b"new partition", partition=partitions)
+        assert [publish_of(p)[3] for p in exact.received()] == [b"new partition"]
+        assert sorted(got + [publish_of(p)[3] for p in every.received()]) == [b"new partition", b"new topic"]
+    finally:
+        rig.close()
+
+
 def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
     c = rig.client()
     c.send(subscribe_packet(1, ("t/#", 0)))
