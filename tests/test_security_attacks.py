@@ -384,12 +384,12 @@ def test_confluent_kafka_with_a_wrong_password_gets_an_authentication_error(secu
     assert stored(gw, topic) == []
 
 
-def test_mqtt_with_a_wrong_password_gets_connack_5(secured):
+def test_mqtt_with_a_wrong_password_gets_connack_4(secured):
     device = Device(secured.gw.port("mqtt"), "writer", WRONG)
     try:
         assert device.connack is not None, "closed without a CONNACK"
-        assert device.connack.getName() == "Not authorized", device.connack  # paho's name for 3.1.1 code 5
-        assert any("Received CONNACK (0, 5)" in line for line in device.raw_connack), device.raw_connack
+        assert device.connack.getName() == "Bad user name or password", device.connack  # 3.1.1 code 4
+        assert any("Received CONNACK (0, 4)" in line for line in device.raw_connack), device.raw_connack
     finally:
         device.client.loop(0.05)
         device.client.disconnect()

@@ -3,11 +3,11 @@
 What a client gets (see the README for the full list and its reasons):
 
 * CONNECT/CONNACK. Only protocol level 4 (3.1.1) is accepted; another level
-  is answered CONNACK 0x01 and closed. Every session is clean: a client
-  asking for a persistent session (clean session 0) is accepted with
-  "session present" 0 and must subscribe again. A user name and password
+  is answered CONNACK 0x01 and closed. Clean session 0 resumes or begins the
+  client's persistent session, kept as a consumer group of committed offsets
+  (``session``), and "session present" says which; clean session 1 ends it. A user name and password
   are checked against the gateway's user store: a wrong pair is answered
-  CONNACK 5 (not authorized), late (``CodecConnection.refuse_login``), and the
+  CONNACK 4 (bad user name or password), late (``CodecConnection.refuse_login``), and the
   connection closes; the client is then ``User:<name>`` for the ACLs. Without
   them it is anonymous (or its TLS certificate's ``User:<CN>``), which a
   listener under ``--require-auth mqtt`` answers CONNACK 5 and closes.
@@ -15,42 +15,54 @@ What a client gets (see the README for the full list and its reasons):
   may not read gets SUBACK 0x80; a refused PUBLISH QoS 0 is dropped silently
   (QoS 0 has no answer), a refused QoS 1 or 2 closes the connection (3.1.1
   has no negative acknowledgement).
-* A will message is published (stored, RETAIN ignored) when the connection
+* A will message is published (stored, and retained with will RETAIN) when the connection
   ends for any reason but a DISCONNECT from the client (or the gateway
-  shutting down); its topic follows the same mapping as a PUBLISH's, or the
-  CONNECT is refused by closing.
+  shutting down); its topic is any valid name, stored as a PUBLISH's would be
+  (a name the mapping has no log topic for: CONNACK 5).
 * Keep-alive: with a keep-alive of K seconds the connection is closed once
   no byte arrived for 1.5 K. A connection that sends no CONNECT within
   ``connect_timeout_ms`` is closed.
 * PUBLISH QoS 0, 1 (PUBACK once stored) and 2 (PUBREC once stored,
   PUBCOMP on PUBREL; a resent PUBLISH awaiting PUBREL is not stored twice).
-  The RETAIN flag is not honoured: the message is stored and delivered like
-  any other and not kept for later subscribers, since a subscription starts
-  at the end of the log (the log itself is the history).
-* SUBSCRIBE/SUBACK with ``+`` and ``#``; granted QoS is at most 1. A
+  With RETAIN it is also kept as its name's retained message, in a compacted
+  log topic (``topics.RETAINED_TOPIC``); an empty payload clears it. A
+  SUBSCRIBE gets the retained messages its granted filters match, RETAIN set.
+* SUBSCRIBE/SUBACK with ``+`` and ``#`` at any level, the requested QoS
+  granted. A filter reads the log topics the mapping (``topics``, option
+  ``mapping``) may have put its names in: for a ``per-level`` filter whose
+  first level is a wildcard, every log topic, also those created later. The
+  connection looks for log topics created since every ``discovery_ms`` (while
+  it has such filters) and for partitions added every ``partition_check_ms``,
+  and reads them from their start, within ``max_partitions``. A
   subscription delivers every record appended after the SUBSCRIBE was
   handled, by any protocol, whose MQTT topic name matches, once, at the
   highest granted QoS of the matching filters, capped by the QoS it was
   published with. UNSUBSCRIBE/UNSUBACK stops them. A SUBSCRIBE never creates a
-  log topic (creating one is a PUBLISH's, or an admin's): a filter whose log topic
-  does not exist yet is granted, and delivers from the log's start once the topic
-  is created (looked for every ``AWAIT_EVERY_S``, for at most ``MAX_AWAITED``
+  log topic (creating one is a PUBLISH's, or an admin's): a filter whose named log
+  topic does not exist yet is granted, and delivers from the log's start once the
+  topic is created (looked for every ``AWAIT_EVERY_S``, for at most ``MAX_AWAITED``
   log topics per connection; a filter past them gets SUBACK 0x80).
-* QoS 1 deliveries are resent (DUP set) every ``retry_ms`` until PUBACKed,
-  while the connection lives. At most ``max_inflight`` are unacknowledged;
+* ``$SYS/...`` is the gateway's: a PUBLISH there is acknowledged and dropped
+  (as Mosquitto does), and a subscription gets the figures of ``ServerInfo``
+  as retained messages, then again every ``sys_interval_ms``.
+* QoS 1 and 2 deliveries are resent (DUP set) every ``retry_ms`` until
+  PUBACKed (QoS 2: PUBREC is answered PUBREL, then resent until PUBCOMP). At most ``max_inflight`` are unacknowledged;
   later ones wait, up to ``max_queued_bytes``, past which the subscriber is
   disconnected as too slow.
 * PINGREQ/PINGRESP, DISCONNECT.
 
 Anything the spec calls a protocol violation (a malformed packet, a first
 packet that is not CONNECT, a second CONNECT, wrong fixed-header flags, a
-remaining length over the frame limit, a topic name outside the mapping in
-``topics``) closes the connection without an answer, as section 4.8 asks.
+remaining length over the frame limit, a PUBLISH to a name the mapping has no
+log topic for) closes the connection without an answer, as section 4.8 asks.
 
 Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
 gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
-(10000).
+(10000), ``mapping`` (``per-level``), ``discovery_ms`` (1000), ``partition_check_ms`` (30000),
+``max_partitions`` (4096), ``sys_interval_ms`` (10000), ``commit_ms`` (1000),
+``session_expiry_s`` (7 days), ``max_session_backlog`` (100000),
+``max_session_queued_bytes`` (64 MiB).
 
 This module is the connection: framing, connection state, timers and the
 deliveries of subscriptions; each packet a client sends is handled by its
@@ -61,6 +73,7 @@ is ``format``.
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -77,25 +90,47 @@ from gateway.codec import (
     Option,
     Subscribe,
     Timer,
+    Unsubscribe,
     integer,
 )
 from gateway.codec.framing import LengthPrefixedFramer, varint_header
 from gateway.codec.varint import TABLE_SIZE, UVARINTS
 
 from . import format as fmt
-from . import packets, topics
-from .handlers import HANDLERS, connect
+from . import packets, session, topics
+from .handlers import HANDLERS, connect, discover, ignored, sys_figures
 from .packets import MalformedPacket, PacketType
+from .session import Outgoing
 
 OPTIONS = (
     Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
            help="how long a QoS 1 delivery waits for its PUBACK before it is resent"),
     Option("max_inflight", integer(1), 1000, "a positive integer",
-           help="QoS 1 deliveries waiting for their PUBACK at most"),
+           help="QoS 1 and 2 deliveries waiting for their acknowledgement at most"),
     Option("max_queued_bytes", integer(0), 64 << 20, "a non-negative integer (bytes)",
-           help="QoS 1 messages waiting for room in the in-flight window, past which a subscriber is closed"),
+           help="QoS 1 and 2 messages waiting for room in the in-flight window, past which a subscriber is closed"),
     Option("connect_timeout_ms", integer(1), 10_000, "a positive integer (milliseconds)",
            help="how long a connection may wait before its CONNECT"),
+    Option("mapping", topics.parse_mapping, topics.PerLevel(),
+           "per-level[:TOPIC], single[:TOPIC] or rules:PATH (a TOML file of [[rule]] filter, topic)",
+           help="which log topic an MQTT topic name is stored in (docs/protocols/mqtt.md)"),
+    Option("discovery_ms", integer(1), 1000, "a positive integer (milliseconds)",
+           help="how often a subscriber of every log topic (# and +/... under per-level) looks for new ones"),
+    Option("partition_check_ms", integer(1), 30_000, "a positive integer (milliseconds)",
+           help="how often a subscriber looks for partitions added to the log topics it reads"),
+    Option("max_partitions", integer(1), 4096, "a positive integer",
+           help="log partitions one connection's subscriptions read at most"),
+    Option("sys_interval_ms", integer(1), 10_000, "a positive integer (milliseconds)",
+           help="how often $SYS subscribers get the gateway's figures again"),
+    Option("commit_ms", integer(1), 1000, "a positive integer (milliseconds)",
+           help="how often a persistent session's position is committed while it moves"),
+    Option("session_expiry_s", integer(1), 7 * 24 * 3600, "a positive integer (seconds)",
+           help="how long a persistent session outlives its client's last connection"),
+    Option("max_session_backlog", integer(0), 100_000, "a non-negative integer (messages)",
+           help="messages per log partition a returning persistent session reads at most (the latest)"),
+    Option("max_session_queued_bytes", integer(0), 64 << 20, "a non-negative integer (bytes)",
+           help="bytes of messages published while a persistent session's client was away that it gets "
+                "(topic names and payloads; the oldest first, later ones dropped, as Mosquitto's queue)"),
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 MAX_PACKET_ID = 0xFFFF
@@ -116,6 +151,7 @@ MAX_AWAITED = 256
 past them gets SUBACK 0x80."""
 AWAIT_EVERY_S = 1.0
 """How often a connection looks whether the log topics its subscriptions wait for exist."""
+_NOT_DELIVERED: tuple[bytes, list[tuple[int, dict[int, int]]]] = (b"", [])  # a record that is no MQTT message
 
 
 @attrs.define
@@ -127,6 +163,8 @@ class _TopicSubscription:
     """
 
     stream: tuple[str, int]  # the Subscribe context: (log topic, generation)
+    mapping: topics.Mapping
+    partitions: set[int] = attrs.Factory(set)  # the partitions its streams read
     filters: dict[str, tuple[int, dict[int, int]]] = attrs.Factory(dict)
     # record key -> (the PUBLISH topic field, the (qos, since) of the filters its name matches); a
     # burst of records has few distinct keys. Cleared whenever ``filters`` changes (``subscribe``).
@@ -148,24 +186,16 @@ class _TopicSubscription:
         topic name) and the ``(granted qos, since)`` of each filter its topic name matches."""
         found = self._deliveries.get(key)
         if found is None:
-            name = topics.record_topic(self.stream[0], key)
-            encoded = name.encode("utf-8")
-            found = (packets.topic_field(encoded),
-                     [grant for topic_filter, grant in self.filters.items() if topics.matches(topic_filter, name)])
+            name = self.mapping.record_topic(self.stream[0], key)
+            if name is None:
+                found = _NOT_DELIVERED
+            else:
+                found = (packets.topic_field(name.encode("utf-8")),
+                         [grant for topic_filter, grant in self.filters.items() if topics.matches(topic_filter, name)])
             if len(self._deliveries) >= MAX_CACHED_NAMES:
                 self._deliveries.clear()
             self._deliveries[key] = found
         return found
-
-
-@attrs.define
-class _Outgoing:
-    """A QoS 1 delivery waiting for its PUBACK."""
-
-    topic: bytes
-    payload: bytes
-    packet_id: int = 0
-    sent_at: float = 0.0
 
 
 class MqttConnection(CodecConnection):
@@ -179,15 +209,28 @@ class MqttConnection(CodecConnection):
         self.keep_alive = 0.0
         self.last_seen = self.clock()
         self.taken_at = int(time.time() * 1000)  # ms: the timestamp of the messages being taken (next_event)
-        self.subscriptions: dict[str, _TopicSubscription] = {}
+        self.mapping: topics.Mapping = self.options["mapping"]
+        self.subscriptions: dict[str, _TopicSubscription] = {}  # by log topic
+        self.open_filters: dict[str, int] = {}  # filters that read every log topic -> granted QoS
+        self.known_topics: set[str] = set()  # log topics listed since the first of ``open_filters``
+        self.sys_filters: dict[str, int] = {}  # filters of $SYS topics -> granted QoS
         self.awaited: dict[str, dict[str, int]] = {}  # log topic not there yet -> {filter: granted qos}
         self.generation = 0
-        self.inflight: collections.OrderedDict[int, _Outgoing] = collections.OrderedDict()
-        self.queued: collections.deque[_Outgoing] = collections.deque()
+        self.inflight: collections.OrderedDict[int, Outgoing] = collections.OrderedDict()
+        self.queued: collections.deque[Outgoing] = collections.deque()
         self.queued_bytes = 0
         self.next_id = 0
         self.awaiting_release: set[int] = set()
-        self.will: m.Produce | None = None
+        self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
+        self.session_group: str | None = None  # the group of a persistent session (``session``)
+        self.read_to: dict[tuple[str, int], int] = {}  # (log topic, partition) -> the next offset to take
+        self.redeliver: dict[tuple[str, int, int], int] = {}  # a restored session's deliveries in flight: ids
+        # (log topic, partition) -> the high watermark when a session was restored: below it, what was
+        # published while the client was away, of which it gets ``max_session_queued_bytes``
+        self.backlog: dict[tuple[str, int], int] = {}
+        self.backlog_left = self.options["max_session_queued_bytes"]
+        self.commit_pending = False
+        self.retained_ready = False  # the retained messages' topic is known to exist (``topics.RETAINED_TOPIC``)
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API
@@ -223,8 +266,9 @@ class MqttConnection(CodecConnection):
             self.close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
             return b""
         out: list[bytes] = []
-        partition, delivery, unknown_qos, qos0 = result.partition, sub.delivery, fmt.UNKNOWN_QOS, \
-            packets.PUBLISH_QOS0_BYTE
+        log_topic, partition, delivery, unknown_qos, qos0 = context[0], result.partition, sub.delivery, \
+            fmt.UNKNOWN_QOS, packets.PUBLISH_QOS0_BYTE
+        backlog = self.backlog
         last_key: bytes | None | object = _NO_KEY
         for stored in result.batches:
             for offset, stored_qos, key, payload in fmt.FORMAT.deliveries(stored):
@@ -242,22 +286,35 @@ class MqttConnection(CodecConnection):
                 if granted < 0:
                     continue
                 qos = granted if stored_qos == unknown_qos else min(granted, stored_qos)
+                if backlog and offset < backlog.get((log_topic, partition), -1) and not self._from_backlog(
+                        len(topic_field) - 2 + len(payload)):
+                    continue  # published while the client was away, past what it may get
                 if qos == 0:  # the PUBLISH's parts (type, remaining length, topic, payload), joined once with all
                     size = len(topic_field) + len(payload)
                     out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
                             topic_field, payload)
-                elif self._queue(topic_field[2:], payload):
-                    out.append(self.send_queued())  # in order with the QoS 0 ones around it
-                # else: too much QoS 1 left waiting, the subscriber is being closed; what was built
-                # goes out before the close, as it would have
+                else:
+                    source = (log_topic, partition, offset)
+                    msg = Outgoing(topic_field[2:], payload, qos, False, source)
+                    if self.redeliver:  # in flight when the session's last connection ended
+                        msg.packet_id = self.redeliver.pop(source, 0)
+                    if self.queue(msg):
+                        out.append(self.send_queued())  # in order with the QoS 0 ones around it
+                    # else: too much left waiting, the subscriber is being closed; what was built
+                    # goes out before the close, as it would have
+        if self.session_group is not None and result.batches:
+            self.read_to[(log_topic, partition)] = result.batches[-1].last_offset + 1
+            self.session_moved()
         return b"".join(out)
 
     def keepalive(self, context: Any) -> bytes:
         return b""
 
-    def connection_lost(self) -> tuple[m.Produce, ...]:
-        """The will message, unless the client said DISCONNECT."""
-        return (self.will,) if self.will is not None else ()
+    def connection_lost(self) -> tuple[m.Produce | m.CommitOffsets, ...]:
+        """The will message (and its retained copy), unless the client said DISCONNECT; and the
+        persistent session's last commit, with the time the client left."""
+        commit = self.session_commit(left_ms=int(time.time() * 1000))
+        return self.will if commit is None else (*self.will, commit)
 
     def timer(self, context: str) -> None:
         now = self.clock()
@@ -275,6 +332,13 @@ class MqttConnection(CodecConnection):
         elif context == "await":
             if self.awaited:  # (an UNSUBSCRIBE may have emptied it)
                 self.emit(Handled.run((m.ListTopics(tuple(self.awaited), read=True),), self._appeared))
+        elif context == "discover":
+            self.emit(discover(self))
+        elif context == "commit":
+            self.commit_pending = False
+            self.commit_session()
+        elif context == "sys":
+            self.emit(sys_figures(self, retain=False))
         elif context not in ("connect", "keepalive"):
             super().timer(context)
 
@@ -310,13 +374,19 @@ class MqttConnection(CodecConnection):
     # ------------------------------------------------------------------ deliveries
 
     def subscription(self, log_topic: str, since: dict[int, int]) -> _TopicSubscription:
-        """The subscription of ``log_topic``; a new one starts its push stream, each partition
-        from its offset in ``since``."""
+        """The subscription of ``log_topic``; its push streams read each partition of ``since``
+        they do not read yet, from its offset there."""
         sub = self.subscriptions.get(log_topic)
         if sub is None:
             self.generation += 1
-            sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation))
-            fetches = tuple(m.Fetch(log_topic, p, offset, fmt.NAME) for p, offset in since.items())
+            sub = self.subscriptions[log_topic] = _TopicSubscription((log_topic, self.generation), self.mapping)
+        fetches = tuple(m.Fetch(log_topic, p, offset, fmt.NAME) for p, offset in since.items()
+                        if p not in sub.partitions)
+        if fetches:
+            sub.partitions.update(f.partition for f in fetches)
+            if self.session_group is not None:
+                for f in fetches:
+                    self.read_to[(log_topic, f.partition)] = f.offset
             self.emit(Subscribe(fetches, sub.stream, exclusive=False))
         return sub
 
@@ -358,31 +428,97 @@ class MqttConnection(CodecConnection):
             self.emit(Timer(AWAIT_EVERY_S, "await"))
         return b""
 
-    def _queue(self, topic: bytes, payload: bytes) -> bool:
-        """Queue a QoS 1 delivery (``send_queued`` sends what the in-flight window takes); False
-        when the subscriber has left too many waiting, and is closed."""
-        self.queued.append(_Outgoing(topic, payload))
-        self.queued_bytes += len(topic) + len(payload)
+    @property
+    def partitions_read(self) -> int:
+        """The log partitions the subscriptions read (at most ``max_partitions``)."""
+        return sum(len(sub.partitions) for sub in self.subscriptions.values())
+
+    def drop_subscription(self, log_topic: str) -> None:
+        """Stop reading ``log_topic``."""
+        sub = self.subscriptions.pop(log_topic)
+        self.emit(Unsubscribe(sub.stream))
+        for partition in sub.partitions:
+            self.read_to.pop((log_topic, partition), None)
+
+    def queue(self, msg: Outgoing) -> bool:
+        """Queue a QoS 1 or 2 delivery (``send_queued`` sends what the in-flight window takes);
+        False when the subscriber has left too many waiting, and is closed."""
+        self.queued.append(msg)
+        self.queued_bytes += len(msg.topic) + len(msg.payload)
         if self.queued_bytes > self.options["max_queued_bytes"]:
-            self.close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 messages "
+            self.close(f"subscriber left over {self.options['max_queued_bytes']} bytes of QoS 1 and 2 messages "
                         "waiting for acknowledgements")
             return False
         return True
 
     def send_queued(self) -> bytes:
-        """Send waiting QoS 1 messages while the in-flight window has room."""
+        """Send waiting QoS 1 and 2 messages while the in-flight window has room."""
         out = []
         now = self.clock()
         while self.queued and len(self.inflight) < min(self.options["max_inflight"], MAX_PACKET_ID):
             msg = self.queued.popleft()
             self.queued_bytes -= len(msg.topic) + len(msg.payload)
-            msg.packet_id = self._packet_id()
+            resent = bool(msg.packet_id) and msg.packet_id not in self.inflight  # under its first id, DUP set
+            if not resent:
+                msg.packet_id = self._packet_id()
             msg.sent_at = now
             if not self.inflight:
                 self.emit(Timer(self.options["retry_ms"] / 1000, "retry"))
             self.inflight[msg.packet_id] = msg
-            out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id))
+            out.append(msg.packet(dup=resent))
         return b"".join(out)
+
+    # ------------------------------------------------------------------ a persistent session
+
+    def _from_backlog(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes published while the client was away is delivered:
+        while ``max_session_queued_bytes`` are not used up (later ones are dropped)."""
+        if size > self.backlog_left:
+            self.backlog_left = 0
+            return False
+        self.backlog_left -= size
+        return True
+
+    def session_moved(self) -> None:
+        """The session's position moved: commit it within ``commit_ms``."""
+        if not self.commit_pending and self.session_group is not None:
+            self.commit_pending = True
+            self.emit(Timer(self.options["commit_ms"] / 1000, "commit"))
+
+    def commit_session(self) -> None:
+        """Commit the persistent session now (its answer, awaited by nothing, overtakes none)."""
+        commit = self.session_commit()
+        if commit is not None:
+            self.emit(Handled.run((commit,), ignored, ordered=False))
+
+    def session_commit(self, left_ms: int = 0) -> m.CommitOffsets | None:
+        """The commit that keeps the persistent session (``session``'s docstring), None without one."""
+        if self.session_group is None:
+            return None
+        filters: dict[str, int] = {}
+        for sub in self.subscriptions.values():
+            filters.update((topic_filter, qos) for topic_filter, (qos, _) in sub.filters.items())
+        filters.update(self.open_filters)
+        filters.update(self.sys_filters)
+        released = tuple(packet_id for packet_id, msg in self.inflight.items() if msg.released)
+        lowest = dict(self.read_to)
+        in_flight: dict[tuple[str, int], dict[int, int]] = {}
+        for msg in itertools.chain(self.inflight.values(), self.queued):
+            if msg.source is None or msg.released:
+                continue
+            topic, partition, offset = msg.source
+            if offset < lowest.get((topic, partition), offset + 1):
+                lowest[(topic, partition)] = offset
+            if msg.packet_id:
+                in_flight.setdefault((topic, partition), {})[offset] = msg.packet_id
+        offsets = [(*session.ANCHOR, 0, session.Anchor(filters, released, left_ms).encode())]
+        for (topic, partition), offset in lowest.items():
+            reading = self.subscriptions.get(topic)
+            since = {} if reading is None else {topic_filter: start[partition] for topic_filter, (_, start)
+                                                in reading.filters.items() if start.get(partition, 0) > offset}
+            position = session.Position(offset, since, in_flight.get((topic, partition), {}))
+            offsets.append((topic, partition, offset, position.encode()))
+        return m.CommitOffsets(self.session_group, tuple(offsets))
 
     def _packet_id(self) -> int:
         while True:
@@ -391,13 +527,14 @@ class MqttConnection(CodecConnection):
                 return self.next_id
 
     def _retry(self, now: float) -> None:
-        """Resend, DUP set, every QoS 1 delivery unacknowledged for ``retry_ms``."""
+        """Resend, DUP set, every delivery unacknowledged for ``retry_ms`` (a released QoS 2 one:
+        its PUBREL)."""
         retry = self.options["retry_ms"] / 1000
         out = []
         for msg in self.inflight.values():
             if now - msg.sent_at >= retry - 0.001:
                 msg.sent_at = now
-                out.append(packets.publish(msg.topic, msg.payload, 1, msg.packet_id, dup=True))
+                out.append(msg.packet(dup=True))
         if out:
             self.emit(Handled.answer(b"".join(out)))
         if self.inflight:

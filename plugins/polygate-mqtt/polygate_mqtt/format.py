@@ -2,13 +2,15 @@
 
 A payload is a run of records, each::
 
-    u32 offset_delta | i64 timestamp_ms | u8 qos | i32 key_len (-1: null) | key | i32 value_len | value
+    u32 offset_delta | i64 timestamp_ms | u8 qos | i32 key_len (-1: null) | key | i32 value_len (-1: null) | value
 
 ``key`` is the MQTT topic name (UTF-8), ``value`` the application message,
 ``qos`` the QoS it was published with (0xFF for a record converted from
 another format: the subscriber's granted QoS then applies). In ``Record``
 the QoS travels as ``extras["mqtt_qos"]``; other formats ignore it, and read
-an MQTT message as a record with that key and value.
+an MQTT message as a record with that key and value. Kafka's format keeps it
+as the header ``polygate.mqtt_qos`` (its place for extras), which is how a
+cluster holds it: a record with that header gets its QoS back.
 """
 
 from __future__ import annotations
@@ -27,12 +29,25 @@ HEAD_SIZE = HEAD.size
 LEN = struct.Struct(">i")
 DELTA = struct.Struct(">I")  # the offset delta, first in a record
 _ONE_RECORD_MIN = HEAD_SIZE + LEN.size  # a record with no key and no value
+QOS_HEADER = "polygate.mqtt_qos"  # the header Kafka's format keeps ``extras["mqtt_qos"]`` in
+_QOS_VALUES = {b"0": 0, b"1": 1, b"2": 2}
+
+
+def qos_of(record: Record) -> int:
+    """The QoS ``record`` was published with: its ``mqtt_qos`` extra or header, else ``UNKNOWN_QOS``."""
+    qos = record.extras.get("mqtt_qos")
+    if qos is not None:
+        return int(qos)
+    for name, value in record.headers:
+        if name == QOS_HEADER and value in _QOS_VALUES:
+            return _QOS_VALUES[value]
+    return UNKNOWN_QOS
 
 
 def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None) -> bytes:
-    value = value or b""
+    """One record; a null ``value`` is a tombstone (a cleared retained message)."""
     return b"".join((HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
-                     LEN.pack(len(value)), value))
+                     LEN.pack(-1 if value is None else len(value)), value or b""))
 
 
 class MqttFormat(BatchFormat):
@@ -93,8 +108,8 @@ class MqttFormat(BatchFormat):
             pos += max(klen, 0)
             (vlen,) = LEN.unpack_from(data, pos)
             pos += LEN.size
-            value = bytes(data[pos : pos + vlen])
-            pos += vlen
+            value = None if vlen < 0 else bytes(data[pos : pos + vlen])
+            pos += max(vlen, 0)
             extras = {} if qos == UNKNOWN_QOS else {"mqtt_qos": qos}
             yield Record(value, key, ts, offset=batch.base_offset + delta, extras=extras)
 
@@ -121,8 +136,8 @@ class MqttFormat(BatchFormat):
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         # a record without an offset takes the next one, as in the other formats
-        return b"".join(encode_record(i if r.offset is None else r.offset - base_offset, r.timestamp,
-                                      r.extras.get("mqtt_qos", UNKNOWN_QOS), r.key, r.value)
+        return b"".join(encode_record(i if r.offset is None else r.offset - base_offset, r.timestamp, qos_of(r),
+                                      r.key, r.value)
                         for i, r in enumerate(records))
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:

@@ -11,22 +11,26 @@ module docstring.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import importlib.metadata
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
 
 from gateway import model as m
-from gateway.codec import Acknowledgement, Handled, Timer, Unsubscribe
+from gateway.codec import Acknowledgement, Handled, Timer
 
 from . import format as fmt
-from . import packets, topics
+from . import packets, session, topics
 from .packets import MalformedPacket, PacketType
+from .session import Outgoing
 
 if TYPE_CHECKING:
     from .codec import MqttConnection
 
 MAX_DESTINATIONS = 4096
+_VERSION = importlib.metadata.version("polygate")
 _LEADER = m.Acks.LEADER  # looked up once: an enum member's attribute lookup is dear on every PUBLISH
 
 
@@ -50,19 +54,84 @@ def connect(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     if f.username:
         password = (c.password or b"").decode("utf-8", "surrogateescape")
         if not conn.authenticate(c.username, password):
-            conn.refuse_login(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), "MQTT login refused")
+            conn.refuse_login(packets.connack(packets.ConnectReturn.BAD_USER_NAME_OR_PASSWORD), "MQTT login refused")
             return None
     elif conn.anonymous_refused:
         return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
                               reason="anonymous client on a listener that requires authentication")
     if f.will:
-        conn.will = _produce(conn, c.will_topic, f.will_qos, c.will_message)
+        if not topics.valid_name(c.will_topic):
+            raise MalformedPacket(f"will topic {c.will_topic!r} is not a topic name")
+        if not topics.is_sys(c.will_topic) and conn.mapping.log_topic(c.will_topic) is None:
+            return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
+                                  reason=f"will topic {c.will_topic!r}: no log topic under mapping {conn.mapping.spec}")
+        conn.will = _commands(conn, c.will_topic, f.will_qos, c.will_message, f.will_retain)
     conn.connected = True
     conn.keep_alive = float(c.keep_alive)
     conn.emit(Timer(None, "connect"))
     if conn.keep_alive:
         conn.emit(Timer(1.5 * conn.keep_alive, "keepalive"))
-    return Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED))
+    group = session.group_of(c.client_id)
+    if f.clean_session:
+        if c.client_id:  # a persistent session left by an earlier connection ends (3.1.2.4), unwaited for
+            conn.emit(Handled.run((m.DeleteGroups((group,)),), ignored, ordered=False))
+
+        def accepted() -> Handled:
+            return Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED))
+    else:
+        def accepted() -> Handled:
+            return Handled.run((session.ENSURE_SESSIONS, m.FetchOffsets(group)),
+                               lambda results: _resume(conn, group, results[1]), hold=True)
+    if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
+        return _with_retained_topic(conn, accepted)
+    return accepted()
+
+
+def ignored(results: Sequence[object]) -> bytes:
+    """The render of a command whose answer nobody waits for."""
+    return b""
+
+
+def _begun(conn: MqttConnection, group: str) -> bytes:
+    """A new persistent session: its anchor committed, so that it is present when the client returns."""
+    conn.session_group = group
+    conn.commit_session()
+    return b""
+
+
+def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult) -> bytes | Handled:
+    """CONNACK for a persistent session, "session present" as it is: the session's filters read
+    again from where it stood, deliveries in flight resent with DUP under their first packet ids
+    and released ones' PUBREL resent (4.4). A session unused for ``session_expiry_s`` is gone: its
+    group is deleted before a new one begins. The connection commits the session only once it
+    holds it whole (``MqttConnection.session_group`` set), so that a connection lost meanwhile
+    leaves the session as it was."""
+    anchor, positions = session.restored(result.offsets) if result.error is None else (None, {})
+    expired = anchor is not None and anchor.left_ms > 0 \
+        and time.time() * 1000 - anchor.left_ms > conn.options["session_expiry_s"] * 1000
+    if anchor is None or expired:
+        conn.emit(Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED, session_present=False)))
+        if positions or expired:  # what an expired session left: its positions would be taken for the new one's
+            return Handled.run((m.DeleteGroups((group,)),), lambda _: _begun(conn, group),
+                               hold=True)  # then anchor the new one
+        return _begun(conn, group)
+    conn.emit(Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED, session_present=True)))
+    out = []
+    for packet_id in anchor.released:
+        msg = Outgoing(b"", b"", 2, packet_id=packet_id, sent_at=conn.clock(), released=True)
+        conn.inflight[packet_id] = msg
+        out.append(msg.packet(dup=True))
+    if out:
+        conn.emit(Timer(conn.options["retry_ms"] / 1000, "retry"))
+        conn.emit(Handled.answer(b"".join(out)))
+    conn.redeliver = {(topic, partition, offset): packet_id for (topic, partition), position in positions.items()
+                      for offset, packet_id in position.inflight.items()}
+    entries = tuple((topic_filter, qos, None if topics.is_sys(topic_filter) else conn.mapping.sources(topic_filter))
+                    for topic_filter, qos in anchor.filters.items())
+    if not entries:
+        return _begun(conn, group)
+    ctx = _Subscribe(None, entries, positions, group)
+    return Handled.run(_listings(entries), lambda results: _subscribed(conn, ctx, results), hold=True)
 
 
 class _Stored(Acknowledgement):
@@ -86,40 +155,101 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     name, qos, packet_id, payload = packets.parse_publish(flags, body)
     if qos == 2 and packet_id in conn.awaiting_release:
         return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
+    if flags & 1:
+        return _publish_retained(conn, name, qos, packet_id, payload)
     produce = _produce(conn, name, qos, payload)
     if qos == 0:
-        return Handled.run((produce,), _Stored(b"", (conn, name, qos)), joins=True)
+        return Handled.answer(b"") if produce is None else Handled.run((produce,), _Stored(b"", (conn, name, qos)),
+                                                                         joins=True)
     assert packet_id is not None  # QoS 1 and 2 carry one
     if qos == 2:
         conn.awaiting_release.add(packet_id)
     ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
+    if produce is None:
+        return Handled.answer(ack)
     return Handled.run((produce,), _Stored(ack, (conn, name, qos)), joins=True)
 
 
 @functools.lru_cache(maxsize=MAX_DESTINATIONS)
-def _destination(name: str) -> tuple[str, bytes] | str:
-    """Where a PUBLISH to ``name`` is stored: its log topic and record key, or why it is
-    refused. Remembered for the last ``MAX_DESTINATIONS`` names, since a publisher
-    sends many messages to few names."""
+def _destination(mapping: topics.Mapping, name: str) -> tuple[str, bytes] | None:
+    """Where a PUBLISH to ``name`` is stored: its log topic and record key; None for a
+    ``$SYS`` name (acknowledged and dropped, as Mosquitto does). Raises ``MalformedPacket``
+    for a name that is not one, or that the mapping has no log topic for. Remembered for the
+    last ``MAX_DESTINATIONS`` names, since a publisher sends many messages to few names."""
     if not topics.valid_name(name):
-        return f"invalid topic name {name!r}"
-    log_topic = topics.log_topic(name)
+        raise MalformedPacket(f"invalid topic name {name!r}")
+    if topics.is_sys(name):
+        return None
+    log_topic = mapping.log_topic(name)
     if log_topic is None:
-        return f"topic {name!r}: first level is not a log topic name [A-Za-z0-9._=-]{{1,249}}"
+        raise MalformedPacket(f"topic {name!r}: no log topic under mapping {mapping.spec}")
     return log_topic, name.encode("utf-8")
 
 
-def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce:
-    """The command storing an application message published to ``name``, received now."""
-    destination = _destination(name)
-    if isinstance(destination, str):
-        raise MalformedPacket(destination)
+def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce | None:
+    """The command storing an application message published to ``name``, received now (None:
+    a ``$SYS`` name, nothing to store)."""
+    destination = _destination(conn.mapping, name)
+    if destination is None:
+        return None
     log_topic, key = destination
     ts = conn.taken_at
     record = fmt.encode_record(0, ts, qos, key, payload)
     # Positional arguments, as one is built per PUBLISH: topic, partition, batch, acks,
     # timeout_ms, key, partitioner, auto_create.
     return m.Produce(log_topic, None, m.Batch(fmt.NAME, record, 1, ts), _LEADER, None, key, "murmur2", True)
+
+
+RETAINED_TOPIC = topics.RETAINED_TOPIC
+_ENSURE_RETAINED = m.CreateTopic(RETAINED_TOPIC, None, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
+RETAINED_FETCH_BYTES = 4 << 20  # read per partition and round trip when a SUBSCRIBE scans the retained messages
+
+
+def _retained(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce:
+    """The command keeping ``payload`` as ``name``'s retained message (an empty one clears it)."""
+    key, ts = name.encode("utf-8"), conn.taken_at
+    record = fmt.encode_record(0, ts, qos, key, payload or None)
+    return m.Produce(RETAINED_TOPIC, None, m.Batch(fmt.NAME, record, 1, ts), _LEADER, None, key, "murmur2", False)
+
+
+def _commands(conn: MqttConnection, name: str, qos: int, payload: bytes, retain: bool) -> tuple[m.Produce, ...]:
+    """The commands storing a message published to ``name``, and keeping it as retained."""
+    produce = _produce(conn, name, qos, payload)
+    if produce is None:
+        return ()
+    return (produce, _retained(conn, name, qos, payload)) if retain else (produce,)
+
+
+def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> Handled:
+    """``then()``, once the retained messages' topic exists (created compacted on first use); later
+    packets wait, so that nothing overtakes the step ``then`` returns."""
+    if conn.retained_ready:
+        return then()
+
+    def created(results: Sequence[m.CreateTopicResult]) -> Handled:
+        conn.retained_ready = results[0].error is None  # else the retained copy fails, and says why
+        return then()
+
+    return Handled.run((_ENSURE_RETAINED,), created, hold=True)
+
+
+def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int | None, payload: bytes) -> Handled:
+    """A PUBLISH with RETAIN: stored as any other, and kept as ``name``'s retained message (both
+    before the acknowledgement). Delivered live without RETAIN, as 3.3.1.3 says."""
+    commands = _commands(conn, name, qos, payload, True)
+    ack = b"" if qos == 0 else packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC,
+                                                      packet_id or 0)
+    if qos == 2:
+        conn.awaiting_release.add(packet_id or 0)
+    if not commands:  # $SYS: acknowledged, dropped
+        return Handled.answer(ack)
+    stored = _Stored(ack, (conn, name, qos))
+
+    def answer(results: Sequence[m.ProduceResult]) -> bytes:
+        failed = next((result for result in results if result.error is not None), None)
+        return stored.ok if failed is None else stored.refused(failed)
+
+    return _with_retained_topic(conn, lambda: Handled.run(commands, answer))
 
 
 def pubrel(conn: MqttConnection, body: bytes, flags: int) -> Handled:
@@ -129,20 +259,53 @@ def pubrel(conn: MqttConnection, body: bytes, flags: int) -> Handled:
 
 
 def puback(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
+    """The end of a QoS 1 delivery; room for a waiting one."""
+    return _delivered(conn, packets.parse(packets.PACKET_ID, body).packet_id, 1)
+
+
+def pubcomp(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
+    """The end of a released QoS 2 delivery; room for a waiting one."""
+    return _delivered(conn, packets.parse(packets.PACKET_ID, body).packet_id, 2)
+
+
+def _delivered(conn: MqttConnection, packet_id: int, qos: int) -> Handled | None:
+    msg = conn.inflight.get(packet_id)
+    if msg is None or msg.qos != qos or (qos == 2 and not msg.released):
+        return None  # not (or no longer) in flight at that stage: nothing to complete (4.3)
+    del conn.inflight[packet_id]
+    conn.session_moved()
+    data = conn.send_queued()
+    return Handled.answer(data) if data else None
+
+
+def pubrec(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
+    """A QoS 2 delivery received: from now on it is released, PUBREL (not the PUBLISH) is what is
+    resent until PUBCOMP. A persistent session keeps that before the PUBREL goes out, so that a
+    client back after it gets the PUBREL again, never the message (exactly once, 4.3.3)."""
     packet_id = packets.parse(packets.PACKET_ID, body).packet_id
-    if conn.inflight.pop(packet_id, None) is not None:
-        data = conn.send_queued()
-        if data:
-            return Handled.answer(data)
-    return None
+    msg = conn.inflight.get(packet_id)
+    if msg is None or msg.qos != 2:
+        return None
+    msg.released = True
+    msg.sent_at = conn.clock()
+    pubrel = msg.packet(dup=False)
+    commit = conn.session_commit()
+    if commit is None:
+        return Handled.answer(pubrel)
+    return Handled.run((commit,), lambda _: pubrel)
+
+
+MAX_GRANTED_QOS = 2
 
 
 @attrs.frozen
 class _Subscribe:
-    """Context of a SUBSCRIBE waiting for its log topics' partitions."""
+    """Context of a SUBSCRIBE waiting for the log topics its filters read."""
 
-    packet_id: int
-    entries: tuple[tuple[str, int, str | None], ...]  # (filter, requested qos, log topic or None)
+    packet_id: int | None  # None: a persistent session's subscriptions, restored (no SUBACK)
+    entries: tuple[tuple[str, int, topics.Sources | None], ...]  # (filter, requested qos, sources; None: $SYS)
+    positions: Mapping[tuple[str, int], session.Position] | None = None  # where a restored session stood
+    group: str | None = None  # a restored session's
 
 
 def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
@@ -155,36 +318,229 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
             raise MalformedPacket(f"SUBSCRIBE requested QoS byte {t.qos:#x}")
         if not topics.valid_filter(t.filter):
             raise MalformedPacket(f"invalid topic filter {t.filter!r}")
-        entries.append((t.filter, t.qos, topics.log_topic(t.filter)))
-    wanted = tuple(dict.fromkeys(e[2] for e in entries if e[2] is not None))
-    if not wanted:
-        return Handled.answer(packets.suback(s.packet_id, [packets.SUBACK_FAILURE] * len(entries)))
+        entries.append((t.filter, t.qos, None if topics.is_sys(t.filter) else conn.mapping.sources(t.filter)))
     ctx = _Subscribe(s.packet_id, tuple(entries))
     # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription. A
     # SUBSCRIBE never creates a log topic: one that does not exist yet is waited for (``MqttConnection.await_topic``).
-    return Handled.run((m.ListTopics(wanted, read=True),),
-                       lambda results: _subscribed(conn, ctx, results[0]), hold=True)
+    return Handled.run(_listings(ctx.entries), lambda results: _subscribed(conn, ctx, results), hold=True)
 
 
-def _subscribed(conn: MqttConnection, ctx: _Subscribe, result: m.ListTopicsResult) -> bytes:
-    """Grant what the partitions allow, start streams for the log topics there are and wait for
-    those there are not yet (up to ``MAX_AWAITED`` per connection), answer SUBACK."""
-    infos = {t.topic: t for t in result.topics}
+def _listings(entries: Sequence[tuple[str, int, topics.Sources | None]]) -> tuple[m.ListTopics, ...]:
+    """The log topics the filters of ``entries`` read, then the retained messages' topic."""
+    named = tuple(dict.fromkeys(name for *_, sources in entries if sources is not None for name in sources.topics))
+    listings = []
+    if named:
+        listings.append(m.ListTopics(named, read=True))
+    if any(sources is not None and sources.every for *_, sources in entries):
+        listings.append(m.ListTopics(None, read=True))
+    listings.append(m.ListTopics((RETAINED_TOPIC,), read=True))  # where the retained messages are
+    return tuple(listings)
+
+
+def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListTopicsResult]) -> bytes | Handled:
+    """Grant each filter whose log topics may all be read (within ``max_partitions``), start
+    reading the log topics new to the connection and wait for the named ones there are not yet
+    (up to ``MAX_AWAITED`` per connection), answer SUBACK, then send the $SYS figures and the
+    retained messages the granted filters match."""
+    infos = {t.topic: t for result in results for t in result.topics}
+    retained = infos.pop(RETAINED_TOPIC)
+    if ctx.group is not None:
+        conn.session_group = ctx.group  # restored: from now on it is this connection's to commit
     codes = []
-    for topic_filter, qos, log_topic in ctx.entries:
-        info = None if log_topic is None else infos.get(log_topic)
-        granted = min(qos, 1)
-        if log_topic is not None and info is not None and info.error is not None \
-                and info.error.code is m.ErrorCode.UNKNOWN_TOPIC and conn.await_topic(log_topic, topic_filter, granted):
+    for topic_filter, qos, sources in ctx.entries:
+        granted = min(qos, MAX_GRANTED_QOS)
+        if sources is None:
+            conn.sys_filters[topic_filter] = granted
             codes.append(granted)
             continue
-        if log_topic is None or info is None or info.error is not None or not info.partitions:
+        named = [infos.get(name) for name in sources.topics]
+        absent = [info.topic for info in named if info is not None and info.error is not None
+                  and info.error.code is m.ErrorCode.UNKNOWN_TOPIC]
+        read = [info for info in named if info is None or info.topic not in absent]
+        if sources.every:
+            read += [info for info in infos.values() if not topics.own(info.topic) and info.topic not in sources.topics]
+        if not read and not absent and not sources.every \
+                or any(info is None or info.error is not None or not info.partitions for info in read) \
+                or not _room(conn, read) \
+                or not all(conn.await_topic(name, topic_filter, granted) for name in absent):
             codes.append(packets.SUBACK_FAILURE)
             continue
-        since = {p.partition: p.high_watermark for p in info.partitions}
-        conn.subscription(log_topic, since).subscribe(topic_filter, granted, since)
+        for info in read:
+            assert info is not None  # checked above
+            since = {p.partition: p.high_watermark for p in info.partitions}
+            if ctx.positions is None:
+                conn.subscription(info.topic, since).subscribe(topic_filter, granted, since)
+            else:
+                starts, firsts = _restored_starts(conn, info, ctx.positions, topic_filter)
+                conn.subscription(info.topic, starts).subscribe(topic_filter, granted, firsts)
+        if sources.every:
+            conn.open_filters[topic_filter] = granted
+            conn.known_topics.update(infos)
         codes.append(granted)
-    return packets.suback(ctx.packet_id, codes)
+    _discover_later(conn)
+    conn.commit_session()  # the session's filters, kept before the SUBACK is read
+    if ctx.packet_id is None:  # restored: no SUBACK, and retained messages are a SUBSCRIBE's only (3.3.1.3)
+        return b""
+    suback = packets.suback(ctx.packet_id, codes)
+    grants = {topic_filter: code for (topic_filter, _, sources), code in zip(ctx.entries, codes, strict=True)
+              if sources is not None and code != packets.SUBACK_FAILURE}
+    scan = _RetainedScan(grants, {p.partition: (p.log_start_offset, p.high_watermark) for p in retained.partitions
+                                   if p.high_watermark > p.log_start_offset} if retained.error is None else {})
+    has_sys = any(sources is None for *_, sources in ctx.entries)
+    if not has_sys and not (grants and scan.positions):
+        return suback
+    conn.emit(Handled.answer(suback))  # the SUBACK first, then the figures and the retained messages
+    if has_sys:
+        conn.emit(sys_figures(conn, retain=True))  # as retained messages, as Mosquitto's
+    return _scan_retained(conn, scan) if grants and scan.positions else b""
+
+
+@attrs.define
+class _RetainedScan:
+    """A SUBSCRIBE's read of the retained messages: the granted ``filters`` (-> QoS), where each
+    partition's read is and ends, and the last retained message of each name the filters match."""
+
+    filters: dict[str, int]
+    positions: dict[int, tuple[int, int]]  # partition -> (next offset, high watermark at the SUBSCRIBE)
+    found: dict[str, tuple[int, bytes]] = attrs.Factory(dict)  # name -> (qos it was published with, payload)
+
+
+def _scan_retained(conn: MqttConnection, scan: _RetainedScan) -> Handled:
+    fetches = tuple(m.Fetch(RETAINED_TOPIC, partition, offset, fmt.NAME, max_bytes=RETAINED_FETCH_BYTES)
+                    for partition, (offset, _) in scan.positions.items())
+    return Handled.run(fetches, lambda results: _retained_read(conn, scan, results))
+
+
+def _retained_read(conn: MqttConnection, scan: _RetainedScan, results: Sequence[m.FetchResult]) -> bytes | Handled:
+    """Keep the last message of each matching name, read on until the high watermark each
+    partition had at the SUBSCRIBE, then send them with RETAIN set, each at the lower of the QoS
+    it was published with and the highest granted QoS of the filters that match it."""
+    for result in results:
+        end = scan.positions[result.partition][1]
+        if result.error is not None or not result.batches:
+            del scan.positions[result.partition]  # nothing more to read there
+            continue
+        for batch in result.batches:
+            for record in fmt.FORMAT.records(batch):
+                if record.offset is None or record.offset >= end or not record.key:
+                    continue
+                try:
+                    name = record.key.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # not an MQTT topic name: no MQTT client retained it
+                if any(topics.matches(topic_filter, name) for topic_filter in scan.filters):
+                    if record.value:
+                        scan.found[name] = (fmt.qos_of(record), record.value)
+                    else:
+                        scan.found.pop(name, None)
+        following = result.batches[-1].last_offset + 1
+        if following < end:
+            scan.positions[result.partition] = (following, end)
+        else:
+            del scan.positions[result.partition]
+    if scan.positions:
+        return _scan_retained(conn, scan)
+    out = []
+    for name, (stored_qos, payload) in scan.found.items():
+        granted = max(qos for topic_filter, qos in scan.filters.items() if topics.matches(topic_filter, name))
+        qos = granted if stored_qos == fmt.UNKNOWN_QOS else min(granted, stored_qos)
+        topic = name.encode("utf-8")
+        if qos == 0:
+            out.append(packets.publish(topic, payload, retain=True))
+        elif conn.queue(Outgoing(topic, payload, qos, True)):
+            out.append(conn.send_queued())
+        else:
+            break  # too much left waiting: the subscriber is being closed
+    return b"".join(out)
+
+
+def _restored_starts(conn: MqttConnection, info: m.TopicInfo, positions: Mapping[tuple[str, int], session.Position],
+                     topic_filter: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Where a restored session reads each partition of ``info`` from, and where ``topic_filter``
+    starts in each: at the session's position (a partition without one was created while the
+    client was away: from its start), within the last ``max_session_backlog`` messages. The
+    filter starts there too (a read may return the records of a batch before it, as Kafka's
+    do), or later where it began later."""
+    starts, firsts = {}, {}
+    for p in info.partitions:
+        position = positions.get((info.topic, p.partition))
+        start = max(0 if position is None else position.offset,
+                    p.high_watermark - conn.options["max_session_backlog"], p.log_start_offset)
+        starts[p.partition] = start
+        firsts[p.partition] = max(start, 0 if position is None else position.since.get(topic_filter, 0))
+        conn.backlog[(info.topic, p.partition)] = p.high_watermark
+    return starts, firsts
+
+
+def _room(conn: MqttConnection, infos: Sequence[m.TopicInfo | None]) -> bool:
+    """Whether reading the partitions of ``infos`` keeps the connection within ``max_partitions``."""
+    new = sum(len(info.partitions) for info in infos if info is not None and info.topic not in conn.subscriptions)
+    return conn.partitions_read + new <= conn.options["max_partitions"]
+
+
+def discover(conn: MqttConnection) -> Handled | None:
+    """The periodic look for partitions added to the log topics read, and, for filters that read
+    every log topic, for log topics created since (``_discover_later``)."""
+    if not conn.subscriptions and not conn.open_filters:
+        return None
+    names = None if conn.open_filters else tuple(conn.subscriptions)
+    return Handled.run((m.ListTopics(names, read=True),), lambda results: _discovered(conn, results[0]))
+
+
+def _discovered(conn: MqttConnection, result: m.ListTopicsResult) -> bytes:
+    """Read the new partitions and log topics from their first offset: every record there was
+    appended after the SUBSCRIBE."""
+    for info in result.topics:
+        if info.error is not None:
+            continue
+        sub = conn.subscriptions.get(info.topic)
+        if sub is not None:
+            new = {p.partition: 0 for p in info.partitions if p.partition not in sub.partitions}
+            if new and conn.partitions_read + len(new) <= conn.options["max_partitions"]:
+                conn.subscription(info.topic, new)
+        elif conn.open_filters and info.topic not in conn.known_topics and not topics.own(info.topic):
+            conn.known_topics.add(info.topic)
+            if info.partitions and _room(conn, [info]):
+                sub = conn.subscription(info.topic, {p.partition: 0 for p in info.partitions})
+                for topic_filter, granted in conn.open_filters.items():
+                    sub.subscribe(topic_filter, granted, {})
+    _discover_later(conn)
+    return b""
+
+
+def _discover_later(conn: MqttConnection) -> None:
+    """The next look for what was created since: within ``discovery_ms`` for filters that read
+    every log topic (a new log topic is common), else within ``partition_check_ms`` (partitions
+    are added to a log topic seldom, and an idle subscriber should cost little)."""
+    if conn.open_filters:
+        conn.emit(Timer(conn.options["discovery_ms"] / 1000, "discover"))
+    elif conn.subscriptions:
+        conn.emit(Timer(conn.options["partition_check_ms"] / 1000, "discover"))
+
+
+def sys_figures(conn: MqttConnection, retain: bool) -> Handled | None:
+    """The gateway's figures, as PUBLISHes of the ``$SYS/broker/...`` topics the ``$SYS``
+    filters match (again every ``sys_interval_ms`` while there are such filters)."""
+    if not conn.sys_filters:
+        return None
+    return Handled.run((m.ServerInfo(),), lambda results: _sys_published(conn, results[0], retain))
+
+
+def _sys_published(conn: MqttConnection, info: m.ServerInfoResult, retain: bool) -> bytes:
+    figures = {
+        "$SYS/broker/version": f"polygate {_VERSION}",
+        "$SYS/broker/uptime": f"{max(int(time.time() - info.started_at), 0)} seconds",
+        "$SYS/broker/topics": str(info.topics),
+        "$SYS/broker/partitions": str(info.partitions),
+        "$SYS/broker/listeners": " ".join(f"{codec}={host}:{port}" for codec, host, port in info.listeners),
+    }
+    out = []
+    for name, value in figures.items():
+        granted = [qos for topic_filter, qos in conn.sys_filters.items() if topics.matches(topic_filter, name)]
+        if granted:  # at QoS 0, as Mosquitto sends them: a figure is soon replaced by the next
+            out.append(packets.publish(name.encode("utf-8"), value.encode("utf-8"), retain=retain))
+    conn.emit(Timer(conn.options["sys_interval_ms"] / 1000, "sys"))
+    return b"".join(out)
 
 
 def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
@@ -192,11 +548,16 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if not u.filters:
         raise MalformedPacket("UNSUBSCRIBE without a topic filter")
     for topic_filter in u.filters:
-        conn.stop_awaiting(topics.log_topic(topic_filter) or "", topic_filter)
-        sub = conn.subscriptions.get(topics.log_topic(topic_filter) or "")
-        if sub is not None and sub.unsubscribe(topic_filter) and not sub.filters:
-            del conn.subscriptions[sub.stream[0]]
-            conn.emit(Unsubscribe(sub.stream))
+        conn.open_filters.pop(topic_filter, None)
+        for log_topic in list(conn.awaited):
+            conn.stop_awaiting(log_topic, topic_filter)
+        conn.sys_filters.pop(topic_filter, None)
+        for sub in list(conn.subscriptions.values()):
+            if sub.unsubscribe(topic_filter) and not sub.filters:
+                conn.drop_subscription(sub.stream[0])
+    if not conn.open_filters:
+        conn.known_topics.clear()
+    conn.commit_session()
     return Handled.answer(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id))
 
 
@@ -205,14 +566,16 @@ def pingreq(conn: MqttConnection, body: bytes, flags: int) -> Handled:
 
 
 def disconnect(conn: MqttConnection, body: bytes, flags: int) -> Handled:
-    conn.will = None
+    conn.will = ()
     return Handled.answer(b"", close=True, reason="client sent DISCONNECT")
 
 
 HANDLERS: dict[PacketType, Callable[[MqttConnection, bytes, int], Handled | None]] = {
     PacketType.PUBLISH: publish,
     PacketType.PUBACK: puback,
+    PacketType.PUBREC: pubrec,
     PacketType.PUBREL: pubrel,
+    PacketType.PUBCOMP: pubcomp,
     PacketType.SUBSCRIBE: subscribe,
     PacketType.UNSUBSCRIBE: unsubscribe,
     PacketType.PINGREQ: pingreq,

@@ -16,15 +16,48 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from gateway.launcher import Gateways  # noqa: E402
+from gateway.launcher import GatewayProcess, Gateways, Tansu  # noqa: E402
+
+# POLYGATE_TEST_STORAGE=cluster runs the suites that use ``gateway_factory`` against gateways in
+# cluster mode, each test on a Tansu cluster of its own, as polygate's own suites do;
+# ``cluster-polygate`` uses a polygate in local mode as the cluster instead. Tests of local-mode
+# rules are marked ``local_only`` and skipped then; ``tansu_differs`` marks a test that a Tansu 0.6
+# shortcoming fails (it runs against the polygate cluster).
+STORAGE = os.environ.get("POLYGATE_TEST_STORAGE", "local")
+CLUSTER_MODE = STORAGE in ("cluster", "cluster-polygate")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("local_only")
+    if marker is not None and CLUSTER_MODE:
+        pytest.skip(f"a local-mode rule: {marker.args[0]}")
+    marker = item.get_closest_marker("tansu_differs")
+    if marker is not None and STORAGE == "cluster":
+        pytest.skip(f"Tansu 0.6 differs: {marker.args[0]}")
 
 
 @pytest.fixture
-def gateway_factory(tmp_path):
+def test_cluster():
+    """The bootstrap servers of the test's cluster in cluster mode, else None."""
+    if not CLUSTER_MODE:
+        yield None
+    elif STORAGE == "cluster":
+        with Tansu() as cluster:
+            yield cluster.bootstrap
+    else:
+        cluster = GatewayProcess(None, ("kafka",)).start()
+        yield cluster.address("kafka")
+        cluster.stop()
+
+
+@pytest.fixture
+def gateway_factory(tmp_path, test_cluster):
     """``gateway_factory(protocols=("v1", "mqtt"), args=(...), env=None)``; all stopped at teardown."""
     gateways = Gateways(str(tmp_path))
 
     def start(protocols=("v1", "mqtt"), args=(), env=None):
+        if test_cluster is not None:
+            args = ("--storage", f"kafka://{test_cluster}", *args)
         return gateways.start(protocols, args, env=env)
 
     yield start
@@ -90,6 +123,12 @@ class Device:
         with self.arrived:
             self.arrived.wait_for(lambda: len(self.messages) >= n, timeout)
             return [(msg.topic, msg.payload, msg.qos) for msg in self.messages]
+
+    def wait_for(self, wanted: tuple[str, bytes, int], timeout: float = 15) -> bool:
+        """Whether the message ``(topic, payload, qos)`` arrives within ``timeout``."""
+        with self.arrived:
+            return self.arrived.wait_for(
+                lambda: wanted in [(msg.topic, msg.payload, msg.qos) for msg in self.messages], timeout)
 
     def close(self) -> None:
         self.client.disconnect()

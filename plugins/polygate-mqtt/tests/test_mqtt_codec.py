@@ -12,7 +12,7 @@ from mqtt_support import Rig, connect_packet, puback, subscribe_packet, unsubscr
 from polygate_mqtt import format as mqtt_format
 from polygate_mqtt import packets, plugin, topics
 from polygate_mqtt.codec import AWAIT_EVERY_S, MqttConnection, _TopicSubscription
-from polygate_mqtt.packets import MalformedPacket, PacketType
+from polygate_mqtt.packets import MalformedPacket, PacketType, with_packet_id
 
 from gateway import model as m
 from gateway.codec import ListenerSettings, OptionError, parse_options
@@ -118,17 +118,95 @@ def test_invalid_filters(text):
     assert not topics.valid_filter(text)
 
 
+PER_LEVEL, SINGLE = topics.PerLevel(), topics.Single("all")
+
+
 @pytest.mark.parametrize("name, log", [("sensors/a/b", "sensors"), ("sensors", "sensors"), ("a.b=c-d_e/x", "a.b=c-d_e"),
-                                       ("/a", None), ("$SYS/x", None), ("bad level/x", None), ("ü/x", None),
-                                       ("#", None), ("+/x", None), ("x" * 250, None), ("x" * 249, "x" * 249)])
-def test_log_topic_is_the_first_level_when_it_is_a_log_topic_name(name, log):
-    assert topics.log_topic(name) == log
+                                       ("/a", "mqtt"), ("$SYS/x", None), ("$other/x", "mqtt"), ("bad level/x", "mqtt"),
+                                       ("ü/x", "mqtt"), ("x" * 250, "mqtt"), ("x" * 249, "x" * 249),
+                                       ("_mqtt_retained/x", "mqtt"), ("__consumer_offsets", "mqtt")])
+def test_per_level_stores_a_name_in_its_first_level_or_else_in_the_other_topic(name, log):
+    assert PER_LEVEL.log_topic(name) == log
 
 
-@pytest.mark.parametrize("key, name", [(b"t/a/b", "t/a/b"), (b"t", "t"), (b"tx/a", "t"), (b"user1", "t"),
-                                       (None, "t"), (b"\xff", "t"), (b"t/+", "t")])
-def test_records_of_other_protocols_are_named_after_their_log_topic(key, name):
-    assert topics.record_topic("t", key) == name
+@pytest.mark.parametrize("name, log", [("sensors/a/b", "all"), ("/a", "all"), ("$other", "all"), ("$SYS/x", None)])
+def test_single_stores_every_name_but_sys_in_its_topic(name, log):
+    assert SINGLE.log_topic(name) == log
+
+
+RULES_FILE = """
+[[rule]]
+filter = "sensors/+/temp"
+topic = "temps"
+[[rule]]
+filter = "sensors/#"
+topic = "sensors"
+[[rule]]
+filter = "$dev/#"
+topic = "dev"
+"""
+
+
+@pytest.fixture
+def rules(tmp_path):
+    path = tmp_path / "rules.toml"
+    path.write_text(RULES_FILE)
+    return topics.parse_mapping(f"rules:{path}")
+
+
+@pytest.mark.parametrize("name, log", [("sensors/k/temp", "temps"), ("sensors/k/hum", "sensors"), ("sensors", "sensors"),
+                                       ("$dev/x", "dev"), ("other/x", None), ("$SYS/x", None)])
+def test_rules_store_a_name_in_the_topic_of_the_first_rule_that_matches_it(rules, name, log):
+    assert rules.log_topic(name) == log
+
+
+@pytest.mark.parametrize("topic_filter, read", [("sensors/k/temp", ("temps",)), ("sensors/+/+", ("temps", "sensors")),
+                                                ("#", ("temps", "sensors")), ("+/k/#", ("temps", "sensors")),
+                                                ("$dev/+", ("dev",)), ("other/#", ()), ("sensors/k/hum", ("sensors",))])
+def test_a_filter_reads_the_topics_of_the_rules_it_overlaps(rules, topic_filter, read):
+    assert rules.sources(topic_filter) == topics.Sources(read)
+
+
+@pytest.mark.parametrize("topic_filter, read", [("sensors/#", topics.Sources(("sensors",))),
+                                                ("/+", topics.Sources(("mqtt",))),
+                                                ("#", topics.Sources(every=True)),
+                                                ("+/x", topics.Sources(every=True))])
+def test_per_level_filters_read_their_first_level_or_every_topic(topic_filter, read):
+    assert PER_LEVEL.sources(topic_filter) == read
+
+
+@pytest.mark.parametrize("text", ["per-level:__x", "single:bad name", "rules:/no/such/file", "levels", "rules:"])
+def test_a_bad_mapping_is_refused(text):
+    with pytest.raises(ValueError):
+        topics.parse_mapping(text)
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ("#", "a/b", True), ("a/+", "+/b", True), ("a/#", "a", True), ("a/b", "a/c", False), ("a/+/c", "a/b", False),
+    ("#", "$x/a", False), ("+/a", "$x/a", False), ("$x/#", "$x/+", True), ("a", "a/+", False), ("+/+", "/+", True),
+])
+def test_two_filters_overlap_when_some_name_matches_both(a, b, expected):
+    assert topics.overlaps(a, b) is expected and topics.overlaps(b, a) is expected
+    names = ["a", "a/b", "a/c", "a/b/c", "$x/a", "/a", "x/b", "a/x/c", ""]
+    if not expected:  # no sample name matches both
+        assert not any(topics.matches(a, n) and topics.matches(b, n) for n in names)
+
+
+@pytest.mark.parametrize("mapping", [PER_LEVEL, SINGLE], ids=["per-level", "single"])
+@pytest.mark.parametrize("key", [b"t/a/b", b"t", b"tx/a", b"user1", None, b"\xff", b"t/+", b"$x/y", b"/a"])
+def test_a_record_is_delivered_from_the_log_topic_its_name_maps_to(mapping, key):
+    """A key that the mapping stores in ``log`` is the record's name; any other record is named
+    after ``log`` when the mapping stores that name there, else it is no MQTT message."""
+    for log in ("t", "mqtt", "all"):
+        name = mapping.record_topic(log, key)
+        try:
+            text = key.decode("utf-8") if key else ""
+        except UnicodeDecodeError:
+            text = ""
+        if key and topics.valid_name(text) and mapping.log_topic(text) == log:
+            assert name == text
+        else:
+            assert name == (log if mapping.log_topic(log) == log else None)
 
 
 # --------------------------------------------------------------------------- storage format
@@ -216,6 +294,28 @@ def test_qos1_deliveries_are_resent_with_dup_until_acknowledged(rig):
     rig.reactor.advance(1.0)
     assert [publish_of(p) for p in c.received()] == [("t", 1, 1, b"hello", True)]
     c.send(puback(1))
+    rig.reactor.advance(5)
+    assert c.received() == []
+
+
+def test_qos2_deliveries_go_publish_pubrec_pubrel_pubcomp_and_resend_the_stage_they_are_at(rig):
+    c = rig.client()
+    assert c.send(subscribe_packet(1, ("t/#", 2))) == [(PacketType.SUBACK, 0, b"\x00\x01\x02")]
+    answers = c.send(packets.publish(b"t/a", b"once", 2, 9) + packets.with_packet_id(PacketType.PUBREL, 9))
+    rig.reactor.advance(0)  # a reactor turn: the stream polls again
+    answers += c.received()
+    assert [p for p in answers if p[0] != PacketType.PUBLISH] == [(PacketType.PUBREC, 0, b"\x00\x09"),
+                                                                  (PacketType.PUBCOMP, 0, b"\x00\x09")]
+    [delivered] = [publish_of(p) for p in answers if p[0] == PacketType.PUBLISH]
+    assert delivered == ("t/a", 2, 1, b"once", False)
+    rig.reactor.advance(1.0)  # no PUBREC yet: the PUBLISH again, DUP set
+    assert [publish_of(p) for p in c.received()] == [("t/a", 2, 1, b"once", True)]
+    assert c.send(puback(1)) == []  # a PUBACK does not end a QoS 2 delivery
+    assert c.send(with_packet_id(PacketType.PUBCOMP, 1)) == []  # nor a PUBCOMP before its PUBREC
+    assert c.send(with_packet_id(PacketType.PUBREC, 1)) == [(PacketType.PUBREL, 2, b"\x00\x01")]
+    rig.reactor.advance(1.0)  # released: PUBREL is what is resent, never the PUBLISH
+    assert c.received() == [(PacketType.PUBREL, 2, b"\x00\x01")]
+    assert c.send(with_packet_id(PacketType.PUBCOMP, 1)) == []
     rig.reactor.advance(5)
     assert c.received() == []
 
@@ -311,12 +411,12 @@ def test_packet_id_fast_path_agrees_with_the_schema(kind):
     assert packets.with_packet_id(kind, 513) == packets.packet(kind, packets.PACKET_ID.build({"packet_id": 513}), flags)
 
 
-def will_connect(keep_alive: int = 0) -> bytes:
+def will_connect(keep_alive: int = 0, topic: str = "status/w") -> bytes:
     body = packets.CONNECT.build({
         "protocol_name": "MQTT", "protocol_level": 4,
         "flags": {"username": False, "password": False, "will_retain": False, "will_qos": 1, "will": True,
                   "clean_session": True, "reserved": False},
-        "keep_alive": keep_alive, "client_id": "w", "will_topic": "status/w", "will_message": b"offline",
+        "keep_alive": keep_alive, "client_id": "w", "will_topic": topic, "will_message": b"offline",
         "username": None, "password": None})
     return packets.packet(PacketType.CONNECT, body)
 
@@ -345,10 +445,66 @@ def test_the_will_is_published_unless_the_client_disconnects(rig, ending, publis
     assert stored(rig, "status") == published
 
 
-def test_a_will_topic_outside_the_mapping_is_refused(rig):
+def test_a_will_topic_that_is_no_topic_name_is_a_protocol_violation(rig):
     c = rig.client(client_id=b"")
-    c.send(will_connect().replace(b"status/w", b"$tatus/w"))
+    assert c.send(will_connect(topic="status/+")) == []
     assert c.closed
+
+
+def test_a_will_topic_the_mapping_has_no_log_topic_for_gets_connack_5(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nfilter = "plant/#"\ntopic = "plant"\n')
+    rig = Rig(str(tmp_path / "data"), mapping=f"rules:{rules}")
+    try:
+        c = rig.client(client_id=b"")
+        assert c.send(will_connect()) == [(PacketType.CONNACK, 0, b"\x00\x05")]  # status/w: no rule
+        assert c.closed
+        c = rig.client(client_id=b"")
+        assert c.send(will_connect(topic="plant/w")) == [(PacketType.CONNACK, 0, b"\x00\x00")]
+    finally:
+        rig.close()
+
+
+def test_a_persistent_session_is_present_again_with_its_subscriptions_and_a_clean_one_ends_it(rig):
+    def connect(clean: bool):
+        c = rig.client(client_id=b"")
+        [(kind, _, connack)] = c.send(connect_packet(b"p", clean=clean))
+        assert kind == PacketType.CONNACK and connack[1] == 0
+        return c, bool(connack[0])
+
+    c, present = connect(clean=False)
+    assert not present
+    c.send(subscribe_packet(1, ("t/#", 1)))
+    c.proto.connectionLost()
+    c, present = connect(clean=False)
+    assert present
+    v1_produce(rig, "t", b"after")  # no SUBSCRIBE on this connection: the session's filter delivers it
+    assert [publish_of(p)[:4] for p in c.received()] == [("t", 1, 1, b"after")]
+    c.proto.connectionLost()
+    connect(clean=True)[0].proto.connectionLost()
+    assert connect(clean=False)[1] is False
+
+
+def test_partitions_added_and_log_topics_created_after_a_subscribe_are_followed(tmp_path):
+    rig = Rig(str(tmp_path), discovery_ms="100", partition_check_ms="1000")
+    try:
+        exact, every = rig.client(b"exact"), rig.client(b"every")
+        v1_produce(rig, "t", b"before")
+        exact.send(subscribe_packet(1, ("t/#", 0)))
+        every.send(subscribe_packet(1, ("#", 0)))
+        listed = []
+        rig.broker.execute(m.ListTopics(("t",))).addCallback(listed.append)
+        partitions = len(listed[0].topics[0].partitions)
+        rig.broker.execute(m.CreatePartitions("t", partitions + 1))
+        v1_produce(rig, "u", b"new topic")
+        rig.reactor.advance(0.1)  # every's look for new log topics: u is read from its start
+        got = [publish_of(p)[3] for p in every.received()]
+        rig.reactor.advance(1.0)  # the look for new partitions
+        v1_produce(rig, "t", b"new partition", partition=partitions)
+        assert [publish_of(p)[3] for p in exact.received()] == [b"new partition"]
+        assert sorted(got + [publish_of(p)[3] for p in every.received()]) == [b"new partition", b"new topic"]
+    finally:
+        rig.close()
 
 
 def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
@@ -363,7 +519,8 @@ def test_subscribing_again_to_a_filter_changes_its_qos_and_keeps_its_start(rig):
 @pytest.mark.parametrize(("given", "expected"), [
     ({"retry_ms": "soon"}, "option retry_ms='soon' is not allowed; expected a positive integer (milliseconds)"),
     ({"max_inflight": "0"}, "option max_inflight='0' is not allowed; expected a positive integer"),
-    ({"no_such_option": "1"}, "unknown option 'no_such_option' (its options: connect_timeout_ms, max_inflight"),
+    ({"no_such_option": "1"}, "unknown option 'no_such_option' (its options: commit_ms, connect_timeout_ms"),
+    ({"mapping": "levels"}, "option mapping='levels' is not allowed; expected per-level[:TOPIC], single[:TOPIC]"),
 ])
 def test_a_bad_codec_option_is_refused_with_what_is_allowed(given, expected):
     with pytest.raises(OptionError) as refused:
@@ -389,7 +546,7 @@ def _expected_push(filters: dict, log_topic: str, partition: int, records: list)
     the highest such filter's granted QoS."""
     out = []
     for offset, qos, key, value in records:
-        name = topics.record_topic(log_topic, key)
+        name = PER_LEVEL.record_topic(log_topic, key)
         granted = max((g for f, (g, since) in filters.items()
                        if topics.matches(f, name) and offset >= since.get(partition, 0)), default=-1)
         if granted >= 0:
@@ -408,7 +565,7 @@ def test_a_push_delivers_each_record_as_its_filters_and_their_starts_say(keyed, 
     conn = MqttConnection(ListenerSettings(1 << 20))
     conn.connected = True
     conn.options = {**conn.options, "max_inflight": 1 << 16}
-    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1))
+    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1), PER_LEVEL)
     filters = {f: (granted, {0: since}) for f, (granted, since) in starts.items()}
     for f, (granted, since) in filters.items():
         sub.subscribe(f, granted, since)
@@ -433,7 +590,7 @@ def test_a_push_over_the_queued_bytes_limit_still_sends_what_it_built_then_close
     conn = MqttConnection(ListenerSettings(1 << 20))
     conn.connected = True
     conn.options = {**conn.options, "max_inflight": 1, "max_queued_bytes": 20}
-    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1))
+    sub = conn.subscriptions["t"] = _TopicSubscription(("t", 1), PER_LEVEL)
     sub.subscribe("t/#", 1, {0: 0})
     records = [(0, b"a"), (1, b"b"), (1, b"c" * 30), (0, b"d")]
     payload = b"".join(mqtt_format.encode_record(i, 1_700_000_000_000, qos, b"t/x", value)

@@ -156,21 +156,6 @@ def test_kafka_consumer_reads_what_an_mqtt_device_published(gateway_factory, dev
     ]
 
 
-def test_filters_that_name_no_log_topic_are_refused_per_filter(gateway, device_factory):
-    subscriber = device_factory(gateway.port("mqtt"))
-    assert subscriber.subscribe(("#", 0), ("+/temp", 1), ("$SYS/#", 0), ("ok/+", 1)) == [0x80, 0x80, 0x80, 1]
-
-
-def test_publish_to_a_topic_outside_the_mapping_closes_only_that_connection(gateway, device_factory):
-    port = gateway.port("mqtt")
-    other = device_factory(port, "other")
-    bad = device_factory(port, "bad")
-    bad.client.publish("bad level/x", b"v", qos=1)
-    assert bad.disconnected.wait(10)
-    other.publish("fine/x", b"v", qos=1)
-    assert "first level is not a log topic name" in gateway.log
-
-
 # --------------------------------------------------------------------------- raw sockets
 
 

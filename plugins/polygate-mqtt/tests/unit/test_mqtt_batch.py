@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from polygate_mqtt import format as mqtt_format
 
 from gateway.codec.formats import Validated
-from gateway.model import CommandError, ErrorCode, StoredBatch
+from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
 
 def refused(payload: bytes) -> str:
@@ -76,3 +76,19 @@ EDGES = [ONE, ONE[:-1], ONE + b"\0", ONE[:5], b"", ONE + ONE, mqtt_format.encode
 def test_validate_each_is_validate_of_each_payload(payloads):
     """The in-place check of one-PUBLISH payloads gives what ``validate`` gives, refusals included."""
     assert mqtt_format.FORMAT.validate_each(payloads) == [_checked(p) for p in payloads]
+
+
+def test_a_null_value_is_a_tombstone_and_reads_back_as_none():
+    payload = mqtt_format.encode_record(0, 1, 1, b"t/a", None) + mqtt_format.encode_record(1, 2, 1, b"t/a", b"")
+    assert mqtt_format.FORMAT.validate(payload) == Validated(2, 2)
+    records = list(mqtt_format.FORMAT.records(StoredBatch("mqtt", 0, 1, 2, payload)))
+    assert [(r.key, r.value) for r in records] == [(b"t/a", None), (b"t/a", b"")]
+
+
+def test_the_qos_comes_back_from_the_header_kafka_keeps_it_in():
+    """A cluster holds an MQTT message as a Kafka record with the header ``polygate.mqtt_qos``."""
+    records = [Record(b"v", b"t/a", 1, headers=(("polygate.mqtt_qos", b"0"),)), Record(b"w", b"t/b", 1),
+               Record(b"x", b"t/c", 1, headers=(("polygate.mqtt_qos", b"9"),))]
+    payload = mqtt_format.FORMAT.encode(records, 0)
+    got = [qos for _, qos, _, _ in mqtt_format.FORMAT.deliveries(StoredBatch("mqtt", 0, 2, 1, payload))]
+    assert got == [0, mqtt_format.UNKNOWN_QOS, mqtt_format.UNKNOWN_QOS]
