@@ -422,6 +422,9 @@ class MqttConnection(CodecConnection):
             del self.awaited[info.topic]
             since = {p.partition: p.log_start_offset for p in info.partitions}
             sub = self.subscription(info.topic, since)
+            if self.open_filters and info.topic not in self.known_topics:  # what discovery would find later
+                self.known_topics.add(info.topic)
+                filters = {**self.open_filters, **filters}
             for topic_filter, granted in filters.items():
                 sub.subscribe(topic_filter, granted, since)
         if self.awaited:
@@ -498,6 +501,8 @@ class MqttConnection(CodecConnection):
         filters: dict[str, int] = {}
         for sub in self.subscriptions.values():
             filters.update((topic_filter, qos) for topic_filter, (qos, _) in sub.filters.items())
+        for waiting in self.awaited.values():  # filters of log topics not there yet
+            filters.update(waiting)
         filters.update(self.open_filters)
         filters.update(self.sys_filters)
         released = tuple(packet_id for packet_id, msg in self.inflight.items() if msg.released)

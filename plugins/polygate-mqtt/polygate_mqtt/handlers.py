@@ -358,7 +358,8 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
                   and info.error.code is m.ErrorCode.UNKNOWN_TOPIC]
         read = [info for info in named if info is None or info.topic not in absent]
         if sources.every:
-            read += [info for info in infos.values() if not topics.own(info.topic) and info.topic not in sources.topics]
+            read += [info for info in infos.values() if not topics.own(info.topic) and info.topic not in sources.topics
+                     and info.error is None]  # a log topic another filter waits for is not there to read
         if not read and not absent and not sources.every \
                 or any(info is None or info.error is not None or not info.partitions for info in read) \
                 or not _room(conn, read) \
@@ -375,7 +376,7 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
                 conn.subscription(info.topic, starts).subscribe(topic_filter, granted, firsts)
         if sources.every:
             conn.open_filters[topic_filter] = granted
-            conn.known_topics.update(infos)
+            conn.known_topics.update(name for name, info in infos.items() if info.error is None)
         codes.append(granted)
     _discover_later(conn)
     conn.commit_session()  # the session's filters, kept before the SUBACK is read
@@ -502,8 +503,8 @@ def _discovered(conn: MqttConnection, result: m.ListTopicsResult) -> bytes:
             conn.known_topics.add(info.topic)
             if info.partitions and _room(conn, [info]):
                 sub = conn.subscription(info.topic, {p.partition: 0 for p in info.partitions})
-                for topic_filter, granted in conn.open_filters.items():
-                    sub.subscribe(topic_filter, granted, {})
+                for topic_filter, granted in [*conn.open_filters.items(), *conn.awaited.pop(info.topic, {}).items()]:
+                    sub.subscribe(topic_filter, granted, {})  # the filters waiting for it too, at once
     _discover_later(conn)
     return b""
 

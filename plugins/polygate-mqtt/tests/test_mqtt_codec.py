@@ -299,6 +299,7 @@ def test_qos1_deliveries_are_resent_with_dup_until_acknowledged(rig):
 
 
 def test_qos2_deliveries_go_publish_pubrec_pubrel_pubcomp_and_resend_the_stage_they_are_at(rig):
+    created(rig, "t")
     c = rig.client()
     assert c.send(subscribe_packet(1, ("t/#", 2))) == [(PacketType.SUBACK, 0, b"\x00\x01\x02")]
     answers = c.send(packets.publish(b"t/a", b"once", 2, 9) + packets.with_packet_id(PacketType.PUBREL, 9))
@@ -472,6 +473,7 @@ def test_a_persistent_session_is_present_again_with_its_subscriptions_and_a_clea
         assert kind == PacketType.CONNACK and connack[1] == 0
         return c, bool(connack[0])
 
+    created(rig, "t")
     c, present = connect(clean=False)
     assert not present
     c.send(subscribe_packet(1, ("t/#", 1)))
