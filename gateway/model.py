@@ -17,7 +17,7 @@ import enum
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
@@ -231,7 +231,10 @@ class TopicConfig:
 
 @frozen
 class DeleteRecords:
-    """Make ``offset`` the partition's log start (``-1``: its high watermark), as Kafka's DeleteRecords."""
+    """Make ``offset`` the partition's log start (``HIGH_WATERMARK``: its high watermark), as Kafka's
+    DeleteRecords."""
+
+    HIGH_WATERMARK: ClassVar[int] = -1
 
     topic: str
     partition: int

@@ -72,7 +72,14 @@ class Topics:
 
     @errors_as(m.DeleteRecordsResult, "topic", "partition")
     def delete_records(self, cmd: m.DeleteRecords) -> MayWait[m.DeleteRecordsResult]:
-        offset = cmd.offset if cmd.offset >= 0 else self.store.high_watermark(cmd.topic, cmd.partition)
+        """Move the log start to ``cmd.offset`` (-1: the high watermark); any other offset below 0
+        is out of range, as past the high watermark (which the store refuses), as Kafka answers."""
+        if cmd.offset == m.DeleteRecords.HIGH_WATERMARK:
+            offset = self.store.high_watermark(cmd.topic, cmd.partition)
+        elif cmd.offset < 0:
+            raise CommandError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {cmd.offset} is not a partition's offset")
+        else:
+            offset = cmd.offset
 
         def deleted(start: int) -> MayWait[m.DeleteRecordsResult]:
             log.info("topic %s/%d: records before %d deleted", cmd.topic, cmd.partition, start)
