@@ -108,6 +108,7 @@ class ErrorCode(enum.Enum):
     UNKNOWN_LEADER_EPOCH = "unknown_leader_epoch"  # the client's leader epoch is newer than the partition's
     FENCED_MEMBER_EPOCH = "fenced_member_epoch"  # a consumer-protocol member's epoch is not its current one
     STALE_MEMBER_EPOCH = "stale_member_epoch"  # a consumer-protocol member committed with an older epoch
+    INVALID_RECORD = "invalid_record"  # a record the topic may not hold (a keyless one on a compacted topic)
 
 
 AUTHORIZATION_ERRORS = frozenset({ErrorCode.TOPIC_AUTHORIZATION, ErrorCode.GROUP_AUTHORIZATION,
@@ -139,6 +140,18 @@ def check_topic_name(name: str) -> None:
     1 to 249 of ``A-Z a-z 0-9 . _ = -``, and neither ``.`` nor ``..``."""
     if not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
         raise CommandError(ErrorCode.INVALID_TOPIC, f"invalid topic name {name!r}")
+
+
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+"""Kafka's internal topics: its group and transaction coordinators' own logs. Clients may not
+write them, nor have them created on first use (Kafka refuses both with an invalid-topic error);
+this gateway keeps groups and transactions elsewhere, so no topic of these names exists."""
+
+
+def check_appendable(topic: str) -> None:
+    """Raise ``INVALID_TOPIC`` for a topic no client may write: one of ``INTERNAL_TOPICS``."""
+    if topic in INTERNAL_TOPICS:
+        raise CommandError(ErrorCode.INVALID_TOPIC, f"cannot append to internal topic {topic}")
 
 
 # --------------------------------------------------------------------------- records and batches
@@ -397,7 +410,9 @@ class Produce:
 @frozen
 class ProduceResult:
     """``base_offset``/``last_offset`` of the appended batch; for a duplicate
-    idempotent batch, the offsets it had when first appended."""
+    idempotent batch, the offsets it had when first appended. A batch refused for
+    some of its records (``INVALID_RECORD``) names them in ``invalid_records``: their
+    indexes in the batch."""
 
     topic: str
     partition: int = -1
@@ -407,6 +422,7 @@ class ProduceResult:
     log_start_offset: int = 0
     duplicate: bool = False
     error: Error | None = None
+    invalid_records: tuple[int, ...] = ()
 
 
 @frozen

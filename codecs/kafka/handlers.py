@@ -69,6 +69,9 @@ def produce(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Hand
             slots.append((topic.Name, part.Index, len(commands), len(batches), NONE))
             commands += [m.Produce(topic.Name, part.Index, b, acks, req.TimeoutMs) for b in batches]
 
+    # before v8 (KIP-467) a record the topic refuses is a corrupt message to the client
+    old_record_error = {} if version >= 8 else {"INVALID_RECORD": Errors.CORRUPT_MESSAGE}
+
     def render(results: Sequence[m.ProduceResult]) -> bytes:
         if acks == m.Acks.NONE:
             return b""  # Kafka sends no response
@@ -78,13 +81,26 @@ def produce(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Hand
             mine = results[first : first + count]
             failed = next((r.error for r in mine if r.error is not None), None)
             if failed is not None:
-                body.update(ErrorCode=code(failed), ErrorMessage=failed.message)
+                body.update(ErrorCode=code(failed, **old_record_error), ErrorMessage=failed.message,
+                            RecordErrors=_record_errors(commands[first : first + count], mine))
             elif mine:
                 body.update(BaseOffset=mine[0].base_offset, LogStartOffset=mine[0].log_start_offset)
             parts.append((topic, body))
         return frame({"Responses": _by_topic(parts, "Name", "PartitionResponses")})
 
     return Handled.run(tuple(commands), render, joins=True)
+
+
+def _record_errors(commands: Sequence[m.Produce], results: Sequence[m.ProduceResult]) -> list[dict[str, Any]]:
+    """KIP-467's RecordErrors of one partition's batches: each record that got its batch refused,
+    by its index among the partition's records in the request."""
+    errors: list[dict[str, Any]] = []
+    base = 0
+    for cmd, r in zip(commands, results, strict=True):
+        if r.error is not None:
+            errors += [{"BatchIndex": base + i, "BatchIndexErrorMessage": r.error.message} for i in r.invalid_records]
+        base += cmd.batch.count
+    return errors
 
 
 def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:

@@ -30,8 +30,10 @@ class Topics:
         command asks for it and the broker allows it: None, or a Deferred of the creation.
 
         A topic someone else created meanwhile (another gateway on the same
-        cluster) counts as created."""
+        cluster) counts as created. An internal topic (``m.INTERNAL_TOPICS``) is never
+        created so: ``INVALID_TOPIC``."""
         if auto_create and self.broker.config.auto_create_topics and not self.store.has_topic(topic):
+            m.check_appendable(topic)
             log.info("topic %s: created on first use", topic)
             created = self.store.create_topic(topic)
             if isinstance(created, defer.Deferred):

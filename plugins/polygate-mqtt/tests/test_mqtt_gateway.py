@@ -171,6 +171,15 @@ def test_publish_to_a_topic_outside_the_mapping_closes_only_that_connection(gate
     assert "first level is not a log topic name" in gateway.log
 
 
+def test_publish_to_a_kafka_internal_topic_is_refused_and_creates_nothing(gateway, device_factory):
+    device = device_factory(gateway.port("mqtt"), "intruder")
+    device.client.publish("__consumer_offsets/x", b"v", qos=1)
+    assert device.disconnected.wait(10)
+    assert "cannot append to internal topic __consumer_offsets" in gateway.log
+    with V1Client("127.0.0.1", gateway.port("v1")) as v1:
+        assert "__consumer_offsets" not in v1.list_topics()
+
+
 # --------------------------------------------------------------------------- raw sockets
 
 
