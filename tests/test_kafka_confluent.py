@@ -65,6 +65,25 @@ def test_consume_from_committed_offset_visible_to_v1(kafka_gateway):
         assert v1.request("OFFSET", group, topic, "0").check().fields["offset"] == str(len(sent))
 
 
+def test_offsets_of_partitions_that_do_not_exist_are_refused_each(kafka_gateway):
+    """As Kafka: UNKNOWN_TOPIC_OR_PARTITION for each partition that does not exist, and the
+    offsets of those that do are committed (librdkafka 0030 do_nonexist_commit)."""
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    produce_all(servers, topic)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    try:
+        with pytest.raises(ck.KafkaException) as refused:
+            c.commit(offsets=[ck.TopicPartition(unique("nowhere"), 0, 123)], asynchronous=False)
+        assert refused.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+        with pytest.raises(ck.KafkaException) as refused:
+            c.commit(offsets=[ck.TopicPartition(topic, 0, 5), ck.TopicPartition(topic, 99, 6)], asynchronous=False)
+        assert refused.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+        committed = c.committed([ck.TopicPartition(topic, 0), ck.TopicPartition(topic, 99)], timeout=10)
+        assert [(tp.partition, tp.offset) for tp in committed][0] == (0, 5)
+    finally:
+        c.close()
+
+
 @pytest.mark.tansu_differs("DescribeGroups lists no members")
 def test_group_of_two_rebalances_when_one_leaves(kafka_gateway):
     servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")

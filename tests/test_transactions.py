@@ -504,6 +504,21 @@ def test_on_tansu_commits_and_transactional_offsets_pass_through(gateway_factory
             c.close()
 
 
+def test_offsets_of_a_topic_that_does_not_exist_are_refused_in_a_transaction_too(gw):
+    """TxnOffsetCommit answers UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist, as
+    OffsetCommit does, and the transaction can only abort (librdkafka's rule after that error)."""
+    topic = unique("real")
+    create(gw, topic)
+    p = producer(gw, unique("tx"))
+    p.begin_transaction()
+    p.produce(topic, b"v")
+    with pytest.raises(ck.KafkaException) as refused:
+        p.send_offsets_to_transaction([ck.TopicPartition(unique("nowhere"), 0, 2)], group_metadata_of("g"), 2)
+    assert refused.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+    p.abort_transaction(20)
+    assert values(read(gw, topic, COMMITTED)) == []
+
+
 def group_metadata_of(group: str):
     c = ck.Consumer({"group.id": group})
     try:

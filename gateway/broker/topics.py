@@ -11,7 +11,7 @@ from twisted.internet import defer
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
 from gateway.codec import topic_configs
-from gateway.model import CommandError, ErrorCode
+from gateway.model import CommandError, Error, ErrorCode
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -40,6 +40,16 @@ class Topics:
                 return created.addErrback(_exists_is_enough)
             return created
         return None
+
+    def missing(self, topic: str, partition: int) -> Error | None:
+        """Why ``topic``/``partition`` does not exist (``UNKNOWN_TOPIC``, ``UNKNOWN_PARTITION``), or
+        None: it does."""
+        try:
+            count = self.store.partition_count(topic)
+        except CommandError as e:
+            return e.error
+        return None if 0 <= partition < count else Error(ErrorCode.UNKNOWN_PARTITION,
+                                                         f"unknown partition {topic}/{partition}")
 
     @errors_as(m.CreateTopicResult, "topic")
     def create(self, cmd: m.CreateTopic) -> MayWait[m.CreateTopicResult]:

@@ -264,10 +264,12 @@ class Transactions:
             raise CommandError(ErrorCode.INVALID_TXN_STATE, f"group {cmd.group!r} is not in an open transaction "
                                                             f"of {cmd.transactional_id!r}: AddOffsetsToTxn first")
         pending = txn.offsets.setdefault(cmd.group, {})
+        missing = {(t, p): self.broker.topics.missing(t, p) for t, p, _, _ in cmd.offsets}
         for topic, partition, offset, metadata in cmd.offsets:
-            pending[(topic, partition)] = (offset, metadata)
+            if missing[(topic, partition)] is None:  # as OffsetCommit: a partition that exists only
+                pending[(topic, partition)] = (offset, metadata)
         return self._durable(self._save(txn), m.TxnOffsetCommitResult(
-            tuple((t, p, None) for t, p, _, _ in cmd.offsets)))
+            tuple((t, p, missing[(t, p)]) for t, p, _, _ in cmd.offsets)))
 
     @errors_as(m.TxnResult)
     def end_txn(self, cmd: m.EndTxn) -> Any:
