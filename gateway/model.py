@@ -109,6 +109,7 @@ class ErrorCode(enum.Enum):
     FENCED_MEMBER_EPOCH = "fenced_member_epoch"  # a consumer-protocol member's epoch is not its current one
     STALE_MEMBER_EPOCH = "stale_member_epoch"  # a consumer-protocol member committed with an older epoch
     INVALID_RECORD = "invalid_record"  # a record the topic may not hold (a keyless one on a compacted topic)
+    FENCED_INSTANCE_ID = "fenced_instance_id"  # a static member's instance rejoined under another member id
 
 
 AUTHORIZATION_ERRORS = frozenset({ErrorCode.TOPIC_AUTHORIZATION, ErrorCode.GROUP_AUTHORIZATION,
@@ -614,6 +615,7 @@ class SyncGroup:
     generation: int
     assignments: tuple[tuple[str, bytes], ...] = ()
     topic: str | None = None
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @frozen
@@ -634,6 +636,7 @@ class Heartbeat:
     member_id: str
     generation: int
     topic: str | None = None
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @frozen
@@ -649,6 +652,7 @@ class LeaveGroup:
     member_id: str
     generation: int | None = None
     topic: str | None = None
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @frozen
@@ -676,6 +680,7 @@ class CommitOffsets:
     require_assignment: bool = False
     no_regression: bool = False
     validate_only: bool = False
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @frozen

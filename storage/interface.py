@@ -143,8 +143,8 @@ class Storage(Protocol):
         """The topic's partitions and config; raises ``UNKNOWN_TOPIC``."""
 
     def topic_config(self, topic: str) -> m.TopicConfig:
-        """The topic's own settings (``describe_topic``'s config), at the cost of a look-up: the
-        produce path asks for them per batch. Raises ``UNKNOWN_TOPIC``."""
+        """The topic's own settings (``describe_topic``'s config, at a dictionary's cost: the
+        broker asks at every append); raises ``UNKNOWN_TOPIC``."""
 
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> MayWait[m.TopicInfo]:
