@@ -17,7 +17,7 @@ import enum
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
@@ -108,6 +108,8 @@ class ErrorCode(enum.Enum):
     UNKNOWN_LEADER_EPOCH = "unknown_leader_epoch"  # the client's leader epoch is newer than the partition's
     FENCED_MEMBER_EPOCH = "fenced_member_epoch"  # a consumer-protocol member's epoch is not its current one
     STALE_MEMBER_EPOCH = "stale_member_epoch"  # a consumer-protocol member committed with an older epoch
+    INVALID_RECORD = "invalid_record"  # a record the topic may not hold (a keyless one on a compacted topic)
+    FENCED_INSTANCE_ID = "fenced_instance_id"  # a static member's instance rejoined under another member id
 
 
 AUTHORIZATION_ERRORS = frozenset({ErrorCode.TOPIC_AUTHORIZATION, ErrorCode.GROUP_AUTHORIZATION,
@@ -139,6 +141,18 @@ def check_topic_name(name: str) -> None:
     1 to 249 of ``A-Z a-z 0-9 . _ = -``, and neither ``.`` nor ``..``."""
     if not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
         raise CommandError(ErrorCode.INVALID_TOPIC, f"invalid topic name {name!r}")
+
+
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+"""Kafka's internal topics: its group and transaction coordinators' own logs. Clients may not
+write them, nor have them created on first use (Kafka refuses both with an invalid-topic error);
+this gateway keeps groups and transactions elsewhere, so no topic of these names exists."""
+
+
+def check_appendable(topic: str) -> None:
+    """Raise ``INVALID_TOPIC`` for a topic no client may write: one of ``INTERNAL_TOPICS``."""
+    if topic in INTERNAL_TOPICS:
+        raise CommandError(ErrorCode.INVALID_TOPIC, f"cannot append to internal topic {topic}")
 
 
 # --------------------------------------------------------------------------- records and batches
@@ -231,7 +245,10 @@ class TopicConfig:
 
 @frozen
 class DeleteRecords:
-    """Make ``offset`` the partition's log start (``-1``: its high watermark), as Kafka's DeleteRecords."""
+    """Make ``offset`` the partition's log start (``HIGH_WATERMARK``: its high watermark), as Kafka's
+    DeleteRecords."""
+
+    HIGH_WATERMARK: ClassVar[int] = -1
 
     topic: str
     partition: int
@@ -396,7 +413,9 @@ class Produce:
 @frozen
 class ProduceResult:
     """``base_offset``/``last_offset`` of the appended batch; for a duplicate
-    idempotent batch, the offsets it had when first appended."""
+    idempotent batch, the offsets it had when first appended. A batch refused for
+    some of its records (``INVALID_RECORD``) names them in ``invalid_records``: their
+    indexes in the batch."""
 
     topic: str
     partition: int = -1
@@ -406,6 +425,7 @@ class ProduceResult:
     log_start_offset: int = 0
     duplicate: bool = False
     error: Error | None = None
+    invalid_records: tuple[int, ...] = ()
 
 
 @frozen
@@ -597,6 +617,7 @@ class SyncGroup:
     generation: int
     assignments: tuple[tuple[str, bytes], ...] = ()
     topic: str | None = None
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @frozen
@@ -617,6 +638,7 @@ class Heartbeat:
     member_id: str
     generation: int
     topic: str | None = None
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @frozen
@@ -632,6 +654,7 @@ class LeaveGroup:
     member_id: str
     generation: int | None = None
     topic: str | None = None
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @frozen
@@ -659,6 +682,7 @@ class CommitOffsets:
     require_assignment: bool = False
     no_regression: bool = False
     validate_only: bool = False
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @frozen

@@ -146,6 +146,10 @@ class Storage(Protocol):
     def describe_topic(self, topic: str) -> m.TopicInfo:
         """The topic's partitions and config; raises ``UNKNOWN_TOPIC``."""
 
+    def topic_config(self, topic: str) -> m.TopicConfig:
+        """The topic's own settings (``describe_topic``'s config, at a dictionary's cost: the
+        broker asks at every append); raises ``UNKNOWN_TOPIC``."""
+
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> MayWait[m.TopicInfo]:
         """*May wait.* Create ``topic`` (``partitions=None``: the default count):

@@ -1,5 +1,6 @@
 """Compacted topics on real ``gateway serve`` processes: the cleaner keeps the last record of each
-key at its offset, drops tombstones after ``delete.retention.ms``, keeps records without a key,
+key at its offset, drops tombstones after ``delete.retention.ms``, keeps records without a key
+(written before the topic became compacted),
 honours ``min.compaction.lag.ms``, and leaves a readable log whenever the process is killed
 (SIGKILL) while it cleans. Written with confluent-kafka and V1, read with confluent-kafka and V1."""
 
@@ -10,7 +11,13 @@ import time
 
 import confluent_kafka as ck
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 from kafka_support import unique, wait_until
 
 from gateway.clients.v1 import V1Client
@@ -26,6 +33,14 @@ def compacted_topic(gw, **settings: str) -> str:
     admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
     admin.create_topics([NewTopic(topic, 1, 1, config={**SMALL, **settings})])[topic].result(10)
     return topic
+
+
+def become_compacted(gw, topic: str) -> None:
+    """Set ``cleanup.policy=compact`` on ``topic`` (IncrementalAlterConfigs)."""
+    admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+    resource = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(10)
 
 
 def produce(gw, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> list[int]:
@@ -59,11 +74,13 @@ def read_all(gw, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
 
 def test_the_cleaner_keeps_the_last_record_of_each_key_at_its_offset(gateway_factory):
     gw = gateway_factory(("v1", "kafka"), ("--cleaner-interval-ms", "200"))
-    topic = compacted_topic(gw)
+    topic = compacted_topic(gw, **{"cleanup.policy": "delete"})
+    # a record without a key, from before the topic was compacted (it refuses them since): never compacted
+    (keyless,) = produce(gw, topic, [(None, b"no-key")])
+    become_compacted(gw, topic)
     writes = [(f"k{i % 5}".encode(), f"v{i}".encode()) for i in range(60)]
     writes += [(b"k4", None)]  # a tombstone: k4 goes, and so will the tombstone (delete.retention.ms=0)
     offsets = produce(gw, topic, writes)
-    (keyless,) = produce(gw, topic, [(None, b"no-key")])  # a record without a key: never compacted
     filler = produce(gw, topic, [(f"f{i}".encode(), b"x" * 120) for i in range(40)])  # seals the data above
     wait_until(lambda: "compacted:" in gw.log, 30, 0.2, "a compaction")
     wait_until(lambda: len(read_all(gw, topic)) < 60, 30, 0.5, "fewer records")

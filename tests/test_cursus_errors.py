@@ -237,6 +237,8 @@ def test_consume_errors_and_forms(addr, topic):
 def test_consume_group_offset_overrides_and_wait_ms_long_polls(addr, topic):
     _ack(addr, batch(topic, 1, ["a", "b", "c"]))
     assert command(addr, f"COMMIT {topic} cg 1 2") == "OK"
+    assert command(addr, f"COMMIT {topic}-none cg 1 2").startswith("ERROR: topic_not_found")  # as Kafka
+    assert command(addr, f"COMMIT {topic} cg 7 2") == "ERROR: partition_not_found partition=7"
     assert [m.payload for m in consume(addr, topic, 1, 0, group="cg")] == ["c"]
 
     def later() -> None:

@@ -33,24 +33,29 @@ def test_delete_records_moves_the_log_start_for_every_protocol_and_a_restart(gat
     with V1Client("127.0.0.1", gw.port("v1")) as v1:
         assert v1.request("CONSUME", topic, "0", "3").payload == "messages= hw=39"  # V1: nothing there
         assert [o for o, _ in v1.consume_all(topic, 0, 25)][:2] == [25, 26]
-    consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("g")})
-    try:
-        assert consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10) == (25, 40)
-    finally:
-        consumer.close()
+    assert consumer_watermarks(gw, topic) == (25, 40)
     with pytest.raises(ck.KafkaException) as refused:  # past the high watermark
         next(iter(admin.delete_records([ck.TopicPartition(topic, 0, 41)]).values())).result(10)
     assert refused.value.args[0].code() == ck.KafkaError.OFFSET_OUT_OF_RANGE
+    with pytest.raises(ck.KafkaException) as refused:  # no offset given (-1001): only -1 means the watermark
+        next(iter(admin.delete_records([ck.TopicPartition(topic, 0)]).values())).result(10)
+    assert refused.value.args[0].code() == ck.KafkaError.OFFSET_OUT_OF_RANGE
+    assert consumer_watermarks(gw, topic) == (25, 40)
 
     gw.restart()
-    consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("g")})
-    try:
-        assert consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10) == (25, 40)
-    finally:
-        consumer.close()
+    assert consumer_watermarks(gw, topic) == (25, 40)
     admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
     everything = admin.delete_records([ck.TopicPartition(topic, 0, ck.OFFSET_END)])  # -1: to the high watermark
     assert next(iter(everything.values())).result(10).low_watermark == 40
+
+
+def consumer_watermarks(gw, topic: str) -> tuple[int, int]:
+    """Partition 0's low and high watermarks, as a consumer queries them."""
+    consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("g")})
+    try:
+        return consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
 
 
 def test_describe_cluster_names_this_gateway(gateway_factory):

@@ -65,6 +65,25 @@ def test_consume_from_committed_offset_visible_to_v1(kafka_gateway):
         assert v1.request("OFFSET", group, topic, "0").check().fields["offset"] == str(len(sent))
 
 
+def test_offsets_of_partitions_that_do_not_exist_are_refused_each(kafka_gateway):
+    """As Kafka: UNKNOWN_TOPIC_OR_PARTITION for each partition that does not exist, and the
+    offsets of those that do are committed (librdkafka 0030 do_nonexist_commit)."""
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    produce_all(servers, topic)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    try:
+        with pytest.raises(ck.KafkaException) as refused:
+            c.commit(offsets=[ck.TopicPartition(unique("nowhere"), 0, 123)], asynchronous=False)
+        assert refused.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+        with pytest.raises(ck.KafkaException) as refused:
+            c.commit(offsets=[ck.TopicPartition(topic, 0, 5), ck.TopicPartition(topic, 99, 6)], asynchronous=False)
+        assert refused.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+        committed = c.committed([ck.TopicPartition(topic, 0), ck.TopicPartition(topic, 99)], timeout=10)
+        assert [(tp.partition, tp.offset) for tp in committed][0] == (0, 5)
+    finally:
+        c.close()
+
+
 @pytest.mark.tansu_differs("DescribeGroups lists no members")
 def test_group_of_two_rebalances_when_one_leaves(kafka_gateway):
     servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
@@ -99,6 +118,66 @@ def test_group_of_two_rebalances_when_one_leaves(kafka_gateway):
     b.close()
     wait_until(lambda: a.poll(0.1) or assignments["a"] == {0, 1, 2, 3}, 30, 0, "survivor owns everything again")
     a.close()
+
+
+@pytest.mark.local_only("static membership is the local coordinator's: a cluster's members join it dynamically")
+def test_a_static_member_back_within_its_session_keeps_its_partitions_and_the_other_is_left_alone(kafka_gateway):
+    """KIP-345 (librdkafka 0102): a consumer with ``group.instance.id`` that closes (static members
+    send no LeaveGroup) and comes back within its session timeout gets its partitions back at once
+    and the other member sees no rebalance; a second instance with the same id fences the first."""
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(10)
+    events: dict[str, list] = {"a": [], "b": []}
+    fatal: list = []
+
+    def consumer(name: str, instance: str) -> ck.Consumer:
+        c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, "group.instance.id": instance,
+                         **FAST_GROUP})
+        c.subscribe([topic], on_assign=lambda _c, ps: events[name].append(("assign", {p.partition for p in ps})),
+                     on_revoke=lambda _c, ps: events[name].append(("revoke", {p.partition for p in ps})))
+        return c
+
+    def owned(name: str) -> set:
+        owns: set = set()
+        for kind, parts in events[name]:
+            owns = parts if kind == "assign" else set()
+        return owns
+
+    a, b = consumer("a", "instance-a"), consumer("b", "instance-b")
+
+    def split() -> bool:
+        a.poll(0.05)
+        b.poll(0.05)
+        return len(owned("a")) == len(owned("b")) == 2
+
+    wait_until(split, 30, 0, "two members share the partitions")
+    a_events, b_partitions = len(events["a"]), owned("b")
+    b.close()
+    events["b"].clear()
+    b = consumer("b", "instance-b")
+    started = time.monotonic()
+    wait_until(lambda: a.poll(0.05) or b.poll(0.05) or owned("b") == b_partitions, 20, 0, "b's partitions back")
+    assert time.monotonic() - started < 5  # well within the 6 s session: no waiting for b to expire
+    for _ in range(20):
+        a.poll(0.05)
+    assert len(events["a"]) == a_events  # no rebalance reached a
+
+    intruder = consumer("b", "instance-b")  # a second instance-b: the one in the group is fenced
+
+    def fenced() -> bool:
+        for c in (intruder, b):
+            msg = c.poll(0.05)
+            if msg is not None and msg.error() is not None:
+                fatal.append((c, msg.error()))
+        return bool(fatal)
+
+    wait_until(fenced, 20, 0, "fencing")
+    (who, error), = fatal
+    assert who is b and error.code() == ck.KafkaError._FATAL and "same group.instance.id" in error.str()
+    wait_until(lambda: intruder.poll(0.05) or intruder.assignment(), 20, 0, "the new instance-b's partitions")
+    for c in (a, b, intruder):
+        c.close()
 
 
 def test_idempotent_producer(kafka_gateway):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock
 
 from gateway import model as m
@@ -42,14 +43,17 @@ def barrier(groups, clock):
     return ConsumerRebalance(groups, clock)
 
 
-def join(barrier, member_id="", protocols=PROTOCOLS, rebalance_ms=30_000, delay_ms=0):
+def join(barrier, member_id="", protocols=PROTOCOLS, rebalance_ms=30_000, delay_ms=0, instance=None):
     return barrier.join(m.JoinGroup("g", member_id, protocol_type="consumer", session_timeout_ms=10_000,
                                     rebalance_timeout_ms=rebalance_ms, client_id="c", protocols=protocols,
-                                    extras={"initial_rebalance_delay_ms": delay_ms}))
+                                    group_instance_id=instance, extras={"initial_rebalance_delay_ms": delay_ms}))
 
 
 def result(d):
-    """The Deferred's result if it has fired, else None (the result stays in the Deferred)."""
+    """The Deferred's result if it has fired, else None (the result stays in the Deferred); a
+    result given at once, as it is."""
+    if not isinstance(d, defer.Deferred):
+        return d
     out = []
 
     def keep(value):
@@ -158,3 +162,48 @@ def test_expired_member_leaves_and_the_rest_rebalance(barrier, groups, clock):
     assert e.value.error.code is ErrorCode.REBALANCE_IN_PROGRESS
     again = result(join(barrier, a.member_id))
     assert again.generation == 3 and again.members == ((a.member_id, b"meta-range"),)
+
+
+def stable_pair(barrier, instances=("ia", "ib")):
+    """A Stable group of two static members, ``a`` leading: their join results at generation 2."""
+    a = result(join(barrier, instance=instances[0]))
+    barrier.sync(m.SyncGroup("g", a.member_id, 1, ((a.member_id, b"all"),)))
+    pending_b = join(barrier, instance=instances[1])
+    a = result(join(barrier, a.member_id, instance=instances[0]))
+    b = result(pending_b)
+    barrier.sync(m.SyncGroup("g", a.member_id, 2, ((a.member_id, b"half-a"), (b.member_id, b"half-b"))))
+    barrier.sync(m.SyncGroup("g", b.member_id, 2))
+    return a, b
+
+
+def test_a_static_member_back_in_a_stable_group_keeps_its_assignment_and_no_one_rebalances(barrier, groups):
+    a, b = stable_pair(barrier)
+    back = result(join(barrier, instance="ib"))  # b restarted: no member id, its instance id
+    assert back.error is None and back.member_id != b.member_id
+    assert (back.generation, back.leader, back.members) == (2, a.member_id, ())  # answered at once
+    assert groups.groups["g"].state == "Stable"
+    assert groups.heartbeat("g", a.member_id, 2).state == "Stable"  # the others go on, no rebalance
+    assert barrier.sync(m.SyncGroup("g", back.member_id, 2, group_instance_id="ib")).member_assignment == b"half-b"
+    with pytest.raises(CommandError) as fenced:  # the instance's previous member id is fenced
+        groups.heartbeat("g", b.member_id, 2, "ib")
+    assert fenced.value.error.code is ErrorCode.FENCED_INSTANCE_ID
+    with pytest.raises(CommandError) as unknown:
+        groups.heartbeat("g", b.member_id, 2)
+    assert unknown.value.error.code is ErrorCode.UNKNOWN_MEMBER
+
+
+def test_a_static_leader_back_is_not_told_it_leads_and_a_changed_member_rebalances(barrier, groups):
+    a, b = stable_pair(barrier)
+    back = result(join(barrier, instance="ia"))
+    assert back.leader == a.member_id != back.member_id  # a Stable group hands out no new assignment
+    assert groups.groups["g"].leader == back.member_id  # it leads the next rebalance
+    changed = join(barrier, instance="ib", protocols=(("range", b"other topics"),))
+    assert result(changed) is None and groups.groups["g"].state == "PreparingRebalance"
+
+
+def test_a_static_member_gone_past_its_session_is_a_new_member(barrier, groups, clock):
+    a, b = stable_pair(barrier)
+    clock.advance(11)  # both sessions (10 s) expired
+    assert "g" in groups.expire_all()
+    again = result(join(barrier, instance="ib"))  # a new generation, as for any new member
+    assert again.generation == 4 and again.members == ((again.member_id, b"meta-range"),)

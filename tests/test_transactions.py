@@ -311,6 +311,73 @@ def aborted_and_open(gw, topic: str) -> ck.Producer:
     return opener
 
 
+class Waiting(threading.Thread):
+    """A reader of every partition of ``topic`` that long-polls them until ``stop``: a read_committed
+    confluent-kafka consumer in the topic's group (``protocol="kafka"``), or TANK Consumes of all the
+    partitions at once (``"tank"``). ``values`` is what it got."""
+
+    def __init__(self, gw, topic: str, partitions: int, protocol: str):
+        super().__init__(daemon=True)
+        self.gw, self.topic, self.partitions, self.protocol = gw, topic, partitions, protocol
+        self.values: list[bytes] = []
+        self.ready, self.stop = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        (self._kafka if self.protocol == "kafka" else self._tank)()
+
+    def _kafka(self) -> None:
+        c = ck.Consumer({"bootstrap.servers": self.gw.address("kafka"), "group.id": unique("waiting"),
+                         "isolation.level": COMMITTED, "auto.offset.reset": "earliest"})
+        try:
+            c.subscribe([self.topic])
+            while not self.stop.is_set():
+                msg = c.poll(0.1)
+                if c.assignment():
+                    self.ready.set()
+                if msg is not None and msg.error() is None:
+                    self.values.append(msg.value())
+        finally:
+            c.close()
+
+    def _tank(self) -> None:
+        seqs = dict.fromkeys(range(self.partitions), 1)
+        with TankClient("127.0.0.1", self.gw.port("tank")) as tank:
+            while not self.stop.is_set():
+                self.ready.set()
+                for r in tank.consume_many([(self.topic, p, s) for p, s in seqs.items()], 500, 1):
+                    self.values += [m.value for m in r.messages]
+                    seqs[r.partition] = max(seqs[r.partition], r.next_seq)
+
+
+def test_readers_waiting_on_several_partitions_get_nothing_of_an_aborted_transaction(gw):
+    """Readers already waiting on every partition while transactions write to them all and abort
+    get none of their records (librdkafka's 0103 basic_producer_txn got hundreds): an abort marker
+    appended on one partition wakes a reader of several, which must find the transaction's other
+    partitions still held at its first offset until their own markers are there."""
+    topic = unique("waiting")
+    create(gw, topic, 4)
+    readers = [Waiting(gw, topic, 4, protocol) for protocol in ("kafka", "tank")]
+    for reader in readers:
+        reader.start()
+        assert reader.ready.wait(20)
+    p = producer(gw, unique("tx"))
+    for _ in range(3):
+        p.begin_transaction()
+        for i in range(12):
+            p.produce(topic, b"aborted", partition=i % 4)
+            p.flush(20)  # one batch each, while the readers wait
+        p.abort_transaction(20)
+    p.begin_transaction()
+    for partition in range(4):
+        p.produce(topic, b"committed", partition=partition)
+    p.commit_transaction(20)
+    for reader in readers:
+        wait_until(lambda r=reader: r.values.count(b"committed") == 4, 20, 0.1, f"{reader.protocol}: the commit")
+        reader.stop.set()
+        reader.join(20)
+        assert reader.values == [b"committed"] * 4, reader.protocol
+
+
 def test_v1_tank_and_cursus_readers_see_committed_records_only(gw):
     topic = unique("mixed")
     opener = aborted_and_open(gw, topic)
@@ -435,6 +502,21 @@ def test_on_tansu_commits_and_transactional_offsets_pass_through(gateway_factory
             assert c.committed([ck.TopicPartition(topic, 0)], 10)[0].offset == 2
         finally:
             c.close()
+
+
+def test_offsets_of_a_topic_that_does_not_exist_are_refused_in_a_transaction_too(gw):
+    """TxnOffsetCommit answers UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist, as
+    OffsetCommit does, and the transaction can only abort (librdkafka's rule after that error)."""
+    topic = unique("real")
+    create(gw, topic)
+    p = producer(gw, unique("tx"))
+    p.begin_transaction()
+    p.produce(topic, b"v")
+    with pytest.raises(ck.KafkaException) as refused:
+        p.send_offsets_to_transaction([ck.TopicPartition(unique("nowhere"), 0, 2)], group_metadata_of("g"), 2)
+    assert refused.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+    p.abort_transaction(20)
+    assert values(read(gw, topic, COMMITTED)) == []
 
 
 def group_metadata_of(group: str):

@@ -56,6 +56,8 @@ def _group_error(error: m.Error, group: str, member: str, generation: int | None
         return f"ERROR: NOT_OWNER partition={partition} member={member} group={group} generation={generation}"
     if code is m.ErrorCode.UNKNOWN_TOPIC:
         return f"ERROR: topic_not_found reason={q(error.message)}"
+    if code is m.ErrorCode.UNKNOWN_PARTITION:
+        return f"ERROR: partition_not_found partition={partition}"
     return f"ERROR: coordinator_error reason={q(error.message)}"
 
 

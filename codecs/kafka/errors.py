@@ -184,6 +184,8 @@ ERRORS: dict[ErrorCode, int] = {
     ErrorCode.UNKNOWN_LEADER_EPOCH: Errors.UNKNOWN_LEADER_EPOCH,
     ErrorCode.FENCED_MEMBER_EPOCH: Errors.FENCED_MEMBER_EPOCH,
     ErrorCode.STALE_MEMBER_EPOCH: Errors.STALE_MEMBER_EPOCH,
+    ErrorCode.INVALID_RECORD: Errors.INVALID_RECORD,
+    ErrorCode.FENCED_INSTANCE_ID: Errors.FENCED_INSTANCE_ID,
 }
 
 NONE = Errors.NONE  # looked up once: an enum member's lookup costs as much as a small object

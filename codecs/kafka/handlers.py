@@ -69,6 +69,9 @@ def produce(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Hand
             slots.append((topic.Name, part.Index, len(commands), len(batches), NONE))
             commands += [m.Produce(topic.Name, part.Index, b, acks, req.TimeoutMs) for b in batches]
 
+    # before v8 (KIP-467) a record the topic refuses is a corrupt message to the client
+    old_record_error = {} if version >= 8 else {"INVALID_RECORD": Errors.CORRUPT_MESSAGE}
+
     def render(results: Sequence[m.ProduceResult]) -> bytes:
         if acks == m.Acks.NONE:
             return b""  # Kafka sends no response
@@ -78,13 +81,26 @@ def produce(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Hand
             mine = results[first : first + count]
             failed = next((r.error for r in mine if r.error is not None), None)
             if failed is not None:
-                body.update(ErrorCode=code(failed), ErrorMessage=failed.message)
+                body.update(ErrorCode=code(failed, **old_record_error), ErrorMessage=failed.message,
+                            RecordErrors=_record_errors(commands[first : first + count], mine))
             elif mine:
                 body.update(BaseOffset=mine[0].base_offset, LogStartOffset=mine[0].log_start_offset)
             parts.append((topic, body))
         return frame({"Responses": _by_topic(parts, "Name", "PartitionResponses")})
 
     return Handled.run(tuple(commands), render, joins=True)
+
+
+def _record_errors(commands: Sequence[m.Produce], results: Sequence[m.ProduceResult]) -> list[dict[str, Any]]:
+    """KIP-467's RecordErrors of one partition's batches: each record that got its batch refused,
+    by its index among the partition's records in the request."""
+    errors: list[dict[str, Any]] = []
+    base = 0
+    for cmd, r in zip(commands, results, strict=True):
+        if r.error is not None:
+            errors += [{"BatchIndex": base + i, "BatchIndexErrorMessage": r.error.message} for i in r.invalid_records]
+        base += cmd.batch.count
+    return errors
 
 
 def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -398,7 +414,8 @@ def join_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> H
 
 def sync_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     cmd = m.SyncGroup(req.GroupId, req.MemberId, req.GenerationId,
-                      tuple((a.MemberId, a.Assignment) for a in req.Assignments))
+                      tuple((a.MemberId, a.Assignment) for a in req.Assignments),
+                      group_instance_id=req.get("GroupInstanceId"))
 
     def render(results: Sequence[m.SyncGroupResult]) -> bytes:
         r = results[0]
@@ -411,25 +428,30 @@ def heartbeat(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Ha
     def render(results: Sequence[m.HeartbeatResult]) -> bytes:
         return frame({"ErrorCode": code(results[0].error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID)})
 
-    return Handled.run((m.Heartbeat(req.GroupId, req.MemberId, req.GenerationId),), render)
+    return Handled.run((m.Heartbeat(req.GroupId, req.MemberId, req.GenerationId,
+                                    group_instance_id=req.get("GroupInstanceId")),), render)
 
 
 def leave_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    members = [req.MemberId] if version < 3 else [mem.MemberId for mem in req.Members]
+    # (member id, group instance id): from v3 a static member may be named by its instance alone
+    members = [(req.MemberId, None)] if version < 3 else [(mem.MemberId, mem.GroupInstanceId) for mem in req.Members]
 
     def render(results: Sequence[m.LeaveGroupResult]) -> bytes:
         errors = [code(r.error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID) for r in results]
         return frame({"ErrorCode": errors[0] if version < 3 and errors else NONE,
-                "Members": [{"MemberId": mid, "ErrorCode": e} for mid, e in zip(members, errors, strict=True)]})
+                      "Members": [{"MemberId": mid, "GroupInstanceId": instance, "ErrorCode": e}
+                                  for (mid, instance), e in zip(members, errors, strict=True)]})
 
-    return Handled.run(tuple(m.LeaveGroup(req.GroupId, mid) for mid in members), render)
+    return Handled.run(tuple(m.LeaveGroup(req.GroupId, mid, group_instance_id=instance)
+                             for mid, instance in members), render)
 
 
 def offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     generation = req.get("GenerationIdOrMemberEpoch", -1)
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
-    cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None)
+    cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None,
+                          group_instance_id=req.get("GroupInstanceId"))
 
     def render(results: Sequence[m.CommitOffsetsResult]) -> bytes:
         r = results[0]

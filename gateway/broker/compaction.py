@@ -14,9 +14,9 @@ time, as Kafka's cleaner does it:
   **tombstone** (a key without a value) that is the last of its key is kept
   until its timestamp is ``delete.retention.ms`` old, so that readers catching
   up still see the deletion; then it goes too.
-* **Records without a key** are kept (compaction never removes them): several
-  protocols write none (a V1 message without ``key:``, a Cursus message
-  without a key), and Kafka's rule, refusing them, would refuse those writers.
+* **Records without a key** are kept (compaction never removes them): the
+  produce path refuses them on a compacted topic (``gateway.broker.produce``),
+  so only those written before the topic became compacted are there.
 * Records of **aborted transactions** go; **markers** stay.
 * **Offsets never change**: what is kept keeps its offset, and what goes
   leaves a gap. A batch whose records all stay keeps its stored bytes; one

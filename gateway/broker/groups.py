@@ -83,6 +83,23 @@ class Groups:
         return then(then(self.store.leave_group(cmd), self._durable), left)
 
     def commit_offsets(self, cmd: m.CommitOffsets) -> MayWait[m.CommitOffsetsResult]:
+        """Commit, as Kafka does, the offsets of the partitions that exist, and refuse each other one
+        (``UNKNOWN_TOPIC``/``UNKNOWN_PARTITION``: Kafka's UNKNOWN_TOPIC_OR_PARTITION); a commit of
+        none that exists is refused whole. A commit checked against the member's assignment (V1,
+        Cursus members) names partitions the group was assigned: the coordinator checks those."""
+        missing = self.broker.topics.missing
+        refused = () if cmd.require_assignment else tuple(
+            (t, p, error) for t, p, _, _ in cmd.offsets if (error := missing(t, p)) is not None)
+        if not refused:
+            return self._commit(cmd)
+        gone = {(t, p) for t, p, _ in refused}
+        known = tuple(o for o in cmd.offsets if (o[0], o[1]) not in gone)
+        if not known:
+            return m.CommitOffsetsResult(cmd.group, refused, refused[0][2])
+        return then(self._commit(attrs.evolve(cmd, offsets=known)),
+                    lambda r: attrs.evolve(r, errors=r.errors + refused))
+
+    def _commit(self, cmd: m.CommitOffsets) -> MayWait[m.CommitOffsetsResult]:
         if cmd.validate_only:  # nothing is written
             return self.store.commit_offsets(cmd)
         return then(self.store.commit_offsets(cmd), self._durable)

@@ -31,7 +31,7 @@ from gateway.broker.calls import (
     unknown_leader_epoch,
 )
 from gateway.codec import BatchFormat
-from gateway.codec.formats import has_leader_epochs
+from gateway.codec.formats import has_leader_epochs, is_columnar
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
 from gateway.storage.interface import LeaderEpochStorage, MayWait, ReplicatingStorage
@@ -62,6 +62,7 @@ class Producer:
         self.numbered: Callable[[BatchFormat, bytes, int, str, int], bytes] = (
             _as_produced if store.assigns_offsets else self._numbered)
         self._round_robin = itertools.count()
+        self._default_cleanup = store.topic_defaults().cleanup_policy or "delete"  # a topic's unless it sets one
         self._last_keyed: tuple[bytes | None, str, int, int] = (None, "", 0, 0)  # see _route
         # (topic, partition, producer id) -> fires when that producer's last batch there is settled
         self._in_order: dict[tuple[str, int, Any], defer.Deferred] = {}
@@ -90,6 +91,11 @@ class Producer:
             return fmt.assign_offsets_in_epoch(payload, base, self._leader_epoch(topic, partition))
         return fmt.assign_offsets(payload, base)
 
+    def _compacted(self, topic: str) -> bool:
+        """Whether ``topic`` is compacted (``cleanup.policy`` ``compact`` or ``compact,delete``): as
+        Kafka's, it takes keyed records only, whatever protocol writes them."""
+        return "compact" in (self.store.topic_config(topic).cleanup_policy or self._default_cleanup)
+
     def _route(self, cmd: m.Produce, partitions: int) -> int:
         """The partition of ``cmd``: its own, or its partitioner's choice for its key. A burst
         sends many records with one key (an MQTT topic name, a V1 key): the last keyed choice
@@ -113,6 +119,7 @@ class Producer:
 
     @errors_as(m.ProduceResult, "topic")
     def produce(self, cmd: m.Produce) -> MayWait[m.ProduceResult]:
+        m.check_appendable(cmd.topic)
         return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce(cmd))
 
     def _produce(self, cmd: m.Produce) -> Any:
@@ -123,6 +130,10 @@ class Producer:
         refusal = refused(fmt, batch)
         if refusal is not None:
             raise CommandError(refusal.code, refusal.message)
+        if self._compacted(cmd.topic):
+            missing = keyless(fmt, batch)
+            if missing:
+                return keyless_refused(cmd.topic, partition, missing)
         self.check_leader(cmd.topic, partition)
         producer = batch.producer
         if producer is None:
@@ -246,6 +257,7 @@ class Producer:
         acknowledging waits (each partition's answers wait only for that partition)."""
         first = cmds[0]
         try:
+            m.check_appendable(first.topic)
             ensured = self.broker.topics.ensure(first.topic, first.auto_create)
         except CommandError as e:
             return [m.ProduceResult(first.topic, error=e.error)] * len(cmds)
@@ -267,9 +279,13 @@ class Producer:
         route = self._route
         batches = [cmd.batch for cmd in cmds]
         checks = fmt.validate_each([batch.payload for batch in batches])
+        compacted = self._compacted(topic)
         for i, cmd, batch, checked in zip(range(len(cmds)), cmds, batches, checks, strict=True):
             refusal = refusal_of(checked, batch)
-            if refusal is None:
+            missing = keyless(fmt, batch) if compacted and refusal is None else ()
+            if missing:
+                results[i] = keyless_refused(topic, -1 if cmd.partition is None else cmd.partition, missing)
+            elif refusal is None:
                 p = route(cmd, partitions)
                 indexes = routed.get(p)
                 if indexes is None:
@@ -432,6 +448,21 @@ def refusal_of(checked: Validated | Error, batch: m.Batch) -> Error | None:
     if checked.span != batch.count:
         return Error(ErrorCode.CORRUPT_MESSAGE, f"batch declares {batch.count} offsets, holds {checked.span}")
     return None
+
+
+def keyless(fmt: BatchFormat, batch: m.Batch) -> tuple[int, ...]:
+    """The indexes of ``batch``'s records that have no key (a validated batch, as produced)."""
+    stored = m.StoredBatch(batch.format, 0, max(batch.count - 1, 0), batch.max_timestamp, batch.payload)
+    keys = fmt.columns([stored]).keys if is_columnar(fmt) else [r.key for r in fmt.records(stored)]
+    return tuple(i for i, key in enumerate(keys) if key is None)
+
+
+def keyless_refused(topic: str, partition: int, missing: tuple[int, ...]) -> m.ProduceResult:
+    """The refusal of a batch with records ``missing`` a key, for compacted ``topic`` (Kafka's
+    ``INVALID_RECORD``, naming those records)."""
+    return m.ProduceResult(topic, partition, error=Error(
+        ErrorCode.INVALID_RECORD, f"compacted topic {topic} cannot accept a record without a key"),
+        invalid_records=missing)
 
 
 def _as_produced(fmt: BatchFormat, payload: bytes, base: int, topic: str, partition: int) -> bytes:

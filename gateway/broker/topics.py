@@ -12,7 +12,7 @@ from twisted.internet import defer
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
 from gateway.codec import topic_configs
-from gateway.model import CommandError, ErrorCode
+from gateway.model import CommandError, Error, ErrorCode
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -80,8 +80,10 @@ class Topics:
         (``Creations``): None, or a Deferred of the creation.
 
         A topic someone else created meanwhile (another gateway on the same
-        cluster) counts as created."""
+        cluster) counts as created. An internal topic (``m.INTERNAL_TOPICS``) is never
+        created so: ``INVALID_TOPIC``."""
         if auto_create and self.broker.config.auto_create_topics and not self.store.has_topic(topic):
+            m.check_appendable(topic)
             caller = self.broker.caller
             self.creations.check(caller, 1)
             log.info("topic %s: created on first use by %s", topic, Creations.principal(caller))
@@ -94,6 +96,16 @@ class Topics:
     def _charge(self, caller: m.Caller, info: m.TopicInfo) -> m.TopicInfo:
         self.creations.charge(caller, info.topic, len(info.partitions))
         return info
+
+    def missing(self, topic: str, partition: int) -> Error | None:
+        """Why ``topic``/``partition`` does not exist (``UNKNOWN_TOPIC``, ``UNKNOWN_PARTITION``), or
+        None: it does."""
+        try:
+            count = self.store.partition_count(topic)
+        except CommandError as e:
+            return e.error
+        return None if 0 <= partition < count else Error(ErrorCode.UNKNOWN_PARTITION,
+                                                         f"unknown partition {topic}/{partition}")
 
     @errors_as(m.CreateTopicResult, "topic")
     def create(self, cmd: m.CreateTopic) -> MayWait[m.CreateTopicResult]:
@@ -143,7 +155,14 @@ class Topics:
 
     @errors_as(m.DeleteRecordsResult, "topic", "partition")
     def delete_records(self, cmd: m.DeleteRecords) -> MayWait[m.DeleteRecordsResult]:
-        offset = cmd.offset if cmd.offset >= 0 else self.store.high_watermark(cmd.topic, cmd.partition)
+        """Move the log start to ``cmd.offset`` (-1: the high watermark); any other offset below 0
+        is out of range, as past the high watermark (which the store refuses), as Kafka answers."""
+        if cmd.offset == m.DeleteRecords.HIGH_WATERMARK:
+            offset = self.store.high_watermark(cmd.topic, cmd.partition)
+        elif cmd.offset < 0:
+            raise CommandError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {cmd.offset} is not a partition's offset")
+        else:
+            offset = cmd.offset
 
         def deleted(start: int) -> MayWait[m.DeleteRecordsResult]:
             log.info("topic %s/%d: records before %d deleted", cmd.topic, cmd.partition, start)

@@ -264,10 +264,12 @@ class Transactions:
             raise CommandError(ErrorCode.INVALID_TXN_STATE, f"group {cmd.group!r} is not in an open transaction "
                                                             f"of {cmd.transactional_id!r}: AddOffsetsToTxn first")
         pending = txn.offsets.setdefault(cmd.group, {})
+        missing = {(t, p): self.broker.topics.missing(t, p) for t, p, _, _ in cmd.offsets}
         for topic, partition, offset, metadata in cmd.offsets:
-            pending[(topic, partition)] = (offset, metadata)
+            if missing[(topic, partition)] is None:  # as OffsetCommit: a partition that exists only
+                pending[(topic, partition)] = (offset, metadata)
         return self._durable(self._save(txn), m.TxnOffsetCommitResult(
-            tuple((t, p, None) for t, p, _, _ in cmd.offsets)))
+            tuple((t, p, missing[(t, p)]) for t, p, _, _ in cmd.offsets)))
 
     @errors_as(m.TxnResult)
     def end_txn(self, cmd: m.EndTxn) -> Any:
@@ -302,17 +304,16 @@ class Transactions:
     def _finish(self, txn: Txn, commit: bool) -> Any:
         """Write the markers, apply (commit) or forget (abort) the pending offsets, and complete.
 
-        On each partition the transaction stops holding the last stable offset, and an abort is
-        recorded at its marker's offset, before the marker is appended: readers the append wakes
-        see the outcome with the marker."""
-        for tp in txn.partitions:
-            opened = self.open_on.get(tp)
-            if opened is not None:
-                opened.pop(txn.producer_id, None)
-                if not opened:
-                    del self.open_on[tp]
-        waits = self._write_end(txn, commit) if self.cluster is None else [
-            self._end_in_cluster(self.cluster, txn, commit)]
+        On each partition in turn the transaction stops holding the last stable offset, and an
+        abort is recorded at its marker's offset, right before that partition's marker is
+        appended: readers the append wakes see the outcome with the marker, and a reader a marker
+        wakes on one partition still finds the transaction's other partitions held."""
+        if self.cluster is not None:  # the cluster holds its readers itself
+            for tp in txn.partitions:
+                self._release(txn, tp)
+            waits = [self._end_in_cluster(self.cluster, txn, commit)]
+        else:
+            waits = self._write_end(txn, commit)
 
         def complete(_: Any) -> Any:
             txn.enter(COMPLETE[commit])
@@ -348,6 +349,7 @@ class Transactions:
         now = self.store.now_ms()
         waits = []
         for (topic, partition), first in sorted(txn.partitions.items()):
+            self._release(txn, (topic, partition))
             try:
                 marker = self.store.log_end_offset(topic, partition)
                 if not commit and first >= 0:
@@ -362,6 +364,14 @@ class Transactions:
                 offsets = tuple((t, p, o, meta) for (t, p), (o, meta) in sorted(pending.items()))
                 waits.append(self.store.commit_offsets(m.CommitOffsets(group, offsets)))
         return waits
+
+    def _release(self, txn: Txn, tp: tuple[str, int]) -> None:
+        """``txn`` no longer holds the last stable offset of partition ``tp``."""
+        opened = self.open_on.get(tp)
+        if opened is not None:
+            opened.pop(txn.producer_id, None)
+            if not opened:
+                del self.open_on[tp]
 
     def _aborted(self, topic: str, partition: int, marker: int, first: int, producer_id: int) -> Any:
         """Record an aborted transaction of ``producer_id`` on the partition: ``first`` to its ``marker``."""

@@ -167,6 +167,9 @@ class ClusterStore(ClusterTransactionStorage):
             m.PartitionInfo(p, marks.log_start_offset, marks.high_watermark, marks.high_watermark)
             for p, marks in enumerate(state.partitions)), state.config)
 
+    def topic_config(self, topic: str) -> m.TopicConfig:
+        return self.metadata.state(topic).config
+
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> MayWait[m.TopicInfo]:
         m.check_topic_name(topic)

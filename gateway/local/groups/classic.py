@@ -56,6 +56,18 @@ def assign(assignor: str, members: list[str], partitions: list[tuple[str, int]])
     return out
 
 
+@attrs.frozen
+class Joined:
+    """What a Kafka JoinGroup did (``ClassicGroups.join_consumer``): the group and the member's id;
+    ``replaced``, the previous member id of a static member that took its place back (fenced from
+    then on); ``settled``, whether that was all (no rebalance: it is answered at once)."""
+
+    group: Group
+    member_id: str
+    replaced: str | None = None
+    settled: bool = False
+
+
 class ClassicGroups:
     """Classic group membership, over the groups saved in ``records``.
 
@@ -153,16 +165,28 @@ class ClassicGroups:
             raise CommandError(ErrorCode.GROUP_NOT_FOUND, "group not found")
         return group
 
-    def check_member(self, name: str, member_id: str, generation: int | None) -> Group:
-        """Validate a member's generation (V1/Cursus order: group, member, generation)."""
+    def check_member(self, name: str, member_id: str, generation: int | None,
+                     group_instance_id: str | None = None) -> Group:
+        """Validate a member's generation (V1/Cursus order: group, member, generation). A static
+        member (``group_instance_id``) whose instance another member id took over is fenced
+        (``FENCED_INSTANCE_ID``), as Kafka's coordinator answers the older one."""
         group = self.get(name)
         self._expire(group, self.clock())
+        self._check_instance(group, member_id, group_instance_id)
         member = group.members.get(member_id)
         if member is None:
             raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member")
         if generation is not None and generation != group.generation:
             raise CommandError(ErrorCode.GENERATION_MISMATCH, "stale generation")
         return group
+
+    @staticmethod
+    def _check_instance(group: Group, member_id: str, group_instance_id: str | None) -> None:
+        """Raise ``FENCED_INSTANCE_ID`` when ``group_instance_id`` belongs to another member than ``member_id``."""
+        holder = group.static_member(group_instance_id)
+        if holder is not None and holder != member_id:
+            raise CommandError(ErrorCode.FENCED_INSTANCE_ID,
+                               f"group instance {group_instance_id} is member {holder}, not {member_id}")
 
     # ------------------------------------------------------------------ server-assigned groups
 
@@ -232,16 +256,20 @@ class ClassicGroups:
         group = self.groups.get(name)
         return group.generation if group is not None else -1
 
-    def heartbeat(self, name: str, member_id: str, generation: int) -> Group:
+    def heartbeat(self, name: str, member_id: str, generation: int, group_instance_id: str | None = None) -> Group:
         """Keep a member alive; a consumer group in rebalance answers REBALANCE_IN_PROGRESS."""
-        group = self.check_member(name, member_id, generation)
+        group = self.check_member(name, member_id, generation, group_instance_id)
         group.members[member_id].last_heartbeat_ms = self.clock()
         if group.protocol_type == "consumer" and group.state == "PreparingRebalance":
             raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress: rejoin the group")
         return group
 
-    def leave(self, name: str, member_id: str, generation: int | None) -> Group:
-        group = self.check_member(name, member_id, generation)
+    def leave(self, name: str, member_id: str, generation: int | None, group_instance_id: str | None = None) -> Group:
+        """Remove a member; a static member may be named by its ``group_instance_id`` alone (an
+        administrator's removal, Kafka's LeaveGroup v3+)."""
+        if not member_id and group_instance_id is not None:
+            member_id = self.get(name).static_member(group_instance_id) or ""
+        group = self.check_member(name, member_id, generation, group_instance_id)
         with self._changing(name):
             del group.members[member_id]
             self._rebalance(group)
@@ -252,13 +280,19 @@ class ClassicGroups:
     def join_consumer(self, name: str, member_id: str, protocols: tuple[tuple[str, bytes], ...],
                       session_timeout_ms: int, rebalance_timeout_ms: int, client_id: str = "",
                       client_host: str = "", group_instance_id: str | None = None,
-                      codec: str = "", topics: tuple[str, ...] | None = None) -> tuple[Group, str]:
+                      codec: str = "", topics: tuple[str, ...] | None = None) -> Joined:
         """Kafka JoinGroup: add or refresh the member and put the group in (or keep it
         in) PreparingRebalance, with this member counted as rejoined. ``topics``: those of
         the member's subscription (``None``: unreadable).
 
+        A static member (``group_instance_id``, KIP-345) that joins without a member id while
+        its instance is in the group takes the place of its previous member id (``Joined.replaced``,
+        fenced from then on) with its assignment; in a Stable group, with the same protocols,
+        that is all (``Joined.settled``): no rebalance, the others keep their partitions.
+
         Returns the group and the member id (a new one when ``member_id`` is
-        empty). Raises UNKNOWN_MEMBER for an id the group does not know and
+        empty). Raises UNKNOWN_MEMBER for an id the group does not know,
+        FENCED_INSTANCE_ID for a member id whose static instance another took over, and
         INVALID_REQUEST when the group uses another membership protocol or has
         no assignment protocol in common with the member.
         """
@@ -270,20 +304,45 @@ class ClassicGroups:
             raise CommandError(ErrorCode.INVALID_REQUEST,
                                f"group {name} uses the {group.protocol_type} membership protocol")
         self._expire(group, now)
+        replaced = group.static_member(group_instance_id) if not member_id else None
+        if member_id:
+            self._check_instance(group, member_id, group_instance_id)
         if member_id and member_id not in group.members:
             raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member")
-        others = [m for mid, m in group.members.items() if mid != member_id]
+        others = [m for mid, m in group.members.items() if mid not in (member_id, replaced)]
         names = {n for n, _ in protocols}
         if not names or any(not names & {n for n, _ in m.protocols} for m in others):
             raise CommandError(ErrorCode.INVALID_REQUEST, "inconsistent group protocol")
         member_id = member_id or self.new_member_id(client_id or "consumer")
-        group.members[member_id] = Member(member_id, now, session_timeout_ms, rebalance_timeout_ms, client_id,
-                                          client_host, protocols, b"", group_instance_id, codec, topics)
+        member = Member(member_id, now, session_timeout_ms, rebalance_timeout_ms, client_id,
+                        client_host, protocols, b"", group_instance_id, codec, topics)
+        if replaced is not None:
+            with self._changing(name):
+                if self._replace(group, replaced, member):
+                    self._save(group)
+                    return Joined(group, member_id, replaced, settled=True)
+        group.members[member_id] = member
         if group.state != "PreparingRebalance":
             group.state = "PreparingRebalance"
             group.joined = set()
         group.joined.add(member_id)
-        return group, member_id
+        return Joined(group, member_id, replaced)
+
+    @staticmethod
+    def _replace(group: Group, old_id: str, member: Member) -> bool:
+        """Put ``member`` (a static member back under a new member id) in the place of ``old_id``,
+        with its assignment and, if it led, the lead. Whether the group can stay as it is (Stable,
+        and the protocol chosen still the member's, with the same metadata): no rebalance."""
+        old = group.members.pop(old_id)
+        member.assignment = old.assignment
+        group.members[member.member_id] = member
+        if group.leader == old_id:
+            group.leader = member.member_id
+        if old_id in group.joined:
+            group.joined.discard(old_id)
+            group.joined.add(member.member_id)
+        return (group.state == "Stable"
+                and dict(member.protocols).get(group.protocol) == dict(old.protocols).get(group.protocol))
 
     @staticmethod
     def everyone_joined(group: Group) -> bool:
@@ -317,11 +376,11 @@ class ClassicGroups:
         return group
 
     def sync_consumer(self, name: str, member_id: str, generation: int,
-                      assignments: tuple[tuple[str, bytes], ...]) -> bytes | None:
+                      assignments: tuple[tuple[str, bytes], ...], group_instance_id: str | None = None) -> bytes | None:
         """Kafka SyncGroup: the leader's call stores every member's assignment and
         makes the group Stable. Returns the member's assignment once the group is
         Stable, ``None`` while the leader has not synced yet."""
-        group = self.check_member(name, member_id, generation)
+        group = self.check_member(name, member_id, generation, group_instance_id)
         if group.state == "PreparingRebalance":
             raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress: rejoin the group")
         group.members[member_id].last_heartbeat_ms = self.clock()

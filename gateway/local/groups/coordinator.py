@@ -75,14 +75,14 @@ class GroupCoordinator:
 
     def heartbeat(self, cmd: m.Heartbeat) -> m.HeartbeatResult:
         try:
-            group = self.classic.heartbeat(cmd.group, cmd.member_id, cmd.generation)
+            group = self.classic.heartbeat(cmd.group, cmd.member_id, cmd.generation, cmd.group_instance_id)
         except CommandError as e:
             return m.HeartbeatResult(cmd.group, e.error, self.classic.generation(cmd.group))
         return m.HeartbeatResult(cmd.group, generation=group.generation)
 
     def leave(self, cmd: m.LeaveGroup) -> m.LeaveGroupResult:
         try:
-            group = self.classic.leave(cmd.group, cmd.member_id, cmd.generation)
+            group = self.classic.leave(cmd.group, cmd.member_id, cmd.generation, cmd.group_instance_id)
         except CommandError as e:
             return m.LeaveGroupResult(cmd.group, e.error, self.classic.generation(cmd.group))
         self.rebalance.changed(cmd.group)
@@ -112,7 +112,7 @@ class GroupCoordinator:
         generation = self.classic.generation
         try:
             self.offsets.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation, cmd.require_assignment,
-                                cmd.no_regression, cmd.validate_only)
+                                cmd.no_regression, cmd.validate_only, cmd.group_instance_id)
         except CommitRefused as e:
             return m.CommitOffsetsResult(cmd.group, ((e.topic, e.partition, e.error),), e.error,
                                          generation(cmd.group))

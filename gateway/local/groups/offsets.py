@@ -35,7 +35,7 @@ class Offsets:
 
     def commit(self, name: str, offsets: Iterable[tuple[str, int, int, str]], member_id: str = "",
                generation: int | None = None, require_assignment: bool = False, no_regression: bool = False,
-               validate_only: bool = False) -> None:
+               validate_only: bool = False, group_instance_id: str | None = None) -> None:
         """Store committed offsets, after the checks asked for: membership (with
         ``generation``), ``require_assignment`` (``NOT_ASSIGNED``), ``no_regression``
         (``OFFSET_REGRESSION`` below the offset committed); ``validate_only``
@@ -45,7 +45,7 @@ class Offsets:
             if not -1 <= offset < 1 << 63 or not 0 <= partition < 1 << 31:
                 raise CommandError(ErrorCode.INVALID_REQUEST, f"offset {offset} out of range for {topic}/{partition}")
         if generation is not None:
-            group = self.classic.check_member(name, member_id, generation)
+            group = self.classic.check_member(name, member_id, generation, group_instance_id)
             group.members[member_id].last_heartbeat_ms = self.classic.clock()
             if group.protocol_type == "consumer" and group.state == "CompletingRebalance":
                 raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress")

@@ -31,14 +31,30 @@ class ConsumerRebalance:
         self.timers: dict[str, Any] = {}
         self.delays: dict[str, Any] = {}
 
-    def join(self, cmd: m.JoinGroup) -> defer.Deferred:
-        """Fires with the member's ``JoinGroupResult`` once the join phase ends."""
+    def join(self, cmd: m.JoinGroup) -> m.JoinGroupResult | defer.Deferred:
+        """Fires with the member's ``JoinGroupResult`` once the join phase ends; answers at once a
+        static member that took its place back in a Stable group (no rebalance). A static member's
+        previous id, waiting in a join or a sync, is answered ``FENCED_INSTANCE_ID``."""
         existing = self.groups.groups.get(cmd.group)
         empty = existing is None or not existing.members
-        group, member_id = self.groups.join_consumer(
+        joined = self.groups.join_consumer(
             cmd.group, cmd.member_id, cmd.protocols, cmd.session_timeout_ms or 10_000,
             cmd.rebalance_timeout_ms or cmd.session_timeout_ms or 10_000, cmd.client_id, cmd.client_host,
             cmd.group_instance_id, cmd.codec, None if cmd.subscription_unreadable else cmd.topics)
+        group, member_id = joined.group, joined.member_id
+        if joined.replaced is not None:
+            fenced = Error(ErrorCode.FENCED_INSTANCE_ID, f"group instance {cmd.group_instance_id} rejoined as {member_id}")
+            for calls, result in ((self.joins, m.JoinGroupResult(cmd.group, joined.replaced, error=fenced)),
+                                  (self.syncs, m.SyncGroupResult(cmd.group, error=fenced))):
+                previous = calls.get(cmd.group, {}).pop(joined.replaced, None)
+                if previous is not None:
+                    _fire(previous, result)
+        if joined.settled:
+            assert joined.replaced is not None  # settled: it took a previous member id's place
+            # The leader is told as it was: were it this member, it would assign again, and a
+            # Stable group hands out no new assignment (Kafka's rule).
+            leader = joined.replaced if group.leader == member_id else group.leader
+            return m.JoinGroupResult(cmd.group, member_id, group.generation, leader=leader, protocol=group.protocol)
         waiting = self.joins.setdefault(cmd.group, {})
         previous = waiting.pop(member_id, None)
         if previous is not None:
@@ -58,7 +74,8 @@ class ConsumerRebalance:
 
     def sync(self, cmd: m.SyncGroup) -> Any:
         """The member's ``SyncGroupResult`` now, or a Deferred until the leader syncs."""
-        assignment = self.groups.sync_consumer(cmd.group, cmd.member_id, cmd.generation, cmd.assignments)
+        assignment = self.groups.sync_consumer(cmd.group, cmd.member_id, cmd.generation, cmd.assignments,
+                                               cmd.group_instance_id)
         if assignment is None:
             waiting = self.syncs.setdefault(cmd.group, {})
             d: defer.Deferred = defer.Deferred(lambda _: _forget(waiting, cmd.member_id))

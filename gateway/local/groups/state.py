@@ -101,6 +101,12 @@ class Group:
         g.assignments = {m: {t: list(ps) for t, ps in a.items()} for m, a in s["assign"].items()}
         return g
 
+    def static_member(self, group_instance_id: str | None) -> str | None:
+        """The member id of the static member (KIP-345) with ``group_instance_id``, if one is in the group."""
+        if group_instance_id is None:
+            return None
+        return next((mid for mid, m in self.members.items() if m.group_instance_id == group_instance_id), None)
+
     def subscribed_topics(self) -> set[str] | None:
         """The topics the members read (``None``: any, as Kafka counts a group whose members'
         subscriptions cannot all be read in the chosen protocol); empty without members."""

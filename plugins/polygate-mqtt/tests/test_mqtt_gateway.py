@@ -156,6 +156,15 @@ def test_kafka_consumer_reads_what_an_mqtt_device_published(gateway_factory, dev
     ]
 
 
+def test_publish_to_a_kafka_internal_topic_is_refused_and_creates_nothing(gateway, device_factory):
+    device = device_factory(gateway.port("mqtt"), "intruder")
+    device.client.publish("__consumer_offsets/x", b"v", qos=1)
+    assert device.disconnected.wait(10)
+    assert "cannot append to internal topic __consumer_offsets" in gateway.log
+    with V1Client("127.0.0.1", gateway.port("v1")) as v1:
+        assert "__consumer_offsets" not in v1.list_topics()
+
+
 # --------------------------------------------------------------------------- raw sockets
 
 
@@ -303,3 +312,29 @@ def test_subscribers_get_records_of_committed_kafka_transactions_only(gateway_fa
     assert subscriber.wait_messages(2)[1] == ("plant/line1", b"open", 1)
     time.sleep(0.5)
     assert [m.payload for m in subscriber.messages] == [b"committed", b"open"]
+
+
+def test_a_subscriber_of_several_partitions_gets_nothing_of_an_aborted_transaction(gateway_factory, device_factory):
+    """The subscriber waits on every partition of log topic ``line`` while transactions write to them
+    all and abort: it gets nothing of them. (Its stream long-polls each partition on its own, so a
+    marker on one partition never makes it read another before that one's marker is there, as a
+    Kafka or TANK read of several partitions at once did: ``tests/test_transactions.py``.)"""
+    import confluent_kafka as ck
+
+    gw = gateway_factory(("v1", "kafka", "mqtt"), ("--default-partitions", "4"))
+    subscriber = device_factory(gw.port("mqtt"), "subscriber")
+    assert subscriber.subscribe(("line/#", 1)) == [1]
+    producer = ck.Producer({"bootstrap.servers": gw.address("kafka"), "transactional.id": "line-writer"})
+    producer.init_transactions(20)
+    for _ in range(3):
+        producer.begin_transaction()
+        for i in range(12):
+            producer.produce("line", key=f"line/{i % 4}".encode(), value=b"aborted", partition=i % 4)
+            producer.flush(20)
+        producer.abort_transaction(20)
+    producer.begin_transaction()
+    producer.produce("line", key=b"line/0", value=b"committed", partition=0)
+    producer.commit_transaction(20)
+    assert subscriber.wait_messages(1) == [("line/0", b"committed", 1)]
+    time.sleep(0.5)
+    assert [m.payload for m in subscriber.messages] == [b"committed"]
