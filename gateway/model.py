@@ -301,6 +301,7 @@ class CreateTopicResult:
     partitions: int = 0
     error: Error | None = None
     config: TopicConfig = TopicConfig()
+    topic_id: str = ""  # as ``TopicInfo.topic_id``
 
 
 @frozen
@@ -724,8 +725,20 @@ class ListGroups:
 
 
 @frozen
+class GroupListing:
+    """One group as ListGroups lists it: ``protocol_type`` is "" for a group known by its committed
+    offsets only; ``state`` is one of Kafka's group states (Empty, Stable, PreparingRebalance,
+    CompletingRebalance, Dead); ``group_type`` is "classic" (JoinGroup) or "consumer" (KIP-848)."""
+
+    group: str
+    protocol_type: str
+    state: str
+    group_type: str = "classic"
+
+
+@frozen
 class ListGroupsResult:
-    groups: tuple[tuple[str, str], ...]  # (group, protocol_type)
+    groups: tuple[GroupListing, ...]
 
 
 @frozen
@@ -936,6 +949,7 @@ class TransactionInfo:
 class ListTransactions:
     states: tuple[str, ...] = ()  # empty: any
     producer_ids: tuple[int, ...] = ()  # empty: any
+    min_duration_ms: int = -1  # >= 0: only transactions started at least this long ago (Kafka's arithmetic)
 
 
 @frozen

@@ -10,9 +10,11 @@ field names; fields left out take their defaults.
 
 ``HANDLERS`` maps each API key to its handler and ``VERSIONS`` to the
 version range advertised (docs/protocols/kafka.md): every version from 0
-(Kafka 0.8 clients included), up to the flexible versions
-that need no topic IDs (Fetch <= 12, Metadata <= 12) and no fields the
-command model lacks (SyncGroup v5's protocol echo, ListGroups v4's states).
+(Kafka 0.8 clients included) up to the highest that Kafka's definitions in
+``messages/`` give, except where a higher version asks for what this gateway
+does not do: Fetch v13+ names topics by id only, EndTxn v5 bumps the producer
+epoch at every transaction's end and AddPartitionsToTxn v4+ is the brokers'
+batched form (KIP-890).
 """
 
 from __future__ import annotations
@@ -148,14 +150,23 @@ def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handle
     return Handled.run((cmd,), render)
 
 
+EARLIEST_LOCAL, LATEST_TIERED = -4, -5
+"""ListOffsets' specs for tiered storage (v8, KIP-405; v9, KIP-1005): with every record local, the
+earliest local offset is the earliest, and no offset is tiered (Kafka answers offset -1 then)."""
+
+
 def list_offsets(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     committed = req.get("IsolationLevel", 0) == 1  # READ_COMMITTED: latest is the last stable offset
-    commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, p.Timestamp, committed)
+    tiered = [p.Timestamp == LATEST_TIERED for t in req.Topics for p in t.Partitions]
+    commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, m.OffsetSpec.EARLIEST
+                                   if p.Timestamp in (EARLIEST_LOCAL, LATEST_TIERED) else p.Timestamp, committed)
                      for t in req.Topics for p in t.Partitions)
 
     def render(results: Sequence[m.ListOffsetsResult]) -> bytes:
         parts = []
-        for r in results:
+        for r, none_tiered in zip(results, tiered, strict=True):
+            if none_tiered and r.error is None:
+                r = attrs.evolve(r, offset=-1, timestamp=-1)
             body: dict[str, Any] = {"PartitionIndex": r.partition, "ErrorCode": code(r.error)}
             if version == 0:
                 body["OldStyleOffsets"] = [r.offset] if r.error is None and r.offset >= 0 else []
@@ -213,47 +224,126 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
     return Handled.run((m.ListTopics(names, auto and not ids),), render)
 
 
+BROKER_IDS = frozenset({0})
+"""The brokers this gateway shows its clients: itself, node 0."""
+
+
+class Refused(Exception):
+    """A request's part refused with Kafka's error ``code`` and a message."""
+
+    def __init__(self, error: int, text: str):
+        super().__init__(text)
+        self.code = error
+
+
+def _layout(t: Any) -> tuple[int | None, int | None]:
+    """The partition count and replication factor a CreateTopics topic asks for (``None``: the
+    server's default). With a manual replica assignment, they are the assignment's, checked as
+    Kafka checks it (``Refused``): -1 for the count and the factor, partitions numbered from 0,
+    replica lists of one length, no empty list, no broker twice, only brokers that exist."""
+    if not t.Assignments:
+        return (t.NumPartitions if t.NumPartitions > 0 else None,
+                t.ReplicationFactor if t.ReplicationFactor > 0 else None)
+    if t.NumPartitions != -1 or t.ReplicationFactor != -1:
+        raise Refused(Errors.INVALID_REQUEST, "numPartitions and replicationFactor must be -1 "
+                                              "when a manual replica assignment is given")
+    if sorted(a.PartitionIndex for a in t.Assignments) != list(range(len(t.Assignments))):
+        raise Refused(Errors.INVALID_REPLICA_ASSIGNMENT, "partitions must be numbered 0, 1, 2...")
+    for a in t.Assignments:
+        if not a.BrokerIds or len(set(a.BrokerIds)) != len(a.BrokerIds) \
+                or len(a.BrokerIds) != len(t.Assignments[0].BrokerIds):
+            raise Refused(Errors.INVALID_REPLICA_ASSIGNMENT, f"partition {a.PartitionIndex}: replica list "
+                                                             f"{list(a.BrokerIds)} is empty, repeats or differs")
+        unknown = set(a.BrokerIds) - BROKER_IDS
+        if unknown:
+            raise Refused(Errors.INVALID_REPLICA_ASSIGNMENT, f"partition {a.PartitionIndex}: no broker {min(unknown)}")
+    return len(t.Assignments), len(t.Assignments[0].BrokerIds)
+
+
 def create_topics(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    """Topics with their settings (``gateway.codec.topic_configs``); a topic whose settings are refused
-    is answered ``INVALID_CONFIG`` and not created, the others are."""
-    refused: dict[str, m.Error] = {}
+    """Topics with their settings (``gateway.codec.topic_configs``) and their partition count, given
+    or that of a manual replica assignment (``_layout``); a topic refused is answered with its error
+    and not created, the others are. From v7 the answer carries the new topic's id."""
+    refused: dict[str, tuple[int, str]] = {}
     commands = []
     for t in req.Topics:
         try:
+            partitions, replication = _layout(t)
             config = topic_configs.from_pairs((c.Name, c.Value) for c in t.Configs)
-        except m.CommandError as e:
-            refused[t.Name] = e.error
+        except Refused as e:
+            refused[t.Name] = (e.code, str(e))
             continue
-        commands.append(m.CreateTopic(t.Name, t.NumPartitions if t.NumPartitions > 0 else None, attrs.evolve(
-            config, replication_factor=t.ReplicationFactor if t.ReplicationFactor > 0 else None)))
+        except m.CommandError as e:
+            refused[t.Name] = (code(e.error), e.error.message)
+            continue
+        commands.append(m.CreateTopic(t.Name, partitions, attrs.evolve(config, replication_factor=replication)))
     if req.get("validateOnly"):
-        return Handled.answer(frame({"Topics": [{"Name": t.Name, "ErrorCode": code(refused.get(t.Name)),
-                                                 "ErrorMessage": message(refused.get(t.Name))} for t in req.Topics]}))
+        return Handled.answer(frame({"Topics": [{"Name": t.Name, "ErrorCode": refused.get(t.Name, (NONE, None))[0],
+                                                 "ErrorMessage": refused.get(t.Name, (NONE, None))[1]}
+                                                for t in req.Topics]}))
 
     def render(results: Sequence[m.CreateTopicResult]) -> bytes:
         made = iter(results)
         out = []
         for t in req.Topics:
             if t.Name in refused:
-                out.append({"Name": t.Name, "ErrorCode": code(refused[t.Name]), "ErrorMessage": message(refused[t.Name]),
+                error, text = refused[t.Name]
+                out.append({"Name": t.Name, "ErrorCode": error, "ErrorMessage": text,
                             "NumPartitions": -1, "ReplicationFactor": -1})
                 continue
             r = next(made)
             out.append({"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=Errors.INVALID_PARTITIONS),
                         "ErrorMessage": message(r.error), "NumPartitions": r.partitions if not r.error else -1,
-                        "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1})
+                        "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1,
+                        "TopicId": _topic_id(r.topic_id) if not r.error else bytes(16)})
         return frame({"Topics": out})
 
     return Handled.run(tuple(commands), render) if commands else Handled.answer(render(()))
 
 
+def _topic_id(hex_id: str) -> bytes:
+    """A topic id on the wire: the storage's 32 hex digits, else the zero id."""
+    return bytes.fromhex(hex_id) if len(hex_id) == 32 else bytes(16)
+
+
 def delete_topics(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    commands = tuple(m.DeleteTopic(name) for name in req.TopicNames)
+    """DeleteTopics; from v6 topics are named by name or by id, and answered with both: the topics
+    are looked up first (an id that names none is answered ``UNKNOWN_TOPIC_ID``)."""
+    if version < 6:
+        commands = tuple(m.DeleteTopic(name) for name in req.TopicNames)
 
-    def render(results: Sequence[m.DeleteTopicResult]) -> bytes:
-        return frame({"Responses": [{"Name": r.topic, "ErrorCode": code(r.error)} for r in results]})
+        def render(results: Sequence[m.DeleteTopicResult]) -> bytes:
+            return frame({"Responses": [{"Name": r.topic, "ErrorCode": code(r.error), "ErrorMessage": message(r.error)}
+                                        for r in results]})
 
-    return Handled.run(commands, render)
+        return Handled.run(commands, render)
+    by_id = any(t.Name is None for t in req.Topics)
+    names = None if by_id else tuple(dict.fromkeys(t.Name for t in req.Topics))
+
+    def found(results: Sequence[m.ListTopicsResult]) -> Handled:
+        ids = {t.topic_id: t.topic for t in results[0].topics if t.error is None}
+        known = {name: topic_id for topic_id, name in ids.items()}
+        wanted = [(t.Name, known.get(t.Name, "")) if t.Name is not None else (ids.get(bytes(t.TopicId).hex()),
+                                                                              bytes(t.TopicId).hex())
+                  for t in req.Topics]
+        commands = tuple(m.DeleteTopic(name) for name, _ in wanted if name is not None)
+
+        def deleted(results: Sequence[m.DeleteTopicResult]) -> bytes:
+            done = iter(results)
+            out: list[dict[str, Any]] = []
+            for name, topic_id in wanted:
+                if name is None:
+                    out.append({"Name": None, "TopicId": _topic_id(topic_id), "ErrorCode": Errors.UNKNOWN_TOPIC_ID,
+                                "ErrorMessage": "no topic has this id"})
+                    continue
+                r = next(done)
+                out.append({"Name": name, "TopicId": _topic_id(topic_id), "ErrorCode": code(r.error),
+                            "ErrorMessage": message(r.error)})
+            return frame({"Responses": out})
+
+        return Handled.run(commands, deleted) if commands else Handled.answer(deleted(()))
+
+    return Handled.run((m.ListTopics(names),), found)
 
 
 def create_partitions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -368,8 +458,19 @@ def incremental_alter_configs(conn: KafkaConnection, version: int, req: Any, fra
 # --------------------------------------------------------------------------- groups
 
 
+GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator's key types (2, share groups, is not served)
+
+
 def find_coordinator(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    return Handled.answer(frame({"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port}))
+    """This gateway coordinates every group and every transaction; from v4 one request asks for
+    several keys (KIP-699). A key type other than groups and transactions is ``INVALID_REQUEST``."""
+    served = req.get("KeyType", GROUP_KEY) in (GROUP_KEY, TRANSACTION_KEY)
+    answer = ({"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port} if served else
+              {"NodeId": -1, "Host": "", "Port": -1, "ErrorCode": Errors.INVALID_REQUEST,
+               "ErrorMessage": f"coordinator key type {req.KeyType} is not served"})
+    if version < 4:
+        return Handled.answer(frame(answer))
+    return Handled.answer(frame({"Coordinators": [{"Key": key, **answer} for key in req.CoordinatorKeys]}))
 
 
 def join_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -397,12 +498,15 @@ def join_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> H
 
 
 def sync_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """SyncGroup; from v5 the answer names the group's protocol type and name, which JoinGroup
+    agreed on and the member repeats (a member that repeats others fails at JoinGroup first)."""
     cmd = m.SyncGroup(req.GroupId, req.MemberId, req.GenerationId,
                       tuple((a.MemberId, a.Assignment) for a in req.Assignments))
 
     def render(results: Sequence[m.SyncGroupResult]) -> bytes:
         r = results[0]
-        return frame({"ErrorCode": code(r.error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment})
+        return frame({"ErrorCode": code(r.error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment,
+                      "ProtocolType": req.get("ProtocolType"), "ProtocolName": req.get("ProtocolName")})
 
     return Handled.run((cmd,), render)
 
@@ -442,15 +546,18 @@ def offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -
 
 
 def offset_fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    wanted = None if req.Topics is None else tuple((t.Name, p) for t in req.Topics for p in t.PartitionIndexes)
+    """OffsetFetch; from v8 one request asks for several groups, each answered with its own error."""
+    asked = [(req.GroupId, req.Topics)] if version < 8 else [(g.GroupId, g.Topics) for g in req.Groups]
+    commands = tuple(m.FetchOffsets(group, None if topics is None else tuple(
+        (t.Name, p) for t in topics for p in t.PartitionIndexes)) for group, topics in asked)
 
     def render(results: Sequence[m.FetchOffsetsResult]) -> bytes:
-        r = results[0]
-        parts = [(t, {"PartitionIndex": p, "CommittedOffset": o, "Metadata": meta, "ErrorCode": NONE})
-                 for t, p, o, meta in r.offsets]
-        return frame({"Topics": _by_topic(parts), "ErrorCode": code(r.error)})
+        groups = [{"GroupId": r.group, "ErrorCode": code(r.error), "Topics": _by_topic(
+            [(t, {"PartitionIndex": p, "CommittedOffset": o, "Metadata": meta, "ErrorCode": NONE})
+             for t, p, o, meta in r.offsets], "Name", "Partitions")} for r in results]
+        return frame(groups[0] if version < 8 else {"Groups": groups})
 
-    return Handled.run((m.FetchOffsets(req.GroupId, wanted),), render)
+    return Handled.run(commands, render)
 
 
 def _consumer_protocol(partitions: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[bytes, bytes]:
@@ -487,9 +594,17 @@ def describe_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame)
 
 
 def list_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """ListGroups; from v4 the groups in the states asked for, from v5 of the types asked for
+    (``classic``, ``consumer``), both compared without case as Kafka does (empty: all)."""
+    states = {s.lower() for s in req.get("StatesFilter") or ()}
+    types = {t.lower() for t in req.get("TypesFilter") or ()}
+
     def render(results: Sequence[m.ListGroupsResult]) -> bytes:
-        return frame({"Groups": [{"GroupId": g, "ProtocolType": "consumer" if pt == "server" else pt}
-                           for g, pt in results[0].groups]})
+        return frame({"Groups": [{"GroupId": g.group, "GroupState": g.state, "GroupType": g.group_type,
+                                  "ProtocolType": "consumer" if g.protocol_type == "server" else g.protocol_type}
+                                 for g in results[0].groups
+                                 if (not states or g.state.lower() in states)
+                                 and (not types or g.group_type.lower() in types)]})
 
     return Handled.run((m.ListGroups(),), render)
 
@@ -718,7 +833,7 @@ def _transaction(info: m.TransactionInfo) -> dict[str, Any]:
 
 
 def list_transactions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    cmd = m.ListTransactions(tuple(req.StateFilters), tuple(req.ProducerIdFilters))
+    cmd = m.ListTransactions(tuple(req.StateFilters), tuple(req.ProducerIdFilters), req.get("DurationFilter", -1))
 
     def render(results: Sequence[m.ListTransactionsResult]) -> bytes:
         return frame({"TransactionStates": [{"TransactionalId": t.transactional_id, "ProducerId": t.producer_id,
@@ -778,30 +893,30 @@ def sasl_authenticate(conn: KafkaConnection, version: int, req: Any, frame: Fram
 
 
 _APIS = (  # API key, the versions advertised, handler
-    (0, 0, 9, produce),
+    (0, 0, 11, produce),
     (1, 0, 12, fetch),
-    (2, 0, 7, list_offsets),
+    (2, 0, 10, list_offsets),
     (3, 0, 12, metadata),
-    (8, 0, 8, offset_commit),
-    (9, 0, 7, offset_fetch),
-    (10, 0, 3, find_coordinator),
-    (11, 0, 7, join_group),
+    (8, 0, 9, offset_commit),
+    (9, 0, 9, offset_fetch),
+    (10, 0, 6, find_coordinator),
+    (11, 0, 9, join_group),
     (12, 0, 4, heartbeat),
-    (13, 0, 4, leave_group),
-    (14, 0, 4, sync_group),
+    (13, 0, 5, leave_group),
+    (14, 0, 5, sync_group),
     (15, 0, 5, describe_groups),
-    (16, 0, 3, list_groups),
+    (16, 0, 5, list_groups),
     (17, 0, 1, sasl_handshake),
-    (18, 0, 3, api_versions),
-    (19, 0, 5, create_topics),
-    (20, 0, 4, delete_topics),
+    (18, 0, 4, api_versions),
+    (19, 0, 7, create_topics),
+    (20, 0, 6, delete_topics),
     (21, 0, 2, delete_records),
-    (22, 0, 4, init_producer_id),
+    (22, 0, 5, init_producer_id),
     (23, 0, 4, offset_for_leader_epoch),
     (24, 0, 3, add_partitions_to_txn),
-    (25, 0, 3, add_offsets_to_txn),
-    (26, 0, 3, end_txn),
-    (28, 0, 3, txn_offset_commit),
+    (25, 0, 4, add_offsets_to_txn),
+    (26, 0, 4, end_txn),
+    (28, 0, 4, txn_offset_commit),
     (29, 0, 3, describe_acls),
     (30, 0, 3, create_acls),
     (31, 0, 3, delete_acls),
@@ -817,7 +932,7 @@ _APIS = (  # API key, the versions advertised, handler
     (60, 0, 1, describe_cluster),
     (61, 0, 0, describe_producers),
     (65, 0, 0, describe_transactions),
-    (66, 0, 0, list_transactions),
+    (66, 0, 1, list_transactions),
     (68, 0, 1, consumer_group_heartbeat),
 )
 

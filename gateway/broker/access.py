@@ -327,7 +327,7 @@ class Access:
         if self.may(caller, Op.DESCRIBE, ResourceType.CLUSTER, m.CLUSTER_RESOURCE):
             return self.broker.run(cmd)
         return then(self.broker.run(cmd), lambda r: m.ListGroupsResult(tuple(
-            (g, kind) for g, kind in r.groups if self.may(caller, Op.DESCRIBE, ResourceType.GROUP, g))))
+            g for g in r.groups if self.may(caller, Op.DESCRIBE, ResourceType.GROUP, g.group))))
 
     def _delete_groups(self, cmd: m.DeleteGroups, caller: m.Caller) -> Any:
         allowed = tuple(g for g in cmd.groups if self.may(caller, Op.DELETE, ResourceType.GROUP, g))

@@ -62,6 +62,8 @@ REBALANCE_TIMEOUT_MS = 10_000
 # (and generation 0, which Cursus clients accept; the next heartbeat fails with GENERATION_MISMATCH
 # and they join again): the real clients read within 5 s, and a new group's first rebalance takes 3 s.
 SERVER_JOIN_WAIT_S = 4.0
+NO_GROUP_ID = Error(ErrorCode.INVALID_REQUEST, "the cluster's client takes no empty group id")
+"""The answer to offsets of the group "" (Kafka's own brokers take it; its admin client does not)."""
 STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
           "COMPLETING_REBALANCING": "CompletingRebalance", "EMPTY": "Empty", "DEAD": "Dead", "UNKNOWN": "Unknown"}
 
@@ -350,6 +352,8 @@ class ClusterGroups:
     # ------------------------------------------------------------------ offsets
 
     def commit(self, cmd: m.CommitOffsets) -> Any:
+        if not cmd.group:
+            return m.CommitOffsetsResult(cmd.group, error=NO_GROUP_ID)
         generation = self._generation(cmd.group)
         member = None
         try:
@@ -401,7 +405,9 @@ class ClusterGroups:
             d = deferred_from(self.reactor, futures[cmd.group], f"commit for group {cmd.group}")
         return d.addCallbacks(stored, failed)
 
-    def fetch(self, cmd: m.FetchOffsets) -> defer.Deferred:
+    def fetch(self, cmd: m.FetchOffsets) -> Any:
+        if not cmd.group:
+            return m.FetchOffsetsResult(cmd.group, error=NO_GROUP_ID)
         tps = None if cmd.partitions is None else [TopicPartition(t, p) for t, p in cmd.partitions]
         futures = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(cmd.group, tps)],
                                                          request_timeout=self.config.request_timeout_ms / 1000)
@@ -424,7 +430,7 @@ class ClusterGroups:
 
     def committed_offset(self, group: str, topic: str, partition: int) -> Any:
         """*May wait.* The offset ``group`` committed for the partition, None if none."""
-        return self.fetch(m.FetchOffsets(group, ((topic, partition),))).addCallback(
+        return defer.maybeDeferred(self.fetch, m.FetchOffsets(group, ((topic, partition),))).addCallback(
             lambda r: next((o for t, p, o, _ in r.offsets if o >= 0), None) if r.error is None else None)
 
     # ------------------------------------------------------------------ admin
@@ -465,8 +471,11 @@ class ClusterGroups:
 
     def list(self, cmd: m.ListGroups) -> defer.Deferred:
         future = self.admin.list_consumer_groups(request_timeout=self.config.request_timeout_ms / 1000)
-        return deferred_from(self.reactor, future, "list groups", lambda r: m.ListGroupsResult(tuple(sorted(
-            (g.group_id, "" if g.is_simple_consumer_group else "consumer") for g in r.valid))))
+        return deferred_from(self.reactor, future, "list groups", lambda r: m.ListGroupsResult(tuple(
+            m.GroupListing(g.group_id, "" if g.is_simple_consumer_group else "consumer",
+                           STATES.get(getattr(g.state, "name", str(g.state)), "Unknown"),
+                           "consumer" if getattr(g.type, "name", "") == "CONSUMER" else "classic")
+            for g in sorted(r.valid, key=lambda g: g.group_id))))
 
     def delete(self, cmd: m.DeleteGroups) -> defer.Deferred:
         if not cmd.groups:

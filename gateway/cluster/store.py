@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import random
 import time
@@ -160,7 +162,7 @@ class ClusterStore(ClusterTransactionStorage):
         state = self.metadata.state(topic)
         return m.TopicInfo(topic, tuple(
             m.PartitionInfo(p, marks.log_start_offset, marks.high_watermark, marks.high_watermark)
-            for p, marks in enumerate(state.partitions)), state.config)
+            for p, marks in enumerate(state.partitions)), state.config, topic_id=_hex_id(state.topic_id))
 
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> MayWait[m.TopicInfo]:
@@ -426,3 +428,13 @@ class ClusterStore(ClusterTransactionStorage):
         self.groups.expire()
         for reader in self._readers():
             reader.expire()
+
+
+def _hex_id(cluster_id: str) -> str:
+    """A cluster's topic id (Kafka writes it in unpadded base64url) as ``TopicInfo.topic_id``'s 32 hex
+    digits; "" for a cluster that gives none (the metadata keeps the name in its place then)."""
+    try:
+        raw = base64.urlsafe_b64decode(cluster_id + "==")
+    except (binascii.Error, ValueError):
+        return ""
+    return raw.hex() if len(raw) == 16 and any(raw) else ""

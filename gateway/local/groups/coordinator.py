@@ -174,9 +174,11 @@ class GroupCoordinator:
     def list(self, cmd: m.ListGroups) -> m.ListGroupsResult:
         """Classic groups with members or with committed offsets, then KIP-848 groups."""
         names = set(self.classic.groups) | set(self.records.offsets)
-        classic = [(n, self.classic.protocol_type(n) or "") for n in sorted(names)]
-        return m.ListGroupsResult(tuple(classic + [(n, "consumer") for n in self.consumer.groups
-                                                   if n not in names]))
+        classic = [m.GroupListing(n, g.protocol_type, g.state) if (g := self.classic.groups.get(n)) is not None
+                   else m.GroupListing(n, "", "Empty") for n in sorted(names)]
+        return m.ListGroupsResult(tuple(classic + [
+            m.GroupListing(n, "consumer", "Stable" if g.members else "Empty", "consumer")
+            for n, g in self.consumer.groups.items() if n not in names]))
 
     def delete(self, cmd: m.DeleteGroups) -> m.DeleteGroupsResult:
         errors: list[tuple[str, Error | None]] = []
