@@ -211,3 +211,23 @@ def test_decompression_is_held_to_the_listeners_frame_limit(gateway_factory, max
         assert (errors, sorted(acks)) == ([], [0, 1, 2])
     else:
         assert acks == [] and {e.code() for e in errors} == {ck.KafkaError.INVALID_MSG}  # Kafka's CORRUPT_MESSAGE
+
+
+@pytest.mark.local_only("the cluster reader joins a partition's records into one batch, however large")
+def test_a_fetch_answer_stays_within_fetch_max_bytes(kafka_gateway):
+    """A response holds at most ``fetch.max.bytes`` of records but for its first batch (so that a consumer
+    always progresses): librdkafka refuses an answer larger than ``receive.message.max.bytes``."""
+    servers, topic = bootstrap(kafka_gateway), unique("cf")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(10)
+    p = ck.Producer({"bootstrap.servers": servers, "linger.ms": 0})
+    for i in range(9):  # one record of 600 KiB a batch: two batches of any partitions pass 1 MB
+        p.produce(topic, value=bytes([i]) * (600 << 10), partition=i % 3)
+    assert p.flush(15) == 0
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g"), **FAST_GROUP,
+                     "max.partition.fetch.bytes": 20_000_000, "fetch.max.bytes": 1_000_000,
+                     "receive.message.max.bytes": 1_000_512})
+    c.subscribe([topic])
+    got = consume(c, 9, timeout=60)
+    c.close()
+    assert sorted(m.value()[0] for m in got) == list(range(9))
