@@ -227,6 +227,7 @@ class TopicConfig:
     delete_retention_ms: int | None = None
     min_cleanable_dirty_ratio: float | None = None
     min_compaction_lag_ms: int | None = None
+    compression_type: str | None = None  # Kafka's compression.type: "producer" or a codec (topic_configs)
 
 
 @frozen

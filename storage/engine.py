@@ -397,7 +397,7 @@ class Engine:
         return TopicConfig(retention_bytes=self.config.retention_bytes, retention_ms=self.config.retention_ms,
                            segment_bytes=self.config.segment_bytes, cleanup_policy="delete",
                            delete_retention_ms=DELETE_RETENTION_MS, min_cleanable_dirty_ratio=MIN_CLEANABLE_DIRTY_RATIO,
-                           min_compaction_lag_ms=0)
+                           min_compaction_lag_ms=0, compression_type="producer")
 
     def delete_topic(self, name: str) -> None:
         topic = self.topic(name)
@@ -722,12 +722,12 @@ def _pkey(producer_id: Any) -> Any:
 def _config_state(c: TopicConfig) -> dict[str, Any]:
     return {"rb": c.retention_bytes, "rm": c.retention_ms, "sb": c.segment_bytes,
             "rf": c.replication_factor, "x": dict(c.extras), "cp": c.cleanup_policy, "dr": c.delete_retention_ms,
-            "dirty": c.min_cleanable_dirty_ratio, "lag": c.min_compaction_lag_ms}
+            "dirty": c.min_cleanable_dirty_ratio, "lag": c.min_compaction_lag_ms, "ct": c.compression_type}
 
 
 def _config_from_state(s: dict[str, Any]) -> TopicConfig:
     return TopicConfig(s.get("rb"), s.get("rm"), s.get("sb"), s.get("rf"), s.get("x") or {}, s.get("cp"),
-                       s.get("dr"), s.get("dirty"), s.get("lag"))
+                       s.get("dr"), s.get("dirty"), s.get("lag"), s.get("ct"))
 
 
 def _warn_if_open_to_others(data_dir: str) -> None:

@@ -23,8 +23,8 @@ capability's class flag (as batch formats declare theirs, ``gateway.codec.format
 The broker reads the flags once, when it is built, never per request: what a
 store lacks, the broker does without (no cleaner, no fsync, every partition
 led here) or refuses to the client with ``UNSUPPORTED`` and the store's message
-for the call (``Storage.refusals``). ``assigns_offsets`` is a flag without calls:
-the store numbers appended batches itself, so the broker does not.
+for the call (``Storage.refusals``). ``assigns_offsets`` and ``compresses`` are flags
+without calls: the store numbers (compresses) appended batches itself, so the broker does not.
 
 Results: calls marked *may wait* return the value **or a Deferred of it**
 (``MayWait``: a remote implementation, e.g. on a Kafka cluster, answers later);
@@ -111,6 +111,10 @@ class Storage(Protocol):
     """The store numbers what it appends itself (a cluster), whatever offsets the payload holds:
     the broker hands it payloads as produced, and ``append`` answers with the store's offsets."""
 
+    compresses: ClassVar[bool] = False
+    """The store stores what it appends in the compression its topic's ``compression.type`` names
+    (a cluster does): the broker does not recompress batches for it."""
+
     refusals: ClassVar[Mapping[str, str]] = {}
     """Why the store lacks a capability, by the name of a call of it that a client's command
     reaches: the message of the ``UNSUPPORTED`` error the client gets (a call not named here: a
@@ -141,6 +145,10 @@ class Storage(Protocol):
 
     def describe_topic(self, topic: str) -> m.TopicInfo:
         """The topic's partitions and config; raises ``UNKNOWN_TOPIC``."""
+
+    def topic_config(self, topic: str) -> m.TopicConfig:
+        """The topic's own settings (``describe_topic``'s config, at a dictionary's cost: the
+        broker asks at every append); raises ``UNKNOWN_TOPIC``."""
 
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> MayWait[m.TopicInfo]:

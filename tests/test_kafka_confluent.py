@@ -231,3 +231,34 @@ def test_a_fetch_answer_stays_within_fetch_max_bytes(kafka_gateway):
     got = consume(c, 9, timeout=60)
     c.close()
     assert sorted(m.value()[0] for m in got) == list(range(9))
+
+
+@pytest.mark.tansu_differs("DescribeConfigs tells a topic's own settings as defaults")
+def test_compression_type_is_a_topic_setting(kafka_gateway):
+    """``compression.type`` takes Kafka's codecs at creation and in IncrementalAlterConfigs, is described
+    as set, and records produced in another codec read back (stored recompressed: test_topic_configs.py)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+
+    servers, topic = bootstrap(kafka_gateway), unique("cf")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"compression.type": "gzip"})])[topic].result(10)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    wait_until(lambda: admin.describe_configs([resource])[resource].result(10)["compression.type"].value == "gzip",
+               10, 0.2, "compression.type gzip")
+    p = ck.Producer({"bootstrap.servers": servers, "compression.type": "lz4"})
+    p.produce(topic, value=b"lz4-sent")
+    assert p.flush(10) == 0
+    changed = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("compression.type", "zstd", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([changed])[changed].result(10)
+    wait_until(lambda: admin.describe_configs([resource])[resource].result(10)["compression.type"].value == "zstd",
+               10, 0.2, "compression.type zstd")
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g"), **FAST_GROUP})
+    c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+    assert [m.value() for m in consume(c, 1)] == [b"lz4-sent"]
+    c.close()
+    bad = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("compression.type", "brotli", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(ck.KafkaException) as refused:
+        admin.incremental_alter_configs([bad])[bad].result(10)
+    assert refused.value.args[0].code() == ck.KafkaError.INVALID_CONFIG

@@ -37,7 +37,13 @@ from typing import Any
 import crc32c
 
 from gateway._extensions import load
-from gateway.codec import BatchProducer, ColumnarFormat, LeaderEpochFormat, TransactionalFormat
+from gateway.codec import (
+    BatchProducer,
+    ColumnarFormat,
+    CompressingFormat,
+    LeaderEpochFormat,
+    TransactionalFormat,
+)
 from gateway.codec.formats import Columns, Validated
 from gateway.codec.varint import ZIGZAGS, read_zigzag, zigzag
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
@@ -339,6 +345,37 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
     return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
 
 
+CODECS = {"uncompressed": compression.NONE, "gzip": compression.GZIP, "snappy": compression.SNAPPY,
+          "lz4": compression.LZ4, "zstd": compression.ZSTD}
+"""Kafka's ``compression.type`` codecs by name (``gateway.codec.topic_configs.COMPRESSION_TYPES``)."""
+
+
+def recompress(payload: bytes, codec: int, limit: int = compression.INFLATE_LIMIT) -> bytes:
+    """The v2 batches of ``payload`` (validated) with their records compressed with ``codec``:
+    each decompressed (at most ``limit`` bytes) and compressed again, its attributes naming the
+    new codec and its CRC computed again; offsets, timestamps and producer fields as they were.
+    A control batch, or one already in ``codec``, is kept as it is."""
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(payload):
+        base, length, leader_epoch, _, _ = _BATCH_HEAD.unpack_from(payload, pos)
+        (attributes,) = _PRODUCER.unpack_from(payload, pos + CRC_START)
+        end = pos + BATCH_OVERHEAD + length
+        if attributes & ATTR_CONTROL or attributes & ATTR_COMPRESSION == codec:
+            out.append(bytes(payload[pos:end]))
+        else:
+            body = bytes(payload[pos + BATCH_HEADER.size : end])
+            if attributes & ATTR_COMPRESSION:
+                body = compression.decompress(attributes & ATTR_COMPRESSION, body, limit)
+            if codec:
+                body = compression.compress(codec, body)
+            tail = (_PRODUCER.pack((attributes & ~ATTR_COMPRESSION) | codec)
+                    + bytes(payload[pos + CRC_START + _PRODUCER.size : pos + BATCH_HEADER.size]) + body)
+            out.append(_BATCH_HEAD.pack(base, len(tail) + 9, leader_epoch, 2, crc32c.crc32c(tail)) + tail)
+        pos = end
+    return out[0] if len(out) == 1 else b"".join(out)
+
+
 def control_batch(producer_id: int, epoch: int, commit: bool, timestamp_ms: int, coordinator_epoch: int = 0,
                   base_offset: int = 0, last_offset_delta: int = 0) -> bytes:
     """The marker that ends a transaction on a partition: a control batch (transactional)
@@ -498,7 +535,7 @@ def encode_message_set(records: Iterable[Record], magic: int) -> bytes:
 # --------------------------------------------------------------------------- storage format
 
 
-class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat):
+class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat, CompressingFormat):
     """The ``kafka`` ``BatchFormat`` (see the module docstring).
 
     ``inflate_limit``: the most one batch may decompress to, in ``validate`` and
@@ -520,6 +557,9 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat):
 
     def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes:
         return control_batch(producer_id, epoch, commit, timestamp_ms)
+
+    def recompress(self, payload: bytes, compression_type: str) -> bytes:
+        return recompress(payload, CODECS[compression_type], self.inflate_limit or compression.INFLATE_LIMIT)
 
     def gap_batch(self, base_offset: int, last_offset: int, timestamp_ms: int) -> bytes:
         """A commit marker of no producer covering ``base_offset``..``last_offset``: Kafka readers

@@ -45,7 +45,7 @@ CREATE_VISIBLE_TRIES = 20  # metadata refreshes to wait for a created topic to s
 
 KAFKA_DEFAULTS = m.TopicConfig(retention_bytes=-1, retention_ms=7 * 24 * 3600 * 1000, segment_bytes=1 << 30,
                                cleanup_policy="delete", delete_retention_ms=24 * 3600 * 1000,
-                               min_cleanable_dirty_ratio=0.5, min_compaction_lag_ms=0)
+                               min_cleanable_dirty_ratio=0.5, min_compaction_lag_ms=0, compression_type="producer")
 
 class ClusterStore(ClusterTransactionStorage):
     """Implements ``Storage`` on the cluster at ``config.bootstrap``.
@@ -62,6 +62,7 @@ class ClusterStore(ClusterTransactionStorage):
     says why to a client that asks for them."""
 
     assigns_offsets = True
+    compresses = True  # the cluster applies compression.type: the settings are passed on
     refusals: ClassVar[Mapping[str, str]] = {
         "report_replica": "in cluster mode replication is the cluster's",
         "set_role": "in cluster mode partition leadership is the cluster's",
@@ -163,6 +164,9 @@ class ClusterStore(ClusterTransactionStorage):
         return m.TopicInfo(topic, tuple(
             m.PartitionInfo(p, marks.log_start_offset, marks.high_watermark, marks.high_watermark)
             for p, marks in enumerate(state.partitions)), state.config, topic_id=_hex_id(state.topic_id))
+
+    def topic_config(self, topic: str) -> m.TopicConfig:
+        return self.metadata.state(topic).config
 
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> MayWait[m.TopicInfo]:

@@ -63,6 +63,9 @@ class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, Retentio
     def describe_topic(self, topic: str) -> m.TopicInfo:
         return self.engine.topic_info(topic)
 
+    def topic_config(self, topic: str) -> m.TopicConfig:
+        return self.engine.topic(topic).config
+
     def create_topic(self, topic: str, partitions: int | None = None,
                      config: m.TopicConfig | None = None) -> m.TopicInfo:
         self.engine.create_topic(topic, partitions, config)
