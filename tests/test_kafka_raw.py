@@ -187,9 +187,9 @@ def test_pipelined_produces_share_appends_and_keep_their_answers(kafka_gateway):
 
 # ------------------------------------------------------------------ every API over its whole version range
 
-BELOW_KAFKA = {1: 12, 24: 3, 26: 4}
-"""APIs served below the highest version Kafka defines (docs/protocols/kafka.md says why): Fetch
-13+ names topics by id only, AddPartitionsToTxn 4+ is the brokers' form, EndTxn 5 bumps epochs."""
+BELOW_KAFKA = {24: 3, 26: 4}
+"""APIs served below the highest version Kafka defines (docs/protocols/kafka.md says why):
+AddPartitionsToTxn 4+ is the brokers' form, EndTxn 5 bumps epochs."""
 ANSWERED_BODIES: dict[int, dict] = {0: {"Acks": 1}}  # a request of defaults, but answered (acks 0 is not)
 
 
@@ -306,3 +306,24 @@ def test_create_partitions_grows_from_the_assignments_count(kafka_gateway):
     assert grown.ErrorCode == 0
     assert len(client.call(3, 9, {"Topics": [{"Name": topic}]}).Topics[0].Partitions) == 5
     client.close()
+
+
+def test_fetch_names_topics_by_id_from_v13(kafka_gateway):
+    """Fetch v13+ names topics by id, as Metadata told them (or not: the gateway looks them up), and
+    answers an id that names no topic ``UNKNOWN_TOPIC_ID``."""
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    made = client.call(19, 7, {"Topics": [{"Name": topic, "NumPartitions": 1, "ReplicationFactor": 1}]}).Topics[0]
+    client.produce_batch(topic, 0, kafka_format.encode_batch(RECS, 0))
+    client.close()
+    for version in (13, 17):
+        client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))  # a new connection: told no id yet
+        unknown = bytes(range(16))
+        answer = client.call(1, version, {"ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 0, "MaxBytes": 1 << 20,
+                                          "SessionEpoch": -1, "Topics": [
+            {"TopicId": made.TopicId, "Partitions": [{"Partition": 0, "FetchOffset": 0, "PartitionMaxBytes": 1 << 20}]},
+            {"TopicId": unknown, "Partitions": [{"Partition": 0, "FetchOffset": 0, "PartitionMaxBytes": 1 << 20}]}]})
+        found, missing = answer.Responses
+        assert found.TopicId == made.TopicId and found.Partitions[0].ErrorCode == 0
+        assert [r.value for r in kafka_format.read_batches(bytes(found.Partitions[0].Records))] == [b"v0", b"v1"]
+        assert (missing.TopicId, missing.Partitions[0].ErrorCode) == (unknown, 100)
+        client.close()

@@ -12,9 +12,8 @@ field names; fields left out take their defaults.
 version range advertised (docs/protocols/kafka.md): every version from 0
 (Kafka 0.8 clients included) up to the highest that Kafka's definitions in
 ``messages/`` give, except where a higher version asks for what this gateway
-does not do: Fetch v13+ names topics by id only, EndTxn v5 bumps the producer
-epoch at every transaction's end and AddPartitionsToTxn v4+ is the brokers'
-batched form (KIP-890).
+does not do: EndTxn v5 bumps the producer epoch at every transaction's end and
+AddPartitionsToTxn v4+ is the brokers' batched form (KIP-890).
 """
 
 from __future__ import annotations
@@ -89,9 +88,47 @@ def produce(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Hand
     return Handled.run(tuple(commands), render, joins=True)
 
 
+def _learn_topic_ids(conn: KafkaConnection, topics: Sequence[m.TopicInfo]) -> None:
+    """Remember the ids of ``topics`` (Fetch v13+ names topics by id)."""
+    for t in topics:
+        if t.error is None and len(t.topic_id) == 32:
+            conn.topic_names[t.topic_id] = t.topic
+
+
 def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Fetch, with incremental fetch sessions from v7 (``fetch_session``): an incremental request
-    fetches every partition of the session and is answered with those that have news."""
+    fetches every partition of the session and is answered with those that have news. From v13
+    topics are named by id: the ids this connection's Metadata answers told (the topics are listed
+    again for an id it was not told); a partition of an id that names no topic is answered
+    ``UNKNOWN_TOPIC_ID``."""
+    if version < 13:
+        return _fetch(conn, version, req, frame)
+    ids = {bytes(t.TopicId).hex() for t in (*req.Topics, *(req.get("ForgottenTopicsData") or ()))}
+    if ids <= conn.topic_names.keys():
+        return _fetch(conn, version, req, frame)
+
+    def listed(results: Sequence[m.ListTopicsResult]) -> Handled:
+        conn.topic_names.clear()
+        _learn_topic_ids(conn, results[0].topics)
+        return _fetch(conn, version, req, frame)
+
+    return Handled.run((m.ListTopics(None),), listed)
+
+
+def _fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """``fetch`` once the topics named by id are known: their names are set in the request."""
+    unknown: list[tuple[bytes, list[int]]] = []  # v13+: (id, partitions) of ids that name no topic
+    if version >= 13:
+        for t in req.get("ForgottenTopicsData") or ():
+            t.Topic = conn.topic_names.get(bytes(t.TopicId).hex())
+        known = []
+        for t in req.Topics:
+            t.Topic = conn.topic_names.get(bytes(t.TopicId).hex())
+            if t.Topic is None:
+                unknown.append((bytes(t.TopicId), [p.Partition for p in t.Partitions]))
+            else:
+                known.append(t)
+        req.Topics = known
     epoch = req.get("SessionEpoch", FINAL_EPOCH)
     current = conn.fetch_session
     incremental = epoch > INITIAL_EPOCH
@@ -144,8 +181,15 @@ def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handle
                 "AbortedTransactions": [{"ProducerId": pid, "FirstOffset": first} for pid, first in r.aborted]
                 if committed else None,
             }))
-        return frame({"SessionId": 0 if current is None else current.id,
-                      "Responses": _by_topic(parts, "Topic", "Partitions")})
+        responses = _by_topic(parts, "Topic", "Partitions")
+        if version >= 13:
+            ids = {name: topic_id for topic_id, name in conn.topic_names.items()}
+            for t in responses:
+                t["TopicId"] = _topic_id(ids.get(t["Topic"], ""))
+            responses += [{"TopicId": topic_id, "Partitions": [
+                {"PartitionIndex": p, "ErrorCode": Errors.UNKNOWN_TOPIC_ID, "HighWatermark": -1,
+                 "LastStableOffset": -1, "LogStartOffset": -1} for p in partitions]} for topic_id, partitions in unknown]
+        return frame({"SessionId": 0 if current is None else current.id, "Responses": responses})
 
     return Handled.run((cmd,), render)
 
@@ -205,6 +249,7 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
     auto = req.get("AllowAutoTopicCreation", True)
 
     def render(results: Sequence[m.ListTopicsResult]) -> bytes:
+        _learn_topic_ids(conn, results[0].topics)
         topics = []
         for t in results[0].topics:
             if ids and t.topic not in asked and t.topic_id not in ids:
@@ -212,7 +257,7 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
             ids.discard(t.topic_id)
             topics.append({
                 "ErrorCode": code(t.error, INVALID_REQUEST=Errors.INVALID_TOPIC_EXCEPTION), "Name": t.topic,
-                "TopicId": bytes.fromhex(t.topic_id) if len(t.topic_id) == 32 else bytes(16),
+                "TopicId": _topic_id(t.topic_id),
                 "Partitions": [{"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": p.leader_epoch,
                                 "ReplicaNodes": [0], "IsrNodes": [0]} for p in t.partitions],
             })
@@ -894,7 +939,7 @@ def sasl_authenticate(conn: KafkaConnection, version: int, req: Any, frame: Fram
 
 _APIS = (  # API key, the versions advertised, handler
     (0, 0, 11, produce),
-    (1, 0, 12, fetch),
+    (1, 0, 17, fetch),
     (2, 0, 10, list_offsets),
     (3, 0, 12, metadata),
     (8, 0, 9, offset_commit),
