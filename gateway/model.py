@@ -1092,6 +1092,33 @@ class CreateAclsResult:
     errors: tuple[Error | None, ...]  # one per binding, in order
 
 
+SUPPORTED_OPERATIONS: Mapping[ResourceType, tuple[AclOperation, ...]] = {
+    ResourceType.TOPIC: (AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE,
+                         AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS,
+                         AclOperation.ALTER_CONFIGS),
+    ResourceType.GROUP: (AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE),
+    ResourceType.CLUSTER: (AclOperation.CREATE, AclOperation.ALTER, AclOperation.DESCRIBE,
+                           AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS,
+                           AclOperation.IDEMPOTENT_WRITE),
+}
+"""The operations that apply to each kind of resource (Kafka's), which ``AuthorizedOperations`` tells."""
+
+
+@frozen
+class AuthorizedOperations:
+    """Which of ``SUPPORTED_OPERATIONS[resource_type]`` the caller may perform on each resource of
+    ``names`` (Kafka's "authorized operations" in Metadata, DescribeCluster, DescribeGroups): every
+    one without an authorizer."""
+
+    resource_type: ResourceType
+    names: tuple[str, ...]
+
+
+@frozen
+class AuthorizedOperationsResult:
+    operations: tuple[tuple[AclOperation, ...], ...]  # one per name, in order
+
+
 @frozen
 class DescribeAcls:
     filter: AclFilter

@@ -262,3 +262,27 @@ def test_compression_type_is_a_topic_setting(kafka_gateway):
     with pytest.raises(ck.KafkaException) as refused:
         admin.incremental_alter_configs([bad])[bad].result(10)
     assert refused.value.args[0].code() == ck.KafkaError.INVALID_CONFIG
+
+
+def test_authorized_operations_are_answered_when_asked(kafka_gateway):
+    """DescribeCluster, DescribeTopics (Metadata) and DescribeConsumerGroups answer the operations the
+    caller may perform when asked: without an authorizer, every operation that applies (Kafka's)."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    c.commit(offsets=[ck.TopicPartition(topic, 0, 1)], asynchronous=False)
+    c.close()
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(10)
+    assert set(cluster.authorized_operations) == {
+        AclOperation.CREATE, AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.CLUSTER_ACTION,
+        AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE}
+    described = admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True)[topic].result(10)
+    assert set(described.authorized_operations) == {
+        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE, AclOperation.ALTER,
+        AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+    groups = admin.describe_consumer_groups([group], include_authorized_operations=True)[group].result(10)
+    assert set(groups.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}

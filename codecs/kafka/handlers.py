@@ -247,10 +247,12 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
         dict.fromkeys(t.Name for t in req.Topics if t.Name is not None))  # each topic once, as Kafka answers
     asked = {t.Name for t in req.Topics or () if t.Name is not None}
     auto = req.get("AllowAutoTopicCreation", True)
+    with_topic_operations = req.get("IncludeTopicAuthorizedOperations", False)
+    with_cluster_operations = req.get("IncludeClusterAuthorizedOperations", False)
 
-    def render(results: Sequence[m.ListTopicsResult]) -> bytes:
+    def render(results: Sequence[m.ListTopicsResult]) -> bytes | Handled:
         _learn_topic_ids(conn, results[0].topics)
-        topics = []
+        topics: list[dict[str, Any]] = []
         for t in results[0].topics:
             if ids and t.topic not in asked and t.topic_id not in ids:
                 continue
@@ -263,10 +265,32 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
             })
         topics += [{"ErrorCode": Errors.UNKNOWN_TOPIC_ID, "Name": None, "TopicId": bytes.fromhex(i), "Partitions": []}
                    for i in sorted(ids)]
-        return frame({"Brokers": [{"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port}],
-                "ClusterId": "polygate", "ControllerId": 0, "Topics": topics})
+        body = {"Brokers": [{"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port}],
+                "ClusterId": "polygate", "ControllerId": 0, "Topics": topics}
+        if not (with_topic_operations or with_cluster_operations):
+            return frame(body)
+        listed = [t for t in topics if t["ErrorCode"] == NONE] if with_topic_operations else []
+
+        def authorized(results: Sequence[m.AuthorizedOperationsResult]) -> bytes:
+            if with_topic_operations:
+                for t, ops in zip(listed, results[0].operations, strict=True):
+                    t["TopicAuthorizedOperations"] = _bits(ops)
+            if with_cluster_operations:
+                body["ClusterAuthorizedOperations"] = _bits(results[-1].operations[0])
+            return frame(body)
+
+        commands = [m.AuthorizedOperations(m.ResourceType.TOPIC, tuple(t["Name"] for t in listed))] \
+            if with_topic_operations else []
+        if with_cluster_operations:
+            commands.append(m.AuthorizedOperations(m.ResourceType.CLUSTER, (m.CLUSTER_RESOURCE,)))
+        return Handled.run(tuple(commands), authorized)
 
     return Handled.run((m.ListTopics(names, auto and not ids),), render)
+
+
+def _bits(operations: Sequence[m.AclOperation]) -> int:
+    """Kafka's "authorized operations" field: bit ``op`` set for each operation allowed."""
+    return sum(1 << int(op) for op in operations)
 
 
 BROKER_IDS = frozenset({0})
@@ -455,11 +479,18 @@ def delete_records(conn: KafkaConnection, version: int, req: Any, frame: Frame) 
 
 
 def describe_cluster(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    """This gateway is the cluster: one broker, node 0, which is also the controller."""
-    return Handled.answer(frame({"ClusterId": "polygate", "ControllerId": 0, "EndpointType": 1,
-                                 "ClusterAuthorizedOperations": -2147483648,
-                                 "Brokers": [{"BrokerId": 0, "Host": conn.advertised_host,
-                                              "Port": conn.advertised_port, "Rack": None}]}))
+    """This gateway is the cluster: one broker, node 0, which is also the controller; the operations
+    the caller may perform on it when asked."""
+    body = {"ClusterId": "polygate", "ControllerId": 0, "EndpointType": 1,
+            "ClusterAuthorizedOperations": -2147483648,
+            "Brokers": [{"BrokerId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port, "Rack": None}]}
+    if not req.IncludeClusterAuthorizedOperations:
+        return Handled.answer(frame(body))
+
+    def render(results: Sequence[m.AuthorizedOperationsResult]) -> bytes:
+        return frame({**body, "ClusterAuthorizedOperations": _bits(results[0].operations[0])})
+
+    return Handled.run((m.AuthorizedOperations(m.ResourceType.CLUSTER, (m.CLUSTER_RESOURCE,)),), render)
 
 
 INCREMENTAL_OPERATIONS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
@@ -627,15 +658,22 @@ def describe_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame)
         return {"MemberId": mem.member_id, "ClientId": client_id, "ClientHost": mem.client_host,
                 "MemberMetadata": metadata, "MemberAssignment": assignment}
 
-    def render(results: Sequence[m.DescribeGroupsResult]) -> bytes:
+    with_operations = req.get("IncludeAuthorizedOperations", False)
+
+    def render(results: Sequence[Any]) -> bytes:
+        operations = results[1].operations if with_operations else ()
         return frame({"Groups": [{
             "ErrorCode": code(g.error), "GroupId": g.group, "GroupState": g.state,
             "ProtocolType": "consumer" if g.protocol_type == "server" else g.protocol_type,
             "ProtocolData": g.protocol,
             "Members": [member(g, mem) for mem in g.members],
-        } for g in results[0].groups]})
+            "AuthorizedOperations": _bits(operations[i]) if with_operations else -2147483648,
+        } for i, g in enumerate(results[0].groups)]})
 
-    return Handled.run((m.DescribeGroups(tuple(req.Groups)),), render)
+    commands: tuple[Any, ...] = (m.DescribeGroups(tuple(req.Groups)),)
+    if with_operations:
+        commands += (m.AuthorizedOperations(m.ResourceType.GROUP, tuple(req.Groups)),)
+    return Handled.run(commands, render)
 
 
 def list_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
