@@ -327,3 +327,27 @@ def test_fetch_names_topics_by_id_from_v13(kafka_gateway):
         assert [r.value for r in kafka_format.read_batches(bytes(found.Partitions[0].Records))] == [b"v0", b"v1"]
         assert (missing.TopicId, missing.Partitions[0].ErrorCode) == (unknown, 100)
         client.close()
+
+
+def test_describe_topic_partitions_pages_with_a_cursor(kafka_gateway):
+    """DescribeTopicPartitions: topics in name order, at most the limit of partitions an answer, the
+    next ones named by the cursor; an unknown topic answered with its error; operations included."""
+    client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))
+    first, second = sorted([unique("dtp"), unique("dtp")])
+    for topic, count in ((first, 3), (second, 2)):
+        client.call(19, 5, {"Topics": [{"Name": topic, "NumPartitions": count, "ReplicationFactor": 1}]})
+    missing = unique("dtp")
+    asked = [{"Name": first}, {"Name": second}, {"Name": missing}]
+    seen, cursor = [], None
+    while True:
+        answer = client.call(75, 0, {"Topics": asked, "ResponsePartitionLimit": 2, "Cursor": cursor})
+        for t in answer.Topics:
+            seen += [(t.Name, t.ErrorCode, p.PartitionIndex) for p in t.Partitions] or [(t.Name, t.ErrorCode, None)]
+            if t.ErrorCode == 0:
+                assert t.TopicAuthorizedOperations == sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
+        cursor = answer.NextCursor
+        if cursor is None:
+            break
+    expected = [(first, 0, 0), (first, 0, 1), (first, 0, 2), (second, 0, 0), (second, 0, 1), (missing, 3, None)]
+    assert sorted(seen, key=str) == sorted(expected, key=str)
+    client.close()

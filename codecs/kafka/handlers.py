@@ -288,6 +288,52 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
     return Handled.run((m.ListTopics(names, auto and not ids),), render)
 
 
+PARTITION_LIMIT = 2000
+"""The most partitions one DescribeTopicPartitions answer holds (Kafka's max.request.partition.size.limit)."""
+
+
+def describe_topic_partitions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """DescribeTopicPartitions (KIP-966): the topics named (none: every topic), in name order from
+    the cursor on, at most ``ResponsePartitionLimit`` partitions (``NextCursor`` names the next), each
+    topic with the operations the caller may perform on it. Topics are never created here."""
+    names = tuple(sorted({t.Name for t in req.Topics})) or None
+    cursor = req.Cursor
+    left = min(max(req.ResponsePartitionLimit, 1), PARTITION_LIMIT)
+
+    def listed(results: Sequence[m.ListTopicsResult]) -> Handled:
+        nonlocal left
+        _learn_topic_ids(conn, results[0].topics)
+        topics: list[dict[str, Any]] = []
+        next_cursor = None
+        for t in sorted(results[0].topics, key=lambda t: t.topic):
+            if cursor is not None and t.topic < cursor.TopicName:
+                continue
+            partitions = [p for p in t.partitions if cursor is None or t.topic != cursor.TopicName
+                          or p.partition >= cursor.PartitionIndex]
+            if partitions and left == 0:
+                next_cursor = {"TopicName": t.topic, "PartitionIndex": partitions[0].partition}
+                break
+            taken, left = partitions[:left], left - min(left, len(partitions))
+            topics.append({"ErrorCode": code(t.error, INVALID_REQUEST=Errors.INVALID_TOPIC_EXCEPTION), "Name": t.topic,
+                           "TopicId": _topic_id(t.topic_id), "Partitions": [
+                               {"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": p.leader_epoch,
+                                "ReplicaNodes": [0], "IsrNodes": [0]} for p in taken]})
+            if len(taken) < len(partitions):
+                next_cursor = {"TopicName": t.topic, "PartitionIndex": partitions[len(taken)].partition}
+                break
+        known = [t for t in topics if t["ErrorCode"] == NONE]
+
+        def authorized(results: Sequence[m.AuthorizedOperationsResult]) -> bytes:
+            for t, ops in zip(known, results[0].operations, strict=True):
+                t["TopicAuthorizedOperations"] = _bits(ops)
+            return frame({"Topics": topics, "NextCursor": next_cursor})
+
+        return Handled.run((m.AuthorizedOperations(m.ResourceType.TOPIC, tuple(t["Name"] for t in known)),),
+                           authorized)
+
+    return Handled.run((m.ListTopics(names),), listed)
+
+
 def _bits(operations: Sequence[m.AclOperation]) -> int:
     """Kafka's "authorized operations" field: bit ``op`` set for each operation allowed."""
     return sum(1 << int(op) for op in operations)
@@ -1017,6 +1063,7 @@ _APIS = (  # API key, the versions advertised, handler
     (65, 0, 0, describe_transactions),
     (66, 0, 1, list_transactions),
     (68, 0, 1, consumer_group_heartbeat),
+    (75, 0, 0, describe_topic_partitions),
 )
 
 HANDLERS: dict[int, Handler] = {key: handle for key, _, _, handle in _APIS}
