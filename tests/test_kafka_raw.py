@@ -351,3 +351,35 @@ def test_describe_topic_partitions_pages_with_a_cursor(kafka_gateway):
     expected = [(first, 0, 0), (first, 0, 1), (first, 0, 2), (second, 0, 0), (second, 0, 1), (missing, 3, None)]
     assert sorted(seen, key=str) == sorted(expected, key=str)
     client.close()
+
+
+@pytest.mark.tansu_differs("DescribeGroups lists no members")
+def test_describe_groups_answers_exactly_what_the_schema_says(kafka_gateway):
+    """A DescribeGroups v3 answer about a librdkafka member, with the operations asked for, read by
+    another implementation's own struct (aiokafka's, written by hand): every field, every byte."""
+    import io
+
+    import confluent_kafka as ck
+    from aiokafka.protocol.admin import DescribeGroupsResponse_v3
+    from kafka_support import wait_until
+
+    client, topic, group = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw"), unique("g")
+    client.call(19, 5, {"Topics": [{"Name": topic, "NumPartitions": 2, "ReplicationFactor": 1}]})
+    consumer = ck.Consumer({"bootstrap.servers": kafka_gateway.address("kafka"), "group.id": group,
+                            "client.id": "described", "session.timeout.ms": 6000})
+    consumer.subscribe([topic])
+    wait_until(lambda: consumer.poll(0.1) or len(consumer.assignment()) == 2, 30, 0, "an assignment")
+    sent = client.send(15, 3, {"Groups": [group], "IncludeAuthorizedOperations": True})
+    frame = io.BytesIO(client.receive_frame())
+    assert struct.unpack(">i", frame.read(4))[0] == sent
+    answer = DescribeGroupsResponse_v3.decode(frame)
+    assert frame.read() == b""  # nothing left over
+    consumer.close()
+    client.close()
+    (described,) = answer.groups
+    error, name, state, protocol_type, protocol, members, operations = described
+    assert (error, name, state, protocol_type, protocol) == (0, group, "Stable", "consumer", "range")
+    assert operations == (1 << 3) | (1 << 6) | (1 << 8)  # READ, DELETE, DESCRIBE
+    ((member_id, client_id, host, metadata, assignment),) = members
+    assert member_id.startswith("described-") and (client_id, host) == ("described", "127.0.0.1")
+    assert topic.encode() in metadata and topic.encode() in assignment
