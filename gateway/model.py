@@ -650,6 +650,8 @@ class CommitOffsets:
     each partition is assigned to the member (V1's rule). ``no_regression``
     refuses (``OFFSET_REGRESSION``) an offset below the one committed;
     ``validate_only`` makes every check and stores nothing (Cursus' rules).
+    ``leader_epochs``: the leader epoch each of ``offsets`` was read in (Kafka's
+    ``CommittedLeaderEpoch``), kept with it; empty: -1 (unknown) for all.
     """
 
     group: str
@@ -659,6 +661,7 @@ class CommitOffsets:
     require_assignment: bool = False
     no_regression: bool = False
     validate_only: bool = False
+    leader_epochs: tuple[int, ...] = ()
 
 
 @frozen
@@ -681,10 +684,14 @@ class FetchOffsets:
 
 @frozen
 class FetchOffsetsResult:
+    """``leader_epochs``: the leader epoch committed with each of ``offsets`` (-1: unknown); empty:
+    -1 for all (a store that keeps none)."""
+
     group: str
     offsets: tuple[tuple[str, int, int, str], ...] = ()
     error: Error | None = None
     generation: int = -1  # the group's current generation; -1: the coordinator knows no such group
+    leader_epochs: tuple[int, ...] = ()
 
 
 @frozen

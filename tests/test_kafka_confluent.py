@@ -286,3 +286,18 @@ def test_authorized_operations_are_answered_when_asked(kafka_gateway):
         AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
     groups = admin.describe_consumer_groups([group], include_authorized_operations=True)[group].result(10)
     assert set(groups.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}
+
+
+@pytest.mark.tansu_differs("OffsetFetch answers no committed leader epoch")
+def test_a_committed_leader_epoch_is_read_back(kafka_gateway):
+    """OffsetCommit v6+ carries the leader epoch the offset was read in; OffsetFetch answers it back
+    (librdkafka's committed() shows it), and a commit without one reads back unknown."""
+    servers, topic = bootstrap(kafka_gateway), unique("cf")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(10)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g"), **FAST_GROUP})
+    c.commit(offsets=[ck.TopicPartition(topic, 0, 5, leader_epoch=2), ck.TopicPartition(topic, 1, 7)],
+             asynchronous=False)
+    got = c.committed([ck.TopicPartition(topic, 0), ck.TopicPartition(topic, 1)], timeout=10)
+    c.close()
+    assert [(tp.partition, tp.offset, tp.leader_epoch) for tp in got] == [(0, 5, 2), (1, 7, None)]

@@ -652,10 +652,14 @@ def leave_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> 
 
 
 def offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """OffsetCommit; from v6 each offset with the leader epoch it was read in, which OffsetFetch
+    answers back."""
     generation = req.get("GenerationIdOrMemberEpoch", -1)
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
-    cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None)
+    epochs = tuple(p.get("CommittedLeaderEpoch", -1) for t in req.Topics for p in t.Partitions)
+    cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None,
+                          leader_epochs=epochs if version >= 6 else ())
 
     def render(results: Sequence[m.CommitOffsetsResult]) -> bytes:
         r = results[0]
@@ -675,8 +679,10 @@ def offset_fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) ->
 
     def render(results: Sequence[m.FetchOffsetsResult]) -> bytes:
         groups = [{"GroupId": r.group, "ErrorCode": code(r.error), "Topics": _by_topic(
-            [(t, {"PartitionIndex": p, "CommittedOffset": o, "Metadata": meta, "ErrorCode": NONE})
-             for t, p, o, meta in r.offsets], "Name", "Partitions")} for r in results]
+            [(t, {"PartitionIndex": p, "CommittedOffset": o, "Metadata": meta, "ErrorCode": NONE,
+                  "CommittedLeaderEpoch": epoch})
+             for (t, p, o, meta), epoch in zip(r.offsets, r.leader_epochs or [-1] * len(r.offsets), strict=True)],
+            "Name", "Partitions")} for r in results]
         return frame(groups[0] if version < 8 else {"Groups": groups})
 
     return Handled.run(commands, render)

@@ -68,6 +68,16 @@ STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
           "COMPLETING_REBALANCING": "CompletingRebalance", "EMPTY": "Empty", "DEAD": "Dead", "UNKNOWN": "Unknown"}
 
 
+def _committed(topic: str, partition: int, offset: int, metadata: str, leader_epoch: int) -> TopicPartition:
+    """A committed offset for confluent-kafka, which takes metadata and a leader epoch only when given."""
+    given: dict[str, Any] = {}
+    if metadata:
+        given["metadata"] = metadata
+    if leader_epoch >= 0:
+        given["leader_epoch"] = leader_epoch
+    return TopicPartition(topic, partition, offset, **given)
+
+
 def preference(assignor: str) -> str:
     """librdkafka's ``partition.assignment.strategy`` for a member that asks for ``assignor``."""
     first = ASSIGNORS.get(assignor, "roundrobin")
@@ -386,8 +396,8 @@ class ClusterGroups:
         ok = m.CommitOffsetsResult(cmd.group, tuple((t, p, None) for t, p, _, _ in cmd.offsets), generation=generation)
         if cmd.validate_only:
             return ok
-        tps = [TopicPartition(t, p, o, metadata=meta) if meta else TopicPartition(t, p, o)
-               for t, p, o, meta in cmd.offsets]
+        epochs = cmd.leader_epochs or [-1] * len(cmd.offsets)
+        tps = [_committed(t, p, o, meta, epoch) for (t, p, o, meta), epoch in zip(cmd.offsets, epochs, strict=True)]
 
         def stored(_: Any) -> m.CommitOffsetsResult:
             return ok
@@ -416,10 +426,13 @@ class ClusterGroups:
             out = []
             for tp in result.topic_partitions or ():
                 offset = tp.offset if tp.offset >= 0 and tp.error is None else -1
-                out.append((tp.topic, tp.partition, offset, tp.metadata or ""))
+                epoch = tp.leader_epoch if tp.leader_epoch is not None and offset >= 0 else -1
+                out.append(((tp.topic, tp.partition, offset, tp.metadata or ""), epoch))
             if cmd.partitions is None:
-                out = [o for o in out if o[2] >= 0]
-            return m.FetchOffsetsResult(cmd.group, tuple(sorted(out)), generation=self._generation(cmd.group))
+                out = [o for o in out if o[0][2] >= 0]
+            out.sort()
+            return m.FetchOffsetsResult(cmd.group, tuple(o for o, _ in out), generation=self._generation(cmd.group),
+                                        leader_epochs=tuple(e for _, e in out))
 
         def failed(f: Any) -> m.FetchOffsetsResult:
             f.trap(CommandError)

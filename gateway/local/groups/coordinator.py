@@ -112,7 +112,7 @@ class GroupCoordinator:
         generation = self.classic.generation
         try:
             self.offsets.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation, cmd.require_assignment,
-                                cmd.no_regression, cmd.validate_only)
+                                cmd.no_regression, cmd.validate_only, cmd.leader_epochs)
         except CommitRefused as e:
             return m.CommitOffsetsResult(cmd.group, ((e.topic, e.partition, e.error),), e.error,
                                          generation(cmd.group))
@@ -124,14 +124,11 @@ class GroupCoordinator:
     def fetch(self, cmd: m.FetchOffsets) -> m.FetchOffsetsResult:
         generation = self.classic.generation(cmd.group)
         if cmd.partitions is None:
-            found = self.offsets.committed_all(cmd.group)
-            return m.FetchOffsetsResult(cmd.group, tuple(
-                (t, p, o, meta) for (t, p), (o, meta) in sorted(found.items())), generation=generation)
-        out = []
-        for t, p in cmd.partitions:
-            c = self.offsets.committed(cmd.group, t, p)
-            out.append((t, p, c[0], c[1]) if c else (t, p, -1, ""))
-        return m.FetchOffsetsResult(cmd.group, tuple(out), generation=generation)
+            found = sorted(self.offsets.committed_all(cmd.group).items())
+        else:
+            found = [((t, p), self.offsets.committed(cmd.group, t, p) or (-1, "", -1)) for t, p in cmd.partitions]
+        return m.FetchOffsetsResult(cmd.group, tuple((t, p, o, meta) for (t, p), (o, meta, _) in found),
+                                    generation=generation, leader_epochs=tuple(e for _, (_, _, e) in found))
 
     def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
         committed = self.offsets.committed(group, topic, partition)
