@@ -383,3 +383,25 @@ def test_describe_groups_answers_exactly_what_the_schema_says(kafka_gateway):
     ((member_id, client_id, host, metadata, assignment),) = members
     assert member_id.startswith("described-") and (client_id, host) == ("described", "127.0.0.1")
     assert topic.encode() in metadata and topic.encode() in assignment
+
+
+@pytest.mark.local_only("produces join into one stored batch in the local engine")
+def test_a_fetch_answer_cuts_joined_batches_at_max_bytes(kafka_gateway):
+    """Pipelined produces are stored joined, one payload of several v2 batches: a Fetch answer still
+    stops at the v2 batch that would take it past MaxBytes (the first one passes, for progress)."""
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    sock, client.sock = client.sock, _Collect()
+    for i in range(3):
+        client.send(0, 3, {"Acks": 1, "TimeoutMs": 10_000, "TopicData": [{"Name": topic, "PartitionData": [
+            {"Index": 0, "Records": kafka_format.encode_batch([m.Record(bytes([i]) * 600_000, None, 1000 + i)], 0)}]}]})
+    frames, client.sock = client.sock.data, sock
+    sock.sendall(frames)  # all at once: the gateway joins them into one append
+    assert [client.receive(0, 3)[1].Responses[0].PartitionResponses[0].BaseOffset for _ in range(3)] == [0, 1, 2]
+    for offset, expected in ((0, [0]), (1, [1]), (2, [2])):
+        body = {"ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 0, "MaxBytes": 1_000_000, "IsolationLevel": 0,
+                "Topics": [{"Topic": topic, "Partitions": [{"Partition": 0, "FetchOffset": offset,
+                                                            "PartitionMaxBytes": 20_000_000}]}]}
+        records = bytes(client.call(1, 11, body).Responses[0].Partitions[0].Records)
+        assert [r.offset for r in kafka_format.read_batches(records)] == expected
+    client.close()

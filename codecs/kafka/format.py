@@ -63,6 +63,8 @@ BATCH_OVERHEAD = 12  # baseOffset + batchLength: bytes not counted in batchLengt
 CRC_START = 21
 MAGIC_AT = 16
 _OFFSET = struct.Struct(">q")
+_SIZE_AT = struct.Struct(">i")
+_PREFIX_OFFSETS = struct.Struct(">qi")  # baseOffset, batchLength
 _PREFIX = struct.Struct(">qib")  # offset/baseOffset, length, (v2: leader epoch high byte / legacy: crc first byte)
 _LEGACY = struct.Struct(">qiIbb")  # offset, message_size, crc, magic, attributes
 _I32 = struct.Struct(">i")
@@ -127,6 +129,43 @@ def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = No
         out.append(Batch(NAME, payload, last_delta + 1, max_ts, producer=producer))
         pos = end
     return out
+
+
+def batches_within(payloads: tuple[bytes, ...], offset: int, room: int,
+                   first: bool) -> tuple[tuple[bytes, ...], int]:
+    """The v2 batches of ``payloads`` (stored payloads: each one batch, or batches a produce run
+    joined) that a fetch from ``offset`` gets within ``room`` bytes, and the room left. Batches
+    wholly below ``offset`` (the start of a joined payload) are left out; with ``first`` (no batch
+    in the answer yet), the first batch is kept whatever its size (Kafka's rule for a Fetch answer's
+    MaxBytes: a consumer always progresses). A payload that fits is kept whole, without a copy; the
+    one that does not is cut at a batch end, and the payloads after it are left out."""
+    kept: list[bytes] = []
+    for payload in payloads:
+        start = 0
+        while start + BATCH_HEADER.size <= len(payload):  # batches before the offset asked for
+            base, length = _PREFIX_OFFSETS.unpack_from(payload, start)
+            if base + _SIZE_AT.unpack_from(payload, start + _LAST_DELTA_AT)[0] >= offset:
+                break
+            start += BATCH_OVERHEAD + length
+        if start == len(payload):
+            continue
+        if len(payload) - start <= room:
+            kept.append(payload[start:] if start else payload)
+            room -= len(payload) - start
+            first = False
+            continue
+        end = start
+        while end + BATCH_OVERHEAD <= len(payload):
+            size = BATCH_OVERHEAD + _SIZE_AT.unpack_from(payload, end + 8)[0]
+            if size > room and not first:
+                break
+            room -= size
+            end += size
+            first = False
+        if end > start:
+            kept.append(payload[start:end])
+        return tuple(kept), max(room, 0)
+    return tuple(kept), room
 
 
 def assign_offsets(payload: bytes | memoryview, base_offset: int,

@@ -156,11 +156,13 @@ def _fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handl
 
     def render(results: Sequence[m.FetchManyResult]) -> bytes:
         parts = []
+        room, first = max(max_bytes, 1), True  # what is left of MaxBytes; no batch in the answer yet
         for f, r in zip(fetches, results[0].results, strict=True):
             error = r.error
             data: bytes | tuple[bytes, ...]
-            if legacy_magic is None:
-                data = tuple(b.payload for b in r.batches)  # stored bytes, written as they are
+            if legacy_magic is None:  # stored bytes as they are, but for the batches past MaxBytes
+                data, room = format.batches_within(tuple(b.payload for b in r.batches), r.offset, room, first)
+                first = first and not data
             else:
                 try:
                     data = format.encode_message_set(
