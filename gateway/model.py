@@ -241,6 +241,7 @@ class TopicConfig:
     delete_retention_ms: int | None = None
     min_cleanable_dirty_ratio: float | None = None
     min_compaction_lag_ms: int | None = None
+    compression_type: str | None = None  # Kafka's compression.type: "producer" or a codec (topic_configs)
 
 
 @frozen
@@ -318,6 +319,7 @@ class CreateTopicResult:
     partitions: int = 0
     error: Error | None = None
     config: TopicConfig = TopicConfig()
+    topic_id: str = ""  # as ``TopicInfo.topic_id``
 
 
 @frozen
@@ -673,6 +675,8 @@ class CommitOffsets:
     each partition is assigned to the member (V1's rule). ``no_regression``
     refuses (``OFFSET_REGRESSION``) an offset below the one committed;
     ``validate_only`` makes every check and stores nothing (Cursus' rules).
+    ``leader_epochs``: the leader epoch each of ``offsets`` was read in (Kafka's
+    ``CommittedLeaderEpoch``), kept with it; empty: -1 (unknown) for all.
     """
 
     group: str
@@ -683,6 +687,7 @@ class CommitOffsets:
     no_regression: bool = False
     validate_only: bool = False
     group_instance_id: str | None = None  # a static member's (KIP-345)
+    leader_epochs: tuple[int, ...] = ()
 
 
 @frozen
@@ -705,10 +710,14 @@ class FetchOffsets:
 
 @frozen
 class FetchOffsetsResult:
+    """``leader_epochs``: the leader epoch committed with each of ``offsets`` (-1: unknown); empty:
+    -1 for all (a store that keeps none)."""
+
     group: str
     offsets: tuple[tuple[str, int, int, str], ...] = ()
     error: Error | None = None
     generation: int = -1  # the group's current generation; -1: the coordinator knows no such group
+    leader_epochs: tuple[int, ...] = ()
 
 
 @frozen
@@ -750,8 +759,20 @@ class ListGroups:
 
 
 @frozen
+class GroupListing:
+    """One group as ListGroups lists it: ``protocol_type`` is "" for a group known by its committed
+    offsets only; ``state`` is one of Kafka's group states (Empty, Stable, PreparingRebalance,
+    CompletingRebalance, Dead); ``group_type`` is "classic" (JoinGroup) or "consumer" (KIP-848)."""
+
+    group: str
+    protocol_type: str
+    state: str
+    group_type: str = "classic"
+
+
+@frozen
 class ListGroupsResult:
-    groups: tuple[tuple[str, str], ...]  # (group, protocol_type)
+    groups: tuple[GroupListing, ...]
 
 
 @frozen
@@ -962,6 +983,7 @@ class TransactionInfo:
 class ListTransactions:
     states: tuple[str, ...] = ()  # empty: any
     producer_ids: tuple[int, ...] = ()  # empty: any
+    min_duration_ms: int = -1  # >= 0: only transactions started at least this long ago (Kafka's arithmetic)
 
 
 @frozen
@@ -1101,6 +1123,33 @@ class CreateAcls:
 @frozen
 class CreateAclsResult:
     errors: tuple[Error | None, ...]  # one per binding, in order
+
+
+SUPPORTED_OPERATIONS: Mapping[ResourceType, tuple[AclOperation, ...]] = {
+    ResourceType.TOPIC: (AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE,
+                         AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS,
+                         AclOperation.ALTER_CONFIGS),
+    ResourceType.GROUP: (AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE),
+    ResourceType.CLUSTER: (AclOperation.CREATE, AclOperation.ALTER, AclOperation.DESCRIBE,
+                           AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS,
+                           AclOperation.IDEMPOTENT_WRITE),
+}
+"""The operations that apply to each kind of resource (Kafka's), which ``AuthorizedOperations`` tells."""
+
+
+@frozen
+class AuthorizedOperations:
+    """Which of ``SUPPORTED_OPERATIONS[resource_type]`` the caller may perform on each resource of
+    ``names`` (Kafka's "authorized operations" in Metadata, DescribeCluster, DescribeGroups): every
+    one without an authorizer."""
+
+    resource_type: ResourceType
+    names: tuple[str, ...]
+
+
+@frozen
+class AuthorizedOperationsResult:
+    operations: tuple[tuple[AclOperation, ...], ...]  # one per name, in order
 
 
 @frozen

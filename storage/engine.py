@@ -178,7 +178,7 @@ class Engine:
         # Group records, replayed and saved for the group coordinator (``gateway.local.groups``):
         # each group's state as last saved (a map the engine does not read), and committed offsets.
         self.group_states: dict[str, dict[str, Any]] = {}
-        self.offsets: dict[str, dict[tuple[str, int], tuple[int, str]]] = {}
+        self.offsets: dict[str, dict[tuple[str, int], tuple[int, str, int]]] = {}  # offset, metadata, leader epoch
         self._sync_lock = threading.Lock()
         self.recovered_bytes = 0
         try:
@@ -298,8 +298,8 @@ class Engine:
         for state in self.group_states.values():
             yield {"t": "group", "g": state}
         for group, offsets in self.offsets.items():
-            for (topic, partition), (offset, metadata) in offsets.items():
-                yield {"t": "offset", "g": group, "tp": topic, "p": partition, "o": offset, "m": metadata}
+            for (topic, partition), (offset, metadata, leader_epoch) in offsets.items():
+                yield _offset_entry(group, topic, partition, offset, metadata, leader_epoch)
         for kind, records in self.records.items():
             for key, value in records.items():
                 yield {"t": kind, "k": key, "v": value}
@@ -397,7 +397,7 @@ class Engine:
         return TopicConfig(retention_bytes=self.config.retention_bytes, retention_ms=self.config.retention_ms,
                            segment_bytes=self.config.segment_bytes, cleanup_policy="delete",
                            delete_retention_ms=DELETE_RETENTION_MS, min_cleanable_dirty_ratio=MIN_CLEANABLE_DIRTY_RATIO,
-                           min_compaction_lag_ms=0)
+                           min_compaction_lag_ms=0, compression_type="producer")
 
     def delete_topic(self, name: str) -> None:
         topic = self.topic(name)
@@ -599,7 +599,8 @@ class Engine:
             self.group_states.pop(entry["g"], None)
             self.offsets.pop(entry["g"], None)
         elif kind == "offset":
-            self.offsets.setdefault(entry["g"], {})[(entry["tp"], entry["p"])] = (entry["o"], entry.get("m", ""))
+            self.offsets.setdefault(entry["g"], {})[(entry["tp"], entry["p"])] = (entry["o"], entry.get("m", ""),
+                                                                                   entry.get("e", -1))
         elif kind == "offset-del":
             self.offsets.get(entry["g"], {}).pop((entry["tp"], entry["p"]), None)
         else:
@@ -620,10 +621,11 @@ class Engine:
         """Journal that group ``name`` is gone: its saved state and its committed offsets."""
         self._journal_group_record({"t": "group-del", "g": name})
 
-    def save_offset(self, group: str, topic: str, partition: int, offset: int, metadata: str = "") -> None:
-        """Journal the offset ``group`` committed for a partition, with its metadata; kept once written."""
-        self._journal_group_record({"t": "offset", "g": group, "tp": topic, "p": partition, "o": offset,
-                                    "m": metadata})
+    def save_offset(self, group: str, topic: str, partition: int, offset: int, metadata: str = "",
+                    leader_epoch: int = -1) -> None:
+        """Journal the offset ``group`` committed for a partition, with its metadata and the leader
+        epoch it was read in (-1: unknown); kept once written."""
+        self._journal_group_record(_offset_entry(group, topic, partition, offset, metadata, leader_epoch))
 
     def delete_offset(self, group: str, topic: str, partition: int) -> None:
         """Journal that ``group`` has no committed offset for the partition any more."""
@@ -742,15 +744,25 @@ def _pkey(producer_id: Any) -> Any:
     return tuple(producer_id) if isinstance(producer_id, list) else producer_id
 
 
+def _offset_entry(group: str, topic: str, partition: int, offset: int, metadata: str,
+                  leader_epoch: int) -> dict[str, Any]:
+    """A committed offset's journal entry (its leader epoch only when known: the entries of a data dir
+    written before epochs were kept read as unknown)."""
+    entry = {"t": "offset", "g": group, "tp": topic, "p": partition, "o": offset, "m": metadata}
+    if leader_epoch >= 0:
+        entry["e"] = leader_epoch
+    return entry
+
+
 def _config_state(c: TopicConfig) -> dict[str, Any]:
     return {"rb": c.retention_bytes, "rm": c.retention_ms, "sb": c.segment_bytes,
             "rf": c.replication_factor, "x": dict(c.extras), "cp": c.cleanup_policy, "dr": c.delete_retention_ms,
-            "dirty": c.min_cleanable_dirty_ratio, "lag": c.min_compaction_lag_ms}
+            "dirty": c.min_cleanable_dirty_ratio, "lag": c.min_compaction_lag_ms, "ct": c.compression_type}
 
 
 def _config_from_state(s: dict[str, Any]) -> TopicConfig:
     return TopicConfig(s.get("rb"), s.get("rm"), s.get("sb"), s.get("rf"), s.get("x") or {}, s.get("cp"),
-                       s.get("dr"), s.get("dirty"), s.get("lag"))
+                       s.get("dr"), s.get("dirty"), s.get("lag"), s.get("ct"))
 
 
 def _warn_if_open_to_others(data_dir: str) -> None:

@@ -23,8 +23,8 @@ capability's class flag (as batch formats declare theirs, ``gateway.codec.format
 The broker reads the flags once, when it is built, never per request: what a
 store lacks, the broker does without (no cleaner, no fsync, every partition
 led here) or refuses to the client with ``UNSUPPORTED`` and the store's message
-for the call (``Storage.refusals``). ``assigns_offsets`` is a flag without calls:
-the store numbers appended batches itself, so the broker does not.
+for the call (``Storage.refusals``). ``assigns_offsets`` and ``compresses`` are flags
+without calls: the store numbers (compresses) appended batches itself, so the broker does not.
 
 Results: calls marked *may wait* return the value **or a Deferred of it**
 (``MayWait``: a remote implementation, e.g. on a Kafka cluster, answers later);
@@ -114,6 +114,10 @@ class Storage(Protocol):
     forwards_format: ClassVar[str | None] = None
     """The batch format the store sends on as each batch arrived (a cluster's own): the broker does
     not merge produces of that format, which would join their batches into one made anew."""
+
+    compresses: ClassVar[bool] = False
+    """The store stores what it appends in the compression its topic's ``compression.type`` names
+    (a cluster does): the broker does not recompress batches for it."""
 
     refusals: ClassVar[Mapping[str, str]] = {}
     """Why the store lacks a capability, by the name of a call of it that a client's command

@@ -3,7 +3,8 @@
 ``kafka_gateway`` is a real ``gateway serve`` with the Kafka and V1
 listeners. The external clients the tests drive are installed here when
 missing (never skipped): kcat from Debian, kafkajs (and its pure-JS snappy codec) from npm into
-``tests/.kafkajs`` (git-ignored). An install that fails fails the test with
+``tests/.kafkajs``, @platformatic/kafka (a client of Kafka 3.5+ API versions only) into
+``tests/.platformatic`` (both git-ignored). An install that fails fails the test with
 the installer's output.
 """
 
@@ -26,6 +27,8 @@ import pytest
 HERE = Path(__file__).parent
 KAFKAJS_DIR = HERE / ".kafkajs"
 KAFKAJS_PACKAGES = ("kafkajs@2.2.4", "kafkajs-snappy@1.1.0")  # snappy codec in pure JS (lz4/zstd need native code)
+PLATFORMATIC_DIR = HERE / ".platformatic"
+PLATFORMATIC_PACKAGES = ("@platformatic/kafka@1.35.0",)  # the last line that runs on Node 20
 
 
 def unique(prefix: str) -> str:
@@ -91,25 +94,35 @@ def kcat() -> str:
     return path
 
 
+def _npm_install(directory: Path, packages: tuple[str, ...], what: str) -> Path:
+    """``directory``, whose node_modules holds ``packages`` (npm install on first use)."""
+    with installing():
+        if not all((directory / "node_modules" / p.rpartition("@")[0] / "package.json").exists() for p in packages):
+            directory.mkdir(exist_ok=True)
+            _run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(directory), *packages], what)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def kafkajs() -> Path:
     """Directory whose node_modules holds kafkajs (npm install on first use)."""
-    with installing():
-        if not all((KAFKAJS_DIR / "node_modules" / p.rpartition("@")[0] / "package.json").exists()
-                   for p in KAFKAJS_PACKAGES):
-            KAFKAJS_DIR.mkdir(exist_ok=True)
-            _run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(KAFKAJS_DIR), *KAFKAJS_PACKAGES],
-                 "kafkajs")
-    return KAFKAJS_DIR
+    return _npm_install(KAFKAJS_DIR, KAFKAJS_PACKAGES, "kafkajs")
 
 
-def run_node(kafkajs_dir: Path, script: str, config: dict, timeout: float = 120) -> dict:
-    """Run a kafkajs script (``tests/kafkajs/<script>``) with ``config`` as JSON in argv; returns its JSON output."""
-    proc = subprocess.run(["node", str(HERE / "kafkajs" / script), json.dumps(config)], capture_output=True,
-                          text=True, timeout=timeout, env=dict(os.environ, NODE_PATH=str(kafkajs_dir / "node_modules"),
+@pytest.fixture(scope="session")
+def platformatic() -> Path:
+    """Directory whose node_modules holds @platformatic/kafka (npm install on first use)."""
+    return _npm_install(PLATFORMATIC_DIR, PLATFORMATIC_PACKAGES, "@platformatic/kafka")
+
+
+def run_node(modules_dir: Path, script: str, config: dict, timeout: float = 120) -> dict:
+    """Run a Node script (``tests/<script>``) with ``config`` as JSON in argv and the packages of
+    ``modules_dir`` on NODE_PATH; returns its JSON output."""
+    proc = subprocess.run(["node", str(HERE / script), json.dumps(config)], capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, NODE_PATH=str(modules_dir / "node_modules"),
                                                                KAFKAJS_NO_PARTITIONER_WARNING="1"))
     if proc.returncode != 0:
-        pytest.fail(f"kafkajs {script} failed:\n{proc.stdout}\n{proc.stderr}")
+        pytest.fail(f"node {script} failed:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -305,7 +305,7 @@ class StoreConformance:
         assert await call(store.committed_offset, name("other"), topic, 0) is None
         unknown = await call(store.fetch_offsets, m.FetchOffsets(name("other"), ((topic, 0),)))
         assert unknown.offsets == ((topic, 0, -1, ""),)
-        assert any(g == group for g, _ in (await call(store.list_groups, m.ListGroups())).groups)
+        assert any(g.group == group for g in (await call(store.list_groups, m.ListGroups())).groups)
 
     @pytest_twisted.ensureDeferred
     async def test_a_commit_keeps_its_metadata(self, store):

@@ -290,3 +290,93 @@ def test_decompression_is_held_to_the_listeners_frame_limit(gateway_factory, max
         assert (errors, sorted(acks)) == ([], [0, 1, 2])
     else:
         assert acks == [] and {e.code() for e in errors} == {ck.KafkaError.INVALID_MSG}  # Kafka's CORRUPT_MESSAGE
+
+
+@pytest.mark.local_only("the cluster reader joins a partition's records into one batch, however large")
+def test_a_fetch_answer_stays_within_fetch_max_bytes(kafka_gateway):
+    """A response holds at most ``fetch.max.bytes`` of records but for its first batch (so that a consumer
+    always progresses): librdkafka refuses an answer larger than ``receive.message.max.bytes``."""
+    servers, topic = bootstrap(kafka_gateway), unique("cf")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(10)
+    p = ck.Producer({"bootstrap.servers": servers, "linger.ms": 0})
+    for i in range(9):  # one record of 600 KiB a batch: two batches of any partitions pass 1 MB
+        p.produce(topic, value=bytes([i]) * (600 << 10), partition=i % 3)
+    assert p.flush(15) == 0
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g"), **FAST_GROUP,
+                     "max.partition.fetch.bytes": 20_000_000, "fetch.max.bytes": 1_000_000,
+                     "receive.message.max.bytes": 1_000_512})
+    c.subscribe([topic])
+    got = consume(c, 9, timeout=60)
+    c.close()
+    assert sorted(m.value()[0] for m in got) == list(range(9))
+
+
+@pytest.mark.tansu_differs("DescribeConfigs tells a topic's own settings as defaults")
+def test_compression_type_is_a_topic_setting(kafka_gateway):
+    """``compression.type`` takes Kafka's codecs at creation and in IncrementalAlterConfigs, is described
+    as set, and records produced in another codec read back (stored recompressed: test_topic_configs.py)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+
+    servers, topic = bootstrap(kafka_gateway), unique("cf")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"compression.type": "gzip"})])[topic].result(10)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    wait_until(lambda: admin.describe_configs([resource])[resource].result(10)["compression.type"].value == "gzip",
+               10, 0.2, "compression.type gzip")
+    p = ck.Producer({"bootstrap.servers": servers, "compression.type": "lz4"})
+    p.produce(topic, value=b"lz4-sent")
+    assert p.flush(10) == 0
+    changed = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("compression.type", "zstd", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([changed])[changed].result(10)
+    wait_until(lambda: admin.describe_configs([resource])[resource].result(10)["compression.type"].value == "zstd",
+               10, 0.2, "compression.type zstd")
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g"), **FAST_GROUP})
+    c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+    assert [m.value() for m in consume(c, 1)] == [b"lz4-sent"]
+    c.close()
+    bad = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("compression.type", "brotli", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(ck.KafkaException) as refused:
+        admin.incremental_alter_configs([bad])[bad].result(10)
+    assert refused.value.args[0].code() == ck.KafkaError.INVALID_CONFIG
+
+
+def test_authorized_operations_are_answered_when_asked(kafka_gateway):
+    """DescribeCluster, DescribeTopics (Metadata) and DescribeConsumerGroups answer the operations the
+    caller may perform when asked: without an authorizer, every operation that applies (Kafka's)."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    c.commit(offsets=[ck.TopicPartition(topic, 0, 1)], asynchronous=False)
+    c.close()
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(10)
+    assert set(cluster.authorized_operations) == {
+        AclOperation.CREATE, AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.CLUSTER_ACTION,
+        AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE}
+    described = admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True)[topic].result(10)
+    assert set(described.authorized_operations) == {
+        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE, AclOperation.ALTER,
+        AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+    groups = admin.describe_consumer_groups([group], include_authorized_operations=True)[group].result(10)
+    assert set(groups.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}
+
+
+@pytest.mark.tansu_differs("OffsetFetch answers no committed leader epoch")
+def test_a_committed_leader_epoch_is_read_back(kafka_gateway):
+    """OffsetCommit v6+ carries the leader epoch the offset was read in; OffsetFetch answers it back
+    (librdkafka's committed() shows it), and a commit without one reads back unknown."""
+    servers, topic = bootstrap(kafka_gateway), unique("cf")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(10)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": unique("g"), **FAST_GROUP})
+    c.commit(offsets=[ck.TopicPartition(topic, 0, 5, leader_epoch=2), ck.TopicPartition(topic, 1, 7)],
+             asynchronous=False)
+    got = c.committed([ck.TopicPartition(topic, 0), ck.TopicPartition(topic, 1)], timeout=10)
+    c.close()
+    assert [(tp.partition, tp.offset, tp.leader_epoch) for tp in got] == [(0, 5, 2), (1, 7, None)]

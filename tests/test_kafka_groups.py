@@ -132,7 +132,7 @@ def test_commit_during_completing_rebalance_is_refused(barrier, offsets):
         offsets.commit("g", [("t", 0, 5, "")], a.member_id, 1)
     assert e.value.error.code is ErrorCode.REBALANCE_IN_PROGRESS
     offsets.commit("g", [("t", 0, 5, "")])  # generation-less commits always work
-    assert offsets.committed("g", "t", 0) == (5, "")
+    assert offsets.committed("g", "t", 0) == (5, "", -1)
 
 
 def test_first_join_of_an_empty_group_waits_for_more_members(barrier, clock):

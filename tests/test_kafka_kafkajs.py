@@ -10,7 +10,7 @@ kafkajs = kafka_support.kafkajs
 
 
 def test_produce_consume_and_committed_offset(kafka_gateway, kafkajs):
-    out = run_node(kafkajs, "scenario.js", {"mode": "produce-consume", "broker": bootstrap(kafka_gateway),
+    out = run_node(kafkajs, "kafkajs/scenario.js", {"mode": "produce-consume", "broker": bootstrap(kafka_gateway),
                                             "topic": unique("js"), "group": unique("g")})
     sent = out["sent"]
     assert [m[:3] for m in out["all"]] == sent
@@ -19,7 +19,7 @@ def test_produce_consume_and_committed_offset(kafka_gateway, kafkajs):
 
 
 def test_group_of_two_rebalances_when_one_leaves(kafka_gateway, kafkajs):
-    out = run_node(kafkajs, "scenario.js", {"mode": "group", "broker": bootstrap(kafka_gateway),
+    out = run_node(kafkajs, "kafkajs/scenario.js", {"mode": "group", "broker": bootstrap(kafka_gateway),
                                             "topic": unique("js"), "group": unique("g")})
     a, b = out["split"]
     assert sorted(a + b) == [0, 1, 2, 3]

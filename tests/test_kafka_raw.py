@@ -16,6 +16,7 @@ from gateway import model as m
 from gateway.clients.kafka import KafkaClient
 from gateway.clients.v1 import V1Client
 from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.kafka import schema
 
 kafka_gateway = kafka_support.kafka_gateway
 
@@ -182,3 +183,225 @@ def test_pipelined_produces_share_appends_and_keep_their_answers(kafka_gateway):
         assert len(engine.read(topic, 0, 0, 1 << 30)) < len(batches)  # fewer appends than produces
     finally:
         engine.close()
+
+
+# ------------------------------------------------------------------ every API over its whole version range
+
+BELOW_KAFKA = {24: 3, 26: 4}
+"""APIs served below the highest version Kafka defines (docs/protocols/kafka.md says why):
+AddPartitionsToTxn 4+ is the brokers' form, EndTxn 5 bumps epochs."""
+ANSWERED_BODIES: dict[int, dict] = {0: {"Acks": 1}}  # a request of defaults, but answered (acks 0 is not)
+
+
+def test_every_api_answers_over_its_whole_version_range(kafka_gateway):
+    """ApiVersions advertises every API from version 0 up to the highest of Kafka's definitions (but
+    ``BELOW_KAFKA``), and each answers a request of its defaults at every one of those versions."""
+    client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))
+    ranges = {k.ApiKey: (k.MinVersion, k.MaxVersion) for k in client.call(18, 3, {}).ApiKeys}
+    assert ranges == {key: (0, BELOW_KAFKA.get(key, schema.MESSAGES[key].valid[1])) for key in ranges}
+    for key, (low, high) in ranges.items():
+        for version in range(low, high + 1):
+            assert client.call(key, version, ANSWERED_BODIES.get(key, {})) is not None, (key, version)
+    client.close()
+
+
+def test_find_coordinator_answers_every_key_of_a_batch(kafka_gateway):
+    client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))
+    port = kafka_gateway.port("kafka")
+    for version in (4, 5, 6):
+        answer = client.call(10, version, {"KeyType": 0, "CoordinatorKeys": ["g1", "g2"]})
+        assert [(c.Key, c.NodeId, c.Port, c.ErrorCode) for c in answer.Coordinators] == [
+            ("g1", 0, port, 0), ("g2", 0, port, 0)]
+    shared = client.call(10, 6, {"KeyType": 2, "CoordinatorKeys": ["g1"]}).Coordinators[0]
+    assert (shared.NodeId, shared.ErrorCode) == (-1, 42)  # share groups: INVALID_REQUEST
+    client.close()
+
+
+def _commit(client: KafkaClient, group: str, topic: str, offset: int) -> None:
+    answer = client.call(8, 2, {"GroupId": group, "GenerationIdOrMemberEpoch": -1, "MemberId": "",
+                                "Topics": [{"Name": topic, "Partitions": [
+                                    {"PartitionIndex": 0, "CommittedOffset": offset, "CommittedMetadata": ""}]}]})
+    assert answer.Topics[0].Partitions[0].ErrorCode == 0
+
+
+def test_offset_fetch_answers_several_groups(kafka_gateway):
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    groups = [unique("g"), unique("g")]
+    for offset, group in enumerate(groups, start=1):
+        _commit(client, group, topic, offset)
+    for version in (8, 9):
+        answer = client.call(9, version, {"Groups": [
+            {"GroupId": groups[0], "Topics": [{"Name": topic, "PartitionIndexes": [0]}]},
+            {"GroupId": groups[1], "Topics": None}]})
+        assert [(g.GroupId, g.ErrorCode, [(t.Name, [(p.PartitionIndex, p.CommittedOffset, p.Metadata)
+                                                    for p in t.Partitions]) for t in g.Topics])
+                for g in answer.Groups] == [(groups[0], 0, [(topic, [(0, 1, "")])]),
+                                            (groups[1], 0, [(topic, [(0, 2, "")])])]
+    client.close()
+
+
+@pytest.mark.tansu_differs("ListGroups answers no group state")
+def test_list_groups_filters_by_state_and_type(kafka_gateway):
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    group = unique("g")
+    _commit(client, group, topic, 1)  # a group of commits only: classic, Empty
+    listed = {g.GroupId: (g.GroupState, g.GroupType, g.ProtocolType) for g in client.call(16, 5, {}).Groups}
+    assert listed[group] == ("Empty", "classic", "")
+    for filters, shown in (({"StatesFilter": ["empty"]}, True), ({"StatesFilter": ["Stable"]}, False),
+                           ({"TypesFilter": ["Classic"]}, True), ({"TypesFilter": ["consumer"]}, False)):
+        names = {g.GroupId for g in client.call(16, 5, filters).Groups}
+        assert (group in names) == shown, filters
+    assert group in {g.GroupId for g in client.call(16, 4, {"StatesFilter": ["Empty"]}).Groups}
+    client.close()
+
+
+def test_create_topics_answers_the_topic_id_and_delete_topics_takes_it(kafka_gateway):
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    made = client.call(19, 7, {"Topics": [{"Name": topic, "NumPartitions": 2, "ReplicationFactor": 1}]}).Topics[0]
+    assert (made.ErrorCode, made.NumPartitions) == (0, 2)
+    listed = client.call(3, 12, {"Topics": [{"Name": topic, "TopicId": bytes(16)}]}).Topics[0]
+    assert made.TopicId == listed.TopicId != bytes(16)
+    unknown = bytes(range(16))
+    gone = client.call(20, 6, {"Topics": [{"Name": None, "TopicId": made.TopicId},
+                                          {"Name": None, "TopicId": unknown}]}).Responses
+    assert [(r.Name, r.TopicId, r.ErrorCode) for r in gone] == [(topic, made.TopicId, 0), (None, unknown, 100)]
+    assert client.call(3, 12, {"Topics": [{"Name": topic}], "AllowAutoTopicCreation": False}).Topics[0].ErrorCode == 3
+    client.close()
+
+
+ASSIGNED = [{"PartitionIndex": i, "BrokerIds": [0]} for i in range(3)]
+
+
+def _create_assigned(client: KafkaClient, topic: str) -> None:
+    made = client.call(19, 5, {"Topics": [{"Name": topic, "NumPartitions": -1, "ReplicationFactor": -1,
+                                           "Assignments": ASSIGNED}]}).Topics[0]
+    assert (made.ErrorCode, made.NumPartitions, made.ReplicationFactor) == (0, 3, 1)
+    assert len(client.call(3, 9, {"Topics": [{"Name": topic}]}).Topics[0].Partitions) == 3
+
+
+def test_a_replica_assignment_makes_the_partition_count(kafka_gateway):
+    """CreateTopics with a manual replica assignment makes as many partitions as it assigns, checked as
+    Kafka checks it."""
+    client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))
+    _create_assigned(client, unique("raw"))
+    assigned = ASSIGNED
+    refused = client.call(19, 5, {"Topics": [
+        {"Name": unique("raw"), "NumPartitions": 3, "ReplicationFactor": -1, "Assignments": assigned},
+        {"Name": unique("raw"), "NumPartitions": -1, "ReplicationFactor": -1,
+         "Assignments": [{"PartitionIndex": 1, "BrokerIds": [0]}]},
+        {"Name": unique("raw"), "NumPartitions": -1, "ReplicationFactor": -1,
+         "Assignments": [{"PartitionIndex": 0, "BrokerIds": [7]}]}]}).Topics
+    assert [t.ErrorCode for t in refused] == [42, 39, 39]  # INVALID_REQUEST, INVALID_REPLICA_ASSIGNMENT
+    client.close()
+
+
+@pytest.mark.tansu_differs("CreatePartitions is not supported")
+def test_create_partitions_grows_from_the_assignments_count(kafka_gateway):
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    _create_assigned(client, topic)
+    grown = client.call(37, 1, {"Topics": [{"Name": topic, "Count": 5, "Assignments": None}],
+                                "TimeoutMs": 10_000, "ValidateOnly": False}).Results[0]
+    assert grown.ErrorCode == 0
+    assert len(client.call(3, 9, {"Topics": [{"Name": topic}]}).Topics[0].Partitions) == 5
+    client.close()
+
+
+def test_fetch_names_topics_by_id_from_v13(kafka_gateway):
+    """Fetch v13+ names topics by id, as Metadata told them (or not: the gateway looks them up), and
+    answers an id that names no topic ``UNKNOWN_TOPIC_ID``."""
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    made = client.call(19, 7, {"Topics": [{"Name": topic, "NumPartitions": 1, "ReplicationFactor": 1}]}).Topics[0]
+    client.produce_batch(topic, 0, kafka_format.encode_batch(RECS, 0))
+    client.close()
+    for version in (13, 17):
+        client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))  # a new connection: told no id yet
+        unknown = bytes(range(16))
+        answer = client.call(1, version, {"ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 0, "MaxBytes": 1 << 20,
+                                          "SessionEpoch": -1, "Topics": [
+            {"TopicId": made.TopicId, "Partitions": [{"Partition": 0, "FetchOffset": 0, "PartitionMaxBytes": 1 << 20}]},
+            {"TopicId": unknown, "Partitions": [{"Partition": 0, "FetchOffset": 0, "PartitionMaxBytes": 1 << 20}]}]})
+        found, missing = answer.Responses
+        assert found.TopicId == made.TopicId and found.Partitions[0].ErrorCode == 0
+        assert [r.value for r in kafka_format.read_batches(bytes(found.Partitions[0].Records))] == [b"v0", b"v1"]
+        assert (missing.TopicId, missing.Partitions[0].ErrorCode) == (unknown, 100)
+        client.close()
+
+
+def test_describe_topic_partitions_pages_with_a_cursor(kafka_gateway):
+    """DescribeTopicPartitions: topics in name order, at most the limit of partitions an answer, the
+    next ones named by the cursor; an unknown topic answered with its error; operations included."""
+    client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))
+    first, second = sorted([unique("dtp"), unique("dtp")])
+    for topic, count in ((first, 3), (second, 2)):
+        client.call(19, 5, {"Topics": [{"Name": topic, "NumPartitions": count, "ReplicationFactor": 1}]})
+    missing = unique("dtp")
+    asked = [{"Name": first}, {"Name": second}, {"Name": missing}]
+    seen, cursor = [], None
+    while True:
+        answer = client.call(75, 0, {"Topics": asked, "ResponsePartitionLimit": 2, "Cursor": cursor})
+        for t in answer.Topics:
+            seen += [(t.Name, t.ErrorCode, p.PartitionIndex) for p in t.Partitions] or [(t.Name, t.ErrorCode, None)]
+            if t.ErrorCode == 0:
+                assert t.TopicAuthorizedOperations == sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
+        cursor = answer.NextCursor
+        if cursor is None:
+            break
+    expected = [(first, 0, 0), (first, 0, 1), (first, 0, 2), (second, 0, 0), (second, 0, 1), (missing, 3, None)]
+    assert sorted(seen, key=str) == sorted(expected, key=str)
+    client.close()
+
+
+@pytest.mark.tansu_differs("DescribeGroups lists no members")
+def test_describe_groups_answers_exactly_what_the_schema_says(kafka_gateway):
+    """A DescribeGroups v3 answer about a librdkafka member, with the operations asked for, read by
+    another implementation's own struct (aiokafka's, written by hand): every field, every byte."""
+    import io
+
+    import confluent_kafka as ck
+    from aiokafka.protocol.admin import DescribeGroupsResponse_v3
+    from kafka_support import wait_until
+
+    client, topic, group = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw"), unique("g")
+    client.call(19, 5, {"Topics": [{"Name": topic, "NumPartitions": 2, "ReplicationFactor": 1}]})
+    consumer = ck.Consumer({"bootstrap.servers": kafka_gateway.address("kafka"), "group.id": group,
+                            "client.id": "described", "session.timeout.ms": 6000})
+    consumer.subscribe([topic])
+    wait_until(lambda: consumer.poll(0.1) or len(consumer.assignment()) == 2, 30, 0, "an assignment")
+    sent = client.send(15, 3, {"Groups": [group], "IncludeAuthorizedOperations": True})
+    frame = io.BytesIO(client.receive_frame())
+    assert struct.unpack(">i", frame.read(4))[0] == sent
+    answer = DescribeGroupsResponse_v3.decode(frame)
+    assert frame.read() == b""  # nothing left over
+    consumer.close()
+    client.close()
+    (described,) = answer.groups
+    error, name, state, protocol_type, protocol, members, operations = described
+    assert (error, name, state, protocol_type, protocol) == (0, group, "Stable", "consumer", "range")
+    assert operations == (1 << 3) | (1 << 6) | (1 << 8)  # READ, DELETE, DESCRIBE
+    ((member_id, client_id, host, metadata, assignment),) = members
+    assert member_id.startswith("described-") and (client_id, host) == ("described", "127.0.0.1")
+    assert topic.encode() in metadata and topic.encode() in assignment
+
+
+@pytest.mark.local_only("produces join into one stored batch in the local engine")
+def test_a_fetch_answer_cuts_joined_batches_at_max_bytes(kafka_gateway):
+    """Pipelined produces are stored joined, one payload of several v2 batches: a Fetch answer still
+    stops at the v2 batch that would take it past MaxBytes (the first one passes, for progress)."""
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    sock, client.sock = client.sock, _Collect()
+    for i in range(3):
+        client.send(0, 3, {"Acks": 1, "TimeoutMs": 10_000, "TopicData": [{"Name": topic, "PartitionData": [
+            {"Index": 0, "Records": kafka_format.encode_batch([m.Record(bytes([i]) * 600_000, None, 1000 + i)], 0)}]}]})
+    frames, client.sock = client.sock.data, sock
+    sock.sendall(frames)  # all at once: the gateway joins them into one append
+    assert [client.receive(0, 3)[1].Responses[0].PartitionResponses[0].BaseOffset for _ in range(3)] == [0, 1, 2]
+    for offset, expected in ((0, [0]), (1, [1]), (2, [2])):
+        body = {"ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 0, "MaxBytes": 1_000_000, "IsolationLevel": 0,
+                "Topics": [{"Topic": topic, "Partitions": [{"Partition": 0, "FetchOffset": offset,
+                                                            "PartitionMaxBytes": 20_000_000}]}]}
+        records = bytes(client.call(1, 11, body).Responses[0].Partitions[0].Records)
+        assert [r.offset for r in kafka_format.read_batches(records)] == expected
+    client.close()

@@ -5,6 +5,8 @@ a restart; bad values and read-only settings refused with INVALID_CONFIG."""
 
 from __future__ import annotations
 
+import struct
+
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import (
@@ -14,9 +16,10 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
-from kafka_support import unique
+from kafka_support import consume, unique
 
 from gateway.clients.cursus import CursusClient
+from gateway.clients.kafka import KafkaClient
 
 pytestmark = pytest.mark.local_only
 
@@ -120,7 +123,8 @@ def test_bad_values_and_read_only_settings_are_refused(gw):
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
     for entry in (ConfigEntry("min.cleanable.dirty.ratio", "2", incremental_operation=AlterConfigOpType.SET),
                   ConfigEntry("segment.bytes", "12", incremental_operation=AlterConfigOpType.SET),
-                  ConfigEntry("compression.type", "gzip", incremental_operation=AlterConfigOpType.SET),
+                  ConfigEntry("compression.type", "brotli", incremental_operation=AlterConfigOpType.SET),
+                  ConfigEntry("message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET),
                   ConfigEntry("retention.ms", "1", incremental_operation=AlterConfigOpType.APPEND)):
         with pytest.raises(ck.KafkaException) as refused:
             alter(admin, topic, entry)
@@ -138,3 +142,52 @@ def test_cursus_create_sets_the_cleanup_policy_and_retention(gw):
     settings = described(AdminClient({"bootstrap.servers": gw.address("kafka")}), topic)
     assert settings["cleanup.policy"] == ("compact,delete", False)
     assert settings["retention.ms"] == (str(5 * 3600 * 1000), False)
+
+
+def stored_codecs(gw, topic: str) -> list[int]:
+    """The compression codec of each batch the topic's partition 0 holds, read as Kafka clients get them."""
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as client:
+        data = bytes(client.fetch(topic, 0, 0).Records)
+    codecs, pos = [], 0
+    while pos < len(data):
+        codecs.append(struct.unpack_from(">h", data, pos + 21)[0] & 0x07)
+        pos += 12 + struct.unpack_from(">i", data, pos + 8)[0]
+    return codecs
+
+
+def produce(gw, topic: str, compression: str, values: list[bytes]) -> None:
+    p = ck.Producer({"bootstrap.servers": gw.address("kafka"), "compression.type": compression, "linger.ms": 50})
+    for v in values:
+        p.produce(topic, value=v, partition=0)
+    assert p.flush(10) == 0
+
+
+def test_compression_type_recompresses_batches_on_append(gw):
+    """``compression.type`` set at creation, with IncrementalAlterConfigs and with AlterConfigs: each
+    batch is stored in the topic's codec whatever the producer's (``producer``: as sent), and read back."""
+    from kafka.admin import ConfigResource as KpResource
+    from kafka.admin import ConfigResourceType, KafkaAdminClient
+
+    admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+    topic = unique("z")
+    admin.create_topics([NewTopic(topic, 1, 1, config={"compression.type": "zstd"})])[topic].result(10)
+    assert described(admin, topic)["compression.type"] == ("zstd", False)
+    produce(gw, topic, "gzip", [b"a" * 100, b"b" * 100])
+    alter(admin, topic, ConfigEntry("compression.type", "uncompressed", incremental_operation=AlterConfigOpType.SET))
+    produce(gw, topic, "snappy", [b"c" * 100])
+    kp = KafkaAdminClient(bootstrap_servers=gw.address("kafka"))
+    try:
+        kp.alter_configs([KpResource(ConfigResourceType.TOPIC, topic, configs={"compression.type": "lz4"})])
+    finally:
+        kp.close()
+    assert described(admin, topic)["compression.type"] == ("lz4", False)
+    produce(gw, topic, "none", [b"d" * 100])
+    alter(admin, topic, ConfigEntry("compression.type", "producer", incremental_operation=AlterConfigOpType.SET))
+    produce(gw, topic, "gzip", [b"e" * 100])
+    assert stored_codecs(gw, topic) == [4, 0, 3, 1]  # zstd, none, lz4, then gzip as produced
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("g"),
+                     "auto.offset.reset": "earliest"})
+    c.assign([ck.TopicPartition(topic, 0, 0)])
+    got = consume(c, 5)
+    c.close()
+    assert [m.value() for m in got] == [v * 100 for v in (b"a", b"b", b"c", b"d", b"e")]

@@ -111,7 +111,7 @@ def test_aiokafka_transactional_producer(gw):
 def test_kafkajs_transactions(gw, kafkajs):
     topic, output, group = unique("js"), unique("js-out"), unique("js-app")
     create(gw, topic, output)
-    out = run_node(kafkajs, "scenario.js", {"mode": "transactions", "broker": gw.address("kafka"), "topic": topic,
+    out = run_node(kafkajs, "kafkajs/scenario.js", {"mode": "transactions", "broker": gw.address("kafka"), "topic": topic,
                                             "output": output, "group": group, "transactionalId": unique("js-tx")})
     assert out["committed"] == [[0, "c0"], [1, "c1"]]  # a0 (offset 3) aborted; markers at 2 and 4
     assert out["uncommitted"] == [[0, "c0"], [1, "c1"], [3, "a0"]]

@@ -235,12 +235,12 @@ def test_metadata_is_applied_only_once_its_journal_record_is_written(restarts, f
                 sorted(groups.classic.groups), g.generation, sorted(g.members), e.producer_state("kept", 0, 7),
                 e._next_producer_id)
 
-    expected = (["kept"], 1, (5, ""), ["sg"], generation, ["m1"], None, pid + 1)
+    expected = (["kept"], 1, (5, "", -1), ["sg"], generation, ["m1"], None, pid + 1)
     assert state(engine, groups) == expected
     faulty.rules = {}
     assert groups.offsets.commit("g", [("kept", 0, 6, "")]) is None, "the journal takes writes again"
     restarted = restarts.restart()
-    assert state(restarted, _groups(restarted)) == expected[:2] + ((6, ""),) + expected[3:]
+    assert state(restarted, _groups(restarted)) == expected[:2] + ((6, "", -1),) + expected[3:]
     assert "torn journal tail" not in caplog.text
 
 
@@ -254,7 +254,7 @@ def test_a_failed_journal_fsync_fences_the_journal_but_not_the_data(engine, faul
     with pytest.raises(CommandError) as e:
         engine.save_offset("g", "t", 0, 2)
     _storage_error(e)
-    assert engine.offsets["g"][("t", 0)] == (1, "")
+    assert engine.offsets["g"][("t", 0)] == (1, "", -1)
     assert _append(engine, "t", 0, b"data still goes in") == 0
     engine.sync()
     assert [r.levelno for r in caplog.records if "refused until restart" in r.getMessage()] == [logging.ERROR]

@@ -85,6 +85,9 @@ class KafkaConnection(CodecConnection):
         self.sasl_exchange: sasl.Exchange | None = None
         self.sasl_raw = False
         self.fetch_session: FetchSession | None = None
+        # Topic ids (32 hex digits) -> names, as this connection's Metadata answers told them: a
+        # Fetch v13+ names topics by id only.
+        self.topic_names: dict[str, str] = {}
         if settings.require_auth:  # before authentication only small frames (Kafka's rule)
             self.framer.max_frame_size = min(settings.max_frame_size, sasl.MAX_FRAME_BEFORE_AUTH)
 

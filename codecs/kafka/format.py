@@ -37,7 +37,13 @@ from typing import Any
 import crc32c
 
 from gateway._extensions import load
-from gateway.codec import BatchProducer, ColumnarFormat, LeaderEpochFormat, TransactionalFormat
+from gateway.codec import (
+    BatchProducer,
+    ColumnarFormat,
+    CompressingFormat,
+    LeaderEpochFormat,
+    TransactionalFormat,
+)
 from gateway.codec.formats import Columns, Validated
 from gateway.codec.varint import ZIGZAGS, read_zigzag, zigzag
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
@@ -57,6 +63,8 @@ BATCH_OVERHEAD = 12  # baseOffset + batchLength: bytes not counted in batchLengt
 CRC_START = 21
 MAGIC_AT = 16
 _OFFSET = struct.Struct(">q")
+_SIZE_AT = struct.Struct(">i")
+_PREFIX_OFFSETS = struct.Struct(">qi")  # baseOffset, batchLength
 _PREFIX = struct.Struct(">qib")  # offset/baseOffset, length, (v2: leader epoch high byte / legacy: crc first byte)
 _LEGACY = struct.Struct(">qiIbb")  # offset, message_size, crc, magic, attributes
 _I32 = struct.Struct(">i")
@@ -121,6 +129,43 @@ def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = No
         out.append(Batch(NAME, payload, last_delta + 1, max_ts, producer=producer))
         pos = end
     return out
+
+
+def batches_within(payloads: tuple[bytes, ...], offset: int, room: int,
+                   first: bool) -> tuple[tuple[bytes, ...], int]:
+    """The v2 batches of ``payloads`` (stored payloads: each one batch, or batches a produce run
+    joined) that a fetch from ``offset`` gets within ``room`` bytes, and the room left. Batches
+    wholly below ``offset`` (the start of a joined payload) are left out; with ``first`` (no batch
+    in the answer yet), the first batch is kept whatever its size (Kafka's rule for a Fetch answer's
+    MaxBytes: a consumer always progresses). A payload that fits is kept whole, without a copy; the
+    one that does not is cut at a batch end, and the payloads after it are left out."""
+    kept: list[bytes] = []
+    for payload in payloads:
+        start = 0
+        while start + BATCH_HEADER.size <= len(payload):  # batches before the offset asked for
+            base, length = _PREFIX_OFFSETS.unpack_from(payload, start)
+            if base + _SIZE_AT.unpack_from(payload, start + _LAST_DELTA_AT)[0] >= offset:
+                break
+            start += BATCH_OVERHEAD + length
+        if start == len(payload):
+            continue
+        if len(payload) - start <= room:
+            kept.append(payload[start:] if start else payload)
+            room -= len(payload) - start
+            first = False
+            continue
+        end = start
+        while end + BATCH_OVERHEAD <= len(payload):
+            size = BATCH_OVERHEAD + _SIZE_AT.unpack_from(payload, end + 8)[0]
+            if size > room and not first:
+                break
+            room -= size
+            end += size
+            first = False
+        if end > start:
+            kept.append(payload[start:end])
+        return tuple(kept), max(room, 0)
+    return tuple(kept), room
 
 
 def assign_offsets(payload: bytes | memoryview, base_offset: int,
@@ -339,6 +384,37 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
     return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
 
 
+CODECS = {"uncompressed": compression.NONE, "gzip": compression.GZIP, "snappy": compression.SNAPPY,
+          "lz4": compression.LZ4, "zstd": compression.ZSTD}
+"""Kafka's ``compression.type`` codecs by name (``gateway.codec.topic_configs.COMPRESSION_TYPES``)."""
+
+
+def recompress(payload: bytes, codec: int, limit: int = compression.INFLATE_LIMIT) -> bytes:
+    """The v2 batches of ``payload`` (validated) with their records compressed with ``codec``:
+    each decompressed (at most ``limit`` bytes) and compressed again, its attributes naming the
+    new codec and its CRC computed again; offsets, timestamps and producer fields as they were.
+    A control batch, or one already in ``codec``, is kept as it is."""
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(payload):
+        base, length, leader_epoch, _, _ = _BATCH_HEAD.unpack_from(payload, pos)
+        (attributes,) = _PRODUCER.unpack_from(payload, pos + CRC_START)
+        end = pos + BATCH_OVERHEAD + length
+        if attributes & ATTR_CONTROL or attributes & ATTR_COMPRESSION == codec:
+            out.append(bytes(payload[pos:end]))
+        else:
+            body = bytes(payload[pos + BATCH_HEADER.size : end])
+            if attributes & ATTR_COMPRESSION:
+                body = compression.decompress(attributes & ATTR_COMPRESSION, body, limit)
+            if codec:
+                body = compression.compress(codec, body)
+            tail = (_PRODUCER.pack((attributes & ~ATTR_COMPRESSION) | codec)
+                    + bytes(payload[pos + CRC_START + _PRODUCER.size : pos + BATCH_HEADER.size]) + body)
+            out.append(_BATCH_HEAD.pack(base, len(tail) + 9, leader_epoch, 2, crc32c.crc32c(tail)) + tail)
+        pos = end
+    return out[0] if len(out) == 1 else b"".join(out)
+
+
 def control_batch(producer_id: int, epoch: int, commit: bool, timestamp_ms: int, coordinator_epoch: int = 0,
                   base_offset: int = 0, last_offset_delta: int = 0) -> bytes:
     """The marker that ends a transaction on a partition: a control batch (transactional)
@@ -498,7 +574,7 @@ def encode_message_set(records: Iterable[Record], magic: int) -> bytes:
 # --------------------------------------------------------------------------- storage format
 
 
-class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat):
+class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat, CompressingFormat):
     """The ``kafka`` ``BatchFormat`` (see the module docstring).
 
     ``inflate_limit``: the most one batch may decompress to, in ``validate`` and
@@ -520,6 +596,9 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat):
 
     def control_batch(self, producer_id: int, epoch: int, commit: bool, timestamp_ms: int) -> bytes:
         return control_batch(producer_id, epoch, commit, timestamp_ms)
+
+    def recompress(self, payload: bytes, compression_type: str) -> bytes:
+        return recompress(payload, CODECS[compression_type], self.inflate_limit or compression.INFLATE_LIMIT)
 
     def gap_batch(self, base_offset: int, last_offset: int, timestamp_ms: int) -> bytes:
         """A commit marker of no producer covering ``base_offset``..``last_offset``: Kafka readers

@@ -10,9 +10,10 @@ field names; fields left out take their defaults.
 
 ``HANDLERS`` maps each API key to its handler and ``VERSIONS`` to the
 version range advertised (docs/protocols/kafka.md): every version from 0
-(Kafka 0.8 clients included), up to the flexible versions
-that need no topic IDs (Fetch <= 12, Metadata <= 12) and no fields the
-command model lacks (SyncGroup v5's protocol echo, ListGroups v4's states).
+(Kafka 0.8 clients included) up to the highest that Kafka's definitions in
+``messages/`` give, except where a higher version asks for what this gateway
+does not do: EndTxn v5 bumps the producer epoch at every transaction's end and
+AddPartitionsToTxn v4+ is the brokers' batched form (KIP-890).
 """
 
 from __future__ import annotations
@@ -103,9 +104,47 @@ def _record_errors(commands: Sequence[m.Produce], results: Sequence[m.ProduceRes
     return errors
 
 
+def _learn_topic_ids(conn: KafkaConnection, topics: Sequence[m.TopicInfo]) -> None:
+    """Remember the ids of ``topics`` (Fetch v13+ names topics by id)."""
+    for t in topics:
+        if t.error is None and len(t.topic_id) == 32:
+            conn.topic_names[t.topic_id] = t.topic
+
+
 def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Fetch, with incremental fetch sessions from v7 (``fetch_session``): an incremental request
-    fetches every partition of the session and is answered with those that have news."""
+    fetches every partition of the session and is answered with those that have news. From v13
+    topics are named by id: the ids this connection's Metadata answers told (the topics are listed
+    again for an id it was not told); a partition of an id that names no topic is answered
+    ``UNKNOWN_TOPIC_ID``."""
+    if version < 13:
+        return _fetch(conn, version, req, frame)
+    ids = {bytes(t.TopicId).hex() for t in (*req.Topics, *(req.get("ForgottenTopicsData") or ()))}
+    if ids <= conn.topic_names.keys():
+        return _fetch(conn, version, req, frame)
+
+    def listed(results: Sequence[m.ListTopicsResult]) -> Handled:
+        conn.topic_names.clear()
+        _learn_topic_ids(conn, results[0].topics)
+        return _fetch(conn, version, req, frame)
+
+    return Handled.run((m.ListTopics(None),), listed)
+
+
+def _fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """``fetch`` once the topics named by id are known: their names are set in the request."""
+    unknown: list[tuple[bytes, list[int]]] = []  # v13+: (id, partitions) of ids that name no topic
+    if version >= 13:
+        for t in req.get("ForgottenTopicsData") or ():
+            t.Topic = conn.topic_names.get(bytes(t.TopicId).hex())
+        known = []
+        for t in req.Topics:
+            t.Topic = conn.topic_names.get(bytes(t.TopicId).hex())
+            if t.Topic is None:
+                unknown.append((bytes(t.TopicId), [p.Partition for p in t.Partitions]))
+            else:
+                known.append(t)
+        req.Topics = known
     epoch = req.get("SessionEpoch", FINAL_EPOCH)
     current = conn.fetch_session
     incremental = epoch > INITIAL_EPOCH
@@ -133,11 +172,13 @@ def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handle
 
     def render(results: Sequence[m.FetchManyResult]) -> bytes:
         parts = []
+        room, first = max(max_bytes, 1), True  # what is left of MaxBytes; no batch in the answer yet
         for f, r in zip(fetches, results[0].results, strict=True):
             error = r.error
             data: bytes | tuple[bytes, ...]
-            if legacy_magic is None:
-                data = tuple(b.payload for b in r.batches)  # stored bytes, written as they are
+            if legacy_magic is None:  # stored bytes as they are, but for the batches past MaxBytes
+                data, room = format.batches_within(tuple(b.payload for b in r.batches), r.offset, room, first)
+                first = first and not data
             else:
                 try:
                     data = format.encode_message_set(
@@ -158,20 +199,36 @@ def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handle
                 "AbortedTransactions": [{"ProducerId": pid, "FirstOffset": first} for pid, first in r.aborted]
                 if committed else None,
             }))
-        return frame({"SessionId": 0 if current is None else current.id,
-                      "Responses": _by_topic(parts, "Topic", "Partitions")})
+        responses = _by_topic(parts, "Topic", "Partitions")
+        if version >= 13:
+            ids = {name: topic_id for topic_id, name in conn.topic_names.items()}
+            for t in responses:
+                t["TopicId"] = _topic_id(ids.get(t["Topic"], ""))
+            responses += [{"TopicId": topic_id, "Partitions": [
+                {"PartitionIndex": p, "ErrorCode": Errors.UNKNOWN_TOPIC_ID, "HighWatermark": -1,
+                 "LastStableOffset": -1, "LogStartOffset": -1} for p in partitions]} for topic_id, partitions in unknown]
+        return frame({"SessionId": 0 if current is None else current.id, "Responses": responses})
 
     return Handled.run((cmd,), render)
 
 
+EARLIEST_LOCAL, LATEST_TIERED = -4, -5
+"""ListOffsets' specs for tiered storage (v8, KIP-405; v9, KIP-1005): with every record local, the
+earliest local offset is the earliest, and no offset is tiered (Kafka answers offset -1 then)."""
+
+
 def list_offsets(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     committed = req.get("IsolationLevel", 0) == 1  # READ_COMMITTED: latest is the last stable offset
-    commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, p.Timestamp, committed)
+    tiered = [p.Timestamp == LATEST_TIERED for t in req.Topics for p in t.Partitions]
+    commands = tuple(m.ListOffsets(t.Name, p.PartitionIndex, m.OffsetSpec.EARLIEST
+                                   if p.Timestamp in (EARLIEST_LOCAL, LATEST_TIERED) else p.Timestamp, committed)
                      for t in req.Topics for p in t.Partitions)
 
     def render(results: Sequence[m.ListOffsetsResult]) -> bytes:
         parts = []
-        for r in results:
+        for r, none_tiered in zip(results, tiered, strict=True):
+            if none_tiered and r.error is None:
+                r = attrs.evolve(r, offset=-1, timestamp=-1)
             body: dict[str, Any] = {"PartitionIndex": r.partition, "ErrorCode": code(r.error)}
             if version == 0:
                 body["OldStyleOffsets"] = [r.offset] if r.error is None and r.offset >= 0 else []
@@ -208,68 +265,218 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
         dict.fromkeys(t.Name for t in req.Topics if t.Name is not None))  # each topic once, as Kafka answers
     asked = {t.Name for t in req.Topics or () if t.Name is not None}
     auto = req.get("AllowAutoTopicCreation", True)
+    with_topic_operations = req.get("IncludeTopicAuthorizedOperations", False)
+    with_cluster_operations = req.get("IncludeClusterAuthorizedOperations", False)
 
-    def render(results: Sequence[m.ListTopicsResult]) -> bytes:
-        topics = []
+    def render(results: Sequence[m.ListTopicsResult]) -> bytes | Handled:
+        _learn_topic_ids(conn, results[0].topics)
+        topics: list[dict[str, Any]] = []
         for t in results[0].topics:
             if ids and t.topic not in asked and t.topic_id not in ids:
                 continue
             ids.discard(t.topic_id)
             topics.append({
                 "ErrorCode": code(t.error, INVALID_REQUEST=Errors.INVALID_TOPIC_EXCEPTION), "Name": t.topic,
-                "TopicId": bytes.fromhex(t.topic_id) if len(t.topic_id) == 32 else bytes(16),
+                "TopicId": _topic_id(t.topic_id),
                 "Partitions": [{"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": p.leader_epoch,
                                 "ReplicaNodes": [0], "IsrNodes": [0]} for p in t.partitions],
             })
         topics += [{"ErrorCode": Errors.UNKNOWN_TOPIC_ID, "Name": None, "TopicId": bytes.fromhex(i), "Partitions": []}
                    for i in sorted(ids)]
-        return frame({"Brokers": [{"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port}],
-                "ClusterId": "polygate", "ControllerId": 0, "Topics": topics})
+        body = {"Brokers": [{"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port}],
+                "ClusterId": "polygate", "ControllerId": 0, "Topics": topics}
+        if not (with_topic_operations or with_cluster_operations):
+            return frame(body)
+        listed = [t for t in topics if t["ErrorCode"] == NONE] if with_topic_operations else []
+
+        def authorized(results: Sequence[m.AuthorizedOperationsResult]) -> bytes:
+            if with_topic_operations:
+                for t, ops in zip(listed, results[0].operations, strict=True):
+                    t["TopicAuthorizedOperations"] = _bits(ops)
+            if with_cluster_operations:
+                body["ClusterAuthorizedOperations"] = _bits(results[-1].operations[0])
+            return frame(body)
+
+        commands = [m.AuthorizedOperations(m.ResourceType.TOPIC, tuple(t["Name"] for t in listed))] \
+            if with_topic_operations else []
+        if with_cluster_operations:
+            commands.append(m.AuthorizedOperations(m.ResourceType.CLUSTER, (m.CLUSTER_RESOURCE,)))
+        return Handled.run(tuple(commands), authorized)
 
     return Handled.run((m.ListTopics(names, auto and not ids),), render)
 
 
+PARTITION_LIMIT = 2000
+"""The most partitions one DescribeTopicPartitions answer holds (Kafka's max.request.partition.size.limit)."""
+
+
+def describe_topic_partitions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """DescribeTopicPartitions (KIP-966): the topics named (none: every topic), in name order from
+    the cursor on, at most ``ResponsePartitionLimit`` partitions (``NextCursor`` names the next), each
+    topic with the operations the caller may perform on it. Topics are never created here."""
+    names = tuple(sorted({t.Name for t in req.Topics})) or None
+    cursor = req.Cursor
+    left = min(max(req.ResponsePartitionLimit, 1), PARTITION_LIMIT)
+
+    def listed(results: Sequence[m.ListTopicsResult]) -> Handled:
+        nonlocal left
+        _learn_topic_ids(conn, results[0].topics)
+        topics: list[dict[str, Any]] = []
+        next_cursor = None
+        for t in sorted(results[0].topics, key=lambda t: t.topic):
+            if cursor is not None and t.topic < cursor.TopicName:
+                continue
+            partitions = [p for p in t.partitions if cursor is None or t.topic != cursor.TopicName
+                          or p.partition >= cursor.PartitionIndex]
+            if partitions and left == 0:
+                next_cursor = {"TopicName": t.topic, "PartitionIndex": partitions[0].partition}
+                break
+            taken, left = partitions[:left], left - min(left, len(partitions))
+            topics.append({"ErrorCode": code(t.error, INVALID_REQUEST=Errors.INVALID_TOPIC_EXCEPTION), "Name": t.topic,
+                           "TopicId": _topic_id(t.topic_id), "Partitions": [
+                               {"PartitionIndex": p.partition, "LeaderId": 0, "LeaderEpoch": p.leader_epoch,
+                                "ReplicaNodes": [0], "IsrNodes": [0]} for p in taken]})
+            if len(taken) < len(partitions):
+                next_cursor = {"TopicName": t.topic, "PartitionIndex": partitions[len(taken)].partition}
+                break
+        known = [t for t in topics if t["ErrorCode"] == NONE]
+
+        def authorized(results: Sequence[m.AuthorizedOperationsResult]) -> bytes:
+            for t, ops in zip(known, results[0].operations, strict=True):
+                t["TopicAuthorizedOperations"] = _bits(ops)
+            return frame({"Topics": topics, "NextCursor": next_cursor})
+
+        return Handled.run((m.AuthorizedOperations(m.ResourceType.TOPIC, tuple(t["Name"] for t in known)),),
+                           authorized)
+
+    return Handled.run((m.ListTopics(names),), listed)
+
+
+def _bits(operations: Sequence[m.AclOperation]) -> int:
+    """Kafka's "authorized operations" field: bit ``op`` set for each operation allowed."""
+    return sum(1 << int(op) for op in operations)
+
+
+BROKER_IDS = frozenset({0})
+"""The brokers this gateway shows its clients: itself, node 0."""
+
+
+class Refused(Exception):
+    """A request's part refused with Kafka's error ``code`` and a message."""
+
+    def __init__(self, error: int, text: str):
+        super().__init__(text)
+        self.code = error
+
+
+def _layout(t: Any) -> tuple[int | None, int | None]:
+    """The partition count and replication factor a CreateTopics topic asks for (``None``: the
+    server's default). With a manual replica assignment, they are the assignment's, checked as
+    Kafka checks it (``Refused``): -1 for the count and the factor, partitions numbered from 0,
+    replica lists of one length, no empty list, no broker twice, only brokers that exist."""
+    if not t.Assignments:
+        return (t.NumPartitions if t.NumPartitions > 0 else None,
+                t.ReplicationFactor if t.ReplicationFactor > 0 else None)
+    if t.NumPartitions != -1 or t.ReplicationFactor != -1:
+        raise Refused(Errors.INVALID_REQUEST, "numPartitions and replicationFactor must be -1 "
+                                              "when a manual replica assignment is given")
+    if sorted(a.PartitionIndex for a in t.Assignments) != list(range(len(t.Assignments))):
+        raise Refused(Errors.INVALID_REPLICA_ASSIGNMENT, "partitions must be numbered 0, 1, 2...")
+    for a in t.Assignments:
+        if not a.BrokerIds or len(set(a.BrokerIds)) != len(a.BrokerIds) \
+                or len(a.BrokerIds) != len(t.Assignments[0].BrokerIds):
+            raise Refused(Errors.INVALID_REPLICA_ASSIGNMENT, f"partition {a.PartitionIndex}: replica list "
+                                                             f"{list(a.BrokerIds)} is empty, repeats or differs")
+        unknown = set(a.BrokerIds) - BROKER_IDS
+        if unknown:
+            raise Refused(Errors.INVALID_REPLICA_ASSIGNMENT, f"partition {a.PartitionIndex}: no broker {min(unknown)}")
+    return len(t.Assignments), len(t.Assignments[0].BrokerIds)
+
+
 def create_topics(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    """Topics with their settings (``gateway.codec.topic_configs``); a topic whose settings are refused
-    is answered ``INVALID_CONFIG`` and not created, the others are."""
-    refused: dict[str, m.Error] = {}
+    """Topics with their settings (``gateway.codec.topic_configs``) and their partition count, given
+    or that of a manual replica assignment (``_layout``); a topic refused is answered with its error
+    and not created, the others are. From v7 the answer carries the new topic's id."""
+    refused: dict[str, tuple[int, str]] = {}
     commands = []
     for t in req.Topics:
         try:
+            partitions, replication = _layout(t)
             config = topic_configs.from_pairs((c.Name, c.Value) for c in t.Configs)
-        except m.CommandError as e:
-            refused[t.Name] = e.error
+        except Refused as e:
+            refused[t.Name] = (e.code, str(e))
             continue
-        commands.append(m.CreateTopic(t.Name, t.NumPartitions if t.NumPartitions > 0 else None, attrs.evolve(
-            config, replication_factor=t.ReplicationFactor if t.ReplicationFactor > 0 else None)))
+        except m.CommandError as e:
+            refused[t.Name] = (code(e.error), e.error.message)
+            continue
+        commands.append(m.CreateTopic(t.Name, partitions, attrs.evolve(config, replication_factor=replication)))
     if req.get("validateOnly"):
-        return Handled.answer(frame({"Topics": [{"Name": t.Name, "ErrorCode": code(refused.get(t.Name)),
-                                                 "ErrorMessage": message(refused.get(t.Name))} for t in req.Topics]}))
+        return Handled.answer(frame({"Topics": [{"Name": t.Name, "ErrorCode": refused.get(t.Name, (NONE, None))[0],
+                                                 "ErrorMessage": refused.get(t.Name, (NONE, None))[1]}
+                                                for t in req.Topics]}))
 
     def render(results: Sequence[m.CreateTopicResult]) -> bytes:
         made = iter(results)
         out = []
         for t in req.Topics:
             if t.Name in refused:
-                out.append({"Name": t.Name, "ErrorCode": code(refused[t.Name]), "ErrorMessage": message(refused[t.Name]),
+                error, text = refused[t.Name]
+                out.append({"Name": t.Name, "ErrorCode": error, "ErrorMessage": text,
                             "NumPartitions": -1, "ReplicationFactor": -1})
                 continue
             r = next(made)
             out.append({"Name": r.topic, "ErrorCode": code(r.error, INVALID_REQUEST=Errors.INVALID_PARTITIONS),
                         "ErrorMessage": message(r.error), "NumPartitions": r.partitions if not r.error else -1,
-                        "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1})
+                        "ReplicationFactor": r.config.replication_factor or 1 if not r.error else -1,
+                        "TopicId": _topic_id(r.topic_id) if not r.error else bytes(16)})
         return frame({"Topics": out})
 
     return Handled.run(tuple(commands), render) if commands else Handled.answer(render(()))
 
 
+def _topic_id(hex_id: str) -> bytes:
+    """A topic id on the wire: the storage's 32 hex digits, else the zero id."""
+    return bytes.fromhex(hex_id) if len(hex_id) == 32 else bytes(16)
+
+
 def delete_topics(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    commands = tuple(m.DeleteTopic(name) for name in req.TopicNames)
+    """DeleteTopics; from v6 topics are named by name or by id, and answered with both: the topics
+    are looked up first (an id that names none is answered ``UNKNOWN_TOPIC_ID``)."""
+    if version < 6:
+        commands = tuple(m.DeleteTopic(name) for name in req.TopicNames)
 
-    def render(results: Sequence[m.DeleteTopicResult]) -> bytes:
-        return frame({"Responses": [{"Name": r.topic, "ErrorCode": code(r.error)} for r in results]})
+        def render(results: Sequence[m.DeleteTopicResult]) -> bytes:
+            return frame({"Responses": [{"Name": r.topic, "ErrorCode": code(r.error), "ErrorMessage": message(r.error)}
+                                        for r in results]})
 
-    return Handled.run(commands, render)
+        return Handled.run(commands, render)
+    by_id = any(t.Name is None for t in req.Topics)
+    names = None if by_id else tuple(dict.fromkeys(t.Name for t in req.Topics))
+
+    def found(results: Sequence[m.ListTopicsResult]) -> Handled:
+        ids = {t.topic_id: t.topic for t in results[0].topics if t.error is None}
+        known = {name: topic_id for topic_id, name in ids.items()}
+        wanted = [(t.Name, known.get(t.Name, "")) if t.Name is not None else (ids.get(bytes(t.TopicId).hex()),
+                                                                              bytes(t.TopicId).hex())
+                  for t in req.Topics]
+        commands = tuple(m.DeleteTopic(name) for name, _ in wanted if name is not None)
+
+        def deleted(results: Sequence[m.DeleteTopicResult]) -> bytes:
+            done = iter(results)
+            out: list[dict[str, Any]] = []
+            for name, topic_id in wanted:
+                if name is None:
+                    out.append({"Name": None, "TopicId": _topic_id(topic_id), "ErrorCode": Errors.UNKNOWN_TOPIC_ID,
+                                "ErrorMessage": "no topic has this id"})
+                    continue
+                r = next(done)
+                out.append({"Name": name, "TopicId": _topic_id(topic_id), "ErrorCode": code(r.error),
+                            "ErrorMessage": message(r.error)})
+            return frame({"Responses": out})
+
+        return Handled.run(commands, deleted) if commands else Handled.answer(deleted(()))
+
+    return Handled.run((m.ListTopics(names),), found)
 
 
 def create_partitions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -336,11 +543,18 @@ def delete_records(conn: KafkaConnection, version: int, req: Any, frame: Frame) 
 
 
 def describe_cluster(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    """This gateway is the cluster: one broker, node 0, which is also the controller."""
-    return Handled.answer(frame({"ClusterId": "polygate", "ControllerId": 0, "EndpointType": 1,
-                                 "ClusterAuthorizedOperations": -2147483648,
-                                 "Brokers": [{"BrokerId": 0, "Host": conn.advertised_host,
-                                              "Port": conn.advertised_port, "Rack": None}]}))
+    """This gateway is the cluster: one broker, node 0, which is also the controller; the operations
+    the caller may perform on it when asked."""
+    body = {"ClusterId": "polygate", "ControllerId": 0, "EndpointType": 1,
+            "ClusterAuthorizedOperations": -2147483648,
+            "Brokers": [{"BrokerId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port, "Rack": None}]}
+    if not req.IncludeClusterAuthorizedOperations:
+        return Handled.answer(frame(body))
+
+    def render(results: Sequence[m.AuthorizedOperationsResult]) -> bytes:
+        return frame({**body, "ClusterAuthorizedOperations": _bits(results[0].operations[0])})
+
+    return Handled.run((m.AuthorizedOperations(m.ResourceType.CLUSTER, (m.CLUSTER_RESOURCE,)),), render)
 
 
 INCREMENTAL_OPERATIONS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
@@ -384,8 +598,19 @@ def incremental_alter_configs(conn: KafkaConnection, version: int, req: Any, fra
 # --------------------------------------------------------------------------- groups
 
 
+GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator's key types (2, share groups, is not served)
+
+
 def find_coordinator(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    return Handled.answer(frame({"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port}))
+    """This gateway coordinates every group and every transaction; from v4 one request asks for
+    several keys (KIP-699). A key type other than groups and transactions is ``INVALID_REQUEST``."""
+    served = req.get("KeyType", GROUP_KEY) in (GROUP_KEY, TRANSACTION_KEY)
+    answer = ({"NodeId": 0, "Host": conn.advertised_host, "Port": conn.advertised_port} if served else
+              {"NodeId": -1, "Host": "", "Port": -1, "ErrorCode": Errors.INVALID_REQUEST,
+               "ErrorMessage": f"coordinator key type {req.KeyType} is not served"})
+    if version < 4:
+        return Handled.answer(frame(answer))
+    return Handled.answer(frame({"Coordinators": [{"Key": key, **answer} for key in req.CoordinatorKeys]}))
 
 
 def join_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -413,13 +638,16 @@ def join_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> H
 
 
 def sync_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """SyncGroup; from v5 the answer names the group's protocol type and name, which JoinGroup
+    agreed on and the member repeats (a member that repeats others fails at JoinGroup first)."""
     cmd = m.SyncGroup(req.GroupId, req.MemberId, req.GenerationId,
                       tuple((a.MemberId, a.Assignment) for a in req.Assignments),
                       group_instance_id=req.get("GroupInstanceId"))
 
     def render(results: Sequence[m.SyncGroupResult]) -> bytes:
         r = results[0]
-        return frame({"ErrorCode": code(r.error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment})
+        return frame({"ErrorCode": code(r.error, GROUP_NOT_FOUND=Errors.UNKNOWN_MEMBER_ID), "Assignment": r.member_assignment,
+                      "ProtocolType": req.get("ProtocolType"), "ProtocolName": req.get("ProtocolName")})
 
     return Handled.run((cmd,), render)
 
@@ -447,11 +675,14 @@ def leave_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> 
 
 
 def offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """OffsetCommit; from v6 each offset with the leader epoch it was read in, which OffsetFetch
+    answers back."""
     generation = req.get("GenerationIdOrMemberEpoch", -1)
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
+    epochs = tuple(p.get("CommittedLeaderEpoch", -1) for t in req.Topics for p in t.Partitions)
     cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None,
-                          group_instance_id=req.get("GroupInstanceId"))
+                          group_instance_id=req.get("GroupInstanceId"), leader_epochs=epochs if version >= 6 else ())
 
     def render(results: Sequence[m.CommitOffsetsResult]) -> bytes:
         r = results[0]
@@ -464,15 +695,20 @@ def offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -
 
 
 def offset_fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    wanted = None if req.Topics is None else tuple((t.Name, p) for t in req.Topics for p in t.PartitionIndexes)
+    """OffsetFetch; from v8 one request asks for several groups, each answered with its own error."""
+    asked = [(req.GroupId, req.Topics)] if version < 8 else [(g.GroupId, g.Topics) for g in req.Groups]
+    commands = tuple(m.FetchOffsets(group, None if topics is None else tuple(
+        (t.Name, p) for t in topics for p in t.PartitionIndexes)) for group, topics in asked)
 
     def render(results: Sequence[m.FetchOffsetsResult]) -> bytes:
-        r = results[0]
-        parts = [(t, {"PartitionIndex": p, "CommittedOffset": o, "Metadata": meta, "ErrorCode": NONE})
-                 for t, p, o, meta in r.offsets]
-        return frame({"Topics": _by_topic(parts), "ErrorCode": code(r.error)})
+        groups = [{"GroupId": r.group, "ErrorCode": code(r.error), "Topics": _by_topic(
+            [(t, {"PartitionIndex": p, "CommittedOffset": o, "Metadata": meta, "ErrorCode": NONE,
+                  "CommittedLeaderEpoch": epoch})
+             for (t, p, o, meta), epoch in zip(r.offsets, r.leader_epochs or [-1] * len(r.offsets), strict=True)],
+            "Name", "Partitions")} for r in results]
+        return frame(groups[0] if version < 8 else {"Groups": groups})
 
-    return Handled.run((m.FetchOffsets(req.GroupId, wanted),), render)
+    return Handled.run(commands, render)
 
 
 def _consumer_protocol(partitions: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[bytes, bytes]:
@@ -497,21 +733,36 @@ def describe_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame)
         return {"MemberId": mem.member_id, "ClientId": client_id, "ClientHost": mem.client_host,
                 "MemberMetadata": metadata, "MemberAssignment": assignment}
 
-    def render(results: Sequence[m.DescribeGroupsResult]) -> bytes:
+    with_operations = req.get("IncludeAuthorizedOperations", False)
+
+    def render(results: Sequence[Any]) -> bytes:
+        operations = results[1].operations if with_operations else ()
         return frame({"Groups": [{
             "ErrorCode": code(g.error), "GroupId": g.group, "GroupState": g.state,
             "ProtocolType": "consumer" if g.protocol_type == "server" else g.protocol_type,
             "ProtocolData": g.protocol,
             "Members": [member(g, mem) for mem in g.members],
-        } for g in results[0].groups]})
+            "AuthorizedOperations": _bits(operations[i]) if with_operations else -2147483648,
+        } for i, g in enumerate(results[0].groups)]})
 
-    return Handled.run((m.DescribeGroups(tuple(req.Groups)),), render)
+    commands: tuple[Any, ...] = (m.DescribeGroups(tuple(req.Groups)),)
+    if with_operations:
+        commands += (m.AuthorizedOperations(m.ResourceType.GROUP, tuple(req.Groups)),)
+    return Handled.run(commands, render)
 
 
 def list_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
+    """ListGroups; from v4 the groups in the states asked for, from v5 of the types asked for
+    (``classic``, ``consumer``), both compared without case as Kafka does (empty: all)."""
+    states = {s.lower() for s in req.get("StatesFilter") or ()}
+    types = {t.lower() for t in req.get("TypesFilter") or ()}
+
     def render(results: Sequence[m.ListGroupsResult]) -> bytes:
-        return frame({"Groups": [{"GroupId": g, "ProtocolType": "consumer" if pt == "server" else pt}
-                           for g, pt in results[0].groups]})
+        return frame({"Groups": [{"GroupId": g.group, "GroupState": g.state, "GroupType": g.group_type,
+                                  "ProtocolType": "consumer" if g.protocol_type == "server" else g.protocol_type}
+                                 for g in results[0].groups
+                                 if (not states or g.state.lower() in states)
+                                 and (not types or g.group_type.lower() in types)]})
 
     return Handled.run((m.ListGroups(),), render)
 
@@ -740,7 +991,7 @@ def _transaction(info: m.TransactionInfo) -> dict[str, Any]:
 
 
 def list_transactions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    cmd = m.ListTransactions(tuple(req.StateFilters), tuple(req.ProducerIdFilters))
+    cmd = m.ListTransactions(tuple(req.StateFilters), tuple(req.ProducerIdFilters), req.get("DurationFilter", -1))
 
     def render(results: Sequence[m.ListTransactionsResult]) -> bytes:
         return frame({"TransactionStates": [{"TransactionalId": t.transactional_id, "ProducerId": t.producer_id,
@@ -801,30 +1052,30 @@ def sasl_authenticate(conn: KafkaConnection, version: int, req: Any, frame: Fram
 
 
 _APIS = (  # API key, the versions advertised, handler
-    (0, 0, 9, produce),
-    (1, 0, 12, fetch),
-    (2, 0, 7, list_offsets),
+    (0, 0, 11, produce),
+    (1, 0, 17, fetch),
+    (2, 0, 10, list_offsets),
     (3, 0, 12, metadata),
-    (8, 0, 8, offset_commit),
-    (9, 0, 7, offset_fetch),
-    (10, 0, 3, find_coordinator),
-    (11, 0, 7, join_group),
+    (8, 0, 9, offset_commit),
+    (9, 0, 9, offset_fetch),
+    (10, 0, 6, find_coordinator),
+    (11, 0, 9, join_group),
     (12, 0, 4, heartbeat),
-    (13, 0, 4, leave_group),
-    (14, 0, 4, sync_group),
+    (13, 0, 5, leave_group),
+    (14, 0, 5, sync_group),
     (15, 0, 5, describe_groups),
-    (16, 0, 3, list_groups),
+    (16, 0, 5, list_groups),
     (17, 0, 1, sasl_handshake),
-    (18, 0, 3, api_versions),
-    (19, 0, 5, create_topics),
-    (20, 0, 4, delete_topics),
+    (18, 0, 4, api_versions),
+    (19, 0, 7, create_topics),
+    (20, 0, 6, delete_topics),
     (21, 0, 2, delete_records),
-    (22, 0, 4, init_producer_id),
+    (22, 0, 5, init_producer_id),
     (23, 0, 4, offset_for_leader_epoch),
     (24, 0, 3, add_partitions_to_txn),
-    (25, 0, 3, add_offsets_to_txn),
-    (26, 0, 3, end_txn),
-    (28, 0, 3, txn_offset_commit),
+    (25, 0, 4, add_offsets_to_txn),
+    (26, 0, 4, end_txn),
+    (28, 0, 4, txn_offset_commit),
     (29, 0, 3, describe_acls),
     (30, 0, 3, create_acls),
     (31, 0, 3, delete_acls),
@@ -840,8 +1091,9 @@ _APIS = (  # API key, the versions advertised, handler
     (60, 0, 1, describe_cluster),
     (61, 0, 0, describe_producers),
     (65, 0, 0, describe_transactions),
-    (66, 0, 0, list_transactions),
+    (66, 0, 1, list_transactions),
     (68, 0, 1, consumer_group_heartbeat),
+    (75, 0, 0, describe_topic_partitions),
 )
 
 HANDLERS: dict[int, Handler] = {key: handle for key, _, _, handle in _APIS}

@@ -58,7 +58,7 @@ def read_partitions(store: Any) -> list[PartitionView]:
 def group_names(store: Any) -> defer.Deferred:
     """The names of every group (with members or committed offsets), sorted."""
     return defer.maybeDeferred(store.list_groups, m.ListGroups()).addCallback(
-        lambda result: sorted(name for name, _ in result.groups))
+        lambda result: sorted(g.group for g in result.groups))
 
 
 def committed_offsets(store: Any, names: list[str]) -> defer.Deferred:

@@ -128,6 +128,7 @@ class Broker:
             m.ServerInfo: self.topics.server_info,
             m.CreateAcls: self.security.create_acls,
             m.DescribeAcls: self.security.describe_acls,
+            m.AuthorizedOperations: self.security.authorized_operations,
             m.DeleteAcls: self.security.delete_acls,
             m.AlterUsers: self.security.alter_users,
             m.DescribeUsers: self.security.describe_users,

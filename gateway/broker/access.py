@@ -48,6 +48,7 @@ Create/DeleteAcls,     Alter on the cluster
 AlterUsers
 DescribeAcls,          Describe on the cluster
 DescribeUsers
+AuthorizedOperations   nothing: it answers which operations the caller may perform
 Ping, ServerInfo       nothing
 =====================  ==================================================================
 
@@ -130,6 +131,7 @@ class Access:
                 (u, e) for u in dict.fromkeys([u for u, *_ in c.upsertions] + [u for u, _ in c.deletions])))),
             m.DescribeAcls: self._cluster_rule(Op.DESCRIBE, lambda c, e: m.DescribeAclsResult(error=e)),
             m.DescribeUsers: self._cluster_rule(Op.DESCRIBE, lambda c, e: m.DescribeUsersResult(error=e)),
+            m.AuthorizedOperations: self._authorized_operations,
             m.Ping: self._anyone,
             m.ServerInfo: self._anyone,
             m.AddPartitionsToTxn: self._add_partitions_to_txn,
@@ -143,6 +145,11 @@ class Access:
 
     def may(self, caller: m.Caller, operation: Op, resource_type: ResourceType, name: str) -> bool:
         return self.acls.allowed(caller.principal, caller.host, operation, resource_type, name)
+
+    def _authorized_operations(self, cmd: m.AuthorizedOperations, caller: m.Caller) -> m.AuthorizedOperationsResult:
+        supported = m.SUPPORTED_OPERATIONS[cmd.resource_type]
+        return m.AuthorizedOperationsResult(tuple(
+            tuple(op for op in supported if self.may(caller, op, cmd.resource_type, name)) for name in cmd.names))
 
     # ------------------------------------------------------------------ running
 
@@ -327,7 +334,7 @@ class Access:
         if self.may(caller, Op.DESCRIBE, ResourceType.CLUSTER, m.CLUSTER_RESOURCE):
             return self.broker.run(cmd)
         return then(self.broker.run(cmd), lambda r: m.ListGroupsResult(tuple(
-            (g, kind) for g, kind in r.groups if self.may(caller, Op.DESCRIBE, ResourceType.GROUP, g))))
+            g for g in r.groups if self.may(caller, Op.DESCRIBE, ResourceType.GROUP, g.group))))
 
     def _delete_groups(self, cmd: m.DeleteGroups, caller: m.Caller) -> Any:
         allowed = tuple(g for g in cmd.groups if self.may(caller, Op.DELETE, ResourceType.GROUP, g))

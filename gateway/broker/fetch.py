@@ -182,9 +182,11 @@ class Fetcher:
         it do. Memory then grew by what consumers read.
         """
         for i in range(index, len(cmd.fetches)):
-            r = self._read(cmd.fetches[i], budget if out and any(o.batches for o in out) else max(budget, 1))
+            first = not any(o.batches for o in out)
+            r = self._read(cmd.fetches[i], max(budget, 1) if first else budget)
             if isinstance(r, defer.Deferred):
                 return r.addCallback(self._read_on, cmd, i, out, budget)
+            r = _within(r, budget, first)
             out.append(r)
             budget -= r.size
         return tuple(out)
@@ -192,6 +194,7 @@ class Fetcher:
     def _read_on(self, r: m.FetchResult, cmd: m.FetchMany, index: int, out: list[m.FetchResult],
                  budget: int) -> Any:
         """``_read_from`` after the read of ``cmd.fetches[index]`` that waited gave ``r``."""
+        r = _within(r, budget, not any(o.batches for o in out))
         out.append(r)
         return self._read_from(cmd, index + 1, out, budget - r.size)
 
@@ -333,6 +336,18 @@ class Fetcher:
                 if at >= offset and record.timestamp >= timestamp:
                     return at, record.timestamp
         return offset, timestamp
+
+
+def _within(r: m.FetchResult, budget: int, first: bool) -> m.FetchResult:
+    """``r`` without the batches past ``budget``, but for the answer's ``first`` batch: only that one
+    may pass the answer's limit (Kafka's rule, so that a consumer always progresses), and a store
+    gives a read's first batch whole, however large, and may give more."""
+    size = 0
+    for kept, b in enumerate(r.batches):
+        size += len(b.payload)
+        if size > budget and not (first and kept == 0):
+            return attrs.evolve(r, batches=r.batches[:kept], aborted=r.aborted if kept else ())
+    return r
 
 
 def _started_at(fetch: m.Fetch, offset: int) -> m.Fetch:

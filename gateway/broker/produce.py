@@ -6,7 +6,9 @@ write is durable under the fsync policy.
 
 On a store without ``ReplicatingStorage`` this broker leads every partition and
 acks=all waits for the high watermark alone; a store that ``assigns_offsets``
-gets payloads as produced, not numbered here.
+gets payloads as produced, not numbered here. A batch of a ``CompressingFormat``
+is stored in the compression its topic's ``compression.type`` names (as Kafka
+recompresses on append), unless the store ``compresses`` itself.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from gateway.broker.calls import (
     unknown_leader_epoch,
 )
 from gateway.codec import BatchFormat
-from gateway.codec.formats import has_leader_epochs, is_columnar
+from gateway.codec.formats import has_leader_epochs, is_columnar, is_compressing
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
 from gateway.storage.interface import LeaderEpochStorage, MayWait, ReplicatingStorage
@@ -61,6 +63,9 @@ class Producer:
         # ``numbered(fmt, payload, base, topic, partition)``: ``payload`` as its append stores it.
         self.numbered: Callable[[BatchFormat, bytes, int, str, int], bytes] = (
             _as_produced if store.assigns_offsets else self._numbered)
+        # ``compressed(fmt, payload, topic)``: ``payload`` in its topic's compression.type.
+        self.compressed: Callable[[BatchFormat, bytes, str], bytes] = (
+            _as_compressed if store.compresses else self._compressed)
         self._round_robin = itertools.count()
         self._default_cleanup = store.topic_defaults().cleanup_policy or "delete"  # a topic's unless it sets one
         self._last_keyed: tuple[bytes | None, str, int, int] = (None, "", 0, 0)  # see _route
@@ -95,6 +100,14 @@ class Producer:
         """Whether ``topic`` is compacted (``cleanup.policy`` ``compact`` or ``compact,delete``): as
         Kafka's, it takes keyed records only, whatever protocol writes them."""
         return "compact" in (self.store.topic_config(topic).cleanup_policy or self._default_cleanup)
+
+    def _compressed(self, fmt: BatchFormat, payload: bytes, topic: str) -> bytes:
+        """``payload`` recompressed as its topic's ``compression.type`` names, when its format
+        names compressions (``CompressingFormat``) and the topic does not keep what producers send."""
+        if not is_compressing(fmt):
+            return payload
+        wanted = self.store.topic_config(topic).compression_type
+        return payload if wanted is None or wanted == "producer" else fmt.recompress(payload, wanted)
 
     def _route(self, cmd: m.Produce, partitions: int) -> int:
         """The partition of ``cmd``: its own, or its partitioner's choice for its key. A burst
@@ -179,7 +192,7 @@ class Producer:
         store = self.store
         batch = cmd.batch
         base = store.log_end_offset(cmd.topic, partition) if batch.base_offset is None else batch.base_offset
-        payload = self.numbered(fmt, batch.payload, base, cmd.topic, partition)
+        payload = self.numbered(fmt, self.compressed(fmt, batch.payload, cmd.topic), base, cmd.topic, partition)
 
         def remember(offsets: tuple[int, int]) -> tuple[int, int]:
             if producer is not None:
@@ -336,7 +349,7 @@ class Producer:
             base = self.store.log_end_offset(topic, partition)
             payloads, count, max_timestamp = [], 0, -1
             for b in batches:
-                payloads.append(b.payload)
+                payloads.append(self.compressed(fmt, b.payload, topic))
                 count += b.count if b.count > 0 else 1
                 if b.max_timestamp > max_timestamp:
                     max_timestamp = b.max_timestamp
@@ -467,6 +480,11 @@ def keyless_refused(topic: str, partition: int, missing: tuple[int, ...]) -> m.P
 
 def _as_produced(fmt: BatchFormat, payload: bytes, base: int, topic: str, partition: int) -> bytes:
     """``numbered`` for a store that ``assigns_offsets``: the payload as produced."""
+    return payload
+
+
+def _as_compressed(fmt: BatchFormat, payload: bytes, topic: str) -> bytes:
+    """``compressed`` for a store that ``compresses``: the payload as produced."""
     return payload
 
 

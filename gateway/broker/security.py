@@ -128,6 +128,10 @@ class Security:
 
         return then(self._persist(changes), result)
 
+    def authorized_operations(self, cmd: m.AuthorizedOperations) -> m.AuthorizedOperationsResult:
+        """Every operation that applies, for a broker without an authorizer (``Access`` has its own)."""
+        return m.AuthorizedOperationsResult((m.SUPPORTED_OPERATIONS[cmd.resource_type],) * len(cmd.names))
+
     def describe_acls(self, cmd: m.DescribeAcls) -> Any:
         if self.acls is None:
             return m.DescribeAclsResult(error=_DISABLED)

@@ -135,7 +135,8 @@ class Topics:
         return then(self.store.add_partitions(topic, total), grown)
 
     def _created(self, info: m.TopicInfo) -> MayWait[m.CreateTopicResult]:
-        return self.broker.durable(m.CreateTopicResult(info.topic, len(info.partitions), config=info.config))
+        return self.broker.durable(m.CreateTopicResult(info.topic, len(info.partitions), config=info.config,
+                                                         topic_id=info.topic_id))
 
     @errors_as(m.DeleteTopicResult, "topic")
     def delete(self, cmd: m.DeleteTopic) -> MayWait[m.DeleteTopicResult]:

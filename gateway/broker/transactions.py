@@ -502,10 +502,12 @@ class Transactions:
     # ------------------------------------------------------------------ admin
 
     def list(self, cmd: m.ListTransactions) -> m.ListTransactionsResult:
+        now = self.store.now_ms()
         return m.ListTransactionsResult(tuple(
             txn.info() for txn in sorted(self.by_id.values(), key=lambda t: t.transactional_id)
             if (not cmd.states or txn.state in cmd.states)
-            and (not cmd.producer_ids or txn.producer_id in cmd.producer_ids)))
+            and (not cmd.producer_ids or txn.producer_id in cmd.producer_ids)
+            and (cmd.min_duration_ms < 0 or now - txn.start_ms >= cmd.min_duration_ms)))
 
     def describe(self, cmd: m.DescribeTransactions) -> m.DescribeTransactionsResult:
         out = []

@@ -103,9 +103,13 @@ class KafkaClient:
         self.sock.sendall(_SIZE.pack(len(data)) + data)
         return correlation
 
+    def receive_frame(self) -> bytes:
+        """The next response frame as it came (header and body, without the size)."""
+        return self._exactly(_SIZE.unpack(self._exactly(4))[0])
+
     def receive(self, api_key: int, version: int) -> tuple[int, Any]:
         """The next response: ``(correlation id, body)``."""
-        data = self._exactly(_SIZE.unpack(self._exactly(4))[0])
+        data = self.receive_frame()
         message = schema.MESSAGES[api_key]
         header, pos = schema.parse(schema.response_header(api_key, message.flexible(version)), data)
         return header.CorrelationId, schema.parse(message.response(version), data, pos)[0]

@@ -87,10 +87,22 @@ SESSION_TIMEOUT_MS = REBALANCE_TIMEOUT_MS = 6_000
 # partitions (its next heartbeat fails with GENERATION_MISMATCH once they come, and it joins again):
 # the real clients read within 5 s, and a new group's first rebalance takes 3 s.
 SERVER_JOIN_WAIT_S = 4.0
+NO_GROUP_ID = Error(ErrorCode.INVALID_REQUEST, "the cluster's client takes no empty group id")
+"""The answer to offsets of the group "" (Kafka's own brokers take it; its admin client does not)."""
 STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
           "COMPLETING_REBALANCING": "CompletingRebalance", "EMPTY": "Empty", "DEAD": "Dead", "UNKNOWN": "Unknown"}
 
 Assignment = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def _committed(topic: str, partition: int, offset: int, metadata: str, leader_epoch: int) -> TopicPartition:
+    """A committed offset for confluent-kafka, which takes metadata and a leader epoch only when given."""
+    given: dict[str, Any] = {}
+    if metadata:
+        given["metadata"] = metadata
+    if leader_epoch >= 0:
+        given["leader_epoch"] = leader_epoch
+    return TopicPartition(topic, partition, offset, **given)
 
 
 def preference(assignor: str) -> str:
@@ -484,6 +496,8 @@ class ClusterGroups:
     # ------------------------------------------------------------------ offsets
 
     def commit(self, cmd: m.CommitOffsets) -> Any:
+        if not cmd.group:
+            return m.CommitOffsetsResult(cmd.group, error=NO_GROUP_ID)
         generation = self._generation(cmd.group)
         member = None
         try:
@@ -515,8 +529,8 @@ class ClusterGroups:
         ok = m.CommitOffsetsResult(cmd.group, tuple((t, p, None) for t, p, _, _ in cmd.offsets), generation=generation)
         if cmd.validate_only:
             return ok
-        tps = [TopicPartition(t, p, o, metadata=meta) if meta else TopicPartition(t, p, o)
-               for t, p, o, meta in cmd.offsets]
+        epochs = cmd.leader_epochs or [-1] * len(cmd.offsets)
+        tps = [_committed(t, p, o, meta, epoch) for (t, p, o, meta), epoch in zip(cmd.offsets, epochs, strict=True)]
 
         def stored(_: Any) -> m.CommitOffsetsResult:
             return ok
@@ -534,7 +548,9 @@ class ClusterGroups:
             d = deferred_from(self.reactor, futures[cmd.group], f"commit for group {cmd.group}")
         return d.addCallbacks(stored, failed)
 
-    def fetch(self, cmd: m.FetchOffsets) -> defer.Deferred:
+    def fetch(self, cmd: m.FetchOffsets) -> Any:
+        if not cmd.group:
+            return m.FetchOffsetsResult(cmd.group, error=NO_GROUP_ID)
         tps = None if cmd.partitions is None else [TopicPartition(t, p) for t, p in cmd.partitions]
         futures = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(cmd.group, tps)],
                                                          request_timeout=self.config.request_timeout_ms / 1000)
@@ -543,10 +559,13 @@ class ClusterGroups:
             out = []
             for tp in result.topic_partitions or ():
                 offset = tp.offset if tp.offset >= 0 and tp.error is None else -1
-                out.append((tp.topic, tp.partition, offset, tp.metadata or ""))
+                epoch = tp.leader_epoch if tp.leader_epoch is not None and offset >= 0 else -1
+                out.append(((tp.topic, tp.partition, offset, tp.metadata or ""), epoch))
             if cmd.partitions is None:
-                out = [o for o in out if o[2] >= 0]
-            return m.FetchOffsetsResult(cmd.group, tuple(sorted(out)), generation=self._generation(cmd.group))
+                out = [o for o in out if o[0][2] >= 0]
+            out.sort()
+            return m.FetchOffsetsResult(cmd.group, tuple(o for o, _ in out), generation=self._generation(cmd.group),
+                                        leader_epochs=tuple(e for _, e in out))
 
         def failed(f: Any) -> m.FetchOffsetsResult:
             f.trap(CommandError)
@@ -557,7 +576,7 @@ class ClusterGroups:
 
     def committed_offset(self, group: str, topic: str, partition: int) -> Any:
         """*May wait.* The offset ``group`` committed for the partition, None if none."""
-        return self.fetch(m.FetchOffsets(group, ((topic, partition),))).addCallback(
+        return defer.maybeDeferred(self.fetch, m.FetchOffsets(group, ((topic, partition),))).addCallback(
             lambda r: next((o for t, p, o, _ in r.offsets if o >= 0), None) if r.error is None else None)
 
     # ------------------------------------------------------------------ admin
@@ -603,8 +622,11 @@ class ClusterGroups:
 
     def list(self, cmd: m.ListGroups) -> defer.Deferred:
         future = self.admin.list_consumer_groups(request_timeout=self.config.request_timeout_ms / 1000)
-        return deferred_from(self.reactor, future, "list groups", lambda r: m.ListGroupsResult(tuple(sorted(
-            (g.group_id, "" if g.is_simple_consumer_group else "consumer") for g in r.valid))))
+        return deferred_from(self.reactor, future, "list groups", lambda r: m.ListGroupsResult(tuple(
+            m.GroupListing(g.group_id, "" if g.is_simple_consumer_group else "consumer",
+                           STATES.get(getattr(g.state, "name", str(g.state)), "Unknown"),
+                           "consumer" if getattr(g.type, "name", "") == "CONSUMER" else "classic")
+            for g in sorted(r.valid, key=lambda g: g.group_id))))
 
     def delete(self, cmd: m.DeleteGroups) -> defer.Deferred:
         if not cmd.groups:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import random
 import time
@@ -44,7 +46,7 @@ CREATE_VISIBLE_TRIES = 20  # metadata refreshes to wait for a created topic to s
 
 KAFKA_DEFAULTS = m.TopicConfig(retention_bytes=-1, retention_ms=7 * 24 * 3600 * 1000, segment_bytes=1 << 30,
                                cleanup_policy="delete", delete_retention_ms=24 * 3600 * 1000,
-                               min_cleanable_dirty_ratio=0.5, min_compaction_lag_ms=0)
+                               min_cleanable_dirty_ratio=0.5, min_compaction_lag_ms=0, compression_type="producer")
 
 class ClusterStore(ClusterTransactionStorage):
     """Implements ``Storage`` on the cluster at ``config.bootstrap``.
@@ -62,6 +64,7 @@ class ClusterStore(ClusterTransactionStorage):
 
     assigns_offsets = True
     forwards_format = KAFKA
+    compresses = True  # the cluster applies compression.type: the settings are passed on
     refusals: ClassVar[Mapping[str, str]] = {
         "report_replica": "in cluster mode replication is the cluster's",
         "set_role": "in cluster mode partition leadership is the cluster's",
@@ -165,7 +168,7 @@ class ClusterStore(ClusterTransactionStorage):
         state = self.metadata.state(topic)
         return m.TopicInfo(topic, tuple(
             m.PartitionInfo(p, marks.log_start_offset, marks.high_watermark, marks.high_watermark)
-            for p, marks in enumerate(state.partitions)), state.config)
+            for p, marks in enumerate(state.partitions)), state.config, topic_id=_hex_id(state.topic_id))
 
     def topic_config(self, topic: str) -> m.TopicConfig:
         return self.metadata.state(topic).config
@@ -461,3 +464,13 @@ class ClusterStore(ClusterTransactionStorage):
         self.groups.expire()
         for reader in self._readers():
             reader.expire()
+
+
+def _hex_id(cluster_id: str) -> str:
+    """A cluster's topic id (Kafka writes it in unpadded base64url) as ``TopicInfo.topic_id``'s 32 hex
+    digits; "" for a cluster that gives none (the metadata keeps the name in its place then)."""
+    try:
+        raw = base64.urlsafe_b64decode(cluster_id + "==")
+    except (binascii.Error, ValueError):
+        return ""
+    return raw.hex() if len(raw) == 16 and any(raw) else ""

@@ -113,6 +113,9 @@ class BatchFormat(Protocol):
       partition they were written in (Kafka's): it also implements
       ``LeaderEpochFormat``, whose ``assign_offsets_in_epoch`` the broker
       numbers payloads with instead of ``assign_offsets``.
+    * ``compressing``: the format's batches name their compression (Kafka's):
+      it also implements ``CompressingFormat``, whose ``recompress`` the broker
+      stores a batch with when its topic's ``compression.type`` names another.
     * ``inflate_limit``: for a format whose payloads may be compressed, the
       most one payload may decompress to (``validate`` and every read stop
       there); ``None`` for a format without compression. ``gateway serve``
@@ -124,6 +127,7 @@ class BatchFormat(Protocol):
     columnar: ClassVar[bool] = False
     transactional: ClassVar[bool] = False
     leader_epochs: ClassVar[bool] = False
+    compressing: ClassVar[bool] = False
     inflate_limit: int | None = None
 
     def records(self, batch: StoredBatch) -> Iterable[Record]: ...
@@ -222,6 +226,18 @@ class LeaderEpochFormat(BatchFormat, Protocol):
     def assign_offsets_in_epoch(self, payload: bytes, base_offset: int, leader_epoch: int) -> bytes: ...
 
 
+@runtime_checkable
+class CompressingFormat(BatchFormat, Protocol):
+    """A ``BatchFormat`` whose batches name their compression (``compressing``): ``recompress``
+    gives a validated payload with its records compressed as ``compression_type`` names (one of Kafka's
+    ``compression.type`` codecs: ``uncompressed``, ``gzip``, ``snappy``, ``lz4``, ``zstd``), all
+    else as it was; a payload already so compressed, or that holds no records (a marker), as it is."""
+
+    compressing: ClassVar[bool] = True
+
+    def recompress(self, payload: bytes, compression_type: str) -> bytes: ...
+
+
 # The capability flags as the type checker reads them: a format that declares one is of its
 # Protocol (the flag is the declaration; ``isinstance`` on a Protocol would probe every method).
 
@@ -239,3 +255,8 @@ def is_transactional(fmt: BatchFormat) -> TypeGuard[TransactionalFormat]:
 def has_leader_epochs(fmt: BatchFormat) -> TypeGuard[LeaderEpochFormat]:
     """Whether ``fmt`` declares ``leader_epochs``."""
     return fmt.leader_epochs
+
+
+def is_compressing(fmt: BatchFormat) -> TypeGuard[CompressingFormat]:
+    """Whether ``fmt`` declares ``compressing``."""
+    return fmt.compressing

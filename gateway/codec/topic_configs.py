@@ -41,6 +41,17 @@ def _ratio(text: str) -> float:
     return value
 
 
+COMPRESSION_TYPES = ("uncompressed", "gzip", "snappy", "lz4", "zstd", "producer")
+"""Kafka's values of ``compression.type``: the codec a topic's batches are stored in, or ``producer``:
+as each producer sent it."""
+
+
+def _compression(text: str) -> str:
+    if text not in COMPRESSION_TYPES:
+        raise ValueError(", ".join(COMPRESSION_TYPES[:-1]) + " or " + COMPRESSION_TYPES[-1])
+    return text
+
+
 def _policy(text: str) -> str:
     policy = POLICIES.get(",".join(p.strip() for p in text.lower().split(",")))
     if policy is None:
@@ -67,10 +78,12 @@ SETTINGS: dict[str, Setting] = {
                                          "share of a log not yet compacted past which the cleaner compacts it"),
     "min.compaction.lag.ms": Setting("min_compaction_lag_ms", _int(0), "records younger than this are not "
                                                                        "compacted"),
+    "compression.type": Setting("compression_type", _compression, "the compression batches are stored in "
+                                                                  "(producer: each as its producer sent it)"),
 }
 """Every setting a topic keeps, by Kafka's name."""
 
-READ_ONLY = {"compression.type": "producer", "message.timestamp.type": "CreateTime"}
+READ_ONLY = {"message.timestamp.type": "CreateTime"}
 """Settings shown by DescribeConfigs that cannot be changed: what polygate always does."""
 
 

@@ -134,3 +134,30 @@ def test_refused_acl_commands_answer_each_binding_and_filter(tmp_path):
         assert [(gone, e.code) for gone, e in deleted.matches] == [((), ErrorCode.CLUSTER_AUTHORIZATION)] * 2
     finally:
         engine.close()
+
+
+def test_authorized_operations_are_those_the_acls_allow(tmp_path):
+    """``AuthorizedOperations`` (Kafka's "authorized operations" answers): under ACLs, the operations
+    that apply that the caller may perform (Read implies Describe); without an authorizer, all of them."""
+    from test_adapter import Reactor
+
+    from gateway.broker import Broker
+    from gateway.codecs.v1 import plugin as v1_plugin
+    from gateway.local.store import LocalStore
+    from gateway.model import SUPPORTED_OPERATIONS, AuthorizedOperations, Caller
+    from gateway.storage.engine import Engine
+
+    reactor = Reactor()
+    engine = Engine(str(tmp_path / "data"))
+    try:
+        store = LocalStore(engine, reactor)
+        alice = Caller("User:alice", "10.0.0.1")
+        asked = AuthorizedOperations(T, ("orders", "pay"))
+        broker = Broker(store, {"v1": v1_plugin.batch_format}, reactor, acls=Acls([b("orders", Op.READ)]))
+        assert broker.execute(asked, alice).result.operations == ((Op.READ, Op.DESCRIBE), ())
+        groups = broker.execute(AuthorizedOperations(G, ("g",)), alice).result.operations
+        assert groups == ((),)
+        open_broker = Broker(store, {"v1": v1_plugin.batch_format}, reactor)
+        assert open_broker.execute(asked, alice).result.operations == (SUPPORTED_OPERATIONS[T],) * 2
+    finally:
+        engine.close()

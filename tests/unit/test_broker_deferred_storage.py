@@ -77,6 +77,8 @@ def without_topic_ids(result):
     """``result`` with the topic ids blanked: each engine draws its own, at random, as Kafka does."""
     if isinstance(result, m.ListTopicsResult):
         return attrs.evolve(result, topics=tuple(attrs.evolve(t, topic_id="") for t in result.topics))
+    if isinstance(result, m.CreateTopicResult):
+        return attrs.evolve(result, topic_id="")
     return result
 
 

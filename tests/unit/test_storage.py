@@ -127,7 +127,7 @@ def test_delete_topic_removes_its_data_and_keeps_the_group_records_it_was_given(
     directory = engine.partition("gone", 0).log.directory
     engine.delete_topic("gone")
     assert not os.path.exists(directory)
-    assert engine.offsets["g"] == {("gone", 0): (1, "")}, "forgetting them is the group coordinator's rule"
+    assert engine.offsets["g"] == {("gone", 0): (1, "", -1)}, "forgetting them is the group coordinator's rule"
 
 
 def test_journal_survives_torn_tail_and_compacts(tmp_path):
@@ -153,9 +153,21 @@ def test_engine_compacts_offsets_journal_on_start(tmp_path):
     e.close()
     before = os.path.getsize(tmp_path / "meta.journal")
     e = Engine(str(tmp_path))
-    assert e.offsets["g"][("t", 0)] == (4999, "")
+    assert e.offsets["g"][("t", 0)] == (4999, "", -1)
     e.close()
     assert os.path.getsize(tmp_path / "meta.journal") < before / 100
+
+
+def test_a_committed_offset_keeps_its_leader_epoch_across_restarts_and_compaction(tmp_path):
+    e = Engine(str(tmp_path))
+    e.create_topic("t", 2)
+    e.save_offset("g", "t", 0, 5, "m", 3)
+    e.save_offset("g", "t", 1, 6)
+    e.close()
+    for _ in range(2):  # as journaled, then as compacted at the first restart
+        e = Engine(str(tmp_path))
+        assert e.offsets["g"] == {("t", 0): (5, "m", 3), ("t", 1): (6, "", -1)}
+        e.close()
 
 
 def test_second_engine_on_same_dir_is_refused(tmp_path):

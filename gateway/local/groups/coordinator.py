@@ -112,7 +112,7 @@ class GroupCoordinator:
         generation = self.classic.generation
         try:
             self.offsets.commit(cmd.group, cmd.offsets, cmd.member_id, cmd.generation, cmd.require_assignment,
-                                cmd.no_regression, cmd.validate_only, cmd.group_instance_id)
+                                cmd.no_regression, cmd.validate_only, cmd.group_instance_id, cmd.leader_epochs)
         except CommitRefused as e:
             return m.CommitOffsetsResult(cmd.group, ((e.topic, e.partition, e.error),), e.error,
                                          generation(cmd.group))
@@ -124,14 +124,11 @@ class GroupCoordinator:
     def fetch(self, cmd: m.FetchOffsets) -> m.FetchOffsetsResult:
         generation = self.classic.generation(cmd.group)
         if cmd.partitions is None:
-            found = self.offsets.committed_all(cmd.group)
-            return m.FetchOffsetsResult(cmd.group, tuple(
-                (t, p, o, meta) for (t, p), (o, meta) in sorted(found.items())), generation=generation)
-        out = []
-        for t, p in cmd.partitions:
-            c = self.offsets.committed(cmd.group, t, p)
-            out.append((t, p, c[0], c[1]) if c else (t, p, -1, ""))
-        return m.FetchOffsetsResult(cmd.group, tuple(out), generation=generation)
+            found = sorted(self.offsets.committed_all(cmd.group).items())
+        else:
+            found = [((t, p), self.offsets.committed(cmd.group, t, p) or (-1, "", -1)) for t, p in cmd.partitions]
+        return m.FetchOffsetsResult(cmd.group, tuple((t, p, o, meta) for (t, p), (o, meta, _) in found),
+                                    generation=generation, leader_epochs=tuple(e for _, (_, _, e) in found))
 
     def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
         committed = self.offsets.committed(group, topic, partition)
@@ -174,9 +171,11 @@ class GroupCoordinator:
     def list(self, cmd: m.ListGroups) -> m.ListGroupsResult:
         """Classic groups with members or with committed offsets, then KIP-848 groups."""
         names = set(self.classic.groups) | set(self.records.offsets)
-        classic = [(n, self.classic.protocol_type(n) or "") for n in sorted(names)]
-        return m.ListGroupsResult(tuple(classic + [(n, "consumer") for n in self.consumer.groups
-                                                   if n not in names]))
+        classic = [m.GroupListing(n, g.protocol_type, g.state) if (g := self.classic.groups.get(n)) is not None
+                   else m.GroupListing(n, "", "Empty") for n in sorted(names)]
+        return m.ListGroupsResult(tuple(classic + [
+            m.GroupListing(n, "consumer", "Stable" if g.members else "Empty", "consumer")
+            for n, g in self.consumer.groups.items() if n not in names]))
 
     def delete(self, cmd: m.DeleteGroups) -> m.DeleteGroupsResult:
         errors: list[tuple[str, Error | None]] = []

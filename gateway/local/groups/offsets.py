@@ -10,7 +10,7 @@ before (``coordinator``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from gateway.local.groups.classic import ClassicGroups
 from gateway.local.groups.state import GroupRecords
@@ -35,8 +35,10 @@ class Offsets:
 
     def commit(self, name: str, offsets: Iterable[tuple[str, int, int, str]], member_id: str = "",
                generation: int | None = None, require_assignment: bool = False, no_regression: bool = False,
-               validate_only: bool = False, group_instance_id: str | None = None) -> None:
-        """Store committed offsets, after the checks asked for: membership (with
+               validate_only: bool = False, group_instance_id: str | None = None,
+               leader_epochs: Sequence[int] = ()) -> None:
+        """Store committed offsets (each with its leader epoch, ``leader_epochs``: empty for
+        unknown), after the checks asked for: membership (with
         ``generation``), ``require_assignment`` (``NOT_ASSIGNED``), ``no_regression``
         (``OFFSET_REGRESSION`` below the offset committed); ``validate_only``
         stores nothing. A check refused for one partition raises ``CommitRefused``."""
@@ -64,14 +66,15 @@ class Offsets:
                                         f"current={current[0]} got={offset}", topic, partition)
         if validate_only:
             return
-        for topic, partition, offset, meta in offsets:
-            self.records.save_offset(name, topic, partition, offset, meta)
+        epochs = leader_epochs or [-1] * len(offsets)
+        for (topic, partition, offset, meta), leader_epoch in zip(offsets, epochs, strict=True):
+            self.records.save_offset(name, topic, partition, offset, meta, leader_epoch)
 
-    def committed(self, name: str, topic: str, partition: int) -> tuple[int, str] | None:
-        """The offset group ``name`` committed for the partition, with its metadata."""
+    def committed(self, name: str, topic: str, partition: int) -> tuple[int, str, int] | None:
+        """The offset group ``name`` committed for the partition, with its metadata and leader epoch."""
         return self.records.offsets.get(name, {}).get((topic, partition))
 
-    def committed_all(self, name: str) -> dict[tuple[str, int], tuple[int, str]]:
+    def committed_all(self, name: str) -> dict[tuple[str, int], tuple[int, str, int]]:
         return dict(self.records.offsets.get(name, {}))
 
     def delete_offsets(self, name: str,

@@ -26,12 +26,13 @@ class GroupRecords(Protocol):
         """Each group's state as last saved, by name."""
 
     @property
-    def offsets(self) -> Mapping[str, Mapping[tuple[str, int], tuple[int, str]]]:
-        """Committed offsets: group -> (topic, partition) -> (offset, metadata)."""
+    def offsets(self) -> Mapping[str, Mapping[tuple[str, int], tuple[int, str, int]]]:
+        """Committed offsets: group -> (topic, partition) -> (offset, metadata, leader epoch)."""
 
     def save_group(self, state: dict[str, Any]) -> None: ...
     def delete_group(self, name: str) -> None: ...
-    def save_offset(self, group: str, topic: str, partition: int, offset: int, metadata: str = "") -> None: ...
+    def save_offset(self, group: str, topic: str, partition: int, offset: int, metadata: str = "",
+                    leader_epoch: int = -1) -> None: ...
     def delete_offset(self, group: str, topic: str, partition: int) -> None: ...
 
 
