@@ -354,6 +354,20 @@ def as_admin(gw: GatewayProcess, *args: str) -> None:
     assert result.exit_code == 0, (args, result.stdout, result.stderr)
 
 
+def test_admin_logins_are_refused_unchecked_until_the_address_turn_after_failures(gateway_factory, tmp_path):
+    """The login limits of every listener hold on the admin listener too: each failure doubles the
+    time before the next guess from the address is checked (0.1, 0.2, 0.4, 0.8, 1.6 s); a guess
+    before then, even the right password, is refused unchecked."""
+    gw = gateway_factory(("v1",), auth_args(str(tmp_path), ADMIN_USERS, require="admin"))
+    url = gw.admin_url("/metrics")
+    for wait in (0, 0.15, 0.25, 0.45, 0.85):
+        time.sleep(wait)  # past the turn the failures so far set
+        assert fetch(url, "alice", "wrong")[0] == 401
+    assert fetch(url, "alice")[0] == 401  # within the fifth failure's 1.6 s
+    time.sleep(1.8)
+    assert fetch(url, "alice")[0] == 200
+
+
 def test_the_admin_listener_asks_for_a_login_and_shows_what_the_caller_may_describe(gateway_factory, tmp_path):
     gw = gateway_factory(("kafka",), ("--default-partitions", "1", "--authorizer", "acl", "--super-users",
                                       "User:admin", *auth_args(str(tmp_path), ADMIN_USERS, require="kafka,admin")))
@@ -366,6 +380,7 @@ def test_the_admin_listener_asks_for_a_login_and_shows_what_the_caller_may_descr
         status, headers, _ = fetch(gw.admin_url(path))
         assert status == 401 and headers["WWW-Authenticate"].startswith("Basic realm="), (path, status)
     assert fetch(gw.admin_url("/metrics"), "alice", "wrong")[0] == 401
+    time.sleep(0.2)  # a failed login's penalty (0.1 s): a login before it is refused unchecked
 
     status, _, body = fetch(gw.admin_url("/metrics"), "alice")
     assert status == 200

@@ -105,7 +105,7 @@ class AdminServer:
         self.gateway = gateway
         self.reactor = reactor
         self.access = access or AdminAccess()
-        gate = Gate(self.access, gateway.users, gateway.acls)
+        gate = Gate(self.access, gateway.users, gateway.acls, gateway.logins, reactor.seconds)
         self.registry = CollectorRegistry()
         self.storage = StorageCollector(gateway, reactor)
         self.registry.register(ServingCollector(gateway))

@@ -28,6 +28,7 @@ from gateway import model as m
 from gateway.model import AclOperation, ResourceType
 
 if TYPE_CHECKING:
+    from gateway.codec import LoginLimits
     from gateway.security.acl import Acls
     from gateway.security.users import UserStore
 
@@ -56,10 +57,13 @@ Visible = Callable[[ResourceType, str], bool]
 class Gate:
     """Decides who a request comes from, and what that caller may see."""
 
-    def __init__(self, access: AdminAccess, users: UserStore, acls: Acls | None):
+    def __init__(self, access: AdminAccess, users: UserStore, acls: Acls | None, logins: LoginLimits,
+                 clock: Callable[[], float]):
         self.access = access
         self.users = users
         self.acls = acls
+        self.logins = logins  # the gateway's: guesses here and on the protocols' listeners add up
+        self.clock = clock
 
     def admit(self, request: Any) -> bool:
         """Find the request's principal and keep it on the request; False when a login is
@@ -95,7 +99,17 @@ class Gate:
             user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return None
-        return f"User:{user}" if sep and self.users.verify_password(user, password) else None
+        if not sep:
+            return None
+        # A guess that comes before its address's or user's turn (``LoginLimits``) is refused
+        # unchecked: an HTTP request cannot wait unread, and parallel requests guess no faster so.
+        address, now = request.getClientAddress().host, self.clock()
+        if self.logins.wait(address, user, now) > 0:
+            return None
+        if self.users.verify_password(user, password):
+            return f"User:{user}"
+        self.logins.failed(address, user, now)
+        return None
 
 
 def refuse(request: Any) -> bytes:
