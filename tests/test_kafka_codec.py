@@ -110,21 +110,21 @@ def test_api_versions_v3_golden_answer():
     assert data[8:10] == b"\x00\x00"
     assert data[10] == len(handlers.HANDLERS) + 1  # compact array
     entries = data[11 : 11 + 7 * len(handlers.HANDLERS)]
-    assert entries[:7] == b"\x00\x00\x00\x00\x00\x09\x00"  # Produce 0-9, empty entry tags
+    assert entries[:7] == b"\x00\x00\x00\x00\x00\x0b\x00"  # Produce 0-11, empty entry tags
     assert data[11 + 7 * len(handlers.HANDLERS) :] == b"\x00\x00\x00\x00\x00"  # throttle, no top-level tags
 
 
 def test_unsupported_api_versions_gets_kip511_v0_answer():
     conn = KafkaConnection(SETTINGS)
-    frame = request(18, 4, {}, 9)
+    frame = request(18, 5, {}, 9)
     conn.receive_data(frame)
     (reply,) = events(conn)
-    assert reply.data == struct.pack(">ii", 16, 9) + bytes.fromhex("0023 00000001 0012 0000 0003")
+    assert reply.data == struct.pack(">ii", 16, 9) + bytes.fromhex("0023 00000001 0012 0000 0004")
 
 
 def test_unsupported_version_answers_and_keeps_the_connection():
     conn = KafkaConnection(SETTINGS)
-    conn.receive_data(request(16, 4, {}, 1) + request(18, 0, {}, 2))  # ListGroups v4 is not advertised
+    conn.receive_data(request(16, 6, {}, 1) + request(18, 0, {}, 2))  # ListGroups v6 is not advertised
     first, second = events(conn)
     assert isinstance(first, Reply) and not first.close
     correlation, body = answer(16, 4, first.data)

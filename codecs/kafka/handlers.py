@@ -128,7 +128,7 @@ def fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handle
         _learn_topic_ids(conn, results[0].topics)
         return _fetch(conn, version, req, frame)
 
-    return Handled.run((m.ListTopics(None),), listed)
+    return Handled.run((m.ListTopics(None),), listed, hold=True)  # two steps: later requests wait
 
 
 def _fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -303,7 +303,8 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
             commands.append(m.AuthorizedOperations(m.ResourceType.CLUSTER, (m.CLUSTER_RESOURCE,)))
         return Handled.run(tuple(commands), authorized)
 
-    return Handled.run((m.ListTopics(names, auto and not ids),), render)
+    return Handled.run((m.ListTopics(names, auto and not ids),), render,
+                       hold=with_topic_operations or with_cluster_operations)  # then the operations: two steps
 
 
 PARTITION_LIMIT = 2000
@@ -349,7 +350,7 @@ def describe_topic_partitions(conn: KafkaConnection, version: int, req: Any, fra
         return Handled.run((m.AuthorizedOperations(m.ResourceType.TOPIC, tuple(t["Name"] for t in known)),),
                            authorized)
 
-    return Handled.run((m.ListTopics(names),), listed)
+    return Handled.run((m.ListTopics(names),), listed, hold=True)  # two steps: later requests wait
 
 
 def _bits(operations: Sequence[m.AclOperation]) -> int:
@@ -476,7 +477,7 @@ def delete_topics(conn: KafkaConnection, version: int, req: Any, frame: Frame) -
 
         return Handled.run(commands, deleted) if commands else Handled.answer(deleted(()))
 
-    return Handled.run((m.ListTopics(names),), found)
+    return Handled.run((m.ListTopics(names),), found, hold=True)  # two steps: later requests wait
 
 
 def create_partitions(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
