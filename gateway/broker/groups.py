@@ -93,11 +93,12 @@ class Groups:
         if not refused:
             return self._commit(cmd)
         gone = {(t, p) for t, p, _ in refused}
-        known = tuple(o for o in cmd.offsets if (o[0], o[1]) not in gone)
-        if not known:
+        kept = [i for i, o in enumerate(cmd.offsets) if (o[0], o[1]) not in gone]
+        if not kept:
             return m.CommitOffsetsResult(cmd.group, refused, refused[0][2])
-        return then(self._commit(attrs.evolve(cmd, offsets=known)),
-                    lambda r: attrs.evolve(r, errors=r.errors + refused))
+        known = attrs.evolve(cmd, offsets=tuple(cmd.offsets[i] for i in kept),
+                             leader_epochs=tuple(cmd.leader_epochs[i] for i in kept) if cmd.leader_epochs else ())
+        return then(self._commit(known), lambda r: attrs.evolve(r, errors=r.errors + refused))
 
     def _commit(self, cmd: m.CommitOffsets) -> MayWait[m.CommitOffsetsResult]:
         if cmd.validate_only:  # nothing is written
