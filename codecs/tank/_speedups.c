@@ -10,6 +10,11 @@
  *     stamps are u64 timestamps (ms), keys bytes or None (cut to 255 bytes), values bytes;
  *     seqs is None, or one ascending sequence number per message for a SPARSE bundle.
  *     TypeError or OverflowError for what only the Python loop takes (other types, out of range).
+ * encode_plain_bundle(offsets, base_offset, stamps, keys, values) -> bytes | None
+ *     ``varint len | bundle`` of one uncompressed, non-SPARSE bundle of the records, as
+ *     ``format._encode_plain_bundle``: None unless the offsets are base_offset, base_offset + 1, ... (none None);
+ *     stamps below 0 written as 0, keys cut to 255 bytes (empty: none), values None written empty.
+ *     TypeError or OverflowError for what only the Python path takes (other types, out of range).
  * validate_plain(payload) -> (records, span) | None
  *     what ``TankFormat.validate`` returns for a produced payload (``varint len | bundle``...) whose
  *     bundles are all uncompressed and valid; None for anything else (a compressed bundle, a fault, a
@@ -100,6 +105,76 @@ encode_messages(PyObject *self, PyObject *args)
         p = tank_put(p, seqs != Py_None && i && i < n - 1 && !gap ? SEQ_PREV_PLUS_ONE : 0, gap, i && ts == prev_ts,
                      ts, key != Py_None ? PyBytes_AS_STRING(key) : NULL, key != Py_None ? PyBytes_GET_SIZE(key) : 0,
                      PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
+        prev_ts = ts;
+    }
+    return out;
+}
+
+/* encode_plain_bundle: the timestamp of message i as TANK keeps it (below 0: 0); -1 with an exception set. */
+static int
+plain_ts(PyObject *stamps, Py_ssize_t i, uint64_t *ts)
+{
+    long long t;
+    if (list_int64(stamps, i, &t) < 0)
+        return -1;
+    *ts = t > 0 ? (uint64_t)t : 0;
+    return 0;
+}
+
+static PyObject *
+encode_plain_bundle(PyObject *self, PyObject *args)
+{
+    PyObject *offsets, *stamps, *keys, *values;
+    long long base;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!LO!O!O!", &PyList_Type, &offsets, &base, &PyList_Type, &stamps, &PyList_Type,
+                          &keys, &PyList_Type, &values))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(offsets);
+    if (PyList_GET_SIZE(stamps) != n || PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_TypeError, "one offset, timestamp, key and value per message");
+        return NULL;
+    }
+    if (n == 0)
+        Py_RETURN_NONE;
+    /* First pass: the offsets follow on from base, the types hold; size the messages. */
+    Py_ssize_t size = 0;
+    uint64_t prev_ts = 0, ts;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(offsets, i), *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        long long offset, expected;
+        if (o == Py_None) /* numbered by the Python path, in a SPARSE bundle */
+            Py_RETURN_NONE;
+        if (list_int64(offsets, i, &offset) < 0 || plain_ts(stamps, i, &ts) < 0)
+            return NULL;
+        if (__builtin_add_overflow(base, (long long)i, &expected) || offset != expected)
+            Py_RETURN_NONE;
+        if ((key != Py_None && !PyBytes_Check(key)) || (value != Py_None && !PyBytes_Check(value))) {
+            PyErr_SetString(PyExc_TypeError, "keys and values must be bytes or None");
+            return NULL;
+        }
+        size += tank_size(0, i && ts == prev_ts, key != Py_None ? PyBytes_GET_SIZE(key) : 0,
+                          value != Py_None ? PyBytes_GET_SIZE(value) : 0);
+        prev_ts = ts;
+    }
+    Py_ssize_t head = 1 + ((uint64_t)n < 16 ? 0 : uvarint_size((uint64_t)n)), bundle = head + size;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, uvarint_size((uint64_t)bundle) + bundle);
+    if (out == NULL)
+        return NULL;
+    /* Second pass: write (the first one checked everything that can fail). */
+    unsigned char *p = put_uvarint((unsigned char *)PyBytes_AS_STRING(out), (uint64_t)bundle);
+    if (n < 16) {
+        *p++ = (unsigned char)(n << 2);
+    } else {
+        *p++ = 0;
+        p = put_uvarint(p, (uint64_t)n);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        plain_ts(stamps, i, &ts);
+        p = tank_put(p, 0, 0, i && ts == prev_ts, ts, key != Py_None ? PyBytes_AS_STRING(key) : NULL,
+                     key != Py_None ? PyBytes_GET_SIZE(key) : 0, value != Py_None ? PyBytes_AS_STRING(value) : NULL,
+                     value != Py_None ? PyBytes_GET_SIZE(value) : 0);
         prev_ts = ts;
     }
     return out;
@@ -547,6 +622,8 @@ static PyMethodDef methods[] = {
     {"check_messages", check_messages, METH_VARARGS, "Check that a produced message set holds what it declares."},
     {"read_messages", read_messages, METH_VARARGS, "Append the fields of TANK messages to column lists."},
     {"encode_messages", encode_messages, METH_VARARGS, "The messages part of an uncompressed TANK bundle."},
+    {"encode_plain_bundle", encode_plain_bundle, METH_VARARGS,
+     "``varint len | bundle``: one plain bundle of records at consecutive offsets, or None."},
     {NULL, NULL, 0, NULL},
 };
 

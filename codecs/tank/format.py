@@ -525,6 +525,10 @@ class TankFormat(ColumnarFormat):
         if not offsets:
             return b""
         stamps, keys, values = columns.timestamps, columns.keys, columns.values
+        if not sparse:
+            bundle = encode_plain_bundle(offsets, base_offset, stamps, keys, values)
+            if bundle is not None:
+                return bundle
         seqs: list[int] | None = None
         if sparse or offsets != list(range(base_offset, base_offset + len(offsets))):
             numbered = [base_offset + i if o is None else o for i, o in enumerate(offsets)]  # as the other formats
@@ -548,6 +552,26 @@ def _ascending(offsets: Sequence[int]) -> list[int]:
             kept.append(i)
             top = offset
     return kept
+
+
+def _encode_plain_bundle(offsets: list[int | None], base_offset: int, stamps: list[int],
+                         keys: list[bytes | None], values: list[bytes | None]) -> bytes | None:
+    """``varint len | bundle`` of one uncompressed, non-SPARSE bundle of the records, or ``None``
+    unless their offsets are ``base_offset``, ``base_offset + 1``... (``TankFormat.encode_columns``
+    then numbers them in a SPARSE bundle): ``_speedups.encode_plain_bundle`` in Python."""
+    if not offsets or offsets != list(range(base_offset, base_offset + len(offsets))):
+        return None
+    return frame(encode_fields([t if t > 0 else 0 for t in stamps], keys, [v or b"" for v in values],
+                               compress=False))
+
+
+def _encode_plain_bundle_in_c(offsets: list[int | None], base_offset: int, stamps: list[int],
+                              keys: list[bytes | None], values: list[bytes | None]) -> bytes | None:
+    """``_speedups.encode_plain_bundle``, or the Python path for what it does not take."""
+    try:
+        return _speedups.encode_plain_bundle(offsets, base_offset, stamps, keys, values)
+    except (TypeError, OverflowError):
+        return _encode_plain_bundle(offsets, base_offset, stamps, keys, values)
 
 
 def _not_plain(payload: bytes) -> None:
@@ -580,9 +604,11 @@ def _encode_messages_in_c(stamps: Sequence[int], keys: Sequence[bytes | None], v
 
 
 if _speedups is None:
-    _read_loop, _check_loop, _encode_loop, validate_plain = _read_messages, _check_messages, _encode_messages, _not_plain
+    _read_loop, _check_loop, _encode_loop, validate_plain, encode_plain_bundle = (
+        _read_messages, _check_messages, _encode_messages, _not_plain, _encode_plain_bundle)
 else:
-    _read_loop, _check_loop, _encode_loop, validate_plain = (
-        _read_messages_in_c, _speedups.check_messages, _encode_messages_in_c, _speedups.validate_plain)
+    _read_loop, _check_loop, _encode_loop, validate_plain, encode_plain_bundle = (
+        _read_messages_in_c, _speedups.check_messages, _encode_messages_in_c, _speedups.validate_plain,
+        _encode_plain_bundle_in_c)
 
 FORMAT = TankFormat()

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.codec.formats import Columns
 from gateway.codecs.tank import format as tank_format
 
 speedups = tank_format._speedups
@@ -60,6 +61,57 @@ def test_what_the_c_loop_does_not_take_goes_to_the_python_loop():
         speedups.encode_messages([1, 1, 1], [None] * 3, [b""] * 3, [5, 4, 9])
     with pytest.raises(TypeError, match="per message"):
         speedups.encode_messages([1], [None], [b"v", b"w"], None)
+
+
+# Records as other formats hand them to TANK readers: Kafka timestamps may be -1, values None.
+READER_RECORDS = st.lists(st.tuples(st.sampled_from([-1, 0, 5, 1_700_000_000_000]) | st.integers(-(2**63), 2**63 - 1),
+                                    st.none() | st.binary(max_size=300), st.none() | st.binary(max_size=300)),
+                          max_size=40)
+BASE = st.sampled_from([0, 7, 2**63 - 41]) | st.integers(0, 2**63 - 1)
+
+
+def _offsets(base, n, data):
+    """Offsets from ``base`` as a reader's columns hold them: most often consecutive, else with a gap or a None."""
+    offsets = [base + i for i in range(n)]
+    if n and data.draw(st.booleans()):
+        offsets[data.draw(st.integers(0, n - 1))] = data.draw(st.none() | st.integers(0, 2**63 - 1))
+    return offsets
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(READER_RECORDS, BASE, st.data())
+def test_c_and_python_encode_plain_bundles_alike(records, base, data):
+    stamps, keys, values = ([list(c) for c in zip(*records)] if records else ([], [], []))
+    offsets = _offsets(base, len(records), data)
+    try:
+        c = speedups.encode_plain_bundle(offsets, base, stamps, keys, values)
+    except OverflowError:  # offsets past 64 bits: the Python path's
+        c = tank_format._encode_plain_bundle(offsets, base, stamps, keys, values)
+    assert c == tank_format._encode_plain_bundle(offsets, base, stamps, keys, values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(READER_RECORDS, BASE, st.data())
+def test_a_plain_bundle_is_what_the_general_path_writes(records, base, data):
+    stamps, keys, values = ([list(c) for c in zip(*records)] if records else ([], [], []))
+    columns = Columns(_offsets(base, len(records), data), stamps, keys, values)
+    fast = tank_format.FORMAT.encode_columns(columns, base)
+    with pytest.MonkeyPatch.context() as patch:  # every record through the general (SPARSE-capable) path
+        patch.setattr(tank_format, "encode_plain_bundle", lambda *args: None)
+        assert tank_format.FORMAT.encode_columns(columns, base) == fast
+
+
+@needs_c
+def test_what_the_c_plain_bundle_does_not_take_goes_to_python():
+    with pytest.raises(TypeError):
+        speedups.encode_plain_bundle([0], 0, [1], [bytearray(b"k")], [b"v"])
+    with pytest.raises(TypeError):
+        speedups.encode_plain_bundle([0], 0, [1], [None], [b"v", b"w"])
+    with pytest.raises(OverflowError):
+        speedups.encode_plain_bundle([0], 0, [2**64], [None], [b"v"])
+    columns = Columns([3], [5], [bytearray(b"k")], [b"v"])
+    assert tank_format.FORMAT.encode_columns(columns, 3) == tank_format._encode_plain_bundle([3], 3, [5], [b"k"], [b"v"])
 
 
 def _read(read, data, count, sparse, first, last):
