@@ -194,11 +194,13 @@ def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
 
 
 def read_messages(data: bytes | memoryview, header: Header, first_seq: int, seqs: list[int], stamps: list[int],
-                  keys: list[bytes | None], values: list[bytes | None], partial: bool = False) -> None:
-    """``decode_messages`` appending the fields of each message to the lists (in C when it was built)."""
+                  keys: list[bytes | None], values: list[bytes | None], partial: bool = False,
+                  less: int = 0) -> None:
+    """``decode_messages`` appending the fields of each message to the lists (in C when it was built);
+    each message's sequence number less ``less`` goes to ``seqs`` (1: its engine offset)."""
     sparse = bool(header.flags & SPARSE)
-    start, last = header.seqs_from(first_seq) if sparse else (first_seq, 0)
-    count, pos = _read_loop(data, header.count, sparse, start, last, seqs, stamps, keys, values)
+    start, last = header.seqs_from(first_seq) if sparse else (first_seq, less)
+    count, pos = _read_loop(data, header.count, sparse, start - less, last - less, seqs, stamps, keys, values)
     if not partial:
         if count < header.count:
             raise BundleError("message set cut short")
@@ -488,7 +490,6 @@ class TankFormat(ColumnarFormat):
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
         """The records of ``batches``, field by field (``gateway.codec.formats.Columns``)."""
-        seqs: list[int] = []
         columns = Columns([], [], [], [])
         for batch in batches:
             payload = batch.payload
@@ -505,13 +506,13 @@ class TankFormat(ColumnarFormat):
                     messages = message_set(payload, header, budget)
                     if header.codec:
                         budget -= len(messages)
-                    read_messages(messages, header, seq, seqs, columns.timestamps, columns.keys, columns.values)
+                    read_messages(messages, header, seq, columns.offsets, columns.timestamps,  # type: ignore[arg-type]  # offsets all ints here
+                                  columns.keys, columns.values, less=1)
                     seq = header.seqs_from(seq)[1] + 1
                     pos = body + n
             except BundleError as e:
                 raise CommandError(ErrorCode.CORRUPT_MESSAGE,
                                    f"stored bundle at {batch.base_offset}: {e}") from None
-        columns.offsets = [s - 1 for s in seqs]
         if columns.timestamps and max(columns.timestamps) > INT64_MAX:  # TANK's are u64; readers' i64
             columns.timestamps = [min(t, INT64_MAX) for t in columns.timestamps]
         return columns
