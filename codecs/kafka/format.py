@@ -327,8 +327,9 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
     if codec:
         body = compression.compress(codec, body)
     pid, epoch, seq = producer
-    tail = _BATCH_TAIL.pack(codec, last_delta, base_ts, max_ts, pid, epoch, seq, len(columns)) + body
-    return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
+    tail = _BATCH_TAIL.pack(codec, last_delta, base_ts, max_ts, pid, epoch, seq, len(columns))
+    crc = crc32c.crc32c(body, crc32c.crc32c(tail))  # the CRC runs on into the records: one copy of them, below
+    return b"".join((_BATCH_HEAD.pack(base_offset, len(tail) + len(body) + 9, 0, 2, crc), tail, body))
 
 
 def control_batch(producer_id: int, epoch: int, commit: bool, timestamp_ms: int, coordinator_epoch: int = 0,
