@@ -10,6 +10,13 @@
  *     stamps are u64 timestamps (ms), keys bytes or None (cut to 255 bytes), values bytes;
  *     seqs is None, or one ascending sequence number per message for a SPARSE bundle.
  *     TypeError or OverflowError for what only the Python loop takes (other types, out of range).
+ * read_payload(payload, first_seq, limit, inflate, offsets, stamps, keys, values) -> bool
+ *     appends the messages of a stored payload (``varint len | bundle``...) to the lists, as
+ *     ``TankFormat.columns`` reads them: offsets (sequence numbers less one, the first bundle's numbered from
+ *     ``first_seq`` unless SPARSE, each next one from where the one before ended), u64 timestamps, keys, values.
+ *     A snappy message set is ``inflate(view, limit left)`` (bytes; the limit falls by what each inflates to).
+ *     False, with what it appended left in the lists, at anything else: a fault, an exception from ``inflate``,
+ *     numbers past 64 bits; the Python loop then reads the payload again and names the fault.
  * encode_plain_bundle(offsets, base_offset, stamps, keys, values) -> bytes | None
  *     ``varint len | bundle`` of one uncompressed, non-SPARSE bundle of the records, as
  *     ``format._encode_plain_bundle``: None unless the offsets are base_offset, base_offset + 1, ... (none None);
@@ -414,6 +421,86 @@ read_bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, Bundl
     return 0;
 }
 
+/* read_payload: the messages of the bundle p[0:end] (sequence numbers first..last, or from first on) appended
+ * as offsets (sequence numbers less one): 0, or -1 (with no exception set) for a message set that is not
+ * exactly its count of whole messages, or numbers that do not fit. */
+static int
+read_bundle_offsets(const unsigned char *p, Py_ssize_t end, const BundleHeader *h, uint64_t first, uint64_t last,
+                    Lists *lists)
+{
+    Py_ssize_t read, stop;
+    if (first == 0 || (h->flags & SPARSE && last == 0) || h->count > PY_SSIZE_T_MAX)
+        return -1;
+    if (tank_walk(p, end, (Py_ssize_t)h->count, h->flags & SPARSE, first - 1, last - 1, append_message, lists, &read,
+                  &stop) < 0) {
+        PyErr_Clear(); /* beyond 64 bits (the Python loop's), or a failed append, which the Python loop meets again */
+        return -1;
+    }
+    return read == (Py_ssize_t)h->count && stop == end ? 0 : -1;
+}
+
+static PyObject *
+read_payload(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    unsigned long long seq;
+    Py_ssize_t budget;
+    PyObject *inflate;
+    Lists lists;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*KnOO!O!O!O!", &buf, &seq, &budget, &inflate, &PyList_Type, &lists.seqs,
+                          &PyList_Type, &lists.stamps, &PyList_Type, &lists.keys, &PyList_Type, &lists.values))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t pos = 0, end = buf.len;
+    int whole = 1;
+    while (pos < end && whole) {
+        uint64_t n;
+        BundleHeader h;
+        if (read_varint5(p, &pos, end, &n) < 0 || n > (uint64_t)(end - pos) ||
+            read_bundle_header(p, pos, pos + (Py_ssize_t)n, &h) < 0) {
+            whole = 0;
+            break;
+        }
+        Py_ssize_t bundle_end = pos + (Py_ssize_t)n;
+        uint64_t first = seq, last;
+        if (h.flags & SPARSE) {
+            first = h.first;
+            last = h.has_delta ? h.first + h.delta + 1 : h.first;
+            whole = last >= first;
+        } else {
+            last = seq + h.count - 1;
+            whole = h.count == 0 || last >= seq;
+        }
+        if (whole && h.flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within the budget */
+            PyObject *view = PyMemoryView_FromMemory((char *)p + h.body, bundle_end - h.body, PyBUF_READ);
+            PyObject *set = view == NULL ? NULL : PyObject_CallFunction(inflate, "On", view, budget);
+            Py_XDECREF(view);
+            if (set == NULL || !PyBytes_Check(set)) {
+                Py_XDECREF(set);
+                if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+                    goto failed; /* not a fault of the bundle (an interrupt): passed on */
+                PyErr_Clear();
+                whole = 0;
+                break;
+            }
+            budget -= PyBytes_GET_SIZE(set);
+            whole = read_bundle_offsets((const unsigned char *)PyBytes_AS_STRING(set), PyBytes_GET_SIZE(set), &h, first,
+                                        last, &lists) == 0;
+            Py_DECREF(set);
+        } else if (whole) {
+            whole = read_bundle_offsets(p + h.body, bundle_end - h.body, &h, first, last, &lists) == 0;
+        }
+        seq = last + 1;
+        pos = bundle_end;
+    }
+    PyBuffer_Release(&buf);
+    return PyBool_FromLong(whole);
+failed:
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
 /* The header of the bundle p[pos:end], as format.parse_header reads it, or None when it does not parse. */
 static PyObject *
 bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end)
@@ -621,6 +708,8 @@ static PyMethodDef methods[] = {
      "(records, span) of a produced payload of plain bundles, all valid; else None."},
     {"check_messages", check_messages, METH_VARARGS, "Check that a produced message set holds what it declares."},
     {"read_messages", read_messages, METH_VARARGS, "Append the fields of TANK messages to column lists."},
+    {"read_payload", read_payload, METH_VARARGS,
+     "Append the messages of a stored payload's bundles to column lists: whether it read them all."},
     {"encode_messages", encode_messages, METH_VARARGS, "The messages part of an uncompressed TANK bundle."},
     {"encode_plain_bundle", encode_plain_bundle, METH_VARARGS,
      "``varint len | bundle``: one plain bundle of records at consecutive offsets, or None."},

@@ -489,33 +489,45 @@ class TankFormat(ColumnarFormat):
         return self.columns((batch,)).records()
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
-        """The records of ``batches``, field by field (``gateway.codec.formats.Columns``)."""
+        """The records of ``batches``, field by field (``gateway.codec.formats.Columns``).
+
+        Each payload is read in one C pass (``_speedups.read_payload``, where it was built); one that
+        pass does not read whole (a fault, numbers past 64 bits) is read again by ``_read_payload``."""
         columns = Columns([], [], [], [])
+        lists = (columns.offsets, columns.timestamps, columns.keys, columns.values)
         for batch in batches:
-            payload = batch.payload
-            end = len(payload)
-            pos = 0
-            seq = batch.base_offset + 1
-            budget = self.inflate_limit
-            try:
-                while pos < end:
-                    n, body = read_varint(payload, pos, end)
-                    if body + n > end:
-                        raise BundleError("bundle cut short")
-                    header = parse_header(payload, body, body + n)
-                    messages = message_set(payload, header, budget)
-                    if header.codec:
-                        budget -= len(messages)
-                    read_messages(messages, header, seq, columns.offsets, columns.timestamps,  # type: ignore[arg-type]  # offsets all ints here
-                                  columns.keys, columns.values, less=1)
-                    seq = header.seqs_from(seq)[1] + 1
-                    pos = body + n
-            except BundleError as e:
-                raise CommandError(ErrorCode.CORRUPT_MESSAGE,
-                                   f"stored bundle at {batch.base_offset}: {e}") from None
+            mark = len(columns.values)
+            if not read_payload(batch.payload, batch.base_offset + 1, self.inflate_limit, _inflate, *lists):
+                for column in lists:
+                    del column[mark:]
+                self._read_payload(batch, columns)
         if columns.timestamps and max(columns.timestamps) > INT64_MAX:  # TANK's are u64; readers' i64
             columns.timestamps = [min(t, INT64_MAX) for t in columns.timestamps]
         return columns
+
+    def _read_payload(self, batch: StoredBatch, columns: Columns) -> None:
+        """Append the messages of ``batch`` to ``columns``: ``_speedups.read_payload`` in Python, which
+        names the fault, ``CommandError(CORRUPT_MESSAGE)``."""
+        payload = batch.payload
+        end = len(payload)
+        pos = 0
+        seq = batch.base_offset + 1
+        budget = self.inflate_limit
+        try:
+            while pos < end:
+                n, body = read_varint(payload, pos, end)
+                if body + n > end:
+                    raise BundleError("bundle cut short")
+                header = parse_header(payload, body, body + n)
+                messages = message_set(payload, header, budget)
+                if header.codec:
+                    budget -= len(messages)
+                read_messages(messages, header, seq, columns.offsets, columns.timestamps,  # type: ignore[arg-type]  # offsets all ints here
+                              columns.keys, columns.values, less=1)
+                seq = header.seqs_from(seq)[1] + 1
+                pos = body + n
+        except BundleError as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {batch.base_offset}: {e}") from None
 
     def encode(self, records: Sequence[Record], base_offset: int, sparse: bool = False) -> bytes:
         return self.encode_columns(Columns.of_records(records), base_offset, sparse)
@@ -575,6 +587,16 @@ def _encode_plain_bundle_in_c(offsets: list[int | None], base_offset: int, stamp
         return _encode_plain_bundle(offsets, base_offset, stamps, keys, values)
 
 
+def _inflate(message_set: memoryview, limit: int) -> bytes:
+    """A snappy message set of ``read_payload``, inflated within ``limit`` (its faults raise)."""
+    return compression.snappy_block(message_set, limit)
+
+
+def _not_read(payload: bytes, first_seq: int, limit: int, inflate: object, *columns: list) -> bool:
+    """``_speedups.read_payload`` where the C pass was not built: every payload is read in Python."""
+    return False
+
+
 def _not_plain(payload: bytes) -> None:
     """``_speedups.validate_plain`` where the C pass was not built: every payload is checked in Python."""
     return None
@@ -605,11 +627,11 @@ def _encode_messages_in_c(stamps: Sequence[int], keys: Sequence[bytes | None], v
 
 
 if _speedups is None:
-    _read_loop, _check_loop, _encode_loop, validate_plain, encode_plain_bundle = (
-        _read_messages, _check_messages, _encode_messages, _not_plain, _encode_plain_bundle)
+    _read_loop, _check_loop, _encode_loop, validate_plain, encode_plain_bundle, read_payload = (
+        _read_messages, _check_messages, _encode_messages, _not_plain, _encode_plain_bundle, _not_read)
 else:
-    _read_loop, _check_loop, _encode_loop, validate_plain, encode_plain_bundle = (
+    _read_loop, _check_loop, _encode_loop, validate_plain, encode_plain_bundle, read_payload = (
         _read_messages_in_c, _speedups.check_messages, _encode_messages_in_c, _speedups.validate_plain,
-        _encode_plain_bundle_in_c)
+        _encode_plain_bundle_in_c, _speedups.read_payload)
 
 FORMAT = TankFormat()

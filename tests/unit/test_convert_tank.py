@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import model as m
 from gateway.codec.formats import Columns
 from gateway.codecs.tank import format as tank_format
 
@@ -213,3 +214,50 @@ def test_c_validation_of_produced_payloads_agrees_or_hands_over(bundles, data):
             assert c == python
         elif candidate == payload and all(kind == "plain" for _, kind in bundles) and python is not None:
             pytest.fail("a plain, valid payload was handed over")
+
+
+def _python_columns(batch):
+    columns = Columns([], [], [], [])
+    try:
+        tank_format.FORMAT._read_payload(batch, columns)
+    except m.CommandError as e:
+        return str(e.error.message)
+    return columns.offsets, columns.timestamps, columns.keys, columns.values
+
+
+@needs_c
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(MESSAGES, st.sampled_from(["plain", "sparse", "snappy"])), min_size=1, max_size=3),
+       st.integers(0, 2**40), st.data())
+def test_c_read_of_stored_payloads_agrees_or_hands_over(bundles, base, data):
+    """``read_payload`` reads whole what the Python loop reads, as it does, and hands the rest over."""
+    payload = b""
+    for messages, kind in bundles:
+        seqs = _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40, max_size=40))) \
+            if kind == "sparse" and messages else None
+        payload += tank_format.frame(tank_format.encode(messages, seqs, compress=kind == "snappy"))
+    damaged = bytearray(payload)
+    for _ in range(data.draw(st.integers(0, 2))):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    cut = bytes(damaged[: data.draw(st.integers(0, len(damaged)))])
+    limit = data.draw(st.sampled_from([tank_format.INFLATE_LIMIT, 2000]))
+    for candidate in (payload, bytes(damaged), cut):
+        python = _python_columns(m.StoredBatch("tank", base, base, 0, candidate))
+        lists = ([], [], [], [])
+        if speedups.read_payload(candidate, base + 1, limit, tank_format._inflate, *lists):
+            assert lists == python if limit == tank_format.INFLATE_LIMIT else isinstance(python, tuple)
+        elif candidate == payload and limit == tank_format.INFLATE_LIMIT and all(kind != "sparse" for _, kind in bundles):
+            pytest.fail("a valid payload was handed over")
+
+
+def test_a_payload_the_c_pass_hands_over_reads_as_the_python_loop_reads_it():
+    sparse = tank_format.frame(tank_format.encode([(1, None, b"a"), (2, None, b"b")], [2**64 - 1, 2**64 + 1],
+                                                  compress=False))  # past 64 bits: the Python loop's
+    bundle = tank_format.encode([(3, b"k", b"c")])
+    plain = tank_format.frame(bundle)
+    columns = tank_format.FORMAT.columns([m.StoredBatch("tank", 4, 4, 3, plain),
+                                          m.StoredBatch("tank", 2**64 - 2, 2**64, 2, sparse)])
+    assert columns.offsets == [4, 2**64 - 2, 2**64]
+    assert (columns.keys, columns.values) == ([b"k", None, None], [b"c", b"a", b"b"])
+    with pytest.raises(m.CommandError, match="stored bundle at 9: message set cut short"):
+        tank_format.FORMAT.columns([m.StoredBatch("tank", 9, 9, 0, tank_format.frame(bundle[:-1]))])
