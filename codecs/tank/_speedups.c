@@ -475,7 +475,13 @@ read_payload(PyObject *self, PyObject *args)
         if (whole && h.flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within the budget */
             PyObject *view = PyMemoryView_FromMemory((char *)p + h.body, bundle_end - h.body, PyBUF_READ);
             PyObject *set = view == NULL ? NULL : PyObject_CallFunction(inflate, "On", view, budget);
-            Py_XDECREF(view);
+            if (view != NULL) { /* released: a view kept by ``inflate`` cannot outlive the payload's buffer */
+                PyObject *released = PyObject_CallMethod(view, "release", NULL);
+                if (released == NULL)
+                    Py_CLEAR(set); /* still exported (``inflate`` holds a buffer of it): handed over */
+                Py_XDECREF(released);
+                Py_DECREF(view);
+            }
             if (set == NULL || !PyBytes_Check(set)) {
                 Py_XDECREF(set);
                 if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
