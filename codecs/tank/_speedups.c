@@ -22,9 +22,10 @@
  *     ``format._encode_plain_bundle``: None unless the offsets are base_offset, base_offset + 1, ... (none None);
  *     stamps below 0 written as 0, keys cut to 255 bytes (empty: none), values None written empty.
  *     TypeError or OverflowError for what only the Python path takes (other types, out of range).
- * validate_plain(payload) -> (records, span) | None
+ * validate_plain(payload, limit=0, inflate=None) -> (records, span) | None
  *     what ``TankFormat.validate`` returns for a produced payload (``varint len | bundle``...) whose
- *     bundles are all uncompressed and valid; None for anything else (a compressed bundle, a fault, a
+ *     bundles are all valid: uncompressed, or snappy when ``inflate`` is given (as in read_payload, within
+ *     ``limit`` in all); None for anything else (a compressed bundle without ``inflate``, a fault, a
  *     sequence number past 64 bits), which the Python path then checks and refuses with its own message.
  * parse_produce(payload, with_seqnum) -> (request_id, [(topic, [(partition, stored, base_seq, header)])])
  *     the walk of ``handlers.parse_produce``: ``topic`` as str (UTF-8, surrogateescape), ``stored`` the partition's ``varint len | bundle``
@@ -299,17 +300,42 @@ check_messages(PyObject *self, PyObject *args)
 #define RICH_PRODUCER_INFO 0x01
 #define PRODUCER_INFO_SIZE 14 /* u32 | u64 | u16 */
 
+/* ``inflate(view of p[0:size], budget)``: the bytes it returns, or NULL: with no exception set when the message
+ * set is at fault (``inflate`` raised an Exception, or returned no bytes), else with the exception (an interrupt).
+ * The view is released after the call, so that one kept by ``inflate`` cannot outlive the payload's buffer. */
+static PyObject *
+inflated(PyObject *inflate, const unsigned char *p, Py_ssize_t size, Py_ssize_t budget)
+{
+    PyObject *view = PyMemoryView_FromMemory((char *)p, size, PyBUF_READ);
+    PyObject *set = view == NULL ? NULL : PyObject_CallFunction(inflate, "On", view, budget);
+    if (view != NULL) {
+        PyObject *released = PyObject_CallMethod(view, "release", NULL);
+        if (released == NULL)
+            Py_CLEAR(set); /* still exported (``inflate`` holds a buffer of it): a fault */
+        Py_XDECREF(released);
+        Py_DECREF(view);
+    }
+    if (set != NULL && !PyBytes_Check(set))
+        Py_CLEAR(set);
+    if (set == NULL && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)))
+        PyErr_Clear();
+    return set;
+}
+
 static PyObject *
 validate_plain(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
+    Py_ssize_t budget = 0;
+    PyObject *inflate = Py_None;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*", &buf))
+    if (!PyArg_ParseTuple(args, "y*|nO", &buf, &budget, &inflate))
         return NULL;
     const unsigned char *p = buf.buf;
     Py_ssize_t end = buf.len, pos = 0;
     uint64_t records = 0, span = 0;
     int ok = end > 0;
+    PyObject *set = NULL; /* a snappy bundle's message set, inflated */
     while (ok && pos < end) {
         uint64_t n, count;
         Py_ssize_t start = pos;
@@ -319,7 +345,7 @@ validate_plain(PyObject *self, PyObject *args)
         }
         Py_ssize_t h = pos, bundle_end = pos + (Py_ssize_t)n;
         unsigned char flags = p[h++];
-        if (flags & CODEC_MASK) { /* compressed (or an unknown codec): the Python path */
+        if ((flags & CODEC_MASK) > 1 || ((flags & CODEC_MASK) && inflate == Py_None)) { /* the Python path's */
             ok = 0;
             break;
         }
@@ -357,11 +383,28 @@ validate_plain(PyObject *self, PyObject *args)
                 last = first;
             }
         }
-        if (h > bundle_end || count < 1 || count > PY_SSIZE_T_MAX ||
-            message_set_fault(p + h, bundle_end - h, (Py_ssize_t)count, sparse, first, last)) {
+        if (h > bundle_end || count < 1 || count > PY_SSIZE_T_MAX) {
             ok = 0;
             break;
         }
+        const unsigned char *messages = p + h;
+        Py_ssize_t size = bundle_end - h;
+        if (flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within what is left of the limit */
+            set = inflated(inflate, p + h, size, budget);
+            if (set == NULL) {
+                if (PyErr_Occurred()) /* not a fault of the bundle (an interrupt): passed on */
+                    goto failed;
+                ok = 0;
+                break;
+            }
+            messages = (const unsigned char *)PyBytes_AS_STRING(set);
+            size = PyBytes_GET_SIZE(set);
+            budget -= size;
+        }
+        ok = message_set_fault(messages, size, (Py_ssize_t)count, sparse, first, last) == NULL;
+        Py_CLEAR(set);
+        if (!ok)
+            break;
         records += count;
         span += sparse ? last - first + 1 : count;
         pos = bundle_end;
@@ -370,6 +413,9 @@ validate_plain(PyObject *self, PyObject *args)
     if (!ok)
         Py_RETURN_NONE;
     return Py_BuildValue("(KK)", (unsigned long long)records, (unsigned long long)span);
+failed:
+    PyBuffer_Release(&buf);
+    return NULL;
 }
 
 /* The fields of a bundle header that a produce needs, as format.parse_header reads them. */
@@ -473,20 +519,10 @@ read_payload(PyObject *self, PyObject *args)
             whole = h.count == 0 || last >= seq;
         }
         if (whole && h.flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within the budget */
-            PyObject *view = PyMemoryView_FromMemory((char *)p + h.body, bundle_end - h.body, PyBUF_READ);
-            PyObject *set = view == NULL ? NULL : PyObject_CallFunction(inflate, "On", view, budget);
-            if (view != NULL) { /* released: a view kept by ``inflate`` cannot outlive the payload's buffer */
-                PyObject *released = PyObject_CallMethod(view, "release", NULL);
-                if (released == NULL)
-                    Py_CLEAR(set); /* still exported (``inflate`` holds a buffer of it): handed over */
-                Py_XDECREF(released);
-                Py_DECREF(view);
-            }
-            if (set == NULL || !PyBytes_Check(set)) {
-                Py_XDECREF(set);
-                if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
-                    goto failed; /* not a fault of the bundle (an interrupt): passed on */
-                PyErr_Clear();
+            PyObject *set = inflated(inflate, p + h.body, bundle_end - h.body, budget);
+            if (set == NULL) {
+                if (PyErr_Occurred()) /* not a fault of the bundle (an interrupt): passed on */
+                    goto failed;
                 whole = 0;
                 break;
             }

@@ -431,21 +431,21 @@ class TankFormat(ColumnarFormat):
         (decompressed once, here, to check them). ``span`` is the offsets the
         payload takes: its messages, or a SPARSE bundle's first to last.
 
-        Plain, valid payloads (the common case) are checked in one C pass
+        Valid payloads (the common case), snappy ones too, are checked in one C pass
         (``_speedups.validate_plain``, where it was built); anything else, here.
         """
-        checked = validate_plain(payload)
+        checked = validate_plain(payload, self.inflate_limit, _inflate)
         if checked is not None:
             return Validated(*checked)
         return self._validate_bundles(payload)
 
     def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
-        """``validate`` of each payload: in one loop over the C check when they are all plain
-        and valid (a burst of one-bundle produces); otherwise, or when a subclass checks more
+        """``validate`` of each payload: in one loop over the C check when they are all
+        valid (a burst of one-bundle produces); otherwise, or when a subclass checks more
         in its own ``validate``, one by one."""
         if _speedups is not None and type(self).validate is TankFormat.validate:
-            plain = validate_plain
-            checked = [plain(payload) for payload in payloads]
+            plain, limit = validate_plain, self.inflate_limit
+            checked = [plain(payload, limit, _inflate) for payload in payloads]
             if None not in checked:  # Validated(*c), without a call per payload (none for one message)
                 return [ONE_RECORD if c == _ONE_MESSAGE else tuple.__new__(Validated, c)  # type: ignore[arg-type]  # no None (above)
                         for c in checked]
@@ -597,7 +597,7 @@ def _not_read(payload: bytes, first_seq: int, limit: int, inflate: object, *colu
     return False
 
 
-def _not_plain(payload: bytes) -> None:
+def _not_plain(payload: bytes, limit: int, inflate: object) -> None:
     """``_speedups.validate_plain`` where the C pass was not built: every payload is checked in Python."""
     return None
 
