@@ -64,7 +64,8 @@ read_records(PyObject *self, PyObject *args)
                           &PyList_Type, &values, &PyList_Type, &headers))
         return NULL;
     const unsigned char *p = buf.buf;
-    PyObject *result = NULL, *empty = PyTuple_New(0);
+    PyObject *result = NULL, *empty = PyTuple_New(0), *stamp = NULL; /* stamp: the last timestamp, as an int */
+    long long stamp_value = 0;
     int any_headers = 0;
     long long fixed_ts = 0;
     int use_fixed = append_ts != Py_None;
@@ -98,7 +99,13 @@ read_records(PyObject *self, PyObject *args)
             corrupt(OUT_OF_RANGE);
             goto done;
         }
-        if (append_new(offsets, PyLong_FromLongLong(offset)) < 0 || append_new(stamps, PyLong_FromLongLong(ts)) < 0)
+        if (stamp == NULL || ts != stamp_value) { /* records of one millisecond share one int */
+            Py_XDECREF(stamp);
+            stamp = PyLong_FromLongLong(ts);
+            stamp_value = ts;
+        }
+        if (append_new(offsets, PyLong_FromLongLong(offset)) < 0 || stamp == NULL ||
+            PyList_Append(stamps, stamp) < 0)
             goto done;
         PyObject *key = read_blob(p, &pos, end, &failed);
         if (failed || append_new(keys, key) < 0)
@@ -167,6 +174,7 @@ read_records(PyObject *self, PyObject *args)
     result = PyBool_FromLong(any_headers);
 done:
     Py_XDECREF(empty);
+    Py_XDECREF(stamp);
     PyBuffer_Release(&buf);
     return result;
 }

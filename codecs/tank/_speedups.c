@@ -191,6 +191,9 @@ encode_plain_bundle(PyObject *self, PyObject *args)
 /* The lists read_messages appends to. */
 typedef struct {
     PyObject *seqs, *stamps, *keys, *values;
+    PyObject *stamp; /* the last timestamp appended, as an int (NULL before the first): messages of one
+                      * millisecond share one int; released by the caller */
+    uint64_t stamp_value;
 } Lists;
 
 static int
@@ -198,8 +201,13 @@ append_message(void *ctx, uint64_t seq, uint64_t ts, const unsigned char *key, P
                const unsigned char *value, Py_ssize_t value_len)
 {
     Lists *lists = ctx;
-    return append_new(lists->seqs, PyLong_FromUnsignedLongLong(seq)) < 0 ||
-                   append_new(lists->stamps, PyLong_FromUnsignedLongLong(ts)) < 0 ||
+    if (lists->stamp == NULL || ts != lists->stamp_value) {
+        Py_XDECREF(lists->stamp);
+        lists->stamp = PyLong_FromUnsignedLongLong(ts);
+        lists->stamp_value = ts;
+    }
+    return append_new(lists->seqs, PyLong_FromUnsignedLongLong(seq)) < 0 || lists->stamp == NULL ||
+                   PyList_Append(lists->stamps, lists->stamp) < 0 ||
                    append_new(lists->keys, key == NULL ? Py_NewRef(Py_None)
                                                        : PyBytes_FromStringAndSize((const char *)key, key_len)) < 0 ||
                    append_new(lists->values, PyBytes_FromStringAndSize((const char *)value, value_len)) < 0
@@ -221,6 +229,7 @@ read_messages(PyObject *self, PyObject *args)
                           &lists.values))
         return NULL;
     PyObject *result = NULL;
+    lists.stamp = NULL;
     unsigned long long first = PyLong_AsUnsignedLongLong(first_obj), last = 0;
     if (PyErr_Occurred())
         goto done;
@@ -230,6 +239,7 @@ read_messages(PyObject *self, PyObject *args)
     if (tank_walk(buf.buf, buf.len, count, sparse, first, last, append_message, &lists, &read, &stop) == 0)
         result = Py_BuildValue("(nn)", read, stop);
 done:
+    Py_XDECREF(lists.stamp);
     PyBuffer_Release(&buf);
     return result;
 }
@@ -500,6 +510,7 @@ read_payload(PyObject *self, PyObject *args)
     const unsigned char *p = buf.buf;
     Py_ssize_t pos = 0, end = buf.len;
     int whole = 1;
+    lists.stamp = NULL;
     while (pos < end && whole) {
         uint64_t n;
         BundleHeader h;
@@ -536,9 +547,11 @@ read_payload(PyObject *self, PyObject *args)
         seq = last + 1;
         pos = bundle_end;
     }
+    Py_XDECREF(lists.stamp);
     PyBuffer_Release(&buf);
     return PyBool_FromLong(whole);
 failed:
+    Py_XDECREF(lists.stamp);
     PyBuffer_Release(&buf);
     return NULL;
 }
