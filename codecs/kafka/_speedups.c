@@ -3,10 +3,15 @@
  * read_records(body, pos, stop, count, base, base_ts, append_ts, offsets, stamps, keys, values, headers)
  *     appends the fields of ``count`` records of body[pos:stop] to the lists; returns whether any
  *     record had headers; raises ValueError on a record that does not decode.
- * encode_records(offset_deltas, ts_deltas, keys, values, headers, extras=None) -> bytes
- *     the records part of a batch (headers: None or one tuple of (str, bytes | None) per record;
+ * encode_records(offsets, base_offset, timestamps, keys, values, headers, extras=None)
+ *         -> (records, last_offset_delta, base_timestamp, max_timestamp)
+ *     the records part of a batch and the header fields they make, as ``format._encode_columns``:
+ *     offsets relative to base_offset (None: the record's index), timestamps relative to the least
+ *     of those >= 0 (a record's below 0 takes that least; -1 for both when none is set);
+ *     headers: None or one tuple of (str, bytes | None) per record;
  *     extras: None or one dict per record, written after the headers as ``polygate.<key>`` headers;
- *     TypeError for what only the Python loop takes: other mappings, values other than bytes/str/int).
+ *     TypeError or OverflowError for what only the Python loop takes: other mappings, values other
+ *     than bytes/str/int, offsets or deltas outside 64 bits.
  * check_records(body, pos, stop, count)
  *     checks that body[pos:stop] is exactly ``count`` well-formed records whose offset deltas are
  *     0, 1, 2...: what a produced batch must hold; raises ValueError naming the first fault.
@@ -59,7 +64,8 @@ read_records(PyObject *self, PyObject *args)
                           &PyList_Type, &values, &PyList_Type, &headers))
         return NULL;
     const unsigned char *p = buf.buf;
-    PyObject *result = NULL, *empty = PyTuple_New(0);
+    PyObject *result = NULL, *empty = PyTuple_New(0), *stamp = NULL; /* stamp: the last timestamp, as an int */
+    long long stamp_value = 0;
     int any_headers = 0;
     long long fixed_ts = 0;
     int use_fixed = append_ts != Py_None;
@@ -93,7 +99,13 @@ read_records(PyObject *self, PyObject *args)
             corrupt(OUT_OF_RANGE);
             goto done;
         }
-        if (append_new(offsets, PyLong_FromLongLong(offset)) < 0 || append_new(stamps, PyLong_FromLongLong(ts)) < 0)
+        if (stamp == NULL || ts != stamp_value) { /* records of one millisecond share one int */
+            Py_XDECREF(stamp);
+            stamp = PyLong_FromLongLong(ts);
+            stamp_value = ts;
+        }
+        if (append_new(offsets, PyLong_FromLongLong(offset)) < 0 || stamp == NULL ||
+            PyList_Append(stamps, stamp) < 0)
             goto done;
         PyObject *key = read_blob(p, &pos, end, &failed);
         if (failed || append_new(keys, key) < 0)
@@ -162,6 +174,7 @@ read_records(PyObject *self, PyObject *args)
     result = PyBool_FromLong(any_headers);
 done:
     Py_XDECREF(empty);
+    Py_XDECREF(stamp);
     PyBuffer_Release(&buf);
     return result;
 }
@@ -420,26 +433,59 @@ put_record(unsigned char *out, const int64_t *num, PyObject *key, PyObject *valu
     return out;
 }
 
+/* offsets[i] less base, or i where offsets[i] is None: a record's offset delta; -1 with an exception set
+ * (TypeError, or OverflowError outside 64 bits: the Python loop takes those). */
+static int
+offset_delta(PyObject *offsets, Py_ssize_t i, long long base, long long *d)
+{
+    if (PyList_GET_ITEM(offsets, i) == Py_None) {
+        *d = i;
+        return 0;
+    }
+    long long o;
+    if (list_int64(offsets, i, &o) < 0)
+        return -1;
+    if (__builtin_sub_overflow(o, base, d)) {
+        PyErr_SetString(PyExc_OverflowError, "an offset delta outside 64 bits");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 encode_records(PyObject *self, PyObject *args)
 {
-    PyObject *deltas, *ts_deltas, *keys, *values, *headers, *extras = Py_None;
+    PyObject *offsets, *stamps, *keys, *values, *headers, *extras = Py_None;
+    long long base;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O|O", &PyList_Type, &deltas, &PyList_Type, &ts_deltas, &PyList_Type,
+    if (!PyArg_ParseTuple(args, "O!LO!O!O!O|O", &PyList_Type, &offsets, &base, &PyList_Type, &stamps, &PyList_Type,
                           &keys, &PyList_Type, &values, &headers, &extras))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(deltas);
-    if (PyList_GET_SIZE(ts_deltas) != n || PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n ||
+    Py_ssize_t n = PyList_GET_SIZE(offsets);
+    if (PyList_GET_SIZE(stamps) != n || PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n ||
         (headers != Py_None && (!PyList_Check(headers) || PyList_GET_SIZE(headers) != n)) ||
         (extras != Py_None && (!PyList_Check(extras) || PyList_GET_SIZE(extras) != n))) {
         PyErr_SetString(PyExc_ValueError, "columns of different lengths");
         return NULL;
     }
-    /* per record: offset delta, timestamp delta, body size, header count */
+    /* per record: offset delta, timestamp (then its delta), body size, header count */
     int64_t *nums = PyMem_Malloc(sizeof(int64_t) * 4 * (n ? n : 1));
     if (nums == NULL)
         return PyErr_NoMemory();
-    PyObject *result = NULL, *x;
+    PyObject *result = NULL, *records = NULL, *x;
+    long long base_ts = -1, max_ts = -1, last_delta = 0;
+    for (Py_ssize_t i = 0; i < n; i++) { /* the batch's timestamps: the least and most of those set (>= 0) */
+        long long t;
+        if (list_int64(stamps, i, &t) < 0)
+            goto done;
+        nums[4 * i + 1] = t;
+        if (t >= 0) {
+            if (base_ts < 0 || t < base_ts)
+                base_ts = t;
+            if (t > max_ts)
+                max_ts = t;
+        }
+    }
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *hdrs = headers == Py_None ? NULL : PyList_GET_ITEM(headers, i);
@@ -449,9 +495,12 @@ encode_records(PyObject *self, PyObject *args)
         }
         if (extras_dict(extras, i, &x) < 0)
             goto done;
-        long long d, t;
-        if (list_int64(deltas, i, &d) < 0 || list_int64(ts_deltas, i, &t) < 0)
+        long long d, t = nums[4 * i + 1];
+        if (offset_delta(offsets, i, base, &d) < 0)
             goto done;
+        t = t >= 0 ? t - base_ts : 0; /* a record without a timestamp takes the batch's first */
+        if (i == 0 || d > last_delta)
+            last_delta = d;
         Py_ssize_t count;
         Py_ssize_t size = record_size(d, t, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i), hdrs, x, &count);
         if (size < 0)
@@ -462,23 +511,25 @@ encode_records(PyObject *self, PyObject *args)
         nums[4 * i + 3] = count;
         total += zigzag_size(size) + size;
     }
-    result = PyBytes_FromStringAndSize(NULL, total);
-    if (result == NULL)
+    records = PyBytes_FromStringAndSize(NULL, total);
+    if (records == NULL)
         goto done;
-    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(records);
     for (Py_ssize_t i = 0; i < n; i++) {
         extras_dict(extras, i, &x);
         out = put_record(out, nums + 4 * i, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i),
                          headers == Py_None ? NULL : PyList_GET_ITEM(headers, i), x);
     }
+    result = Py_BuildValue("(OLLL)", records, last_delta, base_ts, max_ts);
 done:
+    Py_XDECREF(records);
     PyMem_Free(nums);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"read_records", read_records, METH_VARARGS, "Append the fields of v2 records to column lists."},
-    {"encode_records", encode_records, METH_VARARGS, "The records part of a v2 batch, from columns."},
+    {"encode_records", encode_records, METH_VARARGS, "The records part of a v2 batch and its header fields, from columns."},
     {"check_records", check_records, METH_VARARGS, "Check that a produced batch holds what it declares."},
     {NULL, NULL, 0, NULL},
 };

@@ -367,21 +367,14 @@ def encode_batch(records: Sequence[Record], base_offset: int, codec: int = compr
 def encode_columns(columns: Columns, base_offset: int, codec: int = compression.NONE,
                    producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
     """``encode_batch`` of records given field by field (``gateway.codec.formats.Columns``)."""
-    n = len(columns)
-    stamps = [t for t in columns.timestamps if t >= 0]
-    base_ts = min(stamps) if stamps else -1
-    max_ts = max(stamps) if stamps else -1
-    deltas = [i if o is None else o - base_offset for i, o in enumerate(columns.offsets)]
-    if len(stamps) == n:
-        ts_deltas = [t - base_ts for t in columns.timestamps]
-    else:
-        ts_deltas = [t - base_ts if t >= 0 and base_ts >= 0 else 0 for t in columns.timestamps]
-    body = encode_records(deltas, ts_deltas, columns.keys, columns.values, columns.headers, columns.extras)
+    body, last_delta, base_ts, max_ts = encode_records(columns.offsets, base_offset, columns.timestamps, columns.keys,
+                                                       columns.values, columns.headers, columns.extras)
     if codec:
         body = compression.compress(codec, body)
     pid, epoch, seq = producer
-    tail = _BATCH_TAIL.pack(codec, max(deltas) if deltas else 0, base_ts, max_ts, pid, epoch, seq, n) + body
-    return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
+    tail = _BATCH_TAIL.pack(codec, last_delta, base_ts, max_ts, pid, epoch, seq, len(columns))
+    crc = crc32c.crc32c(body, crc32c.crc32c(tail))  # the CRC runs on into the records: one copy of them, below
+    return b"".join((_BATCH_HEAD.pack(base_offset, len(tail) + len(body) + 9, 0, 2, crc), tail, body))
 
 
 CODECS = {"uncompressed": compression.NONE, "gzip": compression.GZIP, "snappy": compression.SNAPPY,
@@ -427,13 +420,27 @@ def control_batch(producer_id: int, epoch: int, commit: bool, timestamp_ms: int,
     return _BATCH_HEAD.pack(base_offset, len(tail) + 9, 0, 2, crc32c.crc32c(tail)) + tail
 
 
-def _encode_columns(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None], values: list[bytes | None],
-                    headers: list[tuple[tuple[str, bytes | None], ...]] | None, extras: list | None) -> bytes:
-    """The records of a batch, their ``Columns.extras`` (attributes Kafka keeps as headers) among
-    their headers: ``_speedups.encode_records`` in Python."""
+def _encode_columns(offsets: list[int | None], base_offset: int, timestamps: list[int],
+                    keys: list[bytes | None], values: list[bytes | None],
+                    headers: list[tuple[tuple[str, bytes | None], ...]] | None,
+                    extras: list | None) -> tuple[bytes, int, int, int]:
+    """The records of a batch and the header fields they make, ``(records, lastOffsetDelta,
+    baseTimestamp, maxTimestamp)``: ``_speedups.encode_records`` in Python.
+
+    Offsets are relative to ``base_offset`` (``None``: the record's index); timestamps relative to
+    the least of those set (>= 0), a record's below 0 taking that least (-1 for both when none is
+    set); ``Columns.extras`` (attributes Kafka keeps as headers) go among the headers."""
+    stamps = [t for t in timestamps if t >= 0]
+    base_ts = min(stamps) if stamps else -1
+    max_ts = max(stamps) if stamps else -1
+    deltas = [i if o is None else o - base_offset for i, o in enumerate(offsets)]
+    if len(stamps) == len(timestamps):
+        ts_deltas = [t - base_ts for t in timestamps]
+    else:
+        ts_deltas = [t - base_ts if t >= 0 else 0 for t in timestamps]
     if extras is not None:
         headers = _with_extras(headers or [()] * len(values), extras)
-    return _encode_records(deltas, ts_deltas, keys, values, headers)
+    return _encode_records(deltas, ts_deltas, keys, values, headers), max(deltas, default=0), base_ts, max_ts
 
 
 def _encode_records(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None], values: list[bytes | None],
@@ -680,14 +687,15 @@ def _records_of_control(payload: bytes) -> Iterator[bytes]:
         pos = end
 
 
-def _encode_columns_in_c(deltas: list[int], ts_deltas: list[int], keys: list[bytes | None],
-                        values: list[bytes | None], headers: list[tuple[tuple[str, bytes | None], ...]] | None,
-                        extras: list | None) -> bytes:
+def _encode_columns_in_c(offsets: list[int | None], base_offset: int, timestamps: list[int],
+                         keys: list[bytes | None], values: list[bytes | None],
+                         headers: list[tuple[tuple[str, bytes | None], ...]] | None,
+                         extras: list | None) -> tuple[bytes, int, int, int]:
     """``_speedups.encode_records``, or the Python loop for values the C loop does not take."""
     try:
-        return _speedups.encode_records(deltas, ts_deltas, keys, values, headers, extras)
+        return _speedups.encode_records(offsets, base_offset, timestamps, keys, values, headers, extras)
     except (TypeError, OverflowError):
-        return _encode_columns(deltas, ts_deltas, keys, values, headers, extras)
+        return _encode_columns(offsets, base_offset, timestamps, keys, values, headers, extras)
 
 
 if _speedups is None:

@@ -10,9 +10,22 @@
  *     stamps are u64 timestamps (ms), keys bytes or None (cut to 255 bytes), values bytes;
  *     seqs is None, or one ascending sequence number per message for a SPARSE bundle.
  *     TypeError or OverflowError for what only the Python loop takes (other types, out of range).
- * validate_plain(payload) -> (records, span) | None
+ * read_payload(payload, first_seq, limit, inflate, offsets, stamps, keys, values) -> bool
+ *     appends the messages of a stored payload (``varint len | bundle``...) to the lists, as
+ *     ``TankFormat.columns`` reads them: offsets (sequence numbers less one, the first bundle's numbered from
+ *     ``first_seq`` unless SPARSE, each next one from where the one before ended), u64 timestamps, keys, values.
+ *     A snappy message set is ``inflate(view, limit left)`` (bytes; the limit falls by what each inflates to).
+ *     False, with what it appended left in the lists, at anything else: a fault, an exception from ``inflate``,
+ *     numbers past 64 bits; the Python loop then reads the payload again and names the fault.
+ * encode_plain_bundle(offsets, base_offset, stamps, keys, values) -> bytes | None
+ *     ``varint len | bundle`` of one uncompressed, non-SPARSE bundle of the records, as
+ *     ``format._encode_plain_bundle``: None unless the offsets are base_offset, base_offset + 1, ... (none None);
+ *     stamps below 0 written as 0, keys cut to 255 bytes (empty: none), values None written empty.
+ *     TypeError or OverflowError for what only the Python path takes (other types, out of range).
+ * validate_plain(payload, limit=0, inflate=None) -> (records, span) | None
  *     what ``TankFormat.validate`` returns for a produced payload (``varint len | bundle``...) whose
- *     bundles are all uncompressed and valid; None for anything else (a compressed bundle, a fault, a
+ *     bundles are all valid: uncompressed, or snappy when ``inflate`` is given (as in read_payload, within
+ *     ``limit`` in all); None for anything else (a compressed bundle without ``inflate``, a fault, a
  *     sequence number past 64 bits), which the Python path then checks and refuses with its own message.
  * parse_produce(payload, with_seqnum) -> (request_id, [(topic, [(partition, stored, base_seq, header)])])
  *     the walk of ``handlers.parse_produce``: ``topic`` as str (UTF-8, surrogateescape), ``stored`` the partition's ``varint len | bundle``
@@ -105,9 +118,82 @@ encode_messages(PyObject *self, PyObject *args)
     return out;
 }
 
+/* encode_plain_bundle: the timestamp of message i as TANK keeps it (below 0: 0); -1 with an exception set. */
+static int
+plain_ts(PyObject *stamps, Py_ssize_t i, uint64_t *ts)
+{
+    long long t;
+    if (list_int64(stamps, i, &t) < 0)
+        return -1;
+    *ts = t > 0 ? (uint64_t)t : 0;
+    return 0;
+}
+
+static PyObject *
+encode_plain_bundle(PyObject *self, PyObject *args)
+{
+    PyObject *offsets, *stamps, *keys, *values;
+    long long base;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!LO!O!O!", &PyList_Type, &offsets, &base, &PyList_Type, &stamps, &PyList_Type,
+                          &keys, &PyList_Type, &values))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(offsets);
+    if (PyList_GET_SIZE(stamps) != n || PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_TypeError, "one offset, timestamp, key and value per message");
+        return NULL;
+    }
+    if (n == 0)
+        Py_RETURN_NONE;
+    /* First pass: the offsets follow on from base, the types hold; size the messages. */
+    Py_ssize_t size = 0;
+    uint64_t prev_ts = 0, ts;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(offsets, i), *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        long long offset, expected;
+        if (o == Py_None) /* numbered by the Python path, in a SPARSE bundle */
+            Py_RETURN_NONE;
+        if (list_int64(offsets, i, &offset) < 0 || plain_ts(stamps, i, &ts) < 0)
+            return NULL;
+        if (__builtin_add_overflow(base, (long long)i, &expected) || offset != expected)
+            Py_RETURN_NONE;
+        if ((key != Py_None && !PyBytes_Check(key)) || (value != Py_None && !PyBytes_Check(value))) {
+            PyErr_SetString(PyExc_TypeError, "keys and values must be bytes or None");
+            return NULL;
+        }
+        size += tank_size(0, i && ts == prev_ts, key != Py_None ? PyBytes_GET_SIZE(key) : 0,
+                          value != Py_None ? PyBytes_GET_SIZE(value) : 0);
+        prev_ts = ts;
+    }
+    Py_ssize_t head = 1 + ((uint64_t)n < 16 ? 0 : uvarint_size((uint64_t)n)), bundle = head + size;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, uvarint_size((uint64_t)bundle) + bundle);
+    if (out == NULL)
+        return NULL;
+    /* Second pass: write (the first one checked everything that can fail). */
+    unsigned char *p = put_uvarint((unsigned char *)PyBytes_AS_STRING(out), (uint64_t)bundle);
+    if (n < 16) {
+        *p++ = (unsigned char)(n << 2);
+    } else {
+        *p++ = 0;
+        p = put_uvarint(p, (uint64_t)n);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        plain_ts(stamps, i, &ts);
+        p = tank_put(p, 0, 0, i && ts == prev_ts, ts, key != Py_None ? PyBytes_AS_STRING(key) : NULL,
+                     key != Py_None ? PyBytes_GET_SIZE(key) : 0, value != Py_None ? PyBytes_AS_STRING(value) : NULL,
+                     value != Py_None ? PyBytes_GET_SIZE(value) : 0);
+        prev_ts = ts;
+    }
+    return out;
+}
+
 /* The lists read_messages appends to. */
 typedef struct {
     PyObject *seqs, *stamps, *keys, *values;
+    PyObject *stamp; /* the last timestamp appended, as an int (NULL before the first): messages of one
+                      * millisecond share one int; released by the caller */
+    uint64_t stamp_value;
 } Lists;
 
 static int
@@ -115,8 +201,13 @@ append_message(void *ctx, uint64_t seq, uint64_t ts, const unsigned char *key, P
                const unsigned char *value, Py_ssize_t value_len)
 {
     Lists *lists = ctx;
-    return append_new(lists->seqs, PyLong_FromUnsignedLongLong(seq)) < 0 ||
-                   append_new(lists->stamps, PyLong_FromUnsignedLongLong(ts)) < 0 ||
+    if (lists->stamp == NULL || ts != lists->stamp_value) {
+        Py_XDECREF(lists->stamp);
+        lists->stamp = PyLong_FromUnsignedLongLong(ts);
+        lists->stamp_value = ts;
+    }
+    return append_new(lists->seqs, PyLong_FromUnsignedLongLong(seq)) < 0 || lists->stamp == NULL ||
+                   PyList_Append(lists->stamps, lists->stamp) < 0 ||
                    append_new(lists->keys, key == NULL ? Py_NewRef(Py_None)
                                                        : PyBytes_FromStringAndSize((const char *)key, key_len)) < 0 ||
                    append_new(lists->values, PyBytes_FromStringAndSize((const char *)value, value_len)) < 0
@@ -138,6 +229,7 @@ read_messages(PyObject *self, PyObject *args)
                           &lists.values))
         return NULL;
     PyObject *result = NULL;
+    lists.stamp = NULL;
     unsigned long long first = PyLong_AsUnsignedLongLong(first_obj), last = 0;
     if (PyErr_Occurred())
         goto done;
@@ -147,6 +239,7 @@ read_messages(PyObject *self, PyObject *args)
     if (tank_walk(buf.buf, buf.len, count, sparse, first, last, append_message, &lists, &read, &stop) == 0)
         result = Py_BuildValue("(nn)", read, stop);
 done:
+    Py_XDECREF(lists.stamp);
     PyBuffer_Release(&buf);
     return result;
 }
@@ -217,17 +310,42 @@ check_messages(PyObject *self, PyObject *args)
 #define RICH_PRODUCER_INFO 0x01
 #define PRODUCER_INFO_SIZE 14 /* u32 | u64 | u16 */
 
+/* ``inflate(view of p[0:size], budget)``: the bytes it returns, or NULL: with no exception set when the message
+ * set is at fault (``inflate`` raised an Exception, or returned no bytes), else with the exception (an interrupt).
+ * The view is released after the call, so that one kept by ``inflate`` cannot outlive the payload's buffer. */
+static PyObject *
+inflated(PyObject *inflate, const unsigned char *p, Py_ssize_t size, Py_ssize_t budget)
+{
+    PyObject *view = PyMemoryView_FromMemory((char *)p, size, PyBUF_READ);
+    PyObject *set = view == NULL ? NULL : PyObject_CallFunction(inflate, "On", view, budget);
+    if (view != NULL) {
+        PyObject *released = PyObject_CallMethod(view, "release", NULL);
+        if (released == NULL)
+            Py_CLEAR(set); /* still exported (``inflate`` holds a buffer of it): a fault */
+        Py_XDECREF(released);
+        Py_DECREF(view);
+    }
+    if (set != NULL && !PyBytes_Check(set))
+        Py_CLEAR(set);
+    if (set == NULL && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)))
+        PyErr_Clear();
+    return set;
+}
+
 static PyObject *
 validate_plain(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
+    Py_ssize_t budget = 0;
+    PyObject *inflate = Py_None;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*", &buf))
+    if (!PyArg_ParseTuple(args, "y*|nO", &buf, &budget, &inflate))
         return NULL;
     const unsigned char *p = buf.buf;
     Py_ssize_t end = buf.len, pos = 0;
     uint64_t records = 0, span = 0;
     int ok = end > 0;
+    PyObject *set = NULL; /* a snappy bundle's message set, inflated */
     while (ok && pos < end) {
         uint64_t n, count;
         Py_ssize_t start = pos;
@@ -237,7 +355,7 @@ validate_plain(PyObject *self, PyObject *args)
         }
         Py_ssize_t h = pos, bundle_end = pos + (Py_ssize_t)n;
         unsigned char flags = p[h++];
-        if (flags & CODEC_MASK) { /* compressed (or an unknown codec): the Python path */
+        if ((flags & CODEC_MASK) > 1 || ((flags & CODEC_MASK) && inflate == Py_None)) { /* the Python path's */
             ok = 0;
             break;
         }
@@ -275,11 +393,28 @@ validate_plain(PyObject *self, PyObject *args)
                 last = first;
             }
         }
-        if (h > bundle_end || count < 1 || count > PY_SSIZE_T_MAX ||
-            message_set_fault(p + h, bundle_end - h, (Py_ssize_t)count, sparse, first, last)) {
+        if (h > bundle_end || count < 1 || count > PY_SSIZE_T_MAX) {
             ok = 0;
             break;
         }
+        const unsigned char *messages = p + h;
+        Py_ssize_t size = bundle_end - h;
+        if (flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within what is left of the limit */
+            set = inflated(inflate, p + h, size, budget);
+            if (set == NULL) {
+                if (PyErr_Occurred()) /* not a fault of the bundle (an interrupt): passed on */
+                    goto failed;
+                ok = 0;
+                break;
+            }
+            messages = (const unsigned char *)PyBytes_AS_STRING(set);
+            size = PyBytes_GET_SIZE(set);
+            budget -= size;
+        }
+        ok = message_set_fault(messages, size, (Py_ssize_t)count, sparse, first, last) == NULL;
+        Py_CLEAR(set);
+        if (!ok)
+            break;
         records += count;
         span += sparse ? last - first + 1 : count;
         pos = bundle_end;
@@ -288,6 +423,9 @@ validate_plain(PyObject *self, PyObject *args)
     if (!ok)
         Py_RETURN_NONE;
     return Py_BuildValue("(KK)", (unsigned long long)records, (unsigned long long)span);
+failed:
+    PyBuffer_Release(&buf);
+    return NULL;
 }
 
 /* The fields of a bundle header that a produce needs, as format.parse_header reads them. */
@@ -337,6 +475,85 @@ read_bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, Bundl
             ts = (ts << 8) | p[pos + b];
     *h = (BundleHeader){flags, count, first, delta, has_delta, pos, ts};
     return 0;
+}
+
+/* read_payload: the messages of the bundle p[0:end] (sequence numbers first..last, or from first on) appended
+ * as offsets (sequence numbers less one): 0, or -1 (with no exception set) for a message set that is not
+ * exactly its count of whole messages, or numbers that do not fit. */
+static int
+read_bundle_offsets(const unsigned char *p, Py_ssize_t end, const BundleHeader *h, uint64_t first, uint64_t last,
+                    Lists *lists)
+{
+    Py_ssize_t read, stop;
+    if (first == 0 || (h->flags & SPARSE && last == 0) || h->count > PY_SSIZE_T_MAX)
+        return -1;
+    if (tank_walk(p, end, (Py_ssize_t)h->count, h->flags & SPARSE, first - 1, last - 1, append_message, lists, &read,
+                  &stop) < 0) {
+        PyErr_Clear(); /* beyond 64 bits (the Python loop's), or a failed append, which the Python loop meets again */
+        return -1;
+    }
+    return read == (Py_ssize_t)h->count && stop == end ? 0 : -1;
+}
+
+static PyObject *
+read_payload(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    unsigned long long seq;
+    Py_ssize_t budget;
+    PyObject *inflate;
+    Lists lists;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*KnOO!O!O!O!", &buf, &seq, &budget, &inflate, &PyList_Type, &lists.seqs,
+                          &PyList_Type, &lists.stamps, &PyList_Type, &lists.keys, &PyList_Type, &lists.values))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t pos = 0, end = buf.len;
+    int whole = 1;
+    lists.stamp = NULL;
+    while (pos < end && whole) {
+        uint64_t n;
+        BundleHeader h;
+        if (read_varint5(p, &pos, end, &n) < 0 || n > (uint64_t)(end - pos) ||
+            read_bundle_header(p, pos, pos + (Py_ssize_t)n, &h) < 0) {
+            whole = 0;
+            break;
+        }
+        Py_ssize_t bundle_end = pos + (Py_ssize_t)n;
+        uint64_t first = seq, last;
+        if (h.flags & SPARSE) {
+            first = h.first;
+            last = h.has_delta ? h.first + h.delta + 1 : h.first;
+            whole = last >= first;
+        } else {
+            last = seq + h.count - 1;
+            whole = h.count == 0 || last >= seq;
+        }
+        if (whole && h.flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within the budget */
+            PyObject *set = inflated(inflate, p + h.body, bundle_end - h.body, budget);
+            if (set == NULL) {
+                if (PyErr_Occurred()) /* not a fault of the bundle (an interrupt): passed on */
+                    goto failed;
+                whole = 0;
+                break;
+            }
+            budget -= PyBytes_GET_SIZE(set);
+            whole = read_bundle_offsets((const unsigned char *)PyBytes_AS_STRING(set), PyBytes_GET_SIZE(set), &h, first,
+                                        last, &lists) == 0;
+            Py_DECREF(set);
+        } else if (whole) {
+            whole = read_bundle_offsets(p + h.body, bundle_end - h.body, &h, first, last, &lists) == 0;
+        }
+        seq = last + 1;
+        pos = bundle_end;
+    }
+    Py_XDECREF(lists.stamp);
+    PyBuffer_Release(&buf);
+    return PyBool_FromLong(whole);
+failed:
+    Py_XDECREF(lists.stamp);
+    PyBuffer_Release(&buf);
+    return NULL;
 }
 
 /* The header of the bundle p[pos:end], as format.parse_header reads it, or None when it does not parse. */
@@ -546,7 +763,11 @@ static PyMethodDef methods[] = {
      "(records, span) of a produced payload of plain bundles, all valid; else None."},
     {"check_messages", check_messages, METH_VARARGS, "Check that a produced message set holds what it declares."},
     {"read_messages", read_messages, METH_VARARGS, "Append the fields of TANK messages to column lists."},
+    {"read_payload", read_payload, METH_VARARGS,
+     "Append the messages of a stored payload's bundles to column lists: whether it read them all."},
     {"encode_messages", encode_messages, METH_VARARGS, "The messages part of an uncompressed TANK bundle."},
+    {"encode_plain_bundle", encode_plain_bundle, METH_VARARGS,
+     "``varint len | bundle``: one plain bundle of records at consecutive offsets, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -194,11 +194,13 @@ def decode_messages(data: bytes | memoryview, header: Header, first_seq: int,
 
 
 def read_messages(data: bytes | memoryview, header: Header, first_seq: int, seqs: list[int], stamps: list[int],
-                  keys: list[bytes | None], values: list[bytes | None], partial: bool = False) -> None:
-    """``decode_messages`` appending the fields of each message to the lists (in C when it was built)."""
+                  keys: list[bytes | None], values: list[bytes | None], partial: bool = False,
+                  less: int = 0) -> None:
+    """``decode_messages`` appending the fields of each message to the lists (in C when it was built);
+    each message's sequence number less ``less`` goes to ``seqs`` (1: its engine offset)."""
     sparse = bool(header.flags & SPARSE)
-    start, last = header.seqs_from(first_seq) if sparse else (first_seq, 0)
-    count, pos = _read_loop(data, header.count, sparse, start, last, seqs, stamps, keys, values)
+    start, last = header.seqs_from(first_seq) if sparse else (first_seq, less)
+    count, pos = _read_loop(data, header.count, sparse, start - less, last - less, seqs, stamps, keys, values)
     if not partial:
         if count < header.count:
             raise BundleError("message set cut short")
@@ -429,21 +431,21 @@ class TankFormat(ColumnarFormat):
         (decompressed once, here, to check them). ``span`` is the offsets the
         payload takes: its messages, or a SPARSE bundle's first to last.
 
-        Plain, valid payloads (the common case) are checked in one C pass
+        Valid payloads (the common case), snappy ones too, are checked in one C pass
         (``_speedups.validate_plain``, where it was built); anything else, here.
         """
-        checked = validate_plain(payload)
+        checked = validate_plain(payload, self.inflate_limit, _inflate)
         if checked is not None:
             return Validated(*checked)
         return self._validate_bundles(payload)
 
     def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
-        """``validate`` of each payload: in one loop over the C check when they are all plain
-        and valid (a burst of one-bundle produces); otherwise, or when a subclass checks more
+        """``validate`` of each payload: in one loop over the C check when they are all
+        valid (a burst of one-bundle produces); otherwise, or when a subclass checks more
         in its own ``validate``, one by one."""
         if _speedups is not None and type(self).validate is TankFormat.validate:
-            plain = validate_plain
-            checked = [plain(payload) for payload in payloads]
+            plain, limit = validate_plain, self.inflate_limit
+            checked = [plain(payload, limit, _inflate) for payload in payloads]
             if None not in checked:  # Validated(*c), without a call per payload (none for one message)
                 return [ONE_RECORD if c == _ONE_MESSAGE else tuple.__new__(Validated, c)  # type: ignore[arg-type]  # no None (above)
                         for c in checked]
@@ -487,34 +489,45 @@ class TankFormat(ColumnarFormat):
         return self.columns((batch,)).records()
 
     def columns(self, batches: Iterable[StoredBatch]) -> Columns:
-        """The records of ``batches``, field by field (``gateway.codec.formats.Columns``)."""
-        seqs: list[int] = []
+        """The records of ``batches``, field by field (``gateway.codec.formats.Columns``).
+
+        Each payload is read in one C pass (``_speedups.read_payload``, where it was built); one that
+        pass does not read whole (a fault, numbers past 64 bits) is read again by ``_read_payload``."""
         columns = Columns([], [], [], [])
+        lists = (columns.offsets, columns.timestamps, columns.keys, columns.values)
         for batch in batches:
-            payload = batch.payload
-            end = len(payload)
-            pos = 0
-            seq = batch.base_offset + 1
-            budget = self.inflate_limit
-            try:
-                while pos < end:
-                    n, body = read_varint(payload, pos, end)
-                    if body + n > end:
-                        raise BundleError("bundle cut short")
-                    header = parse_header(payload, body, body + n)
-                    messages = message_set(payload, header, budget)
-                    if header.codec:
-                        budget -= len(messages)
-                    read_messages(messages, header, seq, seqs, columns.timestamps, columns.keys, columns.values)
-                    seq = header.seqs_from(seq)[1] + 1
-                    pos = body + n
-            except BundleError as e:
-                raise CommandError(ErrorCode.CORRUPT_MESSAGE,
-                                   f"stored bundle at {batch.base_offset}: {e}") from None
-        columns.offsets = [s - 1 for s in seqs]
+            mark = len(columns.values)
+            if not read_payload(batch.payload, batch.base_offset + 1, self.inflate_limit, _inflate, *lists):
+                for column in lists:
+                    del column[mark:]
+                self._read_payload(batch, columns)
         if columns.timestamps and max(columns.timestamps) > INT64_MAX:  # TANK's are u64; readers' i64
             columns.timestamps = [min(t, INT64_MAX) for t in columns.timestamps]
         return columns
+
+    def _read_payload(self, batch: StoredBatch, columns: Columns) -> None:
+        """Append the messages of ``batch`` to ``columns``: ``_speedups.read_payload`` in Python, which
+        names the fault, ``CommandError(CORRUPT_MESSAGE)``."""
+        payload = batch.payload
+        end = len(payload)
+        pos = 0
+        seq = batch.base_offset + 1
+        budget = self.inflate_limit
+        try:
+            while pos < end:
+                n, body = read_varint(payload, pos, end)
+                if body + n > end:
+                    raise BundleError("bundle cut short")
+                header = parse_header(payload, body, body + n)
+                messages = message_set(payload, header, budget)
+                if header.codec:
+                    budget -= len(messages)
+                read_messages(messages, header, seq, columns.offsets, columns.timestamps,  # type: ignore[arg-type]  # offsets all ints here
+                              columns.keys, columns.values, less=1)
+                seq = header.seqs_from(seq)[1] + 1
+                pos = body + n
+        except BundleError as e:
+            raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {batch.base_offset}: {e}") from None
 
     def encode(self, records: Sequence[Record], base_offset: int, sparse: bool = False) -> bytes:
         return self.encode_columns(Columns.of_records(records), base_offset, sparse)
@@ -525,6 +538,10 @@ class TankFormat(ColumnarFormat):
         if not offsets:
             return b""
         stamps, keys, values = columns.timestamps, columns.keys, columns.values
+        if not sparse:
+            bundle = encode_plain_bundle(offsets, base_offset, stamps, keys, values)
+            if bundle is not None:
+                return bundle
         seqs: list[int] | None = None
         if sparse or offsets != list(range(base_offset, base_offset + len(offsets))):
             numbered = [base_offset + i if o is None else o for i, o in enumerate(offsets)]  # as the other formats
@@ -550,7 +567,37 @@ def _ascending(offsets: Sequence[int]) -> list[int]:
     return kept
 
 
-def _not_plain(payload: bytes) -> None:
+def _encode_plain_bundle(offsets: list[int | None], base_offset: int, stamps: list[int],
+                         keys: list[bytes | None], values: list[bytes | None]) -> bytes | None:
+    """``varint len | bundle`` of one uncompressed, non-SPARSE bundle of the records, or ``None``
+    unless their offsets are ``base_offset``, ``base_offset + 1``... (``TankFormat.encode_columns``
+    then numbers them in a SPARSE bundle): ``_speedups.encode_plain_bundle`` in Python."""
+    if not offsets or offsets != list(range(base_offset, base_offset + len(offsets))):
+        return None
+    return frame(encode_fields([t if t > 0 else 0 for t in stamps], keys, [v or b"" for v in values],
+                               compress=False))
+
+
+def _encode_plain_bundle_in_c(offsets: list[int | None], base_offset: int, stamps: list[int],
+                              keys: list[bytes | None], values: list[bytes | None]) -> bytes | None:
+    """``_speedups.encode_plain_bundle``, or the Python path for what it does not take."""
+    try:
+        return _speedups.encode_plain_bundle(offsets, base_offset, stamps, keys, values)
+    except (TypeError, OverflowError):
+        return _encode_plain_bundle(offsets, base_offset, stamps, keys, values)
+
+
+def _inflate(message_set: memoryview, limit: int) -> bytes:
+    """A snappy message set of ``read_payload``, inflated within ``limit`` (its faults raise)."""
+    return compression.snappy_block(message_set, limit)
+
+
+def _not_read(payload: bytes, first_seq: int, limit: int, inflate: object, *columns: list) -> bool:
+    """``_speedups.read_payload`` where the C pass was not built: every payload is read in Python."""
+    return False
+
+
+def _not_plain(payload: bytes, limit: int, inflate: object) -> None:
     """``_speedups.validate_plain`` where the C pass was not built: every payload is checked in Python."""
     return None
 
@@ -580,9 +627,11 @@ def _encode_messages_in_c(stamps: Sequence[int], keys: Sequence[bytes | None], v
 
 
 if _speedups is None:
-    _read_loop, _check_loop, _encode_loop, validate_plain = _read_messages, _check_messages, _encode_messages, _not_plain
+    _read_loop, _check_loop, _encode_loop, validate_plain, encode_plain_bundle, read_payload = (
+        _read_messages, _check_messages, _encode_messages, _not_plain, _encode_plain_bundle, _not_read)
 else:
-    _read_loop, _check_loop, _encode_loop, validate_plain = (
-        _read_messages_in_c, _speedups.check_messages, _encode_messages_in_c, _speedups.validate_plain)
+    _read_loop, _check_loop, _encode_loop, validate_plain, encode_plain_bundle, read_payload = (
+        _read_messages_in_c, _speedups.check_messages, _encode_messages_in_c, _speedups.validate_plain,
+        _encode_plain_bundle_in_c, _speedups.read_payload)
 
 FORMAT = TankFormat()

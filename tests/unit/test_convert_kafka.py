@@ -59,16 +59,26 @@ def test_c_and_python_read_alike(items, append_ts):
 
 @needs_c
 @settings(max_examples=150, deadline=None)
-@given(RECORDS)
-def test_c_and_python_encode_alike(items):
+@given(RECORDS, st.data())
+def test_c_and_python_encode_alike(items, data):
     cols = Columns.of_records(_records(items))
-    deltas = [o - 100 for o in cols.offsets]
-    ts = [t - 5 for t in cols.timestamps]
+    offsets = [data.draw(st.none() | st.just(o)) for o in cols.offsets]  # None: numbered by index
     headers = cols.headers or [()] * len(cols)
-    assert (speedups.encode_records(deltas, ts, cols.keys, cols.values, headers)
-            == kafka_format._encode_records(deltas, ts, cols.keys, cols.values, headers))
-    assert speedups.encode_records(deltas, ts, cols.keys, cols.values, None) == kafka_format._encode_records(
-        deltas, ts, cols.keys, cols.values, None)
+    for base in (100, 7):
+        for hs in (headers, None):
+            assert (speedups.encode_records(offsets, base, cols.timestamps, cols.keys, cols.values, hs)
+                    == kafka_format._encode_columns(offsets, base, cols.timestamps, cols.keys, cols.values, hs, None))
+
+
+@needs_c
+def test_c_encode_gives_the_batch_header_fields():
+    body, last_delta, base_ts, max_ts = speedups.encode_records([5, None, 9], 5, [30, -1, 20], [None] * 3,
+                                                                 [b"a", b"b", b"c"], None)
+    assert (last_delta, base_ts, max_ts) == (4, 20, 30)
+    assert speedups.encode_records([], 0, [], [], [], None) == (b"", 0, -1, -1)
+    assert speedups.encode_records([None], 0, [-1], [None], [b"v"], None)[1:] == (0, -1, -1)
+    with pytest.raises(OverflowError):  # an offset delta outside 64 bits: the Python loop takes it
+        speedups.encode_records([-(2**63)], 1, [0], [None], [b"v"], None)
 
 
 EXTRAS = st.none() | st.dictionaries(st.text(max_size=6), st.none() | st.binary(max_size=6) | st.text(max_size=6)
@@ -91,7 +101,7 @@ def test_c_and_python_write_extras_alike(items, data):
 def test_c_leaves_other_extras_to_python():
     for extras in (m.Record(b"v", extras={"a": 1}).extras, {"flag": True}, {"f": 1.5}, {"big": 2**70}):
         with pytest.raises((TypeError, OverflowError)):
-            speedups.encode_records([0], [0], [None], [b"v"], None, [extras])
+            speedups.encode_records([0], 0, [0], [None], [b"v"], None, [extras])
     (r,) = kafka_format.read_batches(kafka_format.encode_columns(Columns([0], [5], [None], [b"v"], None, [{"flag": True}]), 0))
     assert r.headers == (("polygate.flag", b"True"),)
 
@@ -142,11 +152,13 @@ def test_c_read_of_damaged_batches(items, data):
 @needs_c
 def test_c_loops_refuse_wrong_types():
     with pytest.raises(TypeError):
-        speedups.encode_records([0], [0], ["text"], [b"v"], None)
+        speedups.encode_records([0], 0, [0], ["text"], [b"v"], None)
     with pytest.raises(TypeError):
-        speedups.encode_records([0], [0], [b"k"], [b"v"], [((1, b"x"),)])
+        speedups.encode_records([0], 0, [0], [b"k"], [b"v"], [((1, b"x"),)])
+    with pytest.raises(TypeError):
+        speedups.encode_records([0], 0, [1.5], [b"k"], [b"v"], None)
     with pytest.raises(ValueError):
-        speedups.encode_records([0, 1], [0], [b"k"], [b"v"], None)
+        speedups.encode_records([0, 1], 0, [0], [b"k"], [b"v"], None)
     with pytest.raises(ValueError):
         speedups.read_records(b"\x00" * 10, 5, 20, 1, 0, 0, None, [], [], [], [], [])
 

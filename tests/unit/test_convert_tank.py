@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import model as m
+from gateway.codec.formats import Columns
 from gateway.codecs.tank import format as tank_format
 
 speedups = tank_format._speedups
@@ -60,6 +62,57 @@ def test_what_the_c_loop_does_not_take_goes_to_the_python_loop():
         speedups.encode_messages([1, 1, 1], [None] * 3, [b""] * 3, [5, 4, 9])
     with pytest.raises(TypeError, match="per message"):
         speedups.encode_messages([1], [None], [b"v", b"w"], None)
+
+
+# Records as other formats hand them to TANK readers: Kafka timestamps may be -1, values None.
+READER_RECORDS = st.lists(st.tuples(st.sampled_from([-1, 0, 5, 1_700_000_000_000]) | st.integers(-(2**63), 2**63 - 1),
+                                    st.none() | st.binary(max_size=300), st.none() | st.binary(max_size=300)),
+                          max_size=40)
+BASE = st.sampled_from([0, 7, 2**63 - 41]) | st.integers(0, 2**63 - 1)
+
+
+def _offsets(base, n, data):
+    """Offsets from ``base`` as a reader's columns hold them: most often consecutive, else with a gap or a None."""
+    offsets = [base + i for i in range(n)]
+    if n and data.draw(st.booleans()):
+        offsets[data.draw(st.integers(0, n - 1))] = data.draw(st.none() | st.integers(0, 2**63 - 1))
+    return offsets
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(READER_RECORDS, BASE, st.data())
+def test_c_and_python_encode_plain_bundles_alike(records, base, data):
+    stamps, keys, values = ([list(c) for c in zip(*records)] if records else ([], [], []))
+    offsets = _offsets(base, len(records), data)
+    try:
+        c = speedups.encode_plain_bundle(offsets, base, stamps, keys, values)
+    except OverflowError:  # offsets past 64 bits: the Python path's
+        c = tank_format._encode_plain_bundle(offsets, base, stamps, keys, values)
+    assert c == tank_format._encode_plain_bundle(offsets, base, stamps, keys, values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(READER_RECORDS, BASE, st.data())
+def test_a_plain_bundle_is_what_the_general_path_writes(records, base, data):
+    stamps, keys, values = ([list(c) for c in zip(*records)] if records else ([], [], []))
+    columns = Columns(_offsets(base, len(records), data), stamps, keys, values)
+    fast = tank_format.FORMAT.encode_columns(columns, base)
+    with pytest.MonkeyPatch.context() as patch:  # every record through the general (SPARSE-capable) path
+        patch.setattr(tank_format, "encode_plain_bundle", lambda *args: None)
+        assert tank_format.FORMAT.encode_columns(columns, base) == fast
+
+
+@needs_c
+def test_what_the_c_plain_bundle_does_not_take_goes_to_python():
+    with pytest.raises(TypeError):
+        speedups.encode_plain_bundle([0], 0, [1], [bytearray(b"k")], [b"v"])
+    with pytest.raises(TypeError):
+        speedups.encode_plain_bundle([0], 0, [1], [None], [b"v", b"w"])
+    with pytest.raises(OverflowError):
+        speedups.encode_plain_bundle([0], 0, [2**64], [None], [b"v"])
+    columns = Columns([3], [5], [bytearray(b"k")], [b"v"])
+    assert tank_format.FORMAT.encode_columns(columns, 3) == tank_format._encode_plain_bundle([3], 3, [5], [b"k"], [b"v"])
 
 
 def _read(read, data, count, sparse, first, last):
@@ -137,7 +190,7 @@ def test_tank_timestamps_beyond_signed_64_bits_read_as_the_largest():
 @given(st.lists(st.tuples(MESSAGES, st.sampled_from(["plain", "sparse", "snappy"])), min_size=1, max_size=3),
        st.data())
 def test_c_validation_of_produced_payloads_agrees_or_hands_over(bundles, data):
-    """``validate_plain`` answers only for plain, valid payloads, and then as the Python path does."""
+    """``validate_plain`` answers for valid payloads (snappy ones given ``inflate``), and then as the Python path does."""
     from gateway.model import CommandError
 
     payload = b""
@@ -156,8 +209,56 @@ def test_c_validation_of_produced_payloads_agrees_or_hands_over(bundles, data):
             python = tuple(tank_format.FORMAT._validate_bundles(candidate))
         except CommandError:
             python = None
-        c = speedups.validate_plain(candidate)
+        assert speedups.validate_plain(candidate) in (None, python)  # without inflate: compressed ones handed over
+        c = speedups.validate_plain(candidate, tank_format.INFLATE_LIMIT, tank_format._inflate)
         if c is not None:
             assert c == python
-        elif candidate == payload and all(kind == "plain" for _, kind in bundles) and python is not None:
-            pytest.fail("a plain, valid payload was handed over")
+        elif candidate == payload and python is not None:
+            pytest.fail("a valid payload was handed over")
+
+
+def _python_columns(batch):
+    columns = Columns([], [], [], [])
+    try:
+        tank_format.FORMAT._read_payload(batch, columns)
+    except m.CommandError as e:
+        return str(e.error.message)
+    return columns.offsets, columns.timestamps, columns.keys, columns.values
+
+
+@needs_c
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(MESSAGES, st.sampled_from(["plain", "sparse", "snappy"])), min_size=1, max_size=3),
+       st.integers(0, 2**40), st.data())
+def test_c_read_of_stored_payloads_agrees_or_hands_over(bundles, base, data):
+    """``read_payload`` reads whole what the Python loop reads, as it does, and hands the rest over."""
+    payload = b""
+    for messages, kind in bundles:
+        seqs = _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40, max_size=40))) \
+            if kind == "sparse" and messages else None
+        payload += tank_format.frame(tank_format.encode(messages, seqs, compress=kind == "snappy"))
+    damaged = bytearray(payload)
+    for _ in range(data.draw(st.integers(0, 2))):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    cut = bytes(damaged[: data.draw(st.integers(0, len(damaged)))])
+    limit = data.draw(st.sampled_from([tank_format.INFLATE_LIMIT, 2000]))
+    for candidate in (payload, bytes(damaged), cut):
+        python = _python_columns(m.StoredBatch("tank", base, base, 0, candidate))
+        lists = ([], [], [], [])
+        if speedups.read_payload(candidate, base + 1, limit, tank_format._inflate, *lists):
+            assert lists == python if limit == tank_format.INFLATE_LIMIT else isinstance(python, tuple)
+        elif candidate == payload and limit == tank_format.INFLATE_LIMIT and all(kind != "sparse" for _, kind in bundles):
+            pytest.fail("a valid payload was handed over")
+
+
+def test_a_payload_the_c_pass_hands_over_reads_as_the_python_loop_reads_it():
+    sparse = tank_format.frame(tank_format.encode([(1, None, b"a"), (2, None, b"b")], [2**64 - 1, 2**64 + 1],
+                                                  compress=False))  # past 64 bits: the Python loop's
+    bundle = tank_format.encode([(3, b"k", b"c")])
+    plain = tank_format.frame(bundle)
+    columns = tank_format.FORMAT.columns([m.StoredBatch("tank", 4, 4, 3, plain),
+                                          m.StoredBatch("tank", 2**64 - 2, 2**64, 2, sparse)])
+    assert columns.offsets == [4, 2**64 - 2, 2**64]
+    assert (columns.keys, columns.values) == ([b"k", None, None], [b"c", b"a", b"b"])
+    with pytest.raises(m.CommandError, match="stored bundle at 9: message set cut short"):
+        tank_format.FORMAT.columns([m.StoredBatch("tank", 9, 9, 0, tank_format.frame(bundle[:-1]))])
