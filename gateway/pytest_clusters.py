@@ -1,4 +1,5 @@
-"""A pytest plugin (entry point ``pytest11``) that runs the suites in cluster mode on demand.
+"""A pytest plugin (``-p gateway.pytest_clusters`` in the pytest settings) that runs the suites in
+cluster mode on demand.
 
 ``POLYGATE_TEST_STORAGE=cluster`` runs the suites that use ``gateway_factory`` against gateways
 in cluster mode, each test on a Tansu cluster of its own (as each has a data dir of its own in
@@ -36,9 +37,9 @@ def test_cluster() -> Iterator[str | None]:
     if not CLUSTER_MODE:
         yield None
     elif STORAGE == "cluster":
-        with Tansu() as cluster:
-            yield cluster.bootstrap
+        with Tansu() as tansu:
+            yield tansu.bootstrap
     else:
-        cluster = GatewayProcess(None, ("kafka",)).start()
-        yield cluster.address("kafka")
-        cluster.stop()
+        polygate = GatewayProcess(None, ("kafka",)).start()
+        yield polygate.address("kafka")
+        polygate.stop()
