@@ -111,6 +111,9 @@ class Storage(Protocol):
     """The store numbers what it appends itself (a cluster), whatever offsets the payload holds:
     the broker hands it payloads as produced, and ``append`` answers with the store's offsets."""
 
+    cluster_producer_ids: ClassVar[bool] = False
+    """Idempotent producers' ids and epochs are the store's cluster's (``idempotent_producer_id``)."""
+
     forwards_format: ClassVar[str | None] = None
     """The batch format the store sends on as each batch arrived (a cluster's own): the broker does
     not merge produces of that format, which would join their batches into one made anew."""
@@ -248,7 +251,9 @@ class Storage(Protocol):
     def idempotent_producer_id(self) -> MayWait[int]:
         """*May wait.* A producer id for an idempotent producer outside transactions: one
         ``allocate_producer_id`` gives, or one the store's cluster handed out, so that the
-        cluster takes the producer's batches with their producer fields as they are."""
+        cluster takes the producer's batches with their producer fields as they are (a cluster
+        fences an epoch it did not hand out itself: a producer that asks for its next epoch gets
+        a new id there, ``cluster_producer_ids``)."""
 
     def producer_state(self, topic: str, partition: int, producer_id: Any) -> Any:
         """*May wait.* The idempotence state stored for ``producer_id`` on the

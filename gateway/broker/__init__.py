@@ -248,6 +248,6 @@ class Broker:
     def init_producer_id(self, cmd: m.InitProducerId) -> Any:
         if cmd.transactional_id:
             return self.transactions.init_producer_id(cmd)
-        if cmd.producer_id >= 0:
+        if cmd.producer_id >= 0 and not self.store.cluster_producer_ids:  # KIP-360: its next epoch
             return self.durable(m.InitProducerIdResult(cmd.producer_id, cmd.epoch + 1))
         return then(self.store.idempotent_producer_id(), lambda given: self.durable(m.InitProducerIdResult(given, 0)))

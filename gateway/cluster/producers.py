@@ -36,8 +36,8 @@ from gateway.broker import idempotence
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import Metadata
 from gateway.cluster.reader import batches_of, fetch_body
-from gateway.cluster.wire import FETCH, ClusterClient
-from gateway.cluster.writer import PRODUCER, PRODUCER_AT, KafkaFormat
+from gateway.cluster.wire import FETCH, ClusterClient, WireError
+from gateway.cluster.writer import PRODUCER, PRODUCER_AT, KafkaFormat, command_error
 from gateway.codecs.kafka.errors import Errors
 from gateway.model import CommandError, ErrorCode, ProducerState, StoredBatch
 
@@ -82,7 +82,7 @@ class ProducerStates:
             return None
         marks = self.metadata.marks(topic, partition)
         start = max(marks.log_start_offset, marks.high_watermark - SCAN_RECORDS)
-        d = self._read_back(topic, partition, producer_id, start)
+        d = self._read_back(topic, partition, producer_id, start).addErrback(_as_command_error, topic, partition)
 
         def found(state: dict[str, Any] | None) -> dict[str, Any] | None:
             if state is not None and key not in self._states:
@@ -170,3 +170,10 @@ def _kafka_appends(batch: StoredBatch, producer_id: int) -> Iterator[tuple[Produ
     if pid == producer_id and first >= 0:
         last = first + batch.last_offset - batch.base_offset
         yield ProducerState(pid, epoch, first, last, "kafka"), batch.base_offset, batch.last_offset
+
+
+def _as_command_error(f: Any, topic: str, partition: int) -> Any:
+    """A failed read-back as the client hears it (the cluster's errors are ``WireError``s)."""
+    if f.check(WireError):
+        raise command_error(f.value, f"reading the producer's state from {topic}/{partition}")
+    return f

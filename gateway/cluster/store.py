@@ -64,6 +64,7 @@ class ClusterStore(ClusterTransactionStorage):
 
     assigns_offsets = True
     forwards_format = KAFKA
+    cluster_producer_ids = True
     compresses = True  # the cluster applies compression.type: the settings are passed on
     refusals: ClassVar[Mapping[str, str]] = {
         "report_replica": "in cluster mode replication is the cluster's",
