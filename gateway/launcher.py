@@ -24,7 +24,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -289,3 +290,18 @@ class Tansu:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def running_cluster(kind: str) -> Iterator[str]:
+    """The bootstrap servers of a cluster for cluster mode's tests, stopped on leaving: ``tansu``,
+    or ``polygate`` (a polygate in local mode serving only Kafka)."""
+    if kind == "tansu":
+        with Tansu() as tansu:
+            yield tansu.bootstrap
+    else:
+        polygate = GatewayProcess(None, ("kafka",)).start()
+        try:
+            yield polygate.address("kafka")
+        finally:
+            polygate.stop()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.launcher import GatewayProcess, Tansu
+from gateway.launcher import running_cluster
 
 STORAGE = os.environ.get("POLYGATE_TEST_STORAGE", "local")
 CLUSTER_MODE = STORAGE in ("cluster", "cluster-polygate")
@@ -36,10 +36,6 @@ def test_cluster() -> Iterator[str | None]:
     """The bootstrap servers of the test's cluster in cluster mode, else None."""
     if not CLUSTER_MODE:
         yield None
-    elif STORAGE == "cluster":
-        with Tansu() as tansu:
-            yield tansu.bootstrap
     else:
-        polygate = GatewayProcess(None, ("kafka",)).start()
-        yield polygate.address("kafka")
-        polygate.stop()
+        with running_cluster("tansu" if STORAGE == "cluster" else "polygate") as bootstrap:
+            yield bootstrap

@@ -36,7 +36,7 @@ from gateway.clients.kafka import KafkaClient
 from gateway.clients.tank import TankClient
 from gateway.clients.v1 import V1Client
 from gateway.codecs.kafka import format as kafka_format
-from gateway.launcher import GatewayProcess, Tansu, free_port
+from gateway.launcher import GatewayProcess, Tansu, free_port, running_cluster
 
 
 @pytest.fixture
@@ -48,13 +48,8 @@ def tansu():
 @pytest.fixture(params=["tansu", "polygate"])
 def cluster(request):
     """The bootstrap servers of a cluster of Tansu, or of a polygate in local mode serving only Kafka."""
-    if request.param == "tansu":
-        with Tansu() as tansu:
-            yield tansu.bootstrap
-    else:
-        polygate = GatewayProcess(None, ("kafka",)).start()
-        yield polygate.address("kafka")
-        polygate.stop()
+    with running_cluster(request.param) as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture

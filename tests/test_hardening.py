@@ -375,6 +375,16 @@ def _guessers(gw, per_protocol: int, user: str, sources: tuple[str, ...] = ("127
     return socks
 
 
+def _guessed(gw, per_protocol: int, user: str, seconds: float, sources: tuple[str, ...] = ("127.0.0.1",)) -> list[float]:
+    """``_answer_times`` of ``_guessers``, their sockets closed after."""
+    socks = _guessers(gw, per_protocol, user, sources)
+    try:
+        return _answer_times(socks, seconds)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def _answer_times(socks: list[socket.socket], seconds: float) -> list[float]:
     """When, in seconds from now, each socket that was answered (bytes or a close) within
     ``seconds`` got its answer."""
@@ -403,12 +413,7 @@ def test_parallel_guesses_from_one_address_are_answered_no_faster_than_one_conne
     docs/limits.md's at most 6 guesses in 3 s. Observed for 8 s (the first five turns take
     3.1 s, the next waits 5 s)."""
     gw = gateway_factory(("kafka", "cursus", "mqtt", "v1"), (*sasl(tmp_path), "--max-connections-per-peer", "200"))
-    socks = _guessers(gw, 15, "alice")
-    try:
-        answered = _answer_times(socks, 8)
-    finally:
-        for sock in socks:
-            sock.close()
+    answered = _guessed(gw, 15, "alice", 8)
     assert len(answered) >= 3 and _most_in_a_window(answered, 3) <= 6, answered
     assert _served(gw) < 1  # other clients were never held up
 
@@ -416,12 +421,7 @@ def test_parallel_guesses_from_one_address_are_answered_no_faster_than_one_conne
 def test_guesses_for_one_user_from_several_addresses_take_turns(gateway_factory, tmp_path):
     """The failures for a user count too: guessers spread over addresses get no more turns."""
     gw = gateway_factory(("kafka", "cursus", "mqtt", "v1"), sasl(tmp_path))
-    socks = _guessers(gw, 6, "alice", sources=("127.0.0.2", "127.0.0.3", "127.0.0.4"))
-    try:
-        answered = _answer_times(socks, 8)
-    finally:
-        for sock in socks:
-            sock.close()
+    answered = _guessed(gw, 6, "alice", 8, sources=("127.0.0.2", "127.0.0.3", "127.0.0.4"))
     assert len(answered) >= 3 and _most_in_a_window(answered, 3) <= 6, answered
 
 
