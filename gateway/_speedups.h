@@ -54,6 +54,24 @@ list_int64(PyObject *list, Py_ssize_t i, long long *out)
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* The arguments of an encoder of records, ``(offsets, base, timestamps, keys, values)``: four lists
+ * of one item per record (``what`` names a record in the error) and the base offset; 0, or -1 with
+ * an exception set. The items are checked by the encoder's own pass. */
+static inline int
+record_columns(PyObject *args, const char *what, PyObject **offsets, long long *base, PyObject **stamps,
+               PyObject **keys, PyObject **values)
+{
+    if (!PyArg_ParseTuple(args, "O!LO!O!O!", &PyList_Type, offsets, base, &PyList_Type, stamps, &PyList_Type,
+                          keys, &PyList_Type, values))
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(*offsets);
+    if (PyList_GET_SIZE(*stamps) != n || PyList_GET_SIZE(*keys) != n || PyList_GET_SIZE(*values) != n) {
+        PyErr_Format(PyExc_TypeError, "one offset, timestamp, key and value per %s", what);
+        return -1;
+    }
+    return 0;
+}
+
 /* The size of v as an unsigned LEB128 varint. */
 static inline Py_ssize_t
 uvarint_size(uint64_t v)

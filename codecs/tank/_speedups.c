@@ -135,14 +135,9 @@ encode_plain_bundle(PyObject *self, PyObject *args)
     PyObject *offsets, *stamps, *keys, *values;
     long long base;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!LO!O!O!", &PyList_Type, &offsets, &base, &PyList_Type, &stamps, &PyList_Type,
-                          &keys, &PyList_Type, &values))
+    if (record_columns(args, "message", &offsets, &base, &stamps, &keys, &values) < 0)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(offsets);
-    if (PyList_GET_SIZE(stamps) != n || PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n) {
-        PyErr_SetString(PyExc_TypeError, "one offset, timestamp, key and value per message");
-        return NULL;
-    }
     if (n == 0)
         Py_RETURN_NONE;
     /* First pass: the offsets follow on from base, the types hold; size the messages. */

@@ -103,14 +103,9 @@ encode_records(PyObject *self, PyObject *args)
     PyObject *offsets, *stamps, *keys, *values;
     long long base;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!LO!O!O!", &PyList_Type, &offsets, &base, &PyList_Type, &stamps, &PyList_Type,
-                          &keys, &PyList_Type, &values))
+    if (record_columns(args, "record", &offsets, &base, &stamps, &keys, &values) < 0)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(offsets);
-    if (PyList_GET_SIZE(stamps) != n || PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n) {
-        PyErr_SetString(PyExc_TypeError, "one offset, timestamp, key and value per record");
-        return NULL;
-    }
     /* First pass: check the types and ranges, size the payload. */
     Py_ssize_t size = 0;
     for (Py_ssize_t i = 0; i < n; i++) {

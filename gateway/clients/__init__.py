@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import ssl
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from gateway.clients.session import Login, Session
@@ -52,6 +52,23 @@ def open_socket(host: str, port: int, timeout: float, tls: ssl.SSLContext | None
     except BaseException:
         sock.close()
         raise
+
+
+class SocketClient:
+    """A blocking client on one TCP (or TLS) connection to a gateway or broker, closed by ``close``
+    or on leaving a ``with`` block. Protocol clients add their requests to it."""
+
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
+        self.sock = open_socket(host, port, timeout, tls)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def open_session(protocol: str, host: str, port: int, connect_timeout: float, timeout: float,

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from gateway.clients import open_socket
+from gateway.clients import SocketClient
 from gateway.clients.session import (
     Fetched,
     Login,
@@ -41,19 +41,10 @@ class CursusError(Exception):
     """An ``ERROR: ...`` answer (the message is the whole line)."""
 
 
-class CursusClient:
+class CursusClient(SocketClient):
     def __init__(self, host: str = "127.0.0.1", port: int = 9000, timeout: float = 10.0,
                  tls: ssl.SSLContext | None = None):
-        self.sock = open_socket(host, port, timeout, tls)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> CursusClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(host, port, timeout, tls)
 
     # ------------------------------------------------------------------ frames
 

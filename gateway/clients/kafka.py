@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from gateway import model as m
-from gateway.clients import open_socket, scram
+from gateway.clients import SocketClient, scram
 from gateway.clients.session import (
     Fetched,
     Login,
@@ -51,10 +51,10 @@ class KafkaError(Exception):
         self.code = code
 
 
-class KafkaClient:
+class KafkaClient(SocketClient):
     def __init__(self, host: str = "127.0.0.1", port: int = 9092, timeout: float = 30.0,
                  tls: ssl.SSLContext | None = None, client_id: str = "polygate-cli"):
-        self.sock = open_socket(host, port, timeout, tls)
+        super().__init__(host, port, timeout, tls)
         self.client_id = client_id
         self._ids = itertools.count(1)
 
@@ -80,15 +80,6 @@ class KafkaClient:
         if answer.ErrorCode:
             raise KafkaError(answer.ErrorCode, answer.ErrorMessage or "")
         return bytes(answer.AuthBytes)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> KafkaClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ wire
 

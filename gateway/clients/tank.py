@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from gateway.clients import open_socket
+from gateway.clients import SocketClient
 from gateway.clients.session import (
     Fetched,
     PartitionInfo,
@@ -275,24 +275,15 @@ def parse_consume_response(payload: bytes, wanted: dict[tuple[str, int], int]) -
     return out
 
 
-class TankClient:
+class TankClient(SocketClient):
     """A blocking connection to a TANK broker (or the gateway's TANK listener)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 11011, timeout: float = 30.0,
                  tls: ssl.SSLContext | None = None):
-        self.sock = open_socket(host, port, timeout, tls)
+        super().__init__(host, port, timeout, tls)
         self._buf = bytearray()
         self._ids = itertools.count(1)
         self._answers: dict[int, tuple[int, bytes]] = {}
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> TankClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def next_id(self) -> int:
         return next(self._ids)

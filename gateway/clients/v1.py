@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from gateway.clients import open_socket
+from gateway.clients import SocketClient
 from gateway.clients.session import (
     Fetched,
     Membership,
@@ -79,22 +79,16 @@ def parse_messages(text: str) -> list[tuple[int, str]]:
     return out
 
 
-class V1Client:
+class V1Client(SocketClient):
     def __init__(self, host: str = "127.0.0.1", port: int = 9192, timeout: float = 10.0,
                  tls: ssl.SSLContext | None = None):
-        self.sock = open_socket(host, port, timeout, tls)
+        super().__init__(host, port, timeout, tls)
         self.reader = self.sock.makefile("rb")
         self._ids = itertools.count(1)
 
     def close(self) -> None:
         self.reader.close()
-        self.sock.close()
-
-    def __enter__(self) -> V1Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     def send_line(self, line: str | bytes) -> None:
         data = line if isinstance(line, bytes) else line.encode("utf-8", "surrogateescape")
