@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import cramjam
 
@@ -155,6 +155,26 @@ def parse_header(buf: bytes | memoryview, pos: int, end: int) -> Header:
     if pos > end:
         raise BundleError("bundle header cut short")
     return Header(flags, count, first, last, pos, end)
+
+
+def bundles(payload: bytes | memoryview, limit: int) -> Iterator[tuple[int, Header, bytes | memoryview]]:
+    """Each bundle of ``payload`` (``varint len | bundle``..., a produce's or a stored batch's), in
+    order, as ``(start, header, message set)``: the message sets decompressed, within ``limit``
+    bytes for all of them together. ``BundleError`` for a bundle that does not parse, ``BundleLimit``
+    past the limit."""
+    end = len(payload)
+    pos = 0
+    budget = limit
+    while pos < end:
+        n, body = read_varint(payload, pos, end)
+        if body + n > end:
+            raise BundleError("bundle cut short")
+        header = parse_header(payload, body, body + n)
+        messages = message_set(payload, header, budget)
+        if header.codec:
+            budget -= len(messages)
+        yield pos, header, messages
+        pos = body + n
 
 
 def framed_header(payload: bytes | memoryview) -> Header:
@@ -453,27 +473,17 @@ class TankFormat(ColumnarFormat):
 
     def _validate_bundles(self, payload: bytes) -> Validated:
         """``validate``, in Python: every payload, compressed or refused ones too."""
-        end = len(payload)
-        pos = records = span = 0
-        budget = self.inflate_limit
+        records = span = 0
         try:
-            while pos < end:
-                n, body = read_varint(payload, pos, end)
-                if body + n > end:
-                    raise BundleError("bundle cut short")
-                header = parse_header(payload, body, body + n)
+            for start, header, messages in bundles(payload, self.inflate_limit):
                 if header.count < 1:
                     raise BundleError("a bundle without messages")
-                if header.sparse and (pos or body + n != end):
+                if header.sparse and (start or header.end != len(payload)):
                     raise BundleError("a SPARSE bundle shares its payload")
-                messages = message_set(payload, header, budget)
-                if header.codec:
-                    budget -= len(messages)
                 check_messages(messages, header)
                 records += header.count
                 first, last = header.seqs_from(0)
                 span += last - first + 1
-                pos = body + n
         except BundleLimit:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE,
                                "bundle refused: message sets decompress to more than the frame limit "
@@ -508,24 +518,12 @@ class TankFormat(ColumnarFormat):
     def _read_payload(self, batch: StoredBatch, columns: Columns) -> None:
         """Append the messages of ``batch`` to ``columns``: ``_speedups.read_payload`` in Python, which
         names the fault, ``CommandError(CORRUPT_MESSAGE)``."""
-        payload = batch.payload
-        end = len(payload)
-        pos = 0
         seq = batch.base_offset + 1
-        budget = self.inflate_limit
         try:
-            while pos < end:
-                n, body = read_varint(payload, pos, end)
-                if body + n > end:
-                    raise BundleError("bundle cut short")
-                header = parse_header(payload, body, body + n)
-                messages = message_set(payload, header, budget)
-                if header.codec:
-                    budget -= len(messages)
+            for _, header, messages in bundles(batch.payload, self.inflate_limit):
                 read_messages(messages, header, seq, columns.offsets, columns.timestamps,  # type: ignore[arg-type]  # offsets all ints here
                               columns.keys, columns.values, less=1)
                 seq = header.seqs_from(seq)[1] + 1
-                pos = body + n
         except BundleError as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"stored bundle at {batch.base_offset}: {e}") from None
 
