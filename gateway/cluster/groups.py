@@ -68,10 +68,10 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from gateway import model as m
+from gateway.assignors import assign
 from gateway.cluster.bridge import Loop, command_error, deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.codecs.kafka.consumer_protocol import decode_subscription, encode_assignment
-from gateway.local.groups.classic import assign
 from gateway.model import CommandError, Error, ErrorCode
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,8 @@ class ClusterGroups:
         """Split the gateway group's share of the partitions among its members: a new generation."""
         shared.generation += 1
         owned = [(t, p) for t, ps in shared.cluster.assignment for p in ps]
-        for member_id, parts in assign(shared.assignor, list(shared.members), owned).items():
+        readers = dict.fromkeys(shared.members, shared.topics)
+        for member_id, parts in assign(shared.assignor, readers, owned).items():
             shared.members[member_id].assignment = tuple((t, tuple(sorted(ps))) for t, ps in sorted(parts.items()))
 
     def _leave_cluster(self, cluster: ClusterMember) -> defer.Deferred:

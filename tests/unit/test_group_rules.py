@@ -6,10 +6,10 @@ import pytest
 from reactor_support import Reactor
 
 from gateway import model as m
+from gateway.assignors import assign
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.codecs.kafka.consumer_protocol import encode_subscription, subscribed_topics
 from gateway.codecs.v1 import plugin as v1_plugin
-from gateway.local.groups.classic import assign
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
 
@@ -82,7 +82,24 @@ def test_validate_only_checks_everything_and_stores_nothing(broker):
     ("range", {"a": {"t": [0, 1, 2]}, "b": {"t": [3, 4]}}),
 ])
 def test_assignors(assignor, expected):
-    assert assign(assignor, ["b", "a"], [("t", p) for p in range(5)]) == expected
+    assert assign(assignor, {"b": ("t",), "a": ("t",)}, [("t", p) for p in range(5)]) == expected
+
+
+@pytest.mark.parametrize("assignor, expected", [
+    # Kafka's RoundRobinAssignor: a member that does not read a topic is skipped in the deal
+    ("round_robin", {"a": {"t": [0, 2], "u": [1]}, "b": {"t": [1]}, "c": {"u": [0]}}),
+    # Kafka's RangeAssignor: each topic's blocks among its own readers
+    ("range", {"a": {"t": [0, 1], "u": [0]}, "b": {"t": [2]}, "c": {"u": [1]}}),
+])
+def test_assignors_follow_each_members_subscription(assignor, expected):
+    subscriptions = {"a": ("t", "u"), "b": ("t",), "c": ("u",), "d": ("v",)}
+    partitions = [("t", 0), ("t", 1), ("t", 2), ("u", 0), ("u", 1), ("x", 0)]
+    assert assign(assignor, subscriptions, partitions) == {**expected, "d": {}}  # x: read by no one
+
+
+def test_an_unknown_assignor_is_refused():
+    with pytest.raises(ValueError, match="sticky"):
+        assign("sticky", {"a": ("t",)}, [("t", 0)])
 
 
 def test_an_offset_out_of_range_is_refused(broker):

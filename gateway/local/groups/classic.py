@@ -24,36 +24,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
+from gateway.assignors import assign
 from gateway.local.groups.state import DEFAULT_SESSION_TIMEOUT_MS, Group, GroupRecords, Member
 from gateway.model import CommandError, ErrorCode
-
-
-def assign(assignor: str, members: list[str], partitions: list[tuple[str, int]]) -> dict[str, dict[str, list[int]]]:
-    """Assign ``(topic, partition)`` pairs to sorted member ids.
-
-    ``round_robin``: the p-th partition goes to ``members[p % n]``.
-    ``range``: contiguous blocks per topic; the first ``N % n`` members get one extra.
-    """
-    members = sorted(members)
-    out: dict[str, dict[str, list[int]]] = {m: {} for m in members}
-    if not members:
-        return out
-    n = len(members)
-    if assignor == "range":
-        by_topic: dict[str, list[int]] = {}
-        for t, p in partitions:
-            by_topic.setdefault(t, []).append(p)
-        for t, ps in by_topic.items():
-            per, extra = divmod(len(ps), n)
-            start = 0
-            for i, m in enumerate(members):
-                count = per + (1 if i < extra else 0)
-                out[m].setdefault(t, []).extend(ps[start : start + count])
-                start += count
-    else:
-        for i, (t, p) in enumerate(partitions):
-            out[members[i % n]].setdefault(t, []).append(p)
-    return out
 
 
 @attrs.frozen
@@ -145,7 +118,8 @@ class ClassicGroups:
         when it completes, see ``complete_rebalance``)."""
         if group.protocol_type == "server":
             group.generation += 1
-            group.assignments = assign(group.assignor, list(group.members), self._partitions(group.topics))
+            group.assignments = assign(group.assignor, dict.fromkeys(group.members, group.topics),
+                                       self._partitions(group.topics))
             group.state = "Stable" if group.members else "Empty"
         elif group.members:
             if group.state != "PreparingRebalance":
