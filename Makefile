@@ -114,10 +114,16 @@ mosquitto:
 	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
 	  { apt-get update -q && apt-get install -y -q mosquitto; }
 
+# The TANK benchmark's reference, built by hand (docs/conformance.md): make bench TANK_CLI=PATH
+# TANK_REFERENCE=HOST:PORT; without them that benchmark measures the gateway alone.
+TANK_CLI ?=
+TANK_REFERENCE ?=
+
 bench: $(STAMP) mosquitto
 	$(PIP) install --quiet -e '.[bench]'
 	$(PY) benchmarks/v1_produce.py
-	$(PY) benchmarks/tank_produce_consume.py
+	$(PY) benchmarks/tank_produce_consume.py $(if $(TANK_CLI),--tank-cli $(TANK_CLI)) \
+	  $(if $(TANK_REFERENCE),--reference $(TANK_REFERENCE))
 	$(PY) benchmarks/kafka_produce_consume.py
 	$(PY) benchmarks/cursus_produce.py
 	$(PY) benchmarks/convert.py --reference

@@ -1,59 +1,90 @@
-"""TANK produce and consume throughput of the gateway, against the real TANK broker's figures.
+"""TANK produce and consume through ``tank-cli``: the gateway and, in the same run, the real TANK broker.
 
-N messages of 100 bytes (random alphanumeric, as ``tank-cli bm`` would send
-file lines) are produced to a fresh one-partition topic in requests of 1, 100
-and 1000 messages (one bundle each, built as the C++ client builds them:
-snappy above 1 KiB), pipelined on one connection, every acknowledgement
-checked; then each topic is consumed from the first message with 4 MiB
-fetches, counting messages from the bundle headers (a consumer that needs
-the contents decodes them on its side). The client requests are built before
-the clock starts; the gateway's own CPU time per message (user + system, from
-/proc) is printed beside each figure, since client and gateway share the
-machine.
+With ``--tank-cli PATH`` (the C++ client of phaistos-networks/TANK) and
+``--reference HOST:PORT`` (a TANK broker running on this machine: how to build
+both is in docs/conformance.md), the same tank-cli commands drive the gateway
+and the reference, one after the other, alternating for ``--rounds`` rounds
+(each on a fresh one-partition topic), so that load from elsewhere on the
+shared machine hits both alike:
 
-The real TANK 4.0 C++ broker on this class of machine did about 0.1 M msg/s
-at 1 message per request, 1 M at 100, 2.6-3.2 M at 1000, and consumed about
-3.3 M msg/s; that broker cannot be built here (no network beyond the package
-registries), so the ratios below are against those figures, and there is no
-reference process whose CPU time could be read.
+* ``produce -s 1000 -f FILE``: ``--messages`` lines of 100 B, 1000 to a bundle,
+  one bundle a request;
+* ``produce -s 1 -f FILE``: ``--single`` lines, one message a request;
+* ``get -S -d beginning``: each of those topics read back from the first
+  message (every message counted, so a lost one fails the run).
 
-    python benchmarks/tank_produce_consume.py [--messages N]
+For each it prints the messages/s and the CPU time the broker's process spent
+per message (user + system, from /proc: tank-cli shares the 2 cores, so the
+rates are blurred and the CPU per message is what each broker itself costs),
+round by round, then the best of each with the spread (least-most) over the
+rounds, and the gateway/reference ratios. The reference's process is
+``--reference-pid``, or the one listening on the reference's port (found
+through /proc/net/tcp and /proc/*/fd).
+
+Without ``--tank-cli`` and ``--reference`` the comparison is skipped (said so,
+and no comparison is written): the gateway alone is then driven by
+``produce`` and ``consume`` below (pipelined requests of 1, 100 and 1000
+messages built before the clock starts; ``benchmarks/cluster.py`` uses them
+too).
+
+    python benchmarks/tank_produce_consume.py [--tank-cli PATH --reference HOST:PORT [--reference-pid PID]]
+        [--messages N] [--single N] [--rounds R]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
+import re
 import socket
 import string
 import struct
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Gateway, Meter, comparison, progress, us_per, write_result  # noqa: E402
+from common import (  # noqa: E402
+    Gateway,
+    Meter,
+    best_of,
+    comparison,
+    progress,
+    ratio,
+    ratio_text,
+    us_per,
+    write_result,
+)
 
 from gateway.clients.tank import TankClient, consume_request, produce_request  # noqa: E402
 from gateway.codecs.tank.format import encode, read_varint  # noqa: E402
 
 SIZE = 100
-REFERENCE_PRODUCE = {1: 0.1e6, 100: 1.0e6, 1000: 2.9e6}  # TANK C++ broker, msg/s (1000: 2.6-3.2 M)
-REFERENCE_CONSUME = 3.3e6
 FETCH_SIZE = 4 << 20
 ACK = 10  # 01 | u32 len | u32 request id | u8 error, for a one-partition produce
-REFERENCE = "TANK 4.0 C++ broker (published figures)"
-NO_REFERENCE_CPU = "the reference is published figures: no TANK broker process runs here to meter"
+REFERENCE = "TANK 4.0 C++ broker (same machine, same run)"
+# the tank-cli cases: name -> (bundle size of the produce, or None for the consume of that produce's topic)
+CASES = ("produce 1000/request", "produce 1/request", "consume 1000-message bundles", "consume 1-message bundles")
+STATS = re.compile(rb"^>> ([\d,]+) messages$", re.MULTILINE)  # `get -S`: one line per response
+
+
+def values(seed: int) -> list[bytes]:
+    """997 distinct random alphanumeric values of ``SIZE`` bytes (cycled through by every driver)."""
+    rng = random.Random(seed)
+    return ["".join(rng.choices(string.ascii_letters + string.digits, k=SIZE)).encode() for _ in range(997)]
 
 
 def produce(port: int, topic: str, per_request: int, total: int) -> float:
     """Seconds to produce ``total`` messages in pipelined requests of ``per_request``; checks every ack."""
-    rng = random.Random(per_request)
-    values = ["".join(rng.choices(string.ascii_letters + string.digits, k=SIZE)).encode() for _ in range(997)]
+    pool = values(per_request)
     requests = total // per_request
     ts = int(time.time() * 1000)
-    bundles = [encode([(ts, None, values[(i * per_request + j) % 997]) for j in range(per_request)])
+    bundles = [encode([(ts, None, pool[(i * per_request + j) % 997]) for j in range(per_request)])
                for i in range(min(requests, 64))]
     frames = [produce_request(i + 1, [(topic, 0, bundles[i % len(bundles)])]) for i in range(requests)]
     writes = [b"".join(frames[i : i + 256]) for i in range(0, len(frames), 256)]
@@ -123,10 +154,117 @@ def consume(port: int, topic: str, total: int) -> float:
     return elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    args = parser.parse_args()
+def listener_pid(port: int) -> int:
+    """The process listening on TCP ``port`` (any address): the inode of its listening socket from
+    /proc/net/tcp and tcp6, then the process holding that socket among /proc/*/fd."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()  # sl local_address rem_address st ... inode
+                if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        # a process that ends meanwhile, or one of another user, is not it
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+    raise SystemExit(f"no process of this machine listens on port {port}: give --reference-pid")
+
+
+@contextlib.contextmanager
+def message_file(count: int, seed: int) -> Iterator[str]:
+    """A temporary file of ``count`` lines of ``SIZE`` bytes, for ``tank-cli produce -f``."""
+    pool = values(seed)
+    with tempfile.NamedTemporaryFile("wb", prefix="tank-bench-", suffix=".txt") as f:
+        for start in range(0, count, 997):
+            f.write(b"".join(v + b"\n" for v in pool[: min(997, count - start)]))
+        f.flush()
+        yield f.name
+
+
+class TankCli:
+    """``tank-cli`` against one broker (``HOST:PORT``) whose process is ``pid``: each command timed and metered."""
+
+    def __init__(self, cli: str, broker: str, pid: int):
+        self.cli, self.broker, self.pid = cli, broker, pid
+
+    def run(self, topic: str, *command: str) -> tuple[bytes, Meter]:
+        with Meter(server=self.pid) as meter:
+            done = subprocess.run([self.cli, "-b", self.broker, "-t", topic, "-p", "0", *command],
+                                  capture_output=True, timeout=600)
+        if done.returncode:
+            raise RuntimeError(f"tank-cli {' '.join(command)} on {self.broker}: exit {done.returncode}, "
+                               f"{(done.stdout + done.stderr).decode(errors='replace').strip()[-500:]}")
+        return done.stdout, meter
+
+    def round(self, tag: str, files: dict[int, tuple[str, int]]) -> dict[str, float]:
+        """One round of every case on fresh topics named after ``tag``: ``<case>_msgs_s`` and
+        ``<case>_server_cpu_us_per_record`` for each case."""
+        figures: dict[str, float] = {}
+        for bundle, (path, count) in files.items():
+            topic = f"bm{bundle}_{tag}"
+            self.run(topic, "create_topic", "1")
+            for case, command in ((f"produce {bundle}/request", ("produce", "-s", str(bundle), "-f", path)),
+                                  (f"consume {bundle}-message bundles", ("get", "-S", "-d", "beginning"))):
+                out, meter = self.run(topic, *command)
+                if case.startswith("consume"):
+                    got = sum(int(n.replace(b",", b"")) for n in STATS.findall(out))
+                    if got != count:
+                        raise RuntimeError(f"{self.broker}: {got} of {count} messages read back from {topic}")
+                figures[f"{case}_msgs_s"] = round(count / meter.seconds)
+                figures[f"{case}_server_cpu_us_per_record"] = us_per(meter.used["server"], count)
+        return figures
+
+
+def against_reference(args: argparse.Namespace) -> None:
+    """Every tank-cli case on the gateway and on the reference, alternating for ``args.rounds`` rounds."""
+    host, _, port = args.reference.rpartition(":")
+    ref_pid = args.reference_pid or listener_pid(int(port))
+    counts = {1000: args.messages, 1: args.single}
+    with Gateway(["tank"]) as gw, contextlib.ExitStack() as files_stack:
+        files = {bundle: (files_stack.enter_context(message_file(n, bundle)), n) for bundle, n in counts.items()}
+        brokers = {"polygate": TankCli(args.tank_cli, f"127.0.0.1:{gw.ports['tank']}", gw.proc.pid),
+                   "tank": TankCli(args.tank_cli, args.reference, ref_pid)}
+        rounds: dict[str, list[dict[str, float]]] = {name: [] for name in brokers}
+        tag = time.strftime("%H%M%S")
+        for r in range(args.rounds):
+            for name in list(brokers)[r % 2 :] + list(brokers)[: r % 2]:  # turns: neither always first
+                rounds[name].append(brokers[name].round(f"{tag}_{r}", files))
+                progress(f"round {r + 1}, {name}: " + ", ".join(
+                    f"{case} {rounds[name][-1][f'{case}_msgs_s']:,} msg/s "
+                    f"({rounds[name][-1][f'{case}_server_cpu_us_per_record']:.3f} µs)" for case in CASES))
+    results = {name: best_of(rs) for name, rs in rounds.items()}
+    ratios = {k: ratio(results["polygate"][k], results["tank"][k]) for k in results["polygate"]}
+    # the same ratio round by round (the two brokers of one round ran back to back): the spread
+    per_round = {k: [ratio(p[k], t[k]) for p, t in zip(rounds["polygate"], rounds["tank"], strict=True)]
+                 for k in ratios}
+
+    def spread(name: str, key: str) -> str:
+        figures = [r[key] for r in rounds[name]]
+        return f"{min(figures):,}-{max(figures):,}"
+
+    print(f"\ntank-cli, {args.messages:,} (1000/request) and {args.single:,} (1/request) messages of {SIZE} B, "
+          f"{args.rounds} rounds; best (spread over the rounds)")
+    for case in CASES:
+        rate, cpu = f"{case}_msgs_s", f"{case}_server_cpu_us_per_record"
+        print(f"{case:<29} " + "   ".join(
+            f"{name} {results[name][rate]:>10,.0f} msg/s ({spread(name, rate)}), "
+            f"{results[name][cpu]:.3f} µs/msg ({spread(name, cpu)})" for name in rounds))
+        print(f"{'':<29} polygate/TANK: msg/s {ratio_text(ratios[rate])} (rounds {per_round[rate]}), "
+              f"server CPU per message {ratio_text(ratios[cpu])} (rounds {per_round[cpu]})")
+    comparisons = [comparison(case, REFERENCE, (results["polygate"][f"{case}_msgs_s"], results["tank"][f"{case}_msgs_s"]),
+                              (results["polygate"][f"{case}_server_cpu_us_per_record"],
+                               results["tank"][f"{case}_server_cpu_us_per_record"])) for case in CASES]
+    path = write_result("tank_produce_consume", {
+        "driver": "tank-cli", "messages": counts, "message_bytes": SIZE, "reference": args.reference,
+        "rounds": rounds, "results": results, "ratios": ratios, "ratios_by_round": per_round,
+        "comparisons": comparisons})
+    progress(f"wrote {path}")
+
+
+def gateway_alone(args: argparse.Namespace) -> None:
+    """The gateway alone, driven in-process with requests of 1, 100 and 1000 messages (no reference)."""
     n = args.messages
     results = {}
     with Gateway(["tank"]) as gw:
@@ -144,37 +282,36 @@ def main() -> None:
             with Meter(server=gw.proc.pid) as q_cpu:
                 q = consume(port, topic, n)
             results[per_request] = {
-                "produce_msgs_per_s": n / p, "produce_mb_per_s": n * SIZE / p / 1e6,
-                "produce_ratio_to_tank": n / p / REFERENCE_PRODUCE[per_request],
-                "produce_server_cpu_us_per_record": us_per(p_cpu.used["server"], n),
-                "consume_msgs_per_s": n / q, "consume_mb_per_s": n * SIZE / q / 1e6,
-                "consume_ratio_to_tank": n / q / REFERENCE_CONSUME,
-                "consume_server_cpu_us_per_record": us_per(q_cpu.used["server"], n),
+                "produce_msgs_per_s": n / p, "produce_server_cpu_us_per_record": us_per(p_cpu.used["server"], n),
+                "consume_msgs_per_s": n / q, "consume_server_cpu_us_per_record": us_per(q_cpu.used["server"], n),
             }
-    print(f"\n{n} messages of {SIZE} B; reference: real TANK C++ broker (produce 0.1/1/2.6-3.2 M msg/s, "
-          f"consume 3.3 M msg/s)")
-    print(f"{'per request':>11} {'produce msg/s':>14} {'MB/s':>7} {'vs TANK':>8} {'gw µs/msg':>10} "
-          f"{'consume msg/s':>14} {'MB/s':>7} {'vs TANK':>8} {'gw µs/msg':>10}")
+    print(f"\n{n:,} messages of {SIZE} B, the gateway alone")
+    print(f"{'per request':>11} {'produce msg/s':>14} {'gw µs/msg':>10} {'consume msg/s':>14} {'gw µs/msg':>10}")
     for per_request, r in results.items():
-        print(f"{per_request:>11} {r['produce_msgs_per_s']:>14,.0f} {r['produce_mb_per_s']:>7.1f} "
-              f"{r['produce_ratio_to_tank']:>8.2f} {r['produce_server_cpu_us_per_record']:>10.3f} "
-              f"{r['consume_msgs_per_s']:>14,.0f} {r['consume_mb_per_s']:>7.1f} "
-              f"{r['consume_ratio_to_tank']:>8.2f} {r['consume_server_cpu_us_per_record']:>10.3f}")
-    print("(gw µs/msg: CPU time the gateway process spent per message, user + system from /proc; the client "
-          f"shares this machine's 2 cores. TANK's CPU per message: n/a, {NO_REFERENCE_CPU})")
-    comparisons = [
-        comparison(f"{step}, {per_request}/request", REFERENCE,
-                   (r[f"{step}_msgs_per_s"], REFERENCE_PRODUCE[per_request] if step == "produce" else REFERENCE_CONSUME),
-                   (r[f"{step}_server_cpu_us_per_record"], None), NO_REFERENCE_CPU)
-        for per_request, r in results.items() for step in ("produce", "consume")]
+        print(f"{per_request:>11} {r['produce_msgs_per_s']:>14,.0f} {r['produce_server_cpu_us_per_record']:>10.3f} "
+              f"{r['consume_msgs_per_s']:>14,.0f} {r['consume_server_cpu_us_per_record']:>10.3f}")
     path = write_result("tank_produce_consume", {
-        "messages": n, "message_bytes": SIZE,
-        "reference": {"produce_msgs_per_s": REFERENCE_PRODUCE, "produce_1000_range": [2.6e6, 3.2e6],
-                      "consume_msgs_per_s": REFERENCE_CONSUME, "source": "real TANK 4.0 C++ broker, same hardware class",
-                      "server_cpu_us_per_record": None, "server_cpu_note": NO_REFERENCE_CPU},
-        "results": {str(k): v for k, v in results.items()}, "comparisons": comparisons,
-    })
-    print(f"results: {path}")
+        "driver": "in-process", "messages": n, "message_bytes": SIZE, "reference": None,
+        "results": {str(k): v for k, v in results.items()}, "comparisons": []})
+    progress(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tank-cli", help="the tank-cli binary (built as docs/conformance.md says)")
+    parser.add_argument("--reference", metavar="HOST:PORT", help="a running TANK broker to compare with")
+    parser.add_argument("--reference-pid", type=int,
+                        help="the reference broker's process (default: the one listening on its port)")
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages of the batched cases")
+    parser.add_argument("--single", type=int, default=100_000, help="messages of the one-per-request cases")
+    parser.add_argument("--rounds", type=int, default=3, help="alternate the brokers this many times")
+    args = parser.parse_args()
+    if args.tank_cli and args.reference:
+        against_reference(args)
+    else:
+        progress("comparison with the real TANK broker skipped: it needs --tank-cli PATH and --reference HOST:PORT "
+                 "(see docs/conformance.md); measuring the gateway alone")
+        gateway_alone(args)
 
 
 if __name__ == "__main__":

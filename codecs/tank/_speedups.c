@@ -22,11 +22,13 @@
  *     ``format._encode_plain_bundle``: None unless the offsets are base_offset, base_offset + 1, ... (none None);
  *     stamps below 0 written as 0, keys cut to 255 bytes (empty: none), values None written empty.
  *     TypeError or OverflowError for what only the Python path takes (other types, out of range).
- * validate_plain(payload, limit=0, inflate=None) -> (records, span) | None
+ * validate_plain(payload, limit) -> (records, span) | None
  *     what ``TankFormat.validate`` returns for a produced payload (``varint len | bundle``...) whose
- *     bundles are all valid: uncompressed, or snappy when ``inflate`` is given (as in read_payload, within
- *     ``limit`` in all); None for anything else (a compressed bundle without ``inflate``, a fault, a
- *     sequence number past 64 bits), which the Python path then checks and refuses with its own message.
+ *     bundles are all valid: uncompressed, or snappy, each snappy message set decoded here into a scratch
+ *     buffer (no Python call, no bytes object: one pass, one copy) within what is left of ``limit``, its
+ *     declared length checked before anything is decoded; None for anything else (a fault, a block that does
+ *     not decode exactly, a sequence number past 64 bits), which the Python path then checks and refuses
+ *     with its own message.
  * parse_produce(payload, with_seqnum) -> (request_id, [(topic, [(partition, stored, base_seq, header)])])
  *     the walk of ``handlers.parse_produce``: ``topic`` as str (UTF-8, surrogateescape), ``stored`` the partition's ``varint len | bundle``
  *     (a Produce-with-seqnum's u64 base sequence number taken out), ``header`` the bundle's
@@ -327,20 +329,96 @@ inflated(PyObject *inflate, const unsigned char *p, Py_ssize_t size, Py_ssize_t 
     return set;
 }
 
+/* The raw snappy block p[0:n] decoded into *out (``PyMem_Free`` it), *out_len its length: 0. 1, with nothing
+ * to free, when the block declares more than ``budget`` bytes (checked before decoding) or does not decode to
+ * exactly what it declares, every byte of it read (as the Python path's decoder requires); -1 (MemoryError). */
+static int
+snappy_decode(const unsigned char *p, Py_ssize_t n, Py_ssize_t budget, unsigned char **out, Py_ssize_t *out_len)
+{
+    Py_ssize_t ip = 0;
+    uint64_t size, op = 0;
+    if (read_varint5(p, &ip, n, &size) < 0 || size > UINT32_MAX || budget < 0 || size > (uint64_t)budget)
+        return 1;
+    unsigned char *d = PyMem_Malloc(size ? (size_t)size : 1);
+    if (d == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    while (ip < n) {
+        unsigned char tag = p[ip++];
+        uint64_t length, offset;
+        switch (tag & 3) {
+        case 0: /* a literal: its length less one in the tag, or in the 1-4 bytes after it */
+            length = tag >> 2;
+            if (length >= 60) {
+                Py_ssize_t extra = (Py_ssize_t)length - 59;
+                if (n - ip < extra)
+                    goto bad;
+                length = 0;
+                for (Py_ssize_t b = 0; b < extra; b++)
+                    length |= (uint64_t)p[ip + b] << (8 * b);
+                ip += extra;
+            }
+            length += 1;
+            if (length > (uint64_t)(n - ip) || length > size - op)
+                goto bad;
+            memcpy(d + op, p + ip, (size_t)length);
+            ip += (Py_ssize_t)length;
+            op += length;
+            continue;
+        case 1: /* a copy: length 4-11 and an 11-bit offset */
+            if (ip >= n)
+                goto bad;
+            length = ((tag >> 2) & 7) + 4;
+            offset = ((uint64_t)(tag >> 5) << 8) | p[ip++];
+            break;
+        case 2: /* a copy: length 1-64 and a 16-bit offset */
+            if (n - ip < 2)
+                goto bad;
+            length = (tag >> 2) + 1;
+            offset = (uint64_t)p[ip] | (uint64_t)p[ip + 1] << 8;
+            ip += 2;
+            break;
+        default: /* a copy: length 1-64 and a 32-bit offset */
+            if (n - ip < 4)
+                goto bad;
+            length = (tag >> 2) + 1;
+            offset = (uint64_t)p[ip] | (uint64_t)p[ip + 1] << 8 | (uint64_t)p[ip + 2] << 16 | (uint64_t)p[ip + 3] << 24;
+            ip += 4;
+            break;
+        }
+        if (offset == 0 || offset > op || length > size - op)
+            goto bad;
+        if (offset >= length)
+            memcpy(d + op, d + op - offset, (size_t)length);
+        else /* overlapping: the bytes it repeats are written as it goes */
+            for (uint64_t i = 0; i < length; i++)
+                d[op + i] = d[op + i - offset];
+        op += length;
+    }
+    if (op != size)
+        goto bad;
+    *out = d;
+    *out_len = (Py_ssize_t)size;
+    return 0;
+bad:
+    PyMem_Free(d);
+    return 1;
+}
+
 static PyObject *
 validate_plain(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
-    Py_ssize_t budget = 0;
-    PyObject *inflate = Py_None;
+    Py_ssize_t budget;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*|nO", &buf, &budget, &inflate))
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &budget))
         return NULL;
     const unsigned char *p = buf.buf;
     Py_ssize_t end = buf.len, pos = 0;
     uint64_t records = 0, span = 0;
     int ok = end > 0;
-    PyObject *set = NULL; /* a snappy bundle's message set, inflated */
+    unsigned char *set = NULL; /* a snappy bundle's message set, decoded */
     while (ok && pos < end) {
         uint64_t n, count;
         Py_ssize_t start = pos;
@@ -350,7 +428,7 @@ validate_plain(PyObject *self, PyObject *args)
         }
         Py_ssize_t h = pos, bundle_end = pos + (Py_ssize_t)n;
         unsigned char flags = p[h++];
-        if ((flags & CODEC_MASK) > 1 || ((flags & CODEC_MASK) && inflate == Py_None)) { /* the Python path's */
+        if ((flags & CODEC_MASK) > 1) { /* the Python path's */
             ok = 0;
             break;
         }
@@ -394,20 +472,20 @@ validate_plain(PyObject *self, PyObject *args)
         }
         const unsigned char *messages = p + h;
         Py_ssize_t size = bundle_end - h;
-        if (flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within what is left of the limit */
-            set = inflated(inflate, p + h, size, budget);
-            if (set == NULL) {
-                if (PyErr_Occurred()) /* not a fault of the bundle (an interrupt): passed on */
-                    goto failed;
+        if (flags & CODEC_MASK) { /* snappy: decoded here, within what is left of the limit */
+            int decoded = snappy_decode(p + h, size, budget, &set, &size);
+            if (decoded < 0)
+                goto failed;
+            if (decoded > 0) {
                 ok = 0;
                 break;
             }
-            messages = (const unsigned char *)PyBytes_AS_STRING(set);
-            size = PyBytes_GET_SIZE(set);
+            messages = set;
             budget -= size;
         }
         ok = message_set_fault(messages, size, (Py_ssize_t)count, sparse, first, last) == NULL;
-        Py_CLEAR(set);
+        PyMem_Free(set);
+        set = NULL;
         if (!ok)
             break;
         records += count;

@@ -452,9 +452,10 @@ class TankFormat(ColumnarFormat):
         payload takes: its messages, or a SPARSE bundle's first to last.
 
         Valid payloads (the common case), snappy ones too, are checked in one C pass
-        (``_speedups.validate_plain``, where it was built); anything else, here.
+        (``_speedups.validate_plain``, where it was built: it decodes each snappy message set
+        itself, into a scratch buffer, within the same limit); anything else, here.
         """
-        checked = validate_plain(payload, self.inflate_limit, _inflate)
+        checked = validate_plain(payload, self.inflate_limit)
         if checked is not None:
             return Validated(*checked)
         return self._validate_bundles(payload)
@@ -465,7 +466,7 @@ class TankFormat(ColumnarFormat):
         in its own ``validate``, one by one."""
         if _speedups is not None and type(self).validate is TankFormat.validate:
             plain, limit = validate_plain, self.inflate_limit
-            checked = [plain(payload, limit, _inflate) for payload in payloads]
+            checked = [plain(payload, limit) for payload in payloads]
             if None not in checked:  # Validated(*c), without a call per payload (none for one message)
                 return [ONE_RECORD if c == _ONE_MESSAGE else tuple.__new__(Validated, c)  # type: ignore[arg-type]  # no None (above)
                         for c in checked]
@@ -595,7 +596,7 @@ def _not_read(payload: bytes, first_seq: int, limit: int, inflate: object, *colu
     return False
 
 
-def _not_plain(payload: bytes, limit: int, inflate: object) -> None:
+def _not_plain(payload: bytes, limit: int) -> None:
     """``_speedups.validate_plain`` where the C pass was not built: every payload is checked in Python."""
     return None
 

@@ -190,7 +190,7 @@ def test_tank_timestamps_beyond_signed_64_bits_read_as_the_largest():
 @given(st.lists(st.tuples(MESSAGES, st.sampled_from(["plain", "sparse", "snappy"])), min_size=1, max_size=3),
        st.data())
 def test_c_validation_of_produced_payloads_agrees_or_hands_over(bundles, data):
-    """``validate_plain`` answers for valid payloads (snappy ones given ``inflate``), and then as the Python path does."""
+    """``validate_plain`` answers for valid payloads (snappy ones too), and then as the Python path does."""
     from gateway.model import CommandError
 
     payload = b""
@@ -209,12 +209,46 @@ def test_c_validation_of_produced_payloads_agrees_or_hands_over(bundles, data):
             python = tuple(tank_format.FORMAT._validate_bundles(candidate))
         except CommandError:
             python = None
-        assert speedups.validate_plain(candidate) in (None, python)  # without inflate: compressed ones handed over
-        c = speedups.validate_plain(candidate, tank_format.INFLATE_LIMIT, tank_format._inflate)
+        c = speedups.validate_plain(candidate, tank_format.INFLATE_LIMIT)
         if c is not None:
             assert c == python
         elif candidate == payload and python is not None:
             pytest.fail("a valid payload was handed over")
+
+
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(MESSAGES, st.data())
+def test_c_snappy_check_accepts_what_the_python_decoder_accepts(messages, data):
+    """``validate_plain`` decodes a snappy message set itself: whatever the block holds (a real one,
+    damaged, cut, or any bytes), and whatever the limit, it answers only where the Python path
+    (cramjam's decoder) accepts, with the same figures, and for every valid one under the limit."""
+    from gateway.model import CommandError
+
+    messages = messages or [(1, None, b"v")]
+    bundle = tank_format.encode(messages, compress=True)
+    header = tank_format.parse_header(bundle, 0, len(bundle))
+    head, block = bundle[: header.body], bytearray(bundle[header.body :])
+    damage = data.draw(st.sampled_from(["none", "bytes", "cut", "trailing", "any"]))
+    if damage == "bytes":
+        for _ in range(data.draw(st.integers(1, 3))):
+            block[data.draw(st.integers(0, len(block) - 1))] = data.draw(st.integers(0, 255))
+    elif damage == "cut":
+        block = block[: data.draw(st.integers(0, len(block) - 1))]
+    elif damage == "trailing":
+        block += data.draw(st.binary(min_size=1, max_size=3))
+    elif damage == "any":
+        block = bytearray(data.draw(st.binary(max_size=200)))
+    fmt = tank_format.TankFormat()
+    fmt.inflate_limit = data.draw(st.sampled_from([tank_format.INFLATE_LIMIT, 0, len(bundle)])
+                                  | st.integers(0, 2 * len(bundle)))
+    payload = tank_format.frame(head + bytes(block))
+    try:
+        python = tuple(fmt._validate_bundles(payload))
+    except CommandError:
+        python = None
+    c = speedups.validate_plain(payload, fmt.inflate_limit)
+    assert c == python
 
 
 def _python_columns(batch):
