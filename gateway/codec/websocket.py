@@ -85,7 +85,7 @@ class WebSocketConnection(PushConnection, TimerConnection):
         self.message_size = 0  # payload bytes of the message being received, while it is unfinished
 
     @property
-    def principal(self) -> str | None:  # type: ignore[override]  # the codec's: it authenticates
+    def principal(self) -> str | None:  # the codec's: it authenticates
         return self.inner.principal
 
     @principal.setter
