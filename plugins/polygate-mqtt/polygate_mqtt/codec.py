@@ -507,7 +507,10 @@ class MqttConnection(CodecConnection):
         return True
 
     def session_moved(self) -> None:
-        """The session's position moved: commit it within ``commit_ms``."""
+        """The position moved (a delivery ended, or a persistent session read on): the session
+        commits within ``commit_ms``, the shared subscriptions at their next heartbeat."""
+        for share in self.shares.values():
+            share.moved = True
         if not self.commit_pending and self.session_group is not None:
             self.commit_pending = True
             self.emit(Timer(self.options["commit_ms"] / 1000, "commit"))
