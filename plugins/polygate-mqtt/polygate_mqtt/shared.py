@@ -78,6 +78,7 @@ class Share:
     generation: int = -1
     epoch: int = 0  # counts the joins: an answer to an earlier one is stale
     stable: bool = False  # assigned, and heartbeating
+    retry: bool = False  # a join or a sync failed: the timer joins again
     streams: dict[str, _TopicSubscription] = attrs.Factory(dict)  # by log topic
     read_to: dict[tuple[str, int], int] = attrs.Factory(dict)  # (log topic, partition) -> next offset taken
     moved: bool = False  # delivered since the last commit
@@ -153,9 +154,11 @@ def tick(conn: MqttConnection, group: str) -> None:
     share = conn.shares.get(group)
     if share is None:
         return
-    if not share.stable:
+    if share.retry:
         _join(conn, share)
         return
+    if not share.stable:
+        return  # a join under way, begun after this timer was set: its answer says what follows
     epoch = share.epoch
     commands: tuple[Any, ...] = (m.Heartbeat(group, share.member_id, share.generation),)
     commit = _commit(conn, share) if share.moved else None
@@ -173,7 +176,7 @@ def _join(conn: MqttConnection, share: Share) -> None:
     commit = _commit(conn, share) if share.stable else None
     _stop(conn, share)
     share.epoch += 1
-    share.stable = False
+    share.stable = share.retry = False
     epoch, subscription = share.epoch, encode_subscription(share.subscription)
     join = m.JoinGroup(share.group, share.member_id, share.subscription, protocol_type="consumer",
                        session_timeout_ms=SESSION_TIMEOUT_MS, rebalance_timeout_ms=REBALANCE_TIMEOUT_MS,
@@ -281,6 +284,7 @@ def _failed(conn: MqttConnection, share: Share, error: m.Error) -> bytes:
     if error.code in _REJOIN:
         _join(conn, share)
     else:
+        share.retry = True
         conn.emit(Timer(RETRY_S, ("share", share.group)))
     return b""
 
