@@ -457,8 +457,10 @@ class MqttConnection(CodecConnection):
 
     @property
     def partitions_read(self) -> int:
-        """The log partitions the subscriptions read (at most ``max_partitions``)."""
-        return sum(len(sub.partitions) for sub in self.subscriptions.values())
+        """The log partitions the subscriptions read, and those the shared ones may be assigned
+        (at most ``max_partitions``)."""
+        return sum(len(sub.partitions) for sub in self.subscriptions.values()) + \
+            sum(share.partitions for share in self.shares.values())
 
     def drop_subscription(self, log_topic: str) -> None:
         """Stop reading ``log_topic``."""

@@ -365,11 +365,11 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
         named = [infos.get(name) for name in sources.topics]
         share = shared.parse(topic_filter)
         if share is not None:  # read by the member of the group that the broker assigns partitions to
-            if sources.every or not named or any(info is None or info.error is not None or not info.partitions
-                                                 for info in named):
-                codes.append(packets.SUBACK_FAILURE)  # only log topics that exist, named by the filter
+            existing = [info for info in named if info is not None and info.error is None and info.partitions]
+            if sources.every or not named or len(existing) < len(named) or not shared.room(conn, share[0], existing):
+                codes.append(packets.SUBACK_FAILURE)  # only log topics that exist, named by the filter, in bounds
             else:
-                shared.subscribe(conn, share[0], share[1], granted, sources.topics)
+                shared.subscribe(conn, share[0], share[1], granted, existing)
                 codes.append(granted)
             continue
         absent = [info.topic for info in named if info is not None and info.error is not None

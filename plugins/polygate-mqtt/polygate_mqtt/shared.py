@@ -51,6 +51,9 @@ PROTOCOLS = ("range", "roundrobin")  # librdkafka's defaults: a group with Kafka
 SESSION_TIMEOUT_MS = 10_000
 REBALANCE_TIMEOUT_MS = 10_000
 HEARTBEAT_S = 1.0
+MAX_GROUPS = 64
+"""The most groups one connection's shared subscriptions are members of (each heartbeats); a
+filter of one more gets SUBACK 0x80."""
 RETRY_S = 1.0  # after a join or a sync that failed (a coordinator moving, a storage error)
 _REJOIN = frozenset({m.ErrorCode.REBALANCE_IN_PROGRESS, m.ErrorCode.GENERATION_MISMATCH, m.ErrorCode.UNKNOWN_MEMBER})
 _NEW_MEMBER = frozenset({m.ErrorCode.UNKNOWN_MEMBER})  # the group forgot the member: it joins under a new id
@@ -74,6 +77,7 @@ class Share:
     group: str
     filters: dict[str, int] = attrs.Factory(dict)  # filter (without $share/G/) -> granted QoS
     topics: dict[str, tuple[str, ...]] = attrs.Factory(dict)  # filter -> the log topics it reads
+    sizes: dict[str, int] = attrs.Factory(dict)  # log topic read -> its partitions (at the SUBSCRIBE)
     member_id: str = ""
     generation: int = -1
     epoch: int = 0  # counts the joins: an answer to an earlier one is stale
@@ -84,20 +88,38 @@ class Share:
     moved: bool = False  # delivered since the last commit
 
     @property
+    def partitions(self) -> int:
+        """The partitions the member may be assigned at most, counted in ``max_partitions``."""
+        return sum(self.sizes.values())
+
+    @property
     def subscription(self) -> tuple[str, ...]:
         """The log topics the member reads, as it tells the group."""
         return tuple(sorted({t for topics in self.topics.values() for t in topics}))
 
 
-def subscribe(conn: MqttConnection, group: str, topic_filter: str, granted: int, log_topics: Sequence[str]) -> None:
-    """Add ``topic_filter`` (reading ``log_topics``, which exist) to the connection's membership
-    of ``group``: a new member joins; one whose subscription grows joins again (a rebalance)."""
+def room(conn: MqttConnection, group: str, infos: Sequence[m.TopicInfo]) -> bool:
+    """Whether the connection may read the log topics of ``infos`` in ``group``: within
+    ``MAX_GROUPS`` and ``max_partitions`` (counting every partition it may be assigned)."""
+    share = conn.shares.get(group)
+    if share is None and len(conn.shares) >= MAX_GROUPS:
+        return False
+    new = sum(len(info.partitions) for info in infos if share is None or info.topic not in share.sizes)
+    return conn.partitions_read + new <= conn.options["max_partitions"]
+
+
+def subscribe(conn: MqttConnection, group: str, topic_filter: str, granted: int, infos: Sequence[m.TopicInfo]) -> None:
+    """Add ``topic_filter`` (reading the log topics of ``infos``, which exist) to the connection's
+    membership of ``group``: a new member joins; one whose subscription grows joins again (a
+    rebalance)."""
     share = conn.shares.get(group)
     if share is None:
         share = conn.shares[group] = Share(group)
     before = share.subscription
     share.filters[topic_filter] = granted
-    share.topics[topic_filter] = tuple(log_topics)
+    share.topics[topic_filter] = tuple(info.topic for info in infos)
+    for info in infos:
+        share.sizes[info.topic] = len(info.partitions)
     if share.subscription != before or not share.epoch:
         _join(conn, share)
         return
@@ -113,6 +135,7 @@ def unsubscribe(conn: MqttConnection, group: str, topic_filter: str) -> None:
     if share is None or share.filters.pop(topic_filter, None) is None:
         return
     share.topics.pop(topic_filter)
+    share.sizes = {topic: size for topic, size in share.sizes.items() if topic in share.subscription}
     if not share.filters:
         del conn.shares[group]
         leaving = _leaving(conn, share)

@@ -87,3 +87,22 @@ def test_a_qos1_delivery_is_committed_once_acknowledged_and_the_last_unsubscribe
     assert member.send(unsubscribe_packet(2, "$share/g/t/#")) == [(PacketType.UNSUBACK, 0, b"\x00\x02")]
     rig.reactor.advance(0)
     assert run(rig, m.DescribeGroups(("g",))).groups[0].members == ()
+
+
+def test_shared_subscriptions_count_in_max_partitions_and_groups_are_bounded(tmp_path):
+    rig = Rig(str(tmp_path), max_partitions=str(2 * PARTITIONS))
+    try:
+        rig.broker.execute(m.CreateTopic("t", PARTITIONS))
+        rig.reactor.advance(0)
+        c = rig.client(b"greedy")
+        suback = c.send(subscribe_packet(1, ("$share/a/t/#", 0), ("$share/a/t/x", 0), ("$share/b/t/#", 0),
+                                         ("$share/c/t/#", 0)))
+        assert suback == [(PacketType.SUBACK, 0, b"\x00\x01\x00\x00\x00\x80")]  # c: past max_partitions
+    finally:
+        rig.close()
+
+
+def test_a_connection_is_a_member_of_max_groups_groups_at_most(rig, monkeypatch):
+    monkeypatch.setattr(shared, "MAX_GROUPS", 2)
+    suback = rig.client(b"joiner").send(subscribe_packet(1, *((f"$share/{g}/t/#", 0) for g in "abc")))
+    assert suback == [(PacketType.SUBACK, 0, b"\x00\x01\x00\x00\x80")]
