@@ -301,7 +301,12 @@ def _beaten(conn: MqttConnection, share: Share, epoch: int, result: m.HeartbeatR
 
 
 def _failed(conn: MqttConnection, share: Share, error: m.Error) -> bytes:
-    """A join or a sync that failed: join again, at once for a rebalance, else after ``RETRY_S``."""
+    """A join or a sync that failed: join again, at once for a rebalance, else after ``RETRY_S``.
+    A client not allowed in the group (``--authorizer acl``) is closed: 3.1.1 has no way to say
+    that a granted subscription ended, and it would never deliver."""
+    if error.code in m.AUTHORIZATION_ERRORS:
+        conn.close(f"shared subscription: group {share.group}: {error.message}")
+        return b""
     if error.code in _NEW_MEMBER:
         share.member_id = ""
     if error.code in _REJOIN:

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import pytest
 from mqtt_support import Rig, puback, subscribe_packet, unsubscribe_packet
-from polygate_mqtt import packets, shared
+from polygate_mqtt import packets, plugin, shared
 from polygate_mqtt.packets import MalformedPacket, PacketType
 
 from gateway import model as m
+from gateway.adapter import CodecFactory
+from gateway.broker import Broker
 from gateway.codecs.v1 import format as v1_format
+from gateway.local.store import LocalStore
+from gateway.security.acl import Acls
 
 PARTITIONS = 3
 
@@ -106,3 +110,16 @@ def test_a_connection_is_a_member_of_max_groups_groups_at_most(rig, monkeypatch)
     monkeypatch.setattr(shared, "MAX_GROUPS", 2)
     suback = rig.client(b"joiner").send(subscribe_packet(1, *((f"$share/{g}/t/#", 0) for g in "abc")))
     assert suback == [(PacketType.SUBACK, 0, b"\x00\x01\x00\x00\x80")]
+
+
+def test_a_client_the_acls_keep_out_of_the_group_is_closed(rig):
+    """Under --authorizer acl, Read on the log topic is not Read on the group: the join is refused,
+    and 3.1.1 has no way to end a granted subscription but closing."""
+    read_topic = m.AclBinding(m.ResourceType.TOPIC, "*", m.PatternType.LITERAL, "User:ANONYMOUS", "*",
+                              m.AclOperation.ALL, m.AclPermission.ALLOW)
+    rig.broker = Broker(LocalStore(rig.engine, rig.reactor), rig.broker.formats, rig.reactor, acls=Acls([read_topic]))
+    rig.factory = CodecFactory(plugin, rig.factory.settings, rig.broker, rig.reactor)
+    c = rig.client(b"outsider")
+    assert c.send(subscribe_packet(1, ("$share/g/t/#", 0))) == [(PacketType.SUBACK, 0, b"\x00\x01\x00")]
+    rig.reactor.pump([0.1] * 3)
+    assert c.closed
