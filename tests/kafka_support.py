@@ -4,7 +4,7 @@
 listeners. The external clients the tests drive are installed here when
 missing (never skipped): kcat from Debian, kafkajs (and its pure-JS snappy codec) from npm into
 ``tests/.kafkajs``, @platformatic/kafka (a client of Kafka 3.5+ API versions only) into
-``tests/.platformatic`` (both git-ignored). An install that fails fails the test with
+``tests/.platformatic`` (both git-ignored; ``npm_install`` installs other npm packages the same way). An install that fails fails the test with
 the installer's output.
 """
 
@@ -94,7 +94,7 @@ def kcat() -> str:
     return path
 
 
-def _npm_install(directory: Path, packages: tuple[str, ...], what: str) -> Path:
+def npm_install(directory: Path, packages: tuple[str, ...], what: str) -> Path:
     """``directory``, whose node_modules holds ``packages`` (npm install on first use)."""
     with installing():
         if not all((directory / "node_modules" / p.rpartition("@")[0] / "package.json").exists() for p in packages):
@@ -106,13 +106,13 @@ def _npm_install(directory: Path, packages: tuple[str, ...], what: str) -> Path:
 @pytest.fixture(scope="session")
 def kafkajs() -> Path:
     """Directory whose node_modules holds kafkajs (npm install on first use)."""
-    return _npm_install(KAFKAJS_DIR, KAFKAJS_PACKAGES, "kafkajs")
+    return npm_install(KAFKAJS_DIR, KAFKAJS_PACKAGES, "kafkajs")
 
 
 @pytest.fixture(scope="session")
 def platformatic() -> Path:
     """Directory whose node_modules holds @platformatic/kafka (npm install on first use)."""
-    return _npm_install(PLATFORMATIC_DIR, PLATFORMATIC_PACKAGES, "@platformatic/kafka")
+    return npm_install(PLATFORMATIC_DIR, PLATFORMATIC_PACKAGES, "@platformatic/kafka")
 
 
 def run_node(modules_dir: Path, script: str, config: dict, timeout: float = 120) -> dict:

@@ -1,7 +1,6 @@
 """The admin page (``/`` of the admin listener) in headless Chromium, driven by Selenium.
 
-Chromium and its driver come from Debian (``apt-get install chromium chromium-driver`` on
-first use, as kcat does), Selenium from the test extras. The page is loaded from a real
+Chromium comes from ``browser_support``. The page is loaded from a real
 ``gateway serve``; records produced over V1, a group joined by a real Kafka consumer
 (confluent-kafka) and a group joined over V1 must appear, with the protocol each member
 speaks and the lag, and the page must follow new records without a reload.
@@ -10,16 +9,13 @@ speaks and the lag, and the page must follow new records without a reload.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import urllib.error
 import urllib.request
 
+import browser_support
 import confluent_kafka as ck
 import pytest
-from browser_support import headless_chromium
-from kafka_support import consume, installing, unique, wait_until
+from kafka_support import consume, unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
@@ -27,27 +23,8 @@ FAST_GROUP = {"heartbeat.interval.ms": 200, "session.timeout.ms": 6000, "auto.of
               "enable.auto.commit": False}
 
 
-@pytest.fixture(scope="session")
-def chromium() -> tuple[str, str]:
-    """Paths of Debian's ``chromium`` and ``chromedriver``, installed with apt-get if missing."""
-    with installing():
-        if not (shutil.which("chromium") and shutil.which("chromedriver")):
-            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-            for args in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]):
-                proc = subprocess.run(args, capture_output=True, text=True, env=env)
-                if proc.returncode != 0:
-                    pytest.fail(f"installing chromium failed ({' '.join(args)}):\n{proc.stdout}\n{proc.stderr}")
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (browser and driver):
-        pytest.fail("chromium or chromedriver is not on PATH after apt-get install chromium chromium-driver")
-    return browser, driver
-
-
-@pytest.fixture
-def browser(chromium):
-    driver = headless_chromium(*chromium)
-    yield driver
-    driver.quit()
+chromium = browser_support.chromium
+browser = browser_support.browser
 
 
 def text_of(driver, css: str) -> str | None:

@@ -71,7 +71,7 @@ from gateway import model as m
 from gateway.assignors import assign
 from gateway.cluster.bridge import Loop, command_error, deferred_from
 from gateway.cluster.config import ClusterConfig
-from gateway.codecs.kafka.consumer_protocol import decode_subscription, encode_assignment
+from gateway.codec.consumer_protocol import decode_subscription, encode_assignment
 from gateway.model import CommandError, Error, ErrorCode
 
 log = logging.getLogger(__name__)

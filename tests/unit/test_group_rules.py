@@ -8,7 +8,7 @@ from reactor_support import Reactor
 from gateway import model as m
 from gateway.assignors import assign
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
-from gateway.codecs.kafka.consumer_protocol import encode_subscription, subscribed_topics
+from gateway.codec.consumer_protocol import encode_subscription, subscribed_topics
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine

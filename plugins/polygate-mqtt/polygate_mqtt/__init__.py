@@ -2,17 +2,22 @@
 
 Installed with ``pip install ./plugins/polygate-mqtt``, it registers
 ``mqtt = polygate_mqtt:plugin`` in the ``gateway.codecs`` entry-point group;
-``gateway serve --protocols v1,mqtt`` then serves it on port 1883. It uses
+``gateway serve --protocols v1,mqtt`` then serves it on port 1883. A second entry point,
+``mqtt-ws = polygate_mqtt:websocket_plugin``, serves the same codec over WebSocket
+(subprotocol ``mqtt``, for browsers) on port 8083, as EMQX does (``gateway.codec.websocket``;
+``--tls mqtt-ws`` for ``wss://``). It uses
 only the public plugin API (``gateway.codec``, ``gateway.model``,
 ``gateway.codec.framing``) and no Twisted, like every codec.
 """
 
 from gateway.codec import CodecPlugin
+from gateway.codec.websocket import over_websocket
 
 from .codec import OPTIONS, MqttConnection
 from .format import FORMAT
 
 DEFAULT_PORT = 1883
+WEBSOCKET_PORT = 8083  # EMQX's (Mosquitto has no default WebSocket listener)
 MAX_FRAME = 1 << 20  # remaining length of one packet; --max-frame mqtt=BYTES
 
 plugin = CodecPlugin(
@@ -25,3 +30,7 @@ plugin = CodecPlugin(
     batch_format=FORMAT,
     options=OPTIONS,
 )
+
+websocket_plugin = over_websocket(plugin, name="mqtt-ws", default_port=WEBSOCKET_PORT, subprotocol="mqtt",
+                                  description="MQTT over WebSocket (subprotocol mqtt), for browsers "
+                                              "- third-party plugin")

@@ -97,7 +97,7 @@ from gateway.codec.framing import LengthPrefixedFramer, varint_header
 from gateway.codec.varint import TABLE_SIZE, UVARINTS
 
 from . import format as fmt
-from . import packets, session, topics
+from . import packets, session, shared, topics
 from .handlers import HANDLERS, connect, discover, ignored, sys_figures
 from .packets import MalformedPacket, PacketType
 from .session import Outgoing
@@ -162,7 +162,7 @@ class _TopicSubscription:
     records below the high watermark seen at SUBSCRIBE time are not its.
     """
 
-    stream: tuple[str, int]  # the Subscribe context: (log topic, generation)
+    stream: tuple[Any, ...]  # the Subscribe context: (log topic, generation), shared: (..., group)
     mapping: topics.Mapping
     partitions: set[int] = attrs.Factory(set)  # the partitions its streams read
     filters: dict[str, tuple[int, dict[int, int]]] = attrs.Factory(dict)
@@ -206,6 +206,7 @@ class MqttConnection(CodecConnection):
         self.clock = settings.clock
         self.options = {**_DEFAULTS, **settings.options}
         self.connected = False
+        self.client_id = ""
         self.keep_alive = 0.0
         self.last_seen = self.clock()
         self.taken_at = int(time.time() * 1000)  # ms: the timestamp of the messages being taken (next_event)
@@ -231,6 +232,7 @@ class MqttConnection(CodecConnection):
         self.backlog_left = self.options["max_session_queued_bytes"]
         self.commit_pending = False
         self.retained_ready = False  # the retained messages' topic is known to exist (``topics.RETAINED_TOPIC``)
+        self.shares: dict[str, shared.Share] = {}  # memberships of the groups of shared subscriptions, by group
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API
@@ -248,21 +250,30 @@ class MqttConnection(CodecConnection):
     def end_of_stream(self) -> Close:
         return Close(reason="end of stream")
 
-    def may_drop(self, context: tuple[str, int]) -> bool:
+    def may_drop(self, context: tuple[Any, ...]) -> bool:
         """A stream whose filters were all granted QoS 0 may lose messages (MQTT's "at most
         once") when the subscriber does not read; a QoS 1 one waits for it."""
-        sub = self.subscriptions.get(context[0])
-        return sub is None or sub.stream != context or all(q == 0 for q, _ in sub.filters.values())
+        sub = self._stream(context)
+        return sub is None or all(q == 0 for q, _ in sub.filters.values())
 
-    def push(self, context: tuple[str, int], result: m.FetchResult) -> bytes:
+    def _stream(self, context: tuple[Any, ...]) -> _TopicSubscription | None:
+        """The subscription the stream ``context`` feeds, if it still does: ``(log topic,
+        generation)``, or a shared subscription's ``(log topic, generation, group)``."""
+        if len(context) == 3:
+            return shared.stream(self, context)
+        sub = self.subscriptions.get(context[0])
+        return sub if sub is not None and sub.stream == context else None
+
+    def push(self, context: tuple[Any, ...], result: m.FetchResult) -> bytes:
         """The PUBLISHes of the records a subscription's stream fetched: each record goes out if a
         filter of the subscription takes it, at the QoS it was published with, at most the
         highest granted QoS of the filters that take it (QoS 1 through the in-flight window)."""
-        sub = self.subscriptions.get(context[0])
-        if sub is None or sub.stream != context or self.closed:
+        sub = self._stream(context)
+        if sub is None or self.closed:
             return b""
         if result.error is not None:
-            del self.subscriptions[context[0]]
+            if len(context) == 2:
+                del self.subscriptions[context[0]]
             self.close(f"subscription to log topic {context[0]!r} ended: {result.error.message}")
             return b""
         out: list[bytes] = []
@@ -302,7 +313,9 @@ class MqttConnection(CodecConnection):
                         out.append(self.send_queued())  # in order with the QoS 0 ones around it
                     # else: too much left waiting, the subscriber is being closed; what was built
                     # goes out before the close, as it would have
-        if self.session_group is not None and result.batches:
+        if len(context) == 3 and result.batches:
+            shared.delivered(self, context, partition, result.batches[-1].last_offset + 1)
+        elif self.session_group is not None and result.batches:
             self.read_to[(log_topic, partition)] = result.batches[-1].last_offset + 1
             self.session_moved()
         return b"".join(out)
@@ -314,9 +327,9 @@ class MqttConnection(CodecConnection):
         """The will message (and its retained copy), unless the client said DISCONNECT; and the
         persistent session's last commit, with the time the client left."""
         commit = self.session_commit(left_ms=int(time.time() * 1000))
-        return self.will if commit is None else (*self.will, commit)
+        return (*self.will, *(() if commit is None else (commit,)), *shared.ended(self))
 
-    def timer(self, context: str) -> None:
+    def timer(self, context: str | tuple[str, str]) -> None:
         now = self.clock()
         if context == "connect" and not self.connected:
             self.close(f"no CONNECT within {self.options['connect_timeout_ms']} ms")
@@ -339,6 +352,8 @@ class MqttConnection(CodecConnection):
             self.commit_session()
         elif context == "sys":
             self.emit(sys_figures(self, retain=False))
+        elif type(context) is tuple:  # ("share", group): a shared subscription's membership
+            shared.tick(self, context[1])
         elif context not in ("connect", "keepalive"):
             super().timer(context)
 
@@ -390,6 +405,15 @@ class MqttConnection(CodecConnection):
             self.emit(Subscribe(fetches, sub.stream, exclusive=False))
         return sub
 
+    def shared_subscription(self, group: str, log_topic: str, starts: dict[int, int]) -> _TopicSubscription:
+        """A subscription of ``log_topic`` for the shared subscriptions of ``group``, whose push
+        streams read the partitions of ``starts`` from their offsets there (``shared``)."""
+        self.generation += 1
+        sub = _TopicSubscription((log_topic, self.generation, group), self.mapping, set(starts))
+        self.emit(Subscribe(tuple(m.Fetch(log_topic, p, offset, fmt.NAME) for p, offset in starts.items()),
+                            sub.stream, exclusive=False))
+        return sub
+
     def await_topic(self, log_topic: str, topic_filter: str, granted: int) -> bool:
         """Subscribe ``topic_filter`` to ``log_topic``, which does not exist yet (a SUBSCRIBE never
         creates one): its stream starts, from the log's start, once a publisher or an admin created
@@ -433,8 +457,10 @@ class MqttConnection(CodecConnection):
 
     @property
     def partitions_read(self) -> int:
-        """The log partitions the subscriptions read (at most ``max_partitions``)."""
-        return sum(len(sub.partitions) for sub in self.subscriptions.values())
+        """The log partitions the subscriptions read, and those the shared ones may be assigned
+        (at most ``max_partitions``)."""
+        return sum(len(sub.partitions) for sub in self.subscriptions.values()) + \
+            sum(share.partitions for share in self.shares.values())
 
     def drop_subscription(self, log_topic: str) -> None:
         """Stop reading ``log_topic``."""
@@ -483,7 +509,10 @@ class MqttConnection(CodecConnection):
         return True
 
     def session_moved(self) -> None:
-        """The session's position moved: commit it within ``commit_ms``."""
+        """The position moved (a delivery ended, or a persistent session read on): the session
+        commits within ``commit_ms``, the shared subscriptions at their next heartbeat."""
+        for share in self.shares.values():
+            share.moved = True
         if not self.commit_pending and self.session_group is not None:
             self.commit_pending = True
             self.emit(Timer(self.options["commit_ms"] / 1000, "commit"))
@@ -505,10 +534,11 @@ class MqttConnection(CodecConnection):
             filters.update(waiting)
         filters.update(self.open_filters)
         filters.update(self.sys_filters)
+        filters.update(shared.granted_filters(self))
         released = tuple(packet_id for packet_id, msg in self.inflight.items() if msg.released)
         lowest = dict(self.read_to)
         in_flight: dict[tuple[str, int], dict[int, int]] = {}
-        for msg in itertools.chain(self.inflight.values(), self.queued):
+        for msg in self.pending():
             if msg.source is None or msg.released:
                 continue
             topic, partition, offset = msg.source
@@ -524,6 +554,10 @@ class MqttConnection(CodecConnection):
             position = session.Position(offset, since, in_flight.get((topic, partition), {}))
             offsets.append((topic, partition, offset, position.encode()))
         return m.CommitOffsets(self.session_group, tuple(offsets))
+
+    def pending(self) -> itertools.chain[Outgoing]:
+        """The QoS 1 and 2 deliveries not yet acknowledged: in flight, then waiting for room."""
+        return itertools.chain(self.inflight.values(), self.queued)
 
     def _packet_id(self) -> int:
         while True:

@@ -22,7 +22,7 @@ from gateway import model as m
 from gateway.codec import Acknowledgement, Handled, Timer
 
 from . import format as fmt
-from . import packets, session, topics
+from . import packets, session, shared, topics
 from .packets import MalformedPacket, PacketType
 from .session import Outgoing
 
@@ -67,6 +67,7 @@ def connect(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
                                   reason=f"will topic {c.will_topic!r}: no log topic under mapping {conn.mapping.spec}")
         conn.will = _commands(conn, c.will_topic, f.will_qos, c.will_message, f.will_retain)
     conn.connected = True
+    conn.client_id = c.client_id
     conn.keep_alive = float(c.keep_alive)
     conn.emit(Timer(None, "connect"))
     if conn.keep_alive:
@@ -126,8 +127,7 @@ def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult) -> b
         conn.emit(Handled.answer(b"".join(out)))
     conn.redeliver = {(topic, partition, offset): packet_id for (topic, partition), position in positions.items()
                       for offset, packet_id in position.inflight.items()}
-    entries = tuple((topic_filter, qos, None if topics.is_sys(topic_filter) else conn.mapping.sources(topic_filter))
-                    for topic_filter, qos in anchor.filters.items())
+    entries = tuple((topic_filter, qos, _sources(conn, topic_filter)) for topic_filter, qos in anchor.filters.items())
     if not entries:
         return _begun(conn, group)
     ctx = _Subscribe(None, entries, positions, group)
@@ -318,11 +318,20 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
             raise MalformedPacket(f"SUBSCRIBE requested QoS byte {t.qos:#x}")
         if not topics.valid_filter(t.filter):
             raise MalformedPacket(f"invalid topic filter {t.filter!r}")
-        entries.append((t.filter, t.qos, None if topics.is_sys(t.filter) else conn.mapping.sources(t.filter)))
+        entries.append((t.filter, t.qos, _sources(conn, t.filter)))
     ctx = _Subscribe(s.packet_id, tuple(entries))
     # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription. A
     # SUBSCRIBE never creates a log topic: one that does not exist yet is waited for (``MqttConnection.await_topic``).
     return Handled.run(_listings(ctx.entries), lambda results: _subscribed(conn, ctx, results), hold=True)
+
+
+def _sources(conn: MqttConnection, topic_filter: str) -> topics.Sources | None:
+    """The log topics a valid filter reads (a shared subscription's: those of its filter, none for
+    a ``$SYS`` one); None for a ``$SYS`` filter, served by the gateway."""
+    share = shared.parse(topic_filter)
+    if share is None:
+        return None if topics.is_sys(topic_filter) else conn.mapping.sources(topic_filter)
+    return topics.Sources() if topics.is_sys(share[1]) else conn.mapping.sources(share[1])
 
 
 def _listings(entries: Sequence[tuple[str, int, topics.Sources | None]]) -> tuple[m.ListTopics, ...]:
@@ -354,6 +363,15 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
             codes.append(granted)
             continue
         named = [infos.get(name) for name in sources.topics]
+        share = shared.parse(topic_filter)
+        if share is not None:  # read by the member of the group that the broker assigns partitions to
+            existing = [info for info in named if info is not None and info.error is None and info.partitions]
+            if sources.every or not named or len(existing) < len(named) or not shared.room(conn, share[0], existing):
+                codes.append(packets.SUBACK_FAILURE)  # only log topics that exist, named by the filter, in bounds
+            else:
+                shared.subscribe(conn, share[0], share[1], granted, existing)
+                codes.append(granted)
+            continue
         absent = [info.topic for info in named if info is not None and info.error is not None
                   and info.error.code is m.ErrorCode.UNKNOWN_TOPIC]
         read = [info for info in named if info is None or info.topic not in absent]
@@ -384,7 +402,8 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
         return b""
     suback = packets.suback(ctx.packet_id, codes)
     grants = {topic_filter: code for (topic_filter, _, sources), code in zip(ctx.entries, codes, strict=True)
-              if sources is not None and code != packets.SUBACK_FAILURE}
+              if sources is not None and code != packets.SUBACK_FAILURE
+              and not topic_filter.startswith(shared.PREFIX)}  # no retained messages for a shared one (MQTT 5)
     scan = _RetainedScan(grants, {p.partition: (p.log_start_offset, p.high_watermark) for p in retained.partitions
                                    if p.high_watermark > p.log_start_offset} if retained.error is None else {})
     has_sys = any(sources is None for *_, sources in ctx.entries)
@@ -549,6 +568,10 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if not u.filters:
         raise MalformedPacket("UNSUBSCRIBE without a topic filter")
     for topic_filter in u.filters:
+        share = shared.parse(topic_filter)
+        if share is not None:
+            shared.unsubscribe(conn, *share)
+            continue
         conn.open_filters.pop(topic_filter, None)
         for log_topic in list(conn.awaited):
             conn.stop_awaiting(log_topic, topic_filter)

@@ -2,7 +2,8 @@
 
 Devices publish through one gateway and subscribe through the other; what they
 publish is the cluster's: a confluent-kafka consumer connected straight to it
-reads it, and what a native producer writes reaches MQTT subscribers.
+reads it, and what a native producer writes reaches MQTT subscribers. Shared
+subscriptions on either gateway are members of the cluster's group.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from group_support import PARTITIONS, KafkaMember, partition_of, produce, wait
 
 from gateway.clients.v1 import V1Client
 from gateway.launcher import Tansu
@@ -80,3 +82,32 @@ def test_what_devices_publish_is_the_clusters_and_a_native_producer_reaches_them
     # MQTT records keep their topic name; other records arrive under the log topic's name
     assert sorted(got) == sorted([(f"{topic}/truck7/gps", b"48.85,2.35", 1),
                                   (topic, b"from-kafka", 1), (topic, b"from-v1", 1)])
+
+
+def test_shared_subscribers_on_two_gateways_and_a_native_consumer_are_one_cluster_group(tansu, pair,
+                                                                                      device_factory):
+    """``$share/G/...`` members on either gateway and a confluent-kafka consumer of G connected
+    straight to the cluster: the cluster's group G gives each a partition of its own."""
+    a, b, topic = pair
+    group = f"g{uuid.uuid4().hex[:8]}"
+    native = KafkaMember(tansu.bootstrap, group, topic)
+    try:
+        wait(lambda: native.assigned == set(range(PARTITIONS)), what="the native consumer's first assignment")
+        devices = [device_factory(gw.port("mqtt"), f"shared-{name}") for name, gw in (("a", a), ("b", b))]
+        for device, gw in zip(devices, (a, b), strict=True):
+            subscribed(device, f"$share/{group}/{topic}/#", 1, gw, topic)
+        wait(lambda: len(native.assigned) == 1, what="the rebalance that gives each member one partition")
+        time.sleep(2)  # every member has its assignment
+        sent = produce(tansu.bootstrap, topic, "m")
+
+        def received() -> list[list[bytes]]:
+            return [[v for _, v, _ in device.wait_messages(0, 0)] for device in devices] + \
+                   [[v for _, v in native.values]]
+        wait(lambda: sum(map(len, received())) >= len(sent), what="every message, once")
+        time.sleep(1)
+        shares = received()
+        assert sorted(v for share in shares for v in share) == sorted(sent)
+        owners = [{partition_of(v) for v in share} for share in shares]
+        assert all(len(owned) == 1 for owned in owners) and set.union(*owners) == set(range(PARTITIONS))
+    finally:
+        native.close()

@@ -3,8 +3,9 @@
 Kafka brokers read only the topics of a subscription (OffsetDelete keeps the offsets of the
 topics a group reads); polygate reads them when the Kafka codec builds a JoinGroup, and reads
 and writes these bytes where it shows a group that Kafka clients did not assign (V1 and Cursus
-members, a cluster's members described through a gateway) and where it joins a cluster's
-group for a Kafka client (cluster mode).
+members, a cluster's members described through a gateway), where it joins a cluster's
+group for a Kafka client (cluster mode), and where a codec's connection is itself a member of a
+Kafka group (the MQTT plugin's shared subscriptions): so they are the codec toolkit's.
 """
 
 from __future__ import annotations
