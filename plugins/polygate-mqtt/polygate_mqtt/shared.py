@@ -7,8 +7,9 @@ classic consumer protocol (``JoinGroup`` of type ``consumer``, offering ``range`
 ConsumerProtocol bytes), beside Kafka clients and other MQTT connections: the broker's group
 coordinator (or the cluster's, in cluster mode) is the one rule for all. Each member reads only
 the partitions assigned to it, so the members of ``G`` share the messages: each one goes to one
-of them. Elected leader, an MQTT member assigns each log topic's partitions in ranges to the
-members that subscribe to it, whatever protocol they speak.
+of them. Elected leader, an MQTT member assigns the partitions of the log topics by the assignor
+the group agreed on, as a Kafka leader would (``gateway.assignors``), to every member whatever
+protocol it speaks.
 
 A member starts each assigned partition at the offset ``G`` committed there (records published
 after it are delivered), or, without one, at the end of the log (records published from then
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from gateway import model as m
+from gateway.assignors import assign
 from gateway.codec import Handled, Timer, Unsubscribe
 from gateway.codec.consumer_protocol import (
     decode_assignment,
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 PREFIX = "$share/"
 _SHARE_NAME = re.compile(r"[^/+#]+")
 PROTOCOLS = ("range", "roundrobin")  # librdkafka's defaults: a group with Kafka members agrees on one
+ASSIGNORS = {"range": "range", "roundrobin": "round_robin"}  # by the name a Kafka client gives each
 SESSION_TIMEOUT_MS = 10_000
 REBALANCE_TIMEOUT_MS = 10_000
 HEARTBEAT_S = 1.0
@@ -225,29 +228,20 @@ def _joined(conn: MqttConnection, share: Share, epoch: int, result: m.JoinGroupR
             subscriptions[member_id] = ()  # a member whose subscription cannot be read gets nothing
     topics = tuple(sorted({t for ts in subscriptions.values() for t in ts}))
     return Handled.run((m.ListTopics(topics, read=True),),
-                       lambda results: _assign(conn, share, epoch, subscriptions, results[0]), ordered=False)
+                       lambda results: _assign(conn, share, epoch, result.protocol, subscriptions, results[0]),
+                       ordered=False)
 
 
-def _assign(conn: MqttConnection, share: Share, epoch: int, subscriptions: dict[str, tuple[str, ...]],
-            listing: m.ListTopicsResult) -> bytes | Handled:
-    """The leader's assignment: each log topic's partitions in contiguous ranges to the members
-    that subscribe to it, in member id order (the first ones get one more)."""
+def _assign(conn: MqttConnection, share: Share, epoch: int, assignor: str,
+            subscriptions: dict[str, tuple[str, ...]], listing: m.ListTopicsResult) -> bytes | Handled:
+    """The leader's assignment, by the assignor the group agreed on, as a Kafka leader's would be."""
     if not _current(conn, share, epoch):
         return b""
-    assigned: dict[str, list[tuple[str, tuple[int, ...]]]] = {member_id: [] for member_id in subscriptions}
-    for info in listing.topics:
-        if info.error is not None:
-            continue
-        members = sorted(member_id for member_id, topics in subscriptions.items() if info.topic in topics)
-        partitions = sorted(p.partition for p in info.partitions)
-        start = 0
-        for i, member_id in enumerate(members):
-            count = len(partitions) // len(members) + (i < len(partitions) % len(members))
-            if count:
-                assigned[member_id].append((info.topic, tuple(partitions[start:start + count])))
-            start += count
-    return _sync(conn, share, epoch, tuple((member_id, encode_assignment(tuple(parts)))
-                                          for member_id, parts in assigned.items()))
+    partitions = [(info.topic, p.partition) for info in listing.topics if info.error is None
+                  for p in sorted(info.partitions, key=lambda p: p.partition)]
+    owned = assign(ASSIGNORS[assignor], subscriptions, partitions)
+    return _sync(conn, share, epoch, tuple((member_id, encode_assignment(tuple(sorted(
+        (topic, tuple(ps)) for topic, ps in parts.items())))) for member_id, parts in owned.items()))
 
 
 def _sync(conn: MqttConnection, share: Share, epoch: int, assignments: tuple[tuple[str, bytes], ...]) -> Handled:
