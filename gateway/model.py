@@ -349,11 +349,10 @@ class CreatePartitionsResult:
 class ListTopics:
     """List topics; ``topics=None`` means all of them. ``read`` says the caller asks in
     order to read them (a subscription): with ACLs, each needs Read rather than Describe.
-    ``auto_create`` creates the missing ones: only Kafka's Metadata asks for it, when its
-    client allows it (a producer's, as in Kafka), never a subscription, a consume or a join."""
+    A listing never creates a topic (Kafka's Metadata included, whatever its
+    ``AllowAutoTopicCreation``): creating one is a produce or an admin request."""
 
     topics: tuple[str, ...] | None = None
-    auto_create: bool = False
     read: bool = False
 
 

@@ -112,7 +112,7 @@ class Partition:
 
     @property
     def log_end_offset(self) -> int:
-        return self.log.readable_end
+        return self.log.end_offset  # where writers number the next batch, past what readers see under fsync always
 
     @property
     def log_start_offset(self) -> int:
@@ -181,6 +181,8 @@ class Engine:
         self.offsets: dict[str, dict[tuple[str, int], tuple[int, str, int]]] = {}  # offset, metadata, leader epoch
         self._sync_lock = threading.Lock()
         self.recovered_bytes = 0
+        self.durable_reads = False  # ``read_durable_only``
+        self._unpublished: set[Partition] = set()  # appended to, readers not yet woken (``publish_synced``)
         try:
             self._replay()
             self.leader_epoch = self._new_leader_epoch()
@@ -337,6 +339,7 @@ class Engine:
             directory = os.path.join(self.data_dir, datadir.LOGS, folder)
             plog = PartitionLog(directory, topic.config.segment_bytes or self.config.segment_bytes,
                                 self.config.index_interval_bytes, self.config.file_mode)
+            plog.durable_reads = self.durable_reads
             self.recovered_bytes += plog.truncated_bytes
             replicas = ReplicaSet(rf, self.config.min_insync_replicas, self.config.replica_lag_timeout_ms,
                                   self.config.replica_max_lag)
@@ -469,7 +472,10 @@ class Engine:
             replicas.update(part.log.next_offset, self.now_ms())
         else:  # no follower: the high watermark is the log end
             replicas.high_watermark = part.log.next_offset
-        part.notify()
+        if self.durable_reads:  # readable, and its readers woken, once fsynced: ``publish_synced``
+            self._unpublished.add(part)
+        else:
+            part.notify()
         return base_offset, last
 
     def _start_epoch(self, part: Partition, start: int) -> None:
@@ -697,6 +703,25 @@ class Engine:
                 failures.append(f"metadata journal: {e}")
         if failures:
             raise StorageFailure("; ".join(failures))
+
+    def read_durable_only(self) -> None:
+        """From now on readers see only what ``sync`` made durable (the fsync policy ``always``):
+        an append wakes no reader, ``publish_synced`` does once its fsync returned."""
+        self.durable_reads = True
+        for t in self.topics.values():
+            for p in t.partitions:
+                p.log.durable_reads = True
+
+    def publish_synced(self) -> None:
+        """After a good ``sync`` under ``read_durable_only`` (on the reactor, between appends): wake
+        the readers of each partition appended to since the last one, whose high watermark the
+        fsync moved. One appended to while the fsync ran waits for the next fsync."""
+        appended, self._unpublished = self._unpublished, set()
+        for part in appended:
+            plog = part.log
+            if plog.durable_end < plog.next_offset and plog.failure is None and not plog.deleted:
+                self._unpublished.add(part)
+            part.notify()
 
     def fenced(self) -> dict[tuple[str, int], int]:
         """The partitions an fsync failure fenced, each with the end of what readers see of it."""

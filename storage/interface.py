@@ -405,6 +405,15 @@ class SyncingStorage(Storage, Protocol):
         """After a failed ``sync``, on the reactor between writes: cut from the files what it did not
         make durable, so that a restart does not bring it back."""
 
+    def read_durable_only(self) -> None:
+        """From now on (the fsync policy ``always``) the high watermark passes a record only once a
+        ``sync`` that covers it returned, for every reader, and an append wakes none of them: no
+        record answered as failed is ever read, not even before its fsync failed."""
+
+    def publish_synced(self) -> None:
+        """After a good ``sync`` under ``read_durable_only``, on the reactor between writes: wake the
+        readers waiting on the partitions whose high watermark it moved."""
+
 
 class RetentionStorage(Storage, Protocol):
     """A store that the broker has delete what is past its topics' retention, periodically. A store

@@ -13,6 +13,10 @@ Failures, decided as Kafka and PostgreSQL do:
 - A failed write (EIO, ENOSPC) that was fully undone (see ``fileio``) only
   fails that append: the log is as it was, and space may come back.
 - A failed write that could not be undone (``TornWrite``) fences the log too.
+
+Under the fsync policy ``always`` (``durable_reads``) readers stop at ``durable_end`` at all
+times: a record is readable only once the fsync that covers it returned, so that none answered
+as failed is ever read, not even in the moment between its append and its fsync.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class PartitionLog:
         self._bases = [s.base_offset for s in self.segments]
         self.failure: OSError | None = None  # set once a failed fsync or torn write fenced the log
         self.durable_end = self.next_offset  # the log end the last good fsync covered (at open: what is on disk)
+        self.durable_reads = False  # readers stop at durable_end even before any fsync failed (fsync "always")
         self.deleted = False
         self.start_floor = 0  # DeleteRecords: no offset below this is readable, whatever the segments hold
 
@@ -179,9 +184,17 @@ class PartitionLog:
         self.durable_end = max(self.durable_end, end)
 
     @property
-    def readable_end(self) -> int:
-        """The end of what readers may see: the log end; once an fsync failed, ``durable_end``."""
+    def end_offset(self) -> int:
+        """The log end, where the next record goes; once an fsync failed, ``durable_end`` (what
+        follows it is cut)."""
         return self.durable_end if isinstance(self.failure, fileio.FsyncFailed) else self.next_offset
+
+    @property
+    def readable_end(self) -> int:
+        """The end of what readers may see: ``end_offset``; ``durable_end`` under ``durable_reads``."""
+        if self.durable_reads or isinstance(self.failure, fileio.FsyncFailed):  # end_offset, inlined: every read
+            return self.durable_end
+        return self.next_offset
 
     def cut_to_durable(self) -> int:
         """Once an fsync failed, cut the records after ``durable_end`` from the files (they were

@@ -51,6 +51,19 @@ def gateway_in_mode(request, gateway_factory, test_cluster, protocols, args=()):
     return gateway_factory(protocols, args)
 
 
+def create_topics(server: str, *topics: str, partitions: int | None = None, conf: dict | None = None) -> None:
+    """Create ``topics`` at the Kafka listener ``server`` (``host:port``) by CreateTopics, with
+    ``partitions`` each (None: the gateway's ``--default-partitions``), as the admin client of the
+    librdkafka settings ``conf`` (a login, TLS): the gateway's Metadata never creates a topic, so a
+    Kafka client's topics are made first, as on a Kafka with ``auto.create.topics.enable=false``."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": server, **(conf or {})})
+    created = admin.create_topics([NewTopic(t, -1 if partitions is None else partitions) for t in topics])
+    for future in created.values():
+        future.result(30)
+
+
 def wait_until(check: Callable[[], object], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> object:
     """Poll ``check`` until it returns a true value; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

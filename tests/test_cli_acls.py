@@ -82,3 +82,16 @@ def test_a_kafka_client_without_a_login_on_a_sasl_listener_is_told_so(gw):
     line = result.stderr.strip()
     assert len(line.splitlines()) == 1 and "SASL" in line, line  # the listener's refusal, or the hint
 
+
+
+def test_a_kafka_produce_creates_a_missing_topic_only_for_whom_may_create_it(gw):
+    """Over Kafka, ``gateway produce`` creates a missing topic by CreateTopics (the gateway's
+    Metadata creates none); a caller who may write but not create is told that it does not exist."""
+    topic = f"t-{uuid.uuid4().hex[:6]}"
+    grant(gw, "--operation", "write", "--topic", topic)
+    line = run(gw, "kafka", "produce", topic, "v", "-p", "kafka", user="bob", code=1)
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in line and f"topic {topic} does not exist" in line, line
+    assert "creating it was refused" in line and "TOPIC_AUTHORIZATION_FAILED" in line, line
+    grant(gw, "--operation", "create", "--topic", topic)
+    out = run(gw, "kafka", "produce", topic, "v", "-p", "kafka", "-o", "json", user="bob")
+    assert json.loads(out)["offset"] == 0

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient, TopicPartition
 from kafka.errors import GroupIdNotFoundError, GroupSubscribedToTopicError, NoError
-from kafka_support import unique, wait_until
+from kafka_support import create_topics, unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
@@ -77,6 +77,7 @@ def committed(gw, group: str, topic: str, partition: int) -> int:
 def test_offset_delete_forgets_offsets_of_topics_the_group_does_not_read(gateway_factory):
     gw = gateway_factory(("kafka",), ("--default-partitions", "1"))
     read, left, group = unique("read"), unique("left"), unique("g")
+    create_topics(gw.address("kafka"), read, left)
     producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
     for topic in (read, left):
         producer.produce(topic, b"x")

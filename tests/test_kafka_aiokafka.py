@@ -7,13 +7,15 @@ import asyncio
 import kafka_support
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from kafka_support import bootstrap, unique
+from kafka_support import bootstrap, create_topics, unique
 
 kafka_gateway = kafka_support.kafka_gateway
 COMPRESSIONS = (None, "gzip", "snappy", "lz4", "zstd")
 
 
 async def produce_all(servers: str, topic: str) -> list[tuple]:
+    """Records of every compression to ``topic`` (created first); what was sent."""
+    create_topics(servers, topic)
     sent = []
     for comp in COMPRESSIONS:
         p = AIOKafkaProducer(bootstrap_servers=servers, compression_type=comp)

@@ -154,7 +154,7 @@ def test_byte_at_a_time_matches_whole_frames():
         split.receive_data(data[i : i + 1])
         got += events(split)
     assert [type(e) for e in got] == [type(e) for e in expected] == [Request, Reply]
-    assert got[0].commands == expected[0].commands == (m.ListTopics(None, True),)
+    assert got[0].commands == expected[0].commands == (m.ListTopics(None),)
 
 
 def test_metadata_advertises_the_listener():

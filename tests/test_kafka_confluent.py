@@ -8,7 +8,7 @@ import confluent_kafka as ck
 import kafka_support
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
-from kafka_support import bootstrap, consume, unique, wait_until
+from kafka_support import bootstrap, consume, create_topics, unique, wait_until
 from security_support import auth_args
 
 from gateway.clients.v1 import V1Client
@@ -21,7 +21,9 @@ FAST_GROUP = {"heartbeat.interval.ms": 200, "session.timeout.ms": 6000, "auto.of
 
 
 def produce_all(servers: str, topic: str, extra: dict | None = None) -> list[tuple]:
-    """Keyed records with headers and one unkeyed record per compression type; returns what was sent."""
+    """Keyed records with headers and one unkeyed record per compression type, to ``topic``
+    (created first); returns what was sent."""
+    create_topics(servers, topic)
     sent = []
     for comp in COMPRESSIONS:
         p = ck.Producer({"bootstrap.servers": servers, "compression.type": comp, "linger.ms": 5, **(extra or {})})
@@ -182,6 +184,7 @@ def test_a_static_member_back_within_its_session_keeps_its_partitions_and_the_ot
 
 def test_idempotent_producer(kafka_gateway):
     servers, topic = bootstrap(kafka_gateway), unique("idem")
+    create_topics(servers, topic)
     p = ck.Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 2})
     for i in range(300):
         p.produce(topic, key=b"k", value=str(i).encode())
@@ -222,6 +225,7 @@ def test_admin_topics_configs_and_groups(kafka_gateway):
                            "holding the record, and in cluster mode the producer's batch reaches it whole")
 def test_list_offsets_earliest_latest_and_by_time(kafka_gateway):
     servers, topic = bootstrap(kafka_gateway), unique("lo")
+    create_topics(servers, topic)
     p = ck.Producer({"bootstrap.servers": servers})
     for i in range(10):
         p.produce(topic, value=b"x", timestamp=1_000_000 + i * 1000)
@@ -239,6 +243,7 @@ def test_sasl(gateway_factory, tmp_path, mechanism):
                                       *auth_args(tmp_path, {"alice": "s3cret", "bob": "pw"}, require="kafka")))
     servers, topic = bootstrap(gw), unique("sasl")
     auth = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": "alice"}
+    create_topics(servers, topic, conf={**auth, "sasl.password": "s3cret"})
     p = ck.Producer({"bootstrap.servers": servers, **auth, "sasl.password": "s3cret"})
     p.produce(topic, key=b"k", value=b"secret value")
     assert p.flush(15) == 0
@@ -281,6 +286,7 @@ def test_decompression_is_held_to_the_listeners_frame_limit(gateway_factory, max
     args = ("--max-frame", f"kafka={max_frame}") if max_frame else ()
     gw = gateway_factory(("kafka",), args)
     topic = unique("inflate")
+    create_topics(bootstrap(gw), topic)
     errors, acks = [], []
     producer = ck.Producer({"bootstrap.servers": bootstrap(gw), "compression.type": "gzip",
                             "message.max.bytes": 8 << 20, "linger.ms": 50, "retries": 0})

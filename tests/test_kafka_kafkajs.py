@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import kafka_support
-from kafka_support import bootstrap, run_node, unique
+from kafka_support import bootstrap, create_topics, run_node, unique
 
 kafka_gateway = kafka_support.kafka_gateway
 kafkajs = kafka_support.kafkajs
 
 
 def test_produce_consume_and_committed_offset(kafka_gateway, kafkajs):
+    topic = unique("js")
+    create_topics(bootstrap(kafka_gateway), topic)
     out = run_node(kafkajs, "kafkajs/scenario.js", {"mode": "produce-consume", "broker": bootstrap(kafka_gateway),
-                                            "topic": unique("js"), "group": unique("g")})
+                                            "topic": topic, "group": unique("g")})
     sent = out["sent"]
     assert [m[:3] for m in out["all"]] == sent
     assert [m[3] for m in out["all"]] == list(range(len(sent)))

@@ -11,7 +11,7 @@ import confluent_kafka as ck
 import kafka_support
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
-from kafka_support import bootstrap, unique, wait_until
+from kafka_support import bootstrap, create_topics, unique, wait_until
 
 from gateway.launcher import default_stop_signals
 
@@ -22,6 +22,8 @@ FAST = ["-X", "heartbeat.interval.ms=200", "-X", "session.timeout.ms=6000"]
 
 
 def produce_all(kcat: str, servers: str, topic: str) -> list[str]:
+    """kcat's records of every compression to ``topic`` (created first); the lines kcat prints for them."""
+    create_topics(servers, topic)
     lines = []
     for comp in COMPRESSIONS:
         data = "".join(f"{comp}-k{i}:{comp}-v{i}\n" for i in range(4))
@@ -79,7 +81,7 @@ class GroupMember:
 @pytest.mark.tansu_differs("CreatePartitions is not supported")
 def test_group_of_two_rebalances_when_one_leaves(kafka_gateway, kcat):
     servers, topic, group = bootstrap(kafka_gateway), unique("kc"), unique("g")
-    subprocess.run([kcat, "-b", servers, "-P", "-t", topic], input="x\n", text=True, check=True, timeout=30)
+    create_topics(servers, topic)
     admin = AdminClient({"bootstrap.servers": servers})
     admin.create_partitions([NewPartitions(topic, 4)])[topic].result(10)
     a = GroupMember(kcat, servers, group, topic)

@@ -9,7 +9,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
-from kafka_support import bootstrap, unique, wait_until
+from kafka_support import bootstrap, create_topics, unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
@@ -28,6 +28,8 @@ def _kw(api_version):
 
 
 def produce_all(servers: str, topic: str, api_version) -> list[tuple]:
+    """Records of every compression ``api_version`` knows to ``topic`` (created first); what was sent."""
+    create_topics(servers, topic)
     headers_ok = api_version is None
     sent = []
     for comp in VERSIONS[api_version]:

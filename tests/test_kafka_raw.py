@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 
+import confluent_kafka as ck
 import crc32c
 import kafka_support
 import pytest
@@ -269,6 +270,27 @@ def test_create_topics_answers_the_topic_id_and_delete_topics_takes_it(kafka_gat
     assert [(r.Name, r.TopicId, r.ErrorCode) for r in gone] == [(topic, made.TopicId, 0), (None, unknown, 100)]
     assert client.call(3, 12, {"Topics": [{"Name": topic}], "AllowAutoTopicCreation": False}).Topics[0].ErrorCode == 3
     client.close()
+
+
+def test_a_metadata_request_never_creates_a_topic(kafka_gateway):
+    """Issue 33, defect 2: a Metadata request that allows auto-creation (as producers send it), from a
+    principal who may create, creates nothing: a Kafka client creates a topic by CreateTopics, as on
+    a Kafka with ``auto.create.topics.enable=false``, which the broker's settings say."""
+    raw, produced = unique("meta-raw"), unique("meta-produced")
+    with KafkaClient("127.0.0.1", kafka_gateway.port("kafka")) as client:
+        for version in (0, 4, 12):  # v0 has no flag: Kafka created then, when the broker allowed it
+            body = {"Topics": [{"Name": raw}]} | ({"AllowAutoTopicCreation": True} if version else {})
+            assert [t.ErrorCode for t in client.call(3, version, body).Topics] == [3], version  # UNKNOWN_TOPIC_...
+    outcomes: list = []
+    producer = ck.Producer({"bootstrap.servers": kafka_gateway.address("kafka"), "message.timeout.ms": 3000})
+    producer.produce(produced, b"nowhere", on_delivery=lambda err, _msg: outcomes.append(err))
+    producer.flush(15)
+    assert len(outcomes) == 1 and outcomes[0] is not None
+    with KafkaClient("127.0.0.1", kafka_gateway.port("kafka")) as client:
+        assert not {raw, produced} & set(client.list_topics())
+        broker = client.call(32, 4, {"Resources": [{"ResourceType": 4, "ResourceName": "0",
+                                                    "ConfigurationKeys": ["auto.create.topics.enable"]}]})
+        assert [(c.Name, c.Value) for c in broker.Results[0].Configs] == [("auto.create.topics.enable", "false")]
 
 
 ASSIGNED = [{"PartitionIndex": i, "BrokerIds": [0]} for i in range(3)]

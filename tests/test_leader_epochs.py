@@ -12,7 +12,7 @@ import struct
 import confluent_kafka as ck
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from kafka_support import unique, wait_until
+from kafka_support import create_topics, unique, wait_until
 
 from gateway.clients.kafka import KafkaClient
 from gateway.codecs.kafka.errors import Errors
@@ -56,6 +56,7 @@ def batch_epochs(client: KafkaClient, topic: str) -> list[int]:
 def test_each_start_is_a_leader_epoch_and_offset_for_leader_epoch_says_where_each_ended(gateway_factory, tmp_path):
     gw = gateway_factory(("kafka",), ("--default-partitions", "1"), data_dir=tmp_path / "data")
     topic = unique("epochs")
+    create_topics(gw.address("kafka"), topic)
     produce(gw, topic, [f"a{i}" for i in range(10)])  # first epoch: offsets 0-9
     epochs = []
     for _ in range(3):  # the second start writes nothing
@@ -91,6 +92,7 @@ def test_kafka_python_reads_on_from_where_a_cut_back_log_diverged(gateway_factor
     port = free_port()  # the consumer reconnects to the same address after each restart
     gw = gateway_factory(("kafka",), ("--default-partitions", "1", f"--listen=kafka=127.0.0.1:{port}"), data_dir=data)
     topic = unique("cut")
+    create_topics(gw.address("kafka"), topic)
     produce(gw, topic, [f"a{i}" for i in range(10)])  # one epoch: offsets 0-9
     gw.restart()
     produce(gw, topic, [f"b{i}" for i in range(5)])  # the next: offsets 10-14, to be lost

@@ -10,7 +10,7 @@ import jwt
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric import rsa
-from kafka_support import bootstrap, unique, wait_until
+from kafka_support import bootstrap, create_topics, unique, wait_until
 
 ISSUER = "https://issuer.example"
 
@@ -53,6 +53,7 @@ def test_a_token_from_the_issuer_authenticates_its_subject(gateway_factory, keys
                                       "--authorizer", "acl", "--super-users", "User:svc-reporting"))
     topic = unique("oauth")
     conf = oauth_client(gw, token(key))
+    create_topics(bootstrap(gw), topic, conf=conf)
     assert produce(conf, topic, [b"a", b"b"]) == [None, None]
     c = Consumer({**conf, "group.id": unique("g"), "enable.auto.commit": False})
     c.assign([TopicPartition(topic, 0, 0)])

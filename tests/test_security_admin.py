@@ -49,6 +49,7 @@ def test_gateway_users_and_acls_commands(gateway_factory, tmp_path):
     gw = gateway_factory(("kafka",), ("--default-partitions", "1",
                                       *auth_args(tmp_path, ADMIN, require="kafka"), *SECURE))
     topic = unique("cli")
+    assert cli(gw, "topics", "create", topic, "-p", "kafka").returncode == 0  # producers never create one
     added = cli(gw, "users", "add", "dave", "--password-stdin", stdin="d4ve-pw\n")
     assert added.returncode == 0 and "user dave: SCRAM-SHA-256, SCRAM-SHA-512 set" in added.stdout, added.stderr
     listed = cli(gw, "users", "list").stdout

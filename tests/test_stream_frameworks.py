@@ -23,7 +23,7 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
-from kafka_support import installing, unique, wait_until
+from kafka_support import create_topics, installing, unique, wait_until
 
 pytestmark = pytest.mark.local_only
 
@@ -90,6 +90,7 @@ def start(python: str, framework: str, gw, group: str, state: str, guarantee: st
 def test_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, frameworks_python, tmp_path, framework, guarantee):
     gw = gateway_factory(("kafka",), ("--default-partitions", "2", "--segment-bytes", "4096",
                                       "--cleaner-interval-ms", "300"))
+    create_topics(gw.address("kafka"), "words", "counts")  # input and output: no Metadata creates them
     producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
     total = KEYS * PER_KEY
 

@@ -26,7 +26,7 @@ from aiokafka import TopicPartition as AioTopicPartition
 from aiokafka.helpers import create_ssl_context
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaTimeoutError
-from kafka_support import bootstrap, unique, wait_until
+from kafka_support import bootstrap, create_topics, unique, wait_until
 from security_support import auth_args
 from tls_support import Pki
 
@@ -200,12 +200,17 @@ def kafkajs_round_trip(servers: str, topic: str, sec: Security, request) -> list
     return [(offset, key.encode(), value.encode()) for offset, key, value in json.loads(proc.stdout.splitlines()[-1])]
 
 
-def confluent_round_trip(servers: str, topic: str, sec: Security, **_) -> list[tuple]:
+def confluent_config(servers: str, sec: Security) -> dict:
     config = {"bootstrap.servers": servers, "security.protocol": sec.protocol, "ssl.ca.location": str(sec.ca)}
     if sec.cert:
         config.update({"ssl.certificate.location": str(sec.cert), "ssl.key.location": str(sec.key)})
     if sec.mechanism:
         config.update({"sasl.mechanism": sec.mechanism, "sasl.username": sec.user, "sasl.password": sec.password})
+    return config
+
+
+def confluent_round_trip(servers: str, topic: str, sec: Security, **_) -> list[tuple]:
+    config = confluent_config(servers, sec)
     producer = ck.Producer(config)
     for key, value in RECORDS:
         producer.produce(topic, key=key, value=value, partition=0)
@@ -227,8 +232,16 @@ CLIENTS = {"kafka-python": kafka_python_round_trip, "aiokafka": aiokafka_round_t
            "kafkajs": kafkajs_round_trip, "confluent-kafka": confluent_round_trip}
 
 
+def new_topic(servers: str, sec: Security, prefix: str) -> str:
+    """A topic for a round trip, created by a client that connects as ``sec`` (the gateway's Metadata
+    creates none)."""
+    topic = unique(prefix)
+    create_topics(servers, topic, conf=confluent_config(servers, sec))
+    return topic
+
+
 def round_trip(client: str, gw, sec: Security, request) -> list[tuple]:
-    return CLIENTS[client](bootstrap(gw), unique(client), sec, request=request)
+    return CLIENTS[client](bootstrap(gw), new_topic(bootstrap(gw), sec, client), sec, request=request)
 
 
 # --------------------------------------------------------------------------- SSL
@@ -273,7 +286,8 @@ def test_mtls_a_client_without_a_certificate_is_refused(gateway_factory, pki, kc
                       bootstrap_timeout_ms=2000)
     assert "CERTIFICATE_REQUIRED" in caplog.text
     cert, key = pki.issue("client", "billing-app", client=True)  # the gateway still serves one with a certificate
-    assert kafka_python_round_trip(bootstrap(gw), unique("after"), Security(pki.ca, cert, key)) == EXPECTED
+    sec = Security(pki.ca, cert, key)
+    assert kafka_python_round_trip(bootstrap(gw), new_topic(bootstrap(gw), sec, "after"), sec) == EXPECTED
 
 
 def test_mtls_a_certificate_from_another_ca_is_refused(gateway_factory, pki, kcat):
@@ -324,7 +338,7 @@ def test_sasl_ssl_wrong_password_is_refused(gateway_factory, pki, tmp_path):
     wait_until(refused, 10, 0, "authentication failure")
     bad.purge()
     # the right password on the same gateway gets in
-    assert confluent_round_trip(bootstrap(gw), unique("ok"), sec) == EXPECTED
+    assert confluent_round_trip(bootstrap(gw), new_topic(bootstrap(gw), sec, "ok"), sec) == EXPECTED
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])

@@ -22,6 +22,7 @@ import pytest
 from cursus_support import RawCursus, batch, wait_for
 from faultyos import rule, write_rules
 
+from gateway.clients.kafka import KafkaClient
 from gateway.clients.tank import TankClient, TankError
 from gateway.clients.v1 import V1Client
 
@@ -152,6 +153,45 @@ def test_a_produce_that_failed_on_disk_gets_the_protocols_storage_error(faulty_g
     assert _stored(gw, "t") == ["before", "space-again"], "nor after a restart"
     assert produce(gw, "t", "after-restart") is None
     assert _stored(gw, "t") == ["before", "space-again", "after-restart"]
+
+
+def test_under_fsync_always_waiting_readers_get_a_record_only_once_its_fsync_returned(faulty_gateway):
+    """Issue 33, defect 6: under ``--fsync always`` the high watermark passes a record only once the
+    fsync that covers it returned. Readers long-polling the partition (Kafka, TANK) get a record
+    whose fsync succeeded, and nothing of one whose fsync failed: they used to be woken by its
+    append and read it while its produce was being answered as failed."""
+    gw, faults = faulty_gateway(("v1", "kafka", "tank"), "always")
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        c.create_topic("t", 1)
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as kafka, TankClient("127.0.0.1", gw.port("tank")) as tank:
+
+        def long_polls(offset: int) -> Callable[[], tuple[bytes, tuple[bytes, ...]]]:
+            """Kafka and TANK long-polls from ``offset``, sent now; what each got, once answered."""
+            kafka.send(1, 11, {"ReplicaId": -1, "MaxWaitMs": 3000, "MinBytes": 1, "MaxBytes": 1 << 20,
+                               "Topics": [{"Topic": "t", "Partitions": [{"Partition": 0, "FetchOffset": offset,
+                                                                         "PartitionMaxBytes": 1 << 20}]}]})
+            fetches = [("t", 0, offset + 1)]  # TANK's sequence numbers start at 1
+            request = tank.send_consume(fetches, 3000, 1)
+            time.sleep(0.3)  # both wait at the gateway before the produce comes
+
+            def answers() -> tuple[bytes, tuple[bytes, ...]]:
+                fetched = kafka.receive(1, 11)[1].Responses[0].Partitions[0]
+                consumed = tank.consume_answer(request, fetches)[0]
+                return bytes(fetched.Records or b""), tuple(message.value for message in consumed.messages)
+
+            return answers
+
+        answers = long_polls(0)
+        assert _v1(gw, "t", "durable") is None
+        records, messages = answers()
+        assert b"durable" in records and messages == (b"durable",)
+
+        answers = long_polls(1)
+        faults(fsync=rule(errno.EIO, match="logs/"))
+        assert _v1(gw, "t", "fsync-fails").startswith("STORAGE_ERROR|")
+        assert answers() == (b"", ())
+    faults()
+    assert _stored(gw, "t") == ["durable"]
 
 
 # --------------------------------------------------------------------------- metadata

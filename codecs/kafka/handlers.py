@@ -263,12 +263,13 @@ def offset_for_leader_epoch(conn: KafkaConnection, version: int, req: Any, frame
 def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Metadata; from v10 topics carry their ids, and a request may name topics by id (clients of the
     consumer group protocol resolve the ids of their assignment so): all topics are then listed and
-    those asked for answered, an unknown id ``Errors.UNKNOWN_TOPIC_ID``."""
+    those asked for answered, an unknown id ``Errors.UNKNOWN_TOPIC_ID``. It never creates a topic,
+    whatever ``AllowAutoTopicCreation`` asks (as a Kafka with ``auto.create.topics.enable=false``): an
+    unknown name is answered ``UNKNOWN_TOPIC_OR_PARTITION``, and clients create topics with CreateTopics."""
     ids = {bytes(t.TopicId).hex() for t in req.Topics or () if t.Name is None and any(t.get("TopicId") or b"")}
     names = None if req.Topics is None or ids or (version == 0 and not req.Topics) else tuple(
         dict.fromkeys(t.Name for t in req.Topics if t.Name is not None))  # each topic once, as Kafka answers
     asked = {t.Name for t in req.Topics or () if t.Name is not None}
-    auto = req.get("AllowAutoTopicCreation", True)
     with_topic_operations = req.get("IncludeTopicAuthorizedOperations", False)
     with_cluster_operations = req.get("IncludeClusterAuthorizedOperations", False)
 
@@ -307,7 +308,7 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
             commands.append(m.AuthorizedOperations(m.ResourceType.CLUSTER, (m.CLUSTER_RESOURCE,)))
         return Handled.run(tuple(commands), authorized)
 
-    return Handled.run((m.ListTopics(names, auto and not ids),), render,
+    return Handled.run((m.ListTopics(names),), render,
                        hold=with_topic_operations or with_cluster_operations)  # then the operations: two steps
 
 
@@ -523,7 +524,7 @@ def describe_configs(conn: KafkaConnection, version: int, req: Any, frame: Frame
             elif r.ResourceType == BROKER_RESOURCE:
                 body["Configs"] = entries([("advertised.listeners",
                                             f"PLAINTEXT://{conn.advertised_host}:{conn.advertised_port}",
-                                            True), ("auto.create.topics.enable", "true", True)],
+                                            True), ("auto.create.topics.enable", "false", True)],
                                           r.ConfigurationKeys)
             else:
                 body.update(ErrorCode=Errors.INVALID_REQUEST, ErrorMessage="unsupported resource type")

@@ -180,10 +180,22 @@ class Broker:
         """``value`` once the writes made so far are durable under the fsync policy;
         ``value`` with a ``STORAGE_ERROR`` if the fsync failed."""
         if self.commit is not None:
-            return self.commit.durable().addCallbacks(
-                lambda _: value,
-                lambda f: with_error(value, Error(ErrorCode.STORAGE_ERROR, f.getErrorMessage())))
+            return self.when_durable(lambda: value)
         return value
+
+    def when_durable(self, answer: Callable[[], Any], failed: Callable[[], Any] | None = None) -> Any:
+        """``answer()`` once the writes made so far are durable under the fsync policy (at once under
+        the others), so that the high watermark it tells is the one readers see (under ``always``
+        they see a record only once its fsync returned); if the fsync failed, ``(failed or answer)()``
+        with a ``STORAGE_ERROR``."""
+        if self.commit is None:
+            return answer()
+
+        def refused(f: Any) -> Any:
+            error = Error(ErrorCode.STORAGE_ERROR, f.getErrorMessage())
+            return then((failed or answer)(), lambda value: with_error(value, error))
+
+        return self.commit.durable().addCallbacks(lambda _: answer(), refused)
 
     # ------------------------------------------------------------------ dispatch
 

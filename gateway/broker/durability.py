@@ -36,7 +36,8 @@ class FsyncPolicy:
 
 class GroupCommit:
     """Acknowledge writes only once fsynced, sharing one fsync among all the
-    writes made while the previous fsync ran (policy ``always``).
+    writes made while the previous fsync ran (policy ``always``). The engine's
+    readers see a record only once its fsync returned (``read_durable_only``).
 
     ``durable()`` fires once an fsync that started after the call succeeded.
     When an fsync fails, every waiter queued by then errbacks with the
@@ -47,6 +48,7 @@ class GroupCommit:
 
     def __init__(self, engine: SyncingStorage, reactor: Any, stats: BrokerStats | None = None):
         self.engine = engine
+        engine.read_durable_only()
         self.reactor = reactor
         self.stats = stats or BrokerStats()
         self.written = 0
@@ -80,6 +82,7 @@ class GroupCommit:
                     waiter.errback(result)
             else:
                 self.synced = target
+                self.engine.publish_synced()  # readers see the records before their writers hear of them
                 while self.waiters and self.waiters[0][0] <= target:
                     self.waiters.popleft()[1].callback(None)
             if self.written > self.synced:
@@ -107,7 +110,10 @@ def _interval_sync(engine: SyncingStorage, reactor: Any, stats: BrokerStats | No
 
 
 def with_error(result: Any, error: Error) -> Any:
-    """``result`` failed with ``error`` as a whole (every partition, group or record it answers for)."""
+    """``result`` failed with ``error`` as a whole (every partition, group or record it answers for;
+    each of a list of results)."""
+    if isinstance(result, list):
+        return [with_error(r, error) for r in result]
     if isinstance(result, m.CommitOffsetsResult):
         return attrs.evolve(result, errors=tuple((t, p, e or error) for t, p, e in result.errors), error=error)
     if isinstance(result, m.DeleteGroupsResult):

@@ -366,18 +366,22 @@ class Producer:
 
     def acknowledge(self, cmd: m.Produce, lasts: dict[int, int],
                     result: Callable[[frozenset[int]], Any]) -> Any:
-        """``result(partitions that timed out)`` once ``cmd.acks`` holds for the offsets up to
-        ``lasts[partition]`` (at once but for acks=all), and the writes are durable."""
+        """``result(partitions that timed out)`` once the writes are durable and then ``cmd.acks``
+        holds for the offsets up to ``lasts[partition]`` (at once but for acks=all). Durable first:
+        under the fsync policy ``always`` the high watermark passes a record only once fsynced."""
         if not lasts:  # nothing was appended: nothing to wait for
             return result(frozenset())
         if cmd.acks != m.Acks.ALL:
-            return self.broker.durable(result(frozenset()))
+            return self.broker.when_durable(lambda: result(frozenset()))
         timeout_ms = cmd.timeout_ms if cmd.timeout_ms is not None else self.broker.config.ack_timeout_ms
-        waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, last in lasts.items()]
-        d = waits[0].addCallback(lambda ok: [ok]) if len(waits) == 1 else defer.gatherResults(
-            waits, consumeErrors=True).addErrback(first_failure)
-        d.addCallback(lambda oks: result(frozenset(p for p, ok in zip(lasts, oks, strict=True) if not ok)))
-        return d.addCallback(self.broker.durable)
+
+        def replicated() -> defer.Deferred:
+            waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, last in lasts.items()]
+            d = waits[0].addCallback(lambda ok: [ok]) if len(waits) == 1 else defer.gatherResults(
+                waits, consumeErrors=True).addErrback(first_failure)
+            return d.addCallback(lambda oks: result(frozenset(p for p, ok in zip(lasts, oks, strict=True) if not ok)))
+
+        return self.broker.when_durable(replicated, lambda: result(frozenset()))
 
     def _await_replication(self, topic: str, partition: int, last: int, timeout_ms: int) -> defer.Deferred:
         """Fire True once the high watermark passes ``last`` with enough

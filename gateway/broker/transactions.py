@@ -318,7 +318,8 @@ class Transactions:
         def complete(_: Any) -> Any:
             txn.enter(COMPLETE[commit])
             log.info("transaction %s: %s", txn.transactional_id, "committed" if commit else "aborted")
-            return self._save(txn)
+            # durable, as the markers: under the fsync policy "always" readers see them only then
+            return self._durable(self._save(txn), None)
 
         deferreds = [d for d in waits if isinstance(d, defer.Deferred)]
         done = defer.gatherResults(deferreds, consumeErrors=True) if deferreds else None

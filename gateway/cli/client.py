@@ -383,8 +383,9 @@ def produce(topic, messages, key, partition, separator, header_pairs, protocol, 
     Each answer is waited for at least 15 s (or --timeout), longer than the gateway waits for a
     cluster (--cluster-timeout-ms), so that a cluster's outage is reported as the gateway says it.
 
-    V1 and Kafka create a missing topic (with the gateway's --default-partitions); TANK and Cursus
-    answer that it does not exist. V1 splits a request's arguments at whitespace and a message at its
+    V1 and Kafka create a missing topic (with the gateway's --default-partitions; over Kafka by
+    CreateTopics first, as the gateway's Metadata creates none: a caller who may not create is told
+    that the topic does not exist); TANK and Cursus answer that it does not exist. V1 splits a request's arguments at whitespace and a message at its
     first ':', so over V1 a value with whitespace, or a key with ':' or whitespace, is refused (nothing
     is sent): use another --protocol for those, they carry any bytes.
     """

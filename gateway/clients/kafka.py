@@ -222,9 +222,8 @@ class KafkaSession(Session):
         if code:
             raise ProtocolError("kafka", errors.name(code), message or "")
 
-    def _metadata(self, topics: Sequence[str] | None, create: bool = False) -> dict[str, int]:
-        body = {"Topics": None if topics is None else [{"Name": t} for t in topics],
-                "AllowAutoTopicCreation": create}
+    def _metadata(self, topics: Sequence[str] | None) -> dict[str, int]:
+        body = {"Topics": None if topics is None else [{"Name": t} for t in topics], "AllowAutoTopicCreation": False}
         out = {}
         for t in self.client.call(3, 4, body).Topics:
             self.check(t.ErrorCode, f"topic {t.Name}")
@@ -282,7 +281,22 @@ class KafkaSession(Session):
             self.check(r.ErrorCode, f"group {r.GroupId}")
 
     def _partition_count(self, topic: str) -> int:
-        return self._metadata([topic], create=True)[topic]
+        """Partitions of ``topic``, which a produce creates first when it is missing, as a tool's user
+        expects: by CreateTopics, with the gateway's default partition count (its Metadata never creates
+        a topic). A caller who may not create it is told that the topic does not exist."""
+        try:
+            return self._metadata([topic])[topic]
+        except ProtocolError as e:
+            if e.name != "UNKNOWN_TOPIC_OR_PARTITION":
+                raise
+            missing = e
+        try:
+            return self.create_topic(topic, None)
+        except ProtocolError as e:
+            if e.name == "TOPIC_ALREADY_EXISTS":  # created meanwhile by someone else
+                return self._metadata([topic])[topic]
+            raise ProtocolError("kafka", missing.name, f"topic {topic} does not exist and creating it was refused: "
+                                                       f"{e}") from None
 
     def delete_topic(self, topic: str) -> None:
         answer = self.client.call(20, 1, {"TopicNames": [topic], "TimeoutMs": 10_000}).Responses[0]
@@ -313,7 +327,7 @@ class KafkaSession(Session):
 
     def produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
                 headers: Sequence[tuple[str, bytes]] = ()) -> Produced:
-        count = self.partition_count(topic)  # creates a missing topic, as Kafka clients' Metadata does
+        count = self.partition_count(topic)  # creates a missing topic
         if partition is None:  # as Kafka's Java client: murmur2 of the key; without a key, spread
             partition = choose("murmur2", key, count, next(self._spread))
         batch = kafka_format.encode_batch([m.Record(value, key, int(time.time() * 1000), tuple(headers))], 0)

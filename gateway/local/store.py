@@ -271,3 +271,9 @@ class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, Retentio
 
     def cut_failed_writes(self) -> None:
         self.engine.cut_failed_writes()
+
+    def read_durable_only(self) -> None:
+        self.engine.read_durable_only()
+
+    def publish_synced(self) -> None:
+        self.engine.publish_synced()

@@ -232,6 +232,11 @@ def test_group_commit_shares_one_fsync_between_writes(broker):
     reactor.advance(0)
     assert all(d.called for d in ds)
     assert len(calls) == 1
+    # each numbered after the one before, though none was readable yet when it came
+    assert [d.result.base_offset for d in ds] == list(range(50))
+    read = b.execute(m.Fetch("gc", 0, 0, "v1")).result
+    assert [r.value for bt in read.batches for r in v1_plugin.batch_format.records(bt)] == [b"v%d" % i for i in range(50)]
+    assert [r.offset for bt in read.batches for r in v1_plugin.batch_format.records(bt)] == list(range(50))
 
 
 def test_long_poll_fetch_answers_when_data_arrives_or_times_out(broker):
@@ -241,6 +246,8 @@ def test_long_poll_fetch_answers_when_data_arrives_or_times_out(broker):
     d = b.execute(fetch)
     assert not d.called
     b.execute(produce("lp", b"late"))
+    assert not d.called  # under --fsync always, readable only once fsynced
+    reactor.advance(0)  # the fsync
     result = d.result
     assert [r.value for bt in result.batches for r in v1_plugin.batch_format.records(bt)] == [b"late"]
     d2 = b.execute(m.Fetch("lp", 0, 1, "v1", max_wait_ms=500))
@@ -258,6 +265,7 @@ def test_fetch_latest_waits_for_new_records_only(broker):
     d = b.execute(many)
     assert not d.called
     b.execute(produce("tail", b"new"))
+    reactor.advance(0)  # the fsync, which makes it readable
     [result] = d.result.results
     assert result.offset == 1 and result.batches[0].base_offset == 1
 
@@ -284,6 +292,7 @@ def test_conversion_goes_through_records_and_is_cached(broker):
     engine.create_topic("conv", 1)
     engine.append("conv", 0, "v1", __import__("gateway.codecs.v1.format", fromlist=["x"]).encode_record(
         0, 5, b"k", b"hello world"), 1, 5)
+    engine.sync()  # under --fsync always, readable once fsynced
 
     class Upper(BatchFormat):
         name = "upper"
@@ -591,3 +600,20 @@ def test_a_long_lived_push_stream_holds_a_few_delayed_polls_not_one_per_push(bro
     assert pushes >= 200
     (stream,) = proto._streams
     assert len(stream.calls) <= 17
+
+
+def test_kafka_batches_produced_before_an_fsync_are_numbered_after_each_other(broker):
+    """Under --fsync always the batches appended while none is readable yet (their fsync has not
+    returned) are numbered from the log end, not from what readers see: each batch's own base
+    offset is where it was stored."""
+    from gateway.codecs.kafka import format as kafka_format
+
+    b, reactor, engine = broker
+    b.formats["kafka"] = kafka_format.FORMAT
+    engine.create_topic("gk", 1)
+    ds = [b.execute(m.Produce("gk", 0, m.Batch("kafka", kafka_format.encode_batch([m.Record(b"v%d" % i, None, 1)], 0),
+                                                1, 1))) for i in range(3)]
+    reactor.advance(0)
+    assert [d.result.base_offset for d in ds] == [0, 1, 2]
+    stored = engine.read("gk", 0, 0, 1 << 20)
+    assert [(bt.base_offset, int.from_bytes(bt.payload[:8], "big")) for bt in stored] == [(i, i) for i in range(3)]

@@ -65,7 +65,7 @@ COMMANDS = [
     m.ListGroups(),
     m.LeaveGroup("g", "a", 2),
     m.DeleteGroups(("g",)),
-    m.ListTopics(("t", "made", "bad/name"), auto_create=True),
+    m.ListTopics(("t", "made", "bad/name")),
     m.ListTopics(("absent",)),
     m.ListTopics(),
     m.CreatePartitions("t", 4),

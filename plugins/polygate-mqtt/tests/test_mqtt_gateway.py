@@ -294,6 +294,8 @@ def test_subscribers_get_records_of_committed_kafka_transactions_only(gateway_fa
     import confluent_kafka as ck
 
     gw = gateway_factory(("v1", "kafka", "mqtt"), ("--default-partitions", "1"))
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.create_topic("plant", 1)  # a Kafka producer's Metadata creates no topic
     subscriber = device_factory(gw.port("mqtt"), "subscriber")
     assert subscriber.subscribe(("plant/#", 1)) == [1]
     producer = ck.Producer({"bootstrap.servers": gw.address("kafka"), "transactional.id": "plant-writer"})
@@ -323,6 +325,8 @@ def test_a_subscriber_of_several_partitions_gets_nothing_of_an_aborted_transacti
     import confluent_kafka as ck
 
     gw = gateway_factory(("v1", "kafka", "mqtt"), ("--default-partitions", "4"))
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.create_topic("line", 4)  # a Kafka producer's Metadata creates no topic
     subscriber = device_factory(gw.port("mqtt"), "subscriber")
     assert subscriber.subscribe(("line/#", 1)) == [1]
     producer = ck.Producer({"bootstrap.servers": gw.address("kafka"), "transactional.id": "line-writer"})
