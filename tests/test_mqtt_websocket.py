@@ -10,7 +10,7 @@ from pathlib import Path
 import browser_support
 import confluent_kafka as ck
 import pytest
-from kafka_support import npm_install, run_node, unique, wait_until
+from kafka_support import create_topics, npm_install, run_node, unique, wait_until
 from tls_support import Pki
 
 MQTTJS_DIR = Path(__file__).parent / ".mqttjs"
@@ -91,8 +91,9 @@ def test_a_page_in_chromium_shows_over_websocket_what_a_kafka_producer_writes(ga
                                                                                tmp_path):
     gw = gateway_factory(("kafka", "mqtt-ws"), ("--default-partitions", "1"))
     topic = unique("orders")
+    create_topics(gw.address("kafka"), topic)
     producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
-    producer.produce(topic, b"created before the page", key=f"{topic}/old".encode())  # the log topic exists
+    producer.produce(topic, b"written before the page", key=f"{topic}/old".encode())
     assert producer.flush(20) == 0
     page = tmp_path / "page.html"
     page.write_text(PAGE.format(script=(mqttjs / "node_modules/mqtt/dist/mqtt.min.js").as_uri(),
