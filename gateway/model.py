@@ -349,11 +349,14 @@ class CreatePartitionsResult:
 class ListTopics:
     """List topics; ``topics=None`` means all of them. ``read`` says the caller asks in
     order to read them (a subscription): with ACLs, each needs Read rather than Describe.
-    A listing never creates a topic (Kafka's Metadata included, whatever its
-    ``AllowAutoTopicCreation``): creating one is a produce or an admin request."""
+    A listing creates no topic, but for ``auto_create``: only Kafka's Metadata asks for it, on
+    a listener whose operator enabled ``auto.create.topics.enable`` (off by default), when its
+    client allows it; the caller's Create permission and quota apply. A subscription, a consume
+    or a join never creates one."""
 
     topics: tuple[str, ...] | None = None
     read: bool = False
+    auto_create: bool = False
 
 
 @frozen

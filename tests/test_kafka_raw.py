@@ -273,9 +273,9 @@ def test_create_topics_answers_the_topic_id_and_delete_topics_takes_it(kafka_gat
 
 
 def test_a_metadata_request_never_creates_a_topic(kafka_gateway):
-    """Issue 33, defect 2: a Metadata request that allows auto-creation (as producers send it), from a
-    principal who may create, creates nothing: a Kafka client creates a topic by CreateTopics, as on
-    a Kafka with ``auto.create.topics.enable=false``, which the broker's settings say."""
+    """A Metadata request that allows auto-creation (as producers send it), from a principal who may
+    create, creates nothing by default: a Kafka client creates a topic by CreateTopics, as on a
+    Kafka with ``auto.create.topics.enable=false``, which the broker's settings say."""
     raw, produced = unique("meta-raw"), unique("meta-produced")
     with KafkaClient("127.0.0.1", kafka_gateway.port("kafka")) as client:
         for version in (0, 4, 12):  # v0 has no flag: Kafka created then, when the broker allowed it
@@ -291,6 +291,28 @@ def test_a_metadata_request_never_creates_a_topic(kafka_gateway):
         broker = client.call(32, 4, {"Resources": [{"ResourceType": 4, "ResourceName": "0",
                                                     "ConfigurationKeys": ["auto.create.topics.enable"]}]})
         assert [(c.Name, c.Value) for c in broker.Results[0].Configs] == [("auto.create.topics.enable", "false")]
+
+
+def test_an_operator_may_let_metadata_create_topics_as_kafka_does(gateway_factory):
+    """``--codec-option kafka.auto.create.topics.enable=true`` is Kafka's setting of that name (the
+    test clusters of Kafka's client suites run with it): a Metadata request that allows it creates
+    the topic, one that does not allow it creates nothing, and the broker's settings say it is on."""
+    gw = gateway_factory(("kafka",), ("--default-partitions", "2",
+                                      "--codec-option", "kafka.auto.create.topics.enable=true"))
+    allowed, refused, produced = unique("auto-allowed"), unique("auto-refused"), unique("auto-produced")
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as client:
+        made = client.call(3, 12, {"Topics": [{"Name": allowed}], "AllowAutoTopicCreation": True}).Topics[0]
+        assert (made.ErrorCode, len(made.Partitions)) == (0, 2)
+        kept = client.call(3, 12, {"Topics": [{"Name": refused}], "AllowAutoTopicCreation": False}).Topics[0]
+        assert kept.ErrorCode == 3  # UNKNOWN_TOPIC_OR_PARTITION
+    producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
+    producer.produce(produced, b"created on first use")
+    assert producer.flush(15) == 0
+    with KafkaClient("127.0.0.1", gw.port("kafka")) as client:
+        assert {allowed, produced} <= set(client.list_topics()) and refused not in client.list_topics()
+        broker = client.call(32, 4, {"Resources": [{"ResourceType": 4, "ResourceName": "0",
+                                                    "ConfigurationKeys": ["auto.create.topics.enable"]}]})
+        assert [(c.Name, c.Value) for c in broker.Results[0].Configs] == [("auto.create.topics.enable", "true")]
 
 
 ASSIGNED = [{"PartitionIndex": i, "BrokerIds": [0]} for i in range(3)]

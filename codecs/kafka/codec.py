@@ -42,7 +42,7 @@ from typing import Any
 
 from construct import ConstructError
 
-from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, integer
+from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, choice, integer
 from gateway.codec.framing import LengthPrefixedFramer, fixed_header
 
 from . import sasl, schema
@@ -63,6 +63,10 @@ OPTIONS = (
            f"some of {', '.join(sasl.MECHANISMS)} separated by commas", help="the SASL mechanisms offered"),
     Option("group.initial.rebalance.delay.ms", integer(0), 3000, "a non-negative integer (milliseconds)",
            help="how long the first JoinGroup of an empty group waits for more members (as Kafka)"),
+    Option("auto.create.topics.enable", choice("false", "true"), "false", "false or true",
+           help="a Metadata request that allows it creates the topics it names that do not exist, for a "
+                "principal that may create them, within its quota (Kafka's setting; off: only produces "
+                "of other protocols and admin requests create topics)"),
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 
@@ -78,6 +82,7 @@ class KafkaConnection(CodecConnection):
         self.advertised_host = settings.advertised_host if host is None else host
         self.advertised_port = settings.advertised_port if port is None else port
         self.initial_rebalance_delay_ms = options["group.initial.rebalance.delay.ms"]
+        self.auto_create_topics = options["auto.create.topics.enable"] == "true"
         self.client_id = ""
         self.client_host = settings.peer.rpartition(":")[0]
         self.sasl_config = None if settings.users is None else sasl.SaslConfig(

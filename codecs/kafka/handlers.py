@@ -263,13 +263,15 @@ def offset_for_leader_epoch(conn: KafkaConnection, version: int, req: Any, frame
 def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Metadata; from v10 topics carry their ids, and a request may name topics by id (clients of the
     consumer group protocol resolve the ids of their assignment so): all topics are then listed and
-    those asked for answered, an unknown id ``Errors.UNKNOWN_TOPIC_ID``. It never creates a topic,
-    whatever ``AllowAutoTopicCreation`` asks (as a Kafka with ``auto.create.topics.enable=false``): an
-    unknown name is answered ``UNKNOWN_TOPIC_OR_PARTITION``, and clients create topics with CreateTopics."""
+    those asked for answered, an unknown id ``Errors.UNKNOWN_TOPIC_ID``. It creates no topic (an
+    unknown name is answered ``UNKNOWN_TOPIC_OR_PARTITION``; clients create topics with CreateTopics),
+    unless the listener's ``auto.create.topics.enable`` is on and the request allows it
+    (``AllowAutoTopicCreation``, always for v0-v3), as Kafka does with that setting."""
     ids = {bytes(t.TopicId).hex() for t in req.Topics or () if t.Name is None and any(t.get("TopicId") or b"")}
     names = None if req.Topics is None or ids or (version == 0 and not req.Topics) else tuple(
         dict.fromkeys(t.Name for t in req.Topics if t.Name is not None))  # each topic once, as Kafka answers
     asked = {t.Name for t in req.Topics or () if t.Name is not None}
+    auto_create = conn.auto_create_topics and req.get("AllowAutoTopicCreation", True) and not ids
     with_topic_operations = req.get("IncludeTopicAuthorizedOperations", False)
     with_cluster_operations = req.get("IncludeClusterAuthorizedOperations", False)
 
@@ -308,7 +310,7 @@ def metadata(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Han
             commands.append(m.AuthorizedOperations(m.ResourceType.CLUSTER, (m.CLUSTER_RESOURCE,)))
         return Handled.run(tuple(commands), authorized)
 
-    return Handled.run((m.ListTopics(names),), render,
+    return Handled.run((m.ListTopics(names, auto_create=auto_create),), render,
                        hold=with_topic_operations or with_cluster_operations)  # then the operations: two steps
 
 
@@ -524,7 +526,7 @@ def describe_configs(conn: KafkaConnection, version: int, req: Any, frame: Frame
             elif r.ResourceType == BROKER_RESOURCE:
                 body["Configs"] = entries([("advertised.listeners",
                                             f"PLAINTEXT://{conn.advertised_host}:{conn.advertised_port}",
-                                            True), ("auto.create.topics.enable", "false", True)],
+                                            True), ("auto.create.topics.enable", str(conn.auto_create_topics).lower(), True)],
                                           r.ConfigurationKeys)
             else:
                 body.update(ErrorCode=Errors.INVALID_REQUEST, ErrorMessage="unsupported resource type")

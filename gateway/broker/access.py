@@ -275,7 +275,9 @@ class Access:
         allowed = tuple(name for name in topics if name not in refused)
         if not allowed:
             return m.ListTopicsResult(tuple(refused[n] for n in topics))
-        ran = self.broker.run(m.ListTopics(allowed, read=cmd.read))
+        auto_create = cmd.auto_create and all(
+            self.broker.store.has_topic(n) or self._may_create(caller, n) for n in allowed)
+        ran = self.broker.run(m.ListTopics(allowed, read=cmd.read, auto_create=auto_create))
 
         def merge(result: m.ListTopicsResult) -> m.ListTopicsResult:
             by_name = {t.topic: t for t in result.topics}

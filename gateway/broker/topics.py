@@ -207,18 +207,31 @@ class Topics:
 
         return then(self.store.alter_topic_config(cmd.topic, config), altered)
 
-    def list(self, cmd: m.ListTopics) -> m.ListTopicsResult:
-        """The topics named (all of them for ``None``). A listing never creates one; Kafka's
-        internal topics (``m.INTERNAL_TOPICS``), which no client may write, are ``INVALID_TOPIC``
-        rather than unknown, so that a producer learns it at once, as from Kafka."""
+    def list(self, cmd: m.ListTopics) -> Any:
+        """The topics named (all of them for ``None``), the missing ones created first when the
+        command asks for it (``m.ListTopics.auto_create``). Kafka's internal topics
+        (``m.INTERNAL_TOPICS``), which no client may write, are ``INVALID_TOPIC`` rather than
+        unknown, so that a producer learns it at once, as from Kafka."""
         names = sorted(self.store.topic_names()) if cmd.topics is None else cmd.topics
-        return m.ListTopicsResult(tuple(self._listed(name) for name in names))
+        infos = [self._listed(name, cmd.auto_create) for name in names]
+        if any(isinstance(i, defer.Deferred) for i in infos):
+            return defer.gatherResults([i if isinstance(i, defer.Deferred) else defer.succeed(i) for i in infos],
+                                       consumeErrors=True).addCallback(lambda infos: m.ListTopicsResult(tuple(infos)))
+        return m.ListTopicsResult(tuple(infos))
 
-    def _listed(self, name: str) -> m.TopicInfo:
+    def _listed(self, name: str, auto_create: bool) -> Any:
+        """The topic's ``TopicInfo`` (created first if asked and allowed), errors included."""
         try:
             m.check_appendable(name)
+            ensured = self.ensure(name, auto_create)
         except CommandError as e:
             return m.TopicInfo(name, error=e.error)
+        if isinstance(ensured, defer.Deferred):
+            def failed(f: Any) -> m.TopicInfo:
+                f.trap(CommandError)
+                return m.TopicInfo(name, error=f.value.error)
+
+            return ensured.addCallbacks(lambda _: self._describe(name), failed)
         return self._describe(name)
 
     def _describe(self, name: str) -> m.TopicInfo:
