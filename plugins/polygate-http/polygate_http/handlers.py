@@ -1,0 +1,243 @@
+"""The routes of the HTTP codec: REST Proxy's paths, each turned into model commands.
+
+``route`` picks the handler of a request by method and path (``ROUTES``); a handler answers a
+``Response`` at once or a ``Step`` (commands and what to make of their results). Errors are
+REST Proxy's: an HTTP status and a JSON body ``{"error_code": ..., "message": ...}`` whose code
+is the status times 100 plus a detail (40401 "Topic not found.", 40402 "Partition not found.",
+40403 "Consumer instance not found.", 40301 not authorized, 50002 a Kafka error, 50003 a
+retriable one), or the plain status for errors of HTTP itself (400, 404, 405, 413, 415).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway import model as m
+from gateway.codec import topic_configs
+from polygate_http import format as fmt
+from polygate_http.codec import HttpConnection, HttpError, HttpRequest, Outcome, Response, Step
+
+Handler = Callable[[HttpConnection, HttpRequest, "re.Match[str]"], Outcome]
+
+# --------------------------------------------------------------------------- errors
+
+RETRIABLE = frozenset({m.ErrorCode.NOT_LEADER, m.ErrorCode.REPLICATION_TIMEOUT, m.ErrorCode.STORAGE_ERROR,
+                       m.ErrorCode.REBALANCE_IN_PROGRESS})
+
+
+def http_error(error: m.Error, topic: str = "") -> HttpError:
+    """The REST Proxy answer to a failed command."""
+    code = error.code
+    if code is m.ErrorCode.UNKNOWN_TOPIC:
+        return HttpError(404, 40401, "Topic not found.")
+    if code is m.ErrorCode.UNKNOWN_PARTITION:
+        return HttpError(404, 40402, "Partition not found.")
+    if code in m.AUTHORIZATION_ERRORS:
+        return HttpError(403, 40301, f"Not authorized: {error.message}")
+    if code in (m.ErrorCode.INVALID_TOPIC, m.ErrorCode.INVALID_REQUEST, m.ErrorCode.INVALID_RECORD,
+                m.ErrorCode.CORRUPT_MESSAGE):
+        return HttpError(422, 42200, error.message or code.value)
+    if code in RETRIABLE:
+        return HttpError(500, 50003, f"Kafka retriable error: {error.message or code.value}")
+    return HttpError(500, 50002, f"Kafka error: {error.message or code.value}")
+
+
+def check(result: Any, topic: str = "") -> None:
+    """Raise the REST Proxy answer to ``result``'s error, if it has one."""
+    if result.error is not None:
+        raise http_error(result.error, topic)
+
+
+# --------------------------------------------------------------------------- topics
+
+
+def _partition(info: m.PartitionInfo) -> dict[str, Any]:
+    leader = info.replicas[0] if info.replicas else 0
+    return {"partition": info.partition, "leader": leader,
+            "replicas": [{"broker": b, "leader": b == leader, "in_sync": b in info.isr} for b in info.replicas]}
+
+
+def _topic(topic: str, then: Callable[[m.TopicInfo], Outcome]) -> Step:
+    """Describe ``topic``; 404 (40401) if there is none."""
+
+    def described(results: Sequence[Any]) -> Outcome:
+        infos = results[0].topics
+        if not infos:
+            raise HttpError(404, 40401, "Topic not found.")
+        check(infos[0], topic)
+        return then(infos[0])
+
+    return Step((m.ListTopics((topic,)),), described)
+
+
+def list_topics(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
+    def listed(results: Sequence[Any]) -> Outcome:
+        return Response.json(sorted(info.topic for info in results[0].topics if info.error is None))
+
+    return Step((m.ListTopics(),), listed)
+
+
+def get_topic(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
+    return _topic(match["topic"], lambda info: Response.json({
+        "name": info.topic, "configs": topic_configs.changes_of(info.config),
+        "partitions": [_partition(p) for p in info.partitions]}))
+
+
+def get_partitions(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
+    return _topic(match["topic"], lambda info: Response.json([_partition(p) for p in info.partitions]))
+
+
+def get_partition(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
+    wanted = int(match["partition"])
+
+    def described(info: m.TopicInfo) -> Outcome:
+        for p in info.partitions:
+            if p.partition == wanted:
+                return Response.json(_partition(p))
+        raise HttpError(404, 40402, "Partition not found.")
+
+    return _topic(match["topic"], described)
+
+
+# --------------------------------------------------------------------------- produce (v2)
+
+V2_CONTENT = re.compile(r"application/vnd\.kafka(?:\.(?P<embedded>[a-z]+))?\.v2\+json")
+EMBEDDED = ("json", "binary")
+
+
+def embedded_format(request: HttpRequest) -> str:
+    """The embedded format a v2 produce names in its Content-Type (binary when it names none, as
+    REST Proxy assumes); 415 for one this gateway does not take (avro, protobuf, jsonschema need
+    a schema registry)."""
+    content_type = request.content_type
+    if content_type in ("application/json", "application/octet-stream", "application/vnd.kafka+json"):
+        return "binary"
+    match = V2_CONTENT.fullmatch(content_type)
+    embedded = match["embedded"] or "binary" if match else None
+    if embedded not in EMBEDDED:
+        raise HttpError(415, 415, "HTTP 415 Unsupported Media Type")
+    return embedded
+
+
+def decode_embedded(embedded: str, value: Any, what: str) -> bytes | None:
+    """The bytes of a record's key or value in its embedded format (``None`` for JSON null)."""
+    if value is None:
+        return None
+    if embedded == "json":
+        return json.dumps(value, separators=(",", ":")).encode()
+    if embedded == "string":
+        if not isinstance(value, str):
+            raise HttpError(422, 42200, f"The {what} of a string record must be a string")
+        return value.encode()
+    if not isinstance(value, str):
+        raise HttpError(422, 42200, f"The {what} of a binary record must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise HttpError(422, 42200, f"The {what} of a binary record is not valid base64") from None
+
+
+def encode_embedded(embedded: str, data: bytes | None) -> Any:
+    """A record's key or value as a reply of that embedded format carries it."""
+    if data is None:
+        return None
+    if embedded == "json":
+        try:
+            return json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return data.decode("utf-8", "replace")  # written by a client of another format
+    if embedded == "string":
+        return data.decode("utf-8", "replace")
+    return base64.b64encode(data).decode()
+
+
+def produce_command(conn: HttpConnection, topic: str, partition: int | None, key: bytes | None,
+                    value: bytes | None, headers: tuple[tuple[str, bytes | None], ...] = (),
+                    timestamp: int | None = None) -> m.Produce:
+    """One record, as one produce: with no partition, a keyed record goes where Kafka's producer
+    puts it (murmur2 of the key), an unkeyed one to the next partition in turn. A missing topic is
+    created, as a Kafka broker's default (``auto.create.topics.enable``) does for REST Proxy."""
+    record = m.Record(value, key, int(time.time() * 1000) if timestamp is None else timestamp, headers)
+    batch = m.Batch(fmt.NAME, fmt.encode_record(0, record), 1, record.timestamp)
+    return m.Produce(topic, partition, batch, key=key, partitioner="murmur2" if key is not None else "round_robin",
+                     auto_create=True)
+
+
+def _records_of(conn: HttpConnection, request: HttpRequest) -> list[Any]:
+    body = request.json()
+    records = body.get("records") if isinstance(body, dict) else None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise HttpError(422, 42200, "The request must be an object with a list of records")
+    if len(records) > conn.options["max_records"]:
+        raise HttpError(413, 413, f"A request may carry at most {conn.options['max_records']} records")
+    return records
+
+
+def _partition_of(record: dict[str, Any], partition: int | None) -> int | None:
+    chosen = record.get("partition", partition) if partition is None else partition
+    if chosen is not None and (not isinstance(chosen, int) or isinstance(chosen, bool) or chosen < 0):
+        raise HttpError(422, 42202, "Request includes an invalid partition")
+    return chosen
+
+
+def produce(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
+    """``POST /topics/{topic}`` and ``/topics/{topic}/partitions/{partition}`` (v2): one offset each."""
+    embedded = embedded_format(request)
+    topic = match["topic"]
+    path_partition = int(match["partition"]) if match["partition"] is not None else None
+    commands = tuple(
+        produce_command(conn, topic, _partition_of(r, path_partition), decode_embedded(embedded, r.get("key"), "key"),
+                        decode_embedded(embedded, r.get("value"), "value"))
+        for r in _records_of(conn, request))
+
+    def produced(results: Sequence[m.ProduceResult]) -> Outcome:
+        for result in results:  # a missing topic or partition, or a refusal, is the whole request's
+            if result.error is not None and (result.error.code in m.AUTHORIZATION_ERRORS or result.error.code in (
+                    m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION)):
+                raise http_error(result.error, topic)
+        return Response.json({"offsets": [_offset(r) for r in results], "key_schema_id": None,
+                              "value_schema_id": None})
+
+    return Step(commands, produced)
+
+
+def _offset(result: m.ProduceResult) -> dict[str, Any]:
+    if result.error is None:
+        return {"partition": result.partition, "offset": result.base_offset, "error_code": None, "error": None}
+    return {"partition": result.partition if result.partition >= 0 else None, "offset": None,
+            "error_code": 2 if result.error.code in RETRIABLE else 1,
+            "error": result.error.message or result.error.code.value}
+
+
+# --------------------------------------------------------------------------- routing
+
+TOPIC = r"(?P<topic>[^/]+)"
+PARTITION = r"(?P<partition>\d{1,9})"
+ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
+    ("GET", re.compile("/topics"), list_topics),
+    ("GET", re.compile(f"/topics/{TOPIC}"), get_topic),
+    ("POST", re.compile(f"/topics/{TOPIC}(?:/partitions/{PARTITION})?"), produce),
+    ("GET", re.compile(f"/topics/{TOPIC}/partitions"), get_partitions),
+    ("GET", re.compile(f"/topics/{TOPIC}/partitions/{PARTITION}"), get_partition),
+]
+
+
+def route(conn: HttpConnection, request: HttpRequest) -> Outcome:
+    """The answer to ``request``: its route's, 405 for a path with no route for its method, else 404."""
+    path = request.path.rstrip("/") or "/"
+    allowed = []
+    for method, pattern, handler in ROUTES:
+        match = pattern.fullmatch(path)
+        if match is not None:
+            if method == request.method:
+                return handler(conn, request, match)
+            allowed.append(method)
+    if allowed:
+        raise HttpError(405, 405, "HTTP 405 Method Not Allowed")
+    raise HttpError(404, 404, "HTTP 404 Not Found")

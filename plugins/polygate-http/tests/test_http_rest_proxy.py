@@ -1,0 +1,88 @@
+"""REST Proxy's documented requests against a real ``gateway serve --protocols http,kafka``, with a
+real HTTP client (requests) and Kafka clients (confluent-kafka) on the same log; in cluster mode
+too (``POLYGATE_TEST_STORAGE=cluster``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+
+import requests
+from confluent_kafka import Consumer, Producer
+
+V2 = "application/vnd.kafka.v2+json"
+JSON = "application/vnd.kafka.json.v2+json"
+BINARY = "application/vnd.kafka.binary.v2+json"
+
+
+def url(gw, path: str) -> str:
+    return f"http://127.0.0.1:{gw.port('http')}{path}"
+
+
+def read_all(gw, topic: str, count: int, group: str = "reader") -> list[tuple[bytes | None, bytes]]:
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{gw.port('kafka')}", "group.id": group,
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    out = []
+    try:
+        for _ in range(200):
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                out.append((message.key(), message.value()))
+            if len(out) >= count:
+                break
+    finally:
+        consumer.close()
+    return out
+
+
+def test_produce_in_each_embedded_format_is_read_by_a_kafka_consumer(gateway):
+    """The REST Proxy quickstart's produce requests, as written, and what Kafka clients read of them."""
+    answer = requests.post(url(gateway, "/topics/jsontest"), headers={"Content-Type": JSON},
+                           data='{"records":[{"value":{"foo":"bar"}}]}')
+    assert answer.status_code == 200
+    assert answer.json() == {"offsets": [{"partition": answer.json()["offsets"][0]["partition"], "offset": 0,
+                                          "error_code": None, "error": None}],
+                             "key_schema_id": None, "value_schema_id": None}
+    answer = requests.post(url(gateway, "/topics/jsontest/partitions/0"), headers={"Content-Type": BINARY},
+                           json={"records": [{"key": base64.b64encode(b"k").decode(),
+                                              "value": base64.b64encode(b"Kafka").decode()}]})
+    assert answer.json()["offsets"][0]["partition"] == 0 and answer.json()["offsets"][0]["error_code"] is None
+    assert sorted(read_all(gateway, "jsontest", 2), key=repr) == sorted(
+        [(None, b'{"foo":"bar"}'), (b"k", b"Kafka")], key=repr)
+
+
+def test_keyed_records_go_to_the_partition_a_java_kafka_producer_picks(gateway):
+    """REST Proxy produces with Kafka's Java producer, whose partitioner is murmur2 (librdkafka's
+    murmur2_random)."""
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}", "partitioner": "murmur2_random"})
+    partitions = {}
+    requests.post(url(gateway, "/topics/keyed"), headers={"Content-Type": JSON}, json={"records": [{"value": 0}]})
+    for key in ("a", "b", "c", "d"):
+        producer.produce("keyed", key=f'"{key}"'.encode(), value=b"1",
+                         on_delivery=lambda err, msg: partitions.setdefault(msg.key(), msg.partition()))
+    producer.flush(10)
+    answer = requests.post(url(gateway, "/topics/keyed"), headers={"Content-Type": JSON},
+                           json={"records": [{"key": k, "value": 2} for k in ("a", "b", "c", "d")]})
+    assert [o["partition"] for o in answer.json()["offsets"]] == [partitions[f'"{k}"'.encode()] for k in "abcd"]
+
+
+def test_topic_metadata_and_errors(gateway):
+    requests.post(url(gateway, "/topics/meta"), headers={"Content-Type": BINARY}, json={"records": [{"value": ""}]})
+    assert "meta" in requests.get(url(gateway, "/topics"), headers={"Accept": V2}).json()
+    topic = requests.get(url(gateway, "/topics/meta")).json()
+    assert topic["name"] == "meta" and topic["partitions"][0]["replicas"][0]["leader"] is True
+    assert [p["partition"] for p in requests.get(url(gateway, "/topics/meta/partitions")).json()] == list(
+        range(len(topic["partitions"])))
+    missing = requests.get(url(gateway, "/topics/nothing"))
+    assert (missing.status_code, missing.json()) == (404, {"error_code": 40401, "message": "Topic not found."})
+    assert requests.post(url(gateway, "/topics/meta/partitions/99"), headers={"Content-Type": BINARY},
+                         json={"records": [{"value": ""}]}).json()["error_code"] == 40402
+
+
+def test_the_documented_curl_example_runs_as_written(gateway):
+    out = subprocess.run(["curl", "-s", "-X", "POST", "-H", f"Content-Type: {JSON}", "--data",
+                          '{"records":[{"value":{"foo":"bar"}}]}', url(gateway, "/topics/jsontest")],
+                         capture_output=True, check=True, timeout=30).stdout
+    assert json.loads(out)["offsets"][0]["offset"] == 0
