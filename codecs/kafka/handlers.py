@@ -26,10 +26,14 @@ import attrs
 
 from gateway import model as m
 from gateway.codec import Handled, topic_configs
+from gateway.codec.consumer_protocol import (
+    encode_assignment,
+    encode_subscription,
+    subscribed_topics,
+)
 from gateway.model import ErrorCode
 
 from . import format, sasl
-from .consumer_protocol import encode_assignment, encode_subscription, subscribed_topics
 from .errors import NONE, Errors, code, message
 from .fetch_session import FINAL_EPOCH, INITIAL_EPOCH, new_session
 

@@ -17,7 +17,7 @@ from twisted.internet import defer
 
 from gateway import __version__
 from gateway import model as m
-from gateway.codecs.kafka.consumer_protocol import decode_assignment
+from gateway.codec.consumer_protocol import decode_assignment
 from gateway.model import CommandError
 
 if TYPE_CHECKING:

@@ -732,7 +732,7 @@ def groups_describe(group, protocol, server, timeout, output) -> None:
     "member", "protocol", "committed", "high_watermark", "lag"}]}.
     """
     from gateway.clients.session import ProtocolError
-    from gateway.codecs.kafka.consumer_protocol import decode_assignment
+    from gateway.codec.consumer_protocol import decode_assignment
 
     with _kafka_session(protocol, server, timeout) as s:
         g = s.describe_groups([group])[0]

@@ -30,7 +30,7 @@ from gateway.clients.session import (
 )
 from gateway.codecs.kafka import errors, schema
 from gateway.codecs.kafka import format as kafka_format
-from gateway.codecs.kafka.consumer_protocol import (
+from gateway.codec.consumer_protocol import (
     decode_assignment,
     decode_subscription,
     encode_assignment,

@@ -70,7 +70,7 @@ from twisted.python.failure import Failure
 from gateway import model as m
 from gateway.cluster.bridge import Loop, command_error, deferred_from
 from gateway.cluster.config import ClusterConfig
-from gateway.codecs.kafka.consumer_protocol import decode_subscription, encode_assignment
+from gateway.codec.consumer_protocol import decode_subscription, encode_assignment
 from gateway.local.groups.classic import assign
 from gateway.model import CommandError, Error, ErrorCode
 

@@ -38,7 +38,8 @@ This package is that API's face; its parts are ``connection`` (events, the ``Con
 Protocols, ``CodecConnection``), ``formats`` (``BatchFormat`` and its capabilities),
 ``plugin`` (``CodecPlugin``, options), and the toolkit a codec builds on: ``framing``,
 ``varint``, ``text``, ``compression``, ``authlimits``, ``topic_configs`` (topic settings under
-Kafka's names) and ``testing`` (the conformance mixin).
+Kafka's names), ``consumer_protocol`` (Kafka's group member bytes and client assignors, for a
+codec whose members join groups as Kafka clients do) and ``testing`` (the conformance mixin).
 """
 
 from gateway.codec.authlimits import LoginLimits

@@ -7,7 +7,7 @@ from reactor_support import Reactor
 
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
-from gateway.codecs.kafka.consumer_protocol import encode_subscription, subscribed_topics
+from gateway.codec.consumer_protocol import encode_subscription, subscribed_topics
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.groups.classic import assign
 from gateway.local.store import LocalStore

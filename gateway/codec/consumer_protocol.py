@@ -4,7 +4,9 @@ Kafka brokers read only the topics of a subscription (OffsetDelete keeps the off
 topics a group reads); polygate reads them when the Kafka codec builds a JoinGroup, and reads
 and writes these bytes where it shows a group that Kafka clients did not assign (V1 and Cursus
 members, a cluster's members described through a gateway) and where it joins a cluster's
-group for a Kafka client (cluster mode).
+group for a Kafka client (cluster mode). It is part of the codec toolkit because a codec whose
+members join Kafka's groups as Kafka clients do (the HTTP plugin's consumer instances) writes
+these bytes too, and assigns partitions as a Kafka client does when it leads (``assign``).
 """
 
 from __future__ import annotations
@@ -81,3 +83,44 @@ def decode_assignment(data: bytes) -> dict[str, list[int]]:
     except struct.error:
         return {}
     return out
+
+
+ASSIGNORS = ("range", "roundrobin")
+"""The assignors ``assign`` implements, under the protocol names Kafka's clients give them."""
+
+
+def assign(assignor: str, subscriptions: dict[str, tuple[str, ...]],
+           partitions: dict[str, int]) -> dict[str, Assignment]:
+    """What a group leader hands out, as Kafka's client assignors do: each member's partitions of
+    the topics it subscribes to (``partitions`` has each topic's count; a topic missing from it
+    is assigned to no one).
+
+    ``range`` (Kafka's RangeAssignor): for each topic, its members in member id order take
+    contiguous blocks, the first ones one partition more. ``roundrobin`` (RoundRobinAssignor):
+    every (topic, partition) in order, dealt to the members in member id order, skipping those not
+    subscribed to its topic.
+    """
+    members = sorted(subscriptions)
+    owned: dict[str, dict[str, list[int]]] = {member: {} for member in members}
+    topics = sorted({t for ts in subscriptions.values() for t in ts if t in partitions})
+    if assignor == "range":
+        for topic in topics:
+            readers = [member for member in members if topic in subscriptions[member]]
+            per, extra = divmod(partitions[topic], len(readers))
+            start = 0
+            for i, member in enumerate(readers):
+                count = per + (1 if i < extra else 0)
+                owned[member][topic] = list(range(start, start + count))
+                start += count
+    elif assignor == "roundrobin":
+        turn = 0
+        for topic in topics:
+            for partition in range(partitions[topic]):
+                while topic not in subscriptions[members[turn % len(members)]]:
+                    turn += 1
+                owned[members[turn % len(members)]].setdefault(topic, []).append(partition)
+                turn += 1
+    else:
+        raise ValueError(f"assignor {assignor!r}; known: {', '.join(ASSIGNORS)}")
+    return {member: tuple((t, tuple(ps)) for t, ps in sorted(by_topic.items()) if ps)
+            for member, by_topic in owned.items()}
