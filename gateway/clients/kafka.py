@@ -28,14 +28,14 @@ from gateway.clients.session import (
     Record,
     Session,
 )
-from gateway.codecs.kafka import errors, schema
-from gateway.codecs.kafka import format as kafka_format
 from gateway.codec.consumer_protocol import (
     decode_assignment,
     decode_subscription,
     encode_assignment,
     encode_subscription,
 )
+from gateway.codecs.kafka import errors, schema
+from gateway.codecs.kafka import format as kafka_format
 from gateway.codecs.kafka.errors import Errors
 from gateway.partitioners import choose
 

@@ -1,18 +1,13 @@
 """The routes of the HTTP codec: REST Proxy's paths, each turned into model commands.
 
 ``route`` picks the handler of a request by method and path (``ROUTES``); a handler answers a
-``Response`` at once or a ``Step`` (commands and what to make of their results). Errors are
-REST Proxy's: an HTTP status and a JSON body ``{"error_code": ..., "message": ...}`` whose code
-is the status times 100 plus a detail (40401 "Topic not found.", 40402 "Partition not found.",
-40403 "Consumer instance not found.", 40301 not authorized, 50002 a Kafka error, 50003 a
-retriable one), or the plain status for errors of HTTP itself (400, 404, 405, 413, 415).
+``Response`` at once or a ``Step`` (commands and what to make of their results). This module
+has the topic and produce paths; the consumer instances' are in ``consumers``. Errors are REST
+Proxy's (``errors``).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -20,39 +15,13 @@ from typing import Any
 
 from gateway import model as m
 from gateway.codec import topic_configs
+from polygate_http import consumers
 from polygate_http import format as fmt
 from polygate_http.codec import HttpConnection, HttpError, HttpRequest, Outcome, Response, Step
+from polygate_http.embedded import decode_embedded
+from polygate_http.errors import RETRIABLE, check, http_error
 
 Handler = Callable[[HttpConnection, HttpRequest, "re.Match[str]"], Outcome]
-
-# --------------------------------------------------------------------------- errors
-
-RETRIABLE = frozenset({m.ErrorCode.NOT_LEADER, m.ErrorCode.REPLICATION_TIMEOUT, m.ErrorCode.STORAGE_ERROR,
-                       m.ErrorCode.REBALANCE_IN_PROGRESS})
-
-
-def http_error(error: m.Error, topic: str = "") -> HttpError:
-    """The REST Proxy answer to a failed command."""
-    code = error.code
-    if code is m.ErrorCode.UNKNOWN_TOPIC:
-        return HttpError(404, 40401, "Topic not found.")
-    if code is m.ErrorCode.UNKNOWN_PARTITION:
-        return HttpError(404, 40402, "Partition not found.")
-    if code in m.AUTHORIZATION_ERRORS:
-        return HttpError(403, 40301, f"Not authorized: {error.message}")
-    if code in (m.ErrorCode.INVALID_TOPIC, m.ErrorCode.INVALID_REQUEST, m.ErrorCode.INVALID_RECORD,
-                m.ErrorCode.CORRUPT_MESSAGE):
-        return HttpError(422, 42200, error.message or code.value)
-    if code in RETRIABLE:
-        return HttpError(500, 50003, f"Kafka retriable error: {error.message or code.value}")
-    return HttpError(500, 50002, f"Kafka error: {error.message or code.value}")
-
-
-def check(result: Any, topic: str = "") -> None:
-    """Raise the REST Proxy answer to ``result``'s error, if it has one."""
-    if result.error is not None:
-        raise http_error(result.error, topic)
-
 
 # --------------------------------------------------------------------------- topics
 
@@ -125,38 +94,6 @@ def embedded_format(request: HttpRequest) -> str:
     return embedded
 
 
-def decode_embedded(embedded: str, value: Any, what: str) -> bytes | None:
-    """The bytes of a record's key or value in its embedded format (``None`` for JSON null)."""
-    if value is None:
-        return None
-    if embedded == "json":
-        return json.dumps(value, separators=(",", ":")).encode()
-    if embedded == "string":
-        if not isinstance(value, str):
-            raise HttpError(422, 42200, f"The {what} of a string record must be a string")
-        return value.encode()
-    if not isinstance(value, str):
-        raise HttpError(422, 42200, f"The {what} of a binary record must be a base64 string")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise HttpError(422, 42200, f"The {what} of a binary record is not valid base64") from None
-
-
-def encode_embedded(embedded: str, data: bytes | None) -> Any:
-    """A record's key or value as a reply of that embedded format carries it."""
-    if data is None:
-        return None
-    if embedded == "json":
-        try:
-            return json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            return data.decode("utf-8", "replace")  # written by a client of another format
-    if embedded == "string":
-        return data.decode("utf-8", "replace")
-    return base64.b64encode(data).decode()
-
-
 def produce_command(conn: HttpConnection, topic: str, partition: int | None, key: bytes | None,
                     value: bytes | None, headers: tuple[tuple[str, bytes | None], ...] = (),
                     timestamp: int | None = None) -> m.Produce:
@@ -226,6 +163,29 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
     ("GET", re.compile(f"/topics/{TOPIC}/partitions"), get_partitions),
     ("GET", re.compile(f"/topics/{TOPIC}/partitions/{PARTITION}"), get_partition),
 ]
+
+
+def _consumer_routes() -> list[tuple[str, re.Pattern[str], Handler]]:
+    c = consumers
+    group = "/consumers/(?P<group>[^/]+)"
+    instance = f"{group}/instances/(?P<instance>[^/]+)"
+    return [
+        ("POST", re.compile(group), c.create),
+        ("DELETE", re.compile(instance), c.delete),
+        ("POST", re.compile(f"{instance}/subscription"), c.subscribe),
+        ("GET", re.compile(f"{instance}/subscription"), c.get_subscription),
+        ("DELETE", re.compile(f"{instance}/subscription"), c.unsubscribe),
+        ("POST", re.compile(f"{instance}/assignments"), c.assign_partitions),
+        ("GET", re.compile(f"{instance}/assignments"), c.get_assignments),
+        ("POST", re.compile(f"{instance}/positions"), c.seek),
+        ("POST", re.compile(f"{instance}/positions/(?P<where>beginning|end)"), c.seek_to),
+        ("GET", re.compile(f"{instance}/records"), c.records),
+        ("POST", re.compile(f"{instance}/offsets"), c.commit),
+        ("GET", re.compile(f"{instance}/offsets"), c.committed_offsets),
+    ]
+
+
+ROUTES += _consumer_routes()
 
 
 def route(conn: HttpConnection, request: HttpRequest) -> Outcome:

@@ -87,7 +87,9 @@ class Client:
     def answers(self) -> list[Answer]:
         """The whole answers written since the last call."""
         reader = self.reader
-        reader.receive_data(self.transport.value())
+        data = self.transport.value()
+        if data:  # b"" would tell h11 the connection ended
+            reader.receive_data(data)
         self.transport.clear()
         out: list[Answer] = []
         response, body = None, b""

@@ -86,3 +86,70 @@ def test_the_documented_curl_example_runs_as_written(gateway):
                           '{"records":[{"value":{"foo":"bar"}}]}', url(gateway, "/topics/jsontest")],
                          capture_output=True, check=True, timeout=30).stdout
     assert json.loads(out)["offsets"][0]["offset"] == 0
+
+
+def consumer_instance(gw, group: str, name: str, **config) -> str:
+    answer = requests.post(url(gw, f"/consumers/{group}"), headers={"Content-Type": V2},
+                           json={"name": name, "format": "json", **config})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["base_uri"].endswith(f"/consumers/{group}/instances/{name}")
+    return answer.json()["base_uri"]
+
+
+def test_consume_through_an_instance_with_commits(gateway):
+    """REST Proxy's consumer quickstart: create, subscribe, read, commit, delete; a second instance
+    of the group resumes after the commit, and a Kafka consumer of the group sees the commit too."""
+    requests.post(url(gateway, "/topics/events/partitions/0"), headers={"Content-Type": JSON},
+                  json={"records": [{"value": {"n": n}} for n in range(3)]})
+    base = consumer_instance(gateway, "readers", "first", **{"auto.offset.reset": "earliest"})
+    assert requests.post(f"{base}/subscription", headers={"Content-Type": V2},
+                         json={"topics": ["events"]}).status_code == 204
+    seen: list = []
+    for _ in range(50):
+        answer = requests.get(f"{base}/records?timeout=200", headers={"Accept": JSON})
+        assert answer.status_code == 200, answer.text
+        seen += answer.json()
+        if len(seen) >= 3:
+            break
+    assert [(r["topic"], r["partition"], r["offset"], r["value"]) for r in seen] == [
+        ("events", 0, n, {"n": n}) for n in range(3)]
+    assert requests.post(f"{base}/offsets", headers={"Content-Type": V2}).status_code == 200
+    committed = requests.get(f"{base}/offsets", headers={"Content-Type": V2},
+                             json={"partitions": [{"topic": "events", "partition": 0}]}).json()
+    assert committed == {"offsets": [{"topic": "events", "partition": 0, "offset": 3, "metadata": ""}]}
+    assert requests.delete(base, headers={"Content-Type": V2}).status_code == 204
+    assert requests.get(f"{base}/records").json()["error_code"] == 40403
+
+    kafka = Consumer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}", "group.id": "readers"})
+    try:
+        from confluent_kafka import TopicPartition
+
+        (position,) = kafka.committed([TopicPartition("events", 0)], timeout=10)
+        assert position.offset == 3
+    finally:
+        kafka.close()
+
+
+def test_an_instance_and_a_kafka_consumer_of_one_group_get_disjoint_partitions(gateway):
+    requests.post(url(gateway, "/topics/shared"), headers={"Content-Type": JSON}, json={"records": [{"value": 0}]})
+    partitions = len(requests.get(url(gateway, "/topics/shared/partitions")).json())
+    base = consumer_instance(gateway, "mixed", "web")
+    requests.post(f"{base}/subscription", headers={"Content-Type": V2}, json={"topics": ["shared"]})
+    assert requests.get(f"{base}/records?timeout=0").status_code == 200  # joins the group
+    kafka = Consumer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}", "group.id": "mixed",
+                      "session.timeout.ms": 10000})
+    kafka.subscribe(["shared"])
+    try:
+        mine: set = set()
+        for _ in range(100):
+            kafka.poll(0.1)
+            # each records request heartbeats, and rejoins when the Kafka consumer's join started a rebalance
+            assert requests.get(f"{base}/records?timeout=0").status_code == 200
+            mine = {(p["topic"], p["partition"]) for p in requests.get(f"{base}/assignments").json()["partitions"]}
+            theirs = {(tp.topic, tp.partition) for tp in kafka.assignment()}
+            if mine and theirs and len(mine | theirs) == partitions:
+                break
+        assert mine and theirs and not mine & theirs
+        assert mine | theirs == {("shared", p) for p in range(partitions)}
+    finally:
+        kafka.close()
