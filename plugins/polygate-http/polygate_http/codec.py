@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import http
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -104,6 +105,10 @@ class Stream(NamedTuple):
 
 
 Outcome = Response | Step | Stream
+Handler = Callable[["HttpConnection", HttpRequest, "re.Match[str]"], Outcome]
+"""A route's handler: the connection, the request and its path's match, to the answer."""
+Route = tuple[str, "re.Pattern[str]", Handler]
+"""A method, a path pattern (matched whole) and its handler."""
 
 OPTIONS = (
     CodecOption("instance_timeout_ms", integer(1000), 300_000, "an integer of at least 1000",

@@ -13,10 +13,11 @@ other format read them as records with that key, value and headers.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterable, Sequence
 
 from gateway.codec import BatchFormat, Validated
-from gateway.model import CommandError, ErrorCode, Record, StoredBatch
+from gateway.model import Batch, CommandError, ErrorCode, Produce, Record, StoredBatch
 
 NAME = "http"
 HEAD = struct.Struct(">Iqi")
@@ -68,6 +69,18 @@ def _records(data: bytes, base_offset: int) -> Iterable[Record]:
             header_value, pos = _read(data, pos + size)
             headers.append((name, header_value))
         yield Record(value, key, timestamp, tuple(headers), base_offset + delta)
+
+
+def produce(topic: str, partition: int | None, key: bytes | None, value: bytes | None,
+            headers: tuple[tuple[str, bytes | None], ...] = (), timestamp: int | None = None) -> Produce:
+    """One record of a request, as one produce (its timestamp now unless the request gave one).
+    With no partition, a keyed record goes where Kafka's producer (REST Proxy's) puts it
+    (murmur2 of the key), an unkeyed one to the next partition in turn. A missing topic is
+    created, as a Kafka broker's default (``auto.create.topics.enable``) does for REST Proxy."""
+    record = Record(value, key, int(time.time() * 1000) if timestamp is None else timestamp, headers)
+    batch = Batch(NAME, encode_record(0, record), 1, record.timestamp)
+    return Produce(topic, partition, batch, key=key, partitioner="murmur2" if key is not None else "round_robin",
+                   auto_create=True)
 
 
 class HttpFormat(BatchFormat):

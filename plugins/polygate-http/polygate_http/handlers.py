@@ -9,19 +9,24 @@ Proxy's (``errors``).
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway import model as m
 from gateway.codec import topic_configs
-from polygate_http import consumers
+from polygate_http import consumers, v3
 from polygate_http import format as fmt
-from polygate_http.codec import HttpConnection, HttpError, HttpRequest, Outcome, Response, Step
+from polygate_http.codec import (
+    HttpConnection,
+    HttpError,
+    HttpRequest,
+    Outcome,
+    Response,
+    Route,
+    Step,
+)
 from polygate_http.embedded import decode_embedded
 from polygate_http.errors import RETRIABLE, check, http_error
-
-Handler = Callable[[HttpConnection, HttpRequest, "re.Match[str]"], Outcome]
 
 # --------------------------------------------------------------------------- topics
 
@@ -94,18 +99,6 @@ def embedded_format(request: HttpRequest) -> str:
     return embedded
 
 
-def produce_command(conn: HttpConnection, topic: str, partition: int | None, key: bytes | None,
-                    value: bytes | None, headers: tuple[tuple[str, bytes | None], ...] = (),
-                    timestamp: int | None = None) -> m.Produce:
-    """One record, as one produce: with no partition, a keyed record goes where Kafka's producer
-    puts it (murmur2 of the key), an unkeyed one to the next partition in turn. A missing topic is
-    created, as a Kafka broker's default (``auto.create.topics.enable``) does for REST Proxy."""
-    record = m.Record(value, key, int(time.time() * 1000) if timestamp is None else timestamp, headers)
-    batch = m.Batch(fmt.NAME, fmt.encode_record(0, record), 1, record.timestamp)
-    return m.Produce(topic, partition, batch, key=key, partitioner="murmur2" if key is not None else "round_robin",
-                     auto_create=True)
-
-
 def _records_of(conn: HttpConnection, request: HttpRequest) -> list[Any]:
     body = request.json()
     records = body.get("records") if isinstance(body, dict) else None
@@ -129,7 +122,7 @@ def produce(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) ->
     topic = match["topic"]
     path_partition = int(match["partition"]) if match["partition"] is not None else None
     commands = tuple(
-        produce_command(conn, topic, _partition_of(r, path_partition), decode_embedded(embedded, r.get("key"), "key"),
+        fmt.produce(topic, _partition_of(r, path_partition), decode_embedded(embedded, r.get("key"), "key"),
                         decode_embedded(embedded, r.get("value"), "value"))
         for r in _records_of(conn, request))
 
@@ -156,7 +149,7 @@ def _offset(result: m.ProduceResult) -> dict[str, Any]:
 
 TOPIC = r"(?P<topic>[^/]+)"
 PARTITION = r"(?P<partition>\d{1,9})"
-ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
+ROUTES: list[Route] = [
     ("GET", re.compile("/topics"), list_topics),
     ("GET", re.compile(f"/topics/{TOPIC}"), get_topic),
     ("POST", re.compile(f"/topics/{TOPIC}(?:/partitions/{PARTITION})?"), produce),
@@ -165,7 +158,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
 ]
 
 
-def _consumer_routes() -> list[tuple[str, re.Pattern[str], Handler]]:
+def _consumer_routes() -> list[Route]:
     c = consumers
     group = "/consumers/(?P<group>[^/]+)"
     instance = f"{group}/instances/(?P<instance>[^/]+)"
@@ -185,7 +178,7 @@ def _consumer_routes() -> list[tuple[str, re.Pattern[str], Handler]]:
     ]
 
 
-ROUTES += _consumer_routes()
+ROUTES += _consumer_routes() + v3.ROUTES
 
 
 def route(conn: HttpConnection, request: HttpRequest) -> Outcome:

@@ -151,5 +151,22 @@ def test_an_instance_and_a_kafka_consumer_of_one_group_get_disjoint_partitions(g
                 break
         assert mine and theirs and not mine & theirs
         assert mine | theirs == {("shared", p) for p in range(partitions)}
+        group = requests.get(url(gateway, "/v3/clusters/polygate/consumer-groups/mixed")).json()
+        assert (group["consumer_group_id"], group["is_simple"]) == ("mixed", False)
+        assert "mixed" in [g["consumer_group_id"] for g in requests.get(
+            url(gateway, "/v3/clusters/polygate/consumer-groups")).json()["data"]]
     finally:
         kafka.close()
+
+
+def test_v3_produce_of_streamed_records(gateway):
+    """REST Proxy v3's produce with several records in one body, read back by a Kafka consumer."""
+    body = "".join(json.dumps({"partition_id": 0, "key": {"type": "STRING", "data": f"k{n}"},
+                               "value": {"type": "JSON", "data": {"n": n}}}) for n in range(3))
+    answer = requests.post(url(gateway, "/v3/clusters/polygate/topics/v3topic/records"),
+                           headers={"Content-Type": "application/json"}, data=body)
+    assert answer.status_code == 200
+    reports = [json.loads(line) for line in answer.text.splitlines()]
+    assert [(r["error_code"], r["topic_name"], r["partition_id"], r["offset"]) for r in reports] == [
+        (200, "v3topic", 0, n) for n in range(3)]
+    assert sorted(read_all(gateway, "v3topic", 3)) == [(f"k{n}".encode(), f'{{"n":{n}}}'.encode()) for n in range(3)]
