@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import model as m
 from gateway.codec import topic_configs
-from polygate_http import consumers, v3
+from polygate_http import consumers, events, v3
 from polygate_http import format as fmt
 from polygate_http.codec import (
     HttpConnection,
@@ -155,6 +155,7 @@ ROUTES: list[Route] = [
     ("POST", re.compile(f"/topics/{TOPIC}(?:/partitions/{PARTITION})?"), produce),
     ("GET", re.compile(f"/topics/{TOPIC}/partitions"), get_partitions),
     ("GET", re.compile(f"/topics/{TOPIC}/partitions/{PARTITION}"), get_partition),
+    ("GET", re.compile(f"/topics/{TOPIC}/events"), events.events),
 ]
 
 

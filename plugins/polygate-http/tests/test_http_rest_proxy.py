@@ -170,3 +170,36 @@ def test_v3_produce_of_streamed_records(gateway):
     assert [(r["error_code"], r["topic_name"], r["partition_id"], r["offset"]) for r in reports] == [
         (200, "v3topic", 0, n) for n in range(3)]
     assert sorted(read_all(gateway, "v3topic", 3)) == [(f"k{n}".encode(), f'{{"n":{n}}}'.encode()) for n in range(3)]
+
+
+def sse_records(lines, count: int) -> list[tuple[str, dict]]:
+    """The ``(id, data)`` of the next ``count`` record events of a streamed SSE response's
+    lines (one iterator for the whole response: each holds back what it read ahead)."""
+    out, event_id = [], ""
+    for line in lines:
+        if line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("data: "):
+            out.append((event_id, json.loads(line[6:])))
+            if len(out) == count:
+                return out
+    raise AssertionError(f"the stream ended after {len(out)} records")
+
+
+def test_server_sent_events_deliver_what_a_kafka_producer_writes_and_resume(gateway):
+    requests.post(url(gateway, "/topics/live/partitions/0"), headers={"Content-Type": JSON},
+                  json={"records": [{"value": "before"}]})
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}"})
+    with requests.get(url(gateway, "/topics/live/events?partition=0&from=beginning"), stream=True,
+                      timeout=30) as response:
+        assert response.headers["content-type"] == "text/event-stream"
+        lines = response.iter_lines(decode_unicode=True)
+        assert [data["value"] for _, data in sse_records(lines, 1)] == ["before"]
+        for n in range(3):
+            producer.produce("live", value=json.dumps({"n": n}).encode(), partition=0)
+        producer.flush(10)
+        seen = sse_records(lines, 3)
+    assert [data["value"] for _, data in seen] == [{"n": n} for n in range(3)]
+    with requests.get(url(gateway, "/topics/live/events?partition=0"), stream=True, timeout=30,
+                      headers={"Last-Event-ID": seen[0][0]}) as response:
+        assert [data["offset"] for _, data in sse_records(response.iter_lines(decode_unicode=True), 2)] == [2, 3]
