@@ -42,7 +42,7 @@ Kafka's names), ``consumer_protocol`` (Kafka's group member bytes and client ass
 codec whose members join groups as Kafka clients do) and ``testing`` (the conformance mixin).
 """
 
-from gateway.codec.authlimits import LoginLimits
+from gateway.codec.authlimits import LoginLimits, basic_login
 from gateway.codec.connection import (
     LOGIN_REFUSED,
     LOGIN_TURN,
@@ -123,6 +123,7 @@ __all__ = [
     "TransactionalFormat",
     "Unsubscribe",
     "Validated",
+    "basic_login",
     "choice",
     "integer",
     "parse_options",

@@ -27,7 +27,17 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import h11
 
-from gateway.codec import Close, Event, ListenerSettings, Reply, Request, Subscribe, choice, integer
+from gateway.codec import (
+    Close,
+    Event,
+    ListenerSettings,
+    Reply,
+    Request,
+    Subscribe,
+    basic_login,
+    choice,
+    integer,
+)
 from gateway.codec import Option as CodecOption
 from gateway.model import Fetch
 
@@ -44,6 +54,14 @@ class HttpError(Exception):
         self.status = status
         self.error_code = error_code
         self.message = message
+
+
+class Unauthorized(HttpError):
+    """No login, or a wrong one: 401 with the Basic challenge."""
+
+    def __init__(self) -> None:
+        super().__init__(401, 40101, "Authentication failed: log in with HTTP Basic as a gateway user, or a "
+                                     "client certificate")
 
 
 class HttpRequest(NamedTuple):
@@ -82,7 +100,10 @@ class Response(NamedTuple):
 
     @classmethod
     def error(cls, error: HttpError) -> Response:
-        return cls.json({"error_code": error.error_code, "message": error.message}, error.status)
+        response = cls.json({"error_code": error.error_code, "message": error.message}, error.status)
+        if isinstance(error, Unauthorized):
+            response = response._replace(headers=(("www-authenticate", 'Basic realm="polygate", charset="UTF-8"'),))
+        return response
 
 
 class Step(NamedTuple):
@@ -107,8 +128,15 @@ class Stream(NamedTuple):
 Outcome = Response | Step | Stream
 Handler = Callable[["HttpConnection", HttpRequest, "re.Match[str]"], Outcome]
 """A route's handler: the connection, the request and its path's match, to the answer."""
-Route = tuple[str, "re.Pattern[str]", Handler]
-"""A method, a path pattern (matched whole) and its handler."""
+Route = tuple[str, str, Handler]
+"""A method, a path template (``/topics/{topic}``: each ``{name}`` one path segment, a
+``{partition}`` a number) and its handler, which finds the segments in its match by name."""
+
+
+def path_pattern(template: str) -> re.Pattern[str]:
+    """The pattern that matches the paths of ``template`` whole (see ``Route``)."""
+    return re.compile(re.sub(r"\\{(\w+)\\}", lambda m: rf"(?P<{m[1]}>\d{{1,9}})" if m[1] == "partition"
+                             else rf"(?P<{m[1]}>[^/]+)", re.escape(template)))
 
 OPTIONS = (
     CodecOption("instance_timeout_ms", integer(1000), 300_000, "an integer of at least 1000",
@@ -140,7 +168,8 @@ class HttpConnection:
         self.route = route
         self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.events: collections.deque[Event] = collections.deque()
-        self.principal: str | None = None
+        self.principal: str | None = None  # the request's being answered (see ``_log_in``)
+        self.certified: str | None | bool = False  # the TLS client certificate's principal, once read
         self.head: h11.Request | None = None
         self.body = bytearray()
         self.busy = False  # a request is being answered: the next one is read after its answer
@@ -235,12 +264,31 @@ class HttpConnection:
                               bytes(self.body))
         self.head, self.body = None, bytearray()
         try:
+            self._log_in(request)
             outcome = self.route(self, request)
         except HttpError as e:
             outcome = Response.error(e)
         data = self._answer(outcome)
         if data:
             self.events.append(Reply(data))
+
+    def _log_in(self, request: HttpRequest) -> None:
+        """Set the principal the broker checks this request's commands against (its ACLs): the
+        user of its HTTP Basic credentials, else the connection's TLS client certificate's, else
+        anonymous. Wrong credentials (or a guess before its turn, ``basic_login``), or none where
+        the listener requires a login (``--require-auth``), are answered 401 with the challenge."""
+        if self.certified is False:
+            self.certified = self.principal  # the adapter set it from the certificate, before any request
+        authorization = request.headers.get("authorization")
+        if authorization is not None:
+            self.principal = basic_login(authorization.encode("latin-1"), self.settings.users, self.settings.logins,
+                                         self.settings.peer.rpartition(":")[0], self.settings.clock())
+            if self.principal is None:
+                raise Unauthorized()
+        else:
+            self.principal = self.certified if isinstance(self.certified, str) else None
+            if self.settings.require_auth and self.principal is None:
+                raise Unauthorized()
 
     # ------------------------------------------------------------------ answering
 

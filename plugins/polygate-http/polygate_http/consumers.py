@@ -410,7 +410,7 @@ def seek(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Ou
 def seek_to(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
     """``POST .../positions/beginning`` and ``.../positions/end``."""
     instance = _instance(conn, match)
-    spec = m.OffsetSpec.EARLIEST if match["where"] == "beginning" else m.OffsetSpec.LATEST
+    spec = m.OffsetSpec.EARLIEST if match.string.endswith("/beginning") else m.OffsetSpec.LATEST
     partitions = _partitions_of(request.json())
 
     def found(results: Sequence[Any]) -> Outcome:

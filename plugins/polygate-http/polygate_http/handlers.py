@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import model as m
 from gateway.codec import topic_configs
-from polygate_http import consumers, events, v3
+from polygate_http import consumers, events, openapi, v3
 from polygate_http import format as fmt
 from polygate_http.codec import (
     HttpConnection,
@@ -24,6 +24,7 @@ from polygate_http.codec import (
     Response,
     Route,
     Step,
+    path_pattern,
 )
 from polygate_http.embedded import decode_embedded
 from polygate_http.errors import RETRIABLE, check, http_error
@@ -120,7 +121,7 @@ def produce(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) ->
     """``POST /topics/{topic}`` and ``/topics/{topic}/partitions/{partition}`` (v2): one offset each."""
     embedded = embedded_format(request)
     topic = match["topic"]
-    path_partition = int(match["partition"]) if match["partition"] is not None else None
+    path_partition = int(match["partition"]) if "partition" in match.groupdict() else None
     commands = tuple(
         fmt.produce(topic, _partition_of(r, path_partition), decode_embedded(embedded, r.get("key"), "key"),
                         decode_embedded(embedded, r.get("value"), "value"))
@@ -147,46 +148,45 @@ def _offset(result: m.ProduceResult) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- routing
 
-TOPIC = r"(?P<topic>[^/]+)"
-PARTITION = r"(?P<partition>\d{1,9})"
+def openapi_document(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
+    """This API's OpenAPI document."""
+    return Response.json(openapi.describe(ROUTES, VERSION), content_type="application/json")
+
+
+VERSION = "0.1.0"
+INSTANCE = "/consumers/{group}/instances/{instance}"
 ROUTES: list[Route] = [
-    ("GET", re.compile("/topics"), list_topics),
-    ("GET", re.compile(f"/topics/{TOPIC}"), get_topic),
-    ("POST", re.compile(f"/topics/{TOPIC}(?:/partitions/{PARTITION})?"), produce),
-    ("GET", re.compile(f"/topics/{TOPIC}/partitions"), get_partitions),
-    ("GET", re.compile(f"/topics/{TOPIC}/partitions/{PARTITION}"), get_partition),
-    ("GET", re.compile(f"/topics/{TOPIC}/events"), events.events),
+    ("GET", "/topics", list_topics),
+    ("GET", "/topics/{topic}", get_topic),
+    ("POST", "/topics/{topic}", produce),
+    ("GET", "/topics/{topic}/partitions", get_partitions),
+    ("GET", "/topics/{topic}/partitions/{partition}", get_partition),
+    ("POST", "/topics/{topic}/partitions/{partition}", produce),
+    ("GET", "/topics/{topic}/events", events.events),
+    ("POST", "/consumers/{group}", consumers.create),
+    ("DELETE", INSTANCE, consumers.delete),
+    ("POST", f"{INSTANCE}/subscription", consumers.subscribe),
+    ("GET", f"{INSTANCE}/subscription", consumers.get_subscription),
+    ("DELETE", f"{INSTANCE}/subscription", consumers.unsubscribe),
+    ("POST", f"{INSTANCE}/assignments", consumers.assign_partitions),
+    ("GET", f"{INSTANCE}/assignments", consumers.get_assignments),
+    ("POST", f"{INSTANCE}/positions", consumers.seek),
+    ("POST", f"{INSTANCE}/positions/beginning", consumers.seek_to),
+    ("POST", f"{INSTANCE}/positions/end", consumers.seek_to),
+    ("GET", f"{INSTANCE}/records", consumers.records),
+    ("POST", f"{INSTANCE}/offsets", consumers.commit),
+    ("GET", f"{INSTANCE}/offsets", consumers.committed_offsets),
+    *v3.ROUTES,
+    ("GET", "/openapi.json", openapi_document),
 ]
-
-
-def _consumer_routes() -> list[Route]:
-    c = consumers
-    group = "/consumers/(?P<group>[^/]+)"
-    instance = f"{group}/instances/(?P<instance>[^/]+)"
-    return [
-        ("POST", re.compile(group), c.create),
-        ("DELETE", re.compile(instance), c.delete),
-        ("POST", re.compile(f"{instance}/subscription"), c.subscribe),
-        ("GET", re.compile(f"{instance}/subscription"), c.get_subscription),
-        ("DELETE", re.compile(f"{instance}/subscription"), c.unsubscribe),
-        ("POST", re.compile(f"{instance}/assignments"), c.assign_partitions),
-        ("GET", re.compile(f"{instance}/assignments"), c.get_assignments),
-        ("POST", re.compile(f"{instance}/positions"), c.seek),
-        ("POST", re.compile(f"{instance}/positions/(?P<where>beginning|end)"), c.seek_to),
-        ("GET", re.compile(f"{instance}/records"), c.records),
-        ("POST", re.compile(f"{instance}/offsets"), c.commit),
-        ("GET", re.compile(f"{instance}/offsets"), c.committed_offsets),
-    ]
-
-
-ROUTES += _consumer_routes() + v3.ROUTES
+PATTERNS = [(method, path_pattern(template), handler) for method, template, handler in ROUTES]
 
 
 def route(conn: HttpConnection, request: HttpRequest) -> Outcome:
     """The answer to ``request``: its route's, 405 for a path with no route for its method, else 404."""
     path = request.path.rstrip("/") or "/"
     allowed = []
-    for method, pattern, handler in ROUTES:
+    for method, pattern, handler in PATTERNS:
         match = pattern.fullmatch(path)
         if match is not None:
             if method == request.method:

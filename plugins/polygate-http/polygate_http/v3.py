@@ -231,13 +231,13 @@ def group(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> O
     return Step((m.DescribeGroups((match["group"],)),), described)
 
 
-CLUSTER = "/v3/clusters/(?P<cluster>[^/]+)"
+CLUSTER = "/v3/clusters/{cluster}"
 ROUTES: list[Route] = [
-    ("GET", re.compile("/v3/clusters"), clusters),
-    ("GET", re.compile(CLUSTER), cluster),
-    ("GET", re.compile(f"{CLUSTER}/topics"), topics),
-    ("GET", re.compile(f"{CLUSTER}/topics/(?P<topic>[^/]+)"), topic),
-    ("POST", re.compile(f"{CLUSTER}/topics/(?P<topic>[^/]+)/records"), produce),
-    ("GET", re.compile(f"{CLUSTER}/consumer-groups"), groups),
-    ("GET", re.compile(f"{CLUSTER}/consumer-groups/(?P<group>[^/]+)"), group),
+    ("GET", "/v3/clusters", clusters),
+    ("GET", CLUSTER, cluster),
+    ("GET", f"{CLUSTER}/topics", topics),
+    ("GET", f"{CLUSTER}/topics/{{topic}}", topic),
+    ("POST", f"{CLUSTER}/topics/{{topic}}/records", produce),
+    ("GET", f"{CLUSTER}/consumer-groups", groups),
+    ("GET", f"{CLUSTER}/consumer-groups/{{group}}", group),
 ]

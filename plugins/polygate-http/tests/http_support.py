@@ -35,12 +35,14 @@ class Reactor(MemoryReactorClock):
 class Rig:
     """One gateway in memory; ``client()`` opens a connection to the HTTP codec."""
 
-    def __init__(self, data_dir: str, max_body: int = plugin.max_frame_size, **options: str):
+    def __init__(self, data_dir: str, max_body: int = plugin.max_frame_size, users: Any = None,
+                 require_auth: bool = False, **options: str):
         self.reactor = Reactor()
         self.engine = Engine(data_dir)
         self.broker = Broker(LocalStore(self.engine, self.reactor), {plugin.batch_format.name: plugin.batch_format},
                              self.reactor)
-        self.factory = CodecFactory(plugin, ListenerSettings(max_body, options=parse_options(plugin, options)),
+        self.factory = CodecFactory(plugin, ListenerSettings(max_body, options=parse_options(plugin, options),
+                                                                    users=users, require_auth=require_auth),
                                     self.broker, self.reactor)
 
     def client(self) -> Client:

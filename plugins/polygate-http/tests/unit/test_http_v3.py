@@ -61,3 +61,15 @@ def test_errors_and_listings(rig):
     assert c.call("GET", "/v3/clusters/lkc-1/topics/t").json()["partitions_count"] == 3
     assert c.call("GET", "/v3/clusters/lkc-1/topics/none").status == 404
     assert c.call("GET", "/v3/clusters/lkc-1/consumer-groups").json()["data"] == []
+
+
+def test_the_openapi_document_lists_every_route(rig):
+    from polygate_http.handlers import ROUTES
+
+    document = rig.client().call("GET", "/openapi.json").json()
+    assert document["openapi"].startswith("3.")
+    assert {(method.lower(), path) for method, path, _ in ROUTES} == {
+        (method, path) for path, operations in document["paths"].items() for method in operations}
+    produce = document["paths"]["/topics/{topic}/partitions/{partition}"]["post"]
+    assert [(p["name"], p["schema"]["type"]) for p in produce["parameters"]] == [
+        ("topic", "string"), ("partition", "integer")]
