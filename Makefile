@@ -124,6 +124,7 @@ bench: $(STAMP) mosquitto
 	$(PY) benchmarks/tls_cost.py
 	$(PY) benchmarks/transactions.py
 	$(PY) $(MQTT)/benchmarks/mqtt_publish.py
+	$(PY) $(HTTP)/benchmarks/http_produce.py
 	$(PY) benchmarks/summary.py
 
 clean:

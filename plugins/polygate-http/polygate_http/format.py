@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from gateway.codec import BatchFormat, Validated
 from gateway.model import Batch, CommandError, ErrorCode, Produce, Record, StoredBatch
@@ -71,16 +72,43 @@ def _records(data: bytes, base_offset: int) -> Iterable[Record]:
         yield Record(value, key, timestamp, tuple(headers), base_offset + delta)
 
 
-def produce(topic: str, partition: int | None, key: bytes | None, value: bytes | None,
-            headers: tuple[tuple[str, bytes | None], ...] = (), timestamp: int | None = None) -> Produce:
-    """One record of a request, as one produce (its timestamp now unless the request gave one).
-    With no partition, a keyed record goes where Kafka's producer (REST Proxy's) puts it
-    (murmur2 of the key), an unkeyed one to the next partition in turn. A missing topic is
-    created, as a Kafka broker's default (``auto.create.topics.enable``) does for REST Proxy."""
-    record = Record(value, key, int(time.time() * 1000) if timestamp is None else timestamp, headers)
-    batch = Batch(NAME, encode_record(0, record), 1, record.timestamp)
-    return Produce(topic, partition, batch, key=key, partitioner="murmur2" if key is not None else "round_robin",
-                   auto_create=True)
+def record(key: bytes | None, value: bytes | None, headers: tuple[tuple[str, bytes | None], ...] = (),
+           timestamp: int | None = None) -> Record:
+    """A record of a request: its timestamp now unless the request gave one."""
+    return Record(value, key, int(time.time() * 1000) if timestamp is None else timestamp, headers)
+
+
+class Produces(NamedTuple):
+    """A request's records as produces: ``commands``, and ``places``, each record's (index of its
+    command, its position in that command's batch), in request order."""
+
+    commands: tuple[Produce, ...]
+    places: list[tuple[int, int]]
+
+
+def produces(topic: str, records: Sequence[tuple[int | None, Record]]) -> Produces:
+    """The records of one request, each with the partition it names (``None``: none), as few
+    produces as keep Kafka's placement: one per named partition; one per key among the others,
+    which goes where Kafka's producer (REST Proxy's) puts it, murmur2 of the key; one for the
+    unkeyed others, which goes to the next partition in turn (as Kafka's sticky partitioner keeps
+    a batch together). Each keeps its records in request order. A missing topic is created, as a
+    Kafka broker's default (``auto.create.topics.enable``) does for REST Proxy."""
+    groups: dict[tuple[bool, int | bytes | None], list[int]] = {}
+    for i, (partition, one) in enumerate(records):
+        groups.setdefault((True, partition) if partition is not None else (False, one.key), []).append(i)
+    commands: list[Produce] = []
+    places = [(0, 0)] * len(records)
+    for (named, which), indexes in groups.items():
+        members = [records[i][1] for i in indexes]
+        batch = Batch(NAME, b"".join(encode_record(n, r) for n, r in enumerate(members)), len(members),
+                      max(r.timestamp for r in members))
+        key = None if named or not isinstance(which, bytes) else which
+        partition = which if named and isinstance(which, int) else None
+        commands.append(Produce(topic, partition, batch, key=key,
+                                partitioner="murmur2" if key is not None else "round_robin", auto_create=True))
+        for n, i in enumerate(indexes):
+            places[i] = (len(commands) - 1, n)
+    return Produces(tuple(commands), places)
 
 
 class HttpFormat(BatchFormat):

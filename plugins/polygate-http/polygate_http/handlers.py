@@ -122,25 +122,27 @@ def produce(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) ->
     embedded = embedded_format(request)
     topic = match["topic"]
     path_partition = int(match["partition"]) if "partition" in match.groupdict() else None
-    commands = tuple(
-        fmt.produce(topic, _partition_of(r, path_partition), decode_embedded(embedded, r.get("key"), "key"),
-                        decode_embedded(embedded, r.get("value"), "value"))
-        for r in _records_of(conn, request))
+    planned = fmt.produces(topic, [
+        (_partition_of(r, path_partition), fmt.record(decode_embedded(embedded, r.get("key"), "key"),
+                                                      decode_embedded(embedded, r.get("value"), "value")))
+        for r in _records_of(conn, request)])
 
     def produced(results: Sequence[m.ProduceResult]) -> Outcome:
         for result in results:  # a missing topic or partition, or a refusal, is the whole request's
             if result.error is not None and (result.error.code in m.AUTHORIZATION_ERRORS or result.error.code in (
                     m.ErrorCode.UNKNOWN_TOPIC, m.ErrorCode.UNKNOWN_PARTITION)):
                 raise http_error(result.error, topic)
-        return Response.json({"offsets": [_offset(r) for r in results], "key_schema_id": None,
-                              "value_schema_id": None})
+        return Response.json({"offsets": [_offset(results[command], position) for command, position in planned.places],
+                              "key_schema_id": None, "value_schema_id": None})
 
-    return Step(commands, produced)
+    return Step(planned.commands, produced)
 
 
-def _offset(result: m.ProduceResult) -> dict[str, Any]:
+def _offset(result: m.ProduceResult, position: int) -> dict[str, Any]:
+    """The answer for the record at ``position`` in the batch of ``result``."""
     if result.error is None:
-        return {"partition": result.partition, "offset": result.base_offset, "error_code": None, "error": None}
+        return {"partition": result.partition, "offset": result.base_offset + position, "error_code": None,
+                "error": None}
     return {"partition": result.partition if result.partition >= 0 else None, "offset": None,
             "error_code": 2 if result.error.code in RETRIABLE else 1,
             "error": result.error.message or result.error.code.value}

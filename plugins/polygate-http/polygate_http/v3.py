@@ -120,26 +120,29 @@ def produce(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) ->
         raise HttpError(400, 400, "The body holds no record")
     if len(records) > conn.options["max_records"]:
         raise HttpError(413, 413, f"A request may carry at most {conn.options['max_records']} records")
-    commands, reports = [], []
-    for record in records:
-        partition = record.get("partition_id")
+    items, reports = [], []
+    for one in records:
+        partition = one.get("partition_id")
         if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
             raise HttpError(400, 400, "The partition_id must be a partition number")
-        key, key_report = _data(record, "key")
-        value, value_report = _data(record, "value")
-        commands.append(fmt.produce(topic, partition, key, value, _headers(record), _timestamp(record)))
+        key, key_report = _data(one, "key")
+        value, value_report = _data(one, "value")
+        items.append((partition, fmt.record(key, value, _headers(one), _timestamp(one))))
         reports.append((key_report, value_report))
+    planned = fmt.produces(topic, items)
 
     def produced(results: Sequence[m.ProduceResult]) -> Outcome:
         out: list[dict[str, Any]] = []
-        for command, result, (key_report, value_report) in zip(commands, results, reports, strict=True):
+        for (_, one), (command, position), (key_report, value_report) in zip(items, planned.places, reports,
+                                                                               strict=True):
+            result = results[command]
             if result.error is not None:
                 error = http_error(result.error, topic)
                 out.append({"error_code": error.status, "message": error.message})
                 continue
-            moment = datetime.datetime.fromtimestamp(command.batch.max_timestamp / 1000, datetime.UTC)
+            moment = datetime.datetime.fromtimestamp(one.timestamp / 1000, datetime.UTC)
             out.append({"error_code": 200, "cluster_id": cluster, "topic_name": topic,
-                        "partition_id": result.partition, "offset": result.base_offset,
+                        "partition_id": result.partition, "offset": result.base_offset + position,
                         "timestamp": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
                         "key": key_report, "value": value_report})
         if len(out) == 1 and out[0]["error_code"] != 200:  # one record: its error is the request's
@@ -147,7 +150,7 @@ def produce(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) ->
         body = b"\n".join(json.dumps(report, separators=(",", ":")).encode() for report in out)
         return Response(200, body, JSON)
 
-    return Step(tuple(commands), produced)
+    return Step(planned.commands, produced)
 
 
 # --------------------------------------------------------------------------- listings

@@ -95,3 +95,17 @@ def test_garbage_is_answered_400_and_closed(rig):
     c = rig.client()
     c.proto.dataReceived(b"\x00\x01 not http\r\n\r\n")
     assert b" 400 " in c.transport.value().split(b"\r\n")[0] and c.closed
+
+
+def test_a_request_s_unkeyed_records_are_one_batch_and_keyed_ones_one_per_key(tmp_path):
+    rig = Rig(str(tmp_path))
+    c = rig.client()
+    offsets = c.call("POST", "/topics/batched", {"records": [{"value": n} for n in range(3)] + [
+        {"key": "k", "value": 3}, {"key": "k", "value": 4}]}, content_type=JSON).json()["offsets"]
+    unkeyed, keyed = offsets[:3], offsets[3:]
+    assert len({o["partition"] for o in unkeyed}) == 1 and [o["offset"] for o in unkeyed] == [0, 1, 2]
+    assert len({o["partition"] for o in keyed}) == 1 and [o["offset"] for o in keyed] == [
+        keyed[0]["offset"], keyed[0]["offset"] + 1]
+    batches = [b for p in range(3) for b in rig.engine.read("batched", p, 0, 1 << 20)]
+    assert sorted(b.last_offset - b.base_offset + 1 for b in batches) == [2, 3]
+    rig.close()
