@@ -144,6 +144,8 @@ OPTIONS = (
     CodecOption("rebalance_timeout_ms", integer(0), 10_000, "an integer",
                 "how long a rebalance of its group waits for a consumer instance to rejoin (at its next "
                 "request); one that did not is dropped from the group and rejoins when it is next used"),
+    CodecOption("max_instances", integer(1), 1000, "an integer of at least 1",
+                "the most consumer instances the process keeps (idle ones expire)"),
     CodecOption("max_records", integer(1), 1000, "an integer of at least 1",
                 "the most records one produce request may carry"),
     CodecOption("max_poll_bytes", integer(1024), 64 << 20, "an integer of at least 1024",

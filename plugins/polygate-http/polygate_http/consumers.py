@@ -124,6 +124,9 @@ def create(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> 
     if (group, name) in INSTANCES.by_name:
         raise HttpError(409, 40902, "Consumer with specified consumer ID already exists in the specified "
                                     "consumer group.")
+    if len(INSTANCES.by_name) >= conn.options["max_instances"]:  # memory stays bounded
+        raise HttpError(429, 42901, f"Too many consumer instances: at most {conn.options['max_instances']}; "
+                                    "delete one, or let idle ones expire")
     INSTANCES.by_name[(group, name)] = Instance(group, name, embedded, reset, auto_commit == "true",
                                                 conn.settings.clock(), conn.options)
     host = request.headers.get("host") or f"{conn.settings.advertised_host}:{conn.settings.advertised_port}"

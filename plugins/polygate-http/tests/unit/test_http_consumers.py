@@ -82,6 +82,16 @@ def test_instance_errors(rig):
     assert c.call("GET", "/consumers/g/instances/nobody/records").json()["error_code"] == 40403
 
 
+def test_instances_are_bounded(tmp_path):
+    INSTANCES.by_name.clear()
+    rig = Rig(str(tmp_path), max_instances="2")
+    c = rig.client()
+    consumer(c, "g", "a")
+    consumer(c, "g", "b")
+    assert c.call("POST", "/consumers/g", {"name": "c"}).json()["error_code"] == 42901
+    rig.close()
+
+
 def test_an_idle_instance_expires(rig):
     c = rig.client()
     base = consumer(c, "g", "idle")
