@@ -10,19 +10,21 @@ DATA   ?= .data
 .PHONY: serve test unit integration integration-workers integration-spark cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
 
 MQTT   := plugins/polygate-mqtt
+HTTP   := plugins/polygate-http
+PLUGINS := $(MQTT) $(HTTP)
 
-# What serving needs (the gateway and the MQTT plugin), then, for make test, the test tools and Spark.
-$(SERVING): setup.cfg pyproject.toml $(MQTT)/pyproject.toml $(wildcard codecs/*/_speedups.c codecs/*/*.h) \
+# What serving needs (the gateway and the plugins), then, for make test, the test tools and Spark.
+$(SERVING): setup.cfg pyproject.toml $(MQTT)/pyproject.toml $(HTTP)/pyproject.toml $(wildcard codecs/*/_speedups.c codecs/*/*.h) \
           gateway/_speedups.c gateway/_speedups.h gateway/spark/_arrow.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 	$(PIP) install --quiet -e .
-	$(PIP) install --quiet -e './$(MQTT)'
+	$(PIP) install --quiet -e './$(MQTT)' -e './$(HTTP)'
 	touch $(SERVING)
 
 $(STAMP): $(SERVING)
 	$(PIP) install --quiet -e '.[test,spark]'
-	$(PIP) install --quiet -e './$(MQTT)[test]'
+	$(PIP) install --quiet -e './$(MQTT)[test]' -e './$(HTTP)[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -36,10 +38,10 @@ lint-tree: $(STAMP)
 	rm -rf build  # a stale build/lib would install modules that no longer exist
 	$(PIP) install --quiet --no-deps --no-build-isolation --target build/lint .
 
-# mypy checks the gateway and the MQTT plugin (settings: [tool.mypy] in pyproject.toml); its
+# mypy checks the gateway and the plugins (settings: [tool.mypy] in pyproject.toml); its
 # report names each file where it is in the repository, not in build/lint.
-MYPY = cd build/lint && MYPYPATH=../../$(MQTT) ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
-	  -p gateway -p polygate_mqtt >mypy.txt; status=$$?; \
+MYPY = cd build/lint && MYPYPATH=../../$(MQTT):../../$(HTTP) ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
+	  -p gateway -p polygate_mqtt -p polygate_http >mypy.txt; status=$$?; \
 	  sed -e 's,^gateway/codecs/,codecs/,' -e 's,^gateway/storage/,storage/,' -e 's,^$(CURDIR)/,,' mypy.txt; \
 	  exit $$status
 
@@ -47,6 +49,7 @@ lint: lint-tree
 	$(VENV)/bin/ruff check gateway codecs storage tests benchmarks plugins examples docs
 	cd build/lint && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../setup.cfg
 	cd build/lint && PYTHONPATH=.:../../$(MQTT) ../../$(VENV)/bin/lint-imports --config ../../$(MQTT)/pyproject.toml
+	cd build/lint && PYTHONPATH=.:../../$(HTTP) ../../$(VENV)/bin/lint-imports --config ../../$(HTTP)/pyproject.toml
 	$(MYPY)
 
 # The type check alone (make lint runs it last).
@@ -58,12 +61,12 @@ java:
 	@command -v java >/dev/null || { echo "make test needs Java 17 for the Spark tests:" \
 	  "apt-get install -y openjdk-17-jre-headless (Debian/Ubuntu), or set JAVA_HOME/PATH to a JDK 17"; exit 1; }
 
-# Two kinds of tests. Unit tests (tests/unit/, $(MQTT)/tests/unit/) run in memory: codecs,
+# Two kinds of tests. Unit tests (tests/unit/ and each plugin's tests/unit/) run in memory: codecs,
 # conversions, the broker and the stores, no process (their conftest makes starting one fail),
 # no JVM, no cluster; `make unit` is the loop to run while editing. Integration tests (the rest of
-# tests/ and $(MQTT)/tests/) start real `gateway serve` processes and real clients.
-UNIT_TESTS  := tests/unit $(MQTT)/tests/unit
-INTEGRATION_TESTS := tests $(MQTT)/tests --ignore=tests/unit --ignore=$(MQTT)/tests/unit
+# tests/ and of each plugin's tests/) start real `gateway serve` processes and real clients.
+UNIT_TESTS  := tests/unit $(addsuffix /tests/unit,$(PLUGINS))
+INTEGRATION_TESTS := tests $(addsuffix /tests,$(PLUGINS)) --ignore=tests/unit $(addprefix --ignore=,$(addsuffix /tests/unit,$(PLUGINS)))
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 # Integration tests mostly wait on sockets and child processes, so more workers than cores pay: on
 # 2 cores, ten integration files took 113 s one at a time, 64 s on 4 workers, 58 s on 6, 75 s on 8.
@@ -79,7 +82,8 @@ CLUSTER_SUITES := $(addprefix tests/,test_v1_gateway.py test_kafka_confluent.py 
 	test_kafka_aiokafka.py test_kafka_groups.py test_kafka_raw.py test_kafka_kcat.py test_kafka_kafkajs.py \
 	test_kafka_platformatic.py \
 	test_tank_gateway.py test_cursus_clients.py test_cursus_errors.py test_cursus_interop.py test_produce_refusals.py) \
-	$(addprefix $(MQTT)/tests/,test_mqtt_mappings.py test_mqtt_retained.py test_mqtt_sessions.py test_mqtt_shared.py)
+	$(addprefix $(MQTT)/tests/,test_mqtt_mappings.py test_mqtt_retained.py test_mqtt_sessions.py test_mqtt_shared.py) \
+	$(addprefix $(HTTP)/tests/,test_http_rest_proxy.py)
 
 unit: $(STAMP)
 	$(PYTEST) $(UNIT_TESTS)
@@ -133,6 +137,7 @@ bench: $(STAMP) mosquitto
 	$(PY) benchmarks/tls_cost.py
 	$(PY) benchmarks/transactions.py
 	$(PY) $(MQTT)/benchmarks/mqtt_publish.py
+	$(PY) $(HTTP)/benchmarks/http_produce.py
 	$(PY) benchmarks/summary.py
 
 clean:

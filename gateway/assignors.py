@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 
 ASSIGNORS = ("range", "round_robin")
+BY_KAFKA_NAME = {"range": "range", "roundrobin": "round_robin"}
+"""Each assignor under the protocol name Kafka's clients give it in a JoinGroup."""
 
 
 def assign(assignor: str, subscriptions: Mapping[str, Collection[str]],

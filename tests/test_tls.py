@@ -99,6 +99,19 @@ def test_openssl_s_client_completes_the_handshake(gateway_factory, pki):
     assert "subject=CN = localhost" in out.stdout or "subject=CN=localhost" in out.stdout
 
 
+def test_a_client_that_offers_an_application_protocol_is_served_without_one(gateway_factory, pki):
+    """Browsers, curl and Python's HTTP clients offer ALPN ``http/1.1``; a listener negotiates none
+    and goes on, where Twisted's own callback ended the handshake with an internal error."""
+    gw = tls_gateway(gateway_factory, pki, protocols=("v1",))
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.set_alpn_protocols(["http/1.1", "h2"])
+    with socket.create_connection(("127.0.0.1", gw.port("v1")), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost") as tls:
+        assert tls.selected_alpn_protocol() is None
+        tls.sendall(b"PING\n")
+        assert tls.recv(100)
+
+
 def test_required_client_certificates(gateway_factory, pki):
     gw = tls_gateway(gateway_factory, pki, "--tls-ca", str(pki.ca), "--tls-client-auth", "required",
                      protocols=("v1",))

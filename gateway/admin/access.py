@@ -16,8 +16,6 @@ topics, groups and assignments of others. Without a login the caller is
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +23,7 @@ import attrs
 from prometheus_client.core import Metric
 
 from gateway import model as m
+from gateway.codec.authlimits import basic_login
 from gateway.model import AclOperation, ResourceType
 
 if TYPE_CHECKING:
@@ -91,25 +90,8 @@ class Gate:
         return f"User:{common_name}" if common_name else None
 
     def _basic(self, request: Any) -> str | None:
-        header = request.getHeader(b"authorization") or b""
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"basic":
-            return None
-        try:
-            user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        if not sep:
-            return None
-        # A guess that comes before its address's or user's turn (``LoginLimits``) is refused
-        # unchecked: an HTTP request cannot wait unread, and parallel requests guess no faster so.
-        address, now = request.getClientAddress().host, self.clock()
-        if self.logins.wait(address, user, now) > 0:
-            return None
-        if self.users.verify_password(user, password):
-            return f"User:{user}"
-        self.logins.failed(address, user, now)
-        return None
+        return basic_login(request.getHeader(b"authorization") or b"", self.users, self.logins,
+                           request.getClientAddress().host, self.clock())
 
 
 def refuse(request: Any) -> bytes:

@@ -68,7 +68,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from gateway import model as m
-from gateway.assignors import assign
+from gateway.assignors import BY_KAFKA_NAME, assign
 from gateway.cluster.bridge import Loop, command_error, deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.codec.consumer_protocol import decode_subscription, encode_assignment
@@ -76,7 +76,7 @@ from gateway.model import CommandError, Error, ErrorCode
 
 log = logging.getLogger(__name__)
 
-ASSIGNORS = {"round_robin": "roundrobin", "range": "range"}
+ASSIGNORS = {name: kafka_name for kafka_name, name in BY_KAFKA_NAME.items()}  # the names Kafka clients give
 LEADER = "polygate-cluster"  # the leader a Kafka client is told of: never itself, so it only follows
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
 # Kafka's group.min.session.timeout.ms, and the rebalance timeout (max.poll.interval.ms, which

@@ -38,12 +38,12 @@ This package is that API's face; its parts are ``connection`` (events, the ``Con
 Protocols, ``CodecConnection``), ``formats`` (``BatchFormat`` and its capabilities),
 ``plugin`` (``CodecPlugin``, options), and the toolkit a codec builds on: ``framing``,
 ``varint``, ``text``, ``compression``, ``authlimits``, ``topic_configs`` (topic settings under
-Kafka's names), ``consumer_protocol`` (Kafka's group member bytes), ``websocket`` (any codec over
-WebSocket, on a listener of its own) and
-``testing`` (the conformance mixin).
+Kafka's names), ``consumer_protocol`` (Kafka's group member bytes, for a codec whose members
+join groups as Kafka clients do), ``websocket`` (any codec over WebSocket, on a listener of its
+own) and ``testing`` (the conformance mixin).
 """
 
-from gateway.codec.authlimits import LoginLimits
+from gateway.codec.authlimits import LoginLimits, basic_login
 from gateway.codec.connection import (
     LOGIN_REFUSED,
     LOGIN_TURN,
@@ -124,6 +124,7 @@ __all__ = [
     "TransactionalFormat",
     "Unsubscribe",
     "Validated",
+    "basic_login",
     "choice",
     "integer",
     "parse_options",

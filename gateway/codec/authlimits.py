@@ -14,8 +14,14 @@ one every 5 s, from one address, whatever the number of connections or protocols
 
 from __future__ import annotations
 
+import base64
+import binascii
 import collections
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.codec.connection import Credentials
 
 BASE_DELAY_S = 0.1
 MAX_DELAY_S = 5.0
@@ -78,3 +84,25 @@ class LoginLimits:
     def failures(self, address: str) -> int:
         """The failures remembered from ``address``."""
         return self._addresses.by_key.get(address, (0, 0.0, 0.0))[0]
+
+
+def basic_login(authorization: bytes, users: Credentials | None, logins: LoginLimits, address: str,
+                now: float) -> str | None:
+    """The principal (``User:<name>``) an HTTP ``Authorization`` header logs in as with Basic
+    credentials of the user store, or ``None``: no Basic credentials, wrong ones (a failure
+    counted against ``address`` and the user), or a guess that comes before its address's or
+    user's turn, refused unchecked (an HTTP request cannot wait unread, and parallel requests
+    guess no faster so). For every HTTP listener: the admin pages and the HTTP codec."""
+    scheme, _, token = authorization.partition(b" ")
+    if scheme.lower() != b"basic" or users is None:
+        return None
+    try:
+        user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    if not sep or logins.wait(address, user, now) > 0:
+        return None
+    if users.verify_password(user, password):
+        return f"User:{user}"
+    logins.failed(address, user, now)
+    return None

@@ -5,13 +5,14 @@ topics a group reads); polygate reads them when the Kafka codec builds a JoinGro
 and writes these bytes where it shows a group that Kafka clients did not assign (V1 and Cursus
 members, a cluster's members described through a gateway), where it joins a cluster's
 group for a Kafka client (cluster mode), and where a codec's connection is itself a member of a
-Kafka group (the MQTT plugin's shared subscriptions): so they are the codec toolkit's.
+Kafka group (the MQTT plugin's shared subscriptions, the HTTP plugin's consumer instances): so
+they are the codec toolkit's. A member that leads its group assigns with ``gateway.assignors``.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from gateway.model import CommandError, ErrorCode
 
@@ -30,6 +31,12 @@ def encode_subscription(topics: list[str] | tuple[str, ...]) -> bytes:
 def encode_assignment(partitions: Assignment) -> bytes:
     return struct.pack(">hi", 0, len(partitions)) + b"".join(
         _string(t) + struct.pack(f">i{len(ps)}i", len(ps), *ps) for t, ps in partitions) + struct.pack(">i", -1)
+
+
+def encode_owned(owned: Mapping[str, Sequence[int]]) -> bytes:
+    """``encode_assignment`` of one member's partitions by topic, as ``gateway.assignors.assign``
+    hands them out."""
+    return encode_assignment(tuple(sorted((topic, tuple(ps)) for topic, ps in owned.items())))
 
 
 def decode_subscription(metadata: bytes) -> tuple[str, ...]:
@@ -82,3 +89,4 @@ def decode_assignment(data: bytes) -> dict[str, list[int]]:
     except struct.error:
         return {}
     return out
+

@@ -8,6 +8,11 @@ every TLS listener: each new connection uses the certificate loaded last and
 connections already open keep theirs, so ``reload()`` (on SIGHUP) changes
 certificates without dropping anyone. A file that fails to load leaves the
 certificate in use as it was, and ``reload`` says why.
+
+The listeners negotiate no application protocol (ALPN): a client that offers some (every
+browser, curl, Python's HTTP clients offer ``http/1.1``) gets none and goes on, as RFC 7301
+lets a server answer. Twisted's own ALPN callback instead answers such a client with an
+internal error alert when nothing matches, which refused every HTTPS client.
 """
 
 from __future__ import annotations
@@ -68,11 +73,17 @@ def load(config: TlsConfig) -> ssl.CertificateOptions:
         privateKey=key, certificate=chain[0], extraCertChain=chain[1:],
         verify=verify, caCerts=_certificates(config.ca) if verify and config.ca is not None else None,
         requireCertificate=config.client_auth == "required", raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
+    context = options.getContext()
     try:
-        options.getContext().check_privatekey()
+        context.check_privatekey()
     except SSL.Error:
         raise ValueError(f"{config.key} is not the key of the certificate in {config.cert}") from None
+    context.set_alpn_select_callback(_no_application_protocol)
     return options
+
+
+def _no_application_protocol(connection: SSL.Connection, offered: list[bytes]) -> SSL._NoOverlappingProtocols:
+    return SSL.NO_OVERLAPPING_PROTOCOLS
 
 
 @implementer(IOpenSSLServerConnectionCreator)

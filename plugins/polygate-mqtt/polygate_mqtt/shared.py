@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from gateway import model as m
-from gateway.assignors import assign
+from gateway.assignors import BY_KAFKA_NAME, assign
 from gateway.codec import Handled, Timer, Unsubscribe
 from gateway.codec.consumer_protocol import (
     decode_assignment,
     decode_subscription,
-    encode_assignment,
+    encode_owned,
     encode_subscription,
 )
 
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 PREFIX = "$share/"
 _SHARE_NAME = re.compile(r"[^/+#]+")
 PROTOCOLS = ("range", "roundrobin")  # librdkafka's defaults: a group with Kafka members agrees on one
-ASSIGNORS = {"range": "range", "roundrobin": "round_robin"}  # by the name a Kafka client gives each
 SESSION_TIMEOUT_MS = 10_000
 REBALANCE_TIMEOUT_MS = 10_000
 HEARTBEAT_S = 1.0
@@ -239,9 +238,8 @@ def _assign(conn: MqttConnection, share: Share, epoch: int, assignor: str,
         return b""
     partitions = [(info.topic, p.partition) for info in listing.topics if info.error is None
                   for p in sorted(info.partitions, key=lambda p: p.partition)]
-    owned = assign(ASSIGNORS[assignor], subscriptions, partitions)
-    return _sync(conn, share, epoch, tuple((member_id, encode_assignment(tuple(sorted(
-        (topic, tuple(ps)) for topic, ps in parts.items())))) for member_id, parts in owned.items()))
+    owned = assign(BY_KAFKA_NAME[assignor], subscriptions, partitions)
+    return _sync(conn, share, epoch, tuple((member_id, encode_owned(parts)) for member_id, parts in owned.items()))
 
 
 def _sync(conn: MqttConnection, share: Share, epoch: int, assignments: tuple[tuple[str, bytes], ...]) -> Handled:

@@ -1,0 +1,334 @@
+"""One HTTP/1.1 connection, parsed by h11 (sans-IO, like every codec): requests in, model commands
+out, JSON answers back.
+
+h11 turns the received bytes into request events; a whole request (head and body) goes to the
+route that ``handlers.ROUTES`` names for its method and path, which answers at once (a
+``Response``) or asks the broker to run commands (a ``Step``: the commands and what to make of
+their results, which may be another ``Step``). Requests are answered one at a time, in order:
+the next pipelined request is read once the answer to the one before is written, which is what
+h11's cycle (``start_next_cycle``) asks for. A route may also answer with a ``Stream``: the
+response head, then a push stream (``Subscribe``) whose records each become a chunk of the body
+(Server-Sent Events), until the client closes the connection.
+
+Bad input gets an HTTP error in REST Proxy's JSON form (``{"error_code": ..., "message": ...}``);
+a request whose head h11 cannot parse is answered 400 and the connection closed; a body larger
+than the listener's frame limit (``--max-frame http=BYTES``) is answered 413 and closed.
+"""
+
+from __future__ import annotations
+
+import collections
+import http
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import h11
+
+from gateway.codec import (
+    Close,
+    Event,
+    ListenerSettings,
+    Reply,
+    Request,
+    Subscribe,
+    basic_login,
+    choice,
+    integer,
+)
+from gateway.codec import Option as CodecOption
+from gateway.model import Fetch
+
+SERVER = b"polygate"
+JSON_V2 = "application/vnd.kafka.v2+json"
+MAX_HEAD = 64 << 10  # the most bytes of a request head (line and headers) h11 takes
+
+
+class HttpError(Exception):
+    """Answer the request with ``status`` and REST Proxy's error body (``error_code``, ``message``)."""
+
+    def __init__(self, status: int, error_code: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.error_code = error_code
+        self.message = message
+
+
+class Unauthorized(HttpError):
+    """No login, or a wrong one: 401 with the Basic challenge."""
+
+    def __init__(self) -> None:
+        super().__init__(401, 40101, "Authentication failed: log in with HTTP Basic as a gateway user, or a "
+                                     "client certificate")
+
+
+class HttpRequest(NamedTuple):
+    """A whole request: ``path`` without the query (percent-decoded), ``query`` (each name's last
+    value), ``headers`` (names in lower case; a repeated one's last value) and ``body``."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+    def json(self) -> Any:
+        """The body as JSON; ``HttpError`` 400 (REST Proxy's 40001 would be Jersey's 400) if it is not."""
+        try:
+            return json.loads(self.body or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise HttpError(400, 400, f"Malformed JSON: {e}") from None
+
+
+class Response(NamedTuple):
+    """A whole answer."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = JSON_V2
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def json(cls, value: Any, status: int = 200, content_type: str = JSON_V2) -> Response:
+        return cls(status, json.dumps(value, separators=(",", ":")).encode(), content_type)
+
+    @classmethod
+    def error(cls, error: HttpError) -> Response:
+        response = cls.json({"error_code": error.error_code, "message": error.message}, error.status)
+        if isinstance(error, Unauthorized):
+            response = response._replace(headers=(("www-authenticate", 'Basic realm="polygate", charset="UTF-8"'),))
+        return response
+
+
+class Step(NamedTuple):
+    """Run ``commands``; ``then(results)`` (results in their order) is the answer or the next step."""
+
+    commands: tuple[Any, ...]
+    then: Callable[[Sequence[Any]], Outcome]
+
+
+class Stream(NamedTuple):
+    """Answer with a head (no length: the body is chunked) and then a push stream: ``fetches``
+    long-polled by the adapter, each result rendered by ``push(result)`` into body bytes (``b""``
+    for nothing), ``keepalive()`` every ``keepalive_ms`` without data."""
+
+    content_type: str
+    fetches: tuple[Fetch, ...]
+    push: Callable[[Any], bytes]
+    keepalive: Callable[[], bytes]
+    keepalive_ms: int
+
+
+Outcome = Response | Step | Stream
+Handler = Callable[["HttpConnection", HttpRequest, "re.Match[str]"], Outcome]
+"""A route's handler: the connection, the request and its path's match, to the answer."""
+Route = tuple[str, str, Handler]
+"""A method, a path template (``/topics/{topic}``: each ``{name}`` one path segment, a
+``{partition}`` a number) and its handler, which finds the segments in its match by name."""
+
+
+def path_pattern(template: str) -> re.Pattern[str]:
+    """The pattern that matches the paths of ``template`` whole (see ``Route``)."""
+    return re.compile(re.sub(r"\\{(\w+)\\}", lambda m: rf"(?P<{m[1]}>\d{{1,9}})" if m[1] == "partition"
+                             else rf"(?P<{m[1]}>[^/]+)", re.escape(template)))
+
+OPTIONS = (
+    CodecOption("instance_timeout_ms", integer(1000), 300_000, "an integer of at least 1000",
+                "how long a consumer instance lives without a request (REST Proxy's consumer.instance.timeout.ms)"),
+    CodecOption("rebalance_timeout_ms", integer(0), 10_000, "an integer",
+                "how long a rebalance of its group waits for a consumer instance to rejoin (at its next "
+                "request); one that did not is dropped from the group and rejoins when it is next used"),
+    CodecOption("max_instances", integer(1), 1000, "an integer of at least 1",
+                "the most consumer instances the process keeps (idle ones expire)"),
+    CodecOption("max_records", integer(1), 1000, "an integer of at least 1",
+                "the most records one produce request may carry"),
+    CodecOption("max_poll_bytes", integer(1024), 64 << 20, "an integer of at least 1024",
+                "the most bytes one GET .../records answers (a smaller max_bytes query parameter wins)"),
+    CodecOption("keepalive_ms", integer(100), 15_000, "an integer of at least 100",
+                "how often an idle event stream gets a comment line, so that proxies keep it open"),
+    CodecOption("cluster_id", lambda text: text.strip() or "polygate", "polygate", "a name",
+                "the cluster id of the REST Proxy v3 paths"),
+    CodecOption("assignor", choice("range", "roundrobin"), "range", "range or roundrobin",
+                "how a consumer instance that leads its group assigns partitions"),
+)
+
+
+class HttpConnection:
+    """The ``Connection`` (and ``PushConnection``) of one HTTP client; see the module docstring."""
+
+    def __init__(self, settings: ListenerSettings):
+        from polygate_http.handlers import route  # the routes use this module's types
+
+        self.settings = settings
+        self.options = settings.options
+        self.route = route
+        self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        self.events: collections.deque[Event] = collections.deque()
+        self.principal: str | None = None  # the request's being answered (see ``_log_in``)
+        self.certified: str | None | bool = False  # the TLS client certificate's principal, once read
+        self.head: h11.Request | None = None
+        self.body = bytearray()
+        self.busy = False  # a request is being answered: the next one is read after its answer
+        self.closed = False
+        self.streams: dict[int, Stream] = {}
+
+    # ------------------------------------------------------------------ the adapter's side
+
+    def connection_made(self) -> bytes:
+        return b""
+
+    def receive_data(self, data: bytes) -> None:
+        self.http.receive_data(data)
+
+    def partial_frame(self) -> bool:
+        return self.head is not None and not self.busy or bool(self.http.trailing_data[0])
+
+    def next_event(self) -> Event | None:
+        if not self.events and not self.busy and not self.closed:
+            self._read()
+        return self.events.popleft() if self.events else None
+
+    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+        try:
+            outcome = request.context(results)
+        except HttpError as e:
+            outcome = Response.error(e)
+        return self._answer(outcome)
+
+    def push(self, context: Any, result: Any) -> bytes:
+        data = self.streams[context].push(result)
+        return self.http.send(h11.Data(data)) if data else b""
+
+    def keepalive(self, context: Any) -> bytes:
+        return self.http.send(h11.Data(self.streams[context].keepalive()))
+
+    def may_drop(self, context: Any) -> bool:
+        return False
+
+    def connection_lost(self) -> Sequence[Any]:
+        return ()
+
+    # ------------------------------------------------------------------ reading requests
+
+    def _read(self) -> None:
+        while not self.busy and not self.closed:
+            try:
+                event = self.http.next_event()
+            except h11.RemoteProtocolError as e:
+                self._refuse(e.error_status_hint, f"Bad request: {e}")
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            if isinstance(event, h11.Request):
+                self.head, self.body = event, bytearray()
+                length = dict(event.headers).get(b"content-length")
+                if length is not None and length.isdigit() and int(length) > self.settings.max_frame_size:
+                    self._refuse(413, f"Request body larger than {self.settings.max_frame_size} bytes")
+                    return
+                if self.http.they_are_waiting_for_100_continue:
+                    self.events.append(Reply(self.http.send(h11.InformationalResponse(status_code=100, headers=[]))))
+            elif isinstance(event, h11.Data):
+                self.body += event.data
+                if len(self.body) > self.settings.max_frame_size:
+                    self._refuse(413, f"Request body larger than {self.settings.max_frame_size} bytes")
+                    return
+            elif isinstance(event, h11.EndOfMessage):
+                self.busy = True
+                self._dispatch()
+            elif isinstance(event, h11.ConnectionClosed):
+                self.closed = True
+                self.events.append(Close(reason="client closed"))
+                return
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer an unreadable request and close: h11 can read nothing more of this connection."""
+        response = Response.json({"error_code": status, "message": message}, status)
+        data = b""
+        if self.http.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            data = self.http.send(self._head(response, close=True)) + self.http.send(h11.Data(response.body)) \
+                + self.http.send(h11.EndOfMessage())
+        self.closed = True
+        self.events.append(Close(data, reason=message))
+
+    def _dispatch(self) -> None:
+        head = self.head
+        assert head is not None  # an EndOfMessage follows a Request
+        target = urlsplit(head.target.decode("ascii", "replace"))
+        query = {k: v[-1] for k, v in parse_qs(target.query).items()}
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
+        request = HttpRequest(head.method.decode("ascii", "replace"), unquote(target.path), query, headers,
+                              bytes(self.body))
+        self.head, self.body = None, bytearray()
+        try:
+            self._log_in(request)
+            outcome = self.route(self, request)
+        except HttpError as e:
+            outcome = Response.error(e)
+        data = self._answer(outcome)
+        if data:
+            self.events.append(Reply(data))
+
+    def _log_in(self, request: HttpRequest) -> None:
+        """Set the principal the broker checks this request's commands against (its ACLs): the
+        user of its HTTP Basic credentials, else the connection's TLS client certificate's, else
+        anonymous. Wrong credentials (or a guess before its turn, ``basic_login``), or none where
+        the listener requires a login (``--require-auth``), are answered 401 with the challenge."""
+        if self.certified is False:
+            self.certified = self.principal  # the adapter set it from the certificate, before any request
+        authorization = request.headers.get("authorization")
+        if authorization is not None:
+            self.principal = basic_login(authorization.encode("latin-1"), self.settings.users, self.settings.logins,
+                                         self.settings.peer.rpartition(":")[0], self.settings.clock())
+            if self.principal is None:
+                raise Unauthorized()
+        else:
+            self.principal = self.certified if isinstance(self.certified, str) else None
+            if self.settings.require_auth and self.principal is None:
+                raise Unauthorized()
+
+    # ------------------------------------------------------------------ answering
+
+    def _answer(self, outcome: Outcome) -> bytes:
+        """The bytes to write for ``outcome`` now (a ``Step`` queues its commands instead)."""
+        if isinstance(outcome, Step):
+            self.events.append(Request(outcome.commands, outcome.then))
+            return b""
+        if isinstance(outcome, Stream):
+            stream_id = len(self.streams)
+            self.streams[stream_id] = outcome
+            head = h11.Response(status_code=200, reason=b"OK", headers=[
+                (b"content-type", outcome.content_type.encode()), (b"cache-control", b"no-store"),
+                (b"server", SERVER)])
+            self.events.append(Subscribe(outcome.fetches, stream_id, outcome.keepalive_ms, exclusive=True))
+            return self.http.send(head)
+        data = self.http.send(self._head(outcome)) + self.http.send(h11.Data(outcome.body)) \
+            + self.http.send(h11.EndOfMessage())
+        if self.http.our_state is h11.MUST_CLOSE:
+            self.closed = True
+            self.events.append(Close(reason="the client asked to close"))
+        else:
+            self.http.start_next_cycle()
+            self.busy = False
+        return data
+
+    @staticmethod
+    def _head(response: Response, close: bool = False) -> h11.Response:
+        headers = [(b"content-type", response.content_type.encode()),
+                   (b"content-length", str(len(response.body)).encode()), (b"server", SERVER)]
+        headers += [(name.encode(), value.encode()) for name, value in response.headers]
+        if close:
+            headers.append((b"connection", b"close"))
+        return h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status))
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""

@@ -1,0 +1,215 @@
+"""REST Proxy's documented requests against a real ``gateway serve --protocols http,kafka``, with a
+real HTTP client (requests) and Kafka clients (confluent-kafka) on the same log; in cluster mode
+too (``POLYGATE_TEST_STORAGE=cluster``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+
+import pytest
+import requests
+from confluent_kafka import Consumer, Producer
+
+V2 = "application/vnd.kafka.v2+json"
+JSON = "application/vnd.kafka.json.v2+json"
+BINARY = "application/vnd.kafka.binary.v2+json"
+
+
+def url(gw, path: str) -> str:
+    return f"http://127.0.0.1:{gw.port('http')}{path}"
+
+
+def read_all(gw, topic: str, count: int, group: str = "reader") -> list[tuple[bytes | None, bytes]]:
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{gw.port('kafka')}", "group.id": group,
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    out = []
+    try:
+        for _ in range(200):
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                out.append((message.key(), message.value()))
+            if len(out) >= count:
+                break
+    finally:
+        consumer.close()
+    return out
+
+
+def test_produce_in_each_embedded_format_is_read_by_a_kafka_consumer(gateway):
+    """The REST Proxy quickstart's produce requests, as written, and what Kafka clients read of them."""
+    answer = requests.post(url(gateway, "/topics/jsontest"), headers={"Content-Type": JSON},
+                           data='{"records":[{"value":{"foo":"bar"}}]}')
+    assert answer.status_code == 200
+    assert answer.json() == {"offsets": [{"partition": answer.json()["offsets"][0]["partition"], "offset": 0,
+                                          "error_code": None, "error": None}],
+                             "key_schema_id": None, "value_schema_id": None}
+    answer = requests.post(url(gateway, "/topics/jsontest/partitions/0"), headers={"Content-Type": BINARY},
+                           json={"records": [{"key": base64.b64encode(b"k").decode(),
+                                              "value": base64.b64encode(b"Kafka").decode()}]})
+    assert answer.json()["offsets"][0]["partition"] == 0 and answer.json()["offsets"][0]["error_code"] is None
+    assert sorted(read_all(gateway, "jsontest", 2), key=repr) == sorted(
+        [(None, b'{"foo":"bar"}'), (b"k", b"Kafka")], key=repr)
+
+
+def test_keyed_records_go_to_the_partition_a_java_kafka_producer_picks(gateway):
+    """REST Proxy produces with Kafka's Java producer, whose partitioner is murmur2 (librdkafka's
+    murmur2_random)."""
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}", "partitioner": "murmur2_random"})
+    partitions = {}
+    requests.post(url(gateway, "/topics/keyed"), headers={"Content-Type": JSON}, json={"records": [{"value": 0}]})
+    for key in ("a", "b", "c", "d"):
+        producer.produce("keyed", key=f'"{key}"'.encode(), value=b"1",
+                         on_delivery=lambda err, msg: partitions.setdefault(msg.key(), msg.partition()))
+    producer.flush(10)
+    answer = requests.post(url(gateway, "/topics/keyed"), headers={"Content-Type": JSON},
+                           json={"records": [{"key": k, "value": 2} for k in ("a", "b", "c", "d")]})
+    assert [o["partition"] for o in answer.json()["offsets"]] == [partitions[f'"{k}"'.encode()] for k in "abcd"]
+
+
+def test_topic_metadata_and_errors(gateway):
+    requests.post(url(gateway, "/topics/meta"), headers={"Content-Type": BINARY}, json={"records": [{"value": ""}]})
+    assert "meta" in requests.get(url(gateway, "/topics"), headers={"Accept": V2}).json()
+    topic = requests.get(url(gateway, "/topics/meta")).json()
+    assert topic["name"] == "meta" and topic["partitions"][0]["replicas"][0]["leader"] is True
+    assert [p["partition"] for p in requests.get(url(gateway, "/topics/meta/partitions")).json()] == list(
+        range(len(topic["partitions"])))
+    missing = requests.get(url(gateway, "/topics/nothing"))
+    assert (missing.status_code, missing.json()) == (404, {"error_code": 40401, "message": "Topic not found."})
+    assert requests.post(url(gateway, "/topics/meta/partitions/99"), headers={"Content-Type": BINARY},
+                         json={"records": [{"value": ""}]}).json()["error_code"] == 40402
+
+
+def test_the_documented_curl_example_runs_as_written(gateway):
+    out = subprocess.run(["curl", "-s", "-X", "POST", "-H", f"Content-Type: {JSON}", "--data",
+                          '{"records":[{"value":{"foo":"bar"}}]}', url(gateway, "/topics/jsontest")],
+                         capture_output=True, check=True, timeout=30).stdout
+    assert json.loads(out)["offsets"][0]["offset"] == 0
+
+
+def consumer_instance(gw, group: str, name: str, **config) -> str:
+    answer = requests.post(url(gw, f"/consumers/{group}"), headers={"Content-Type": V2},
+                           json={"name": name, "format": "json", **config})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["base_uri"].endswith(f"/consumers/{group}/instances/{name}")
+    return answer.json()["base_uri"]
+
+
+def test_consume_through_an_instance_with_commits(gateway):
+    """REST Proxy's consumer quickstart: create, subscribe, read, commit, delete; a second instance
+    of the group resumes after the commit, and a Kafka consumer of the group sees the commit too."""
+    requests.post(url(gateway, "/topics/events/partitions/0"), headers={"Content-Type": JSON},
+                  json={"records": [{"value": {"n": n}} for n in range(3)]})
+    base = consumer_instance(gateway, "readers", "first", **{"auto.offset.reset": "earliest"})
+    assert requests.post(f"{base}/subscription", headers={"Content-Type": V2},
+                         json={"topics": ["events"]}).status_code == 204
+    seen: list = []
+    for _ in range(50):
+        answer = requests.get(f"{base}/records?timeout=200", headers={"Accept": JSON})
+        assert answer.status_code == 200, answer.text
+        seen += answer.json()
+        if len(seen) >= 3:
+            break
+    assert [(r["topic"], r["partition"], r["offset"], r["value"]) for r in seen] == [
+        ("events", 0, n, {"n": n}) for n in range(3)]
+    assert requests.post(f"{base}/offsets", headers={"Content-Type": V2}).status_code == 200
+    committed = requests.get(f"{base}/offsets", headers={"Content-Type": V2},
+                             json={"partitions": [{"topic": "events", "partition": 0}]}).json()
+    assert committed == {"offsets": [{"topic": "events", "partition": 0, "offset": 3, "metadata": ""}]}
+    assert requests.delete(base, headers={"Content-Type": V2}).status_code == 204
+    assert requests.get(f"{base}/records").json()["error_code"] == 40403
+
+    kafka = Consumer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}", "group.id": "readers"})
+    try:
+        from confluent_kafka import TopicPartition
+
+        (position,) = kafka.committed([TopicPartition("events", 0)], timeout=10)
+        assert position.offset == 3
+    finally:
+        kafka.close()
+
+
+def test_an_instance_and_a_kafka_consumer_of_one_group_get_disjoint_partitions(gateway):
+    requests.post(url(gateway, "/topics/shared"), headers={"Content-Type": JSON}, json={"records": [{"value": 0}]})
+    partitions = len(requests.get(url(gateway, "/topics/shared/partitions")).json())
+    base = consumer_instance(gateway, "mixed", "web")
+    requests.post(f"{base}/subscription", headers={"Content-Type": V2}, json={"topics": ["shared"]})
+    assert requests.get(f"{base}/records?timeout=0").status_code == 200  # joins the group
+    kafka = Consumer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}", "group.id": "mixed",
+                      "session.timeout.ms": 10000})
+    kafka.subscribe(["shared"])
+    try:
+        mine: set = set()
+        for _ in range(100):
+            kafka.poll(0.1)
+            # each records request heartbeats, and rejoins when the Kafka consumer's join started a rebalance
+            assert requests.get(f"{base}/records?timeout=0").status_code == 200
+            mine = {(p["topic"], p["partition"]) for p in requests.get(f"{base}/assignments").json()["partitions"]}
+            theirs = {(tp.topic, tp.partition) for tp in kafka.assignment()}
+            if mine and theirs and len(mine | theirs) == partitions:
+                break
+        assert mine and theirs and not mine & theirs
+        assert mine | theirs == {("shared", p) for p in range(partitions)}
+        group = requests.get(url(gateway, "/v3/clusters/polygate/consumer-groups/mixed")).json()
+        assert (group["consumer_group_id"], group["is_simple"]) == ("mixed", False)
+    finally:
+        kafka.close()
+
+
+def test_v3_produce_of_streamed_records(gateway):
+    """REST Proxy v3's produce with several records in one body, read back by a Kafka consumer."""
+    body = "".join(json.dumps({"partition_id": 0, "key": {"type": "STRING", "data": f"k{n}"},
+                               "value": {"type": "JSON", "data": {"n": n}}}) for n in range(3))
+    answer = requests.post(url(gateway, "/v3/clusters/polygate/topics/v3topic/records"),
+                           headers={"Content-Type": "application/json"}, data=body)
+    assert answer.status_code == 200
+    reports = [json.loads(line) for line in answer.text.splitlines()]
+    assert [(r["error_code"], r["topic_name"], r["partition_id"], r["offset"]) for r in reports] == [
+        (200, "v3topic", 0, n) for n in range(3)]
+    assert sorted(read_all(gateway, "v3topic", 3)) == [(f"k{n}".encode(), f'{{"n":{n}}}'.encode()) for n in range(3)]
+
+
+def sse_records(lines, count: int) -> list[tuple[str, dict]]:
+    """The ``(id, data)`` of the next ``count`` record events of a streamed SSE response's
+    lines (one iterator for the whole response: each holds back what it read ahead)."""
+    out, event_id = [], ""
+    for line in lines:
+        if line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("data: "):
+            out.append((event_id, json.loads(line[6:])))
+            if len(out) == count:
+                return out
+    raise AssertionError(f"the stream ended after {len(out)} records")
+
+
+def test_server_sent_events_deliver_what_a_kafka_producer_writes_and_resume(gateway):
+    requests.post(url(gateway, "/topics/live/partitions/0"), headers={"Content-Type": JSON},
+                  json={"records": [{"value": "before"}]})
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}"})
+    with requests.get(url(gateway, "/topics/live/events?partition=0&from=beginning"), stream=True,
+                      timeout=30) as response:
+        assert response.headers["content-type"] == "text/event-stream"
+        lines = response.iter_lines(decode_unicode=True)
+        assert [data["value"] for _, data in sse_records(lines, 1)] == ["before"]
+        for n in range(3):
+            producer.produce("live", value=json.dumps({"n": n}).encode(), partition=0)
+        producer.flush(10)
+        seen = sse_records(lines, 3)
+    assert [data["value"] for _, data in seen] == [{"n": n} for n in range(3)]
+    with requests.get(url(gateway, "/topics/live/events?partition=0"), stream=True, timeout=30,
+                      headers={"Last-Event-ID": seen[0][0]}) as response:
+        assert [data["offset"] for _, data in sse_records(response.iter_lines(decode_unicode=True), 2)] == [2, 3]
+
+
+@pytest.mark.tansu_differs("a group listing through a Tansu 0.6 cluster comes back empty")
+def test_v3_lists_the_groups_of_http_instances(gateway):
+    requests.post(url(gateway, "/topics/listed"), headers={"Content-Type": JSON}, json={"records": [{"value": 0}]})
+    base = consumer_instance(gateway, "listed-group", "web")
+    requests.post(f"{base}/subscription", headers={"Content-Type": V2}, json={"topics": ["listed"]})
+    assert requests.get(f"{base}/records?timeout=0").status_code == 200  # joins the group
+    listing = requests.get(url(gateway, "/v3/clusters/polygate/consumer-groups")).json()
+    assert listing["kind"] == "KafkaConsumerGroupList"
+    assert "listed-group" in [g["consumer_group_id"] for g in listing["data"]]
