@@ -281,6 +281,7 @@ class ClusterClient:
         self.partitions: dict[str, int] = {}
         self.topics: set[str] = set()  # the topics whose metadata is kept
         self._connections: dict[tuple[int, str], Shared | BrokerConnection] = {}
+        self._handshaking: dict[tuple[int, str], BrokerConnection] = {}  # opened, not yet usable
         self._refreshing: Shared | None = None
         self._refreshed_at = 0.0
         self._sweep = task.LoopingCall(self._expire)
@@ -329,7 +330,7 @@ class ClusterClient:
             del self._connections[key]
         elif conn is not None:
             return conn.wait()
-        opening = self._open(node_id)
+        opening = self._open(node_id, key)
 
         def opened(c: BrokerConnection) -> BrokerConnection:
             if self._connections.get(key) is shared:
@@ -345,7 +346,7 @@ class ClusterClient:
         self._connections[key] = shared
         return shared.wait()
 
-    def _open(self, node_id: int) -> defer.Deferred:
+    def _open(self, node_id: int, key: tuple[int, str]) -> defer.Deferred:
         if node_id < 0:
             self._bootstrap_turn += 1
             host, port = self.bootstrap[self._bootstrap_turn % len(self.bootstrap)]
@@ -362,7 +363,14 @@ class ClusterClient:
 
         def connected(conn: BrokerConnection) -> defer.Deferred:
             conn.label = label
-            return self._handshake(conn)
+            self._handshaking[key] = conn
+
+            def settled(result: Any) -> Any:
+                if self._handshaking.get(key) is conn:
+                    del self._handshaking[key]
+                return result
+
+            return self._handshake(conn).addBoth(settled)
 
         def unreachable(f: Any) -> Any:
             if f.check(WireError):
@@ -424,9 +432,17 @@ class ClusterClient:
                                               f"{answer.ErrorMessage or Errors(answer.ErrorCode).name}")
         return bytes(answer.AuthBytes)
 
+    def abandon(self, lane: str) -> None:
+        """Close ``lane``'s connections, those still agreeing versions or logging in too: its
+        requests fail now, and the next one opens a new connection (a connection opened while the
+        cluster did not answer may never carry an answer)."""
+        for key, conn in [*self._connections.items(), *self._handshaking.items()]:
+            if key[1] == lane and isinstance(conn, BrokerConnection):
+                conn.transport.abortConnection()
+
     def _expire(self) -> None:
         now = self.reactor.seconds()
-        for conn in list(self._connections.values()):
+        for conn in [*self._connections.values(), *self._handshaking.values()]:
             if isinstance(conn, BrokerConnection) and conn.pending:
                 conn.expire(now)
 
