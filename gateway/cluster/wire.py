@@ -40,12 +40,12 @@ from typing import Any
 import attrs
 from twisted.internet import defer, endpoints, protocol, ssl, task
 
-from gateway.broker.calls import Shared
 from gateway.cluster import shapes
 from gateway.cluster.config import ClusterConfig
 from gateway.codec.framing import FrameTooLarge, LengthPrefixedFramer, fixed_header
 from gateway.codecs.kafka import schema
 from gateway.codecs.kafka.errors import Errors
+from gateway.shared import Shared
 
 log = logging.getLogger(__name__)
 
