@@ -6,14 +6,17 @@ for its topics, their ids and every partition's first and next offsets, and
 hands the answer to the reactor thread. The first question is asked before the
 listeners open, so a gateway whose cluster is up serves from its first request.
 
-Another thread probes the cluster every ``PROBE_EVERY_S`` with a metadata
-request that must be answered within ``PROBE_TIMEOUT_S``: that is what
-``reachable`` (and so ``/readyz``) follows, so a stalled, silent or dead
-cluster is seen within about ``PROBE_EVERY_S + PROBE_TIMEOUT_S`` and a cluster
-back within about a probe (plus librdkafka's reconnect backoff,
-``config.RECONNECT_MAX_MS``). While the cluster is unreachable, calls that
-need it fail with ``STORAGE_ERROR`` saying so. Each change is logged once:
-``cluster unavailable: why``, ``cluster available again``.
+The reactor probes the cluster every ``PROBE_EVERY_S`` with a Metadata
+request of no topic, through the gateway's own client
+(``gateway.cluster.wire``, on a connection of its own), that must be
+answered within ``PROBE_TIMEOUT_S``: that is what ``reachable`` (and so
+``/readyz``) follows, so a stalled, silent or dead cluster is seen within
+about ``PROBE_EVERY_S + PROBE_TIMEOUT_S`` and a cluster back within about a
+probe. The probe thus takes the data path's own way to the cluster (its
+connections, TLS and SASL), not librdkafka's, and needs no thread. While the
+cluster is unreachable, calls that need it fail with ``STORAGE_ERROR`` saying
+so. Each change is logged once: ``cluster unavailable: why``, ``cluster
+available again``.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from typing import Any
 import attrs
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, OffsetSpec
+from twisted.internet import defer, task
+from twisted.python import failure
 
 from gateway import model as m
 from gateway.cluster.bridge import Loop
 from gateway.cluster.config import ClusterConfig
+from gateway.cluster.wire import METADATA, ClusterClient
 from gateway.codec import topic_configs
 from gateway.model import CommandError, ErrorCode
 
@@ -62,9 +68,10 @@ class TopicState:
 class Metadata:
     """Topics, ids and watermarks of the cluster (read in the reactor thread only)."""
 
-    def __init__(self, config: ClusterConfig, admin: AdminClient, reactor: Any, interval: float = 1.0,
-                 gone: Callable[[str], None] = lambda topic: None):
+    def __init__(self, config: ClusterConfig, admin: AdminClient, client: ClusterClient, reactor: Any,
+                 interval: float = 1.0, gone: Callable[[str], None] = lambda topic: None):
         self.config = config
+        self.client = client
         self.gone = gone  # called with a topic the cluster no longer has
         self.admin = admin
         self.reactor = reactor
@@ -81,7 +88,9 @@ class Metadata:
         self._wake = threading.Event()
         self._refreshed: list[Any] = []  # reactor-side callbacks waiting for the next refresh
         self._loop = Loop("polygate-cluster-metadata", self._step)
-        self._probe = Loop("polygate-cluster-probe", self._probe_step)
+        self._probe = task.LoopingCall(self._send_probe)
+        self._probe.clock = reactor
+        self._probing: defer.Deferred | None = None  # the probe waiting for its answer
         self._asked_on_miss = 0.0
 
     def start(self) -> None:
@@ -96,14 +105,14 @@ class Metadata:
             self._answered(brokers, "")
             self._apply(topics, brokers, "")
         self._loop.start()
-        self._probe.start()
+        self._probe.start(PROBE_EVERY_S, now=False)
 
     def stop(self) -> None:
         self._loop.stopping.set()
-        self._probe.stopping.set()
+        if self._probe.running:
+            self._probe.stop()
         self._wake.set()
         self._loop.stop()
-        self._probe.stop()
 
     def refresh(self, then: Any = None) -> None:
         """Ask again now; ``then()`` runs in the reactor thread after the next answer (or failure)."""
@@ -215,19 +224,35 @@ class Metadata:
             self.reactor.callFromThread(self._apply, None, 0, why(e, self.config.request_timeout_ms / 1000))
         else:
             self.reactor.callFromThread(self._apply, topics, brokers, "")
+        self.admin.poll(0)  # the admin client's log lines (``clientlog``) are handed over here
         self._wake.wait(self.interval)
         self._wake.clear()
 
-    def _probe_step(self) -> None:
-        began = time.monotonic()
-        self.admin.poll(0)  # the admin client's log lines (``clientlog``) are handed over here
-        try:
-            brokers = len(self.admin.list_topics(timeout=PROBE_TIMEOUT_S).brokers)
-        except Exception as e:  # noqa: BLE001 - any failure means "not answering now"
-            self.reactor.callFromThread(self._answered, None, why(e, PROBE_TIMEOUT_S))
-        else:
-            self.reactor.callFromThread(self._answered, brokers, "")
-        self._probe.stopping.wait(max(0.0, PROBE_EVERY_S - (time.monotonic() - began)))
+    def _send_probe(self) -> None:
+        """Ask the cluster for its brokers (no topic); no answer within ``PROBE_TIMEOUT_S`` is an
+        unreachable cluster (its connection is closed: the next probe opens a new one)."""
+        if self._probing is not None:
+            return
+        probe = self.client.request(-1, "probe", METADATA, {"Topics": [], "AllowAutoTopicCreation": False},
+                                    PROBE_TIMEOUT_S)
+        self._probing = probe
+
+        def unanswered() -> None:
+            self._answered(None, f"no answer within {PROBE_TIMEOUT_S:g} s")
+            self.client.abandon("probe")
+
+        late = self.reactor.callLater(PROBE_TIMEOUT_S, unanswered)
+
+        def done(result: Any) -> None:
+            self._probing = None
+            if late.active():
+                late.cancel()
+            if isinstance(result, failure.Failure):
+                self._answered(None, result.getErrorMessage())
+            else:
+                self._answered(len(result.Brokers), "")
+
+        probe.addBoth(done)
 
     def _ask(self, timeout: float | None = None) -> tuple[dict[str, tuple[str, list[tuple[int, int]], m.TopicConfig]], int]:
         timeout = timeout or self.config.request_timeout_ms / 1000

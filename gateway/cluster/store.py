@@ -81,8 +81,8 @@ class ClusterStore(ClusterTransactionStorage):
         self.reactor = reactor
         self.started_at = time.time()
         self.admin = AdminClient(config.client())
-        self.metadata = Metadata(config, self.admin, reactor, gone=self._topic_gone)
         self.client = ClusterClient(config, reactor)
+        self.metadata = Metadata(config, self.admin, self.client, reactor, gone=self._topic_gone)
         self.writer = Writer(config, self.client, reactor, formats, self._delivered)
         self.reader = Reader(self.client, self.metadata, reactor, kafka_format(formats))
         self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read

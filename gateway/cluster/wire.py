@@ -30,6 +30,7 @@ It does not retry: the writer and the reader decide what may be retried.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 import time
@@ -39,11 +40,12 @@ from typing import Any
 import attrs
 from twisted.internet import defer, endpoints, protocol, ssl, task
 
-from gateway.broker.calls import Shared
+from gateway.cluster import shapes
 from gateway.cluster.config import ClusterConfig
 from gateway.codec.framing import FrameTooLarge, LengthPrefixedFramer, fixed_header
 from gateway.codecs.kafka import schema
 from gateway.codecs.kafka.errors import Errors
+from gateway.shared import Shared
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +85,17 @@ class WireError(Exception):
 
 @attrs.define
 class _Pending:
-    api_key: int
-    version: int
+    decode: Callable[[bytes | bytearray], Any]  # the answer's frame (correlation id first) -> its body
     deferred: defer.Deferred
     deadline: float
+
+
+def _by_schema(api_key: int, version: int, data: bytes | bytearray) -> Any:
+    """The body of an answer to ``api_key`` at ``version``, read by the codec's schema."""
+    message = schema.MESSAGES[api_key]
+    _, at = schema.parse(schema.response_header(api_key, message.flexible(version)), data)
+    body, _ = schema.parse(message.response(version), data, at)
+    return body
 
 
 class BrokerConnection(protocol.Protocol):
@@ -101,6 +110,7 @@ class BrokerConnection(protocol.Protocol):
         self.framer = LengthPrefixedFramer(fixed_header(_SIZE, 0), MAX_FRAME)
         self.clock = clock
         self.client_id = client_id
+        self._client_id = client_id.encode()
         self.pending: dict[int, _Pending] = {}
         self.correlation = 0
         self.versions: dict[int, int] = {}  # api key -> the version used with this broker
@@ -113,18 +123,42 @@ class BrokerConnection(protocol.Protocol):
                 version: int | None = None) -> defer.Deferred:
         """A Deferred of the answer's body (a construct ``Container``), or of a ``WireError``."""
         if self.closed:
-            return defer.fail(WireError(Errors.NETWORK_EXCEPTION, f"connection to {self.label} closed"))
+            return self._closed()
         if version is None:
             version = self.versions[api_key]
         message = schema.MESSAGES[api_key]
-        flexible = message.flexible(version)
-        self.correlation = (self.correlation + 1) & 0x7FFFFFFF
-        header = {"RequestApiKey": api_key, "RequestApiVersion": version, "CorrelationId": self.correlation,
+        correlation = self._next_correlation()
+        header = {"RequestApiKey": api_key, "RequestApiVersion": version, "CorrelationId": correlation,
                   "ClientId": self.client_id}
-        frame = schema.build_frame(((schema.request_header(flexible), header), (message.request(version), body)))
+        frame = schema.build_frame(((schema.request_header(message.flexible(version)), header),
+                                    (message.request(version), body)))
+        return self._send(correlation, (frame,), functools.partial(_by_schema, api_key, version), timeout_s)
+
+    def produce(self, topic: str, partition: int, batch: bytes | memoryview, acks: int, timeout_ms: int,
+                timeout_s: float) -> defer.Deferred:
+        """One Produce request of ``batch`` to one partition (``shapes``, without the schema): a
+        Deferred of its ``shapes.Produced``, or of a ``WireError``."""
+        if self.closed:
+            return self._closed()
+        version = self.versions[PRODUCE]
+        correlation = self._next_correlation()
+        # A transport writes bytes only: a Kafka client's batch forwarded as it arrived is a memoryview.
+        pieces = shapes.produce_request(version, correlation, self._client_id, acks, timeout_ms, topic.encode(),
+                                        partition, batch if type(batch) is bytes else bytes(batch))
+        return self._send(correlation, pieces, functools.partial(shapes.produced, version=version), timeout_s)
+
+    def _closed(self) -> defer.Deferred:
+        return defer.fail(WireError(Errors.NETWORK_EXCEPTION, f"connection to {self.label} closed"))
+
+    def _next_correlation(self) -> int:
+        self.correlation = (self.correlation + 1) & 0x7FFFFFFF
+        return self.correlation
+
+    def _send(self, correlation: int, pieces: tuple[bytes, ...], decode: Callable[[bytes | bytearray], Any],
+              timeout_s: float) -> defer.Deferred:
         d: defer.Deferred = defer.Deferred()
-        self.pending[self.correlation] = _Pending(api_key, version, d, self.clock.seconds() + timeout_s)
-        self.transport.write(frame)
+        self.pending[correlation] = _Pending(decode, d, self.clock.seconds() + timeout_s)
+        self.transport.writeSequence(pieces)
         return d
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
@@ -143,10 +177,7 @@ class BrokerConnection(protocol.Protocol):
         if pending is None:
             return  # the answer to a request that timed out: the connection is closing
         try:
-            message = schema.MESSAGES[pending.api_key]
-            header, at = schema.parse(schema.response_header(pending.api_key, message.flexible(pending.version)),
-                                      data)
-            body, _ = schema.parse(message.response(pending.version), data, at)
+            body = pending.decode(data)
         except Exception as e:  # noqa: BLE001 - a malformed answer fails its request, not the process
             pending.deferred.errback(WireError(Errors.CORRUPT_MESSAGE, f"malformed answer from {self.label}: {e}",
                                                sent=True))
@@ -250,6 +281,7 @@ class ClusterClient:
         self.partitions: dict[str, int] = {}
         self.topics: set[str] = set()  # the topics whose metadata is kept
         self._connections: dict[tuple[int, str], Shared | BrokerConnection] = {}
+        self._handshaking: dict[tuple[int, str], BrokerConnection] = {}  # opened, not yet usable
         self._refreshing: Shared | None = None
         self._refreshed_at = 0.0
         self._sweep = task.LoopingCall(self._expire)
@@ -281,6 +313,13 @@ class ClusterClient:
 
         return self.connection(node_id, lane).addCallback(send)
 
+    def produce(self, node_id: int, topic: str, partition: int, batch: bytes | memoryview, acks: int,
+                timeout_ms: int) -> defer.Deferred:
+        """One Produce of ``batch`` to ``topic``/``partition`` at broker ``node_id``: a Deferred of
+        its ``shapes.Produced``, or of a ``WireError``."""
+        return self.connection(node_id, "produce").addCallback(
+            lambda conn: conn.produce(topic, partition, batch, acks, timeout_ms, self.timeout_s))
+
     def connection(self, node_id: int, lane: str) -> defer.Deferred:
         """A Deferred of a ready connection to ``node_id`` for ``lane``, opened if needed."""
         key = (node_id, lane)
@@ -291,7 +330,7 @@ class ClusterClient:
             del self._connections[key]
         elif conn is not None:
             return conn.wait()
-        opening = self._open(node_id)
+        opening = self._open(node_id, key)
 
         def opened(c: BrokerConnection) -> BrokerConnection:
             if self._connections.get(key) is shared:
@@ -307,7 +346,7 @@ class ClusterClient:
         self._connections[key] = shared
         return shared.wait()
 
-    def _open(self, node_id: int) -> defer.Deferred:
+    def _open(self, node_id: int, key: tuple[int, str]) -> defer.Deferred:
         if node_id < 0:
             self._bootstrap_turn += 1
             host, port = self.bootstrap[self._bootstrap_turn % len(self.bootstrap)]
@@ -324,7 +363,14 @@ class ClusterClient:
 
         def connected(conn: BrokerConnection) -> defer.Deferred:
             conn.label = label
-            return self._handshake(conn)
+            self._handshaking[key] = conn
+
+            def settled(result: Any) -> Any:
+                if self._handshaking.get(key) is conn:
+                    del self._handshaking[key]
+                return result
+
+            return self._handshake(conn).addBoth(settled)
 
         def unreachable(f: Any) -> Any:
             if f.check(WireError):
@@ -386,9 +432,17 @@ class ClusterClient:
                                               f"{answer.ErrorMessage or Errors(answer.ErrorCode).name}")
         return bytes(answer.AuthBytes)
 
+    def abandon(self, lane: str) -> None:
+        """Close ``lane``'s connections, those still agreeing versions or logging in too: its
+        requests fail now, and the next one opens a new connection (a connection opened while the
+        cluster did not answer may never carry an answer)."""
+        for key, conn in [*self._connections.items(), *self._handshaking.items()]:
+            if key[1] == lane and isinstance(conn, BrokerConnection):
+                conn.transport.abortConnection()
+
     def _expire(self) -> None:
         now = self.reactor.seconds()
-        for conn in list(self._connections.values()):
+        for conn in [*self._connections.values(), *self._handshaking.values()]:
             if isinstance(conn, BrokerConnection) and conn.pending:
                 conn.expire(now)
 

@@ -57,7 +57,8 @@ from twisted.internet import defer, task
 
 from gateway import model as m
 from gateway.cluster.config import ClusterConfig
-from gateway.cluster.wire import INIT_PRODUCER_ID, PRODUCE, STALE_METADATA, ClusterClient, WireError
+from gateway.cluster.shapes import Produced
+from gateway.cluster.wire import INIT_PRODUCER_ID, STALE_METADATA, ClusterClient, WireError
 from gateway.codec import BatchFormat
 from gateway.codec.formats import ColumnarFormat, Columns, TransactionalFormat
 from gateway.codecs.kafka.errors import Errors
@@ -276,19 +277,16 @@ class Writer:
         client = self.client
         found = client.leader(a.topic, a.partition)
         timeout_ms = max(1, int((a.deadline - self.reactor.seconds()) * 1000))
-        body = {"TransactionalId": None, "Acks": acks, "TimeoutMs": timeout_ms, "TopicData": [
-            {"Name": a.topic, "PartitionData": [{"Index": a.partition, "Records": (batch,)}]}]}  # a buffer, unjoined
 
         def send(leader: Any) -> defer.Deferred:
-            return client.request(leader.node_id, "produce", PRODUCE, body)
+            return client.produce(leader.node_id, a.topic, a.partition, batch, acks, timeout_ms)
 
-        def answered(answer: Any) -> int:
-            p = answer.Responses[0].PartitionResponses[0]
-            if p.ErrorCode:
-                if p.ErrorCode in STALE_METADATA:
+        def answered(p: Produced) -> int:
+            if p.error_code:
+                if p.error_code in STALE_METADATA:
                     client.stale(a.topic, a.partition)
-                raise WireError(p.ErrorCode, p.get("ErrorMessage") or Errors(p.ErrorCode).name, sent=True)
-            return int(p.BaseOffset)
+                raise WireError(p.error_code, p.error_message or Errors(p.error_code).name, sent=True)
+            return p.base_offset
 
         def lost(f: Any) -> Any:
             if f.check(WireError) and f.value.code in (Errors.NETWORK_EXCEPTION, Errors.REQUEST_TIMED_OUT):

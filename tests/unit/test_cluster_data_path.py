@@ -1,7 +1,7 @@
 """The cluster data path in memory: what the reader makes of fetched batches, and how the gateway's
 idempotent producer answers the cluster's faults.
 
-The writer's tests script the cluster's answers at the client's interface (``ClusterClient.request``):
+The writer's tests script the cluster's answers at the client's interface (``ClusterClient.request`` and ``produce``):
 the faults they answer with (sequences out of order, a producer the cluster forgot, answers that never
 come) are ones the test clusters do not give on demand, and Tansu applies no idempotence at all. The
 integration tests (``tests/test_cluster.py``) run the same code against real clusters."""
@@ -18,7 +18,8 @@ from twisted.internet.testing import MemoryReactorClock
 from gateway import model as m
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.reader import batches_of
-from gateway.cluster.wire import INIT_PRODUCER_ID, PRODUCE, PartitionLeader, WireError
+from gateway.cluster.shapes import Produced
+from gateway.cluster.wire import INIT_PRODUCER_ID, PartitionLeader, WireError
 from gateway.cluster.writer import PRODUCER, PRODUCER_AT, Writer
 from gateway.codecs.kafka import format as kafka_format
 from gateway.codecs.kafka.errors import Errors
@@ -83,10 +84,11 @@ class ScriptedCluster:
         self.stale_marked += 1
 
     def request(self, node_id: int, lane: str, api_key: int, body, timeout_s=None) -> defer.Deferred:
-        if api_key == INIT_PRODUCER_ID:
-            return defer.succeed(Container(ErrorCode=0, ProducerId=next(self.producer_ids), ProducerEpoch=0))
-        assert api_key == PRODUCE
-        (batch,) = body["TopicData"][0]["PartitionData"][0]["Records"]
+        assert api_key == INIT_PRODUCER_ID
+        return defer.succeed(Container(ErrorCode=0, ProducerId=next(self.producer_ids), ProducerEpoch=0))
+
+    def produce(self, node_id: int, topic: str, partition: int, batch: bytes, acks: int,
+                timeout_ms: int) -> defer.Deferred:
         producer_id, _, sequence = PRODUCER.unpack_from(batch, PRODUCER_AT)
         d: defer.Deferred = defer.Deferred()
         self.produced.append((producer_id, sequence, d))
@@ -97,8 +99,7 @@ class ScriptedCluster:
         if error in (Errors.NETWORK_EXCEPTION, Errors.REQUEST_TIMED_OUT):
             d.errback(WireError(error, "no answer", sent=True))
             return
-        d.callback(Container(Responses=[Container(PartitionResponses=[
-            Container(ErrorCode=error, BaseOffset=base, ErrorMessage=None)])]))
+        d.callback(Produced(error, base))
 
 
 def writer_on(cluster: ScriptedCluster, reactor: MemoryReactorClock) -> Writer:
