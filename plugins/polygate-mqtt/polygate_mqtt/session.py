@@ -46,10 +46,11 @@ class Anchor:
     filters: Mapping[str, int]  # filter -> granted QoS
     released: tuple[int, ...] = ()  # packet ids of QoS 2 deliveries PUBRECed, not yet PUBCOMPed
     left_ms: int = 0  # when the client left (0: connected)
+    expiry_s: int | None = None  # how long after ``left_ms`` it ends (None: ``session_expiry_s``)
 
     def encode(self) -> str:
-        return json.dumps({"filters": dict(self.filters), "released": list(self.released), "left_ms": self.left_ms},
-                          separators=(",", ":"))
+        return json.dumps({"filters": dict(self.filters), "released": list(self.released), "left_ms": self.left_ms,
+                           "expiry_s": self.expiry_s}, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str) -> Anchor | None:
@@ -57,7 +58,9 @@ class Anchor:
         try:
             data = json.loads(text)
             filters = {str(f): int(q) for f, q in data["filters"].items() if topics.valid_filter(str(f))}
-            return cls(filters, tuple(int(i) for i in data.get("released", ())), int(data.get("left_ms", 0)))
+            expiry = data.get("expiry_s")
+            return cls(filters, tuple(int(i) for i in data.get("released", ())), int(data.get("left_ms", 0)),
+                       None if expiry is None else int(expiry))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -111,9 +114,14 @@ class Outgoing:
     packet_id: int = 0  # set before it is sent for a delivery resent from a session: its first one's
     sent_at: float = 0.0
     released: bool = False
+    properties: bytes | None = None  # for an MQTT 5 client: its PUBLISH's property list (body); None: 3.1.1
 
     def packet(self, dup: bool) -> bytes:
-        """What goes out for it (again, with ``dup``): its PUBLISH, or once released its PUBREL."""
+        """What goes out for it (again, with ``dup``): its PUBLISH, or once released its PUBREL.
+        (A first MQTT 5 delivery goes out with a topic alias: ``MqttConnection.publish5``.)"""
         if self.released:
             return packets.with_packet_id(PacketType.PUBREL, self.packet_id)
+        if self.properties is not None:
+            return packets.publish5(self.topic, self.payload, self.properties, self.qos, self.packet_id, dup=dup,
+                                    retain=self.retain)
         return packets.publish(self.topic, self.payload, self.qos, self.packet_id, dup=dup, retain=self.retain)
