@@ -68,8 +68,8 @@ MQTT 5 (``properties``, ``message``, ``auth``):
   0x81; one given twice or a forbidden value: 0x82). CONNACK announces the
   server's limits (``agree``): Receive Maximum 65535, Maximum Packet Size (the
   frame limit plus its fixed header), Topic Alias Maximum (``topic_alias_maximum``),
-  Maximum QoS 2, Retain, Wildcard Subscription available, Subscription
-  Identifiers and Shared Subscriptions not available, and the Session Expiry
+  Maximum QoS 2, Retain, Wildcard Subscription and Subscription Identifiers
+  available, Shared Subscriptions not available, and the Session Expiry
   Interval where ``session_expiry_s`` bounds the client's. An empty client
   identifier is given one (Assigned Client Identifier).
 * The client's Receive Maximum bounds the QoS 1 and 2 deliveries in flight (with
@@ -86,10 +86,14 @@ MQTT 5 (``properties``, ``message``, ``auth``):
 * Session Expiry Interval replaces clean session: a session is kept that long
   after the connection (0: it ends with it), Clean Start ends an earlier one; a
   DISCONNECT may change it (not from 0). DISCONNECT 0x04 publishes the will.
-* SUBSCRIBE options: the QoS, and Retain Handling (1: retained messages only
-  for a new subscription, 2: none). No Local and Retain As Published are read
-  but not applied; a Subscription Identifier is answered DISCONNECT 0xA1, as
-  announced. UNSUBACK says 0x11 for a filter that was not subscribed.
+* SUBSCRIBE options (``filter_options``, ``delivery5``): Retain Handling (1:
+  retained messages only for a new subscription, 2: none); No Local (a client's
+  PUBLISHes carry the header ``polygate.mqtt_origin`` while it has such a
+  filter, and are not delivered back to it by those); Retain As Published (a
+  PUBLISH with RETAIN carries ``polygate.mqtt_retain``); the Subscription
+  Identifier, given with every delivery its filter matches. The options live
+  with the connection: a resumed session's filters come back without them.
+  UNSUBACK says 0x11 for a filter that was not subscribed.
 * AUTH: SCRAM-SHA-256 and -512 against the user store (``auth``).
 
 Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
@@ -138,7 +142,7 @@ from . import properties as props
 from .handlers import HANDLERS, connect, discover, ignored, sys_figures
 from .packets import MalformedPacket, PacketType
 from .properties import Property, ProtocolError, ReasonCode
-from .session import Outgoing
+from .session import FilterOptions, Outgoing
 
 OPTIONS = (
     Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
@@ -199,6 +203,11 @@ def _alias(alias: int) -> bytes:
     return _ALIAS + alias.to_bytes(2, "big")
 
 
+_PLAIN = (b"", False)
+  # an MQTT 5 delivery without properties, RETAIN 0
+
+
+_NO_OPTIONS = FilterOptions()
 _NOT_DELIVERED: tuple[bytes, list[tuple[int, dict[int, int]]]] = (b"", [])  # a record that is no MQTT message
 
 
@@ -289,6 +298,8 @@ class MqttConnection(CodecConnection):
         self.alias_maximum_out = 0  # the client's Topic Alias Maximum
         self.exchange: tuple[Any, Any] | None = None  # an AUTH exchange under way (``auth``)
         self.authenticated: list[tuple[Property, object]] = []  # its last answer, for the CONNACK
+        self.client_id = ""
+        self.filter_options: dict[str, FilterOptions] = {}  # MQTT 5 filters with options beyond their QoS
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API
@@ -347,14 +358,15 @@ class MqttConnection(CodecConnection):
                 if backlog and offset < backlog.get((log_topic, partition), -1) and not self._from_backlog(
                         len(topic_field) - 2 + len(payload)):
                     continue  # published while the client was away, past what it may get
-                properties = None
+                properties, retain = None, False
                 if v5:
-                    properties = message.properties_of(fmt.decode_headers(headers), self.taken_at) \
-                        if headers else b""
-                    if properties is None:
-                        continue  # expired (3.3.2.3.3)
+                    delivered = self.delivery5(sub, topic_field[2:], headers) if headers or self.filter_options \
+                        else _PLAIN
+                    if delivered is None:
+                        continue  # expired (3.3.2.3.3), or the client's own under No Local
+                    properties, retain = delivered
                     if qos == 0:
-                        out.append(self.publish5(topic_field[2:], payload, properties))
+                        out.append(self.publish5(topic_field[2:], payload, properties, retain=retain))
                         continue
                 if qos == 0:  # the PUBLISH's parts (type, remaining length, topic, payload), joined once with all
                     size = len(topic_field) + len(payload)
@@ -362,7 +374,7 @@ class MqttConnection(CodecConnection):
                             topic_field, payload)
                 else:
                     source = (log_topic, partition, offset)
-                    msg = Outgoing(topic_field[2:], payload, qos, False, source, properties=properties)
+                    msg = Outgoing(topic_field[2:], payload, qos, retain, source, properties=properties)
                     if self.redeliver:  # in flight when the session's last connection ended
                         msg.packet_id = self.redeliver.pop(source, 0)
                     if self.queue(msg):
@@ -584,12 +596,35 @@ class MqttConnection(CodecConnection):
             (Property.MAXIMUM_QOS, 2),
             (Property.RETAIN_AVAILABLE, 1),
             (Property.WILDCARD_SUBSCRIPTION_AVAILABLE, 1),
-            (Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE, 0),
+            (Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE, 1),
             (Property.SHARED_SUBSCRIPTION_AVAILABLE, 0),
         ]
         if self.session_expiry_s != requested:
             announced.append((Property.SESSION_EXPIRY_INTERVAL, self.session_expiry_s))
         return announced + self.authenticated
+
+    def delivery5(self, sub: _TopicSubscription | None, topic: bytes, headers: bytes | Sequence[tuple[str, bytes | None]]
+                  ) -> tuple[bytes, bool] | None:
+        """The property list (body) and RETAIN flag of a delivery to an MQTT 5 client of a message
+        to ``topic`` with ``headers`` (encoded, or decoded) that ``sub``'s filters match (None: a
+        retained message, matched by all of ``filter_options``): None when it is not delivered,
+        as it expired or every matching filter is No Local and it is the client's own."""
+        decoded = fmt.decode_headers(headers) if isinstance(headers, bytes) else headers
+        identifiers: list[int] = []
+        retain = False
+        if self.filter_options:
+            name = topic.decode("utf-8")
+            matching = [self.filter_options.get(f, _NO_OPTIONS) for f in (self.filter_options if sub is None
+                                                                          else sub.filters)
+                        if topics.matches(f, name)]
+            flags = {header: value for header, value in decoded if header in message.OWN}
+            if matching and all(o.no_local for o in matching) \
+                    and flags.get(message.ORIGIN) == self.client_id.encode("utf-8"):
+                return None
+            retain = flags.get(message.RETAINED) == b"1" and any(o.retain_as_published for o in matching)
+            identifiers = sorted({o.identifier for o in matching if o.identifier is not None})
+        properties = message.properties_of(decoded, self.taken_at, identifiers)
+        return None if properties is None else (properties, retain)
 
     def publish5(self, topic: bytes, payload: bytes, properties: bytes, qos: int = 0, packet_id: int | None = None,
                  retain: bool = False) -> bytes:

@@ -28,7 +28,7 @@ from . import format as fmt
 from . import properties as props
 from .packets import MalformedPacket, PacketType
 from .properties import ProtocolError, ReasonCode, Violation
-from .session import Outgoing
+from .session import FilterOptions, Outgoing
 
 if TYPE_CHECKING:
     from .codec import MqttConnection
@@ -102,6 +102,7 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
             will_headers = message.headers_of(props.decode_list(c.will_properties, "will"))
         conn.will = _commands(conn, c.will_topic, f.will_qos, c.will_message, f.will_retain, will_headers)
     conn.connected = True
+    conn.client_id = c.client_id
     conn.keep_alive = float(c.keep_alive)
     conn.emit(Timer(None, "connect"))
     if conn.keep_alive:
@@ -215,6 +216,14 @@ class _Stored(Acknowledgement):
         return b""
 
 
+_RETAINED = fmt.encode_headers([(message.RETAINED, b"1")])
+
+
+def _origin(client_id: str) -> bytes:
+    """The header naming a publisher (``message.ORIGIN``), encoded."""
+    return fmt.encode_headers([(message.ORIGIN, client_id.encode("utf-8"))])
+
+
 def _aliased(conn: MqttConnection, name: str, properties: props.Properties) -> str:
     """The topic name of an MQTT 5 PUBLISH: its own, which a Topic Alias then stands for, or the
     one its Topic Alias was set to (3.3.2.3.4)."""
@@ -243,12 +252,14 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
             headers = message.headers_of(properties, conn.taken_at)
         elif not name:
             raise ProtocolError("PUBLISH without a topic name or a topic alias")
+        if conn.filter_options and any(o.no_local for o in conn.filter_options.values()):
+            headers += _origin(conn.client_id)  # for its No Local filters
     else:
         name, qos, packet_id, payload = packets.parse_publish(flags, body)
     if qos == 2 and packet_id in conn.awaiting_release:
         return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
-    if flags & 1:
-        return _publish_retained(conn, name, qos, packet_id, payload, headers)
+    if flags & 1:  # the flag kept for Retain As Published subscribers
+        return _publish_retained(conn, name, qos, packet_id, payload, headers + _RETAINED)
     produce = _produce(conn, name, qos, payload, headers)
     if qos == 0:
         return Handled.answer(b"") if produce is None else Handled.run((produce,),
@@ -421,8 +432,9 @@ class _Subscribe:
 def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     v5 = conn.version == 5
     s = packets.parse(packets.SUBSCRIBE5 if v5 else packets.SUBSCRIBE, body)
-    if v5 and props.P.SUBSCRIPTION_IDENTIFIER in props.decode_list(s.properties, "SUBSCRIBE"):
-        raise Violation(ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, "subscription identifiers are not offered")
+    identifiers = props.decode_list(s.properties, "SUBSCRIBE").get(props.P.SUBSCRIPTION_IDENTIFIER, []) if v5 else []
+    if len(identifiers) > 1:
+        raise ProtocolError("SUBSCRIBE with two Subscription Identifiers")
     if not s.topics:
         raise ProtocolError("SUBSCRIBE without a topic filter")
     entries, no_retained = [], set()
@@ -436,6 +448,13 @@ def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
             raise MalformedPacket(f"invalid topic filter {t.filter!r}")
         if v5 and (t.options.retain_handling == 2 or t.options.retain_handling == 1 and conn.subscribed(t.filter)):
             no_retained.add(t.filter)  # 3.8.3.1: 2, never; 1, only for a subscription that is new
+        if v5:
+            options = FilterOptions(identifiers[0] if identifiers else None, t.options.no_local,
+                                    t.options.retain_as_published)
+            if options == FilterOptions():
+                conn.filter_options.pop(t.filter, None)
+            else:
+                conn.filter_options[t.filter] = options
         entries.append((t.filter, qos, None if topics.is_sys(t.filter) else conn.mapping.sources(t.filter)))
     ctx = _Subscribe(s.packet_id, tuple(entries), no_retained=frozenset(no_retained))
     # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription. A
@@ -566,9 +585,12 @@ def _retained_read(conn: MqttConnection, scan: _RetainedScan, results: Sequence[
         granted = max(qos for topic_filter, qos in scan.filters.items() if topics.matches(topic_filter, name))
         qos = granted if stored_qos == fmt.UNKNOWN_QOS else min(granted, stored_qos)
         topic = name.encode("utf-8")
-        properties = message.properties_of(headers, conn.taken_at) if conn.version == 5 else None
-        if conn.version == 5 and properties is None:
-            continue  # expired
+        properties = None
+        if conn.version == 5:
+            delivered = conn.delivery5(None, topic, headers)
+            if delivered is None:
+                continue  # expired, or the client's own under No Local
+            properties = delivered[0]
         if qos == 0:
             out.append(packets.publish(topic, payload, retain=True) if properties is None
                        else conn.publish5(topic, payload, properties, retain=True))
@@ -681,6 +703,7 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     for topic_filter in u.filters:
         codes.append(ReasonCode.SUCCESS if conn.subscribed(topic_filter) else ReasonCode.NO_SUBSCRIPTION_EXISTED)
         conn.open_filters.pop(topic_filter, None)
+        conn.filter_options.pop(topic_filter, None)
         for log_topic in list(conn.awaited):
             conn.stop_awaiting(log_topic, topic_filter)
         conn.sys_filters.pop(topic_filter, None)

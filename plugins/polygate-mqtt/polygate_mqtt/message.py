@@ -13,8 +13,8 @@ MQTT 5 subscriber gets of a record another protocol wrote:
 
 Back to an MQTT 5 subscriber, every other header is a User Property: a value that is not
 UTF-8 is given with replacement characters (a User Property is a UTF-8 string), a null one as
-an empty string. The header ``polygate.mqtt_qos`` (``format.QOS_HEADER``) is the storage's own
-and never a property. An MQTT 3.1.1 subscriber gets the payload only.
+an empty string. The headers ``polygate.mqtt_qos`` (``format.QOS_HEADER``), ``polygate.mqtt_origin``
+and ``polygate.mqtt_retain`` (``OWN``) are the gateway's own and never properties. An MQTT 3.1.1 subscriber gets the payload only.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ PAYLOAD_FORMAT = "mqtt.payload_format"
 RESPONSE_TOPIC = "mqtt.response_topic"
 CORRELATION_DATA = "mqtt.correlation_data"
 MESSAGE_EXPIRY = "mqtt.message_expiry"
+# The gateway's own headers, never User Properties: the publisher's client identifier, set while
+# it has a No Local subscription (3.8.3.1), and the RETAIN flag a message was published with
+# (for Retain As Published).
+ORIGIN = "polygate.mqtt_origin"
+RETAINED = "polygate.mqtt_retain"
+OWN = frozenset({ORIGIN, RETAINED, fmt.QOS_HEADER})
 HEADER_NAMES = {Property.CONTENT_TYPE: CONTENT_TYPE, Property.PAYLOAD_FORMAT_INDICATOR: PAYLOAD_FORMAT,
                 Property.RESPONSE_TOPIC: RESPONSE_TOPIC, Property.CORRELATION_DATA: CORRELATION_DATA}
 _PROPERTIES = {name: prop for prop, name in HEADER_NAMES.items()}
@@ -54,10 +60,12 @@ def headers_of(properties: props.Properties, now_ms: int = 0) -> bytes:
     return fmt.encode_headers(headers) if headers else b""
 
 
-def properties_of(headers: Sequence[tuple[str, bytes | None]], now_ms: int) -> bytes | None:
+def properties_of(headers: Sequence[tuple[str, bytes | None]], now_ms: int,
+                  identifiers: Sequence[int] = ()) -> bytes | None:
     """The property list (without its length) a PUBLISH to an MQTT 5 subscriber carries for a
-    record with ``headers``, at ``now_ms``; None if the message expired."""
-    out: list[tuple[Property, object]] = []
+    record with ``headers``, at ``now_ms``, for the subscriptions of ``identifiers``; None if
+    the message expired."""
+    out: list[tuple[Property, object]] = [(Property.SUBSCRIPTION_IDENTIFIER, i) for i in identifiers]
     for name, value in headers:
         prop = _PROPERTIES.get(name)
         if prop is not None and value is not None:
@@ -76,6 +84,6 @@ def properties_of(headers: Sequence[tuple[str, bytes | None]], now_ms: int) -> b
             if left_ms <= 0:
                 return None
             out.append((Property.MESSAGE_EXPIRY_INTERVAL, min(-(-left_ms // 1000), 0xFFFFFFFF)))
-        elif name != fmt.QOS_HEADER:
+        elif name not in OWN:
             out.append((Property.USER_PROPERTY, (name, (value or b"").decode("utf-8", "replace"))))
     return props.encode_body(out)

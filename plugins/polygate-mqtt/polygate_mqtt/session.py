@@ -100,6 +100,16 @@ def restored(offsets: Iterable[tuple[str, int, int, str]]) -> tuple[Anchor | Non
     return anchor, positions
 
 
+@attrs.frozen
+class FilterOptions:
+    """An MQTT 5 subscription's options beyond its QoS (3.8.3.1), and its Subscription Identifier
+    (kept by the connection, not in a persistent session's anchor)."""
+
+    identifier: int | None = None
+    no_local: bool = False
+    retain_as_published: bool = False
+
+
 @attrs.define
 class Outgoing:
     """A QoS 1 or 2 delivery waiting for room in flight, or for its PUBACK (QoS 1), PUBREC and

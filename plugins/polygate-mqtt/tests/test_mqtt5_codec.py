@@ -59,8 +59,12 @@ def client5(rig: Rig, client_id: bytes = b"c", properties: list | None = None, c
 def publish5_of(pkt: tuple[int, int, bytes]) -> tuple[str, int, int | None, props.Properties, bytes]:
     kind, flags, body = pkt
     assert kind == PacketType.PUBLISH
-    topic, qos, packet_id, _, payload = packets.parse_publish5(flags, body)
-    return topic, qos, packet_id, _server_properties(body, 2 + len(topic.encode()) + (2 if qos else 0)), payload
+    qos = (flags >> 1) & 3
+    topic, pos = props.string(body, 0)
+    packet_id = struct.unpack_from(">H", body, pos)[0] if qos else None
+    pos += 2 if qos else 0
+    length, after = props.read_varint(body, pos)
+    return topic, qos, packet_id, _server_properties(body, pos), body[after + length:]
 
 
 def test_connack_announces_the_servers_limits(rig):
@@ -69,7 +73,7 @@ def test_connack_announces_the_servers_limits(rig):
     assert acknowledged == {
         P.RECEIVE_MAXIMUM: 0xFFFF, P.MAXIMUM_PACKET_SIZE: 1 + len(packets.encode_length(limit)) + limit,
         P.TOPIC_ALIAS_MAXIMUM: 4, P.MAXIMUM_QOS: 2, P.RETAIN_AVAILABLE: 1, P.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
-        P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0, P.SHARED_SUBSCRIPTION_AVAILABLE: 0,
+        P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1, P.SHARED_SUBSCRIPTION_AVAILABLE: 0,
         P.SESSION_EXPIRY_INTERVAL: 7 * 24 * 3600,  # bounded by session_expiry_s
     }
 
@@ -182,10 +186,38 @@ def test_unsuback_says_which_filters_had_no_subscription(rig):
         (PacketType.UNSUBACK, 0, b"\x00\x02\x00\x00\x11")]
 
 
-def test_subscription_identifiers_are_refused_as_announced(rig):
+def test_subscription_identifiers_come_with_the_deliveries_their_filters_match(rig):
+    rig.broker.execute(m.CreateTopic("t", 1))
     sub, _ = client5(rig, b"sub")
-    [(kind, _, body)] = sub.send(subscribe5_packet(1, ("a/b", 0), properties=[(P.SUBSCRIPTION_IDENTIFIER, 3)]))
-    assert (kind, body[0]) == (PacketType.DISCONNECT, ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED)
+    sub.send(subscribe5_packet(1, ("t/#", 0), properties=[(P.SUBSCRIPTION_IDENTIFIER, 7)]))
+    sub.send(subscribe5_packet(2, ("t/+", 0), properties=[(P.SUBSCRIPTION_IDENTIFIER, 300)]))
+    sub.send(subscribe5_packet(3, ("t/a/b", 0)))
+    pub, _ = client5(rig, b"pub")
+    pub.send(packets.publish5(b"t/a", b"1", b"", 1, 1))
+    pub.send(packets.publish5(b"t/a/b", b"2", b"", 1, 2))
+    rig.reactor.advance(0)
+    assert [(publish5_of(p)[4], publish5_of(p)[3].get(P.SUBSCRIPTION_IDENTIFIER)) for p in sub.received()] == [
+        (b"1", [7, 300]), (b"2", [7])]
+    [(kind, _, body)] = sub.send(subscribe5_packet(4, ("t/#", 0), properties=[(P.SUBSCRIPTION_IDENTIFIER, 1),
+                                                                               (P.SUBSCRIPTION_IDENTIFIER, 2)]))
+    assert (kind, body[0]) == (PacketType.DISCONNECT, ReasonCode.PROTOCOL_ERROR)
+
+
+NO_LOCAL, RETAIN_AS_PUBLISHED = 0b100, 0b1000
+
+
+def test_no_local_keeps_a_clients_own_messages_from_it_and_retain_as_published_keeps_the_flag(rig):
+    rig.broker.execute(m.CreateTopic("t", 1))
+    c, _ = client5(rig, b"me")
+    c.send(subscribe5_packet(1, ("t/mine", NO_LOCAL)))
+    c.send(subscribe5_packet(2, ("t/kept", RETAIN_AS_PUBLISHED)))
+    c.send(packets.publish5(b"t/mine", b"own", b"", 1, 1))
+    other, _ = client5(rig, b"other")
+    other.send(packets.publish5(b"t/mine", b"theirs", b"", 1, 1))
+    other.send(packets.publish5(b"t/kept", b"flagged", b"", 1, 2, retain=True))
+    rig.reactor.advance(0)
+    got = [(publish5_of(p)[0], publish5_of(p)[4], bool(p[1] & 1)) for p in c.received() if p[0] == PacketType.PUBLISH]
+    assert got == [("t/mine", b"theirs", False), ("t/kept", b"flagged", True)]
 
 
 def test_disconnect_with_will_message_publishes_the_will(rig):

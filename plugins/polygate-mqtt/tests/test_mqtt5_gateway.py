@@ -199,9 +199,15 @@ def test_a_session_with_an_expiry_outlives_its_connection(gateway, clients):
     assert gone.connack[0] is False
 
 
-def test_subscription_identifiers_are_not_offered(gateway, clients):
+def test_subscription_identifiers_come_back_with_the_messages(gateway, clients):
     c = clients(gateway.port("mqtt"), "ids")
-    assert c.connack[2].SubscriptionIdentifierAvailable == 0
+    assert c.connack[2].SubscriptionIdentifierAvailable == 1
+    identified = Properties(PacketTypes.SUBSCRIBE)
+    identified.SubscriptionIdentifier = 42
+    assert c.wait_ack(c.client.subscribe([("doors/#", SubscribeOptions(qos=1))], properties=identified)[1]) == [1]
+    c.publish("doors/front", b"open")
+    [got] = c.wait_messages(1)
+    assert (got.topic, got.payload, got.properties.SubscriptionIdentifier) == ("doors/front", b"open", [42])
 
 
 def _connect5(port: int, properties: list) -> socket.socket:
