@@ -91,8 +91,8 @@ MQTT 5 (``properties``, ``message``, ``auth``):
   PUBLISHes carry the header ``polygate.mqtt_origin`` while it has such a
   filter, and are not delivered back to it by those); Retain As Published (a
   PUBLISH with RETAIN carries ``polygate.mqtt_retain``); the Subscription
-  Identifier, given with every delivery its filter matches. The options live
-  with the connection: a resumed session's filters come back without them.
+  Identifier, given with every delivery its filter matches. A persistent
+  session keeps them with its filters.
   UNSUBACK says 0x11 for a filter that was not subscribed.
 * AUTH: SCRAM-SHA-256 and -512 against the user store (``auth``).
 
@@ -692,7 +692,8 @@ class MqttConnection(CodecConnection):
             if msg.packet_id:
                 in_flight.setdefault((topic, partition), {})[offset] = msg.packet_id
         offsets = [(*session.ANCHOR, 0, session.Anchor(filters, released, left_ms,
-                                                                   self.session_expiry_s).encode())]
+                                                                   self.session_expiry_s,
+                                                                   self.filter_options).encode())]
         for (topic, partition), offset in lowest.items():
             reading = self.subscriptions.get(topic)
             since = {} if reading is None else {topic_filter: start[partition] for topic_filter, (_, start)

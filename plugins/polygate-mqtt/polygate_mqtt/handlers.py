@@ -175,6 +175,7 @@ def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult,
                                hold=True)  # then anchor the new one
         return _begun(conn, group)
     conn.emit(Handled.answer(connack(True)))
+    conn.filter_options = dict(anchor.options)
     out = []
     for packet_id in anchor.released:
         msg = Outgoing(b"", b"", 2, packet_id=packet_id, sent_at=conn.clock(), released=True)

@@ -47,10 +47,12 @@ class Anchor:
     released: tuple[int, ...] = ()  # packet ids of QoS 2 deliveries PUBRECed, not yet PUBCOMPed
     left_ms: int = 0  # when the client left (0: connected)
     expiry_s: int | None = None  # how long after ``left_ms`` it ends (None: ``session_expiry_s``)
+    options: Mapping[str, FilterOptions] = attrs.Factory(dict)  # MQTT 5 filters' options beyond their QoS
 
     def encode(self) -> str:
+        options = {f: [o.identifier, o.no_local, o.retain_as_published] for f, o in self.options.items()}
         return json.dumps({"filters": dict(self.filters), "released": list(self.released), "left_ms": self.left_ms,
-                           "expiry_s": self.expiry_s}, separators=(",", ":"))
+                           "expiry_s": self.expiry_s, "options": options}, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str) -> Anchor | None:
@@ -59,8 +61,10 @@ class Anchor:
             data = json.loads(text)
             filters = {str(f): int(q) for f, q in data["filters"].items() if topics.valid_filter(str(f))}
             expiry = data.get("expiry_s")
+            options = {str(f): FilterOptions(None if i is None else int(i), bool(nl), bool(rap))
+                       for f, (i, nl, rap) in data.get("options", {}).items() if str(f) in filters}
             return cls(filters, tuple(int(i) for i in data.get("released", ())), int(data.get("left_ms", 0)),
-                       None if expiry is None else int(expiry))
+                       None if expiry is None else int(expiry), options)
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -103,7 +107,7 @@ def restored(offsets: Iterable[tuple[str, int, int, str]]) -> tuple[Anchor | Non
 @attrs.frozen
 class FilterOptions:
     """An MQTT 5 subscription's options beyond its QoS (3.8.3.1), and its Subscription Identifier
-    (kept by the connection, not in a persistent session's anchor)."""
+    (kept with the filters in a persistent session's anchor)."""
 
     identifier: int | None = None
     no_local: bool = False

@@ -247,3 +247,23 @@ def test_auth_before_connect_and_in_3_1_1_closes(rig):
     c = rig.client(client_id=b"")
     c.send(packets.auth(ReasonCode.CONTINUE_AUTHENTICATION, []))
     assert c.closed
+
+
+def test_a_session_with_an_expiry_keeps_its_subscription_identifiers(rig):
+    rig.broker.execute(m.CreateTopic("t", 1))
+    kept = [(P.SESSION_EXPIRY_INTERVAL, 60)]
+    first, _ = client5(rig, b"keeper", kept)
+    rig.reactor.advance(0)
+    first.send(subscribe5_packet(1, ("t/#", 0), properties=[(P.SUBSCRIPTION_IDENTIFIER, 9)]))
+    rig.reactor.advance(0)
+    first.proto.connectionLost()
+    rig.reactor.advance(0)
+    c = rig.client(client_id=b"")
+    [pkt] = c.send(connect5_packet(b"keeper", kept, clean=False))
+    rig.reactor.advance(0)
+    assert connack_of(pkt)[:2] == (1, ReasonCode.SUCCESS)  # session present
+    pub, _ = client5(rig, b"pub")
+    pub.send(packets.publish5(b"t/a", b"again", b"", 1, 1))
+    rig.reactor.advance(0)
+    assert [(publish5_of(p)[4], publish5_of(p)[3].get(P.SUBSCRIPTION_IDENTIFIER)) for p in c.received()] == [
+        (b"again", [9])]

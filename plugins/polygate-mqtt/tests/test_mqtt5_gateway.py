@@ -183,6 +183,7 @@ def test_topic_aliases_both_ways(gateway, clients):
         ("fleet/truck/7", b"1", 1), ("", b"2", 1)]
 
 
+@pytest.mark.tansu_differs("Tansu 0.6 drops the metadata of committed offsets, where a session keeps its filters")
 def test_a_session_with_an_expiry_outlives_its_connection(gateway, clients):
     port = gateway.port("mqtt")
     expiry = Properties(PacketTypes.CONNECT)
