@@ -66,7 +66,9 @@ MQTT 5 (``properties``, ``message``, ``auth``):
 
 * Properties are checked as 2.2.2 says (an identifier a packet may not carry:
   0x81; one given twice or a forbidden value: 0x82). CONNACK announces the
-  server's limits (``agree``): Receive Maximum 65535, Maximum Packet Size (the
+  server's limits (``agree``): Receive Maximum (``receive_maximum``: QoS 2
+  PUBLISHes awaiting PUBREL past it are answered DISCONNECT 0x93; QoS 1 ones
+  are acknowledged once stored), Maximum Packet Size (the
   frame limit plus its fixed header), Topic Alias Maximum (``topic_alias_maximum``),
   Maximum QoS 2, Retain, Wildcard Subscription and Subscription Identifiers
   available, Shared Subscriptions not available, and the Session Expiry
@@ -170,6 +172,8 @@ OPTIONS = (
            help="how long a persistent session outlives its client's last connection"),
     Option("max_session_backlog", integer(0), 100_000, "a non-negative integer (messages)",
            help="messages per log partition a returning persistent session reads at most (the latest)"),
+    Option("receive_maximum", integer(1, 0xFFFF), 1024, "an integer from 1 to 65535",
+           help="the MQTT 5 Receive Maximum announced in CONNACK: QoS 2 messages a client may have awaiting release"),
     Option("topic_alias_maximum", integer(0, 0xFFFF), 64, "an integer from 0 to 65535",
            help="the MQTT 5 Topic Alias Maximum announced in CONNACK: aliases a client may set"),
     Option("max_session_queued_bytes", integer(0), 64 << 20, "a non-negative integer (bytes)",
@@ -590,7 +594,7 @@ class MqttConnection(CodecConnection):
         self.session_expiry_s = min(requested, self.options["session_expiry_s"])
         limit = self.settings.max_frame_size
         announced: list[tuple[Property, object]] = [
-            (Property.RECEIVE_MAXIMUM, MAX_PACKET_ID),
+            (Property.RECEIVE_MAXIMUM, self.options["receive_maximum"]),
             (Property.MAXIMUM_PACKET_SIZE, 1 + len(packets.encode_length(limit)) + limit),
             (Property.TOPIC_ALIAS_MAXIMUM, self.options["topic_alias_maximum"]),
             (Property.MAXIMUM_QOS, 2),

@@ -259,6 +259,9 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
         name, qos, packet_id, payload = packets.parse_publish(flags, body)
     if qos == 2 and packet_id in conn.awaiting_release:
         return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
+    if qos == 2 and conn.version == 5 and len(conn.awaiting_release) >= conn.options["receive_maximum"]:
+        raise Violation(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                        f"over {conn.options['receive_maximum']} QoS 2 messages awaiting release")
     if flags & 1:  # the flag kept for Retain As Published subscribers
         return _publish_retained(conn, name, qos, packet_id, payload, headers + _RETAINED)
     produce = _produce(conn, name, qos, payload, headers)

@@ -22,7 +22,7 @@ P = Property
 
 @pytest.fixture
 def rig(tmp_path):
-    r = Rig(str(tmp_path), retry_ms="1000", topic_alias_maximum="4")
+    r = Rig(str(tmp_path), retry_ms="1000", topic_alias_maximum="4", receive_maximum="2")
     yield r
     r.close()
 
@@ -71,7 +71,7 @@ def test_connack_announces_the_servers_limits(rig):
     _, acknowledged = client5(rig, properties=[(P.SESSION_EXPIRY_INTERVAL, 0xFFFFFFFF)])
     limit = rig.factory.settings.max_frame_size
     assert acknowledged == {
-        P.RECEIVE_MAXIMUM: 0xFFFF, P.MAXIMUM_PACKET_SIZE: 1 + len(packets.encode_length(limit)) + limit,
+        P.RECEIVE_MAXIMUM: 2, P.MAXIMUM_PACKET_SIZE: 1 + len(packets.encode_length(limit)) + limit,
         P.TOPIC_ALIAS_MAXIMUM: 4, P.MAXIMUM_QOS: 2, P.RETAIN_AVAILABLE: 1, P.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
         P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1, P.SHARED_SUBSCRIPTION_AVAILABLE: 0,
         P.SESSION_EXPIRY_INTERVAL: 7 * 24 * 3600,  # bounded by session_expiry_s
@@ -267,3 +267,11 @@ def test_a_session_with_an_expiry_keeps_its_subscription_identifiers(rig):
     rig.reactor.advance(0)
     assert [(publish5_of(p)[4], publish5_of(p)[3].get(P.SUBSCRIPTION_IDENTIFIER)) for p in c.received()] == [
         (b"again", [9])]
+
+
+def test_qos2_messages_awaiting_release_past_the_receive_maximum_get_disconnect_0x93(rig):
+    pub, _ = client5(rig, b"pub")
+    for packet_id in (1, 2, 2):  # the same one again is a resend, not one more
+        assert pub.send(packets.publish5(b"t/a", b"x", b"", 2, packet_id))[0][0] == PacketType.PUBREC
+    [(kind, _, body)] = pub.send(packets.publish5(b"t/a", b"x", b"", 2, 3))
+    assert (kind, body[0]) == (PacketType.DISCONNECT, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
