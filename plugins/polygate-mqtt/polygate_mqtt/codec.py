@@ -207,11 +207,8 @@ def _alias(alias: int) -> bytes:
     return _ALIAS + alias.to_bytes(2, "big")
 
 
-_PLAIN = (b"", False)
-  # an MQTT 5 delivery without properties, RETAIN 0
-
-
-_NO_OPTIONS = FilterOptions()
+_PLAIN = (b"", False)  # an MQTT 5 delivery without properties, RETAIN 0
+_NO_OPTIONS = FilterOptions()  # a filter's options when it has none beyond its QoS
 _NOT_DELIVERED: tuple[bytes, list[tuple[int, dict[int, int]]]] = (b"", [])  # a record that is no MQTT message
 
 
