@@ -297,6 +297,7 @@ class MqttConnection(CodecConnection):
         self.aliases_in: dict[int, str] = {}  # set by the client's PUBLISHes
         self.aliases_out: dict[bytes, int] = {}  # topic name -> alias, set by ours
         self.alias_maximum_out = 0  # the client's Topic Alias Maximum
+        self.problem_information = True  # whether acknowledgements may carry a Reason String (3.1.2.11.7)
         self.exchange: tuple[Any, Any] | None = None  # an AUTH exchange under way (``auth``)
         self.authenticated: list[tuple[Property, object]] = []  # its last answer, for the CONNACK
         self.client_id = ""
@@ -587,6 +588,7 @@ class MqttConnection(CodecConnection):
         self.receive_maximum = properties.get(Property.RECEIVE_MAXIMUM, MAX_PACKET_ID)
         self.maximum_packet_size = properties.get(Property.MAXIMUM_PACKET_SIZE, 0)
         self.alias_maximum_out = properties.get(Property.TOPIC_ALIAS_MAXIMUM, 0)
+        self.problem_information = properties.get(Property.REQUEST_PROBLEM_INFORMATION, 1) == 1
         requested = properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
         self.session_expiry_s = min(requested, self.options["session_expiry_s"])
         limit = self.settings.max_frame_size

@@ -211,7 +211,7 @@ class _Stored(Acknowledgement):
                 else ReasonCode.UNSPECIFIED_ERROR
             connection.awaiting_release.discard(packet_id)  # an error PUBREC ends the exchange (4.3.3)
             return packets.ack5(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id, reason,
-                                f"not stored: {error.code.value}")
+                                f"not stored: {error.code.value}" if connection.problem_information else None)
         # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
         connection.close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
         return b""
