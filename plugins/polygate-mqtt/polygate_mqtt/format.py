@@ -154,7 +154,7 @@ class MqttFormat(BatchFormat):
             if size >= _ONE_RECORD_MIN:
                 delta, _, qos, klen = unpack_head(payload)
                 at = HEAD_SIZE + klen if klen > 0 else HEAD_SIZE
-                if delta == 0 and at + LEN.size <= size and not _has_headers(qos):
+                if delta == 0 and at + LEN.size <= size and (not qos & HEADERS or qos == UNKNOWN_QOS):
                     (vlen,) = unpack_len(payload, at)
                     if at + LEN.size + (vlen if vlen > 0 else 0) == size:
                         checked.append(ONE_RECORD)
@@ -202,9 +202,12 @@ class MqttFormat(BatchFormat):
                 pos += klen
             (vlen,) = unpack_len(data, pos)
             pos += 4
-            value = data[pos : pos + vlen] if vlen > 0 else b""
-            pos += max(vlen, 0)
-            if qos == UNKNOWN_QOS or not qos & HEADERS:
+            if vlen > 0:
+                value = data[pos : pos + vlen]
+                pos += vlen
+            else:
+                value = b""
+            if not qos & HEADERS or qos == UNKNOWN_QOS:  # inline: this runs for every record a subscriber gets
                 yield base + delta, qos, key, value, b""
             else:
                 (hlen,) = unpack_len(data, pos)
@@ -228,10 +231,11 @@ class MqttFormat(BatchFormat):
         count = 0
         unpack_head, unpack_len, pack_delta = HEAD.unpack_from, LEN.unpack_from, DELTA.pack
         for payload in payloads:
-            qos, klen = unpack_head(payload)[2:]
+            _, _, qos, klen = unpack_head(payload)
             at = HEAD_SIZE + klen if klen > 0 else HEAD_SIZE
             vlen = unpack_len(payload, at)[0]
-            if at + LEN.size + (vlen if vlen > 0 else 0) == len(payload) and not _has_headers(qos):  # one PUBLISH's
+            if at + LEN.size + (vlen if vlen > 0 else 0) == len(payload) \
+                    and (not qos & HEADERS or qos == UNKNOWN_QOS):  # one PUBLISH's record, without headers
                 parts += (pack_delta(count), payload[DELTA.size:])
                 count += 1
                 continue
