@@ -73,7 +73,8 @@ MQTT 5 (``properties``, ``message``, ``auth``):
   Maximum QoS 2, Retain, Wildcard Subscription and Subscription Identifiers
   available, Shared Subscriptions not available, and the Session Expiry
   Interval where ``session_expiry_s`` bounds the client's. An empty client
-  identifier is given one (Assigned Client Identifier).
+  identifier is given one (Assigned Client Identifier). Under ``max_keep_alive_s``
+  a longer keep-alive (or none) is lowered to it (Server Keep Alive).
 * The client's Receive Maximum bounds the QoS 1 and 2 deliveries in flight (with
   ``max_inflight``), its Maximum Packet Size drops larger deliveries (as if
   delivered, 3.1.2.25), its Topic Alias Maximum lets deliveries use aliases (a
@@ -174,6 +175,8 @@ OPTIONS = (
            help="messages per log partition a returning persistent session reads at most (the latest)"),
     Option("receive_maximum", integer(1, 0xFFFF), 1024, "an integer from 1 to 65535",
            help="the MQTT 5 Receive Maximum announced in CONNACK: QoS 2 messages a client may have awaiting release"),
+    Option("max_keep_alive_s", integer(0, 0xFFFF), 0, "an integer from 0 to 65535 (seconds; 0: none)",
+           help="the longest keep-alive an MQTT 5 client gets: a longer one, or none, is lowered (Server Keep Alive)"),
     Option("topic_alias_maximum", integer(0, 0xFFFF), 64, "an integer from 0 to 65535",
            help="the MQTT 5 Topic Alias Maximum announced in CONNACK: aliases a client may set"),
     Option("max_session_queued_bytes", integer(0), 64 << 20, "a non-negative integer (bytes)",

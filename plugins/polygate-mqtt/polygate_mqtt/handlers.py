@@ -104,12 +104,17 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
     conn.connected = True
     conn.client_id = c.client_id
     conn.keep_alive = float(c.keep_alive)
-    conn.emit(Timer(None, "connect"))
-    if conn.keep_alive:
-        conn.emit(Timer(1.5 * conn.keep_alive, "keepalive"))
     acknowledged: list[tuple[props.Property, object]] = []
     if conn.version == 5:
         acknowledged = conn.agree(properties)
+        longest = conn.options["max_keep_alive_s"]
+        if longest and not 0 < c.keep_alive <= longest:  # MQTT 5 lets the server say less (3.2.2.3.14)
+            conn.keep_alive = float(longest)
+            acknowledged.append((props.P.SERVER_KEEP_ALIVE, longest))
+    conn.emit(Timer(None, "connect"))
+    if conn.keep_alive:
+        conn.emit(Timer(1.5 * conn.keep_alive, "keepalive"))
+    if conn.version == 5:
         if assigned is not None:
             acknowledged.append((props.P.ASSIGNED_CLIENT_IDENTIFIER, assigned))
         # MQTT 5: a session is kept for Session Expiry Interval seconds after the connection

@@ -275,3 +275,20 @@ def test_qos2_messages_awaiting_release_past_the_receive_maximum_get_disconnect_
         assert pub.send(packets.publish5(b"t/a", b"x", b"", 2, packet_id))[0][0] == PacketType.PUBREC
     [(kind, _, body)] = pub.send(packets.publish5(b"t/a", b"x", b"", 2, 3))
     assert (kind, body[0]) == (PacketType.DISCONNECT, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+
+
+def test_max_keep_alive_lowers_a_longer_keep_alive_and_says_so(tmp_path):
+    rig = Rig(str(tmp_path), max_keep_alive_s="60")
+    try:
+        c = rig.client(client_id=b"")
+        [pkt] = c.send(connect5_packet(b"k", keep_alive=120))
+        assert connack_of(pkt)[2][P.SERVER_KEEP_ALIVE] == 60
+        rig.reactor.advance(89.9)  # 1.5 times the 60 s the server said, not the 120 s asked
+        assert not c.closed
+        rig.reactor.advance(0.2)
+        assert c.closed
+        short = rig.client(client_id=b"")
+        [pkt] = short.send(connect5_packet(b"s", keep_alive=30))
+        assert P.SERVER_KEEP_ALIVE not in connack_of(pkt)[2]  # within the maximum: as asked
+    finally:
+        rig.close()
