@@ -82,7 +82,8 @@ CLUSTER_SUITES := $(addprefix tests/,test_v1_gateway.py test_kafka_confluent.py 
 	test_kafka_aiokafka.py test_kafka_groups.py test_kafka_raw.py test_kafka_kcat.py test_kafka_kafkajs.py \
 	test_kafka_platformatic.py \
 	test_tank_gateway.py test_cursus_clients.py test_cursus_errors.py test_cursus_interop.py test_produce_refusals.py) \
-	$(addprefix $(MQTT)/tests/,test_mqtt_mappings.py test_mqtt_retained.py test_mqtt_sessions.py test_mqtt_shared.py) \
+	$(addprefix $(MQTT)/tests/,test_mqtt_mappings.py test_mqtt_retained.py test_mqtt_sessions.py test_mqtt_shared.py \
+		test_mqtt5_gateway.py) \
 	$(addprefix $(HTTP)/tests/,test_http_rest_proxy.py)
 
 unit: $(STAMP)

@@ -159,9 +159,9 @@ class Env:
                       user if self.transport == "plain" else None,
                       user if self.transport == "tls" else None)
 
-    def mqtt(self, user: str) -> Device:
+    def mqtt(self, user: str, protocol: int = mqtt.MQTTv311) -> Device:
         """An MQTT client that is ``user``: its CONNECT's login on plain and tls, its certificate on mtls."""
-        device = Device()
+        device = Device(protocol)
         if self.transport != "plain":
             cert, key = self.certs[user] if self.transport == "mtls" else (None, None)
             device.client.tls_set(ca_certs=str(self.pki.ca), certfile=cert and str(cert), keyfile=key and str(key))
@@ -223,16 +223,19 @@ class Cursus(RawCursus):
 
 
 class Device:
-    """A paho-mqtt client (3.1.1, callback API 2) that records what it gets."""
+    """A paho-mqtt client (3.1.1 unless told, callback API 2) that records what it gets."""
 
-    def __init__(self):
+    def __init__(self, protocol: int = mqtt.MQTTv311):
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"sec-{uuid.uuid4().hex[:12]}",
-                                  protocol=mqtt.MQTTv311)
+                                  protocol=protocol)
         self.changed = threading.Condition()
         self.connack: int | None = None
         self.disconnected = False
         self.subacks: dict[int, list[int]] = {}
         self.messages: list[tuple[str, bytes]] = []
+        self.published: dict[int, int] = {}  # mid -> the reason code of its PUBACK
+        self.client.on_publish = lambda c, u, mid, code, props: self._set(
+            lambda: self.published.__setitem__(mid, code.value))
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_subscribe = lambda c, u, mid, codes, props: self._set(
@@ -512,6 +515,20 @@ def test_mqtt_principal_without_acls_is_refused_publish(env):
         info = device.client.publish(f"{who.topic}/sensor", b"refused", qos=1)
         device.wait(lambda: device.disconnected, "close after a refused QoS 1 PUBLISH", CLOSE_TIMEOUT)
         assert not info.is_published()
+    finally:
+        device.close()
+    assert env.stored(who.topic) == 0
+
+
+def test_mqtt5_principal_without_acls_gets_puback_0x87_and_stays_connected(env):
+    """MQTT 5 has negative acknowledgements: a refused QoS 1 PUBLISH is answered, not closed."""
+    who = Who("mqtt", env.transport, "none")
+    device = env.mqtt(who.user, mqtt.MQTTv5)
+    try:
+        info = device.client.publish(f"{who.topic}/sensor", b"refused", qos=1)
+        assert device.wait(lambda: device.published.get(info.mid), "PUBACK") == 0x87  # not authorized
+        assert device.subscribe(f"{who.topic}/#", 1) == [0x80]  # answered: the connection is up
+        assert not device.disconnected
     finally:
         device.close()
     assert env.stored(who.topic) == 0

@@ -42,10 +42,10 @@ from typing import Any
 
 from construct import ConstructError
 
-from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, choice, integer
+from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, choice, integer, sasl
 from gateway.codec.framing import LengthPrefixedFramer, fixed_header
 
-from . import sasl, schema
+from . import schema
 from .errors import Errors
 from .fetch_session import FetchSession
 from .handlers import API_VERSIONS, HANDLERS, SASL_APIS, VERSIONS

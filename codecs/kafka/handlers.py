@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from gateway import model as m
-from gateway.codec import Handled, topic_configs
+from gateway.codec import Handled, sasl, topic_configs
 from gateway.codec.consumer_protocol import (
     encode_assignment,
     encode_subscription,
@@ -33,7 +33,7 @@ from gateway.codec.consumer_protocol import (
 )
 from gateway.model import ErrorCode
 
-from . import format, sasl
+from . import format
 from .errors import NONE, Errors, code, message
 from .fetch_session import FINAL_EPOCH, INITIAL_EPOCH, new_session
 

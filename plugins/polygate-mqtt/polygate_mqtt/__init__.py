@@ -1,4 +1,4 @@
-"""MQTT 3.1.1 for polygate, as a third-party codec plugin.
+"""MQTT 3.1.1 and 5 for polygate, as a third-party codec plugin.
 
 Installed with ``pip install ./plugins/polygate-mqtt``, it registers
 ``mqtt = polygate_mqtt:plugin`` in the ``gateway.codecs`` entry-point group;
@@ -25,8 +25,8 @@ plugin = CodecPlugin(
     default_port=DEFAULT_PORT,
     new_connection=MqttConnection,
     max_frame_size=MAX_FRAME,
-    description="MQTT 3.1.1 (+ and # at any level, a chosen topic mapping) - third-party plugin",
-    versions="3.1.1",
+    description="MQTT 3.1.1 and 5 (+ and # at any level, a chosen topic mapping) - third-party plugin",
+    versions="3.1.1, 5",
     batch_format=FORMAT,
     options=OPTIONS,
 )

@@ -1,9 +1,11 @@
-"""MQTT 3.1.1 server side of one connection (sans-IO).
+"""MQTT 3.1.1 and 5 server side of one connection (sans-IO).
 
 What a client gets (see the README for the full list and its reasons):
 
-* CONNECT/CONNACK. Only protocol level 4 (3.1.1) is accepted; another level
-  is answered CONNACK 0x01 and closed. Clean session 0 resumes or begins the
+* CONNECT/CONNACK. Protocol levels 4 (3.1.1) and 5 are accepted; another level
+  is answered CONNACK 0x01 (0x84 in MQTT 5's form for a level above 5) and closed.
+  What MQTT 5 adds (properties, reason codes, limits, topic aliases, user properties as
+  record headers, AUTH) is listed under "MQTT 5" below. Clean session 0 resumes or begins the
   client's persistent session, kept as a consumer group of committed offsets
   (``session``), and "session present" says which; clean session 1 ends it. A user name and password
   are checked against the gateway's user store: a wrong pair is answered
@@ -54,7 +56,48 @@ What a client gets (see the README for the full list and its reasons):
 Anything the spec calls a protocol violation (a malformed packet, a first
 packet that is not CONNECT, a second CONNECT, wrong fixed-header flags, a
 remaining length over the frame limit, a PUBLISH to a name the mapping has no
-log topic for) closes the connection without an answer, as section 4.8 asks.
+log topic for) closes the connection: without an answer for a 3.1.1 client, as
+section 4.8 asks; after a CONNACK (before the CONNECT was accepted) or a
+DISCONNECT carrying the reason code for an MQTT 5 one (0x81 malformed packet,
+0x82 protocol error, 0x90 topic name invalid, 0x94 topic alias invalid, 0x95
+packet too large...).
+
+MQTT 5 (``properties``, ``message``, ``auth``):
+
+* Properties are checked as 2.2.2 says (an identifier a packet may not carry:
+  0x81; one given twice or a forbidden value: 0x82). CONNACK announces the
+  server's limits (``agree``): Receive Maximum (``receive_maximum``: QoS 2
+  PUBLISHes awaiting PUBREL past it are answered DISCONNECT 0x93; QoS 1 ones
+  are acknowledged once stored), Maximum Packet Size (the
+  frame limit plus its fixed header), Topic Alias Maximum (``topic_alias_maximum``),
+  Maximum QoS 2, Retain, Wildcard Subscription and Subscription Identifiers
+  available, Shared Subscriptions not available, and the Session Expiry
+  Interval where ``session_expiry_s`` bounds the client's. An empty client
+  identifier is given one (Assigned Client Identifier). Under ``max_keep_alive_s``
+  a longer keep-alive (or none) is lowered to it (Server Keep Alive).
+* The client's Receive Maximum bounds the QoS 1 and 2 deliveries in flight (with
+  ``max_inflight``), its Maximum Packet Size drops larger deliveries (as if
+  delivered, 3.1.2.25), its Topic Alias Maximum lets deliveries use aliases (a
+  name's first delivery sets one, later ones carry the alias alone). Aliases it
+  sets on its PUBLISHes are resolved (``_aliased``).
+* A PUBLISH's User Properties, Content Type, Payload Format Indicator, Response
+  Topic, Correlation Data and Message Expiry are stored as record headers
+  (``message``), so that Kafka consumers see them, and given back to MQTT 5
+  subscribers, with any other protocol's headers as User Properties; an expired
+  message is not delivered. A PUBLISH refused by the store is answered PUBACK or
+  PUBREC with reason 0x87 (not authorized) or 0x80, not by closing.
+* Session Expiry Interval replaces clean session: a session is kept that long
+  after the connection (0: it ends with it), Clean Start ends an earlier one; a
+  DISCONNECT may change it (not from 0). DISCONNECT 0x04 publishes the will.
+* SUBSCRIBE options (``filter_options``, ``delivery5``): Retain Handling (1:
+  retained messages only for a new subscription, 2: none); No Local (a client's
+  PUBLISHes carry the header ``polygate.mqtt_origin`` while it has such a
+  filter, and are not delivered back to it by those); Retain As Published (a
+  PUBLISH with RETAIN carries ``polygate.mqtt_retain``); the Subscription
+  Identifier, given with every delivery its filter matches. A persistent
+  session keeps them with its filters.
+  UNSUBACK says 0x11 for a filter that was not subscribed.
+* AUTH: SCRAM-SHA-256 and -512 against the user store (``auth``).
 
 Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
 gateway before the listener starts): ``retry_ms`` (default 10000),
@@ -97,10 +140,12 @@ from gateway.codec.framing import LengthPrefixedFramer, varint_header
 from gateway.codec.varint import TABLE_SIZE, UVARINTS
 
 from . import format as fmt
-from . import packets, session, shared, topics
+from . import message, packets, session, shared, topics
+from . import properties as props
 from .handlers import HANDLERS, connect, discover, ignored, sys_figures
 from .packets import MalformedPacket, PacketType
-from .session import Outgoing
+from .properties import Property, ProtocolError, ReasonCode
+from .session import FilterOptions, Outgoing
 
 OPTIONS = (
     Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
@@ -128,6 +173,12 @@ OPTIONS = (
            help="how long a persistent session outlives its client's last connection"),
     Option("max_session_backlog", integer(0), 100_000, "a non-negative integer (messages)",
            help="messages per log partition a returning persistent session reads at most (the latest)"),
+    Option("receive_maximum", integer(1, 0xFFFF), 1024, "an integer from 1 to 65535",
+           help="the MQTT 5 Receive Maximum announced in CONNACK: QoS 2 messages a client may have awaiting release"),
+    Option("max_keep_alive_s", integer(0, 0xFFFF), 0, "an integer from 0 to 65535 (seconds; 0: none)",
+           help="the longest keep-alive an MQTT 5 client gets: a longer one, or none, is lowered (Server Keep Alive)"),
+    Option("topic_alias_maximum", integer(0, 0xFFFF), 64, "an integer from 0 to 65535",
+           help="the MQTT 5 Topic Alias Maximum announced in CONNACK: aliases a client may set"),
     Option("max_session_queued_bytes", integer(0), 64 << 20, "a non-negative integer (bytes)",
            help="bytes of messages published while a persistent session's client was away that it gets "
                 "(topic names and payloads; the oldest first, later ones dropped, as Mosquitto's queue)"),
@@ -137,7 +188,7 @@ MAX_PACKET_ID = 0xFFFF
 FIXED_HEADER = varint_header(1, 4)  # a type-and-flags byte, then the remaining length in one to four bytes
 
 
-_PACKET_TYPES = {kind: PacketType(kind) for kind in range(1, 15)}  # by the header's type bits (0, 15: reserved)
+_PACKET_TYPES = {kind: PacketType(kind) for kind in range(1, 16)}  # by the header's type bits (0: reserved)
 # Members looked up once: an enum member's attribute lookup costs as much as building a small
 # object, and these are looked up for every PUBLISH.
 _PUBLISH, _CONNECT = PacketType.PUBLISH, PacketType.CONNECT
@@ -151,6 +202,16 @@ MAX_AWAITED = 256
 past them gets SUBACK 0x80."""
 AWAIT_EVERY_S = 1.0
 """How often a connection looks whether the log topics its subscriptions wait for exist."""
+_ALIAS = bytes((Property.TOPIC_ALIAS,))
+
+
+def _alias(alias: int) -> bytes:
+    """A Topic Alias property."""
+    return _ALIAS + alias.to_bytes(2, "big")
+
+
+_PLAIN = (b"", False)  # an MQTT 5 delivery without properties, RETAIN 0
+_NO_OPTIONS = FilterOptions()  # a filter's options when it has none beyond its QoS
 _NOT_DELIVERED: tuple[bytes, list[tuple[int, dict[int, int]]]] = (b"", [])  # a record that is no MQTT message
 
 
@@ -233,6 +294,18 @@ class MqttConnection(CodecConnection):
         self.commit_pending = False
         self.retained_ready = False  # the retained messages' topic is known to exist (``topics.RETAINED_TOPIC``)
         self.shares: dict[str, shared.Share] = {}  # memberships of the groups of shared subscriptions, by group
+        self.version = packets.PROTOCOL_LEVEL  # 5 once a CONNECT said so
+        # MQTT 5 limits (``agree``): the client's, and the topic aliases both ways
+        self.session_expiry_s = self.options["session_expiry_s"]  # how long the session outlives the connection
+        self.receive_maximum = MAX_PACKET_ID  # QoS 1 and 2 deliveries the client takes unacknowledged
+        self.maximum_packet_size = 0  # the largest packet the client takes (0: no limit)
+        self.aliases_in: dict[int, str] = {}  # set by the client's PUBLISHes
+        self.aliases_out: dict[bytes, int] = {}  # topic name -> alias, set by ours
+        self.alias_maximum_out = 0  # the client's Topic Alias Maximum
+        self.problem_information = True  # whether acknowledgements may carry a Reason String (3.1.2.11.7)
+        self.exchange: tuple[Any, Any] | None = None  # an AUTH exchange under way (``auth``)
+        self.authenticated: list[tuple[Property, object]] = []  # its last answer, for the CONNACK
+        self.filter_options: dict[str, FilterOptions] = {}  # MQTT 5 filters with options beyond their QoS
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
 
     # ------------------------------------------------------------------ Connection API
@@ -279,10 +352,10 @@ class MqttConnection(CodecConnection):
         out: list[bytes] = []
         log_topic, partition, delivery, unknown_qos, qos0 = context[0], result.partition, sub.delivery, \
             fmt.UNKNOWN_QOS, packets.PUBLISH_QOS0_BYTE
-        backlog = self.backlog
+        backlog, v5 = self.backlog, self.version == 5
         last_key: bytes | None | object = _NO_KEY
         for stored in result.batches:
-            for offset, stored_qos, key, payload in fmt.FORMAT.deliveries(stored):
+            for offset, stored_qos, key, payload, headers in fmt.FORMAT.deliveries(stored):
                 if key != last_key:  # a burst has few distinct keys: look the filters up once per run of one
                     last_key = key
                     topic_field, grants = delivery(key)
@@ -300,13 +373,23 @@ class MqttConnection(CodecConnection):
                 if backlog and offset < backlog.get((log_topic, partition), -1) and not self._from_backlog(
                         len(topic_field) - 2 + len(payload)):
                     continue  # published while the client was away, past what it may get
+                properties, retain = None, False
+                if v5:
+                    delivered = self.delivery5(sub, topic_field[2:], headers) if headers or self.filter_options \
+                        else _PLAIN
+                    if delivered is None:
+                        continue  # expired (3.3.2.3.3), or the client's own under No Local
+                    properties, retain = delivered
+                    if qos == 0:
+                        out.append(self.publish5(topic_field[2:], payload, properties, retain=retain))
+                        continue
                 if qos == 0:  # the PUBLISH's parts (type, remaining length, topic, payload), joined once with all
                     size = len(topic_field) + len(payload)
                     out += (qos0, UVARINTS[size] if size < TABLE_SIZE else packets.encode_length(size),
                             topic_field, payload)
                 else:
                     source = (log_topic, partition, offset)
-                    msg = Outgoing(topic_field[2:], payload, qos, False, source)
+                    msg = Outgoing(topic_field[2:], payload, qos, retain, source, properties=properties)
                     if self.redeliver:  # in flight when the session's last connection ended
                         msg.packet_id = self.redeliver.pop(source, 0)
                     if self.queue(msg):
@@ -360,7 +443,7 @@ class MqttConnection(CodecConnection):
     # ------------------------------------------------------------------ packets
 
     def handle_frame(self, header: bytes, body: bytes) -> Handled | None:
-        """One packet; a protocol violation closes the connection without an answer (4.8)."""
+        """One packet; a protocol violation closes the connection (``violation``)."""
         number, flags = header[0] >> 4, header[0] & 0x0F
         try:
             kind = _PACKET_TYPES.get(number)
@@ -368,18 +451,36 @@ class MqttConnection(CodecConnection):
                 raise MalformedPacket(f"reserved packet type {number}")
             if kind is not _PUBLISH and flags != packets.REQUIRED_FLAGS[kind]:
                 raise MalformedPacket(f"{kind.name} with flags {flags:#x}")
+            if kind is PacketType.AUTH and self.version != 5:
+                raise MalformedPacket("AUTH is MQTT 5's")
             if not self.connected:
-                if kind is not _CONNECT:
-                    raise MalformedPacket(f"{kind.name} before CONNECT")
-                return connect(self, body, flags)
+                if kind is _CONNECT and self.exchange is None:
+                    return connect(self, body, flags)
+                if kind is not PacketType.AUTH:
+                    raise MalformedPacket(f"{kind.name} before CONNECT" if self.version != 5
+                                          else f"{kind.name} before CONNACK")
             handler = HANDLERS.get(kind)
             if handler is None:
-                raise MalformedPacket(f"{kind.name} is not sent by clients" if kind is not PacketType.CONNECT
-                                      else "second CONNECT")
+                raise ProtocolError(f"{kind.name} is not sent by clients" if kind is not PacketType.CONNECT
+                                    else "second CONNECT")
             return handler(self, body, flags)
         except MalformedPacket as e:
-            self.close(str(e))
+            return self.violation(e)
+
+    def violation(self, error: MalformedPacket) -> Handled | None:
+        """Close the connection for ``error``: a 3.1.1 client without an answer (4.8), an MQTT 5
+        one after a CONNACK (before its CONNECT is accepted) or a DISCONNECT with the reason code."""
+        if self.closed:
             return None
+        if self.version != 5:
+            self.close(str(error))
+            return None
+        answer = packets.disconnect5(error.reason) if self.connected else packets.connack5(error.reason)
+        return Handled.answer(answer, close=True, reason=str(error))
+
+    def frame_too_large(self, error: Any) -> Handled | None:
+        """A packet over the limit (the Maximum Packet Size an MQTT 5 client was told)."""
+        return self.violation(props.Violation(ReasonCode.PACKET_TOO_LARGE, str(error)))
 
     def close(self, reason: str) -> None:
         """Close the connection (once) for ``reason``, with no answer."""
@@ -455,6 +556,12 @@ class MqttConnection(CodecConnection):
             self.emit(Timer(AWAIT_EVERY_S, "await"))
         return b""
 
+    def subscribed(self, topic_filter: str) -> bool:
+        """Whether ``topic_filter`` is one of the connection's subscriptions."""
+        return topic_filter in self.open_filters or topic_filter in self.sys_filters \
+            or any(topic_filter in waiting for waiting in self.awaited.values()) \
+            or any(topic_filter in sub.filters for sub in self.subscriptions.values())
+
     @property
     def partitions_read(self) -> int:
         """The log partitions the subscriptions read, and those the shared ones may be assigned
@@ -484,18 +591,91 @@ class MqttConnection(CodecConnection):
         """Send waiting QoS 1 and 2 messages while the in-flight window has room."""
         out = []
         now = self.clock()
-        while self.queued and len(self.inflight) < min(self.options["max_inflight"], MAX_PACKET_ID):
+        while self.queued and len(self.inflight) < min(self.options["max_inflight"], self.receive_maximum):
             msg = self.queued.popleft()
             self.queued_bytes -= len(msg.topic) + len(msg.payload)
             resent = bool(msg.packet_id) and msg.packet_id not in self.inflight  # under its first id, DUP set
             if not resent:
                 msg.packet_id = self._packet_id()
+            data = msg.packet(dup=resent)
+            if self.maximum_packet_size and len(data) > self.maximum_packet_size:
+                continue  # larger than the client takes: dropped, as if delivered (3.1.2.25)
             msg.sent_at = now
             if not self.inflight:
                 self.emit(Timer(self.options["retry_ms"] / 1000, "retry"))
             self.inflight[msg.packet_id] = msg
-            out.append(msg.packet(dup=resent))
+            out.append(data if resent or msg.properties is None else self.publish5(
+                msg.topic, msg.payload, msg.properties, msg.qos, msg.packet_id, retain=msg.retain))
         return b"".join(out)
+
+    # ------------------------------------------------------------------ MQTT 5
+
+    def agree(self, properties: props.Properties) -> list[tuple[Property, object]]:
+        """Take an MQTT 5 CONNECT's limits; the properties its CONNACK announces: the server's
+        limits, and the Session Expiry Interval where ``session_expiry_s`` bounds the client's."""
+        self.receive_maximum = properties.get(Property.RECEIVE_MAXIMUM, MAX_PACKET_ID)
+        self.maximum_packet_size = properties.get(Property.MAXIMUM_PACKET_SIZE, 0)
+        self.alias_maximum_out = properties.get(Property.TOPIC_ALIAS_MAXIMUM, 0)
+        self.problem_information = properties.get(Property.REQUEST_PROBLEM_INFORMATION, 1) == 1
+        requested = properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
+        self.session_expiry_s = min(requested, self.options["session_expiry_s"])
+        limit = self.settings.max_frame_size
+        announced: list[tuple[Property, object]] = [
+            (Property.RECEIVE_MAXIMUM, self.options["receive_maximum"]),
+            (Property.MAXIMUM_PACKET_SIZE, 1 + len(packets.encode_length(limit)) + limit),
+            (Property.TOPIC_ALIAS_MAXIMUM, self.options["topic_alias_maximum"]),
+            (Property.MAXIMUM_QOS, 2),
+            (Property.RETAIN_AVAILABLE, 1),
+            (Property.WILDCARD_SUBSCRIPTION_AVAILABLE, 1),
+            (Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE, 1),
+            (Property.SHARED_SUBSCRIPTION_AVAILABLE, 1),
+        ]
+        if self.session_expiry_s != requested:
+            announced.append((Property.SESSION_EXPIRY_INTERVAL, self.session_expiry_s))
+        return announced + self.authenticated
+
+    def delivery5(self, sub: _TopicSubscription | None, topic: bytes, headers: bytes | Sequence[tuple[str, bytes | None]]
+                  ) -> tuple[bytes, bool] | None:
+        """The property list (body) and RETAIN flag of a delivery to an MQTT 5 client of a message
+        to ``topic`` with ``headers`` (encoded, or decoded) that ``sub``'s filters match (None: a
+        retained message, matched by all of ``filter_options``): None when it is not delivered,
+        as it expired or every matching filter is No Local and it is the client's own."""
+        decoded = fmt.decode_headers(headers) if isinstance(headers, bytes) else headers
+        identifiers: list[int] = []
+        retain = False
+        if self.filter_options:
+            name = topic.decode("utf-8")
+            matching = [self.filter_options.get(f, _NO_OPTIONS) for f in (self.filter_options if sub is None
+                                                                          else sub.filters)
+                        if topics.matches(f, name)]
+            flags = {header: value for header, value in decoded if header in message.OWN}
+            if matching and all(o.no_local for o in matching) \
+                    and flags.get(message.ORIGIN) == self.client_id.encode("utf-8"):
+                return None
+            retain = flags.get(message.RETAINED) == b"1" and any(o.retain_as_published for o in matching)
+            identifiers = sorted({o.identifier for o in matching if o.identifier is not None})
+        properties = message.properties_of(decoded, self.taken_at, identifiers)
+        return None if properties is None else (properties, retain)
+
+    def publish5(self, topic: bytes, payload: bytes, properties: bytes, qos: int = 0, packet_id: int | None = None,
+                 retain: bool = False) -> bytes:
+        """A first delivery to an MQTT 5 client: with a topic alias while the client's Topic Alias
+        Maximum leaves room (the name once, then an empty name), nothing when larger than its
+        Maximum Packet Size (dropped, 3.1.2.25). ``properties`` is the property list's body."""
+        alias = self.aliases_out.get(topic)
+        if alias is not None:
+            name, properties = b"", properties + _alias(alias)
+        elif len(self.aliases_out) < self.alias_maximum_out:
+            alias = self.aliases_out[topic] = len(self.aliases_out) + 1
+            name, properties = topic, properties + _alias(alias)
+        else:
+            name = topic
+        data = packets.publish5(name, payload, properties, qos, packet_id, retain=retain)
+        if self.maximum_packet_size and len(data) > self.maximum_packet_size:
+            if alias is not None and name:
+                del self.aliases_out[topic]  # never told: it is not set
+            return b""
+        return data
 
     # ------------------------------------------------------------------ a persistent session
 
@@ -546,7 +726,9 @@ class MqttConnection(CodecConnection):
                 lowest[(topic, partition)] = offset
             if msg.packet_id:
                 in_flight.setdefault((topic, partition), {})[offset] = msg.packet_id
-        offsets = [(*session.ANCHOR, 0, session.Anchor(filters, released, left_ms).encode())]
+        offsets = [(*session.ANCHOR, 0, session.Anchor(filters, released, left_ms,
+                                                                   self.session_expiry_s,
+                                                                   self.filter_options).encode())]
         for (topic, partition), offset in lowest.items():
             reading = self.subscriptions.get(topic)
             since = {} if reading is None else {topic_filter: start[partition] for topic_filter, (_, start)

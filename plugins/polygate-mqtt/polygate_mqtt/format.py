@@ -3,10 +3,17 @@
 A payload is a run of records, each::
 
     u32 offset_delta | i64 timestamp_ms | u8 qos | i32 key_len (-1: null) | key | i32 value_len (-1: null) | value
+    [ i32 headers_len | headers ]      (only when qos has the HEADERS bit)
 
 ``key`` is the MQTT topic name (UTF-8), ``value`` the application message,
 ``qos`` the QoS it was published with (0xFF for a record converted from
-another format: the subscriber's granted QoS then applies). In ``Record``
+another format: the subscriber's granted QoS then applies). A record with
+headers (an MQTT 5 message's properties, ``headers``; a Kafka record's headers)
+has the ``HEADERS`` bit (0x40) in its ``qos`` byte, whose low two bits are then
+the QoS (3: unknown), and its headers after the value, each
+``u16 name_len | name (UTF-8) | i32 value_len (-1: null) | value``. A record
+without headers is as it always was, so that payloads written before headers
+existed read the same. In ``Record``
 the QoS travels as ``extras["mqtt_qos"]``; other formats ignore it, and read
 an MQTT message as a record with that key and value. Kafka's format keeps it
 as the header ``polygate.mqtt_qos`` (its place for extras), which is how a
@@ -29,6 +36,9 @@ HEAD_SIZE = HEAD.size
 LEN = struct.Struct(">i")
 DELTA = struct.Struct(">I")  # the offset delta, first in a record
 _ONE_RECORD_MIN = HEAD_SIZE + LEN.size  # a record with no key and no value
+HEADERS = 0x40  # the qos byte's bit saying headers follow the value
+_QOS_BITS = 0x03
+_U16 = struct.Struct(">H")
 QOS_HEADER = "polygate.mqtt_qos"  # the header Kafka's format keeps ``extras["mqtt_qos"]`` in
 _QOS_VALUES = {b"0": 0, b"1": 1, b"2": 2}
 
@@ -44,10 +54,69 @@ def qos_of(record: Record) -> int:
     return UNKNOWN_QOS
 
 
-def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None) -> bytes:
-    """One record; a null ``value`` is a tombstone (a cleared retained message)."""
-    return b"".join((HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
-                     LEN.pack(-1 if value is None else len(value)), value or b""))
+def encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    """The headers section of a record (without its length)."""
+    out: list[bytes] = []
+    for name, value in headers:
+        raw = name.encode("utf-8")
+        out += (_U16.pack(len(raw)), raw, LEN.pack(-1 if value is None else len(value)), value or b"")
+    return b"".join(out)
+
+
+def decode_headers(data: bytes) -> tuple[tuple[str, bytes | None], ...]:
+    """The headers of a record's headers section (``encode_headers``); a name that is not UTF-8
+    is read with replacement characters (another writer's)."""
+    out = []
+    pos, end = 0, len(data)
+    while pos < end:
+        (size,) = _U16.unpack_from(data, pos)
+        name = bytes(data[pos + 2 : pos + 2 + size]).decode("utf-8", "replace")
+        pos += 2 + size
+        (vlen,) = LEN.unpack_from(data, pos)
+        pos += LEN.size
+        out.append((name, None if vlen < 0 else bytes(data[pos : pos + vlen])))
+        pos += max(vlen, 0)
+    return tuple(out)
+
+
+def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None,
+                  headers: bytes = b"") -> bytes:
+    """One record; a null ``value`` is a tombstone (a cleared retained message). ``headers`` is
+    an encoded headers section (``encode_headers``): with one, the record has the ``HEADERS`` bit."""
+    if headers:
+        qos = HEADERS | (qos & _QOS_BITS)  # UNKNOWN_QOS's low bits are 3
+    parts = [HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
+             LEN.pack(-1 if value is None else len(value)), value or b""]
+    if headers:
+        parts += (LEN.pack(len(headers)), headers)
+    return b"".join(parts)
+
+
+def _has_headers(qos: int) -> bool:
+    return qos != UNKNOWN_QOS and bool(qos & HEADERS)
+
+
+def _qos(qos: int) -> int:
+    """The QoS a record's qos byte says (``UNKNOWN_QOS``: none)."""
+    if qos == UNKNOWN_QOS or not qos & HEADERS:
+        return qos
+    return UNKNOWN_QOS if qos & _QOS_BITS == _QOS_BITS else qos & _QOS_BITS
+
+
+def _record_end(data: bytes | memoryview, pos: int) -> int:
+    """Where the record at ``pos`` ends (``struct.error`` if it is cut short)."""
+    qos, klen = HEAD.unpack_from(data, pos)[2:]
+    pos += HEAD_SIZE + max(klen, 0)
+    (vlen,) = LEN.unpack_from(data, pos)
+    pos += LEN.size + max(vlen, 0)
+    if _has_headers(qos):
+        (hlen,) = LEN.unpack_from(data, pos)
+        if hlen < 0:
+            raise struct.error("negative headers length")
+        pos += LEN.size + hlen
+    if pos > len(data):
+        raise struct.error("record cut short")
+    return pos
 
 
 class MqttFormat(BatchFormat):
@@ -61,12 +130,10 @@ class MqttFormat(BatchFormat):
         pos, end, count = 0, len(payload), 0
         try:
             while pos < end:
-                delta, _, _, klen = HEAD.unpack_from(payload, pos)
+                delta = DELTA.unpack_from(payload, pos)[0]
                 if delta != count:
                     raise ValueError(f"record {count} has offset delta {delta}")
-                pos += HEAD.size + max(klen, 0)
-                (vlen,) = LEN.unpack_from(payload, pos)
-                pos += LEN.size + max(vlen, 0)
+                pos = _record_end(payload, pos)
                 count += 1
         except (struct.error, ValueError) as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"MQTT payload refused: {e}") from None
@@ -85,9 +152,9 @@ class MqttFormat(BatchFormat):
         for payload in payloads:
             size = len(payload)
             if size >= _ONE_RECORD_MIN:
-                delta, _, _, klen = unpack_head(payload)
+                delta, _, qos, klen = unpack_head(payload)
                 at = HEAD_SIZE + klen if klen > 0 else HEAD_SIZE
-                if delta == 0 and at + LEN.size <= size:
+                if delta == 0 and at + LEN.size <= size and (not qos & HEADERS or qos == UNKNOWN_QOS):
                     (vlen,) = unpack_len(payload, at)
                     if at + LEN.size + (vlen if vlen > 0 else 0) == size:
                         checked.append(ONE_RECORD)
@@ -110,12 +177,19 @@ class MqttFormat(BatchFormat):
             pos += LEN.size
             value = None if vlen < 0 else bytes(data[pos : pos + vlen])
             pos += max(vlen, 0)
+            headers: tuple[tuple[str, bytes | None], ...] = ()
+            if _has_headers(qos):
+                (hlen,) = LEN.unpack_from(data, pos)
+                headers = decode_headers(data[pos + LEN.size : pos + LEN.size + hlen])
+                pos += LEN.size + hlen
+                qos = _qos(qos)
             extras = {} if qos == UNKNOWN_QOS else {"mqtt_qos": qos}
-            yield Record(value, key, ts, offset=batch.base_offset + delta, extras=extras)
+            yield Record(value, key, ts, headers, offset=batch.base_offset + delta, extras=extras)
 
-    def deliveries(self, batch: StoredBatch) -> Iterator[tuple[int, int, bytes | None, bytes]]:
-        """``(offset, qos, key, value)`` of each record of ``batch``: what ``records`` gives,
-        without a ``Record`` per record (a subscriber's push reads nothing else)."""
+    def deliveries(self, batch: StoredBatch) -> Iterator[tuple[int, int, bytes | None, bytes, bytes]]:
+        """``(offset, qos, key, value, headers)`` of each record of ``batch``: what ``records``
+        gives, without a ``Record`` per record (a subscriber's push reads nothing else);
+        ``headers`` is the encoded headers section (``decode_headers``), empty without one."""
         data, base, unpack_head, unpack_len = batch.payload, batch.base_offset, HEAD.unpack_from, LEN.unpack_from
         pos, end = 0, len(data)
         while pos < end:
@@ -129,15 +203,22 @@ class MqttFormat(BatchFormat):
             (vlen,) = unpack_len(data, pos)
             pos += 4
             if vlen > 0:
-                yield base + delta, qos, key, data[pos : pos + vlen]
+                value = data[pos : pos + vlen]
                 pos += vlen
             else:
-                yield base + delta, qos, key, b""
+                value = b""
+            if not qos & HEADERS or qos == UNKNOWN_QOS:  # inline: this runs for every record a subscriber gets
+                yield base + delta, qos, key, value, b""
+            else:
+                (hlen,) = unpack_len(data, pos)
+                yield base + delta, _qos(qos), key, value, data[pos + 4 : pos + 4 + hlen]
+                pos += 4 + hlen
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         # a record without an offset takes the next one, as in the other formats
         return b"".join(encode_record(i if r.offset is None else r.offset - base_offset, r.timestamp, qos_of(r),
-                                      r.key, r.value)
+                                      r.key, r.value,
+                                      encode_headers([h for h in r.headers if h[0] != QOS_HEADER]))
                         for i, r in enumerate(records))
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
@@ -150,10 +231,11 @@ class MqttFormat(BatchFormat):
         count = 0
         unpack_head, unpack_len, pack_delta = HEAD.unpack_from, LEN.unpack_from, DELTA.pack
         for payload in payloads:
-            klen = unpack_head(payload)[3]
+            _, _, qos, klen = unpack_head(payload)
             at = HEAD_SIZE + klen if klen > 0 else HEAD_SIZE
             vlen = unpack_len(payload, at)[0]
-            if at + LEN.size + (vlen if vlen > 0 else 0) == len(payload):  # one PUBLISH's record
+            if at + LEN.size + (vlen if vlen > 0 else 0) == len(payload) \
+                    and (not qos & HEADERS or qos == UNKNOWN_QOS):  # one PUBLISH's record, without headers
                 parts += (pack_delta(count), payload[DELTA.size:])
                 count += 1
                 continue
@@ -161,10 +243,7 @@ class MqttFormat(BatchFormat):
             pos, end = 0, len(data)
             while pos < end:
                 start = pos
-                klen = unpack_head(data, pos)[3]
-                pos += HEAD_SIZE + max(klen, 0)
-                (vlen,) = unpack_len(data, pos)
-                pos += LEN.size + max(vlen, 0)
+                pos = _record_end(data, pos)
                 parts += (pack_delta(count), data[start + DELTA.size : pos])
                 count += 1
         return b"".join(parts)

@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
+from construct import Container
 
 from gateway import model as m
 from gateway.codec import Acknowledgement, Handled, Timer
 
+from . import auth, message, packets, session, topics
 from . import format as fmt
 from . import packets, session, shared, topics
+from . import properties as props
 from .packets import MalformedPacket, PacketType
-from .session import Outgoing
+from .properties import ProtocolError, ReasonCode, Violation
+from .session import FilterOptions, Outgoing
 
 if TYPE_CHECKING:
     from .codec import MqttConnection
@@ -34,55 +39,111 @@ _VERSION = importlib.metadata.version("polygate")
 _LEADER = m.Acks.LEADER  # looked up once: an enum member's attribute lookup is dear on every PUBLISH
 
 
+_REFUSALS = {  # a 3.1.1 CONNACK return code -> MQTT 5's reason code for the same refusal
+    packets.ConnectReturn.IDENTIFIER_REJECTED: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+    packets.ConnectReturn.BAD_USER_NAME_OR_PASSWORD: ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+    packets.ConnectReturn.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+}
+
+
+def _refusal(conn: MqttConnection, code: packets.ConnectReturn) -> bytes:
+    """The CONNACK refusing a connection, in the client's protocol version."""
+    return packets.connack5(_REFUSALS[code]) if conn.version == 5 else packets.connack(code)
+
+
 def connect(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     """The first packet: CONNACK and the session's start, or the refusal (see the codec's docstring)."""
     head = packets.parse(packets.CONNECT_PROTOCOL, body)
     if head.protocol_name not in ("MQTT", "MQIsdp"):
         raise MalformedPacket(f"unknown protocol name {head.protocol_name!r}")
-    if (head.protocol_name, head.protocol_level) != (packets.PROTOCOL_NAME, packets.PROTOCOL_LEVEL):
-        return Handled.answer(packets.connack(packets.ConnectReturn.UNACCEPTABLE_PROTOCOL_VERSION), close=True,
-                              reason=f"protocol {head.protocol_name} level {head.protocol_level}: "
-                                     "only MQTT 3.1.1 (4) is served")
-    c = packets.parse(packets.CONNECT, body)
+    level = head.protocol_level if head.protocol_name == packets.PROTOCOL_NAME else None
+    if level not in (packets.PROTOCOL_LEVEL, packets.PROTOCOL_LEVEL_5):
+        answer = packets.connack(packets.ConnectReturn.UNACCEPTABLE_PROTOCOL_VERSION) if head.protocol_level < 5 \
+            else packets.connack5(ReasonCode.UNSUPPORTED_PROTOCOL_VERSION)  # what a newer client reads (3.1.4)
+        return Handled.answer(answer, close=True, reason=f"protocol {head.protocol_name} level {head.protocol_level}: "
+                                                         "only MQTT 3.1.1 (4) and 5 are served")
+    conn.version = level
+    v5 = level == packets.PROTOCOL_LEVEL_5
+    c = packets.parse(packets.CONNECT5 if v5 else packets.CONNECT, body)
     f = c.flags
     if f.reserved or f.will_qos == 3 or (not f.will and (f.will_qos or f.will_retain)) \
-            or (f.password and not f.username):
+            or (f.password and not f.username and not v5):
         raise MalformedPacket("CONNECT with invalid flags")
-    if not c.client_id and not f.clean_session:
-        return Handled.answer(packets.connack(packets.ConnectReturn.IDENTIFIER_REJECTED), close=True,
+    properties = props.decode_list(c.properties, "CONNECT") if v5 else {}
+    assigned = None
+    if not c.client_id and v5:  # the server names the client (3.1.3.1), whatever its Clean Start
+        assigned = c.client_id = f"polygate-{secrets.token_hex(8)}"
+    elif not c.client_id and not f.clean_session:
+        return Handled.answer(_refusal(conn, packets.ConnectReturn.IDENTIFIER_REJECTED), close=True,
                               reason="empty client identifier with clean session 0")
-    if f.username:
+    if props.P.AUTHENTICATION_METHOD in properties:
+        return auth.begin(conn, properties, lambda: _accepted(conn, c, properties, assigned))
+    if f.username or f.password:
         password = (c.password or b"").decode("utf-8", "surrogateescape")
-        if not conn.authenticate(c.username, password):
-            conn.refuse_login(packets.connack(packets.ConnectReturn.BAD_USER_NAME_OR_PASSWORD), "MQTT login refused")
+        if not conn.authenticate(c.username or "", password):
+            conn.refuse_login(_refusal(conn, packets.ConnectReturn.BAD_USER_NAME_OR_PASSWORD), "MQTT login refused")
             return None
     elif conn.anonymous_refused:
-        return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
+        return Handled.answer(_refusal(conn, packets.ConnectReturn.NOT_AUTHORIZED), close=True,
                               reason="anonymous client on a listener that requires authentication")
+    return _accepted(conn, c, properties, assigned)
+
+
+def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, assigned: str | None) -> Handled:
+    """The CONNECT of an authenticated client: its will, keep-alive, limits and session."""
+    f = c.flags
     if f.will:
         if not topics.valid_name(c.will_topic):
             raise MalformedPacket(f"will topic {c.will_topic!r} is not a topic name")
         if not topics.is_sys(c.will_topic) and conn.mapping.log_topic(c.will_topic) is None:
-            return Handled.answer(packets.connack(packets.ConnectReturn.NOT_AUTHORIZED), close=True,
+            return Handled.answer(_refusal(conn, packets.ConnectReturn.NOT_AUTHORIZED), close=True,
                                   reason=f"will topic {c.will_topic!r}: no log topic under mapping {conn.mapping.spec}")
-        conn.will = _commands(conn, c.will_topic, f.will_qos, c.will_message, f.will_retain)
+        will_headers = b""
+        if conn.version == 5:
+            will_headers = message.headers_of(props.decode_list(c.will_properties, "will"))
+        conn.will = _commands(conn, c.will_topic, f.will_qos, c.will_message, f.will_retain, will_headers)
     conn.connected = True
     conn.client_id = c.client_id
     conn.keep_alive = float(c.keep_alive)
+    acknowledged: list[tuple[props.Property, object]] = []
+    if conn.version == 5:
+        acknowledged = conn.agree(properties)
+        longest = conn.options["max_keep_alive_s"]
+        if longest and not 0 < c.keep_alive <= longest:  # MQTT 5 lets the server say less (3.2.2.3.14)
+            conn.keep_alive = float(longest)
+            acknowledged.append((props.P.SERVER_KEEP_ALIVE, longest))
     conn.emit(Timer(None, "connect"))
     if conn.keep_alive:
         conn.emit(Timer(1.5 * conn.keep_alive, "keepalive"))
+    if conn.version == 5:
+        if assigned is not None:
+            acknowledged.append((props.P.ASSIGNED_CLIENT_IDENTIFIER, assigned))
+        # MQTT 5: a session is kept for Session Expiry Interval seconds after the connection
+        # (0: it ends with it), bounded by ``session_expiry_s``; Clean Start drops an earlier one.
+        persistent = conn.session_expiry_s > 0 or not f.clean_session
+    else:
+        persistent = not f.clean_session
+
+    def connack(session_present: bool) -> bytes:
+        if conn.version == 5:
+            return packets.connack5(ReasonCode.SUCCESS, session_present, acknowledged)
+        return packets.connack(packets.ConnectReturn.ACCEPTED, session_present)
+
     group = session.group_of(c.client_id)
-    if f.clean_session:
+    if not persistent:
         if c.client_id:  # a persistent session left by an earlier connection ends (3.1.2.4), unwaited for
             conn.emit(Handled.run((m.DeleteGroups((group,)),), ignored, ordered=False))
 
         def accepted() -> Handled:
-            return Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED))
+            return Handled.answer(connack(False))
+    elif f.clean_session:  # MQTT 5 Clean Start with a Session Expiry: the earlier session ends, a new one begins
+        def accepted() -> Handled:
+            return Handled.run((m.DeleteGroups((group,)), session.ENSURE_SESSIONS),
+                               lambda _: connack(False) + _begun(conn, group), hold=True)
     else:
         def accepted() -> Handled:
             return Handled.run((session.ENSURE_SESSIONS, m.FetchOffsets(group)),
-                               lambda results: _resume(conn, group, results[1]), hold=True)
+                               lambda results: _resume(conn, group, results[1], connack), hold=True)
     if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
         return _with_retained_topic(conn, accepted)
     return accepted()
@@ -100,23 +161,27 @@ def _begun(conn: MqttConnection, group: str) -> bytes:
     return b""
 
 
-def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult) -> bytes | Handled:
+def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult,
+            connack: Callable[[bool], bytes]) -> bytes | Handled:
     """CONNACK for a persistent session, "session present" as it is: the session's filters read
     again from where it stood, deliveries in flight resent with DUP under their first packet ids
-    and released ones' PUBREL resent (4.4). A session unused for ``session_expiry_s`` is gone: its
+    and released ones' PUBREL resent (4.4). A session unused for its expiry (``session_expiry_s``,
+    or the MQTT 5 Session Expiry Interval its last connection set) is gone: its
     group is deleted before a new one begins. The connection commits the session only once it
     holds it whole (``MqttConnection.session_group`` set), so that a connection lost meanwhile
     leaves the session as it was."""
     anchor, positions = session.restored(result.offsets) if result.error is None else (None, {})
     expired = anchor is not None and anchor.left_ms > 0 \
-        and time.time() * 1000 - anchor.left_ms > conn.options["session_expiry_s"] * 1000
+        and time.time() * 1000 - anchor.left_ms \
+        >= (conn.options["session_expiry_s"] if anchor.expiry_s is None else anchor.expiry_s) * 1000
     if anchor is None or expired:
-        conn.emit(Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED, session_present=False)))
+        conn.emit(Handled.answer(connack(False)))
         if positions or expired:  # what an expired session left: its positions would be taken for the new one's
             return Handled.run((m.DeleteGroups((group,)),), lambda _: _begun(conn, group),
                                hold=True)  # then anchor the new one
         return _begun(conn, group)
-    conn.emit(Handled.answer(packets.connack(packets.ConnectReturn.ACCEPTED, session_present=True)))
+    conn.emit(Handled.answer(connack(True)))
+    conn.filter_options = dict(anchor.options)
     out = []
     for packet_id in anchor.released:
         msg = Outgoing(b"", b"", 2, packet_id=packet_id, sent_at=conn.clock(), released=True)
@@ -136,30 +201,78 @@ def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult) -> b
 
 class _Stored(Acknowledgement):
     """The answer to a PUBLISH once stored: ``ok`` is its PUBACK (QoS 1), PUBREC (QoS 2) or
-    nothing (QoS 0). ``context`` is ``(connection, topic name, qos)``."""
+    nothing (QoS 0). ``context`` is ``(connection, topic name, qos, packet id)``."""
 
     __slots__ = ()
 
     def refused(self, result: m.ProduceResult) -> bytes:
-        connection, name, qos = self.context
+        connection, name, qos, packet_id = self.context
         error = result.error
         assert error is not None  # refused
         if qos == 0 and error.code in m.AUTHORIZATION_ERRORS:
             return b""  # refused, and QoS 0 has no answer: dropped
+        if connection.version == 5 and qos:  # MQTT 5 says "not stored" with the acknowledgement's reason code
+            reason = ReasonCode.NOT_AUTHORIZED if error.code in m.AUTHORIZATION_ERRORS \
+                else ReasonCode.UNSPECIFIED_ERROR
+            connection.awaiting_release.discard(packet_id)  # an error PUBREC ends the exchange (4.3.3)
+            return packets.ack5(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id, reason,
+                                f"not stored: {error.code.value}" if connection.problem_information else None)
         # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
         connection.close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
         return b""
 
 
+_RETAINED = fmt.encode_headers([(message.RETAINED, b"1")])
+
+
+def _origin(client_id: str) -> bytes:
+    """The header naming a publisher (``message.ORIGIN``), encoded."""
+    return fmt.encode_headers([(message.ORIGIN, client_id.encode("utf-8"))])
+
+
+def _aliased(conn: MqttConnection, name: str, properties: props.Properties) -> str:
+    """The topic name of an MQTT 5 PUBLISH: its own, which a Topic Alias then stands for, or the
+    one its Topic Alias was set to (3.3.2.3.4)."""
+    alias = properties.get(props.P.TOPIC_ALIAS)
+    if alias is None:
+        if not name:
+            raise ProtocolError("PUBLISH without a topic name or a topic alias")
+        return name
+    if alias > conn.options["topic_alias_maximum"]:
+        raise Violation(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} over the maximum")
+    if name:
+        conn.aliases_in[alias] = name
+        return name
+    found = conn.aliases_in.get(alias)
+    if found is None:
+        raise ProtocolError(f"topic alias {alias} was never set")
+    return found
+
+
 def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
-    name, qos, packet_id, payload = packets.parse_publish(flags, body)
+    headers = b""
+    if conn.version == 5:
+        name, qos, packet_id, properties, payload = packets.parse_publish5(flags, body)
+        if properties:
+            name = _aliased(conn, name, properties)
+            headers = message.headers_of(properties, conn.taken_at)
+        elif not name:
+            raise ProtocolError("PUBLISH without a topic name or a topic alias")
+        if conn.filter_options and any(o.no_local for o in conn.filter_options.values()):
+            headers += _origin(conn.client_id)  # for its No Local filters
+    else:
+        name, qos, packet_id, payload = packets.parse_publish(flags, body)
     if qos == 2 and packet_id in conn.awaiting_release:
         return Handled.answer(packets.with_packet_id(PacketType.PUBREC, packet_id))
-    if flags & 1:
-        return _publish_retained(conn, name, qos, packet_id, payload)
-    produce = _produce(conn, name, qos, payload)
+    if qos == 2 and conn.version == 5 and len(conn.awaiting_release) >= conn.options["receive_maximum"]:
+        raise Violation(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                        f"over {conn.options['receive_maximum']} QoS 2 messages awaiting release")
+    if flags & 1:  # the flag kept for Retain As Published subscribers
+        return _publish_retained(conn, name, qos, packet_id, payload, headers + _RETAINED)
+    produce = _produce(conn, name, qos, payload, headers)
     if qos == 0:
-        return Handled.answer(b"") if produce is None else Handled.run((produce,), _Stored(b"", (conn, name, qos)),
+        return Handled.answer(b"") if produce is None else Handled.run((produce,),
+                                                                         _Stored(b"", (conn, name, qos, None)),
                                                                          joins=True)
     assert packet_id is not None  # QoS 1 and 2 carry one
     if qos == 2:
@@ -167,7 +280,7 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
     if produce is None:
         return Handled.answer(ack)
-    return Handled.run((produce,), _Stored(ack, (conn, name, qos)), joins=True)
+    return Handled.run((produce,), _Stored(ack, (conn, name, qos, packet_id)), joins=True)
 
 
 @functools.lru_cache(maxsize=MAX_DESTINATIONS)
@@ -177,24 +290,25 @@ def _destination(mapping: topics.Mapping, name: str) -> tuple[str, bytes] | None
     for a name that is not one, or that the mapping has no log topic for. Remembered for the
     last ``MAX_DESTINATIONS`` names, since a publisher sends many messages to few names."""
     if not topics.valid_name(name):
-        raise MalformedPacket(f"invalid topic name {name!r}")
+        raise Violation(ReasonCode.TOPIC_NAME_INVALID, f"invalid topic name {name!r}")
     if topics.is_sys(name):
         return None
     log_topic = mapping.log_topic(name)
     if log_topic is None:
-        raise MalformedPacket(f"topic {name!r}: no log topic under mapping {mapping.spec}")
+        raise Violation(ReasonCode.TOPIC_NAME_INVALID, f"topic {name!r}: no log topic under mapping {mapping.spec}")
     return log_topic, name.encode("utf-8")
 
 
-def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce | None:
-    """The command storing an application message published to ``name``, received now (None:
-    a ``$SYS`` name, nothing to store)."""
+def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes, headers: bytes) -> m.Produce | None:
+    """The command storing an application message published to ``name``, received now, with
+    ``headers`` (an encoded headers section: ``message.headers_of``) (None: a ``$SYS`` name,
+    nothing to store)."""
     destination = _destination(conn.mapping, name)
     if destination is None:
         return None
     log_topic, key = destination
     ts = conn.taken_at
-    record = fmt.encode_record(0, ts, qos, key, payload)
+    record = fmt.encode_record(0, ts, qos, key, payload, headers)
     # Positional arguments, as one is built per PUBLISH: topic, partition, batch, acks,
     # timeout_ms, key, partitioner, auto_create.
     return m.Produce(log_topic, None, m.Batch(fmt.NAME, record, 1, ts), _LEADER, None, key, "murmur2", True)
@@ -205,19 +319,20 @@ _ENSURE_RETAINED = m.CreateTopic(RETAINED_TOPIC, None, m.TopicConfig(cleanup_pol
 RETAINED_FETCH_BYTES = 4 << 20  # read per partition and round trip when a SUBSCRIBE scans the retained messages
 
 
-def _retained(conn: MqttConnection, name: str, qos: int, payload: bytes) -> m.Produce:
+def _retained(conn: MqttConnection, name: str, qos: int, payload: bytes, headers: bytes) -> m.Produce:
     """The command keeping ``payload`` as ``name``'s retained message (an empty one clears it)."""
     key, ts = name.encode("utf-8"), conn.taken_at
-    record = fmt.encode_record(0, ts, qos, key, payload or None)
+    record = fmt.encode_record(0, ts, qos, key, payload or None, headers if payload else b"")
     return m.Produce(RETAINED_TOPIC, None, m.Batch(fmt.NAME, record, 1, ts), _LEADER, None, key, "murmur2", False)
 
 
-def _commands(conn: MqttConnection, name: str, qos: int, payload: bytes, retain: bool) -> tuple[m.Produce, ...]:
+def _commands(conn: MqttConnection, name: str, qos: int, payload: bytes, retain: bool,
+              headers: bytes) -> tuple[m.Produce, ...]:
     """The commands storing a message published to ``name``, and keeping it as retained."""
-    produce = _produce(conn, name, qos, payload)
+    produce = _produce(conn, name, qos, payload, headers)
     if produce is None:
         return ()
-    return (produce, _retained(conn, name, qos, payload)) if retain else (produce,)
+    return (produce, _retained(conn, name, qos, payload, headers)) if retain else (produce,)
 
 
 def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> Handled:
@@ -233,17 +348,18 @@ def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> H
     return Handled.run((_ENSURE_RETAINED,), created, hold=True)
 
 
-def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int | None, payload: bytes) -> Handled:
+def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int | None, payload: bytes,
+                      headers: bytes) -> Handled:
     """A PUBLISH with RETAIN: stored as any other, and kept as ``name``'s retained message (both
     before the acknowledgement). Delivered live without RETAIN, as 3.3.1.3 says."""
-    commands = _commands(conn, name, qos, payload, True)
+    commands = _commands(conn, name, qos, payload, True, headers)
     ack = b"" if qos == 0 else packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC,
                                                       packet_id or 0)
     if qos == 2:
         conn.awaiting_release.add(packet_id or 0)
     if not commands:  # $SYS: acknowledged, dropped
         return Handled.answer(ack)
-    stored = _Stored(ack, (conn, name, qos))
+    stored = _Stored(ack, (conn, name, qos, packet_id))
 
     def answer(results: Sequence[m.ProduceResult]) -> bytes:
         failed = next((result for result in results if result.error is not None), None)
@@ -252,20 +368,30 @@ def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int 
     return _with_retained_topic(conn, lambda: Handled.run(commands, answer))
 
 
+def _acknowledged(conn: MqttConnection, body: bytes) -> tuple[int, int]:
+    """``(packet id, reason code)`` of a PUBACK, PUBREC, PUBREL or PUBCOMP (3.1.1: always 0)."""
+    if conn.version == 5:
+        packet_id, reason, _ = packets.parse_ack5(body)
+        return packet_id, reason
+    return packets.parse(packets.PACKET_ID, body).packet_id, 0
+
+
 def pubrel(conn: MqttConnection, body: bytes, flags: int) -> Handled:
-    packet_id = packets.parse(packets.PACKET_ID, body).packet_id
+    packet_id, _ = _acknowledged(conn, body)
+    if conn.version == 5 and packet_id not in conn.awaiting_release:
+        return Handled.answer(packets.ack5(PacketType.PUBCOMP, packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
     conn.awaiting_release.discard(packet_id)
     return Handled.answer(packets.with_packet_id(PacketType.PUBCOMP, packet_id))
 
 
 def puback(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     """The end of a QoS 1 delivery; room for a waiting one."""
-    return _delivered(conn, packets.parse(packets.PACKET_ID, body).packet_id, 1)
+    return _delivered(conn, _acknowledged(conn, body)[0], 1)
 
 
 def pubcomp(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     """The end of a released QoS 2 delivery; room for a waiting one."""
-    return _delivered(conn, packets.parse(packets.PACKET_ID, body).packet_id, 2)
+    return _delivered(conn, _acknowledged(conn, body)[0], 2)
 
 
 def _delivered(conn: MqttConnection, packet_id: int, qos: int) -> Handled | None:
@@ -282,10 +408,13 @@ def pubrec(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     """A QoS 2 delivery received: from now on it is released, PUBREL (not the PUBLISH) is what is
     resent until PUBCOMP. A persistent session keeps that before the PUBREL goes out, so that a
     client back after it gets the PUBREL again, never the message (exactly once, 4.3.3)."""
-    packet_id = packets.parse(packets.PACKET_ID, body).packet_id
+    packet_id, reason = _acknowledged(conn, body)
     msg = conn.inflight.get(packet_id)
     if msg is None or msg.qos != 2:
         return None
+    if reason >= ReasonCode.UNSPECIFIED_ERROR:  # the client refused it: the delivery ends, without PUBREL (4.3.3)
+        msg.released = True
+        return _delivered(conn, packet_id, 2)
     msg.released = True
     msg.sent_at = conn.clock()
     pubrel = msg.packet(dup=False)
@@ -306,20 +435,37 @@ class _Subscribe:
     entries: tuple[tuple[str, int, topics.Sources | None], ...]  # (filter, requested qos, sources; None: $SYS)
     positions: Mapping[tuple[str, int], session.Position] | None = None  # where a restored session stood
     group: str | None = None  # a restored session's
+    no_retained: frozenset[str] = frozenset()  # MQTT 5 filters whose Retain Handling sends no retained message
 
 
 def subscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
-    s = packets.parse(packets.SUBSCRIBE, body)
+    v5 = conn.version == 5
+    s = packets.parse(packets.SUBSCRIBE5 if v5 else packets.SUBSCRIBE, body)
+    identifiers = props.decode_list(s.properties, "SUBSCRIBE").get(props.P.SUBSCRIPTION_IDENTIFIER, []) if v5 else []
+    if len(identifiers) > 1:
+        raise ProtocolError("SUBSCRIBE with two Subscription Identifiers")
     if not s.topics:
-        raise MalformedPacket("SUBSCRIBE without a topic filter")
-    entries = []
+        raise ProtocolError("SUBSCRIBE without a topic filter")
+    entries, no_retained = [], set()
     for t in s.topics:
-        if t.qos > 2:
-            raise MalformedPacket(f"SUBSCRIBE requested QoS byte {t.qos:#x}")
+        qos = t.options.qos if v5 else t.qos
+        if v5 and (t.options.reserved or t.options.retain_handling == 3):
+            raise MalformedPacket(f"SUBSCRIBE options {t.options}")
+        if qos > 2:
+            raise MalformedPacket(f"SUBSCRIBE requested QoS byte {qos:#x}")
         if not topics.valid_filter(t.filter):
             raise MalformedPacket(f"invalid topic filter {t.filter!r}")
-        entries.append((t.filter, t.qos, _sources(conn, t.filter)))
-    ctx = _Subscribe(s.packet_id, tuple(entries))
+        if v5 and (t.options.retain_handling == 2 or t.options.retain_handling == 1 and conn.subscribed(t.filter)):
+            no_retained.add(t.filter)  # 3.8.3.1: 2, never; 1, only for a subscription that is new
+        if v5:
+            options = FilterOptions(identifiers[0] if identifiers else None, t.options.no_local,
+                                    t.options.retain_as_published)
+            if options == FilterOptions():
+                conn.filter_options.pop(t.filter, None)
+            else:
+                conn.filter_options[t.filter] = options
+        entries.append((t.filter, qos, _sources(conn, t.filter)))
+    ctx = _Subscribe(s.packet_id, tuple(entries), no_retained=frozenset(no_retained))
     # later packets wait: a PUBLISH after the SUBSCRIBE must reach the new subscription. A
     # SUBSCRIBE never creates a log topic: one that does not exist yet is waited for (``MqttConnection.await_topic``).
     return Handled.run(_listings(ctx.entries), lambda results: _subscribed(conn, ctx, results), hold=True)
@@ -400,9 +546,10 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
     conn.commit_session()  # the session's filters, kept before the SUBACK is read
     if ctx.packet_id is None:  # restored: no SUBACK, and retained messages are a SUBSCRIBE's only (3.3.1.3)
         return b""
-    suback = packets.suback(ctx.packet_id, codes)
+    suback = packets.suback5(PacketType.SUBACK, ctx.packet_id, codes) if conn.version == 5 \
+        else packets.suback(ctx.packet_id, codes)
     grants = {topic_filter: code for (topic_filter, _, sources), code in zip(ctx.entries, codes, strict=True)
-              if sources is not None and code != packets.SUBACK_FAILURE
+              if sources is not None and code != packets.SUBACK_FAILURE and topic_filter not in ctx.no_retained
               and not topic_filter.startswith(shared.PREFIX)}  # no retained messages for a shared one (MQTT 5)
     scan = _RetainedScan(grants, {p.partition: (p.log_start_offset, p.high_watermark) for p in retained.partitions
                                    if p.high_watermark > p.log_start_offset} if retained.error is None else {})
@@ -422,7 +569,8 @@ class _RetainedScan:
 
     filters: dict[str, int]
     positions: dict[int, tuple[int, int]]  # partition -> (next offset, high watermark at the SUBSCRIBE)
-    found: dict[str, tuple[int, bytes]] = attrs.Factory(dict)  # name -> (qos it was published with, payload)
+    # name -> (qos it was published with, payload, headers)
+    found: dict[str, tuple[int, bytes, tuple[tuple[str, bytes | None], ...]]] = attrs.Factory(dict)
 
 
 def _scan_retained(conn: MqttConnection, scan: _RetainedScan) -> Handled:
@@ -450,7 +598,7 @@ def _retained_read(conn: MqttConnection, scan: _RetainedScan, results: Sequence[
                     continue  # not an MQTT topic name: no MQTT client retained it
                 if any(topics.matches(topic_filter, name) for topic_filter in scan.filters):
                     if record.value:
-                        scan.found[name] = (fmt.qos_of(record), record.value)
+                        scan.found[name] = (fmt.qos_of(record), record.value, record.headers)
                     else:
                         scan.found.pop(name, None)
         following = result.batches[-1].last_offset + 1
@@ -461,13 +609,20 @@ def _retained_read(conn: MqttConnection, scan: _RetainedScan, results: Sequence[
     if scan.positions:
         return _scan_retained(conn, scan)
     out = []
-    for name, (stored_qos, payload) in scan.found.items():
+    for name, (stored_qos, payload, headers) in scan.found.items():
         granted = max(qos for topic_filter, qos in scan.filters.items() if topics.matches(topic_filter, name))
         qos = granted if stored_qos == fmt.UNKNOWN_QOS else min(granted, stored_qos)
         topic = name.encode("utf-8")
+        properties = None
+        if conn.version == 5:
+            delivered = conn.delivery5(None, topic, headers)
+            if delivered is None:
+                continue  # expired, or the client's own under No Local
+            properties = delivered[0]
         if qos == 0:
-            out.append(packets.publish(topic, payload, retain=True))
-        elif conn.queue(Outgoing(topic, payload, qos, True)):
+            out.append(packets.publish(topic, payload, retain=True) if properties is None
+                       else conn.publish5(topic, payload, properties, retain=True))
+        elif conn.queue(Outgoing(topic, payload, qos, True, properties=properties)):
             out.append(conn.send_queued())
         else:
             break  # too much left waiting: the subscriber is being closed
@@ -558,21 +713,29 @@ def _sys_published(conn: MqttConnection, info: m.ServerInfoResult, retain: bool)
     for name, value in figures.items():
         granted = [qos for topic_filter, qos in conn.sys_filters.items() if topics.matches(topic_filter, name)]
         if granted:  # at QoS 0, as Mosquitto sends them: a figure is soon replaced by the next
-            out.append(packets.publish(name.encode("utf-8"), value.encode("utf-8"), retain=retain))
+            topic, payload = name.encode("utf-8"), value.encode("utf-8")
+            out.append(conn.publish5(topic, payload, b"", retain=retain) if conn.version == 5
+                       else packets.publish(topic, payload, retain=retain))
     conn.emit(Timer(conn.options["sys_interval_ms"] / 1000, "sys"))
     return b"".join(out)
 
 
 def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
-    u = packets.parse(packets.UNSUBSCRIBE, body)
+    v5 = conn.version == 5
+    u = packets.parse(packets.UNSUBSCRIBE5 if v5 else packets.UNSUBSCRIBE, body)
+    if v5:
+        props.decode_list(u.properties, "UNSUBSCRIBE")
     if not u.filters:
-        raise MalformedPacket("UNSUBSCRIBE without a topic filter")
+        raise ProtocolError("UNSUBSCRIBE without a topic filter")
+    codes = []
     for topic_filter in u.filters:
         share = shared.parse(topic_filter)
         if share is not None:
-            shared.unsubscribe(conn, *share)
+            codes.append(ReasonCode.SUCCESS if shared.unsubscribe(conn, *share) else ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
+        codes.append(ReasonCode.SUCCESS if conn.subscribed(topic_filter) else ReasonCode.NO_SUBSCRIPTION_EXISTED)
         conn.open_filters.pop(topic_filter, None)
+        conn.filter_options.pop(topic_filter, None)
         for log_topic in list(conn.awaited):
             conn.stop_awaiting(log_topic, topic_filter)
         conn.sys_filters.pop(topic_filter, None)
@@ -582,6 +745,8 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if not conn.open_filters:
         conn.known_topics.clear()
     conn.commit_session()
+    if v5:
+        return Handled.answer(packets.suback5(PacketType.UNSUBACK, u.packet_id, codes))
     return Handled.answer(packets.with_packet_id(PacketType.UNSUBACK, u.packet_id))
 
 
@@ -590,7 +755,18 @@ def pingreq(conn: MqttConnection, body: bytes, flags: int) -> Handled:
 
 
 def disconnect(conn: MqttConnection, body: bytes, flags: int) -> Handled:
-    conn.will = ()
+    """The client's DISCONNECT: no will, unless an MQTT 5 one asks for it (0x04); an MQTT 5 one may
+    change the Session Expiry Interval, but not from 0 (3.14.2.2.2)."""
+    reason = 0
+    if conn.version == 5:
+        reason, properties = packets.parse_reason(body, "DISCONNECT")
+        expiry = properties.get(props.P.SESSION_EXPIRY_INTERVAL)
+        if expiry is not None:
+            if expiry and not conn.session_expiry_s:
+                raise ProtocolError("DISCONNECT sets a Session Expiry Interval where CONNECT set 0")
+            conn.session_expiry_s = min(expiry, conn.options["session_expiry_s"])
+    if reason != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+        conn.will = ()
     return Handled.answer(b"", close=True, reason="client sent DISCONNECT")
 
 
@@ -604,5 +780,6 @@ HANDLERS: dict[PacketType, Callable[[MqttConnection, bytes, int], Handled | None
     PacketType.UNSUBSCRIBE: unsubscribe,
     PacketType.PINGREQ: pingreq,
     PacketType.DISCONNECT: disconnect,
+    PacketType.AUTH: auth.auth,
 }
 """The packet type -> its handler, for the packets after CONNECT."""

@@ -1,4 +1,4 @@
-"""MQTT 3.1.1 control packets (OASIS standard, section 2 and 3): one schema each.
+"""MQTT 3.1.1 and 5 control packets (OASIS standards, sections 2 and 3): one schema each.
 
 Every packet is a fixed header (type, flags, remaining length) and a body
 of ``remaining length`` bytes. ``split_header`` reads the fixed header
@@ -8,6 +8,10 @@ spec's packets; PUBLISH, the hot path both ways, also has hand-written
 ``struct`` functions (``parse_publish``/``publish``) that the tests hold to
 the schema.
 
+MQTT 5 (protocol level 5) adds a property list (``properties``) to most packets and a
+reason code to the acknowledgements: its schemas end in ``5``, its builders take the
+reason code and property list; the packets 3.1.1 shares are built by the same functions.
+
 Strings are UTF-8 with a 16-bit length prefix. A schema raises
 ``MalformedPacket`` (not construct's own errors) on bytes that do not fit.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Sequence
 
 from construct import (
     BitsInteger,
@@ -32,13 +37,18 @@ from construct import (
     Prefixed,
     Struct,
     Terminated,
+    VarInt,
     this,
 )
 
 from gateway.codec.varint import VarintError, read_uvarint, uvarint
 
+from . import properties as props
+from .properties import MalformedPacket, ReasonCode
+
 PROTOCOL_NAME = "MQTT"
 PROTOCOL_LEVEL = 4  # 3.1.1
+PROTOCOL_LEVEL_5 = 5  # MQTT 5
 MAX_REMAINING_LENGTH = 268_435_455  # four length bytes
 
 
@@ -57,6 +67,7 @@ class PacketType(enum.IntEnum):
     PINGREQ = 12
     PINGRESP = 13
     DISCONNECT = 14
+    AUTH = 15  # MQTT 5 only
 
 
 class ConnectReturn(enum.IntEnum):
@@ -77,11 +88,6 @@ _U16 = struct.Struct(">H")
 REQUIRED_FLAGS = {t: 0 for t in PacketType} | {
     PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010, PacketType.UNSUBSCRIBE: 0b0010}
 
-
-class MalformedPacket(Exception):
-    """The bytes break the spec: the server closes the connection (4.8)."""
-
-
 Utf8 = PascalString(Int16ub, "utf8")
 Binary = Prefixed(Int16ub, GreedyBytes)
 
@@ -89,20 +95,41 @@ Binary = Prefixed(Int16ub, GreedyBytes)
 # client of another level (MQTT 5 adds properties) is answered, not misparsed.
 CONNECT_PROTOCOL = Struct("protocol_name" / Utf8, "protocol_level" / Int8ub)
 
+CONNECT_FLAGS = BitStruct(
+    "username" / Flag,
+    "password" / Flag,
+    "will_retain" / Flag,
+    "will_qos" / BitsInteger(2),
+    "will" / Flag,
+    "clean_session" / Flag,  # MQTT 5's Clean Start
+    "reserved" / Flag,
+)
+
 CONNECT = Struct(
     "protocol_name" / Utf8,
     "protocol_level" / Int8ub,
-    "flags" / BitStruct(
-        "username" / Flag,
-        "password" / Flag,
-        "will_retain" / Flag,
-        "will_qos" / BitsInteger(2),
-        "will" / Flag,
-        "clean_session" / Flag,
-        "reserved" / Flag,
-    ),
+    "flags" / CONNECT_FLAGS,
     "keep_alive" / Int16ub,
     "client_id" / Utf8,
+    "will_topic" / If(this.flags.will, Utf8),
+    "will_message" / If(this.flags.will, Binary),
+    "username" / If(this.flags.username, Utf8),
+    "password" / If(this.flags.password, Binary),
+    Terminated,
+)
+
+# A property list, kept raw by the schemas and read by ``properties.decode_list`` (which knows
+# what each packet may carry).
+PROPERTIES = Prefixed(VarInt, GreedyBytes)
+
+CONNECT5 = Struct(
+    "protocol_name" / Utf8,
+    "protocol_level" / Int8ub,
+    "flags" / CONNECT_FLAGS,
+    "keep_alive" / Int16ub,
+    "properties" / PROPERTIES,
+    "client_id" / Utf8,
+    "will_properties" / If(this.flags.will, PROPERTIES),
     "will_topic" / If(this.flags.will, Utf8),
     "will_message" / If(this.flags.will, Binary),
     "username" / If(this.flags.username, Utf8),
@@ -128,9 +155,24 @@ SUBSCRIBE = Struct(
     Terminated,
 )
 
+SUBSCRIBE5 = Struct(
+    "packet_id" / Int16ub,
+    "properties" / PROPERTIES,
+    "topics" / GreedyRange(Struct("filter" / Utf8, "options" / BitStruct(
+        "reserved" / BitsInteger(2),
+        "retain_handling" / BitsInteger(2),
+        "retain_as_published" / Flag,
+        "no_local" / Flag,
+        "qos" / BitsInteger(2),
+    ))),
+    Terminated,
+)
+
 SUBACK = Struct("packet_id" / Int16ub, "return_codes" / GreedyRange(Int8ub))
 
 UNSUBSCRIBE = Struct("packet_id" / Int16ub, "filters" / GreedyRange(Utf8), Terminated)
+
+UNSUBSCRIBE5 = Struct("packet_id" / Int16ub, "properties" / PROPERTIES, "filters" / GreedyRange(Utf8), Terminated)
 
 # PINGREQ, PINGRESP and DISCONNECT have no body.
 EMPTY = Terminated
@@ -221,5 +263,87 @@ def publish(topic: bytes, payload: bytes, qos: int = 0, packet_id: int | None = 
             retain: bool = False) -> bytes:
     """A PUBLISH packet; ``topic`` is the UTF-8 topic name."""
     head = _U16.pack(len(topic)) + topic + (_U16.pack(packet_id) if qos else b"")
+    flags = (0b1000 if dup else 0) | qos << 1 | (1 if retain else 0)
+    return bytes((PacketType.PUBLISH << 4 | flags,)) + encode_length(len(head) + len(payload)) + head + payload
+
+
+# --------------------------------------------------------------------------- MQTT 5
+
+
+def parse_publish5(flags: int, body: bytes) -> tuple[str, int, int | None, props.Properties, bytes]:
+    """``(topic, qos, packet_id, properties, payload)`` of an MQTT 5 PUBLISH body."""
+    qos = (flags >> 1) & 3
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")
+    topic, pos = props.string(body, 0)
+    packet_id = None
+    if qos:
+        if pos + 2 > len(body):
+            raise MalformedPacket("PUBLISH shorter than its packet identifier")
+        packet_id = _U16.unpack_from(body, pos)[0]
+        if not packet_id:
+            raise MalformedPacket("PUBLISH with packet identifier 0")
+        pos += 2
+    properties, pos = props.decode(body, pos, "PUBLISH")
+    return topic, qos, packet_id, properties, body[pos:]
+
+
+def parse_ack5(body: bytes, packet: str = "ACK") -> tuple[int, int, props.Properties]:
+    """``(packet_id, reason code, properties)`` of an MQTT 5 PUBACK, PUBREC, PUBREL or PUBCOMP:
+    a body of two bytes is a success without properties (3.4.2.1)."""
+    if len(body) < 2:
+        raise MalformedPacket(f"{packet} without a packet identifier")
+    packet_id = _U16.unpack_from(body)[0]
+    reason = body[2] if len(body) > 2 else 0
+    properties, end = props.decode(body, 3, packet) if len(body) > 3 else ({}, len(body))
+    if end != len(body):
+        raise MalformedPacket(f"{packet} with bytes after its properties")
+    return packet_id, reason, properties
+
+
+def parse_reason(body: bytes, packet: str) -> tuple[int, props.Properties]:
+    """``(reason code, properties)`` of a DISCONNECT or AUTH: an empty body is a success."""
+    reason = body[0] if body else 0
+    properties, end = props.decode(body, 1, packet) if len(body) > 1 else ({}, len(body))
+    if end != len(body):
+        raise MalformedPacket(f"{packet} with bytes after its properties")
+    return reason, properties
+
+
+def connack5(reason: ReasonCode, session_present: bool = False,
+             properties: list[tuple[props.Property, object]] | None = None) -> bytes:
+    return packet(PacketType.CONNACK, bytes((int(session_present), reason)) + props.encode(properties or ()))
+
+
+def ack5(kind: PacketType, packet_id: int, reason: int = 0, reason_string: str | None = None) -> bytes:
+    """An MQTT 5 PUBACK, PUBREC, PUBREL or PUBCOMP; a success without a reason string is the
+    short form, the same bytes as 3.1.1's."""
+    if not reason and reason_string is None:
+        return with_packet_id(kind, packet_id)
+    listed = props.encode(() if reason_string is None else ((props.Property.REASON_STRING, reason_string),))
+    return packet(kind, _U16.pack(packet_id) + bytes((reason,)) + listed, REQUIRED_FLAGS[kind])
+
+
+def suback5(kind: PacketType, packet_id: int, codes: Sequence[int], reason_string: str | None = None) -> bytes:
+    """An MQTT 5 SUBACK or UNSUBACK: a reason code per filter."""
+    listed = props.encode(() if reason_string is None else ((props.Property.REASON_STRING, reason_string),))
+    return packet(kind, _U16.pack(packet_id) + listed + bytes(codes))
+
+
+def disconnect5(reason: int, reason_string: str | None = None) -> bytes:
+    """The server's DISCONNECT (MQTT 5 only: a 3.1.1 server just closes)."""
+    listed = props.encode(() if reason_string is None else ((props.Property.REASON_STRING, reason_string),))
+    return packet(PacketType.DISCONNECT, bytes((reason,)) + listed)
+
+
+def auth(reason: int, properties: list[tuple[props.Property, object]]) -> bytes:
+    return packet(PacketType.AUTH, bytes((reason,)) + props.encode(properties))
+
+
+def publish5(topic: bytes, payload: bytes, properties: bytes, qos: int = 0, packet_id: int | None = None,
+             dup: bool = False, retain: bool = False) -> bytes:
+    """An MQTT 5 PUBLISH; ``properties`` is its property list's body (``properties.encode_body``)."""
+    head = _U16.pack(len(topic)) + topic + (_U16.pack(packet_id) if qos else b"") + uvarint(len(properties)) \
+        + properties
     flags = (0b1000 if dup else 0) | qos << 1 | (1 if retain else 0)
     return bytes((PacketType.PUBLISH << 4 | flags,)) + encode_length(len(head) + len(payload)) + head + payload

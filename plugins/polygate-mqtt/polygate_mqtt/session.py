@@ -46,10 +46,13 @@ class Anchor:
     filters: Mapping[str, int]  # filter -> granted QoS
     released: tuple[int, ...] = ()  # packet ids of QoS 2 deliveries PUBRECed, not yet PUBCOMPed
     left_ms: int = 0  # when the client left (0: connected)
+    expiry_s: int | None = None  # how long after ``left_ms`` it ends (None: ``session_expiry_s``)
+    options: Mapping[str, FilterOptions] = attrs.Factory(dict)  # MQTT 5 filters' options beyond their QoS
 
     def encode(self) -> str:
-        return json.dumps({"filters": dict(self.filters), "released": list(self.released), "left_ms": self.left_ms},
-                          separators=(",", ":"))
+        options = {f: [o.identifier, o.no_local, o.retain_as_published] for f, o in self.options.items()}
+        return json.dumps({"filters": dict(self.filters), "released": list(self.released), "left_ms": self.left_ms,
+                           "expiry_s": self.expiry_s, "options": options}, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str) -> Anchor | None:
@@ -57,7 +60,11 @@ class Anchor:
         try:
             data = json.loads(text)
             filters = {str(f): int(q) for f, q in data["filters"].items() if topics.valid_filter(str(f))}
-            return cls(filters, tuple(int(i) for i in data.get("released", ())), int(data.get("left_ms", 0)))
+            expiry = data.get("expiry_s")
+            options = {str(f): FilterOptions(None if i is None else int(i), bool(nl), bool(rap))
+                       for f, (i, nl, rap) in data.get("options", {}).items() if str(f) in filters}
+            return cls(filters, tuple(int(i) for i in data.get("released", ())), int(data.get("left_ms", 0)),
+                       None if expiry is None else int(expiry), options)
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -97,6 +104,16 @@ def restored(offsets: Iterable[tuple[str, int, int, str]]) -> tuple[Anchor | Non
     return anchor, positions
 
 
+@attrs.frozen
+class FilterOptions:
+    """An MQTT 5 subscription's options beyond its QoS (3.8.3.1), and its Subscription Identifier
+    (kept with the filters in a persistent session's anchor)."""
+
+    identifier: int | None = None
+    no_local: bool = False
+    retain_as_published: bool = False
+
+
 @attrs.define
 class Outgoing:
     """A QoS 1 or 2 delivery waiting for room in flight, or for its PUBACK (QoS 1), PUBREC and
@@ -111,9 +128,14 @@ class Outgoing:
     packet_id: int = 0  # set before it is sent for a delivery resent from a session: its first one's
     sent_at: float = 0.0
     released: bool = False
+    properties: bytes | None = None  # for an MQTT 5 client: its PUBLISH's property list (body); None: 3.1.1
 
     def packet(self, dup: bool) -> bytes:
-        """What goes out for it (again, with ``dup``): its PUBLISH, or once released its PUBREL."""
+        """What goes out for it (again, with ``dup``): its PUBLISH, or once released its PUBREL.
+        (A first MQTT 5 delivery goes out with a topic alias: ``MqttConnection.publish5``.)"""
         if self.released:
             return packets.with_packet_id(PacketType.PUBREL, self.packet_id)
+        if self.properties is not None:
+            return packets.publish5(self.topic, self.payload, self.properties, self.qos, self.packet_id, dup=dup,
+                                    retain=self.retain)
         return packets.publish(self.topic, self.payload, self.qos, self.packet_id, dup=dup, retain=self.retain)

@@ -130,12 +130,12 @@ def subscribe(conn: MqttConnection, group: str, topic_filter: str, granted: int,
             sub.subscribe(topic_filter, granted, {})
 
 
-def unsubscribe(conn: MqttConnection, group: str, topic_filter: str) -> None:
+def unsubscribe(conn: MqttConnection, group: str, topic_filter: str) -> bool:
     """Remove ``topic_filter`` from ``group``: the member leaves with its last filter, or joins
-    again with a smaller subscription."""
+    again with a smaller subscription. False when the connection had no such subscription."""
     share = conn.shares.get(group)
     if share is None or share.filters.pop(topic_filter, None) is None:
-        return
+        return False
     share.topics.pop(topic_filter)
     share.sizes = {topic: size for topic, size in share.sizes.items() if topic in share.subscription}
     if not share.filters:
@@ -143,10 +143,11 @@ def unsubscribe(conn: MqttConnection, group: str, topic_filter: str) -> None:
         leaving = _leaving(conn, share)
         _stop(conn, share)
         conn.emit(Handled.run(leaving, lambda results: b"", ordered=False))
-        return
+        return True
     for sub in share.streams.values():
         sub.unsubscribe(topic_filter)
     _join(conn, share)
+    return True
 
 
 def granted_filters(conn: MqttConnection) -> dict[str, int]:

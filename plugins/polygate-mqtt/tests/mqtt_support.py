@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 
 from polygate_mqtt import plugin
+from polygate_mqtt import properties as props
 from polygate_mqtt.packets import PacketType, packet, split_header, with_packet_id
 from twisted.internet.testing import StringTransport
 
@@ -78,3 +79,18 @@ class Client:
     @property
     def closed(self) -> bool:
         return self.transport.disconnecting or self.transport.disconnected
+
+
+def connect5_packet(client_id: bytes = b"c", properties: list | None = None, clean: bool = True,
+                    keep_alive: int = 0) -> bytes:
+    """An MQTT 5 CONNECT with ``properties`` (``(Property, value)`` pairs)."""
+    body = (b"\x00\x04MQTT\x05" + bytes((0b10 if clean else 0,)) + struct.pack(">H", keep_alive)
+            + props.encode(properties or ()) + struct.pack(">H", len(client_id)) + client_id)
+    return packet(PacketType.CONNECT, body)
+
+
+def subscribe5_packet(packet_id: int, *filters: tuple[str, int], properties: list | None = None) -> bytes:
+    """An MQTT 5 SUBSCRIBE; each filter's options byte (QoS, no local, retain as published, retain handling)."""
+    body = struct.pack(">H", packet_id) + props.encode(properties or ()) + b"".join(
+        struct.pack(">H", len(f.encode())) + f.encode() + bytes((options,)) for f, options in filters)
+    return packet(PacketType.SUBSCRIBE, body, 0b0010)

@@ -374,7 +374,7 @@ def test_overlapping_filters_deliver_once_at_the_highest_qos(rig):
 
 @pytest.mark.parametrize("data", [
     connect_packet(level=3, name=b"MQIsdp"),
-    connect_packet(level=5),
+    connect_packet(level=2),
 ])
 def test_other_protocol_levels_are_refused_with_connack_1(rig, data):
     c = rig.client(client_id=b"")

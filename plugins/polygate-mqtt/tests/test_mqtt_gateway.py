@@ -257,11 +257,13 @@ def test_frame_limit_and_protocol_violations_close_without_answer(gateway_factor
         assert v1.request("PING").ok
 
 
-def test_other_protocol_levels_get_connack_1(gateway):
+@pytest.mark.parametrize("level, connack", [(3, b"\x00\x01"), (6, b"\x00\x84\x00")])
+def test_other_protocol_levels_get_connack_1_or_0x84(gateway, level, connack):
+    """Levels 4 (3.1.1) and 5 are served; an older one gets 3.1.1's CONNACK 1, a newer one MQTT 5's 0x84."""
     s = socket.create_connection(("127.0.0.1", gateway.port("mqtt")), timeout=10)
-    body = struct.pack(">H", 4) + b"MQTT" + bytes((5, 2)) + b"\x00\x1e\x00\x00\x00"  # MQTT 5, no properties
+    body = struct.pack(">H", 4) + b"MQTT" + bytes((level, 2)) + b"\x00\x1e\x00\x00\x00"
     s.sendall(packets.packet(packets.PacketType.CONNECT, body))
-    assert recv_packet(s) == (packets.PacketType.CONNACK, 0, b"\x00\x01")
+    assert recv_packet(s) == (packets.PacketType.CONNACK, 0, connack)
     assert s.recv(1) == b""
 
 

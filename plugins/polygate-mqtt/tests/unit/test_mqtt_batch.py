@@ -47,15 +47,43 @@ def test_joined_payloads_are_one_valid_payload_of_their_records_in_order(payload
     assert [r.extras["mqtt_qos"] for r in records] == [i % 3 for messages in payloads for i in range(len(messages))]
 
 
-@given(st.lists(st.tuples(st.sampled_from([0, 1, mqtt_format.UNKNOWN_QOS]), st.none() | st.binary(max_size=30),
-                          st.binary(max_size=100)), min_size=1, max_size=20), st.integers(0, 2**40))
+HEADER_LISTS = st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=3)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, mqtt_format.UNKNOWN_QOS]), st.none() | st.binary(max_size=30),
+                          st.binary(max_size=100), HEADER_LISTS), min_size=1, max_size=20), st.integers(0, 2**40))
 def test_deliveries_are_the_records_fields(messages, base):
-    """What a subscriber's push reads of a stored batch (``deliveries``) is what ``records`` gives."""
-    payload = b"".join(mqtt_format.encode_record(i, 1_700_000_000_000 + i, qos, key, value)
-                       for i, (qos, key, value) in enumerate(messages))
+    """What a subscriber's push reads of a stored batch (``deliveries``) is what ``records`` gives,
+    headers and QoS included, with or without headers."""
+    payload = b"".join(mqtt_format.encode_record(i, 1_700_000_000_000 + i, qos, key, value,
+                                                 mqtt_format.encode_headers(headers))
+                       for i, (qos, key, value, headers) in enumerate(messages))
+    assert mqtt_format.FORMAT.validate(payload) == Validated(len(messages), len(messages))
     stored = StoredBatch(mqtt_format.NAME, base, base + len(messages) - 1, 0, payload)
-    assert list(mqtt_format.FORMAT.deliveries(stored)) == [
-        (r.offset, r.extras.get("mqtt_qos", mqtt_format.UNKNOWN_QOS), r.key, r.value) for r in mqtt_format.FORMAT.records(stored)]
+    records = list(mqtt_format.FORMAT.records(stored))
+    assert [(r.extras.get("mqtt_qos", mqtt_format.UNKNOWN_QOS), r.headers) for r in records] == [
+        (qos, tuple(headers)) for qos, _, _, headers in messages]
+    assert [(offset, qos, key, value, mqtt_format.decode_headers(headers))
+            for offset, qos, key, value, headers in mqtt_format.FORMAT.deliveries(stored)] == [
+        (r.offset, r.extras.get("mqtt_qos", mqtt_format.UNKNOWN_QOS), r.key, r.value, r.headers) for r in records]
+
+
+@given(st.lists(st.tuples(st.binary(max_size=8), HEADER_LISTS), min_size=1, max_size=5), st.integers(1, 4))
+def test_records_with_headers_join_and_read_back(messages, split):
+    """Payloads of records with headers are joined, renumbered, as any other."""
+    encoded = [mqtt_format.encode_record(0, 1, 1, b"t", value, mqtt_format.encode_headers(headers))
+               for value, headers in messages]
+    joined = mqtt_format.FORMAT.join([memoryview(p) for p in encoded])
+    assert mqtt_format.FORMAT.validate(joined) == Validated(len(messages), len(messages))
+    records = mqtt_format.FORMAT.records(StoredBatch(mqtt_format.NAME, 0, len(messages) - 1, 0, joined))
+    assert [(r.value, r.headers) for r in records] == [(v, tuple(h)) for v, h in messages]
+
+
+def test_a_kafka_records_headers_are_kept_but_the_qos_header():
+    records = [Record(b"v", b"t/a", 1, headers=(("polygate.mqtt_qos", b"1"), ("trace", b"x"), ("empty", None)))]
+    stored = StoredBatch("mqtt", 0, 0, 1, mqtt_format.FORMAT.encode(records, 0))
+    [record] = mqtt_format.FORMAT.records(stored)
+    assert (record.headers, record.extras["mqtt_qos"]) == ((("trace", b"x"), ("empty", None)), 1)
 
 
 def _checked(payload: bytes):
@@ -67,7 +95,9 @@ def _checked(payload: bytes):
 
 ONE = mqtt_format.encode_record(0, 1, 0, b"t", b"v")
 EDGES = [ONE, ONE[:-1], ONE + b"\0", ONE[:5], b"", ONE + ONE, mqtt_format.encode_record(1, 1, 0, b"t", b"v"),
-         mqtt_format.encode_record(0, 1, 0, None, b""), ONE[:17] + b"\xff\xff\xff\xff" + ONE[21:]]
+         mqtt_format.encode_record(0, 1, 0, None, b""), ONE[:17] + b"\xff\xff\xff\xff" + ONE[21:],
+         mqtt_format.encode_record(0, 1, 2, b"t", b"v", mqtt_format.encode_headers([("h", b"1")]))]
+EDGES += [EDGES[-1][:-1], EDGES[-1][:-12]]  # headers cut short
 
 
 @given(st.lists(st.sampled_from(EDGES) | st.binary(max_size=40) | st.builds(
@@ -90,5 +120,5 @@ def test_the_qos_comes_back_from_the_header_kafka_keeps_it_in():
     records = [Record(b"v", b"t/a", 1, headers=(("polygate.mqtt_qos", b"0"),)), Record(b"w", b"t/b", 1),
                Record(b"x", b"t/c", 1, headers=(("polygate.mqtt_qos", b"9"),))]
     payload = mqtt_format.FORMAT.encode(records, 0)
-    got = [qos for _, qos, _, _ in mqtt_format.FORMAT.deliveries(StoredBatch("mqtt", 0, 2, 1, payload))]
+    got = [qos for _, qos, _, _, _ in mqtt_format.FORMAT.deliveries(StoredBatch("mqtt", 0, 2, 1, payload))]
     assert got == [0, mqtt_format.UNKNOWN_QOS, mqtt_format.UNKNOWN_QOS]

@@ -1,9 +1,9 @@
-"""Server side of SASL PLAIN and SCRAM-SHA-256/512 (RFC 4616, RFC 5802/7677).
+"""Server side of SASL PLAIN and SCRAM-SHA-256/512 (RFC 4616, RFC 5802/7677), for every codec
+that authenticates with SASL: Kafka's SaslAuthenticate, MQTT 5's AUTH.
 
-Offered on every Kafka listener, against the gateway's user store
-(``--users-file``, AlterUserScramCredentials: ``gateway.security.users``,
-which keeps SCRAM credentials, never passwords); ``--require-auth kafka``
-makes it mandatory. ``kafka.sasl.mechanisms`` (default
+Checked against the gateway's user store (``--users-file``, AlterUserScramCredentials:
+``gateway.security.users``, which keeps SCRAM credentials, never passwords). On the Kafka
+listener ``--require-auth kafka`` makes it mandatory, and ``kafka.sasl.mechanisms`` (default
 ``PLAIN,SCRAM-SHA-256,SCRAM-SHA-512``, and ``OAUTHBEARER`` when the gateway
 verifies bearer tokens, ``--oauth-issuer``) restricts the mechanisms offered.
 
