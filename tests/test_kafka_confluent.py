@@ -120,7 +120,6 @@ def test_group_of_two_rebalances_when_one_leaves(kafka_gateway):
     a.close()
 
 
-@pytest.mark.local_only("static membership is the local coordinator's: a cluster's members join it dynamically")
 def test_a_static_member_back_within_its_session_keeps_its_partitions_and_the_other_is_left_alone(kafka_gateway):
     """KIP-345 (librdkafka 0102): a consumer with ``group.instance.id`` that closes (static members
     send no LeaveGroup) and comes back within its session timeout gets its partitions back at once

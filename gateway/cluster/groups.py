@@ -44,11 +44,22 @@ gateway names it; the shared member of a gateway's V1 and Cursus members is
 ``<client id>-members``, described by its own gateway as those members (each by
 its id, protocol and partitions) and by other gateways as one member.
 
-Commits by a member go through its cluster member's consumer (the cluster
-checks its generation; a V1/Cursus member's generation and partitions are
-checked here first); commits without a generation, offset look-ups and the
-group admin calls go through the admin client, as a Kafka tool's would. All
-librdkafka calls of the members run in one thread, in order.
+A Kafka client's static member (``group.instance.id``, KIP-345) is a static
+member of the cluster's group, of the same instance id: when the client comes
+back without a member id while the gateway still has its member (within its
+session timeout), it takes that member over under a new member id (the old
+one is fenced, ``FENCED_INSTANCE_ID``), with its partitions, and the
+cluster's group does not rebalance. When the gateway closes a static member
+(it left, or its session timed out) it removes it from the cluster's group
+with LeaveGroup, as a static member's close does not (``gateway.cluster.coordinator``).
+
+Commits and offset look-ups go to the group's coordinator through the
+gateway's own Kafka client (``gateway.cluster.coordinator``), which keeps a
+commit's metadata as the client gave it (librdkafka's C strings would not);
+a member's commit carries its cluster member's id and generation, which the
+cluster checks (a V1/Cursus member's generation and partitions are checked
+here first). The group admin calls go through the admin client, as a Kafka
+tool's would. All librdkafka calls of the members run in one thread, in order.
 """
 
 from __future__ import annotations
@@ -62,14 +73,15 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from gateway import model as m
-from gateway.cluster.bridge import Loop, command_error, deferred_from
+from gateway.cluster.bridge import Loop, deferred_from
 from gateway.cluster.config import ClusterConfig
+from gateway.cluster.coordinator import Coordinators, as_result
 from gateway.codecs.kafka.consumer_protocol import decode_subscription, encode_assignment
 from gateway.local.groups.classic import assign
 from gateway.model import CommandError, Error, ErrorCode
@@ -93,16 +105,6 @@ STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
           "COMPLETING_REBALANCING": "CompletingRebalance", "EMPTY": "Empty", "DEAD": "Dead", "UNKNOWN": "Unknown"}
 
 Assignment = tuple[tuple[str, tuple[int, ...]], ...]
-
-
-def _committed(topic: str, partition: int, offset: int, metadata: str, leader_epoch: int) -> TopicPartition:
-    """A committed offset for confluent-kafka, which takes metadata and a leader epoch only when given."""
-    given: dict[str, Any] = {}
-    if metadata:
-        given["metadata"] = metadata
-    if leader_epoch >= 0:
-        given["leader_epoch"] = leader_epoch
-    return TopicPartition(topic, partition, offset, **given)
 
 
 def preference(assignor: str) -> str:
@@ -132,6 +134,7 @@ class ClusterMember:
     topics: tuple[str, ...]
     assignor: str
     client_id: str
+    instance_id: str | None = None  # a Kafka client's group.instance.id: a static member of the cluster's group
     consumer: Consumer | None = None
     member_id: str = ""  # the cluster's id for it, known once it is assigned partitions
     generation: int = -1
@@ -174,11 +177,14 @@ class GatewayGroup:
 class ClusterGroups:
     """The coordinator side of ``Storage`` in cluster mode (see the module docstring)."""
 
-    def __init__(self, config: ClusterConfig, admin: AdminClient, reactor: Any):
+    def __init__(self, config: ClusterConfig, admin: AdminClient, coordinators: Coordinators, reactor: Any):
         self.config = config
         self.admin = admin
+        self.coordinators = coordinators
         self.reactor = reactor
         self.members: dict[tuple[str, str], Member] = {}
+        # (group, member id) -> the static member that rejoined under another id: the old id is fenced
+        self.fenced: dict[tuple[str, str], Member] = {}
         self.shared: dict[str, GatewayGroup] = {}
         self.clusters: set[ClusterMember] = set()  # those whose consumer is open (or opening)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
@@ -194,6 +200,7 @@ class ClusterGroups:
         for cluster in list(self._polled):
             self._unsubscribe(cluster)
         self.members.clear()
+        self.fenced.clear()
         self.shared.clear()
         self.clusters.clear()
 
@@ -251,6 +258,7 @@ class ClusterGroups:
                 "partition.assignment.strategy": preference(cluster.assignor),
                 "session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 500,
                 "max.poll.interval.ms": REBALANCE_TIMEOUT_MS, "client.id": cluster.client_id[:200],
+                **({"group.instance.id": cluster.instance_id} if cluster.instance_id else {}),
                 "error_cb": lambda err: log.warning("group %s: cluster member %s: %s", cluster.group,
                                                     cluster.client_id, err.str())}))
             self._polled.append(cluster)
@@ -266,12 +274,13 @@ class ClusterGroups:
 
     # ------------------------------------------------------------------ reactor side
 
-    def _new_cluster(self, group: str, topics: tuple[str, ...], assignor: str, client_id: str) -> ClusterMember:
+    def _new_cluster(self, group: str, topics: tuple[str, ...], assignor: str, client_id: str,
+                     instance_id: str | None = None) -> ClusterMember:
         """A new member of the cluster's group ``group``, joining it; refused past ``max_members``."""
         if len(self.clusters) >= self.config.max_members:
             raise CommandError(ErrorCode.INVALID_REQUEST, f"this gateway keeps at most {self.config.max_members} "
                                                           "members of the cluster's groups (--cluster-max-members)")
-        cluster = ClusterMember(group, topics, assignor, client_id)
+        cluster = ClusterMember(group, topics, assignor, client_id, instance_id)
         self.clusters.add(cluster)
         self._join_cluster(cluster, topics)
         return cluster
@@ -302,12 +311,23 @@ class ClusterGroups:
             shared.members[member_id].assignment = tuple((t, tuple(sorted(ps))) for t, ps in sorted(parts.items()))
 
     def _leave_cluster(self, cluster: ClusterMember) -> defer.Deferred:
-        """Close ``cluster``'s consumer: it leaves the cluster's group at once."""
+        """Close ``cluster``'s consumer: it leaves the cluster's group at once (a static member, which
+        sends no LeaveGroup when it closes, is removed by the gateway's own LeaveGroup)."""
         self.clusters.discard(cluster)
         waiting, cluster.waiting = cluster.waiting, []
         for d in waiting:
             d.errback(CommandError(ErrorCode.UNKNOWN_MEMBER, "left the group"))
-        return self._in_thread(lambda: self._unsubscribe(cluster))
+        closed = self._in_thread(lambda: self._unsubscribe(cluster))
+        if cluster.instance_id and cluster.member_id:
+            instance_id, member_id = cluster.instance_id, cluster.member_id
+
+            def remove(_: Any) -> defer.Deferred:
+                return self.coordinators.leave(cluster.group, member_id, instance_id).addErrback(
+                    lambda f: log.warning("group %s: static member %s stays until its session times out: %s",
+                                          cluster.group, instance_id, f.getErrorMessage()))
+
+            closed.addCallback(remove)
+        return closed
 
     def _close(self, *members: Member) -> defer.Deferred:
         """Take ``members`` out of their groups, each group's split changed once; a Deferred that
@@ -316,6 +336,7 @@ class ClusterGroups:
         changed: set[str] = set()
         for member in members:
             self.members.pop((member.group, member.member_id), None)
+            self._forget_fenced(member)
             shared = self.shared.get(member.group)
             if member.kind == "consumer":
                 told.append(self._leave_cluster(member.cluster))
@@ -343,6 +364,9 @@ class ClusterGroups:
     def _member(self, group: str, member_id: str, generation: int | None) -> Member:
         member = self.members.get((group, member_id))
         if member is None:
+            if (group, member_id) in self.fenced:
+                raise CommandError(ErrorCode.FENCED_INSTANCE_ID, f"member {member_id}'s static instance rejoined as "
+                                                                 f"{self.fenced[group, member_id].member_id}")
             known = any(g == group for g, _ in self.members)
             raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member" if known else "group not found")
         member.last_seen = time.monotonic()
@@ -412,13 +436,19 @@ class ClusterGroups:
         assignor = "range" if protocol == "range" else "round_robin"
         member_id = cmd.member_id or f"{cmd.client_id or 'consumer'}-{uuid.uuid4()}"
         member = self.members.get((cmd.group, member_id))
-        if member is not None and (set(member.topics) != set(topics) or member.cluster.assignor != assignor):
+        if member is None and not cmd.member_id and cmd.group_instance_id:
+            member = self._static_rejoin(cmd.group, cmd.group_instance_id, member_id)
+        if member is not None and member.cluster.assignor != assignor:
             self._close(member)
             member = None
+        if member is not None and set(member.topics) != set(topics):
+            # Another subscription: the cluster member subscribes anew, which rebalances the cluster's group.
+            member.topics = member.cluster.topics = topics
+            self._join_cluster(member.cluster, topics)
         if member is None:
             try:
                 cluster = self._new_cluster(cmd.group, topics, assignor,
-                                            f"{self.config.client_id}-{cmd.codec}:{member_id}")
+                                            f"{self.config.client_id}-{cmd.codec}:{member_id}", cmd.group_instance_id)
             except CommandError as e:
                 return m.JoinGroupResult(cmd.group, error=e.error)
             member = Member(cmd.group, member_id, topics, cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
@@ -428,6 +458,26 @@ class ClusterGroups:
         return self._when_assigned(member.cluster).addCallback(
             lambda cluster: m.JoinGroupResult(cmd.group, member_id, cluster.generation, cluster.assignment, LEADER,
                                               protocol))
+
+    def _static_rejoin(self, group: str, instance_id: str, member_id: str) -> Member | None:
+        """The member of the static instance ``instance_id`` of ``group``, rejoining (with no member
+        id) as ``member_id``, if this gateway still has it: it keeps its member of the cluster's group,
+        and so its partitions, and the group does not rebalance (KIP-345). Its previous member id is
+        fenced (``FENCED_INSTANCE_ID``)."""
+        member = next((mem for (g, _), mem in self.members.items()
+                       if g == group and mem.kind == "consumer" and mem.cluster.instance_id == instance_id), None)
+        if member is not None:
+            self._forget_fenced(member)
+            del self.members[(group, member.member_id)]
+            self.fenced[(group, member.member_id)] = member
+            member.member_id = member_id
+            self.members[(group, member_id)] = member
+        return member
+
+    def _forget_fenced(self, member: Member) -> None:
+        """Forget the fenced id of ``member`` (only its last one is kept)."""
+        for key in [k for k, mem in self.fenced.items() if mem is member]:
+            del self.fenced[key]
 
     def _when_assigned(self, cluster: ClusterMember, limit: float | None = None) -> defer.Deferred:
         """Fires with ``cluster`` once the cluster assigned it partitions, or after ``limit`` seconds
@@ -529,38 +579,24 @@ class ClusterGroups:
         ok = m.CommitOffsetsResult(cmd.group, tuple((t, p, None) for t, p, _, _ in cmd.offsets), generation=generation)
         if cmd.validate_only:
             return ok
-        epochs = cmd.leader_epochs or [-1] * len(cmd.offsets)
-        tps = [_committed(t, p, o, meta, epoch) for (t, p, o, meta), epoch in zip(cmd.offsets, epochs, strict=True)]
-
-        def stored(_: Any) -> m.CommitOffsetsResult:
-            return ok
+        # A member's commit is its cluster member's, which the cluster checks; any other is group-less.
+        cluster = member.cluster if member is not None and member.cluster.consumer is not None else None
+        d = self.coordinators.commit(cmd.group, cmd.offsets, cmd.leader_epochs,
+                                cluster.generation if cluster is not None else -1,
+                                cluster.member_id if cluster is not None else "",
+                                cluster.instance_id if cluster is not None else None)
 
         def failed(f: Any) -> m.CommitOffsetsResult:
-            error = command_error(f.value, f"commit for group {cmd.group}").error
-            return m.CommitOffsetsResult(cmd.group, error=error, generation=self._generation(cmd.group))
+            f.trap(CommandError)
+            return m.CommitOffsetsResult(cmd.group, error=f.value.error, generation=self._generation(cmd.group))
 
-        if member is not None and member.cluster.consumer is not None:
-            consumer = member.cluster.consumer
-            d = self._in_thread(lambda: consumer.commit(offsets=tps, asynchronous=False))
-        else:
-            futures = self.admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(cmd.group, tps)],
-                                                              request_timeout=self.config.request_timeout_ms / 1000)
-            d = deferred_from(self.reactor, futures[cmd.group], f"commit for group {cmd.group}")
-        return d.addCallbacks(stored, failed)
+        return d.addCallbacks(lambda errors: as_result(cmd.group, errors, generation), failed)
 
     def fetch(self, cmd: m.FetchOffsets) -> Any:
         if not cmd.group:
             return m.FetchOffsetsResult(cmd.group, error=NO_GROUP_ID)
-        tps = None if cmd.partitions is None else [TopicPartition(t, p) for t, p in cmd.partitions]
-        futures = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(cmd.group, tps)],
-                                                         request_timeout=self.config.request_timeout_ms / 1000)
 
-        def found(result: Any) -> m.FetchOffsetsResult:
-            out = []
-            for tp in result.topic_partitions or ():
-                offset = tp.offset if tp.offset >= 0 and tp.error is None else -1
-                epoch = tp.leader_epoch if tp.leader_epoch is not None and offset >= 0 else -1
-                out.append(((tp.topic, tp.partition, offset, tp.metadata or ""), epoch))
+        def found(out: list[tuple[tuple[str, int, int, str], int]]) -> m.FetchOffsetsResult:
             if cmd.partitions is None:
                 out = [o for o in out if o[0][2] >= 0]
             out.sort()
@@ -571,8 +607,7 @@ class ClusterGroups:
             f.trap(CommandError)
             return m.FetchOffsetsResult(cmd.group, error=f.value.error, generation=self._generation(cmd.group))
 
-        return deferred_from(self.reactor, futures[cmd.group], f"offsets of group {cmd.group}").addCallbacks(
-            found, failed)
+        return self.coordinators.fetch(cmd.group, cmd.partitions).addCallbacks(found, failed)
 
     def committed_offset(self, group: str, topic: str, partition: int) -> Any:
         """*May wait.* The offset ``group`` committed for the partition, None if none."""
