@@ -38,7 +38,11 @@ topics of its subscription, joins the cluster's group with the client's
 ``range`` protocol if it offers one (``roundrobin`` otherwise), and answers
 the client as a follower, with the partitions the cluster's assignor gave it
 encoded in ConsumerProtocol; a rebalance reaches the client as
-``REBALANCE_IN_PROGRESS`` at its next heartbeat. Its consumer's client id is
+``REBALANCE_IN_PROGRESS`` at its next heartbeat. Its JoinGroup is answered
+once every Kafka member of the group on this gateway has rejoined for the
+cluster's generation (or after its rebalance timeout), as Kafka's coordinator
+completes a rebalance only then: a new member is not given partitions that
+another still consumes. Its consumer's client id is
 ``<client id>-kafka:<member id>``, so the group's description through any
 gateway names it; the shared member of a gateway's V1 and Cursus members is
 ``<client id>-members``, described by its own gateway as those members (each by
@@ -157,6 +161,7 @@ class Member:
     codec: str = ""  # the wire protocol the client speaks (kafka, v1, cursus)
     assignment: Assignment = ()  # a V1/Cursus member's part of its gateway group's share
     told: int = -2  # the generation whose assignment a V1/Cursus client was last given (-2: none yet)
+    joined: int = -1  # a Kafka client's: the cluster generation its last JoinGroup is (or was) answered with
     last_seen: float = attrs.field(factory=time.monotonic)
 
 
@@ -186,6 +191,9 @@ class ClusterGroups:
         # (group, member id) -> the static member that rejoined under another id: the old id is fenced
         self.fenced: dict[tuple[str, str], Member] = {}
         self.shared: dict[str, GatewayGroup] = {}
+        # group -> the Kafka clients' JoinGroups held until this gateway's other Kafka members of the
+        # group rejoined for the cluster's generation (``_rejoined``)
+        self.rejoins: dict[str, list[tuple[Member, defer.Deferred]]] = {}
         self.clusters: set[ClusterMember] = set()  # those whose consumer is open (or opening)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._polled: list[ClusterMember] = []  # thread side
@@ -201,6 +209,7 @@ class ClusterGroups:
             self._unsubscribe(cluster)
         self.members.clear()
         self.fenced.clear()
+        self.rejoins.clear()
         self.shared.clear()
         self.clusters.clear()
 
@@ -299,6 +308,12 @@ class ClusterGroups:
         waiting, cluster.waiting = cluster.waiting, []
         for d in waiting:
             d.callback(cluster)
+        held = self.rejoins.get(cluster.group, ())
+        if any(mem.cluster is cluster for mem, _ in held):
+            for mem, _ in held:  # a client held at its JoinGroup takes the new generation with it
+                if mem.cluster is cluster:
+                    mem.joined = generation
+            self._release(cluster.group)
 
     def _revoked(self, cluster: ClusterMember) -> None:
         cluster.assigned = False
@@ -343,6 +358,8 @@ class ClusterGroups:
             elif shared is not None and shared.members.get(member.member_id) is member:
                 del shared.members[member.member_id]
                 changed.add(member.group)
+        for group in {member.group for member in members}:
+            self._release(group)
         for group in changed:
             shared = self.shared[group]
             if not shared.members:
@@ -379,7 +396,8 @@ class ClusterGroups:
         now = time.monotonic()
         expired = []
         for member in self.members.values():
-            if member.cluster.waiting:  # its client may wait for the cluster's rebalance: alive
+            if member.cluster.waiting or any(mem is member for mem, _ in self.rejoins.get(member.group, ())):
+                # its client waits for the cluster's rebalance, or for the others to rejoin: alive
                 member.last_seen = now
             elif now - member.last_seen > member.session_timeout_ms / 1000:
                 log.info("group %s: member %s expired", member.group, member.member_id)
@@ -455,9 +473,49 @@ class ClusterGroups:
                             cluster, cmd.protocol_type, protocol, cmd.codec)
             self.members[(cmd.group, member_id)] = member
         member.last_seen = time.monotonic()
-        return self._when_assigned(member.cluster).addCallback(
-            lambda cluster: m.JoinGroupResult(cmd.group, member_id, cluster.generation, cluster.assignment, LEADER,
-                                              protocol))
+        limit = (cmd.rebalance_timeout_ms or member.session_timeout_ms) / 1000
+        return self._when_assigned(member.cluster).addCallback(self._rejoined, member, limit).addCallback(
+            lambda cluster: m.JoinGroupResult(cmd.group, member.member_id, cluster.generation, cluster.assignment,
+                                              LEADER, protocol))
+
+    def _rejoined(self, cluster: ClusterMember, member: Member, limit: float) -> defer.Deferred:
+        """Fires with ``cluster`` once every Kafka member of the group on this gateway has rejoined
+        for the cluster's generation (or after ``limit`` s, the client's rebalance timeout).
+
+        Each Kafka client's cluster member follows the cluster's rebalances by itself; without this a
+        new member's JoinGroup would be answered while the others, which have not yet heard of the
+        rebalance (or not yet given up their partitions), still consume what it is given. As Kafka's
+        coordinator does, a rebalance completes for the clients once all have rejoined."""
+        member.joined = cluster.generation
+        d: defer.Deferred = defer.Deferred()
+        self.rejoins.setdefault(member.group, []).append((member, d))
+
+        def give_up() -> None:
+            if not d.called:
+                self._unhold(member.group, d)
+                d.callback(None)
+
+        call = self.reactor.callLater(limit, give_up)
+        d.addBoth(lambda v: (call.cancel() if call.active() else None, v)[1])
+        self._release(member.group)
+        return d.addCallback(lambda _: cluster)
+
+    def _release(self, group: str) -> None:
+        """Answer the held JoinGroups of ``group`` if every Kafka member rejoined for its cluster
+        member's current generation."""
+        if group not in self.rejoins:
+            return
+        if all(mem.cluster.assigned and mem.joined == mem.cluster.generation
+               for (g, _), mem in self.members.items() if g == group and mem.kind == "consumer"):
+            for _, d in self.rejoins.pop(group):
+                d.callback(None)
+
+    def _unhold(self, group: str, d: defer.Deferred) -> None:
+        held = [(mem, w) for mem, w in self.rejoins.get(group, []) if w is not d]
+        if held:
+            self.rejoins[group] = held
+        else:
+            self.rejoins.pop(group, None)
 
     def _static_rejoin(self, group: str, instance_id: str, member_id: str) -> Member | None:
         """The member of the static instance ``instance_id`` of ``group``, rejoining (with no member
