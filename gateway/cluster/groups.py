@@ -595,7 +595,14 @@ class ClusterGroups:
         except CommandError as e:
             return m.LeaveGroupResult(cmd.group, e.error, self._generation(cmd.group))
         generation = self._generation_of(member)
-        return self._close(member).addCallback(lambda _: m.LeaveGroupResult(cmd.group, generation=generation))
+        closed = self._close(member)
+        if member.kind == "consumer":
+            # As Kafka's coordinator answers a LeaveGroup once the member is out: the client does not
+            # wait for its member of the cluster's group to close (which waits out a rebalance there).
+            closed.addErrback(lambda f: log.warning("group %s: member %s: leaving the cluster's group: %s",
+                                                    cmd.group, cmd.member_id, f.getErrorMessage()))
+            return m.LeaveGroupResult(cmd.group, generation=generation)
+        return closed.addCallback(lambda _: m.LeaveGroupResult(cmd.group, generation=generation))
 
     def _generation(self, group: str) -> int:
         """The generation this gateway's members of ``group`` know, -1 if none."""
