@@ -144,7 +144,7 @@ def test_a_clusters_group_description_names_each_members_protocol():
     from gateway.cluster.config import ClusterConfig
     from gateway.cluster.groups import ClusterGroups, ClusterMember, GatewayGroup, Member
 
-    groups = ClusterGroups(ClusterConfig("127.0.0.1:1", client_id="edge"), None, None)
+    groups = ClusterGroups(ClusterConfig("127.0.0.1:1", client_id="edge"), None, None, None)
     ours = ClusterMember("g", ("t",), "range", "edge-members", member_id="rdkafka-1", assigned=True,
                          assignment=(("t", (0, 2)),))
     shared = groups.shared["g"] = GatewayGroup("g", ("t",), "range", ours)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -380,6 +381,30 @@ def test_the_members_a_gateway_keeps_in_the_clusters_groups_are_capped(tansu, ga
             c.request("LEAVE", groups[0], topic, member, generation).check()
         assert assigned(c.request("JOIN", groups[2], topic, "d").check()) == [0]
     assert first.fields["assigned"] == "[0]"
+
+def test_a_kafka_members_leave_is_answered_without_waiting_for_the_cluster(tansu, gateways):
+    """A Kafka client's LeaveGroup is answered once its member is out, as Kafka's coordinator answers
+    it, not once the gateway's member of the cluster's group has left the cluster's group, which
+    waits for the cluster (librdkafka 0084: an unsubscribe then a close took 2 s during a rebalance
+    on Tansu). Here the cluster does not answer at all (stopped with SIGSTOP): the gateway's own
+    member takes seconds to give up on it, the client's answer none."""
+    gw = gateways(tansu.bootstrap, ("v1", "kafka"))
+    topic, group = topic_name(), f"g-{uuid.uuid4().hex[:6]}"
+    create(gw, topic, 1)
+    c = Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group, "session.timeout.ms": 6000,
+                  "heartbeat.interval.ms": 200})
+    c.subscribe([topic])
+    wait_until(lambda: c.poll(0.1) or c.assignment(), 40)
+    member_id = c.memberid()
+    os.kill(tansu.proc.pid, signal.SIGSTOP)
+    try:
+        with KafkaClient("127.0.0.1", gw.port("kafka"), timeout=2) as raw:
+            answer = raw.call(13, 3, {"GroupId": group, "Members": [{"MemberId": member_id}]})
+        assert answer.ErrorCode == 0 and [mem.ErrorCode for mem in answer.Members] == [0]
+    finally:
+        os.kill(tansu.proc.pid, signal.SIGCONT)
+    c.close()
+
 
 def test_kafka_consumers_through_two_gateways_and_one_on_the_cluster_share_a_group(tansu, gateways):
     a, b = gateways(tansu.bootstrap, ("v1", "kafka")), gateways(tansu.bootstrap, ("v1", "kafka"))

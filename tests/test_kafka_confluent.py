@@ -122,7 +122,36 @@ def test_group_of_two_rebalances_when_one_leaves(kafka_gateway):
     a.close()
 
 
-@pytest.mark.local_only("static membership is the local coordinator's: a cluster's members join it dynamically")
+def test_a_rebalance_completes_only_once_every_member_rejoined(kafka_gateway):
+    """Kafka's eager rebalance (librdkafka 0093): a new member is given partitions only once the
+    member already in the group, which does not poll for now, has given its own up and rejoined.
+    In cluster mode each client's member of the cluster's group rebalances by itself: the gateway
+    holds the new member's JoinGroup until its other members rejoined."""
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    events: list[tuple[str, str]] = []
+
+    def consumer(name: str) -> ck.Consumer:
+        c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+        c.subscribe([topic], on_assign=lambda _c, ps: events.append((name, "assign")),
+                     on_revoke=lambda _c, ps: events.append((name, "revoke")))
+        return c
+
+    first = consumer("first")
+    wait_until(lambda: first.poll(0.1) or first.assignment(), 30, 0, "the first member's partition")
+    events.clear()
+    second = consumer("second")
+    deadline = time.monotonic() + 10  # the first member does not poll meanwhile: it cannot rejoin
+    while not events and time.monotonic() < deadline:
+        second.poll(0.2)
+    wait_until(lambda: first.poll(0.1) or second.poll(0.1) or ("second", "assign") in events, 30, 0,
+               "the second member's assignment")
+    assert events[0] == ("first", "revoke"), events
+    first.close()
+    second.close()
+
+
 def test_a_static_member_back_within_its_session_keeps_its_partitions_and_the_other_is_left_alone(kafka_gateway):
     """KIP-345 (librdkafka 0102): a consumer with ``group.instance.id`` that closes (static members
     send no LeaveGroup) and comes back within its session timeout gets its partitions back at once

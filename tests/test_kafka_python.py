@@ -79,6 +79,30 @@ def test_committed_offset_shared_with_v1(kafka_gateway, api_version):
     assert got[0].offset == 3 and [m.value for m in got] == [s[1] for s in sent[3:]]
 
 
+@pytest.mark.tansu_differs("Tansu 0.6 drops a commit's metadata")
+def test_commit_metadata_round_trips_with_any_character(kafka_gateway):
+    """A committed offset's metadata is a Kafka string: a NUL byte in it is kept, whether the
+    commit is a member's or group-less (librdkafka 0099, 0130, 0140; in cluster mode the gateway
+    commits through its own client, not librdkafka's C strings)."""
+    servers, topic, group = bootstrap(kafka_gateway), unique("kp"), unique("g")
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    admin.create_topics([NewTopic(topic, 2, 1)])
+    admin.close()
+    first, second = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    c = KafkaConsumer(bootstrap_servers=servers, group_id=group, enable_auto_commit=False,
+                      heartbeat_interval_ms=200, session_timeout_ms=6000)
+    c.subscribe([topic])
+    wait_until(lambda: c.poll(100) is not None and c.assignment() == {first, second}, 30, 0, "the member's partitions")
+    c.commit({first: OffsetAndMetadata(2, "as a member\0 and on", -1)})
+    c.close()
+    reader = KafkaConsumer(bootstrap_servers=servers, group_id=group, enable_auto_commit=False)
+    reader.assign([first, second])
+    reader.commit({second: OffsetAndMetadata(1, "\0group-less\0", -1)})
+    assert reader.committed(first, metadata=True)[:2] == (2, "as a member\0 and on")
+    assert reader.committed(second, metadata=True)[:2] == (1, "\0group-less\0")
+    reader.close()
+
+
 class Member(threading.Thread):
     """A group consumer polling in its own thread (kafka-python blocks in poll while joining)."""
 

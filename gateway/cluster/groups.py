@@ -38,17 +38,32 @@ topics of its subscription, joins the cluster's group with the client's
 ``range`` protocol if it offers one (``roundrobin`` otherwise), and answers
 the client as a follower, with the partitions the cluster's assignor gave it
 encoded in ConsumerProtocol; a rebalance reaches the client as
-``REBALANCE_IN_PROGRESS`` at its next heartbeat. Its consumer's client id is
+``REBALANCE_IN_PROGRESS`` at its next heartbeat. Its JoinGroup is answered
+once every Kafka member of the group on this gateway has rejoined for the
+cluster's generation (or after its rebalance timeout), as Kafka's coordinator
+completes a rebalance only then: a new member is not given partitions that
+another still consumes. Its consumer's client id is
 ``<client id>-kafka:<member id>``, so the group's description through any
 gateway names it; the shared member of a gateway's V1 and Cursus members is
 ``<client id>-members``, described by its own gateway as those members (each by
 its id, protocol and partitions) and by other gateways as one member.
 
-Commits by a member go through its cluster member's consumer (the cluster
-checks its generation; a V1/Cursus member's generation and partitions are
-checked here first); commits without a generation, offset look-ups and the
-group admin calls go through the admin client, as a Kafka tool's would. All
-librdkafka calls of the members run in one thread, in order.
+A Kafka client's static member (``group.instance.id``, KIP-345) is a static
+member of the cluster's group, of the same instance id: when the client comes
+back without a member id while the gateway still has its member (within its
+session timeout), it takes that member over under a new member id (the old
+one is fenced, ``FENCED_INSTANCE_ID``), with its partitions, and the
+cluster's group does not rebalance. When the gateway closes a static member
+(it left, or its session timed out) it removes it from the cluster's group
+with LeaveGroup, as a static member's close does not (``gateway.cluster.coordinator``).
+
+Commits and offset look-ups go to the group's coordinator through the
+gateway's own Kafka client (``gateway.cluster.coordinator``), which keeps a
+commit's metadata as the client gave it (librdkafka's C strings would not);
+a member's commit carries its cluster member's id and generation, which the
+cluster checks (a V1/Cursus member's generation and partitions are checked
+here first). The group admin calls go through the admin client, as a Kafka
+tool's would. All librdkafka calls of the members run in one thread, in order.
 """
 
 from __future__ import annotations
@@ -62,15 +77,16 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from gateway import model as m
 from gateway.assignors import BY_KAFKA_NAME, assign
-from gateway.cluster.bridge import Loop, command_error, deferred_from
+from gateway.cluster.bridge import Loop, deferred_from
 from gateway.cluster.config import ClusterConfig
+from gateway.cluster.coordinator import Coordinators, as_result
 from gateway.codec.consumer_protocol import decode_subscription, encode_assignment
 from gateway.model import CommandError, Error, ErrorCode
 
@@ -93,16 +109,6 @@ STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
           "COMPLETING_REBALANCING": "CompletingRebalance", "EMPTY": "Empty", "DEAD": "Dead", "UNKNOWN": "Unknown"}
 
 Assignment = tuple[tuple[str, tuple[int, ...]], ...]
-
-
-def _committed(topic: str, partition: int, offset: int, metadata: str, leader_epoch: int) -> TopicPartition:
-    """A committed offset for confluent-kafka, which takes metadata and a leader epoch only when given."""
-    given: dict[str, Any] = {}
-    if metadata:
-        given["metadata"] = metadata
-    if leader_epoch >= 0:
-        given["leader_epoch"] = leader_epoch
-    return TopicPartition(topic, partition, offset, **given)
 
 
 def preference(assignor: str) -> str:
@@ -132,6 +138,7 @@ class ClusterMember:
     topics: tuple[str, ...]
     assignor: str
     client_id: str
+    instance_id: str | None = None  # a Kafka client's group.instance.id: a static member of the cluster's group
     consumer: Consumer | None = None
     member_id: str = ""  # the cluster's id for it, known once it is assigned partitions
     generation: int = -1
@@ -154,6 +161,7 @@ class Member:
     codec: str = ""  # the wire protocol the client speaks (kafka, v1, cursus)
     assignment: Assignment = ()  # a V1/Cursus member's part of its gateway group's share
     told: int = -2  # the generation whose assignment a V1/Cursus client was last given (-2: none yet)
+    joined: int = -1  # a Kafka client's: the cluster generation its last JoinGroup is (or was) answered with
     last_seen: float = attrs.field(factory=time.monotonic)
 
 
@@ -174,12 +182,18 @@ class GatewayGroup:
 class ClusterGroups:
     """The coordinator side of ``Storage`` in cluster mode (see the module docstring)."""
 
-    def __init__(self, config: ClusterConfig, admin: AdminClient, reactor: Any):
+    def __init__(self, config: ClusterConfig, admin: AdminClient, coordinators: Coordinators, reactor: Any):
         self.config = config
         self.admin = admin
+        self.coordinators = coordinators
         self.reactor = reactor
         self.members: dict[tuple[str, str], Member] = {}
+        # (group, member id) -> the static member that rejoined under another id: the old id is fenced
+        self.fenced: dict[tuple[str, str], Member] = {}
         self.shared: dict[str, GatewayGroup] = {}
+        # group -> the Kafka clients' JoinGroups held until this gateway's other Kafka members of the
+        # group rejoined for the cluster's generation (``_rejoined``)
+        self.rejoins: dict[str, list[tuple[Member, defer.Deferred]]] = {}
         self.clusters: set[ClusterMember] = set()  # those whose consumer is open (or opening)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._polled: list[ClusterMember] = []  # thread side
@@ -194,6 +208,8 @@ class ClusterGroups:
         for cluster in list(self._polled):
             self._unsubscribe(cluster)
         self.members.clear()
+        self.fenced.clear()
+        self.rejoins.clear()
         self.shared.clear()
         self.clusters.clear()
 
@@ -251,6 +267,7 @@ class ClusterGroups:
                 "partition.assignment.strategy": preference(cluster.assignor),
                 "session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 500,
                 "max.poll.interval.ms": REBALANCE_TIMEOUT_MS, "client.id": cluster.client_id[:200],
+                **({"group.instance.id": cluster.instance_id} if cluster.instance_id else {}),
                 "error_cb": lambda err: log.warning("group %s: cluster member %s: %s", cluster.group,
                                                     cluster.client_id, err.str())}))
             self._polled.append(cluster)
@@ -266,12 +283,13 @@ class ClusterGroups:
 
     # ------------------------------------------------------------------ reactor side
 
-    def _new_cluster(self, group: str, topics: tuple[str, ...], assignor: str, client_id: str) -> ClusterMember:
+    def _new_cluster(self, group: str, topics: tuple[str, ...], assignor: str, client_id: str,
+                     instance_id: str | None = None) -> ClusterMember:
         """A new member of the cluster's group ``group``, joining it; refused past ``max_members``."""
         if len(self.clusters) >= self.config.max_members:
             raise CommandError(ErrorCode.INVALID_REQUEST, f"this gateway keeps at most {self.config.max_members} "
                                                           "members of the cluster's groups (--cluster-max-members)")
-        cluster = ClusterMember(group, topics, assignor, client_id)
+        cluster = ClusterMember(group, topics, assignor, client_id, instance_id)
         self.clusters.add(cluster)
         self._join_cluster(cluster, topics)
         return cluster
@@ -290,6 +308,12 @@ class ClusterGroups:
         waiting, cluster.waiting = cluster.waiting, []
         for d in waiting:
             d.callback(cluster)
+        held = self.rejoins.get(cluster.group, ())
+        if any(mem.cluster is cluster for mem, _ in held):
+            for mem, _ in held:  # a client held at its JoinGroup takes the new generation with it
+                if mem.cluster is cluster:
+                    mem.joined = generation
+            self._release(cluster.group)
 
     def _revoked(self, cluster: ClusterMember) -> None:
         cluster.assigned = False
@@ -303,12 +327,23 @@ class ClusterGroups:
             shared.members[member_id].assignment = tuple((t, tuple(sorted(ps))) for t, ps in sorted(parts.items()))
 
     def _leave_cluster(self, cluster: ClusterMember) -> defer.Deferred:
-        """Close ``cluster``'s consumer: it leaves the cluster's group at once."""
+        """Close ``cluster``'s consumer: it leaves the cluster's group at once (a static member, which
+        sends no LeaveGroup when it closes, is removed by the gateway's own LeaveGroup)."""
         self.clusters.discard(cluster)
         waiting, cluster.waiting = cluster.waiting, []
         for d in waiting:
             d.errback(CommandError(ErrorCode.UNKNOWN_MEMBER, "left the group"))
-        return self._in_thread(lambda: self._unsubscribe(cluster))
+        closed = self._in_thread(lambda: self._unsubscribe(cluster))
+        if cluster.instance_id and cluster.member_id:
+            instance_id, member_id = cluster.instance_id, cluster.member_id
+
+            def remove(_: Any) -> defer.Deferred:
+                return self.coordinators.leave(cluster.group, member_id, instance_id).addErrback(
+                    lambda f: log.warning("group %s: static member %s stays until its session times out: %s",
+                                          cluster.group, instance_id, f.getErrorMessage()))
+
+            closed.addCallback(remove)
+        return closed
 
     def _close(self, *members: Member) -> defer.Deferred:
         """Take ``members`` out of their groups, each group's split changed once; a Deferred that
@@ -317,12 +352,15 @@ class ClusterGroups:
         changed: set[str] = set()
         for member in members:
             self.members.pop((member.group, member.member_id), None)
+            self._forget_fenced(member)
             shared = self.shared.get(member.group)
             if member.kind == "consumer":
                 told.append(self._leave_cluster(member.cluster))
             elif shared is not None and shared.members.get(member.member_id) is member:
                 del shared.members[member.member_id]
                 changed.add(member.group)
+        for group in {member.group for member in members}:
+            self._release(group)
         for group in changed:
             shared = self.shared[group]
             if not shared.members:
@@ -344,6 +382,9 @@ class ClusterGroups:
     def _member(self, group: str, member_id: str, generation: int | None) -> Member:
         member = self.members.get((group, member_id))
         if member is None:
+            if (group, member_id) in self.fenced:
+                raise CommandError(ErrorCode.FENCED_INSTANCE_ID, f"member {member_id}'s static instance rejoined as "
+                                                                 f"{self.fenced[group, member_id].member_id}")
             known = any(g == group for g, _ in self.members)
             raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member" if known else "group not found")
         member.last_seen = time.monotonic()
@@ -356,7 +397,8 @@ class ClusterGroups:
         now = time.monotonic()
         expired = []
         for member in self.members.values():
-            if member.cluster.waiting:  # its client may wait for the cluster's rebalance: alive
+            if member.cluster.waiting or any(mem is member for mem, _ in self.rejoins.get(member.group, ())):
+                # its client waits for the cluster's rebalance, or for the others to rejoin: alive
                 member.last_seen = now
             elif now - member.last_seen > member.session_timeout_ms / 1000:
                 log.info("group %s: member %s expired", member.group, member.member_id)
@@ -413,22 +455,88 @@ class ClusterGroups:
         assignor = "range" if protocol == "range" else "round_robin"
         member_id = cmd.member_id or f"{cmd.client_id or 'consumer'}-{uuid.uuid4()}"
         member = self.members.get((cmd.group, member_id))
-        if member is not None and (set(member.topics) != set(topics) or member.cluster.assignor != assignor):
+        if member is None and not cmd.member_id and cmd.group_instance_id:
+            member = self._static_rejoin(cmd.group, cmd.group_instance_id, member_id)
+        if member is not None and member.cluster.assignor != assignor:
             self._close(member)
             member = None
+        if member is not None and set(member.topics) != set(topics):
+            # Another subscription: the cluster member subscribes anew, which rebalances the cluster's group.
+            member.topics = member.cluster.topics = topics
+            self._join_cluster(member.cluster, topics)
         if member is None:
             try:
                 cluster = self._new_cluster(cmd.group, topics, assignor,
-                                            f"{self.config.client_id}-{cmd.codec}:{member_id}")
+                                            f"{self.config.client_id}-{cmd.codec}:{member_id}", cmd.group_instance_id)
             except CommandError as e:
                 return m.JoinGroupResult(cmd.group, error=e.error)
             member = Member(cmd.group, member_id, topics, cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
                             cluster, cmd.protocol_type, protocol, cmd.codec)
             self.members[(cmd.group, member_id)] = member
         member.last_seen = time.monotonic()
-        return self._when_assigned(member.cluster).addCallback(
-            lambda cluster: m.JoinGroupResult(cmd.group, member_id, cluster.generation, cluster.assignment, LEADER,
-                                              protocol))
+        limit = (cmd.rebalance_timeout_ms or member.session_timeout_ms) / 1000
+        return self._when_assigned(member.cluster).addCallback(self._rejoined, member, limit).addCallback(
+            lambda cluster: m.JoinGroupResult(cmd.group, member.member_id, cluster.generation, cluster.assignment,
+                                              LEADER, protocol))
+
+    def _rejoined(self, cluster: ClusterMember, member: Member, limit: float) -> defer.Deferred:
+        """Fires with ``cluster`` once every Kafka member of the group on this gateway has rejoined
+        for the cluster's generation (or after ``limit`` s, the client's rebalance timeout).
+
+        Each Kafka client's cluster member follows the cluster's rebalances by itself; without this a
+        new member's JoinGroup would be answered while the others, which have not yet heard of the
+        rebalance (or not yet given up their partitions), still consume what it is given. As Kafka's
+        coordinator does, a rebalance completes for the clients once all have rejoined."""
+        member.joined = cluster.generation
+        d: defer.Deferred = defer.Deferred()
+        self.rejoins.setdefault(member.group, []).append((member, d))
+
+        def give_up() -> None:
+            if not d.called:
+                self._unhold(member.group, d)
+                d.callback(None)
+
+        call = self.reactor.callLater(limit, give_up)
+        d.addBoth(lambda v: (call.cancel() if call.active() else None, v)[1])
+        self._release(member.group)
+        return d.addCallback(lambda _: cluster)
+
+    def _release(self, group: str) -> None:
+        """Answer the held JoinGroups of ``group`` if every Kafka member rejoined for its cluster
+        member's current generation."""
+        if group not in self.rejoins:
+            return
+        if all(mem.cluster.assigned and mem.joined == mem.cluster.generation
+               for (g, _), mem in self.members.items() if g == group and mem.kind == "consumer"):
+            for _, d in self.rejoins.pop(group):
+                d.callback(None)
+
+    def _unhold(self, group: str, d: defer.Deferred) -> None:
+        held = [(mem, w) for mem, w in self.rejoins.get(group, []) if w is not d]
+        if held:
+            self.rejoins[group] = held
+        else:
+            self.rejoins.pop(group, None)
+
+    def _static_rejoin(self, group: str, instance_id: str, member_id: str) -> Member | None:
+        """The member of the static instance ``instance_id`` of ``group``, rejoining (with no member
+        id) as ``member_id``, if this gateway still has it: it keeps its member of the cluster's group,
+        and so its partitions, and the group does not rebalance (KIP-345). Its previous member id is
+        fenced (``FENCED_INSTANCE_ID``)."""
+        member = next((mem for (g, _), mem in self.members.items()
+                       if g == group and mem.kind == "consumer" and mem.cluster.instance_id == instance_id), None)
+        if member is not None:
+            self._forget_fenced(member)
+            del self.members[(group, member.member_id)]
+            self.fenced[(group, member.member_id)] = member
+            member.member_id = member_id
+            self.members[(group, member_id)] = member
+        return member
+
+    def _forget_fenced(self, member: Member) -> None:
+        """Forget the fenced id of ``member`` (only its last one is kept)."""
+        for key in [k for k, mem in self.fenced.items() if mem is member]:
+            del self.fenced[key]
 
     def _when_assigned(self, cluster: ClusterMember, limit: float | None = None) -> defer.Deferred:
         """Fires with ``cluster`` once the cluster assigned it partitions, or after ``limit`` seconds
@@ -488,7 +596,14 @@ class ClusterGroups:
         except CommandError as e:
             return m.LeaveGroupResult(cmd.group, e.error, self._generation(cmd.group))
         generation = self._generation_of(member)
-        return self._close(member).addCallback(lambda _: m.LeaveGroupResult(cmd.group, generation=generation))
+        closed = self._close(member)
+        if member.kind == "consumer":
+            # As Kafka's coordinator answers a LeaveGroup once the member is out: the client does not
+            # wait for its member of the cluster's group to close (which waits out a rebalance there).
+            closed.addErrback(lambda f: log.warning("group %s: member %s: leaving the cluster's group: %s",
+                                                    cmd.group, cmd.member_id, f.getErrorMessage()))
+            return m.LeaveGroupResult(cmd.group, generation=generation)
+        return closed.addCallback(lambda _: m.LeaveGroupResult(cmd.group, generation=generation))
 
     def _generation(self, group: str) -> int:
         """The generation this gateway's members of ``group`` know, -1 if none."""
@@ -530,38 +645,24 @@ class ClusterGroups:
         ok = m.CommitOffsetsResult(cmd.group, tuple((t, p, None) for t, p, _, _ in cmd.offsets), generation=generation)
         if cmd.validate_only:
             return ok
-        epochs = cmd.leader_epochs or [-1] * len(cmd.offsets)
-        tps = [_committed(t, p, o, meta, epoch) for (t, p, o, meta), epoch in zip(cmd.offsets, epochs, strict=True)]
-
-        def stored(_: Any) -> m.CommitOffsetsResult:
-            return ok
+        # A member's commit is its cluster member's, which the cluster checks; any other is group-less.
+        cluster = member.cluster if member is not None and member.cluster.consumer is not None else None
+        d = self.coordinators.commit(cmd.group, cmd.offsets, cmd.leader_epochs,
+                                cluster.generation if cluster is not None else -1,
+                                cluster.member_id if cluster is not None else "",
+                                cluster.instance_id if cluster is not None else None)
 
         def failed(f: Any) -> m.CommitOffsetsResult:
-            error = command_error(f.value, f"commit for group {cmd.group}").error
-            return m.CommitOffsetsResult(cmd.group, error=error, generation=self._generation(cmd.group))
+            f.trap(CommandError)
+            return m.CommitOffsetsResult(cmd.group, error=f.value.error, generation=self._generation(cmd.group))
 
-        if member is not None and member.cluster.consumer is not None:
-            consumer = member.cluster.consumer
-            d = self._in_thread(lambda: consumer.commit(offsets=tps, asynchronous=False))
-        else:
-            futures = self.admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(cmd.group, tps)],
-                                                              request_timeout=self.config.request_timeout_ms / 1000)
-            d = deferred_from(self.reactor, futures[cmd.group], f"commit for group {cmd.group}")
-        return d.addCallbacks(stored, failed)
+        return d.addCallbacks(lambda errors: as_result(cmd.group, errors, generation), failed)
 
     def fetch(self, cmd: m.FetchOffsets) -> Any:
         if not cmd.group:
             return m.FetchOffsetsResult(cmd.group, error=NO_GROUP_ID)
-        tps = None if cmd.partitions is None else [TopicPartition(t, p) for t, p in cmd.partitions]
-        futures = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(cmd.group, tps)],
-                                                         request_timeout=self.config.request_timeout_ms / 1000)
 
-        def found(result: Any) -> m.FetchOffsetsResult:
-            out = []
-            for tp in result.topic_partitions or ():
-                offset = tp.offset if tp.offset >= 0 and tp.error is None else -1
-                epoch = tp.leader_epoch if tp.leader_epoch is not None and offset >= 0 else -1
-                out.append(((tp.topic, tp.partition, offset, tp.metadata or ""), epoch))
+        def found(out: list[tuple[tuple[str, int, int, str], int]]) -> m.FetchOffsetsResult:
             if cmd.partitions is None:
                 out = [o for o in out if o[0][2] >= 0]
             out.sort()
@@ -572,8 +673,7 @@ class ClusterGroups:
             f.trap(CommandError)
             return m.FetchOffsetsResult(cmd.group, error=f.value.error, generation=self._generation(cmd.group))
 
-        return deferred_from(self.reactor, futures[cmd.group], f"offsets of group {cmd.group}").addCallbacks(
-            found, failed)
+        return self.coordinators.fetch(cmd.group, cmd.partitions).addCallbacks(found, failed)
 
     def committed_offset(self, group: str, topic: str, partition: int) -> Any:
         """*May wait.* The offset ``group`` committed for the partition, None if none."""

@@ -26,6 +26,7 @@ from twisted.internet import defer
 from gateway import model as m
 from gateway.cluster.bridge import deferred_from
 from gateway.cluster.config import ClusterConfig
+from gateway.cluster.coordinator import Coordinators
 from gateway.cluster.groups import ClusterGroups
 from gateway.cluster.metadata import Metadata
 from gateway.cluster.producers import ProducerStates, header
@@ -86,7 +87,7 @@ class ClusterStore(ClusterTransactionStorage):
         self.writer = Writer(config, self.client, reactor, formats, self._delivered)
         self.reader = Reader(self.client, self.metadata, reactor, kafka_format(formats))
         self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read
-        self.groups = ClusterGroups(config, self.admin, reactor)
+        self.groups = ClusterGroups(config, self.admin, Coordinators(self.client, reactor), reactor)
         self.producers = ProducerStates(config, self.client, self.metadata, reactor, kafka_format(formats))
         self.security = SecurityTopic(config, self.admin, reactor)
         self.transactions = TransactionalProducers(config, self.admin, reactor)

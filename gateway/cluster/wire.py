@@ -50,10 +50,16 @@ from gateway.shared import Shared
 log = logging.getLogger(__name__)
 
 PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_HANDSHAKE, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 0, 1, 3, 18, 17, 22, 36
-# The highest version of each API the client uses (Fetch 12: the last that names topics, not ids).
-WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 9, INIT_PRODUCER_ID: 4, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2}
-# The lowest each must reach: record batches (magic 2) need Produce 3 and Fetch 4.
-NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 0}
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LEAVE_GROUP = 8, 9, 10, 13
+# The highest version of each API the client uses (Fetch 12: the last that names topics, not ids;
+# FindCoordinator 3 and OffsetFetch 7: the last of one group a request; LeaveGroup 3: the first that
+# names a static member).
+WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 9, INIT_PRODUCER_ID: 4, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2,
+          OFFSET_COMMIT: 8, OFFSET_FETCH: 7, FIND_COORDINATOR: 3, LEAVE_GROUP: 4}
+# The lowest each must reach: record batches (magic 2) need Produce 3 and Fetch 4; offsets kept by
+# the cluster itself, with a member's generation, OffsetCommit 2; all of a group's, OffsetFetch 2.
+NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 0,
+          OFFSET_COMMIT: 2, OFFSET_FETCH: 2, FIND_COORDINATOR: 0, LEAVE_GROUP: 3}
 MAX_FRAME = 256 << 20
 _SIZE = struct.Struct(">i")
 METADATA_MAX_AGE_S = 30.0
@@ -308,7 +314,10 @@ class ClusterClient:
         timeout = self.timeout_s if timeout_s is None else timeout_s
 
         def send(conn: BrokerConnection) -> defer.Deferred:
-            version = conn.versions[api_key]
+            version = conn.versions.get(api_key)
+            if version is None:
+                raise WireError(Errors.UNSUPPORTED_VERSION,
+                                f"{conn.label} does not serve {schema.MESSAGES[api_key].name} at a version this client speaks")
             return conn.request(api_key, body(version) if callable(body) else body, timeout, version)
 
         return self.connection(node_id, lane).addCallback(send)

@@ -1,0 +1,178 @@
+"""Requests to the cluster's group coordinators, through the gateway's own Kafka client
+(``gateway.cluster.wire``): committed offsets, and the removal of a static member.
+
+A committed offset's metadata is a Kafka string, which may hold any
+character, a NUL byte included. librdkafka's C API takes and gives it as a C
+string: through it, a NUL byte either fails the call (confluent-kafka refuses
+such a string) or cuts the metadata short. So commits and offset look-ups
+speak OffsetCommit and OffsetFetch to the group's coordinator themselves, as
+the data path speaks Produce and Fetch: what a client committed is what it
+reads back.
+
+A static member (``group.instance.id``) of the cluster's group that the
+gateway closes does not leave the group by itself (KIP-345: a static member
+sends no LeaveGroup when it closes; the cluster would wait for its session
+timeout): ``leave`` removes it with LeaveGroup, as Kafka's admin client
+removes a static member.
+
+The coordinator of each group is found with FindCoordinator and remembered
+until an answer says it moved (or is not ready yet): then it is looked up
+again and the request sent again, until the request timeout has passed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer, task
+
+from gateway import model as m
+from gateway.cluster.wire import (
+    FIND_COORDINATOR,
+    LEAVE_GROUP,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    Broker,
+    ClusterClient,
+    WireError,
+)
+from gateway.cluster.writer import command_error
+from gateway.codecs.kafka.errors import Errors
+from gateway.model import CommandError, Error, ErrorCode
+
+LANE = "groups"
+RETRY_BACKOFF_S = 0.1
+# Answers after which the group's coordinator is looked up again and the request sent again.
+MOVED = frozenset({Errors.NOT_COORDINATOR, Errors.COORDINATOR_NOT_AVAILABLE, Errors.COORDINATOR_LOAD_IN_PROGRESS,
+                   Errors.NETWORK_EXCEPTION})
+AS_MODEL: dict[int, ErrorCode] = {
+    Errors.ILLEGAL_GENERATION: ErrorCode.GENERATION_MISMATCH, Errors.UNKNOWN_MEMBER_ID: ErrorCode.UNKNOWN_MEMBER,
+    Errors.REBALANCE_IN_PROGRESS: ErrorCode.REBALANCE_IN_PROGRESS, Errors.GROUP_ID_NOT_FOUND: ErrorCode.GROUP_NOT_FOUND,
+    Errors.FENCED_INSTANCE_ID: ErrorCode.FENCED_INSTANCE_ID,
+    Errors.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.UNKNOWN_TOPIC,
+    Errors.OFFSET_METADATA_TOO_LARGE: ErrorCode.INVALID_REQUEST, Errors.INVALID_COMMIT_OFFSET_SIZE: ErrorCode.INVALID_REQUEST,
+    Errors.GROUP_AUTHORIZATION_FAILED: ErrorCode.GROUP_AUTHORIZATION,
+    Errors.TOPIC_AUTHORIZATION_FAILED: ErrorCode.TOPIC_AUTHORIZATION,
+}
+
+
+def refused(code: int, doing: str) -> CommandError:
+    """The error a client hears for the cluster's answer ``code`` to a commit or an offset look-up."""
+    error = WireError(code, "refused")
+    model = AS_MODEL.get(code)
+    if model is not None:
+        return CommandError(model, f"{doing}: Kafka cluster error {error.name}")
+    return command_error(error, doing)
+
+
+class Coordinators:
+    """OffsetCommit, OffsetFetch and LeaveGroup to each group's coordinator (see the module docstring)."""
+
+    def __init__(self, client: ClusterClient, reactor: Any):
+        self.client = client
+        self.reactor = reactor
+        self.coordinators: dict[str, int] = {}  # group -> the node id of its coordinator
+
+    def commit(self, group: str, offsets: tuple[tuple[str, int, int, str], ...], leader_epochs: tuple[int, ...] = (),
+               generation: int = -1, member_id: str = "", instance_id: str | None = None) -> defer.Deferred:
+        """Commit ``offsets`` (topic, partition, offset, metadata) for ``group``, as its member
+        ``member_id`` of ``generation`` (-1 and "": without membership): a Deferred of each
+        partition's error (None: stored), or of a ``CommandError`` for the whole commit."""
+        epochs = leader_epochs or (-1,) * len(offsets)
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for (topic, partition, offset, metadata), epoch in zip(offsets, epochs, strict=True):
+            topics.setdefault(topic, []).append({"PartitionIndex": partition, "CommittedOffset": offset,
+                                                 "CommittedLeaderEpoch": epoch, "CommittedMetadata": metadata})
+        body = {"GroupId": group, "GenerationIdOrMemberEpoch": generation, "MemberId": member_id,
+                "GroupInstanceId": instance_id, "RetentionTimeMs": -1,
+                "Topics": [{"Name": t, "Partitions": ps} for t, ps in topics.items()]}
+        doing = f"commit for group {group}"
+
+        def read(answer: Any) -> tuple[tuple[str, int, Error | None], ...]:
+            errors = [(t.Name, p.PartitionIndex, p.ErrorCode) for t in answer.Topics for p in t.Partitions]
+            moved = next((code for _, _, code in errors if code in MOVED), None)
+            if moved is not None:
+                raise WireError(moved, Errors(moved).name)
+            return tuple((t, p, refused(code, doing).error if code else None) for t, p, code in errors)
+
+        return self._to_coordinator(group, OFFSET_COMMIT, body, read, doing)
+
+    def fetch(self, group: str, partitions: tuple[tuple[str, int], ...] | None) -> defer.Deferred:
+        """The offsets ``group`` committed for ``partitions`` (None: all of its own): a Deferred of
+        ``((topic, partition, offset, metadata), leader epoch)`` pairs, offset -1 where none is."""
+        topics: dict[str, list[int]] = {}
+        for t, p in partitions or ():
+            topics.setdefault(t, []).append(p)
+        body = {"GroupId": group, "RequireStable": False,
+                "Topics": None if partitions is None else [{"Name": t, "PartitionIndexes": ps}
+                                                           for t, ps in topics.items()]}
+        doing = f"offsets of group {group}"
+
+        def read(answer: Any) -> list[tuple[tuple[str, int, int, str], int]]:
+            code = answer.get("ErrorCode", 0)
+            if code in MOVED:
+                raise WireError(code, Errors(code).name)
+            if code:
+                raise refused(code, doing)
+            out = []
+            for t in answer.Topics:
+                for p in t.Partitions:
+                    if p.ErrorCode in MOVED:
+                        raise WireError(p.ErrorCode, Errors(p.ErrorCode).name)
+                    found = p.ErrorCode == 0 and p.CommittedOffset >= 0
+                    out.append(((t.Name, p.PartitionIndex, p.CommittedOffset if found else -1, p.Metadata or ""),
+                                p.get("CommittedLeaderEpoch", -1) if found else -1))
+            return out
+
+        return self._to_coordinator(group, OFFSET_FETCH, body, read, doing)
+
+    def leave(self, group: str, member_id: str, instance_id: str) -> defer.Deferred:
+        """Remove the static member ``instance_id`` (member ``member_id``) from ``group`` at once.
+        The cluster refuses it (``FENCED_INSTANCE_ID``) if the instance has rejoined as another member."""
+        doing = f"remove member {instance_id} of group {group}"
+        body = {"GroupId": group, "Members": [{"MemberId": member_id, "GroupInstanceId": instance_id}]}
+
+        def read(answer: Any) -> None:
+            code = answer.ErrorCode or next((mem.ErrorCode for mem in answer.Members if mem.ErrorCode), 0)
+            if code in MOVED:
+                raise WireError(code, Errors(code).name)
+            if code:
+                raise refused(code, doing)
+
+        return self._to_coordinator(group, LEAVE_GROUP, body, read, doing)
+
+    @defer.inlineCallbacks
+    def _to_coordinator(self, group: str, api_key: int, body: dict[str, Any], read: Any, doing: str) -> Any:
+        """Send ``body`` to ``group``'s coordinator and ``read`` the answer; again (after the
+        coordinator is looked up anew) while the answer says it moved, until the request timeout."""
+        deadline = self.reactor.seconds() + self.client.timeout_s
+        while True:
+            try:
+                node = yield self._coordinator(group)
+                answer = yield self.client.request(node, LANE, api_key, body)
+                return read(answer)
+            except WireError as e:
+                if e.code not in MOVED or self.reactor.seconds() + RETRY_BACKOFF_S > deadline:
+                    raise command_error(e, doing) from None
+                self.coordinators.pop(group, None)
+                yield task.deferLater(self.reactor, RETRY_BACKOFF_S, lambda: None)
+
+    @defer.inlineCallbacks
+    def _coordinator(self, group: str) -> Any:
+        """The node id of ``group``'s coordinator, looked up if not known (FindCoordinator)."""
+        node = self.coordinators.get(group)
+        if node is not None:
+            return node
+        answer = yield self.client.request(-1, LANE, FIND_COORDINATOR, {"Key": group, "KeyType": 0})
+        if answer.ErrorCode:
+            raise WireError(answer.ErrorCode, answer.get("ErrorMessage") or f"no coordinator for group {group}")
+        # The coordinator may be a broker the metadata of the topics in use did not name.
+        self.client.brokers.setdefault(answer.NodeId, Broker(answer.NodeId, answer.Host, answer.Port))
+        self.coordinators[group] = answer.NodeId
+        return answer.NodeId
+
+
+def as_result(group: str, errors: tuple[tuple[str, int, Error | None], ...], generation: int) -> m.CommitOffsetsResult:
+    """A commit's result from its partitions' errors: the first error also stands for the whole commit."""
+    first = next((e for _, _, e in errors if e is not None), None)
+    return m.CommitOffsetsResult(group, errors, first, generation)
