@@ -8,7 +8,9 @@ their results, which may be another ``Step``). Requests are answered one at a ti
 the next pipelined request is read once the answer to the one before is written, which is what
 h11's cycle (``start_next_cycle``) asks for. A route may also answer with a ``Stream``: the
 response head, then a push stream (``Subscribe``) whose records each become a chunk of the body
-(Server-Sent Events), until the client closes the connection.
+(Server-Sent Events), until the client closes the connection. Its head allows pages of any
+origin to read it (``Access-Control-Allow-Origin: *``, under which browsers send no credentials
+of theirs: such a page reads what an anonymous client may).
 
 A ``Stream`` may instead take the connection over as a WebSocket (RFC 6455): h11 hands the
 upgrade request over (it reads nothing after it) and ``wsproto`` validates it, answers
@@ -349,7 +351,7 @@ class HttpConnection:
             self.streams[stream_id] = outcome
             head = h11.Response(status_code=200, reason=b"OK", headers=[
                 (b"content-type", outcome.content_type.encode()), (b"cache-control", b"no-store"),
-                (b"server", SERVER)])
+                (b"access-control-allow-origin", b"*"), (b"server", SERVER)])
             self.events.append(Subscribe(outcome.fetches, stream_id, outcome.keepalive_ms, exclusive=True))
             return self.http.send(head)
         data = self.http.send(self._head(outcome)) + self.http.send(h11.Data(outcome.body)) \
