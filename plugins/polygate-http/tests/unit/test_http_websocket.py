@@ -115,3 +115,20 @@ def test_a_refused_upgrade_is_an_http_error_and_the_connection_stays(rig, path, 
     if status == 426:
         assert answer.headers["sec-websocket-version"] == "13"
     assert client.call("GET", "/topics/e").status == 200
+
+
+def test_a_client_that_does_not_keep_up_is_read_for_no_more(rig):
+    """The adapter's back-pressure: while the client's transport is full, the records its stream's
+    fetch in flight returned are written, and no more are read until the client drains."""
+    rig.client().call("POST", "/topics/e", {"records": [{"value": 1}]}, content_type=JSON)
+    watcher = Watcher(rig, "/topics/e/events?partition=0")
+    watcher.events()
+    watcher.client.proto.pauseProducing()  # the transport's write buffer is full
+    produce(rig, "in flight")
+    rig.reactor.advance(0.2)
+    produce(rig, "later")
+    rig.reactor.advance(0.2)
+    assert [m["data"]["value"] for m in watcher.messages()] == ["in flight"]
+    watcher.client.proto.resumeProducing()
+    rig.reactor.advance(0.2)
+    assert [m["data"]["value"] for m in watcher.messages()] == ["later"]
