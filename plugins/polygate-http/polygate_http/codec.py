@@ -344,9 +344,9 @@ class HttpConnection:
         if isinstance(outcome, Step):
             self.events.append(Request(outcome.commands, outcome.then))
             return b""
-        if isinstance(outcome, Stream) and outcome.websocket:
-            return self._upgrade(outcome)
         if isinstance(outcome, Stream):
+            if outcome.websocket:
+                return self._upgrade(outcome)
             stream_id = len(self.streams)
             self.streams[stream_id] = outcome
             head = h11.Response(status_code=200, reason=b"OK", headers=[
@@ -380,8 +380,10 @@ class HttpConnection:
                                                          f"WebSocket upgrade refused: {e}"))._replace(headers=headers))
         self.ws = ws
         data = ws.send(AcceptConnection())
-        self.streams[0] = stream
-        self.events.append(Subscribe(stream.fetches, 0, stream.keepalive_ms, exclusive=False))
+        stream_id = len(self.streams)
+        self.streams[stream_id] = stream
+        # not exclusive: the adapter keeps taking this connection's events (pongs, the close handshake)
+        self.events.append(Subscribe(stream.fetches, stream_id, stream.keepalive_ms, exclusive=False))
         early = self.http.trailing_data[0]  # frames the client sent right after its request
         if early:
             self._receive_frames(bytes(early))

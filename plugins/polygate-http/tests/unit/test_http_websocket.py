@@ -13,6 +13,8 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Ping, Pong, TextMessage
 from wsproto.events import Request as Upgrade
 
+from gateway import model as m
+
 
 @pytest.fixture
 def rig(tmp_path):
@@ -76,6 +78,18 @@ def test_keepalive_pings_and_the_clients_ping_and_close(rig):
     watcher.send(CloseConnection(code=1001, reason="going away"))
     (close,) = watcher.events()
     assert isinstance(close, CloseConnection) and close.code == 1001
+    assert watcher.client.closed
+
+
+def test_a_fetch_error_is_an_error_event_then_a_close(rig):
+    rig.client().call("POST", "/topics/e", {"records": [{"value": 1}]}, content_type=JSON)
+    watcher = Watcher(rig, "/topics/e/events?partition=0")
+    watcher.events()
+    assert rig.broker.run(m.DeleteTopic("e")).error is None
+    rig.reactor.advance(2)  # the stream's long-poll ends
+    error, close = watcher.events()
+    assert isinstance(error, TextMessage) and json.loads(error.data)["event"] == "error"
+    assert isinstance(close, CloseConnection) and close.code == 1011
     assert watcher.client.closed
 
 
