@@ -6,17 +6,19 @@ in cluster mode, each test on a Tansu cluster of its own (as each has a data dir
 local mode); ``cluster-polygate`` uses a polygate in local mode as the cluster instead. Tests of
 local-mode rules are marked ``local_only`` and skipped then; ``tansu_differs`` marks a test that a
 Tansu 0.6 shortcoming fails (it runs against the polygate cluster). polygate's suites and its
-plugins' share it: each conftest's ``gateway_factory`` asks ``test_cluster`` for the cluster.
+plugins' share it and its ``gateway_factory``, which asks ``test_cluster`` for the cluster; a
+suite names the protocols its gateways serve by default (``default_protocols``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
-from gateway.launcher import running_cluster
+from gateway.launcher import GatewayProcess, Gateways, running_cluster
 
 STORAGE = os.environ.get("POLYGATE_TEST_STORAGE", "local")
 CLUSTER_MODE = STORAGE in ("cluster", "cluster-polygate")
@@ -29,6 +31,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker("tansu_differs")
     if marker is not None and STORAGE == "cluster":
         pytest.skip(f"Tansu 0.6 differs: {marker.args[0]}")
+
+
+@pytest.fixture
+def default_protocols() -> tuple[str, ...]:
+    """The protocols ``gateway_factory`` serves when a test names none; a suite's conftest
+    overrides it (the MQTT plugin's: V1 and MQTT)."""
+    return ("v1",)
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Any, test_cluster: str | None, default_protocols: tuple[str, ...]) -> Iterator[Any]:
+    """Start gateways: ``gateway_factory(protocols=None, args=(...), **kwargs)`` (``kwargs`` as
+    ``gateway.launcher.Gateways.start`` takes them), each with a data dir of its own, in cluster
+    mode on the test's cluster when asked; all are stopped at teardown."""
+    gateways = Gateways(str(tmp_path))
+
+    def start(protocols: Sequence[str] | None = None, args: Sequence[str] = (), **kwargs: Any) -> GatewayProcess:
+        if test_cluster is not None:
+            args = ("--storage", f"kafka://{test_cluster}", *args)
+        return gateways.start(protocols or default_protocols, args, **kwargs)
+
+    yield start
+    gateways.close()
 
 
 @pytest.fixture

@@ -7,21 +7,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from gateway.launcher import Gateways  # noqa: E402
-
-
-@pytest.fixture
-def gateway_factory(tmp_path, test_cluster):
-    """Start gateways: ``gateway_factory(protocols=("v1",), args=(...))``; all stopped at teardown."""
-    gateways = Gateways(str(tmp_path))
-
-    def start(protocols=("v1",), args=(), **kwargs):
-        if test_cluster is not None:
-            args = ("--storage", f"kafka://{test_cluster}", *args)
-        return gateways.start(protocols, args, **kwargs)
-
-    yield start
-    gateways.close()
+# gateway_factory (gateways serving V1 unless a test names protocols) comes from the pytest
+# plugin gateway.pytest_clusters, loaded by the pytest settings.
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reactor_support import Reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
@@ -39,6 +38,7 @@ from gateway.launcher import GATEWAY
 from gateway.local.store import LocalStore
 from gateway.security.users import MECHANISMS, UserStore, from_password
 from gateway.storage.engine import Engine
+from gateway.testing import Reactor
 
 SETTINGS = ListenerSettings(max_frame_size=1 << 20, advertised_host="gw.example", advertised_port=9092)
 

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from reactor_support import Reactor, connect
 
 from gateway import model as m
 from gateway.adapter import CodecFactory
@@ -27,6 +26,7 @@ from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.format import encode_record
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
+from gateway.testing import Reactor, connect
 
 
 class Ticker:

@@ -538,14 +538,13 @@ def test_a_transactional_id_idle_for_seven_days_is_forgotten_as_kafka_forgets_it
     """Kafka's transactional.id.expiration.ms: an id without a transaction whose state did not
     change for 7 days is forgotten (its record too); its producer must initialise again. An id
     with a transaction open is kept."""
-    from reactor_support import Reactor
-
     from gateway import model as m
     from gateway.broker import Broker, BrokerConfig, FsyncPolicy
     from gateway.broker.transactions import EXPIRATION_MS
     from gateway.codecs.kafka.format import FORMAT
     from gateway.local.store import LocalStore
     from gateway.storage.engine import Engine
+    from gateway.testing import Reactor
 
     now = [1_800_000_000.0]
     engine = Engine(str(tmp_path / "data"), clock=lambda: now[0])

@@ -12,7 +12,6 @@ import os
 
 import pytest
 from faultyos import FaultyOS, rule
-from reactor_support import Reactor
 
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
@@ -23,6 +22,7 @@ from gateway.local.store import LocalStore
 from gateway.model import CommandError, ErrorCode
 from gateway.storage import fileio
 from gateway.storage.engine import Engine, StorageFailure
+from gateway.testing import Reactor
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from reactor_support import Reactor, connect
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
@@ -28,6 +27,7 @@ from gateway.codec.framing import ReceiveBuffer
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
+from gateway.testing import Reactor, connect
 
 
 class Script:

@@ -4,7 +4,6 @@ every command gets the same result as over the local engine, only later."""
 from __future__ import annotations
 
 import attrs
-from reactor_support import Reactor
 from twisted.internet import defer
 
 from gateway import model as m
@@ -14,6 +13,7 @@ from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.format import encode_record
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
+from gateway.testing import Reactor
 
 MAY_WAIT = ("create_topic", "add_partitions", "delete_topic", "append", "read", "join_group", "sync_group",
             "heartbeat", "leave_group", "commit_offsets", "fetch_offsets", "describe_groups", "list_groups",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from reactor_support import Reactor
 
 from gateway import model as m
 from gateway.broker import Broker, BrokerConfig
@@ -14,6 +13,7 @@ from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.format import encode_record
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine, EngineConfig
+from gateway.testing import Reactor
 
 
 class CountingStore(LocalStore):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from reactor_support import Reactor
 
 from gateway import model as m
 from gateway.assignors import assign
@@ -12,6 +11,7 @@ from gateway.codec.consumer_protocol import encode_subscription, subscribed_topi
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
+from gateway.testing import Reactor
 
 
 def _broker(engine: Engine) -> Broker:

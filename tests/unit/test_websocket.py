@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
-from reactor_support import Reactor, connect
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -27,6 +26,7 @@ from gateway.codec.websocket import MESSAGE_SLACK, over_websocket
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
+from gateway.testing import Reactor, connect
 
 FRAME_LIMIT = 1 << 12
 V1_WS = over_websocket(v1_plugin, name="v1-ws", default_port=1, subprotocol="v1", description="V1 over WebSocket")

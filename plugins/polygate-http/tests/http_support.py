@@ -9,50 +9,22 @@ from typing import Any
 
 import h11
 from polygate_http import plugin
-from twisted.internet.address import IPv4Address
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import StringTransport
 
-from gateway.adapter import CodecFactory
-from gateway.broker import Broker
 from gateway.codec import ListenerSettings, parse_options
-from gateway.local.store import LocalStore
-from gateway.storage.engine import Engine
+from gateway.testing import MemoryGateway
 
 
-class Reactor(MemoryReactorClock):
-    """Runs "threaded" work (fsync) inline."""
-
-    def getThreadPool(self):  # noqa: N802 - Twisted's name
-        return self
-
-    def callInThreadWithCallback(self, on_result, f, *a, **kw):  # noqa: N802 - Twisted's name
-        try:
-            on_result(True, f(*a, **kw))
-        except Exception as e:  # noqa: BLE001
-            on_result(False, e)
-
-
-class Rig:
+class Rig(MemoryGateway):
     """One gateway in memory; ``client()`` opens a connection to the HTTP codec."""
 
     def __init__(self, data_dir: str, max_body: int = plugin.max_frame_size, users: Any = None,
                  require_auth: bool = False, **options: str):
-        self.reactor = Reactor()
-        self.engine = Engine(data_dir)
-        self.broker = Broker(LocalStore(self.engine, self.reactor), {plugin.batch_format.name: plugin.batch_format},
-                             self.reactor)
-        self.factory = CodecFactory(plugin, ListenerSettings(max_body, options=parse_options(plugin, options),
-                                                                    users=users, require_auth=require_auth),
-                                    self.broker, self.reactor)
+        super().__init__(data_dir, plugin, ListenerSettings(max_body, options=parse_options(plugin, options),
+                                                            users=users, require_auth=require_auth))
 
     def client(self) -> Client:
-        proto = self.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
-        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
-        proto.makeConnection(transport)
-        return Client(proto, transport)
-
-    def close(self) -> None:
-        self.engine.close()
+        return Client(*self.connect())
 
 
 class Answer:

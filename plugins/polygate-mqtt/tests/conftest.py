@@ -16,21 +16,11 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from gateway.launcher import Gateways  # noqa: E402
-
 
 @pytest.fixture
-def gateway_factory(tmp_path, test_cluster):
-    """``gateway_factory(protocols=("v1", "mqtt"), args=(...), env=None)``; all stopped at teardown."""
-    gateways = Gateways(str(tmp_path))
-
-    def start(protocols=("v1", "mqtt"), args=(), env=None):
-        if test_cluster is not None:
-            args = ("--storage", f"kafka://{test_cluster}", *args)
-        return gateways.start(protocols, args, env=env)
-
-    yield start
-    gateways.close()
+def default_protocols():
+    """What ``gateway_factory`` (gateway.pytest_clusters) serves when a test names nothing."""
+    return ("v1", "mqtt")
 
 
 @pytest.fixture

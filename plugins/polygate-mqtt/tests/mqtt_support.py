@@ -7,28 +7,11 @@ import struct
 
 from polygate_mqtt import plugin
 from polygate_mqtt.packets import PacketType, packet, split_header, with_packet_id
-from twisted.internet.address import IPv4Address
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import StringTransport
 
-from gateway.adapter import CodecFactory
-from gateway.broker import Broker
 from gateway.codec import ListenerSettings, parse_options
 from gateway.codecs.v1 import plugin as v1_plugin
-from gateway.local.store import LocalStore
-from gateway.storage.engine import Engine
-
-
-class Reactor(MemoryReactorClock):
-    """Runs "threaded" work (fsync) inline."""
-
-    def getThreadPool(self):  # noqa: N802 - Twisted's name
-        return self
-
-    def callInThreadWithCallback(self, on_result, f, *a, **kw):  # noqa: N802 - Twisted's name
-        try:
-            on_result(True, f(*a, **kw))
-        except Exception as e:  # noqa: BLE001
-            on_result(False, e)
+from gateway.testing import MemoryGateway
 
 
 def connect_packet(client_id: bytes = b"c", keep_alive: int = 0, clean: bool = True, level: int = 4,
@@ -63,28 +46,18 @@ def split_packets(data: bytes) -> list[tuple[int, int, bytes]]:
     return out
 
 
-class Rig:
+class Rig(MemoryGateway):
     """One gateway in memory; ``client()`` opens a connection to the MQTT codec."""
 
     def __init__(self, data_dir: str, **options: str):
-        self.reactor = Reactor()
-        self.engine = Engine(data_dir)
-        formats = {f.name: f for f in (plugin.batch_format, v1_plugin.batch_format)}
-        self.broker = Broker(LocalStore(self.engine, self.reactor), formats, self.reactor)
-        self.factory = CodecFactory(plugin, ListenerSettings(plugin.max_frame_size, options=parse_options(plugin, options)),
-                                    self.broker, self.reactor)
+        super().__init__(data_dir, plugin, ListenerSettings(plugin.max_frame_size, options=parse_options(plugin, options)),
+                         others=(v1_plugin,))
 
     def client(self, client_id: bytes = b"c", keep_alive: int = 0) -> Client:
-        proto = self.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
-        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
-        proto.makeConnection(transport)
-        c = Client(proto, transport)
+        c = Client(*self.connect())
         if client_id:
             assert c.send(connect_packet(client_id, keep_alive)) == [(PacketType.CONNACK, 0, b"\x00\x00")]
         return c
-
-    def close(self) -> None:
-        self.engine.close()
 
 
 class Client:
