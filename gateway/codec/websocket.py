@@ -30,6 +30,10 @@ What a client gets:
 The wrapper is itself a ``Connection`` with the optional capabilities (``push``,
 ``keepalive``, ``may_drop``, ``timer``): it passes the codec's events and calls through,
 framing every byte the codec writes.
+
+A codec that upgrades one request of its own in place (the HTTP plugin's event streams) drives
+a ``wsproto.WSConnection`` itself and frames what it writes with ``message_frame`` and
+``closing_frame``.
 """
 
 from __future__ import annotations
@@ -132,7 +136,7 @@ class WebSocketConnection(PushConnection, TimerConnection):
         self.upgraded = True
         greeting = self.inner.connection_made()
         if greeting:
-            self.events.append(Reply(self._message(greeting)))
+            self.events.append(Reply(message_frame(self.ws, greeting)))
 
     def _payload(self, message: BytesMessage) -> None:
         self.message_size += len(message.data)
@@ -166,12 +170,7 @@ class WebSocketConnection(PushConnection, TimerConnection):
     def _close(self, code: int, message: str, reason: str = "") -> None:
         """Send a close frame with ``code`` (and ``message``), then close the connection."""
         self.closing = True
-        self.events.append(Close(self._closing_frame(code, message), reason or f"WebSocket close {code}: {message}"))
-
-    def _closing_frame(self, code: int, message: str = "") -> bytes:
-        if self.ws.state not in (ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING):
-            return b""
-        return self.ws.send(CloseConnection(code=code, reason=message or None))
+        self.events.append(Close(closing_frame(self.ws, code, message), reason or f"WebSocket close {code}: {message}"))
 
     # ------------------------------------------------------------------ events and bytes out
 
@@ -182,30 +181,25 @@ class WebSocketConnection(PushConnection, TimerConnection):
             return None
         event = self.inner.next_event()
         if isinstance(event, Reply):
-            data = self._message(event.data)
+            data = message_frame(self.ws, event.data)
             if event.close:
                 self.closing = True
-                data += self._closing_frame(CloseReason.NORMAL_CLOSURE)
+                data += closing_frame(self.ws, CloseReason.NORMAL_CLOSURE)
             return Reply(data, event.close)
         if isinstance(event, Close):
             self.closing = True
-            return Close(self._message(event.data) + self._closing_frame(CloseReason.NORMAL_CLOSURE), event.reason)
+            data = message_frame(self.ws, event.data) + closing_frame(self.ws, CloseReason.NORMAL_CLOSURE)
+            return Close(data, event.reason)
         return event  # a Request (answered through ``respond``), Subscribe, Unsubscribe, Timer or None
 
-    def _message(self, data: bytes) -> bytes:
-        """``data`` as one binary message; nothing once the WebSocket is closing."""
-        if not data or self.ws.state is not ConnectionState.OPEN:
-            return b""
-        return self.ws.send(BytesMessage(data=data))
-
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        return self._message(self.inner.respond(request, results))
+        return message_frame(self.ws, self.inner.respond(request, results))
 
     def push(self, context: Any, result: Any) -> bytes:
-        return self._message(cast(PushConnection, self.inner).push(context, result))
+        return message_frame(self.ws, cast(PushConnection, self.inner).push(context, result))
 
     def keepalive(self, context: Any) -> bytes:
-        return self._message(cast(PushConnection, self.inner).keepalive(context))
+        return message_frame(self.ws, cast(PushConnection, self.inner).keepalive(context))
 
     def may_drop(self, context: Any) -> bool:
         return cast(PushConnection, self.inner).may_drop(context)
@@ -219,6 +213,22 @@ class WebSocketConnection(PushConnection, TimerConnection):
 
     def connection_lost(self) -> Sequence[Any]:
         return self.inner.connection_lost()
+
+
+def message_frame(ws: WSConnection, data: bytes | str) -> bytes:
+    """``data`` as one WebSocket message of ``ws`` (binary for bytes, text for a string); nothing
+    for empty data or once the WebSocket is closing (no message may follow a close frame)."""
+    if not data or ws.state is not ConnectionState.OPEN:
+        return b""
+    return ws.send(BytesMessage(data=data) if isinstance(data, bytes) else TextMessage(data=data))
+
+
+def closing_frame(ws: WSConnection, code: int, message: str = "") -> bytes:
+    """The close frame of ``ws`` with ``code`` (and ``message``): the server's close, or its
+    answer to the client's; nothing if ``ws`` is not open or has already sent its own."""
+    if ws.state not in (ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING):
+        return b""
+    return ws.send(CloseConnection(code=code, reason=message or None))
 
 
 def over_websocket(plugin: CodecPlugin, *, name: str, default_port: int, subprotocol: str,

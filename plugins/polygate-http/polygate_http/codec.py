@@ -8,7 +8,19 @@ their results, which may be another ``Step``). Requests are answered one at a ti
 the next pipelined request is read once the answer to the one before is written, which is what
 h11's cycle (``start_next_cycle``) asks for. A route may also answer with a ``Stream``: the
 response head, then a push stream (``Subscribe``) whose records each become a chunk of the body
-(Server-Sent Events), until the client closes the connection.
+(Server-Sent Events), until the client closes the connection. Its head allows pages of any
+origin to read it (``Access-Control-Allow-Origin: *``, under which browsers send no credentials
+of theirs: such a page reads what an anonymous client may).
+
+A ``Stream`` may instead take the connection over as a WebSocket (RFC 6455): h11 hands the
+upgrade request over (it reads nothing after it) and ``wsproto`` validates it, answers
+``101 Switching Protocols`` (no subprotocol, no extension: no ``permessage-deflate``, whose
+messages could inflate past every limit) and frames the rest: each rendered piece goes out as
+one text message, every ``keepalive_ms`` without data a ping. The stream is one-way: a ping
+from the client is answered pong, its close handshake answered with the same code and the
+connection closed; a data message from it is closed with 1003 (unsupported data), a malformed
+frame with 1002, and a fetch error ends the stream with 1011 after its message. An upgrade that
+``wsproto`` refuses is answered 400 (426 for another WebSocket version), the connection kept.
 
 Bad input gets an HTTP error in REST Proxy's JSON form (``{"error_code": ..., "message": ...}``);
 a request whose head h11 cannot parse is answered 400 and the connection closed; a body larger
@@ -26,6 +38,18 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import h11
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    RejectConnection,
+    TextMessage,
+)
+from wsproto.frame_protocol import CloseReason
+from wsproto.utilities import RemoteProtocolError
 
 from gateway.codec import (
     Close,
@@ -39,6 +63,7 @@ from gateway.codec import (
     integer,
 )
 from gateway.codec import Option as CodecOption
+from gateway.codec.websocket import closing_frame, message_frame
 from gateway.model import Fetch
 
 SERVER = b"polygate"
@@ -115,14 +140,17 @@ class Step(NamedTuple):
 
 class Stream(NamedTuple):
     """Answer with a head (no length: the body is chunked) and then a push stream: ``fetches``
-    long-polled by the adapter, each result rendered by ``push(result)`` into body bytes (``b""``
-    for nothing), ``keepalive()`` every ``keepalive_ms`` without data."""
+    long-polled by the adapter, each result rendered by ``push(result)`` into pieces written as
+    one chunk of the body, ``keepalive()`` every ``keepalive_ms`` without data. With
+    ``websocket`` the request is upgraded instead and each piece is one text message (see the
+    module docstring); ``content_type`` and ``keepalive`` are then unused."""
 
     content_type: str
     fetches: tuple[Fetch, ...]
-    push: Callable[[Any], bytes]
+    push: Callable[[Any], Sequence[str]]
     keepalive: Callable[[], bytes]
     keepalive_ms: int
+    websocket: bool = False
 
 
 Outcome = Response | Step | Stream
@@ -173,6 +201,8 @@ class HttpConnection:
         self.principal: str | None = None  # the request's being answered (see ``_log_in``)
         self.certified: str | None | bool = False  # the TLS client certificate's principal, once read
         self.head: h11.Request | None = None
+        self.answering: h11.Request | None = None  # the head of the request being answered
+        self.ws: WSConnection | None = None  # once a request was upgraded: the connection is a WebSocket
         self.body = bytearray()
         self.busy = False  # a request is being answered: the next one is read after its answer
         self.closed = False
@@ -184,9 +214,14 @@ class HttpConnection:
         return b""
 
     def receive_data(self, data: bytes) -> None:
-        self.http.receive_data(data)
+        if self.ws is not None:
+            self._receive_frames(data)
+        else:
+            self.http.receive_data(data)
 
     def partial_frame(self) -> bool:
+        if self.ws is not None:
+            return False  # control frames are small and data messages close the connection
         return self.head is not None and not self.busy or bool(self.http.trailing_data[0])
 
     def next_event(self) -> Event | None:
@@ -202,10 +237,20 @@ class HttpConnection:
         return self._answer(outcome)
 
     def push(self, context: Any, result: Any) -> bytes:
-        data = self.streams[context].push(result)
-        return self.http.send(h11.Data(data)) if data else b""
+        pieces = self.streams[context].push(result)
+        if self.ws is None:
+            data = "".join(pieces).encode()
+            return self.http.send(h11.Data(data)) if data else b""
+        data = b"".join(message_frame(self.ws, piece) for piece in pieces)
+        if result.error is not None:  # the adapter stops the stream: the WebSocket ends with it
+            data += closing_frame(self.ws, CloseReason.INTERNAL_ERROR, "the stream ended")
+            self.closed = True
+            self.events.append(Close(reason="the stream's fetch failed"))
+        return data
 
     def keepalive(self, context: Any) -> bytes:
+        if self.ws is not None:
+            return self.ws.send(Ping()) if self.ws.state is ConnectionState.OPEN else b""
         return self.http.send(h11.Data(self.streams[context].keepalive()))
 
     def may_drop(self, context: Any) -> bool:
@@ -264,7 +309,7 @@ class HttpConnection:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
         request = HttpRequest(head.method.decode("ascii", "replace"), unquote(target.path), query, headers,
                               bytes(self.body))
-        self.head, self.body = None, bytearray()
+        self.answering, self.head, self.body = head, None, bytearray()
         try:
             self._log_in(request)
             outcome = self.route(self, request)
@@ -300,11 +345,13 @@ class HttpConnection:
             self.events.append(Request(outcome.commands, outcome.then))
             return b""
         if isinstance(outcome, Stream):
+            if outcome.websocket:
+                return self._upgrade(outcome)
             stream_id = len(self.streams)
             self.streams[stream_id] = outcome
             head = h11.Response(status_code=200, reason=b"OK", headers=[
                 (b"content-type", outcome.content_type.encode()), (b"cache-control", b"no-store"),
-                (b"server", SERVER)])
+                (b"access-control-allow-origin", b"*"), (b"server", SERVER)])
             self.events.append(Subscribe(outcome.fetches, stream_id, outcome.keepalive_ms, exclusive=True))
             return self.http.send(head)
         data = self.http.send(self._head(outcome)) + self.http.send(h11.Data(outcome.body)) \
@@ -316,6 +363,57 @@ class HttpConnection:
             self.http.start_next_cycle()
             self.busy = False
         return data
+
+    def _upgrade(self, stream: Stream) -> bytes:
+        """Switch to WebSocket for ``stream``: the 101 answer; or the refusal of a bad upgrade."""
+        head = self.answering
+        assert head is not None  # a Stream answers the request being answered
+        ws = WSConnection(ConnectionType.SERVER)
+        try:
+            ws.initiate_upgrade_connection(list(head.headers), head.target)
+            ws.events()  # the upgrade Request, accepted below
+        except RemoteProtocolError as e:
+            refusal = e.event_hint if isinstance(e.event_hint, RejectConnection) else RejectConnection()
+            headers = tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in refusal.headers
+                            if name.lower() != b"content-length")
+            return self._answer(Response.error(HttpError(refusal.status_code, refusal.status_code,
+                                                         f"WebSocket upgrade refused: {e}"))._replace(headers=headers))
+        self.ws = ws
+        data = ws.send(AcceptConnection())
+        stream_id = len(self.streams)
+        self.streams[stream_id] = stream
+        # not exclusive: the adapter keeps taking this connection's events (pongs, the close handshake)
+        self.events.append(Subscribe(stream.fetches, stream_id, stream.keepalive_ms, exclusive=False))
+        early = self.http.trailing_data[0]  # frames the client sent right after its request
+        if early:
+            self._receive_frames(bytes(early))
+        return data
+
+    def _receive_frames(self, data: bytes) -> None:
+        """Read WebSocket frames; ``b""`` (the end of the TCP stream) comes out of ``wsproto`` as
+        a close (1006) that needs no answer."""
+        ws = self.ws
+        assert ws is not None
+        if self.closed:
+            return
+        ws.receive_data(data or None)
+        for event in ws.events():
+            if self.closed:
+                return
+            if isinstance(event, Ping):
+                self.events.append(Reply(ws.send(event.response())))
+            elif isinstance(event, CloseConnection):  # the client's, or wsproto's for a malformed frame
+                self._close_websocket(event.code, event.reason or "", f"WebSocket close {event.code}")
+            elif isinstance(event, TextMessage | BytesMessage):
+                self._close_websocket(CloseReason.UNSUPPORTED_DATA, "an event stream takes no messages",
+                                      "a message on an event stream")
+            # Pong: the answer to a keepalive ping, or to none (RFC 6455 5.5.3): nothing to do
+
+    def _close_websocket(self, code: int, message: str, reason: str) -> None:
+        """Send a close frame with ``code`` (and ``message``), then close the connection."""
+        self.closed = True
+        assert self.ws is not None
+        self.events.append(Close(closing_frame(self.ws, code, message), reason))
 
     @staticmethod
     def _head(response: Response, close: bool = False) -> h11.Response:

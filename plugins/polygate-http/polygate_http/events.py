@@ -1,4 +1,5 @@
-"""``GET /topics/{topic}/events``: a topic's records as Server-Sent Events, for browser pages.
+"""``GET /topics/{topic}/events``: a topic's records as Server-Sent Events, or over WebSocket,
+for browser pages.
 
 Query parameters: ``from`` = ``end`` (default: the records produced from now on) or
 ``beginning``; ``partition`` = N to read one partition only; ``offset`` = N (with
@@ -11,8 +12,17 @@ its text), ``string`` or ``binary`` (base64) for keys and values. Each record is
 
 Its ``id`` is where every partition of the stream reads next after that record, so that a client
 that reconnects with ``Last-Event-ID`` (as a browser's ``EventSource`` does by itself) resumes
-right after the last record it got, on every partition; the header wins over ``from`` and
-``offset``. An idle stream gets a comment line every ``keepalive_ms`` (proxies close silent
+right after the last record it got, on every partition; the header (or the ``last_event_id``
+query parameter, for clients that cannot set headers) wins over ``from`` and ``offset``.
+
+The same request with the WebSocket upgrade headers (a browser's ``new WebSocket(url)``) gets
+the same records as text messages, one a record, each the JSON of an event's fields::
+
+    {"id":"0:13,1:7,2:9","event":"record","data":{"topic":"t","partition":0,"offset":12,...}}
+
+(a client resumes with ``?last_event_id=`` and the last ``id`` it got). A fetch error ends the
+stream with an ``error`` event (its ``data`` the message): over WebSocket, then a close (1011).
+An idle stream gets a comment line every ``keepalive_ms`` (proxies close silent
 connections). Memory per stream is bounded: the adapter reads at most ``max_poll_bytes`` a
 partition at a time and stops reading while the client does not keep up.
 """
@@ -34,6 +44,11 @@ KEEPALIVE = b": keepalive\n\n"
 FORMATS = ("json", "string", "binary")
 
 
+def websocket_upgrade(request: HttpRequest) -> bool:
+    """Whether ``request`` asks to switch to WebSocket (its ``Upgrade`` header names it)."""
+    return "websocket" in (token.strip().lower() for token in request.headers.get("upgrade", "").split(","))
+
+
 def resume_point(last_event_id: str) -> dict[int, int]:
     """The positions a ``Last-Event-ID`` names (``partition:offset`` pairs); 400 if it names none."""
     positions = {}
@@ -46,16 +61,19 @@ def resume_point(last_event_id: str) -> dict[int, int]:
 
 
 class EventStream:
-    """One client's stream: the positions it has been sent up to, and how it renders records."""
+    """One client's stream: the positions it has been sent up to, and how it renders records:
+    as Server-Sent Events, or (``websocket``) as WebSocket messages."""
 
-    def __init__(self, topic: str, embedded: str, positions: dict[int, int]):
+    def __init__(self, topic: str, embedded: str, positions: dict[int, int], websocket: bool):
         self.topic = topic
         self.embedded = embedded
         self.positions = positions  # partition -> the next offset to send
+        self.websocket = websocket
 
-    def push(self, result: m.FetchResult) -> bytes:
+    def push(self, result: m.FetchResult) -> list[str]:
+        """The events of ``result``'s records not sent yet (an ``error`` event for an error)."""
         if result.error is not None:  # the adapter ends the stream after this
-            return f"event: error\ndata: {json.dumps(result.error.message or result.error.code.value)}\n\n".encode()
+            return [self._event(None, "error", result.error.message or result.error.code.value)]
         position = self.positions[result.partition]
         events = []
         for batch in result.batches:
@@ -63,15 +81,26 @@ class EventStream:
                 if record.offset is None or record.offset < position:
                     continue
                 position = self.positions[result.partition] = record.offset + 1
-                data = json.dumps({"topic": self.topic, "partition": result.partition, "offset": record.offset,
-                                   "timestamp": record.timestamp, "key": encode_embedded(self.embedded, record.key),
-                                   "value": encode_embedded(self.embedded, record.value)}, separators=(",", ":"))
+                data = {"topic": self.topic, "partition": result.partition, "offset": record.offset,
+                        "timestamp": record.timestamp, "key": encode_embedded(self.embedded, record.key),
+                        "value": encode_embedded(self.embedded, record.value)}
                 event_id = ",".join(f"{p}:{o}" for p, o in sorted(self.positions.items()))
-                events.append(f"id: {event_id}\nevent: record\ndata: {data}\n\n")
-        return "".join(events).encode()
+                events.append(self._event(event_id, "record", data))
+        return events
+
+    def _event(self, event_id: str | None, name: str, data: Any) -> str:
+        if self.websocket:
+            return _json({**({"id": event_id} if event_id else {}), "event": name, "data": data})
+        line = f"id: {event_id}\n" if event_id else ""
+        return f"{line}event: {name}\ndata: {_json(data)}\n\n"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def events(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
+    """A topic's records as Server-Sent Events, or as WebSocket messages if the request upgrades."""
     topic = match["topic"]
     embedded = request.query.get("format", "json").lower()
     if embedded not in FORMATS:
@@ -83,8 +112,9 @@ def events(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> 
     offset = request.query.get("offset")
     if only is not None and not only.isdigit() or offset is not None and (only is None or not offset.isdigit()):
         raise HttpError(400, 400, "partition is a partition number; offset a number, with partition")
-    last = request.headers.get("last-event-id")
+    last = request.headers.get("last-event-id") or request.query.get("last_event_id")
     resumed = resume_point(last) if last else {}
+    websocket = websocket_upgrade(request)
     spec = m.OffsetSpec.EARLIEST if start == "beginning" else m.OffsetSpec.LATEST
 
     def described(results: Sequence[Any]) -> Outcome:
@@ -104,10 +134,11 @@ def events(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> 
             for partition, result in zip(unresolved, results, strict=True):
                 check(result, topic)
                 starts[partition] = result.offset
-            stream = EventStream(topic, embedded, dict(starts))
+            stream = EventStream(topic, embedded, dict(starts), websocket)
             fetches = tuple(m.Fetch(topic, p, o, fmt.NAME, max_bytes=conn.options["max_poll_bytes"])
                             for p, o in starts.items())
-            return Stream("text/event-stream", fetches, stream.push, lambda: KEEPALIVE, conn.options["keepalive_ms"])
+            return Stream("text/event-stream", fetches, stream.push, lambda: KEEPALIVE, conn.options["keepalive_ms"],
+                          websocket)
 
         # every start is an offset before the stream begins, so that each event's id names them all
         return Step(tuple(m.ListOffsets(topic, p, starts[p]) for p in unresolved), resolved)

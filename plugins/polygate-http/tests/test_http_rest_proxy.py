@@ -1,6 +1,6 @@
 """REST Proxy's documented requests against a real ``gateway serve --protocols http,kafka``, with a
-real HTTP client (requests) and Kafka clients (confluent-kafka) on the same log; in cluster mode
-too (``POLYGATE_TEST_STORAGE=cluster``)."""
+real HTTP client (requests), a real WebSocket client (websocket-client) and Kafka clients
+(confluent-kafka) on the same log; in cluster mode too (``POLYGATE_TEST_STORAGE=cluster``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 import requests
+import websocket
 from confluent_kafka import Consumer, Producer
 
 V2 = "application/vnd.kafka.v2+json"
@@ -202,6 +203,34 @@ def test_server_sent_events_deliver_what_a_kafka_producer_writes_and_resume(gate
     with requests.get(url(gateway, "/topics/live/events?partition=0"), stream=True, timeout=30,
                       headers={"Last-Event-ID": seen[0][0]}) as response:
         assert [data["offset"] for _, data in sse_records(response.iter_lines(decode_unicode=True), 2)] == [2, 3]
+
+
+def test_the_event_stream_over_websocket_delivers_what_a_kafka_producer_writes_and_resumes(gateway):
+    requests.post(url(gateway, "/topics/wslive/partitions/0"), headers={"Content-Type": JSON},
+                  json={"records": [{"value": "before"}]})
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}"})
+    base = f"ws://127.0.0.1:{gateway.port('http')}/topics/wslive/events?partition=0"
+    ws = websocket.create_connection(f"{base}&from=beginning", timeout=30)
+    try:
+        assert json.loads(ws.recv())["data"]["value"] == "before"
+        for n in range(3):
+            producer.produce("wslive", value=json.dumps({"n": n}).encode(), partition=0)
+        producer.flush(10)
+        seen = [json.loads(ws.recv()) for _ in range(3)]
+        ws.ping(b"still there")
+        opcode, frame = ws.recv_data_frame(control_frame=True)
+        assert (opcode, frame.data) == (websocket.ABNF.OPCODE_PONG, b"still there")
+        ws.send_close(websocket.STATUS_GOING_AWAY)
+        opcode, frame = ws.recv_data_frame(control_frame=True)  # the gateway's answer, with the same code
+        assert (opcode, frame.data[:2]) == (websocket.ABNF.OPCODE_CLOSE, websocket.STATUS_GOING_AWAY.to_bytes(2))
+    finally:
+        ws.shutdown()
+    assert [(m["event"], m["data"]["value"]) for m in seen] == [("record", {"n": n}) for n in range(3)]
+    ws = websocket.create_connection(f"{base}&last_event_id={seen[0]['id']}", timeout=30)
+    try:
+        assert [json.loads(ws.recv())["data"]["offset"] for _ in range(2)] == [2, 3]
+    finally:
+        ws.close()
 
 
 @pytest.mark.tansu_differs("a group listing through a Tansu 0.6 cluster comes back empty")

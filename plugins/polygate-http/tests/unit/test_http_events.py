@@ -46,6 +46,7 @@ def test_a_stream_from_the_beginning_then_live_records_then_a_resume(rig):
     head = watcher.transport.value()
     assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-type: text/event-stream" in head
     assert b"transfer-encoding: chunked" in head.lower()
+    assert b"access-control-allow-origin: *" in head.lower()  # pages of other origins may read it
     produce(rig, "live")
     rig.reactor.advance(0.01)
     sent = events_of(watcher.transport.value())
