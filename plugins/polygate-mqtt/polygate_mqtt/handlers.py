@@ -23,9 +23,8 @@ from construct import Container
 from gateway import model as m
 from gateway.codec import Acknowledgement, Handled, Timer
 
-from . import auth, message, packets, session, topics
+from . import auth, message, packets, session, shared, topics
 from . import format as fmt
-from . import packets, session, shared, topics
 from . import properties as props
 from .packets import MalformedPacket, PacketType
 from .properties import ProtocolError, ReasonCode, Violation
