@@ -73,7 +73,7 @@ def test_connack_announces_the_servers_limits(rig):
     assert acknowledged == {
         P.RECEIVE_MAXIMUM: 2, P.MAXIMUM_PACKET_SIZE: 1 + len(packets.encode_length(limit)) + limit,
         P.TOPIC_ALIAS_MAXIMUM: 4, P.MAXIMUM_QOS: 2, P.RETAIN_AVAILABLE: 1, P.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
-        P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1, P.SHARED_SUBSCRIPTION_AVAILABLE: 0,
+        P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1, P.SHARED_SUBSCRIPTION_AVAILABLE: 1,
         P.SESSION_EXPIRY_INTERVAL: 7 * 24 * 3600,  # bounded by session_expiry_s
     }
 

@@ -111,7 +111,7 @@ def test_connack_announces_the_limits_and_acks_carry_reason_codes(gateway, clien
     session_present, code, announced = c.connack
     assert (session_present, code) == (False, 0)
     assert (announced.ReceiveMaximum, announced.TopicAliasMaximum, announced.RetainAvailable,
-            announced.WildcardSubscriptionAvailable, announced.SharedSubscriptionAvailable) == (1024, 64, 1, 1, 0)
+            announced.WildcardSubscriptionAvailable, announced.SharedSubscriptionAvailable) == (1024, 64, 1, 1, 1)
     assert announced.MaximumPacketSize > 1 << 20
     assert c.subscribe(("lamps/#", 2), ("lamps/+/on", 1)) == [2, 1]
     assert c.wait_ack(c.client.unsubscribe(["lamps/#", "never/subscribed"])[1]) == [
