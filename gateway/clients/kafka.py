@@ -113,12 +113,16 @@ class KafkaClient(SocketClient):
         return answer
 
     def _exactly(self, n: int) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
+        """The next ``n`` bytes of the connection; raises ConnectionError when it closes first."""
+        # received into one buffer of the answer's size: a Spark task's fetch answers are megabytes,
+        # and growing a buffer piece by piece (each recv allocating its own) cost more than the receive
+        out = bytearray(n)
+        view, got = memoryview(out), 0
+        while got < n:
+            received = self.sock.recv_into(view[got:])
+            if not received:
                 raise ConnectionError("connection closed by the gateway")
-            out += chunk
+            got += received
         return bytes(out)
 
     # ------------------------------------------------------------------ records
