@@ -935,13 +935,18 @@ class AddOffsetsToTxn:
 
 @frozen
 class TxnOffsetCommit:
-    """Offsets of ``group`` committed when the transaction commits (dropped if it aborts)."""
+    """Offsets of ``group`` committed when the transaction commits (dropped if it aborts).
+
+    ``leader_epochs``: the leader epoch each of ``offsets`` was read in, committed with it
+    (as ``CommitOffsets.leader_epochs``); empty: -1 (unknown) for all.
+    """
 
     transactional_id: str
     group: str
     producer_id: int
     epoch: int
     offsets: tuple[tuple[str, int, int, str], ...]  # (topic, partition, offset, metadata)
+    leader_epochs: tuple[int, ...] = ()
 
 
 @frozen

@@ -969,7 +969,9 @@ def end_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Hand
 def txn_offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
-    cmd = m.TxnOffsetCommit(req.TransactionalId, req.GroupId, req.ProducerId, req.ProducerEpoch, offsets)
+    epochs = tuple(p.get("CommittedLeaderEpoch", -1) for t in req.Topics for p in t.Partitions)
+    cmd = m.TxnOffsetCommit(req.TransactionalId, req.GroupId, req.ProducerId, req.ProducerEpoch, offsets,
+                            leader_epochs=epochs if version >= 2 else ())
 
     def render(results: Sequence[m.TxnOffsetCommitResult]) -> bytes:
         r = results[0]
