@@ -909,12 +909,14 @@ class InitProducerIdResult:
 
 @frozen
 class AddPartitionsToTxn:
-    """Add partitions to the producer's open transaction (opening one if none is)."""
+    """Add partitions to the producer's open transaction (opening one if none is); ``verify_only``:
+    add none, answer whether each is in the open transaction (``INVALID_TXN_STATE`` if not)."""
 
     transactional_id: str
     producer_id: int
     epoch: int
     partitions: tuple[tuple[str, int], ...]
+    verify_only: bool = False
 
 
 @frozen

@@ -12,8 +12,7 @@ field names; fields left out take their defaults.
 version range advertised (docs/protocols/kafka.md): every version from 0
 (Kafka 0.8 clients included) up to the highest that Kafka's definitions in
 ``messages/`` give, except where a higher version asks for what this gateway
-does not do: EndTxn v5 bumps the producer epoch at every transaction's end and
-AddPartitionsToTxn v4+ is the brokers' batched form (KIP-890).
+does not do: EndTxn v5 bumps the producer epoch at every transaction's end (KIP-890).
 """
 
 from __future__ import annotations
@@ -942,18 +941,31 @@ def init_producer_id(conn: KafkaConnection, version: int, req: Any, frame: Frame
 
 
 def add_partitions_to_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    partitions = tuple((t.Name, p) for t in req.V3AndBelowTopics for p in t.Partitions)
-    cmd = m.AddPartitionsToTxn(req.V3AndBelowTransactionalId, req.V3AndBelowProducerId,
-                               req.V3AndBelowProducerEpoch, partitions)
+    """AddPartitionsToTxn: one transaction up to v3; v4+ (Kafka's brokers' batched form) several,
+    each adding its partitions or, ``VerifyOnly``, checking that they are in its transaction."""
+    if version < 4:
+        txns = [(req.V3AndBelowTransactionalId, req.V3AndBelowProducerId, req.V3AndBelowProducerEpoch, False,
+                 req.V3AndBelowTopics)]
+    else:
+        txns = [(t.TransactionalId, t.ProducerId, t.ProducerEpoch, t.VerifyOnly, t.Topics) for t in req.Transactions]
+    asked = [tuple((t.Name, p) for t in topics for p in t.Partitions) for _, _, _, _, topics in txns]
+    commands = tuple(m.AddPartitionsToTxn(tid, pid, epoch, partitions, verify_only=verify)
+                     for (tid, pid, epoch, verify, _), partitions in zip(txns, asked, strict=True))
 
-    def render(results: Sequence[m.AddPartitionsToTxnResult]) -> bytes:
-        r = results[0]
+    def results_by_topic(r: m.AddPartitionsToTxnResult, partitions: tuple[tuple[str, int], ...]) -> list[Any]:
         errors = {(t, p): e for t, p, e in r.errors}
         parts = [(t, {"PartitionIndex": p, "PartitionErrorCode": code(r.error or errors.get((t, p)))})
                  for t, p in partitions]
-        return frame({"ResultsByTopicV3AndBelow": _by_topic(parts, "Name", "ResultsByPartition")})
+        return _by_topic(parts, "Name", "ResultsByPartition")
 
-    return Handled.run((cmd,), render)
+    def render(results: Sequence[m.AddPartitionsToTxnResult]) -> bytes:
+        if version < 4:
+            return frame({"ResultsByTopicV3AndBelow": results_by_topic(results[0], asked[0])})
+        return frame({"ResultsByTransaction": [
+            {"TransactionalId": cmd.transactional_id, "TopicResults": results_by_topic(r, cmd.partitions)}
+            for cmd, r in zip(commands, results, strict=True)]})
+
+    return Handled.run(commands, render)
 
 
 def add_offsets_to_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -1075,7 +1087,7 @@ _APIS = (  # API key, the versions advertised, handler
     (21, 0, 2, delete_records),
     (22, 0, 5, init_producer_id),
     (23, 0, 4, offset_for_leader_epoch),
-    (24, 0, 3, add_partitions_to_txn),
+    (24, 0, 5, add_partitions_to_txn),
     (25, 0, 4, add_offsets_to_txn),
     (26, 0, 4, end_txn),
     (28, 0, 4, txn_offset_commit),

@@ -235,6 +235,11 @@ class Transactions:
     @errors_as(m.AddPartitionsToTxnResult)
     def add_partitions(self, cmd: m.AddPartitionsToTxn) -> Any:
         txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+        if cmd.verify_only:
+            return m.AddPartitionsToTxnResult(tuple(
+                (t, p, None if txn.state in OPEN and (t, p) in txn.partitions
+                 else Error(ErrorCode.INVALID_TXN_STATE, f"{t}/{p} is not in an open transaction"))
+                for t, p in cmd.partitions))
         if txn.state in ENDING:
             raise CommandError(ErrorCode.CONCURRENT_TRANSACTIONS, "the previous transaction is still ending")
         unknown = [(t, p) for t, p in cmd.partitions if not self._exists(t, p)]
