@@ -959,19 +959,25 @@ class TxnOffsetCommitResult:
 
 @frozen
 class EndTxn:
-    """Commit (``commit``) or abort the producer's open transaction."""
+    """Commit (``commit``) or abort the producer's open transaction. ``bump_epoch`` (Kafka's
+    KIP-890 part 2, EndTxn v5): the transaction ends under the next epoch, which the answer gives;
+    a retry from the epoch before is answered as the end it repeats."""
 
     transactional_id: str
     producer_id: int
     epoch: int
     commit: bool
+    bump_epoch: bool = False
 
 
 @frozen
 class TxnResult:
-    """The answer of ``AddOffsetsToTxn`` and ``EndTxn``."""
+    """The answer of ``AddOffsetsToTxn`` and ``EndTxn`` (with ``bump_epoch``, the producer id and
+    epoch to go on with; else -1)."""
 
     error: Error | None = None
+    producer_id: int = -1
+    epoch: int = -1
 
 
 @frozen

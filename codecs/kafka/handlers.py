@@ -11,8 +11,7 @@ field names; fields left out take their defaults.
 ``HANDLERS`` maps each API key to its handler and ``VERSIONS`` to the
 version range advertised (docs/protocols/kafka.md): every version from 0
 (Kafka 0.8 clients included) up to the highest that Kafka's definitions in
-``messages/`` give, except where a higher version asks for what this gateway
-does not do: EndTxn v5 bumps the producer epoch at every transaction's end (KIP-890).
+``messages/`` give.
 """
 
 from __future__ import annotations
@@ -974,8 +973,11 @@ def add_offsets_to_txn(conn: KafkaConnection, version: int, req: Any, frame: Fra
 
 
 def end_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    cmd = m.EndTxn(req.TransactionalId, req.ProducerId, req.ProducerEpoch, req.Committed)
-    return Handled.run((cmd,), lambda results: frame({"ErrorCode": code(results[0].error)}))
+    """EndTxn; v5 (KIP-890 part 2) ends the transaction under the producer's next epoch and answers it."""
+    cmd = m.EndTxn(req.TransactionalId, req.ProducerId, req.ProducerEpoch, req.Committed, bump_epoch=version >= 5)
+    return Handled.run((cmd,), lambda results: frame({"ErrorCode": code(results[0].error),
+                                                      "ProducerId": results[0].producer_id,
+                                                      "ProducerEpoch": results[0].epoch}))
 
 
 def txn_offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -1089,7 +1091,7 @@ _APIS = (  # API key, the versions advertised, handler
     (23, 0, 4, offset_for_leader_epoch),
     (24, 0, 5, add_partitions_to_txn),
     (25, 0, 4, add_offsets_to_txn),
-    (26, 0, 4, end_txn),
+    (26, 0, 5, end_txn),
     (28, 0, 4, txn_offset_commit),
     (29, 0, 3, describe_acls),
     (30, 0, 3, create_acls),

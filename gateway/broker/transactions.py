@@ -280,16 +280,29 @@ class Transactions:
 
     @errors_as(m.TxnResult)
     def end_txn(self, cmd: m.EndTxn) -> Any:
-        txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+        txn = self._bumped_end(cmd) or self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+
+        def answer(_: Any = None) -> m.TxnResult:
+            return m.TxnResult(producer_id=txn.producer_id, epoch=txn.epoch) if cmd.bump_epoch else m.TxnResult()
+
         if txn.state in ENDING:
             if ENDING[txn.state] != cmd.commit:
                 raise CommandError(ErrorCode.INVALID_TXN_STATE, f"the transaction is already ending ({txn.state})")
-            return then(self._finish(txn, cmd.commit), lambda _: m.TxnResult())  # a retry
+            return then(self._finish(txn, cmd.commit), answer)  # a retry
         if txn.state == COMPLETE[cmd.commit]:
-            return m.TxnResult()  # a retry of an end that completed
+            return answer()  # a retry of an end that completed
         if txn.state not in OPEN:
             raise CommandError(ErrorCode.INVALID_TXN_STATE, f"no open transaction to end ({txn.state})")
-        return then(self._end(txn, cmd.commit), lambda _: m.TxnResult())
+        return then(self._end(txn, cmd.commit, bump=cmd.bump_epoch), answer)
+
+    def _bumped_end(self, cmd: m.EndTxn) -> Txn | None:
+        """The transaction ``cmd`` ends again if it retries an end that bumped the epoch (sent from
+        the epoch before, as Kafka takes it), else None."""
+        txn = self.by_id.get(cmd.transactional_id)
+        if (cmd.bump_epoch and txn is not None and txn.producer_id == cmd.producer_id and cmd.epoch == txn.epoch - 1
+                and txn.state in (*ENDING, COMPLETE[cmd.commit])):
+            return txn
+        return None
 
     # ------------------------------------------------------------------ ending
 
