@@ -911,12 +911,14 @@ class InitProducerIdResult:
 
 @frozen
 class AddPartitionsToTxn:
-    """Add partitions to the producer's open transaction (opening one if none is)."""
+    """Add partitions to the producer's open transaction (opening one if none is); ``verify_only``:
+    add none, answer whether each is in the open transaction (``INVALID_TXN_STATE`` if not)."""
 
     transactional_id: str
     producer_id: int
     epoch: int
     partitions: tuple[tuple[str, int], ...]
+    verify_only: bool = False
 
 
 @frozen
@@ -937,13 +939,18 @@ class AddOffsetsToTxn:
 
 @frozen
 class TxnOffsetCommit:
-    """Offsets of ``group`` committed when the transaction commits (dropped if it aborts)."""
+    """Offsets of ``group`` committed when the transaction commits (dropped if it aborts).
+
+    ``leader_epochs``: the leader epoch each of ``offsets`` was read in, committed with it
+    (as ``CommitOffsets.leader_epochs``); empty: -1 (unknown) for all.
+    """
 
     transactional_id: str
     group: str
     producer_id: int
     epoch: int
     offsets: tuple[tuple[str, int, int, str], ...]  # (topic, partition, offset, metadata)
+    leader_epochs: tuple[int, ...] = ()
 
 
 @frozen
@@ -954,19 +961,25 @@ class TxnOffsetCommitResult:
 
 @frozen
 class EndTxn:
-    """Commit (``commit``) or abort the producer's open transaction."""
+    """Commit (``commit``) or abort the producer's open transaction. ``bump_epoch`` (Kafka's
+    KIP-890 part 2, EndTxn v5): the transaction ends under the next epoch, which the answer gives;
+    a retry from the epoch before is answered as the end it repeats."""
 
     transactional_id: str
     producer_id: int
     epoch: int
     commit: bool
+    bump_epoch: bool = False
 
 
 @frozen
 class TxnResult:
-    """The answer of ``AddOffsetsToTxn`` and ``EndTxn``."""
+    """The answer of ``AddOffsetsToTxn`` and ``EndTxn`` (with ``bump_epoch``, the producer id and
+    epoch to go on with; else -1)."""
 
     error: Error | None = None
+    producer_id: int = -1
+    epoch: int = -1
 
 
 @frozen

@@ -380,6 +380,22 @@ def test_compression_type_is_a_topic_setting(kafka_gateway):
     assert refused.value.args[0].code() == ck.KafkaError.INVALID_CONFIG
 
 
+@pytest.mark.tansu_differs("Tansu does not describe the settings it has no use for")
+def test_a_setting_kafka_does_not_have_is_refused(kafka_gateway):
+    """CreateTopics answers INVALID_CONFIG for a name that is no Kafka topic setting (librdkafka's
+    0081 creates one with ``dummy.doesntexist``); Kafka's settings polygate has no use for are
+    taken and shown back."""
+    servers, topic, bad = bootstrap(kafka_gateway), unique("cf"), unique("cf")
+    admin = AdminClient({"bootstrap.servers": servers})
+    with pytest.raises(ck.KafkaException) as refused:
+        admin.create_topics([NewTopic(bad, 1, 1, config={"dummy.doesntexist": "1"})])[bad].result(10)
+    assert refused.value.args[0].code() == ck.KafkaError.INVALID_CONFIG
+    admin.create_topics([NewTopic(topic, 1, 1, config={"min.insync.replicas": "1"})])[topic].result(10)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    assert admin.describe_configs([resource])[resource].result(10)["min.insync.replicas"].value == "1"
+    assert bad not in admin.list_topics(timeout=10).topics
+
+
 def test_authorized_operations_are_answered_when_asked(kafka_gateway):
     """DescribeCluster, DescribeTopics (Metadata) and DescribeConsumerGroups answer the operations the
     caller may perform when asked: without an authorizer, every operation that applies (Kafka's)."""

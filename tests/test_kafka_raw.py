@@ -188,21 +188,93 @@ def test_pipelined_produces_share_appends_and_keep_their_answers(kafka_gateway):
 
 # ------------------------------------------------------------------ every API over its whole version range
 
-BELOW_KAFKA = {24: 3, 26: 4}
-"""APIs served below the highest version Kafka defines (docs/protocols/kafka.md says why):
-AddPartitionsToTxn 4+ is the brokers' form, EndTxn 5 bumps epochs."""
 ANSWERED_BODIES: dict[int, dict] = {0: {"Acks": 1}}  # a request of defaults, but answered (acks 0 is not)
 
 
 def test_every_api_answers_over_its_whole_version_range(kafka_gateway):
-    """ApiVersions advertises every API from version 0 up to the highest of Kafka's definitions (but
-    ``BELOW_KAFKA``), and each answers a request of its defaults at every one of those versions."""
+    """ApiVersions advertises every API from version 0 up to the highest of Kafka's definitions, and
+    each answers a request of its defaults at every one of those versions."""
     client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))
     ranges = {k.ApiKey: (k.MinVersion, k.MaxVersion) for k in client.call(18, 3, {}).ApiKeys}
-    assert ranges == {key: (0, BELOW_KAFKA.get(key, schema.MESSAGES[key].valid[1])) for key in ranges}
+    assert ranges == {key: (0, schema.MESSAGES[key].valid[1]) for key in ranges}
     for key, (low, high) in ranges.items():
         for version in range(low, high + 1):
             assert client.call(key, version, ANSWERED_BODIES.get(key, {})) is not None, (key, version)
+    client.close()
+
+
+def test_add_partitions_to_txn_v4_adds_and_verifies_for_several_transactions(kafka_gateway):
+    """AddPartitionsToTxn v4+ (the brokers' batched form) answers each transaction of the batch:
+    one adds its partitions, a ``VerifyOnly`` one learns which partitions are in its transaction
+    (INVALID_TXN_STATE, 48, for one that is not) without adding any."""
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    client.call(19, 2, {"Topics": [{"Name": topic, "NumPartitions": 2, "ReplicationFactor": 1}]})
+    ids = {}
+    for txn in ("a", "b"):
+        init = client.call(22, 1, {"TransactionalId": txn + topic, "TransactionTimeoutMs": 60_000})
+        ids[txn] = {"TransactionalId": txn + topic, "ProducerId": init.ProducerId, "ProducerEpoch": init.ProducerEpoch}
+    added = client.call(24, 3, {"V3AndBelowTransactionalId": ids["a"]["TransactionalId"],
+                                "V3AndBelowProducerId": ids["a"]["ProducerId"],
+                                "V3AndBelowProducerEpoch": ids["a"]["ProducerEpoch"],
+                                "V3AndBelowTopics": [{"Name": topic, "Partitions": [0]}]})
+    assert added.ResultsByTopicV3AndBelow[0].ResultsByPartition[0].PartitionErrorCode == 0
+    for version in (4, 5):
+        answer = client.call(24, version, {"Transactions": [
+            {**ids["a"], "VerifyOnly": True, "Topics": [{"Name": topic, "Partitions": [0, 1]}]},
+            {**ids["b"], "VerifyOnly": False, "Topics": [{"Name": topic, "Partitions": [1]}]}]})
+        assert answer.ErrorCode == 0
+        assert {r.TransactionalId: [(p.PartitionIndex, p.PartitionErrorCode) for t in r.TopicResults
+                                    for p in t.ResultsByPartition] for r in answer.ResultsByTransaction} == {
+            ids["a"]["TransactionalId"]: [(0, 0), (1, 48)], ids["b"]["TransactionalId"]: [(1, 0)]}
+    described = client.call(65, 0, {"TransactionalIds": [ids["a"]["TransactionalId"], ids["b"]["TransactionalId"]]})
+    assert [[(t.Topic, list(t.Partitions)) for t in s.Topics] for s in described.TransactionStates] == [
+        [(topic, [0])], [(topic, [1])]]
+    client.close()
+
+
+def _transactional(batch: bytes) -> bytes:
+    """``batch`` with its transactional attribute set (and its CRC, which covers the attributes on)."""
+    out = bytearray(batch)
+    out[22] |= 0x10  # attributes (int16 at 21): bit 4
+    out[17:21] = struct.pack(">I", crc32c.crc32c(bytes(out[21:])))
+    return bytes(out)
+
+
+def test_end_txn_v5_ends_under_the_next_epoch_and_answers_it(kafka_gateway):
+    """EndTxn v5 (KIP-890 part 2) ends the transaction with the producer's next epoch and answers
+    it; a retry from the epoch before gets the same answer, and the producer goes on with the new
+    epoch, its sequences from 0."""
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    txn = "tx" + topic
+    init = client.call(22, 1, {"TransactionalId": txn, "TransactionTimeoutMs": 60_000})
+    pid, epoch = init.ProducerId, init.ProducerEpoch
+
+    def transaction(epoch: int, value: bytes) -> None:
+        added = client.call(24, 3, {"V3AndBelowTransactionalId": txn, "V3AndBelowProducerId": pid,
+                                    "V3AndBelowProducerEpoch": epoch,
+                                    "V3AndBelowTopics": [{"Name": topic, "Partitions": [0]}]})
+        assert added.ResultsByTopicV3AndBelow[0].ResultsByPartition[0].PartitionErrorCode == 0
+        batch = kafka_format.encode_batch([m.Record(value, None, 1_700_000_000_000)], 0, producer=(pid, epoch, 0))
+        produced = client.call(0, 3, {"TransactionalId": txn, "Acks": -1, "TimeoutMs": 10_000, "TopicData": [
+            {"Name": topic, "PartitionData": [{"Index": 0, "Records": _transactional(batch)}]}]})
+        assert produced.Responses[0].PartitionResponses[0].ErrorCode == 0
+
+    def end(version: int, epoch: int, commit: bool) -> tuple[int, int, int]:
+        r = client.call(26, version, {"TransactionalId": txn, "ProducerId": pid, "ProducerEpoch": epoch,
+                                      "Committed": commit})
+        return r.ErrorCode, r.get("ProducerId", -1), r.get("ProducerEpoch", -1)
+
+    transaction(epoch, b"committed")
+    assert end(5, epoch, True) == (0, pid, epoch + 1)
+    assert end(5, epoch, True) == (0, pid, epoch + 1)  # a retry
+    assert end(4, epoch, True)[0] != 0  # the old epoch is fenced otherwise
+    transaction(epoch + 1, b"aborted")
+    assert end(5, epoch + 1, False) == (0, pid, epoch + 2)
+    ends = [client.call(2, 2, {"ReplicaId": -1, "IsolationLevel": isolation, "Topics": [
+        {"Name": topic, "Partitions": [{"PartitionIndex": 0, "Timestamp": -1}]}]}).Topics[0].Partitions[0].Offset
+        for isolation in (0, 1)]
+    assert ends[0] == ends[1] > 0  # nothing left open: the last stable offset is the log end
     client.close()
 
 

@@ -519,6 +519,26 @@ def test_offsets_of_a_topic_that_does_not_exist_are_refused_in_a_transaction_too
     assert values(read(gw, topic, COMMITTED)) == []
 
 
+@pytest.mark.parametrize("gw", ["local"], indirect=True)  # the cluster store commits without epochs
+def test_offsets_committed_in_a_transaction_keep_their_leader_epochs(gw):
+    """TxnOffsetCommit v2+ carries the leader epoch each offset was read in; once the transaction
+    commits, OffsetFetch answers it back as for OffsetCommit (librdkafka's committed() shows it)."""
+    topic, group = unique("eps"), unique("g")
+    create(gw, topic, 2)
+    p = producer(gw, unique("tx"))
+    p.begin_transaction()
+    p.produce(topic, b"v")
+    p.send_offsets_to_transaction([ck.TopicPartition(topic, 0, 5, leader_epoch=3), ck.TopicPartition(topic, 1, 7)],
+                                  group_metadata_of(group), 20)
+    p.commit_transaction(20)
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group})
+    try:
+        got = c.committed([ck.TopicPartition(topic, 0), ck.TopicPartition(topic, 1)], timeout=10)
+    finally:
+        c.close()
+    assert [(tp.partition, tp.offset, tp.leader_epoch) for tp in got] == [(0, 5, 3), (1, 7, None)]
+
+
 def group_metadata_of(group: str):
     c = ck.Consumer({"group.id": group})
     try:

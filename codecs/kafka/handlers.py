@@ -11,9 +11,7 @@ field names; fields left out take their defaults.
 ``HANDLERS`` maps each API key to its handler and ``VERSIONS`` to the
 version range advertised (docs/protocols/kafka.md): every version from 0
 (Kafka 0.8 clients included) up to the highest that Kafka's definitions in
-``messages/`` give, except where a higher version asks for what this gateway
-does not do: EndTxn v5 bumps the producer epoch at every transaction's end and
-AddPartitionsToTxn v4+ is the brokers' batched form (KIP-890).
+``messages/`` give.
 """
 
 from __future__ import annotations
@@ -949,18 +947,31 @@ def init_producer_id(conn: KafkaConnection, version: int, req: Any, frame: Frame
 
 
 def add_partitions_to_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    partitions = tuple((t.Name, p) for t in req.V3AndBelowTopics for p in t.Partitions)
-    cmd = m.AddPartitionsToTxn(req.V3AndBelowTransactionalId, req.V3AndBelowProducerId,
-                               req.V3AndBelowProducerEpoch, partitions)
+    """AddPartitionsToTxn: one transaction up to v3; v4+ (Kafka's brokers' batched form) several,
+    each adding its partitions or, ``VerifyOnly``, checking that they are in its transaction."""
+    if version < 4:
+        txns = [(req.V3AndBelowTransactionalId, req.V3AndBelowProducerId, req.V3AndBelowProducerEpoch, False,
+                 req.V3AndBelowTopics)]
+    else:
+        txns = [(t.TransactionalId, t.ProducerId, t.ProducerEpoch, t.VerifyOnly, t.Topics) for t in req.Transactions]
+    asked = [tuple((t.Name, p) for t in topics for p in t.Partitions) for _, _, _, _, topics in txns]
+    commands = tuple(m.AddPartitionsToTxn(tid, pid, epoch, partitions, verify_only=verify)
+                     for (tid, pid, epoch, verify, _), partitions in zip(txns, asked, strict=True))
 
-    def render(results: Sequence[m.AddPartitionsToTxnResult]) -> bytes:
-        r = results[0]
+    def results_by_topic(r: m.AddPartitionsToTxnResult, partitions: tuple[tuple[str, int], ...]) -> list[Any]:
         errors = {(t, p): e for t, p, e in r.errors}
         parts = [(t, {"PartitionIndex": p, "PartitionErrorCode": code(r.error or errors.get((t, p)))})
                  for t, p in partitions]
-        return frame({"ResultsByTopicV3AndBelow": _by_topic(parts, "Name", "ResultsByPartition")})
+        return _by_topic(parts, "Name", "ResultsByPartition")
 
-    return Handled.run((cmd,), render)
+    def render(results: Sequence[m.AddPartitionsToTxnResult]) -> bytes:
+        if version < 4:
+            return frame({"ResultsByTopicV3AndBelow": results_by_topic(results[0], asked[0])})
+        return frame({"ResultsByTransaction": [
+            {"TransactionalId": cmd.transactional_id, "TopicResults": results_by_topic(r, cmd.partitions)}
+            for cmd, r in zip(commands, results, strict=True)]})
+
+    return Handled.run(commands, render)
 
 
 def add_offsets_to_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -969,14 +980,19 @@ def add_offsets_to_txn(conn: KafkaConnection, version: int, req: Any, frame: Fra
 
 
 def end_txn(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
-    cmd = m.EndTxn(req.TransactionalId, req.ProducerId, req.ProducerEpoch, req.Committed)
-    return Handled.run((cmd,), lambda results: frame({"ErrorCode": code(results[0].error)}))
+    """EndTxn; v5 (KIP-890 part 2) ends the transaction under the producer's next epoch and answers it."""
+    cmd = m.EndTxn(req.TransactionalId, req.ProducerId, req.ProducerEpoch, req.Committed, bump_epoch=version >= 5)
+    return Handled.run((cmd,), lambda results: frame({"ErrorCode": code(results[0].error),
+                                                      "ProducerId": results[0].producer_id,
+                                                      "ProducerEpoch": results[0].epoch}))
 
 
 def txn_offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
-    cmd = m.TxnOffsetCommit(req.TransactionalId, req.GroupId, req.ProducerId, req.ProducerEpoch, offsets)
+    epochs = tuple(p.get("CommittedLeaderEpoch", -1) for t in req.Topics for p in t.Partitions)
+    cmd = m.TxnOffsetCommit(req.TransactionalId, req.GroupId, req.ProducerId, req.ProducerEpoch, offsets,
+                            leader_epochs=epochs if version >= 2 else ())
 
     def render(results: Sequence[m.TxnOffsetCommitResult]) -> bytes:
         r = results[0]
@@ -1080,9 +1096,9 @@ _APIS = (  # API key, the versions advertised, handler
     (21, 0, 2, delete_records),
     (22, 0, 5, init_producer_id),
     (23, 0, 4, offset_for_leader_epoch),
-    (24, 0, 3, add_partitions_to_txn),
+    (24, 0, 5, add_partitions_to_txn),
     (25, 0, 4, add_offsets_to_txn),
-    (26, 0, 4, end_txn),
+    (26, 0, 5, end_txn),
     (28, 0, 4, txn_offset_commit),
     (29, 0, 3, describe_acls),
     (30, 0, 3, create_acls),

@@ -83,21 +83,22 @@ class Txn:
     updated_ms: int = -1  # the last change of its state (an id idle for EXPIRATION_MS is forgotten)
     partitions: dict[tuple[str, int], int] = attrs.Factory(dict)  # -> first offset written (-1: none yet)
     groups: set[str] = attrs.Factory(set)
-    offsets: dict[str, dict[tuple[str, int], tuple[int, str]]] = attrs.Factory(dict)  # group -> pending commits
+    # group -> pending commits: (topic, partition) -> (offset, metadata, leader epoch)
+    offsets: dict[str, dict[tuple[str, int], tuple[int, str, int]]] = attrs.Factory(dict)
 
     def record(self) -> dict[str, Any]:
         return {"pid": self.producer_id, "e": self.epoch, "to": self.timeout_ms, "st": self.state,
                 "t0": self.start_ms, "up": self.updated_ms, "parts": [[t, p, o] for (t, p), o in self.partitions.items()],
                 "groups": sorted(self.groups),
-                "offs": [[g, t, p, o, meta] for g, commits in self.offsets.items()
-                         for (t, p), (o, meta) in commits.items()]}
+                "offs": [[g, t, p, o, meta, epoch] for g, commits in self.offsets.items()
+                         for (t, p), (o, meta, epoch) in commits.items()]}
 
     @classmethod
     def from_record(cls, transactional_id: str, r: dict[str, Any]) -> Txn:
         txn = cls(transactional_id, r["pid"], r["e"], r["to"], r["st"], r["t0"], r.get("up", r["t0"]),
                   {(t, p): o for t, p, o in r["parts"]}, set(r["groups"]))
-        for g, t, p, o, meta in r["offs"]:
-            txn.offsets.setdefault(g, {})[(t, p)] = (o, meta)
+        for g, t, p, o, meta, *epoch in r["offs"]:  # records written before leader epochs have none
+            txn.offsets.setdefault(g, {})[(t, p)] = (o, meta, epoch[0] if epoch else -1)
         return txn
 
     def enter(self, state: str) -> None:
@@ -234,6 +235,11 @@ class Transactions:
     @errors_as(m.AddPartitionsToTxnResult)
     def add_partitions(self, cmd: m.AddPartitionsToTxn) -> Any:
         txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+        if cmd.verify_only:
+            return m.AddPartitionsToTxnResult(tuple(
+                (t, p, None if txn.state in OPEN and (t, p) in txn.partitions
+                 else Error(ErrorCode.INVALID_TXN_STATE, f"{t}/{p} is not in an open transaction"))
+                for t, p in cmd.partitions))
         if txn.state in ENDING:
             raise CommandError(ErrorCode.CONCURRENT_TRANSACTIONS, "the previous transaction is still ending")
         unknown = [(t, p) for t, p in cmd.partitions if not self._exists(t, p)]
@@ -265,24 +271,38 @@ class Transactions:
                                                             f"of {cmd.transactional_id!r}: AddOffsetsToTxn first")
         pending = txn.offsets.setdefault(cmd.group, {})
         missing = {(t, p): self.broker.topics.missing(t, p) for t, p, _, _ in cmd.offsets}
-        for topic, partition, offset, metadata in cmd.offsets:
+        epochs = cmd.leader_epochs or (-1,) * len(cmd.offsets)
+        for (topic, partition, offset, metadata), epoch in zip(cmd.offsets, epochs, strict=True):
             if missing[(topic, partition)] is None:  # as OffsetCommit: a partition that exists only
-                pending[(topic, partition)] = (offset, metadata)
+                pending[(topic, partition)] = (offset, metadata, epoch)
         return self._durable(self._save(txn), m.TxnOffsetCommitResult(
             tuple((t, p, missing[(t, p)]) for t, p, _, _ in cmd.offsets)))
 
     @errors_as(m.TxnResult)
     def end_txn(self, cmd: m.EndTxn) -> Any:
-        txn = self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+        txn = self._bumped_end(cmd) or self._txn(cmd.transactional_id, cmd.producer_id, cmd.epoch)
+
+        def answer(_: Any = None) -> m.TxnResult:
+            return m.TxnResult(producer_id=txn.producer_id, epoch=txn.epoch) if cmd.bump_epoch else m.TxnResult()
+
         if txn.state in ENDING:
             if ENDING[txn.state] != cmd.commit:
                 raise CommandError(ErrorCode.INVALID_TXN_STATE, f"the transaction is already ending ({txn.state})")
-            return then(self._finish(txn, cmd.commit), lambda _: m.TxnResult())  # a retry
+            return then(self._finish(txn, cmd.commit), answer)  # a retry
         if txn.state == COMPLETE[cmd.commit]:
-            return m.TxnResult()  # a retry of an end that completed
+            return answer()  # a retry of an end that completed
         if txn.state not in OPEN:
             raise CommandError(ErrorCode.INVALID_TXN_STATE, f"no open transaction to end ({txn.state})")
-        return then(self._end(txn, cmd.commit), lambda _: m.TxnResult())
+        return then(self._end(txn, cmd.commit, bump=cmd.bump_epoch), answer)
+
+    def _bumped_end(self, cmd: m.EndTxn) -> Txn | None:
+        """The transaction ``cmd`` ends again if it retries an end that bumped the epoch (sent from
+        the epoch before, as Kafka takes it), else None."""
+        txn = self.by_id.get(cmd.transactional_id)
+        if (cmd.bump_epoch and txn is not None and txn.producer_id == cmd.producer_id and cmd.epoch == txn.epoch - 1
+                and txn.state in (*ENDING, COMPLETE[cmd.commit])):
+            return txn
+        return None
 
     # ------------------------------------------------------------------ ending
 
@@ -329,7 +349,7 @@ class Transactions:
         """End the transaction in the cluster. A commit the cluster refused was aborted there:
         the transaction completes as aborted and its producer is fenced (a new epoch), as after a
         timeout, so the client learns that its commit did not happen."""
-        offsets = [(group, [(t, p, o, meta) for (t, p), (o, meta) in sorted(pending.items())])
+        offsets = [(group, [(t, p, o, meta) for (t, p), (o, meta, _) in sorted(pending.items())])
                    for group, pending in txn.offsets.items()]
 
         def refused(f: Any) -> Any:
@@ -362,8 +382,10 @@ class Transactions:
                 log.info("transaction %s: no marker on %s/%d: %s", txn.transactional_id, topic, partition, e)
         if commit:
             for group, pending in txn.offsets.items():
-                offsets = tuple((t, p, o, meta) for (t, p), (o, meta) in sorted(pending.items()))
-                waits.append(self.store.commit_offsets(m.CommitOffsets(group, offsets)))
+                commits = sorted(pending.items())
+                offsets = tuple((t, p, o, meta) for (t, p), (o, meta, _) in commits)
+                epochs = tuple(epoch for _, (_, _, epoch) in commits)
+                waits.append(self.store.commit_offsets(m.CommitOffsets(group, offsets, leader_epochs=epochs)))
         return waits
 
     def _release(self, txn: Txn, tp: tuple[str, int]) -> None:

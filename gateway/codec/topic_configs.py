@@ -86,6 +86,21 @@ SETTINGS: dict[str, Setting] = {
 READ_ONLY = {"message.timestamp.type": "CreateTime"}
 """Settings shown by DescribeConfigs that cannot be changed: what polygate always does."""
 
+KAFKA_ONLY = frozenset({
+    "compression.gzip.level", "compression.lz4.level", "compression.zstd.level", "file.delete.delay.ms",
+    "flush.messages", "flush.ms", "follower.replication.throttled.replicas", "index.interval.bytes",
+    "leader.replication.throttled.replicas", "local.retention.bytes", "local.retention.ms",
+    "max.compaction.lag.ms", "max.message.bytes", "message.downconversion.enable", "message.format.version",
+    "message.timestamp.after.max.ms", "message.timestamp.before.max.ms", "message.timestamp.difference.max.ms",
+    "min.insync.replicas", "preallocate", "remote.log.copy.disable", "remote.log.delete.on.disable",
+    "remote.storage.enable", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
+    "unclean.leader.election.enable",
+})
+"""Kafka's other topic settings (its ``TopicConfig``, 3.9 and 4.0): polygate has no use for them, but
+takes them (frameworks set some, such as ``min.insync.replicas``, on the topics they create), keeps
+them as given and shows them back. Any other name is not a topic setting: ``INVALID_CONFIG``, as
+Kafka answers."""
+
 
 def parse(name: str, value: str) -> Any:
     """The value of setting ``name`` (one of ``SETTINGS``) given as text; ``CommandError(INVALID_CONFIG)``
@@ -100,9 +115,8 @@ def apply(config: TopicConfig, changes: Mapping[str, str | None]) -> TopicConfig
     """``config`` with ``changes`` (a name to its text, or to None: back to the server's default).
 
     The settings of ``SETTINGS`` are checked and kept in their fields; a read-only one may only be
-    given its fixed value; any other name (a Kafka setting polygate has no use for, such as
-    ``min.insync.replicas``, which frameworks set on the topics they create) is kept as given
-    and shown back, in ``extras``."""
+    given its fixed value; one of ``KAFKA_ONLY`` is kept as given and shown back, in ``extras``;
+    any other name is refused (``INVALID_CONFIG``)."""
     fields: dict[str, Any] = {}
     extras = dict(config.extras)
     for name, value in changes.items():
@@ -111,8 +125,8 @@ def apply(config: TopicConfig, changes: Mapping[str, str | None]) -> TopicConfig
         elif name in READ_ONLY:
             if value is not None and value != READ_ONLY[name]:
                 raise CommandError(ErrorCode.INVALID_CONFIG, f"{name} is always {READ_ONLY[name]}, not {value!r}")
-        elif not name or any(c.isspace() for c in name):
-            raise CommandError(ErrorCode.INVALID_CONFIG, f"bad setting name {name!r}")
+        elif name not in KAFKA_ONLY:
+            raise CommandError(ErrorCode.INVALID_CONFIG, f"unknown topic setting {name!r}")
         elif value is None:
             extras.pop(name, None)
         else:
