@@ -60,7 +60,9 @@ def exchange(port: int, data: bytes, expected: int | None = None) -> tuple[bytes
     ``expected=None`` the client ends its side at once and reads what comes before
     the close (the gateway does not half-close: answers may be lost then).
     """
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+    # 30 s without a byte is a request never answered; a loaded machine (the full suite on 2
+    # cores) has left a pipeline of every API's requests silent for over 10 s
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(data)
         if expected is None:
             s.shutdown(socket.SHUT_WR)
