@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 SERVING := $(VENV)/.installed-serve
 DATA   ?= .data
 
-.PHONY: serve test unit integration integration-workers integration-spark cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
+.PHONY: serve test unit integration cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
 
 MQTT   := plugins/polygate-mqtt
 HTTP   := plugins/polygate-http
@@ -70,9 +70,8 @@ INTEGRATION_TESTS := tests $(addsuffix /tests,$(PLUGINS)) --ignore=tests/unit $(
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 # Integration tests mostly wait on sockets and child processes, so more workers than cores pay: on
 # 2 cores, ten integration files took 113 s one at a time, 64 s on 4 workers, 58 s on 6, 75 s on 8.
-# Tests that must have the machine to themselves are marked serial and run after, one at a time.
-# The Spark tests share one JVM per process, so they run in one process of their own, beside the
-# workers (xdist's --dist loadgroup would do it, but does not group under pytest 9.2).
+# Tests that must have the machine to themselves are marked serial and run after, one at a time,
+# with the Spark tests (one JVM for them all, where each worker would start its own).
 WORKERS ?= 6
 PARALLEL := -n $(WORKERS)
 
@@ -90,14 +89,8 @@ unit: $(STAMP)
 	$(PYTEST) $(UNIT_TESTS)
 
 integration: $(STAMP) java
-	$(MAKE) --no-print-directory --output-sync=target -j2 integration-workers integration-spark
-	$(PYTEST) -m serial $(INTEGRATION_TESTS)
-
-integration-workers: $(STAMP)
 	$(PYTEST) $(PARALLEL) -m "not serial and not spark" $(INTEGRATION_TESTS)
-
-integration-spark: $(STAMP) java
-	$(PYTEST) -m "spark and not serial" $(INTEGRATION_TESTS)
+	$(PYTEST) -m "serial or spark" $(INTEGRATION_TESTS)
 
 cluster: $(STAMP)
 	POLYGATE_TEST_STORAGE=cluster $(PYTEST) $(PARALLEL) $(CLUSTER_SUITES)
