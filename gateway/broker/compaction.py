@@ -235,6 +235,9 @@ class Cleaner:
             swapped += 1
         if swapped:
             self.broker.cache.clear()  # converted batches of the old segments may hold removed records
-        self.store.put_compaction_checkpoint(f"{plan.topic_id}:{plan.partition}", plan.segments[-1].next_offset)
+        # Said before the checkpoint is written: the rewritten segments are in place, so the line is
+        # true, and a stop between the two only makes the next start clean those segments again.
+        # (After the checkpoint, a stop before the line would leave no sign that it was done.)
         log.info("topic %s/%d: compacted: %d of %d records kept, %d segments rewritten", plan.topic, plan.partition,
                  outcome.records_after, outcome.records_before, swapped)
+        self.store.put_compaction_checkpoint(f"{plan.topic_id}:{plan.partition}", plan.segments[-1].next_offset)
