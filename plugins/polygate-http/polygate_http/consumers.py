@@ -34,7 +34,7 @@ from polygate_http.codec import HttpConnection, HttpError, HttpRequest, Outcome,
 from polygate_http.embedded import encode_embedded
 from polygate_http.errors import check, http_error
 
-FORMATS = ("binary", "json")
+FORMATS = ("binary", "json", "string")
 NO_CONTENT = Response(204)
 REJOIN = frozenset({m.ErrorCode.REBALANCE_IN_PROGRESS, m.ErrorCode.UNKNOWN_MEMBER, m.ErrorCode.GENERATION_MISMATCH})
 Partition = tuple[str, int]
@@ -288,7 +288,7 @@ def records(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) ->
     waiting up to ``timeout`` for the first (in the broker, without blocking anything)."""
     instance = _instance(conn, match)
     accept = request.headers.get("accept", "")
-    for embedded in ("json", "binary", "avro", "protobuf", "jsonschema"):
+    for embedded in (*FORMATS, "avro", "protobuf", "jsonschema"):
         if f"vnd.kafka.{embedded}." in accept and embedded != instance.embedded:
             raise HttpError(406, 40601, "The requested embedded data format does not match the deserializer "
                                         "for this consumer instance")

@@ -83,7 +83,7 @@ def get_partition(conn: HttpConnection, request: HttpRequest, match: re.Match[st
 # --------------------------------------------------------------------------- produce (v2)
 
 V2_CONTENT = re.compile(r"application/vnd\.kafka(?:\.(?P<embedded>[a-z]+))?\.v2\+json")
-EMBEDDED = ("json", "binary")
+EMBEDDED = ("json", "binary", "string")
 
 
 def embedded_format(request: HttpRequest) -> str:

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, Producer
 V2 = "application/vnd.kafka.v2+json"
 JSON = "application/vnd.kafka.json.v2+json"
 BINARY = "application/vnd.kafka.binary.v2+json"
+STRING = "application/vnd.kafka.string.v2+json"
 
 
 def url(gw, path: str) -> str:
@@ -53,6 +54,39 @@ def test_produce_in_each_embedded_format_is_read_by_a_kafka_consumer(gateway):
     assert answer.json()["offsets"][0]["partition"] == 0 and answer.json()["offsets"][0]["error_code"] is None
     assert sorted(read_all(gateway, "jsontest", 2), key=repr) == sorted(
         [(None, b'{"foo":"bar"}'), (b"k", b"Kafka")], key=repr)
+
+
+def test_string_records_are_produced_and_read_back_as_strings(gateway):
+    """The string embedded format: keys and values are JSON strings stored as their UTF-8; an
+    instance of that format reads them back as strings, and bytes that are not UTF-8 (here from a
+    Kafka producer) with U+FFFD in place of each bad sequence."""
+    answer = requests.post(url(gateway, "/topics/texts/partitions/0"), headers={"Content-Type": STRING},
+                           json={"records": [{"key": "clé", "value": "naïve text"}, {"value": "second"}]})
+    assert answer.status_code == 200, answer.text
+    assert [o["offset"] for o in answer.json()["offsets"]] == [0, 1]
+    refused = requests.post(url(gateway, "/topics/texts"), headers={"Content-Type": STRING},
+                            json={"records": [{"value": {"not": "a string"}}]})
+    assert (refused.status_code, refused.json()["error_code"]) == (422, 42200)
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}"})
+    producer.produce("texts", value=b"bad \xff byte", partition=0)
+    producer.flush(10)
+    assert sorted(read_all(gateway, "texts", 3), key=repr) == sorted(
+        [("clé".encode(), "naïve text".encode()), (None, b"second"), (None, b"bad \xff byte")], key=repr)
+
+    base = consumer_instance(gateway, "text-readers", "reader", format="string", **{"auto.offset.reset": "earliest"})
+    requests.post(f"{base}/assignments", headers={"Content-Type": V2},
+                  json={"partitions": [{"topic": "texts", "partition": 0}]})
+    seen: list = []
+    for _ in range(50):
+        answer = requests.get(f"{base}/records?timeout=200", headers={"Accept": STRING})
+        assert (answer.status_code, answer.headers["content-type"]) == (200, STRING), answer.text
+        seen += answer.json()
+        if len(seen) >= 3:
+            break
+    assert [(r["key"], r["value"]) for r in seen] == [("clé", "naïve text"), (None, "second"),
+                                                      (None, "bad \ufffd byte")]
+    assert requests.get(f"{base}/records", headers={"Accept": JSON}).json()["error_code"] == 40601
+    requests.delete(base, headers={"Content-Type": V2})
 
 
 def test_keyed_records_go_to_the_partition_a_java_kafka_producer_picks(gateway):
