@@ -22,6 +22,13 @@ connection closed; a data message from it is closed with 1003 (unsupported data)
 frame with 1002, and a fetch error ends the stream with 1011 after its message. An upgrade that
 ``wsproto`` refuses is answered 400 (426 for another WebSocket version), the connection kept.
 
+A request with a chunked body on a route of ``handlers.UPLOADS`` (REST Proxy v3's streamed
+produce) is an ``Upload`` instead: its head is answered at once (``200``, chunked), and each
+piece of its body goes to the route's reader as it arrives, whose commands run and whose answers
+are chunks of the body, in order, while the body still comes; the answer ends when the body
+does. Its reader holds at most one item of the body (a record) and the adapter's in-flight
+limit bounds the commands waiting, so its memory is bounded however long the body is.
+
 Bad input gets an HTTP error in REST Proxy's JSON form (``{"error_code": ..., "message": ...}``);
 a request whose head h11 cannot parse is answered 400 and the connection closed; a body larger
 than the listener's frame limit (``--max-frame http=BYTES``) is answered 413 and closed.
@@ -34,7 +41,7 @@ import http
 import json
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import h11
@@ -153,12 +160,48 @@ class Stream(NamedTuple):
     websocket: bool = False
 
 
-Outcome = Response | Step | Stream
+class Chunk(NamedTuple):
+    """A piece of an ``Upload``'s answer; ``last``: the body cannot be read on (bytes that are
+    not what the route reads), so the answer ends after this piece and the connection closes."""
+
+    data: bytes
+    last: bool = False
+
+
+class BodyReader(Protocol):
+    """What reads an ``Upload``'s body as it arrives."""
+
+    @property
+    def partial(self) -> bool:
+        """Whether it holds part of an item whose rest is still to come."""
+
+    def feed(self, data: bytes) -> Sequence[Step | Chunk]:
+        """What the body's next piece asks for, in answer order: commands whose results render
+        into ``Chunk``s, or ``Chunk``s now."""
+
+    def end(self) -> Sequence[Step | Chunk]:
+        """What the end of the body asks for (the same way)."""
+
+
+class Upload(NamedTuple):
+    """Answer a request with a chunked body while the body still arrives: the head (``200``,
+    ``content_type``, chunked) at once, then what ``reader`` makes of each piece of the body, in
+    order; the answer ends once the body has. A route of ``handlers.UPLOADS`` answers so."""
+
+    content_type: str
+    reader: BodyReader
+
+
+Outcome = Response | Step | Stream | Chunk
 Handler = Callable[["HttpConnection", HttpRequest, "re.Match[str]"], Outcome]
 """A route's handler: the connection, the request and its path's match, to the answer."""
 Route = tuple[str, str, Handler]
 """A method, a path template (``/topics/{topic}``: each ``{name}`` one path segment, a
 ``{partition}`` a number) and its handler, which finds the segments in its match by name."""
+UploadHandler = Callable[["HttpConnection", HttpRequest, "re.Match[str]"], Upload]
+UploadRoute = tuple[str, str, UploadHandler]
+"""A route that reads a chunked body as it arrives: its handler gets the request without its
+body, once its head is in."""
 
 
 def path_pattern(template: str) -> re.Pattern[str]:
@@ -191,11 +234,13 @@ class HttpConnection:
     """The ``Connection`` (and ``PushConnection``) of one HTTP client; see the module docstring."""
 
     def __init__(self, settings: ListenerSettings):
-        from polygate_http.handlers import route  # the routes use this module's types
+        from polygate_http.handlers import route, upload_route  # the routes use this module's types
 
         self.settings = settings
         self.options = settings.options
         self.route = route
+        self.upload_route = upload_route
+        self.upload: BodyReader | None = None  # the reader of an Upload's body, while it arrives
         self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.events: collections.deque[Event] = collections.deque()
         self.principal: str | None = None  # the request's being answered (see ``_log_in``)
@@ -222,7 +267,8 @@ class HttpConnection:
     def partial_frame(self) -> bool:
         if self.ws is not None:
             return False  # control frames are small and data messages close the connection
-        return self.head is not None and not self.busy or bool(self.http.trailing_data[0])
+        return (self.head is not None and not self.busy or bool(self.http.trailing_data[0])
+                or self.upload is not None and self.upload.partial)
 
     def next_event(self) -> Event | None:
         if not self.events and not self.busy and not self.closed:
@@ -278,12 +324,20 @@ class HttpConnection:
                     return
                 if self.http.they_are_waiting_for_100_continue:
                     self.events.append(Reply(self.http.send(h11.InformationalResponse(status_code=100, headers=[]))))
+                if self._chunked(event) and not self._start_upload():
+                    return
             elif isinstance(event, h11.Data):
+                if self.upload is not None:
+                    self._answer_upload(self.upload.feed(event.data))
+                    continue
                 self.body += event.data
                 if len(self.body) > self.settings.max_frame_size:
                     self._refuse(413, f"Request body larger than {self.settings.max_frame_size} bytes")
                     return
             elif isinstance(event, h11.EndOfMessage):
+                if self.upload is not None:
+                    self._end_upload()
+                    continue
                 self.busy = True
                 self._dispatch()
             elif isinstance(event, h11.ConnectionClosed):
@@ -293,7 +347,10 @@ class HttpConnection:
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer an unreadable request and close: h11 can read nothing more of this connection."""
-        response = Response.json({"error_code": status, "message": message}, status)
+        self._answer_and_close(Response.json({"error_code": status, "message": message}, status), message)
+
+    def _answer_and_close(self, response: Response, message: str) -> None:
+        """Answer the request being read with ``response`` before its body is read, and close."""
         data = b""
         if self.http.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             data = self.http.send(self._head(response, close=True)) + self.http.send(h11.Data(response.body)) \
@@ -304,11 +361,7 @@ class HttpConnection:
     def _dispatch(self) -> None:
         head = self.head
         assert head is not None  # an EndOfMessage follows a Request
-        target = urlsplit(head.target.decode("ascii", "replace"))
-        query = {k: v[-1] for k, v in parse_qs(target.query).items()}
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
-        request = HttpRequest(head.method.decode("ascii", "replace"), unquote(target.path), query, headers,
-                              bytes(self.body))
+        request = _request(head, bytes(self.body))
         self.answering, self.head, self.body = head, None, bytearray()
         try:
             self._log_in(request)
@@ -317,6 +370,61 @@ class HttpConnection:
             outcome = Response.error(e)
         data = self._answer(outcome)
         if data:
+            self.events.append(Reply(data))
+
+    # ------------------------------------------------------------------ bodies read as they arrive
+
+    @staticmethod
+    def _chunked(head: h11.Request) -> bool:
+        """Whether the body of ``head`` comes chunked: a stream, whose length its sender did not know."""
+        return any(name == b"transfer-encoding" and b"chunked" in value.lower() for name, value in head.headers)
+
+    def _start_upload(self) -> bool:
+        """If the request being read is an upload (``Upload``: a route of ``handlers.UPLOADS``),
+        log in and answer its head now; ``False`` if that refused it (answered, and closing)."""
+        head = self.head
+        assert head is not None
+        request = _request(head, b"")
+        try:
+            found = self.upload_route(request)
+            if found is None:
+                return True  # read whole, as any body
+            self._log_in(request)
+            upload = found[0](self, request, found[1])
+        except HttpError as e:  # answered before the body is read: the connection cannot go on
+            self._answer_and_close(Response.error(e), e.message)
+            return False
+        self.upload, self.answering, self.head = upload.reader, head, None
+        self.events.append(Reply(self.http.send(h11.Response(status_code=200, reason=b"OK", headers=[
+            (b"content-type", upload.content_type.encode()), (b"transfer-encoding", b"chunked"),
+            (b"server", SERVER)]))))
+        return True
+
+    def _answer_upload(self, answers: Sequence[Step | Chunk]) -> None:
+        for answer in answers:
+            if isinstance(answer, Step):
+                self.events.append(Request(answer.commands, answer.then))
+                continue
+            self.events.append(Reply(self._answer(answer)))
+            if answer.last:  # the rest of the body is not read: nothing more can be on this connection
+                self.upload, self.closed = None, True
+                self.events.append(Close(self.http.send(h11.EndOfMessage()), "a streamed body that is not records"))
+                return
+
+    def _end_upload(self) -> None:
+        """The upload's body ended: what its reader makes of the end, then the answer's end."""
+        reader = self.upload
+        assert reader is not None
+        self._answer_upload(reader.end())
+        if self.closed:
+            return
+        self.upload = None
+        data = self.http.send(h11.EndOfMessage())
+        if self.http.our_state is h11.MUST_CLOSE:
+            self.closed = True
+            self.events.append(Close(data, "the client asked to close"))
+        else:
+            self.http.start_next_cycle()
             self.events.append(Reply(data))
 
     def _log_in(self, request: HttpRequest) -> None:
@@ -341,6 +449,11 @@ class HttpConnection:
 
     def _answer(self, outcome: Outcome) -> bytes:
         """The bytes to write for ``outcome`` now (a ``Step`` queues its commands instead)."""
+        if isinstance(outcome, Chunk):
+            # Framed here rather than by ``h11.send``: a chunk is rendered when its commands are
+            # done, which may be after h11 was given the answer's end (answers are written in
+            # request order, not rendered in it); h11 frames a chunk the same way.
+            return b"%x\r\n%s\r\n" % (len(outcome.data), outcome.data) if outcome.data else b""
         if isinstance(outcome, Step):
             self.events.append(Request(outcome.commands, outcome.then))
             return b""
@@ -423,6 +536,13 @@ class HttpConnection:
         if close:
             headers.append((b"connection", b"close"))
         return h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status))
+
+
+def _request(head: h11.Request, body: bytes) -> HttpRequest:
+    target = urlsplit(head.target.decode("ascii", "replace"))
+    query = {k: v[-1] for k, v in parse_qs(target.query).items()}
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
+    return HttpRequest(head.method.decode("ascii", "replace"), unquote(target.path), query, headers, body)
 
 
 def _reason(status: int) -> bytes:

@@ -5,6 +5,7 @@ real HTTP client (requests), a real WebSocket client (websocket-client) and Kafk
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import subprocess
 
@@ -193,8 +194,9 @@ def test_an_instance_and_a_kafka_consumer_of_one_group_get_disjoint_partitions(g
         kafka.close()
 
 
-def test_v3_produce_of_streamed_records(gateway):
-    """REST Proxy v3's produce with several records in one body, read back by a Kafka consumer."""
+def test_v3_produce_of_several_records_in_one_body(gateway):
+    """REST Proxy v3's produce with several records in a body sent with its length, read back by a
+    Kafka consumer."""
     body = "".join(json.dumps({"partition_id": 0, "key": {"type": "STRING", "data": f"k{n}"},
                                "value": {"type": "JSON", "data": {"n": n}}}) for n in range(3))
     answer = requests.post(url(gateway, "/v3/clusters/polygate/topics/v3topic/records"),
@@ -204,6 +206,42 @@ def test_v3_produce_of_streamed_records(gateway):
     assert [(r["error_code"], r["topic_name"], r["partition_id"], r["offset"]) for r in reports] == [
         (200, "v3topic", 0, n) for n in range(3)]
     assert sorted(read_all(gateway, "v3topic", 3)) == [(f"k{n}".encode(), f'{{"n":{n}}}'.encode()) for n in range(3)]
+
+
+def test_v3_produce_answers_each_record_of_a_chunked_body_as_it_is_produced(gateway_factory):
+    """REST Proxy v3's streaming mode: a client sends records one at a time in a chunked body and
+    reads each record's report before it sends the next; a record cut across chunks is produced
+    once whole, one over the body limit gets its error report and the stream goes on."""
+    gateway = gateway_factory(args=("--max-frame", "http=4096"))
+    client = http.client.HTTPConnection("127.0.0.1", gateway.port("http"), timeout=10)
+    client.putrequest("POST", "/v3/clusters/polygate/topics/streamed/records")
+    client.putheader("Content-Type", "application/json")
+    client.putheader("Transfer-Encoding", "chunked")
+    client.endheaders()
+
+    def send(data: bytes) -> None:
+        client.send(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def record(n: int, value: str = "") -> bytes:
+        return json.dumps({"partition_id": 0, "value": {"type": "STRING", "data": value or f"v{n}"}}).encode()
+
+    send(record(0))
+    response = client.getresponse()  # the head comes before the body ends
+    assert (response.status, response.getheader("content-type")) == (200, "application/json")
+    reports = [json.loads(response.readline())]
+    second = record(1)
+    send(second[:10])
+    send(second[10:] + b"\n")
+    reports.append(json.loads(response.readline()))
+    send(record(2, "x" * 5000))  # over the 4096-byte limit
+    reports.append(json.loads(response.readline()))
+    send(record(3))
+    reports.append(json.loads(response.readline()))
+    client.send(b"0\r\n\r\n")
+    assert response.read() == b""  # the answer ends with the body
+    assert [(r["error_code"], r.get("offset")) for r in reports] == [(200, 0), (200, 1), (413, None), (200, 2)]
+    assert read_all(gateway, "streamed", 3) == [(None, b"v0"), (None, b"v1"), (None, b"v3")]
+    client.close()
 
 
 def sse_records(lines, count: int) -> list[tuple[str, dict]]:
