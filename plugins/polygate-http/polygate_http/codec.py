@@ -8,9 +8,12 @@ their results, which may be another ``Step``). Requests are answered one at a ti
 the next pipelined request is read once the answer to the one before is written, which is what
 h11's cycle (``start_next_cycle``) asks for. A route may also answer with a ``Stream``: the
 response head, then a push stream (``Subscribe``) whose records each become a chunk of the body
-(Server-Sent Events), until the client closes the connection. Its head allows pages of any
-origin to read it (``Access-Control-Allow-Origin: *``, under which browsers send no credentials
-of theirs: such a page reads what an anonymous client may).
+(Server-Sent Events), until the client closes the connection.
+
+Requests from browser pages (they carry an ``Origin``) are checked against ``allowed_origins``
+before anything else (``_admit``): under ``*`` every page is served as anonymous and every
+answer carries ``Access-Control-Allow-Origin: *``; under a list, a listed page is served with its
+credentials and CORS answers, another refused (403); CORS preflights are answered there too.
 
 A ``Stream`` may instead take the connection over as a WebSocket (RFC 6455): h11 hands the
 upgrade request over (it reads nothing after it) and ``wsproto`` validates it, answers
@@ -209,6 +212,20 @@ def path_pattern(template: str) -> re.Pattern[str]:
     return re.compile(re.sub(r"\\{(\w+)\\}", lambda m: rf"(?P<{m[1]}>\d{{1,9}})" if m[1] == "partition"
                              else rf"(?P<{m[1]}>[^/]+)", re.escape(template)))
 
+def origins(text: str) -> frozenset[str] | None:
+    """An ``Option.parse`` for ``allowed_origins``: ``*`` (``None``: any origin) or a comma-separated
+    list of origins as browsers send them (``scheme://host[:port]``, or ``null``), compared in lower case."""
+    if text.strip() == "*":
+        return None
+    allowed = frozenset(origin.strip().lower().rstrip("/") for origin in text.split(",") if origin.strip())
+    if not allowed or not all(ORIGIN.fullmatch(origin) for origin in allowed):
+        raise ValueError(text)
+    return allowed
+
+
+ORIGIN = re.compile(r"null|https?://[^/\s:,]+(:\d{1,5})?")
+PREFLIGHT_HEADERS = "authorization, content-type, accept, last-event-id"
+
 OPTIONS = (
     CodecOption("instance_timeout_ms", integer(1000), 300_000, "an integer of at least 1000",
                 "how long a consumer instance lives without a request (REST Proxy's consumer.instance.timeout.ms)"),
@@ -227,6 +244,9 @@ OPTIONS = (
                 "the cluster id of the REST Proxy v3 paths"),
     CodecOption("assignor", choice("range", "roundrobin"), "range", "range or roundrobin",
                 "how a consumer instance that leads its group assigns partitions"),
+    CodecOption("allowed_origins", origins, None, "* or a comma-separated list of origins (https://host[:port])",
+                "the browser pages that may use the listener with their visitor's credentials (others: 403); "
+                "* lets every page in, as anonymous"),
 )
 
 
@@ -252,6 +272,7 @@ class HttpConnection:
         self.busy = False  # a request is being answered: the next one is read after its answer
         self.closed = False
         self.streams: dict[int, Stream] = {}
+        self.cors: list[tuple[bytes, bytes]] = []  # the CORS headers of the answer to the request being answered
 
     # ------------------------------------------------------------------ the adapter's side
 
@@ -317,7 +338,7 @@ class HttpConnection:
             if event is h11.NEED_DATA or event is h11.PAUSED:
                 return
             if isinstance(event, h11.Request):
-                self.head, self.body = event, bytearray()
+                self.head, self.body, self.cors = event, bytearray(), []
                 length = dict(event.headers).get(b"content-length")
                 if length is not None and length.isdigit() and int(length) > self.settings.max_frame_size:
                     self._refuse(413, f"Request body larger than {self.settings.max_frame_size} bytes")
@@ -363,9 +384,14 @@ class HttpConnection:
         assert head is not None  # an EndOfMessage follows a Request
         request = _request(head, bytes(self.body))
         self.answering, self.head, self.body = head, None, bytearray()
+        outcome: Outcome
         try:
-            self._log_in(request)
-            outcome = self.route(self, request)
+            preflight = self._preflight(request) if self._admit(request) else None
+            if preflight is not None:
+                outcome = preflight
+            else:
+                self._log_in(request)
+                outcome = self.route(self, request)
         except HttpError as e:
             outcome = Response.error(e)
         data = self._answer(outcome)
@@ -389,6 +415,7 @@ class HttpConnection:
             found = self.upload_route(request)
             if found is None:
                 return True  # read whole, as any body
+            self._admit(request)
             self._log_in(request)
             upload = found[0](self, request, found[1])
         except HttpError as e:  # answered before the body is read: the connection cannot go on
@@ -396,7 +423,7 @@ class HttpConnection:
             return False
         self.upload, self.answering, self.head = upload.reader, head, None
         self.events.append(Reply(self.http.send(h11.Response(status_code=200, reason=b"OK", headers=[
-            (b"content-type", upload.content_type.encode()), (b"transfer-encoding", b"chunked"),
+            (b"content-type", upload.content_type.encode()), (b"transfer-encoding", b"chunked"), *self.cors,
             (b"server", SERVER)]))))
         return True
 
@@ -427,13 +454,49 @@ class HttpConnection:
             self.http.start_next_cycle()
             self.events.append(Reply(data))
 
+    def _admit(self, request: HttpRequest) -> bool:
+        """Check the page a browser request comes from (its ``Origin``: browsers send it with
+        every WebSocket upgrade and cross-origin request) against ``allowed_origins``, and set
+        the CORS headers of the answer; whether the request came from a page. A listed origin
+        may read the answer with credentials; any origin, under ``*``, without (``_log_in``
+        then serves it as anonymous); another is refused (403)."""
+        origin = request.headers.get("origin")
+        allowed = self.options["allowed_origins"]
+        if allowed is None:
+            self.cors = [(b"access-control-allow-origin", b"*")]  # for every answer: none has credentials in
+        if origin is None or allowed is None:
+            return origin is not None
+        if origin.lower().rstrip("/") in allowed:
+            self.cors = [(b"access-control-allow-origin", origin.encode("latin-1")),
+                         (b"access-control-allow-credentials", b"true"), (b"vary", b"Origin")]
+        else:
+            raise HttpError(403, 40301, f"Origin {origin} is not allowed (http.allowed_origins)")
+        return True
+
+    def _preflight(self, request: HttpRequest) -> Response | None:
+        """The answer to a CORS preflight (``OPTIONS`` with ``Access-Control-Request-Method``)
+        from an admitted page; answered before any login, as a preflight carries no credentials."""
+        if request.method != "OPTIONS" or "access-control-request-method" not in request.headers:
+            return None
+        return Response(204, content_type="text/plain", headers=(
+            ("access-control-allow-methods", "GET, POST, DELETE"),
+            ("access-control-allow-headers", PREFLIGHT_HEADERS), ("access-control-max-age", "600")))
+
     def _log_in(self, request: HttpRequest) -> None:
         """Set the principal the broker checks this request's commands against (its ACLs): the
         user of its HTTP Basic credentials, else the connection's TLS client certificate's, else
         anonymous. Wrong credentials (or a guess before its turn, ``basic_login``), or none where
-        the listener requires a login (``--require-auth``), are answered 401 with the challenge."""
+        the listener requires a login (``--require-auth``), are answered 401 with the challenge.
+        A page's request under ``allowed_origins=*`` is anonymous whatever the browser sends:
+        its credentials (a Basic login it keeps, a client certificate) are the visitor's, not
+        the page's, and a page of any site must not act as its visitor (cross-site request forgery)."""
         if self.certified is False:
             self.certified = self.principal  # the adapter set it from the certificate, before any request
+        if "origin" in request.headers and self.options["allowed_origins"] is None:
+            self.principal = None
+            if self.settings.require_auth:
+                raise Unauthorized()
+            return
         authorization = request.headers.get("authorization")
         if authorization is not None:
             self.principal = basic_login(authorization.encode("latin-1"), self.settings.users, self.settings.logins,
@@ -464,7 +527,7 @@ class HttpConnection:
             self.streams[stream_id] = outcome
             head = h11.Response(status_code=200, reason=b"OK", headers=[
                 (b"content-type", outcome.content_type.encode()), (b"cache-control", b"no-store"),
-                (b"access-control-allow-origin", b"*"), (b"server", SERVER)])
+                *self.cors, (b"server", SERVER)])
             self.events.append(Subscribe(outcome.fetches, stream_id, outcome.keepalive_ms, exclusive=True))
             return self.http.send(head)
         data = self.http.send(self._head(outcome)) + self.http.send(h11.Data(outcome.body)) \
@@ -528,10 +591,9 @@ class HttpConnection:
         assert self.ws is not None
         self.events.append(Close(closing_frame(self.ws, code, message), reason))
 
-    @staticmethod
-    def _head(response: Response, close: bool = False) -> h11.Response:
+    def _head(self, response: Response, close: bool = False) -> h11.Response:
         headers = [(b"content-type", response.content_type.encode()),
-                   (b"content-length", str(len(response.body)).encode()), (b"server", SERVER)]
+                   (b"content-length", str(len(response.body)).encode()), (b"server", SERVER), *self.cors]
         headers += [(name.encode(), value.encode()) for name, value in response.headers]
         if close:
             headers.append((b"connection", b"close"))
