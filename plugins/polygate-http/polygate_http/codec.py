@@ -44,7 +44,7 @@ import http
 import json
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import h11
@@ -76,6 +76,7 @@ from gateway.codec import Option as CodecOption
 from gateway.codec.websocket import closing_frame, message_frame
 from gateway.model import Fetch
 
+HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
 SERVER = b"polygate"
 JSON_V2 = "application/vnd.kafka.v2+json"
 MAX_HEAD = 64 << 10  # the most bytes of a request head (line and headers) h11 takes
@@ -205,6 +206,30 @@ UploadHandler = Callable[["HttpConnection", HttpRequest, "re.Match[str]"], Uploa
 UploadRoute = tuple[str, str, UploadHandler]
 """A route that reads a chunked body as it arrives: its handler gets the request without its
 body, once its head is in."""
+
+
+class Parameter(NamedTuple):
+    """A query parameter (or header, ``where``) a route reads, for its OpenAPI document: its
+    name, its JSON schema and what it means."""
+
+    name: str
+    schema: dict[str, Any]
+    description: str
+    where: str = "query"
+
+
+PARAMETERS: dict[Callable[..., Any], tuple[Parameter, ...]] = {}
+"""The query parameters and headers each handler reads (``reads``), by handler."""
+
+
+def reads(*parameters: Parameter) -> Callable[[HandlerT], HandlerT]:
+    """Declare the query parameters (and headers) a handler reads."""
+
+    def declare(handler: HandlerT) -> HandlerT:
+        PARAMETERS[handler] = parameters
+        return handler
+
+    return declare
 
 
 def path_pattern(template: str) -> re.Pattern[str]:

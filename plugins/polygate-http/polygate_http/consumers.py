@@ -30,7 +30,16 @@ from gateway.codec.consumer_protocol import (
     encode_subscription,
 )
 from polygate_http import format as fmt
-from polygate_http.codec import HttpConnection, HttpError, HttpRequest, Outcome, Response, Step
+from polygate_http.codec import (
+    HttpConnection,
+    HttpError,
+    HttpRequest,
+    Outcome,
+    Parameter,
+    Response,
+    Step,
+    reads,
+)
 from polygate_http.embedded import encode_embedded
 from polygate_http.errors import check, http_error
 
@@ -283,6 +292,10 @@ def _sync(instance: Instance, assignments: tuple[tuple[str, bytes], ...], then: 
 # --------------------------------------------------------------------------- records and positions
 
 
+@reads(Parameter("timeout", {"type": "integer", "minimum": 0, "maximum": 30_000, "default": 1000},
+                  "how long to wait for the first record, in ms"),
+       Parameter("max_bytes", {"type": "integer", "minimum": 1},
+                 "the most bytes of keys and values to answer (at most the listener's max_poll_bytes)"))
 def records(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
     """``GET .../records?timeout=MS&max_bytes=N``: the records after the instance's positions,
     waiting up to ``timeout`` for the first (in the broker, without blocking anything)."""

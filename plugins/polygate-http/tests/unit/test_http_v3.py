@@ -7,6 +7,7 @@ import json
 
 import pytest
 from http_support import Rig
+from openapi_spec_validator import validate
 from polygate_http.format import FORMAT
 
 V3 = "application/json"
@@ -73,6 +74,14 @@ def test_the_openapi_document_lists_every_route(rig):
     produce = document["paths"]["/topics/{topic}/partitions/{partition}"]["post"]
     assert [(p["name"], p["schema"]["type"]) for p in produce["parameters"]] == [
         ("topic", "string"), ("partition", "integer")]
+    records = document["paths"]["/consumers/{group}/instances/{instance}/records"]["get"]
+    assert {(p["name"], p["in"], p["schema"]["type"]) for p in records["parameters"]} >= {
+        ("timeout", "query", "integer"), ("max_bytes", "query", "integer")}
+    stream = document["paths"]["/topics/{topic}/events"]["get"]
+    assert {(p["name"], p["in"]) for p in stream["parameters"]} == {
+        ("topic", "path"), ("from", "query"), ("partition", "query"), ("offset", "query"), ("format", "query"),
+        ("last_event_id", "query"), ("Last-Event-ID", "header")}
+    validate(document)  # a valid OpenAPI 3.1 document
 
 
 def chunk(data: bytes) -> bytes:
