@@ -8,11 +8,15 @@ import base64
 import http.client
 import json
 import subprocess
+import time
 
 import pytest
 import requests
 import websocket
 from confluent_kafka import Consumer, Producer
+
+from gateway.clients.v1 import V1Client
+from gateway.pytest_clusters import CLUSTER_MODE
 
 V2 = "application/vnd.kafka.v2+json"
 JSON = "application/vnd.kafka.json.v2+json"
@@ -192,6 +196,41 @@ def test_an_instance_and_a_kafka_consumer_of_one_group_get_disjoint_partitions(g
         assert (group["consumer_group_id"], group["is_simple"]) == ("mixed", False)
     finally:
         kafka.close()
+
+
+def test_an_instance_shares_a_group_with_a_v1_member(gateway_factory):
+    """An instance joins a group that a V1 member formed, as a member of its kind: the two get
+    disjoint partitions, each learning of the other at its next request (V1: its heartbeat)."""
+    gateway = gateway_factory(("http", "v1", "kafka"))
+    with V1Client("127.0.0.1", gateway.port("v1")) as v1:
+        v1.create_topic("withv1", 3)
+
+        def v1_partitions(fields: dict[str, str]) -> set[int]:
+            return {int(p) for p in fields.get("assigned", "[]").strip("[]").split()}
+
+        fields = v1.request("JOIN", "v1-mixed", "withv1", "legacy").check().fields
+        base = consumer_instance(gateway, "v1-mixed", "web")
+        requests.post(f"{base}/subscription", headers={"Content-Type": V2}, json={"topics": ["withv1"]})
+        mine: set = set()
+        theirs: set = set()
+        for _ in range(100):
+            answer = requests.get(f"{base}/records?timeout=0")
+            assert answer.status_code == 200, answer.text
+            mine = {p["partition"] for p in requests.get(f"{base}/assignments").json()["partitions"]}
+            if not v1.request("HEARTBEAT", "v1-mixed", "withv1", "legacy", fields["generation"]).ok:
+                fields = v1.request("JOIN", "v1-mixed", "withv1", "legacy").check().fields  # a new generation
+            theirs = v1_partitions(fields)
+            if mine and theirs and not mine & theirs and mine | theirs == {0, 1, 2}:
+                break
+            time.sleep(0.1)
+        assert mine and theirs and not mine & theirs and mine | theirs == {0, 1, 2}
+        if not CLUSTER_MODE:  # in local mode, the broker's V1 groups read one set of topics
+            other = consumer_instance(gateway, "v1-mixed", "other-topics")
+            requests.post(f"{other}/subscription", headers={"Content-Type": V2}, json={"topics": ["elsewhere"]})
+            refused = requests.get(f"{other}/records?timeout=0")
+            assert (refused.status_code, refused.json()["error_code"]) == (409, 40903)
+            assert v1.request("HEARTBEAT", "v1-mixed", "withv1", "legacy", fields["generation"]).ok
+        assert requests.delete(base, headers={"Content-Type": V2}).status_code == 204
 
 
 def test_v3_produce_of_several_records_in_one_body(gateway):
