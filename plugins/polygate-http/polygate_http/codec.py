@@ -617,8 +617,10 @@ class HttpConnection:
         self.events.append(Close(closing_frame(self.ws, code, message), reason))
 
     def _head(self, response: Response, close: bool = False) -> h11.Response:
-        headers = [(b"content-type", response.content_type.encode()),
-                   (b"content-length", str(len(response.body)).encode()), (b"server", SERVER), *self.cors]
+        headers = [(b"server", SERVER), *self.cors]
+        if response.status != 204:  # which has no content (RFC 9110 8.6)
+            headers += [(b"content-type", response.content_type.encode()),
+                        (b"content-length", str(len(response.body)).encode())]
         headers += [(name.encode(), value.encode()) for name, value in response.headers]
         if close:
             headers.append((b"connection", b"close"))

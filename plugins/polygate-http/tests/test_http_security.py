@@ -94,6 +94,7 @@ def test_only_listed_origins_may_use_the_listener_from_a_browser_with_credential
         "Origin": "https://a.example", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization, content-type"})
     assert preflight.status_code == 204  # before any login: a preflight carries no credentials
+    assert "content-length" not in preflight.headers  # a 204 has no content (RFC 9110)
     assert preflight.headers["access-control-allow-origin"] == "https://a.example"
     assert "POST" in preflight.headers["access-control-allow-methods"]
     assert {"authorization", "content-type"} <= {h.strip() for h in
