@@ -237,6 +237,11 @@ def path_pattern(template: str) -> re.Pattern[str]:
     return re.compile(re.sub(r"\\{(\w+)\\}", lambda m: rf"(?P<{m[1]}>\d{{1,9}})" if m[1] == "partition"
                              else rf"(?P<{m[1]}>[^/]+)", re.escape(template)))
 
+
+ORIGIN = re.compile(r"null|https?://[^/\s:,]+(:\d{1,5})?")
+PREFLIGHT_HEADERS = "authorization, content-type, accept, last-event-id"
+
+
 def origins(text: str) -> frozenset[str] | None:
     """An ``Option.parse`` for ``allowed_origins``: ``*`` (``None``: any origin) or a comma-separated
     list of origins as browsers send them (``scheme://host[:port]``, or ``null``), compared in lower case."""
@@ -247,9 +252,6 @@ def origins(text: str) -> frozenset[str] | None:
         raise ValueError(text)
     return allowed
 
-
-ORIGIN = re.compile(r"null|https?://[^/\s:,]+(:\d{1,5})?")
-PREFLIGHT_HEADERS = "authorization, content-type, accept, last-event-id"
 
 OPTIONS = (
     CodecOption("instance_timeout_ms", integer(1000), 300_000, "an integer of at least 1000",
