@@ -3,11 +3,12 @@
 An instance (``POST /consumers/{group}``) belongs to this gateway process, as REST Proxy's
 belong to a proxy process, and outlives the connections that use it; one that sees no request
 for ``instance_timeout_ms`` is forgotten (its group membership, which has that session timeout,
-expires in the broker too). A subscribed instance is a member of its group under Kafka's
-consumer protocol, as a Kafka client is: it joins with Kafka's subscription bytes, assigns
-partitions when it leads (``gateway.codec.consumer_protocol.assign``), and so shares the group
-with Kafka consumers (and with the members every other codec brings to a group of that
-protocol). It has no thread to heartbeat with: each request on it heartbeats, and a request that
+expires in the broker too). A subscribed instance joins its group as the members already in it
+do (``_join``): a group that V1 or Cursus members formed (local mode: the broker assigns it) as
+one of them, answered with its partitions at once; any other under Kafka's consumer protocol, as
+a Kafka client does: it joins with Kafka's subscription bytes, assigns partitions when it leads
+(``gateway.assignors``), and so shares the group with Kafka consumers (and with the members
+every other codec brings to a group of that protocol). It has no thread to heartbeat with: each request on it heartbeats, and a request that
 finds a rebalance under way rejoins first, as a Kafka client does in ``poll``. An instance given
 partitions (``.../assignments``) joins no group and commits as a simple consumer.
 
@@ -18,6 +19,7 @@ offset (``Fetch(group=...)``) or, without one, where ``auto.offset.reset`` says.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,11 +32,20 @@ from gateway.codec.consumer_protocol import (
     encode_subscription,
 )
 from polygate_http import format as fmt
-from polygate_http.codec import HttpConnection, HttpError, HttpRequest, Outcome, Response, Step
+from polygate_http.codec import (
+    HttpConnection,
+    HttpError,
+    HttpRequest,
+    Outcome,
+    Parameter,
+    Response,
+    Step,
+    reads,
+)
 from polygate_http.embedded import encode_embedded
 from polygate_http.errors import check, http_error
 
-FORMATS = ("binary", "json")
+FORMATS = ("binary", "json", "string")
 NO_CONTENT = Response(204)
 REJOIN = frozenset({m.ErrorCode.REBALANCE_IN_PROGRESS, m.ErrorCode.UNKNOWN_MEMBER, m.ErrorCode.GENERATION_MISMATCH})
 Partition = tuple[str, int]
@@ -226,6 +237,50 @@ def _membership(instance: Instance, then: Any) -> Outcome:
 
 
 def _join(instance: Instance, then: Any) -> Outcome:
+    """Join the instance's group as its members do: a group that V1 or Cursus members formed
+    (``"server"``: the broker assigns its partitions at each join) as they join it, any other
+    under Kafka's consumer protocol."""
+
+    def described(results: Sequence[Any]) -> Outcome:
+        info: m.GroupInfo = results[0].groups[0]
+        if info.error is None and info.protocol_type == "server" and info.members:
+            return _join_server(instance, info, then)
+        return _join_consumer(instance, then)
+
+    return Step((m.DescribeGroups((instance.group,)),), described)
+
+
+def _join_server(instance: Instance, info: m.GroupInfo, then: Any) -> Outcome:
+    """Join a group of V1 and Cursus members as one of them: the broker answers with the
+    instance's partitions at once. Its members all read the same topics (a join with others
+    would restart the group without them): an instance subscribed to others is refused."""
+    topics = {t for member in info.members for t, _ in member.partitions}
+    if topics and topics != set(instance.topics):
+        raise HttpError(409, 40903, f"Consumer group {instance.group} has V1 or Cursus members, which all read "
+                                    f"{', '.join(sorted(topics))}: subscribe to the same topics, or use another group")
+    join = m.JoinGroup(instance.group, instance.member_id, instance.topics, "server", info.protocol or "round_robin",
+                       session_timeout_ms=instance.options["instance_timeout_ms"], client_id=instance.name,
+                       codec="http", new_member_id=f"{instance.name}-{uuid.uuid4().hex[:12]}")
+
+    def joined(results: Sequence[Any]) -> Outcome:
+        result: m.JoinGroupResult = results[0]
+        check(result)
+        instance.member_id, instance.generation = result.member_id, result.generation
+        _assigned(instance, {t: list(ps) for t, ps in result.assignment})
+        return then()
+
+    return Step((join,), joined)
+
+
+def _assigned(instance: Instance, owned: dict[str, list[int]]) -> None:
+    """The instance is a member of its group's current generation, reading ``owned``."""
+    instance.assignment = tuple(sorted((t, p) for t, ps in owned.items() for p in ps))
+    instance.positions = {tp: o for tp, o in instance.positions.items() if tp in instance.assignment}
+    instance.joined = True
+
+
+def _join_consumer(instance: Instance, then: Any) -> Outcome:
+    """Join as a Kafka consumer: the elected leader (maybe this instance) assigns."""
     options = instance.options
     assignor = options["assignor"]
     join = m.JoinGroup(instance.group, instance.member_id, instance.topics, "consumer",
@@ -270,11 +325,8 @@ def _sync(instance: Instance, assignments: tuple[tuple[str, bytes], ...], then: 
                 instance.member_id = ""
             return _join(instance, then)
         check(result)
-        owned = decode_assignment(result.member_assignment) if result.member_assignment else {
-            t: list(ps) for t, ps in result.assignment}
-        instance.assignment = tuple(sorted((t, p) for t, ps in owned.items() for p in ps))
-        instance.positions = {tp: o for tp, o in instance.positions.items() if tp in instance.assignment}
-        instance.joined = True
+        _assigned(instance, decode_assignment(result.member_assignment) if result.member_assignment else {
+            t: list(ps) for t, ps in result.assignment})
         return then()
 
     return Step((m.SyncGroup(instance.group, instance.member_id, instance.generation, assignments),), synced)
@@ -283,12 +335,16 @@ def _sync(instance: Instance, assignments: tuple[tuple[str, bytes], ...], then: 
 # --------------------------------------------------------------------------- records and positions
 
 
+@reads(Parameter("timeout", {"type": "integer", "minimum": 0, "maximum": 30_000, "default": 1000},
+                  "how long to wait for the first record, in ms"),
+       Parameter("max_bytes", {"type": "integer", "minimum": 1},
+                 "the most bytes of keys and values to answer (at most the listener's max_poll_bytes)"))
 def records(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
     """``GET .../records?timeout=MS&max_bytes=N``: the records after the instance's positions,
     waiting up to ``timeout`` for the first (in the broker, without blocking anything)."""
     instance = _instance(conn, match)
     accept = request.headers.get("accept", "")
-    for embedded in ("json", "binary", "avro", "protobuf", "jsonschema"):
+    for embedded in (*FORMATS, "avro", "protobuf", "jsonschema"):
         if f"vnd.kafka.{embedded}." in accept and embedded != instance.embedded:
             raise HttpError(406, 40601, "The requested embedded data format does not match the deserializer "
                                         "for this consumer instance")

@@ -1,7 +1,9 @@
 """REST Proxy's embedded formats: how a record's key and value travel inside a JSON request or answer.
 
 ``json``: the value itself (stored as its compact JSON text); ``binary``: a base64 string of the
-bytes; ``string`` (v3): a text, stored as its UTF-8.
+bytes; ``string``: a text, stored as its UTF-8. Bytes that are not UTF-8 (written by a client of
+another protocol or format) read as ``string`` come with U+FFFD in place of each bad sequence, as
+Java decodes a ``String``: only ``binary`` gives any bytes back exactly.
 """
 
 from __future__ import annotations

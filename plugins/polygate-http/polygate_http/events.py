@@ -36,7 +36,16 @@ from typing import Any
 
 from gateway import model as m
 from polygate_http import format as fmt
-from polygate_http.codec import HttpConnection, HttpError, HttpRequest, Outcome, Step, Stream
+from polygate_http.codec import (
+    HttpConnection,
+    HttpError,
+    HttpRequest,
+    Outcome,
+    Parameter,
+    Step,
+    Stream,
+    reads,
+)
 from polygate_http.embedded import encode_embedded
 from polygate_http.errors import check
 
@@ -99,6 +108,17 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+RESUME = "where to resume: the id of the last event received (partition:offset pairs)"
+
+
+@reads(Parameter("from", {"type": "string", "enum": ["end", "beginning"], "default": "end"},
+                 "where each partition's stream starts"),
+       Parameter("partition", {"type": "integer", "minimum": 0}, "stream this partition only"),
+       Parameter("offset", {"type": "integer", "minimum": 0}, "with partition: start at this offset"),
+       Parameter("format", {"type": "string", "enum": list(FORMATS), "default": "json"},
+                 "how keys and values are written"),
+       Parameter("last_event_id", {"type": "string"}, f"{RESUME}, for clients that cannot set headers"),
+       Parameter("Last-Event-ID", {"type": "string"}, RESUME, "header"))
 def events(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
     """A topic's records as Server-Sent Events, or as WebSocket messages if the request upgrades."""
     topic = match["topic"]

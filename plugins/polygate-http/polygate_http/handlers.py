@@ -24,6 +24,7 @@ from polygate_http.codec import (
     Response,
     Route,
     Step,
+    UploadHandler,
     path_pattern,
 )
 from polygate_http.embedded import decode_embedded
@@ -83,7 +84,7 @@ def get_partition(conn: HttpConnection, request: HttpRequest, match: re.Match[st
 # --------------------------------------------------------------------------- produce (v2)
 
 V2_CONTENT = re.compile(r"application/vnd\.kafka(?:\.(?P<embedded>[a-z]+))?\.v2\+json")
-EMBEDDED = ("json", "binary")
+EMBEDDED = ("json", "binary", "string")
 
 
 def embedded_format(request: HttpRequest) -> str:
@@ -182,6 +183,7 @@ ROUTES: list[Route] = [
     ("GET", "/openapi.json", openapi_document),
 ]
 PATTERNS = [(method, path_pattern(template), handler) for method, template, handler in ROUTES]
+UPLOAD_PATTERNS = [(method, path_pattern(template), handler) for method, template, handler in v3.UPLOADS]
 
 
 def route(conn: HttpConnection, request: HttpRequest) -> Outcome:
@@ -197,3 +199,14 @@ def route(conn: HttpConnection, request: HttpRequest) -> Outcome:
     if allowed:
         raise HttpError(405, 405, "HTTP 405 Method Not Allowed")
     raise HttpError(404, 404, "HTTP 404 Not Found")
+
+
+def upload_route(request: HttpRequest) -> tuple[UploadHandler, re.Match[str]] | None:
+    """The handler, and the path's match, of a request whose chunked body its route reads as it
+    arrives (``v3.UPLOADS``); ``None`` for a request whose body is read whole first."""
+    path = request.path.rstrip("/") or "/"
+    for method, pattern, handler in UPLOAD_PATTERNS:
+        match = pattern.fullmatch(path)
+        if match is not None and method == request.method:
+            return handler, match
+    return None

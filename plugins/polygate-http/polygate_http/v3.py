@@ -2,11 +2,14 @@
 cluster, topic and consumer group listings.
 
 A produce body holds one record object or several, one after another (concatenated JSON, as
-REST Proxy's streaming mode sends them); the answer is one delivery report per record, in order,
-concatenated the same way. The body is read whole before it is answered (it is bounded by the
-listener's body limit), so a client that waits for each report before it sends the next record
-is not served: send the records, then read the reports. Each record names its key's and value's
-type: ``BINARY`` (base64), ``JSON`` or ``STRING`` (``JSON`` when it names none).
+REST Proxy's streaming mode sends them); the answer is one delivery report per record, in order
+(several: each ended by CRLF). A body sent with its length is read whole, then produced (its records in as
+few batches as their partitions allow) and answered (one record: its report is the answer, and
+its error the answer's status). A chunked body is a stream (``RecordStream``): each record is
+produced as soon as it is whole, and its report written as soon as it is produced, under a
+``200`` sent at once, so that a client may wait for each report before it sends the next record.
+Each record names its key's and value's type: ``BINARY`` (base64), ``JSON`` or ``STRING``
+(``JSON`` when it names none).
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from gateway import model as m
 from polygate_http import format as fmt
 from polygate_http.codec import (
+    Chunk,
     HttpConnection,
     HttpError,
     HttpRequest,
@@ -27,9 +31,12 @@ from polygate_http.codec import (
     Response,
     Route,
     Step,
+    Upload,
+    UploadRoute,
 )
 from polygate_http.embedded import decode_embedded
 from polygate_http.errors import check, http_error
+from polygate_http.jsonstream import Item, JsonObjects, Malformed, TooLarge
 
 JSON = "application/json"
 TYPES = {"BINARY": "binary", "JSON": "json", "STRING": "string"}
@@ -55,26 +62,21 @@ def _list(kind: str, self_uri: str, data: list[dict[str, Any]]) -> Response:
 # --------------------------------------------------------------------------- produce
 
 
-def _records(body: bytes) -> list[Any]:
-    """The JSON objects of a body, one after another (whitespace between them)."""
+class Prepared(NamedTuple):
+    """One record of a produce body: the partition it names, the record, and its key's and
+    value's part of its report (type and size)."""
+
+    partition: int | None
+    record: m.Record
+    key: dict[str, Any] | None
+    value: dict[str, Any] | None
+
+
+def _parse(text: bytes) -> Any:
     try:
-        text = body.decode()
-    except UnicodeDecodeError:
-        raise HttpError(400, 400, "The body is not UTF-8") from None
-    decoder, pos = json.JSONDecoder(), 0
-    out: list[Any] = []
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos == len(text):
-            return out
-        try:
-            value, pos = decoder.raw_decode(text, pos)
-        except ValueError as e:
-            raise HttpError(400, 400, f"Malformed JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise HttpError(400, 400, "Each record must be a JSON object")
-        out.append(value)
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes
+        raise HttpError(400, 400, f"Malformed JSON: {e}") from None
 
 
 def _data(record: dict[str, Any], part: str) -> tuple[bytes | None, dict[str, Any] | None]:
@@ -112,45 +114,123 @@ def _timestamp(record: dict[str, Any]) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
-def produce(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
-    cluster = _cluster(conn, match)
-    topic = match["topic"]
-    records = _records(request.body)
-    if not records:
-        raise HttpError(400, 400, "The body holds no record")
-    if len(records) > conn.options["max_records"]:
-        raise HttpError(413, 413, f"A request may carry at most {conn.options['max_records']} records")
-    items, reports = [], []
-    for one in records:
-        partition = one.get("partition_id")
-        if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
-            raise HttpError(400, 400, "The partition_id must be a partition number")
-        key, key_report = _data(one, "key")
-        value, value_report = _data(one, "value")
-        items.append((partition, fmt.record(key, value, _headers(one), _timestamp(one))))
-        reports.append((key_report, value_report))
-    planned = fmt.produces(topic, items)
+def _prepare(text: bytes) -> Prepared:
+    """One record object's bytes, ready to produce; ``HttpError`` (400) for a bad one."""
+    one = _parse(text)
+    if not isinstance(one, dict):
+        raise HttpError(400, 400, "Each record must be a JSON object")
+    partition = one.get("partition_id")
+    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
+        raise HttpError(400, 400, "The partition_id must be a partition number")
+    key, key_report = _data(one, "key")
+    value, value_report = _data(one, "value")
+    return Prepared(partition, fmt.record(key, value, _headers(one), _timestamp(one)), key_report, value_report)
+
+
+def _error_report(error: HttpError) -> dict[str, Any]:
+    return {"error_code": error.status, "message": error.message}
+
+
+def _produce(cluster: str, topic: str, records: Sequence[Prepared],
+             answer: Callable[[list[dict[str, Any]]], Outcome]) -> Step:
+    """Produce ``records``; ``answer`` makes the answer of their delivery reports, in order."""
+    planned = fmt.produces(topic, [(one.partition, one.record) for one in records])
 
     def produced(results: Sequence[m.ProduceResult]) -> Outcome:
-        out: list[dict[str, Any]] = []
-        for (_, one), (command, position), (key_report, value_report) in zip(items, planned.places, reports,
-                                                                               strict=True):
+        reports: list[dict[str, Any]] = []
+        for one, (command, position) in zip(records, planned.places, strict=True):
             result = results[command]
             if result.error is not None:
-                error = http_error(result.error, topic)
-                out.append({"error_code": error.status, "message": error.message})
+                reports.append(_error_report(http_error(result.error, topic)))
                 continue
-            moment = datetime.datetime.fromtimestamp(one.timestamp / 1000, datetime.UTC)
-            out.append({"error_code": 200, "cluster_id": cluster, "topic_name": topic,
-                        "partition_id": result.partition, "offset": result.base_offset + position,
-                        "timestamp": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                        "key": key_report, "value": value_report})
-        if len(out) == 1 and out[0]["error_code"] != 200:  # one record: its error is the request's
-            return Response.json(out[0], out[0]["error_code"], JSON)
-        body = b"\n".join(json.dumps(report, separators=(",", ":")).encode() for report in out)
-        return Response(200, body, JSON)
+            moment = datetime.datetime.fromtimestamp(one.record.timestamp / 1000, datetime.UTC)
+            reports.append({"error_code": 200, "cluster_id": cluster, "topic_name": topic,
+                            "partition_id": result.partition, "offset": result.base_offset + position,
+                            "timestamp": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                            "key": one.key, "value": one.value})
+        return answer(reports)
 
     return Step(planned.commands, produced)
+
+
+def _lines(reports: Sequence[dict[str, Any]]) -> bytes:
+    """Delivery reports one after another, each ended as REST Proxy ends them (CRLF)."""
+    return b"".join(json.dumps(report, separators=(",", ":")).encode() + b"\r\n" for report in reports)
+
+
+def produce(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Outcome:
+    """Produce the records of a whole body (one sent with its length); one delivery report each."""
+    cluster = _cluster(conn, match)
+    objects = JsonObjects(len(request.body))
+    records: list[Prepared] = []
+    for item in [*objects.feed(request.body), *objects.end()]:
+        if isinstance(item, Malformed):
+            raise HttpError(400, 400, f"Malformed JSON: {item.message}")
+        assert isinstance(item, bytes)  # nothing is longer than the body
+        records.append(_prepare(item))
+        if len(records) > conn.options["max_records"]:
+            raise HttpError(413, 413, f"A request may carry at most {conn.options['max_records']} records")
+    if not records:
+        raise HttpError(400, 400, "The body holds no record")
+
+    def answer(reports: list[dict[str, Any]]) -> Outcome:
+        if len(reports) == 1:  # one record: its report is the answer, its error the request's
+            return Response.json(reports[0], reports[0]["error_code"], JSON)
+        return Response(200, _lines(reports), JSON)
+
+    return _produce(cluster, match["topic"], records, answer)
+
+
+class RecordStream:
+    """A streamed produce body's reader (``Upload``): each record is produced as soon as its
+    last byte is in, with the other records that piece of the body completed, and its delivery
+    report is a chunk of the answer as soon as its produce is done (the adapter writes the
+    answers in order). A record that is not valid gets its error report, and the stream goes on;
+    one longer than the body limit too, and only that much of it is held. Bytes between records
+    that are not a record end the stream (the rest of the body cannot be read as records)."""
+
+    def __init__(self, cluster: str, topic: str, limit: int):
+        self.cluster = cluster
+        self.topic = topic
+        self.objects = JsonObjects(limit)
+
+    @property
+    def partial(self) -> bool:
+        return self.objects.partial
+
+    def feed(self, data: bytes) -> list[Step | Chunk]:
+        return self._answers(self.objects.feed(data))
+
+    def end(self) -> list[Step | Chunk]:
+        return self._answers(self.objects.end())
+
+    def _answers(self, items: Sequence[Item]) -> list[Step | Chunk]:
+        out: list[Step | Chunk] = []
+        records: list[Prepared] = []
+        for item in items:
+            try:
+                if isinstance(item, bytes):
+                    records.append(_prepare(item))
+                    continue
+                if isinstance(item, TooLarge):
+                    raise HttpError(413, 413, f"A record may be at most {item.limit} bytes")
+                raise HttpError(400, 400, f"Malformed JSON: {item.message}")
+            except HttpError as e:
+                if records:  # the records before it go first, so that the reports stay in order
+                    out.append(self._produce(records))
+                    records = []
+                out.append(Chunk(_lines([_error_report(e)]), last=isinstance(item, Malformed)))
+        if records:
+            out.append(self._produce(records))
+        return out
+
+    def _produce(self, records: list[Prepared]) -> Step:
+        return _produce(self.cluster, self.topic, records, lambda reports: Chunk(_lines(reports)))
+
+
+def produce_stream(conn: HttpConnection, request: HttpRequest, match: re.Match[str]) -> Upload:
+    """Produce the records of a chunked body as they arrive; a delivery report each as it is produced."""
+    return Upload(JSON, RecordStream(_cluster(conn, match), match["topic"], conn.settings.max_frame_size))
 
 
 # --------------------------------------------------------------------------- listings
@@ -244,3 +324,5 @@ ROUTES: list[Route] = [
     ("GET", f"{CLUSTER}/consumer-groups", groups),
     ("GET", f"{CLUSTER}/consumer-groups/{{group}}", group),
 ]
+UPLOADS: list[UploadRoute] = [("POST", f"{CLUSTER}/topics/{{topic}}/records", produce_stream)]
+"""The routes that read a chunked body as it arrives (``Upload``)."""

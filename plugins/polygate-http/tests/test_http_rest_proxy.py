@@ -5,17 +5,23 @@ real HTTP client (requests), a real WebSocket client (websocket-client) and Kafk
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import subprocess
+import time
 
 import pytest
 import requests
 import websocket
 from confluent_kafka import Consumer, Producer
 
+from gateway.clients.v1 import V1Client
+from gateway.pytest_clusters import CLUSTER_MODE
+
 V2 = "application/vnd.kafka.v2+json"
 JSON = "application/vnd.kafka.json.v2+json"
 BINARY = "application/vnd.kafka.binary.v2+json"
+STRING = "application/vnd.kafka.string.v2+json"
 
 
 def url(gw, path: str) -> str:
@@ -53,6 +59,39 @@ def test_produce_in_each_embedded_format_is_read_by_a_kafka_consumer(gateway):
     assert answer.json()["offsets"][0]["partition"] == 0 and answer.json()["offsets"][0]["error_code"] is None
     assert sorted(read_all(gateway, "jsontest", 2), key=repr) == sorted(
         [(None, b'{"foo":"bar"}'), (b"k", b"Kafka")], key=repr)
+
+
+def test_string_records_are_produced_and_read_back_as_strings(gateway):
+    """The string embedded format: keys and values are JSON strings stored as their UTF-8; an
+    instance of that format reads them back as strings, and bytes that are not UTF-8 (here from a
+    Kafka producer) with U+FFFD in place of each bad sequence."""
+    answer = requests.post(url(gateway, "/topics/texts/partitions/0"), headers={"Content-Type": STRING},
+                           json={"records": [{"key": "clé", "value": "naïve text"}, {"value": "second"}]})
+    assert answer.status_code == 200, answer.text
+    assert [o["offset"] for o in answer.json()["offsets"]] == [0, 1]
+    refused = requests.post(url(gateway, "/topics/texts"), headers={"Content-Type": STRING},
+                            json={"records": [{"value": {"not": "a string"}}]})
+    assert (refused.status_code, refused.json()["error_code"]) == (422, 42200)
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}"})
+    producer.produce("texts", value=b"bad \xff byte", partition=0)
+    producer.flush(10)
+    assert sorted(read_all(gateway, "texts", 3), key=repr) == sorted(
+        [("clé".encode(), "naïve text".encode()), (None, b"second"), (None, b"bad \xff byte")], key=repr)
+
+    base = consumer_instance(gateway, "text-readers", "reader", format="string", **{"auto.offset.reset": "earliest"})
+    requests.post(f"{base}/assignments", headers={"Content-Type": V2},
+                  json={"partitions": [{"topic": "texts", "partition": 0}]})
+    seen: list = []
+    for _ in range(50):
+        answer = requests.get(f"{base}/records?timeout=200", headers={"Accept": STRING})
+        assert (answer.status_code, answer.headers["content-type"]) == (200, STRING), answer.text
+        seen += answer.json()
+        if len(seen) >= 3:
+            break
+    assert [(r["key"], r["value"]) for r in seen] == [("clé", "naïve text"), (None, "second"),
+                                                      (None, "bad \ufffd byte")]
+    assert requests.get(f"{base}/records", headers={"Accept": JSON}).json()["error_code"] == 40601
+    requests.delete(base, headers={"Content-Type": V2})
 
 
 def test_keyed_records_go_to_the_partition_a_java_kafka_producer_picks(gateway):
@@ -159,8 +198,44 @@ def test_an_instance_and_a_kafka_consumer_of_one_group_get_disjoint_partitions(g
         kafka.close()
 
 
-def test_v3_produce_of_streamed_records(gateway):
-    """REST Proxy v3's produce with several records in one body, read back by a Kafka consumer."""
+def test_an_instance_shares_a_group_with_a_v1_member(gateway_factory):
+    """An instance joins a group that a V1 member formed, as a member of its kind: the two get
+    disjoint partitions, each learning of the other at its next request (V1: its heartbeat)."""
+    gateway = gateway_factory(("http", "v1", "kafka"))
+    with V1Client("127.0.0.1", gateway.port("v1")) as v1:
+        v1.create_topic("withv1", 3)
+
+        def v1_partitions(fields: dict[str, str]) -> set[int]:
+            return {int(p) for p in fields.get("assigned", "[]").strip("[]").split()}
+
+        fields = v1.request("JOIN", "v1-mixed", "withv1", "legacy").check().fields
+        base = consumer_instance(gateway, "v1-mixed", "web")
+        requests.post(f"{base}/subscription", headers={"Content-Type": V2}, json={"topics": ["withv1"]})
+        mine: set = set()
+        theirs: set = set()
+        for _ in range(100):
+            answer = requests.get(f"{base}/records?timeout=0")
+            assert answer.status_code == 200, answer.text
+            mine = {p["partition"] for p in requests.get(f"{base}/assignments").json()["partitions"]}
+            if not v1.request("HEARTBEAT", "v1-mixed", "withv1", "legacy", fields["generation"]).ok:
+                fields = v1.request("JOIN", "v1-mixed", "withv1", "legacy").check().fields  # a new generation
+            theirs = v1_partitions(fields)
+            if mine and theirs and not mine & theirs and mine | theirs == {0, 1, 2}:
+                break
+            time.sleep(0.1)
+        assert mine and theirs and not mine & theirs and mine | theirs == {0, 1, 2}
+        if not CLUSTER_MODE:  # in local mode, the broker's V1 groups read one set of topics
+            other = consumer_instance(gateway, "v1-mixed", "other-topics")
+            requests.post(f"{other}/subscription", headers={"Content-Type": V2}, json={"topics": ["elsewhere"]})
+            refused = requests.get(f"{other}/records?timeout=0")
+            assert (refused.status_code, refused.json()["error_code"]) == (409, 40903)
+            assert v1.request("HEARTBEAT", "v1-mixed", "withv1", "legacy", fields["generation"]).ok
+        assert requests.delete(base, headers={"Content-Type": V2}).status_code == 204
+
+
+def test_v3_produce_of_several_records_in_one_body(gateway):
+    """REST Proxy v3's produce with several records in a body sent with its length, read back by a
+    Kafka consumer."""
     body = "".join(json.dumps({"partition_id": 0, "key": {"type": "STRING", "data": f"k{n}"},
                                "value": {"type": "JSON", "data": {"n": n}}}) for n in range(3))
     answer = requests.post(url(gateway, "/v3/clusters/polygate/topics/v3topic/records"),
@@ -170,6 +245,42 @@ def test_v3_produce_of_streamed_records(gateway):
     assert [(r["error_code"], r["topic_name"], r["partition_id"], r["offset"]) for r in reports] == [
         (200, "v3topic", 0, n) for n in range(3)]
     assert sorted(read_all(gateway, "v3topic", 3)) == [(f"k{n}".encode(), f'{{"n":{n}}}'.encode()) for n in range(3)]
+
+
+def test_v3_produce_answers_each_record_of_a_chunked_body_as_it_is_produced(gateway_factory):
+    """REST Proxy v3's streaming mode: a client sends records one at a time in a chunked body and
+    reads each record's report before it sends the next; a record cut across chunks is produced
+    once whole, one over the body limit gets its error report and the stream goes on."""
+    gateway = gateway_factory(args=("--max-frame", "http=4096"))
+    client = http.client.HTTPConnection("127.0.0.1", gateway.port("http"), timeout=10)
+    client.putrequest("POST", "/v3/clusters/polygate/topics/streamed/records")
+    client.putheader("Content-Type", "application/json")
+    client.putheader("Transfer-Encoding", "chunked")
+    client.endheaders()
+
+    def send(data: bytes) -> None:
+        client.send(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def record(n: int, value: str = "") -> bytes:
+        return json.dumps({"partition_id": 0, "value": {"type": "STRING", "data": value or f"v{n}"}}).encode()
+
+    send(record(0))
+    response = client.getresponse()  # the head comes before the body ends
+    assert (response.status, response.getheader("content-type")) == (200, "application/json")
+    reports = [json.loads(response.readline())]
+    second = record(1)
+    send(second[:10])
+    send(second[10:] + b"\n")
+    reports.append(json.loads(response.readline()))
+    send(record(2, "x" * 5000))  # over the 4096-byte limit
+    reports.append(json.loads(response.readline()))
+    send(record(3))
+    reports.append(json.loads(response.readline()))
+    client.send(b"0\r\n\r\n")
+    assert response.read() == b""  # the answer ends with the body
+    assert [(r["error_code"], r.get("offset")) for r in reports] == [(200, 0), (200, 1), (413, None), (200, 2)]
+    assert read_all(gateway, "streamed", 3) == [(None, b"v0"), (None, b"v1"), (None, b"v3")]
+    client.close()
 
 
 def sse_records(lines, count: int) -> list[tuple[str, dict]]:

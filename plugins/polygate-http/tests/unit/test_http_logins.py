@@ -6,7 +6,9 @@ import base64
 
 import pytest
 from http_support import Rig
+from polygate_http import plugin
 
+from gateway.codec import OptionError, parse_options
 from gateway.security.users import MECHANISMS, UserStore, from_password
 
 
@@ -35,3 +37,18 @@ def test_a_login_is_needed_and_a_guess_waits_for_its_turn(rig):
     # ...and checked once it is
     assert c.call("GET", "/topics", headers=basic("alice", "secret")).status == 200
     assert c.call("GET", "/topics", headers=(("authorization", "Basic !!!"),)).status == 401
+
+
+@pytest.mark.parametrize(("text", "allowed"), [
+    ("*", None),
+    ("https://A.example, http://b.example:8080/", frozenset({"https://a.example", "http://b.example:8080"})),
+    ("null", frozenset({"null"})),
+])
+def test_allowed_origins_are_star_or_origins(text, allowed):
+    assert parse_options(plugin, {"allowed_origins": text})["allowed_origins"] == allowed
+
+
+@pytest.mark.parametrize("text", ["", "a.example", "ftp://a.example", "https://a.example/path", "https://a.example,*"])
+def test_an_allowed_origin_that_is_no_origin_is_refused_at_start(text):
+    with pytest.raises(OptionError):
+        parse_options(plugin, {"allowed_origins": text})

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from http_support import Rig
+from openapi_spec_validator import validate
 from polygate_http.format import FORMAT
 
 V3 = "application/json"
@@ -73,3 +74,33 @@ def test_the_openapi_document_lists_every_route(rig):
     produce = document["paths"]["/topics/{topic}/partitions/{partition}"]["post"]
     assert [(p["name"], p["schema"]["type"]) for p in produce["parameters"]] == [
         ("topic", "string"), ("partition", "integer")]
+    records = document["paths"]["/consumers/{group}/instances/{instance}/records"]["get"]
+    assert {(p["name"], p["in"], p["schema"]["type"]) for p in records["parameters"]} >= {
+        ("timeout", "query", "integer"), ("max_bytes", "query", "integer")}
+    stream = document["paths"]["/topics/{topic}/events"]["get"]
+    assert {(p["name"], p["in"]) for p in stream["parameters"]} == {
+        ("topic", "path"), ("from", "query"), ("partition", "query"), ("offset", "query"), ("format", "query"),
+        ("last_event_id", "query"), ("Last-Event-ID", "header")}
+    validate(document)  # a valid OpenAPI 3.1 document
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def test_a_chunked_body_is_answered_record_by_record_and_ends_at_what_is_not_a_record(rig):
+    c = rig.client()
+    c.proto.dataReceived(b"POST /v3/clusters/lkc-1/topics/s/records HTTP/1.1\r\nhost: gateway\r\n"
+                         b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+                         + chunk(b'{"partition_id": 0, "value": {"data": 1}}'))
+    head, _, first = c.transport.value().partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head.lower()
+    assert b'"error_code":200' in first and b'"offset":0' in first
+    c.transport.clear()
+    c.proto.dataReceived(chunk(b'{"value": {"type": "AVRO", "data": 1}} {"partition_id": 0, "value": {"data": 2}}'))
+    bad, good = c.transport.value().split(b"\r\n")[1::3][:2]  # the chunks' data, without their sizes
+    assert json.loads(bad)["error_code"] == 400 and json.loads(good)["offset"] == 1
+    c.transport.clear()
+    c.proto.dataReceived(chunk(b"[1]"))
+    assert json.loads(c.transport.value().split(b"\r\n")[1])["error_code"] == 400
+    assert c.transport.value().endswith(b"0\r\n\r\n") and c.closed
