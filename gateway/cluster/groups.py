@@ -77,7 +77,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -673,27 +673,7 @@ class ClusterGroups:
             f.trap(CommandError)
             return m.FetchOffsetsResult(cmd.group, error=f.value.error, generation=self._generation(cmd.group))
 
-        if cmd.partitions is None:
-            return self._every_offset(cmd.group).addCallbacks(found, failed)
         return self.coordinators.fetch(cmd.group, cmd.partitions).addCallbacks(found, failed)
-
-    def _every_offset(self, group: str) -> defer.Deferred:
-        """``group``'s offsets for every partition it committed, as ``Coordinators.fetch`` gives
-        them. Asked through librdkafka's admin client, which uses OffsetFetch's batched form (v8+):
-        an OffsetFetch of no topics in the form the gateway's client sends (v7) is answered wrongly
-        by Tansu 0.6, and these listings (the admin page, metrics) need no metadata byte-exact."""
-        futures = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, None)],
-                                                         request_timeout=self.config.request_timeout_ms / 1000)
-
-        def read(result: Any) -> list[tuple[tuple[str, int, int, str], int]]:
-            out = []
-            for tp in result.topic_partitions or ():
-                offset = tp.offset if tp.offset >= 0 and tp.error is None else -1
-                epoch = tp.leader_epoch if tp.leader_epoch is not None and offset >= 0 else -1
-                out.append(((tp.topic, tp.partition, offset, tp.metadata or ""), epoch))
-            return out
-
-        return deferred_from(self.reactor, futures[group], f"offsets of group {group}").addCallback(read)
 
     def committed_offset(self, group: str, topic: str, partition: int) -> Any:
         """*May wait.* The offset ``group`` committed for the partition, None if none."""

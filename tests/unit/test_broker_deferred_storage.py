@@ -4,6 +4,7 @@ every command gets the same result as over the local engine, only later."""
 from __future__ import annotations
 
 import attrs
+import pytest
 from twisted.internet import defer
 
 from gateway import model as m
@@ -12,6 +13,7 @@ from gateway.broker.calls import gather
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.codecs.v1.format import encode_record
 from gateway.local.store import LocalStore
+from gateway.model import CommandError, ErrorCode
 from gateway.storage.engine import Engine
 from gateway.testing import Reactor
 
@@ -141,3 +143,68 @@ def test_an_idempotent_append_whose_client_went_away_is_still_remembered(tmp_pat
     [result] = results
     assert (result.error, result.base_offset, result.duplicate) == (None, 0, True)
     assert LocalStore(engine, reactor).log_end_offset("t", 0) == 1
+
+
+def refusing_once(store_type):
+    """``store_type`` whose next append after ``refuse_next(error)`` fails with ``error`` (at once
+    over the local store, on a later reactor turn over ``LaterStore``), as a cluster's may."""
+
+    class Refusing(store_type):
+        def __init__(self, engine: Engine, reactor: Reactor):
+            super().__init__(engine, reactor)
+            self.refusal: CommandError | None = None
+            appends = self.append
+
+            def append(*args, **kwargs):
+                refusal, self.refusal = self.refusal, None
+                if refusal is None:
+                    return appends(*args, **kwargs)
+                if store_type is LocalStore:
+                    raise refusal
+                d = defer.Deferred()
+                reactor.callLater(0, d.errback, refusal)
+                return d
+
+            self.append = append
+
+        def refuse_next(self, error: CommandError) -> None:
+            self.refusal = error
+
+    return Refusing
+
+
+@pytest.mark.parametrize("store_type", [LocalStore, LaterStore])
+@pytest.mark.parametrize("failure", [ErrorCode.REPLICATION_TIMEOUT, ErrorCode.STORAGE_ERROR])
+def test_the_batches_sent_behind_one_that_failed_fail_alike(tmp_path, store_type, failure):
+    """An idempotent producer's batch fails with an error its client sends it again after; the
+    batches it had sent behind it are answered with that error, not as out of order (which makes
+    Kafka clients bump their epoch: a cluster may refuse the new epoch), and all go in order then."""
+    reactor = Reactor()
+    engine = Engine(str(tmp_path / "e"), clock=lambda: 1_700_000_000.0)
+    store = refusing_once(store_type)(engine, reactor)
+    broker = Broker(store, {"v1": v1_plugin.batch_format}, reactor, BrokerConfig(fsync=FsyncPolicy("never")))
+    engine.create_topic("t", 1)
+
+    def produce(sequence: int, epoch: int = 0) -> defer.Deferred:
+        batch = m.Batch("v1", encode_record(0, 1, b"k", b"v%d" % sequence), 1, 1,
+                        producer=m.ProducerState(7, epoch, sequence, sequence))
+        return defer.maybeDeferred(broker.run, m.Produce("t", 0, batch))
+
+    def settled(*sent: defer.Deferred) -> list:
+        for _ in range(5):
+            reactor.advance(0)
+        results = []
+        for d in sent:
+            d.addBoth(results.append)
+        assert len(results) == len(sent)
+        return [r.error.code if r.error else r.base_offset for r in results]
+
+    assert settled(produce(0)) == [0]
+    store.refuse_next(CommandError(failure, "the cluster did not answer"))
+    assert settled(produce(1), produce(2), produce(3)) == [failure] * 3
+    assert settled(produce(1), produce(2), produce(3)) == [1, 2, 3]
+    # A gap that no failure explains, or one of another epoch, is out of order as before.
+    assert settled(produce(5)) == [ErrorCode.INVALID_SEQUENCE]
+    store.refuse_next(CommandError(failure, "the cluster did not answer"))
+    assert settled(produce(4)) == [failure]
+    assert settled(produce(6), produce(1, epoch=1)) == [failure, ErrorCode.INVALID_SEQUENCE]
