@@ -34,10 +34,10 @@ How an append travels (``gateway.cluster.wire`` sends it):
   only when the cluster said it did not store it: a batch whose answer was
   lost is left to the client's retry, as with a broker of its own (the broker
   recognises an idempotent producer's retry; a cluster need not apply
-  idempotence itself, and Tansu 0.6 does not).
+  idempotence itself).
 
 With a cluster that applies idempotence (Kafka), the gateway's own producer
-never stores a batch twice; on one that does not (Tansu 0.6), a batch sent
+never stores a batch twice; on one that does not, a batch sent
 again after its answer was lost may be stored twice (at least once, never
 lost), as librdkafka's producer would store it there.
 """
