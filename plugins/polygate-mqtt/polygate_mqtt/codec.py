@@ -119,7 +119,7 @@ import collections
 import itertools
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -147,6 +147,9 @@ from .packets import MalformedPacket, PacketType
 from .properties import Property, ProtocolError, ReasonCode
 from .session import FilterOptions, Outgoing
 
+if TYPE_CHECKING:
+    from .clients import Clients
+
 OPTIONS = (
     Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
            help="how long a QoS 1 delivery waits for its PUBACK before it is resent"),
@@ -170,7 +173,10 @@ OPTIONS = (
     Option("commit_ms", integer(1), 1000, "a positive integer (milliseconds)",
            help="how often a persistent session's position is committed while it moves"),
     Option("session_expiry_s", integer(1), 7 * 24 * 3600, "a positive integer (seconds)",
-           help="how long a persistent session outlives its client's last connection"),
+           help="how long a persistent session outlives its client's last connection (and the most "
+                "an MQTT 5 Session Expiry Interval is granted)"),
+    Option("session_sweep_ms", integer(1), 60_000, "a positive integer (milliseconds)",
+           help="how often persistent sessions past their expiry are looked for and removed"),
     Option("max_session_backlog", integer(0), 100_000, "a non-negative integer (messages)",
            help="messages per log partition a returning persistent session reads at most (the latest)"),
     Option("receive_maximum", integer(1, 0xFFFF), 1024, "an integer from 1 to 65535",
@@ -284,6 +290,8 @@ class MqttConnection(CodecConnection):
         self.next_id = 0
         self.awaiting_release: set[int] = set()
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
+        self.will_delay_s = 0  # its MQTT 5 Will Delay Interval
+        self.clients: Clients | None = settings.background  # what the gateway's MQTT connections share
         self.session_group: str | None = None  # the group of a persistent session (``session``)
         self.read_to: dict[tuple[str, int], int] = {}  # (log topic, partition) -> the next offset to take
         self.redeliver: dict[tuple[str, int, int], int] = {}  # a restored session's deliveries in flight: ids
@@ -407,10 +415,36 @@ class MqttConnection(CodecConnection):
         return b""
 
     def connection_lost(self) -> tuple[m.Produce | m.CommitOffsets, ...]:
-        """The will message (and its retained copy), unless the client said DISCONNECT; and the
-        persistent session's last commit, with the time the client left."""
+        """The will message (and its retained copy), unless the client said DISCONNECT, or its
+        Will Delay Interval hands it to ``clients`` to publish later (at the latest when the
+        session ends: 3.1.3.2.2); and the persistent session's last commit, with the time the
+        client left. The client identifier is free again."""
         commit = self.session_commit(left_ms=int(time.time() * 1000))
-        return (*self.will, *(() if commit is None else (commit,)), *shared.ended(self))
+        will = self.will
+        if self.clients is not None and self.connected:
+            self.clients.release(self)
+            delay = min(self.will_delay_s, self.session_expiry_s if self.session_group is not None else 0)
+            if will and delay > 0:
+                self.clients.delay_will(self.client_id, will, delay)
+                will = ()
+        return (*will, *(() if commit is None else (commit,)), *shared.ended(self))
+
+    def take_over(self, clean_start: bool) -> tuple[m.Produce | m.CommitOffsets, ...]:
+        """Another connection's CONNECT claimed this one's client identifier (3.1.4-3): this one
+        closes (MQTT 5: after DISCONNECT 0x8E, Session taken over). As Mosquitto does, the
+        session goes on on the new connection unless that one starts clean: then, or when this
+        one had no persistent session, its will is published. Returns what runs before the new
+        connection's session starts: this one's last commit, or its will."""
+        if self.session_group is not None and not clean_start:
+            commit = self.session_commit(left_ms=int(time.time() * 1000))
+            handover: tuple[m.Produce | m.CommitOffsets, ...] = () if commit is None else (commit,)
+        else:
+            handover = self.will
+        self.will, self.session_group = (), None  # nothing more of the session is this connection's
+        self.emit(Close(packets.disconnect5(ReasonCode.SESSION_TAKEN_OVER) if self.version == 5 else b"",
+                        reason="client identifier taken over by a new connection"))
+        self.settings.wake()
+        return handover
 
     def timer(self, context: str | tuple[str, str]) -> None:
         now = self.clock()

@@ -99,7 +99,9 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
                                   reason=f"will topic {c.will_topic!r}: no log topic under mapping {conn.mapping.spec}")
         will_headers = b""
         if conn.version == 5:
-            will_headers = message.headers_of(props.decode_list(c.will_properties, "will"))
+            will_properties = props.decode_list(c.will_properties, "will")
+            will_headers = message.headers_of(will_properties)
+            conn.will_delay_s = will_properties.get(props.P.WILL_DELAY_INTERVAL, 0)
         conn.will = _commands(conn, c.will_topic, f.will_qos, c.will_message, f.will_retain, will_headers)
     conn.connected = True
     conn.client_id = c.client_id
@@ -143,9 +145,28 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
         def accepted() -> Handled:
             return Handled.run((session.ENSURE_SESSIONS, m.FetchOffsets(group)),
                                lambda results: _resume(conn, group, results[1], connack), hold=True)
+    handover = _claim(conn, f.clean_session)
+    if handover:  # then the session starts where the connection taken over left it
+        starts = accepted
+
+        def accepted() -> Handled:
+            return Handled.run(handover, lambda _: starts(), hold=True)
     if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
         return _with_retained_topic(conn, accepted)
     return accepted()
+
+
+def _claim(conn: MqttConnection, clean_start: bool) -> tuple[m.Produce | m.CommitOffsets, ...]:
+    """The connection holds its client identifier from now on (``clients``): a connection that
+    held it is taken over (``MqttConnection.take_over``), and a will still delayed for it is not
+    published, unless the session starts clean (3.1.3.2.2). Returns what runs before the
+    session starts: the last commit of the connection taken over, or the wills published now."""
+    if conn.clients is None or not conn.client_id:  # (an empty 3.1.1 identifier names no one)
+        return ()
+    delayed = conn.clients.take_will(conn.client_id)
+    before = conn.clients.claim(conn)
+    handover = () if before is None else before.take_over(clean_start)
+    return (*handover, *(delayed if clean_start else ()))
 
 
 def ignored(results: Sequence[object]) -> bytes:
@@ -170,9 +191,7 @@ def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult,
     holds it whole (``MqttConnection.session_group`` set), so that a connection lost meanwhile
     leaves the session as it was."""
     anchor, positions = session.restored(result.offsets) if result.error is None else (None, {})
-    expired = anchor is not None and anchor.left_ms > 0 \
-        and time.time() * 1000 - anchor.left_ms \
-        >= (conn.options["session_expiry_s"] if anchor.expiry_s is None else anchor.expiry_s) * 1000
+    expired = anchor is not None and anchor.expired(time.time() * 1000, conn.options["session_expiry_s"])
     if anchor is None or expired:
         conn.emit(Handled.answer(connack(False)))
         if positions or expired:  # what an expired session left: its positions would be taken for the new one's
