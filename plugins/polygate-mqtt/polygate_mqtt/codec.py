@@ -573,18 +573,29 @@ class MqttConnection(CodecConnection):
 
     def _appeared(self, results: Sequence[m.ListTopicsResult]) -> bytes:
         """The awaited log topics that exist now get their streams, from their start (everything
-        in them was published after the SUBSCRIBE); the others are looked for again later."""
+        in them was published after the SUBSCRIBE), and the shared subscriptions that wait for
+        them read them as members of their groups (``shared``); the others are looked for again
+        later."""
         for info in results[0].topics:
             filters = self.awaited.get(info.topic)
             if filters is None or info.error is not None or not info.partitions:
                 continue
             del self.awaited[info.topic]
+            own = {}
+            for topic_filter, granted in filters.items():
+                share = shared.parse(topic_filter)
+                if share is None:
+                    own[topic_filter] = granted
+                elif shared.room(self, share[0], [info]):  # the group's member reads it from now on
+                    shared.subscribe(self, *share, granted, [info], appeared=True)
+            if not own:
+                continue
             since = {p.partition: p.log_start_offset for p in info.partitions}
             sub = self.subscription(info.topic, since)
             if self.open_filters and info.topic not in self.known_topics:  # what discovery would find later
                 self.known_topics.add(info.topic)
-                filters = {**self.open_filters, **filters}
-            for topic_filter, granted in filters.items():
+                own = {**self.open_filters, **own}
+            for topic_filter, granted in own.items():
                 sub.subscribe(topic_filter, granted, since)
         if self.awaited:
             self.emit(Timer(AWAIT_EVERY_S, "await"))

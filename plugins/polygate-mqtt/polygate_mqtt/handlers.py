@@ -527,17 +527,20 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
             codes.append(granted)
             continue
         named = [infos.get(name) for name in sources.topics]
-        share = shared.parse(topic_filter)
-        if share is not None:  # read by the member of the group that the broker assigns partitions to
-            existing = [info for info in named if info is not None and info.error is None and info.partitions]
-            if sources.every or not named or len(existing) < len(named) or not shared.room(conn, share[0], existing):
-                codes.append(packets.SUBACK_FAILURE)  # only log topics that exist, named by the filter, in bounds
-            else:
-                shared.subscribe(conn, share[0], share[1], granted, existing)
-                codes.append(granted)
-            continue
         absent = [info.topic for info in named if info is not None and info.error is not None
                   and info.error.code is m.ErrorCode.UNKNOWN_TOPIC]
+        share = shared.parse(topic_filter)
+        if share is not None:  # read by the member of the group that the broker assigns partitions to
+            existing = [info for info in named if info is not None and info.topic not in absent]
+            if sources.every or not named or any(info.error is not None or not info.partitions for info in existing) \
+                    or not shared.room(conn, share[0], existing) \
+                    or not all(conn.await_topic(name, topic_filter, granted) for name in absent):
+                codes.append(packets.SUBACK_FAILURE)  # log topics named by the filter, readable, in bounds
+                continue
+            if existing:  # (the others join the membership as they appear: ``MqttConnection.await_topic``)
+                shared.subscribe(conn, share[0], share[1], granted, existing)
+            codes.append(granted)
+            continue
         read = [info for info in named if info is None or info.topic not in absent]
         if sources.every:
             read += [info for info in infos.values() if not topics.own(info.topic) and info.topic not in sources.topics
@@ -749,7 +752,11 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     for topic_filter in u.filters:
         share = shared.parse(topic_filter)
         if share is not None:
-            codes.append(ReasonCode.SUCCESS if shared.unsubscribe(conn, *share) else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+            awaiting = any(topic_filter in waiting for waiting in conn.awaited.values())
+            for log_topic in list(conn.awaited):
+                conn.stop_awaiting(log_topic, topic_filter)
+            codes.append(ReasonCode.SUCCESS if shared.unsubscribe(conn, *share) or awaiting
+                         else ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
         codes.append(ReasonCode.SUCCESS if conn.subscribed(topic_filter) else ReasonCode.NO_SUBSCRIPTION_EXISTED)
         conn.open_filters.pop(topic_filter, None)
