@@ -148,6 +148,7 @@ from .properties import Property, ProtocolError, ReasonCode
 from .session import FilterOptions, Outgoing
 
 if TYPE_CHECKING:
+    from . import auth
     from .clients import Clients
 
 OPTIONS = (
@@ -311,7 +312,7 @@ class MqttConnection(CodecConnection):
         self.aliases_out: dict[bytes, int] = {}  # topic name -> alias, set by ours
         self.alias_maximum_out = 0  # the client's Topic Alias Maximum
         self.problem_information = True  # whether acknowledgements may carry a Reason String (3.1.2.11.7)
-        self.exchange: tuple[Any, Any] | None = None  # an AUTH exchange under way (``auth``)
+        self.exchange: auth.Authentication | None = None  # an AUTH exchange under way (``auth``)
         self.authenticated: list[tuple[Property, object]] = []  # its last answer, for the CONNACK
         self.filter_options: dict[str, FilterOptions] = {}  # MQTT 5 filters with options beyond their QoS
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))

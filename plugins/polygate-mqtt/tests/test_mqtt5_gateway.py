@@ -345,3 +345,45 @@ def test_a_delayed_will_is_not_published_when_the_session_goes_on_before_its_del
     assert _nothing_for(watcher, 4), "the will of a session that went on was published"
     back.sendall(packets.disconnect5(ReasonCode.SUCCESS))  # (a client's DISCONNECT: no will either)
     back.close()
+
+
+def _auth(s: socket.socket, reason: int, mechanism: str, data: bytes) -> tuple[int, dict]:
+    """Send AUTH ``reason`` with ``data``; the reason code and properties of the AUTH answering it."""
+    s.sendall(packets.auth(reason, [(Property.AUTHENTICATION_METHOD, mechanism), (Property.AUTHENTICATION_DATA, data)]))
+    kind, _, body = recv_packet(s)
+    assert kind == packets.PacketType.AUTH, (kind, body)
+    return body[0], _properties(body, 1)
+
+
+def test_reauthentication_with_the_connects_method_and_a_failed_one_disconnects_0x87(gateway_factory, tmp_path):
+    """4.12.1: AUTH 0x19 on an established connection runs the CONNECT's SCRAM method again, and
+    ends with AUTH 0x00 and the server's signature; a proof that fails gets DISCONNECT 0x87."""
+    users = tmp_path / "users"
+    users.write_text("ada:s3cret-Pass\n")
+    gw = gateway_factory(args=("--users-file", str(users), "--require-auth", "mqtt"))
+    mechanism, first = "SCRAM-SHA-256", client_first("ada")
+    s = _connect5(gw.port("mqtt"), [(Property.AUTHENTICATION_METHOD, mechanism), (Property.AUTHENTICATION_DATA, first)])
+    server_first = _properties(recv_packet(s)[2], 1)[Property.AUTHENTICATION_DATA].decode()
+    final, _ = client_final(mechanism, "s3cret-Pass", first, server_first)
+    s.sendall(packets.auth(ReasonCode.CONTINUE_AUTHENTICATION, [(Property.AUTHENTICATION_METHOD, mechanism),
+                                                                (Property.AUTHENTICATION_DATA, final)]))
+    assert recv_packet(s)[2][1] == ReasonCode.SUCCESS  # CONNACK
+
+    for password, outcome in (("s3cret-Pass", "success"), ("wrong", "refused")):
+        again = client_first("ada")
+        reason, found = _auth(s, ReasonCode.RE_AUTHENTICATE, mechanism, again)
+        assert reason == ReasonCode.CONTINUE_AUTHENTICATION
+        final, signature = client_final(mechanism, password, again, found[Property.AUTHENTICATION_DATA].decode())
+        if outcome == "success":
+            reason, found = _auth(s, ReasonCode.CONTINUE_AUTHENTICATION, mechanism, final)
+            assert (reason, found[Property.AUTHENTICATION_DATA]) == (ReasonCode.SUCCESS,
+                                                                     b"v=" + base64.b64encode(signature))
+            s.sendall(packets.packet(packets.PacketType.PINGREQ, b""))  # still served
+            assert recv_packet(s)[0] == packets.PacketType.PINGRESP
+        else:
+            s.sendall(packets.auth(ReasonCode.CONTINUE_AUTHENTICATION, [(Property.AUTHENTICATION_METHOD, mechanism),
+                                                                        (Property.AUTHENTICATION_DATA, final)]))
+            kind, _, body = recv_packet(s)
+            assert (kind, body[0]) == (packets.PacketType.DISCONNECT, ReasonCode.NOT_AUTHORIZED)
+            assert s.recv(1) == b""
+    s.close()
