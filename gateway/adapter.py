@@ -48,6 +48,7 @@ from gateway.codec import (
     PushConnection,
     Reply,
     Request,
+    RunFor,
     Subscribe,
     Timer,
     TimerConnection,
@@ -831,9 +832,9 @@ class CodecProtocol(protocol.Protocol):
 class BackgroundTask:
     """Drives a plugin's gateway-wide task (``CodecPlugin.background``), a ``Connection`` that
     receives no bytes: its ``Request``s run for the gateway itself (unchecked by ACLs, as the
-    gateway's own housekeeping) and are answered through ``respond``, its ``Timer``s call
-    ``timer``; its other events, and the bytes of its answers, have no one to go to and are
-    dropped. A failure (a bug of the task) is logged; the task goes on."""
+    gateway's own housekeeping) and are answered through ``respond``, its ``RunFor``s run for
+    the client they name, its ``Timer``s call ``timer``; its other events, and the bytes of its
+    answers, have no one to go to and are dropped. A failure (a bug of the task) is logged; the task goes on."""
 
     def __init__(self, plugin: CodecPlugin, settings: ListenerSettings, broker: Any, reactor: Any):
         self.plugin = plugin
@@ -863,6 +864,11 @@ class BackgroundTask:
                 return
             if isinstance(event, Request):
                 self._run(event)
+            elif isinstance(event, RunFor):
+                for command in event.commands:
+                    self.broker.execute(command, event.caller).addErrback(
+                        lambda f, c=command: log.warning("%s background task: %r failed: %s", self.plugin.name, c,
+                                                         f.getErrorMessage()))
             elif isinstance(event, Timer):
                 old = self._timers.pop(event.context, None)
                 if old is not None and old.active():

@@ -20,7 +20,7 @@ from gateway.codec.framing import (
     MalformedFrame,
     TruncatedFrame,
 )
-from gateway.model import EMPTY, Fetch, ScramCredential
+from gateway.model import EMPTY, Caller, Fetch, ScramCredential
 
 Framer = LengthPrefixedFramer | LineFramer
 LOGIN_REFUSED = "login refused"  # the context of the Timer that answers a failed authentication
@@ -177,7 +177,17 @@ class Timer:
     context: Hashable = None
 
 
-Event = Request | Reply | Close | Subscribe | Unsubscribe | Timer
+@attrs.frozen
+class RunFor:
+    """A background task's commands (``CodecPlugin.background``) to run for ``caller``, checked
+    by the ACLs as that client's own would be (a delayed MQTT will goes out with the rights of
+    the client that left it), their results dropped. Only a background task emits it."""
+
+    commands: tuple[Any, ...]
+    caller: Caller
+
+
+Event = Request | Reply | Close | Subscribe | Unsubscribe | Timer | RunFor
 
 
 Render = Callable[[Sequence[Any]], "bytes | Handled | Event"]

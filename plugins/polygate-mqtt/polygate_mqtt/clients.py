@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import model as m
-from gateway.codec import CodecConnection, Handled, ListenerSettings, Timer
+from gateway.codec import CodecConnection, Handled, ListenerSettings, RunFor, Timer
 from gateway.codec.framing import LengthPrefixedFramer, varint_header
 
 from . import session
@@ -44,7 +44,7 @@ class Clients(CodecConnection):
     def __init__(self, settings: ListenerSettings):
         super().__init__(settings, LengthPrefixedFramer(varint_header(1, 4), 0))  # it receives no bytes
         self.holders: dict[str, MqttConnection] = {}  # client identifier -> its connection
-        self.wills: dict[str, tuple[m.Produce, ...]] = {}  # client identifier -> its delayed will's commands
+        self.wills: dict[str, RunFor] = {}  # client identifier -> its delayed will, for its client
         self.sweep_every_s = settings.options["session_sweep_ms"] / 1000
         self.default_expiry_s = settings.options["session_expiry_s"]
         self.emit(Timer(self.sweep_every_s, "sweep"))
@@ -65,28 +65,30 @@ class Clients(CodecConnection):
 
     # ------------------------------------------------------------------ delayed wills
 
-    def delay_will(self, client_id: str, will: tuple[m.Produce, ...], delay_s: float) -> None:
-        """Publish ``will`` in ``delay_s`` seconds, unless ``take_will`` takes it first."""
+    def delay_will(self, client_id: str, will: RunFor, delay_s: float) -> None:
+        """Publish ``will`` (for the client that left it) in ``delay_s`` seconds, unless
+        ``take_will`` takes it first."""
         self.wills[client_id] = will
         self.emit(Timer(delay_s, ("will", client_id)))
         self.settings.wake()
 
-    def take_will(self, client_id: str) -> tuple[m.Produce, ...]:
-        """The will still delayed for ``client_id`` (``()`` for none), no longer published later:
-        a connection with that identifier came first."""
-        will = self.wills.pop(client_id, ())
-        if will:
+    def take_will(self, client_id: str, publish: bool) -> None:
+        """A connection with ``client_id`` came: the will still delayed for it is published now
+        if ``publish`` (its session ended), else never."""
+        will = self.wills.pop(client_id, None)
+        if will is not None:
             self.emit(Timer(None, ("will", client_id)))
+            if publish:
+                self.emit(will)
             self.settings.wake()
-        return will
 
     # ------------------------------------------------------------------ the sweep
 
     def timer(self, context: Any) -> None:
         if type(context) is tuple:  # ("will", client identifier): its delay is over
-            will = self.wills.pop(context[1], ())
-            if will:
-                self.emit(Handled.run(will, _nothing, ordered=False))
+            will = self.wills.pop(context[1], None)
+            if will is not None:
+                self.emit(will)
         elif context == "sweep":  # the next one is set now: a round that fails leaves no gap
             self.emit(Timer(self.sweep_every_s, "sweep"))
             self.emit(Handled.run((m.ListGroups(),), self._listed, ordered=False))

@@ -12,7 +12,8 @@ What a client gets (see the README for the full list and its reasons):
   CONNACK 4 (bad user name or password), late (``CodecConnection.refuse_login``), and the
   connection closes; the client is then ``User:<name>`` for the ACLs. Without
   them it is anonymous (or its TLS certificate's ``User:<CN>``), which a
-  listener under ``--require-auth mqtt`` answers CONNACK 5 and closes.
+  listener under ``--require-auth mqtt`` answers CONNACK 5 and closes. A CONNECT with the
+  client identifier of a connected client takes it over (``clients``, ``take_over``).
 * Under ``--authorizer acl``: a SUBSCRIBE filter whose log topic the client
   may not read gets SUBACK 0x80; a refused PUBLISH QoS 0 is dropped silently
   (QoS 0 has no answer), a refused QoS 1 or 2 closes the connection (3.1.1
@@ -71,7 +72,7 @@ MQTT 5 (``properties``, ``message``, ``auth``):
   are acknowledged once stored), Maximum Packet Size (the
   frame limit plus its fixed header), Topic Alias Maximum (``topic_alias_maximum``),
   Maximum QoS 2, Retain, Wildcard Subscription and Subscription Identifiers
-  available, Shared Subscriptions not available, and the Session Expiry
+  available, Shared Subscriptions available, and the Session Expiry
   Interval where ``session_expiry_s`` bounds the client's. An empty client
   identifier is given one (Assigned Client Identifier). Under ``max_keep_alive_s``
   a longer keep-alive (or none) is lowered to it (Server Keep Alive).
@@ -97,14 +98,16 @@ MQTT 5 (``properties``, ``message``, ``auth``):
   Identifier, given with every delivery its filter matches. A persistent
   session keeps them with its filters.
   UNSUBACK says 0x11 for a filter that was not subscribed.
-* AUTH: SCRAM-SHA-256 and -512 against the user store (``auth``).
+* AUTH: SCRAM-SHA-256 and -512 against the user store, and re-authentication (``auth``).
+* Will Delay Interval: a will with a delay is published by ``clients`` once it is over, or when the
+  session ends if that is sooner, unless the session goes on on a new connection first.
 
 Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
 gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
 (10000), ``mapping`` (``per-level``), ``discovery_ms`` (1000), ``partition_check_ms`` (30000),
 ``max_partitions`` (4096), ``sys_interval_ms`` (10000), ``commit_ms`` (1000),
-``session_expiry_s`` (7 days), ``max_session_backlog`` (100000),
+``session_expiry_s`` (7 days), ``session_sweep_ms`` (60000), ``max_session_backlog`` (100000),
 ``max_session_queued_bytes`` (64 MiB).
 
 This module is the connection: framing, connection state, timers and the
@@ -131,6 +134,7 @@ from gateway.codec import (
     Handled,
     ListenerSettings,
     Option,
+    RunFor,
     Subscribe,
     Timer,
     Unsubscribe,
@@ -426,22 +430,23 @@ class MqttConnection(CodecConnection):
             self.clients.release(self)
             delay = min(self.will_delay_s, self.session_expiry_s if self.session_group is not None else 0)
             if will and delay > 0:
-                self.clients.delay_will(self.client_id, will, delay)
+                caller = m.Caller(self.principal or m.ANONYMOUS, self.settings.peer.rpartition(":")[0])
+                self.clients.delay_will(self.client_id, RunFor(will, caller), delay)
                 will = ()
         return (*will, *(() if commit is None else (commit,)), *shared.ended(self))
 
-    def take_over(self, clean_start: bool) -> tuple[m.Produce | m.CommitOffsets, ...]:
+    def take_over(self, clean_start: bool) -> tuple[m.CommitOffsets, ...]:
         """Another connection's CONNECT claimed this one's client identifier (3.1.4-3): this one
         closes (MQTT 5: after DISCONNECT 0x8E, Session taken over). As Mosquitto does, the
         session goes on on the new connection unless that one starts clean: then, or when this
-        one had no persistent session, its will is published. Returns what runs before the new
-        connection's session starts: this one's last commit, or its will."""
+        one had no persistent session, its will is published as the connection ends (at once).
+        Returns what runs before the new connection's session starts: this one's last commit."""
+        handover: tuple[m.CommitOffsets, ...] = ()
         if self.session_group is not None and not clean_start:
             commit = self.session_commit(left_ms=int(time.time() * 1000))
-            handover: tuple[m.Produce | m.CommitOffsets, ...] = () if commit is None else (commit,)
-        else:
-            handover = self.will
-        self.will, self.session_group = (), None  # nothing more of the session is this connection's
+            handover = () if commit is None else (commit,)
+            self.will = ()
+        self.session_group = None  # nothing more of the session is this connection's
         self.emit(Close(packets.disconnect5(ReasonCode.SESSION_TAKEN_OVER) if self.version == 5 else b"",
                         reason="client identifier taken over by a new connection"))
         self.settings.wake()

@@ -156,17 +156,16 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
     return accepted()
 
 
-def _claim(conn: MqttConnection, clean_start: bool) -> tuple[m.Produce | m.CommitOffsets, ...]:
+def _claim(conn: MqttConnection, clean_start: bool) -> tuple[m.CommitOffsets, ...]:
     """The connection holds its client identifier from now on (``clients``): a connection that
-    held it is taken over (``MqttConnection.take_over``), and a will still delayed for it is not
-    published, unless the session starts clean (3.1.3.2.2). Returns what runs before the
-    session starts: the last commit of the connection taken over, or the wills published now."""
+    held it is taken over (``MqttConnection.take_over``), and a will still delayed for it is
+    published now if the session starts clean, else never (3.1.3.2.2). Returns what runs before
+    the session starts: the last commit of the connection taken over."""
     if conn.clients is None or not conn.client_id:  # (an empty 3.1.1 identifier names no one)
         return ()
-    delayed = conn.clients.take_will(conn.client_id)
+    conn.clients.take_will(conn.client_id, publish=clean_start)
     before = conn.clients.claim(conn)
-    handover = () if before is None else before.take_over(clean_start)
-    return (*handover, *(delayed if clean_start else ()))
+    return () if before is None else before.take_over(clean_start)
 
 
 def ignored(results: Sequence[object]) -> bytes:
