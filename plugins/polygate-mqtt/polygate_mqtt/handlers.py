@@ -531,7 +531,8 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
         share = shared.parse(topic_filter)
         if share is not None:  # read by the member of the group that the broker assigns partitions to
             existing = [info for info in named if info is not None and info.topic not in absent]
-            if sources.every or not named or any(info.error is not None or not info.partitions for info in existing) \
+            if sources.every or not named or None in named \
+                    or any(info.error is not None or not info.partitions for info in existing) \
                     or not shared.room(conn, share[0], existing) \
                     or not all(conn.await_topic(name, topic_filter, granted) for name in absent):
                 codes.append(packets.SUBACK_FAILURE)  # log topics named by the filter, readable, in bounds
