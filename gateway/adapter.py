@@ -48,6 +48,7 @@ from gateway.codec import (
     PushConnection,
     Reply,
     Request,
+    RunFor,
     Subscribe,
     Timer,
     TimerConnection,
@@ -247,7 +248,7 @@ class CodecProtocol(protocol.Protocol):
         log.info("%s: connection from %s accepted", self.factory.plugin.name, self.peer)
         self._caller = m.Caller(m.ANONYMOUS, self._peer_host)
         settings = attrs.evolve(self.factory.settings, peer=self.peer,
-                                clock=self.factory.reactor.seconds)
+                                clock=self.factory.reactor.seconds, wake=self._wake)
         if hasattr(self.transport, "setTcpNoDelay"):
             # Answers are whole frames: Nagle would hold their tails until the peer's delayed ACK.
             self.transport.setTcpNoDelay(True)
@@ -376,6 +377,15 @@ class CodecProtocol(protocol.Protocol):
             self._yielded = True  # events may be left: the others first
             fairness.wait_turn(self)
         self._update_reading()
+
+    def _wake(self) -> None:
+        """``ListenerSettings.wake``: take the codec's events at the reactor's next turn (a
+        connection waiting for its slice takes them then)."""
+        self.factory.reactor.callLater(0, self._woken)
+
+    def _woken(self) -> None:
+        if not self.closing and not self._yielded:
+            self._pump()
 
     def next_slice(self) -> None:
         """Go on after a slice that ran out (``Fairness``)."""
@@ -817,6 +827,113 @@ class CodecProtocol(protocol.Protocol):
         self.closing = True
         self.queue.clear()
         self.transport.abortConnection()
+
+
+class BackgroundTask:
+    """Drives a plugin's gateway-wide task (``CodecPlugin.background``), a ``Connection`` that
+    receives no bytes: its ``Request``s run for the gateway itself (unchecked by ACLs, as the
+    gateway's own housekeeping) and are answered through ``respond``, its ``RunFor``s run for
+    the client they name, its ``Timer``s call ``timer``; its other events, and the bytes of its
+    answers, have no one to go to and are dropped. A failure (a bug of the task) is logged; the task goes on."""
+
+    def __init__(self, plugin: CodecPlugin, settings: ListenerSettings, broker: Any, reactor: Any):
+        self.plugin = plugin
+        self.broker = broker
+        self.reactor = reactor
+        self._timers: dict[Any, Any] = {}
+        self._woken = False
+        self.stopped = False
+        assert plugin.background is not None  # only a plugin that names one gets one
+        self.task = plugin.background(attrs.evolve(settings, clock=reactor.seconds, wake=self.wake))
+
+    def wake(self) -> None:
+        """Take the task's events at the reactor's next turn (``ListenerSettings.wake``)."""
+        if not self._woken and not self.stopped:
+            self._woken = True
+            self.reactor.callLater(0, self._pump)
+
+    def _pump(self) -> None:
+        self._woken = False
+        while not self.stopped:
+            try:
+                event = self.task.next_event()
+            except Exception:
+                log.error("%s background task error\n%s", self.plugin.name, Failure().getTraceback())
+                return
+            if event is None:
+                return
+            if isinstance(event, Request):
+                self._run(event)
+            elif isinstance(event, RunFor):
+                for command in event.commands:
+                    self.broker.execute(command, event.caller).addErrback(
+                        lambda f, c=command: log.warning("%s background task: %r failed: %s", self.plugin.name, c,
+                                                         f.getErrorMessage()))
+            elif isinstance(event, Timer):
+                old = self._timers.pop(event.context, None)
+                if old is not None and old.active():
+                    old.cancel()
+                if event.seconds is not None:
+                    self._timers[event.context] = self.reactor.callLater(max(event.seconds, 0), self._fired,
+                                                                         event.context)
+
+    def _run(self, request: Request) -> None:
+        try:
+            results = self.broker.run_many_unchecked(request.commands)
+        except Exception:
+            log.error("%s background task: %r failed\n%s", self.plugin.name, request.commands,
+                      Failure().getTraceback())
+            return
+        if not any(waits(r) for r in results):
+            self._respond(request, results)
+            return
+        gather(results).addCallbacks(lambda values: self._respond(request, values), lambda f: log.warning(
+            "%s background task: %r failed: %s", self.plugin.name, request.commands, f.getErrorMessage()))
+
+    def _respond(self, request: Request, results: Any) -> None:
+        if self.stopped:
+            return
+        try:
+            self.task.respond(request, results)
+        except Exception:
+            log.error("%s background task error\n%s", self.plugin.name, Failure().getTraceback())
+        self._pump()
+
+    def _fired(self, context: Any) -> None:
+        self._timers.pop(context, None)
+        if self.stopped:
+            return
+        try:
+            cast(TimerConnection, self.task).timer(context)
+        except Exception:
+            log.error("%s background task error\n%s", self.plugin.name, Failure().getTraceback())
+        self._pump()
+
+    def stop(self) -> None:
+        """The gateway is stopping: no more commands, no more timers."""
+        self.stopped = True
+        timers, self._timers = self._timers, {}
+        for call in timers.values():
+            if call.active():
+                call.cancel()
+
+
+def start_backgrounds(plugins: list[tuple[CodecPlugin, ListenerSettings]], broker: Any, reactor: Any
+                      ) -> tuple[list[BackgroundTask], list[ListenerSettings]]:
+    """The background tasks of the listeners' plugins (one per ``CodecPlugin.background``, built
+    with the settings of its first listener), and each listener's settings with its own."""
+    tasks: dict[Any, BackgroundTask] = {}
+    settings = []
+    for plugin, listener_settings in plugins:
+        if plugin.background is None:
+            settings.append(listener_settings)
+            continue
+        task = tasks.get(plugin.background)
+        if task is None:
+            task = tasks[plugin.background] = BackgroundTask(plugin, listener_settings, broker, reactor)
+            task.wake()
+        settings.append(attrs.evolve(listener_settings, background=task.task))
+    return list(tasks.values()), settings
 
 
 class CodecFactory(protocol.Factory):

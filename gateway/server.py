@@ -12,7 +12,13 @@ import attrs
 from twisted.internet import defer
 from twisted.internet.interfaces import IProtocolFactory
 
-from gateway.adapter import CodecFactory, ConnectionLimits, Fairness
+from gateway.adapter import (
+    BackgroundTask,
+    CodecFactory,
+    ConnectionLimits,
+    Fairness,
+    start_backgrounds,
+)
 from gateway.admin import AdminAccess, AdminServer
 from gateway.broker import Broker, BrokerConfig
 from gateway.cluster import ClusterConfig, ClusterStore
@@ -113,6 +119,7 @@ class Gateway:
         self.broker: Broker | None = None
         self.ports: list = []
         self.factories: list[CodecFactory] = []
+        self.backgrounds: list[BackgroundTask] = []  # the plugins' gateway-wide tasks (``CodecPlugin.background``)
         self.bound: list[tuple[str, str, int]] = []
         self.admin_address = admin
         self.admin_access = admin_access or AdminAccess()
@@ -160,6 +167,9 @@ class Gateway:
                                          max_partitions_per_principal=max(1, self.engine.max_partitions // 4))
         self.broker = Broker(store, self.registry.batch_formats, self.reactor, broker_config,
                              users=self.users, acls=self.acls)
+        self.backgrounds, settings = start_backgrounds([(plugin, ls) for (_, plugin), ls in zip(listeners, settings,
+                                                                                                strict=True)],
+                                                       self.broker, self.reactor)
         fairness = Fairness(self.reactor)  # one for every listener: connections share the reactor
         limits = connection_limits(self.limits, len(listeners))
         try:
@@ -237,6 +247,8 @@ class Gateway:
     def stop(self) -> Generator[defer.Deferred, object, None]:
         """Stop listening, drop connections, flush and close storage."""
         self.stopping = True
+        for task in self.backgrounds:
+            task.stop()
         yield defer.DeferredList([defer.maybeDeferred(p.stopListening) for p in self.ports] + [self._stop_admin()])
         for f in self.factories:
             for conn in list(f.connections):

@@ -15,7 +15,7 @@ from typing import Any
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
-from gateway.adapter import CodecFactory
+from gateway.adapter import CodecFactory, start_backgrounds
 from gateway.broker import Broker, BrokerConfig
 from gateway.codec import CodecPlugin, ListenerSettings
 from gateway.local.store import LocalStore
@@ -61,6 +61,7 @@ class MemoryGateway:
         self.engine = Engine(data_dir)
         formats = {p.batch_format.name: p.batch_format for p in (plugin, *others) if p.batch_format is not None}
         self.broker = Broker(LocalStore(self.engine, self.reactor), formats, self.reactor, config)
+        self.backgrounds, [settings] = start_backgrounds([(plugin, settings)], self.broker, self.reactor)
         self.factory = CodecFactory(plugin, settings, self.broker, self.reactor)
 
     def connect(self) -> tuple[Any, StringTransport]:

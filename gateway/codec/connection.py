@@ -20,7 +20,7 @@ from gateway.codec.framing import (
     MalformedFrame,
     TruncatedFrame,
 )
-from gateway.model import EMPTY, Fetch, ScramCredential
+from gateway.model import EMPTY, Caller, Fetch, ScramCredential
 
 Framer = LengthPrefixedFramer | LineFramer
 LOGIN_REFUSED = "login refused"  # the context of the Timer that answers a failed authentication
@@ -54,6 +54,11 @@ class ListenerSettings:
     verifies OAuth bearer tokens (``--oauth-issuer``), if configured.
     ``logins`` counts failed logins per address and user (``gateway.codec.authlimits``): the
     gateway gives every listener the same one, so that guesses over several protocols add up.
+    ``wake`` makes the adapter take the connection's events again soon (at the reactor's next
+    turn): for events it emitted outside a call from the adapter, which another connection made
+    (an MQTT client identifier taken over). ``background`` is the gateway-wide task of the
+    listener's plugin (``CodecPlugin.background``), one for every listener whose plugin names
+    the same one, that its connections share state with; None without one.
     """
 
     max_frame_size: int
@@ -66,6 +71,8 @@ class ListenerSettings:
     require_auth: bool = False
     tokens: Tokens | None = None
     logins: LoginLimits = attrs.field(factory=LoginLimits)
+    wake: Callable[[], None] = attrs.field(default=lambda: None)
+    background: Any = None
 
 
 class Tokens(Protocol):
@@ -170,7 +177,17 @@ class Timer:
     context: Hashable = None
 
 
-Event = Request | Reply | Close | Subscribe | Unsubscribe | Timer
+@attrs.frozen
+class RunFor:
+    """A background task's commands (``CodecPlugin.background``) to run for ``caller``, checked
+    by the ACLs as that client's own would be (a delayed MQTT will goes out with the rights of
+    the client that left it), their results dropped. Only a background task emits it."""
+
+    commands: tuple[Any, ...]
+    caller: Caller
+
+
+Event = Request | Reply | Close | Subscribe | Unsubscribe | Timer | RunFor
 
 
 Render = Callable[[Sequence[Any]], "bytes | Handled | Event"]

@@ -91,6 +91,15 @@ class CodecPlugin:
     ``options`` declares the ``--codec-option``s it takes (``parse_options``):
     its connections find them in ``ListenerSettings.options``, parsed, with
     every default filled in.
+
+    ``background`` builds the plugin's gateway-wide task, once per gateway (plugins naming
+    the same callable share one, as a codec and its WebSocket twin do), with the settings of
+    its first listener: a ``Connection`` that receives no bytes, whose ``Request``s the
+    gateway runs for itself (no ACL applies; ``RunFor`` runs commands for a client) and whose
+    ``Timer``s it keeps, and whose other
+    events and answers are dropped (``gateway.adapter.BackgroundTask``). It does what no one
+    connection can: outlive them (a delayed MQTT will, sweeping expired sessions), and hold
+    what they share (``ListenerSettings.background``).
     """
 
     name: str
@@ -101,3 +110,4 @@ class CodecPlugin:
     versions: str = ""
     batch_format: BatchFormat | None = None
     options: tuple[Option, ...] = ()
+    background: Callable[[ListenerSettings], Connection] | None = None

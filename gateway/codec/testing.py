@@ -31,6 +31,7 @@ from gateway.codec import (
     Reply,
     Request,
     Run,
+    RunFor,
     Subscribe,
     Timer,
 )
@@ -50,7 +51,9 @@ def describe(event: Event) -> tuple:
         return "Subscribe", event.fetches, event.keepalive_ms, event.exclusive
     if isinstance(event, Timer):
         return "Timer", event.seconds, event.context
-    return type(event).__name__, event.context
+    if isinstance(event, RunFor):
+        return "RunFor", tuple(type(c).__name__ for c in event.commands), event.caller
+    return "Unsubscribe", event.context
 
 
 def per_frame(event: Event) -> Sequence[Event]:

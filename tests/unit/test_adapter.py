@@ -5,25 +5,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
 from gateway import model as m
-from gateway.adapter import CodecFactory, ConnectionLimits
+from gateway.adapter import CodecFactory, ConnectionLimits, start_backgrounds
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
 from gateway.broker.calls import gather
 from gateway.codec import (
     BatchFormat,
     Close,
+    CodecConnection,
     CodecPlugin,
+    Handled,
     ListenerSettings,
     Reply,
     Request,
     Subscribe,
+    Timer,
 )
-from gateway.codec.framing import ReceiveBuffer
+from gateway.codec.framing import LengthPrefixedFramer, ReceiveBuffer, varint_header
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
@@ -617,3 +621,44 @@ def test_kafka_batches_produced_before_an_fsync_are_numbered_after_each_other(br
     assert [d.result.base_offset for d in ds] == [0, 1, 2]
     stored = engine.read("gk", 0, 0, 1 << 20)
     assert [(bt.base_offset, int.from_bytes(bt.payload[:8], "big")) for bt in stored] == [(i, i) for i in range(3)]
+
+
+class Chores(CodecConnection):
+    """A test background task: it lists the topics at once and again on each timer, and
+    remembers what each listing found."""
+
+    def __init__(self, settings: ListenerSettings):
+        super().__init__(settings, LengthPrefixedFramer(varint_header(1, 4), 0))  # it receives no bytes
+        self.found: list[tuple[str, ...]] = []
+        self.list_topics()
+
+    def list_topics(self) -> None:
+        self.emit(Handled.run((m.ListTopics(None),), self.listed))
+
+    def listed(self, results: Sequence[m.ListTopicsResult]) -> bytes:
+        self.found.append(tuple(sorted(info.topic for info in results[0].topics)))
+        self.emit(Timer(1.0, "again"))
+        return b"nobody reads this"
+
+    def timer(self, context: Any) -> None:
+        self.list_topics()
+
+
+def test_a_background_task_runs_its_requests_and_timers_once_for_every_plugin_naming_it(broker):
+    broker, reactor, _ = broker
+    """``CodecPlugin.background``: one task for the plugins naming the same one (a codec and its
+    WebSocket twin), given to their listeners' connections; its requests run and are answered to
+    it, its timers call it back, until the gateway stops it."""
+    plugin = CodecPlugin("chores", 0, lambda s: None, 1024, background=Chores)
+    twin = attrs.evolve(plugin, name="chores-ws")
+    settings = ListenerSettings(1024)
+    tasks, [first, second] = start_backgrounds([(plugin, settings), (twin, settings)], broker, reactor)
+    assert len(tasks) == 1 and first.background is second.background is tasks[0].task
+    reactor.advance(0)  # its first events are taken at the next turn
+    assert first.background.found == [()]
+    broker.run_many([m.CreateTopic("t", 1)])
+    reactor.advance(1.0)
+    assert first.background.found == [(), ("t",)]
+    tasks[0].stop()
+    reactor.advance(5.0)
+    assert len(first.background.found) == 2

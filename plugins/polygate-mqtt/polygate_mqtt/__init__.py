@@ -13,6 +13,7 @@ only the public plugin API (``gateway.codec``, ``gateway.model``,
 from gateway.codec import CodecPlugin
 from gateway.codec.websocket import over_websocket
 
+from .clients import Clients
 from .codec import OPTIONS, MqttConnection
 from .format import FORMAT
 
@@ -29,6 +30,7 @@ plugin = CodecPlugin(
     versions="3.1.1, 5",
     batch_format=FORMAT,
     options=OPTIONS,
+    background=Clients,
 )
 
 websocket_plugin = over_websocket(plugin, name="mqtt-ws", default_port=WEBSOCKET_PORT, subprotocol="mqtt",

@@ -12,7 +12,8 @@ What a client gets (see the README for the full list and its reasons):
   CONNACK 4 (bad user name or password), late (``CodecConnection.refuse_login``), and the
   connection closes; the client is then ``User:<name>`` for the ACLs. Without
   them it is anonymous (or its TLS certificate's ``User:<CN>``), which a
-  listener under ``--require-auth mqtt`` answers CONNACK 5 and closes.
+  listener under ``--require-auth mqtt`` answers CONNACK 5 and closes. A CONNECT with the
+  client identifier of a connected client takes it over (``clients``, ``take_over``).
 * Under ``--authorizer acl``: a SUBSCRIBE filter whose log topic the client
   may not read gets SUBACK 0x80; a refused PUBLISH QoS 0 is dropped silently
   (QoS 0 has no answer), a refused QoS 1 or 2 closes the connection (3.1.1
@@ -71,7 +72,7 @@ MQTT 5 (``properties``, ``message``, ``auth``):
   are acknowledged once stored), Maximum Packet Size (the
   frame limit plus its fixed header), Topic Alias Maximum (``topic_alias_maximum``),
   Maximum QoS 2, Retain, Wildcard Subscription and Subscription Identifiers
-  available, Shared Subscriptions not available, and the Session Expiry
+  available, Shared Subscriptions available, and the Session Expiry
   Interval where ``session_expiry_s`` bounds the client's. An empty client
   identifier is given one (Assigned Client Identifier). Under ``max_keep_alive_s``
   a longer keep-alive (or none) is lowered to it (Server Keep Alive).
@@ -97,14 +98,16 @@ MQTT 5 (``properties``, ``message``, ``auth``):
   Identifier, given with every delivery its filter matches. A persistent
   session keeps them with its filters.
   UNSUBACK says 0x11 for a filter that was not subscribed.
-* AUTH: SCRAM-SHA-256 and -512 against the user store (``auth``).
+* AUTH: SCRAM-SHA-256 and -512 against the user store, and re-authentication (``auth``).
+* Will Delay Interval: a will with a delay is published by ``clients`` once it is over, or when the
+  session ends if that is sooner, unless the session goes on on a new connection first.
 
 Options (``--codec-option mqtt.KEY=VALUE``, ``OPTIONS``, parsed by the
 gateway before the listener starts): ``retry_ms`` (default 10000),
 ``max_inflight`` (1000), ``max_queued_bytes`` (64 MiB), ``connect_timeout_ms``
 (10000), ``mapping`` (``per-level``), ``discovery_ms`` (1000), ``partition_check_ms`` (30000),
 ``max_partitions`` (4096), ``sys_interval_ms`` (10000), ``commit_ms`` (1000),
-``session_expiry_s`` (7 days), ``max_session_backlog`` (100000),
+``session_expiry_s`` (7 days), ``session_sweep_ms`` (60000), ``max_session_backlog`` (100000),
 ``max_session_queued_bytes`` (64 MiB).
 
 This module is the connection: framing, connection state, timers and the
@@ -119,7 +122,7 @@ import collections
 import itertools
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -131,6 +134,7 @@ from gateway.codec import (
     Handled,
     ListenerSettings,
     Option,
+    RunFor,
     Subscribe,
     Timer,
     Unsubscribe,
@@ -146,6 +150,10 @@ from .handlers import HANDLERS, connect, discover, ignored, sys_figures
 from .packets import MalformedPacket, PacketType
 from .properties import Property, ProtocolError, ReasonCode
 from .session import FilterOptions, Outgoing
+
+if TYPE_CHECKING:
+    from . import auth
+    from .clients import Clients
 
 OPTIONS = (
     Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
@@ -170,7 +178,10 @@ OPTIONS = (
     Option("commit_ms", integer(1), 1000, "a positive integer (milliseconds)",
            help="how often a persistent session's position is committed while it moves"),
     Option("session_expiry_s", integer(1), 7 * 24 * 3600, "a positive integer (seconds)",
-           help="how long a persistent session outlives its client's last connection"),
+           help="how long a persistent session outlives its client's last connection (and the most "
+                "an MQTT 5 Session Expiry Interval is granted)"),
+    Option("session_sweep_ms", integer(1), 60_000, "a positive integer (milliseconds)",
+           help="how often persistent sessions past their expiry are looked for and removed"),
     Option("max_session_backlog", integer(0), 100_000, "a non-negative integer (messages)",
            help="messages per log partition a returning persistent session reads at most (the latest)"),
     Option("receive_maximum", integer(1, 0xFFFF), 1024, "an integer from 1 to 65535",
@@ -284,6 +295,8 @@ class MqttConnection(CodecConnection):
         self.next_id = 0
         self.awaiting_release: set[int] = set()
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
+        self.will_delay_s = 0  # its MQTT 5 Will Delay Interval
+        self.clients: Clients | None = settings.background  # what the gateway's MQTT connections share
         self.session_group: str | None = None  # the group of a persistent session (``session``)
         self.read_to: dict[tuple[str, int], int] = {}  # (log topic, partition) -> the next offset to take
         self.redeliver: dict[tuple[str, int, int], int] = {}  # a restored session's deliveries in flight: ids
@@ -303,7 +316,7 @@ class MqttConnection(CodecConnection):
         self.aliases_out: dict[bytes, int] = {}  # topic name -> alias, set by ours
         self.alias_maximum_out = 0  # the client's Topic Alias Maximum
         self.problem_information = True  # whether acknowledgements may carry a Reason String (3.1.2.11.7)
-        self.exchange: tuple[Any, Any] | None = None  # an AUTH exchange under way (``auth``)
+        self.exchange: auth.Authentication | None = None  # an AUTH exchange under way (``auth``)
         self.authenticated: list[tuple[Property, object]] = []  # its last answer, for the CONNACK
         self.filter_options: dict[str, FilterOptions] = {}  # MQTT 5 filters with options beyond their QoS
         self.emit(Timer(self.options["connect_timeout_ms"] / 1000, "connect"))
@@ -407,10 +420,37 @@ class MqttConnection(CodecConnection):
         return b""
 
     def connection_lost(self) -> tuple[m.Produce | m.CommitOffsets, ...]:
-        """The will message (and its retained copy), unless the client said DISCONNECT; and the
-        persistent session's last commit, with the time the client left."""
+        """The will message (and its retained copy), unless the client said DISCONNECT, or its
+        Will Delay Interval hands it to ``clients`` to publish later (at the latest when the
+        session ends: 3.1.3.2.2); and the persistent session's last commit, with the time the
+        client left. The client identifier is free again."""
         commit = self.session_commit(left_ms=int(time.time() * 1000))
-        return (*self.will, *(() if commit is None else (commit,)), *shared.ended(self))
+        will = self.will
+        if self.clients is not None and self.connected:
+            self.clients.release(self)
+            delay = min(self.will_delay_s, self.session_expiry_s if self.session_group is not None else 0)
+            if will and delay > 0:
+                caller = m.Caller(self.principal or m.ANONYMOUS, self.settings.peer.rpartition(":")[0])
+                self.clients.delay_will(self.client_id, RunFor(will, caller), delay)
+                will = ()
+        return (*will, *(() if commit is None else (commit,)), *shared.ended(self))
+
+    def take_over(self, clean_start: bool) -> tuple[m.CommitOffsets, ...]:
+        """Another connection's CONNECT claimed this one's client identifier (3.1.4-3): this one
+        closes (MQTT 5: after DISCONNECT 0x8E, Session taken over). As Mosquitto does, the
+        session goes on on the new connection unless that one starts clean: then, or when this
+        one had no persistent session, its will is published as the connection ends (at once).
+        Returns what runs before the new connection's session starts: this one's last commit."""
+        handover: tuple[m.CommitOffsets, ...] = ()
+        if self.session_group is not None and not clean_start:
+            commit = self.session_commit(left_ms=int(time.time() * 1000))
+            handover = () if commit is None else (commit,)
+            self.will = ()
+        self.session_group = None  # nothing more of the session is this connection's
+        self.emit(Close(packets.disconnect5(ReasonCode.SESSION_TAKEN_OVER) if self.version == 5 else b"",
+                        reason="client identifier taken over by a new connection"))
+        self.settings.wake()
+        return handover
 
     def timer(self, context: str | tuple[str, str]) -> None:
         now = self.clock()
@@ -539,18 +579,29 @@ class MqttConnection(CodecConnection):
 
     def _appeared(self, results: Sequence[m.ListTopicsResult]) -> bytes:
         """The awaited log topics that exist now get their streams, from their start (everything
-        in them was published after the SUBSCRIBE); the others are looked for again later."""
+        in them was published after the SUBSCRIBE), and the shared subscriptions that wait for
+        them read them as members of their groups (``shared``); the others are looked for again
+        later."""
         for info in results[0].topics:
             filters = self.awaited.get(info.topic)
             if filters is None or info.error is not None or not info.partitions:
                 continue
             del self.awaited[info.topic]
+            own = {}
+            for topic_filter, granted in filters.items():
+                share = shared.parse(topic_filter)
+                if share is None:
+                    own[topic_filter] = granted
+                elif shared.room(self, share[0], [info]):  # the group's member reads it from now on
+                    shared.subscribe(self, *share, granted, [info], appeared=True)
+            if not own:
+                continue
             since = {p.partition: p.log_start_offset for p in info.partitions}
             sub = self.subscription(info.topic, since)
             if self.open_filters and info.topic not in self.known_topics:  # what discovery would find later
                 self.known_topics.add(info.topic)
-                filters = {**self.open_filters, **filters}
-            for topic_filter, granted in filters.items():
+                own = {**self.open_filters, **own}
+            for topic_filter, granted in own.items():
                 sub.subscribe(topic_filter, granted, since)
         if self.awaited:
             self.emit(Timer(AWAIT_EVERY_S, "await"))

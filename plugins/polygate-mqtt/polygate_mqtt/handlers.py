@@ -99,7 +99,9 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
                                   reason=f"will topic {c.will_topic!r}: no log topic under mapping {conn.mapping.spec}")
         will_headers = b""
         if conn.version == 5:
-            will_headers = message.headers_of(props.decode_list(c.will_properties, "will"))
+            will_properties = props.decode_list(c.will_properties, "will")
+            will_headers = message.headers_of(will_properties)
+            conn.will_delay_s = will_properties.get(props.P.WILL_DELAY_INTERVAL, 0)
         conn.will = _commands(conn, c.will_topic, f.will_qos, c.will_message, f.will_retain, will_headers)
     conn.connected = True
     conn.client_id = c.client_id
@@ -143,9 +145,27 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
         def accepted() -> Handled:
             return Handled.run((session.ENSURE_SESSIONS, m.FetchOffsets(group)),
                                lambda results: _resume(conn, group, results[1], connack), hold=True)
+    handover = _claim(conn, f.clean_session)
+    if handover:  # then the session starts where the connection taken over left it
+        starts = accepted
+
+        def accepted() -> Handled:
+            return Handled.run(handover, lambda _: starts(), hold=True)
     if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
         return _with_retained_topic(conn, accepted)
     return accepted()
+
+
+def _claim(conn: MqttConnection, clean_start: bool) -> tuple[m.CommitOffsets, ...]:
+    """The connection holds its client identifier from now on (``clients``): a connection that
+    held it is taken over (``MqttConnection.take_over``), and a will still delayed for it is
+    published now if the session starts clean, else never (3.1.3.2.2). Returns what runs before
+    the session starts: the last commit of the connection taken over."""
+    if conn.clients is None or not conn.client_id:  # (an empty 3.1.1 identifier names no one)
+        return ()
+    conn.clients.take_will(conn.client_id, publish=clean_start)
+    before = conn.clients.claim(conn)
+    return () if before is None else before.take_over(clean_start)
 
 
 def ignored(results: Sequence[object]) -> bytes:
@@ -170,9 +190,7 @@ def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult,
     holds it whole (``MqttConnection.session_group`` set), so that a connection lost meanwhile
     leaves the session as it was."""
     anchor, positions = session.restored(result.offsets) if result.error is None else (None, {})
-    expired = anchor is not None and anchor.left_ms > 0 \
-        and time.time() * 1000 - anchor.left_ms \
-        >= (conn.options["session_expiry_s"] if anchor.expiry_s is None else anchor.expiry_s) * 1000
+    expired = anchor is not None and anchor.expired(time.time() * 1000, conn.options["session_expiry_s"])
     if anchor is None or expired:
         conn.emit(Handled.answer(connack(False)))
         if positions or expired:  # what an expired session left: its positions would be taken for the new one's
@@ -508,17 +526,21 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
             codes.append(granted)
             continue
         named = [infos.get(name) for name in sources.topics]
-        share = shared.parse(topic_filter)
-        if share is not None:  # read by the member of the group that the broker assigns partitions to
-            existing = [info for info in named if info is not None and info.error is None and info.partitions]
-            if sources.every or not named or len(existing) < len(named) or not shared.room(conn, share[0], existing):
-                codes.append(packets.SUBACK_FAILURE)  # only log topics that exist, named by the filter, in bounds
-            else:
-                shared.subscribe(conn, share[0], share[1], granted, existing)
-                codes.append(granted)
-            continue
         absent = [info.topic for info in named if info is not None and info.error is not None
                   and info.error.code is m.ErrorCode.UNKNOWN_TOPIC]
+        share = shared.parse(topic_filter)
+        if share is not None:  # read by the member of the group that the broker assigns partitions to
+            existing = [info for info in named if info is not None and info.topic not in absent]
+            if sources.every or not named or None in named \
+                    or any(info.error is not None or not info.partitions for info in existing) \
+                    or not shared.room(conn, share[0], existing) \
+                    or not all(conn.await_topic(name, topic_filter, granted) for name in absent):
+                codes.append(packets.SUBACK_FAILURE)  # log topics named by the filter, readable, in bounds
+                continue
+            if existing:  # (the others join the membership as they appear: ``MqttConnection.await_topic``)
+                shared.subscribe(conn, share[0], share[1], granted, existing)
+            codes.append(granted)
+            continue
         read = [info for info in named if info is None or info.topic not in absent]
         if sources.every:
             read += [info for info in infos.values() if not topics.own(info.topic) and info.topic not in sources.topics
@@ -730,7 +752,11 @@ def unsubscribe(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     for topic_filter in u.filters:
         share = shared.parse(topic_filter)
         if share is not None:
-            codes.append(ReasonCode.SUCCESS if shared.unsubscribe(conn, *share) else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+            awaiting = any(topic_filter in waiting for waiting in conn.awaited.values())
+            for log_topic in list(conn.awaited):
+                conn.stop_awaiting(log_topic, topic_filter)
+            codes.append(ReasonCode.SUCCESS if shared.unsubscribe(conn, *share) or awaiting
+                         else ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
         codes.append(ReasonCode.SUCCESS if conn.subscribed(topic_filter) else ReasonCode.NO_SUBSCRIPTION_EXISTED)
         conn.open_filters.pop(topic_filter, None)

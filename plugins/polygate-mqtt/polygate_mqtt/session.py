@@ -49,6 +49,12 @@ class Anchor:
     expiry_s: int | None = None  # how long after ``left_ms`` it ends (None: ``session_expiry_s``)
     options: Mapping[str, FilterOptions] = attrs.Factory(dict)  # MQTT 5 filters' options beyond their QoS
 
+    def expired(self, now_ms: float, default_expiry_s: int) -> bool:
+        """Whether the session ended by ``now_ms``: its client left (a connected one's anchor says
+        0) at least its expiry ago (``default_expiry_s`` where the anchor names none)."""
+        expiry_s = default_expiry_s if self.expiry_s is None else self.expiry_s
+        return self.left_ms > 0 and now_ms - self.left_ms >= expiry_s * 1000
+
     def encode(self) -> str:
         options = {f: [o.identifier, o.no_local, o.retain_as_published] for f, o in self.options.items()}
         return json.dumps({"filters": dict(self.filters), "released": list(self.released), "left_ms": self.left_ms,

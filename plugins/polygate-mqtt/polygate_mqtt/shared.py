@@ -13,7 +13,8 @@ protocol it speaks.
 
 A member starts each assigned partition at the offset ``G`` committed there (records published
 after it are delivered), or, without one, at the end of the log (records published from then
-on). It commits what it delivered every ``HEARTBEAT_S`` while it moved, under its generation:
+on); a log topic that did not exist at the SUBSCRIBE (granted, and waited for as an ordinary
+filter's is: ``MqttConnection.await_topic``) at the start of its log, all of it published since. It commits what it delivered every ``HEARTBEAT_S`` while it moved, under its generation:
 the first offset not yet delivered for good (a QoS 0 message sent, a QoS 1 one PUBACKed, a QoS 2
 one PUBRECed), so that a Kafka consumer, or another MQTT member, given the partition next reads
 on from there. It heartbeats every ``HEARTBEAT_S``; told the group rebalances it commits, stops
@@ -21,7 +22,7 @@ its streams and joins again. UNSUBSCRIBE of its last filter of ``G``, or the con
 commits and leaves the group.
 
 A filter that reads every log topic (``#`` and ``+/...`` under ``per-level``) is not served
-shared: its SUBACK is 0x80, as it is for a filter whose log topics do not exist yet.
+shared: its SUBACK is 0x80.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class Share:
     streams: dict[str, _TopicSubscription] = attrs.Factory(dict)  # by log topic
     read_to: dict[tuple[str, int], int] = attrs.Factory(dict)  # (log topic, partition) -> next offset taken
     moved: bool = False  # delivered since the last commit
+    appeared: set[str] = attrs.Factory(set)  # log topics created after the SUBSCRIBE: read from their start
 
     @property
     def partitions(self) -> int:
@@ -110,16 +112,20 @@ def room(conn: MqttConnection, group: str, infos: Sequence[m.TopicInfo]) -> bool
     return conn.partitions_read + new <= conn.options["max_partitions"]
 
 
-def subscribe(conn: MqttConnection, group: str, topic_filter: str, granted: int, infos: Sequence[m.TopicInfo]) -> None:
-    """Add ``topic_filter`` (reading the log topics of ``infos``, which exist) to the connection's
-    membership of ``group``: a new member joins; one whose subscription grows joins again (a
-    rebalance)."""
+def subscribe(conn: MqttConnection, group: str, topic_filter: str, granted: int, infos: Sequence[m.TopicInfo],
+              appeared: bool = False) -> None:
+    """Add ``topic_filter`` (reading the log topics of ``infos``, which exist; ``appeared``: created
+    after the SUBSCRIBE) to the connection's membership of ``group``: a new member joins; one whose
+    subscription grows joins again (a rebalance)."""
     share = conn.shares.get(group)
     if share is None:
         share = conn.shares[group] = Share(group)
     before = share.subscription
     share.filters[topic_filter] = granted
-    share.topics[topic_filter] = tuple(info.topic for info in infos)
+    share.topics[topic_filter] = tuple(dict.fromkeys((*share.topics.get(topic_filter, ()),
+                                                      *(info.topic for info in infos))))
+    if appeared:
+        share.appeared.update(info.topic for info in infos)
     for info in infos:
         share.sizes[info.topic] = len(info.partitions)
     if share.subscription != before or not share.epoch:
@@ -138,6 +144,7 @@ def unsubscribe(conn: MqttConnection, group: str, topic_filter: str) -> bool:
         return False
     share.topics.pop(topic_filter)
     share.sizes = {topic: size for topic, size in share.sizes.items() if topic in share.subscription}
+    share.appeared.intersection_update(share.subscription)
     if not share.filters:
         del conn.shares[group]
         leaving = _leaving(conn, share)
@@ -272,7 +279,8 @@ def _started(conn: MqttConnection, share: Share, epoch: int, partitions: tuple[t
     committed = {(topic, p): offset for topic, p, offset, _ in result.offsets if offset >= 0}
     starts: dict[str, dict[int, int]] = {}
     for topic, p in partitions:
-        starts.setdefault(topic, {})[p] = committed.get((topic, p), m.OffsetSpec.LATEST)
+        starts.setdefault(topic, {})[p] = committed.get(
+            (topic, p), m.OffsetSpec.EARLIEST if topic in share.appeared else m.OffsetSpec.LATEST)
     for topic, since in starts.items():
         sub = share.streams[topic] = conn.shared_subscription(share.group, topic, since)
         for topic_filter, granted in share.filters.items():

@@ -37,6 +37,8 @@ class Client5:
         self.client.on_unsubscribe = lambda c, u, mid, codes, p: self._ack(mid, [code.value for code in codes])
         self.client.on_publish = lambda c, u, mid, code, p: self._ack(mid, [code.value])
         self.client.on_connect = self._connected
+        self.disconnects: list[int] = []  # the reason codes of the server's DISCONNECTs
+        self.client.on_disconnect = self._disconnected
         self.client.connect("127.0.0.1", port, keepalive=30, clean_start=clean_start, properties=properties)
         self.client.loop_start()
         with self.cond:
@@ -46,6 +48,17 @@ class Client5:
         with self.cond:
             self.connack = (flags.session_present, code.value, properties)
             self.cond.notify_all()
+
+    def _disconnected(self, client, userdata, flags, code, properties) -> None:
+        with self.cond:
+            self.disconnects.append(code.value)
+            self.cond.notify_all()
+
+    def wait_disconnect(self) -> int:
+        """The reason code of the first disconnection."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.disconnects, TIMEOUT), "still connected"
+            return self.disconnects[0]
 
     def _message(self, client, userdata, message) -> None:
         with self.cond:
@@ -262,4 +275,115 @@ def test_a_3_1_1_client_still_gets_3_1_1(gateway):
     s = socket.create_connection(("127.0.0.1", gateway.port("mqtt")), timeout=TIMEOUT)
     s.sendall(packets.packet(packets.PacketType.CONNECT, b"\x00\x04MQTT\x04\x02\x00\x1e\x00\x03old"))
     assert recv_packet(s) == (packets.PacketType.CONNACK, 0, b"\x00\x00")
+    s.close()
+
+
+def session_expiry(seconds: int) -> Properties:
+    p = Properties(PacketTypes.CONNECT)
+    p.SessionExpiryInterval = seconds
+    return p
+
+
+@pytest.mark.tansu_differs("Tansu 0.6 drops the metadata of committed offsets, where a session keeps its filters")
+def test_a_connect_with_a_connected_client_id_takes_it_over_after_disconnect_0x8e(gateway, clients):
+    """3.1.4-3, as Mosquitto: the first connection gets DISCONNECT 0x8E (Session taken over) and
+    is closed; the session goes on on the second."""
+    port = gateway.port("mqtt")
+    first = clients(port, "twin5", properties=session_expiry(300), clean_start=False)
+    first.client.reconnect_delay_set(60, 60)  # not back before the test ends: it would take over again
+    assert first.subscribe(("twin5/#", 1)) == [1]
+    second = clients(port, "twin5", properties=session_expiry(300), clean_start=False)
+    assert second.connack[:2] == (True, 0)
+    assert first.wait_disconnect() == ReasonCode.SESSION_TAKEN_OVER
+    clients(port, "publisher5").publish("twin5/a", b"for the session")
+    [msg] = second.wait_messages(1)
+    assert (msg.topic, msg.payload) == ("twin5/a", b"for the session")
+
+
+def _will_client(port: int, client_id: bytes, expiry: int, will_delay: int, clean: bool = True) -> socket.socket:
+    """An MQTT 5 connection with a will (QoS 1, to ``gone/<client id>``) delayed ``will_delay`` s,
+    whose session outlives it by ``expiry`` s; it will end without a DISCONNECT."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    flags = 0b1100 | (0b10 if clean else 0)  # will, will QoS 1, clean start
+    will_topic = b"gone/" + client_id
+    body = (b"\x00\x04MQTT\x05" + bytes((flags,)) + b"\x00\x00"
+            + props.encode([(Property.SESSION_EXPIRY_INTERVAL, expiry)]) + len(client_id).to_bytes(2, "big") + client_id
+            + props.encode([(Property.WILL_DELAY_INTERVAL, will_delay)])
+            + len(will_topic).to_bytes(2, "big") + will_topic + b"\x00\x04gone")
+    s.sendall(packets.packet(packets.PacketType.CONNECT, body))
+    kind, _, connack = recv_packet(s)
+    assert (kind, connack[1]) == (packets.PacketType.CONNACK, ReasonCode.SUCCESS)
+    return s
+
+
+def _nothing_for(c: Client5, seconds: float) -> bool:
+    """Whether ``c`` got no message for ``seconds``."""
+    with c.cond:
+        return not c.cond.wait_for(lambda: c.messages, seconds)
+
+
+def test_a_delayed_will_is_published_after_its_delay_or_at_the_session_end(gateway, clients):
+    """3.1.3.2.2: the will of a connection lost goes out once its Will Delay Interval is over, or
+    when its session ends if that comes first (Session Expiry Interval 0: at once)."""
+    port = gateway.port("mqtt")
+    watcher = clients(port, "watcher")
+    assert watcher.subscribe(("gone/#", 1)) == [1]
+    _will_client(port, b"slow", expiry=300, will_delay=2).close()
+    assert _nothing_for(watcher, 1), "the will came before its delay"
+    [will] = watcher.wait_messages(1)
+    assert (will.topic, will.payload) == ("gone/slow", b"gone")
+    _will_client(port, b"brief", expiry=0, will_delay=300).close()  # the session ends with the connection
+    assert [(m.topic, m.payload) for m in watcher.wait_messages(2)][1] == ("gone/brief", b"gone")
+
+
+def test_a_delayed_will_is_not_published_when_the_session_goes_on_before_its_delay(gateway, clients):
+    port = gateway.port("mqtt")
+    watcher = clients(port, "watcher")
+    assert watcher.subscribe(("gone/#", 1)) == [1]
+    _will_client(port, b"back", expiry=300, will_delay=2).close()
+    back = _will_client(port, b"back", expiry=300, will_delay=2, clean=False)  # within the delay
+    assert _nothing_for(watcher, 4), "the will of a session that went on was published"
+    back.sendall(packets.disconnect5(ReasonCode.SUCCESS))  # (a client's DISCONNECT: no will either)
+    back.close()
+
+
+def _auth(s: socket.socket, reason: int, mechanism: str, data: bytes) -> tuple[int, dict]:
+    """Send AUTH ``reason`` with ``data``; the reason code and properties of the AUTH answering it."""
+    s.sendall(packets.auth(reason, [(Property.AUTHENTICATION_METHOD, mechanism), (Property.AUTHENTICATION_DATA, data)]))
+    kind, _, body = recv_packet(s)
+    assert kind == packets.PacketType.AUTH, (kind, body)
+    return body[0], _properties(body, 1)
+
+
+def test_reauthentication_with_the_connects_method_and_a_failed_one_disconnects_0x87(gateway_factory, tmp_path):
+    """4.12.1: AUTH 0x19 on an established connection runs the CONNECT's SCRAM method again, and
+    ends with AUTH 0x00 and the server's signature; a proof that fails gets DISCONNECT 0x87."""
+    users = tmp_path / "users"
+    users.write_text("ada:s3cret-Pass\n")
+    gw = gateway_factory(args=("--users-file", str(users), "--require-auth", "mqtt"))
+    mechanism, first = "SCRAM-SHA-256", client_first("ada")
+    s = _connect5(gw.port("mqtt"), [(Property.AUTHENTICATION_METHOD, mechanism), (Property.AUTHENTICATION_DATA, first)])
+    server_first = _properties(recv_packet(s)[2], 1)[Property.AUTHENTICATION_DATA].decode()
+    final, _ = client_final(mechanism, "s3cret-Pass", first, server_first)
+    s.sendall(packets.auth(ReasonCode.CONTINUE_AUTHENTICATION, [(Property.AUTHENTICATION_METHOD, mechanism),
+                                                                (Property.AUTHENTICATION_DATA, final)]))
+    assert recv_packet(s)[2][1] == ReasonCode.SUCCESS  # CONNACK
+
+    for password, outcome in (("s3cret-Pass", "success"), ("wrong", "refused")):
+        again = client_first("ada")
+        reason, found = _auth(s, ReasonCode.RE_AUTHENTICATE, mechanism, again)
+        assert reason == ReasonCode.CONTINUE_AUTHENTICATION
+        final, signature = client_final(mechanism, password, again, found[Property.AUTHENTICATION_DATA].decode())
+        if outcome == "success":
+            reason, found = _auth(s, ReasonCode.CONTINUE_AUTHENTICATION, mechanism, final)
+            assert (reason, found[Property.AUTHENTICATION_DATA]) == (ReasonCode.SUCCESS,
+                                                                     b"v=" + base64.b64encode(signature))
+            s.sendall(packets.packet(packets.PacketType.PINGREQ, b""))  # still served
+            assert recv_packet(s)[0] == packets.PacketType.PINGRESP
+        else:
+            s.sendall(packets.auth(ReasonCode.CONTINUE_AUTHENTICATION, [(Property.AUTHENTICATION_METHOD, mechanism),
+                                                                        (Property.AUTHENTICATION_DATA, final)]))
+            kind, _, body = recv_packet(s)
+            assert (kind, body[0]) == (packets.PacketType.DISCONNECT, ReasonCode.NOT_AUTHORIZED)
+            assert s.recv(1) == b""
     s.close()

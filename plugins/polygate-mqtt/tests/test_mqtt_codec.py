@@ -277,7 +277,7 @@ def test_a_subscribe_creates_no_topic_and_delivers_once_a_publisher_creates_it(r
     c = rig.client()
     assert c.send(subscribe_packet(1, ("w/#", 1))) == [(PacketType.SUBACK, 0, b"\x00\x01\x01")]
     assert not rig.broker.store.has_topic("w")
-    publisher = rig.client()
+    publisher = rig.client(b"publisher")  # (another client id: the same one would take "c" over)
     assert publisher.send(packets.publish(b"w/x", b"first", 1, 5)) == [(PacketType.PUBACK, 0, b"\x00\x05")]
     assert c.received() == []
     rig.reactor.advance(AWAIT_EVERY_S)
@@ -606,3 +606,14 @@ def test_a_push_over_the_queued_bytes_limit_still_sends_what_it_built_then_close
         pos += header + length
     assert got == [(0, b"a"), (1, b"b"), (0, b"d")]
     assert list(conn.inflight) == [1] and conn.closed
+
+
+def test_a_connect_with_a_connected_client_id_closes_the_earlier_connection(rig):
+    """3.1.4-3: the earlier connection is closed (a 3.1.1 one without an answer) once the later
+    CONNECT is accepted; another client id leaves it be."""
+    first = rig.client(b"same")
+    other = rig.client(b"other")
+    rig.client(b"same")
+    rig.reactor.advance(0)  # the earlier connection's adapter takes its close at the next turn
+    assert first.closed and first.received() == []
+    assert not other.closed

@@ -222,3 +222,45 @@ def test_a_returning_session_gets_at_most_its_queued_bytes_of_what_it_missed(gat
     [(_, _, _, payload, _)] = client.publishes(1)
     assert payload == b"live"
     client.close()
+
+
+def test_a_connect_with_the_id_of_a_connected_client_takes_its_session_over(gateway_factory, device_factory):
+    """3.1.4-3, as Mosquitto: the first connection is closed (3.1.1: without an answer), and the
+    session goes on on the second, its subscriptions and all."""
+    gw = gateway_factory(("v1", "mqtt"))
+    first = Raw(gw.port("mqtt"), b"twin")
+    first.subscribe("twin/#", 1)
+    second = Raw(gw.port("mqtt"), b"twin")
+    assert second.session_present
+    first.sock.settimeout(5)
+    assert first.sock.recv(1) == b"", "the first connection is still open"
+    publisher(gw, device_factory, ("twin/a", b"to the new connection", 1))
+    [(topic, qos, _, payload, dup)] = second.publishes(1)
+    assert (topic, qos, payload, dup) == ("twin/a", 1, b"to the new connection", False)
+    first.close()
+    second.close()
+
+
+def _session_groups(gw) -> list[str]:
+    listing = subprocess.run([GATEWAY, "groups", "list", "-s", gw.address("kafka")], capture_output=True, text=True,
+                             check=True).stdout
+    return [line.split()[0] for line in listing.splitlines() if line.startswith("mqtt.")]
+
+
+def test_a_session_whose_client_never_returns_is_swept_after_its_expiry_also_across_a_restart(gateway_factory):
+    gw = gateway_factory(("v1", "kafka", "mqtt"), ("--codec-option", "mqtt.session_expiry_s=3",
+                                                   "--codec-option", "mqtt.session_sweep_ms=200"))
+    client = Raw(gw.port("mqtt"), b"never-back")
+    client.subscribe("far/#", 1)
+    staying = Raw(gw.port("mqtt"), b"staying")  # connected: its session does not expire
+    left(client)
+    assert "mqtt.never-back" in _session_groups(gw)
+    staying.close()
+    gw.restart()  # before the expiry: the gateway that sweeps it is the next one
+    staying = Raw(gw.port("mqtt"), b"staying")
+    deadline = time.monotonic() + 30
+    while "mqtt.never-back" in _session_groups(gw):
+        assert time.monotonic() < deadline, "the expired session is still there"
+        time.sleep(0.5)
+    assert "mqtt.staying" in _session_groups(gw)
+    staying.close()

@@ -72,9 +72,26 @@ def test_a_shared_filter_without_a_share_name_closes_and_one_of_every_log_topic_
                                                                                        device_factory):
     device = device_factory(gateway.port("mqtt"), "refused")
     assert device.subscribe(("$share/g/#", 1)) == [0x80]  # every log topic: not served shared
-    assert device.subscribe((f"$share/g/absent{uuid.uuid4().hex[:6]}/x", 1)) == [0x80]  # no such log topic yet
     device.client.subscribe("$share//x", 1)
     assert device.disconnected.wait(10)
+
+
+def test_a_shared_filter_waits_for_its_log_topic_as_an_ordinary_one_does(gateway_factory, device_factory):
+    """A SUBSCRIBE creates no log topic: a shared filter of one not there yet is granted, and the
+    member reads it from its start once a publisher created it (what it published then too)."""
+    gw = gateway_factory(("v1", "mqtt"))
+    topic, group = f"late{uuid.uuid4().hex[:8]}", f"g{uuid.uuid4().hex[:8]}"
+    members = [device_factory(gw.port("mqtt"), f"waiting{i}") for i in range(2)]
+    for member in members:
+        assert member.subscribe((f"$share/{group}/{topic}/#", 1)) == [1]
+    publisher = device_factory(gw.port("mqtt"), "creator")
+    publisher.publish(f"{topic}/a", b"the first message", qos=1)  # creates the log topic
+    wait(lambda: sum(len(member.wait_messages(0, 0)) for member in members) >= 1, what="the first message")
+    publisher.publish(f"{topic}/a", b"the second", qos=1)
+    wait(lambda: sum(len(member.wait_messages(0, 0)) for member in members) >= 2, what="the second message")
+    time.sleep(1)  # and no copy at the other member
+    got = sorted(payload for member in members for _, payload, _ in member.wait_messages(0, 0))
+    assert got == [b"the first message", b"the second"]
 
 
 @pytest.fixture

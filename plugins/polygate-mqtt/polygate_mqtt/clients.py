@@ -1,0 +1,124 @@
+"""What the MQTT connections of one gateway share, and what outlives them: the plugin's
+gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-ws`` listeners).
+
+* **Client identifiers.** Each connected client identifier is held by one connection
+  (``claim``): a CONNECT with the identifier of a connected client takes it over, as 3.1.4-3
+  asks and Mosquitto does (``handlers``: the earlier connection gets DISCONNECT 0x8E, MQTT 5, and
+  is closed; the session goes on on the new one). Within one gateway: two gateways of a cluster
+  do not see each other's connections.
+* **Delayed wills** (MQTT 5 Will Delay Interval, 3.1.3.2.2): the will of a connection that ended
+  is published once its delay is over (``delay_will``), unless a connection with the same
+  client identifier came first and continues the session (``take_will``).
+* **The sweep of persistent sessions that never return**: every ``session_sweep_ms``, the
+  groups of persistent sessions (``session.GROUP_PREFIX``) whose client left longer ago than the
+  session's expiry are deleted (their committed positions and subscriptions go with them), also
+  those left by a gateway that has restarted since.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from gateway import model as m
+from gateway.codec import CodecConnection, Handled, ListenerSettings, RunFor, Timer
+from gateway.codec.framing import LengthPrefixedFramer, varint_header
+
+from . import session
+
+if TYPE_CHECKING:
+    from .codec import MqttConnection
+
+SWEPT_AT_ONCE = 256
+"""The most session groups one round of a sweep reads the anchors of (the rest: the next rounds)."""
+
+
+def _nothing(results: Sequence[object]) -> bytes:
+    return b""
+
+
+class Clients(CodecConnection):
+    """The connected client identifiers, the delayed wills, the sweep (module docstring)."""
+
+    def __init__(self, settings: ListenerSettings):
+        super().__init__(settings, LengthPrefixedFramer(varint_header(1, 4), 0))  # it receives no bytes
+        self.holders: dict[str, MqttConnection] = {}  # client identifier -> its connection
+        self.wills: dict[str, RunFor] = {}  # client identifier -> its delayed will, for its client
+        self.sweep_every_s = settings.options["session_sweep_ms"] / 1000
+        self.default_expiry_s = settings.options["session_expiry_s"]
+        self.emit(Timer(self.sweep_every_s, "sweep"))
+
+    # ------------------------------------------------------------------ client identifiers
+
+    def claim(self, conn: MqttConnection) -> MqttConnection | None:
+        """``conn`` holds its client identifier from now on; the connection that held it before,
+        still open, is returned (to be taken over)."""
+        before = self.holders.get(conn.client_id)
+        self.holders[conn.client_id] = conn
+        return before if before is not None and before is not conn and not before.closed else None
+
+    def release(self, conn: MqttConnection) -> None:
+        """``conn`` ended: its client identifier is free, unless another connection took it."""
+        if self.holders.get(conn.client_id) is conn:
+            del self.holders[conn.client_id]
+
+    # ------------------------------------------------------------------ delayed wills
+
+    def delay_will(self, client_id: str, will: RunFor, delay_s: float) -> None:
+        """Publish ``will`` (for the client that left it) in ``delay_s`` seconds, unless
+        ``take_will`` takes it first."""
+        self.wills[client_id] = will
+        self.emit(Timer(delay_s, ("will", client_id)))
+        self.settings.wake()
+
+    def take_will(self, client_id: str, publish: bool) -> None:
+        """A connection with ``client_id`` came: the will still delayed for it is published now
+        if ``publish`` (its session ended), else never."""
+        will = self.wills.pop(client_id, None)
+        if will is not None:
+            self.emit(Timer(None, ("will", client_id)))
+            if publish:
+                self.emit(will)
+            self.settings.wake()
+
+    # ------------------------------------------------------------------ the sweep
+
+    def timer(self, context: Any) -> None:
+        if type(context) is tuple:  # ("will", client identifier): its delay is over
+            will = self.wills.pop(context[1], None)
+            if will is not None:
+                self.emit(will)
+        elif context == "sweep":  # the next one is set now: a round that fails leaves no gap
+            self.emit(Timer(self.sweep_every_s, "sweep"))
+            self.emit(Handled.run((m.ListGroups(),), self._listed, ordered=False))
+        else:
+            super().timer(context)
+
+    def _listed(self, results: Sequence[m.ListGroupsResult]) -> bytes | Handled:
+        """Read the anchors of the sessions whose clients are not connected here."""
+        groups = tuple(listing.group for listing in results[0].groups
+                       if listing.group.startswith(session.GROUP_PREFIX)
+                       and listing.group[len(session.GROUP_PREFIX):] not in self.holders)
+        return self._read(groups)
+
+    def _read(self, groups: tuple[str, ...]) -> bytes | Handled:
+        if not groups:
+            return b""
+        now, rest = groups[:SWEPT_AT_ONCE], groups[SWEPT_AT_ONCE:]
+        return Handled.run(tuple(m.FetchOffsets(group, (session.ANCHOR,)) for group in now),
+                           lambda results: self._anchors(now, rest, results), ordered=False)
+
+    def _anchors(self, groups: tuple[str, ...], rest: tuple[str, ...],
+                 results: Sequence[m.FetchOffsetsResult]) -> bytes | Handled:
+        """Delete the groups of the sessions past their expiry; then the next round."""
+        now_ms = time.time() * 1000
+        expired = []
+        for group, result in zip(groups, results, strict=True):
+            anchor = session.restored(result.offsets)[0] if result.error is None else None
+            if anchor is not None and anchor.expired(now_ms, self.default_expiry_s) \
+                    and group[len(session.GROUP_PREFIX):] not in self.holders:
+                expired.append(group)
+        if expired:
+            self.emit(Handled.run((m.DeleteGroups(tuple(expired)),), _nothing, ordered=False))
+        return self._read(rest)
