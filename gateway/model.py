@@ -304,6 +304,36 @@ class AlterConfigsResult:
 
 
 @frozen
+class DescribeBrokerConfigs:
+    """The broker settings clients changed at run time (``gateway.broker.configs``): this broker's
+    own and the cluster-wide defaults."""
+
+
+@frozen
+class DescribeBrokerConfigsResult:
+    own: tuple[tuple[str, str], ...] = ()  # (Kafka's name, value) set for this broker
+    defaults: tuple[tuple[str, str], ...] = ()  # set as the cluster-wide default
+    error: Error | None = None
+
+
+@frozen
+class AlterBrokerConfigs:
+    """Change the broker settings clients may change at run time (``gateway.broker.configs``):
+    this broker's own (``own``), else the cluster-wide defaults. ``changes``, ``replace`` and
+    ``validate_only`` as ``AlterConfigs``'."""
+
+    own: bool
+    changes: tuple[tuple[str, str, str | None], ...]
+    replace: bool = False
+    validate_only: bool = False
+
+
+@frozen
+class AlterBrokerConfigsResult:
+    error: Error | None = None
+
+
+@frozen
 class CreateTopic:
     topic: str
     partitions: int | None = None
