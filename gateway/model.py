@@ -767,6 +767,7 @@ class GroupMemberInfo:
     assignment: bytes = b""
     partitions: tuple[tuple[str, tuple[int, ...]], ...] = ()
     codec: str = ""  # the wire protocol the member speaks ("" if unknown)
+    group_instance_id: str | None = None  # a static member's instance (KIP-345)
 
 
 @frozen

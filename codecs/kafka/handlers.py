@@ -781,8 +781,8 @@ def describe_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame)
         client_id = mem.client_id
         if mem.codec not in ("", "kafka"):
             client_id = f"{mem.codec}:{client_id}" if client_id else mem.codec
-        return {"MemberId": mem.member_id, "ClientId": client_id, "ClientHost": mem.client_host,
-                "MemberMetadata": metadata, "MemberAssignment": assignment}
+        return {"MemberId": mem.member_id, "GroupInstanceId": mem.group_instance_id, "ClientId": client_id,
+                "ClientHost": mem.client_host, "MemberMetadata": metadata, "MemberAssignment": assignment}
 
     with_operations = req.get("IncludeAuthorizedOperations", False)
 

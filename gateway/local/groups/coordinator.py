@@ -162,7 +162,7 @@ class GroupCoordinator:
         members = tuple(
             m.GroupMemberInfo(mem.member_id, mem.client_id, mem.client_host, group.protocol_type,
                               dict(mem.protocols).get(group.protocol, b""), mem.assignment,
-                              self._assignment(group, mem.member_id), mem.codec)
+                              self._assignment(group, mem.member_id), mem.codec, mem.group_instance_id)
             for mem in group.members.values()
         )
         return m.GroupInfo(name, group.state, group.protocol_type, group.protocol or group.assignor,
