@@ -12,6 +12,7 @@ follower's SyncGroup, which return Deferreds.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -149,6 +150,7 @@ class GroupCoordinator:
         return m.DescribeGroupsResult(tuple(self._describe(name) for name in cmd.groups))
 
     def _describe(self, name: str) -> m.GroupInfo:
+        self._expire(name)
         group = self.classic.groups.get(name)
         consumer = self.consumer.groups.get(name)
         if consumer is not None:  # Kafka's consumer protocol: the coordinator's assignment
@@ -188,7 +190,10 @@ class GroupCoordinator:
         return m.DeleteGroupsResult(tuple(errors))
 
     def _delete(self, name: str) -> None:
-        """Forget group ``name`` and its committed offsets; refused while it has members."""
+        """Forget group ``name`` and its committed offsets; refused while it has members (those
+        whose session expired are no longer, as at Kafka's exact session deadline, whatever the
+        housekeeping's period)."""
+        self._expire(name)
         group = self.classic.groups.get(name)
         if group is None and name not in self.records.offsets:
             raise CommandError(m.ErrorCode.GROUP_NOT_FOUND, "group not found")
@@ -198,6 +203,13 @@ class GroupCoordinator:
         self.classic.groups.pop(name, None)
 
     # ------------------------------------------------------------------ housekeeping
+
+    def _expire(self, name: str) -> None:
+        """Remove the members of classic group ``name`` whose session expired, and end the rebalance
+        they held up (a group whose records refuse the change keeps them, as ``expire`` leaves it)."""
+        with contextlib.suppress(CommandError):
+            if self.classic.expire(name):
+                self.rebalance.changed(name)
 
     def expire(self) -> None:
         """Remove the members whose session expired, and end the rebalances they held up."""
