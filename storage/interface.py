@@ -243,7 +243,8 @@ class Storage(Protocol):
         ``timestamp`` (or that record's own offset), or None."""
 
     def max_timestamp_offset(self, topic: str, partition: int) -> MayWait[tuple[int, int]]:
-        """*May wait.* ``(offset, timestamp)`` of the record with the largest timestamp, ``(-1, -1)`` if none."""
+        """*May wait.* ``(offset, timestamp)`` of the record with the largest timestamp, or of a later
+        record of its batch (the broker finds the record in the batch); ``(-1, -1)`` if none."""
 
     # ------------------------------------------------------------------ producers
 

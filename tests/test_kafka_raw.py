@@ -321,6 +321,20 @@ def test_end_txn_v5_at_the_last_epoch_answers_a_new_producer_id(gateway_factory,
     client.close()
 
 
+def test_list_offsets_max_timestamp_answers_the_record_within_its_batch(kafka_gateway):
+    """ListOffsets' MAX_TIMESTAMP (-3) answers the record with the largest timestamp, not its batch's
+    last record (librdkafka's 0081, Kafka since 3.8: KAFKA-16310), nor a later one at the same time."""
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    stamps = (10_000_100, 10_000_400, 10_000_250, 10_000_400)
+    batch = kafka_format.encode_batch([m.Record(b"v", None, ts) for ts in stamps], 0)
+    assert client.produce_batch(topic, 0, batch).ErrorCode == 0
+    answer = client.call(2, 7, {"ReplicaId": -1, "IsolationLevel": 0, "Topics": [
+        {"Name": topic, "Partitions": [{"PartitionIndex": 0, "Timestamp": -3}]}]}).Topics[0].Partitions[0]
+    assert (answer.ErrorCode, answer.Offset, answer.Timestamp) == (0, 1, 10_000_400)
+    client.close()
+
+
 def test_find_coordinator_answers_every_key_of_a_batch(kafka_gateway):
     client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))
     port = kafka_gateway.port("kafka")
