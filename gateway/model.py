@@ -709,6 +709,9 @@ class CommitOffsets:
     ``validate_only`` makes every check and stores nothing (Cursus' rules).
     ``leader_epochs``: the leader epoch each of ``offsets`` was read in (Kafka's
     ``CommittedLeaderEpoch``), kept with it; empty: -1 (unknown) for all.
+    ``outside_group``: a commit from outside the group's membership (Kafka's admin
+    or a consumer without group management: generation -1, no member), which
+    Kafka refuses (``UNKNOWN_MEMBER``) while the group has members.
     """
 
     group: str
@@ -720,6 +723,7 @@ class CommitOffsets:
     validate_only: bool = False
     group_instance_id: str | None = None  # a static member's (KIP-345)
     leader_epochs: tuple[int, ...] = ()
+    outside_group: bool = False
 
 
 @frozen

@@ -727,13 +727,16 @@ def leave_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> 
 
 def offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """OffsetCommit; from v6 each offset with the leader epoch it was read in, which OffsetFetch
-    answers back."""
+    answers back. Generation -1 without a member commits from outside the group (an admin client):
+    refused while the group has members, as Kafka refuses it."""
     generation = req.get("GenerationIdOrMemberEpoch", -1)
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
     epochs = tuple(p.get("CommittedLeaderEpoch", -1) for t in req.Topics for p in t.Partitions)
-    cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None,
-                          group_instance_id=req.get("GroupInstanceId"), leader_epochs=epochs if version >= 6 else ())
+    member_id, instance = req.get("MemberId", ""), req.get("GroupInstanceId")
+    cmd = m.CommitOffsets(req.GroupId, offsets, member_id, generation if generation >= 0 else None,
+                          group_instance_id=instance, leader_epochs=epochs if version >= 6 else (),
+                          outside_group=generation < 0 and not member_id and instance is None)
 
     def render(results: Sequence[m.CommitOffsetsResult]) -> bytes:
         r = results[0]

@@ -101,6 +101,11 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ offsets
 
     def commit(self, cmd: m.CommitOffsets) -> m.CommitOffsetsResult:
+        if cmd.outside_group and self._has_members(cmd.group):
+            error = m.Error(m.ErrorCode.UNKNOWN_MEMBER, f"group {cmd.group} has members: a commit from outside it "
+                                                        "needs the group empty")
+            return m.CommitOffsetsResult(cmd.group, tuple((t, p, error) for t, p, _, _ in cmd.offsets),
+                                         generation=self.classic.generation(cmd.group))
         epoch = self.consumer.member_epoch(cmd.group, cmd.member_id)
         if epoch is not None or cmd.group in self.consumer.groups:  # a consumer-protocol group
             if cmd.generation is not None and cmd.generation != epoch:
@@ -203,6 +208,12 @@ class GroupCoordinator:
         self.classic.groups.pop(name, None)
 
     # ------------------------------------------------------------------ housekeeping
+
+    def _has_members(self, name: str) -> bool:
+        """Whether group ``name`` (either protocol) has members whose session has not expired."""
+        self._expire(name)
+        classic, consumer = self.classic.groups.get(name), self.consumer.groups.get(name)
+        return bool(classic is not None and classic.members or consumer is not None and consumer.members)
 
     def _expire(self, name: str) -> None:
         """Remove the members of classic group ``name`` whose session expired, and end the rebalance
