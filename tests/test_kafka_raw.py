@@ -321,6 +321,7 @@ def test_end_txn_v5_at_the_last_epoch_answers_a_new_producer_id(gateway_factory,
     client.close()
 
 
+@pytest.mark.local_only("the cluster answers MAX_TIMESTAMP itself (Tansu answers none)")
 def test_list_offsets_max_timestamp_answers_the_record_within_its_batch(kafka_gateway):
     """ListOffsets' MAX_TIMESTAMP (-3) answers the record with the largest timestamp, not its batch's
     last record (librdkafka's 0081, Kafka since 3.8: KAFKA-16310), nor a later one at the same time."""
