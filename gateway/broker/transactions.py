@@ -391,6 +391,7 @@ class Transactions:
             log.warning("transaction %s: the cluster did not commit it (aborted): %s", txn.transactional_id,
                         f.value.error.message)
             txn.epoch += 1
+            txn.next_producer_id = -1  # fenced: its next InitProducerId gives the producer id and epoch
             txn.enter(COMPLETE[False])
             self._save(txn)
             raise CommandError(ErrorCode.FENCED_PRODUCER, f"the transaction was aborted: {f.value.error.message}")
