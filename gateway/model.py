@@ -304,6 +304,36 @@ class AlterConfigsResult:
 
 
 @frozen
+class DescribeBrokerConfigs:
+    """The broker settings clients changed at run time (``gateway.broker.configs``): this broker's
+    own and the cluster-wide defaults."""
+
+
+@frozen
+class DescribeBrokerConfigsResult:
+    own: tuple[tuple[str, str], ...] = ()  # (Kafka's name, value) set for this broker
+    defaults: tuple[tuple[str, str], ...] = ()  # set as the cluster-wide default
+    error: Error | None = None
+
+
+@frozen
+class AlterBrokerConfigs:
+    """Change the broker settings clients may change at run time (``gateway.broker.configs``):
+    this broker's own (``own``), else the cluster-wide defaults. ``changes``, ``replace`` and
+    ``validate_only`` as ``AlterConfigs``'."""
+
+    own: bool
+    changes: tuple[tuple[str, str, str | None], ...]
+    replace: bool = False
+    validate_only: bool = False
+
+
+@frozen
+class AlterBrokerConfigsResult:
+    error: Error | None = None
+
+
+@frozen
 class CreateTopic:
     topic: str
     partitions: int | None = None
@@ -679,6 +709,9 @@ class CommitOffsets:
     ``validate_only`` makes every check and stores nothing (Cursus' rules).
     ``leader_epochs``: the leader epoch each of ``offsets`` was read in (Kafka's
     ``CommittedLeaderEpoch``), kept with it; empty: -1 (unknown) for all.
+    ``outside_group``: a commit from outside the group's membership (Kafka's admin
+    or a consumer without group management: generation -1, no member), which
+    Kafka refuses (``UNKNOWN_MEMBER``) while the group has members.
     """
 
     group: str
@@ -690,6 +723,7 @@ class CommitOffsets:
     validate_only: bool = False
     group_instance_id: str | None = None  # a static member's (KIP-345)
     leader_epochs: tuple[int, ...] = ()
+    outside_group: bool = False
 
 
 @frozen
@@ -737,6 +771,7 @@ class GroupMemberInfo:
     assignment: bytes = b""
     partitions: tuple[tuple[str, tuple[int, ...]], ...] = ()
     codec: str = ""  # the wire protocol the member speaks ("" if unknown)
+    group_instance_id: str | None = None  # a static member's instance (KIP-345)
 
 
 @frozen

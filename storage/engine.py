@@ -45,11 +45,11 @@ MAX_OFFSET = (1 << 63) - 1
 DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's defaults of the compaction settings
 MIN_CLEANABLE_DIRTY_RATIO = 0.5
 EPOCH_MINUTES_FROM = 29_453_760  # 2026-01-01 in minutes since 1970: leader epochs count minutes from there
-RECORD_KINDS = ("sec", "txn", "cln", "lep")
-"""Kinds of the records kept in the journal: the broker's security (users, ACLs), transactions and
-the compaction checkpoint of each compacted partition; and the engine's leader epochs ("epoch": the
-current one; "<topic id>:<partition>": ``[epoch, start offset]`` of each epoch the partition was
-written in)."""
+RECORD_KINDS = ("sec", "txn", "cln", "lep", "brk")
+"""Kinds of the records kept in the journal: the broker's security (users, ACLs), transactions,
+the compaction checkpoint of each compacted partition and the broker settings clients changed
+("brk"); and the engine's leader epochs ("epoch": the current one; "<topic id>:<partition>":
+``[epoch, start offset]`` of each epoch the partition was written in)."""
 
 
 class StorageFailure(OSError):

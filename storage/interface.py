@@ -18,7 +18,8 @@ capability's class flag (as batch formats declare theirs, ``gateway.codec.format
 * ``leader_epochs``: ``LeaderEpochStorage``, it keeps the partitions' leader epochs;
 * ``consumer_group_protocol``: ``ConsumerGroupStorage``, Kafka's consumer group protocol (KIP-848);
 * ``deletes_offsets``: ``OffsetDeleteStorage``, Kafka's OffsetDelete;
-* ``transactions_in_cluster``: ``ClusterTransactionStorage``, its cluster performs transactions.
+* ``transactions_in_cluster``: ``ClusterTransactionStorage``, its cluster performs transactions;
+* ``keeps_broker_configs``: ``BrokerConfigStorage``, it keeps the broker settings clients change.
 
 The broker reads the flags once, when it is built, never per request: what a
 store lacks, the broker does without (no cleaner, no fsync, every partition
@@ -106,6 +107,7 @@ class Storage(Protocol):
     consumer_group_protocol: ClassVar[bool] = False
     deletes_offsets: ClassVar[bool] = False
     transactions_in_cluster: ClassVar[bool] = False
+    keeps_broker_configs: ClassVar[bool] = False
 
     assigns_offsets: ClassVar[bool] = False
     """The store numbers what it appends itself (a cluster), whatever offsets the payload holds:
@@ -241,7 +243,8 @@ class Storage(Protocol):
         ``timestamp`` (or that record's own offset), or None."""
 
     def max_timestamp_offset(self, topic: str, partition: int) -> MayWait[tuple[int, int]]:
-        """*May wait.* ``(offset, timestamp)`` of the record with the largest timestamp, ``(-1, -1)`` if none."""
+        """*May wait.* ``(offset, timestamp)`` of the record with the largest timestamp, or of a later
+        record of its batch (the broker finds the record in the batch); ``(-1, -1)`` if none."""
 
     # ------------------------------------------------------------------ producers
 
@@ -474,3 +477,17 @@ class ClusterTransactionStorage(Storage, Protocol):
     def cluster_transactions(self) -> ClusterTransactions:
         """The cluster that performs the steps of transactions, which the broker's coordinator
         hands it instead of writing markers and committing offsets itself."""
+
+
+class BrokerConfigStorage(Storage, Protocol):
+    """A store that keeps the broker settings clients change at run time (``gateway.broker.configs``).
+    A store without it leaves them in the gateway's memory."""
+
+    keeps_broker_configs: ClassVar[bool] = True
+
+    def broker_configs(self) -> dict[str, Any]:
+        """The persisted broker settings: each level's (``"own"``, ``"defaults"``) name to value."""
+
+    def put_broker_config(self, level: str, settings: dict[str, str] | None) -> Any:
+        """*May wait.* Persist the settings of ``level`` (``None``: none), durable with the next
+        ``sync``; raises ``CommandError(STORAGE_ERROR)`` when they could not be written."""

@@ -55,6 +55,7 @@ CAPABILITIES: tuple[tuple[str, type], ...] = (
     ("consumer_group_protocol", si.ConsumerGroupStorage),
     ("deletes_offsets", si.OffsetDeleteStorage),
     ("transactions_in_cluster", si.ClusterTransactionStorage),
+    ("keeps_broker_configs", si.BrokerConfigStorage),
 )
 
 
@@ -422,6 +423,15 @@ class StoreConformance:
         deleted = await call(deleting.delete_offsets, m.DeleteOffsets(group, ((topic, 0),)))
         assert deleted.error is None and deleted.errors == ((topic, 0, None),)
         assert await call(store.committed_offset, group, topic, 0) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_broker_settings_are_kept_and_deleted(self, store):
+        needs(store, "keeps_broker_configs")
+        keeping: si.BrokerConfigStorage = store
+        await call(keeping.put_broker_config, "own", {"background.threads": "9"})
+        assert keeping.broker_configs()["own"] == {"background.threads": "9"}
+        await call(keeping.put_broker_config, "own", None)
+        assert "own" not in keeping.broker_configs()
 
     @pytest_twisted.ensureDeferred
     async def test_the_cluster_takes_the_steps_of_transactions(self, store):

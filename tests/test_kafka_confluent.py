@@ -122,6 +122,45 @@ def test_group_of_two_rebalances_when_one_leaves(kafka_gateway):
     a.close()
 
 
+@pytest.mark.local_only("a cluster's DescribeGroups is answered from the cluster's members")
+def test_describe_consumer_groups_shows_a_static_members_instance_id(kafka_gateway):
+    """DescribeGroups v4+ answers each member's ``group.instance.id`` (KIP-345): librdkafka's 0081
+    reads it for a static member, and crashed on the null the gateway answered before."""
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, "group.instance.id": "instance-7",
+                     **FAST_GROUP})
+    c.subscribe([topic])
+    wait_until(lambda: c.poll(0.1) or len(c.assignment()) == 1, 30, 0, "an assignment")
+    (member,) = admin.describe_consumer_groups([group])[group].result(10).members
+    c.close()
+    assert member.group_instance_id == "instance-7"
+
+
+def test_altering_a_groups_offsets_needs_the_group_empty(kafka_gateway):
+    """An admin's commit (OffsetCommit with generation -1 and no member) is refused
+    UNKNOWN_MEMBER_ID while the group has members, and taken once it is empty, as Kafka does
+    (librdkafka's 0081, AlterConsumerGroupOffsets with a subscribing consumer)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    servers, topic, group = bootstrap(kafka_gateway), unique("cf"), unique("g")
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    c = ck.Consumer({"bootstrap.servers": servers, "group.id": group, **FAST_GROUP})
+    c.subscribe([topic])
+    wait_until(lambda: c.poll(0.1) or len(c.assignment()) == 1, 30, 0, "an assignment")
+
+    def alter() -> ck.KafkaError:
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 0)])
+        (altered,) = admin.alter_consumer_group_offsets([request])[group].result(10).topic_partitions
+        return altered.error
+
+    assert alter().code() == ck.KafkaError.UNKNOWN_MEMBER_ID
+    c.close()
+    assert alter() is None
+
+
 def test_a_rebalance_completes_only_once_every_member_rejoined(kafka_gateway):
     """Kafka's eager rebalance (librdkafka 0093): a new member is given partitions only once the
     member already in the group, which does not poll for now, has given its own up and rejoined.

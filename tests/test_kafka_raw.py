@@ -278,6 +278,64 @@ def test_end_txn_v5_ends_under_the_next_epoch_and_answers_it(kafka_gateway):
     client.close()
 
 
+@pytest.mark.local_only("the producer's last epochs are set up in a local data directory")
+def test_end_txn_v5_at_the_last_epoch_answers_a_new_producer_id(gateway_factory, tmp_path):
+    """EndTxn v5 whose next epoch would be Kafka's largest (32767) answers a new producer id at
+    epoch 0, as Kafka's coordinator does; its retry gets the same answer, the new producer goes on
+    from there, and what it committed is read. The gateway starts with the transactional id's
+    producer at epoch 32766 (32766 InitProducerIds would bring it there)."""
+    from gateway.broker.transactions import MAX_EPOCH, Txn
+    from gateway.storage.engine import Engine
+
+    txn, data = "tx-last-epoch", str(tmp_path / "last-epoch")
+    engine = Engine(data)
+    old = engine.allocate_producer_id()
+    engine.put_record("txn", f"id:{txn}", Txn(txn, old, MAX_EPOCH, 60_000, "CompleteCommit").record())
+    engine.close()
+    gw = gateway_factory(("kafka",), data_dir=data)
+    client, topic = KafkaClient("127.0.0.1", gw.port("kafka")), unique("raw")
+    create(client, topic)
+
+    def transaction(pid: int, epoch: int, value: bytes) -> None:
+        added = client.call(24, 3, {"V3AndBelowTransactionalId": txn, "V3AndBelowProducerId": pid,
+                                    "V3AndBelowProducerEpoch": epoch,
+                                    "V3AndBelowTopics": [{"Name": topic, "Partitions": [0]}]})
+        assert added.ResultsByTopicV3AndBelow[0].ResultsByPartition[0].PartitionErrorCode == 0
+        batch = kafka_format.encode_batch([m.Record(value, None, 1_700_000_000_000)], 0, producer=(pid, epoch, 0))
+        produced = client.call(0, 3, {"TransactionalId": txn, "Acks": -1, "TimeoutMs": 10_000, "TopicData": [
+            {"Name": topic, "PartitionData": [{"Index": 0, "Records": _transactional(batch)}]}]})
+        assert produced.Responses[0].PartitionResponses[0].ErrorCode == 0
+
+    def end(pid: int, epoch: int) -> tuple[int, int, int]:
+        r = client.call(26, 5, {"TransactionalId": txn, "ProducerId": pid, "ProducerEpoch": epoch, "Committed": True})
+        return r.ErrorCode, r.ProducerId, r.ProducerEpoch
+
+    transaction(old, MAX_EPOCH, b"last")
+    error, new, epoch = end(old, MAX_EPOCH)
+    assert (error, epoch) == (0, 0) and new not in (old, -1)
+    assert end(old, MAX_EPOCH) == (0, new, 0)  # a retry
+    transaction(new, 0, b"next")
+    assert end(new, 0) == (0, new, 1)
+    committed = [r.value for r in kafka_format.read_batches(client.fetch(topic, 0, 0).Records)]
+    assert committed == [b"last", b"next"]
+    client.close()
+
+
+@pytest.mark.local_only("the cluster answers MAX_TIMESTAMP itself (Tansu answers none)")
+def test_list_offsets_max_timestamp_answers_the_record_within_its_batch(kafka_gateway):
+    """ListOffsets' MAX_TIMESTAMP (-3) answers the record with the largest timestamp, not its batch's
+    last record (librdkafka's 0081, Kafka since 3.8: KAFKA-16310), nor a later one at the same time."""
+    client, topic = KafkaClient("127.0.0.1", kafka_gateway.port("kafka")), unique("raw")
+    create(client, topic)
+    stamps = (10_000_100, 10_000_400, 10_000_250, 10_000_400)
+    batch = kafka_format.encode_batch([m.Record(b"v", None, ts) for ts in stamps], 0)
+    assert client.produce_batch(topic, 0, batch).ErrorCode == 0
+    answer = client.call(2, 7, {"ReplicaId": -1, "IsolationLevel": 0, "Topics": [
+        {"Name": topic, "Partitions": [{"PartitionIndex": 0, "Timestamp": -3}]}]}).Topics[0].Partitions[0]
+    assert (answer.ErrorCode, answer.Offset, answer.Timestamp) == (0, 1, 10_000_400)
+    client.close()
+
+
 def test_find_coordinator_answers_every_key_of_a_batch(kafka_gateway):
     client = KafkaClient("127.0.0.1", kafka_gateway.port("kafka"))
     port = kafka_gateway.port("kafka")

@@ -498,42 +498,79 @@ def create_partitions(conn: KafkaConnection, version: int, req: Any, frame: Fram
 
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
-DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG = 5, 1
+DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, DEFAULT_CONFIG = 1, 2, 3, 5
+BROKER_ID = "0"  # this gateway's node id, as Metadata tells it
+
+
+def _broker_level(name: str) -> bool | None:
+    """Whether a BROKER resource names this broker (its id) rather than the cluster-wide default
+    (the empty name); None for another broker's id or a name that is none."""
+    return {BROKER_ID: True, "": False}.get(name)
+
+
+def _other_broker(name: str) -> dict[str, Any]:
+    return {"ErrorCode": Errors.INVALID_REQUEST,
+            "ErrorMessage": f"unexpected broker id {name!r}: this broker is {BROKER_ID} (or the empty name, "
+                            "the cluster-wide default)"}
 
 
 def describe_configs(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """Topics: every setting with its effective value (the topic's own, else the server's:
-    ``gateway.codec.topic_configs``); the broker: its listener."""
+    ``gateway.codec.topic_configs``). This broker: its listener, and the settings clients changed
+    (``gateway.broker.configs``), its own over the cluster-wide defaults; the empty name: those
+    defaults."""
     topics = tuple(r.ResourceName for r in req.Resources if r.ResourceType == TOPIC_RESOURCE)
+    brokers = any(r.ResourceType == BROKER_RESOURCE and _broker_level(r.ResourceName) is not None
+                  for r in req.Resources)
 
-    def entries(pairs: Sequence[tuple[str, Any, bool]], keys: Sequence[str] | None) -> list[dict[str, Any]]:
-        return [{"Name": n, "Value": None if v is None else str(v), "ReadOnly": n in topic_configs.READ_ONLY,
-                 "IsDefault": default, "ConfigSource": DEFAULT_CONFIG if default else DYNAMIC_TOPIC_CONFIG,
-                 "IsSensitive": False}
-                for n, v, default in pairs if keys is None or n in keys]
+    def entries(rows: Sequence[tuple[str, Any, int, bool]], keys: Sequence[str] | None) -> list[dict[str, Any]]:
+        """``(name, value, source, read-only)`` rows as DescribeConfigs' entries."""
+        return [{"Name": n, "Value": None if v is None else str(v), "ReadOnly": read_only,
+                 "IsDefault": source == DEFAULT_CONFIG, "ConfigSource": source, "IsSensitive": False}
+                for n, v, source, read_only in rows if keys is None or n in keys]
 
-    def render(results: Sequence[m.DescribeConfigsResult]) -> bytes:
-        found = {t.topic: t for t in results[0].topics} if results else {}
+    def broker_rows(own: bool, settings: m.DescribeBrokerConfigsResult) -> list[tuple[str, Any, int, bool]]:
+        defaults = [(n, v, DYNAMIC_DEFAULT_BROKER_CONFIG, False) for n, v in settings.defaults]
+        if not own:
+            return defaults
+        mine = dict(settings.own)
+        return [("advertised.listeners", f"PLAINTEXT://{conn.advertised_host}:{conn.advertised_port}",
+                 DEFAULT_CONFIG, True),
+                ("auto.create.topics.enable", str(conn.auto_create_topics).lower(), DEFAULT_CONFIG, True),
+                *[(n, v, DYNAMIC_BROKER_CONFIG, False) for n, v in settings.own],
+                *[row for row in defaults if row[0] not in mine]]
+
+    def render(results: Sequence[Any]) -> bytes:
+        answers = iter(results)
+        settings = next(answers) if brokers else None
+        found = {t.topic: t for t in next(answers).topics} if topics else {}
         out = []
         for r in req.Resources:
             body: dict[str, Any] = {"ResourceType": r.ResourceType, "ResourceName": r.ResourceName}
             if r.ResourceType == TOPIC_RESOURCE:
-                settings = found[r.ResourceName]
-                body.update(ErrorCode=code(settings.error), ErrorMessage=message(settings.error),
-                            Configs=[] if settings.error else entries(settings.settings, r.ConfigurationKeys))
+                topic = found[r.ResourceName]
+                body.update(ErrorCode=code(topic.error), ErrorMessage=message(topic.error),
+                            Configs=[] if topic.error else entries(
+                                [(n, v, DEFAULT_CONFIG if default else DYNAMIC_TOPIC_CONFIG, n in topic_configs.READ_ONLY)
+                                 for n, v, default in topic.settings], r.ConfigurationKeys))
             elif r.ResourceType == BROKER_RESOURCE:
-                body["Configs"] = entries([("advertised.listeners",
-                                            f"PLAINTEXT://{conn.advertised_host}:{conn.advertised_port}",
-                                            True), ("auto.create.topics.enable", str(conn.auto_create_topics).lower(), True)],
-                                          r.ConfigurationKeys)
+                own = _broker_level(r.ResourceName)
+                if own is None:
+                    body.update(_other_broker(r.ResourceName), Configs=[])
+                elif settings is not None and settings.error is not None:
+                    body.update(ErrorCode=code(settings.error), ErrorMessage=message(settings.error), Configs=[])
+                else:
+                    assert settings is not None
+                    body["Configs"] = entries(broker_rows(own, settings), r.ConfigurationKeys)
             else:
                 body.update(ErrorCode=Errors.INVALID_REQUEST, ErrorMessage="unsupported resource type")
             out.append(body)
         return frame({"Results": out})
 
-    if not topics:
+    commands = ((m.DescribeBrokerConfigs(),) if brokers else ()) + ((m.DescribeConfigs(topics),) if topics else ())
+    if not commands:
         return Handled.answer(render(()))
-    return Handled.run((m.DescribeConfigs(topics),), render)
+    return Handled.run(commands, render)
 
 
 def delete_records(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
@@ -567,20 +604,28 @@ INCREMENTAL_OPERATIONS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
 
 
 def _alter_configs(req: Any, frame: Frame, incremental: bool) -> Handled:
-    commands = []
-    answers: list[dict[str, Any]] = []  # in request order; topic ones filled by the results
+    commands: list[Any] = []
+    answers: list[dict[str, Any]] = []  # in request order; the others filled by the results
     for r in req.Resources:
         body = {"ResourceType": r.ResourceType, "ResourceName": r.ResourceName}
         answers.append(body)
-        if r.ResourceType != TOPIC_RESOURCE:
-            body.update(ErrorCode=Errors.INVALID_REQUEST, ErrorMessage="only topic settings can be changed")
-            continue
         changes = tuple((c.Name, INCREMENTAL_OPERATIONS.get(c.ConfigOperation, "?") if incremental else "set",
                          c.Value) for c in r.Configs)
-        commands.append(m.AlterConfigs(r.ResourceName, changes, replace=not incremental,
-                                       validate_only=req.ValidateOnly))
+        if r.ResourceType == TOPIC_RESOURCE:
+            commands.append(m.AlterConfigs(r.ResourceName, changes, replace=not incremental,
+                                           validate_only=req.ValidateOnly))
+        elif r.ResourceType == BROKER_RESOURCE:
+            own = _broker_level(r.ResourceName)
+            if own is None:
+                body.update(_other_broker(r.ResourceName))
+                continue
+            commands.append(m.AlterBrokerConfigs(own, changes, replace=not incremental,
+                                                 validate_only=req.ValidateOnly))
+        else:
+            body.update(ErrorCode=Errors.INVALID_REQUEST,
+                        ErrorMessage="only the settings of topics and brokers can be changed")
 
-    def render(results: Sequence[m.AlterConfigsResult]) -> bytes:
+    def render(results: Sequence[Any]) -> bytes:
         done = iter(results)
         for body in answers:
             if "ErrorCode" not in body:
@@ -682,13 +727,16 @@ def leave_group(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> 
 
 def offset_commit(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handled:
     """OffsetCommit; from v6 each offset with the leader epoch it was read in, which OffsetFetch
-    answers back."""
+    answers back. Generation -1 without a member commits from outside the group (an admin client):
+    refused while the group has members, as Kafka refuses it."""
     generation = req.get("GenerationIdOrMemberEpoch", -1)
     offsets = tuple((t.Name, p.PartitionIndex, p.CommittedOffset, p.CommittedMetadata or "")
                     for t in req.Topics for p in t.Partitions)
     epochs = tuple(p.get("CommittedLeaderEpoch", -1) for t in req.Topics for p in t.Partitions)
-    cmd = m.CommitOffsets(req.GroupId, offsets, req.get("MemberId", ""), generation if generation >= 0 else None,
-                          group_instance_id=req.get("GroupInstanceId"), leader_epochs=epochs if version >= 6 else ())
+    member_id, instance = req.get("MemberId", ""), req.get("GroupInstanceId")
+    cmd = m.CommitOffsets(req.GroupId, offsets, member_id, generation if generation >= 0 else None,
+                          group_instance_id=instance, leader_epochs=epochs if version >= 6 else (),
+                          outside_group=generation < 0 and not member_id and instance is None)
 
     def render(results: Sequence[m.CommitOffsetsResult]) -> bytes:
         r = results[0]
@@ -736,8 +784,8 @@ def describe_groups(conn: KafkaConnection, version: int, req: Any, frame: Frame)
         client_id = mem.client_id
         if mem.codec not in ("", "kafka"):
             client_id = f"{mem.codec}:{client_id}" if client_id else mem.codec
-        return {"MemberId": mem.member_id, "ClientId": client_id, "ClientHost": mem.client_host,
-                "MemberMetadata": metadata, "MemberAssignment": assignment}
+        return {"MemberId": mem.member_id, "GroupInstanceId": mem.group_instance_id, "ClientId": client_id,
+                "ClientHost": mem.client_host, "MemberMetadata": metadata, "MemberAssignment": assignment}
 
     with_operations = req.get("IncludeAuthorizedOperations", False)
 

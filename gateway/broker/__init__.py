@@ -13,9 +13,9 @@ fsync) or refused to the client, never probed per request.
 
 One module per concern: ``produce`` (appends, merging, acks), ``fetch``
 (reads, long-polls, offsets), ``groups`` (calls to the coordinator),
-``topics`` (admin, server info), ``replication`` (replica progress, roles),
-``durability`` (the fsync policy), ``security`` (users and ACLs, kept in
-storage), ``access`` (the ACL check every command passes with
+``topics`` (admin, server info), ``configs`` (the broker settings clients
+change), ``replication`` (replica progress, roles), ``durability`` (the fsync policy),
+``security`` (users and ACLs, kept in storage), ``access`` (the ACL check every command passes with
 ``--authorizer acl``), ``transactions`` (Kafka's transaction coordinator) and
 ``compaction`` (the log cleaner of compacted topics).
 """
@@ -33,6 +33,7 @@ from gateway import model as m
 from gateway.broker.access import Access
 from gateway.broker.calls import errors_as, then
 from gateway.broker.compaction import Cleaner
+from gateway.broker.configs import BrokerConfigs
 from gateway.broker.durability import FsyncPolicy, GroupCommit, _interval_sync, with_error
 from gateway.broker.fetch import Fetcher
 from gateway.broker.groups import Groups
@@ -89,6 +90,7 @@ class Broker:
         self.caller = ANYONE_UNKNOWN
         self._loops: list[task.LoopingCall] = []
         self.topics = Topics(self)
+        self.configs = BrokerConfigs(self)
         self.producer = Producer(self)
         self.fetcher = Fetcher(self)
         self.groups = Groups(self)
@@ -110,6 +112,8 @@ class Broker:
             m.DescribeConfigs: self.topics.describe_configs,
             m.DeleteRecords: self.topics.delete_records,
             m.AlterConfigs: self.topics.alter_configs,
+            m.DescribeBrokerConfigs: self.configs.describe,
+            m.AlterBrokerConfigs: self.configs.alter,
             m.JoinGroup: self.groups.join,
             m.SyncGroup: self.groups.sync,
             m.Heartbeat: self.groups.heartbeat,

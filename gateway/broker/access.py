@@ -20,6 +20,8 @@ CreatePartitions       Alter on the topic
 DeleteRecords          Delete on the topic
 DescribeConfigs        DescribeConfigs on each topic (the others answered with the error)
 AlterConfigs           AlterConfigs on the topic
+DescribeBrokerConfigs  DescribeConfigs on the cluster
+AlterBrokerConfigs     AlterConfigs on the cluster
 ListTopics             Describe (Read, for ``read``) on each topic: a listing of all leaves
                        out the others, a named one is answered with the error;
                        auto-creation needs Create
@@ -108,6 +110,9 @@ class Access:
             m.DeleteRecords: self._topic_rule(Op.DELETE, lambda c, e: m.DeleteRecordsResult(c.topic, c.partition,
                                                                                              error=e)),
             m.AlterConfigs: self._topic_rule(Op.ALTER_CONFIGS, lambda c, e: m.AlterConfigsResult(c.topic, e)),
+            m.DescribeBrokerConfigs: self._cluster_rule(Op.DESCRIBE_CONFIGS,
+                                                        lambda c, e: m.DescribeBrokerConfigsResult(error=e)),
+            m.AlterBrokerConfigs: self._cluster_rule(Op.ALTER_CONFIGS, lambda c, e: m.AlterBrokerConfigsResult(e)),
             m.JoinGroup: self._group_rule(Op.READ, lambda c, e: m.JoinGroupResult(c.group, c.member_id, error=e)),
             m.SyncGroup: self._group_rule(Op.READ, lambda c, e: m.SyncGroupResult(c.group, error=e)),
             m.Heartbeat: self._group_rule(Op.READ, lambda c, e: m.HeartbeatResult(c.group, e)),

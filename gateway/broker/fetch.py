@@ -312,9 +312,17 @@ class Fetcher:
             return then(self.broker.transactions.stable_offset(topic, partition, hw),
                         lambda lso: m.ListOffsetsResult(topic, partition, lso))
         if cmd.timestamp == m.OffsetSpec.MAX_TIMESTAMP:
-            return then(store.max_timestamp_offset(topic, partition),
-                        lambda found: m.ListOffsetsResult(topic, partition, *found))
+            return then(store.max_timestamp_offset(topic, partition), lambda found: self._newest(cmd, *found))
         return then(store.offset_for_timestamp(topic, partition, cmd.timestamp), lambda o: self._at_time(cmd, o))
+
+    def _newest(self, cmd: m.ListOffsets, offset: int, timestamp: int) -> MayWait[m.ListOffsetsResult]:
+        """The first record with the largest timestamp, ``timestamp``, in the batch that holds
+        ``offset`` (a store that keeps batches knows only the batch: Kafka answers the record)."""
+        if offset < 0:
+            return m.ListOffsetsResult(cmd.topic, cmd.partition, -1, -1)
+        return then(self.store.read(cmd.topic, cmd.partition, offset, 1),
+                    lambda stored: m.ListOffsetsResult(cmd.topic, cmd.partition, *self._first_record_at(
+                        stored, stored[0].base_offset if stored else offset, timestamp)))
 
     def _at_time(self, cmd: m.ListOffsets, offset: int | None) -> MayWait[m.ListOffsetsResult]:
         """The first record at or after ``cmd.timestamp``, from the batch found at ``offset``."""

@@ -11,6 +11,7 @@ from twisted.internet import defer
 
 from gateway import model as m
 from gateway.broker.calls import errors_as, then
+from gateway.broker.configs import change_list
 from gateway.codec import topic_configs
 from gateway.model import CommandError, Error, ErrorCode
 
@@ -263,13 +264,7 @@ def _list_change(name: str, operation: str, value: str | None, current: str | No
     """A list setting (``cleanup.policy``) with ``value``'s items appended or subtracted."""
     if name != "cleanup.policy":
         raise CommandError(ErrorCode.INVALID_CONFIG, f"{name} is not a list: {operation} applies to cleanup.policy")
-    items = [i for i in (current or "delete").split(",") if i]
-    for item in (value or "").split(","):
-        if operation == "append" and item and item not in items:
-            items.append(item)
-        elif operation == "subtract" and item in items:
-            items.remove(item)
-    return ",".join(items) if items else None
+    return change_list(current or "delete", operation, value)
 
 
 def _exists_is_enough(f: Any) -> None:

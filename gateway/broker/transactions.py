@@ -10,7 +10,11 @@ for it (``TxnOffsetCommit``, applied only if the transaction commits), and
 ends it with ``EndTxn``: a commit or abort marker (a control batch of the
 transactional format, Kafka's) is appended to every partition of the
 transaction. A transaction open longer than its timeout is aborted (with an
-epoch bump, so its producer is fenced).
+epoch bump, so its producer is fenced). EndTxn v5 (KIP-890) ends the
+transaction under the producer's next epoch, which it answers; at the last
+epochs (the next one would be Kafka's largest, 32767) the markers are written
+under that epoch, and the transactional id then goes on under a new producer
+id at epoch 0, which the EndTxn answers, as Kafka's coordinator does.
 
 State is persisted as transaction records of the storage
 (``Storage.put_transaction_record``), durable before a client hears of a
@@ -85,9 +89,14 @@ class Txn:
     groups: set[str] = attrs.Factory(set)
     # group -> pending commits: (topic, partition) -> (offset, metadata, leader epoch)
     offsets: dict[str, dict[tuple[str, int], tuple[int, str, int]]] = attrs.Factory(dict)
+    # an end under the last epoch: the producer id taken once it completes (-1: none)
+    next_producer_id: int = -1
+    # the producer id given up for ``next_producer_id``: its end, retried, gets the same answer
+    previous_producer_id: int = -1
 
     def record(self) -> dict[str, Any]:
         return {"pid": self.producer_id, "e": self.epoch, "to": self.timeout_ms, "st": self.state,
+                "npid": self.next_producer_id, "ppid": self.previous_producer_id,
                 "t0": self.start_ms, "up": self.updated_ms, "parts": [[t, p, o] for (t, p), o in self.partitions.items()],
                 "groups": sorted(self.groups),
                 "offs": [[g, t, p, o, meta, epoch] for g, commits in self.offsets.items()
@@ -99,6 +108,7 @@ class Txn:
                   {(t, p): o for t, p, o in r["parts"]}, set(r["groups"]))
         for g, t, p, o, meta, *epoch in r["offs"]:  # records written before leader epochs have none
             txn.offsets.setdefault(g, {})[(t, p)] = (o, meta, epoch[0] if epoch else -1)
+        txn.next_producer_id, txn.previous_producer_id = r.get("npid", -1), r.get("ppid", -1)
         return txn
 
     def enter(self, state: str) -> None:
@@ -293,14 +303,20 @@ class Transactions:
             return answer()  # a retry of an end that completed
         if txn.state not in OPEN:
             raise CommandError(ErrorCode.INVALID_TXN_STATE, f"no open transaction to end ({txn.state})")
+        if cmd.bump_epoch and txn.epoch >= MAX_EPOCH:  # the next epoch is the last: a new producer id after it
+            txn.next_producer_id = self.store.allocate_producer_id()
         return then(self._end(txn, cmd.commit, bump=cmd.bump_epoch), answer)
 
     def _bumped_end(self, cmd: m.EndTxn) -> Txn | None:
         """The transaction ``cmd`` ends again if it retries an end that bumped the epoch (sent from
-        the epoch before, as Kafka takes it), else None."""
+        the epoch before, as Kafka takes it; or from the last epoch of the producer id given up
+        after it), else None."""
         txn = self.by_id.get(cmd.transactional_id)
-        if (cmd.bump_epoch and txn is not None and txn.producer_id == cmd.producer_id and cmd.epoch == txn.epoch - 1
-                and txn.state in (*ENDING, COMPLETE[cmd.commit])):
+        if not cmd.bump_epoch or txn is None or txn.state not in (*ENDING, COMPLETE[cmd.commit]):
+            return None
+        if (txn.producer_id, txn.epoch - 1) == (cmd.producer_id, cmd.epoch):
+            return txn
+        if (txn.previous_producer_id, txn.epoch, MAX_EPOCH) == (cmd.producer_id, 0, cmd.epoch):
             return txn
         return None
 
@@ -338,12 +354,30 @@ class Transactions:
         def complete(_: Any) -> Any:
             txn.enter(COMPLETE[commit])
             log.info("transaction %s: %s", txn.transactional_id, "committed" if commit else "aborted")
+            renewed = self._renew(txn)
             # durable, as the markers: under the fsync policy "always" readers see them only then
-            return self._durable(self._save(txn), None)
+            saved = self._save(txn)
+            cluster = self.cluster
+            if renewed and cluster is not None:
+                saved = then(saved, lambda _: cluster.init(txn.transactional_id, txn.producer_id, txn.timeout_ms))
+            return self._durable(saved, None)
 
         deferreds = [d for d in waits if isinstance(d, defer.Deferred)]
         done = defer.gatherResults(deferreds, consumeErrors=True) if deferreds else None
         return then(done, complete)
+
+    def _renew(self, txn: Txn) -> bool:
+        """Whether ``txn``'s end under the last epoch was completed: its transactional id now goes on
+        under the producer id allocated for it, at epoch 0 (saved with the end's completion)."""
+        if txn.next_producer_id < 0:
+            return False
+        log.info("transactional id %s: producer %d reached its last epoch: now producer %d",
+                 txn.transactional_id, txn.producer_id, txn.next_producer_id)
+        del self.by_producer[txn.producer_id]
+        txn.previous_producer_id, txn.producer_id, txn.epoch = txn.producer_id, txn.next_producer_id, 0
+        txn.next_producer_id = -1
+        self.by_producer[txn.producer_id] = txn
+        return True
 
     def _end_in_cluster(self, cluster: ClusterTransactions, txn: Txn, commit: bool) -> Any:
         """End the transaction in the cluster. A commit the cluster refused was aborted there:
@@ -357,6 +391,7 @@ class Transactions:
             log.warning("transaction %s: the cluster did not commit it (aborted): %s", txn.transactional_id,
                         f.value.error.message)
             txn.epoch += 1
+            txn.next_producer_id = -1  # fenced: its next InitProducerId gives the producer id and epoch
             txn.enter(COMPLETE[False])
             self._save(txn)
             raise CommandError(ErrorCode.FENCED_PRODUCER, f"the transaction was aborted: {f.value.error.message}")

@@ -17,6 +17,7 @@ from gateway.local.groups import GroupCoordinator
 from gateway.local.groups.consumer import HEARTBEAT_INTERVAL_MS
 from gateway.storage.engine import Engine
 from gateway.storage.interface import (
+    BrokerConfigStorage,
     CompactingStorage,
     ConsumerGroupStorage,
     LeaderEpochStorage,
@@ -30,7 +31,7 @@ from gateway.storage.interface import (
 
 
 class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, RetentionStorage, LeaderEpochStorage,
-                 ConsumerGroupStorage, OffsetDeleteStorage):
+                 ConsumerGroupStorage, OffsetDeleteStorage, BrokerConfigStorage):
     """Implements ``Storage`` over ``engine``, with every capability but ``ClusterTransactionStorage``
     (the broker writes the markers and offsets of transactions here); the engine stays the caller's
     to close."""
@@ -243,6 +244,12 @@ class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, Retentio
 
     def put_transaction_record(self, key: str, value: Any) -> None:
         self.engine.put_record("txn", key, value)
+
+    def broker_configs(self) -> dict[str, Any]:
+        return dict(self.engine.records["brk"])
+
+    def put_broker_config(self, level: str, settings: dict[str, str] | None) -> None:
+        self.engine.put_record("brk", level, settings)
 
     def watch_security(self, callback: Callable[[str, Any], None]) -> None:
         """Only this process writes a local engine: no other gateway's changes to report."""

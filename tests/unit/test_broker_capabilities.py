@@ -23,7 +23,7 @@ class CoreOnlyStore(LocalStore):
     It refuses as the cluster store does."""
 
     compacts = replicates = syncs = enforces_retention = leader_epochs = False
-    consumer_group_protocol = deletes_offsets = transactions_in_cluster = False
+    consumer_group_protocol = deletes_offsets = transactions_in_cluster = keeps_broker_configs = False
     refusals = ClusterStore.refusals
 
 

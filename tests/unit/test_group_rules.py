@@ -174,3 +174,18 @@ def test_a_deleted_topic_takes_the_offsets_committed_for_it_along(tmp_path):
         assert _broker(engine).run(m.FetchOffsets("g")).offsets == (("u", 0, 2, ""),), "journaled"
     finally:
         engine.close()
+
+
+def test_a_member_whose_session_expired_is_gone_when_its_group_is_deleted_or_described(tmp_path):
+    """At Kafka's exact session deadline, not at the next housekeeping (librdkafka's 0081 deletes the
+    groups of closed static members a second after their session timeout)."""
+    clock = [1_000.0]
+    engine = Engine(str(tmp_path), clock=lambda: clock[0])
+    engine.create_topic("t", 1)
+    broker = _broker(engine)
+    broker.run(m.JoinGroup("g", "a", ("t",), session_timeout_ms=6000, group_instance_id="static-a"))
+    broker.run(m.JoinGroup("h", "b", ("t",), session_timeout_ms=6000))
+    clock[0] += 6.5  # no housekeeping ran meanwhile
+    assert broker.run(m.DeleteGroups(("g",))).errors == (("g", None),)
+    assert broker.run(m.DescribeGroups(("h",))).groups[0].members == ()
+    engine.close()

@@ -96,6 +96,11 @@ class ClassicGroups:
             self._rebalance(group)
         return True
 
+    def expire(self, name: str) -> bool:
+        """Remove the expired members of group ``name``, as the next call for it does; whether it changed."""
+        group = self.groups.get(name)
+        return group is not None and self._expire(group, self.clock())
+
     def expire_all(self) -> list[str]:
         """Remove expired members of every group; returns the groups that changed.
 

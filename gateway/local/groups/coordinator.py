@@ -12,6 +12,7 @@ follower's SyncGroup, which return Deferreds.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +101,11 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ offsets
 
     def commit(self, cmd: m.CommitOffsets) -> m.CommitOffsetsResult:
+        if cmd.outside_group and self._has_members(cmd.group):
+            error = m.Error(m.ErrorCode.UNKNOWN_MEMBER, f"group {cmd.group} has members: a commit from outside it "
+                                                        "needs the group empty")
+            return m.CommitOffsetsResult(cmd.group, tuple((t, p, error) for t, p, _, _ in cmd.offsets),
+                                         generation=self.classic.generation(cmd.group))
         epoch = self.consumer.member_epoch(cmd.group, cmd.member_id)
         if epoch is not None or cmd.group in self.consumer.groups:  # a consumer-protocol group
             if cmd.generation is not None and cmd.generation != epoch:
@@ -149,6 +155,7 @@ class GroupCoordinator:
         return m.DescribeGroupsResult(tuple(self._describe(name) for name in cmd.groups))
 
     def _describe(self, name: str) -> m.GroupInfo:
+        self._expire(name)
         group = self.classic.groups.get(name)
         consumer = self.consumer.groups.get(name)
         if consumer is not None:  # Kafka's consumer protocol: the coordinator's assignment
@@ -162,7 +169,7 @@ class GroupCoordinator:
         members = tuple(
             m.GroupMemberInfo(mem.member_id, mem.client_id, mem.client_host, group.protocol_type,
                               dict(mem.protocols).get(group.protocol, b""), mem.assignment,
-                              self._assignment(group, mem.member_id), mem.codec)
+                              self._assignment(group, mem.member_id), mem.codec, mem.group_instance_id)
             for mem in group.members.values()
         )
         return m.GroupInfo(name, group.state, group.protocol_type, group.protocol or group.assignor,
@@ -188,7 +195,10 @@ class GroupCoordinator:
         return m.DeleteGroupsResult(tuple(errors))
 
     def _delete(self, name: str) -> None:
-        """Forget group ``name`` and its committed offsets; refused while it has members."""
+        """Forget group ``name`` and its committed offsets; refused while it has members (those
+        whose session expired are no longer, as at Kafka's exact session deadline, whatever the
+        housekeeping's period)."""
+        self._expire(name)
         group = self.classic.groups.get(name)
         if group is None and name not in self.records.offsets:
             raise CommandError(m.ErrorCode.GROUP_NOT_FOUND, "group not found")
@@ -198,6 +208,19 @@ class GroupCoordinator:
         self.classic.groups.pop(name, None)
 
     # ------------------------------------------------------------------ housekeeping
+
+    def _has_members(self, name: str) -> bool:
+        """Whether group ``name`` (either protocol) has members whose session has not expired."""
+        self._expire(name)
+        classic, consumer = self.classic.groups.get(name), self.consumer.groups.get(name)
+        return bool(classic is not None and classic.members or consumer is not None and consumer.members)
+
+    def _expire(self, name: str) -> None:
+        """Remove the members of classic group ``name`` whose session expired, and end the rebalance
+        they held up (a group whose records refuse the change keeps them, as ``expire`` leaves it)."""
+        with contextlib.suppress(CommandError):
+            if self.classic.expire(name):
+                self.rebalance.changed(name)
 
     def expire(self) -> None:
         """Remove the members whose session expired, and end the rebalances they held up."""
