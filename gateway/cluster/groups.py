@@ -708,7 +708,8 @@ class ClusterGroups:
                 member_id, codec = mem.member_id, ""
         return [m.GroupMemberInfo(member_id, mem.client_id if codec == "kafka" else "", mem.host, "consumer",
                                   codec=codec,
-                                  partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ()))]
+                                  partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ()),
+                                  group_instance_id=mem.group_instance_id or None)]
 
     def _info(self, d: Any) -> m.GroupInfo:
         members = [info for mem in d.members for info in self._members_of(d.group_id, mem)]
