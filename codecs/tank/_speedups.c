@@ -738,19 +738,22 @@ kafka_records(PyObject *self, PyObject *args)
     KafkaRecords r = {base, 0, 0, -1, -1, 0, NULL};
     if (PyList_GET_SIZE(seqs) != n)
         Py_RETURN_NONE;
-    for (Py_ssize_t i = 0; i < n; i++) { /* the types: so that the walks below hold borrowed items safely */
-        PyObject *seq = PyList_GET_ITEM(seqs, i);
-        if (!PyBytes_Check(PyList_GET_ITEM(payloads, i)) || !PyLong_Check(seq))
-            Py_RETURN_NONE;
-        PyLong_AsUnsignedLongLong(seq);
-        if (PyErr_Occurred()) {
+    payloads = PyList_AsTuple(payloads); /* held as they are: ``inflate`` runs Python code between the items */
+    seqs = payloads == NULL ? NULL : PyList_AsTuple(seqs);
+    if (seqs == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) { /* the types, and the numbers within 64 bits */
+        PyObject *seq = PyTuple_GET_ITEM(seqs, i);
+        if (!PyBytes_Check(PyTuple_GET_ITEM(payloads, i)) || !PyLong_Check(seq) ||
+            (PyLong_AsUnsignedLongLong(seq) == (unsigned long long)-1 && PyErr_Occurred())) {
             PyErr_Clear();
-            Py_RETURN_NONE;
+            result = Py_NewRef(Py_None);
+            goto done;
         }
     }
     sets = PyList_New(0);
     if (sets == NULL)
-        return NULL;
+        goto done;
     int pass, whole = 1;
     for (pass = 0; pass < 2 && whole == 1; pass++) {
         if (pass == 1) { /* the sizes known: the records written into one bytes object, cut to what they took */
@@ -760,9 +763,9 @@ kafka_records(PyObject *self, PyObject *args)
             r.out = (unsigned char *)PyBytes_AS_STRING(records);
         }
         for (Py_ssize_t i = 0; i < n && whole == 1; i++) {
-            PyObject *payload = PyList_GET_ITEM(payloads, i);
+            PyObject *payload = PyTuple_GET_ITEM(payloads, i);
             whole = walk_payload((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
-                                 PyLong_AsUnsignedLongLong(PyList_GET_ITEM(seqs, i)), limit,
+                                 PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(seqs, i)), limit,
                                  pass ? NULL : inflate, sets, &taken, pass ? put_kafka_record : measure_kafka_record,
                                  &r);
         }
@@ -779,7 +782,9 @@ kafka_records(PyObject *self, PyObject *args)
                            (long long)r.max_ts);
 done:
     Py_XDECREF(records);
-    Py_DECREF(sets);
+    Py_XDECREF(sets);
+    Py_XDECREF(seqs);
+    Py_XDECREF(payloads);
     return result;
 }
 
