@@ -96,6 +96,27 @@ put_uvarint(unsigned char *out, uint64_t v)
     return out;
 }
 
+/* n as Kafka's zigzag varint (varint and varlong) encodes it, before its LEB128 bytes. */
+static inline uint64_t
+zigzag(int64_t n)
+{
+    return ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+}
+
+/* The size of n as a zigzag varint. */
+static inline Py_ssize_t
+zigzag_size(int64_t n)
+{
+    return uvarint_size(zigzag(n));
+}
+
+/* Write n as a zigzag varint at out; returns the byte after it. */
+static inline unsigned char *
+put_zigzag(unsigned char *out, int64_t n)
+{
+    return put_uvarint(out, zigzag(n));
+}
+
 /* The definition and init function of a codec's ``_speedups`` module exporting ``methods``. */
 #define SPEEDUPS_MODULE(doc, methods)                                                                  \
     static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", doc, -1, methods,         \

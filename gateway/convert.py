@@ -17,6 +17,14 @@ skips building a ``Record`` per record, its sources giving ``Columns``
 directly where they can and through ``records`` otherwise. Formats without
 them are converted through ``Record``s.
 
+A run of one source format into a target that names a record layout
+(``ColumnarFormat.record_layout``: Kafka's v2 records) skips ``Columns`` too
+when the source writes its batches' records in that layout directly
+(``ColumnarFormat.records_in``: TANK's, in one C pass, no Python object per
+record); the target then only wraps them (``encode_records``). The payload is
+the one the ``Columns`` path gives, byte for byte; a source that answers
+``None`` (a fault it leaves for ``columns`` to name) goes that path.
+
 Conversions read only what was checked when it was produced: every format
 offers ``validate(payload) -> Validated``, which the broker calls before it
 stores a produced payload. It raises ``CommandError(CORRUPT_MESSAGE)`` for a
@@ -34,7 +42,13 @@ import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 
-from gateway.codec.formats import BatchFormat, Columns, is_columnar
+from gateway.codec.formats import (
+    BatchFormat,
+    Columns,
+    RecordLayoutFormat,
+    has_record_layout,
+    is_columnar,
+)
 from gateway.model import CommandError, ErrorCode, Record, StoredBatch
 
 MAX_RUN_RECORDS = 4096
@@ -105,6 +119,12 @@ def runs(batches: Iterable[StoredBatch], target: str) -> Iterable[StoredBatch | 
 def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
                 formats: Mapping[str, BatchFormat]) -> StoredBatch:
     """Decode ``run`` (consecutive foreign batches) and encode it as one ``target`` batch."""
+    first, last = run[0], run[-1]
+    if has_record_layout(target) and target.record_layout is not None:
+        payload = _direct(run, target, target.record_layout, formats)
+        if payload is not None:
+            return StoredBatch(target.name, first.base_offset, last.last_offset, max(map(_MAX_TIMESTAMP, run)),
+                               payload)
     by_columns = is_columnar(target)
     records: list[Record] = []
     columns: Columns | None = None
@@ -128,11 +148,23 @@ def convert_run(run: Sequence[StoredBatch], target: BatchFormat,
             columns = part
         else:
             columns.extend(part)
-    first, last = run[0], run[-1]
     base = first.base_offset
     payload = (target.encode_columns(columns, base) if columns is not None and is_columnar(target)
                else target.encode(records, base))
     return StoredBatch(target.name, base, last.last_offset, max(map(_MAX_TIMESTAMP, run)), payload)
+
+
+def _direct(run: Sequence[StoredBatch], target: RecordLayoutFormat, layout: str,
+            formats: Mapping[str, BatchFormat]) -> bytes | None:
+    """``run`` as one ``target`` batch written from records its source format writes in ``layout``
+    directly (``ColumnarFormat.records_in``), or ``None``: a run of several formats, or a source
+    that does not write these batches so."""
+    name = run[0].format
+    source = formats.get(name)
+    if source is None or not is_columnar(source) or any(b.format != name for b in run):
+        return None
+    records = source.records_in(layout, run, run[0].base_offset)
+    return None if records is None else target.encode_records(records, run[0].base_offset)
 
 
 def convert(batches: Iterable[StoredBatch], target: str, formats: Mapping[str, BatchFormat],

@@ -249,15 +249,6 @@ done:
 
 /* ---------------------------------------------------------------- encoding */
 
-static inline uint64_t
-zigzag(int64_t n)
-{
-    return ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
-}
-
-#define zigzag_size(n) uvarint_size(zigzag(n))
-#define put_zigzag(out, n) put_uvarint((out), zigzag(n))
-
 /* A blob (bytes or None): its size with its length prefix, -1 with an exception set on a bad type. */
 static Py_ssize_t
 blob_size(PyObject *b)

@@ -39,12 +39,17 @@ import crc32c
 from gateway._extensions import load
 from gateway.codec import (
     BatchProducer,
-    ColumnarFormat,
     CompressingFormat,
     LeaderEpochFormat,
     TransactionalFormat,
 )
-from gateway.codec.formats import Columns, Validated
+from gateway.codec.formats import (
+    KAFKA_V2_RECORDS,
+    Columns,
+    EncodedRecords,
+    RecordLayoutFormat,
+    Validated,
+)
 from gateway.codec.varint import ZIGZAGS, read_zigzag, zigzag
 from gateway.model import Batch, CommandError, ErrorCode, ProducerState, Record, StoredBatch
 
@@ -369,10 +374,19 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
     """``encode_batch`` of records given field by field (``gateway.codec.formats.Columns``)."""
     body, last_delta, base_ts, max_ts = encode_records(columns.offsets, base_offset, columns.timestamps, columns.keys,
                                                        columns.values, columns.headers, columns.extras)
+    return encode_encoded(EncodedRecords(body, len(columns), last_delta, base_ts, max_ts), base_offset, codec,
+                          producer)
+
+
+def encode_encoded(records: EncodedRecords, base_offset: int, codec: int = compression.NONE,
+                   producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
+    """One v2 batch at ``base_offset`` of records written already (``KAFKA_V2_RECORDS``)."""
+    body = records.body
     if codec:
         body = compression.compress(codec, body)
     pid, epoch, seq = producer
-    tail = _BATCH_TAIL.pack(codec, last_delta, base_ts, max_ts, pid, epoch, seq, len(columns))
+    tail = _BATCH_TAIL.pack(codec, records.last_offset_delta, records.base_timestamp, records.max_timestamp,
+                            pid, epoch, seq, records.record_count)
     crc = crc32c.crc32c(body, crc32c.crc32c(tail))  # the CRC runs on into the records: one copy of them, below
     return b"".join((_BATCH_HEAD.pack(base_offset, len(tail) + len(body) + 9, 0, 2, crc), tail, body))
 
@@ -581,7 +595,7 @@ def encode_message_set(records: Iterable[Record], magic: int) -> bytes:
 # --------------------------------------------------------------------------- storage format
 
 
-class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat, CompressingFormat):
+class KafkaFormat(RecordLayoutFormat, TransactionalFormat, LeaderEpochFormat, CompressingFormat):
     """The ``kafka`` ``BatchFormat`` (see the module docstring).
 
     ``inflate_limit``: the most one batch may decompress to, in ``validate`` and
@@ -591,6 +605,7 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat, Compre
     name = NAME
     joinable = True  # v2 batches one after the other are one payload (see assign_offsets)
     transactional = True
+    record_layout = KAFKA_V2_RECORDS  # other formats may write records for ``encode_records`` directly
     inflate_limit = compression.INFLATE_LIMIT
 
     def batch_producer(self, payload: bytes) -> BatchProducer:
@@ -660,6 +675,9 @@ class KafkaFormat(ColumnarFormat, TransactionalFormat, LeaderEpochFormat, Compre
 
     def encode_columns(self, columns: Columns, base_offset: int) -> bytes:
         return encode_columns(columns, base_offset)
+
+    def encode_records(self, records: EncodedRecords, base_offset: int) -> bytes:
+        return encode_encoded(records, base_offset)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return assign_offsets(payload, base_offset)

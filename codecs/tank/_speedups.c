@@ -17,6 +17,14 @@
  *     A snappy message set is ``inflate(view, limit left)`` (bytes; the limit falls by what each inflates to).
  *     False, with what it appended left in the lists, at anything else: a fault, an exception from ``inflate``,
  *     numbers past 64 bits; the Python loop then reads the payload again and names the fault.
+ * kafka_records(payloads, first_seqs, base_offset, limit, inflate)
+ *         -> (records, count, last_offset_delta, base_timestamp, max_timestamp) | None
+ *     the messages of stored payloads (a list of bytes, each numbered from its item of ``first_seqs`` as
+ *     ``read_payload`` numbers it, each inflated within ``limit`` through ``inflate`` as there) written as Kafka v2
+ *     records in one pass, with no Python object per record: the bytes and header fields that ``TankFormat.columns``
+ *     then the Kafka format's ``encode_records`` give (offsets relative to ``base_offset``, timestamps relative to the
+ *     least, u64 timestamps above 2^63-1 read as 2^63-1, no headers). None where ``read_payload`` would answer False,
+ *     or for offsets or deltas outside 64 bits: the columns path then converts, or names the fault.
  * encode_plain_bundle(offsets, base_offset, stamps, keys, values) -> bytes | None
  *     ``varint len | bundle`` of one uncompressed, non-SPARSE bundle of the records, as
  *     ``format._encode_plain_bundle``: None unless the offsets are base_offset, base_offset + 1, ... (none None);
@@ -550,22 +558,84 @@ read_bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, Bundl
     return 0;
 }
 
-/* read_payload: the messages of the bundle p[0:end] (sequence numbers first..last, or from first on) appended
- * as offsets (sequence numbers less one): 0, or -1 (with no exception set) for a message set that is not
- * exactly its count of whole messages, or numbers that do not fit. */
+/* The messages of the bundle p[0:end] (sequence numbers first..last, or from first on), each passed to ``each``
+ * with its offset (sequence number less one): 0, or -1 (with no exception set) for a message set that is not
+ * exactly its count of whole messages, numbers that do not fit, or a failure of ``each``. */
 static int
-read_bundle_offsets(const unsigned char *p, Py_ssize_t end, const BundleHeader *h, uint64_t first, uint64_t last,
-                    Lists *lists)
+walk_bundle_offsets(const unsigned char *p, Py_ssize_t end, const BundleHeader *h, uint64_t first, uint64_t last,
+                    tank_message each, void *ctx)
 {
     Py_ssize_t read, stop;
     if (first == 0 || (h->flags & SPARSE && last == 0) || h->count > PY_SSIZE_T_MAX)
         return -1;
-    if (tank_walk(p, end, (Py_ssize_t)h->count, h->flags & SPARSE, first - 1, last - 1, append_message, lists, &read,
-                  &stop) < 0) {
+    if (tank_walk(p, end, (Py_ssize_t)h->count, h->flags & SPARSE, first - 1, last - 1, each, ctx, &read, &stop) <
+        0) {
         PyErr_Clear(); /* beyond 64 bits (the Python loop's), or a failed append, which the Python loop meets again */
         return -1;
     }
     return read == (Py_ssize_t)h->count && stop == end ? 0 : -1;
+}
+
+/* The messages of a stored payload p[0:end] (``varint len | bundle``...), each passed to ``each`` with its offset
+ * (sequence number less one: the first bundle's numbered from ``seq`` unless SPARSE, each next one from where the
+ * one before ended): 1 when every bundle holds exactly its count of whole messages; 0 at anything else, with no
+ * exception set (a fault, an exception from ``inflate`` or ``each``, numbers past 64 bits); -1 with an exception
+ * to pass on (an interrupt, a failed append to ``sets``). A snappy message set is ``inflate(view, limit left)``
+ * (bytes; the limit, ``budget``, falls by what each inflates to), appended to ``sets`` unless it is NULL; with
+ * ``inflate`` NULL, it is instead ``sets[*taken]`` (*taken then moves on): what an earlier walk of the same
+ * payload inflated. */
+static int
+walk_payload(const unsigned char *p, Py_ssize_t end, uint64_t seq, Py_ssize_t budget, PyObject *inflate,
+             PyObject *sets, Py_ssize_t *taken, tank_message each, void *ctx)
+{
+    Py_ssize_t pos = 0;
+    while (pos < end) {
+        uint64_t n;
+        BundleHeader h;
+        if (read_varint5(p, &pos, end, &n) < 0 || n > (uint64_t)(end - pos) ||
+            read_bundle_header(p, pos, pos + (Py_ssize_t)n, &h) < 0)
+            return 0;
+        Py_ssize_t bundle_end = pos + (Py_ssize_t)n;
+        uint64_t first = seq, last;
+        if (h.flags & SPARSE) {
+            first = h.first;
+            last = h.has_delta ? h.first + h.delta + 1 : h.first;
+            if (last < first)
+                return 0;
+        } else {
+            last = seq + h.count - 1;
+            if (h.count != 0 && last < seq)
+                return 0;
+        }
+        const unsigned char *messages = p + h.body;
+        Py_ssize_t size = bundle_end - h.body;
+        PyObject *set = NULL;
+        if (h.flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within the budget */
+            if (inflate == NULL) {
+                if (*taken >= PyList_GET_SIZE(sets))
+                    return 0;
+                set = Py_NewRef(PyList_GET_ITEM(sets, (*taken)++));
+            } else {
+                set = inflated(inflate, messages, size, budget);
+                if (set == NULL)
+                    return PyErr_Occurred() ? -1 : 0; /* an interrupt (not a fault of the bundle) is passed on */
+                if (sets != NULL && PyList_Append(sets, set) < 0) {
+                    Py_DECREF(set);
+                    return -1;
+                }
+            }
+            messages = (const unsigned char *)PyBytes_AS_STRING(set);
+            size = PyBytes_GET_SIZE(set);
+            budget -= size;
+        }
+        int whole = walk_bundle_offsets(messages, size, &h, first, last, each, ctx) == 0;
+        Py_XDECREF(set);
+        if (!whole)
+            return 0;
+        seq = last + 1;
+        pos = bundle_end;
+    }
+    return 1;
 }
 
 static PyObject *
@@ -580,53 +650,142 @@ read_payload(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*KnOO!O!O!O!", &buf, &seq, &budget, &inflate, &PyList_Type, &lists.seqs,
                           &PyList_Type, &lists.stamps, &PyList_Type, &lists.keys, &PyList_Type, &lists.values))
         return NULL;
-    const unsigned char *p = buf.buf;
-    Py_ssize_t pos = 0, end = buf.len;
-    int whole = 1;
     lists.stamp = NULL;
-    while (pos < end && whole) {
-        uint64_t n;
-        BundleHeader h;
-        if (read_varint5(p, &pos, end, &n) < 0 || n > (uint64_t)(end - pos) ||
-            read_bundle_header(p, pos, pos + (Py_ssize_t)n, &h) < 0) {
-            whole = 0;
-            break;
-        }
-        Py_ssize_t bundle_end = pos + (Py_ssize_t)n;
-        uint64_t first = seq, last;
-        if (h.flags & SPARSE) {
-            first = h.first;
-            last = h.has_delta ? h.first + h.delta + 1 : h.first;
-            whole = last >= first;
-        } else {
-            last = seq + h.count - 1;
-            whole = h.count == 0 || last >= seq;
-        }
-        if (whole && h.flags & CODEC_MASK) { /* snappy: inflated by the caller's function, within the budget */
-            PyObject *set = inflated(inflate, p + h.body, bundle_end - h.body, budget);
-            if (set == NULL) {
-                if (PyErr_Occurred()) /* not a fault of the bundle (an interrupt): passed on */
-                    goto failed;
-                whole = 0;
-                break;
-            }
-            budget -= PyBytes_GET_SIZE(set);
-            whole = read_bundle_offsets((const unsigned char *)PyBytes_AS_STRING(set), PyBytes_GET_SIZE(set), &h, first,
-                                        last, &lists) == 0;
-            Py_DECREF(set);
-        } else if (whole) {
-            whole = read_bundle_offsets(p + h.body, bundle_end - h.body, &h, first, last, &lists) == 0;
-        }
-        seq = last + 1;
-        pos = bundle_end;
+    int whole = walk_payload(buf.buf, buf.len, seq, budget, inflate, NULL, NULL, append_message, &lists);
+    Py_XDECREF(lists.stamp);
+    PyBuffer_Release(&buf);
+    return whole < 0 ? NULL : PyBool_FromLong(whole);
+}
+
+/* kafka_records: the records of the payloads as Kafka's v2 records, what the first walk learns of them (every
+ * offset delta within 64 bits) and, in the second, where the next one is written. */
+typedef struct {
+    int64_t base; /* the batch's base offset */
+    int64_t count, last_delta, base_ts, max_ts;
+    Py_ssize_t bound; /* the most the records can take */
+    unsigned char *out;
+} KafkaRecords;
+
+#define KAFKA_RECORD_OVERHEAD 52 /* the most a record takes besides its key and value: 5 varints, 2 bytes */
+#define TS_MAX ((uint64_t)INT64_MAX) /* TANK's timestamps are u64, Kafka's i64: above, read as INT64_MAX */
+
+static int
+measure_kafka_record(void *ctx, uint64_t offset, uint64_t ts, const unsigned char *key, Py_ssize_t key_len,
+                     const unsigned char *value, Py_ssize_t value_len)
+{
+    KafkaRecords *r = ctx;
+    int64_t d, t = ts > TS_MAX ? INT64_MAX : (int64_t)ts;
+    (void)key;
+    (void)value;
+    if (offset > (uint64_t)INT64_MAX || __builtin_sub_overflow((int64_t)offset, r->base, &d) ||
+        r->bound > PY_SSIZE_T_MAX - KAFKA_RECORD_OVERHEAD - key_len - value_len) {
+        PyErr_SetString(PyExc_OverflowError, "an offset delta outside 64 bits"); /* the columns path's */
+        return -1;
     }
-    Py_XDECREF(lists.stamp);
-    PyBuffer_Release(&buf);
-    return PyBool_FromLong(whole);
-failed:
-    Py_XDECREF(lists.stamp);
-    PyBuffer_Release(&buf);
-    return NULL;
+    if (r->count == 0 || d > r->last_delta)
+        r->last_delta = d;
+    if (r->count == 0 || t < r->base_ts)
+        r->base_ts = t;
+    if (r->count == 0 || t > r->max_ts)
+        r->max_ts = t;
+    r->count++;
+    r->bound += KAFKA_RECORD_OVERHEAD + key_len + value_len;
+    return 0;
+}
+
+static int
+put_kafka_record(void *ctx, uint64_t offset, uint64_t ts, const unsigned char *key, Py_ssize_t key_len,
+                 const unsigned char *value, Py_ssize_t value_len)
+{
+    KafkaRecords *r = ctx;
+    int64_t d = (int64_t)offset - r->base, t = (ts > TS_MAX ? INT64_MAX : (int64_t)ts) - r->base_ts;
+    Py_ssize_t size = 1 + zigzag_size(t) + zigzag_size(d) + (key == NULL ? 1 : zigzag_size(key_len) + key_len) +
+                      zigzag_size(value_len) + value_len + 1;
+    unsigned char *out = put_zigzag(r->out, size);
+    *out++ = 0; /* attributes */
+    out = put_zigzag(out, t);
+    out = put_zigzag(out, d);
+    if (key == NULL) {
+        *out++ = 1; /* zigzag(-1): no key */
+    } else {
+        out = put_zigzag(out, key_len);
+        memcpy(out, key, (size_t)key_len);
+        out += key_len;
+    }
+    out = put_zigzag(out, value_len);
+    memcpy(out, value, (size_t)value_len);
+    out += value_len;
+    *out++ = 0; /* no headers */
+    r->out = out;
+    return 0;
+}
+
+static PyObject *
+kafka_records(PyObject *self, PyObject *args)
+{
+    PyObject *payloads, *seqs, *base_obj, *inflate, *sets = NULL, *records = NULL, *result = NULL;
+    Py_ssize_t limit, taken = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!nO", &PyList_Type, &payloads, &PyList_Type, &seqs, &PyLong_Type, &base_obj,
+                          &limit, &inflate))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(payloads);
+    long long base = PyLong_AsLongLong(base_obj);
+    if (base == -1 && PyErr_Occurred()) { /* outside 64 bits: the columns path's */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    KafkaRecords r = {base, 0, 0, -1, -1, 0, NULL};
+    if (PyList_GET_SIZE(seqs) != n)
+        Py_RETURN_NONE;
+    payloads = PyList_AsTuple(payloads); /* held as they are: ``inflate`` runs Python code between the items */
+    seqs = payloads == NULL ? NULL : PyList_AsTuple(seqs);
+    if (seqs == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) { /* the types, and the numbers within 64 bits */
+        PyObject *seq = PyTuple_GET_ITEM(seqs, i);
+        if (!PyBytes_Check(PyTuple_GET_ITEM(payloads, i)) || !PyLong_Check(seq) ||
+            (PyLong_AsUnsignedLongLong(seq) == (unsigned long long)-1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    sets = PyList_New(0);
+    if (sets == NULL)
+        goto done;
+    int pass, whole = 1;
+    for (pass = 0; pass < 2 && whole == 1; pass++) {
+        if (pass == 1) { /* the sizes known: the records written into one bytes object, cut to what they took */
+            records = PyBytes_FromStringAndSize(NULL, r.bound);
+            if (records == NULL)
+                goto done;
+            r.out = (unsigned char *)PyBytes_AS_STRING(records);
+        }
+        for (Py_ssize_t i = 0; i < n && whole == 1; i++) {
+            PyObject *payload = PyTuple_GET_ITEM(payloads, i);
+            whole = walk_payload((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                                 PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(seqs, i)), limit,
+                                 pass ? NULL : inflate, sets, &taken, pass ? put_kafka_record : measure_kafka_record,
+                                 &r);
+        }
+    }
+    if (whole < 0)
+        goto done;
+    if (whole == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (_PyBytes_Resize(&records, r.out - (unsigned char *)PyBytes_AS_STRING(records)) < 0)
+        goto done;
+    result = Py_BuildValue("(OLLLL)", records, (long long)r.count, (long long)r.last_delta, (long long)r.base_ts,
+                           (long long)r.max_ts);
+done:
+    Py_XDECREF(records);
+    Py_XDECREF(sets);
+    Py_XDECREF(seqs);
+    Py_XDECREF(payloads);
+    return result;
 }
 
 /* The header of the bundle p[pos:end], as format.parse_header reads it, or None when it does not parse. */
@@ -838,6 +997,8 @@ static PyMethodDef methods[] = {
     {"read_messages", read_messages, METH_VARARGS, "Append the fields of TANK messages to column lists."},
     {"read_payload", read_payload, METH_VARARGS,
      "Append the messages of a stored payload's bundles to column lists: whether it read them all."},
+    {"kafka_records", kafka_records, METH_VARARGS,
+     "(records, count, last offset delta, base timestamp, max timestamp) of stored payloads as Kafka v2 records."},
     {"encode_messages", encode_messages, METH_VARARGS, "The messages part of an uncompressed TANK bundle."},
     {"encode_plain_bundle", encode_plain_bundle, METH_VARARGS,
      "``varint len | bundle``: one plain bundle of records at consecutive offsets, or None."},

@@ -6,7 +6,8 @@ format they arrived in and reads them through it (``gateway.convert`` converts b
 formats). ``BatchFormat`` is the core every format implements; ``ColumnarFormat``,
 ``TransactionalFormat`` and ``LeaderEpochFormat`` are capabilities a format declares with a
 class flag, which the broker reads instead of probing. ``Validated`` and ``Columns`` are
-the values these methods pass.
+the values these methods pass; ``EncodedRecords``, records written already in another
+format's record layout (``ColumnarFormat.records_in``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,24 @@ class Validated(NamedTuple):
 
     records: int
     span: int
+
+
+class EncodedRecords(NamedTuple):
+    """Records already written in a record layout (``ColumnarFormat.record_layout``), with what a
+    batch header of that layout says of them: ``body``, the records one after the other;
+    ``record_count``; ``last_offset_delta``, the greatest offset less the batch's base offset;
+    ``base_timestamp`` and ``max_timestamp``, the least and greatest timestamp (-1 when none)."""
+
+    body: bytes
+    record_count: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+
+
+KAFKA_V2_RECORDS = "kafka-v2"
+"""The record layout of Kafka's v2 record batches (the records after the batch header, uncompressed,
+without headers where the records have none), which other formats may write directly."""
 
 
 ONE_RECORD = Validated(1, 1)
@@ -171,13 +190,37 @@ class ColumnarFormat(BatchFormat, Protocol):
 
     ``columns`` decodes consecutive stored batches of the format into one
     ``Columns``; ``encode_columns`` builds one payload from them, as ``encode``.
+
+    A conversion between two named formats may also skip ``Columns``: a format whose batches
+    wrap records in a layout others can write names it (``record_layout``, e.g.
+    ``KAFKA_V2_RECORDS``) and builds a payload from records so written (``RecordLayoutFormat``);
+    a format that can write its stored batches' records in that layout directly answers
+    ``records_in`` with them (``None``, the default: it cannot, or not these batches). The
+    result is the payload ``encode_columns(columns(batches), base_offset)`` gives, byte for byte.
     """
 
     columnar: ClassVar[bool] = True
+    record_layout: ClassVar[str | None] = None
 
     def columns(self, batches: Sequence[StoredBatch]) -> Columns: ...
 
     def encode_columns(self, columns: Columns, base_offset: int) -> bytes: ...
+
+    def records_in(self, layout: str, batches: Sequence[StoredBatch], base_offset: int) -> EncodedRecords | None:
+        """The records of ``batches`` (consecutive stored batches of this format) written in the
+        record ``layout``, offsets relative to ``base_offset``; ``None`` where this format does not
+        write them so (the conversion then goes through ``columns``)."""
+        return None
+
+
+@runtime_checkable
+class RecordLayoutFormat(ColumnarFormat, Protocol):
+    """A ``ColumnarFormat`` that names its ``record_layout``: ``encode_records`` builds a payload
+    (one batch at ``base_offset``) of records written already in that layout."""
+
+    record_layout: ClassVar[str | None]
+
+    def encode_records(self, records: EncodedRecords, base_offset: int) -> bytes: ...
 
 
 @attrs.frozen
@@ -245,6 +288,11 @@ class CompressingFormat(BatchFormat, Protocol):
 def is_columnar(fmt: BatchFormat) -> TypeGuard[ColumnarFormat]:
     """Whether ``fmt`` declares ``columnar``."""
     return fmt.columnar
+
+
+def has_record_layout(fmt: BatchFormat) -> TypeGuard[RecordLayoutFormat]:
+    """Whether ``fmt`` is columnar and names a ``record_layout``."""
+    return fmt.columnar and getattr(fmt, "record_layout", None) is not None
 
 
 def is_transactional(fmt: BatchFormat) -> TypeGuard[TransactionalFormat]:

@@ -686,18 +686,6 @@ view_bytes(const View *v, Py_ssize_t i, const unsigned char **p, Py_ssize_t *n)
     return 0;
 }
 
-static Py_ssize_t
-zigzag_size(int64_t n)
-{
-    return uvarint_size(((uint64_t)n << 1) ^ (uint64_t)(n >> 63));
-}
-
-static unsigned char *
-put_zigzag(unsigned char *out, int64_t n)
-{
-    return put_uvarint(out, ((uint64_t)n << 1) ^ (uint64_t)(n >> 63));
-}
-
 static unsigned char *
 put_blob(unsigned char *out, const unsigned char *p, Py_ssize_t n)
 {

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import model as m
-from gateway.codec.formats import Columns
+from gateway.codec.formats import KAFKA_V2_RECORDS, Columns
 from gateway.codecs.tank import format as tank_format
 
 speedups = tank_format._speedups
@@ -296,3 +296,76 @@ def test_a_payload_the_c_pass_hands_over_reads_as_the_python_loop_reads_it():
     assert (columns.keys, columns.values) == ([b"k", None, None], [b"c", b"a", b"b"])
     with pytest.raises(m.CommandError, match="stored bundle at 9: message set cut short"):
         tank_format.FORMAT.columns([m.StoredBatch("tank", 9, 9, 0, tank_format.frame(bundle[:-1]))])
+
+
+def _batches(data, bundles_of_batches, base):
+    """Stored ``tank`` batches, one after the other from ``base``, of the drawn bundles."""
+    batches = []
+    for bundles in bundles_of_batches:
+        payload, count = b"", 0
+        for messages, kind in bundles:
+            seqs = _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40, max_size=40))) \
+                if kind == "sparse" and messages else None
+            payload += tank_format.frame(tank_format.encode(messages, seqs, compress=kind == "snappy"))
+            count += len(messages)
+        batches.append(m.StoredBatch("tank", base, base + max(count, 1) - 1, 0, payload))
+        base += max(count, 1)
+    return batches
+
+
+def _to_kafka(batches, direct):
+    """``convert_run`` of ``batches`` into one Kafka batch, through ``TankFormat.records_in`` (``direct``) or
+    through ``columns`` only: the payload, or the fault it names."""
+    from gateway.codecs.kafka import format as kafka_format
+    from gateway.convert import convert_run
+
+    formats = {"tank": tank_format.FORMAT, "kafka": kafka_format.FORMAT}
+    with pytest.MonkeyPatch.context() as patch:
+        if not direct:
+            patch.setattr(tank_format.TankFormat, "records_in", lambda self, layout, batches, base_offset: None)
+        try:
+            return convert_run(batches, kafka_format.FORMAT, formats).payload
+        except m.CommandError as e:
+            return str(e.error.message)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(MESSAGES, st.sampled_from(["plain", "plain", "snappy"])), min_size=1, max_size=3),
+                min_size=1, max_size=3),
+       st.integers(0, 2**40), st.data())
+def test_tank_to_kafka_in_one_c_pass_is_the_columns_path_byte_for_byte(bundles_of_batches, base, data):
+    """``records_in`` (``_speedups.kafka_records``) wraps into the Kafka batch ``columns`` then
+    ``encode_columns`` give, for several batches of plain and snappy bundles, keys or none."""
+    batches = _batches(data, bundles_of_batches, base)
+    found = tank_format.FORMAT.records_in(KAFKA_V2_RECORDS, batches, base)
+    assert found is not None  # every payload here is whole: the C pass takes it
+    assert _to_kafka(batches, direct=True) == _to_kafka(batches, direct=False)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(MESSAGES, st.sampled_from(["plain", "sparse", "snappy"])), min_size=1, max_size=2),
+                min_size=1, max_size=2),
+       st.integers(0, 2**40), st.sampled_from([tank_format.INFLATE_LIMIT, 2000]), st.data())
+def test_a_payload_the_c_pass_does_not_take_converts_as_the_columns_path_does(bundles_of_batches, base, limit, data):
+    """Damaged or cut payloads, SPARSE bundles, a low inflate limit: the one C pass gives the columns
+    path's batch, or hands the run over to it, which names the fault (``CORRUPT_MESSAGE``)."""
+    batches = _batches(data, bundles_of_batches, base)
+    victim = data.draw(st.integers(0, len(batches) - 1))
+    damaged = bytearray(batches[victim].payload)
+    for _ in range(data.draw(st.integers(0, 2)) if damaged else 0):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    damaged = damaged[: data.draw(st.integers(0, len(damaged)))]
+    batches[victim] = m.StoredBatch("tank", batches[victim].base_offset, batches[victim].last_offset, 0, bytes(damaged))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tank_format.FORMAT, "inflate_limit", limit)
+        assert _to_kafka(batches, direct=True) == _to_kafka(batches, direct=False)
+
+
+def test_offsets_past_64_bits_go_through_the_columns_path():
+    sparse = tank_format.frame(tank_format.encode([(1, None, b"a"), (2, None, b"b")], [2**64 - 1, 2**64 + 1],
+                                                  compress=False))
+    batches = [m.StoredBatch("tank", 2**64 - 2, 2**64, 2, sparse)]
+    assert tank_format.FORMAT.records_in(KAFKA_V2_RECORDS, batches, 2**64 - 2) is None
+    assert tank_format.FORMAT.records_in("another layout", [m.StoredBatch("tank", 0, 0, 0, b"")], 0) is None
