@@ -88,9 +88,10 @@ CLUSTER_SUITES := $(addprefix tests/,test_v1_gateway.py test_kafka_confluent.py 
 unit: $(STAMP)
 	$(PYTEST) $(UNIT_TESTS)
 
+# Each pass ends with its slowest tests: where to look first when the run grows past its budget.
 integration: $(STAMP) java
-	$(PYTEST) $(PARALLEL) -m "not serial and not spark" $(INTEGRATION_TESTS)
-	$(PYTEST) -m "serial or spark" $(INTEGRATION_TESTS)
+	$(PYTEST) $(PARALLEL) --durations=15 -m "not serial and not spark" $(INTEGRATION_TESTS)
+	$(PYTEST) --durations=15 -m "serial or spark" $(INTEGRATION_TESTS)
 
 cluster: $(STAMP)
 	POLYGATE_TEST_STORAGE=cluster $(PYTEST) $(PARALLEL) $(CLUSTER_SUITES)
