@@ -240,6 +240,19 @@ def _transactional(batch: bytes) -> bytes:
     return bytes(out)
 
 
+def _transaction(client: KafkaClient, txn: str, topic: str, pid: int, epoch: int, value: bytes) -> None:
+    """One transactional record of ``txn``'s producer ``pid`` at ``epoch`` in partition 0 of
+    ``topic``: AddPartitionsToTxn v3, then a Produce of a transactional batch (sequence 0)."""
+    added = client.call(24, 3, {"V3AndBelowTransactionalId": txn, "V3AndBelowProducerId": pid,
+                                "V3AndBelowProducerEpoch": epoch,
+                                "V3AndBelowTopics": [{"Name": topic, "Partitions": [0]}]})
+    assert added.ResultsByTopicV3AndBelow[0].ResultsByPartition[0].PartitionErrorCode == 0
+    batch = kafka_format.encode_batch([m.Record(value, None, 1_700_000_000_000)], 0, producer=(pid, epoch, 0))
+    produced = client.call(0, 3, {"TransactionalId": txn, "Acks": -1, "TimeoutMs": 10_000, "TopicData": [
+        {"Name": topic, "PartitionData": [{"Index": 0, "Records": _transactional(batch)}]}]})
+    assert produced.Responses[0].PartitionResponses[0].ErrorCode == 0
+
+
 def test_end_txn_v5_ends_under_the_next_epoch_and_answers_it(kafka_gateway):
     """EndTxn v5 (KIP-890 part 2) ends the transaction with the producer's next epoch and answers
     it; a retry from the epoch before gets the same answer, and the producer goes on with the new
@@ -250,26 +263,16 @@ def test_end_txn_v5_ends_under_the_next_epoch_and_answers_it(kafka_gateway):
     init = client.call(22, 1, {"TransactionalId": txn, "TransactionTimeoutMs": 60_000})
     pid, epoch = init.ProducerId, init.ProducerEpoch
 
-    def transaction(epoch: int, value: bytes) -> None:
-        added = client.call(24, 3, {"V3AndBelowTransactionalId": txn, "V3AndBelowProducerId": pid,
-                                    "V3AndBelowProducerEpoch": epoch,
-                                    "V3AndBelowTopics": [{"Name": topic, "Partitions": [0]}]})
-        assert added.ResultsByTopicV3AndBelow[0].ResultsByPartition[0].PartitionErrorCode == 0
-        batch = kafka_format.encode_batch([m.Record(value, None, 1_700_000_000_000)], 0, producer=(pid, epoch, 0))
-        produced = client.call(0, 3, {"TransactionalId": txn, "Acks": -1, "TimeoutMs": 10_000, "TopicData": [
-            {"Name": topic, "PartitionData": [{"Index": 0, "Records": _transactional(batch)}]}]})
-        assert produced.Responses[0].PartitionResponses[0].ErrorCode == 0
-
     def end(version: int, epoch: int, commit: bool) -> tuple[int, int, int]:
         r = client.call(26, version, {"TransactionalId": txn, "ProducerId": pid, "ProducerEpoch": epoch,
                                       "Committed": commit})
         return r.ErrorCode, r.get("ProducerId", -1), r.get("ProducerEpoch", -1)
 
-    transaction(epoch, b"committed")
+    _transaction(client, txn, topic, pid, epoch, b"committed")
     assert end(5, epoch, True) == (0, pid, epoch + 1)
     assert end(5, epoch, True) == (0, pid, epoch + 1)  # a retry
     assert end(4, epoch, True)[0] != 0  # the old epoch is fenced otherwise
-    transaction(epoch + 1, b"aborted")
+    _transaction(client, txn, topic, pid, epoch + 1, b"aborted")
     assert end(5, epoch + 1, False) == (0, pid, epoch + 2)
     ends = [client.call(2, 2, {"ReplicaId": -1, "IsolationLevel": isolation, "Topics": [
         {"Name": topic, "Partitions": [{"PartitionIndex": 0, "Timestamp": -1}]}]}).Topics[0].Partitions[0].Offset
@@ -296,25 +299,15 @@ def test_end_txn_v5_at_the_last_epoch_answers_a_new_producer_id(gateway_factory,
     client, topic = KafkaClient("127.0.0.1", gw.port("kafka")), unique("raw")
     create(client, topic)
 
-    def transaction(pid: int, epoch: int, value: bytes) -> None:
-        added = client.call(24, 3, {"V3AndBelowTransactionalId": txn, "V3AndBelowProducerId": pid,
-                                    "V3AndBelowProducerEpoch": epoch,
-                                    "V3AndBelowTopics": [{"Name": topic, "Partitions": [0]}]})
-        assert added.ResultsByTopicV3AndBelow[0].ResultsByPartition[0].PartitionErrorCode == 0
-        batch = kafka_format.encode_batch([m.Record(value, None, 1_700_000_000_000)], 0, producer=(pid, epoch, 0))
-        produced = client.call(0, 3, {"TransactionalId": txn, "Acks": -1, "TimeoutMs": 10_000, "TopicData": [
-            {"Name": topic, "PartitionData": [{"Index": 0, "Records": _transactional(batch)}]}]})
-        assert produced.Responses[0].PartitionResponses[0].ErrorCode == 0
-
     def end(pid: int, epoch: int) -> tuple[int, int, int]:
         r = client.call(26, 5, {"TransactionalId": txn, "ProducerId": pid, "ProducerEpoch": epoch, "Committed": True})
         return r.ErrorCode, r.ProducerId, r.ProducerEpoch
 
-    transaction(old, MAX_EPOCH, b"last")
+    _transaction(client, txn, topic, old, MAX_EPOCH, b"last")
     error, new, epoch = end(old, MAX_EPOCH)
     assert (error, epoch) == (0, 0) and new not in (old, -1)
     assert end(old, MAX_EPOCH) == (0, new, 0)  # a retry
-    transaction(new, 0, b"next")
+    _transaction(client, txn, topic, new, 0, b"next")
     assert end(new, 0) == (0, new, 1)
     committed = [r.value for r in kafka_format.read_batches(client.fetch(topic, 0, 0).Records)]
     assert committed == [b"last", b"next"]
