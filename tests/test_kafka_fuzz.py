@@ -77,6 +77,8 @@ def exchange(port: int, data: bytes, expected: int | None = None) -> tuple[bytes
             # closing with unread request bytes makes the kernel send a reset, which may
             # drop answers in flight: keep the whole frames that did arrive
             return whole_frames(bytes(out)), True
+        except TimeoutError as e:
+            raise TimeoutError(str(e), bytes(out)) from None  # with what did arrive
         return bytes(out), False
 
 
@@ -173,7 +175,12 @@ def test_random_and_truncated_requests(gateway, batch, cut):
 def test_every_api_and_version_is_answered(gateway):
     sent = [(api_key, version, i, well_formed(api_key, version)) for i, (api_key, version) in enumerate(FUZZED)]
     data = b"".join(frame(*r) for r in sent)
-    answers, reset = exchange(gateway.port("kafka"), data, len(sent))
+    try:
+        answers, reset = exchange(gateway.port("kafka"), data, len(sent))
+    except TimeoutError as e:  # name the request the pipeline stopped at (answers come in order)
+        got = count_frames(e.args[1]) if len(e.args) > 1 else 0
+        pytest.fail(f"no answer for 30 s after {got} of {len(sent)}; the next request: api key, version "
+                    f"{sent[got][:2]}\n{gateway.log[-5000:]}")
     assert count_frames(answers) == len(sent) and not reset
     check_answers(sent, answers, reset, whole=len(sent))
     check_gateway(gateway)

@@ -8,7 +8,7 @@ import time
 
 import jwt
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric import rsa
 from kafka_support import bootstrap, create_topics, unique, wait_until
 
@@ -38,10 +38,15 @@ def oauth_client(gw, token_text: str) -> dict:
 
 
 def produce(conf: dict, topic: str, values: list[bytes]) -> list:
+    """The delivery error (or None) of each of ``values``. A refusal the producer already knows of
+    from the broker's metadata is raised by ``produce`` itself, at once: it counts as that error."""
     outcomes = []
     p = Producer({**conf, "message.timeout.ms": 8000})
     for v in values:
-        p.produce(topic, v, partition=0, on_delivery=lambda e, _m: outcomes.append(e))
+        try:
+            p.produce(topic, v, partition=0, on_delivery=lambda e, _m: outcomes.append(e))
+        except KafkaException as e:
+            outcomes.append(e.args[0])
     p.flush(15)
     return outcomes
 
