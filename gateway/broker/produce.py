@@ -10,22 +10,14 @@ gets payloads as produced, not numbered here. A batch of a ``CompressingFormat``
 is stored in the compression its topic's ``compression.type`` names (as Kafka
 recompresses on append), unless the store ``compresses`` itself.
 
-An idempotent producer's batch that fails with an error its client sends it
-again after (``RETRIED``: a timeout, a storage error, a lost leader) leaves a
-gap in its sequence that the client fills. The batches of that producer and
-partition the client had already sent behind it, checked meanwhile, fail with
-the same error rather than as out of order: the client then sends them again,
-in order, after the failed one. An out-of-order answer instead makes Kafka's
-clients bump their epoch themselves and number their batches from 0 again (as
-librdkafka and the Java client do), and a cluster behind the gateway may
-refuse an epoch it did not hand out (Tansu fences it for good).
+An idempotent producer's batches go through ``idempotence.Sequences``, which
+also answers the batches sent behind one that failed retriably.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -56,9 +48,6 @@ if TYPE_CHECKING:
 ACKS_TIMEOUT = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
 MERGE_BYTES = 1 << 20  # a run of merged produces stops once its payloads reach this size...
 MERGE_RECORDS = 4096  # ...or this many records
-# Errors after which clients send the same batch again (see the module docstring).
-RETRIED = frozenset({ErrorCode.REPLICATION_TIMEOUT, ErrorCode.STORAGE_ERROR, ErrorCode.NOT_LEADER})
-FAILURES_REMEMBERED = 10_000  # producers and partitions whose last batch failed, at most (the oldest go)
 
 
 class Producer:
@@ -85,9 +74,7 @@ class Producer:
         self._last_keyed: tuple[bytes | None, str, int, int] = (None, "", 0, 0)  # see _route
         # (topic, partition, producer id) -> fires when that producer's last batch there is settled
         self._in_order: dict[tuple[str, int, Any], defer.Deferred] = {}
-        # (topic, partition, producer id) -> (epoch, first sequence, error) of its last batch there,
-        # which failed with an error its client sends it again after (``RETRIED``)
-        self._failed: OrderedDict[tuple[str, int, Any], tuple[int, int, Error]] = OrderedDict()
+        self._sequences = idempotence.Sequences()
 
     def format(self, name: str) -> BatchFormat:
         fmt = self.broker.formats.get(name)
@@ -155,7 +142,7 @@ class Producer:
         except CommandError as e:  # before or at the check (a cluster that does not answer): remembered too
             producer = cmd.batch.producer
             if producer is not None and cmd.partition is not None:
-                self._note_failed((cmd.topic, cmd.partition, producer.producer_id), producer, e.error)
+                self._sequences.failed((cmd.topic, cmd.partition, producer.producer_id), producer, e.error)
             raise
 
     def _produce(self, cmd: m.Produce) -> Any:
@@ -203,10 +190,7 @@ class Producer:
         key = (cmd.topic, partition, producer.producer_id)
 
         def check(state: dict[str, Any] | None) -> Any:
-            try:
-                duplicate = idempotence.check(state, producer)
-            except CommandError as e:
-                raise self._behind_failed(key, producer, e) from None
+            duplicate = self._sequences.check(key, state, producer)
             if duplicate is not None:
                 return m.ProduceResult(cmd.topic, partition, duplicate[0], duplicate[1],
                                        self.store.high_watermark(cmd.topic, partition),
@@ -214,43 +198,20 @@ class Producer:
             return self._append(cmd, partition, fmt, producer, state)
 
         def stored(result: m.ProduceResult) -> m.ProduceResult:
-            self._failed.pop(key, None)
+            self._sequences.stored(key)
             return result
 
         def failed(f: Failure) -> Failure:
             if isinstance(f.value, CommandError):
-                self._note_failed(key, producer, f.value.error)
+                self._sequences.failed(key, producer, f.value.error)
             return f
 
         try:
             checked = then(self.store.producer_state(cmd.topic, partition, producer.producer_id), check)
         except CommandError as e:
-            self._note_failed(key, producer, e.error)
+            self._sequences.failed(key, producer, e.error)
             raise
         return checked.addCallbacks(stored, failed) if isinstance(checked, defer.Deferred) else stored(checked)
-
-    def _note_failed(self, key: tuple[str, int, Any], producer: m.ProducerState, error: Error) -> None:
-        """The producer's batch at ``key`` failed with ``error``: remembered if its client sends it again."""
-        if error.code not in RETRIED:
-            self._failed.pop(key, None)
-            return
-        self._failed[key] = (producer.epoch, producer.first_sequence, error)
-        self._failed.move_to_end(key)
-        if len(self._failed) > FAILURES_REMEMBERED:
-            self._failed.popitem(last=False)
-
-    def _behind_failed(self, key: tuple[str, int, Any], producer: m.ProducerState, refused: CommandError) -> CommandError:
-        """What a batch the idempotence rules ``refused`` is answered: out of order behind a batch of
-        the same epoch that failed with an error its client sends it again after, that error (see
-        the module docstring); else ``refused``."""
-        failed = self._failed.get(key)
-        if refused.error.code is not ErrorCode.INVALID_SEQUENCE or failed is None:
-            return refused
-        epoch, first_sequence, error = failed
-        if producer.epoch != epoch or producer.first_sequence <= first_sequence:
-            return refused
-        return CommandError(error.code, f"{error.message} (for the batch from sequence {first_sequence}, "
-                                        f"which this one follows)")
 
     def _append(self, cmd: m.Produce, partition: int, fmt: BatchFormat, producer: m.ProducerState | None,
                 state: dict[str, Any] | None) -> Any:
