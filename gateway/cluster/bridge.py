@@ -18,32 +18,11 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, KafkaException, Message
 from twisted.internet import defer
 
+from gateway.cluster.errors import as_model
 from gateway.model import CommandError, ErrorCode
 
 log = logging.getLogger(__name__)
 
-# librdkafka errors that mean "the cluster did not confirm in time": the protocols' replication timeout.
-TIMEOUTS = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
-            KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
-AS_MODEL = {
-    KafkaError.TOPIC_ALREADY_EXISTS: ErrorCode.TOPIC_EXISTS,
-    KafkaError.UNKNOWN_TOPIC_OR_PART: ErrorCode.UNKNOWN_TOPIC,
-    KafkaError._UNKNOWN_TOPIC: ErrorCode.UNKNOWN_TOPIC,
-    KafkaError._UNKNOWN_PARTITION: ErrorCode.UNKNOWN_PARTITION,
-    KafkaError.TOPIC_EXCEPTION: ErrorCode.INVALID_TOPIC,
-    KafkaError.INVALID_PARTITIONS: ErrorCode.INVALID_REQUEST,
-    KafkaError.INVALID_REPLICATION_FACTOR: ErrorCode.INVALID_REQUEST,
-    KafkaError.INVALID_CONFIG: ErrorCode.INVALID_REQUEST,
-    KafkaError.INVALID_REQUEST: ErrorCode.INVALID_REQUEST,
-    KafkaError.MSG_SIZE_TOO_LARGE: ErrorCode.INVALID_REQUEST,
-    KafkaError.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_REQUEST,
-    KafkaError.INVALID_MSG: ErrorCode.CORRUPT_MESSAGE,
-    KafkaError.ILLEGAL_GENERATION: ErrorCode.GENERATION_MISMATCH,
-    KafkaError.UNKNOWN_MEMBER_ID: ErrorCode.UNKNOWN_MEMBER,
-    KafkaError.REBALANCE_IN_PROGRESS: ErrorCode.REBALANCE_IN_PROGRESS,
-    KafkaError.GROUP_ID_NOT_FOUND: ErrorCode.GROUP_NOT_FOUND,
-    KafkaError.NON_EMPTY_GROUP: ErrorCode.INVALID_REQUEST,
-}
 
 
 def consumed_at(msg: Message) -> tuple[str, int, int]:
@@ -66,14 +45,13 @@ def command_error(error: Any, doing: str) -> CommandError:
     if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
         error = error.args[0]
     if isinstance(error, KafkaError):
-        code = error.code()
-        if code in TIMEOUTS:
-            return CommandError(ErrorCode.REPLICATION_TIMEOUT, f"{doing}: the Kafka cluster did not confirm in time "
-                                                               f"({error.str()})")
-        model = AS_MODEL.get(code)
-        if model is not None:
-            return CommandError(model, f"{doing}: {error.str()}")
-        return CommandError(ErrorCode.STORAGE_ERROR, f"{doing}: Kafka cluster error {error.name()}: {error.str()}")
+        # The producers here are the gateway's own: their sequences are not the client's.
+        model = as_model(error.code(), clients_sequence=False)
+        if model is ErrorCode.REPLICATION_TIMEOUT:
+            return CommandError(model, f"{doing}: the Kafka cluster did not confirm in time ({error.str()})")
+        if model is ErrorCode.STORAGE_ERROR:
+            return CommandError(model, f"{doing}: Kafka cluster error {error.name()}: {error.str()}")
+        return CommandError(model, f"{doing}: {error.str()}")
     return CommandError(ErrorCode.STORAGE_ERROR, f"{doing}: {error}")
 
 

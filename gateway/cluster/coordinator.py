@@ -40,31 +40,18 @@ from gateway.cluster.wire import (
 )
 from gateway.cluster.writer import command_error
 from gateway.codecs.kafka.errors import Errors
-from gateway.model import CommandError, Error, ErrorCode
+from gateway.model import CommandError, Error
 
 LANE = "groups"
 RETRY_BACKOFF_S = 0.1
 # Answers after which the group's coordinator is looked up again and the request sent again.
 MOVED = frozenset({Errors.NOT_COORDINATOR, Errors.COORDINATOR_NOT_AVAILABLE, Errors.COORDINATOR_LOAD_IN_PROGRESS,
                    Errors.NETWORK_EXCEPTION})
-AS_MODEL: dict[int, ErrorCode] = {
-    Errors.ILLEGAL_GENERATION: ErrorCode.GENERATION_MISMATCH, Errors.UNKNOWN_MEMBER_ID: ErrorCode.UNKNOWN_MEMBER,
-    Errors.REBALANCE_IN_PROGRESS: ErrorCode.REBALANCE_IN_PROGRESS, Errors.GROUP_ID_NOT_FOUND: ErrorCode.GROUP_NOT_FOUND,
-    Errors.FENCED_INSTANCE_ID: ErrorCode.FENCED_INSTANCE_ID,
-    Errors.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.UNKNOWN_TOPIC,
-    Errors.OFFSET_METADATA_TOO_LARGE: ErrorCode.INVALID_REQUEST, Errors.INVALID_COMMIT_OFFSET_SIZE: ErrorCode.INVALID_REQUEST,
-    Errors.GROUP_AUTHORIZATION_FAILED: ErrorCode.GROUP_AUTHORIZATION,
-    Errors.TOPIC_AUTHORIZATION_FAILED: ErrorCode.TOPIC_AUTHORIZATION,
-}
 
 
 def refused(code: int, doing: str) -> CommandError:
     """The error a client hears for the cluster's answer ``code`` to a commit or an offset look-up."""
-    error = WireError(code, "refused")
-    model = AS_MODEL.get(code)
-    if model is not None:
-        return CommandError(model, f"{doing}: Kafka cluster error {error.name}")
-    return command_error(error, doing)
+    return command_error(WireError(code, "refused"), doing)
 
 
 class Coordinators:

@@ -57,6 +57,7 @@ from twisted.internet import defer, task
 
 from gateway import model as m
 from gateway.cluster.config import ClusterConfig
+from gateway.cluster.errors import as_model
 from gateway.cluster.shapes import Produced
 from gateway.cluster.wire import INIT_PRODUCER_ID, STALE_METADATA, ClusterClient, WireError
 from gateway.codec import BatchFormat
@@ -84,17 +85,6 @@ RETRIABLE = STALE_METADATA | {
 # Answers that say the cluster no longer knows the producer as the gateway does.
 PRODUCER_LOST = {Errors.UNKNOWN_PRODUCER_ID, Errors.INVALID_PRODUCER_EPOCH, Errors.PRODUCER_FENCED,
                  Errors.INVALID_PRODUCER_ID_MAPPING, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER}
-AS_MODEL: dict[int, ErrorCode] = {
-    Errors.MESSAGE_TOO_LARGE: ErrorCode.INVALID_REQUEST, Errors.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_REQUEST,
-    Errors.CORRUPT_MESSAGE: ErrorCode.CORRUPT_MESSAGE, Errors.INVALID_RECORD: ErrorCode.CORRUPT_MESSAGE,
-    Errors.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.UNKNOWN_TOPIC, Errors.INVALID_TOPIC_EXCEPTION: ErrorCode.INVALID_TOPIC,
-    Errors.INVALID_PRODUCER_EPOCH: ErrorCode.FENCED_PRODUCER, Errors.PRODUCER_FENCED: ErrorCode.FENCED_PRODUCER,
-    Errors.OUT_OF_ORDER_SEQUENCE_NUMBER: ErrorCode.INVALID_SEQUENCE,
-    Errors.UNKNOWN_PRODUCER_ID: ErrorCode.INVALID_SEQUENCE,
-    Errors.REQUEST_TIMED_OUT: ErrorCode.REPLICATION_TIMEOUT, Errors.NOT_ENOUGH_REPLICAS: ErrorCode.REPLICATION_TIMEOUT,
-    Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.REPLICATION_TIMEOUT,
-    Errors.NETWORK_EXCEPTION: ErrorCode.REPLICATION_TIMEOUT,
-}
 
 
 class KafkaFormat(ColumnarFormat, TransactionalFormat, Protocol):
@@ -108,7 +98,7 @@ def kafka_format(formats: Mapping[str, BatchFormat]) -> KafkaFormat:
 
 def command_error(error: WireError, doing: str) -> CommandError:
     """The ``CommandError`` a client hears for the cluster's ``error`` met while ``doing`` something."""
-    model = AS_MODEL.get(error.code, ErrorCode.STORAGE_ERROR)
+    model = as_model(error.code)
     if model is ErrorCode.REPLICATION_TIMEOUT:
         return CommandError(model, f"{doing}: the Kafka cluster did not confirm in time ({error})")
     return CommandError(model, f"{doing}: Kafka cluster error {error.name}: {error}")
