@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import attrs
@@ -195,6 +195,47 @@ def _pending(call: Any) -> bool:
     return not call.called if isinstance(call, defer.Deferred) else call.active()
 
 
+class _Timers:
+    """A codec's ``Timer``s: one delayed call per context. A ``Timer`` replaces the pending one of
+    its context (``seconds`` None only cancels it); a due one is forgotten, then ``fired(context)``
+    is called."""
+
+    def __init__(self, reactor: Any, fired: Callable[[Any], None]):
+        self._reactor = reactor
+        self._fired = fired
+        self._calls: dict[Any, Any] = {}
+
+    @property
+    def pending(self) -> bool:
+        """Whether a timer is pending."""
+        return bool(self._calls)
+
+    def set(self, event: Timer) -> None:
+        old = self._calls.pop(event.context, None)
+        if old is not None and old.active():
+            old.cancel()
+        if event.seconds is not None:
+            self._calls[event.context] = self._reactor.callLater(max(event.seconds, 0), self._due, event.context)
+
+    def _due(self, context: Any) -> None:
+        self._calls.pop(context, None)
+        self._fired(context)
+
+    def cancel_all(self) -> None:
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            if call.active():
+                call.cancel()
+
+
+def _run_unanswered(broker: Any, commands: Sequence[Any], caller: m.Caller, who: str) -> None:
+    """Run ``commands`` for ``caller`` with no one to answer (a last will, a background task's
+    ``RunFor``): a failure is logged as ``who``'s."""
+    for command in commands:
+        broker.execute(command, caller).addErrback(
+            lambda f, c=command: log.warning("%s: %r failed: %s", who, c, f.getErrorMessage()))
+
+
 @implementer(IPushProducer, IHandshakeListener)
 class CodecProtocol(protocol.Protocol):
     """Adapter between one TCP connection and one codec ``Connection``."""
@@ -230,7 +271,7 @@ class CodecProtocol(protocol.Protocol):
         self._handshake_since: float | None = None  # since when a TLS handshake is under way
         self._answers_due: Any = None  # answers that waited came in: written, and reading resumed, at the next turn
         self._streams: list[_Stream] = []
-        self._timers: dict[Any, Any] = {}
+        self._timers = _Timers(factory.reactor, self._timer_fired)
         self._caller = m.Caller()
         self._peer_host = ""
         self._meter: ListenerStats = factory.meter
@@ -317,10 +358,7 @@ class CodecProtocol(protocol.Protocol):
         if self._answers_due is not None:
             self._answers_due.cancel()
             self._answers_due = None
-        timers, self._timers = self._timers, {}
-        for call in timers.values():
-            if call.active():
-                call.cancel()
+        self._timers.cancel_all()
         self._last_commands()
 
     def _last_commands(self) -> None:
@@ -335,10 +373,7 @@ class CodecProtocol(protocol.Protocol):
         except Exception:
             log.error("%s codec error at connection end\n%s", self.factory.plugin.name, Failure().getTraceback())
             return
-        for command in commands:
-            self.broker.execute(command, self.caller()).addErrback(
-                lambda f, c=command: log.warning("%s: %r after connection end failed: %s",
-                                                 self.factory.plugin.name, c, f.getErrorMessage()))
+        _run_unanswered(self.broker, commands, self.caller(), f"{self.factory.plugin.name} after connection end")
 
     def dataReceived(self, data: bytes) -> None:
         if self.closing or self.codec is None:
@@ -474,7 +509,7 @@ class CodecProtocol(protocol.Protocol):
                     self._meter.auth_failures += 1  # ``CodecConnection.refuse_login``: a failed authentication
                 elif event.context == LOGIN_TURN:
                     self.awaiting_login_turn = True
-                self._set_timer(event)
+                self._timers.set(event)
             else:  # pragma: no cover
                 raise TypeError(f"unknown codec event {event!r}")
 
@@ -751,16 +786,7 @@ class CodecProtocol(protocol.Protocol):
 
     # ------------------------------------------------------------------ timers
 
-    def _set_timer(self, event: Timer) -> None:
-        old = self._timers.pop(event.context, None)
-        if old is not None and old.active():
-            old.cancel()
-        if event.seconds is not None:
-            self._timers[event.context] = self.factory.reactor.callLater(
-                max(event.seconds, 0), self._timer_fired, event.context)
-
     def _timer_fired(self, context: Any) -> None:
-        self._timers.pop(context, None)
         if context == LOGIN_TURN:
             self.awaiting_login_turn = False
         if self.closing or self.codec is None:
@@ -799,7 +825,7 @@ class CodecProtocol(protocol.Protocol):
         elif limits.frame_timeout_s and now - self._partial_since >= limits.frame_timeout_s:
             self._close_for(f"a frame left unfinished for {limits.frame_timeout_s:g} s")
             return
-        if (limits.idle_timeout_s and not waiting and not self._timers
+        if (limits.idle_timeout_s and not waiting and not self._timers.pending
                 and now - self._last_active >= limits.idle_timeout_s):
             self._close_for(f"idle for {limits.idle_timeout_s:g} s")
         elif (limits.push_stall_timeout_s and self._streams and self._full_since is not None
@@ -840,7 +866,7 @@ class BackgroundTask:
         self.plugin = plugin
         self.broker = broker
         self.reactor = reactor
-        self._timers: dict[Any, Any] = {}
+        self._timers = _Timers(reactor, self._fired)
         self._woken = False
         self.stopped = False
         assert plugin.background is not None  # only a plugin that names one gets one
@@ -858,24 +884,16 @@ class BackgroundTask:
             try:
                 event = self.task.next_event()
             except Exception:
-                log.error("%s background task error\n%s", self.plugin.name, Failure().getTraceback())
+                self._task_bug()
                 return
             if event is None:
                 return
             if isinstance(event, Request):
                 self._run(event)
             elif isinstance(event, RunFor):
-                for command in event.commands:
-                    self.broker.execute(command, event.caller).addErrback(
-                        lambda f, c=command: log.warning("%s background task: %r failed: %s", self.plugin.name, c,
-                                                         f.getErrorMessage()))
+                _run_unanswered(self.broker, event.commands, event.caller, f"{self.plugin.name} background task")
             elif isinstance(event, Timer):
-                old = self._timers.pop(event.context, None)
-                if old is not None and old.active():
-                    old.cancel()
-                if event.seconds is not None:
-                    self._timers[event.context] = self.reactor.callLater(max(event.seconds, 0), self._fired,
-                                                                         event.context)
+                self._timers.set(event)
 
     def _run(self, request: Request) -> None:
         try:
@@ -896,26 +914,26 @@ class BackgroundTask:
         try:
             self.task.respond(request, results)
         except Exception:
-            log.error("%s background task error\n%s", self.plugin.name, Failure().getTraceback())
+            self._task_bug()
         self._pump()
 
     def _fired(self, context: Any) -> None:
-        self._timers.pop(context, None)
         if self.stopped:
             return
         try:
             cast(TimerConnection, self.task).timer(context)
         except Exception:
-            log.error("%s background task error\n%s", self.plugin.name, Failure().getTraceback())
+            self._task_bug()
         self._pump()
+
+    def _task_bug(self) -> None:
+        """Log the task's failure (called in its ``except``): the task goes on."""
+        log.error("%s background task error\n%s", self.plugin.name, Failure().getTraceback())
 
     def stop(self) -> None:
         """The gateway is stopping: no more commands, no more timers."""
         self.stopped = True
-        timers, self._timers = self._timers, {}
-        for call in timers.values():
-            if call.active():
-                call.cancel()
+        self._timers.cancel_all()
 
 
 def start_backgrounds(plugins: list[tuple[CodecPlugin, ListenerSettings]], broker: Any, reactor: Any

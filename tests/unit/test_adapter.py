@@ -662,3 +662,44 @@ def test_a_background_task_runs_its_requests_and_timers_once_for_every_plugin_na
     tasks[0].stop()
     reactor.advance(5.0)
     assert len(first.background.found) == 2
+
+
+class Alarms(CodecConnection):
+    """A test background task that sets the timers it is told to (``set``) and records which fire."""
+
+    def __init__(self, settings: ListenerSettings):
+        super().__init__(settings, LengthPrefixedFramer(varint_header(1, 4), 0))  # it receives no bytes
+        self.settings = settings
+        self.fired: list[Any] = []
+
+    def set(self, seconds: float | None, context: Any) -> None:
+        self.emit(Timer(seconds, context))
+        self.settings.wake()
+
+    def timer(self, context: Any) -> None:
+        self.fired.append(context)
+
+
+def test_a_codecs_timer_replaces_the_pending_one_of_its_context_and_none_cancels_it(broker):
+    """``Timer``: one pending call per context. A new one of the context replaces it (the old one
+    never fires), one without seconds cancels it, and stopping cancels them all."""
+    broker, reactor, _ = broker
+    [task], _ = start_backgrounds([(CodecPlugin("alarms", 0, lambda s: None, 1024, background=Alarms),
+                                    ListenerSettings(1024))], broker, reactor)
+    alarms = task.task
+    alarms.set(1.0, "a")
+    alarms.set(1.0, "b")
+    alarms.set(1.0, "c")
+    reactor.advance(0)
+    alarms.set(3.0, "a")  # replaces a's
+    alarms.set(None, "b")  # cancels b's
+    reactor.advance(0)
+    reactor.advance(1.0)
+    assert alarms.fired == ["c"]
+    reactor.advance(2.0)
+    assert alarms.fired == ["c", "a"]
+    alarms.set(1.0, "a")
+    reactor.advance(0)
+    task.stop()
+    reactor.advance(5.0)
+    assert alarms.fired == ["c", "a"]
