@@ -44,7 +44,9 @@ What a client gets (see the README for the full list and its reasons):
   log topic (creating one is a PUBLISH's, or an admin's): a filter whose named log
   topic does not exist yet is granted, and delivers from the log's start once the
   topic is created (looked for every ``AWAIT_EVERY_S``, for at most ``MAX_AWAITED``
-  log topics per connection; a filter past them gets SUBACK 0x80).
+  log topics per connection; a filter past them gets SUBACK 0x80). A PUBLISH through
+  this gateway that is the first stored in a log topic has the subscriptions waiting
+  for it (these, and filters of every log topic) look at once (``look_for``).
 * ``$SYS/...`` is the gateway's: a PUBLISH there is acknowledged and dropped
   (as Mosquitto does), and a subscription gets the figures of ``ServerInfo``
   as retained messages, then again every ``sys_interval_ms``.
@@ -568,6 +570,21 @@ class MqttConnection(CodecConnection):
             filters = self.awaited[log_topic] = {}
         filters[topic_filter] = granted
         return True
+
+    def look_for(self, log_topic: str) -> None:
+        """A PUBLISH through this gateway was just stored in ``log_topic`` (``Clients.stored``):
+        when a subscription waits for it, or a filter reads every log topic and it is new to this
+        connection, look for it now rather than within ``AWAIT_EVERY_S`` or ``discovery_ms``."""
+        if self.closed:
+            return
+        look: Handled | None = None
+        if log_topic in self.awaited:
+            look = Handled.run((m.ListTopics((log_topic,), read=True),), self._appeared)
+        elif self.open_filters and log_topic not in self.known_topics and not topics.own(log_topic):
+            look = discover(self, log_topic)
+        if look is not None:
+            self.emit(look)
+            self.settings.wake()
 
     def stop_awaiting(self, log_topic: str, topic_filter: str) -> None:
         """UNSUBSCRIBE of a filter whose log topic is awaited."""
