@@ -148,7 +148,7 @@ from gateway.codec.varint import TABLE_SIZE, UVARINTS
 from . import format as fmt
 from . import message, packets, session, shared, topics
 from . import properties as props
-from .handlers import HANDLERS, connect, discover, ignored, sys_figures
+from .handlers import HANDLERS, connect, discover, ignored, publish, sys_figures
 from .packets import MalformedPacket, PacketType
 from .properties import Property, ProtocolError, ReasonCode
 from .session import FilterOptions, Outgoing
@@ -205,6 +205,7 @@ _PACKET_TYPES = {kind: PacketType(kind) for kind in range(1, 16)}  # by the head
 # Members looked up once: an enum member's attribute lookup costs as much as building a small
 # object, and these are looked up for every PUBLISH.
 _PUBLISH, _CONNECT = PacketType.PUBLISH, PacketType.CONNECT
+_PUBLISH_NUMBER = int(_PUBLISH)
 _NO_KEY = object()  # no record key seen yet (None is a key: no name)
 
 
@@ -487,6 +488,11 @@ class MqttConnection(CodecConnection):
     def handle_frame(self, header: bytes, body: bytes) -> Handled | None:
         """One packet; a protocol violation closes the connection (``violation``)."""
         number, flags = header[0] >> 4, header[0] & 0x0F
+        if number == _PUBLISH_NUMBER and self.connected:  # most packets: straight to their handler
+            try:
+                return publish(self, body, flags)
+            except MalformedPacket as e:
+                return self.violation(e)
         try:
             kind = _PACKET_TYPES.get(number)
             if kind is None:
