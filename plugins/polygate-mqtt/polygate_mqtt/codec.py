@@ -583,13 +583,14 @@ class MqttConnection(CodecConnection):
         connection, look for it now rather than within ``AWAIT_EVERY_S`` or ``discovery_ms``."""
         if self.closed:
             return
-        look: Handled | None = None
+        looks: list[Handled | None] = []
         if log_topic in self.awaited:
-            look = Handled.run((m.ListTopics((log_topic,), read=True),), self._appeared)
-        elif self.open_filters and log_topic not in self.known_topics and not topics.own(log_topic):
-            look = discover(self, log_topic)
-        if look is not None:
+            looks.append(Handled.run((m.ListTopics((log_topic,), read=True),), self._appeared))
+        if self.open_filters and log_topic not in self.known_topics and not topics.own(log_topic):
+            looks.append(discover(self, log_topic))  # (after ``_appeared``, which may have read it for them)
+        for look in looks:
             self.emit(look)
+        if looks:
             self.settings.wake()
 
     def stop_awaiting(self, log_topic: str, topic_filter: str) -> None:

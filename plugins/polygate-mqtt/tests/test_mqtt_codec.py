@@ -302,6 +302,15 @@ def test_a_new_log_topic_is_looked_for_at_once_by_a_subscriber_of_every_log_topi
     assert [publish_of(p)[3] for p in c.received()] == [b"first"]
 
 
+def test_a_new_log_topic_is_read_at_once_for_a_shared_filter_waiting_for_it_and_a_filter_of_every_one(rig):
+    c = rig.client()
+    c.send(subscribe_packet(1, ("#", 0), ("$share/g/q/#", 0)))
+    publisher = rig.client(b"publisher")
+    publisher.send(packets.publish(b"q/x", b"first"))
+    rig.reactor.advance(0)
+    assert [publish_of(p)[3] for p in c.received()] == [b"first", b"first"]  # a copy for each subscription
+
+
 def test_qos1_deliveries_are_resent_with_dup_until_acknowledged(rig):
     created(rig, "t")
     c = rig.client()
