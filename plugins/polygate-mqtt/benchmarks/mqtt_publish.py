@@ -2,10 +2,12 @@
 
 1. PUBLISH decoding: the ``struct`` fast path against the ``construct``
    schema it is held to (the reference), both in this process (no server).
-2. QoS 1 publish throughput and QoS 0 publish-to-subscriber throughput over
+2. QoS 1 publish throughput, QoS 0 publish-to-subscriber throughput, and the
+   same to ``FAN_OUT`` subscribers of one filter (deliveries/s) over
    loopback, polygate-mqtt against Mosquitto (the reference MQTT broker, if
    ``mosquitto`` is on PATH; Debian package ``mosquitto``), each beside the
-   broker process's CPU time per message (user + system, from /proc; the
+   broker process's CPU time per message (per delivery for the fan-out to
+   ``FAN_OUT``; user + system, from /proc; the
    load generator shares the cores). The same pipelined raw-socket load
    generator drives both. polygate stores every message in its log (fsync
    interval:1000); Mosquitto keeps them in memory.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import selectors
 import shutil
 import socket
 import struct
@@ -35,7 +38,9 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from common import Gateway, Meter, comparison, progress, ratio, ratio_text, us_per, write_result  # noqa: E402
 
-LOADS = ("publish_qos1", "fan_out_qos0")
+FAN_OUT = 10
+"""The subscribers of the fan-out load to many."""
+LOADS = ("publish_qos1", "fan_out_qos0", f"fan_out_qos0_{FAN_OUT}_subscribers")
 IN_PROCESS = "both decoders run in this process: there is no server whose CPU time to read"
 
 
@@ -101,13 +106,17 @@ def publish_qos1(port: int, messages: int, window: int, size: int) -> float:
     return messages / elapsed
 
 
-def fan_out_qos0(port: int, messages: int, size: int) -> float:
-    """Messages per second a QoS 0 subscriber receives while a publisher sends as fast as it can."""
-    sub = connect(port, b"bench-sub")
-    sub.sendall(packets.packet(PacketType.SUBSCRIBE, packets.SUBSCRIBE.build(
-        {"packet_id": 1, "topics": [{"filter": "fan/#", "qos": 0}]}), 0b0010))
-    reader = Reader(sub)
-    assert reader.packet()[0] == PacketType.SUBACK
+def fan_out_qos0(port: int, messages: int, size: int, subscribers: int = 1) -> float:
+    """Deliveries per second (``messages`` times ``subscribers``) that ``subscribers`` QoS 0
+    subscribers of one filter receive while a publisher sends as fast as it can."""
+    subs = []
+    for i in range(subscribers):
+        sub = connect(port, b"bench-sub%d" % i)
+        sub.sendall(packets.packet(PacketType.SUBSCRIBE, packets.SUBSCRIBE.build(
+            {"packet_id": 1, "topics": [{"filter": "fan/#", "qos": 0}]}), 0b0010))
+        reader = Reader(sub)
+        assert reader.packet()[0] == PacketType.SUBACK
+        subs.append((sub, reader))
     pub = connect(port, b"bench-fan")
     one = packets.publish(b"fan/out", b"y" * size)
 
@@ -115,24 +124,35 @@ def fan_out_qos0(port: int, messages: int, size: int) -> float:
         for i in range(0, messages, 500):
             pub.sendall(one * min(500, messages - i))
 
+    # Every delivery is the same packet (the publisher's, QoS 0): count them by bytes, in big reads, so
+    # that the subscribers keep up and a broker that drops QoS 0 messages for a subscriber not reading
+    # does not drop any here.
+    expected = len(one) * messages
+    received = {sub: len(reader.buf) for sub, reader in subs}
+    first = {sub: bytes(reader.buf) for sub, reader in subs}
+    waiting = selectors.DefaultSelector()
+    for sub, _ in subs:
+        waiting.register(sub, selectors.EVENT_READ)
     start = time.perf_counter()
     threading.Thread(target=send, daemon=True).start()
-    # Every delivery is the same packet (the publisher's, QoS 0): count them by bytes, in big reads, so
-    # that the subscriber keeps up and a broker that drops QoS 0 messages for a subscriber not reading
-    # does not drop any here.
-    expected, received, first = len(one) * messages, len(reader.buf), bytes(reader.buf)
-    while received < expected:
-        chunk = sub.recv(1 << 20)
-        if not chunk:
-            raise ConnectionError("closed")
-        if len(first) < len(one):
-            first += chunk[: len(one)]
-        received += len(chunk)
+    while waiting.get_map():
+        for key, _ in waiting.select():
+            sub = key.fileobj
+            assert isinstance(sub, socket.socket)
+            chunk = sub.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("closed")
+            if len(first[sub]) < len(one):
+                first[sub] += chunk[: len(one)]
+            received[sub] += len(chunk)
+            if received[sub] >= expected:
+                waiting.unregister(sub)
     elapsed = time.perf_counter() - start
-    assert received == expected and first[: len(one)] == one, (received, expected)
+    for sub, _ in subs:
+        assert received[sub] == expected and first[sub][: len(one)] == one, (received[sub], expected)
+        sub.close()
     pub.close()
-    sub.close()
-    return messages / elapsed
+    return messages * subscribers / elapsed
 
 
 def free_port() -> int:
@@ -158,16 +178,22 @@ def mosquitto() -> tuple[subprocess.Popen, int] | None:
 
 
 def load(port: int, pid: int, args: argparse.Namespace) -> dict:
-    """QoS 1 publish then QoS 0 fan-out on the broker at ``port``: messages/s of each, and the CPU
-    µs per message of the broker's process ``pid``."""
+    """QoS 1 publish, QoS 0 fan-out to one subscriber, then to ``FAN_OUT``, on the broker at ``port``:
+    messages (deliveries) per second of each, and the CPU µs per message (delivery) of the broker's
+    process ``pid``."""
     with Meter(server=pid) as qos1:
         publish = publish_qos1(port, args.messages, args.window, args.size)
     with Meter(server=pid) as qos0:
         fan_out = fan_out_qos0(port, args.messages, args.size)
-    return {"publish_qos1_per_s": publish,
-            "publish_qos1_server_cpu_us_per_record": us_per(qos1.used["server"], args.messages),
-            "fan_out_qos0_per_s": fan_out,
-            "fan_out_qos0_server_cpu_us_per_record": us_per(qos0.used["server"], args.messages)}
+    with Meter(server=pid) as many:
+        fan_out_many = fan_out_qos0(port, args.messages, args.size, FAN_OUT)
+    publish_load, fan_out_load, many_load = LOADS
+    return {f"{publish_load}_per_s": publish,
+            f"{publish_load}_server_cpu_us_per_record": us_per(qos1.used["server"], args.messages),
+            f"{fan_out_load}_per_s": fan_out,
+            f"{fan_out_load}_server_cpu_us_per_record": us_per(qos0.used["server"], args.messages),
+            f"{many_load}_per_s": fan_out_many,
+            f"{many_load}_server_cpu_us_per_record": us_per(many.used["server"], args.messages * FAN_OUT)}
 
 
 def main() -> None:
@@ -202,9 +228,9 @@ def main() -> None:
         if name not in result:
             continue
         r = result[name]
-        print(f"{name:<10} publish QoS 1 {r['publish_qos1_per_s']:>10,.0f} msg/s, server CPU "
-              f"{r['publish_qos1_server_cpu_us_per_record']:6.2f} µs/msg   QoS 0 publish->subscriber "
-              f"{r['fan_out_qos0_per_s']:>10,.0f} msg/s, server CPU {r['fan_out_qos0_server_cpu_us_per_record']:6.2f} µs/msg")
+        print(f"{name:<10} " + "   ".join(
+            f"{load.replace('_', ' ')} {r[f'{load}_per_s']:>9,.0f}/s, server CPU "
+            f"{r[f'{load}_server_cpu_us_per_record']:5.2f} µs" for load in LOADS))
     if ref is not None:
         p, m = result["polygate"], result["mosquitto"]
         result["ratio_polygate_to_mosquitto"] = {

@@ -9,6 +9,11 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
 * **Delayed wills** (MQTT 5 Will Delay Interval, 3.1.3.2.2): the will of a connection that ended
   is published once its delay is over (``delay_will``), unless a connection with the same
   client identifier came first and continues the session (``take_will``).
+* **Log topics as they are created**: a PUBLISH stored in a log topic no PUBLISH through this
+  gateway was stored in before (``stored``) has the subscriptions waiting for that log topic (or
+  for any new one) look at once, rather than at their next poll: a subscriber of a topic that did
+  not exist gets its first message as soon as a publisher here created it. (The polls stay, for
+  log topics created otherwise: by another protocol, an admin, another gateway.)
 * **The sweep of persistent sessions that never return**: every ``session_sweep_ms``, the
   groups of persistent sessions (``session.GROUP_PREFIX``) whose client left longer ago than the
   session's expiry are deleted (their committed positions and subscriptions go with them), also
@@ -32,6 +37,9 @@ if TYPE_CHECKING:
 
 SWEPT_AT_ONCE = 256
 """The most session groups one round of a sweep reads the anchors of (the rest: the next rounds)."""
+MAX_STORED_TO = 4096
+"""The most log topics ``Clients.stored_to`` holds; past them it starts again (each log topic is then
+announced once more: ``stored``)."""
 
 
 def _nothing(results: Sequence[object]) -> bytes:
@@ -45,6 +53,7 @@ class Clients(CodecConnection):
         super().__init__(settings, LengthPrefixedFramer(varint_header(1, 4), 0))  # it receives no bytes
         self.holders: dict[str, MqttConnection] = {}  # client identifier -> its connection
         self.wills: dict[str, RunFor] = {}  # client identifier -> its delayed will, for its client
+        self.stored_to: set[str] = set()  # log topics PUBLISHes through this gateway were stored in
         self.sweep_every_s = settings.options["session_sweep_ms"] / 1000
         self.default_expiry_s = settings.options["session_expiry_s"]
         self.emit(Timer(self.sweep_every_s, "sweep"))
@@ -62,6 +71,20 @@ class Clients(CodecConnection):
         """``conn`` ended: its client identifier is free, unless another connection took it."""
         if self.holders.get(conn.client_id) is conn:
             del self.holders[conn.client_id]
+
+    # ------------------------------------------------------------------ log topics as they are created
+
+    def stored(self, log_topic: str) -> None:
+        """A PUBLISH was stored in ``log_topic``, the first one through this gateway (it may just
+        have created it): each connected client's subscriptions that wait for it look now
+        (``MqttConnection.look_for``)."""
+        if log_topic in self.stored_to:
+            return  # announced by an earlier PUBLISH of the same run
+        if len(self.stored_to) >= MAX_STORED_TO:
+            self.stored_to.clear()
+        self.stored_to.add(log_topic)
+        for conn in self.holders.values():
+            conn.look_for(log_topic)
 
     # ------------------------------------------------------------------ delayed wills
 

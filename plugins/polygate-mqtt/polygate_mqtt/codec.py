@@ -44,7 +44,9 @@ What a client gets (see the README for the full list and its reasons):
   log topic (creating one is a PUBLISH's, or an admin's): a filter whose named log
   topic does not exist yet is granted, and delivers from the log's start once the
   topic is created (looked for every ``AWAIT_EVERY_S``, for at most ``MAX_AWAITED``
-  log topics per connection; a filter past them gets SUBACK 0x80).
+  log topics per connection; a filter past them gets SUBACK 0x80). A PUBLISH through
+  this gateway that is the first stored in a log topic has the subscriptions waiting
+  for it (these, and filters of every log topic) look at once (``look_for``).
 * ``$SYS/...`` is the gateway's: a PUBLISH there is acknowledged and dropped
   (as Mosquitto does), and a subscription gets the figures of ``ServerInfo``
   as retained messages, then again every ``sys_interval_ms``.
@@ -146,7 +148,7 @@ from gateway.codec.varint import TABLE_SIZE, UVARINTS
 from . import format as fmt
 from . import message, packets, session, shared, topics
 from . import properties as props
-from .handlers import HANDLERS, connect, discover, ignored, sys_figures
+from .handlers import HANDLERS, connect, discover, ignored, publish, sys_figures
 from .packets import MalformedPacket, PacketType
 from .properties import Property, ProtocolError, ReasonCode
 from .session import FilterOptions, Outgoing
@@ -203,6 +205,7 @@ _PACKET_TYPES = {kind: PacketType(kind) for kind in range(1, 16)}  # by the head
 # Members looked up once: an enum member's attribute lookup costs as much as building a small
 # object, and these are looked up for every PUBLISH.
 _PUBLISH, _CONNECT = PacketType.PUBLISH, PacketType.CONNECT
+_PUBLISH_NUMBER = int(_PUBLISH)
 _NO_KEY = object()  # no record key seen yet (None is a key: no name)
 
 
@@ -485,6 +488,11 @@ class MqttConnection(CodecConnection):
     def handle_frame(self, header: bytes, body: bytes) -> Handled | None:
         """One packet; a protocol violation closes the connection (``violation``)."""
         number, flags = header[0] >> 4, header[0] & 0x0F
+        if number == _PUBLISH_NUMBER and self.connected:  # most packets: straight to their handler
+            try:
+                return publish(self, body, flags)
+            except MalformedPacket as e:
+                return self.violation(e)
         try:
             kind = _PACKET_TYPES.get(number)
             if kind is None:
@@ -568,6 +576,22 @@ class MqttConnection(CodecConnection):
             filters = self.awaited[log_topic] = {}
         filters[topic_filter] = granted
         return True
+
+    def look_for(self, log_topic: str) -> None:
+        """A PUBLISH through this gateway was just stored in ``log_topic`` (``Clients.stored``):
+        when a subscription waits for it, or a filter reads every log topic and it is new to this
+        connection, look for it now rather than within ``AWAIT_EVERY_S`` or ``discovery_ms``."""
+        if self.closed:
+            return
+        looks: list[Handled | None] = []
+        if log_topic in self.awaited:
+            looks.append(Handled.run((m.ListTopics((log_topic,), read=True),), self._appeared))
+        if self.open_filters and log_topic not in self.known_topics and not topics.own(log_topic):
+            looks.append(discover(self, log_topic))  # (after ``_appeared``, which may have read it for them)
+        for look in looks:
+            self.emit(look)
+        if looks:
+            self.settings.wake()
 
     def stop_awaiting(self, log_topic: str, topic_filter: str) -> None:
         """UNSUBSCRIBE of a filter whose log topic is awaited."""

@@ -31,6 +31,7 @@ from .properties import ProtocolError, ReasonCode, Violation
 from .session import FilterOptions, Outgoing
 
 if TYPE_CHECKING:
+    from .clients import Clients
     from .codec import MqttConnection
 
 MAX_DESTINATIONS = 4096
@@ -288,16 +289,40 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
         return _publish_retained(conn, name, qos, packet_id, payload, headers + _RETAINED)
     produce = _produce(conn, name, qos, payload, headers)
     if qos == 0:
-        return Handled.answer(b"") if produce is None else Handled.run((produce,),
-                                                                         _Stored(b"", (conn, name, qos, None)),
-                                                                         joins=True)
+        return Handled.answer(b"") if produce is None else Handled.run(
+            (produce,), _announcing(conn, produce, _Stored(b"", (conn, name, qos, None))), joins=True)
     assert packet_id is not None  # QoS 1 and 2 carry one
     if qos == 2:
         conn.awaiting_release.add(packet_id)
     ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
     if produce is None:
         return Handled.answer(ack)
-    return Handled.run((produce,), _Stored(ack, (conn, name, qos, packet_id)), joins=True)
+    return Handled.run((produce,), _announcing(conn, produce, _Stored(ack, (conn, name, qos, packet_id))), joins=True)
+
+
+class _FirstStored:
+    """The render of a PUBLISH to a log topic no PUBLISH through this gateway was stored in yet
+    (``Clients.stored_to``): its ``_Stored`` answer, and once stored, ``Clients.stored``, so that
+    the subscriptions waiting for that log topic read it at once."""
+
+    __slots__ = ("stored", "clients", "log_topic")
+
+    def __init__(self, stored: _Stored, clients: Clients, log_topic: str):
+        self.stored, self.clients, self.log_topic = stored, clients, log_topic
+
+    def __call__(self, results: Sequence[m.ProduceResult]) -> bytes:
+        if results[0].error is None:
+            self.clients.stored(self.log_topic)
+        return self.stored(results)
+
+
+def _announcing(conn: MqttConnection, produce: m.Produce, stored: _Stored) -> _Stored | _FirstStored:
+    """``stored``, the render of ``produce``, announcing the store when it is the first in its log
+    topic (``_FirstStored``); any later one keeps the joined acknowledgements' path."""
+    clients = conn.clients
+    if clients is None or produce.topic in clients.stored_to:
+        return stored
+    return _FirstStored(stored, clients, produce.topic)
 
 
 @functools.lru_cache(maxsize=MAX_DESTINATIONS)
@@ -674,12 +699,13 @@ def _room(conn: MqttConnection, infos: Sequence[m.TopicInfo | None]) -> bool:
     return conn.partitions_read + new <= conn.options["max_partitions"]
 
 
-def discover(conn: MqttConnection) -> Handled | None:
+def discover(conn: MqttConnection, created: str | None = None) -> Handled | None:
     """The periodic look for partitions added to the log topics read, and, for filters that read
-    every log topic, for log topics created since (``_discover_later``)."""
+    every log topic, for log topics created since (``_discover_later``); only at the log topic
+    ``created`` when one was just created (``MqttConnection.look_for``)."""
     if not conn.subscriptions and not conn.open_filters:
         return None
-    names = None if conn.open_filters else tuple(conn.subscriptions)
+    names = (created,) if created is not None else None if conn.open_filters else tuple(conn.subscriptions)
     return Handled.run((m.ListTopics(names, read=True),), lambda results: _discovered(conn, results[0]))
 
 

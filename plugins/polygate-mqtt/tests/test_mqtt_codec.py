@@ -279,9 +279,36 @@ def test_a_subscribe_creates_no_topic_and_delivers_once_a_publisher_creates_it(r
     assert not rig.broker.store.has_topic("w")
     publisher = rig.client(b"publisher")  # (another client id: the same one would take "c" over)
     assert publisher.send(packets.publish(b"w/x", b"first", 1, 5)) == [(PacketType.PUBACK, 0, b"\x00\x05")]
-    assert c.received() == []
-    rig.reactor.advance(AWAIT_EVERY_S)
+    rig.reactor.advance(0)  # a PUBLISH through the gateway that created it: looked for at once
     assert [publish_of(p)[:4] for p in c.received()] == [("w/x", 1, 1, b"first")]
+
+
+@pytest.mark.parametrize("topic_filter", ["v/#", "#"])
+def test_a_log_topic_another_protocol_creates_is_looked_for_within_the_poll(topic_filter, rig):
+    c = rig.client()
+    assert c.send(subscribe_packet(1, (topic_filter, 0))) == [(PacketType.SUBACK, 0, b"\x00\x01\x00")]
+    v1_produce(rig, "v", b"first")
+    assert c.received() == []
+    rig.reactor.advance(max(AWAIT_EVERY_S, 1.0))  # the await poll; discovery_ms is 1000
+    assert [publish_of(p)[3] for p in c.received()] == [b"first"]
+
+
+def test_a_new_log_topic_is_looked_for_at_once_by_a_subscriber_of_every_log_topic(rig):
+    c = rig.client()
+    c.send(subscribe_packet(1, ("#", 0)))
+    publisher = rig.client(b"publisher")
+    publisher.send(packets.publish(b"n/x", b"first", 1, 5))
+    rig.reactor.advance(0)
+    assert [publish_of(p)[3] for p in c.received()] == [b"first"]
+
+
+def test_a_new_log_topic_is_read_at_once_for_a_shared_filter_waiting_for_it_and_a_filter_of_every_one(rig):
+    c = rig.client()
+    c.send(subscribe_packet(1, ("#", 0), ("$share/g/q/#", 0)))
+    publisher = rig.client(b"publisher")
+    publisher.send(packets.publish(b"q/x", b"first"))
+    rig.reactor.advance(0)
+    assert [publish_of(p)[3] for p in c.received()] == [b"first", b"first"]  # a copy for each subscription
 
 
 def test_qos1_deliveries_are_resent_with_dup_until_acknowledged(rig):
