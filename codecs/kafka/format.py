@@ -76,6 +76,7 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _BATCH_HEAD = struct.Struct(">qiibI")  # baseOffset, batchLength, partitionLeaderEpoch, magic, crc
 _BATCH_TAIL = struct.Struct(">hiqqqhii")  # attributes .. recordCount: what the CRC covers
+INT32_MAX = 0x7FFFFFFF  # lastOffsetDelta is an int32
 
 ATTR_COMPRESSION = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
@@ -380,7 +381,14 @@ def encode_columns(columns: Columns, base_offset: int, codec: int = compression.
 
 def encode_encoded(records: EncodedRecords, base_offset: int, codec: int = compression.NONE,
                    producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
-    """One v2 batch at ``base_offset`` of records written already (``KAFKA_V2_RECORDS``)."""
+    """One v2 batch at ``base_offset`` of records written already (``KAFKA_V2_RECORDS``).
+
+    Records whose offsets lie before ``base_offset`` or more than Kafka's 32-bit last offset delta
+    after it (stored batches that contradict their own offsets) cannot be one batch:
+    ``CommandError(CORRUPT_MESSAGE)``, which the reader gets."""
+    if not 0 <= records.last_offset_delta <= INT32_MAX:
+        raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"records from offset {base_offset} with a last offset delta of "
+                                                      f"{records.last_offset_delta} do not fit one Kafka batch")
     body = records.body
     if codec:
         body = compression.compress(codec, body)

@@ -369,3 +369,16 @@ def test_offsets_past_64_bits_go_through_the_columns_path():
     batches = [m.StoredBatch("tank", 2**64 - 2, 2**64, 2, sparse)]
     assert tank_format.FORMAT.records_in(KAFKA_V2_RECORDS, batches, 2**64 - 2) is None
     assert tank_format.FORMAT.records_in("another layout", [m.StoredBatch("tank", 0, 0, 0, b"")], 0) is None
+
+
+def test_messages_outside_their_batchs_offsets_are_a_fault_both_paths_name():
+    """A SPARSE message numbered before its stored batch (hypothesis found one at 0 in a batch at 2**31 + 2):
+    the Kafka batch cannot hold it, and both paths say so rather than fail on its 32-bit last offset delta."""
+    base = 2**31 + 1
+    batches = [m.StoredBatch("tank", base, base, 0, tank_format.frame(tank_format.encode([], None, compress=False))),
+               m.StoredBatch("tank", base + 1, base + 1, 0,
+                             tank_format.frame(tank_format.encode([(0, None, b"")], [0], compress=False)))]
+    named = "records from offset 2147483649 with a last offset delta of -2147483650 do not fit one Kafka batch"
+    assert _to_kafka(batches, direct=False) == named
+    if speedups is not None:
+        assert _to_kafka(batches, direct=True) == named
