@@ -20,14 +20,14 @@
  *     the records of stored payloads (a list of bytes, each the v2 batches of one stored batch, its first batch
  *     numbered from its item of ``base_offsets`` and every other from its own baseOffset, as ``format.read_into``
  *     numbers them; control batches skipped; a compressed batch's records ``inflate(view, limit, codec)``, bytes)
- *     written as one uncompressed, non-SPARSE TANK bundle (``varint len | bundle``; nothing for no records) in one
- *     pass, with no Python object per record: the payload ``KafkaFormat.columns`` then the TANK format's
- *     ``encode_columns`` give (timestamps below 0
- *     written as 0, keys cut to 255 bytes, empty keys none, null values empty, headers dropped), with the count,
- *     the last offset less ``base_offset`` and the least and greatest timestamp written (-1 when none). None where
- *     the columns path does anything else: records whose offsets are not ``base_offset``, ``base_offset + 1``...
- *     (a SPARSE bundle), a batch or record that does not decode, an exception from ``inflate``, numbers outside
- *     64 bits; it then converts, or names the fault.
+ *     written as one uncompressed TANK bundle (``varint len | bundle``; nothing for no records) in one pass, with
+ *     no Python object per record: the payload ``KafkaFormat.columns`` then the TANK format's ``encode_columns``
+ *     give (a plain bundle when the offsets are ``base_offset``, ``base_offset + 1``..., else a SPARSE one;
+ *     timestamps below 0 written as 0, keys cut to 255 bytes, empty keys none, null values empty, headers
+ *     dropped), with the count, the last offset less ``base_offset`` and the least and greatest timestamp
+ *     written (-1 when none). None where the columns path does anything else: offsets that do not ascend
+ *     (which it leaves out) or a first one below 0, a batch or record that does not decode, an exception from
+ *     ``inflate``, numbers outside 64 bits; it then converts, or names the fault.
  */
 #include "_messages.h"
 #include <string.h>
@@ -640,13 +640,18 @@ walk_batches(const unsigned char *p, Py_ssize_t end, int64_t base, Py_ssize_t li
     return 1;
 }
 
-/* tank_bundle: the messages, what the first walk learns of them (that they follow on from ``base``, their
- * size) and, in the second, where the next one is written. */
+/* tank_bundle: the messages, what the first walk learns of them (their offsets ascend, whether they follow on
+ * from ``base`` or need a SPARSE bundle, their size either way) and, in the second, where the next one goes. */
 typedef struct {
-    int64_t base; /* the first message's offset */
-    int64_t count, base_ts, max_ts;
+    int64_t base;  /* the batch's base offset: a plain bundle's messages follow on from it */
+    int64_t count; /* the messages walked so far (in the second walk: written so far) */
+    int64_t total; /* all of them (known in the second walk) */
+    int64_t first, last, base_ts, max_ts;
     uint64_t prev_ts;
-    Py_ssize_t size;
+    int sparse;            /* an offset that does not follow on: a SPARSE bundle */
+    Py_ssize_t size;       /* the messages as a plain bundle writes them */
+    Py_ssize_t gaps;       /* what a SPARSE bundle adds: each message's gap since the one before... */
+    Py_ssize_t last_gap;   /* ... but the last one's, which the header holds */
     unsigned char *out;
 } TankBundle;
 
@@ -663,14 +668,23 @@ measure_tank_message(void *ctx, int64_t offset, int64_t ts, const Blob *key, con
     TankBundle *m = ctx;
     int64_t expected;
     Py_ssize_t key_len = key->len > 0 ? (Py_ssize_t)key->len : 0, value_len = value->len > 0 ? (Py_ssize_t)value->len : 0;
+    if (m->count ? offset <= m->last : offset < 0)
+        return 1; /* offsets that do not ascend, or a first one below 0: the columns path's */
     if (__builtin_add_overflow(m->base, m->count, &expected) || offset != expected)
-        return 1; /* not the next offset: the columns path writes a SPARSE bundle */
+        m->sparse = 1;
+    m->last_gap = m->count && offset - m->last > 1 ? uvarint_size((uint64_t)(offset - m->last - 1)) : 0;
+    m->gaps += m->last_gap;
     uint64_t t = tank_ts(ts);
     m->size += tank_size(0, m->count && t == m->prev_ts, key_len, value_len);
-    if (m->count == 0 || (int64_t)t < m->base_ts)
+    if (m->count == 0) {
+        m->first = offset;
+        m->base_ts = m->max_ts = (int64_t)t;
+    }
+    if ((int64_t)t < m->base_ts)
         m->base_ts = (int64_t)t;
-    if (m->count == 0 || (int64_t)t > m->max_ts)
+    if ((int64_t)t > m->max_ts)
         m->max_ts = (int64_t)t;
+    m->last = offset;
     m->prev_ts = t;
     m->count++;
     return 0;
@@ -680,14 +694,62 @@ static int
 put_tank_message(void *ctx, int64_t offset, int64_t ts, const Blob *key, const Blob *value)
 {
     TankBundle *m = ctx;
-    uint64_t t = tank_ts(ts);
-    (void)offset;
-    m->out = tank_put(m->out, 0, 0, m->count && t == m->prev_ts, t, (const char *)key->at,
+    uint64_t t = tank_ts(ts), gap = 0;
+    unsigned char seq_flags = 0;
+    if (m->sparse && m->count && m->count < m->total - 1) { /* a middle message: its gap, or none */
+        gap = (uint64_t)(offset - m->last - 1);
+        seq_flags = gap ? 0 : SEQ_PREV_PLUS_ONE;
+    }
+    m->out = tank_put(m->out, seq_flags, gap, m->count && t == m->prev_ts, t, (const char *)key->at,
                       key->len > 0 ? (Py_ssize_t)key->len : 0, (const char *)value->at,
                       value->len > 0 ? (Py_ssize_t)value->len : 0);
+    m->last = offset;
     m->prev_ts = t;
     m->count++;
     return 0;
+}
+
+/* After the first walk: the size of the whole bundle, ``varint len | bundle`` (0: no messages, nothing to
+ * write); m->total set and the counts made ready for the second walk. */
+static Py_ssize_t
+tank_bundle_size(TankBundle *m, Py_ssize_t *bundle)
+{
+    uint64_t n = (uint64_t)m->count;
+    Py_ssize_t head = 1 + (n < 16 ? 0 : uvarint_size(n)), messages = m->size;
+    if (m->sparse) {
+        head += 8 + (n > 1 ? uvarint_size((uint64_t)(m->last - m->first) - 1) : 0);
+        messages += m->gaps - (n > 1 ? m->last_gap : 0); /* the last message's gap is in the header */
+    }
+    *bundle = head + messages;
+    m->total = m->count;
+    m->count = 0;
+    m->prev_ts = 0;
+    return n ? uvarint_size((uint64_t)*bundle) + *bundle : 0;
+}
+
+/* Write ``varint len | header`` of a bundle of ``bundle`` bytes of the m->total messages at m->out, as
+ * format.encode_fields writes it: the count in the flags (0 there and a varint after for 16 and more); a
+ * SPARSE bundle's first sequence number (offset + 1, u64) and, for several messages, its last less the first
+ * less one. */
+static void
+put_tank_bundle_head(TankBundle *m, Py_ssize_t bundle)
+{
+    uint64_t n = (uint64_t)m->total;
+    unsigned char flags = m->sparse ? SPARSE : 0;
+    m->out = put_uvarint(m->out, (uint64_t)bundle);
+    if (n < 16) {
+        *m->out++ = flags | (unsigned char)(n << 2);
+    } else {
+        *m->out++ = flags;
+        m->out = put_uvarint(m->out, n);
+    }
+    if (m->sparse) {
+        uint64_t first_seq = (uint64_t)m->first + 1;
+        for (int b = 0; b < 8; b++)
+            *m->out++ = (unsigned char)(first_seq >> (8 * b));
+        if (n > 1)
+            m->out = put_uvarint(m->out, (uint64_t)(m->last - m->first) - 1);
+    }
 }
 
 /* A list's int within 64 bits: 0, or -1 (no exception set) for anything else. */
@@ -730,26 +792,17 @@ tank_bundle(PyObject *self, PyObject *args)
     sets = PyList_New(0);
     if (sets == NULL)
         goto done;
-    TankBundle m = {base, 0, -1, -1, 0, 0, NULL};
+    TankBundle m = {.base = base, .base_ts = -1, .max_ts = -1};
     int pass, whole = 1;
     for (pass = 0; pass < 2 && whole == 1; pass++) {
         if (pass == 1) { /* the size known: the bundle written into one bytes object, its head first */
-            Py_ssize_t head = m.count < 16 ? 1 : 1 + uvarint_size((uint64_t)m.count), bundle = head + m.size;
-            bundle_out = PyBytes_FromStringAndSize(NULL, m.count ? uvarint_size((uint64_t)bundle) + bundle : 0);
+            Py_ssize_t bundle, size = tank_bundle_size(&m, &bundle);
+            bundle_out = PyBytes_FromStringAndSize(NULL, size);
             if (bundle_out == NULL)
                 goto done;
             m.out = (unsigned char *)PyBytes_AS_STRING(bundle_out);
-            if (m.count) {
-                m.out = put_uvarint(m.out, (uint64_t)bundle);
-                if (m.count < 16) {
-                    *m.out++ = (unsigned char)(m.count << 2);
-                } else {
-                    *m.out++ = 0;
-                    m.out = put_uvarint(m.out, (uint64_t)m.count);
-                }
-            }
-            m.count = 0;
-            m.prev_ts = 0;
+            if (size)
+                put_tank_bundle_head(&m, bundle);
         }
         for (Py_ssize_t i = 0; i < n && whole == 1; i++) {
             PyObject *payload = PyTuple_GET_ITEM(payloads, i);
@@ -765,7 +818,7 @@ tank_bundle(PyObject *self, PyObject *args)
         result = Py_NewRef(Py_None);
         goto done;
     }
-    result = Py_BuildValue("(OLLLL)", bundle_out, (long long)m.count, (long long)(m.count ? m.count - 1 : 0),
+    result = Py_BuildValue("(OLLLL)", bundle_out, (long long)m.total, (long long)(m.total ? m.last - base : 0),
                            (long long)m.base_ts, (long long)m.max_ts);
 done:
     Py_XDECREF(bundle_out);

@@ -672,12 +672,12 @@ class KafkaFormat(RecordLayoutFormat, TransactionalFormat, LeaderEpochFormat, Co
         return columns
 
     def records_in(self, layout: str, batches: Sequence[StoredBatch], base_offset: int) -> EncodedRecords | None:
-        """The records of ``batches`` as one TANK bundle (``TANK_BUNDLE``), written in one C pass over the
-        payloads (``_speedups.tank_bundle``, where it was built) without a Python object per record: the
-        payload ``columns`` then the TANK format's ``encode_columns`` give. ``None`` for another layout, where the
-        pass was not built, and for records that pass does not write so (offsets that do not follow on from
-        ``base_offset``, which a SPARSE bundle numbers; a fault, which ``columns`` then names): the conversion
-        then goes through ``columns``, the pass's Python twin."""
+        """The records of ``batches`` as one TANK bundle (``TANK_BUNDLE``: plain, or SPARSE where their offsets
+        have gaps), written in one C pass over the payloads (``_speedups.tank_bundle``, where it was built)
+        without a Python object per record: the payload ``columns`` then the TANK format's ``encode_columns``
+        give. ``None`` for another layout, where the pass was not built, and for records that pass does not
+        write so (offsets that do not ascend, which the columns path leaves out; a fault, which ``columns``
+        then names): the conversion then goes through ``columns``, the pass's Python twin."""
         if layout != TANK_BUNDLE or _speedups is None:
             return None
         found = _speedups.tank_bundle([b.payload for b in batches], [b.base_offset for b in batches], base_offset,

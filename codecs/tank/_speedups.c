@@ -310,7 +310,6 @@ check_messages(PyObject *self, PyObject *args)
 }
 
 #define CODEC_MASK 0x03
-#define SPARSE 0x40
 #define EXTRA_FLAGS 0x80
 #define RICH_PRODUCER_INFO 0x01
 #define PRODUCER_INFO_SIZE 14 /* u32 | u64 | u16 */

@@ -49,10 +49,11 @@ KAFKA_V2_RECORDS = "kafka-v2"
 without headers where the records have none), which other formats may write directly."""
 
 TANK_BUNDLE = "tank-bundle"
-"""The record layout of TANK's stored batches, which other formats may write directly: one uncompressed,
-non-SPARSE bundle with its length (``varint len | bundle``, nothing for no records), its messages
-numbered from the batch's base offset on. The bundle's header is only its message count, so the
-records are written with it, and its ``encode_records`` wraps nothing."""
+"""The record layout of TANK's stored batches, which other formats may write directly: one uncompressed
+bundle with its length (``varint len | bundle``, nothing for no records), plain when its messages'
+offsets follow on from the batch's base offset, else SPARSE. The bundle's header holds only the
+message count (and a SPARSE bundle's first and last sequence numbers), so the records are written
+with it, and its ``encode_records`` wraps nothing."""
 
 
 ONE_RECORD = Validated(1, 1)
