@@ -681,7 +681,7 @@ class KafkaFormat(RecordLayoutFormat, TransactionalFormat, LeaderEpochFormat, Co
         if layout != TANK_BUNDLE or _speedups is None:
             return None
         found = _speedups.tank_bundle([b.payload for b in batches], [b.base_offset for b in batches], base_offset,
-                                        self.inflate_limit, _inflate)
+                                      self.inflate_limit, _inflate)
         return None if found is None else EncodedRecords(*found)
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
