@@ -117,6 +117,31 @@ put_zigzag(unsigned char *out, int64_t n)
     return put_uvarint(out, zigzag(n));
 }
 
+/* ``inflate(view of p[0:size], budget)`` (with ``codec`` 0 or above: ``inflate(view, budget, codec)``): the
+ * bytes it returns, or NULL: with no exception set when the data is at fault (``inflate`` raised an Exception,
+ * or returned no bytes), else with the exception (an interrupt). The view is released after the call, so that
+ * one kept by ``inflate`` cannot outlive the buffer it shows. */
+static inline PyObject *
+inflated(PyObject *inflate, const unsigned char *p, Py_ssize_t size, Py_ssize_t budget, int codec)
+{
+    PyObject *view = PyMemoryView_FromMemory((char *)p, size, PyBUF_READ);
+    PyObject *set = view == NULL ? NULL
+                    : codec < 0  ? PyObject_CallFunction(inflate, "On", view, budget)
+                                 : PyObject_CallFunction(inflate, "Oni", view, budget, codec);
+    if (view != NULL) {
+        PyObject *released = PyObject_CallMethod(view, "release", NULL);
+        if (released == NULL)
+            Py_CLEAR(set); /* still exported (``inflate`` holds a buffer of it): a fault */
+        Py_XDECREF(released);
+        Py_DECREF(view);
+    }
+    if (set != NULL && !PyBytes_Check(set))
+        Py_CLEAR(set);
+    if (set == NULL && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)))
+        PyErr_Clear();
+    return set;
+}
+
 /* The definition and init function of a codec's ``_speedups`` module exporting ``methods``. */
 #define SPEEDUPS_MODULE(doc, methods)                                                                  \
     static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", doc, -1, methods,         \

@@ -18,12 +18,13 @@ directly where they can and through ``records`` otherwise. Formats without
 them are converted through ``Record``s.
 
 A run of one source format into a target that names a record layout
-(``ColumnarFormat.record_layout``: Kafka's v2 records) skips ``Columns`` too
-when the source writes its batches' records in that layout directly
-(``ColumnarFormat.records_in``: TANK's, in one C pass, no Python object per
-record); the target then only wraps them (``encode_records``). The payload is
-the one the ``Columns`` path gives, byte for byte; a source that answers
-``None`` (a fault it leaves for ``columns`` to name) goes that path.
+(``ColumnarFormat.record_layout``: Kafka's v2 records, TANK's bundles) skips
+``Columns`` too when the source writes its batches' records in that layout
+directly (``ColumnarFormat.records_in``: TANK into Kafka and Kafka into TANK,
+each in one C pass, no Python object per record); the target then only wraps
+them (``encode_records``). The payload is the one the ``Columns`` path gives,
+byte for byte; a source that answers ``None`` (a fault it leaves for
+``columns`` to name, records a plain TANK bundle cannot number) goes that path.
 
 Conversions read only what was checked when it was produced: every format
 offers ``validate(payload) -> Validated``, which the broker calls before it
@@ -161,7 +162,7 @@ def _direct(run: Sequence[StoredBatch], target: RecordLayoutFormat, layout: str,
     that does not write these batches so."""
     name = run[0].format
     source = formats.get(name)
-    if source is None or not is_columnar(source) or any(b.format != name for b in run):
+    if source is None or not is_columnar(source) or len(set(map(_FORMAT, run))) != 1:
         return None
     records = source.records_in(layout, run, run[0].base_offset)
     return None if records is None else target.encode_records(records, run[0].base_offset)

@@ -15,8 +15,21 @@
  * check_records(body, pos, stop, count)
  *     checks that body[pos:stop] is exactly ``count`` well-formed records whose offset deltas are
  *     0, 1, 2...: what a produced batch must hold; raises ValueError naming the first fault.
+ * tank_bundle(payloads, base_offsets, base_offset, limit, inflate)
+ *         -> (bundle, count, last_offset_delta, base_timestamp, max_timestamp) | None
+ *     the records of stored payloads (a list of bytes, each the v2 batches of one stored batch, its first batch
+ *     numbered from its item of ``base_offsets`` and every other from its own baseOffset, as ``format.read_into``
+ *     numbers them; control batches skipped; a compressed batch's records ``inflate(view, limit, codec)``, bytes)
+ *     written as one uncompressed TANK bundle (``varint len | bundle``; nothing for no records) in one pass, with
+ *     no Python object per record: the payload ``KafkaFormat.columns`` then the TANK format's ``encode_columns``
+ *     give (a plain bundle when the offsets are ``base_offset``, ``base_offset + 1``..., else a SPARSE one;
+ *     timestamps below 0 written as 0, keys cut to 255 bytes, empty keys none, null values empty, headers
+ *     dropped), with the count, the last offset less ``base_offset`` and the least and greatest timestamp
+ *     written (-1 when none). None where the columns path does anything else: offsets that do not ascend
+ *     (which it leaves out) or a first one below 0, a batch or record that does not decode, an exception from
+ *     ``inflate``, numbers outside 64 bits; it then converts, or names the fault.
  */
-#include "_speedups.h"
+#include "_messages.h"
 #include <string.h>
 
 static PyObject *
@@ -179,16 +192,30 @@ done:
     return result;
 }
 
+/* A record's key or value as it lies in the record: its bytes and its length (below 0: null). */
+typedef struct {
+    const unsigned char *at;
+    int64_t len;
+} Blob;
+
+/* The blob at p[*pos:end], as read_blob reads it; *pos moves past it. 0, or -1 when it overruns the record. */
+static int
+blob_at(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, Blob *b)
+{
+    if (read_zigzag(p, pos, end, &b->len) < 0 || b->len > end - *pos)
+        return -1;
+    b->at = p + *pos;
+    if (b->len > 0)
+        *pos += (Py_ssize_t)b->len;
+    return 0;
+}
+
 /* Skip a varint-length blob (or null) inside a record; -1 if it does not fit. */
 static int
 skip_blob(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end)
 {
-    int64_t n;
-    if (read_zigzag(p, pos, end, &n) < 0 || n > end - *pos)
-        return -1;
-    if (n > 0)
-        *pos += (Py_ssize_t)n;
-    return 0;
+    Blob b;
+    return blob_at(p, pos, end, &b);
 }
 
 static PyObject *
@@ -518,10 +545,294 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- stored batches into a TANK bundle */
+
+#define BATCH_HEADER_SIZE 61 /* baseOffset .. recordCount */
+#define ATTR_COMPRESSION 0x07
+#define ATTR_LOG_APPEND_TIME 0x08
+#define ATTR_CONTROL 0x20
+
+/* The record at p[*pos:stop], read as read_records reads it (its headers walked, not kept): its timestamp and
+ * offset deltas, key and value; *pos moves past it. 0, or -1 when it does not decode. */
+static int
+record_at(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t stop, int64_t *ts_delta, int64_t *offset_delta,
+          Blob *key, Blob *value)
+{
+    int64_t len, n_headers;
+    if (read_zigzag(p, pos, stop, &len) < 0 || len < 1 || len > stop - *pos)
+        return -1;
+    Py_ssize_t end = *pos + (Py_ssize_t)len;
+    *pos += 1; /* attributes */
+    if (read_zigzag(p, pos, end, ts_delta) < 0 || read_zigzag(p, pos, end, offset_delta) < 0 ||
+        blob_at(p, pos, end, key) < 0 || blob_at(p, pos, end, value) < 0 || read_zigzag(p, pos, end, &n_headers) < 0 ||
+        (n_headers > 0 && n_headers > end - *pos))
+        return -1;
+    for (int64_t h = 0; h < n_headers; h++)
+        if (skip_blob(p, pos, end) < 0 || skip_blob(p, pos, end) < 0) /* its name and value */
+            return -1;
+    return *pos == end ? 0 : -1;
+}
+
+/* Called for each record of walk_batches: its offset, timestamp, key and value; 0 to go on, 1 to stop the walk
+ * (which then answers 0), -1 with an exception set. */
+typedef int (*kafka_record)(void *ctx, int64_t offset, int64_t ts, const Blob *key, const Blob *value);
+
+/* The records of a stored payload p[0:end] (v2 batches, the first numbered from ``base``, every other from its own
+ * baseOffset), each passed to ``each``, as format.read_into reads them: control batches skipped, a batch header cut
+ * short at the end left out. 1 when every batch decodes; 0 at anything else, with no exception set (a fault, an
+ * exception from ``inflate``, ``each`` stopping, numbers outside 64 bits); -1 with an exception to pass on (an
+ * interrupt, a failed append to ``sets``). A compressed batch's records are ``inflate(view, limit, codec)`` (bytes;
+ * each batch within ``limit``), appended to ``sets``; with ``inflate`` NULL, ``sets[*taken]`` (*taken then moves
+ * on): what an earlier walk of the same payload inflated. */
+static int
+walk_batches(const unsigned char *p, Py_ssize_t end, int64_t base, Py_ssize_t limit, PyObject *inflate,
+             PyObject *sets, Py_ssize_t *taken, kafka_record each, void *ctx)
+{
+    for (Py_ssize_t pos = 0; end - pos >= BATCH_HEADER_SIZE;) {
+        const unsigned char *h = p + pos;
+        int64_t length = (int32_t)be(h + 8, 4);
+        if (h[16] != 2 || length < BATCH_HEADER_SIZE - 12 || length > end - pos - 12)
+            return 0;
+        Py_ssize_t batch_end = pos + 12 + (Py_ssize_t)length;
+        int attributes = (int)be(h + 21, 2);
+        if (pos)
+            base = (int64_t)be(h, 8);
+        pos = batch_end;
+        if (attributes & ATTR_CONTROL)
+            continue;
+        const unsigned char *body = h + BATCH_HEADER_SIZE;
+        Py_ssize_t at = 0, stop = batch_end - (body - p);
+        PyObject *set = NULL;
+        if (attributes & ATTR_COMPRESSION) {
+            if (inflate == NULL) {
+                if (*taken >= PyList_GET_SIZE(sets))
+                    return 0;
+                set = Py_NewRef(PyList_GET_ITEM(sets, (*taken)++));
+            } else {
+                set = inflated(inflate, body, stop, limit, attributes & ATTR_COMPRESSION);
+                if (set == NULL)
+                    return PyErr_Occurred() ? -1 : 0; /* an interrupt (not a fault of the batch) is passed on */
+                if (PyList_Append(sets, set) < 0) {
+                    Py_DECREF(set);
+                    return -1;
+                }
+            }
+            body = (const unsigned char *)PyBytes_AS_STRING(set);
+            stop = PyBytes_GET_SIZE(set);
+        }
+        int64_t base_ts = (int64_t)be(h + 27, 8), max_ts = (int64_t)be(h + 35, 8);
+        int32_t count = (int32_t)be(h + 57, 4);
+        int whole = 1;
+        for (int32_t r = 0; r < count && whole == 1; r++) {
+            int64_t ts_delta, offset_delta, offset, ts = max_ts;
+            Blob key, value;
+            if (record_at(body, &at, stop, &ts_delta, &offset_delta, &key, &value) < 0 ||
+                __builtin_add_overflow(base, offset_delta, &offset) ||
+                (!(attributes & ATTR_LOG_APPEND_TIME) && __builtin_add_overflow(base_ts, ts_delta, &ts)))
+                whole = 0;
+            else
+                whole = 1 - each(ctx, offset, ts, &key, &value); /* 0 -> 1, 1 -> 0, -1 -> 2 */
+        }
+        Py_XDECREF(set);
+        if (whole != 1)
+            return whole == 2 ? -1 : 0;
+    }
+    return 1;
+}
+
+/* tank_bundle: the messages, what the first walk learns of them (their offsets ascend, whether they follow on
+ * from ``base`` or need a SPARSE bundle, their size either way) and, in the second, where the next one goes. */
+typedef struct {
+    int64_t base;  /* the batch's base offset: a plain bundle's messages follow on from it */
+    int64_t count; /* the messages walked so far (in the second walk: written so far) */
+    int64_t total; /* all of them (known in the second walk) */
+    int64_t first, last, base_ts, max_ts;
+    uint64_t prev_ts;
+    int sparse;            /* an offset that does not follow on: a SPARSE bundle */
+    Py_ssize_t size;       /* the messages as a plain bundle writes them */
+    Py_ssize_t gaps;       /* what a SPARSE bundle adds: each message's gap since the one before... */
+    Py_ssize_t last_gap;   /* ... but the last one's, which the header holds */
+    unsigned char *out;
+} TankBundle;
+
+/* A record's timestamp as TANK keeps it (below 0: 0), as format._encode_plain_bundle writes it. */
+static inline uint64_t
+tank_ts(int64_t ts)
+{
+    return ts > 0 ? (uint64_t)ts : 0;
+}
+
+static int
+measure_tank_message(void *ctx, int64_t offset, int64_t ts, const Blob *key, const Blob *value)
+{
+    TankBundle *m = ctx;
+    int64_t expected;
+    Py_ssize_t key_len = key->len > 0 ? (Py_ssize_t)key->len : 0, value_len = value->len > 0 ? (Py_ssize_t)value->len : 0;
+    if (m->count ? offset <= m->last : offset < 0)
+        return 1; /* offsets that do not ascend, or a first one below 0: the columns path's */
+    if (__builtin_add_overflow(m->base, m->count, &expected) || offset != expected)
+        m->sparse = 1;
+    m->last_gap = m->count && offset - m->last > 1 ? uvarint_size((uint64_t)(offset - m->last - 1)) : 0;
+    m->gaps += m->last_gap;
+    uint64_t t = tank_ts(ts);
+    m->size += tank_size(0, m->count && t == m->prev_ts, key_len, value_len);
+    if (m->count == 0) {
+        m->first = offset;
+        m->base_ts = m->max_ts = (int64_t)t;
+    }
+    if ((int64_t)t < m->base_ts)
+        m->base_ts = (int64_t)t;
+    if ((int64_t)t > m->max_ts)
+        m->max_ts = (int64_t)t;
+    m->last = offset;
+    m->prev_ts = t;
+    m->count++;
+    return 0;
+}
+
+static int
+put_tank_message(void *ctx, int64_t offset, int64_t ts, const Blob *key, const Blob *value)
+{
+    TankBundle *m = ctx;
+    uint64_t t = tank_ts(ts), gap = 0;
+    unsigned char seq_flags = 0;
+    if (m->sparse && m->count && m->count < m->total - 1) { /* a middle message: its gap, or none */
+        gap = (uint64_t)(offset - m->last - 1);
+        seq_flags = gap ? 0 : SEQ_PREV_PLUS_ONE;
+    }
+    m->out = tank_put(m->out, seq_flags, gap, m->count && t == m->prev_ts, t, (const char *)key->at,
+                      key->len > 0 ? (Py_ssize_t)key->len : 0, (const char *)value->at,
+                      value->len > 0 ? (Py_ssize_t)value->len : 0);
+    m->last = offset;
+    m->prev_ts = t;
+    m->count++;
+    return 0;
+}
+
+/* After the first walk: the size of the whole bundle, ``varint len | bundle`` (0: no messages, nothing to
+ * write); m->total set and the counts made ready for the second walk. */
+static Py_ssize_t
+tank_bundle_size(TankBundle *m, Py_ssize_t *bundle)
+{
+    uint64_t n = (uint64_t)m->count;
+    Py_ssize_t head = 1 + (n < 16 ? 0 : uvarint_size(n)), messages = m->size;
+    if (m->sparse) {
+        head += 8 + (n > 1 ? uvarint_size((uint64_t)(m->last - m->first) - 1) : 0);
+        messages += m->gaps - (n > 1 ? m->last_gap : 0); /* the last message's gap is in the header */
+    }
+    *bundle = head + messages;
+    m->total = m->count;
+    m->count = 0;
+    m->prev_ts = 0;
+    return n ? uvarint_size((uint64_t)*bundle) + *bundle : 0;
+}
+
+/* Write ``varint len | header`` of a bundle of ``bundle`` bytes of the m->total messages at m->out, as
+ * format.encode_fields writes it: the count in the flags (0 there and a varint after for 16 and more); a
+ * SPARSE bundle's first sequence number (offset + 1, u64) and, for several messages, its last less the first
+ * less one. */
+static void
+put_tank_bundle_head(TankBundle *m, Py_ssize_t bundle)
+{
+    uint64_t n = (uint64_t)m->total;
+    unsigned char flags = m->sparse ? SPARSE : 0;
+    m->out = put_uvarint(m->out, (uint64_t)bundle);
+    if (n < 16) {
+        *m->out++ = flags | (unsigned char)(n << 2);
+    } else {
+        *m->out++ = flags;
+        m->out = put_uvarint(m->out, n);
+    }
+    if (m->sparse) {
+        uint64_t first_seq = (uint64_t)m->first + 1;
+        for (int b = 0; b < 8; b++)
+            *m->out++ = (unsigned char)(first_seq >> (8 * b));
+        if (n > 1)
+            m->out = put_uvarint(m->out, (uint64_t)(m->last - m->first) - 1);
+    }
+}
+
+/* A list's int within 64 bits: 0, or -1 (no exception set) for anything else. */
+static int
+int64_of(PyObject *v, int64_t *out)
+{
+    if (!PyLong_Check(v))
+        return -1;
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static PyObject *
+tank_bundle(PyObject *self, PyObject *args)
+{
+    PyObject *payloads, *bases, *base_obj, *inflate, *sets = NULL, *bundle_out = NULL, *result = NULL;
+    Py_ssize_t limit, taken = 0;
+    int64_t base, first;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!OnO", &PyList_Type, &payloads, &PyList_Type, &bases, &base_obj, &limit, &inflate))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(payloads);
+    if (PyList_GET_SIZE(bases) != n || int64_of(base_obj, &base) < 0)
+        Py_RETURN_NONE; /* the columns path's */
+    payloads = PyList_AsTuple(payloads); /* held as they are: ``inflate`` runs Python code between the items */
+    bases = payloads == NULL ? NULL : PyList_AsTuple(bases);
+    if (bases == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) { /* the types, and the numbers within 64 bits */
+        if (!PyBytes_Check(PyTuple_GET_ITEM(payloads, i)) || int64_of(PyTuple_GET_ITEM(bases, i), &first) < 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    sets = PyList_New(0);
+    if (sets == NULL)
+        goto done;
+    TankBundle m = {.base = base, .base_ts = -1, .max_ts = -1};
+    int pass, whole = 1;
+    for (pass = 0; pass < 2 && whole == 1; pass++) {
+        if (pass == 1) { /* the size known: the bundle written into one bytes object, its head first */
+            Py_ssize_t bundle, size = tank_bundle_size(&m, &bundle);
+            bundle_out = PyBytes_FromStringAndSize(NULL, size);
+            if (bundle_out == NULL)
+                goto done;
+            m.out = (unsigned char *)PyBytes_AS_STRING(bundle_out);
+            if (size)
+                put_tank_bundle_head(&m, bundle);
+        }
+        for (Py_ssize_t i = 0; i < n && whole == 1; i++) {
+            PyObject *payload = PyTuple_GET_ITEM(payloads, i);
+            int64_of(PyTuple_GET_ITEM(bases, i), &first);
+            whole = walk_batches((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), first,
+                                 limit, pass ? NULL : inflate, sets, &taken,
+                                 pass ? put_tank_message : measure_tank_message, &m);
+        }
+    }
+    if (whole < 0)
+        goto done;
+    if (whole == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = Py_BuildValue("(OLLLL)", bundle_out, (long long)m.total, (long long)(m.total ? m.last - base : 0),
+                           (long long)m.base_ts, (long long)m.max_ts);
+done:
+    Py_XDECREF(bundle_out);
+    Py_XDECREF(sets);
+    Py_XDECREF(bases);
+    Py_XDECREF(payloads);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read_records", read_records, METH_VARARGS, "Append the fields of v2 records to column lists."},
     {"encode_records", encode_records, METH_VARARGS, "The records part of a v2 batch and its header fields, from columns."},
     {"check_records", check_records, METH_VARARGS, "Check that a produced batch holds what it declares."},
+    {"tank_bundle", tank_bundle, METH_VARARGS, "Stored v2 batches as one TANK bundle, in one pass."},
     {NULL, NULL, 0, NULL},
 };
 

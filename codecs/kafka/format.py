@@ -45,6 +45,7 @@ from gateway.codec import (
 )
 from gateway.codec.formats import (
     KAFKA_V2_RECORDS,
+    TANK_BUNDLE,
     Columns,
     EncodedRecords,
     RecordLayoutFormat,
@@ -678,6 +679,19 @@ class KafkaFormat(RecordLayoutFormat, TransactionalFormat, LeaderEpochFormat, Co
             columns.headers = None
         return columns
 
+    def records_in(self, layout: str, batches: Sequence[StoredBatch], base_offset: int) -> EncodedRecords | None:
+        """The records of ``batches`` as one TANK bundle (``TANK_BUNDLE``: plain, or SPARSE where their offsets
+        have gaps), written in one C pass over the payloads (``_speedups.tank_bundle``, where it was built)
+        without a Python object per record: the payload ``columns`` then the TANK format's ``encode_columns``
+        give. ``None`` for another layout, where the pass was not built, and for records that pass does not
+        write so (offsets that do not ascend, which the columns path leaves out; a fault, which ``columns``
+        then names): the conversion then goes through ``columns``, the pass's Python twin."""
+        if layout != TANK_BUNDLE or _speedups is None:
+            return None
+        found = _speedups.tank_bundle([b.payload for b in batches], [b.base_offset for b in batches], base_offset,
+                                      self.inflate_limit, _inflate)
+        return None if found is None else EncodedRecords(*found)
+
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         return encode_batch(records, base_offset)
 
@@ -711,6 +725,12 @@ def _records_of_control(payload: bytes) -> Iterator[bytes]:
         key_length, pos = read_zigzag(payload, pos)
         yield payload[pos:pos + max(key_length, 0)]
         pos = end
+
+
+def _inflate(records: memoryview, limit: int, codec: int) -> bytes:
+    """A compressed batch's records for ``_speedups.tank_bundle``, inflated within ``limit`` as
+    ``read_into`` inflates them (its faults raise)."""
+    return compression.decompress(codec, bytes(records), limit)
 
 
 def _encode_columns_in_c(offsets: list[int | None], base_offset: int, timestamps: list[int],

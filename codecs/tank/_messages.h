@@ -11,6 +11,7 @@
 #define HAVE_KEY 0x01
 #define USE_LAST_TS 0x02
 #define SEQ_PREV_PLUS_ONE 0x04
+#define SPARSE 0x40 /* a bundle flag: its messages' sequence numbers are in the bundle */
 
 /* The varint (at most 5 bytes, as TANK writes them) at p[*pos]; -1 if cut short or longer. */
 static inline int

@@ -310,32 +310,9 @@ check_messages(PyObject *self, PyObject *args)
 }
 
 #define CODEC_MASK 0x03
-#define SPARSE 0x40
 #define EXTRA_FLAGS 0x80
 #define RICH_PRODUCER_INFO 0x01
 #define PRODUCER_INFO_SIZE 14 /* u32 | u64 | u16 */
-
-/* ``inflate(view of p[0:size], budget)``: the bytes it returns, or NULL: with no exception set when the message
- * set is at fault (``inflate`` raised an Exception, or returned no bytes), else with the exception (an interrupt).
- * The view is released after the call, so that one kept by ``inflate`` cannot outlive the payload's buffer. */
-static PyObject *
-inflated(PyObject *inflate, const unsigned char *p, Py_ssize_t size, Py_ssize_t budget)
-{
-    PyObject *view = PyMemoryView_FromMemory((char *)p, size, PyBUF_READ);
-    PyObject *set = view == NULL ? NULL : PyObject_CallFunction(inflate, "On", view, budget);
-    if (view != NULL) {
-        PyObject *released = PyObject_CallMethod(view, "release", NULL);
-        if (released == NULL)
-            Py_CLEAR(set); /* still exported (``inflate`` holds a buffer of it): a fault */
-        Py_XDECREF(released);
-        Py_DECREF(view);
-    }
-    if (set != NULL && !PyBytes_Check(set))
-        Py_CLEAR(set);
-    if (set == NULL && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)))
-        PyErr_Clear();
-    return set;
-}
 
 /* The raw snappy block p[0:n] decoded into *out (``PyMem_Free`` it), *out_len its length: 0. 1, with nothing
  * to free, when the block declares more than ``budget`` bytes (checked before decoding) or does not decode to
@@ -616,7 +593,7 @@ walk_payload(const unsigned char *p, Py_ssize_t end, uint64_t seq, Py_ssize_t bu
                     return 0;
                 set = Py_NewRef(PyList_GET_ITEM(sets, (*taken)++));
             } else {
-                set = inflated(inflate, messages, size, budget);
+                set = inflated(inflate, messages, size, budget, -1);
                 if (set == NULL)
                     return PyErr_Occurred() ? -1 : 0; /* an interrupt (not a fault of the bundle) is passed on */
                 if (sets != NULL && PyList_Append(sets, set) < 0) {

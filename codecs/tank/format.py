@@ -38,8 +38,15 @@ from collections.abc import Iterable, Iterator, Sequence
 import cramjam
 
 from gateway._extensions import load
-from gateway.codec import ColumnarFormat, compression
-from gateway.codec.formats import KAFKA_V2_RECORDS, ONE_RECORD, Columns, EncodedRecords, Validated
+from gateway.codec import RecordLayoutFormat, compression
+from gateway.codec.formats import (
+    KAFKA_V2_RECORDS,
+    ONE_RECORD,
+    TANK_BUNDLE,
+    Columns,
+    EncodedRecords,
+    Validated,
+)
 from gateway.codec.varint import TABLE_SIZE, UVARINTS, VarintError, read_uvarint, uvarint
 from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
 
@@ -429,7 +436,7 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
 # --------------------------------------------------------------------------- storage format
 
 
-class TankFormat(ColumnarFormat):
+class TankFormat(RecordLayoutFormat):
     """The ``tank`` storage format (see the module docstring).
 
     ``inflate_limit``: the most the message sets of one payload may decompress
@@ -438,6 +445,7 @@ class TankFormat(ColumnarFormat):
 
     name = NAME
     joinable = True  # plain bundles one after the other are one payload (they carry no offsets)
+    record_layout = TANK_BUNDLE  # other formats may write bundles for ``encode_records`` directly
     inflate_limit = INFLATE_LIMIT
 
     def validate(self, payload: bytes) -> Validated:
@@ -563,6 +571,11 @@ class TankFormat(ColumnarFormat):
             seqs = [o + 1 for o in numbered]
         stamps = [t if t > 0 else 0 for t in stamps]
         return frame(encode_fields(stamps, keys, [v or b"" for v in values], seqs, compress=False))
+
+    def encode_records(self, records: EncodedRecords, base_offset: int) -> bytes:
+        """The payload of records written already in ``TANK_BUNDLE``: their bytes as they are (that
+        layout is a whole payload, its bundle header written with the messages)."""
+        return records.body
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return payload

@@ -72,6 +72,7 @@ from gateway.codec.connection import (
 from gateway.codec.formats import (
     KAFKA_V2_RECORDS,
     ONE_RECORD,
+    TANK_BUNDLE,
     BatchFormat,
     BatchProducer,
     ColumnarFormat,
@@ -126,6 +127,7 @@ __all__ = [
     "Run",
     "RunFor",
     "Subscribe",
+    "TANK_BUNDLE",
     "Timer",
     "TimerConnection",
     "Tokens",

@@ -32,9 +32,10 @@ class Validated(NamedTuple):
 
 class EncodedRecords(NamedTuple):
     """Records already written in a record layout (``ColumnarFormat.record_layout``), with what a
-    batch header of that layout says of them: ``body``, the records one after the other;
-    ``record_count``; ``last_offset_delta``, the greatest offset less the batch's base offset;
-    ``base_timestamp`` and ``max_timestamp``, the least and greatest timestamp (-1 when none)."""
+    batch header may say of them (a layout's ``encode_records`` takes what its header needs):
+    ``body``, the records as the layout writes them; ``record_count``; ``last_offset_delta``, the
+    greatest offset less the batch's base offset; ``base_timestamp`` and ``max_timestamp``, the
+    least and greatest timestamp (-1 when none)."""
 
     body: bytes
     record_count: int
@@ -46,6 +47,13 @@ class EncodedRecords(NamedTuple):
 KAFKA_V2_RECORDS = "kafka-v2"
 """The record layout of Kafka's v2 record batches (the records after the batch header, uncompressed,
 without headers where the records have none), which other formats may write directly."""
+
+TANK_BUNDLE = "tank-bundle"
+"""The record layout of TANK's stored batches, which other formats may write directly: one uncompressed
+bundle with its length (``varint len | bundle``, nothing for no records), plain when its messages'
+offsets follow on from the batch's base offset, else SPARSE. The bundle's header holds only the
+message count (and a SPARSE bundle's first and last sequence numbers), so the records are written
+with it, and its ``encode_records`` wraps nothing."""
 
 
 ONE_RECORD = Validated(1, 1)
@@ -192,11 +200,12 @@ class ColumnarFormat(BatchFormat, Protocol):
     ``Columns``; ``encode_columns`` builds one payload from them, as ``encode``.
 
     A conversion between two named formats may also skip ``Columns``: a format whose batches
-    wrap records in a layout others can write names it (``record_layout``, e.g.
-    ``KAFKA_V2_RECORDS``) and builds a payload from records so written (``RecordLayoutFormat``);
-    a format that can write its stored batches' records in that layout directly answers
-    ``records_in`` with them (``None``, the default: it cannot, or not these batches). The
-    result is the payload ``encode_columns(columns(batches), base_offset)`` gives, byte for byte.
+    wrap records in a layout others can write names it (``record_layout``: Kafka's
+    ``KAFKA_V2_RECORDS``, TANK's ``TANK_BUNDLE``) and builds a payload from records so written
+    (``RecordLayoutFormat``); a format that can write its stored batches' records in that layout
+    directly answers ``records_in`` with them (``None``, the default: it cannot, or not these
+    batches; TANK writes Kafka's layout, Kafka TANK's). The result is the payload
+    ``encode_columns(columns(batches), base_offset)`` gives, byte for byte.
     """
 
     columnar: ClassVar[bool] = True

@@ -205,3 +205,127 @@ def test_offsets_and_timestamps_outside_64_bits_are_corrupt_in_both_loops():
             patch.setattr(kafka_format, "read_records", loop)
             with pytest.raises(kafka_format.CorruptRecords, match="outside 64 bits"):
                 kafka_format.read_into(bytes(batch), 0, Columns([], [], [], [], []))
+
+
+# --------------------------------------------------------------------------- Kafka into TANK in one C pass
+
+TANK_KEYS = st.none() | st.binary(max_size=20) | st.binary(min_size=250, max_size=300)  # empty ones, ones cut to 255
+TANK_STAMPS = st.sampled_from([-1, 0, 5, 1_700_000_000_000]) | st.integers(-5, 2**42)  # runs of one are common
+TANK_ITEMS = st.lists(st.tuples(st.none() | st.binary(max_size=300), TANK_KEYS, TANK_STAMPS, HEADERS),
+                      min_size=1, max_size=30)
+CODECS = st.sampled_from([0, 0, 1, 2, 3, 4])  # none, gzip, snappy, lz4, zstd
+PARTS = st.lists(st.tuples(TANK_ITEMS, CODECS, st.booleans()), min_size=1, max_size=3)
+
+
+def _v2_batch(items, base, codec, append_time):
+    """One v2 batch of ``items`` at ``base``, compressed with ``codec``, its timestamps the broker's
+    (LOG_APPEND_TIME) when ``append_time``."""
+    records = [m.Record(value, key, ts, headers, base + i) for i, (value, key, ts, headers) in enumerate(items)]
+    batch = bytearray(kafka_format.encode_batch(records, base, codec))
+    if append_time:
+        batch[22] |= kafka_format.ATTR_LOG_APPEND_TIME
+        batch[17:21] = kafka_format.crc32c.crc32c(bytes(batch[21:])).to_bytes(4, "big")
+    return bytes(batch)
+
+
+def _stored_batches(data, parts_of_batches, base, markers):
+    """Stored ``kafka`` batches from ``base`` on: each payload the v2 batches of its parts one after the
+    other (as a produce run joins them), then, where ``markers`` says so and ``data`` draws it, a
+    transaction marker, whose offset no record takes. Also where each payload's last batch starts."""
+    batches, lasts = [], []
+    for i, parts in enumerate(parts_of_batches):
+        payload, start = b"", base
+        for items, codec, append_time in parts:
+            lasts_at = len(payload)
+            payload += _v2_batch(items, base, codec, append_time)
+            base += len(items)
+        if markers == "anywhere" and data.draw(st.booleans()) or markers == "last" and i == len(parts_of_batches) - 1:
+            lasts_at = len(payload)
+            payload += kafka_format.control_batch(7, 0, True, 1000, base_offset=base)
+            base += 1
+        batches.append(m.StoredBatch("kafka", start, base - 1, 0, payload))
+        lasts.append(lasts_at)
+    return batches, lasts
+
+
+def _to_tank(batches, direct):
+    """``convert_run`` of ``batches`` into one TANK batch, through ``KafkaFormat.records_in`` (``direct``) or
+    through ``columns`` only: the payload, or the fault it names."""
+    from gateway.codecs.tank import format as tank_format
+    from gateway.convert import convert_run
+
+    formats = {"tank": tank_format.FORMAT, "kafka": kafka_format.FORMAT}
+    with pytest.MonkeyPatch.context() as patch:
+        if not direct:
+            patch.setattr(kafka_format.KafkaFormat, "records_in", lambda self, layout, batches, base_offset: None)
+        try:
+            return convert_run(batches, tank_format.FORMAT, formats).payload
+        except m.CommandError as e:
+            return str(e.error.message)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PARTS, min_size=1, max_size=3), st.integers(0, 2**40), st.booleans(), st.data())
+def test_kafka_to_tank_in_one_c_pass_is_the_columns_path_byte_for_byte(parts_of_batches, base, gaps, data):
+    """``records_in`` (``_speedups.tank_bundle``) gives the TANK bundle ``columns`` then ``encode_columns`` give,
+    for runs of joined and compressed batches, broker timestamps, headers, keys none, empty or past 255
+    bytes, null values, timestamps below 0; with ``gaps`` (transaction markers, stored batches apart), a
+    SPARSE bundle."""
+    from gateway.codec.formats import TANK_BUNDLE
+
+    batches, _ = _stored_batches(data, parts_of_batches, base, "anywhere" if gaps else "none")
+    if gaps:
+        batches = _apart(batches)
+    found = kafka_format.FORMAT.records_in(TANK_BUNDLE, batches, base)
+    assert found is not None  # whole batches whose offsets ascend: the C pass takes them
+    count = sum(len(items) for parts in parts_of_batches for items, _, _ in parts)
+    assert found.record_count == count
+    assert _to_tank(batches, direct=True) == _to_tank(batches, direct=False)
+
+
+def _apart(batches):
+    """``batches`` with three offsets more between each and the next, as a topic's compaction leaves them."""
+    return [m.StoredBatch(b.format, b.base_offset + 3 * i, b.last_offset + 3 * i, 0,
+                          kafka_format.assign_offsets(b.payload, b.base_offset + 3 * i))
+            for i, b in enumerate(batches)]
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PARTS, min_size=1, max_size=3), st.sampled_from([0, 2**40, 2**63 - 300]),
+       st.sampled_from([kafka_format.FORMAT.inflate_limit, 2000]), st.data())
+def test_a_run_the_c_pass_does_not_take_converts_as_the_columns_path_does(parts_of_batches, base, limit, data):
+    """Damaged or cut records, offsets near 2^63 - 1 (damaged ones past it or not ascending), a low inflate
+    limit, markers and gaps between the records: the one C pass gives the columns path's bundle, or hands the run over to it, which
+    names the fault (``CORRUPT_MESSAGE``)."""
+    batches, lasts = _stored_batches(data, parts_of_batches, base, "anywhere")
+    if data.draw(st.booleans()):
+        batches = _apart(batches)
+    victim = data.draw(st.integers(0, len(batches) - 1))
+    damaged = bytearray(batches[victim].payload)
+    for _ in range(data.draw(st.integers(0, 2))):  # the last batch's record count and records, never a length
+        damaged[data.draw(st.integers(lasts[victim] + 57, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    damaged = damaged[: data.draw(st.integers(0, len(damaged)))]
+    batches[victim] = m.StoredBatch("kafka", batches[victim].base_offset, batches[victim].last_offset, 0, bytes(damaged))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kafka_format.FORMAT, "inflate_limit", limit)
+        assert _to_tank(batches, direct=True) == _to_tank(batches, direct=False)
+
+
+@needs_c
+def test_what_the_c_pass_does_not_take_goes_through_the_columns():
+    from gateway.codec.formats import KAFKA_V2_RECORDS, TANK_BUNDLE
+    from gateway.codecs.tank import format as tank_format
+
+    records = [m.Record(b"a", None, 1, offset=0), m.Record(b"b", None, 2, offset=2), m.Record(b"c", None, 3, offset=1)]
+    stored = [m.StoredBatch("kafka", 0, 2, 3, kafka_format.encode_batch(records, 0))]
+    assert kafka_format.FORMAT.records_in(TANK_BUNDLE, stored, 0) is None  # offsets that do not ascend
+    payload = _to_tank(stored, direct=True)
+    assert tank_format.framed_header(payload).sparse and len(tank_format.FORMAT.records(
+        m.StoredBatch("tank", 0, 2, 3, payload))) == 2  # the columns path leaves the third out
+    whole = [m.StoredBatch("kafka", 0, 1, 2, kafka_format.encode_batch([m.Record(b"a", None, 1, offset=0)], 0))]
+    assert kafka_format.FORMAT.records_in(KAFKA_V2_RECORDS, whole, 0) is None  # its own layout: never converted
+    assert kafka_format.FORMAT.records_in(TANK_BUNDLE, whole, 2**64) is None  # past 64 bits
+    assert kafka_format.FORMAT.records_in(TANK_BUNDLE, [m.StoredBatch("kafka", 0, 0, 0, memoryview(whole[0].payload))],
+                                          0) is None  # payloads other than bytes

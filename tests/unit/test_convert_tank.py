@@ -303,8 +303,9 @@ def _batches(data, bundles_of_batches, base):
     batches = []
     for bundles in bundles_of_batches:
         payload, count = b"", 0
-        for messages, kind in bundles:
-            seqs = _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40, max_size=40))) \
+        for messages, kind in bundles:  # a SPARSE bundle numbered from its batch's base, as stored ones are
+            seqs = [base + s for s in _seqs(messages, data.draw(st.lists(st.integers(0, 2**20), min_size=40,
+                                                                         max_size=40)))] \
                 if kind == "sparse" and messages else None
             payload += tank_format.frame(tank_format.encode(messages, seqs, compress=kind == "snappy"))
             count += len(messages)
