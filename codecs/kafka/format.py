@@ -250,7 +250,7 @@ def read_into(data: bytes, base_offset: int | None, columns: Columns, limit: int
         (stored_base, length, _, magic, _, attributes, _, base_ts, max_ts, _, _, _,
          count) = BATCH_HEADER.unpack_from(data, pos)
         end = pos + BATCH_OVERHEAD + length
-        if magic != 2 or end > len(data):
+        if magic != 2 or end > len(data) or length < BATCH_HEADER.size - BATCH_OVERHEAD:
             raise CorruptRecords("bad stored record batch")
         base = stored_base if base_offset is None or pos else base_offset
         if not attributes & ATTR_CONTROL:

@@ -50,6 +50,7 @@ RETRY_BACKOFF_S = 0.2
 # A v2 record batch's header, as far as the reader looks into it.
 _HEADER = struct.Struct(">qi4xb4xhi8xqq")  # base offset, length, magic, attributes, last delta, max ts, producer
 _HEADER_SIZE = 61
+_LEGACY_MIN_LENGTH = 14  # a magic 0 message: crc, magic, attributes, key and value lengths
 _TRANSACTIONAL, _CONTROL = 0x10, 0x20
 
 
@@ -378,6 +379,11 @@ def batches_of(records: Any, aborted: Any, kafka: KafkaFormat) -> list[StoredBat
     unpack = _HEADER.unpack_from
     while pos + _HEADER_SIZE <= size:
         base, length, magic, attributes, last_delta, max_timestamp, producer_id = unpack(view, pos)
+        if length < (_HEADER_SIZE - 12 if magic == 2 else _LEGACY_MIN_LENGTH):
+            # a length that does not even cover its own header: nothing after it can be found again
+            log.warning("the cluster answered a record batch of length %d at offset %d: the rest of the answer "
+                        "is skipped", length, base)
+            break
         end = pos + 12 + length
         if end > size:
             break  # the answer's size limit cut it: fetched again from its start

@@ -65,6 +65,17 @@ def test_a_read_committed_fetch_replaces_aborted_batches_by_a_gap_and_keeps_the_
     assert [r.value for b in uncommitted[1:2] for r in kafka.records(b)] == [b"a", b"b"]
 
 
+def test_a_batch_whose_length_does_not_cover_its_header_ends_the_answer():
+    """A fetched batch of length -12 would be read again at the same place for ever: the reader
+    keeps the batches before it and skips the rest of the answer."""
+    kafka = FORMATS["kafka"]
+    good = kafka_format.encode_batch(RECORDS, 0)
+    for length in (-12, -100, 0, 48):
+        bad = bytearray(kafka_format.control_batch(7, 0, False, 0, base_offset=2))
+        struct.pack_into(">i", bad, 8, length)
+        assert [(b.base_offset, b.last_offset) for b in batches_of(good + bytes(bad) + good, None, kafka)] == [(0, 1)]
+
+
 # --------------------------------------------------------------------------- writing
 
 

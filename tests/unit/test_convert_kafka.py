@@ -207,6 +207,15 @@ def test_offsets_and_timestamps_outside_64_bits_are_corrupt_in_both_loops():
                 kafka_format.read_into(bytes(batch), 0, Columns([], [], [], [], []))
 
 
+def test_a_stored_batch_whose_length_does_not_cover_its_header_is_corrupt():
+    """A control batch of length -12 would otherwise be read again at the same place for ever."""
+    for length in (-12, 0, 48):
+        batch = bytearray(kafka_format.control_batch(7, 0, False, 0, base_offset=0))
+        batch[8:12] = length.to_bytes(4, "big", signed=True)
+        with pytest.raises(kafka_format.CorruptRecords, match="bad stored record batch"):
+            kafka_format.read_into(bytes(batch), 0, Columns([], [], [], [], []))
+
+
 # --------------------------------------------------------------------------- Kafka into TANK in one C pass
 
 TANK_KEYS = st.none() | st.binary(max_size=20) | st.binary(min_size=250, max_size=300)  # empty ones, ones cut to 255
