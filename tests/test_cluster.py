@@ -789,3 +789,6 @@ def test_tls_to_the_cluster(tmp_path, gateways):
             reply = c.request("PRODUCE", topic, "k:v")
             assert not reply.ok and reply.code == "STORAGE_ERROR", reply
         assert "cluster unavailable" in plain.log
+        for started in (gw, plain):  # stopped before the cluster, whose stop drains their connections for 5 s
+            started.assert_alive()
+            started.stop()
