@@ -655,6 +655,18 @@ def test_a_gateway_started_before_its_cluster_waits_and_then_serves(tmp_path, ga
             cluster.stop()
 
 
+def test_a_gateway_whose_cluster_is_down_stops_at_once(tansu, gateways):
+    """SIGTERM stops a gateway whose cluster does not answer as one whose cluster does: it does not
+    wait out the request to the cluster its metadata thread is blocked in (the cluster timeout, 10 s)."""
+    gw = gateways(tansu.bootstrap)
+    tansu.kill()
+    wait_until(lambda: "cluster unavailable" in gw.log, 10)  # its probe saw the outage
+    time.sleep(1.5)  # its metadata thread asks every second: it now waits in a request to the dead cluster
+    began = time.monotonic()
+    assert gw.stop() == 0
+    assert time.monotonic() - began < 5, gw.log
+
+
 # --------------------------------------------------------------------------- idempotent producers
 
 
@@ -777,3 +789,6 @@ def test_tls_to_the_cluster(tmp_path, gateways):
             reply = c.request("PRODUCE", topic, "k:v")
             assert not reply.ok and reply.code == "STORAGE_ERROR", reply
         assert "cluster unavailable" in plain.log
+        for started in (gw, plain):  # stopped before the cluster, whose stop drains their connections for 5 s
+            started.assert_alive()
+            started.stop()

@@ -110,7 +110,7 @@ def test_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, frameworks_
     shutil.rmtree(state, ignore_errors=True)  # the local state is gone: it must come back from the changelog
     words(total * 3 // 4, total)
 
-    app = start(frameworks_python, framework, gw, group, state, guarantee, 10)
+    app = start(frameworks_python, framework, gw, group, state, guarantee, 5)
     out, _ = app.communicate(timeout=180)
     assert app.returncode == 0 and "stopped" in out, out[-3000:]
 

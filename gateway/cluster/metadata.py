@@ -47,6 +47,9 @@ FIRST_ASK_S = 5.0  # how long a start waits for the cluster before it serves any
 PROBE_EVERY_S = 0.25  # a probe starts this long after the previous one started (at once after a failed one)
 PROBE_TIMEOUT_S = 1.0  # a probe not answered within this long: the cluster is unreachable
 MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
+# How long a stop waits for the thread: it only reads, and may be blocked in a request to a cluster
+# that does not answer for as long as the request timeout (10 s by default).
+STOP_WAIT_S = 0.5
 
 
 @attrs.define
@@ -108,11 +111,14 @@ class Metadata:
         self._probe.start(PROBE_EVERY_S, now=False)
 
     def stop(self) -> None:
+        """Stop probing and asking. The thread is not waited for past ``STOP_WAIT_S``: it holds
+        nothing to deliver, and one blocked in a request to a cluster that is down would hold a
+        gateway's stop for the request timeout (a daemon, it ends with its request or the process)."""
         self._loop.stopping.set()
         if self._probe.running:
             self._probe.stop()
         self._wake.set()
-        self._loop.stop()
+        self._loop.stop(STOP_WAIT_S)
 
     def refresh(self, then: Any = None) -> None:
         """Ask again now; ``then()`` runs in the reactor thread after the next answer (or failure)."""

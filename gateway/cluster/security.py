@@ -4,7 +4,8 @@ The records live in one compacted topic, ``__<prefix>_security`` (one
 partition; hidden from clients, as every ``__`` topic is): the record key is
 the security record's key, the value its msgpack encoding, a tombstone for a
 deleted record. Every gateway reads the topic from its start when it starts
-(before it serves, for up to ``FIRST_READ_S``; what comes later is applied as
+(before it serves, for up to ``FIRST_READ_S``, unless the cluster did not
+answer the gateway's first metadata request; what comes later is applied as
 it arrives) and then follows it, so a change any gateway makes reaches the
 others within about a second (``fetch.wait.max.ms``). A write is acknowledged
 once the cluster has it (acks=all).
@@ -48,17 +49,21 @@ class SecurityTopic:
         self._loop = Loop("polygate-cluster-security", self._step)
         self._assigned = False
 
-    def start(self) -> None:
-        """Create the topic if it is missing, read it to its end (or for ``FIRST_READ_S``), then follow it."""
-        try:
-            self._ensure_topic(FIRST_READ_S)
-            self._assign()
-            deadline = time.monotonic() + FIRST_READ_S
-            while time.monotonic() < deadline:
-                if self._poll(0.2, initial=True):
-                    break
-        except Exception as e:  # noqa: BLE001 - the cluster is not up yet: the thread goes on
-            log.warning("security records: waiting for the Kafka cluster: %s", e)
+    def start(self, first_read: bool = True) -> None:
+        """Create the topic if it is missing, read it to its end (or for ``FIRST_READ_S``), then follow
+        it; without ``first_read`` (the cluster does not answer), leave all of it to the thread."""
+        if first_read:
+            try:
+                self._ensure_topic(FIRST_READ_S)
+                self._assign()
+                deadline = time.monotonic() + FIRST_READ_S
+                while time.monotonic() < deadline:
+                    if self._poll(0.2, initial=True):
+                        break
+            except Exception as e:  # noqa: BLE001 - the cluster is not up yet: the thread goes on
+                log.warning("security records: waiting for the Kafka cluster: %s", e)
+        else:
+            log.warning("security records: waiting for the Kafka cluster, which did not answer")
         self._loop.start()
 
     def stop(self) -> None:

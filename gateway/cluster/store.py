@@ -95,9 +95,12 @@ class ClusterStore(ClusterTransactionStorage):
 
     def start(self) -> None:
         log.info("storage: %s", self.config.describe())
-        for part in (self.metadata, self.client, self.writer, self.reader, self.groups, self.security,
-                     self.transactions):
+        for part in (self.metadata, self.client, self.writer, self.reader, self.groups):
             part.start()
+        # A cluster that did not answer the first metadata request is not waited for a second time
+        # (a start would take twice as long): its security records are read once it answers.
+        self.security.start(first_read=self.metadata.reachable)
+        self.transactions.start()
 
     def close(self) -> None:
         """Deliver what is queued, leave the groups, stop every thread."""

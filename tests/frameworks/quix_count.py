@@ -11,7 +11,10 @@ from quixstreams import Application
 
 broker, group, state_dir, guarantee, idle = sys.argv[1:6]
 app = Application(broker_address=broker, consumer_group=group, state_dir=state_dir, auto_offset_reset="earliest",
-                  processing_guarantee=guarantee, commit_interval=0.2, loglevel=os.environ.get("QUIX_LOGLEVEL", "WARNING"))
+                  processing_guarantee=guarantee, commit_interval=0.2, loglevel=os.environ.get("QUIX_LOGLEVEL", "WARNING"),
+                  # a killed application's member is gone in 6 s (librdkafka's default keeps it 45 s, which
+                  # its restart, joining the same group, would wait out)
+                  consumer_extra_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
 words = app.topic("words", value_deserializer="json")
 counts = app.topic("counts", value_serializer="json")
 
