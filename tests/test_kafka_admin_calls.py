@@ -10,15 +10,22 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient, TopicPartition
 from kafka.errors import GroupIdNotFoundError, GroupSubscribedToTopicError, NoError
-from kafka_support import create_topics, unique, wait_until
+from kafka_support import create_topics, gateway_in_mode, unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
 pytestmark = pytest.mark.local_only
 
 
-def test_delete_records_moves_the_log_start_for_every_protocol_and_a_restart(gateway_factory):
-    gw = gateway_factory(("v1", "kafka"), ("--segment-bytes", "1024"))
+@pytest.fixture(params=["local", "cluster"])
+def gw(request, gateway_factory, test_cluster):
+    return gateway_in_mode(request, gateway_factory, test_cluster, ("v1", "kafka"), ("--segment-bytes", "1024"))
+
+
+def test_delete_records_moves_the_log_start_for_every_protocol_and_a_restart(gw):
+    """The log start moves (durably; every protocol reads from there); an offset past the high
+    watermark, or none, is OFFSET_OUT_OF_RANGE. In cluster mode the cluster moves its log start, and
+    its refusals reach the client as Kafka's."""
     admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
     topic = unique("dr")
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
