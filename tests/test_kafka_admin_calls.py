@@ -56,6 +56,24 @@ def test_delete_records_moves_the_log_start_for_every_protocol_and_a_restart(gw)
     assert next(iter(everything.values())).result(10).low_watermark == 40
 
 
+def test_described_members_show_their_clients_id_and_instance(gw):
+    """DescribeGroups answers each member's own client id and ``group.instance.id``, in cluster mode
+    as in local mode (the cluster's member stands for the client: librdkafka's 0081 compares them)."""
+    topic, group = unique("dg"), unique("g")
+    create_topics(gw.address("kafka"), topic, partitions=1)
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group, "client.id": "described-client",
+                     "group.instance.id": "instance-7", "session.timeout.ms": 6000})
+    try:
+        c.subscribe([topic])
+        wait_until(lambda: c.poll(0.1) or len(c.assignment()) == 1, 30, 0, "an assignment")
+        admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+        (member,) = admin.describe_consumer_groups([group])[group].result(10).members
+    finally:
+        c.close()
+    assert (member.client_id, member.group_instance_id) == ("described-client", "instance-7")
+    assert member.member_id.startswith("described-client-")
+
+
 def consumer_watermarks(gw, topic: str) -> tuple[int, int]:
     """Partition 0's low and high watermarks, as a consumer queries them."""
     consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("g")})

@@ -694,19 +694,21 @@ class ClusterGroups:
     def _members_of(self, group: str, mem: Any) -> list[m.GroupMemberInfo]:
         """The members a member of the cluster's group stands for: this gateway's V1 and Cursus
         members of ``group`` for the one they share; a Kafka client's member through a gateway by the
-        client id of its consumer (``<client id>-kafka:<member id>``); else the member itself."""
+        client id of its consumer (``<client id>-kafka:<member id>``), with the client's own client
+        id, the start of its member id (``_client_id_of``); else the member itself."""
         shared = self.shared.get(group)
         if shared is not None and shared.cluster.member_id == mem.member_id:
             return [m.GroupMemberInfo(member.member_id, "", mem.host, "consumer", codec=member.codec,
                                       partitions=member.assignment) for member in shared.members.values()]
         prefix = f"{self.config.client_id}-"
         if not mem.client_id.startswith(prefix):  # a Kafka client on the cluster itself
-            member_id, codec = mem.member_id, "kafka"
+            member_id, codec, client_id = mem.member_id, "kafka", mem.client_id
         else:
             codec, sep, member_id = mem.client_id[len(prefix):].partition(":")
+            client_id = _client_id_of(member_id) if codec == "kafka" else ""
             if not sep:  # the V1 and Cursus members of another gateway, as one
-                member_id, codec = mem.member_id, ""
-        return [m.GroupMemberInfo(member_id, mem.client_id if codec == "kafka" else "", mem.host, "consumer",
+                member_id, codec, client_id = mem.member_id, "", ""
+        return [m.GroupMemberInfo(member_id, client_id, mem.host, "consumer",
                                   codec=codec,
                                   partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ()),
                                   group_instance_id=mem.group_instance_id or None)]
@@ -752,6 +754,18 @@ def _choose(protocols: tuple[tuple[str, bytes], ...]) -> tuple[str, bytes]:
     if not protocols:
         raise CommandError(ErrorCode.INVALID_REQUEST, "no assignment protocol offered")
     return next((p for p in protocols if p[0] == "range"), protocols[0])
+
+
+def _client_id_of(member_id: str) -> str:
+    """The client id in a Kafka client's member id, which a gateway makes as Kafka does,
+    ``<client id>-<uuid>`` (``ClusterGroups._join_consumer``); the member id itself if it is not
+    of that form."""
+    client_id, sep, tail = member_id[:-37], member_id[-37:-36], member_id[-36:]
+    try:
+        uuid.UUID(tail)
+    except ValueError:
+        return member_id
+    return client_id if sep == "-" else member_id
 
 
 def _owned(tps: Any) -> Assignment:
