@@ -5,6 +5,8 @@ for it)."""
 
 from __future__ import annotations
 
+import time
+
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -72,6 +74,23 @@ def test_described_members_show_their_clients_id_and_instance(gw):
         c.close()
     assert (member.client_id, member.group_instance_id) == ("described-client", "instance-7")
     assert member.member_id.startswith("described-client-")
+
+
+def test_a_closed_static_members_group_is_deleted_once_its_session_ended(gw):
+    """A static member sends no LeaveGroup when it closes; Kafka expires it at its session's end,
+    and DeleteGroups just after that deletes the group (librdkafka's 0081 does so 1 s after a
+    6 s session). The gateway's sweep of expired members runs every second: DeleteGroups takes
+    out the group's expired members first, in cluster mode before the cluster deletes it."""
+    topic, group = unique("dg"), unique("g")
+    create_topics(gw.address("kafka"), topic, partitions=1)
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group, "group.instance.id": "instance-1",
+                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 100})
+    c.subscribe([topic])
+    wait_until(lambda: c.poll(0.1) or len(c.assignment()) == 1, 30, 0, "an assignment")
+    c.close()
+    time.sleep(6.2)  # past the session's end, before the sweep and the cluster have likely both done it
+    admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+    assert admin.delete_consumer_groups([group])[group].result(10) is None
 
 
 def consumer_watermarks(gw, topic: str) -> tuple[int, int]:

@@ -73,7 +73,7 @@ import queue
 import struct
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import attrs
@@ -392,18 +392,21 @@ class ClusterGroups:
             raise CommandError(ErrorCode.GENERATION_MISMATCH, "stale generation")
         return member
 
-    def expire(self) -> None:
-        """Take out the members that stopped heartbeating."""
+    def expire(self, groups: Collection[str] | None = None) -> defer.Deferred:
+        """Take out the members (of ``groups``; None: of every group) that stopped heartbeating:
+        a Deferred that fires once the cluster was told that they left."""
         now = time.monotonic()
         expired = []
         for member in self.members.values():
+            if groups is not None and member.group not in groups:
+                continue
             if member.cluster.waiting or any(mem is member for mem, _ in self.rejoins.get(member.group, ())):
                 # its client waits for the cluster's rebalance, or for the others to rejoin: alive
                 member.last_seen = now
             elif now - member.last_seen > member.session_timeout_ms / 1000:
                 log.info("group %s: member %s expired", member.group, member.member_id)
                 expired.append(member)
-        self._close(*expired)
+        return self._close(*expired)
 
     def join(self, cmd: m.JoinGroup) -> Any:
         if cmd.protocol_type == "consumer":
@@ -683,8 +686,13 @@ class ClusterGroups:
     # ------------------------------------------------------------------ admin
 
     def describe(self, cmd: m.DescribeGroups) -> defer.Deferred:
+        """The cluster's descriptions of the groups, once the gateway's members of them whose
+        session ended left (Kafka expires a member at its deadline, not at the next sweep)."""
         if not cmd.groups:
             return defer.succeed(m.DescribeGroupsResult(()))
+        return self.expire(cmd.groups).addBoth(lambda _: self._describe(cmd))
+
+    def _describe(self, cmd: m.DescribeGroups) -> defer.Deferred:
         futures = self.admin.describe_consumer_groups(list(cmd.groups),
                                                       request_timeout=self.config.request_timeout_ms / 1000)
         infos = [deferred_from(self.reactor, futures[g], f"describe group {g}", self._info).addErrback(
@@ -733,8 +741,14 @@ class ClusterGroups:
             for g in sorted(r.valid, key=lambda g: g.group_id))))
 
     def delete(self, cmd: m.DeleteGroups) -> defer.Deferred:
+        """The cluster deletes the groups, once the gateway's members of them whose session ended
+        left (librdkafka's 0081 deletes the groups of closed static members just after their
+        session timeout, which Kafka takes)."""
         if not cmd.groups:
             return defer.succeed(m.DeleteGroupsResult(()))
+        return self.expire(cmd.groups).addBoth(lambda _: self._delete(cmd))
+
+    def _delete(self, cmd: m.DeleteGroups) -> defer.Deferred:
         futures = self.admin.delete_consumer_groups(list(cmd.groups),
                                                     request_timeout=self.config.request_timeout_ms / 1000)
 
