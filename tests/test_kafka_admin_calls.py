@@ -118,10 +118,11 @@ def committed(gw, group: str, topic: str, partition: int) -> int:
         consumer.close()
 
 
-def test_offset_delete_forgets_offsets_of_topics_the_group_does_not_read(gateway_factory):
-    gw = gateway_factory(("kafka",), ("--default-partitions", "1"))
+def test_offset_delete_forgets_offsets_of_topics_the_group_does_not_read(gw):
+    """OffsetDelete forgets a group's offsets but those of the topics its members read; in cluster
+    mode the cluster's coordinator does it."""
     read, left, group = unique("read"), unique("left"), unique("g")
-    create_topics(gw.address("kafka"), read, left)
+    create_topics(gw.address("kafka"), read, left, partitions=1)
     producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
     for topic in (read, left):
         producer.produce(topic, b"x")

@@ -740,6 +740,11 @@ class ClusterGroups:
                            "consumer" if getattr(g.type, "name", "") == "CONSUMER" else "classic")
             for g in sorted(r.valid, key=lambda g: g.group_id))))
 
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> defer.Deferred:
+        """The cluster's OffsetDelete, sent to the group's coordinator (``Coordinators``)."""
+        return self.coordinators.delete_offsets(cmd.group, cmd.partitions).addCallback(
+            lambda errors: m.DeleteOffsetsResult(cmd.group, errors))
+
     def delete(self, cmd: m.DeleteGroups) -> defer.Deferred:
         """The cluster deletes the groups, once the gateway's members of them whose session ended
         left (librdkafka's 0081 deletes the groups of closed static members just after their
