@@ -89,6 +89,7 @@ from gateway.cluster.config import ClusterConfig
 from gateway.cluster.coordinator import Coordinators, as_result
 from gateway.codec.consumer_protocol import decode_subscription, encode_assignment
 from gateway.model import CommandError, Error, ErrorCode
+from gateway.shared import Shared
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class ClusterGroups:
         # group rejoined for the cluster's generation (``_rejoined``)
         self.rejoins: dict[str, list[tuple[Member, defer.Deferred]]] = {}
         self.clusters: set[ClusterMember] = set()  # those whose consumer is open (or opening)
+        self.leaving: dict[str, set[Shared]] = {}  # group -> the leaves of its members the cluster is being told of
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._polled: list[ClusterMember] = []  # thread side
         self._loop = Loop("polygate-cluster-groups", self._step)
@@ -343,7 +345,17 @@ class ClusterGroups:
                                           cluster.group, instance_id, f.getErrorMessage()))
 
             closed.addCallback(remove)
-        return closed
+        left = Shared(closed)
+        leaving = self.leaving.setdefault(cluster.group, set())
+        leaving.add(left)
+
+        def gone(_: Any) -> None:
+            leaving.discard(left)
+            if not leaving and self.leaving.get(cluster.group) is leaving:
+                del self.leaving[cluster.group]
+
+        left.wait().addBoth(gone)
+        return left.wait()
 
     def _close(self, *members: Member) -> defer.Deferred:
         """Take ``members`` out of their groups, each group's split changed once; a Deferred that
@@ -394,7 +406,8 @@ class ClusterGroups:
 
     def expire(self, groups: Collection[str] | None = None) -> defer.Deferred:
         """Take out the members (of ``groups``; None: of every group) that stopped heartbeating:
-        a Deferred that fires once the cluster was told that they left."""
+        a Deferred that fires once the cluster was told that they left (for ``groups``: that
+        every member of theirs that is leaving, an earlier sweep's too, left)."""
         now = time.monotonic()
         expired = []
         for member in self.members.values():
@@ -406,7 +419,13 @@ class ClusterGroups:
             elif now - member.last_seen > member.session_timeout_ms / 1000:
                 log.info("group %s: member %s expired", member.group, member.member_id)
                 expired.append(member)
-        return self._close(*expired)
+        closed = self._close(*expired)
+        if groups is None:
+            return closed
+        closed.addErrback(lambda f: log.warning("groups %s: expired members leaving: %s", sorted(groups),
+                                                f.getErrorMessage()))
+        return defer.DeferredList([left.wait() for g in groups for left in self.leaving.get(g, ())],
+                                  consumeErrors=True)
 
     def join(self, cmd: m.JoinGroup) -> Any:
         if cmd.protocol_type == "consumer":
