@@ -88,7 +88,8 @@ class ClusterTransactions(Protocol):
 
     def end(self, producer_id: int, commit: bool, offsets: Any) -> Any:
         """*May wait.* Commit the open transaction with the group offsets it committed
-        (``[(group, [(topic, partition, offset, metadata)])]``), or abort it; fails with
+        (``[(group, [(topic, partition, offset, metadata, leader epoch)])]``, epoch -1: unknown),
+        or abort it; fails with
         ``FENCED_PRODUCER`` when the cluster aborted it instead of committing."""
 
 

@@ -19,6 +19,7 @@ from kafka_support import consume, unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
+APP_UUID = "855eb30f-7844-4cbc-8d9b-6786ee44fb66"  # a member id's end, as a gateway makes it
 FAST_GROUP = {"heartbeat.interval.ms": 200, "session.timeout.ms": 6000, "auto.offset.reset": "earliest",
               "enable.auto.commit": False}
 
@@ -136,7 +137,8 @@ def test_a_clusters_group_description_names_each_members_protocol():
     cluster of the other tests, describes no members): the member its V1 and Cursus members share
     (client id ``<client id>-members``) is described as those members; another gateway's is one
     member; a Kafka client's member through a gateway is found by the client id of its consumer
-    (``<client id>-kafka:<member id>``); anyone else is a Kafka client connected to the cluster.
+    (``<client id>-kafka:<member id>``), and shows the client's own client id, which starts its
+    member id; anyone else is a Kafka client connected to the cluster.
     Fed with confluent-kafka's own description objects."""
     from confluent_kafka import ConsumerGroupState, Node, TopicPartition
     from confluent_kafka.admin import ConsumerGroupDescription, MemberAssignment, MemberDescription
@@ -155,12 +157,12 @@ def test_a_clusters_group_description_names_each_members_protocol():
         MemberDescription("rdkafka-1", "edge-members", "/10.0.0.7",
                           MemberAssignment([TopicPartition("t", 0), TopicPartition("t", 2)])),
         MemberDescription("rdkafka-2", "edge-members", "/10.0.0.8", MemberAssignment([TopicPartition("t", 3)])),
-        MemberDescription("rdkafka-3", "edge-kafka:app-1", "/10.0.0.8", MemberAssignment([])),
+        MemberDescription("rdkafka-3", f"edge-kafka:app-{APP_UUID}", "/10.0.0.8", MemberAssignment([])),
         MemberDescription("rdkafka-4", "billing-service", "/10.0.0.9", MemberAssignment([TopicPartition("t", 1)])),
     ]
     info = groups._info(ConsumerGroupDescription("g", False, members, "range", ConsumerGroupState.STABLE,
                                                  Node(1, "127.0.0.1", 1)))
     assert [(m.member_id, m.codec, m.client_id, m.partitions) for m in info.members] == [
         ("auditor-1", "v1", "", (("t", (0,)),)), ("reader-0042", "cursus", "", (("t", (2,)),)),
-        ("rdkafka-2", "", "", (("t", (3,)),)), ("app-1", "kafka", "edge-kafka:app-1", ()),
+        ("rdkafka-2", "", "", (("t", (3,)),)), (f"app-{APP_UUID}", "kafka", "app", ()),
         ("rdkafka-4", "kafka", "billing-service", (("t", (1,)),))]

@@ -20,6 +20,7 @@ class TestClusterStore(StoreConformance):
         "test_delete_records_moves_the_log_start": "Tansu 0.6 has no DeleteRecords",
         "test_a_commit_keeps_its_metadata": "Tansu 0.6 drops a commit's metadata",
         "test_an_unknown_group_is_described_dead": "Tansu 0.6 describes an unknown group Empty",
+        "test_a_groups_offsets_are_deleted": "Tansu 0.6 has no OffsetDelete",
     }
 
     @pytest.fixture(scope="class")

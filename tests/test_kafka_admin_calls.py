@@ -5,20 +5,29 @@ for it)."""
 
 from __future__ import annotations
 
+import time
+
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient, TopicPartition
 from kafka.errors import GroupIdNotFoundError, GroupSubscribedToTopicError, NoError
-from kafka_support import create_topics, unique, wait_until
+from kafka_support import create_topics, gateway_in_mode, unique, wait_until
 
 from gateway.clients.v1 import V1Client
 
 pytestmark = pytest.mark.local_only
 
 
-def test_delete_records_moves_the_log_start_for_every_protocol_and_a_restart(gateway_factory):
-    gw = gateway_factory(("v1", "kafka"), ("--segment-bytes", "1024"))
+@pytest.fixture(params=["local", "cluster"])
+def gw(request, gateway_factory, test_cluster):
+    return gateway_in_mode(request, gateway_factory, test_cluster, ("v1", "kafka"), ("--segment-bytes", "1024"))
+
+
+def test_delete_records_moves_the_log_start_for_every_protocol_and_a_restart(gw):
+    """The log start moves (durably; every protocol reads from there); an offset past the high
+    watermark, or none, is OFFSET_OUT_OF_RANGE. In cluster mode the cluster moves its log start, and
+    its refusals reach the client as Kafka's."""
     admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
     topic = unique("dr")
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
@@ -49,6 +58,41 @@ def test_delete_records_moves_the_log_start_for_every_protocol_and_a_restart(gat
     assert next(iter(everything.values())).result(10).low_watermark == 40
 
 
+def test_described_members_show_their_clients_id_and_instance(gw):
+    """DescribeGroups answers each member's own client id and ``group.instance.id``, in cluster mode
+    as in local mode (the cluster's member stands for the client: librdkafka's 0081 compares them)."""
+    topic, group = unique("dg"), unique("g")
+    create_topics(gw.address("kafka"), topic, partitions=1)
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group, "client.id": "described-client",
+                     "group.instance.id": "instance-7", "session.timeout.ms": 6000})
+    try:
+        c.subscribe([topic])
+        wait_until(lambda: c.poll(0.1) or len(c.assignment()) == 1, 30, 0, "an assignment")
+        admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+        (member,) = admin.describe_consumer_groups([group])[group].result(10).members
+    finally:
+        c.close()
+    assert (member.client_id, member.group_instance_id) == ("described-client", "instance-7")
+    assert member.member_id.startswith("described-client-")
+
+
+def test_a_closed_static_members_group_is_deleted_once_its_session_ended(gw):
+    """A static member sends no LeaveGroup when it closes; Kafka expires it at its session's end,
+    and DeleteGroups just after that deletes the group (librdkafka's 0081 does so 1 s after a
+    6 s session). The gateway's sweep of expired members runs every second: DeleteGroups takes
+    out the group's expired members first, in cluster mode before the cluster deletes it."""
+    topic, group = unique("dg"), unique("g")
+    create_topics(gw.address("kafka"), topic, partitions=1)
+    c = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group, "group.instance.id": "instance-1",
+                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 100})
+    c.subscribe([topic])
+    wait_until(lambda: c.poll(0.1) or len(c.assignment()) == 1, 30, 0, "an assignment")
+    c.close()
+    time.sleep(6.2)  # past the session's end, before the sweep and the cluster have likely both done it
+    admin = AdminClient({"bootstrap.servers": gw.address("kafka")})
+    assert admin.delete_consumer_groups([group])[group].result(10) is None
+
+
 def consumer_watermarks(gw, topic: str) -> tuple[int, int]:
     """Partition 0's low and high watermarks, as a consumer queries them."""
     consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": unique("g")})
@@ -74,10 +118,11 @@ def committed(gw, group: str, topic: str, partition: int) -> int:
         consumer.close()
 
 
-def test_offset_delete_forgets_offsets_of_topics_the_group_does_not_read(gateway_factory):
-    gw = gateway_factory(("kafka",), ("--default-partitions", "1"))
+def test_offset_delete_forgets_offsets_of_topics_the_group_does_not_read(gw):
+    """OffsetDelete forgets a group's offsets but those of the topics its members read; in cluster
+    mode the cluster's coordinator does it."""
     read, left, group = unique("read"), unique("left"), unique("g")
-    create_topics(gw.address("kafka"), read, left)
+    create_topics(gw.address("kafka"), read, left, partitions=1)
     producer = ck.Producer({"bootstrap.servers": gw.address("kafka")})
     for topic in (read, left):
         producer.produce(topic, b"x")

@@ -519,10 +519,10 @@ def test_offsets_of_a_topic_that_does_not_exist_are_refused_in_a_transaction_too
     assert values(read(gw, topic, COMMITTED)) == []
 
 
-@pytest.mark.parametrize("gw", ["local"], indirect=True)  # the cluster store commits without epochs
 def test_offsets_committed_in_a_transaction_keep_their_leader_epochs(gw):
     """TxnOffsetCommit v2+ carries the leader epoch each offset was read in; once the transaction
-    commits, OffsetFetch answers it back as for OffsetCommit (librdkafka's committed() shows it)."""
+    commits, OffsetFetch answers it back as for OffsetCommit (librdkafka's committed() shows it).
+    In cluster mode the epochs go on to the cluster with the transaction's offsets."""
     topic, group = unique("eps"), unique("g")
     create(gw, topic, 2)
     p = producer(gw, unique("tx"))

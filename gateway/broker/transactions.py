@@ -383,7 +383,7 @@ class Transactions:
         """End the transaction in the cluster. A commit the cluster refused was aborted there:
         the transaction completes as aborted and its producer is fenced (a new epoch), as after a
         timeout, so the client learns that its commit did not happen."""
-        offsets = [(group, [(t, p, o, meta) for (t, p), (o, meta, _) in sorted(pending.items())])
+        offsets = [(group, [(t, p, o, meta, epoch) for (t, p), (o, meta, epoch) in sorted(pending.items())])
                    for group, pending in txn.offsets.items()]
 
         def refused(f: Any) -> Any:

@@ -1,5 +1,6 @@
 """Requests to the cluster's group coordinators, through the gateway's own Kafka client
-(``gateway.cluster.wire``): committed offsets, and the removal of a static member.
+(``gateway.cluster.wire``): committed offsets (OffsetDelete too, for which confluent-kafka has no
+call), and the removal of a static member.
 
 A committed offset's metadata is a Kafka string, which may hold any
 character, a NUL byte included. librdkafka's C API takes and gives it as a C
@@ -32,6 +33,7 @@ from gateway.cluster.wire import (
     FIND_COORDINATOR,
     LEAVE_GROUP,
     OFFSET_COMMIT,
+    OFFSET_DELETE,
     OFFSET_FETCH,
     OFFSET_FETCH_BATCHED,
     Broker,
@@ -55,7 +57,8 @@ def refused(code: int, doing: str) -> CommandError:
 
 
 class Coordinators:
-    """OffsetCommit, OffsetFetch and LeaveGroup to each group's coordinator (see the module docstring)."""
+    """OffsetCommit, OffsetFetch, OffsetDelete and LeaveGroup to each group's coordinator (see the
+    module docstring)."""
 
     def __init__(self, client: ClusterClient, reactor: Any):
         self.client = client
@@ -125,6 +128,28 @@ class Coordinators:
             return out
 
         return self._to_coordinator(group, OFFSET_FETCH, body, read, doing)
+
+    def delete_offsets(self, group: str, partitions: tuple[tuple[str, int], ...]) -> defer.Deferred:
+        """Forget the offsets ``group`` committed for ``partitions`` (OffsetDelete): a Deferred of
+        each partition's error (None: forgotten; ``GROUP_SUBSCRIBED_TO_TOPIC`` where the group's
+        members read the topic), or of a ``CommandError`` for the whole group (``GROUP_NOT_FOUND``)."""
+        grouped: dict[str, list[int]] = {}
+        for t, p in partitions:
+            grouped.setdefault(t, []).append(p)
+        body = {"GroupId": group, "Topics": [{"Name": t, "Partitions": [{"PartitionIndex": p} for p in ps]}
+                                             for t, ps in grouped.items()]}
+        doing = f"delete offsets of group {group}"
+
+        def read(answer: Any) -> tuple[tuple[str, int, Error | None], ...]:
+            errors = [(t.Name, p.PartitionIndex, p.ErrorCode) for t in answer.Topics for p in t.Partitions]
+            moved = next((code for code in (answer.ErrorCode, *(c for _, _, c in errors)) if code in MOVED), None)
+            if moved is not None:
+                raise WireError(moved, Errors(moved).name)
+            if answer.ErrorCode:
+                raise refused(answer.ErrorCode, doing)
+            return tuple((t, p, refused(code, doing).error if code else None) for t, p, code in errors)
+
+        return self._to_coordinator(group, OFFSET_DELETE, body, read, doing)
 
     def leave(self, group: str, member_id: str, instance_id: str) -> defer.Deferred:
         """Remove the static member ``instance_id`` (member ``member_id``) from ``group`` at once.

@@ -40,6 +40,11 @@ AS_MODEL: dict[int, ErrorCode] = {
     Errors.FENCED_INSTANCE_ID: ErrorCode.FENCED_INSTANCE_ID, Errors.NON_EMPTY_GROUP: ErrorCode.INVALID_REQUEST,
     Errors.OFFSET_METADATA_TOO_LARGE: ErrorCode.INVALID_REQUEST,
     Errors.INVALID_COMMIT_OFFSET_SIZE: ErrorCode.INVALID_REQUEST,
+    Errors.GROUP_SUBSCRIBED_TO_TOPIC: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC,
+    # records
+    Errors.OFFSET_OUT_OF_RANGE: ErrorCode.OFFSET_OUT_OF_RANGE,  # DeleteRecords past the high watermark
+    # a cluster without the call (Tansu 0.6: OffsetDelete)
+    Errors.UNSUPPORTED_VERSION: ErrorCode.UNSUPPORTED,
     # authorization
     Errors.GROUP_AUTHORIZATION_FAILED: ErrorCode.GROUP_AUTHORIZATION,
     Errors.TOPIC_AUTHORIZATION_FAILED: ErrorCode.TOPIC_AUTHORIZATION,

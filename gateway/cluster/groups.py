@@ -73,7 +73,7 @@ import queue
 import struct
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import attrs
@@ -89,6 +89,7 @@ from gateway.cluster.config import ClusterConfig
 from gateway.cluster.coordinator import Coordinators, as_result
 from gateway.codec.consumer_protocol import decode_subscription, encode_assignment
 from gateway.model import CommandError, Error, ErrorCode
+from gateway.shared import Shared
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class ClusterGroups:
         # group rejoined for the cluster's generation (``_rejoined``)
         self.rejoins: dict[str, list[tuple[Member, defer.Deferred]]] = {}
         self.clusters: set[ClusterMember] = set()  # those whose consumer is open (or opening)
+        self.leaving: dict[str, set[Shared]] = {}  # group -> the leaves of its members the cluster is being told of
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._polled: list[ClusterMember] = []  # thread side
         self._loop = Loop("polygate-cluster-groups", self._step)
@@ -343,7 +345,17 @@ class ClusterGroups:
                                           cluster.group, instance_id, f.getErrorMessage()))
 
             closed.addCallback(remove)
-        return closed
+        left = Shared(closed)
+        leaving = self.leaving.setdefault(cluster.group, set())
+        leaving.add(left)
+
+        def gone(_: Any) -> None:
+            leaving.discard(left)
+            if not leaving and self.leaving.get(cluster.group) is leaving:
+                del self.leaving[cluster.group]
+
+        left.wait().addBoth(gone)
+        return left.wait()
 
     def _close(self, *members: Member) -> defer.Deferred:
         """Take ``members`` out of their groups, each group's split changed once; a Deferred that
@@ -392,18 +404,28 @@ class ClusterGroups:
             raise CommandError(ErrorCode.GENERATION_MISMATCH, "stale generation")
         return member
 
-    def expire(self) -> None:
-        """Take out the members that stopped heartbeating."""
+    def expire(self, groups: Collection[str] | None = None) -> defer.Deferred:
+        """Take out the members (of ``groups``; None: of every group) that stopped heartbeating:
+        a Deferred that fires once the cluster was told that they left (for ``groups``: that
+        every member of theirs that is leaving, an earlier sweep's too, left)."""
         now = time.monotonic()
         expired = []
         for member in self.members.values():
+            if groups is not None and member.group not in groups:
+                continue
             if member.cluster.waiting or any(mem is member for mem, _ in self.rejoins.get(member.group, ())):
                 # its client waits for the cluster's rebalance, or for the others to rejoin: alive
                 member.last_seen = now
             elif now - member.last_seen > member.session_timeout_ms / 1000:
                 log.info("group %s: member %s expired", member.group, member.member_id)
                 expired.append(member)
-        self._close(*expired)
+        closed = self._close(*expired)
+        if groups is None:
+            return closed
+        closed.addErrback(lambda f: log.warning("groups %s: expired members leaving: %s", sorted(groups),
+                                                f.getErrorMessage()))
+        return defer.DeferredList([left.wait() for g in groups for left in self.leaving.get(g, ())],
+                                  consumeErrors=True)
 
     def join(self, cmd: m.JoinGroup) -> Any:
         if cmd.protocol_type == "consumer":
@@ -683,8 +705,13 @@ class ClusterGroups:
     # ------------------------------------------------------------------ admin
 
     def describe(self, cmd: m.DescribeGroups) -> defer.Deferred:
+        """The cluster's descriptions of the groups, once the gateway's members of them whose
+        session ended left (Kafka expires a member at its deadline, not at the next sweep)."""
         if not cmd.groups:
             return defer.succeed(m.DescribeGroupsResult(()))
+        return self.expire(cmd.groups).addBoth(lambda _: self._describe(cmd))
+
+    def _describe(self, cmd: m.DescribeGroups) -> defer.Deferred:
         futures = self.admin.describe_consumer_groups(list(cmd.groups),
                                                       request_timeout=self.config.request_timeout_ms / 1000)
         infos = [deferred_from(self.reactor, futures[g], f"describe group {g}", self._info).addErrback(
@@ -694,19 +721,21 @@ class ClusterGroups:
     def _members_of(self, group: str, mem: Any) -> list[m.GroupMemberInfo]:
         """The members a member of the cluster's group stands for: this gateway's V1 and Cursus
         members of ``group`` for the one they share; a Kafka client's member through a gateway by the
-        client id of its consumer (``<client id>-kafka:<member id>``); else the member itself."""
+        client id of its consumer (``<client id>-kafka:<member id>``), with the client's own client
+        id, the start of its member id (``_client_id_of``); else the member itself."""
         shared = self.shared.get(group)
         if shared is not None and shared.cluster.member_id == mem.member_id:
             return [m.GroupMemberInfo(member.member_id, "", mem.host, "consumer", codec=member.codec,
                                       partitions=member.assignment) for member in shared.members.values()]
         prefix = f"{self.config.client_id}-"
         if not mem.client_id.startswith(prefix):  # a Kafka client on the cluster itself
-            member_id, codec = mem.member_id, "kafka"
+            member_id, codec, client_id = mem.member_id, "kafka", mem.client_id
         else:
             codec, sep, member_id = mem.client_id[len(prefix):].partition(":")
+            client_id = _client_id_of(member_id) if codec == "kafka" else ""
             if not sep:  # the V1 and Cursus members of another gateway, as one
-                member_id, codec = mem.member_id, ""
-        return [m.GroupMemberInfo(member_id, mem.client_id if codec == "kafka" else "", mem.host, "consumer",
+                member_id, codec, client_id = mem.member_id, "", ""
+        return [m.GroupMemberInfo(member_id, client_id, mem.host, "consumer",
                                   codec=codec,
                                   partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ()),
                                   group_instance_id=mem.group_instance_id or None)]
@@ -730,9 +759,20 @@ class ClusterGroups:
                            "consumer" if getattr(g.type, "name", "") == "CONSUMER" else "classic")
             for g in sorted(r.valid, key=lambda g: g.group_id))))
 
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> defer.Deferred:
+        """The cluster's OffsetDelete, sent to the group's coordinator (``Coordinators``)."""
+        return self.coordinators.delete_offsets(cmd.group, cmd.partitions).addCallback(
+            lambda errors: m.DeleteOffsetsResult(cmd.group, errors))
+
     def delete(self, cmd: m.DeleteGroups) -> defer.Deferred:
+        """The cluster deletes the groups, once the gateway's members of them whose session ended
+        left (librdkafka's 0081 deletes the groups of closed static members just after their
+        session timeout, which Kafka takes)."""
         if not cmd.groups:
             return defer.succeed(m.DeleteGroupsResult(()))
+        return self.expire(cmd.groups).addBoth(lambda _: self._delete(cmd))
+
+    def _delete(self, cmd: m.DeleteGroups) -> defer.Deferred:
         futures = self.admin.delete_consumer_groups(list(cmd.groups),
                                                     request_timeout=self.config.request_timeout_ms / 1000)
 
@@ -752,6 +792,18 @@ def _choose(protocols: tuple[tuple[str, bytes], ...]) -> tuple[str, bytes]:
     if not protocols:
         raise CommandError(ErrorCode.INVALID_REQUEST, "no assignment protocol offered")
     return next((p for p in protocols if p[0] == "range"), protocols[0])
+
+
+def _client_id_of(member_id: str) -> str:
+    """The client id in a Kafka client's member id, which a gateway makes as Kafka does,
+    ``<client id>-<uuid>`` (``ClusterGroups._join_consumer``); the member id itself if it is not
+    of that form."""
+    client_id, sep, tail = member_id[:-37], member_id[-37:-36], member_id[-36:]
+    try:
+        uuid.UUID(tail)
+    except ValueError:
+        return member_id
+    return client_id if sep == "-" else member_id
 
 
 def _owned(tps: Any) -> Assignment:

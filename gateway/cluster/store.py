@@ -38,7 +38,7 @@ from gateway.cluster.writer import KAFKA, Writer, command_error, is_one_batch, k
 from gateway.codec import BatchFormat, topic_configs
 from gateway.codecs.kafka.errors import Errors
 from gateway.model import CommandError, ErrorCode
-from gateway.storage.interface import ClusterTransactionStorage, MayWait
+from gateway.storage.interface import ClusterTransactionStorage, MayWait, OffsetDeleteStorage
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ KAFKA_DEFAULTS = m.TopicConfig(retention_bytes=-1, retention_ms=7 * 24 * 3600 * 
                                cleanup_policy="delete", delete_retention_ms=24 * 3600 * 1000,
                                min_cleanable_dirty_ratio=0.5, min_compaction_lag_ms=0, compression_type="producer")
 
-class ClusterStore(ClusterTransactionStorage):
+class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
     """Implements ``Storage`` on the cluster at ``config.bootstrap``.
 
     Calls that the interface marks *may wait* return Deferreds; the others
@@ -60,7 +60,7 @@ class ClusterStore(ClusterTransactionStorage):
     read_committed, but for Kafka's read_uncommitted consumers. The
     capabilities it lacks are the cluster's own (compaction, replication and
     leadership, durability, retention, leader epochs) or have no call in
-    confluent-kafka (KIP-848's consumer groups, OffsetDelete): ``refusals``
+    confluent-kafka nor the gateway's own client (KIP-848's consumer groups): ``refusals``
     says why to a client that asks for them."""
 
     assigns_offsets = True
@@ -72,7 +72,6 @@ class ClusterStore(ClusterTransactionStorage):
         "set_role": "in cluster mode partition leadership is the cluster's",
         "end_offset_for_leader_epoch": "confluent-kafka has no call for the cluster's OffsetForLeaderEpoch",
         "consumer_group_heartbeat": "the consumer group protocol (KIP-848) is not passed to the cluster",
-        "delete_offsets": "deleting a group's offsets is not passed to the cluster",
     }
 
     def __init__(self, config: ClusterConfig, formats: Mapping[str, BatchFormat], reactor: Any):
@@ -455,6 +454,9 @@ class ClusterStore(ClusterTransactionStorage):
 
     def delete_groups(self, cmd: m.DeleteGroups) -> MayWait[m.DeleteGroupsResult]:
         return self.groups.delete(cmd)
+
+    def delete_offsets(self, cmd: m.DeleteOffsets) -> MayWait[m.DeleteOffsetsResult]:
+        return self.groups.delete_offsets(cmd)
 
     # ------------------------------------------------------------------ health and upkeep
 

@@ -16,8 +16,8 @@ the cluster:
 - ``produce`` (a transactional batch): its records produced through that
   producer, acknowledged with the offsets the cluster gave them.
 - ``end`` (EndTxn, a timeout, a new instance): on commit, the offsets the
-  transaction committed (TxnOffsetCommit) are sent with
-  ``send_offsets_to_transaction``, then ``commit_transaction``; else
+  transaction committed (TxnOffsetCommit), with their leader epochs, are sent
+  with ``send_offsets_to_transaction``, then ``commit_transaction``; else
   ``abort_transaction``. The cluster writes the markers and applies the
   offsets.
 - ``last_stable_offset``: the cluster's (ListOffsets read_committed), which
@@ -187,16 +187,17 @@ class TransactionalProducers:
         return self._call(producer_id, f"produce to {topic}/{partition}", produce)
 
     def end(self, producer_id: int, commit: bool,
-            offsets: Iterable[tuple[str, Iterable[tuple[str, int, int, str]]]]) -> defer.Deferred:
+            offsets: Iterable[tuple[str, Iterable[tuple[str, int, int, str, int]]]]) -> defer.Deferred:
         """*May wait.* Commit the producer's transaction, with the group ``offsets`` it committed
-        (``(group, [(topic, partition, offset, metadata)])``), or abort it. An abort of a
-        producer the cluster fenced succeeds: the cluster ended its transaction already."""
+        (``(group, [(topic, partition, offset, metadata, leader epoch)])``, epoch -1: unknown),
+        or abort it. An abort of a producer the cluster fenced succeeds: the cluster ended its
+        transaction already."""
         offsets = [(group, list(commits)) for group, commits in offsets]
 
         def commit_(p: Any) -> None:
             for group, commits in offsets:
-                p.send_offsets_to_transaction([TopicPartition(t, part, o, metadata=meta or "")
-                                               for t, part, o, meta in commits], group_metadata(group),
+                p.send_offsets_to_transaction([TopicPartition(t, part, o, metadata=meta or "", leader_epoch=epoch)
+                                               for t, part, o, meta, epoch in commits], group_metadata(group),
                                               self._timeout)
             p.commit_transaction(self._timeout)
 

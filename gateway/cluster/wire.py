@@ -50,17 +50,17 @@ from gateway.shared import Shared
 log = logging.getLogger(__name__)
 
 PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_HANDSHAKE, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 0, 1, 3, 18, 17, 22, 36
-OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LEAVE_GROUP = 8, 9, 10, 13
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LEAVE_GROUP, OFFSET_DELETE = 8, 9, 10, 13, 47
 # The highest version of each API the client uses (Fetch 12: the last that names topics, not ids;
 # FindCoordinator 3: the last of one group a request; OffsetFetch 9: groups in a batch from v8, which
 # ``OFFSET_FETCH_BATCHED`` names; LeaveGroup 3: the first that names a static member).
 WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 9, INIT_PRODUCER_ID: 4, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2,
-          OFFSET_COMMIT: 8, OFFSET_FETCH: 9, FIND_COORDINATOR: 3, LEAVE_GROUP: 4}
+          OFFSET_COMMIT: 8, OFFSET_FETCH: 9, FIND_COORDINATOR: 3, LEAVE_GROUP: 4, OFFSET_DELETE: 0}
 OFFSET_FETCH_BATCHED = 8
 # The lowest each must reach: record batches (magic 2) need Produce 3 and Fetch 4; offsets kept by
 # the cluster itself, with a member's generation, OffsetCommit 2; all of a group's, OffsetFetch 2.
 NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 0,
-          OFFSET_COMMIT: 2, OFFSET_FETCH: 2, FIND_COORDINATOR: 0, LEAVE_GROUP: 3}
+          OFFSET_COMMIT: 2, OFFSET_FETCH: 2, FIND_COORDINATOR: 0, LEAVE_GROUP: 3, OFFSET_DELETE: 0}
 MAX_FRAME = 256 << 20
 _SIZE = struct.Struct(">i")
 METADATA_MAX_AGE_S = 30.0

@@ -55,10 +55,11 @@ def test_a_command_that_needs_a_missing_capability_gets_the_stores_refusal(built
         "set_role": broker.run(m.SetPartitionRole("t", 0, "follower")),
         "end_offset_for_leader_epoch": broker.run(m.OffsetForLeaderEpoch("t", 0, 0)),
         "consumer_group_heartbeat": broker.run(m.ConsumerGroupHeartbeat("g", "", 0, ("t",))),
-        "delete_offsets": broker.run(m.DeleteOffsets("g", (("t", 0),))),
     }
     for call, result in answers.items():
         assert now(result).error == m.Error(ErrorCode.UNSUPPORTED, refusals[call]), call
+    assert now(broker.run(m.DeleteOffsets("g", (("t", 0),)))).error == m.Error(
+        ErrorCode.UNSUPPORTED, "the storage does not support delete_offsets"), "a refusal the store gives no reason for"
     assert broker.run(m.SetPartitionRole("t", 0, "boss")).error.code is ErrorCode.INVALID_REQUEST, \
         "a command's own checks come first"
 
