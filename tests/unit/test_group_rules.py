@@ -300,3 +300,22 @@ def test_a_v1_member_of_a_kafka_group_stays_one_after_a_restart(tmp_path):
         assert dict(rejoined.members)["legacy"] == SUBSCRIPTION
     finally:
         engine.close()
+
+
+def test_a_v1_member_of_a_kafka_group_whose_session_expired_rebalances_the_others(tmp_path):
+    clock = [1_000.0]
+    engine = Engine(str(tmp_path), clock=lambda: clock[0])
+    engine.create_topic("t", 2)
+    broker = _broker(engine)
+    try:
+        kafka = kafka_member(broker)
+        broker.run(m.JoinGroup("g", "legacy", ("t",), session_timeout_ms=6000, codec="v1"))
+        rejoined = kafka_member(broker, kafka.member_id)
+        now(broker.run(m.SyncGroup("g", kafka.member_id, rejoined.generation, (
+            (kafka.member_id, encode_owned({"t": [0]})), ("legacy", encode_owned({"t": [1]}))))))
+        clock[0] += 6.5  # the V1 member sent nothing since
+        assert broker.run(m.Heartbeat("g", kafka.member_id, rejoined.generation)).error.code is (
+            m.ErrorCode.REBALANCE_IN_PROGRESS)
+        assert kafka_member(broker, kafka.member_id).members == ((kafka.member_id, SUBSCRIPTION),)
+    finally:
+        engine.close()
