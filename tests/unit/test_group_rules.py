@@ -319,3 +319,40 @@ def test_a_v1_member_of_a_kafka_group_whose_session_expired_rebalances_the_other
         assert kafka_member(broker, kafka.member_id).members == ((kafka.member_id, SUBSCRIPTION),)
     finally:
         engine.close()
+
+
+def test_a_kafka_member_joining_a_v1_group_leads_it_and_its_v1_members_keep_their_partitions_until_it_assigns(broker):
+    first = broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    stream = broker.run(m.JoinGroup("g", "stream", ("t",), codec="cursus"))
+    assert broker.run(m.SyncGroup("g", "legacy", stream.generation)).assignment == (("t", (0,)),)
+    assert first.generation < stream.generation
+    kafka = kafka_member(broker)  # no one to wait for: the V1 and Cursus members count as rejoined
+    assert (kafka.leader, kafka.protocol, kafka.generation) == (kafka.member_id, "range", stream.generation + 1)
+    assert dict(kafka.members) == {kafka.member_id: SUBSCRIPTION, "legacy": SUBSCRIPTION, "stream": SUBSCRIPTION}
+    [info] = broker.run(m.DescribeGroups(("g",))).groups
+    assert info.protocol_type == "consumer"
+    # until the leader assigns, they are in the generation they were in, with its partitions
+    assert broker.run(m.Heartbeat("g", "legacy", stream.generation)).error is None
+    assert broker.run(m.SyncGroup("g", "legacy", stream.generation)).assignment == (("t", (0,)),)
+    assert broker.run(m.CommitOffsets("g", (("t", 0, 3, ""),), "legacy", stream.generation,
+                                      require_assignment=True)).error is None
+    assert now(broker.run(m.SyncGroup("g", kafka.member_id, kafka.generation, (
+        (kafka.member_id, encode_owned({"t": [0]})), ("legacy", encode_owned({"t": [1]})),
+        ("stream", encode_owned({})))))).error is None
+    stale = broker.run(m.Heartbeat("g", "legacy", stream.generation))
+    assert (stale.error.code, stale.generation) == (m.ErrorCode.GENERATION_MISMATCH, kafka.generation)
+    assert broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1")).assignment == (("t", (1,)),)
+    assert broker.run(m.JoinGroup("g", "stream", ("t",), codec="cursus")).assignment == ()
+    # when the Kafka member leaves, the coordinator assigns them every partition
+    assert broker.run(m.LeaveGroup("g", kafka.member_id)).error is None
+    legacy, stream = (broker.run(m.JoinGroup("g", mid, ("t",))) for mid in ("legacy", "stream"))
+    assert (legacy.assignment, stream.assignment) == ((("t", (0,)),), (("t", (1,)),))
+
+
+def test_a_kafka_member_offering_no_protocol_leaves_a_v1_group_as_it_was(broker):
+    v1 = broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    refused = kafka_member(broker, assignors=())
+    assert refused.error.code is m.ErrorCode.INVALID_REQUEST
+    [info] = broker.run(m.DescribeGroups(("g",))).groups
+    assert (info.protocol_type, info.generation) == ("server", v1.generation)
+    assert broker.run(m.SyncGroup("g", "legacy", v1.generation)).assignment == (("t", (0, 1)),)

@@ -1,12 +1,12 @@
 """Classic groups, shared by every protocol: membership, generations and assignments.
 
-A group is named once for all protocols. Its membership protocol is set by
-the first member: ``"server"`` groups (V1, Cursus) have partitions assigned
-by the broker with the group's assignor, and a JOIN is answered at once;
-``"consumer"`` groups (Kafka's JoinGroup) follow Kafka's rebalance: the broker
-collects the members' joins, elects a leader that assigns, and hands each member
-its assignment in SyncGroup (that barrier is ``rebalance``, which can wait; this
-module only keeps state).
+A group is named once for all protocols, and every protocol's members share it.
+``"server"`` groups (V1, Cursus members only) have partitions assigned by the broker
+with the group's assignor, and a JOIN is answered at once; ``"consumer"`` groups
+(once a Kafka JoinGroup came) follow Kafka's rebalance: the broker collects the
+members' joins, elects a leader that assigns, and hands each member its assignment
+in SyncGroup (that barrier is ``rebalance``, which can wait; this module only keeps
+state).
 
 A V1 or Cursus member joins a consumer group too, as a *proxied* member: the
 coordinator holds it as a consumer-protocol member whose subscription it writes
@@ -14,9 +14,12 @@ itself (Kafka's ConsumerProtocol subscription of the member's topics, under the
 protocol names the group's other members share), counts it as rejoined at every
 rebalance so that it never holds one up, and keeps the partitions the leader gives
 it; the member learns them at its next heartbeat (``GENERATION_MISMATCH``, then a
-JOIN or SYNC answered with them), as in a broker-assigned group. A consumer group
-left with proxied members only is assigned by the coordinator, with the assignor of
-the group's protocol. A group without members takes whichever kind joins next.
+JOIN or SYNC answered with them), as in a broker-assigned group. A Kafka member
+joining a server group makes it such a consumer group: its members become proxied,
+keeping their partitions until the leader has assigned the next generation. A
+consumer group left with proxied members only is assigned by the coordinator, with
+the assignor of the group's protocol. A group without members takes whichever kind
+joins next.
 
 Every change of a group's saved state goes to its records (``state.GroupRecords``),
 which write it before keeping it. When they refuse it (``CommandError(STORAGE_ERROR)``),
@@ -337,26 +340,29 @@ class ClassicGroups:
         Returns the group and the member id (a new one when ``member_id`` is
         empty). Raises UNKNOWN_MEMBER for an id the group does not know,
         FENCED_INSTANCE_ID for a member id whose static instance another took over, and
-        INVALID_REQUEST when the group uses another membership protocol or has
-        no assignment protocol in common with the member (its proxied members take
-        the protocols of the others at the rebalance's end).
+        INVALID_REQUEST when the member offers no assignment protocol or none in common with
+        the group's members (its proxied members take the protocols of the others at the
+        rebalance's end). A server group with members becomes a consumer group whose members
+        are proxied (``_hold_for_a_leader``).
         """
         now = self.clock()
         group = self.groups.get(name)
+        if group is not None:
+            self._expire(group, now)
         if group is None or (group.protocol_type != "consumer" and not group.members):
             group = self.groups[name] = Group(name, "consumer", generation=0)
-        elif group.protocol_type != "consumer":
-            raise CommandError(ErrorCode.INVALID_REQUEST,
-                               f"group {name} uses the {group.protocol_type} membership protocol")
-        self._expire(group, now)
         replaced = group.static_member(group_instance_id) if not member_id else None
         if member_id:
             self._check_instance(group, member_id, group_instance_id)
         if member_id and member_id not in group.members:
             raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member")
-        others = [m for mid, m in group.members.items() if mid not in (member_id, replaced) and not m.proxied]
         names = {n for n, _ in protocols}
-        if not names or any(not names & {n for n, _ in m.protocols} for m in others):
+        if not names:
+            raise CommandError(ErrorCode.INVALID_REQUEST, "inconsistent group protocol")
+        if group.protocol_type != "consumer":
+            self._hold_for_a_leader(group, [n for n, _ in protocols])
+        others = [m for mid, m in group.members.items() if mid not in (member_id, replaced) and not m.proxied]
+        if any(not names & {n for n, _ in m.protocols} for m in others):
             raise CommandError(ErrorCode.INVALID_REQUEST, "inconsistent group protocol")
         member_id = member_id or self.new_member_id(client_id or "consumer")
         member = Member(member_id, now, session_timeout_ms, rebalance_timeout_ms, client_id,
@@ -370,6 +376,18 @@ class ClassicGroups:
         group.prepare_rebalance()
         group.joined.add(member_id)
         return Joined(group, member_id, replaced)
+
+    def _hold_for_a_leader(self, group: Group, names: list[str]) -> None:
+        """A Kafka member joins server group ``group`` (with members): it becomes a consumer group
+        in the generation it is in, whose members are proxied, offering ``names`` (the joining
+        member's protocols), each keeping the partitions the broker gave it until the leader
+        assigns the next generation. Not saved until that rebalance ends, as a Kafka member's join."""
+        topics = tuple(sorted(set(group.topics)))
+        protocols = self._proxied_protocols(names, topics)
+        for member in group.members.values():
+            member.proxied, member.topics, member.protocols = True, topics, protocols
+            member.assignment = encode_owned(group.assignments.get(member.member_id, {}))
+        group.protocol_type, group.protocol, group.leader, group.assignments = "consumer", "", "", {}
 
     @staticmethod
     def _replace(group: Group, old_id: str, member: Member) -> bool:
@@ -424,7 +442,8 @@ class ClassicGroups:
         group.state = "CompletingRebalance"
         for m in group.members.values():
             m.last_heartbeat_ms = now
-            m.assignment = b""
+            if not m.proxied:  # a proxied member is in the generation before: it keeps its partitions
+                m.assignment = b""
         if not leaders:
             plan = assign(BY_KAFKA_NAME.get(group.protocol, "round_robin"),
                           {m.member_id: m.topics or () for m in proxied},
@@ -446,9 +465,9 @@ class ClassicGroups:
         group.members[member_id].last_heartbeat_ms = self.clock()
         if member_id == group.leader and group.state == "CompletingRebalance":
             with self._changing(name):
-                for mid, blob in assignments:
-                    if mid in group.members:
-                        group.members[mid].assignment = bytes(blob)
+                given = dict(assignments)
+                for mid, member in group.members.items():
+                    member.assignment = bytes(given.get(mid, b""))
                 group.state = "Stable"
                 self._save(group)
         if group.state == "Stable":

@@ -53,7 +53,8 @@ class Member:
     topics: tuple[str, ...] | None = None
     # consumer groups: a member of the broker-assigned kind (V1, Cursus) that the coordinator holds
     # as a consumer-protocol member, writing its subscription and rejoining for it at each rebalance
-    # (``ClassicGroups.join_server``); its partitions are those the leader gives it in SyncGroup
+    # (``ClassicGroups.join_server``, and ``join_consumer`` for those of a server group a Kafka member
+    # joins); its partitions are those the leader gives it in SyncGroup, the ones it had until then
     proxied: bool = False
 
     def to_state(self) -> dict[str, Any]:
