@@ -269,6 +269,40 @@ def test_a_v1_member_joins_a_group_an_instance_formed(gateway_factory):
     assert requests.delete(base, headers={"Content-Type": V2}).status_code == 204
 
 
+def test_a_kafka_consumer_joins_a_group_of_a_v1_member_and_an_instance(gateway_factory):
+    """A V1 member and an instance form a group the broker assigns; a Kafka consumer joining it leads
+    it from then on: the three get disjoint partitions covering the topic, the V1 member learning
+    its share at its next heartbeat and the instance at its next request."""
+    gateway = gateway_factory(("http", "v1", "kafka"))
+    everything = {0, 1, 2, 3}
+    with V1Client("127.0.0.1", gateway.port("v1")) as v1:
+        v1.create_topic("thirds", 4)
+        fields = v1.request("JOIN", "v1-web-kafka", "thirds", "legacy").check().fields
+        base = consumer_instance(gateway, "v1-web-kafka", "web")
+        requests.post(f"{base}/subscription", headers={"Content-Type": V2}, json={"topics": ["thirds"]})
+        kafka = Consumer({"bootstrap.servers": f"127.0.0.1:{gateway.port('kafka')}", "group.id": "v1-web-kafka",
+                          "session.timeout.ms": 10000, "heartbeat.interval.ms": 500})
+        try:
+            shares: list[set[int]] = []
+            for _ in range(150):
+                answer = requests.get(f"{base}/records?timeout=0")  # heartbeats, and rejoins after a rebalance
+                assert answer.status_code == 200, answer.text
+                web = {p["partition"] for p in requests.get(f"{base}/assignments").json()["partitions"]}
+                if web and not kafka.assignment():
+                    kafka.subscribe(["thirds"])  # once the instance is a member of the V1 member's group
+                kafka.poll(0.1)
+                if not v1.request("HEARTBEAT", "v1-web-kafka", "thirds", "legacy", fields["generation"]).ok:
+                    fields = v1.request("JOIN", "v1-web-kafka", "thirds", "legacy").check().fields
+                legacy = {int(p) for p in fields["assigned"].strip("[]").split()}
+                shares = [legacy, web, {tp.partition for tp in kafka.assignment()}]
+                if all(shares) and sum(map(len, shares)) == 4 and set().union(*shares) == everything:
+                    break
+            assert all(shares) and sum(map(len, shares)) == 4 and set().union(*shares) == everything, shares
+        finally:
+            kafka.close()
+    assert requests.delete(base, headers={"Content-Type": V2}).status_code == 204
+
+
 def test_v3_produce_of_several_records_in_one_body(gateway):
     """REST Proxy v3's produce with several records in a body sent with its length, read back by a
     Kafka consumer."""
