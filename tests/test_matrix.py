@@ -13,6 +13,7 @@ hold and the rules for what a format cannot carry are in
 from __future__ import annotations
 
 import base64
+import re
 import time
 import uuid
 
@@ -21,6 +22,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from cursus import Producer as CursusProducer
 from cursus import ProducerConfig
+from cursus_support import command as cursus_command
 from cursus_support import consume as cursus_consume
 
 from gateway.clients.tank import TankClient
@@ -370,7 +372,6 @@ def joined(client: V1Client, group: str, topic: str, member: str) -> str:
 
 def test_committed_offsets_and_groups_are_one_namespace(gateway, mode):
     from confluent_kafka.admin import AdminClient
-    from cursus_support import command
 
     topic = f"groups-{uuid.uuid4().hex[:6]}"
     group = f"billing-{uuid.uuid4().hex[:6]}"
@@ -384,7 +385,7 @@ def test_committed_offsets_and_groups_are_one_namespace(gateway, mode):
         assert tp.offset == 42
         consumer.close()
         # so does a Cursus client
-        reply = command(gateway.address("cursus"), f"FETCH_OFFSET topic={topic} partition=1 group={group}")
+        reply = cursus_command(gateway.address("cursus"), f"FETCH_OFFSET topic={topic} partition=1 group={group}")
         assert reply == "OK offset=42"
         # and Kafka admin tools see the V1 member of the group (Tansu 0.6 describes no group's members)
         if mode != "cluster-tansu":
@@ -412,29 +413,152 @@ def test_long_keys_are_cut_for_tank_readers(gateways):
     assert got.key == key
 
 
-def test_a_kafka_member_cannot_join_a_broker_assigned_group(gateway, mode):
-    """In local mode only: in cluster mode every group is a consumer group of the cluster, which
-    V1, Cursus and Kafka members share (``tests/test_cluster.py``)."""
-    from confluent_kafka import KafkaError
+class V1Member:
+    """A V1 member of ``group`` reading ``topic``: JOIN, then HEARTBEAT, joining again when its
+    generation ended (as the V1 clients do)."""
 
-    if mode != "local":
-        pytest.skip("a local-mode rule: the cluster's groups take members of every protocol")
+    def __init__(self, gw, group: str, topic: str):
+        self.client = V1Client("127.0.0.1", gw.port("v1"))
+        self.group, self.topic = group, topic
+        self.fields = self.client.request("JOIN", group, topic, "legacy").check().fields
 
-    topic = f"mixed-{uuid.uuid4().hex[:6]}"
+    @property
+    def partitions(self) -> set[int]:
+        return {int(p) for p in self.fields["assigned"].strip("[]").split()}
+
+    def keep_up(self) -> None:
+        if not self.client.request("HEARTBEAT", self.group, self.topic, "legacy", self.fields["generation"]).ok:
+            self.fields = self.client.request("JOIN", self.group, self.topic, "legacy").check().fields
+
+    def read(self) -> list[bytes]:
+        return [v.encode() for p in sorted(self.partitions) for _, v in self.client.consume_all(self.topic, p, 0)]
+
+    def leave(self) -> None:
+        self.client.request("LEAVE", self.group, self.topic, "legacy", self.fields["generation"]).check()
+        self.client.close()
+
+
+class CursusMember:
+    """A Cursus member of ``group`` reading ``topic``, with the Cursus consumer's commands (one
+    connection each): JOIN_GROUP, then HEARTBEAT, joining again when its generation ended."""
+
+    def __init__(self, gw, group: str, topic: str):
+        self.address, self.group, self.topic = gw.address("cursus"), group, topic
+        self.member = "stream"
+        self._join()
+
+    def _join(self) -> None:
+        reply = cursus_command(self.address, f"JOIN_GROUP topic={self.topic} group={self.group} member={self.member}")
+        joined = re.match(r"OK generation=(\d+) member=(\S+) assignments=\[([\d ]*)\]", reply)
+        assert joined is not None, reply
+        self.generation, self.member = joined[1], joined[2]
+        self.partitions = {int(p) for p in joined[3].split()}
+
+    def keep_up(self) -> None:
+        reply = cursus_command(self.address, f"HEARTBEAT topic={self.topic} group={self.group} member={self.member} "
+                                      f"generation={self.generation}")
+        if not reply.startswith("OK"):
+            self._join()
+
+    def read(self) -> list[bytes]:
+        out = []
+        for p in sorted(self.partitions):
+            messages = cursus_consume(self.address, self.topic, p, 0)
+            assert not isinstance(messages, str), messages
+            out += [m.payload.encode() for m in messages]
+        return out
+
+    def leave(self) -> None:
+        reply = cursus_command(self.address, f"LEAVE_GROUP topic={self.topic} group={self.group} member={self.member}")
+        assert reply.startswith("OK"), reply
+
+
+FOUR = set(range(4))
+
+
+def kafka_member(gw, group: str, topic: str) -> Consumer:
+    """A confluent-kafka consumer of ``group`` subscribed to ``topic``, reading from its start."""
+    kafka = Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": group, "session.timeout.ms": 6000,
+                      "heartbeat.interval.ms": 500, "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    kafka.subscribe([topic])
+    return kafka
+
+
+def split_and_read(gw, topic: str, kafka: Consumer, member) -> None:
+    """Once ``kafka`` and the V1 or Cursus ``member`` split the 4 partitions of ``topic`` (each keeping
+    up with the group), each record produced to it is read by exactly one of them."""
+    deadline = time.monotonic() + 30
+    while True:
+        kafka.poll(0.2)
+        member.keep_up()
+        theirs = {tp.partition for tp in kafka.assignment()}
+        if member.partitions and theirs and not member.partitions & theirs and member.partitions | theirs == FOUR:
+            break
+        assert time.monotonic() < deadline, f"never split: Kafka {theirs}, the member {member.partitions}"
+    sent = [f"r{p}-{n}".encode() for p in range(4) for n in range(3)]
+    producer = Producer({"bootstrap.servers": gw.address("kafka")})
+    for value in sent:
+        producer.produce(topic, value, partition=int(value[1:2]))
+    assert producer.flush(30) == 0
+    by_kafka: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(by_kafka) < 3 * len(theirs):
+        assert time.monotonic() < deadline, f"the Kafka consumer read {by_kafka}"
+        msg = kafka.poll(0.2)
+        if msg is not None and not msg.error():
+            by_kafka.append(msg.value())
+    by_member = member.read()
+    assert sorted(by_kafka + by_member) == sorted(sent)  # each read once, by one of them
+    assert {int(v[1:2]) for v in by_member} == member.partitions
+
+
+@pytest.mark.parametrize("member_type", [V1Member, CursusMember], ids=["v1", "cursus"])
+def test_a_v1_or_cursus_member_joins_a_group_a_kafka_consumer_formed(gateway, member_type):
+    """The Kafka consumer leads the group and assigns; the V1 (Cursus) member learns its partitions
+    at its next heartbeat, as in a group the broker assigns (``docs/conversions.md``)."""
+    topic = f"shared-{uuid.uuid4().hex[:6]}"
+    group = f"mixed-{uuid.uuid4().hex[:6]}"
+    create(gateway, topic, 4)
+    kafka = kafka_member(gateway, group, topic)
+    try:
+        deadline = time.monotonic() + 30
+        while {tp.partition for tp in kafka.assignment()} != FOUR:
+            assert time.monotonic() < deadline, "the Kafka consumer never got the topic's partitions"
+            kafka.poll(0.2)
+        member = member_type(gateway, group, topic)
+        split_and_read(gateway, topic, kafka, member)
+        member.leave()
+        deadline = time.monotonic() + 30
+        while {tp.partition for tp in kafka.assignment()} != FOUR:
+            assert time.monotonic() < deadline, "the Kafka consumer never got the member's partitions back"
+            kafka.poll(0.2)
+    finally:
+        kafka.close()
+
+
+@pytest.mark.parametrize("member_type", [V1Member, CursusMember], ids=["v1", "cursus"])
+def test_a_kafka_consumer_joins_a_group_a_v1_or_cursus_member_formed(gateway, member_type):
+    """The broker assigned the group the V1 (Cursus) member formed; the Kafka consumer joining it
+    leads it from then on, the member keeping its partitions until the consumer assigned and learning
+    its share at its next heartbeat; once the consumer left, the member gets them all back
+    (``docs/conversions.md``)."""
+    topic = f"shared-{uuid.uuid4().hex[:6]}"
     group = f"legacy-{uuid.uuid4().hex[:6]}"
-    create(gateway, topic)
-    with V1Client("127.0.0.1", gateway.port("v1")) as c:
-        c.request("JOIN", group, topic, "legacy-app").check()
-        consumer = Consumer({"bootstrap.servers": gateway.address("kafka"), "group.id": group,
-                             "session.timeout.ms": 6000})
-        consumer.subscribe([topic])
-        error = None
-        deadline = time.monotonic() + 20
-        while error is None and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error():
-                error = msg.error()
-        consumer.close()
-        assert error is not None and error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL
-        # the V1 member is untouched
-        assert c.request("HEARTBEAT", group, topic, "legacy-app", "2").ok
+    create(gateway, topic, 4)
+    member = member_type(gateway, group, topic)
+    deadline = time.monotonic() + 30
+    while member.partitions != FOUR:  # in cluster mode, once the cluster's group settled
+        assert time.monotonic() < deadline, f"the member has {member.partitions}"
+        time.sleep(0.2)
+        member.keep_up()
+    kafka = kafka_member(gateway, group, topic)
+    try:
+        split_and_read(gateway, topic, kafka, member)
+    finally:
+        kafka.close()
+    deadline = time.monotonic() + 30
+    while member.partitions != FOUR:
+        assert time.monotonic() < deadline, f"the member has {member.partitions} after the Kafka consumer left"
+        time.sleep(0.2)
+        member.keep_up()
+    member.leave()

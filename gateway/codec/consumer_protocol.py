@@ -4,7 +4,8 @@ Kafka brokers read only the topics of a subscription (OffsetDelete keeps the off
 topics a group reads); polygate reads them when the Kafka codec builds a JoinGroup, and reads
 and writes these bytes where it shows a group that Kafka clients did not assign (V1 and Cursus
 members, a cluster's members described through a gateway), where it joins a cluster's
-group for a Kafka client (cluster mode), and where a codec's connection is itself a member of a
+group for a Kafka client (cluster mode), where the local coordinator holds V1 and Cursus
+members in a Kafka group (``gateway.local.groups.classic``), and where a codec's connection is itself a member of a
 Kafka group (the MQTT plugin's shared subscriptions, the HTTP plugin's consumer instances): so
 they are the codec toolkit's. A member that leads its group assigns with ``gateway.assignors``.
 """

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from twisted.internet import defer
 
 from gateway import model as m
 from gateway.assignors import assign
 from gateway.broker import Broker, BrokerConfig, FsyncPolicy
-from gateway.codec.consumer_protocol import encode_subscription, subscribed_topics
+from gateway.codec.consumer_protocol import encode_owned, encode_subscription, subscribed_topics
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
 from gateway.storage.engine import Engine
@@ -189,3 +192,167 @@ def test_a_member_whose_session_expired_is_gone_when_its_group_is_deleted_or_des
     assert broker.run(m.DeleteGroups(("g",))).errors == (("g", None),)
     assert broker.run(m.DescribeGroups(("h",))).groups[0].members == ()
     engine.close()
+
+
+# --------------------------------------------------------------------------- V1 and Cursus members of a consumer group
+
+
+def now(outcome):
+    """A result given at once, or the one a Deferred has already fired with (``None`` if it has not)."""
+    if not isinstance(outcome, defer.Deferred):
+        return outcome
+    fired: list = []
+    outcome.addCallback(fired.append)
+    return fired[0] if fired else None
+
+
+SUBSCRIPTION = encode_subscription(["t"])
+
+
+def kafka_member(broker: Broker, member_id: str = "", assignors: tuple[str, ...] = ("range", "roundrobin")) -> Any:
+    """A Kafka consumer's JoinGroup of group g (with ``assignors``, reading t): its result, or its
+    Deferred while the rebalance waits for others."""
+    joined = broker.run(m.JoinGroup("g", member_id, ("t",), "consumer", protocols=tuple(
+        (name, SUBSCRIPTION) for name in assignors), session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+        codec="kafka"))
+    return now(joined) or joined
+
+
+def test_a_v1_member_joins_a_group_a_kafka_consumer_leads_and_gets_the_partitions_the_leader_gives_it(broker):
+    kafka = kafka_member(broker)
+    assert now(broker.run(m.SyncGroup("g", kafka.member_id, kafka.generation, (
+        (kafka.member_id, encode_owned({"t": [0, 1]})),)))).error is None
+    v1 = broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    # a member at once, in the generation it finds, with no partition yet
+    assert (v1.error, v1.generation, v1.assignment) == (None, kafka.generation, ())
+    beat = broker.run(m.Heartbeat("g", kafka.member_id, kafka.generation))
+    assert beat.error.code is m.ErrorCode.REBALANCE_IN_PROGRESS
+    assert broker.run(m.Heartbeat("g", "legacy", v1.generation)).error is None  # it holds no rebalance up
+    rejoined = kafka_member(broker, kafka.member_id)  # the V1 member counts as rejoined: the rebalance ends
+    assert (rejoined.leader, rejoined.protocol) == (kafka.member_id, "range")
+    assert dict(rejoined.members) == {kafka.member_id: SUBSCRIPTION, "legacy": SUBSCRIPTION}
+    assert broker.run(m.Heartbeat("g", "legacy", v1.generation)).error is None  # until the leader assigned
+    assert now(broker.run(m.SyncGroup("g", kafka.member_id, rejoined.generation, (
+        (kafka.member_id, encode_owned({"t": [0]})), ("legacy", encode_owned({"t": [1]})))))).error is None
+    stale = broker.run(m.Heartbeat("g", "legacy", v1.generation))
+    assert (stale.error.code, stale.generation) == (m.ErrorCode.GENERATION_MISMATCH, rejoined.generation)
+    again = broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    assert (again.generation, again.assignment) == (rejoined.generation, (("t", (1,)),))
+    assert broker.run(m.SyncGroup("g", "legacy", again.generation)).assignment == (("t", (1,)),)
+    commit = broker.run(m.CommitOffsets("g", (("t", 1, 5, ""),), "legacy", again.generation, require_assignment=True))
+    assert commit.error is None
+    theirs = broker.run(m.CommitOffsets("g", (("t", 0, 5, ""),), "legacy", again.generation, require_assignment=True))
+    assert theirs.errors[0][2].code is m.ErrorCode.NOT_ASSIGNED
+    [info] = broker.run(m.DescribeGroups(("g",))).groups
+    assert {(mem.member_id, mem.codec, mem.partitions) for mem in info.members} == {
+        (kafka.member_id, "kafka", ()), ("legacy", "v1", (("t", (1,)),))}
+    # its leaving rebalances the others, as a Kafka member's would
+    assert broker.run(m.LeaveGroup("g", "legacy", again.generation)).error is None
+    assert broker.run(m.Heartbeat("g", kafka.member_id, rejoined.generation)).error.code is (
+        m.ErrorCode.REBALANCE_IN_PROGRESS)
+    alone = kafka_member(broker, kafka.member_id)
+    assert alone.members == ((kafka.member_id, SUBSCRIPTION),)
+
+
+def test_a_group_left_with_v1_and_cursus_members_only_is_assigned_by_the_coordinator(broker):
+    kafka = kafka_member(broker)
+    now(broker.run(m.SyncGroup("g", kafka.member_id, kafka.generation, ((kafka.member_id, encode_owned({"t": [0, 1]})),))))
+    broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    broker.run(m.JoinGroup("g", "stream", ("t",), codec="cursus"))
+    assert broker.run(m.LeaveGroup("g", kafka.member_id)).error is None
+    # the rebalance ends at once, with the group's protocol (range) as assignor
+    legacy, stream = (broker.run(m.JoinGroup("g", mid, ("t",))) for mid in ("legacy", "stream"))
+    assert (legacy.assignment, stream.assignment) == ((("t", (0,)),), (("t", (1,)),))
+    assert legacy.generation == stream.generation == kafka.generation + 1
+    # a Kafka consumer joining again shares the group with them, and leads it; they offer its protocol
+    back = kafka_member(broker, assignors=("cooperative-sticky",))
+    assert (back.leader, back.protocol) == (back.member_id, "cooperative-sticky")
+    assert dict(back.members) == {back.member_id: SUBSCRIPTION, "legacy": SUBSCRIPTION, "stream": SUBSCRIPTION}
+
+
+def test_a_v1_member_of_an_empty_consumer_group_makes_it_the_brokers_again(broker):
+    kafka = kafka_member(broker)
+    assert broker.run(m.LeaveGroup("g", kafka.member_id)).error is None
+    v1 = broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    assert v1.generation > kafka.generation and v1.assignment == (("t", (0, 1)),)
+    assert broker.run(m.DescribeGroups(("g",))).groups[0].protocol_type == "server"
+
+
+def test_a_kafka_members_id_is_not_taken_by_a_v1_member(broker):
+    kafka = kafka_member(broker)
+    taken = broker.run(m.JoinGroup("g", kafka.member_id, ("t",), codec="v1"))
+    assert taken.error.code is m.ErrorCode.INVALID_REQUEST
+
+
+def test_a_v1_member_of_a_kafka_group_stays_one_after_a_restart(tmp_path):
+    engine = Engine(str(tmp_path))
+    engine.create_topic("t", 2)
+    broker = _broker(engine)
+    kafka = kafka_member(broker)
+    v1 = broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    engine.close()
+    engine = Engine(str(tmp_path))
+    try:
+        broker = _broker(engine)
+        # the rebalance its join started goes on, counting it as rejoined
+        assert broker.run(m.Heartbeat("g", "legacy", v1.generation)).error is None
+        rejoined = kafka_member(broker, kafka.member_id)
+        assert dict(rejoined.members)["legacy"] == SUBSCRIPTION
+    finally:
+        engine.close()
+
+
+def test_a_v1_member_of_a_kafka_group_whose_session_expired_rebalances_the_others(tmp_path):
+    clock = [1_000.0]
+    engine = Engine(str(tmp_path), clock=lambda: clock[0])
+    engine.create_topic("t", 2)
+    broker = _broker(engine)
+    try:
+        kafka = kafka_member(broker)
+        broker.run(m.JoinGroup("g", "legacy", ("t",), session_timeout_ms=6000, codec="v1"))
+        rejoined = kafka_member(broker, kafka.member_id)
+        now(broker.run(m.SyncGroup("g", kafka.member_id, rejoined.generation, (
+            (kafka.member_id, encode_owned({"t": [0]})), ("legacy", encode_owned({"t": [1]}))))))
+        clock[0] += 6.5  # the V1 member sent nothing since
+        assert broker.run(m.Heartbeat("g", kafka.member_id, rejoined.generation)).error.code is (
+            m.ErrorCode.REBALANCE_IN_PROGRESS)
+        assert kafka_member(broker, kafka.member_id).members == ((kafka.member_id, SUBSCRIPTION),)
+    finally:
+        engine.close()
+
+
+def test_a_kafka_member_joining_a_v1_group_leads_it_and_its_v1_members_keep_their_partitions_until_it_assigns(broker):
+    first = broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    stream = broker.run(m.JoinGroup("g", "stream", ("t",), codec="cursus"))
+    assert broker.run(m.SyncGroup("g", "legacy", stream.generation)).assignment == (("t", (0,)),)
+    assert first.generation < stream.generation
+    kafka = kafka_member(broker)  # no one to wait for: the V1 and Cursus members count as rejoined
+    assert (kafka.leader, kafka.protocol, kafka.generation) == (kafka.member_id, "range", stream.generation + 1)
+    assert dict(kafka.members) == {kafka.member_id: SUBSCRIPTION, "legacy": SUBSCRIPTION, "stream": SUBSCRIPTION}
+    [info] = broker.run(m.DescribeGroups(("g",))).groups
+    assert info.protocol_type == "consumer"
+    # until the leader assigns, they are in the generation they were in, with its partitions
+    assert broker.run(m.Heartbeat("g", "legacy", stream.generation)).error is None
+    assert broker.run(m.SyncGroup("g", "legacy", stream.generation)).assignment == (("t", (0,)),)
+    assert broker.run(m.CommitOffsets("g", (("t", 0, 3, ""),), "legacy", stream.generation,
+                                      require_assignment=True)).error is None
+    assert now(broker.run(m.SyncGroup("g", kafka.member_id, kafka.generation, (
+        (kafka.member_id, encode_owned({"t": [0]})), ("legacy", encode_owned({"t": [1]})),
+        ("stream", encode_owned({})))))).error is None
+    stale = broker.run(m.Heartbeat("g", "legacy", stream.generation))
+    assert (stale.error.code, stale.generation) == (m.ErrorCode.GENERATION_MISMATCH, kafka.generation)
+    assert broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1")).assignment == (("t", (1,)),)
+    assert broker.run(m.JoinGroup("g", "stream", ("t",), codec="cursus")).assignment == ()
+    # when the Kafka member leaves, the coordinator assigns them every partition
+    assert broker.run(m.LeaveGroup("g", kafka.member_id)).error is None
+    legacy, stream = (broker.run(m.JoinGroup("g", mid, ("t",))) for mid in ("legacy", "stream"))
+    assert (legacy.assignment, stream.assignment) == ((("t", (0,)),), (("t", (1,)),))
+
+
+def test_a_kafka_member_offering_no_protocol_leaves_a_v1_group_as_it_was(broker):
+    v1 = broker.run(m.JoinGroup("g", "legacy", ("t",), codec="v1"))
+    refused = kafka_member(broker, assignors=())
+    assert refused.error.code is m.ErrorCode.INVALID_REQUEST
+    [info] = broker.run(m.DescribeGroups(("g",))).groups
+    assert (info.protocol_type, info.generation) == ("server", v1.generation)
+    assert broker.run(m.SyncGroup("g", "legacy", v1.generation)).assignment == (("t", (0, 1)),)

@@ -1,12 +1,25 @@
 """Classic groups, shared by every protocol: membership, generations and assignments.
 
-A group is named once for all protocols. Its membership protocol is set by
-the first member: ``"server"`` groups (V1, Cursus) have partitions assigned
-by the broker with the group's assignor, and a JOIN is answered at once;
-``"consumer"`` groups (Kafka's JoinGroup) follow Kafka's rebalance: the broker
-collects the members' joins, elects a leader that assigns, and hands each member
-its assignment in SyncGroup (that barrier is ``rebalance``, which can wait; this
-module only keeps state).
+A group is named once for all protocols, and every protocol's members share it.
+``"server"`` groups (V1, Cursus members only) have partitions assigned by the broker
+with the group's assignor, and a JOIN is answered at once; ``"consumer"`` groups
+(once a Kafka JoinGroup came) follow Kafka's rebalance: the broker collects the
+members' joins, elects a leader that assigns, and hands each member its assignment
+in SyncGroup (that barrier is ``rebalance``, which can wait; this module only keeps
+state).
+
+A V1 or Cursus member joins a consumer group too, as a *proxied* member: the
+coordinator holds it as a consumer-protocol member whose subscription it writes
+itself (Kafka's ConsumerProtocol subscription of the member's topics, under the
+protocol names the group's other members share), counts it as rejoined at every
+rebalance so that it never holds one up, and keeps the partitions the leader gives
+it; the member learns them at its next heartbeat (``GENERATION_MISMATCH``, then a
+JOIN or SYNC answered with them), as in a broker-assigned group. A Kafka member
+joining a server group makes it such a consumer group: its members become proxied,
+keeping their partitions until the leader has assigned the next generation. A
+consumer group left with proxied members only is assigned by the coordinator, with
+the assignor of the group's protocol. A group without members takes whichever kind
+joins next.
 
 Every change of a group's saved state goes to its records (``state.GroupRecords``),
 which write it before keeping it. When they refuse it (``CommandError(STORAGE_ERROR)``),
@@ -24,7 +37,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
-from gateway.assignors import assign
+from gateway.assignors import BY_KAFKA_NAME, assign
+from gateway.codec.consumer_protocol import decode_assignment, encode_owned, encode_subscription
 from gateway.local.groups.state import DEFAULT_SESSION_TIMEOUT_MS, Group, GroupRecords, Member
 from gateway.model import CommandError, ErrorCode
 
@@ -127,9 +141,7 @@ class ClassicGroups:
                                        self._partitions(group.topics))
             group.state = "Stable" if group.members else "Empty"
         elif group.members:
-            if group.state != "PreparingRebalance":
-                group.state = "PreparingRebalance"
-                group.joined = set()
+            group.prepare_rebalance()
         else:
             group.generation += 1
             group.state = "Empty"
@@ -155,7 +167,7 @@ class ClassicGroups:
         member = group.members.get(member_id)
         if member is None:
             raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member")
-        if generation is not None and generation != group.generation:
+        if generation is not None and generation != group.member_generation(member_id):
             raise CommandError(ErrorCode.GENERATION_MISMATCH, "stale generation")
         return group
 
@@ -176,6 +188,7 @@ class ClassicGroups:
 
         A new group starts at generation 1 and every new member bumps it;
         a different topic set clears the members; a different assignor bumps it.
+        In a consumer group with members the member is proxied (``_join_proxied``).
         With ``new_member_id``, a member not (or no longer) in the group joins
         under that id instead. Returns the group and the member's id.
         """
@@ -188,14 +201,18 @@ class ClassicGroups:
                      new_member_id: str | None, codec: str) -> tuple[Group, str]:
         now = self.clock()
         group = self.groups.get(name)
+        if group is not None:
+            self._expire(group, now)
         if new_member_id is not None and (group is None or member_id not in group.members):
             member_id = new_member_id
         if group is None:
             group = self.groups[name] = Group(name, "server", topics, assignor=assignor)
         elif group.protocol_type != "server":
-            raise CommandError(ErrorCode.INVALID_REQUEST,
-                               f"group {name} uses the {group.protocol_type} membership protocol")
-        self._expire(group, now)
+            if group.members:
+                return self._join_proxied(group, member_id, topics, session_timeout_ms, client_id, client_host,
+                                          codec)
+            # an empty consumer group becomes a server group, its generations going on
+            group = self.groups[name] = Group(name, "server", topics, group.generation, assignor=assignor)
         changed = False
         if set(group.topics) != set(topics):
             group.topics = topics
@@ -219,11 +236,60 @@ class ClassicGroups:
             self._rebalance(group)
         return group, member_id
 
+    def _join_proxied(self, group: Group, member_id: str, topics: tuple[str, ...], session_timeout_ms: int | None,
+                      client_id: str, client_host: str, codec: str) -> tuple[Group, str]:
+        """A V1 or Cursus member joins consumer group ``group`` (with members) as a proxied member
+        (module docstring). A new member, or one whose topics changed, starts a rebalance, rejoined
+        for it at once; a member already in it with the same topics is only kept alive. Raises
+        INVALID_REQUEST for the id of a member of the group's own protocol, or when its members
+        share no protocol name."""
+        now = self.clock()
+        wanted = tuple(sorted(set(topics)))
+        member = group.members.get(member_id)
+        if member is not None and not member.proxied:
+            raise CommandError(ErrorCode.INVALID_REQUEST,
+                               f"member {member_id} of group {group.name} is a member of its consumer protocol")
+        if member is not None and member.topics == wanted:
+            member.last_heartbeat_ms = now
+            return group, member_id
+        names = self._shared_protocols(group)
+        if not names:
+            raise CommandError(ErrorCode.INVALID_REQUEST, f"the members of group {group.name} share no protocol")
+        protocols = self._proxied_protocols(names, wanted)
+        timeout = session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
+        group.members[member_id] = Member(member_id, now, timeout, timeout, client_id, client_host, protocols,
+                                          codec=codec, topics=wanted, proxied=True)
+        self._rebalance(group)
+        return group, member_id
+
+    @staticmethod
+    def _shared_protocols(group: Group) -> list[str]:
+        """The assignment protocol names that the members of ``group`` which are not proxied all
+        offer, in the first one's order (those of the proxied ones when there are none)."""
+        members = [mem for mem in group.members.values() if not mem.proxied] or list(group.members.values())
+        if not members:
+            return []
+        common = set.intersection(*({n for n, _ in mem.protocols} for mem in members))
+        return [n for n, _ in members[0].protocols if n in common]
+
+    @staticmethod
+    def _proxied_protocols(names: list[str], topics: tuple[str, ...]) -> tuple[tuple[str, bytes], ...]:
+        """A proxied member's protocols: each of ``names`` with Kafka's subscription of ``topics``
+        (ConsumerProtocol v0, no user data)."""
+        subscription = encode_subscription(topics)
+        return tuple((n, subscription) for n in names)
+
     def sync_server(self, name: str, member_id: str, generation: int) -> Group:
-        """V1/Cursus SYNC: check the member's generation and keep it alive."""
+        """V1/Cursus SYNC: check the member's generation and keep it alive (a proxied member's too)."""
         group = self.check_member(name, member_id, generation)
         group.members[member_id].last_heartbeat_ms = self.clock()
         return group
+
+    def proxied(self, name: str, member_id: str) -> bool:
+        """Whether ``member_id`` is a proxied member of group ``name`` (a V1 or Cursus member of a consumer group)."""
+        group = self.groups.get(name)
+        member = group.members.get(member_id) if group is not None else None
+        return member is not None and member.proxied
 
     def protocol_type(self, name: str) -> str | None:
         """The membership protocol of group ``name`` (None: no such group)."""
@@ -236,10 +302,12 @@ class ClassicGroups:
         return group.generation if group is not None else -1
 
     def heartbeat(self, name: str, member_id: str, generation: int, group_instance_id: str | None = None) -> Group:
-        """Keep a member alive; a consumer group in rebalance answers REBALANCE_IN_PROGRESS."""
+        """Keep a member alive; a consumer group in rebalance answers REBALANCE_IN_PROGRESS (not to a
+        proxied member: the coordinator rejoins for it)."""
         group = self.check_member(name, member_id, generation, group_instance_id)
-        group.members[member_id].last_heartbeat_ms = self.clock()
-        if group.protocol_type == "consumer" and group.state == "PreparingRebalance":
+        member = group.members[member_id]
+        member.last_heartbeat_ms = self.clock()
+        if group.protocol_type == "consumer" and group.state == "PreparingRebalance" and not member.proxied:
             raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress: rejoin the group")
         return group
 
@@ -272,25 +340,29 @@ class ClassicGroups:
         Returns the group and the member id (a new one when ``member_id`` is
         empty). Raises UNKNOWN_MEMBER for an id the group does not know,
         FENCED_INSTANCE_ID for a member id whose static instance another took over, and
-        INVALID_REQUEST when the group uses another membership protocol or has
-        no assignment protocol in common with the member.
+        INVALID_REQUEST when the member offers no assignment protocol or none in common with
+        the group's members (its proxied members take the protocols of the others at the
+        rebalance's end). A server group with members becomes a consumer group whose members
+        are proxied (``_hold_for_a_leader``).
         """
         now = self.clock()
         group = self.groups.get(name)
+        if group is not None:
+            self._expire(group, now)
         if group is None or (group.protocol_type != "consumer" and not group.members):
             group = self.groups[name] = Group(name, "consumer", generation=0)
-        elif group.protocol_type != "consumer":
-            raise CommandError(ErrorCode.INVALID_REQUEST,
-                               f"group {name} uses the {group.protocol_type} membership protocol")
-        self._expire(group, now)
         replaced = group.static_member(group_instance_id) if not member_id else None
         if member_id:
             self._check_instance(group, member_id, group_instance_id)
         if member_id and member_id not in group.members:
             raise CommandError(ErrorCode.UNKNOWN_MEMBER, "unknown member")
-        others = [m for mid, m in group.members.items() if mid not in (member_id, replaced)]
         names = {n for n, _ in protocols}
-        if not names or any(not names & {n for n, _ in m.protocols} for m in others):
+        if not names:
+            raise CommandError(ErrorCode.INVALID_REQUEST, "inconsistent group protocol")
+        if group.protocol_type != "consumer":
+            self._hold_for_a_leader(group, [n for n, _ in protocols])
+        others = [m for mid, m in group.members.items() if mid not in (member_id, replaced) and not m.proxied]
+        if any(not names & {n for n, _ in m.protocols} for m in others):
             raise CommandError(ErrorCode.INVALID_REQUEST, "inconsistent group protocol")
         member_id = member_id or self.new_member_id(client_id or "consumer")
         member = Member(member_id, now, session_timeout_ms, rebalance_timeout_ms, client_id,
@@ -301,11 +373,21 @@ class ClassicGroups:
                     self._save(group)
                     return Joined(group, member_id, replaced, settled=True)
         group.members[member_id] = member
-        if group.state != "PreparingRebalance":
-            group.state = "PreparingRebalance"
-            group.joined = set()
+        group.prepare_rebalance()
         group.joined.add(member_id)
         return Joined(group, member_id, replaced)
+
+    def _hold_for_a_leader(self, group: Group, names: list[str]) -> None:
+        """A Kafka member joins server group ``group`` (with members): it becomes a consumer group
+        in the generation it is in, whose members are proxied, offering ``names`` (the joining
+        member's protocols), each keeping the partitions the broker gave it until the leader
+        assigns the next generation. Not saved until that rebalance ends, as a Kafka member's join."""
+        topics = tuple(sorted(set(group.topics)))
+        protocols = self._proxied_protocols(names, topics)
+        for member in group.members.values():
+            member.proxied, member.topics, member.protocols = True, topics, protocols
+            member.assignment = encode_owned(group.assignments.get(member.member_id, {}))
+        group.protocol_type, group.protocol, group.leader, group.assignments = "consumer", "", "", {}
 
     @staticmethod
     def _replace(group: Group, old_id: str, member: Member) -> bool:
@@ -329,8 +411,11 @@ class ClassicGroups:
 
     def complete_rebalance(self, name: str) -> Group:
         """End the join phase: drop members that did not rejoin, move to the next
-        generation, keep (or elect) the leader and choose the protocol that every
-        member supports, preferring the leader's order."""
+        generation, keep (or elect) the leader, never a proxied member, and choose the
+        protocol that every member supports, preferring the leader's order. Proxied
+        members offer the protocols the others share; when they are all the group has,
+        the coordinator assigns them with the protocol's assignor (``round_robin`` for a
+        protocol it does not know) and the group is Stable at once."""
         with self._changing(name):
             return self._complete_rebalance(self.get(name))
 
@@ -342,15 +427,30 @@ class ClassicGroups:
         group.generation += 1
         if not group.members:
             group.state, group.leader, group.protocol = "Empty", "", ""
-        else:
-            if group.leader not in group.members:
-                group.leader = next(iter(group.members))
-            common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
-            group.protocol = next(n for n, _ in group.members[group.leader].protocols if n in common)
-            group.state = "CompletingRebalance"
-            for m in group.members.values():
-                m.last_heartbeat_ms = now
+            self._save(group)
+            return group
+        proxied = [m for m in group.members.values() if m.proxied]
+        leaders = [mid for mid, m in group.members.items() if not m.proxied]
+        names = self._shared_protocols(group)
+        for m in proxied:  # they offer what the others now share
+            m.protocols = self._proxied_protocols(names, m.topics or ())
+        if group.leader not in leaders:
+            group.leader = leaders[0] if leaders else ""
+        common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
+        first = group.members[group.leader] if group.leader else proxied[0]
+        group.protocol = next(n for n, _ in first.protocols if n in common)
+        group.state = "CompletingRebalance"
+        for m in group.members.values():
+            m.last_heartbeat_ms = now
+            if not m.proxied:  # a proxied member is in the generation before: it keeps its partitions
                 m.assignment = b""
+        if not leaders:
+            plan = assign(BY_KAFKA_NAME.get(group.protocol, "round_robin"),
+                          {m.member_id: m.topics or () for m in proxied},
+                          self._partitions(t for m in proxied for t in m.topics or ()))
+            for m in proxied:
+                m.assignment = encode_owned(plan[m.member_id])
+            group.state = "Stable"
         self._save(group)
         return group
 
@@ -365,9 +465,9 @@ class ClassicGroups:
         group.members[member_id].last_heartbeat_ms = self.clock()
         if member_id == group.leader and group.state == "CompletingRebalance":
             with self._changing(name):
-                for mid, blob in assignments:
-                    if mid in group.members:
-                        group.members[mid].assignment = bytes(blob)
+                given = dict(assignments)
+                for mid, member in group.members.items():
+                    member.assignment = bytes(given.get(mid, b""))
                 group.state = "Stable"
                 self._save(group)
         if group.state == "Stable":
@@ -375,4 +475,9 @@ class ClassicGroups:
         return None
 
     def assignment_of(self, group: Group, member_id: str) -> dict[str, list[int]]:
+        """The partitions the broker knows a member has: those it assigned (a server group), or a
+        proxied member's from the assignment its leader gave it."""
+        member = group.members.get(member_id)
+        if member is not None and member.proxied:
+            return decode_assignment(member.assignment)
         return group.assignments.get(member_id, {})

@@ -62,17 +62,21 @@ class GroupCoordinator:
                                                   cmd.new_member_id, cmd.codec)
         except CommandError as e:
             return m.JoinGroupResult(cmd.group, generation=groups.generation(cmd.group), error=e.error)
-        return m.JoinGroupResult(cmd.group, member_id, group.generation, self._assignment(group, member_id))
+        if group.protocol_type == "consumer":  # proxied: the rebalance it started may be over (no one else to wait for)
+            self.rebalance.changed(cmd.group)
+        return m.JoinGroupResult(cmd.group, member_id, group.member_generation(member_id),
+                                 self._assignment(group, member_id))
 
     def sync(self, cmd: m.SyncGroup) -> Any:
         groups = self.classic
         try:
-            if groups.protocol_type(cmd.group) == "consumer":
+            if groups.protocol_type(cmd.group) == "consumer" and not groups.proxied(cmd.group, cmd.member_id):
                 return self.rebalance.sync(cmd)
             group = groups.sync_server(cmd.group, cmd.member_id, cmd.generation)
         except CommandError as e:
             return m.SyncGroupResult(cmd.group, groups.generation(cmd.group), error=e.error)
-        return m.SyncGroupResult(cmd.group, group.generation, self._assignment(group, cmd.member_id))
+        return m.SyncGroupResult(cmd.group, group.member_generation(cmd.member_id),
+                                 self._assignment(group, cmd.member_id))
 
     def heartbeat(self, cmd: m.Heartbeat) -> m.HeartbeatResult:
         try:

@@ -48,8 +48,10 @@ class Offsets:
                 raise CommandError(ErrorCode.INVALID_REQUEST, f"offset {offset} out of range for {topic}/{partition}")
         if generation is not None:
             group = self.classic.check_member(name, member_id, generation, group_instance_id)
-            group.members[member_id].last_heartbeat_ms = self.classic.clock()
-            if group.protocol_type == "consumer" and group.state == "CompletingRebalance":
+            member = group.members[member_id]
+            member.last_heartbeat_ms = self.classic.clock()
+            # (a proxied member's generation is the one before, whose partitions it no longer has)
+            if group.protocol_type == "consumer" and group.state == "CompletingRebalance" and not member.proxied:
                 raise CommandError(ErrorCode.REBALANCE_IN_PROGRESS, "rebalance in progress")
             if require_assignment:
                 owned = self.classic.assignment_of(group, member_id)

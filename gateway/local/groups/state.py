@@ -51,6 +51,11 @@ class Member:
     # consumer groups: the topics of the member's subscription, as its codec read them from
     # ``protocols``; None when it could not (or the member was saved before they were kept)
     topics: tuple[str, ...] | None = None
+    # consumer groups: a member of the broker-assigned kind (V1, Cursus) that the coordinator holds
+    # as a consumer-protocol member, writing its subscription and rejoining for it at each rebalance
+    # (``ClassicGroups.join_server``, and ``join_consumer`` for those of a server group a Kafka member
+    # joins); its partitions are those the leader gives it in SyncGroup, the ones it had until then
+    proxied: bool = False
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -58,7 +63,7 @@ class Member:
             "cid": self.client_id, "host": self.client_host,
             "pr": [[n, m] for n, m in self.protocols], "as": self.assignment,
             "gi": self.group_instance_id, "cd": self.codec,
-            "tp": None if self.topics is None else list(self.topics),
+            "tp": None if self.topics is None else list(self.topics), "px": self.proxied,
         }
 
     @classmethod
@@ -66,7 +71,7 @@ class Member:
         topics = s.get("tp")
         return cls(s["id"], now_ms, s["st"], s["rt"], s["cid"], s["host"],
                    tuple((n, bytes(m)) for n, m in s["pr"]), bytes(s["as"]), s.get("gi"), s.get("cd", ""),
-                   None if topics is None else tuple(topics))
+                   None if topics is None else tuple(topics), s.get("px", False))
 
 
 @attrs.define
@@ -100,7 +105,26 @@ class Group:
                 s["leader"], s["state"])
         g.members = {m["id"]: Member.from_state(m, now_ms) for m in s["members"]}
         g.assignments = {m: {t: list(ps) for t, ps in a.items()} for m, a in s["assign"].items()}
+        if g.state == "PreparingRebalance":  # its proxied members count as rejoined, as before the restart
+            g.prepare_rebalance()
         return g
+
+    def prepare_rebalance(self) -> None:
+        """A consumer group's membership changed: every member must rejoin (a rebalance under way
+        goes on), except the proxied ones, for which the coordinator rejoins at once."""
+        if self.state != "PreparingRebalance":
+            self.state = "PreparingRebalance"
+            self.joined = set()
+        self.joined |= {mid for mid, member in self.members.items() if member.proxied}
+
+    def member_generation(self, member_id: str) -> int:
+        """The generation a member is told and checked against: the group's, except for a proxied
+        member while the leader has not synced the current one (CompletingRebalance): the one before,
+        whose end it learns (``GENERATION_MISMATCH``) once its new partitions are known."""
+        member = self.members.get(member_id)
+        if member is not None and member.proxied and self.state == "CompletingRebalance":
+            return self.generation - 1
+        return self.generation
 
     def static_member(self, group_instance_id: str | None) -> str | None:
         """The member id of the static member (KIP-345) with ``group_instance_id``, if one is in the group."""

@@ -68,6 +68,9 @@ class Instance:
         self.member_id = ""
         self.generation = -1
         self.joined = False  # a member of the current generation, with its assignment
+        # it joined as V1 and Cursus members do (``_join_server``): it rejoins so while its member id is
+        # in the group, also once a Kafka member leads it (the coordinator holds it as V1 members then)
+        self.broker_assigned = False
         self.assignment: tuple[Partition, ...] = ()
         self.positions: dict[Partition, int] = {}
 
@@ -78,7 +81,7 @@ class Instance:
     def unsubscribe(self) -> tuple[Any, ...]:
         """Drop the subscription; the commands that leave the group (``()`` if not in it)."""
         leave = (m.LeaveGroup(self.group, self.member_id, None),) if self.member_id else ()
-        self.topics, self.member_id, self.generation, self.joined = (), "", -1, False
+        self.topics, self.member_id, self.generation, self.joined, self.broker_assigned = (), "", -1, False, False
         self.assignment, self.positions = (), {}
         return leave
 
@@ -239,11 +242,13 @@ def _membership(instance: Instance, then: Any) -> Outcome:
 def _join(instance: Instance, then: Any) -> Outcome:
     """Join the instance's group as its members do: a group that V1 or Cursus members formed
     (``"server"``: the broker assigns its partitions at each join) as they join it, any other
-    under Kafka's consumer protocol."""
+    under Kafka's consumer protocol. An instance that joined as V1 and Cursus members do rejoins
+    so while it is in the group, whoever assigns it now."""
 
     def described(results: Sequence[Any]) -> Outcome:
         info: m.GroupInfo = results[0].groups[0]
-        if info.error is None and info.protocol_type == "server" and info.members:
+        held = instance.broker_assigned and any(member.member_id == instance.member_id for member in info.members)
+        if info.error is None and info.members and (info.protocol_type == "server" or held):
             return _join_server(instance, info, then)
         return _join_consumer(instance, then)
 
@@ -252,9 +257,10 @@ def _join(instance: Instance, then: Any) -> Outcome:
 
 def _join_server(instance: Instance, info: m.GroupInfo, then: Any) -> Outcome:
     """Join a group of V1 and Cursus members as one of them: the broker answers with the
-    instance's partitions at once. Its members all read the same topics (a join with others
-    would restart the group without them): an instance subscribed to others is refused."""
-    topics = {t for member in info.members for t, _ in member.partitions}
+    instance's partitions at once. Its members all read the same topics while the broker assigns
+    it (a join with others would restart the group without them): an instance subscribed to others
+    is refused then."""
+    topics = {t for member in info.members for t, _ in member.partitions} if info.protocol_type == "server" else set()
     if topics and topics != set(instance.topics):
         raise HttpError(409, 40903, f"Consumer group {instance.group} has V1 or Cursus members, which all read "
                                     f"{', '.join(sorted(topics))}: subscribe to the same topics, or use another group")
@@ -266,6 +272,7 @@ def _join_server(instance: Instance, info: m.GroupInfo, then: Any) -> Outcome:
         result: m.JoinGroupResult = results[0]
         check(result)
         instance.member_id, instance.generation = result.member_id, result.generation
+        instance.broker_assigned = True
         _assigned(instance, {t: list(ps) for t, ps in result.assignment})
         return then()
 
@@ -295,6 +302,7 @@ def _join_consumer(instance: Instance, then: Any) -> Outcome:
             return _join(instance, then)
         check(result)
         instance.member_id, instance.generation = result.member_id, result.generation
+        instance.broker_assigned = False
         if result.leader != result.member_id:
             return _sync(instance, (), then)
         return _lead(instance, result, assignor, then)
