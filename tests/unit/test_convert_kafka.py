@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from convert_support import one_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -257,21 +258,6 @@ def _stored_batches(data, parts_of_batches, base, markers):
     return batches, lasts
 
 
-def _to_tank(batches, direct):
-    """``convert_run`` of ``batches`` into one TANK batch, through ``KafkaFormat.records_in`` (``direct``) or
-    through ``columns`` only: the payload, or the fault it names."""
-    from gateway.codecs.tank import format as tank_format
-    from gateway.convert import convert_run
-
-    formats = {"tank": tank_format.FORMAT, "kafka": kafka_format.FORMAT}
-    with pytest.MonkeyPatch.context() as patch:
-        if not direct:
-            patch.setattr(kafka_format.KafkaFormat, "records_in", lambda self, layout, batches, base_offset: None)
-        try:
-            return convert_run(batches, tank_format.FORMAT, formats).payload
-        except m.CommandError as e:
-            return str(e.error.message)
-
 
 @needs_c
 @settings(max_examples=300, deadline=None)
@@ -290,7 +276,7 @@ def test_kafka_to_tank_in_one_c_pass_is_the_columns_path_byte_for_byte(parts_of_
     assert found is not None  # whole batches whose offsets ascend: the C pass takes them
     count = sum(len(items) for parts in parts_of_batches for items, _, _ in parts)
     assert found.record_count == count
-    assert _to_tank(batches, direct=True) == _to_tank(batches, direct=False)
+    assert one_run(batches, "tank", direct=True) == one_run(batches, "tank", direct=False)
 
 
 def _apart(batches):
@@ -319,7 +305,7 @@ def test_a_run_the_c_pass_does_not_take_converts_as_the_columns_path_does(parts_
     batches[victim] = m.StoredBatch("kafka", batches[victim].base_offset, batches[victim].last_offset, 0, bytes(damaged))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kafka_format.FORMAT, "inflate_limit", limit)
-        assert _to_tank(batches, direct=True) == _to_tank(batches, direct=False)
+        assert one_run(batches, "tank", direct=True) == one_run(batches, "tank", direct=False)
 
 
 @needs_c
@@ -330,7 +316,7 @@ def test_what_the_c_pass_does_not_take_goes_through_the_columns():
     records = [m.Record(b"a", None, 1, offset=0), m.Record(b"b", None, 2, offset=2), m.Record(b"c", None, 3, offset=1)]
     stored = [m.StoredBatch("kafka", 0, 2, 3, kafka_format.encode_batch(records, 0))]
     assert kafka_format.FORMAT.records_in(TANK_BUNDLE, stored, 0) is None  # offsets that do not ascend
-    payload = _to_tank(stored, direct=True)
+    payload = one_run(stored, "tank", direct=True)
     assert tank_format.framed_header(payload).sparse and len(tank_format.FORMAT.records(
         m.StoredBatch("tank", 0, 2, 3, payload))) == 2  # the columns path leaves the third out
     whole = [m.StoredBatch("kafka", 0, 1, 2, kafka_format.encode_batch([m.Record(b"a", None, 1, offset=0)], 0))]

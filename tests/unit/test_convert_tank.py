@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from convert_support import one_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -314,21 +315,6 @@ def _batches(data, bundles_of_batches, base):
     return batches
 
 
-def _to_kafka(batches, direct):
-    """``convert_run`` of ``batches`` into one Kafka batch, through ``TankFormat.records_in`` (``direct``) or
-    through ``columns`` only: the payload, or the fault it names."""
-    from gateway.codecs.kafka import format as kafka_format
-    from gateway.convert import convert_run
-
-    formats = {"tank": tank_format.FORMAT, "kafka": kafka_format.FORMAT}
-    with pytest.MonkeyPatch.context() as patch:
-        if not direct:
-            patch.setattr(tank_format.TankFormat, "records_in", lambda self, layout, batches, base_offset: None)
-        try:
-            return convert_run(batches, kafka_format.FORMAT, formats).payload
-        except m.CommandError as e:
-            return str(e.error.message)
-
 
 @needs_c
 @settings(max_examples=300, deadline=None)
@@ -341,7 +327,7 @@ def test_tank_to_kafka_in_one_c_pass_is_the_columns_path_byte_for_byte(bundles_o
     batches = _batches(data, bundles_of_batches, base)
     found = tank_format.FORMAT.records_in(KAFKA_V2_RECORDS, batches, base)
     assert found is not None  # every payload here is whole: the C pass takes it
-    assert _to_kafka(batches, direct=True) == _to_kafka(batches, direct=False)
+    assert one_run(batches, "kafka", direct=True) == one_run(batches, "kafka", direct=False)
 
 
 @needs_c
@@ -361,7 +347,7 @@ def test_a_payload_the_c_pass_does_not_take_converts_as_the_columns_path_does(bu
     batches[victim] = m.StoredBatch("tank", batches[victim].base_offset, batches[victim].last_offset, 0, bytes(damaged))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tank_format.FORMAT, "inflate_limit", limit)
-        assert _to_kafka(batches, direct=True) == _to_kafka(batches, direct=False)
+        assert one_run(batches, "kafka", direct=True) == one_run(batches, "kafka", direct=False)
 
 
 def test_offsets_past_64_bits_go_through_the_columns_path():
@@ -380,6 +366,6 @@ def test_messages_outside_their_batchs_offsets_are_a_fault_both_paths_name():
                m.StoredBatch("tank", base + 1, base + 1, 0,
                              tank_format.frame(tank_format.encode([(0, None, b"")], [0], compress=False)))]
     named = "records from offset 2147483649 with a last offset delta of -2147483650 do not fit one Kafka batch"
-    assert _to_kafka(batches, direct=False) == named
+    assert one_run(batches, "kafka", direct=False) == named
     if speedups is not None:
-        assert _to_kafka(batches, direct=True) == named
+        assert one_run(batches, "kafka", direct=True) == named
