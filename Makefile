@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 SERVING := $(VENV)/.installed-serve
 DATA   ?= .data
 
-.PHONY: serve test unit integration cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
+.PHONY: serve test unit unit-twins integration cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
 
 MQTT   := plugins/polygate-mqtt
 HTTP   := plugins/polygate-http
@@ -70,10 +70,11 @@ INTEGRATION_TESTS := tests $(addsuffix /tests,$(PLUGINS)) --ignore=tests/unit $(
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 # Integration tests mostly wait on sockets and child processes, so more workers than cores pay: on
 # 2 cores, ten integration files took 113 s one at a time, 64 s on 4 workers, 58 s on 6, 75 s on 8.
-# Tests that must have the machine to themselves are marked serial and run after, one at a time,
-# with the Spark tests (one JVM for them all, where each worker would start its own).
+# Tests that must have the machine to themselves are marked serial and run after, one at a time.
+# The Spark tests form one group of the parallel pass (tests/conftest.py): one JVM for them all,
+# on one worker, while the other workers run the rest.
 WORKERS ?= 6
-PARALLEL := -n $(WORKERS)
+PARALLEL := -n $(WORKERS) --dist loadgroup
 
 # The protocol suites again with every gateway in cluster mode, each test on a Tansu cluster of its
 # own (tests of local-mode rules are marked local_only and skipped there).
@@ -88,19 +89,24 @@ CLUSTER_SUITES := $(addprefix tests/,test_v1_gateway.py test_kafka_confluent.py 
 unit: $(STAMP)
 	$(PYTEST) $(UNIT_TESTS)
 
+# The unit tests with the C twins, then again with their Python side only.
+unit-twins: $(STAMP)
+	$(PYTEST) $(UNIT_TESTS)
+	POLYGATE_NO_EXTENSIONS=1 $(PYTEST) $(UNIT_TESTS)
+
 # Each pass ends with its slowest tests: where to look first when the run grows past its budget.
 integration: $(STAMP) java
-	$(PYTEST) $(PARALLEL) --durations=15 -m "not serial and not spark" $(INTEGRATION_TESTS)
-	$(PYTEST) --durations=15 -m "serial or spark" $(INTEGRATION_TESTS)
+	$(PYTEST) $(PARALLEL) --durations=15 -m "not serial" $(INTEGRATION_TESTS)
+	$(PYTEST) --durations=15 -m serial $(INTEGRATION_TESTS)
 
 cluster: $(STAMP)
 	POLYGATE_TEST_STORAGE=cluster $(PYTEST) $(PARALLEL) $(CLUSTER_SUITES)
 
-# Everything, one pass after another (even under make -j): lint, the unit tests with the C twins
-# and again with their Python side only, the integration tests, the protocol suites in cluster mode.
-test: $(STAMP) lint java
-	$(MAKE) --no-print-directory unit
-	POLYGATE_NO_EXTENSIONS=1 $(MAKE) --no-print-directory unit
+# Everything: lint beside the unit tests (the type check is mostly one core, the unit tests the
+# other; each one's output is printed whole when it ends), then the integration tests, then the
+# protocol suites in cluster mode.
+test: $(STAMP) java
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit-twins
 	$(MAKE) --no-print-directory integration
 	$(MAKE) --no-print-directory cluster
 
