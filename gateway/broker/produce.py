@@ -138,7 +138,8 @@ class Producer:
     def produce(self, cmd: m.Produce) -> MayWait[m.ProduceResult]:
         m.check_appendable(cmd.topic)
         try:
-            return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce(cmd))
+            ensured = self.broker.topics.ensure(cmd.topic, cmd.auto_create)
+            return self._produce(cmd) if ensured is None else then(ensured, lambda _: self._produce(cmd))
         except CommandError as e:  # before or at the check (a cluster that does not answer): remembered too
             producer = cmd.batch.producer
             if producer is not None and cmd.partition is not None:
@@ -253,8 +254,8 @@ class Producer:
         if isinstance(appending, defer.Deferred):
             # What was stored is remembered whatever becomes of the request: a client that goes away
             # cancels waiting for its answer, not the append or its producer's state.
-            appending = shielded(appending)
-        return then(appending, appended)
+            return shielded(appending).addCallback(appended)
+        return appended(appending)
 
     # ------------------------------------------------------------------ merged batches
 
