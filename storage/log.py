@@ -117,7 +117,7 @@ class PartitionLog:
 
     @property
     def next_offset(self) -> int:
-        return self.active.next_offset
+        return self.segments[-1].next_offset  # ``active``'s, read on every append and watermark: inlined
 
     @property
     def log_start_offset(self) -> int:
