@@ -62,7 +62,7 @@ def pwrite_all(fd: int, parts: Sequence[bytes], position: int) -> int:
 
     One ``pwritev`` in the common case; a short write is continued with what is left.
     """
-    total = sum(len(p) for p in parts)
+    total = sum(map(len, parts))
     try:
         done = system.pwritev(fd, parts, position)
         while done < total:

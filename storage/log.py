@@ -117,7 +117,7 @@ class PartitionLog:
 
     @property
     def next_offset(self) -> int:
-        return self.active.next_offset
+        return self.segments[-1].next_offset  # ``active``'s, read on every append and watermark: inlined
 
     @property
     def log_start_offset(self) -> int:
@@ -143,17 +143,22 @@ class PartitionLog:
         """Append one batch, whole or not at all; raises ``OSError`` (``Fenced`` once fenced)."""
         if self.failure is not None:
             raise fileio.Fenced(self.failure.errno, f"{self.directory} refuses writes since {self.failure}")
-        if base_offset < self.next_offset:
-            raise ValueError(f"offset {base_offset} below log end {self.next_offset}")
-        with self._fencing():
-            if self.active.size and self.active.size + len(payload) > self.segment_bytes:
+        active = self.segments[-1]
+        if base_offset < active.next_offset:
+            raise ValueError(f"offset {base_offset} below log end {active.next_offset}")
+        try:  # ``_fencing``, without a generator per append
+            if active.size and active.size + len(payload) > self.segment_bytes:
                 self.roll(base_offset)
-            elif not self.active.size and base_offset > self.active.base_offset:
+                active = self.segments[-1]
+            elif not active.size and base_offset > active.base_offset:
                 # An empty active segment is renamed by replacing it at the new base.
-                self.active.delete()
-                self.segments[-1] = self._new_segment(base_offset)
+                active.delete()
+                active = self.segments[-1] = self._new_segment(base_offset)
                 self._bases[-1] = base_offset
-            self.active.append(fmt, base_offset, last_offset, max_ts, payload)
+            active.append(fmt, base_offset, last_offset, max_ts, payload)
+        except fileio.Unrecoverable as e:
+            self._fence(e)
+            raise
 
     def roll(self, base_offset: int | None = None) -> None:
         base = self.next_offset if base_offset is None else base_offset
@@ -218,15 +223,19 @@ class PartitionLog:
         try:
             yield
         except fileio.Unrecoverable as e:
-            if self.failure is None and not self.deleted:  # a sync racing a delete fails harmlessly
-                self.failure = e
-                if isinstance(e, fileio.FsyncFailed):
-                    log.error("%s: %s; the partition is fenced: readers see offsets below %d only (what "
-                              "fsyncs made durable), and it refuses writes until restart",
-                              self.directory, e, self.durable_end)
-                else:
-                    log.error("%s: %s; the partition refuses writes until restart", self.directory, e)
+            self._fence(e)
             raise
+
+    def _fence(self, e: fileio.Unrecoverable) -> None:
+        """Fence the log after ``e``, a failed fsync or a torn write (``_fencing``)."""
+        if self.failure is None and not self.deleted:  # a sync racing a delete fails harmlessly
+            self.failure = e
+            if isinstance(e, fileio.FsyncFailed):
+                log.error("%s: %s; the partition is fenced: readers see offsets below %d only (what "
+                          "fsyncs made durable), and it refuses writes until restart",
+                          self.directory, e, self.durable_end)
+            else:
+                log.error("%s: %s; the partition refuses writes until restart", self.directory, e)
 
     @property
     def dirty(self) -> bool:

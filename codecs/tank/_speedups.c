@@ -495,6 +495,25 @@ typedef struct {
     uint64_t first_ts; /* 0 when format.first_timestamp would take the time now */
 } BundleHeader;
 
+/* format._first_literal: where the bytes of the literal that the snappy block p[pos:end] starts with begin,
+ * when that literal is at least 9 bytes long and they are there; -1 when not. */
+static Py_ssize_t
+first_literal(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end)
+{
+    uint64_t size, length;
+    if (read_varint5(p, &pos, end, &size) < 0 || pos >= end || (p[pos] & 3))
+        return -1;
+    length = p[pos++] >> 2;
+    if (length >= 60) { /* its length less one in the 1-4 bytes after the tag */
+        Py_ssize_t extra = (Py_ssize_t)length - 59;
+        length = 0;
+        for (Py_ssize_t b = 0; b < extra && pos + b < end; b++)
+            length |= (uint64_t)p[pos + b] << (8 * b);
+        pos += extra;
+    }
+    return length + 1 >= 9 && pos + 9 <= end ? pos : -1;
+}
+
 /* Read the header of the bundle p[pos:end] into *h: 0, or -1 when it does not parse. */
 static int
 read_bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, BundleHeader *h)
@@ -528,9 +547,10 @@ read_bundle_header(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, Bundl
     if (pos > end)
         return -1;
     uint64_t ts = 0;
-    if (!(flags & CODEC_MASK) && pos + 9 <= end && !(p[pos] & USE_LAST_TS))
+    Py_ssize_t at = (flags & CODEC_MASK) ? first_literal(p, pos, end) : pos;
+    if (at >= 0 && at + 9 <= end && !(p[at] & USE_LAST_TS))
         for (int b = 8; b >= 1; b--)
-            ts = (ts << 8) | p[pos + b];
+            ts = (ts << 8) | p[at + b];
     *h = (BundleHeader){flags, count, first, delta, has_delta, pos, ts};
     return 0;
 }

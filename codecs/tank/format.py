@@ -386,13 +386,37 @@ def frame(bundle: bytes) -> bytes:
 
 
 def first_timestamp(payload: bytes, header: Header) -> int:
-    """The first message's timestamp of an uncompressed bundle, else the time now (ms)."""
-    pos = header.body  # the first message never has a sequence delta
-    if header.codec == 0 and pos + 9 <= header.end and not payload[pos] & USE_LAST_TS:
+    """The first message's timestamp, where it can be read without decompressing: in an
+    uncompressed bundle, or in the literal a snappy block starts with (a block starts with a
+    literal; a client's first one holds the first message's flags and timestamp at least);
+    else, or when it is 0, the time now (ms)."""
+    pos, end = header.body, header.end  # the first message never has a sequence delta
+    if header.codec == CODEC_SNAPPY:
+        pos = _first_literal(payload, pos, end)
+    if pos >= 0 and pos + 9 <= end and not payload[pos] & USE_LAST_TS:
         (ts,) = _U64.unpack_from(payload, pos + 1)
         if ts:
             return ts
     return int(time.time() * 1000)
+
+
+def _first_literal(block: bytes, pos: int, end: int) -> int:
+    """Where the bytes of the literal that the snappy block ``block[pos:end]`` starts with begin,
+    when that literal is at least 9 bytes long and whole (``end`` then moves no further than it); -1
+    when it is not (a block that does not start so, or cut short): ``first_timestamp`` then
+    takes the time now."""
+    try:
+        _, pos = read_varint(block, pos, end)  # the decompressed length
+    except BundleError:
+        return -1
+    if pos >= end or block[pos] & 3:  # not a literal
+        return -1
+    length, pos = block[pos] >> 2, pos + 1
+    if length >= 60:  # its length less one in the 1-4 bytes after the tag
+        extra = length - 59
+        length = int.from_bytes(block[pos : min(pos + extra, end)], "little")
+        pos += extra
+    return pos if length + 1 >= 9 and pos + 9 <= end else -1
 
 
 # --------------------------------------------------------------------------- consume chunks

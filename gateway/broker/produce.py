@@ -138,7 +138,8 @@ class Producer:
     def produce(self, cmd: m.Produce) -> MayWait[m.ProduceResult]:
         m.check_appendable(cmd.topic)
         try:
-            return then(self.broker.topics.ensure(cmd.topic, cmd.auto_create), lambda _: self._produce(cmd))
+            ensured = self.broker.topics.ensure(cmd.topic, cmd.auto_create)
+            return self._produce(cmd) if ensured is None else then(ensured, lambda _: self._produce(cmd))
         except CommandError as e:  # before or at the check (a cluster that does not answer): remembered too
             producer = cmd.batch.producer
             if producer is not None and cmd.partition is not None:
@@ -146,8 +147,9 @@ class Producer:
             raise
 
     def _produce(self, cmd: m.Produce) -> Any:
-        store = self.store
-        partition = self._route(cmd, store.partition_count(cmd.topic))
+        partition = cmd.partition
+        if partition is None:
+            partition = self._route(cmd, self.store.partition_count(cmd.topic))
         batch = cmd.batch
         fmt = self.format(batch.format)
         refusal = refused(fmt, batch)
@@ -236,20 +238,24 @@ class Producer:
 
             return self.acknowledge(cmd, {partition: last}, result)
 
-        if producer is not None and producer.transactional:
+        def append(_: Any = None) -> MayWait[tuple[int, int]]:
+            return store.append(cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp,
+                                batch.base_offset, cmd.acks, producer)
+
+        if producer is None:  # no producer state to remember, no transaction: the append alone
+            appending = append()
+        elif producer.transactional:
             # The first batch of a transaction on the partition holds its last stable offset, from
             # before the append: readers woken by the append must not see past it.
             opened = self.broker.transactions.appending(cmd.topic, partition, producer, base)
+            appending = then(then(opened, append), remember)
         else:
-            opened = None
-        appending = then(then(opened, lambda _: store.append(
-            cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp, batch.base_offset,
-            cmd.acks, producer)), remember)
+            appending = then(append(), remember)
         if isinstance(appending, defer.Deferred):
             # What was stored is remembered whatever becomes of the request: a client that goes away
             # cancels waiting for its answer, not the append or its producer's state.
-            appending = shielded(appending)
-        return then(appending, appended)
+            return shielded(appending).addCallback(appended)
+        return appended(appending)
 
     # ------------------------------------------------------------------ merged batches
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -337,6 +339,26 @@ def test_a_request_with_bytes_after_its_bundle_stores_only_its_bundle():
     assert [r.value for r in FORMAT.records(stored)] == [b"abc", b"abc"]
 
 
+@pytest.mark.parametrize("parse", [handlers.parse_produce, handlers._parse_produce], ids=["c", "python"])
+def test_a_snappy_bundle_is_stamped_with_its_first_message_timestamp(parse):
+    """The C++ client compresses its bundles of over 512 messages: the first message's
+    timestamp is read from the literal the snappy block starts with, as from an uncompressed
+    bundle (not the time of arrival), and such a request takes the one-call path too."""
+    bundle = encode([(1_600_000_000_000 + i, None, b"v%d" % i) for i in range(600)])
+    assert bundle[0] & 3 == 1  # snappy
+    payload = produce_request(7, [("t", 0, bundle)])[5:]
+    (_, [(_, [(_, batch)])]) = parse(payload, False)
+    assert (batch.count, batch.max_timestamp) == (600, 1_600_000_000_000)
+    if handlers._speedups is not None:
+        assert handlers.parse_plain_produce(payload, False) == (7, "t", 0, batch)
+    # One message (flags 0, timestamp 0x0101...01, value b"v") as a 2-byte literal, a copy of 7
+    # bytes and a literal: the literal the block starts with does not hold the timestamp.
+    copied = bytes((0x05, 11, 0x04, 0x00, 0x01, 0x0D, 0x01, 0x04, 0x01)) + b"v"
+    assert FORMAT.records(m.StoredBatch("tank", 0, 0, 0, frame(copied)))[0].timestamp == 0x0101010101010101
+    (_, [(_, [(_, batch)])]) = parse(produce_request(8, [("t", 0, copied)])[5:], False)
+    assert 1_700_000_000_000 < batch.max_timestamp < 0x0101010101010101  # the time now
+
+
 BUNDLES = st.tuples(st.lists(st.tuples(st.sampled_from([0, 1_700_000_000_000, 2**64 - 1]), st.none() | st.binary(max_size=8),
                                        st.binary(max_size=40)), min_size=1, max_size=20),
                     st.sampled_from(["plain", "sparse", "snappy"]), st.integers(0, 2**63) | st.just(2**64 - 1))
@@ -362,6 +384,13 @@ def test_c_and_python_produce_parses_agree_whole_damaged_or_cut(topics, with_seq
     damaged = bytearray(payload)
     for _ in range(data.draw(st.integers(0, 2))):
         damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    started = int(time.time() * 1000)
+
+    def stamped(batch: m.Batch) -> m.Batch:
+        """``batch`` with a timestamp taken at the time now (not read from its bundle) as 0."""
+        now = started <= batch.max_timestamp <= int(time.time() * 1000)
+        return attrs.evolve(batch, max_timestamp=0) if now else batch
+
     for candidate in (payload, bytes(damaged), payload[: data.draw(st.integers(0, len(payload)))]):
         outcomes = []
         for parse in (handlers.parse_produce, handlers._parse_produce):
@@ -370,14 +399,13 @@ def test_c_and_python_produce_parses_agree_whole_damaged_or_cut(topics, with_seq
             except handlers.Malformed:
                 outcomes.append("malformed")
                 continue
-            outcomes.append((request_id, [(t, [(p, attrs.evolve(b, max_timestamp=0) if isinstance(b, m.Batch) else b)
-                                               for p, b in parts]) for t, parts in parsed]))
+            outcomes.append((request_id, [(t, [(p, stamped(b) if isinstance(b, m.Batch) else b) for p, b in parts])
+                                          for t, parts in parsed]))
         assert outcomes[0] == outcomes[1]
         plain = handlers.parse_plain_produce(candidate, with_seqnum)
-        if plain is not None:  # the shortcut gives what the walk gives
+        if plain is not None:  # the shortcut gives what the walk gives, a timestamp read from the bundle
             request_id, topic, partition, batch = plain
-            assert outcomes[0] == (request_id, [(topic, [(partition, attrs.evolve(batch, max_timestamp=0))])])
-            assert batch.max_timestamp == handlers.parse_produce(candidate, with_seqnum)[1][0][1][0][1].max_timestamp
+            assert outcomes[0] == (request_id, [(topic, [(partition, batch)])])
 
 
 def test_pipelined_produce_requests_run_as_one_request_answered_as_each():
