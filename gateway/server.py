@@ -128,11 +128,16 @@ class Gateway:
         self.admin_bound: tuple[str, int] | None = None
         self.stopping = False
 
-    def start(self) -> list[tuple[str, str, int]]:
-        """Open storage and listen; returns ``(codec, host, port)`` per listener.
+    def start(self) -> defer.Deferred:
+        """Open storage and listen: a Deferred of ``(codec, host, port)`` per listener.
 
         Every listener's codec options are parsed first, before storage is
-        opened: an unknown option or a bad value raises ``OptionError``.
+        opened: an unknown option or a bad value raises ``OptionError`` (at
+        once, as a taken admin address or a TLS file that does not load does).
+        Local storage opens at once, and the Deferred has fired on return;
+        cluster storage once the cluster answered (or it waited
+        ``metadata.FIRST_ASK_S``), in the running reactor: the listeners open
+        then, so that a client is served from its first request.
         """
         listeners = [(lc, self.registry.get(lc.codec)) for lc in self.listener_configs]
         settings = [self._settings(lc, plugin) for lc, plugin in listeners]
@@ -151,14 +156,22 @@ class Gateway:
         try:
             if self.cluster is not None:
                 self.cluster_store = ClusterStore(self.cluster, self.registry.batch_formats, self.reactor)
-                self.cluster_store.start()
+                opened = self.cluster_store.start()
                 store = self.cluster_store
             else:
                 self.engine = Engine(self.data_dir, self.engine_config)
                 store = LocalStore(self.engine, self.reactor)
+                opened = defer.succeed(None)
         except Exception:
             self._stop_admin()
             raise
+        return opened.addCallback(lambda _: self._serve(store, listeners, settings))
+
+    def _serve(self, store: Storage, listeners: list[tuple[ListenerConfig, CodecPlugin]],
+               settings: list[ListenerSettings]) -> list[tuple[str, str, int]]:
+        """The broker on ``store``, and the listeners open: ``(codec, host, port)`` per listener."""
+        if self.stopping:  # stopped while the storage opened
+            return self.bound
         broker_config = self.broker_config
         if not broker_config.max_partitions_per_principal and self.engine is not None:
             # One principal may use up a quarter of the partitions: a client that creates topics

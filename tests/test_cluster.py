@@ -112,6 +112,35 @@ def native_records(bootstrap: str, topic: str, partitions: int, expect: int, tim
     return got
 
 
+# --------------------------------------------------------------------------- topics
+
+
+def test_a_topic_made_again_elsewhere_with_fewer_partitions_is_seen_within_a_second(cluster, gateways):
+    """Another client deletes a topic and creates it again with one partition instead of three, between
+    two of the gateway's asks: the gateway soon shows the new topic (one partition, no record), not the
+    old one's partitions and offsets (it knows a topic by its id, asked with its partitions each time)."""
+    gw = gateways(cluster, ("v1",))
+    topic = topic_name()
+    host, port = cluster.rsplit(":", 1)
+
+    def partitions(c: V1Client) -> dict[str, tuple[str, str]]:
+        """The gateway's first offset and high watermark of each partition, as V1 describes them."""
+        reply = c.request("ADMIN_DESCRIBE_TOPIC", topic)
+        described = {k: dict(item.split(":", 1) for item in v.split(",")) for k, v in reply.fields.items()
+                     if k[0] == "p" and k[1:].isdigit()} if reply.ok else {}
+        return {k: (d["start"], d["hw"]) for k, d in described.items()}
+
+    with V1Client("127.0.0.1", gw.port("v1")) as c:
+        c.create_topic(topic, 3)
+        for i in range(5):
+            c.produce(topic, "k", f"v{i}")
+        wait_until(lambda: ("0", "4") in partitions(c).values(), 10)
+        with KafkaClient(host, int(port)) as native:
+            native.delete_topic(topic)
+            native.create_topic(topic, 1)
+        wait_until(lambda: partitions(c) == {"p0": ("0", "-1")}, 5)
+
+
 # --------------------------------------------------------------------------- groups
 
 

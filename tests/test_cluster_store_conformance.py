@@ -34,7 +34,7 @@ class TestClusterStore(StoreConformance):
         # value is held to the end), and would log each reconnect to the stopped cluster.
         store = ClusterStore(ClusterConfig(cluster.bootstrap, properties={"log_level": "2"}), FORMATS, reactor)
         try:
-            store.start()
+            pytest_twisted.blockon(store.start())
             pytest_twisted.blockon(defer.ensureDeferred(
                 eventually(lambda: store.unavailable() is None, "the cluster to be reachable")))
             yield store

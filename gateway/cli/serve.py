@@ -85,6 +85,16 @@ def _refuse(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def _not_started(error: BaseException | None) -> NoReturn:
+    """Stop ``gateway serve`` whose start failed with ``error``: a bad option, a taken address or a
+    TLS file that does not load is refused (exit code 2); anything else exits with code 1."""
+    if isinstance(error, (OptionError, AdminError, DataDirFormatError)):  # AdminError: --admin's address is taken
+        _refuse(str(error))
+    if isinstance(error, (OSError, ValueError)):
+        _refuse(f"TLS: {error}")
+    raise click.ClickException(str(error)) from error
+
+
 class _Refused(click.ClickException):
     """A start refused for a bad option: one line, exit code 2."""
 
@@ -247,6 +257,7 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, 
     from twisted.internet import reactor
     from twisted.internet.interfaces import IReactorThreads
     from twisted.python import log as twisted_log
+    from twisted.python.failure import Failure
 
     try:
         logs.configure(log_level.upper(), log_format, log_file)
@@ -363,17 +374,19 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, 
         backlog=listen_backlog,
     )
     try:
-        bound = gateway.start()
-    except OptionError as e:
-        _refuse(str(e))
-    except AdminError as e:  # --admin's address is taken
-        _refuse(str(e))
-    except DataDirFormatError as e:  # a newer or unknown data dir format (gateway.storage.datadir)
-        _refuse(str(e))
-    except (OSError, ValueError) as e:
-        _refuse(f"TLS: {e}")
+        starting = gateway.start()
     except Exception as e:  # noqa: BLE001 - report and exit non-zero
-        raise click.ClickException(str(e)) from e
+        _not_started(e)
+    failed: list[BaseException | None] = []
+
+    def not_serving(failure: Failure) -> None:  # the listeners did not open (cluster storage opens in the reactor)
+        failed.append(failure.value)
+        if reactor.running:
+            reactor.stop()
+
+    starting.addErrback(not_serving)
+    if failed:  # local storage: the Deferred fired in ``start``
+        _not_started(failed[0])
     _tune_garbage_collector()  # before the listeners are announced: a signal from then on finds the reactor
     _tune_allocator()
     if cluster is None:
@@ -381,16 +394,25 @@ def serve(protocols, data_dir, host, listen, advertised_host, admin, admin_tls, 
     else:
         click.echo(f"polygate {__version__}: storage kafka://{cluster.bootstrap} (nothing kept on local disk); "
                    f"waiting for the cluster if it is not up yet")
-    for codec, h, p in bound:
-        click.echo(f"polygate: {codec} listening on {h}:{p}{' (TLS)' if codec in tls_names else ''}; "
-                   f"open to {open_to[codec]}")
-    if gateway.admin_bound is not None:
-        click.echo(admin_banner(*gateway.admin_bound, admin_access))
     sys.stdout.flush()
+
+    def announce(bound: list[tuple[str, str, int]] | None) -> None:
+        if bound is None:  # not serving
+            return
+        for codec, h, p in bound:
+            click.echo(f"polygate: {codec} listening on {h}:{p}{' (TLS)' if codec in tls_names else ''}; "
+                       f"open to {open_to[codec]}")
+        if gateway.admin_bound is not None:
+            click.echo(admin_banner(*gateway.admin_bound, admin_access))
+        sys.stdout.flush()
+
+    starting.addCallback(announce)
     threads = cast(IReactorThreads, reactor)  # Twisted types the global reactor by its common part only
     signal.signal(signal.SIGHUP, lambda *_: threads.callFromThread(gateway.reload_tls))
     reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
     reactor.run()
+    if failed:
+        _not_started(failed[0])
     click.echo("polygate: stopped")
 
 

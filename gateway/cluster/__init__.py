@@ -13,16 +13,18 @@ acknowledged record. The pieces:
   producer of the gateway's own for acks=all;
 * ``reader``: reads and waits for new records, from fetched batches;
 * ``producers``: idempotent producers' state, read back from the batches;
-* ``metadata``: topics, ids and watermarks, refreshed every second, and whether the
-  cluster answers (probed four times a second; ``/readyz`` follows it);
+* ``metadata``: topics, ids and watermarks, asked every second through ``wire`` (whose
+  leaders come from the same answers), and whether the cluster answers (probed four times a
+  second; ``/readyz`` follows it);
 * ``clientlog``: librdkafka's log lines in the gateway's log, a repeat held back;
 * ``groups``: V1/Cursus members as members of real consumer groups, and commits;
 * ``transactions``: Kafka transactions through the cluster's coordinator;
 * ``store``: ``ClusterStore``, the ``Storage`` the broker talks to.
 
 librdkafka (confluent-kafka) serves what is off the data path, each client
-with its own thread for its blocking calls, handing results to the reactor
-thread: the admin calls behind ``metadata``, group membership, transactions.
+with its own threads, handing results to the reactor thread: the admin calls
+(topics created, deleted and altered, offsets by timestamp, groups described),
+group membership, transactions.
 """
 
 from gateway.cluster.config import ClusterConfig, parse_properties, parse_storage

@@ -146,7 +146,7 @@ class SecurityTopic:
         key = raw_key.decode("utf-8", "replace")
         raw = message.value()
         value = None if raw is None else msgpack.unpackb(raw, raw=False)
-        if initial:  # the reactor is not running yet: nothing else touches the records
+        if initial:  # the store does not serve yet: nothing else touches the records
             self._set(key, value)
         else:
             self.reactor.callFromThread(self._arrived, key, value)

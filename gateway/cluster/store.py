@@ -21,7 +21,7 @@ from confluent_kafka.admin import (
     OffsetSpec,
     ResourceType,
 )
-from twisted.internet import defer
+from twisted.internet import defer, threads
 
 from gateway import model as m
 from gateway.cluster.bridge import deferred_from
@@ -82,7 +82,7 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         self.started_at = time.time()
         self.admin = AdminClient(config.client())
         self.client = ClusterClient(config, reactor)
-        self.metadata = Metadata(config, self.admin, self.client, reactor, gone=self._topic_gone)
+        self.metadata = Metadata(config, self.client, reactor, gone=self._topic_gone)
         self.writer = Writer(config, self.client, reactor, formats, self._delivered)
         self.reader = Reader(self.client, self.metadata, reactor, kafka_format(formats))
         self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read
@@ -92,14 +92,23 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         self.transactions = TransactionalProducers(config, self.admin, reactor)
         self._timeout = config.request_timeout_ms / 1000
 
-    def start(self) -> None:
+    def start(self) -> defer.Deferred:
+        """Start every part; fires once the store serves: the cluster's first answer is in (or
+        ``metadata.FIRST_ASK_S`` passed without one), and its security records were read."""
         log.info("storage: %s", self.config.describe())
-        for part in (self.metadata, self.client, self.writer, self.reader, self.groups):
+        for part in (self.client, self.writer, self.reader, self.groups):
             part.start()
-        # A cluster that did not answer the first metadata request is not waited for a second time
-        # (a start would take twice as long): its security records are read once it answers.
-        self.security.start(first_read=self.metadata.reachable)
         self.transactions.start()
+
+        def read_security(_: Any) -> defer.Deferred:
+            # A cluster that did not answer the first metadata request is not waited for a second time
+            # (a start would take twice as long): its security records are read once it answers. The
+            # first read blocks in librdkafka: a thread of the reactor's does it, so that the probes and
+            # the asks go on.
+            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self.security.start,
+                                             first_read=self.metadata.reachable)
+
+        return self.metadata.start().addCallback(read_security)
 
     def close(self) -> None:
         """Deliver what is queued, leave the groups, stop every thread."""
@@ -466,7 +475,7 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         return f"the Kafka cluster at {self.config.bootstrap} is unavailable: {self.metadata.error}"
 
     def housekeeping(self) -> None:
-        self.client.refresh_if_old()
+        self.admin.poll(0)  # the admin client's log lines (``clientlog``) are handed over here
         self.writer.expire()
         self.groups.expire()
         for reader in self._readers():

@@ -22,8 +22,9 @@ What it does:
   out of order); the next request opens a new one. A stalled or restarted
   cluster is thus met with new connections, never a stuck one.
 - **Where partitions are.** Metadata for the topics in use, refreshed when an
-  answer says a leader moved or a connection failed, and every
-  ``METADATA_MAX_AGE_S``.
+  answer says a leader moved or a connection failed; and every answer to the
+  gateway's picture of the whole cluster (``gateway.cluster.metadata``, every
+  second), so that the data path and the broker's calls see one cluster.
 
 It does not retry: the writer and the reader decide what may be retried.
 """
@@ -33,7 +34,6 @@ from __future__ import annotations
 import functools
 import logging
 import struct
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,19 +51,23 @@ log = logging.getLogger(__name__)
 
 PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_HANDSHAKE, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 0, 1, 3, 18, 17, 22, 36
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LEAVE_GROUP, OFFSET_DELETE = 8, 9, 10, 13, 47
+LIST_OFFSETS, DESCRIBE_CONFIGS = 2, 32
 # The highest version of each API the client uses (Fetch 12: the last that names topics, not ids;
-# FindCoordinator 3: the last of one group a request; OffsetFetch 9: groups in a batch from v8, which
-# ``OFFSET_FETCH_BATCHED`` names; LeaveGroup 3: the first that names a static member).
-WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 9, INIT_PRODUCER_ID: 4, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2,
-          OFFSET_COMMIT: 8, OFFSET_FETCH: 9, FIND_COORDINATOR: 3, LEAVE_GROUP: 4, OFFSET_DELETE: 0}
+# Metadata 10 and up: topic ids; FindCoordinator 3: the last of one group a request; OffsetFetch 9:
+# groups in a batch from v8, which ``OFFSET_FETCH_BATCHED`` names; LeaveGroup 3: the first that names
+# a static member).
+WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 12, INIT_PRODUCER_ID: 4, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2,
+          OFFSET_COMMIT: 8, OFFSET_FETCH: 9, FIND_COORDINATOR: 3, LEAVE_GROUP: 4, OFFSET_DELETE: 0,
+          LIST_OFFSETS: 7, DESCRIBE_CONFIGS: 4}
 OFFSET_FETCH_BATCHED = 8
 # The lowest each must reach: record batches (magic 2) need Produce 3 and Fetch 4; offsets kept by
-# the cluster itself, with a member's generation, OffsetCommit 2; all of a group's, OffsetFetch 2.
+# the cluster itself, with a member's generation, OffsetCommit 2; all of a group's, OffsetFetch 2;
+# all topics (a null list), Metadata 1; one offset a partition, ListOffsets 1.
 NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 0,
-          OFFSET_COMMIT: 2, OFFSET_FETCH: 2, FIND_COORDINATOR: 0, LEAVE_GROUP: 3, OFFSET_DELETE: 0}
+          OFFSET_COMMIT: 2, OFFSET_FETCH: 2, FIND_COORDINATOR: 0, LEAVE_GROUP: 3, OFFSET_DELETE: 0,
+          LIST_OFFSETS: 1, DESCRIBE_CONFIGS: 0}
 MAX_FRAME = 256 << 20
 _SIZE = struct.Struct(">i")
-METADATA_MAX_AGE_S = 30.0
 SWEEP_S = 0.1  # how often requests are checked for their timeout
 CONNECT_TIMEOUT_S = 5.0
 
@@ -290,7 +294,6 @@ class ClusterClient:
         self._connections: dict[tuple[int, str], Shared | BrokerConnection] = {}
         self._handshaking: dict[tuple[int, str], BrokerConnection] = {}  # opened, not yet usable
         self._refreshing: Shared | None = None
-        self._refreshed_at = 0.0
         self._sweep = task.LoopingCall(self._expire)
         self._sweep.clock = reactor
         self._bootstrap_turn = 0
@@ -484,29 +487,33 @@ class ClusterClient:
         d = self.request(-1, "metadata", METADATA, lambda v: {
             "Topics": [{"Name": t} for t in topics], "AllowAutoTopicCreation": False})
 
-        def read(answer: Any) -> None:
-            self.brokers = {b.NodeId: Broker(b.NodeId, b.Host, b.Port) for b in answer.Brokers}
-            for t in answer.Topics:
-                if t.ErrorCode:
-                    self.partitions.pop(t.Name, None)
-                    for key in [k for k in self.leaders if k[0] == t.Name]:
-                        del self.leaders[key]
-                    continue
-                self.partitions[t.Name] = len(t.Partitions)
-                for p in t.Partitions:
-                    self.leaders[(t.Name, p.PartitionIndex)] = PartitionLeader(p.LeaderId, p.get("LeaderEpoch", -1))
-            self._refreshed_at = time.monotonic()
-
         def done(result: Any) -> Any:
             self._refreshing = None
             return result
 
-        self._refreshing = Shared(d.addCallback(read).addBoth(done))
+        self._refreshing = Shared(d.addCallback(self.learn).addBoth(done))
         return self._refreshing.wait()
 
-    def refresh_if_old(self) -> None:
-        if time.monotonic() - self._refreshed_at > METADATA_MAX_AGE_S and self.topics:
-            self.refresh().addErrback(lambda f: log.debug("metadata refresh failed: %s", f.getErrorMessage()))
+    def learn(self, answer: Any, complete: bool = False) -> None:
+        """Take the brokers and the leaders of a Metadata ``answer`` (of the topics in use, or of
+        every topic: ``complete``, where a topic left out is one the cluster no longer has)."""
+        self.brokers = {b.NodeId: Broker(b.NodeId, b.Host, b.Port) for b in answer.Brokers}
+        named = {t.Name for t in answer.Topics}
+        for t in answer.Topics:
+            if t.ErrorCode:
+                self._forget(t.Name)
+                continue
+            self.partitions[t.Name] = len(t.Partitions)
+            for p in t.Partitions:
+                self.leaders[(t.Name, p.PartitionIndex)] = PartitionLeader(p.LeaderId, p.get("LeaderEpoch", -1))
+        if complete:
+            for name in [n for n in self.partitions if n not in named]:
+                self._forget(name)
+
+    def _forget(self, topic: str) -> None:
+        self.partitions.pop(topic, None)
+        for key in [k for k in self.leaders if k[0] == topic]:
+            del self.leaders[key]
 
 
 def _host_port(item: str) -> tuple[str, int]:
