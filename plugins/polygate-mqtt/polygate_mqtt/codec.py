@@ -141,6 +141,7 @@ from gateway.codec import (
     Timer,
     Unsubscribe,
     integer,
+    merged_produce,
 )
 from gateway.codec.framing import LengthPrefixedFramer, varint_header
 from gateway.codec.varint import TABLE_SIZE, UVARINTS
@@ -297,6 +298,11 @@ class MqttConnection(CodecConnection):
         self.queued_bytes = 0
         self.next_id = 0
         self.awaiting_release: set[int] = set()
+        # the stretch of pipelined PUBLISHes being merged (``handlers._merge_key``): its key, the
+        # topic name (record key) of its PUBLISHes and the size of their records
+        self.merges = 0
+        self.merging_name: bytes | None = None
+        self.merging_bytes = 0
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
         self.will_delay_s = 0  # its MQTT 5 Will Delay Interval
         self.clients: Clients | None = settings.background  # what the gateway's MQTT connections share
@@ -335,6 +341,10 @@ class MqttConnection(CodecConnection):
         takes a whole run of pipelined PUBLISHes, not once per PUBLISH)."""
         self.taken_at = int(time.time() * 1000)
         return super().next_event()
+
+    def merge(self, commands: list[m.Produce]) -> m.Produce:
+        """The stored batch of a stretch of pipelined PUBLISHes to one topic name (``Handled.merges``)."""
+        return merged_produce(fmt.FORMAT, commands)
 
     def end_of_stream(self) -> Close:
         return Close(reason="end of stream")

@@ -290,14 +290,36 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     produce = _produce(conn, name, qos, payload, headers)
     if qos == 0:
         return Handled.answer(b"") if produce is None else Handled.run(
-            (produce,), _announcing(conn, produce, _Stored(b"", (conn, name, qos, None))), joins=True)
+            (produce,), _announcing(conn, produce, _Stored(b"", (conn, name, qos, None))), joins=True,
+            merges=_merge_key(conn, produce))
     assert packet_id is not None  # QoS 1 and 2 carry one
     if qos == 2:
         conn.awaiting_release.add(packet_id)
     ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
     if produce is None:
         return Handled.answer(ack)
-    return Handled.run((produce,), _announcing(conn, produce, _Stored(ack, (conn, name, qos, packet_id))), joins=True)
+    return Handled.run((produce,), _announcing(conn, produce, _Stored(ack, (conn, name, qos, packet_id))), joins=True,
+                       merges=_merge_key(conn, produce))
+
+
+MERGED_BYTES = 1 << 20
+"""A stretch of merged PUBLISHes (``_merge_key``) takes no more once its records reach this size,
+as the broker's merged appends do."""
+
+
+def _merge_key(conn: MqttConnection, produce: m.Produce) -> int:
+    """The ``Handled.merges`` key of a PUBLISH stored by ``produce``: the key of the PUBLISH before
+    it when that one was to the same topic name and its stretch has room (``MERGED_BYTES``), else
+    a new one. A topic name is one log topic and one record key, so one log partition: the
+    pipelined PUBLISHes of a stretch are stored as one batch (``MqttConnection.merge``), and each
+    is answered from its one result, in order."""
+    size = len(produce.batch.payload)
+    if produce.key == conn.merging_name and conn.merging_bytes < MERGED_BYTES:
+        conn.merging_bytes += size
+    else:
+        conn.merges += 1
+        conn.merging_name, conn.merging_bytes = produce.key, size
+    return conn.merges
 
 
 class _FirstStored:

@@ -1,0 +1,132 @@
+"""Pipelined PUBLISHes to one topic name are stored as one batch (``Handled.merges``): one
+``Produce`` for the stretch, each PUBLISH answered from its one result, in order; a failed
+merged append fails every PUBLISH of it."""
+
+from __future__ import annotations
+
+import pytest
+from mqtt_support import Client, Rig, connect5_packet, connect_packet, split_packets
+from polygate_mqtt import format as mqtt_format
+from polygate_mqtt import handlers, packets
+from polygate_mqtt.codec import MqttConnection
+from polygate_mqtt.packets import PacketType
+from polygate_mqtt.properties import ReasonCode
+
+from gateway import model as m
+from gateway.broker.access import Access
+from gateway.codec import ListenerSettings, Request, Run
+from gateway.security.acl import Acls
+
+TS = 1_700_000_000_000
+
+
+def connected(version: int = 4) -> MqttConnection:
+    """A connection whose CONNECT was accepted, its events taken."""
+    conn = MqttConnection(ListenerSettings(1 << 20, clock=lambda: 0.0))
+    conn.receive_data(connect_packet() if version == 4 else connect5_packet())
+    while conn.next_event() is not None:
+        pass
+    assert conn.connected
+    return conn
+
+
+# A pipelined burst: three QoS 1 and a QoS 0 to a/x, two QoS 1 to a/y, a QoS 1 to a/x again.
+BURST = [(b"a/x", 1, 1), (b"a/x", 1, 2), (b"a/x", 1, 3), (b"a/x", 0, None), (b"a/y", 1, 4), (b"a/y", 1, 5),
+         (b"a/x", 1, 6)]
+
+
+def burst_bytes(version: int) -> bytes:
+    if version == 5:
+        return b"".join(packets.publish5(name, b"m%d" % i, b"", qos, packet_id)
+                        for i, (name, qos, packet_id) in enumerate(BURST))
+    return b"".join(packets.publish(name, b"m%d" % i, qos, packet_id) for i, (name, qos, packet_id) in enumerate(BURST))
+
+
+def burst(conn: MqttConnection) -> Request:
+    conn.receive_data(burst_bytes(conn.version))
+    request = conn.next_event()
+    assert isinstance(request, Request) and conn.next_event() is None
+    return request
+
+
+def test_a_pipelined_run_of_publishes_to_one_name_is_one_produce_answered_in_order():
+    conn = connected()
+    request = burst(conn)
+    assert type(request.context) is Run and request.frames == len(BURST)
+    produces = request.commands
+    assert [(p.topic, p.key, p.batch.count) for p in produces] == [("a", b"a/x", 4), ("a", b"a/y", 2), ("a", b"a/x", 1)]
+    stored = [list(mqtt_format.FORMAT.records(m.StoredBatch(mqtt_format.NAME, 0, p.batch.count - 1, TS, p.batch.payload)))
+              for p in produces]
+    assert [[(r.offset, r.key, r.value, r.extras["mqtt_qos"]) for r in records] for records in stored] == [
+        [(0, b"a/x", b"m0", 1), (1, b"a/x", b"m1", 1), (2, b"a/x", b"m2", 1), (3, b"a/x", b"m3", 0)],
+        [(0, b"a/y", b"m4", 1), (1, b"a/y", b"m5", 1)],
+        [(0, b"a/x", b"m6", 1)]]
+    results = [m.ProduceResult("a", 0, 10, 13, 14), m.ProduceResult("a", 1, 0, 1, 2), m.ProduceResult("a", 0, 14, 14, 15)]
+    answer = conn.respond(request, results)
+    assert split_packets(answer) == [(PacketType.PUBACK, 0, packet_id.to_bytes(2, "big")) for packet_id in range(1, 7)]
+
+
+def test_a_failed_merged_produce_fails_every_publish_of_it_and_only_those():
+    """MQTT 5: each QoS 1 PUBLISH of a failed stretch gets its negative PUBACK, and its QoS 0 one
+    closes the connection, as each would alone; the PUBLISHes the other produce stored get their
+    PUBACK."""
+    conn = connected(version=5)
+    request = burst(conn)
+    refused = m.Error(m.ErrorCode.STORAGE_ERROR, "disk full")
+    results = [m.ProduceResult("a", error=refused), m.ProduceResult("a", 1, 0, 1, 2), m.ProduceResult("a", error=refused)]
+    got = [(kind, body[:3]) for kind, _, body in split_packets(conn.respond(request, results))]
+    failed, stored = ReasonCode.UNSPECIFIED_ERROR, b""
+    assert got == [(PacketType.PUBACK, b"\x00\x01" + bytes((failed,))), (PacketType.PUBACK, b"\x00\x02" + bytes((failed,))),
+                   (PacketType.PUBACK, b"\x00\x03" + bytes((failed,))), (PacketType.PUBACK, b"\x00\x04" + stored),
+                   (PacketType.PUBACK, b"\x00\x05" + stored), (PacketType.PUBACK, b"\x00\x06" + bytes((failed,)))]
+    assert conn.closed  # QoS 0 has no negative acknowledgement
+
+
+def test_a_failed_merged_produce_closes_a_3_1_1_connection_without_acknowledging_any():
+    conn = connected()
+    request = burst(conn)
+    refused = m.ProduceResult("a", error=m.Error(m.ErrorCode.STORAGE_ERROR, "disk full"))
+    assert conn.respond(request, [refused, refused, refused]) == b""
+    assert conn.closed
+
+
+def test_a_stretch_takes_no_more_once_its_records_reach_the_bound(monkeypatch):
+    monkeypatch.setattr(handlers, "MERGED_BYTES", 100)
+    conn = connected()
+    conn.receive_data(packets.publish(b"a/x", b"v" * 60) * 5)
+    request = conn.next_event()
+    assert isinstance(request, Request)
+    assert [p.batch.count for p in request.commands] == [2, 2, 1]
+
+
+@pytest.fixture
+def rig(tmp_path):
+    r = Rig(str(tmp_path))
+    yield r
+    r.close()
+
+
+def test_a_pipelined_run_is_stored_in_order_and_a_refused_one_stores_nothing(rig):
+    """Through the real adapter and broker: a burst's PUBLISHes are stored in order and each
+    PUBACKed; a burst the ACLs refuse is refused for each of its PUBLISHes, and nothing of it is
+    stored."""
+    c = Client(*rig.connect())
+    c.send(connect5_packet())
+    got = c.send(burst_bytes(5))
+    assert got == [(PacketType.PUBACK, 0, packet_id.to_bytes(2, "big")) for packet_id in range(1, 7)]
+    fetched = rig.broker.run_many([m.Fetch("a", p, 0, mqtt_format.NAME) for p in range(3)])
+    stored = {}
+    for result in fetched:
+        for batch in result.batches:
+            for record in mqtt_format.FORMAT.records(batch):
+                stored.setdefault(record.key, []).append(record.value)
+    assert stored == {b"a/x": [b"m0", b"m1", b"m2", b"m3", b"m6"], b"a/y": [b"m4", b"m5"]}
+
+    rig.broker.access = Access(rig.broker, Acls())  # no binding: nothing allowed
+    got = c.send(b"".join(packets.publish5(b"b/x", b"n", b"", 1, packet_id) for packet_id in (7, 8, 9))
+                 + packets.publish5(b"b/x", b"n", b""))
+    assert [(kind, body[:3]) for kind, _, body in got] == [
+        (PacketType.PUBACK, packet_id.to_bytes(2, "big") + bytes((ReasonCode.NOT_AUTHORIZED,))) for packet_id in (7, 8, 9)]
+    assert not c.closed  # a refused QoS 0 PUBLISH is dropped
+    rig.broker.access = None
+    assert "b" not in {t.topic for t in rig.broker.run_many([m.ListTopics()])[0].topics}
