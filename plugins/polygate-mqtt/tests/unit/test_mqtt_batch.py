@@ -122,3 +122,38 @@ def test_the_qos_comes_back_from_the_header_kafka_keeps_it_in():
     payload = mqtt_format.FORMAT.encode(records, 0)
     got = [qos for _, qos, _, _, _ in mqtt_format.FORMAT.deliveries(StoredBatch("mqtt", 0, 2, 1, payload))]
     assert got == [0, mqtt_format.UNKNOWN_QOS, mqtt_format.UNKNOWN_QOS]
+
+
+def _outcome(count, payload):
+    try:
+        return count(payload)
+    except ValueError as e:
+        return str(e)
+
+
+RECORDS = st.lists(st.tuples(st.sampled_from([0, 1, 2, mqtt_format.UNKNOWN_QOS]), st.none() | st.binary(max_size=12),
+                             st.none() | st.binary(max_size=20), HEADER_LISTS), min_size=1, max_size=6)
+
+
+def _payload(records, first=0):
+    return b"".join(mqtt_format.encode_record(first + i, 1_700_000_000_000, qos, key, value,
+                                              mqtt_format.encode_headers(headers))
+                    for i, (qos, key, value, headers) in enumerate(records))
+
+
+@pytest.mark.skipif(mqtt_format._speedups is None, reason="the C loops were not built")
+@given(RECORDS, st.integers(0, 2), st.integers(-1, 200), st.binary(max_size=8))
+def test_the_c_record_count_gives_the_python_twins_answers(records, first, cut, tail):
+    """Whole payloads, misnumbered ones, payloads cut anywhere or with bytes after them: the same
+    count, or the same fault named."""
+    payload = _payload(records, first)
+    for candidate in (payload, payload[:cut], payload + tail, tail):
+        assert _outcome(mqtt_format._speedups.count_records, candidate) == _outcome(mqtt_format._count_records, candidate)
+
+
+@pytest.mark.skipif(mqtt_format._speedups is None, reason="the C loops were not built")
+@given(st.lists(RECORDS, min_size=1, max_size=6))
+def test_the_c_join_gives_the_python_twins_bytes(payloads):
+    encoded = [_payload(records) for records in payloads]
+    assert mqtt_format._speedups.join(encoded) == mqtt_format._join(encoded)
+    assert mqtt_format._speedups.join([memoryview(p) for p in encoded]) == mqtt_format._join(encoded)
