@@ -20,7 +20,7 @@ as the header ``polygate.mqtt_qos`` (its place for extras), which is how a
 cluster holds it: a record with that header gets its QoS back.
 
 The loops over a produced payload's records (``validate``, ``join``: every stored PUBLISH passes
-both) have C twins in ``_speedups``, chosen at import (``POLYGATE_NO_EXTENSIONS`` keeps Python's).
+both) and ``encode_record`` have C twins in ``_speedups``, chosen at import (``POLYGATE_NO_EXTENSIONS`` keeps Python's).
 """
 
 from __future__ import annotations
@@ -83,10 +83,11 @@ def decode_headers(data: bytes) -> tuple[tuple[str, bytes | None], ...]:
     return tuple(out)
 
 
-def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None,
+def _encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None,
                   headers: bytes = b"") -> bytes:
     """One record; a null ``value`` is a tombstone (a cleared retained message). ``headers`` is
-    an encoded headers section (``encode_headers``): with one, the record has the ``HEADERS`` bit."""
+    an encoded headers section (``encode_headers``): with one, the record has the ``HEADERS`` bit
+    (in C when built: ``_speedups.encode_record``, the same bytes)."""
     if headers:
         qos = HEADERS | (qos & _QOS_BITS)  # UNKNOWN_QOS's low bits are 3
     parts = [HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
@@ -174,6 +175,7 @@ def _join(payloads: Sequence[bytes | memoryview]) -> bytes:
 
 
 _speedups = load("polygate_mqtt._speedups")
+encode_record = _encode_record if _speedups is None else _speedups.encode_record
 count_records = _count_records if _speedups is None else _speedups.count_records
 join = _join if _speedups is None else _speedups.join
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -157,3 +159,22 @@ def test_the_c_join_gives_the_python_twins_bytes(payloads):
     encoded = [_payload(records) for records in payloads]
     assert mqtt_format._speedups.join(encoded) == mqtt_format._join(encoded)
     assert mqtt_format._speedups.join([memoryview(p) for p in encoded]) == mqtt_format._join(encoded)
+
+
+@pytest.mark.skipif(mqtt_format._speedups is None, reason="the C loops were not built")
+@given(st.integers(0, 2**32 - 1), st.integers(-2**63, 2**63 - 1), st.integers(0, 255), st.none() | st.binary(max_size=20),
+       st.none() | st.binary(max_size=40), HEADER_LISTS)
+def test_the_c_record_encoding_gives_the_python_twins_bytes(delta, timestamp, qos, key, value, headers):
+    encoded = mqtt_format.encode_headers(headers)
+    assert mqtt_format._speedups.encode_record(delta, timestamp, qos, key, value, encoded) == \
+        mqtt_format._encode_record(delta, timestamp, qos, key, value, encoded)
+    assert mqtt_format._speedups.encode_record(delta, timestamp, qos, key, value) == \
+        mqtt_format._encode_record(delta, timestamp, qos, key, value)
+
+
+@pytest.mark.skipif(mqtt_format._speedups is None, reason="the C loops were not built")
+@pytest.mark.parametrize("delta, timestamp, qos", [(-1, 0, 0), (2**32, 0, 0), (0, 2**63, 0), (0, 0, 256), (0, 0, -1)])
+def test_a_number_a_record_field_does_not_hold_is_a_struct_error_in_both_twins(delta, timestamp, qos):
+    for encode in (mqtt_format._speedups.encode_record, mqtt_format._encode_record):
+        with pytest.raises(struct.error):
+            encode(delta, timestamp, qos, b"k", b"v")
