@@ -6,6 +6,7 @@ each whole frame into one ``Handled``. The contract is in ``gateway.codec``'s do
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -592,13 +593,11 @@ class CodecConnection(PushConnection, TimerConnection):
 
     def _run(self, first: Handled) -> Request:
         """``first`` and the joining requests whose frames follow it, already buffered, as one
-        ``Request`` (``Handled.joins``), the commands of consecutive requests with an equal
-        ``Handled.merges`` key merged (``_merged``). The first frame that does not join ends
+        ``Request`` (``Handled.joins``, ``_joined``). The first frame that does not join ends
         the run; its event comes next."""
-        parts, ends = [first], [len(first.commands)]
-        commands = list(first.commands)
+        parts = [first]
+        join = parts.append
         events, next_frame, handle_frame = self.events, self._next_frame, self.handle_frame
-        key, merges = first.merges, False
         while len(parts) < RUN_MAX and not events:
             frame = next_frame()
             if frame is None:
@@ -610,30 +609,30 @@ class CodecConnection(PushConnection, TimerConnection):
             if type(handled) is not Handled or not handled.joins or handled.render is None or handled.hold:
                 self.emit(handled)
                 break
-            parts.append(handled)
-            commands += handled.commands
-            ends.append(len(commands))
-            if handled.merges is not None and handled.merges == key:
-                merges = True
-            key = handled.merges
+            join(handled)
         if len(parts) == 1:
             return Request(first.commands, first, first.ordered)
-        if merges:
-            return self._merged(parts)
-        return Request(tuple(commands), Run(parts, ends), True, len(parts))
+        return self._joined(parts)
 
-    def _merged(self, parts: list[Handled]) -> Request:
-        """The request of the run of ``parts`` in which the one command of each stretch of
-        consecutive parts with an equal ``Handled.merges`` key is made one by ``merge``: the
-        parts of a stretch share its result (``Run.starts``)."""
+    def _joined(self, parts: list[Handled]) -> Request:
+        """The request of the run of ``parts``: their commands in order, but that the one command
+        of each stretch of consecutive parts with an equal ``Handled.merges`` key is made one by
+        ``merge``, whose result the parts of the stretch share (``Run.starts``)."""
+        n = len(parts)
+        keys = [part.merges for part in parts]
+        if not any(key is not None and key == after for key, after in zip(keys, keys[1:])):  # nothing merges
+            if all(len(part.commands) == 1 for part in parts):  # one command each: the usual run
+                return Request(tuple([part.commands[0] for part in parts]), Run(parts, _ONE_EACH[:n]), True, n)
+            every = tuple(command for part in parts for command in part.commands)
+            return Request(every, Run(parts, list(itertools.accumulate(len(part.commands) for part in parts))), True, n)
         commands: list[Any] = []
         starts: list[int] = []
         ends: list[int] = []
-        i, n = 0, len(parts)
+        i = 0
         while i < n:
-            key, j = parts[i].merges, i + 1
+            key, j = keys[i], i + 1
             if key is not None:
-                while j < n and parts[j].merges == key:
+                while j < n and keys[j] == key:
                     j += 1
             at = len(commands)
             if j - i > 1:
