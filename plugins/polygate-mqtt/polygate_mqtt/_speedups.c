@@ -8,6 +8,10 @@
  *     one record: ``format._encode_record`` (every stored PUBLISH is one); key and value bytes-like
  *     or None (null), headers an encoded headers section (with one, the qos byte gets the HEADERS
  *     bit); struct.error, as ``struct`` raises it, for a number its field does not hold.
+ * deliveries(payload, base_offset) -> list
+ *     ``(offset, qos, key, value, headers)`` of each record of a stored payload: what
+ *     ``MqttFormat.deliveries`` yields (a null key None, a null value b"", headers the encoded
+ *     section, b"" without); struct.error for a record cut short.
  * join(payloads) -> bytes
  *     the records of ``payloads`` (a sequence of bytes-like objects, each whole records) in
  *     order, their offset deltas renumbered 0, 1, 2... across them: ``MqttFormat.join``; raises
@@ -235,7 +239,117 @@ done:
     return out;
 }
 
+static PyObject *
+deliveries(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "deliveries takes a payload and its base offset");
+        return NULL;
+    }
+    long long base = PyLong_AsLongLong(args[1]);
+    if (base == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        goto failed;
+    const unsigned char *p = view.buf;
+    Py_ssize_t pos = 0, end = view.len;
+    PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+    if (empty == NULL)
+        goto failed;
+    while (pos < end) {
+        if (end - pos < HEAD_SIZE)
+            goto cut;
+        uint32_t delta = get_u32(p + pos);
+        unsigned int qos = p[pos + 12];
+        int32_t klen = get_i32(p + pos + 13);
+        pos += HEAD_SIZE;
+        PyObject *key, *value, *headers, *item;
+        if (klen < 0) {
+            key = Py_NewRef(Py_None);
+        } else {
+            if (end - pos < klen)
+                goto cut;
+            key = PyBytes_FromStringAndSize((const char *)p + pos, klen);
+            pos += klen;
+        }
+        if (key == NULL)
+            goto failed_empty;
+        if (end - pos < 4) {
+            Py_DECREF(key);
+            goto cut;
+        }
+        int32_t vlen = get_i32(p + pos);
+        pos += 4;
+        if (vlen > 0) {
+            if (end - pos < vlen) {
+                Py_DECREF(key);
+                goto cut;
+            }
+            value = PyBytes_FromStringAndSize((const char *)p + pos, vlen);
+            pos += vlen;
+        } else {
+            value = Py_NewRef(empty);
+        }
+        if (value == NULL) {
+            Py_DECREF(key);
+            goto failed_empty;
+        }
+        if (!(qos & HEADERS) || qos == UNKNOWN_QOS) {
+            headers = Py_NewRef(empty);
+        } else {
+            int32_t hlen = end - pos < 4 ? -1 : get_i32(p + pos);
+            if (hlen < 0 || end - pos - 4 < hlen) {
+                Py_DECREF(key);
+                Py_DECREF(value);
+                goto cut;
+            }
+            headers = PyBytes_FromStringAndSize((const char *)p + pos + 4, hlen);
+            pos += 4 + hlen;
+            qos = (qos & 0x03) == 0x03 ? UNKNOWN_QOS : (qos & 0x03);
+            if (headers == NULL) {
+                Py_DECREF(key);
+                Py_DECREF(value);
+                goto failed_empty;
+            }
+        }
+        PyObject *offset = PyLong_FromLongLong(base + (long long)delta);
+        item = offset == NULL ? NULL : PyTuple_New(5);
+        if (item == NULL) {
+            Py_XDECREF(offset);
+            Py_DECREF(key);
+            Py_DECREF(value);
+            Py_DECREF(headers);
+            goto failed_empty;
+        }
+        PyTuple_SET_ITEM(item, 0, offset);
+        PyTuple_SET_ITEM(item, 1, PyLong_FromLong(qos)); /* 0 to 255: a cached small int */
+        PyTuple_SET_ITEM(item, 2, key);
+        PyTuple_SET_ITEM(item, 3, value);
+        PyTuple_SET_ITEM(item, 4, headers);
+        int appended = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (appended < 0)
+            goto failed_empty;
+    }
+    Py_DECREF(empty);
+    PyBuffer_Release(&view);
+    return out;
+cut:
+    PyErr_SetString(struct_error, "a stored record cut short");
+failed_empty:
+    Py_DECREF(empty);
+failed:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"deliveries", (PyCFunction)(void (*)(void))deliveries, METH_FASTCALL, "The deliveries of a stored mqtt payload."},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL, "One mqtt record."},
     {"count_records", count_records, METH_O, "The records of an mqtt payload, numbered from 0; ValueError else."},
     {"join", join, METH_O, "mqtt payloads as one, offset deltas renumbered across them."},

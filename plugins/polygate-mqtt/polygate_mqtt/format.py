@@ -20,7 +20,7 @@ as the header ``polygate.mqtt_qos`` (its place for extras), which is how a
 cluster holds it: a record with that header gets its QoS back.
 
 The loops over a produced payload's records (``validate``, ``join``: every stored PUBLISH passes
-both) and ``encode_record`` have C twins in ``_speedups``, chosen at import (``POLYGATE_NO_EXTENSIONS`` keeps Python's).
+both), ``encode_record`` and ``deliveries`` (every record a subscriber gets) have C twins in ``_speedups``, chosen at import (``POLYGATE_NO_EXTENSIONS`` keeps Python's).
 """
 
 from __future__ import annotations
@@ -174,10 +174,39 @@ def _join(payloads: Sequence[bytes | memoryview]) -> bytes:
     return b"".join(parts)
 
 
+def _deliveries(payload: bytes, base: int) -> Iterator[tuple[int, int, bytes | None, bytes, bytes]]:
+    """``MqttFormat.deliveries`` of a stored batch's ``payload`` numbered from ``base`` (in C when
+    built: ``_speedups.deliveries``, the same tuples in a list)."""
+    data, unpack_head, unpack_len = payload, HEAD.unpack_from, LEN.unpack_from
+    pos, end = 0, len(data)
+    while pos < end:
+        delta, _, qos, klen = unpack_head(data, pos)
+        pos += HEAD_SIZE
+        if klen < 0:
+            key = None
+        else:
+            key = data[pos : pos + klen]
+            pos += klen
+        (vlen,) = unpack_len(data, pos)
+        pos += 4
+        if vlen > 0:
+            value = data[pos : pos + vlen]
+            pos += vlen
+        else:
+            value = b""
+        if not qos & HEADERS or qos == UNKNOWN_QOS:  # inline: this runs for every record a subscriber gets
+            yield base + delta, qos, key, value, b""
+        else:
+            (hlen,) = unpack_len(data, pos)
+            yield base + delta, _qos(qos), key, value, data[pos + 4 : pos + 4 + hlen]
+            pos += 4 + hlen
+
+
 _speedups = load("polygate_mqtt._speedups")
 encode_record = _encode_record if _speedups is None else _speedups.encode_record
 count_records = _count_records if _speedups is None else _speedups.count_records
 join = _join if _speedups is None else _speedups.join
+deliveries = _deliveries if _speedups is None else _speedups.deliveries
 
 
 class MqttFormat(BatchFormat):
@@ -239,33 +268,11 @@ class MqttFormat(BatchFormat):
             extras = {} if qos == UNKNOWN_QOS else {"mqtt_qos": qos}
             yield Record(value, key, ts, headers, offset=batch.base_offset + delta, extras=extras)
 
-    def deliveries(self, batch: StoredBatch) -> Iterator[tuple[int, int, bytes | None, bytes, bytes]]:
+    def deliveries(self, batch: StoredBatch) -> Iterable[tuple[int, int, bytes | None, bytes, bytes]]:
         """``(offset, qos, key, value, headers)`` of each record of ``batch``: what ``records``
         gives, without a ``Record`` per record (a subscriber's push reads nothing else);
         ``headers`` is the encoded headers section (``decode_headers``), empty without one."""
-        data, base, unpack_head, unpack_len = batch.payload, batch.base_offset, HEAD.unpack_from, LEN.unpack_from
-        pos, end = 0, len(data)
-        while pos < end:
-            delta, _, qos, klen = unpack_head(data, pos)
-            pos += HEAD_SIZE
-            if klen < 0:
-                key = None
-            else:
-                key = data[pos : pos + klen]
-                pos += klen
-            (vlen,) = unpack_len(data, pos)
-            pos += 4
-            if vlen > 0:
-                value = data[pos : pos + vlen]
-                pos += vlen
-            else:
-                value = b""
-            if not qos & HEADERS or qos == UNKNOWN_QOS:  # inline: this runs for every record a subscriber gets
-                yield base + delta, qos, key, value, b""
-            else:
-                (hlen,) = unpack_len(data, pos)
-                yield base + delta, _qos(qos), key, value, data[pos + 4 : pos + 4 + hlen]
-                pos += 4 + hlen
+        return deliveries(batch.payload, batch.base_offset)
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         # a record without an offset takes the next one, as in the other formats

@@ -178,3 +178,14 @@ def test_a_number_a_record_field_does_not_hold_is_a_struct_error_in_both_twins(d
     for encode in (mqtt_format._speedups.encode_record, mqtt_format._encode_record):
         with pytest.raises(struct.error):
             encode(delta, timestamp, qos, b"k", b"v")
+
+
+@pytest.mark.skipif(mqtt_format._speedups is None, reason="the C loops were not built")
+@given(RECORDS, st.integers(0, 2**40), st.integers(0, 200))
+def test_the_c_deliveries_are_the_python_twins(records, base, cut):
+    """Whole payloads give the same tuples; a payload cut short is a struct.error in both."""
+    payload = _payload(records)
+    assert mqtt_format._speedups.deliveries(payload, base) == list(mqtt_format._deliveries(payload, base))
+    if cut and isinstance(_outcome(mqtt_format._count_records, payload[:cut]), str):  # cut inside a record
+        with pytest.raises(struct.error):
+            mqtt_format._speedups.deliveries(payload[:cut], base)
