@@ -157,6 +157,7 @@ from .session import FilterOptions, Outgoing
 if TYPE_CHECKING:
     from . import auth
     from .clients import Clients
+    from .handlers import _Stored
 
 OPTIONS = (
     Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
@@ -303,6 +304,7 @@ class MqttConnection(CodecConnection):
         self.merges = 0
         self.merging_name: bytes | None = None
         self.merging_bytes = 0
+        self.stored_qos0: _Stored | None = None  # the answer of the last QoS 0 PUBLISH (``handlers.publish``)
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
         self.will_delay_s = 0  # its MQTT 5 Will Delay Interval
         self.clients: Clients | None = settings.background  # what the gateway's MQTT connections share

@@ -289,17 +289,21 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
         return _publish_retained(conn, name, qos, packet_id, payload, headers + _RETAINED)
     produce = _produce(conn, name, qos, payload, headers)
     if qos == 0:
-        return Handled.answer(b"") if produce is None else Handled.run(
-            (produce,), _announcing(conn, produce, _Stored(b"", (conn, name, qos, None))), joins=True,
-            merges=_merge_key(conn, produce))
-    assert packet_id is not None  # QoS 1 and 2 carry one
-    if qos == 2:
-        conn.awaiting_release.add(packet_id)
-    ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
-    if produce is None:
-        return Handled.answer(ack)
-    return Handled.run((produce,), _announcing(conn, produce, _Stored(ack, (conn, name, qos, packet_id))), joins=True,
-                       merges=_merge_key(conn, produce))
+        if produce is None:
+            return Handled.answer(b"")
+        stored = conn.stored_qos0  # the same for every QoS 0 PUBLISH to a name: a burst's is made once
+        if stored is None or stored.context[1] != name:
+            stored = conn.stored_qos0 = _Stored(b"", (conn, name, 0, None))
+    else:
+        assert packet_id is not None  # QoS 1 and 2 carry one
+        if qos == 2:
+            conn.awaiting_release.add(packet_id)
+        ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
+        if produce is None:
+            return Handled.answer(ack)
+        stored = _Stored(ack, (conn, name, qos, packet_id))
+    # (hold, ordered, joins, merges) given by position: this runs once per PUBLISH
+    return Handled.run((produce,), _announcing(conn, produce, stored), False, True, True, _merge_key(conn, produce))
 
 
 MERGED_BYTES = 1 << 20
