@@ -1,5 +1,8 @@
-/* The ``mqtt`` storage format's record loops in C (optional; format.py has the same in Python).
+/* The ``mqtt`` storage format's record loops, and the PUBLISH parse, in C (optional; format.py and
+ * packets.py have the same in Python).
  *
+ * parse_publish(flags, body) -> (topic, qos, packet_id, payload)
+ *     a 3.1.1 PUBLISH body: ``packets._parse_publish``, raising its MalformedPacket in its words.
  * count_records(payload) -> int
  *     the records of ``payload`` (a bytes-like object), which must be whole records numbered
  *     0, 1, 2... with nothing after the last, at least one: ``format._count_records``; raises
@@ -160,6 +163,7 @@ done:
 }
 
 static PyObject *struct_error; /* struct.error: what the Python twin's packing raises */
+static PyObject *qos_numbers;  /* (0, 1, 2) */
 
 static int
 field(PyObject *number, long long low, long long high, long long *out)
@@ -348,7 +352,59 @@ failed:
     return NULL;
 }
 
+static PyObject *malformed; /* properties.MalformedPacket: what a PUBLISH that breaks the spec raises */
+
+static PyObject *
+parse_publish(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "parse_publish takes the flags and the body");
+        return NULL;
+    }
+    long flags = PyLong_AsLong(args[0]);
+    if (flags == -1 && PyErr_Occurred())
+        return NULL;
+    int qos = (flags >> 1) & 3;
+    if (qos == 3) {
+        PyErr_SetString(malformed, "PUBLISH with QoS 3");
+        return NULL;
+    }
+    Py_buffer body;
+    if (PyObject_GetBuffer(args[1], &body, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = body.buf;
+    PyObject *topic = NULL, *packet_id = NULL, *payload = NULL, *out = NULL;
+    if (body.len < 2) {
+        PyErr_SetString(malformed, "PUBLISH without a topic name");
+        goto done;
+    }
+    Py_ssize_t end = 2 + ((Py_ssize_t)p[0] << 8 | p[1]), head = end + (qos ? 2 : 0);
+    if (body.len < head) {
+        PyErr_SetString(malformed, "PUBLISH shorter than its topic name and packet identifier");
+        goto done;
+    }
+    topic = PyUnicode_DecodeUTF8((const char *)p + 2, end - 2, NULL);
+    if (topic == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            PyErr_SetString(malformed, "PUBLISH topic name is not UTF-8");
+        }
+        goto done;
+    }
+    packet_id = qos ? PyLong_FromLong((long)p[end] << 8 | p[end + 1]) : Py_NewRef(Py_None);
+    payload = PyBytes_FromStringAndSize((const char *)p + head, body.len - head);
+    if (packet_id != NULL && payload != NULL)
+        out = PyTuple_Pack(4, topic, PyTuple_GET_ITEM(qos_numbers, qos), packet_id, payload);
+done:
+    Py_XDECREF(topic);
+    Py_XDECREF(packet_id);
+    Py_XDECREF(payload);
+    PyBuffer_Release(&body);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"parse_publish", (PyCFunction)(void (*)(void))parse_publish, METH_FASTCALL, "A 3.1.1 PUBLISH body's fields."},
     {"deliveries", (PyCFunction)(void (*)(void))deliveries, METH_FASTCALL, "The deliveries of a stored mqtt payload."},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL, "One mqtt record."},
     {"count_records", count_records, METH_O, "The records of an mqtt payload, numbered from 0; ValueError else."},
@@ -367,6 +423,14 @@ PyInit__speedups(void)
     struct_error = PyObject_GetAttrString(structs, "error");
     Py_DECREF(structs);
     if (struct_error == NULL)
+        return NULL;
+    PyObject *properties = PyImport_ImportModule("polygate_mqtt.properties");
+    if (properties == NULL)
+        return NULL;
+    malformed = PyObject_GetAttrString(properties, "MalformedPacket");
+    Py_DECREF(properties);
+    qos_numbers = Py_BuildValue("(iii)", 0, 1, 2);
+    if (malformed == NULL || qos_numbers == NULL)
         return NULL;
     return PyModule_Create(&module);
 }
