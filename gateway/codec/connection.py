@@ -213,11 +213,12 @@ class Handled(NamedTuple):
       whose frames are already buffered behind it into one ``Request``: the
       adapter then takes, runs and answers the run once, not once per frame,
       and writes its answers together. Its render must return bytes.
-      ``merges`` (for a joining request of one command): a key; consecutive requests
-      of a run with an equal key have their commands merged into one by
-      ``CodecConnection.merge`` (pipelined MQTT PUBLISHes to one topic name: one
-      append), whose one result each of them is rendered from, so that they succeed
-      or fail together. The codec chooses keys that keep a merged command bounded.
+      ``merges`` (for a joining request): a key; consecutive requests of a run with
+      an equal key (which have as many commands) have their commands merged, position
+      by position, by ``CodecConnection.merge`` (pipelined MQTT PUBLISHes to one topic
+      name: one append), and each of them is rendered from the merged commands'
+      results, so that they succeed or fail together. The codec chooses keys that keep
+      a merged command bounded.
 
     A ``NamedTuple`` for the reason ``Request`` is one: one is built per frame.
     """
@@ -479,9 +480,10 @@ class CodecConnection(PushConnection, TimerConnection):
         return ()
 
     def merge(self, commands: list[Any]) -> Any:
-        """One command that does what ``commands`` (those of consecutive joined requests with an
-        equal ``Handled.merges`` key, in order) do, and whose one result answers each of them. A
-        codec that gives ``merges`` keys implements it (``merged_produce`` merges produces)."""
+        """One command that does what ``commands`` (those at one position of consecutive joined
+        requests with an equal ``Handled.merges`` key, in order) do, and whose one result answers
+        each of them. A codec that gives ``merges`` keys implements it (``merged_produce`` merges
+        produces)."""
         raise NotImplementedError(f"{type(self).__name__} gave merge keys but cannot merge")
 
     def render(self, handled: Handled, results: Sequence[Any]) -> bytes | Handled | Event:
@@ -510,7 +512,7 @@ class CodecConnection(PushConnection, TimerConnection):
                 if len(oks) == len(parts):
                     return b"".join(oks)
             starts = [0, *ends[:-1]]
-        else:  # merged: a request of one command has one result, which merged requests share
+        else:  # merged: merged requests share their results, one each for requests of one command
             oks = [handled.render.ok for handled, start, end in zip(parts, starts, ends)
                    if end - start == 1 and isinstance(handled.render, Acknowledgement)
                    and results[start].error is None]
@@ -615,9 +617,10 @@ class CodecConnection(PushConnection, TimerConnection):
         return self._joined(parts)
 
     def _joined(self, parts: list[Handled]) -> Request:
-        """The request of the run of ``parts``: their commands in order, but that the one command
-        of each stretch of consecutive parts with an equal ``Handled.merges`` key is made one by
-        ``merge``, whose result the parts of the stretch share (``Run.starts``)."""
+        """The request of the run of ``parts``: their commands in order, but that the commands of
+        each stretch of consecutive parts with an equal ``Handled.merges`` key are merged position
+        by position (``merge``: the first commands of the stretch into one, the second ones...),
+        whose results the parts of the stretch share (``Run.starts``)."""
         n = len(parts)
         keys = [part.merges for part in parts]
         if not any(key is not None and key == after for key, after in zip(keys, keys[1:])):  # nothing merges
@@ -637,11 +640,13 @@ class CodecConnection(PushConnection, TimerConnection):
             at = len(commands)
             if j - i > 1:
                 stretch = parts[i:j]
-                if any(len(part.commands) != 1 for part in stretch):
-                    raise ValueError("a request with a merge key has one command")
-                commands.append(self.merge([part.commands[0] for part in stretch]))
+                width = len(stretch[0].commands)
+                if any(len(part.commands) != width for part in stretch):
+                    raise ValueError("requests with an equal merge key have as many commands")
+                merge = self.merge
+                commands += [merge([part.commands[k] for part in stretch]) for k in range(width)]
                 starts += [at] * (j - i)
-                ends += [at + 1] * (j - i)
+                ends += [at + width] * (j - i)
             else:
                 commands += parts[i].commands
                 starts.append(at)

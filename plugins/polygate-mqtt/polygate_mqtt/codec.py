@@ -300,9 +300,10 @@ class MqttConnection(CodecConnection):
         self.next_id = 0
         self.awaiting_release: set[int] = set()
         # the stretch of pipelined PUBLISHes being merged (``handlers._merge_key``): its key, the
-        # topic name (record key) of its PUBLISHes and the size of their records
+        # topic name (record key) of its PUBLISHes, whether they are retained, the size of their records
         self.merges = 0
         self.merging_name: bytes | None = None
+        self.merging_retained = False
         self.merging_bytes = 0
         self.stored_qos0: _Stored | None = None  # the answer of the last QoS 0 PUBLISH (``handlers.publish``)
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)

@@ -303,7 +303,8 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
             return Handled.answer(ack)
         stored = _Stored(ack, (conn, name, qos, packet_id))
     # (hold, ordered, joins, merges) given by position: this runs once per PUBLISH
-    return Handled.run((produce,), _announcing(conn, produce, stored), False, True, True, _merge_key(conn, produce))
+    return Handled.run((produce,), _announcing(conn, produce, stored), False, True, True,
+                       _merge_key(conn, produce, False))
 
 
 MERGED_BYTES = 1 << 20
@@ -311,18 +312,19 @@ MERGED_BYTES = 1 << 20
 as the broker's merged appends do."""
 
 
-def _merge_key(conn: MqttConnection, produce: m.Produce) -> int:
-    """The ``Handled.merges`` key of a PUBLISH stored by ``produce``: the key of the PUBLISH before
-    it when that one was to the same topic name and its stretch has room (``MERGED_BYTES``), else
-    a new one. A topic name is one log topic and one record key, so one log partition: the
-    pipelined PUBLISHes of a stretch are stored as one batch (``MqttConnection.merge``), and each
-    is answered from its one result, in order."""
+def _merge_key(conn: MqttConnection, produce: m.Produce, retained: bool) -> int:
+    """The ``Handled.merges`` key of a PUBLISH stored by ``produce`` (and, ``retained``, kept as its
+    name's retained message): the key of the PUBLISH before it when that one was to the same topic
+    name, retained alike, and its stretch has room (``MERGED_BYTES``), else a new one. A topic name
+    is one log topic and one record key, so one log partition: the pipelined PUBLISHes of a stretch
+    are stored as one batch (and kept as one batch of retained messages; ``MqttConnection.merge``),
+    and each is answered from its results, in order."""
     size = len(produce.batch.payload)
-    if produce.key == conn.merging_name and conn.merging_bytes < MERGED_BYTES:
+    if produce.key == conn.merging_name and retained is conn.merging_retained and conn.merging_bytes < MERGED_BYTES:
         conn.merging_bytes += size
     else:
         conn.merges += 1
-        conn.merging_name, conn.merging_bytes = produce.key, size
+        conn.merging_name, conn.merging_retained, conn.merging_bytes = produce.key, retained, size
     return conn.merges
 
 
@@ -433,7 +435,8 @@ def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int 
         failed = next((result for result in results if result.error is not None), None)
         return stored.ok if failed is None else stored.refused(failed)
 
-    return _with_retained_topic(conn, lambda: Handled.run(commands, answer))
+    return _with_retained_topic(conn, lambda: Handled.run(commands, answer, joins=True,
+                                                          merges=_merge_key(conn, commands[0], True)))
 
 
 def _acknowledged(conn: MqttConnection, body: bytes) -> tuple[int, int]:

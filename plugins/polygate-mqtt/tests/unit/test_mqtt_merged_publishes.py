@@ -130,3 +130,30 @@ def test_a_pipelined_run_is_stored_in_order_and_a_refused_one_stores_nothing(rig
     assert not c.closed  # a refused QoS 0 PUBLISH is dropped
     rig.broker.access = None
     assert "b" not in {t.topic for t in rig.broker.run_many([m.ListTopics()])[0].topics}
+
+
+def test_pipelined_retained_publishes_to_one_name_are_stored_and_kept_as_two_produces():
+    """A stretch of RETAIN PUBLISHes merges position by position: one produce of their records to
+    the log topic, one of their retained copies; a PUBLISH without RETAIN after them is a stretch
+    of its own. If keeping the copies fails, each retained PUBLISH of the stretch is refused."""
+    conn = connected(version=5)
+    conn.retained_ready = True  # the retained messages' topic exists
+    conn.receive_data(b"".join(packets.publish5(b"r/x", b"k%d" % i, b"", 1, i, retain=True) for i in (1, 2, 3))
+                      + packets.publish5(b"r/x", b"plain", b"", 1, 4))
+    request = conn.next_event()
+    assert isinstance(request, Request) and request.frames == 4
+    assert [(p.topic, p.batch.count) for p in request.commands] == [("r", 3), (handlers.RETAINED_TOPIC, 3), ("r", 1)]
+    kept = request.commands[1].batch
+    assert [r.value for r in mqtt_format.FORMAT.records(m.StoredBatch(mqtt_format.NAME, 0, 2, TS, kept.payload))] == \
+        [b"k1", b"k2", b"k3"]
+    stored = [m.ProduceResult("r", 0, 0, 2, 3), m.ProduceResult(handlers.RETAINED_TOPIC, 0, 0, 2, 3),
+              m.ProduceResult("r", 0, 3, 3, 4)]
+    assert split_packets(conn.respond(request, stored)) == [(PacketType.PUBACK, 0, i.to_bytes(2, "big")) for i in range(1, 5)]
+
+    conn.receive_data(b"".join(packets.publish5(b"r/x", b"k", b"", 1, i, retain=True) for i in (5, 6)))
+    request = conn.next_event()
+    assert isinstance(request, Request)
+    refused = m.ProduceResult(handlers.RETAINED_TOPIC, error=m.Error(m.ErrorCode.STORAGE_ERROR, "disk full"))
+    got = split_packets(conn.respond(request, [m.ProduceResult("r", 0, 4, 5, 6), refused]))
+    assert [(kind, body[:3]) for kind, _, body in got] == [
+        (PacketType.PUBACK, i.to_bytes(2, "big") + bytes((ReasonCode.UNSPECIFIED_ERROR,))) for i in (5, 6)]
