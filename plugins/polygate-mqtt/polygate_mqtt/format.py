@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from gateway._extensions import load
 from gateway.codec import BatchFormat
 from gateway.codec.formats import ONE_RECORD, Validated
-from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
+from gateway.model import Batch, CommandError, Error, ErrorCode, Record, StoredBatch
 
 NAME = "mqtt"
 UNKNOWN_QOS = 0xFF
@@ -273,6 +273,11 @@ class MqttFormat(BatchFormat):
         gives, without a ``Record`` per record (a subscriber's push reads nothing else);
         ``headers`` is the encoded headers section (``decode_headers``), empty without one."""
         return deliveries(batch.payload, batch.base_offset)
+
+    def keyless(self, batch: Batch) -> tuple[int, ...]:
+        """The records of ``batch`` without a key (none from an MQTT client: its topic name is the
+        key), read through ``deliveries``: every retained PUBLISH is checked here."""
+        return tuple(i for i, delivery in enumerate(deliveries(batch.payload, 0)) if delivery[2] is None)
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         # a record without an offset takes the next one, as in the other formats
