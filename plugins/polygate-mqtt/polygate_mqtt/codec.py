@@ -346,7 +346,11 @@ class MqttConnection(CodecConnection):
         return super().next_event()
 
     def merge(self, commands: list[m.Produce]) -> m.Produce:
-        """The stored batch of a stretch of pipelined PUBLISHes to one topic name (``Handled.merges``)."""
+        """The stored batch of a stretch of pipelined PUBLISHes to one topic name (``Handled.merges``);
+        of their retained copies, the last alone: it supersedes the others at once, and the
+        compacted topic of retained messages keeps the last per name."""
+        if commands[0].topic == topics.RETAINED_TOPIC:
+            return commands[-1]
         return merged_produce(fmt.FORMAT, commands)
 
     def end_of_stream(self) -> Close:

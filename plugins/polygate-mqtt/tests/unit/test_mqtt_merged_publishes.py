@@ -5,7 +5,14 @@ merged append fails every PUBLISH of it."""
 from __future__ import annotations
 
 import pytest
-from mqtt_support import Client, Rig, connect5_packet, connect_packet, split_packets
+from mqtt_support import (
+    Client,
+    Rig,
+    connect5_packet,
+    connect_packet,
+    split_packets,
+    subscribe_packet,
+)
 from polygate_mqtt import format as mqtt_format
 from polygate_mqtt import handlers, packets
 from polygate_mqtt.codec import MqttConnection
@@ -134,19 +141,20 @@ def test_a_pipelined_run_is_stored_in_order_and_a_refused_one_stores_nothing(rig
 
 def test_pipelined_retained_publishes_to_one_name_are_stored_and_kept_as_two_produces():
     """A stretch of RETAIN PUBLISHes merges position by position: one produce of their records to
-    the log topic, one of their retained copies; a PUBLISH without RETAIN after them is a stretch
-    of its own. If keeping the copies fails, each retained PUBLISH of the stretch is refused."""
+    the log topic, and of their retained copies the last (which supersedes the others); a PUBLISH
+    without RETAIN after them is a stretch of its own. If keeping the copy fails, each retained
+    PUBLISH of the stretch is refused."""
     conn = connected(version=5)
     conn.retained_ready = True  # the retained messages' topic exists
     conn.receive_data(b"".join(packets.publish5(b"r/x", b"k%d" % i, b"", 1, i, retain=True) for i in (1, 2, 3))
                       + packets.publish5(b"r/x", b"plain", b"", 1, 4))
     request = conn.next_event()
     assert isinstance(request, Request) and request.frames == 4
-    assert [(p.topic, p.batch.count) for p in request.commands] == [("r", 3), (handlers.RETAINED_TOPIC, 3), ("r", 1)]
+    assert [(p.topic, p.batch.count) for p in request.commands] == [("r", 3), (handlers.RETAINED_TOPIC, 1), ("r", 1)]
     kept = request.commands[1].batch
-    assert [r.value for r in mqtt_format.FORMAT.records(m.StoredBatch(mqtt_format.NAME, 0, 2, TS, kept.payload))] == \
-        [b"k1", b"k2", b"k3"]
-    stored = [m.ProduceResult("r", 0, 0, 2, 3), m.ProduceResult(handlers.RETAINED_TOPIC, 0, 0, 2, 3),
+    assert [(r.key, r.value) for r in mqtt_format.FORMAT.records(m.StoredBatch(mqtt_format.NAME, 0, 0, TS, kept.payload))] \
+        == [(b"r/x", b"k3")]
+    stored = [m.ProduceResult("r", 0, 0, 2, 3), m.ProduceResult(handlers.RETAINED_TOPIC, 0, 0, 0, 1),
               m.ProduceResult("r", 0, 3, 3, 4)]
     assert split_packets(conn.respond(request, stored)) == [(PacketType.PUBACK, 0, i.to_bytes(2, "big")) for i in range(1, 5)]
 
@@ -157,3 +165,15 @@ def test_pipelined_retained_publishes_to_one_name_are_stored_and_kept_as_two_pro
     got = split_packets(conn.respond(request, [m.ProduceResult("r", 0, 4, 5, 6), refused]))
     assert [(kind, body[:3]) for kind, _, body in got] == [
         (PacketType.PUBACK, i.to_bytes(2, "big") + bytes((ReasonCode.UNSPECIFIED_ERROR,))) for i in (5, 6)]
+
+
+def test_a_new_subscriber_gets_the_last_of_a_pipelined_run_of_retained_messages(rig):
+    publisher = Client(*rig.connect())
+    publisher.send(connect_packet(b"p"))
+    got = publisher.send(b"".join(packets.publish(b"r/y", value, 1, i, retain=True)
+                                  for i, value in enumerate((b"a", b"b", b"c"), 1)))
+    assert got == [(PacketType.PUBACK, 0, i.to_bytes(2, "big")) for i in (1, 2, 3)]
+    subscriber = Client(*rig.connect())
+    subscriber.send(connect_packet(b"s"))
+    assert subscriber.send(subscribe_packet(1, ("r/#", 0))) == [
+        (PacketType.SUBACK, 0, b"\x00\x01\x00"), (PacketType.PUBLISH, 1, packets.publish(b"r/y", b"c", retain=True)[2:])]
