@@ -253,11 +253,11 @@ _ONE_EACH = list(range(1, RUN_MAX + 1))  # a run's ``ends`` when each request ha
 
 
 class Acknowledgement:
-    """The render of a joining request (``Handled.joins``) of one command whose answer, when
-    that command succeeds (its result's ``error`` is ``None``), is known as the request is
-    handled: ``ok`` (a TANK produce's ack, an MQTT PUBLISH's PUBACK, or ``b""`` for none).
-    ``context`` is the subclass's, for ``refused(result)``, the answer when the command
-    failed, which a subclass implements.
+    """The render of a joining request (``Handled.joins``) whose answer, when its commands
+    succeed (each result's ``error`` is ``None``), is known as the request is handled: ``ok``
+    (a TANK produce's ack, an MQTT PUBLISH's PUBACK, or ``b""`` for none). ``context`` is the
+    subclass's, for ``refused(result)``, the answer when a command failed (with the first
+    failed result), which a subclass implements.
 
     ``CodecConnection.render_run`` answers a run of acknowledgements whose commands all
     succeeded by joining their ``ok``s, with no call per request.
@@ -270,8 +270,10 @@ class Acknowledgement:
         self.context = context
 
     def __call__(self, results: Sequence[Any]) -> bytes:
-        result = results[0]
-        return self.ok if result.error is None else self.refused(result)
+        for result in results:
+            if result.error is not None:
+                return self.refused(result)
+        return self.ok
 
     def refused(self, result: Any) -> bytes:
         raise NotImplementedError(f"{type(self).__name__} does not say how a failure is answered")
@@ -512,11 +514,9 @@ class CodecConnection(PushConnection, TimerConnection):
                 if len(oks) == len(parts):
                     return b"".join(oks)
             starts = [0, *ends[:-1]]
-        else:  # merged: merged requests share their results, one each for requests of one command
-            oks = [handled.render.ok for handled, start, end in zip(parts, starts, ends)
-                   if end - start == 1 and isinstance(handled.render, Acknowledgement)
-                   and results[start].error is None]
-            if len(oks) == len(parts):
+        else:  # merged: merged requests share their results, so every result is an acknowledgement's
+            oks = [handled.render.ok for handled in parts if isinstance(handled.render, Acknowledgement)]
+            if len(oks) == len(parts) and all(result.error is None for result in results):
                 return b"".join(oks)
         answers, render = [], self.render
         for handled, start, end in zip(parts, starts, ends, strict=True):

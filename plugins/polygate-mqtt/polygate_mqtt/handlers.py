@@ -421,21 +421,23 @@ def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> H
 def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int | None, payload: bytes,
                       headers: bytes) -> Handled:
     """A PUBLISH with RETAIN: stored as any other, and kept as ``name``'s retained message (both
-    before the acknowledgement). Delivered live without RETAIN, as 3.3.1.3 says."""
+    before the acknowledgement, which a failure of either refuses). Delivered live without
+    RETAIN, as 3.3.1.3 says."""
     commands = _commands(conn, name, qos, payload, True, headers)
-    ack = b"" if qos == 0 else packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC,
-                                                      packet_id or 0)
     if qos == 2:
         conn.awaiting_release.add(packet_id or 0)
+    if qos == 0:
+        stored = conn.stored_qos0  # as ``publish``'s: the same answer for every QoS 0 PUBLISH to a name
+        if stored is None or stored.context[1] != name:
+            stored = conn.stored_qos0 = _Stored(b"", (conn, name, 0, None))
+    else:
+        stored = _Stored(packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id or 0),
+                         (conn, name, qos, packet_id))
     if not commands:  # $SYS: acknowledged, dropped
-        return Handled.answer(ack)
-    stored = _Stored(ack, (conn, name, qos, packet_id))
-
-    def answer(results: Sequence[m.ProduceResult]) -> bytes:
-        failed = next((result for result in results if result.error is not None), None)
-        return stored.ok if failed is None else stored.refused(failed)
-
-    return _with_retained_topic(conn, lambda: Handled.run(commands, answer, joins=True,
+        return Handled.answer(stored.ok)
+    if conn.retained_ready:
+        return Handled.run(commands, stored, False, True, True, _merge_key(conn, commands[0], True))
+    return _with_retained_topic(conn, lambda: Handled.run(commands, stored, joins=True,
                                                           merges=_merge_key(conn, commands[0], True)))
 
 
