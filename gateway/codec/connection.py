@@ -282,7 +282,7 @@ class Acknowledgement:
 class Run(NamedTuple):
     """The context of a run of joined requests (``Handled.joins``): each one's ``Handled``, and
     where its results end in the run's; ``starts``, where they start, when merged requests
-    (``Handled.merges``) share one result (None: each starts where the one before ends)."""
+    (``Handled.merges``) share results (None: each starts where the one before ends)."""
 
     parts: list[Handled]
     ends: list[int]
@@ -498,7 +498,7 @@ class CodecConnection(PushConnection, TimerConnection):
         """The answers of a run of joined requests (``Handled.joins``), written together: each
         request's ``render`` of its own results, in order (``run.parts`` are the requests'
         ``Handled``; ``run.ends``, where each one's results end in ``results``, and
-        ``run.starts`` where they start, when merged requests share one).
+        ``run.starts`` where they start, when merged requests share them).
 
         A run of ``Acknowledgement``s whose commands all succeeded is answered by joining
         their ``ok``s, without a call per request. A codec whose clients pipeline another
