@@ -15,7 +15,7 @@ PLUGINS := $(MQTT) $(HTTP)
 
 # What serving needs (the gateway and the plugins), then, for make test, the test tools and Spark.
 $(SERVING): setup.cfg pyproject.toml $(MQTT)/pyproject.toml $(HTTP)/pyproject.toml $(wildcard codecs/*/_speedups.c codecs/*/*.h) \
-          gateway/_speedups.c gateway/_speedups.h gateway/spark/_arrow.c
+          $(MQTT)/polygate_mqtt/_speedups.c gateway/_speedups.c gateway/_speedups.h gateway/spark/_arrow.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 	$(PIP) install --quiet -e .

@@ -36,7 +36,7 @@ from gateway.broker.calls import (
     unknown_leader_epoch,
 )
 from gateway.codec import BatchFormat
-from gateway.codec.formats import has_leader_epochs, is_columnar, is_compressing
+from gateway.codec.formats import has_leader_epochs, is_compressing
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
 from gateway.storage.interface import LeaderEpochStorage, MayWait, ReplicatingStorage
@@ -156,7 +156,7 @@ class Producer:
         if refusal is not None:
             raise CommandError(refusal.code, refusal.message)
         if self._compacted(cmd.topic):
-            missing = keyless(fmt, batch)
+            missing = fmt.keyless(batch)
             if missing:
                 return keyless_refused(cmd.topic, partition, missing)
         self.check_leader(cmd.topic, partition)
@@ -327,7 +327,7 @@ class Producer:
         compacted = self._compacted(topic)
         for i, cmd, batch, checked in zip(range(len(cmds)), cmds, batches, checks, strict=True):
             refusal = refusal_of(checked, batch)
-            missing = keyless(fmt, batch) if compacted and refusal is None else ()
+            missing = fmt.keyless(batch) if compacted and refusal is None else ()
             if missing:
                 results[i] = keyless_refused(topic, -1 if cmd.partition is None else cmd.partition, missing)
             elif refusal is None:
@@ -497,13 +497,6 @@ def refusal_of(checked: Validated | Error, batch: m.Batch) -> Error | None:
     if checked.span != batch.count:
         return Error(ErrorCode.CORRUPT_MESSAGE, f"batch declares {batch.count} offsets, holds {checked.span}")
     return None
-
-
-def keyless(fmt: BatchFormat, batch: m.Batch) -> tuple[int, ...]:
-    """The indexes of ``batch``'s records that have no key (a validated batch, as produced)."""
-    stored = m.StoredBatch(batch.format, 0, max(batch.count - 1, 0), batch.max_timestamp, batch.payload)
-    keys = fmt.columns([stored]).keys if is_columnar(fmt) else [r.key for r in fmt.records(stored)]
-    return tuple(i for i, key in enumerate(keys) if key is None)
 
 
 def keyless_refused(topic: str, partition: int, missing: tuple[int, ...]) -> m.ProduceResult:

@@ -68,6 +68,7 @@ from gateway.codec.connection import (
     TimerConnection,
     Tokens,
     Unsubscribe,
+    merged_produce,
 )
 from gateway.codec.formats import (
     KAFKA_V2_RECORDS,
@@ -137,5 +138,6 @@ __all__ = [
     "basic_login",
     "choice",
     "integer",
+    "merged_produce",
     "parse_options",
 ]

@@ -6,6 +6,7 @@ each whole frame into one ``Handled``. The contract is in ``gateway.codec``'s do
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -13,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import attrs
 
 from gateway.codec.authlimits import BASE_DELAY_S, LoginLimits
+from gateway.codec.formats import BatchFormat
 from gateway.codec.framing import (
     FrameTooLarge,
     LengthPrefixedFramer,
@@ -20,7 +22,7 @@ from gateway.codec.framing import (
     MalformedFrame,
     TruncatedFrame,
 )
-from gateway.model import EMPTY, Caller, Fetch, ScramCredential
+from gateway.model import EMPTY, Batch, Caller, Fetch, Produce, ScramCredential
 
 Framer = LengthPrefixedFramer | LineFramer
 LOGIN_REFUSED = "login refused"  # the context of the Timer that answers a failed authentication
@@ -211,6 +213,12 @@ class Handled(NamedTuple):
       whose frames are already buffered behind it into one ``Request``: the
       adapter then takes, runs and answers the run once, not once per frame,
       and writes its answers together. Its render must return bytes.
+      ``merges`` (for a joining request): a key; consecutive requests of a run with
+      an equal key (which have as many commands) have their commands merged, position
+      by position, by ``CodecConnection.merge`` (pipelined MQTT PUBLISHes to one topic
+      name: one append), and each of them is rendered from the merged commands'
+      results, so that they succeed or fail together. The codec chooses keys that keep
+      a merged command bounded.
 
     A ``NamedTuple`` for the reason ``Request`` is one: one is built per frame.
     """
@@ -223,6 +231,7 @@ class Handled(NamedTuple):
     hold: bool = False
     ordered: bool = True
     joins: bool = False
+    merges: Hashable = None
 
     @classmethod
     def answer(cls, data: bytes, close: bool = False, reason: str = "") -> Handled:
@@ -230,10 +239,10 @@ class Handled(NamedTuple):
 
     @classmethod
     def run(cls, commands: Sequence[Any], render: Render, hold: bool = False, ordered: bool = True,
-            joins: bool = False) -> Handled:
+            joins: bool = False, merges: Hashable = None) -> Handled:
         # Built as the tuple it is (one is built per frame; ``cls(...)`` would add a call).
         return _new_tuple(cls, (commands if type(commands) is tuple else tuple(commands), render, b"", False, "",
-                                hold, ordered, joins))
+                                hold, ordered, joins, merges))
 
 
 _new_tuple = tuple.__new__
@@ -244,11 +253,11 @@ _ONE_EACH = list(range(1, RUN_MAX + 1))  # a run's ``ends`` when each request ha
 
 
 class Acknowledgement:
-    """The render of a joining request (``Handled.joins``) of one command whose answer, when
-    that command succeeds (its result's ``error`` is ``None``), is known as the request is
-    handled: ``ok`` (a TANK produce's ack, an MQTT PUBLISH's PUBACK, or ``b""`` for none).
-    ``context`` is the subclass's, for ``refused(result)``, the answer when the command
-    failed, which a subclass implements.
+    """The render of a joining request (``Handled.joins``) whose answer, when its commands
+    succeed (each result's ``error`` is ``None``), is known as the request is handled: ``ok``
+    (a TANK produce's ack, an MQTT PUBLISH's PUBACK, or ``b""`` for none). ``context`` is the
+    subclass's, for ``refused(result)``, the answer when a command failed (with the first
+    failed result), which a subclass implements.
 
     ``CodecConnection.render_run`` answers a run of acknowledgements whose commands all
     succeeded by joining their ``ok``s, with no call per request.
@@ -261,8 +270,10 @@ class Acknowledgement:
         self.context = context
 
     def __call__(self, results: Sequence[Any]) -> bytes:
-        result = results[0]
-        return self.ok if result.error is None else self.refused(result)
+        for result in results:
+            if result.error is not None:
+                return self.refused(result)
+        return self.ok
 
     def refused(self, result: Any) -> bytes:
         raise NotImplementedError(f"{type(self).__name__} does not say how a failure is answered")
@@ -270,14 +281,28 @@ class Acknowledgement:
 
 class Run(NamedTuple):
     """The context of a run of joined requests (``Handled.joins``): each one's ``Handled``, and
-    where its results end in the run's."""
+    where its results end in the run's; ``starts``, where they start, when merged requests
+    (``Handled.merges``) share results (None: each starts where the one before ends)."""
 
     parts: list[Handled]
     ends: list[int]
+    starts: list[int] | None = None
 
     def requests(self) -> list[Request]:
         """The requests of the run's frames, as they are without joining."""
         return [Request(part.commands, part, part.ordered) for part in self.parts]
+
+
+def merged_produce(fmt: BatchFormat, produces: Sequence[Produce]) -> Produce:
+    """One ``Produce`` of the records of ``produces`` (consecutive, of one topic and one routing,
+    plain batches of ``fmt``, a ``joinable`` format), in order: a ``CodecConnection.merge``. The
+    broker then validates, appends and acknowledges them once: all of them are stored, or none."""
+    first = produces[0]
+    batches = [produce.batch for produce in produces]
+    return Produce(first.topic, first.partition,
+                   Batch(fmt.name, fmt.join([batch.payload for batch in batches]),
+                         sum(batch.count for batch in batches), max(batch.max_timestamp for batch in batches)),
+                   first.acks, first.timeout_ms, first.key, first.partitioner, first.auto_create)
 
 
 class Connection(Protocol):
@@ -456,6 +481,13 @@ class CodecConnection(PushConnection, TimerConnection):
     def connection_lost(self) -> Sequence[Any]:
         return ()
 
+    def merge(self, commands: list[Any]) -> Any:
+        """One command that does what ``commands`` (those at one position of consecutive joined
+        requests with an equal ``Handled.merges`` key, in order) do, and whose one result answers
+        each of them. A codec that gives ``merges`` keys implements it (``merged_produce`` merges
+        produces)."""
+        raise NotImplementedError(f"{type(self).__name__} gave merge keys but cannot merge")
+
     def render(self, handled: Handled, results: Sequence[Any]) -> bytes | Handled | Event:
         """``handled.render(results)``. A codec whose renders raise its own "answer with
         this error" exception (Cursus's ``Reject``) overrides this to answer it, so that
@@ -465,7 +497,8 @@ class CodecConnection(PushConnection, TimerConnection):
     def render_run(self, run: Run, results: Sequence[Any]) -> bytes:
         """The answers of a run of joined requests (``Handled.joins``), written together: each
         request's ``render`` of its own results, in order (``run.parts`` are the requests'
-        ``Handled``; ``run.ends``, where each one's results end in ``results``).
+        ``Handled``; ``run.ends``, where each one's results end in ``results``, and
+        ``run.starts`` where they start, when merged requests share them).
 
         A run of ``Acknowledgement``s whose commands all succeeded is answered by joining
         their ``ok``s, without a call per request. A codec whose clients pipeline another
@@ -473,19 +506,24 @@ class CodecConnection(PushConnection, TimerConnection):
         may override it to answer the usual run in one step, with the bytes the requests'
         renders would give (such an override does not go through ``render``), and pass any
         other run up."""
-        parts, ends = run.parts, run.ends
-        if ends == _ONE_EACH[: len(ends)]:  # one command each, so each request's result is results[i]
-            oks = [handled.render.ok for handled, result in zip(parts, results)
-                   if isinstance(handled.render, Acknowledgement) and result.error is None]
-            if len(oks) == len(parts):
+        parts, ends, starts = run
+        if starts is None:
+            if ends == _ONE_EACH[: len(ends)]:  # one command each, so each request's result is results[i]
+                oks = [handled.render.ok for handled, result in zip(parts, results)
+                       if isinstance(handled.render, Acknowledgement) and result.error is None]
+                if len(oks) == len(parts):
+                    return b"".join(oks)
+            starts = [0, *ends[:-1]]
+        else:  # merged: merged requests share their results, so every result is an acknowledgement's
+            oks = [handled.render.ok for handled in parts if isinstance(handled.render, Acknowledgement)]
+            if len(oks) == len(parts) and all(result.error is None for result in results):
                 return b"".join(oks)
-        answers, start, render = [], 0, self.render
-        for handled, end in zip(parts, ends, strict=True):
+        answers, render = [], self.render
+        for handled, start, end in zip(parts, starts, ends, strict=True):
             answer = render(handled, results[start:end])
             if type(answer) is not bytes:
                 raise TypeError(f"the render of a joining request returned {answer!r}, not bytes")
             answers.append(answer)
-            start = end
         return b"".join(answers)
 
     # ------------------------------------------------------------------ the adapter's side
@@ -557,10 +595,10 @@ class CodecConnection(PushConnection, TimerConnection):
 
     def _run(self, first: Handled) -> Request:
         """``first`` and the joining requests whose frames follow it, already buffered, as one
-        ``Request`` (``Handled.joins``). The first frame that does not join ends the run; its
-        event comes next."""
-        parts, ends = [first], [len(first.commands)]
-        commands = list(first.commands)
+        ``Request`` (``Handled.joins``, ``_joined``). The first frame that does not join ends
+        the run; its event comes next."""
+        parts = [first]
+        join = parts.append
         events, next_frame, handle_frame = self.events, self._next_frame, self.handle_frame
         while len(parts) < RUN_MAX and not events:
             frame = next_frame()
@@ -573,12 +611,48 @@ class CodecConnection(PushConnection, TimerConnection):
             if type(handled) is not Handled or not handled.joins or handled.render is None or handled.hold:
                 self.emit(handled)
                 break
-            parts.append(handled)
-            commands += handled.commands
-            ends.append(len(commands))
+            join(handled)
         if len(parts) == 1:
             return Request(first.commands, first, first.ordered)
-        return Request(tuple(commands), Run(parts, ends), True, len(parts))
+        return self._joined(parts)
+
+    def _joined(self, parts: list[Handled]) -> Request:
+        """The request of the run of ``parts``: their commands in order, but that the commands of
+        each stretch of consecutive parts with an equal ``Handled.merges`` key are merged position
+        by position (``merge``: the first commands of the stretch into one, the second ones...),
+        whose results the parts of the stretch share (``Run.starts``)."""
+        n = len(parts)
+        keys = [part.merges for part in parts]
+        if not any(key is not None and key == after for key, after in zip(keys, keys[1:])):  # nothing merges
+            if all(len(part.commands) == 1 for part in parts):  # one command each: the usual run
+                return Request(tuple([part.commands[0] for part in parts]), Run(parts, _ONE_EACH[:n]), True, n)
+            every = tuple(command for part in parts for command in part.commands)
+            return Request(every, Run(parts, list(itertools.accumulate(len(part.commands) for part in parts))), True, n)
+        commands: list[Any] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        i = 0
+        while i < n:
+            key, j = keys[i], i + 1
+            if key is not None:
+                while j < n and keys[j] == key:
+                    j += 1
+            at = len(commands)
+            if j - i > 1:
+                stretch = parts[i:j]
+                width = len(stretch[0].commands)
+                if any(len(part.commands) != width for part in stretch):
+                    raise ValueError("requests with an equal merge key have as many commands")
+                merge = self.merge
+                commands += [merge([part.commands[k] for part in stretch]) for k in range(width)]
+                starts += [at] * (j - i)
+                ends += [at + width] * (j - i)
+            else:
+                commands += parts[i].commands
+                starts.append(at)
+                ends.append(len(commands))
+            i = j
+        return Request(tuple(commands), Run(parts, ends, starts), True, n)
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         context = request.context

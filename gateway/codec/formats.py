@@ -18,7 +18,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeGuard, runtime_check
 
 import attrs
 
-from gateway.model import EMPTY, CommandError, Error, Record, StoredBatch
+from gateway.model import EMPTY, Batch, CommandError, Error, Record, StoredBatch
 
 
 class Validated(NamedTuple):
@@ -189,6 +189,14 @@ class BatchFormat(Protocol):
     def join(self, payloads: Sequence[bytes]) -> bytes:
         """One payload holding ``payloads`` (validated, in order), for a ``joinable`` format."""
         return b"".join(payloads)
+
+    def keyless(self, batch: Batch) -> tuple[int, ...]:
+        """The indexes of the records of ``batch`` (validated, as produced) that have no key, which
+        a compacted topic refuses. A format whose clients write compacted topics record by record
+        (MQTT's retained messages) overrides it to read the keys alone."""
+        stored = StoredBatch(batch.format, 0, max(batch.count - 1, 0), batch.max_timestamp, batch.payload)
+        keys = self.columns([stored]).keys if is_columnar(self) else [r.key for r in self.records(stored)]
+        return tuple(i for i, key in enumerate(keys) if key is None)
 
 
 @runtime_checkable

@@ -11,6 +11,10 @@
    load generator shares the cores). The same pipelined raw-socket load
    generator drives both. polygate stores every message in its log (fsync
    interval:1000); Mosquitto keeps them in memory.
+3. The QoS 0 fan-out to one subscriber of the exact name, of ``#``, and of the
+   exact name with every message published RETAIN, on each broker: whether
+   wildcard subscribers and retained messages slow publishing down against an
+   exact filter (their rates and CPU per message beside the exact filter's).
 
     python plugins/polygate-mqtt/benchmarks/mqtt_publish.py [--messages N] [--window W] [--size B]
 
@@ -41,6 +45,13 @@ from common import Gateway, Meter, comparison, progress, ratio, ratio_text, us_p
 FAN_OUT = 10
 """The subscribers of the fan-out load to many."""
 LOADS = ("publish_qos1", "fan_out_qos0", f"fan_out_qos0_{FAN_OUT}_subscribers")
+FILTERS = {  # load -> (the subscriber's filter, the name published to, RETAIN)
+    "fan_out_qos0_exact": ("fan/out", b"fan/out", False),
+    "fan_out_qos0_all": ("#", b"fan/out", False),
+    "fan_out_qos0_retained": ("fan/kept", b"fan/kept", True),
+}
+"""The loads of 3, run after those of 2 (so that the log topic ``fan`` exists), the retained one last
+(a later subscriber of its name would get its retained message first)."""
 IN_PROCESS = "both decoders run in this process: there is no server whose CPU time to read"
 
 
@@ -106,23 +117,26 @@ def publish_qos1(port: int, messages: int, window: int, size: int) -> float:
     return messages / elapsed
 
 
-def fan_out_qos0(port: int, messages: int, size: int, subscribers: int = 1) -> float:
+def fan_out_qos0(port: int, messages: int, size: int, subscribers: int = 1, topic_filter: str = "fan/#",
+                 name: bytes = b"fan/out", retain: bool = False) -> float:
     """Deliveries per second (``messages`` times ``subscribers``) that ``subscribers`` QoS 0
-    subscribers of one filter receive while a publisher sends as fast as it can."""
+    subscribers of ``topic_filter`` receive while a publisher sends to ``name`` as fast as it can
+    (with ``retain``, every message RETAIN: delivered without it, 3.3.1.3)."""
     subs = []
     for i in range(subscribers):
         sub = connect(port, b"bench-sub%d" % i)
         sub.sendall(packets.packet(PacketType.SUBSCRIBE, packets.SUBSCRIBE.build(
-            {"packet_id": 1, "topics": [{"filter": "fan/#", "qos": 0}]}), 0b0010))
+            {"packet_id": 1, "topics": [{"filter": topic_filter, "qos": 0}]}), 0b0010))
         reader = Reader(sub)
         assert reader.packet()[0] == PacketType.SUBACK
         subs.append((sub, reader))
     pub = connect(port, b"bench-fan")
-    one = packets.publish(b"fan/out", b"y" * size)
+    one = packets.publish(name, b"y" * size)
+    sent = packets.publish(name, b"y" * size, retain=retain)
 
     def send() -> None:
         for i in range(0, messages, 500):
-            pub.sendall(one * min(500, messages - i))
+            pub.sendall(sent * min(500, messages - i))
 
     # Every delivery is the same packet (the publisher's, QoS 0): count them by bytes, in big reads, so
     # that the subscribers keep up and a broker that drops QoS 0 messages for a subscriber not reading
@@ -178,9 +192,9 @@ def mosquitto() -> tuple[subprocess.Popen, int] | None:
 
 
 def load(port: int, pid: int, args: argparse.Namespace) -> dict:
-    """QoS 1 publish, QoS 0 fan-out to one subscriber, then to ``FAN_OUT``, on the broker at ``port``:
-    messages (deliveries) per second of each, and the CPU µs per message (delivery) of the broker's
-    process ``pid``."""
+    """QoS 1 publish, QoS 0 fan-out to one subscriber, then to ``FAN_OUT``, then to one subscriber of
+    each of ``FILTERS``, on the broker at ``port``: messages (deliveries) per second of each, and the
+    CPU µs per message (delivery) of the broker's process ``pid``."""
     with Meter(server=pid) as qos1:
         publish = publish_qos1(port, args.messages, args.window, args.size)
     with Meter(server=pid) as qos0:
@@ -188,12 +202,31 @@ def load(port: int, pid: int, args: argparse.Namespace) -> dict:
     with Meter(server=pid) as many:
         fan_out_many = fan_out_qos0(port, args.messages, args.size, FAN_OUT)
     publish_load, fan_out_load, many_load = LOADS
-    return {f"{publish_load}_per_s": publish,
-            f"{publish_load}_server_cpu_us_per_record": us_per(qos1.used["server"], args.messages),
-            f"{fan_out_load}_per_s": fan_out,
-            f"{fan_out_load}_server_cpu_us_per_record": us_per(qos0.used["server"], args.messages),
-            f"{many_load}_per_s": fan_out_many,
-            f"{many_load}_server_cpu_us_per_record": us_per(many.used["server"], args.messages * FAN_OUT)}
+    result = {f"{publish_load}_per_s": publish,
+              f"{publish_load}_server_cpu_us_per_record": us_per(qos1.used["server"], args.messages),
+              f"{fan_out_load}_per_s": fan_out,
+              f"{fan_out_load}_server_cpu_us_per_record": us_per(qos0.used["server"], args.messages),
+              f"{many_load}_per_s": fan_out_many,
+              f"{many_load}_server_cpu_us_per_record": us_per(many.used["server"], args.messages * FAN_OUT)}
+    for load_name, (topic_filter, name, retain) in FILTERS.items():
+        with Meter(server=pid) as meter:
+            result[f"{load_name}_per_s"] = fan_out_qos0(port, args.messages, args.size, 1, topic_filter, name, retain)
+        result[f"{load_name}_server_cpu_us_per_record"] = us_per(meter.used["server"], args.messages)
+    return result
+
+
+def filters_to_exact(server: str, r: dict) -> dict:
+    """Each of ``FILTERS``' rate and CPU per message over the exact filter's, on ``server``
+    (its figures ``r``), printed."""
+    exact = "fan_out_qos0_exact"
+    against = {**{load: ratio(r[f"{load}_per_s"], r[f"{exact}_per_s"]) for load in FILTERS},
+               **{f"{load}_server_cpu": ratio(r[f"{load}_server_cpu_us_per_record"],
+                                              r[f"{exact}_server_cpu_us_per_record"]) for load in FILTERS}}
+    print(f"{server} against the exact filter: " + ", ".join(
+        f"{load.removeprefix('fan_out_qos0_')} {r[f'{load}_per_s']:,.0f}/s {ratio_text(against[load])} "
+        f"(server CPU {r[f'{load}_server_cpu_us_per_record']:.2f} µs, {ratio_text(against[f'{load}_server_cpu'])})"
+        for load in FILTERS))
+    return against
 
 
 def main() -> None:
@@ -245,7 +278,10 @@ def main() -> None:
         print("polygate/mosquitto: " + ", ".join(
             f"{name.replace('_', ' ')} {ratio_text(r[name])} (server CPU per message {ratio_text(r[f'{name}_server_cpu'])})"
             for name in LOADS))
-    else:
+    for name in ("polygate", "mosquitto"):
+        if name in result:
+            result[f"{name}_filters_to_exact"] = filters_to_exact(name, result[name])
+    if ref is None:
         print("mosquitto not installed: no reference (apt-get install mosquitto)")
     print("written to", write_result("mqtt_publish", result))
 

@@ -141,6 +141,7 @@ from gateway.codec import (
     Timer,
     Unsubscribe,
     integer,
+    merged_produce,
 )
 from gateway.codec.framing import LengthPrefixedFramer, varint_header
 from gateway.codec.varint import TABLE_SIZE, UVARINTS
@@ -156,6 +157,7 @@ from .session import FilterOptions, Outgoing
 if TYPE_CHECKING:
     from . import auth
     from .clients import Clients
+    from .handlers import _Stored
 
 OPTIONS = (
     Option("retry_ms", integer(1), 10_000, "a positive integer (milliseconds)",
@@ -297,6 +299,13 @@ class MqttConnection(CodecConnection):
         self.queued_bytes = 0
         self.next_id = 0
         self.awaiting_release: set[int] = set()
+        # the stretch of pipelined PUBLISHes being merged (``handlers._merge_key``): its key, the
+        # topic name (record key) of its PUBLISHes, whether they are retained, the size of their records
+        self.merges = 0
+        self.merging_name: bytes | None = None
+        self.merging_retained = False
+        self.merging_bytes = 0
+        self.stored_qos0: _Stored | None = None  # the answer of the last QoS 0 PUBLISH (``handlers.publish``)
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
         self.will_delay_s = 0  # its MQTT 5 Will Delay Interval
         self.clients: Clients | None = settings.background  # what the gateway's MQTT connections share
@@ -335,6 +344,14 @@ class MqttConnection(CodecConnection):
         takes a whole run of pipelined PUBLISHes, not once per PUBLISH)."""
         self.taken_at = int(time.time() * 1000)
         return super().next_event()
+
+    def merge(self, commands: list[m.Produce]) -> m.Produce:
+        """The stored batch of a stretch of pipelined PUBLISHes to one topic name (``Handled.merges``);
+        of their retained copies, the last alone: it supersedes the others at once, and the
+        compacted topic of retained messages keeps the last per name."""
+        if commands[0].topic == topics.RETAINED_TOPIC:
+            return commands[-1]
+        return merged_produce(fmt.FORMAT, commands)
 
     def end_of_stream(self) -> Close:
         return Close(reason="end of stream")

@@ -18,6 +18,9 @@ the QoS travels as ``extras["mqtt_qos"]``; other formats ignore it, and read
 an MQTT message as a record with that key and value. Kafka's format keeps it
 as the header ``polygate.mqtt_qos`` (its place for extras), which is how a
 cluster holds it: a record with that header gets its QoS back.
+
+The loops over a produced payload's records (``validate``, ``join``: every stored PUBLISH passes
+both), ``encode_record`` and ``deliveries`` (every record a subscriber gets) have C twins in ``_speedups``, chosen at import (``POLYGATE_NO_EXTENSIONS`` keeps Python's).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 
+from gateway._extensions import load
 from gateway.codec import BatchFormat
 from gateway.codec.formats import ONE_RECORD, Validated
-from gateway.model import CommandError, Error, ErrorCode, Record, StoredBatch
+from gateway.model import Batch, CommandError, Error, ErrorCode, Record, StoredBatch
 
 NAME = "mqtt"
 UNKNOWN_QOS = 0xFF
@@ -79,10 +83,11 @@ def decode_headers(data: bytes) -> tuple[tuple[str, bytes | None], ...]:
     return tuple(out)
 
 
-def encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None,
+def _encode_record(offset_delta: int, timestamp: int, qos: int, key: bytes | None, value: bytes | None,
                   headers: bytes = b"") -> bytes:
     """One record; a null ``value`` is a tombstone (a cleared retained message). ``headers`` is
-    an encoded headers section (``encode_headers``): with one, the record has the ``HEADERS`` bit."""
+    an encoded headers section (``encode_headers``): with one, the record has the ``HEADERS`` bit
+    (in C when built: ``_speedups.encode_record``, the same bytes)."""
     if headers:
         qos = HEADERS | (qos & _QOS_BITS)  # UNKNOWN_QOS's low bits are 3
     parts = [HEAD.pack(offset_delta, timestamp, qos, -1 if key is None else len(key)), key or b"",
@@ -103,20 +108,105 @@ def _qos(qos: int) -> int:
     return UNKNOWN_QOS if qos & _QOS_BITS == _QOS_BITS else qos & _QOS_BITS
 
 
-def _record_end(data: bytes | memoryview, pos: int) -> int:
-    """Where the record at ``pos`` ends (``struct.error`` if it is cut short)."""
+def _record_end(data: bytes | memoryview, pos: int, index: int) -> int:
+    """Where the record at ``pos`` (the ``index``-th) ends; ``ValueError`` if it is cut short."""
+    end = len(data)
+    if end - pos < _ONE_RECORD_MIN:
+        raise ValueError(f"record {index} cut short")
     qos, klen = HEAD.unpack_from(data, pos)[2:]
     pos += HEAD_SIZE + max(klen, 0)
+    if end - pos < LEN.size:
+        raise ValueError(f"record {index} cut short")
     (vlen,) = LEN.unpack_from(data, pos)
     pos += LEN.size + max(vlen, 0)
     if _has_headers(qos):
+        if end - pos < LEN.size:
+            raise ValueError(f"record {index} cut short")
         (hlen,) = LEN.unpack_from(data, pos)
         if hlen < 0:
-            raise struct.error("negative headers length")
+            raise ValueError(f"record {index} has a negative headers length")
         pos += LEN.size + hlen
-    if pos > len(data):
-        raise struct.error("record cut short")
+    if pos > end:
+        raise ValueError(f"record {index} cut short")
     return pos
+
+
+def _count_records(payload: bytes | memoryview) -> int:
+    """The records of ``payload``, which must be whole records numbered 0, 1, 2... with nothing
+    after the last, at least one (a record's offset delta is where readers place it); ``ValueError``
+    naming the first fault (in C when built: ``_speedups.count_records``, the same answers)."""
+    pos, end, count = 0, len(payload), 0
+    while pos < end:
+        if end - pos >= DELTA.size:
+            (delta,) = DELTA.unpack_from(payload, pos)
+            if delta != count:
+                raise ValueError(f"record {count} has offset delta {delta}")
+        pos = _record_end(payload, pos, count)
+        count += 1
+    if not count:
+        raise ValueError("no record")
+    return count
+
+
+def _join(payloads: Sequence[bytes | memoryview]) -> bytes:
+    """The records of ``payloads`` (each whole records) in order, their offset deltas renumbered
+    0, 1, 2... across them, each record otherwise as it was (in C when built: ``_speedups.join``,
+    the same bytes)."""
+    parts: list[bytes | memoryview] = []
+    count = 0
+    unpack_head, unpack_len, pack_delta = HEAD.unpack_from, LEN.unpack_from, DELTA.pack
+    for payload in payloads:
+        _, _, qos, klen = unpack_head(payload)
+        at = HEAD_SIZE + klen if klen > 0 else HEAD_SIZE
+        vlen = unpack_len(payload, at)[0]
+        if at + LEN.size + (vlen if vlen > 0 else 0) == len(payload) \
+                and (not qos & HEADERS or qos == UNKNOWN_QOS):  # one PUBLISH's record, without headers
+            parts += (pack_delta(count), payload[DELTA.size:])
+            count += 1
+            continue
+        data = memoryview(payload)
+        pos, end = 0, len(data)
+        while pos < end:
+            start = pos
+            pos = _record_end(data, pos, count)
+            parts += (pack_delta(count), data[start + DELTA.size : pos])
+            count += 1
+    return b"".join(parts)
+
+
+def _deliveries(payload: bytes, base: int) -> Iterator[tuple[int, int, bytes | None, bytes, bytes]]:
+    """``MqttFormat.deliveries`` of a stored batch's ``payload`` numbered from ``base`` (in C when
+    built: ``_speedups.deliveries``, the same tuples in a list)."""
+    data, unpack_head, unpack_len = payload, HEAD.unpack_from, LEN.unpack_from
+    pos, end = 0, len(data)
+    while pos < end:
+        delta, _, qos, klen = unpack_head(data, pos)
+        pos += HEAD_SIZE
+        if klen < 0:
+            key = None
+        else:
+            key = data[pos : pos + klen]
+            pos += klen
+        (vlen,) = unpack_len(data, pos)
+        pos += 4
+        if vlen > 0:
+            value = data[pos : pos + vlen]
+            pos += vlen
+        else:
+            value = b""
+        if not qos & HEADERS or qos == UNKNOWN_QOS:  # inline: this runs for every record a subscriber gets
+            yield base + delta, qos, key, value, b""
+        else:
+            (hlen,) = unpack_len(data, pos)
+            yield base + delta, _qos(qos), key, value, data[pos + 4 : pos + 4 + hlen]
+            pos += 4 + hlen
+
+
+_speedups = load("polygate_mqtt._speedups")
+encode_record = _encode_record if _speedups is None else _speedups.encode_record
+count_records = _count_records if _speedups is None else _speedups.count_records
+join = _join if _speedups is None else _speedups.join
+deliveries = _deliveries if _speedups is None else _speedups.deliveries
 
 
 class MqttFormat(BatchFormat):
@@ -127,18 +217,10 @@ class MqttFormat(BatchFormat):
         """What a produced payload holds: refused with ``CommandError(CORRUPT_MESSAGE)``
         unless it is whole records, at least one, numbered 0, 1, 2... with nothing after
         the last (a record's offset delta is where readers place it)."""
-        pos, end, count = 0, len(payload), 0
         try:
-            while pos < end:
-                delta = DELTA.unpack_from(payload, pos)[0]
-                if delta != count:
-                    raise ValueError(f"record {count} has offset delta {delta}")
-                pos = _record_end(payload, pos)
-                count += 1
-        except (struct.error, ValueError) as e:
+            count = count_records(payload)
+        except ValueError as e:
             raise CommandError(ErrorCode.CORRUPT_MESSAGE, f"MQTT payload refused: {e}") from None
-        if pos != end or not count:
-            raise CommandError(ErrorCode.CORRUPT_MESSAGE, "MQTT payload refused: a record cut short or no record")
         return Validated(count, count)
 
     def validate_each(self, payloads: Sequence[bytes]) -> list[Validated | Error]:
@@ -186,33 +268,16 @@ class MqttFormat(BatchFormat):
             extras = {} if qos == UNKNOWN_QOS else {"mqtt_qos": qos}
             yield Record(value, key, ts, headers, offset=batch.base_offset + delta, extras=extras)
 
-    def deliveries(self, batch: StoredBatch) -> Iterator[tuple[int, int, bytes | None, bytes, bytes]]:
+    def deliveries(self, batch: StoredBatch) -> Iterable[tuple[int, int, bytes | None, bytes, bytes]]:
         """``(offset, qos, key, value, headers)`` of each record of ``batch``: what ``records``
         gives, without a ``Record`` per record (a subscriber's push reads nothing else);
         ``headers`` is the encoded headers section (``decode_headers``), empty without one."""
-        data, base, unpack_head, unpack_len = batch.payload, batch.base_offset, HEAD.unpack_from, LEN.unpack_from
-        pos, end = 0, len(data)
-        while pos < end:
-            delta, _, qos, klen = unpack_head(data, pos)
-            pos += HEAD_SIZE
-            if klen < 0:
-                key = None
-            else:
-                key = data[pos : pos + klen]
-                pos += klen
-            (vlen,) = unpack_len(data, pos)
-            pos += 4
-            if vlen > 0:
-                value = data[pos : pos + vlen]
-                pos += vlen
-            else:
-                value = b""
-            if not qos & HEADERS or qos == UNKNOWN_QOS:  # inline: this runs for every record a subscriber gets
-                yield base + delta, qos, key, value, b""
-            else:
-                (hlen,) = unpack_len(data, pos)
-                yield base + delta, _qos(qos), key, value, data[pos + 4 : pos + 4 + hlen]
-                pos += 4 + hlen
+        return deliveries(batch.payload, batch.base_offset)
+
+    def keyless(self, batch: Batch) -> tuple[int, ...]:
+        """The records of ``batch`` without a key (none from an MQTT client: its topic name is the
+        key), read through ``deliveries``: every retained PUBLISH is checked here."""
+        return tuple(i for i, delivery in enumerate(deliveries(batch.payload, 0)) if delivery[2] is None)
 
     def encode(self, records: Sequence[Record], base_offset: int) -> bytes:
         # a record without an offset takes the next one, as in the other formats
@@ -227,26 +292,7 @@ class MqttFormat(BatchFormat):
     def join(self, payloads: Sequence[bytes]) -> bytes:
         """One payload of ``payloads`` (validated, in order): their records with the offset deltas
         renumbered 0, 1, 2... across them, each record otherwise as it was."""
-        parts: list[bytes | memoryview] = []
-        count = 0
-        unpack_head, unpack_len, pack_delta = HEAD.unpack_from, LEN.unpack_from, DELTA.pack
-        for payload in payloads:
-            _, _, qos, klen = unpack_head(payload)
-            at = HEAD_SIZE + klen if klen > 0 else HEAD_SIZE
-            vlen = unpack_len(payload, at)[0]
-            if at + LEN.size + (vlen if vlen > 0 else 0) == len(payload) \
-                    and (not qos & HEADERS or qos == UNKNOWN_QOS):  # one PUBLISH's record, without headers
-                parts += (pack_delta(count), payload[DELTA.size:])
-                count += 1
-                continue
-            data = memoryview(payload)
-            pos, end = 0, len(data)
-            while pos < end:
-                start = pos
-                pos = _record_end(data, pos)
-                parts += (pack_delta(count), data[start + DELTA.size : pos])
-                count += 1
-        return b"".join(parts)
+        return join(payloads)
 
 
 FORMAT = MqttFormat()

@@ -289,15 +289,43 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
         return _publish_retained(conn, name, qos, packet_id, payload, headers + _RETAINED)
     produce = _produce(conn, name, qos, payload, headers)
     if qos == 0:
-        return Handled.answer(b"") if produce is None else Handled.run(
-            (produce,), _announcing(conn, produce, _Stored(b"", (conn, name, qos, None))), joins=True)
-    assert packet_id is not None  # QoS 1 and 2 carry one
-    if qos == 2:
-        conn.awaiting_release.add(packet_id)
-    ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
-    if produce is None:
-        return Handled.answer(ack)
-    return Handled.run((produce,), _announcing(conn, produce, _Stored(ack, (conn, name, qos, packet_id))), joins=True)
+        if produce is None:
+            return Handled.answer(b"")
+        stored = conn.stored_qos0  # the same for every QoS 0 PUBLISH to a name: a burst's is made once
+        if stored is None or stored.context[1] != name:
+            stored = conn.stored_qos0 = _Stored(b"", (conn, name, 0, None))
+    else:
+        assert packet_id is not None  # QoS 1 and 2 carry one
+        if qos == 2:
+            conn.awaiting_release.add(packet_id)
+        ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
+        if produce is None:
+            return Handled.answer(ack)
+        stored = _Stored(ack, (conn, name, qos, packet_id))
+    # (hold, ordered, joins, merges) given by position: this runs once per PUBLISH
+    return Handled.run((produce,), _announcing(conn, produce, stored), False, True, True,
+                       _merge_key(conn, produce, False))
+
+
+MERGED_BYTES = 1 << 20
+"""A stretch of merged PUBLISHes (``_merge_key``) takes no more once its records reach this size,
+as the broker's merged appends do."""
+
+
+def _merge_key(conn: MqttConnection, produce: m.Produce, retained: bool) -> int:
+    """The ``Handled.merges`` key of a PUBLISH stored by ``produce`` (and, ``retained``, kept as its
+    name's retained message): the key of the PUBLISH before it when that one was to the same topic
+    name, retained alike, and its stretch has room (``MERGED_BYTES``), else a new one. A topic name
+    is one log topic and one record key, so one log partition: the pipelined PUBLISHes of a stretch
+    are stored as one batch (and kept as one batch of retained messages; ``MqttConnection.merge``),
+    and each is answered from its results, in order."""
+    size = len(produce.batch.payload)
+    if produce.key == conn.merging_name and retained is conn.merging_retained and conn.merging_bytes < MERGED_BYTES:
+        conn.merging_bytes += size
+    else:
+        conn.merges += 1
+        conn.merging_name, conn.merging_retained, conn.merging_bytes = produce.key, retained, size
+    return conn.merges
 
 
 class _FirstStored:
@@ -393,21 +421,24 @@ def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> H
 def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int | None, payload: bytes,
                       headers: bytes) -> Handled:
     """A PUBLISH with RETAIN: stored as any other, and kept as ``name``'s retained message (both
-    before the acknowledgement). Delivered live without RETAIN, as 3.3.1.3 says."""
+    before the acknowledgement, which a failure of either refuses). Delivered live without
+    RETAIN, as 3.3.1.3 says."""
     commands = _commands(conn, name, qos, payload, True, headers)
-    ack = b"" if qos == 0 else packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC,
-                                                      packet_id or 0)
     if qos == 2:
         conn.awaiting_release.add(packet_id or 0)
+    if qos == 0:
+        stored = conn.stored_qos0  # as ``publish``'s: the same answer for every QoS 0 PUBLISH to a name
+        if stored is None or stored.context[1] != name:
+            stored = conn.stored_qos0 = _Stored(b"", (conn, name, 0, None))
+    else:
+        stored = _Stored(packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id or 0),
+                         (conn, name, qos, packet_id))
     if not commands:  # $SYS: acknowledged, dropped
-        return Handled.answer(ack)
-    stored = _Stored(ack, (conn, name, qos, packet_id))
-
-    def answer(results: Sequence[m.ProduceResult]) -> bytes:
-        failed = next((result for result in results if result.error is not None), None)
-        return stored.ok if failed is None else stored.refused(failed)
-
-    return _with_retained_topic(conn, lambda: Handled.run(commands, answer))
+        return Handled.answer(stored.ok)
+    if conn.retained_ready:
+        return Handled.run(commands, stored, False, True, True, _merge_key(conn, commands[0], True))
+    return _with_retained_topic(conn, lambda: Handled.run(commands, stored, joins=True,
+                                                          merges=_merge_key(conn, commands[0], True)))
 
 
 def _acknowledged(conn: MqttConnection, body: bytes) -> tuple[int, int]:

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from polygate_mqtt import format as mqtt_format
 
-from gateway.codec.formats import Validated
-from gateway.model import CommandError, ErrorCode, Record, StoredBatch
+from gateway.codec.formats import BatchFormat, Validated
+from gateway.model import Batch, CommandError, ErrorCode, Record, StoredBatch
 
 
 def refused(payload: bytes) -> str:
@@ -122,3 +122,16 @@ def test_the_qos_comes_back_from_the_header_kafka_keeps_it_in():
     payload = mqtt_format.FORMAT.encode(records, 0)
     got = [qos for _, qos, _, _, _ in mqtt_format.FORMAT.deliveries(StoredBatch("mqtt", 0, 2, 1, payload))]
     assert got == [0, mqtt_format.UNKNOWN_QOS, mqtt_format.UNKNOWN_QOS]
+
+
+
+@given(st.lists(st.tuples(st.none() | st.binary(max_size=8), st.none() | st.binary(max_size=8), HEADER_LISTS),
+                min_size=1, max_size=10))
+def test_the_records_without_a_key_are_those_records_reads_without_one(messages):
+    """``keyless`` (a compacted topic's check: the retained messages') reads the keys alone; it
+    names the records the format's records give without a key, as the general check does."""
+    payload = b"".join(mqtt_format.encode_record(i, 1, 1, key, value, mqtt_format.encode_headers(headers))
+                       for i, (key, value, headers) in enumerate(messages))
+    batch = Batch(mqtt_format.NAME, payload, len(messages), 1)
+    expected = tuple(i for i, (key, _, _) in enumerate(messages) if key is None)
+    assert mqtt_format.FORMAT.keyless(batch) == BatchFormat.keyless(mqtt_format.FORMAT, batch) == expected

@@ -1,0 +1,95 @@
+"""The C twins of the plugin's hot loops (``_speedups``) give the answers of their Python twins."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from polygate_mqtt import format as mqtt_format
+from polygate_mqtt import packets
+from polygate_mqtt.properties import MalformedPacket
+
+HEADER_LISTS = st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=3)
+built = pytest.mark.skipif(mqtt_format._speedups is None, reason="the C loops were not built")
+
+
+def _outcome(count, payload):
+    try:
+        return count(payload)
+    except ValueError as e:
+        return str(e)
+
+
+RECORDS = st.lists(st.tuples(st.sampled_from([0, 1, 2, mqtt_format.UNKNOWN_QOS]), st.none() | st.binary(max_size=12),
+                             st.none() | st.binary(max_size=20), HEADER_LISTS), min_size=1, max_size=6)
+
+
+def _payload(records, first=0):
+    return b"".join(mqtt_format.encode_record(first + i, 1_700_000_000_000, qos, key, value,
+                                              mqtt_format.encode_headers(headers))
+                    for i, (qos, key, value, headers) in enumerate(records))
+
+
+@built
+@given(RECORDS, st.integers(0, 2), st.integers(-1, 200), st.binary(max_size=8))
+def test_the_c_record_count_gives_the_python_twins_answers(records, first, cut, tail):
+    """Whole payloads, misnumbered ones, payloads cut anywhere or with bytes after them: the same
+    count, or the same fault named."""
+    payload = _payload(records, first)
+    for candidate in (payload, payload[:cut], payload + tail, tail):
+        assert _outcome(mqtt_format._speedups.count_records, candidate) == _outcome(mqtt_format._count_records, candidate)
+
+
+@built
+@given(st.lists(RECORDS, min_size=1, max_size=6))
+def test_the_c_join_gives_the_python_twins_bytes(payloads):
+    encoded = [_payload(records) for records in payloads]
+    assert mqtt_format._speedups.join(encoded) == mqtt_format._join(encoded)
+    assert mqtt_format._speedups.join([memoryview(p) for p in encoded]) == mqtt_format._join(encoded)
+
+
+@built
+@given(st.integers(0, 2**32 - 1), st.integers(-2**63, 2**63 - 1), st.integers(0, 255), st.none() | st.binary(max_size=20),
+       st.none() | st.binary(max_size=40), HEADER_LISTS)
+def test_the_c_record_encoding_gives_the_python_twins_bytes(delta, timestamp, qos, key, value, headers):
+    encoded = mqtt_format.encode_headers(headers)
+    assert mqtt_format._speedups.encode_record(delta, timestamp, qos, key, value, encoded) == \
+        mqtt_format._encode_record(delta, timestamp, qos, key, value, encoded)
+    assert mqtt_format._speedups.encode_record(delta, timestamp, qos, key, value) == \
+        mqtt_format._encode_record(delta, timestamp, qos, key, value)
+
+
+@built
+@pytest.mark.parametrize("delta, timestamp, qos", [(-1, 0, 0), (2**32, 0, 0), (0, 2**63, 0), (0, 0, 256), (0, 0, -1)])
+def test_a_number_a_record_field_does_not_hold_is_a_struct_error_in_both_twins(delta, timestamp, qos):
+    for encode in (mqtt_format._speedups.encode_record, mqtt_format._encode_record):
+        with pytest.raises(struct.error):
+            encode(delta, timestamp, qos, b"k", b"v")
+
+
+@built
+@given(RECORDS, st.integers(0, 2**40), st.integers(0, 200))
+def test_the_c_deliveries_are_the_python_twins(records, base, cut):
+    """Whole payloads give the same tuples; a payload cut short is a struct.error in both."""
+    payload = _payload(records)
+    assert mqtt_format._speedups.deliveries(payload, base) == list(mqtt_format._deliveries(payload, base))
+    if cut and isinstance(_outcome(mqtt_format._count_records, payload[:cut]), str):  # cut inside a record
+        with pytest.raises(struct.error):
+            mqtt_format._speedups.deliveries(payload[:cut], base)
+
+
+def _parsed(parse, flags, body):
+    try:
+        return parse(flags, body)
+    except MalformedPacket as e:
+        return type(e), str(e)
+
+
+@built
+@given(st.integers(0, 15), st.binary(max_size=2) | st.builds(lambda topic, rest: len(topic).to_bytes(2, "big") + topic + rest,
+                                                              st.binary(max_size=12) | st.text(max_size=6).map(str.encode),
+                                                              st.binary(max_size=12)))
+def test_the_c_publish_parse_gives_the_python_twins_fields_or_refusal(flags, body):
+    assert _parsed(packets._speedups.parse_publish, flags, body) == _parsed(packets._parse_publish, flags, body)
