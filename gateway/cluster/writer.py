@@ -27,10 +27,11 @@ How an append travels (``gateway.cluster.wire`` sends it):
   partition at once. An append whose answer did not come (a stall, a lost
   connection, a leader that moved) is sent again, with the same sequence,
   until its time ends: the cluster recognises a batch it already holds, so a
-  lost connection costs the client nothing. When the cluster no longer knows the producer (a restarted
-  cluster, an expired or fenced id, sequences out of order at the head of a
-  partition), the producer takes a new id and sends what was not
-  acknowledged again from sequence 0: the gateway heals without a restart.
+  lost connection costs the client nothing. When the cluster no longer knows
+  the producer (a restarted cluster, an expired or fenced id, sequences out of
+  order at the head of a partition), the producer takes a new id and sends
+  what was not acknowledged again from sequence 0: the gateway heals without a
+  restart.
 - ``acks=1`` (and ``acks=0``, upgraded: the gateway needs the offsets to
   answer) appends of such batches are sent as they are; one is sent again only when the
   cluster said it did not store it (a leader that moved, a connection that
