@@ -77,8 +77,9 @@ class ClusterTransactions(Protocol):
     def begin(self, producer_id: int) -> Any:
         """*May wait.* Open a transaction of the producer."""
 
-    def produce(self, producer_id: int, topic: str, partition: int, records: Any) -> Any:
-        """*May wait.* Append records in the producer's open transaction: ``(first, last)`` offsets."""
+    def produce(self, producer_id: int, topic: str, partition: int, records: Any, timeout_ms: int) -> Any:
+        """*May wait.* Append records in the producer's open transaction: ``(first, last)`` offsets,
+        waited for up to ``timeout_ms`` (the producing client's)."""
 
     def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> Any:
         """*May wait.* The cluster's last stable offset of the partition, at most ``high_watermark``."""
@@ -185,7 +186,7 @@ class Storage(Protocol):
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
                max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
-               producer: m.ProducerState | None = None) -> MayWait[tuple[int, int]]:
+               producer: m.ProducerState | None = None, timeout_ms: int | None = None) -> MayWait[tuple[int, int]]:
         """*May wait.* Append one stored batch of format ``fmt`` spanning
         ``count`` offsets, whose offsets the broker already assigned from ``base_offset``
         (``None``: the log end): ``(base, last)``. Raises ``NOT_LEADER`` on a
@@ -197,7 +198,11 @@ class Storage(Protocol):
         ``acks`` is the produce's: a store that replicates by itself (a Kafka cluster)
         answers once that many replicas hold the batch.
         ``producer`` is the batch's idempotent producer, for a store that keeps
-        producer state with the records (a cluster); the broker has checked it."""
+        producer state with the records (a cluster); the broker has checked it.
+        ``timeout_ms`` is how long the producing client waits for the answer (a Kafka
+        Produce's ``TimeoutMs``; ``None``: the client's protocol names none, the store's
+        own default applies). A store that waits for a cluster waits that long for it
+        before it fails the append as timed out; a store that answers at once ignores it."""
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool = True) -> MayWait[list[m.StoredBatch]]:
         """*May wait.* Stored batches from the one holding ``offset`` on, below the

@@ -13,6 +13,8 @@ On command (each takes effect before the call returns):
 * ``stall()``: hold every byte both ways, connections open: a cluster paused, or a
   network that queues. New connections are accepted and held too. ``passing()``
   delivers what was held;
+* ``slow()``: forward every byte to the cluster, hold every byte of its answers: a cluster that
+  stores what it is sent but is slow to say so. ``passing()`` delivers what was held;
 * ``blackhole()``: accept and read everything, answer nothing, drop it all: a
   cluster gone silent. ``passing()`` then resets every connection that lost bytes
   (as a host that came back answers an unknown connection), and new ones pass;
@@ -39,6 +41,7 @@ CHUNK = 1 << 16
 class Mode(enum.Enum):
     PASSING = "passing"
     STALLED = "stalled"
+    SLOW = "slow"  # requests pass, answers are held
     BLACKHOLE = "blackhole"
 
 
@@ -117,6 +120,9 @@ class FaultProxy:
     def stall(self) -> None:
         self._do(lambda: self._set_mode(Mode.STALLED))
 
+    def slow(self) -> None:
+        self._do(lambda: self._set_mode(Mode.SLOW))
+
     def blackhole(self) -> None:
         self._do(lambda: self._set_mode(Mode.BLACKHOLE))
 
@@ -181,7 +187,7 @@ class FaultProxy:
                 pair.lost_bytes = True
                 pair.to_client.clear()
                 pair.to_upstream.clear()
-            if mode is Mode.PASSING and pair.upstream is None:
+            if mode in (Mode.PASSING, Mode.SLOW) and pair.upstream is None:
                 self._connect(pair)
             self._watch(pair)
 
@@ -202,7 +208,7 @@ class FaultProxy:
             self._pairs[client] = pair
             if self.mode is Mode.BLACKHOLE:
                 pair.lost_bytes = True
-            elif self.mode is Mode.PASSING:
+            elif self.mode in (Mode.PASSING, Mode.SLOW):
                 self._connect(pair)
             self._watch(pair)
 
@@ -226,10 +232,10 @@ class FaultProxy:
         if self.mode is Mode.BLACKHOLE:
             client_events = selectors.EVENT_READ if not pair.client_eof else 0
             upstream_events = selectors.EVENT_READ if pair.connected and not pair.upstream_eof else 0
-        elif self.mode is Mode.PASSING:
+        elif self.mode in (Mode.PASSING, Mode.SLOW):
             if not pair.client_eof:
                 client_events |= selectors.EVENT_READ
-            if pair.to_client:
+            if pair.to_client and self.mode is Mode.PASSING:
                 client_events |= selectors.EVENT_WRITE
             if pair.upstream is not None and not pair.connected:
                 upstream_events = selectors.EVENT_WRITE  # the connect's end
@@ -273,9 +279,9 @@ class FaultProxy:
                     pair.upstream_eof = True
                 else:
                     pair.client_eof = True
-            elif data and self.mode is Mode.PASSING:
+            elif data and self.mode in (Mode.PASSING, Mode.SLOW):
                 (pair.to_client if upstream else pair.to_upstream).extend(data)
-        if events & selectors.EVENT_WRITE and self.mode is Mode.PASSING:
+        if events & selectors.EVENT_WRITE and (self.mode is Mode.PASSING or self.mode is Mode.SLOW and upstream):
             buffer = pair.to_upstream if upstream else pair.to_client
             try:
                 sent = sock.send(buffer)

@@ -189,6 +189,62 @@ def test_the_metadata_and_the_admin_client_heal_after_the_cluster_restarted(tans
         assert new in c.list_topics()
 
 
+# --------------------------------------------------------------------------- a client that waits longer
+
+
+def test_a_client_that_waits_longer_than_the_gateway_default_gets_each_record_stored_once(tansu_behind_proxy):
+    """A Kafka client's batch is waited for as long as its Produce's TimeoutMs says, whatever
+    ``--cluster-timeout-ms`` (300 ms here) says. A gateway that gave up at its own timeout answered
+    REQUEST_TIMED_OUT for batches the cluster then stored, and a producer without idempotence (as
+    librdkafka's test 0041 runs it) sent them again: records stored twice."""
+    tansu, proxy = tansu_behind_proxy
+    topic = unique("patient")
+    with cluster_gateway(proxy.address, "--cluster-timeout-ms", "300", protocols=("v1", "kafka")) as gw:
+        create_topic(gw, topic)
+        producer = Producer({"bootstrap.servers": gw.address("kafka"), "enable.idempotence": False,
+                             "acks": "all", "request.timeout.ms": 30_000, "linger.ms": 5})
+        failed: list[str] = []
+
+        def produce(values: range) -> None:
+            for i in values:
+                producer.produce(topic, str(i).encode(), partition=0,
+                                 on_delivery=lambda error, _: error is None or failed.append(str(error)))
+                producer.poll(0)
+
+        produce(range(0, 50))
+        assert producer.flush(30) == 0
+        proxy.slow()  # the cluster stores what it is sent, and says so after several times the gateway's default
+        produce(range(50, 100))
+        time.sleep(2)
+        proxy.passing()
+        assert producer.flush(30) == 0
+    assert failed == []
+    assert stored_up_to_a_mark(tansu.bootstrap, topic) == [str(i).encode() for i in range(100)]
+
+
+def stored_up_to_a_mark(bootstrap: str, topic: str, timeout: float = 30) -> list[bytes]:
+    """Every value of partition 0 of ``topic``, read straight from the cluster up to a mark written
+    there now (Tansu's ListOffsets may name an end before its last batch's records)."""
+    mark = unique("mark").encode()
+    native = Producer({"bootstrap.servers": bootstrap})
+    native.produce(topic, mark, partition=0)
+    assert native.flush(timeout) == 0
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("native"), "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = c.poll(0.2)
+            if msg is not None and not msg.error():
+                if msg.value() == mark:
+                    return got
+                got.append(msg.value())
+        raise AssertionError(f"the cluster did not answer up to the mark: {len(got)} values read")
+    finally:
+        c.close()
+
+
 # --------------------------------------------------------------------------- the scenario
 
 STALL_S = 15.0  # how long the cluster is stalled

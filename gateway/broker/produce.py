@@ -240,7 +240,7 @@ class Producer:
 
         def append(_: Any = None) -> MayWait[tuple[int, int]]:
             return store.append(cmd.topic, partition, batch.format, payload, batch.count, batch.max_timestamp,
-                                batch.base_offset, cmd.acks, producer)
+                                batch.base_offset, cmd.acks, producer, cmd.timeout_ms)
 
         if producer is None:  # no producer state to remember, no transaction: the append alone
             appending = append()
@@ -341,7 +341,7 @@ class Producer:
                 results[i] = m.ProduceResult(topic, -1 if cmd.partition is None else cmd.partition, error=refusal)
         for p, indexes in routed.items():
             joined = batches if len(indexes) == len(batches) else [batches[i] for i in indexes]
-            answers = then(self._append_joined(fmt, topic, p, joined, first.acks),
+            answers = then(self._append_joined(fmt, topic, p, joined, first.acks, first.timeout_ms),
                            functools.partial(self._acknowledge_joined, first, p, joined))
             if isinstance(answers, defer.Deferred):
                 answers = fan_out(answers.addErrback(_as_results, topic, len(indexes)), len(indexes))
@@ -374,8 +374,9 @@ class Producer:
         return self.acknowledge(first, {partition: appended[1]}, result)
 
     def _append_joined(self, fmt: BatchFormat, topic: str, partition: int, batches: list[m.Batch],
-                       acks: m.Acks) -> Any:
-        """Append ``batches`` as one stored batch: ``(base, last)``, an ``Error``, or a Deferred of either."""
+                       acks: m.Acks, timeout_ms: int | None) -> Any:
+        """Append ``batches`` as one stored batch: ``(base, last)``, an ``Error``, or a Deferred of either
+        (``acks`` and ``timeout_ms``: their produces', which a ``merged_run`` shares)."""
         try:
             self.check_leader(topic, partition)
             base = self.store.log_end_offset(topic, partition)
@@ -387,7 +388,8 @@ class Producer:
                     max_timestamp = b.max_timestamp
             payload = self.numbered(fmt, payloads[0] if len(payloads) == 1 else fmt.join(payloads), base,
                                     topic, partition)
-            appended = self.store.append(topic, partition, fmt.name, payload, count, max_timestamp, None, acks)
+            appended = self.store.append(topic, partition, fmt.name, payload, count, max_timestamp, None, acks,
+                                         None, timeout_ms)
         except CommandError as e:
             return e.error
         if isinstance(appended, defer.Deferred):

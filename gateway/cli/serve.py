@@ -208,7 +208,8 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--cluster-prefix", default="polygate", show_default=True,
               help="Start of the names polygate gives the cluster (its reader's group, members' client ids).")
 @click.option("--cluster-timeout-ms", default=10_000, show_default=True, type=int,
-              help="How long a request waits for the cluster before the client hears its protocol's timeout.")
+              help="How long a request waits for the cluster before the client hears its protocol's timeout "
+                   "(a Kafka client's produce waits as long as its own request's timeout says).")
 @click.option("--cluster-max-members", default=256, show_default=True, type=click.IntRange(min=1),
               help="Members of the cluster's groups the gateway keeps at once, each a librdkafka consumer "
                    "(4 threads or more): one per group of V1 and Cursus members, one per Kafka client's member.")

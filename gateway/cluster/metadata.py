@@ -154,6 +154,15 @@ class Metadata:
             raise CommandError(ErrorCode.UNKNOWN_PARTITION, f"{topic!r} has no partition {partition}")
         return state.partitions[partition]
 
+    def seen(self, topic: str, partition: int) -> PartitionMarks:
+        """The partition's marks as last seen, even while the cluster is unreachable: the answer to
+        a produce the cluster has just confirmed carries them, and must not fail because a probe
+        of the cluster went unanswered meanwhile. Else as ``marks``."""
+        state = self.topics.get(topic)
+        if state is not None and 0 <= partition < len(state.partitions):
+            return state.partitions[partition]
+        return self.marks(topic, partition)
+
     def check_reachable(self) -> None:
         if not self.reachable:
             raise CommandError(ErrorCode.STORAGE_ERROR,

@@ -83,7 +83,7 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         self.admin = AdminClient(config.client())
         self.client = ClusterClient(config, reactor)
         self.metadata = Metadata(config, self.client, reactor, gone=self._topic_gone)
-        self.writer = Writer(config, self.client, reactor, formats, self._delivered)
+        self.writer = Writer(self.client, reactor, formats, self._delivered)
         self.reader = Reader(self.client, self.metadata, reactor, kafka_format(formats))
         self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read
         self.groups = ClusterGroups(config, self.admin, Coordinators(self.client, reactor), reactor)
@@ -302,30 +302,38 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
                max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
-               producer: m.ProducerState | None = None) -> MayWait[tuple[int, int]]:
+               producer: m.ProducerState | None = None, timeout_ms: int | None = None) -> MayWait[tuple[int, int]]:
+        """The batch to the cluster (``gateway.cluster.writer``), waited for as long as the client waits
+        (``timeout_ms``; ``--cluster-timeout-ms`` when the client names no positive one); a
+        transaction's records through the transactional id's own producer on the cluster
+        (``gateway.cluster.transactions``)."""
         if base_offset is not None:
             raise CommandError(ErrorCode.INVALID_REQUEST, "in cluster mode the cluster assigns offsets: "
                                                           "a produce at an explicit offset is refused")
         self.metadata.marks(topic, partition)
         writer = self.writer
+        if timeout_ms is None or timeout_ms <= 0:
+            timeout_ms = self.config.request_timeout_ms
         if producer is None:
             if fmt == KAFKA and is_one_batch(payload):  # a Kafka client's batch goes as it arrived
-                return writer.forward(topic, partition, payload, count, acks)
-            return writer.append(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count, acks)
+                return writer.forward(topic, partition, payload, count, acks, timeout_ms)
+            return writer.append(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count, acks,
+                                 timeout_ms)
         if producer.transactional:  # through the transactional id's own producer on the cluster
             assert isinstance(producer.producer_id, int)  # a Kafka producer's
             records = writer.records(fmt, payload, count, max_timestamp)
-            return self.transactions.produce(producer.producer_id, topic, partition, records).addCallback(
+            return self.transactions.produce(producer.producer_id, topic, partition, records, timeout_ms).addCallback(
                 self._delivered_in_transaction, topic, partition)
         if producer.rules == "kafka":
             # The client's batch as it is: its producer id, epoch and sequence are where a gateway
             # reads the producer's state back (``producers``), and a cluster that applies
             # idempotence itself checks them too.
-            appending = writer.forward(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count, acks)
+            appending = writer.forward(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count,
+                                       acks, timeout_ms)
         else:  # Cursus's producers: their ids have no place in a Kafka batch, so each record says it
             appending = writer.append(topic, partition,
                                       writer.batch(fmt, payload, count, max_timestamp, header(producer, count)),
-                                      count, acks)
+                                      count, acks, timeout_ms)
 
         def uncertain(f: Any) -> Any:
             # The cluster may hold the batch all the same (a timeout): the producer's next batch
@@ -366,10 +374,10 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
     # ------------------------------------------------------------------ offsets and watermarks
 
     def log_start_offset(self, topic: str, partition: int) -> int:
-        return self.metadata.marks(topic, partition).log_start_offset
+        return self.metadata.seen(topic, partition).log_start_offset
 
     def high_watermark(self, topic: str, partition: int) -> int:
-        return self.metadata.marks(topic, partition).high_watermark
+        return self.metadata.seen(topic, partition).high_watermark
 
     def log_end_offset(self, topic: str, partition: int) -> int:
         return self.metadata.marks(topic, partition).high_watermark

@@ -150,9 +150,10 @@ class TransactionalProducers:
         """*May wait.* A new transaction of the producer."""
         return self._call(producer_id, "begin a transaction", lambda p: p.begin_transaction())
 
-    def produce(self, producer_id: int, topic: str, partition: int, records: Columns) -> defer.Deferred:
+    def produce(self, producer_id: int, topic: str, partition: int, records: Columns,
+                timeout_ms: int) -> defer.Deferred:
         """*May wait.* ``records`` produced to the partition in the producer's transaction:
-        ``(first offset, last offset)`` as the cluster assigned them."""
+        ``(first offset, last offset)`` as the cluster assigned them, waited for up to ``timeout_ms``."""
 
         instance = self.by_producer.get(producer_id)
 
@@ -172,7 +173,7 @@ class TransactionalProducers:
                 p.produce(topic, records.values[i], records.keys[i], partition=partition, on_delivery=delivered,
                           timestamp=ts if ts > 0 else 0,
                           headers=list(headers[i]) if headers is not None and headers[i] else None)
-            deadline = time.monotonic() + self._timeout
+            deadline = time.monotonic() + timeout_ms / 1000
             while p.flush(FLUSH_STEP_S):  # not all delivered yet
                 if instance is not None and instance.fenced:  # fenced: librdkafka delivers nothing more
                     raise CommandError(ErrorCode.FENCED_PRODUCER, f"produce to {topic}/{partition}: the cluster "

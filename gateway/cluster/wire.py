@@ -17,10 +17,16 @@ What it does:
   authenticates (SASL PLAIN or SCRAM-SHA-256/512, as ``sasl.*`` configure it;
   TLS as ``security.protocol`` and ``ssl.*`` do, with librdkafka's property
   names, which ``--cluster-option`` takes).
-- **Time.** A request not answered within its timeout fails with
-  ``REQUEST_TIMED_OUT`` and closes its connection (its later answers would be
-  out of order); the next request opens a new one. A stalled or restarted
-  cluster is thus met with new connections, never a stuck one.
+- **Time.** Each request has its own timeout (a produce's is its client's).
+  One not answered within it fails alone with ``REQUEST_TIMED_OUT``, and its
+  connection is *retired*: it takes no new request (the next one opens a new
+  connection, so a stalled or restarted cluster is met with new connections,
+  never a stuck one) but stays open until every request on it was answered
+  or timed out (a late answer is matched by its correlation id and dropped).
+  Closing it at once would fail the other requests on it while their clients
+  still wait, and a produce failed that way may yet be stored by the cluster.
+  At most ``RETIRING_MAX`` retired connections per broker and lane are kept
+  open; past that, the oldest is closed.
 - **Where partitions are.** Metadata for the topics in use, refreshed when an
   answer says a leader moved or a connection failed; and every answer to the
   gateway's picture of the whole cluster (``gateway.cluster.metadata``, every
@@ -70,6 +76,7 @@ MAX_FRAME = 256 << 20
 _SIZE = struct.Struct(">i")
 SWEEP_S = 0.1  # how often requests are checked for their timeout
 CONNECT_TIMEOUT_S = 5.0
+RETIRING_MAX = 4  # retired connections of one broker and lane kept open for their requests still waiting
 
 # Errors after which the partition's leader is looked up again.
 STALE_METADATA = frozenset({Errors.NOT_LEADER_OR_FOLLOWER, Errors.LEADER_NOT_AVAILABLE,
@@ -92,6 +99,15 @@ class WireError(Exception):
             return Errors(self.code).name
         except ValueError:
             return f"error {self.code}"
+
+
+def not_sent(f: Any) -> Any:
+    """The errback of a step before a request is written (finding the leader, opening a
+    connection): its ``WireError`` said ``sent`` of a request of its own, but the broker never saw
+    the one that was to follow."""
+    if f.check(WireError) and f.value.sent:
+        raise WireError(f.value.code, str(f.value), sent=False)
+    return f
 
 
 @attrs.define
@@ -126,6 +142,7 @@ class BrokerConnection(protocol.Protocol):
         self.correlation = 0
         self.versions: dict[int, int] = {}  # api key -> the version used with this broker
         self.closed = False
+        self.retired = False  # a request on it timed out: it takes no new one, and closes once none waits
         self.label = "?"
 
     # ------------------------------------------------------------------ requests
@@ -145,15 +162,17 @@ class BrokerConnection(protocol.Protocol):
                                     (message.request(version), body)))
         return self._send(correlation, (frame,), functools.partial(_by_schema, api_key, version), timeout_s)
 
-    def produce(self, topic: str, partition: int, batch: bytes | memoryview, acks: int, timeout_ms: int,
+    def produce(self, topic: str, partition: int, batch: bytes | memoryview, acks: int,
                 timeout_s: float) -> defer.Deferred:
-        """One Produce request of ``batch`` to one partition (``shapes``, without the schema): a
-        Deferred of its ``shapes.Produced``, or of a ``WireError``."""
+        """One Produce request of ``batch`` to one partition (``shapes``, without the schema), which
+        the broker and this connection wait ``timeout_s`` for: a Deferred of its
+        ``shapes.Produced``, or of a ``WireError``."""
         if self.closed:
             return self._closed()
         version = self.versions[PRODUCE]
         correlation = self._next_correlation()
         # A transport writes bytes only: a Kafka client's batch forwarded as it arrived is a memoryview.
+        timeout_ms = max(1, int(timeout_s * 1000))
         pieces = shapes.produce_request(version, correlation, self._client_id, acks, timeout_ms, topic.encode(),
                                         partition, batch if type(batch) is bytes else bytes(batch))
         return self._send(correlation, pieces, functools.partial(shapes.produced, version=version), timeout_s)
@@ -195,16 +214,21 @@ class BrokerConnection(protocol.Protocol):
             self.transport.loseConnection()
             return
         pending.deferred.callback(body)
+        if self.retired and not self.pending:
+            self.transport.loseConnection()
 
     def expire(self, now: float) -> None:
-        """Fail the requests past their deadline, and close: later answers would be out of order."""
+        """Fail the requests past their deadline, each alone, and retire the connection (see the
+        module docstring): closed now if no other request waits on it."""
         late = [c for c, p in self.pending.items() if p.deadline <= now]
         if not late:
             return
+        self.retired = True
         for c in late:
             p = self.pending.pop(c)
             p.deferred.errback(WireError(Errors.REQUEST_TIMED_OUT, f"{self.label} did not answer in time", sent=True))
-        self.transport.abortConnection()
+        if not self.pending:
+            self.transport.abortConnection()
 
     def connectionLost(self, reason: Any = None) -> None:  # noqa: N802 - Twisted's name
         self.closed = True
@@ -293,6 +317,7 @@ class ClusterClient:
         self.topics: set[str] = set()  # the topics whose metadata is kept
         self._connections: dict[tuple[int, str], Shared | BrokerConnection] = {}
         self._handshaking: dict[tuple[int, str], BrokerConnection] = {}  # opened, not yet usable
+        self._retiring: list[tuple[tuple[int, str], BrokerConnection]] = []  # retired, requests still waiting
         self._refreshing: Shared | None = None
         self._sweep = task.LoopingCall(self._expire)
         self._sweep.clock = reactor
@@ -304,10 +329,11 @@ class ClusterClient:
     def stop(self) -> None:
         if self._sweep.running:
             self._sweep.stop()
-        for conn in list(self._connections.values()):
+        for conn in [*self._connections.values(), *(c for _, c in self._retiring)]:
             if isinstance(conn, BrokerConnection):
                 conn.transport.loseConnection()
         self._connections.clear()
+        self._retiring.clear()
 
     # ------------------------------------------------------------------ requests
 
@@ -327,20 +353,21 @@ class ClusterClient:
         return self.connection(node_id, lane).addCallback(send)
 
     def produce(self, node_id: int, topic: str, partition: int, batch: bytes | memoryview, acks: int,
-                timeout_ms: int) -> defer.Deferred:
-        """One Produce of ``batch`` to ``topic``/``partition`` at broker ``node_id``: a Deferred of
-        its ``shapes.Produced``, or of a ``WireError``."""
-        return self.connection(node_id, "produce").addCallback(
-            lambda conn: conn.produce(topic, partition, batch, acks, timeout_ms, self.timeout_s))
+                timeout_s: float) -> defer.Deferred:
+        """One Produce of ``batch`` to ``topic``/``partition`` at broker ``node_id``, which the broker
+        and the client wait ``timeout_s`` for (the producing client's time left): a Deferred of its
+        ``shapes.Produced``, or of a ``WireError``."""
+        return self.connection(node_id, "produce").addCallbacks(
+            lambda conn: conn.produce(topic, partition, batch, acks, timeout_s), not_sent)
 
     def connection(self, node_id: int, lane: str) -> defer.Deferred:
         """A Deferred of a ready connection to ``node_id`` for ``lane``, opened if needed."""
         key = (node_id, lane)
         conn = self._connections.get(key)
         if isinstance(conn, BrokerConnection):
-            if not conn.closed:
+            if not conn.closed and not conn.retired:
                 return defer.succeed(conn)
-            del self._connections[key]
+            self._retire(key, conn)
         elif conn is not None:
             return conn.wait()
         opening = self._open(node_id, key)
@@ -449,15 +476,31 @@ class ClusterClient:
         """Close ``lane``'s connections, those still agreeing versions or logging in too: its
         requests fail now, and the next one opens a new connection (a connection opened while the
         cluster did not answer may never carry an answer)."""
-        for key, conn in [*self._connections.items(), *self._handshaking.items()]:
+        for key, conn in [*self._connections.items(), *self._handshaking.items(), *self._retiring]:
             if key[1] == lane and isinstance(conn, BrokerConnection):
                 conn.transport.abortConnection()
 
+    def _retire(self, key: tuple[int, str], conn: BrokerConnection) -> None:
+        """``conn`` serves ``key`` no more: kept open while a request on it waits (the oldest of
+        ``key`` closed past ``RETIRING_MAX``)."""
+        if self._connections.get(key) is conn:
+            del self._connections[key]
+        if conn.closed or not conn.pending:
+            return  # closed, or closing: nothing waits on it
+        self._retiring.append((key, conn))
+        same = [c for k, c in self._retiring if k == key]
+        for oldest in same[:len(same) - RETIRING_MAX]:
+            self._retiring.remove((key, oldest))
+            oldest.transport.abortConnection()
+
     def _expire(self) -> None:
         now = self.reactor.seconds()
-        for conn in [*self._connections.values(), *self._handshaking.values()]:
+        self._retiring = [(key, conn) for key, conn in self._retiring if not conn.closed]
+        for key, conn in [*self._connections.items(), *self._handshaking.items(), *self._retiring]:
             if isinstance(conn, BrokerConnection) and conn.pending:
                 conn.expire(now)
+                if conn.retired and self._connections.get(key) is conn:
+                    self._retire(key, conn)
 
     # ------------------------------------------------------------------ metadata
 

@@ -9,6 +9,15 @@ records get consecutive offsets in the cluster whatever else is written to
 the partition at the same time: the offsets answered are where the records
 are.
 
+How long an append waits: as long as its client waits for the answer (a Kafka
+Produce's ``TimeoutMs``; ``--cluster-timeout-ms`` for a protocol that names no
+timeout). Each Produce request gives the cluster what is left of that time,
+and is waited for that long: a proxy that gave up sooner would answer a
+failure for a batch the cluster goes on to store, which a client's retry
+then stores twice. A request that outlives its time fails alone; its
+connection carries no new request but stays open for the others
+(``gateway.cluster.wire``).
+
 How an append travels (``gateway.cluster.wire`` sends it):
 
 - ``acks=all`` appends of batches the gateway made (every protocol's but a
@@ -17,11 +26,12 @@ How an append travels (``gateway.cluster.wire`` sends it):
   its partition's next sequence number, up to ``IN_FLIGHT`` batches per
   partition at once. An append whose answer did not come (a stall, a lost
   connection, a leader that moved) is sent again, with the same sequence,
-  until ``request_timeout_ms`` ends: the cluster recognises a batch it
-  already holds. When the cluster no longer knows the producer (a restarted
-  cluster, an expired or fenced id, sequences out of order at the head of a
-  partition), the producer takes a new id and sends what was not
-  acknowledged again from sequence 0: the gateway heals without a restart.
+  until its time ends: the cluster recognises a batch it already holds, so a
+  lost connection costs the client nothing. When the cluster no longer knows
+  the producer (a restarted cluster, an expired or fenced id, sequences out of
+  order at the head of a partition), the producer takes a new id and sends
+  what was not acknowledged again from sequence 0: the gateway heals without a
+  restart.
 - ``acks=1`` (and ``acks=0``, upgraded: the gateway needs the offsets to
   answer) appends of such batches are sent as they are; one is sent again only when the
   cluster said it did not store it (a leader that moved, a connection that
@@ -56,10 +66,15 @@ import crc32c
 from twisted.internet import defer, task
 
 from gateway import model as m
-from gateway.cluster.config import ClusterConfig
 from gateway.cluster.errors import as_model
 from gateway.cluster.shapes import Produced
-from gateway.cluster.wire import INIT_PRODUCER_ID, STALE_METADATA, ClusterClient, WireError
+from gateway.cluster.wire import (
+    INIT_PRODUCER_ID,
+    STALE_METADATA,
+    ClusterClient,
+    WireError,
+    not_sent,
+)
 from gateway.codec import BatchFormat
 from gateway.codec.formats import ColumnarFormat, Columns, TransactionalFormat
 from gateway.codecs.kafka.errors import Errors
@@ -150,14 +165,13 @@ class Lane:
 class Writer:
     """Produces batches to the cluster (``append``, ``forward``) from the reactor thread."""
 
-    def __init__(self, config: ClusterConfig, client: ClusterClient, reactor: Any,
-                 formats: Mapping[str, BatchFormat], delivered: Callable[[str, int, int], None]):
+    def __init__(self, client: ClusterClient, reactor: Any, formats: Mapping[str, BatchFormat],
+                 delivered: Callable[[str, int, int], None]):
         self.reactor = reactor
         self.client = client
         self.formats = formats
         self.kafka = kafka_format(formats)
         self.delivered = delivered  # (topic, partition, last offset)
-        self.timeout_s = config.request_timeout_ms / 1000
         self.producer_id = -1
         self.epoch = -1
         self.generation = 0
@@ -221,10 +235,12 @@ class Writer:
 
     # ------------------------------------------------------------------ appends
 
-    def append(self, topic: str, partition: int, batch: bytes, records: int, acks: m.Acks) -> defer.Deferred:
+    def append(self, topic: str, partition: int, batch: bytes, records: int, acks: m.Acks,
+               timeout_ms: int) -> defer.Deferred:
         """Append one Kafka record batch of ``records`` records: a Deferred of ``(first, last)``
-        offsets as the cluster assigned them, failing with the client's ``CommandError``."""
-        a = Append(topic, partition, batch, records, self.reactor.seconds() + self.timeout_s, next(self._order))
+        offsets as the cluster assigned them, failing with the client's ``CommandError``;
+        ``timeout_ms``: how long the client waits for the answer, and so the cluster."""
+        a = Append(topic, partition, batch, records, self.reactor.seconds() + timeout_ms / 1000, next(self._order))
         if acks == m.Acks.ALL:
             lane = self.lanes.get((topic, partition))
             if lane is None:
@@ -235,9 +251,11 @@ class Writer:
             self._send_plain(a, 1)
         return a.deferred.addCallback(self._acknowledged, a)
 
-    def forward(self, topic: str, partition: int, batch: bytes, records: int, acks: m.Acks) -> defer.Deferred:
-        """Append a Kafka client's batch as it arrived (see the module docstring)."""
-        a = Append(topic, partition, batch, records, self.reactor.seconds() + self.timeout_s, next(self._order))
+    def forward(self, topic: str, partition: int, batch: bytes, records: int, acks: m.Acks,
+                timeout_ms: int) -> defer.Deferred:
+        """Append a Kafka client's batch as it arrived (see the module docstring), waiting for the
+        cluster as long as the client waits (``timeout_ms``, its Produce's ``TimeoutMs``)."""
+        a = Append(topic, partition, batch, records, self.reactor.seconds() + timeout_ms / 1000, next(self._order))
         self._send_plain(a, -1 if acks == m.Acks.ALL else 1)
         return a.deferred.addCallback(self._acknowledged, a)
 
@@ -266,10 +284,11 @@ class Writer:
         """One Produce request for ``batch``: a Deferred of its base offset, or of the ``WireError``."""
         client = self.client
         found = client.leader(a.topic, a.partition)
-        timeout_ms = max(1, int((a.deadline - self.reactor.seconds()) * 1000))
 
         def send(leader: Any) -> defer.Deferred:
-            return client.produce(leader.node_id, a.topic, a.partition, batch, acks, timeout_ms)
+            # The cluster may take what is left of the client's time, and is waited for that long.
+            left_s = max(0.001, a.deadline - self.reactor.seconds())
+            return client.produce(leader.node_id, a.topic, a.partition, batch, acks, left_s)
 
         def answered(p: Produced) -> int:
             if p.error_code:
@@ -283,7 +302,7 @@ class Writer:
                 client.stale(a.topic, a.partition)
             return f
 
-        d = send(found) if not isinstance(found, defer.Deferred) else found.addCallback(send)
+        d = send(found) if not isinstance(found, defer.Deferred) else found.addCallbacks(send, not_sent)
         return d.addCallback(answered).addErrback(lost)
 
     # ------------------------------------------------------------------ the idempotent producer

@@ -91,9 +91,10 @@ class LocalStore(CompactingStorage, ReplicatingStorage, SyncingStorage, Retentio
 
     def append(self, topic: str, partition: int, fmt: str, payload: bytes, count: int,
                max_timestamp: int, base_offset: int | None = None, acks: m.Acks = m.Acks.ALL,
-               producer: m.ProducerState | None = None) -> tuple[int, int]:
+               producer: m.ProducerState | None = None, timeout_ms: int | None = None) -> tuple[int, int]:
         # One copy on local disk: acks are the broker's to wait for (replica reports); producer
-        # state goes to the journal through set_producer_state.
+        # state goes to the journal through set_producer_state; the append never waits, so
+        # there is no timeout to apply.
         return self.engine.append(topic, partition, fmt, payload, count, max_timestamp, base_offset)
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int,

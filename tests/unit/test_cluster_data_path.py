@@ -13,15 +13,21 @@ import struct
 import crc32c
 from construct import Container
 from twisted.internet import defer
-from twisted.internet.testing import MemoryReactorClock
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from gateway import model as m
-from gateway.cluster.config import ClusterConfig
 from gateway.cluster.reader import batches_of
 from gateway.cluster.shapes import Produced
-from gateway.cluster.wire import INIT_PRODUCER_ID, PartitionLeader, WireError
+from gateway.cluster.wire import (
+    API_VERSIONS,
+    INIT_PRODUCER_ID,
+    BrokerConnection,
+    PartitionLeader,
+    WireError,
+)
 from gateway.cluster.writer import PRODUCER, PRODUCER_AT, Writer
 from gateway.codecs.kafka import format as kafka_format
+from gateway.codecs.kafka import schema
 from gateway.codecs.kafka.errors import Errors
 from gateway.model import CommandError, ErrorCode
 from gateway.registry import Registry
@@ -85,6 +91,7 @@ class ScriptedCluster:
 
     def __init__(self) -> None:
         self.produced: list[tuple[int, int, defer.Deferred]] = []
+        self.waits: list[float] = []  # each Produce's timeout
         self.producer_ids = iter(range(100, 200))
         self.stale_marked = 0
 
@@ -99,10 +106,11 @@ class ScriptedCluster:
         return defer.succeed(Container(ErrorCode=0, ProducerId=next(self.producer_ids), ProducerEpoch=0))
 
     def produce(self, node_id: int, topic: str, partition: int, batch: bytes, acks: int,
-                timeout_ms: int) -> defer.Deferred:
+                timeout_s: float) -> defer.Deferred:
         producer_id, _, sequence = PRODUCER.unpack_from(batch, PRODUCER_AT)
         d: defer.Deferred = defer.Deferred()
         self.produced.append((producer_id, sequence, d))
+        self.waits.append(timeout_s)
         return d
 
     def answer(self, i: int, error: int = 0, base: int = -1) -> None:
@@ -114,15 +122,14 @@ class ScriptedCluster:
 
 
 def writer_on(cluster: ScriptedCluster, reactor: MemoryReactorClock) -> Writer:
-    writer = Writer(ClusterConfig("unused:9092", request_timeout_ms=10_000), cluster,  # type: ignore[arg-type]
-                    reactor, FORMATS, lambda *_: None)
+    writer = Writer(cluster, reactor, FORMATS, lambda *_: None)  # type: ignore[arg-type]
     writer.start()
     return writer
 
 
-def appends(writer: Writer, n: int) -> list[defer.Deferred]:
+def appends(writer: Writer, n: int, timeout_ms: int = 10_000) -> list[defer.Deferred]:
     batch = kafka_format.encode_batch(RECORDS, 0)
-    return [writer.append("t", 0, batch, 2, m.Acks.ALL) for _ in range(n)]
+    return [writer.append("t", 0, batch, 2, m.Acks.ALL, timeout_ms) for _ in range(n)]
 
 
 def outcome(d: defer.Deferred):
@@ -187,3 +194,54 @@ def test_appends_waiting_for_a_producer_id_from_a_cluster_that_does_not_answer_t
     writer.expire()
     failure = outcome(d)
     assert failure is not None and failure.value.error.code == ErrorCode.REPLICATION_TIMEOUT
+
+
+def test_a_batch_waits_for_the_cluster_as_long_as_its_client_waits():
+    """The gateway gives up on the cluster only when the client would: a Kafka client's batch is
+    sent with what is left of its Produce's TimeoutMs, and its answer taken well past the
+    gateway's own default (which a client that waits longer must not hear as a failure)."""
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    writer = writer_on(cluster, reactor)
+    forwarded = writer.forward("t", 0, kafka_format.encode_batch(RECORDS, 0), 2, m.Acks.LEADER, 30_000)
+    (appended,) = appends(writer, 1, timeout_ms=30_000)
+    assert cluster.waits == [30.0, 30.0]
+    reactor.advance(20)
+    writer.expire()
+    cluster.answer(0, base=7)
+    cluster.answer(1, base=9)
+    assert (outcome(forwarded), outcome(appended)) == ((7, 8), (9, 10))
+
+
+def versions_answer(correlation: int) -> bytes:
+    """The broker's ApiVersions v0 answer to ``correlation``, as it comes on the wire."""
+    message = schema.MESSAGES[API_VERSIONS]
+    return schema.build_frame(((schema.response_header(API_VERSIONS, False), {"CorrelationId": correlation}),
+                               (message.response(0), {"ErrorCode": 0, "ApiKeys": []})))
+
+
+def test_a_request_that_times_out_fails_alone_and_retires_its_connection_for_the_others():
+    """Closing the connection at the first timeout would fail the requests behind it while their
+    clients still wait; it takes no new request, and closes once the last one is answered."""
+    reactor, transport = MemoryReactorClock(), StringTransport()
+    conn = BrokerConnection(reactor, "polygate")
+    conn.makeConnection(transport)
+    short = conn.request(API_VERSIONS, {}, 1.0, version=0)
+    long = conn.request(API_VERSIONS, {}, 30.0, version=0)
+    reactor.advance(2)
+    conn.expire(reactor.seconds())
+    failure = outcome(short)
+    assert failure is not None and failure.value.code == Errors.REQUEST_TIMED_OUT
+    assert conn.retired and not transport.disconnecting and not long.called
+    conn.dataReceived(versions_answer(1) + versions_answer(2))  # the late answer first, dropped
+    assert outcome(long).ErrorCode == 0
+    assert transport.disconnecting  # nothing waits on it any more
+
+
+def test_a_retired_connection_with_nothing_waiting_closes_at_once():
+    reactor, transport = MemoryReactorClock(), StringTransport()
+    conn = BrokerConnection(reactor, "polygate")
+    conn.makeConnection(transport)
+    only = conn.request(API_VERSIONS, {}, 1.0, version=0)
+    reactor.advance(2)
+    conn.expire(reactor.seconds())
+    assert outcome(only) is not None and conn.retired and transport.disconnecting
