@@ -77,8 +77,9 @@ class ClusterTransactions(Protocol):
     def begin(self, producer_id: int) -> Any:
         """*May wait.* Open a transaction of the producer."""
 
-    def produce(self, producer_id: int, topic: str, partition: int, records: Any) -> Any:
-        """*May wait.* Append records in the producer's open transaction: ``(first, last)`` offsets."""
+    def produce(self, producer_id: int, topic: str, partition: int, batch: Any, records: int) -> Any:
+        """*May wait.* Append ``batch`` (the client's transactional batch of ``records`` records) in
+        the producer's open transaction: ``(first, last)`` offsets."""
 
     def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> Any:
         """*May wait.* The cluster's last stable offset of the partition, at most ``high_watermark``."""

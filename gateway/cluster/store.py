@@ -86,10 +86,11 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         self.writer = Writer(config, self.client, reactor, formats, self._delivered)
         self.reader = Reader(self.client, self.metadata, reactor, kafka_format(formats))
         self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read
-        self.groups = ClusterGroups(config, self.admin, Coordinators(self.client, reactor), reactor)
+        coordinators = Coordinators(self.client, reactor)
+        self.groups = ClusterGroups(config, self.admin, coordinators, reactor)
         self.producers = ProducerStates(config, self.client, self.metadata, reactor, kafka_format(formats))
         self.security = SecurityTopic(config, self.admin, reactor)
-        self.transactions = TransactionalProducers(config, self.admin, reactor)
+        self.transactions = TransactionalProducers(config, self.admin, coordinators, self.writer, reactor)
         self._timeout = config.request_timeout_ms / 1000
 
     def start(self) -> None:
@@ -99,12 +100,10 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         # A cluster that did not answer the first metadata request is not waited for a second time
         # (a start would take twice as long): its security records are read once it answers.
         self.security.start(first_read=self.metadata.reachable)
-        self.transactions.start()
 
     def close(self) -> None:
         """Deliver what is queued, leave the groups, stop every thread."""
         self.writer.stop()
-        self.transactions.stop()
         self.security.stop()
         self.groups.stop()
         for reader in self._readers():
@@ -303,10 +302,10 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
             if fmt == KAFKA and is_one_batch(payload):  # a Kafka client's batch goes as it arrived
                 return writer.forward(topic, partition, payload, count, acks)
             return writer.append(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count, acks)
-        if producer.transactional:  # through the transactional id's own producer on the cluster
+        if producer.transactional:  # as the transactional id's own producer on the cluster
             assert isinstance(producer.producer_id, int)  # a Kafka producer's
-            records = writer.records(fmt, payload, count, max_timestamp)
-            return self.transactions.produce(producer.producer_id, topic, partition, records).addCallback(
+            return self.transactions.produce(producer.producer_id, topic, partition,
+                                             writer.batch(fmt, payload, count, max_timestamp), count).addCallback(
                 self._delivered_in_transaction, topic, partition)
         if producer.rules == "kafka":
             # The client's batch as it is: its producer id, epoch and sequence are where a gateway

@@ -109,7 +109,7 @@ def _timed_out(a: Append) -> CommandError:
                                                        f"the Kafka cluster did not confirm in time")
 
 
-def stamped(batch: bytes, producer_id: int, epoch: int, sequence: int) -> bytes:
+def stamped(batch: bytes | memoryview, producer_id: int, epoch: int, sequence: int) -> bytes:
     """``batch`` (one v2 record batch) as the idempotent producer ``producer_id`` sends it, CRC included."""
     out = bytearray(batch)
     PRODUCER.pack_into(out, PRODUCER_AT, producer_id, epoch, sequence)
@@ -259,17 +259,18 @@ class Writer:
             else:
                 a.deferred.errback(command_error(e, f"produce to {a.topic}/{a.partition}"))
 
-        self._produce(a, a.batch, acks).addCallbacks(
+        self.produce_once(a, a.batch, acks).addCallbacks(
             lambda base: a.deferred.callback((base, base + a.records - 1)), failed)
 
-    def _produce(self, a: Append, batch: bytes, acks: int) -> defer.Deferred:
-        """One Produce request for ``batch``: a Deferred of its base offset, or of the ``WireError``."""
+    def produce_once(self, a: Append, batch: bytes, acks: int, transactional_id: str | None = None) -> defer.Deferred:
+        """One Produce request for ``batch`` (of a transaction of ``transactional_id`` if given): a
+        Deferred of its base offset, or of the ``WireError``. Not sent again: the caller decides."""
         client = self.client
         found = client.leader(a.topic, a.partition)
         timeout_ms = max(1, int((a.deadline - self.reactor.seconds()) * 1000))
 
         def send(leader: Any) -> defer.Deferred:
-            return client.produce(leader.node_id, a.topic, a.partition, batch, acks, timeout_ms)
+            return client.produce(leader.node_id, a.topic, a.partition, batch, acks, timeout_ms, transactional_id)
 
         def answered(p: Produced) -> int:
             if p.error_code:
@@ -353,7 +354,7 @@ class Writer:
                 a.generation = self.generation
             lane.in_flight.append(a)
             batch = stamped(a.batch, self.producer_id, self.epoch, a.sequence)
-            self._produce(a, batch, -1).addCallbacks(self._stored, self._not_stored, callbackArgs=(a, lane),
+            self.produce_once(a, batch, -1).addCallbacks(self._stored, self._not_stored, callbackArgs=(a, lane),
                                                      errbackArgs=(a, lane))
 
     def _stored(self, base: int, a: Append, lane: Lane) -> None:
