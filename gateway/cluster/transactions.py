@@ -109,7 +109,7 @@ class Instance:
     groups: set[str] = attrs.Factory(set)  # groups of the cluster's open transaction
     fenced: bool = False  # the cluster fenced it (a newer instance, or its own timeout)
     broken: str | None = None  # why the open transaction can only abort
-    initializing: Shared | None = None  # an InitProducerId under way
+    initializing: Shared | None = None  # the last InitProducerId (under way, or settled)
     busy: int = 0  # steps under way
     idle: list[defer.Deferred] = attrs.Factory(list)  # waiting for no step to be under way
 
@@ -207,7 +207,7 @@ class TransactionalProducers:
         one at a time; asked again at the next use when it failed)."""
         if instance.producer_id >= 0:
             return defer.succeed(None)
-        if instance.initializing is None:
+        if instance.initializing is None or instance.initializing.settled:
             instance.initializing = Shared(self._init_producer(instance))
         return instance.initializing.wait()
 
@@ -219,13 +219,10 @@ class TransactionalProducers:
             self._check(instance, answer.ErrorCode)
             return answer.ProducerId, answer.ProducerEpoch
 
-        try:
-            instance.producer_id, instance.epoch = yield self._to_coordinator(
-                instance, INIT_PRODUCER_ID, {"TransactionalId": tid, "TransactionTimeoutMs": instance.timeout_ms,
-                                             "ProducerId": -1, "ProducerEpoch": -1},
-                read, f"initialise transactional id {tid!r} on the cluster")
-        finally:
-            instance.initializing = None
+        instance.producer_id, instance.epoch = yield self._to_coordinator(
+            instance, INIT_PRODUCER_ID, {"TransactionalId": tid, "TransactionTimeoutMs": instance.timeout_ms,
+                                         "ProducerId": -1, "ProducerEpoch": -1},
+            read, f"initialise transactional id {tid!r} on the cluster")
         instance.sequences.clear()
         instance.added.clear()
         instance.groups.clear()
@@ -279,9 +276,11 @@ class TransactionalProducers:
 
     @defer.inlineCallbacks
     def _commit(self, instance: Instance, offsets: list[tuple[str, list[tuple[str, int, int, str, int]]]]) -> Any:
-        doing = "commit the transaction"
-        self._usable(instance, doing)
+        if instance.fenced:
+            raise CommandError(ErrorCode.FENCED_PRODUCER, f"commit: the cluster fenced {instance.transactional_id!r}")
         try:
+            if instance.broken is not None:
+                raise CommandError(ErrorCode.INVALID_TXN_STATE, f"the transaction can only abort: {instance.broken}")
             for group, commits in offsets:
                 yield self._ready(instance)
                 yield self._send_offsets(instance, group, commits)
@@ -309,10 +308,8 @@ class TransactionalProducers:
 
     @defer.inlineCallbacks
     def _end_on_cluster(self, instance: Instance, commit: bool) -> Any:
-        """EndTxn, if the cluster's transaction holds anything; a transaction that can only abort
+        """EndTxn, if the cluster's transaction holds anything; a transaction that could only abort
         then takes a new epoch (its sequences are uncertain)."""
-        if instance.broken is not None and commit:
-            raise CommandError(ErrorCode.INVALID_TXN_STATE, instance.broken)
         if instance.producer_id >= 0 and (instance.added or instance.groups):
 
             def read(answer: Any) -> None:
