@@ -26,7 +26,8 @@ cluster's producer id and epoch, and a sequence number per partition.
   epochs follow its own rules (its timeouts, EndTxn v5's bump, a new producer
   id past the last epoch): the cluster's are the gateway's to keep. A batch
   whose answer did not come is sent again, the same bytes, until the request
-  timeout: the cluster recognises a sequence it holds.
+  timeout: the cluster recognises a sequence it holds; so is it when the
+  client sends it again after the gateway answered the timeout.
 - ``end`` (EndTxn, a timeout, a new instance): on commit, for each group the
   transaction committed offsets for (TxnOffsetCommit), AddOffsetsToTxn to the
   transaction coordinator then TxnOffsetCommit, with the leader epochs, to the
@@ -41,9 +42,10 @@ requests to a coordinator are sent again while it moved or is loading
 (``Coordinators.to_coordinator``). A producer the cluster fenced (a newer
 instance, or the cluster's own timeout) fails what comes next with
 ``FENCED_PRODUCER``; its abort succeeds (the cluster ended its transaction).
-A batch the cluster may or may not hold (no answer by the timeout, or a
-sequence the cluster does not know) leaves the transaction able to abort only;
-once it ended the producer takes a new epoch from the cluster (InitProducerId
+A batch the cluster refused, or may or may not hold (no answer by the
+timeout, and the client went on without sending it again), leaves the
+transaction able to abort only (the cluster's sequence has a gap, or may
+have); once it ended the producer takes a new epoch from the cluster (InitProducerId
 again, which also ends on the cluster what an abort could not), so the next
 transaction starts from sequence 0: the gateway heals without a restart.
 
@@ -81,7 +83,15 @@ from gateway.cluster.wire import (
     TXN_OFFSET_COMMIT,
     WireError,
 )
-from gateway.cluster.writer import RETRIABLE, RETRY_BACKOFF_S, Append, Writer, stamped
+from gateway.cluster.writer import (
+    PRODUCER,
+    PRODUCER_AT,
+    RETRIABLE,
+    RETRY_BACKOFF_S,
+    Append,
+    Writer,
+    stamped,
+)
 from gateway.codecs.kafka.errors import Errors
 from gateway.model import CommandError, ErrorCode
 from gateway.shared import Shared
@@ -105,6 +115,9 @@ class Instance:
     producer_id: int = -1  # the cluster's (-1: to take from the cluster, at the next use)
     epoch: int = -1
     sequences: dict[tuple[str, int], int] = attrs.Factory(dict)  # partition -> its next sequence
+    # partition -> the client's (epoch, first sequence) of a batch the cluster did not confirm in
+    # time, and the bytes sent for it: the client's retry of it sends them again
+    unconfirmed: dict[tuple[str, int], tuple[tuple[int, int], bytes]] = attrs.Factory(dict)
     added: set[tuple[str, int]] = attrs.Factory(set)  # partitions of the cluster's open transaction
     groups: set[str] = attrs.Factory(set)  # groups of the cluster's open transaction
     fenced: bool = False  # the cluster fenced it (a newer instance, or its own timeout)
@@ -224,6 +237,7 @@ class TransactionalProducers:
                                          "ProducerId": -1, "ProducerEpoch": -1},
             read, f"initialise transactional id {tid!r} on the cluster")
         instance.sequences.clear()
+        instance.unconfirmed.clear()
         instance.added.clear()
         instance.groups.clear()
         instance.broken = None
@@ -240,9 +254,17 @@ class TransactionalProducers:
         if tp not in instance.added:
             yield self._add_partition(instance, tp)
         self._usable(instance, doing)
-        sequence = instance.sequences.get(tp, 0)
-        instance.sequences[tp] = (sequence + records) & 0x7FFFFFFF
-        out = stamped(batch, instance.producer_id, instance.epoch, sequence)
+        _, client_epoch, client_sequence = PRODUCER.unpack_from(batch, PRODUCER_AT)
+        unconfirmed = instance.unconfirmed.pop(tp, None)
+        if unconfirmed is not None and unconfirmed[0] == (client_epoch, client_sequence):
+            out = unconfirmed[1]  # the client's retry: the same bytes again, which the cluster recognises
+        elif unconfirmed is not None:
+            instance.broken = f"{doing}: the client went on past a batch the cluster may or may not hold"
+            raise CommandError(ErrorCode.INVALID_TXN_STATE, instance.broken)
+        else:
+            sequence = instance.sequences.get(tp, 0)
+            instance.sequences[tp] = (sequence + records) & 0x7FFFFFFF
+            out = stamped(batch, instance.producer_id, instance.epoch, sequence)
         a = Append(topic, partition, out, records, self.reactor.seconds() + self._timeout, 0)
         while True:
             try:
@@ -254,9 +276,12 @@ class TransactionalProducers:
                 if e.code in RETRIABLE and self.reactor.seconds() + RETRY_BACKOFF_S < a.deadline:
                     yield task.deferLater(self.reactor, RETRY_BACKOFF_S, lambda: None)
                     continue
-                # The cluster may hold the batch or not: its sequence is unknown from here on.
-                instance.broken = f"{doing}: Kafka cluster error {e.name}: {e}"
                 code = as_model(e.code, clients_sequence=False)
+                if e.code in RETRIABLE:  # no answer in time: the cluster may hold the batch or not
+                    instance.unconfirmed[tp] = ((client_epoch, client_sequence), out)
+                    raise CommandError(code, f"{doing}: Kafka cluster error {e.name}: {e}") from None
+                # Refused: the cluster's sequence for the partition has a gap from here on.
+                instance.broken = f"{doing}: Kafka cluster error {e.name}: {e}"
                 raise CommandError(code, instance.broken) from None
 
     def _add_partition(self, instance: Instance, tp: tuple[str, int]) -> defer.Deferred:
@@ -279,6 +304,8 @@ class TransactionalProducers:
         if instance.fenced:
             raise CommandError(ErrorCode.FENCED_PRODUCER, f"commit: the cluster fenced {instance.transactional_id!r}")
         try:
+            if instance.unconfirmed and instance.broken is None:
+                instance.broken = "a batch the cluster did not confirm was not sent again"
             if instance.broken is not None:
                 raise CommandError(ErrorCode.INVALID_TXN_STATE, f"the transaction can only abort: {instance.broken}")
             for group, commits in offsets:
@@ -321,7 +348,7 @@ class TransactionalProducers:
                 read, "commit the transaction" if commit else "abort the transaction")
         instance.added.clear()
         instance.groups.clear()
-        if instance.broken is not None:
+        if instance.broken is not None or instance.unconfirmed:
             self._renew(instance)
 
     def _renew(self, instance: Instance) -> None:

@@ -176,19 +176,39 @@ def test_a_producer_the_cluster_fenced_fails_with_fenced_producer_and_its_abort_
     assert failure.value.error.code == ErrorCode.FENCED_PRODUCER
 
 
-def test_a_batch_the_cluster_never_confirmed_aborts_the_transaction_and_the_next_takes_a_new_epoch():
-    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
-    txns = producers_on(cluster, reactor)
-    txns.init("app", CLIENT_PRODUCER, 60_000)
+def never_confirmed(cluster: ScriptedCluster, reactor: MemoryReactorClock, txns: TransactionalProducers) -> None:
+    """A first batch the cluster does not answer in time, however often it is sent."""
     cluster.errors[PRODUCE] = [Errors.REQUEST_TIMED_OUT] * 200
     lost = txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(0), 2)
     for _ in range(120):
         reactor.advance(0.1)
-    assert lost.called
     assert outcome(lost).value.error.code == ErrorCode.REPLICATION_TIMEOUT
     assert {PRODUCER.unpack_from(b, PRODUCER_AT) for _, b in [body for k, body in cluster.sent if k == PRODUCE]} \
         == {(500, 3, 0)}  # sent again as it was: the cluster recognises its sequence
     cluster.errors[PRODUCE] = []
+    api_keys(cluster)
+
+
+def test_the_clients_retry_of_a_batch_the_cluster_never_confirmed_sends_the_same_bytes_again():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    txns = producers_on(cluster, reactor)
+    txns.init("app", CLIENT_PRODUCER, 60_000)
+    never_confirmed(cluster, reactor, txns)
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(0), 2)) == (40, 41)  # the client's retry
+    assert PRODUCER.unpack_from(produced(cluster)[1], PRODUCER_AT) == (500, 3, 0)
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2)) == (42, 43)
+    assert PRODUCER.unpack_from(produced(cluster)[1], PRODUCER_AT) == (500, 3, 2)
+    assert outcome(txns.end(CLIENT_PRODUCER, True, [])) is None
+    assert [body["Committed"] for k, body in cluster.sent if k == END_TXN] == [True]  # type: ignore[index]
+
+
+def test_a_batch_the_cluster_never_confirmed_aborts_the_transaction_and_the_next_takes_a_new_epoch():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    txns = producers_on(cluster, reactor)
+    txns.init("app", CLIENT_PRODUCER, 60_000)
+    never_confirmed(cluster, reactor, txns)
+    refused = outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2))  # the client went on without it
+    assert refused.value.error.code == ErrorCode.INVALID_TXN_STATE
     api_keys(cluster)
 
     failure = outcome(txns.end(CLIENT_PRODUCER, True, []))  # the client's commit: refused, aborted on the cluster
@@ -198,5 +218,5 @@ def test_a_batch_the_cluster_never_confirmed_aborts_the_transaction_and_the_next
     assert api_keys(cluster)[-1] == INIT_PRODUCER_ID  # a new epoch at once
 
     txns.begin(CLIENT_PRODUCER)
-    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2)) is not None
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2)) == (40, 41)
     assert PRODUCER.unpack_from(produced(cluster)[1], PRODUCER_AT) == (500, 4, 0)  # new epoch, sequence 0
