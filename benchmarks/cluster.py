@@ -17,10 +17,13 @@ load from elsewhere on the machine hits every path alike.
 4. **Scale-out:** V1 and TANK producers at once over two cluster-mode gateways, vs the
    same load on one; each run also says how many cores the gateways, Tansu, the clients
    (this process), other processes on the machine and nothing (idle) took.
+5. **Kafka transactions:** confluent-kafka's transactional producer writes N × 100 B to a
+   one-partition topic, committing every 5,000 records: straight to the cluster, through
+   the cluster-mode gateway, through the local-mode gateway.
 
 At the end, a table of the goals: gateway CPU per record in cluster mode at most 2× the
-local-mode figure (Kafka, TANK, V1); Kafka through a gateway at least 0.8× straight to
-the cluster; at most 2 ms added to the p99 of one produce at a time; two gateways at
+local-mode figure (Kafka, Kafka transactions, TANK, V1); Kafka (and Kafka transactions)
+through a gateway at least 0.8× straight to the cluster; at most 2 ms added to the p99 of one produce at a time; two gateways at
 least 1.8× one. CPU per record is what a process spent (user + system, from /proc, to
 the nanosecond: ``common.Meter``) over the records of a step: the clients, Tansu and the
 gateways share this machine's cores, so rates are blurred and CPU per record is the
@@ -37,7 +40,8 @@ is the ratio two gateways reach on free cores.
 ``results/cluster.json`` keeps every round's figures, the best ones and the goals table;
 ``results/cluster.png`` draws the goals (with matplotlib, as ``make bench`` installs).
 
-    python benchmarks/cluster.py [--records N] [--messages N] [--requests N] [--samples N] [--rounds R]
+    python benchmarks/cluster.py [--records N] [--messages N] [--requests N] [--samples N]
+                                 [--transaction-records N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
@@ -66,6 +71,7 @@ from common import (  # noqa: E402
     us_per,
     write_result,
 )
+from kafka_produce_consume import VALUE_SIZE, send  # noqa: E402
 from kafka_produce_consume import run as kafka_client  # noqa: E402
 from tank_produce_consume import consume as tank_consume  # noqa: E402
 from tank_produce_consume import produce as tank_produce  # noqa: E402
@@ -81,8 +87,10 @@ SCALE_GOAL = 1.8  # two gateways / one: at least
 CPU_BOUND_IDLE_PCT = 10.0  # a run with less of the machine idle than this is CPU-bound
 KAFKA_STEPS = ("produce", "consume")
 TANK_V1_STEPS = ("tank_produce", "tank_consume", "v1_produce")
+TXN_STEP = "txn_produce"
 STEP_NAMES = {"produce": "Kafka produce", "consume": "Kafka consume", "tank_produce": "TANK produce",
-              "tank_consume": "TANK consume", "v1_produce": "V1 produce"}
+              "tank_consume": "TANK consume", "v1_produce": "V1 produce", TXN_STEP: "Kafka transactions"}
+TRANSACTION_RECORDS = 5_000  # records a transaction (5.)
 Figures = dict[str, float]
 T = TypeVar("T")
 
@@ -130,6 +138,37 @@ def kafka(tansu: Tansu, cluster: Gateway, local: Gateway, records: int, rounds: 
         "cluster_gateway": lambda: kafka_client(cluster.address("kafka"), records,
                                                 gateway=cluster.proc.pid, tansu=tansu.proc.pid),
         "local_gateway": lambda: kafka_client(local.address("kafka"), records, gateway=local.proc.pid),
+    }, rounds)
+
+
+def transactional_produce(servers: str, records: int, **pids: int) -> Figures:
+    """A transactional producer writes ``records`` values of 100 B to a new one-partition topic,
+    committing every ``TRANSACTION_RECORDS``: records/s, and the CPU µs per record of each process
+    in ``pids`` (``name=pid``)."""
+    topic = f"bench-txn-{time.time_ns()}"
+    admin = AdminClient({"bootstrap.servers": servers})  # kept until the topic is made: its end cancels the call
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = ck.Producer({"bootstrap.servers": servers, "transactional.id": topic})
+    producer.init_transactions(30)
+    value = b"v" * VALUE_SIZE
+    with Meter(**pids) as meter:
+        for start in range(0, records, TRANSACTION_RECORDS):
+            producer.begin_transaction()
+            for _ in range(min(TRANSACTION_RECORDS, records - start)):
+                send(producer, topic, value)
+            producer.commit_transaction(60)
+    return {f"{TXN_STEP}_records_s": round(records / meter.seconds),
+            **{f"{TXN_STEP}_{name}_cpu_us_per_record": us_per(used, records) for name, used in meter.used.items()}}
+
+
+def transactions(tansu: Tansu, cluster: Gateway, local: Gateway, records: int, rounds: int) -> dict:
+    """``transactional_produce`` of ``records``: straight to the cluster, through the cluster-mode
+    gateway, through the local-mode gateway."""
+    return in_rounds(f"5. Kafka transactions, {records:,} x 100 B, {TRANSACTION_RECORDS:,} a transaction", {
+        "direct": lambda: transactional_produce(tansu.bootstrap, records, tansu=tansu.proc.pid),
+        "cluster_gateway": lambda: transactional_produce(cluster.address("kafka"), records,
+                                                         gateway=cluster.proc.pid, tansu=tansu.proc.pid),
+        "local_gateway": lambda: transactional_produce(local.address("kafka"), records, gateway=local.proc.pid),
     }, rounds)
 
 
@@ -282,17 +321,18 @@ def target_text(row: dict) -> str:
 def goals(result: dict) -> list[dict]:
     """Every goal with its measured value, its reference from the same run and whether it is met."""
     kafka_best, tv_best = result["kafka"]["best"], result["cluster_vs_local"]["best"]
+    kafka_paths = [(s, kafka_best) for s in KAFKA_STEPS] + [(TXN_STEP, result["transactions"]["best"])]
     rows = []
-    for step, cluster, local in ([(s, kafka_best["cluster_gateway"], kafka_best["local_gateway"]) for s in KAFKA_STEPS]
+    for step, cluster, local in ([(s, best["cluster_gateway"], best["local_gateway"]) for s, best in kafka_paths]
                                  + [(s, tv_best["cluster_gateway"], tv_best["local_gateway"]) for s in TANK_V1_STEPS]):
         key = f"{step}_gateway_cpu_us_per_record"
         rows.append(goal_row("gateway CPU per record, cluster / local mode", STEP_NAMES[step],
                              f"cluster {cluster[key]:.2f} µs", f"local {local[key]:.2f} µs",
                              ratio(cluster[key], local[key]), CPU_GOAL, at_most=True,
                              note="" if local[key] else "local figure under /proc's 10 ms tick: use more records"))
-    for step in KAFKA_STEPS:
+    for step, best in kafka_paths:
         key = f"{step}_records_s"
-        through, direct = kafka_best["cluster_gateway"][key], kafka_best["direct"][key]
+        through, direct = best["cluster_gateway"][key], best["direct"][key]
         rows.append(goal_row("Kafka records/s, through a gateway / direct", STEP_NAMES[step], f"{through:,} rec/s",
                              f"{direct:,} rec/s", ratio(through, direct), THROUGH_GOAL, at_most=False))
     lat = result["latency"]
@@ -331,17 +371,18 @@ def comparisons(result: dict) -> list[dict]:
     """The summary's entries: through a gateway against straight to Tansu (server CPU: gateway + Tansu
     against Tansu), cluster mode against local mode, two gateways against one."""
     kafka_best, tv_best = result["kafka"]["best"], result["cluster_vs_local"]["best"]
-    direct, through = kafka_best["direct"], kafka_best["cluster_gateway"]
-    out = [comparison(f"Kafka {step} via gateway (CPU gateway+Tansu)", "straight to Tansu",
-                      (through[f"{step}_records_s"], direct[f"{step}_records_s"]),
-                      (round(through[f"{step}_gateway_cpu_us_per_record"] + through[f"{step}_tansu_cpu_us_per_record"], 3),
-                       direct[f"{step}_tansu_cpu_us_per_record"]))
-           for step in KAFKA_STEPS]
+    kafka_paths = [(s, kafka_best) for s in KAFKA_STEPS] + [(TXN_STEP, result["transactions"]["best"])]
+    out = [comparison(f"{STEP_NAMES[step]} via gateway (CPU gateway+Tansu)", "straight to Tansu",
+                      (best["cluster_gateway"][f"{step}_records_s"], best["direct"][f"{step}_records_s"]),
+                      (round(best["cluster_gateway"][f"{step}_gateway_cpu_us_per_record"]
+                             + best["cluster_gateway"][f"{step}_tansu_cpu_us_per_record"], 3),
+                       best["direct"][f"{step}_tansu_cpu_us_per_record"]))
+           for step, best in kafka_paths]
     out += [comparison(f"{STEP_NAMES[step]} in cluster mode", "a gateway in local mode",
                        (cluster[f"{step}_records_s"], local[f"{step}_records_s"]),
                        (cluster[f"{step}_gateway_cpu_us_per_record"], local[f"{step}_gateway_cpu_us_per_record"]))
-            for step, cluster, local in ([(s, kafka_best["cluster_gateway"], kafka_best["local_gateway"])
-                                          for s in KAFKA_STEPS]
+            for step, cluster, local in ([(s, best["cluster_gateway"], best["local_gateway"])
+                                          for s, best in kafka_paths]
                                          + [(s, tv_best["cluster_gateway"], tv_best["local_gateway"])
                                             for s in TANK_V1_STEPS])]
     two, one = result["scale_out"]["best"]["2_gateways"], result["scale_out"]["best"]["1_gateway"]
@@ -381,6 +422,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=500_000, help="TANK messages (2. and 4.)")
     parser.add_argument("--requests", type=int, default=100_000, help="V1 PRODUCE requests (2. and 4.)")
     parser.add_argument("--samples", type=int, default=5_000, help="latency samples per path (3.)")
+    parser.add_argument("--transaction-records", type=int, default=500_000, help="transactional records (5.)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each section, paths taking turns")
     args = parser.parse_args()
     with contextlib.ExitStack() as running:
@@ -390,7 +432,8 @@ def main() -> None:
         result = {"kafka": kafka(tansu, cluster, local, args.records, args.rounds),
                   "cluster_vs_local": cluster_vs_local(cluster, local, args.messages, args.requests, args.rounds),
                   "latency": latency(tansu, cluster, args.samples),
-                  "scale_out": scale_out(tansu, args.messages, args.requests, args.rounds)}
+                  "scale_out": scale_out(tansu, args.messages, args.requests, args.rounds),
+                  "transactions": transactions(tansu, cluster, local, args.transaction_records, args.rounds)}
     rows = goals(result)
     print_goals(rows, args.rounds)
     plot(rows)

@@ -77,9 +77,11 @@ class ClusterTransactions(Protocol):
     def begin(self, producer_id: int) -> Any:
         """*May wait.* Open a transaction of the producer."""
 
-    def produce(self, producer_id: int, topic: str, partition: int, records: Any, timeout_ms: int) -> Any:
-        """*May wait.* Append records in the producer's open transaction: ``(first, last)`` offsets,
-        waited for up to ``timeout_ms`` (the producing client's)."""
+    def produce(self, producer_id: int, topic: str, partition: int, batch: Any, records: int,
+                timeout_ms: int) -> Any:
+        """*May wait.* Append ``batch`` (the client's transactional batch of ``records`` records) in
+        the producer's open transaction: ``(first, last)`` offsets, waited for up to ``timeout_ms``
+        (the producing client's)."""
 
     def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> Any:
         """*May wait.* The cluster's last stable offset of the partition, at most ``high_watermark``."""

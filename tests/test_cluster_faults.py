@@ -9,6 +9,8 @@ restart; where it must, a polygate in local mode serving Kafka (data dir and por
 * ``/readyz`` answers 503 within 2 s of the cluster not answering, 200 within 2 s of it answering
   again; the log says so once per change, and holds librdkafka's own lines to a handful.
 * The metadata and the admin client heal after a cluster restart, without a gateway restart.
+* A transaction goes on after the cluster stalled past the gateway's timeout: each record is
+  committed once (a polygate cluster, which applies idempotence, behind the proxy).
 * ``scenario``: load from V1, Kafka (idempotent, ``acks=all``), TANK and Cursus through two
   gateways while the cluster is stalled 15 s, every connection is reset, the cluster is killed
   and started again, and one gateway is killed. Each check of it is a test of its own, so that a
@@ -112,6 +114,19 @@ def tansu_behind_proxy() -> Iterator[tuple[Tansu, FaultProxy]]:
 def cluster_gateway(bootstrap: str, *args: str, protocols: Sequence[str] = ("v1",)) -> GatewayProcess:
     """A gateway started in cluster mode on ``bootstrap``."""
     return GatewayProcess(None, protocols, ("--storage", f"kafka://{bootstrap}", *args)).start()
+
+
+@pytest.fixture
+def polygate_behind_proxy(tmp_path) -> Iterator[tuple[Cluster, FaultProxy]]:
+    """A polygate cluster (local mode, Kafka; it applies idempotence) advertising a ``FaultProxy``."""
+    backend = free_port()
+    with FaultProxy(backend) as proxy:
+        cluster = Cluster("polygate", backend, proxy, str(tmp_path / "cluster"))
+        cluster.start()
+        try:
+            yield cluster, proxy
+        finally:
+            cluster.stop()
 
 
 # --------------------------------------------------------------------------- readiness and the log
@@ -243,6 +258,48 @@ def stored_up_to_a_mark(bootstrap: str, topic: str, timeout: float = 30) -> list
         raise AssertionError(f"the cluster did not answer up to the mark: {len(got)} values read")
     finally:
         c.close()
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def test_a_transaction_goes_on_after_the_cluster_stalled_past_the_gateways_timeout(polygate_behind_proxy):
+    """A transactional batch the stalled cluster did not confirm within the client's produce
+    timeout (2 s here): the client's retry of it sends the same batch again (its sequence, which the
+    cluster recognises), and the transaction commits with each record once, the gateway not
+    restarted."""
+    cluster, proxy = polygate_behind_proxy
+    with cluster_gateway(proxy.address, protocols=("v1", "kafka")) as gw:
+        topic = unique("txn")
+        create_topic(gw, topic)
+        p = Producer({"bootstrap.servers": gw.address("kafka"), "transactional.id": unique("tx"), "linger.ms": 0,
+                      "request.timeout.ms": 2000})
+        p.init_transactions(20)
+        p.begin_transaction()
+        p.produce(topic, b"before", partition=0)
+        assert p.flush(20) == 0
+        proxy.stall()
+        failed: list[KafkaError] = []
+        p.produce(topic, b"stalled", partition=0, on_delivery=lambda err, _: err is not None and failed.append(err))
+        p.flush(5)  # the gateway answers a timeout at the client's 2 s; the client sends the batch again
+        proxy.passing()
+        assert p.flush(20) == 0 and not failed, failed
+        p.produce(topic, b"after", partition=0)
+        p.commit_transaction(20)
+        assert "cluster fenced" not in gw.log
+    c = Consumer({"bootstrap.servers": proxy.address, "group.id": unique("native"), "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    try:  # straight from the cluster, up to the transaction's last record
+        c.assign([TopicPartition(topic, 0, 0)])
+        stored: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while b"after" not in stored and time.monotonic() < deadline:
+            msg = c.poll(0.2)
+            if msg is not None and not msg.error():
+                stored.append(msg.value())
+    finally:
+        c.close()
+    assert stored == [b"before", b"stalled", b"after"]
 
 
 # --------------------------------------------------------------------------- the scenario

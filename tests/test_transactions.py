@@ -21,7 +21,7 @@ from gateway.clients.cursus import CursusClient
 from gateway.clients.kafka import KafkaClient
 from gateway.clients.tank import TankClient
 from gateway.clients.v1 import V1Client
-from gateway.launcher import GatewayProcess, Tansu
+from gateway.launcher import GatewayProcess, Tansu, running_cluster
 
 COMMITTED, UNCOMMITTED = "read_committed", "read_uncommitted"
 PROTOCOLS = ("v1", "kafka", "tank", "cursus")
@@ -504,6 +504,47 @@ def test_on_tansu_commits_and_transactional_offsets_pass_through(gateway_factory
             c.close()
 
 
+def batch_headers(data: bytes) -> list[tuple[int, int, int]]:
+    """``(attributes, record count, producer id)`` of each record batch (v2) of a fetched ``data``."""
+    out, at = [], 0
+    while at + 61 <= len(data):
+        length = int.from_bytes(data[at + 8:at + 12], "big")
+        out.append((int.from_bytes(data[at + 21:at + 23], "big"), int.from_bytes(data[at + 57:at + 61], "big"),
+                    int.from_bytes(data[at + 43:at + 51], "big", signed=True)))
+        at += 12 + length
+    return out
+
+
+@pytest.mark.parametrize("cluster", ["polygate", "tansu"])
+def test_in_cluster_mode_a_transactional_batch_reaches_the_cluster_as_the_client_sent_it(
+        gateway_factory, test_cluster, cluster):
+    """A transaction's batch goes to the cluster as one batch, compressed as the client compressed
+    it (its records are not produced again one by one): read straight from the cluster, the
+    transaction is one gzip batch of all its records, transactional, and its commit marker, both
+    under the cluster's producer id."""
+    if test_cluster is not None:
+        pytest.skip("brings its own cluster")
+    with running_cluster(cluster) as bootstrap:
+        gw = gateway_factory(("v1", "kafka"), ("--default-partitions", "1", "--storage", f"kafka://{bootstrap}"))
+        topic = unique("txbatch")
+        create(gw, topic)
+        p = producer(gw, unique("tx"), **{"linger.ms": 200, "compression.type": "gzip"})
+        p.begin_transaction()
+        for i in range(10):
+            p.produce(topic, f"record {i}".encode(), partition=0)
+        p.flush(20)
+        p.commit_transaction(20)
+        host, _, port = bootstrap.rpartition(":")
+        with KafkaClient(host, int(port)) as k:  # a Fetch that waits: Tansu answers none at once
+            fetched = k.call(1, 11, {"ReplicaId": -1, "MaxWaitMs": 1000, "MinBytes": 1, "MaxBytes": 1 << 20, "Topics": [
+                {"Topic": topic, "Partitions": [{"Partition": 0, "FetchOffset": 0, "PartitionMaxBytes": 1 << 20}]}]})
+            batches = batch_headers(fetched.Responses[0].Partitions[0].Records or b"")
+    data = [(attributes, count) for attributes, count, _ in batches if not attributes & 0x20]
+    assert data == [(0x10 | 1, 10)], batches  # transactional, gzip: the client's one batch
+    assert len(batches) == 2 and batches[1][1] == 1, batches  # and the commit marker
+    assert batches[0][2] == batches[1][2] >= 0, batches  # both of the cluster's producer
+
+
 def test_offsets_of_a_topic_that_does_not_exist_are_refused_in_a_transaction_too(gw):
     """TxnOffsetCommit answers UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist, as
     OffsetCommit does, and the transaction can only abort (librdkafka's rule after that error)."""
@@ -545,13 +586,6 @@ def group_metadata_of(group: str):
         return c.consumer_group_metadata()
     finally:
         c.close()
-
-
-def test_the_offsets_of_a_transaction_name_their_group_as_librdkafka_serialises_it():
-    from gateway.cluster.transactions import group_metadata
-
-    for group in ("app", "a-much-longer-group.name_1"):
-        assert group_metadata(group) == group_metadata_of(group)
 
 
 def test_a_transactional_id_idle_for_seven_days_is_forgotten_as_kafka_forgets_it(tmp_path):

@@ -18,13 +18,16 @@ acknowledged record. The pieces:
   second; ``/readyz`` follows it);
 * ``clientlog``: librdkafka's log lines in the gateway's log, a repeat held back;
 * ``groups``: V1/Cursus members as members of real consumer groups, and commits;
-* ``transactions``: Kafka transactions through the cluster's coordinator;
+* ``coordinator``: requests to the cluster's group and transaction coordinators;
+* ``transactions``: Kafka transactions through the cluster's coordinator, the
+  client's transactional batches sent as they are (re-stamped with the
+  cluster's producer);
 * ``store``: ``ClusterStore``, the ``Storage`` the broker talks to.
 
 librdkafka (confluent-kafka) serves what is off the data path, each client
 with its own threads, handing results to the reactor thread: the admin calls
 (topics created, deleted and altered, offsets by timestamp, groups described),
-group membership, transactions.
+group membership.
 """
 
 from gateway.cluster.config import ClusterConfig, parse_properties, parse_storage

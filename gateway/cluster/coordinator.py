@@ -1,6 +1,7 @@
-"""Requests to the cluster's group coordinators, through the gateway's own Kafka client
-(``gateway.cluster.wire``): committed offsets (OffsetDelete too, for which confluent-kafka has no
-call), and the removal of a static member.
+"""Requests to the cluster's coordinators, through the gateway's own Kafka client
+(``gateway.cluster.wire``): the group coordinators' committed offsets (OffsetDelete too, for which
+confluent-kafka has no call) and the removal of a static member; the transaction coordinators'
+requests (``gateway.cluster.transactions``) go through ``to_coordinator`` too.
 
 A committed offset's metadata is a Kafka string, which may hold any
 character, a NUL byte included. librdkafka's C API takes and gives it as a C
@@ -16,14 +17,15 @@ sends no LeaveGroup when it closes; the cluster would wait for its session
 timeout): ``leave`` removes it with LeaveGroup, as Kafka's admin client
 removes a static member.
 
-The coordinator of each group is found with FindCoordinator and remembered
-until an answer says it moved (or is not ready yet): then it is looked up
-again and the request sent again, until the request timeout has passed.
+The coordinator of each group (and transactional id) is found with
+FindCoordinator and remembered until an answer says it moved (or is not
+ready yet): then it is looked up again and the request sent again, until the
+request timeout has passed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.internet import defer, task
@@ -46,6 +48,7 @@ from gateway.model import CommandError, Error
 
 LANE = "groups"
 RETRY_BACKOFF_S = 0.1
+GROUP, TRANSACTION = 0, 1  # FindCoordinator's key types
 # Answers after which the group's coordinator is looked up again and the request sent again.
 MOVED = frozenset({Errors.NOT_COORDINATOR, Errors.COORDINATOR_NOT_AVAILABLE, Errors.COORDINATOR_LOAD_IN_PROGRESS,
                    Errors.NETWORK_EXCEPTION})
@@ -63,7 +66,7 @@ class Coordinators:
     def __init__(self, client: ClusterClient, reactor: Any):
         self.client = client
         self.reactor = reactor
-        self.coordinators: dict[str, int] = {}  # group -> the node id of its coordinator
+        self.coordinators: dict[tuple[int, str], int] = {}  # (key type, key) -> the node id of its coordinator
 
     def commit(self, group: str, offsets: tuple[tuple[str, int, int, str], ...], leader_epochs: tuple[int, ...] = (),
                generation: int = -1, member_id: str = "", instance_id: str | None = None) -> defer.Deferred:
@@ -87,7 +90,7 @@ class Coordinators:
                 raise WireError(moved, Errors(moved).name)
             return tuple((t, p, refused(code, doing).error if code else None) for t, p, code in errors)
 
-        return self._to_coordinator(group, OFFSET_COMMIT, body, read, doing)
+        return self.to_coordinator(GROUP, group, OFFSET_COMMIT, body, read, doing)
 
     def fetch(self, group: str, partitions: tuple[tuple[str, int], ...] | None) -> defer.Deferred:
         """The offsets ``group`` committed for ``partitions`` (None: all of its own): a Deferred of
@@ -127,7 +130,7 @@ class Coordinators:
                                 p.get("CommittedLeaderEpoch", -1) if found else -1))
             return out
 
-        return self._to_coordinator(group, OFFSET_FETCH, body, read, doing)
+        return self.to_coordinator(GROUP, group, OFFSET_FETCH, body, read, doing)
 
     def delete_offsets(self, group: str, partitions: tuple[tuple[str, int], ...]) -> defer.Deferred:
         """Forget the offsets ``group`` committed for ``partitions`` (OffsetDelete): a Deferred of
@@ -149,7 +152,7 @@ class Coordinators:
                 raise refused(answer.ErrorCode, doing)
             return tuple((t, p, refused(code, doing).error if code else None) for t, p, code in errors)
 
-        return self._to_coordinator(group, OFFSET_DELETE, body, read, doing)
+        return self.to_coordinator(GROUP, group, OFFSET_DELETE, body, read, doing)
 
     def leave(self, group: str, member_id: str, instance_id: str) -> defer.Deferred:
         """Remove the static member ``instance_id`` (member ``member_id``) from ``group`` at once.
@@ -164,38 +167,42 @@ class Coordinators:
             if code:
                 raise refused(code, doing)
 
-        return self._to_coordinator(group, LEAVE_GROUP, body, read, doing)
+        return self.to_coordinator(GROUP, group, LEAVE_GROUP, body, read, doing)
 
     @defer.inlineCallbacks
-    def _to_coordinator(self, group: str, api_key: int, body: dict[str, Any] | Callable[[int], dict[str, Any]],
-                        read: Any, doing: str) -> Any:
-        """Send ``body`` (or ``body(version)``, for the version agreed) to ``group``'s coordinator and
-        ``read`` the answer; again (after the coordinator is looked up anew) while the answer says it
-        moved, until the request timeout."""
+    def to_coordinator(self, key_type: int, key: str, api_key: int,
+                       body: Mapping[str, Any] | Callable[[int], Mapping[str, Any]], read: Callable[[Any], Any],
+                       doing: str, again: frozenset[int] = frozenset()) -> Any:
+        """Send ``body`` (or ``body(version)``, for the version agreed) to the coordinator of
+        ``key`` (a group or a transactional id, as ``key_type`` says) and ``read`` the answer
+        (which raises a ``WireError`` of the code that failed it); again while the error says the
+        coordinator moved (it is looked up anew) or is one of ``again``, until the request
+        timeout. Fails with the ``CommandError`` of the last error."""
         deadline = self.reactor.seconds() + self.client.timeout_s
         while True:
             try:
-                node = yield self._coordinator(group)
+                node = yield self._coordinator(key_type, key)
                 answer = yield self.client.request(node, LANE, api_key, body)
                 return read(answer)
             except WireError as e:
-                if e.code not in MOVED or self.reactor.seconds() + RETRY_BACKOFF_S > deadline:
+                if (e.code not in MOVED and e.code not in again) or self.reactor.seconds() + RETRY_BACKOFF_S > deadline:
                     raise command_error(e, doing) from None
-                self.coordinators.pop(group, None)
+                if e.code in MOVED:
+                    self.coordinators.pop((key_type, key), None)
                 yield task.deferLater(self.reactor, RETRY_BACKOFF_S, lambda: None)
 
     @defer.inlineCallbacks
-    def _coordinator(self, group: str) -> Any:
-        """The node id of ``group``'s coordinator, looked up if not known (FindCoordinator)."""
-        node = self.coordinators.get(group)
+    def _coordinator(self, key_type: int, key: str) -> Any:
+        """The node id of ``key``'s coordinator, looked up if not known (FindCoordinator)."""
+        node = self.coordinators.get((key_type, key))
         if node is not None:
             return node
-        answer = yield self.client.request(-1, LANE, FIND_COORDINATOR, {"Key": group, "KeyType": 0})
+        answer = yield self.client.request(-1, LANE, FIND_COORDINATOR, {"Key": key, "KeyType": key_type})
         if answer.ErrorCode:
-            raise WireError(answer.ErrorCode, answer.get("ErrorMessage") or f"no coordinator for group {group}")
+            raise WireError(answer.ErrorCode, answer.get("ErrorMessage") or f"no coordinator for {key}")
         # The coordinator may be a broker the metadata of the topics in use did not name.
         self.client.brokers.setdefault(answer.NodeId, Broker(answer.NodeId, answer.Host, answer.Port))
-        self.coordinators[group] = answer.NodeId
+        self.coordinators[(key_type, key)] = answer.NodeId
         return answer.NodeId
 
 

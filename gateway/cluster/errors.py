@@ -1,7 +1,7 @@
 """What a client hears for an error the Kafka cluster answered: one map for every request the
 cluster store makes, through its own wire client (``gateway.cluster.wire``: produce, fetch,
-commits, the groups' coordinators) or through librdkafka (``gateway.cluster.bridge``: admin
-calls, transactional producers, security records).
+commits, the groups' and transactions' coordinators) or through librdkafka
+(``gateway.cluster.bridge``: admin calls, security records).
 
 librdkafka gives a Kafka error under the code the cluster answered, and its own failures under
 negative codes of its own (``KafkaError._*``): both are keys here. A code the map does not name is
@@ -57,8 +57,9 @@ SEQUENCE = frozenset({Errors.OUT_OF_ORDER_SEQUENCE_NUMBER, Errors.UNKNOWN_PRODUC
 def as_model(code: int, clients_sequence: bool = True) -> ErrorCode:
     """The model's error for the cluster's (or librdkafka's) error ``code``: ``STORAGE_ERROR`` when
     the map does not name it, and for a sequence error (``SEQUENCE``) unless ``clients_sequence``:
-    one of a producer of the gateway's own (librdkafka's transactional producer) is not the client's
-    to fix, and an out-of-order answer makes Kafka clients bump their epoch."""
+    one of a producer of the gateway's own (a transaction's batch re-stamped with the cluster's
+    producer, ``gateway.cluster.transactions``) is not the client's to fix, and an out-of-order
+    answer makes Kafka clients bump their epoch."""
     if not clients_sequence and code in SEQUENCE:
         return ErrorCode.STORAGE_ERROR
     return AS_MODEL.get(code, ErrorCode.STORAGE_ERROR)

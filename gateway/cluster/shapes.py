@@ -47,17 +47,21 @@ def _uvarint(n: int) -> bytes:
 
 
 def produce_request(version: int, correlation: int, client_id: bytes, acks: int, timeout_ms: int,
-                    topic: bytes, partition: int, batch: bytes) -> tuple[bytes, bytes, bytes]:
+                    topic: bytes, partition: int, batch: bytes,
+                    transactional_id: bytes | None = None) -> tuple[bytes, bytes, bytes]:
     """A whole Produce frame (request header included) of ``batch`` to one partition, in three
-    pieces to write in turn (the batch is not copied): as ``schema.build_frame`` builds it."""
+    pieces to write in turn (the batch is not copied): as ``schema.build_frame`` builds it.
+    ``transactional_id``: the producer's, for a batch of a transaction (None: null)."""
     if version >= _FIRST_FLEXIBLE:
+        txn = b"\x00" if transactional_id is None else _uvarint(len(transactional_id) + 1) + transactional_id
         rest = (b"\x00"  # the header's tagged fields: none
-                + b"\x00" + _FIXED.pack(acks, timeout_ms)  # a null transactional id
+                + txn + _FIXED.pack(acks, timeout_ms)
                 + b"\x02" + _uvarint(len(topic) + 1) + topic + b"\x02" + _I32.pack(partition)
                 + _uvarint(len(batch) + 1))
         tail = b"\x00\x00\x00"  # the tagged fields of the partition, the topic and the request
     else:
-        rest = (b"\xff\xff" + _FIXED.pack(acks, timeout_ms)  # a null transactional id
+        txn = b"\xff\xff" if transactional_id is None else _I16.pack(len(transactional_id)) + transactional_id
+        rest = (txn + _FIXED.pack(acks, timeout_ms)
                 + b"\x00\x00\x00\x01" + _I16.pack(len(topic)) + topic
                 + b"\x00\x00\x00\x01" + _I32.pack(partition) + _I32.pack(len(batch)))
         tail = b""

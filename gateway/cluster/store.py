@@ -86,10 +86,11 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         self.writer = Writer(self.client, reactor, formats, self._delivered)
         self.reader = Reader(self.client, self.metadata, reactor, kafka_format(formats))
         self._uncommitted_reader: Reader | None = None  # made at the first read_uncommitted read
-        self.groups = ClusterGroups(config, self.admin, Coordinators(self.client, reactor), reactor)
+        coordinators = Coordinators(self.client, reactor)
+        self.groups = ClusterGroups(config, self.admin, coordinators, reactor)
         self.producers = ProducerStates(config, self.client, self.metadata, reactor, kafka_format(formats))
         self.security = SecurityTopic(config, self.admin, reactor)
-        self.transactions = TransactionalProducers(config, self.admin, reactor)
+        self.transactions = TransactionalProducers(config, self.admin, coordinators, self.writer, reactor)
         self._timeout = config.request_timeout_ms / 1000
 
     def start(self) -> defer.Deferred:
@@ -98,7 +99,6 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         log.info("storage: %s", self.config.describe())
         for part in (self.client, self.writer, self.reader, self.groups):
             part.start()
-        self.transactions.start()
 
         def read_security(_: Any) -> defer.Deferred:
             # A cluster that did not answer the first metadata request is not waited for a second time
@@ -113,7 +113,6 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
     def close(self) -> None:
         """Deliver what is queued, leave the groups, stop every thread."""
         self.writer.stop()
-        self.transactions.stop()
         self.security.stop()
         self.groups.stop()
         for reader in self._readers():
@@ -319,10 +318,11 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
                 return writer.forward(topic, partition, payload, count, acks, timeout_ms)
             return writer.append(topic, partition, writer.batch(fmt, payload, count, max_timestamp), count, acks,
                                  timeout_ms)
-        if producer.transactional:  # through the transactional id's own producer on the cluster
+        if producer.transactional:  # as the transactional id's own producer on the cluster
             assert isinstance(producer.producer_id, int)  # a Kafka producer's
-            records = writer.records(fmt, payload, count, max_timestamp)
-            return self.transactions.produce(producer.producer_id, topic, partition, records, timeout_ms).addCallback(
+            return self.transactions.produce(producer.producer_id, topic, partition,
+                                             writer.batch(fmt, payload, count, max_timestamp), count,
+                                             timeout_ms).addCallback(
                 self._delivered_in_transaction, topic, partition)
         if producer.rules == "kafka":
             # The client's batch as it is: its producer id, epoch and sequence are where a gateway

@@ -1,34 +1,58 @@
-"""Kafka transactions in cluster mode: the cluster's transaction coordinator does the work.
+"""Kafka transactions in cluster mode: the cluster's transaction coordinator does the work, and
+the gateway speaks Kafka's transaction protocol to it with its own client (``gateway.cluster.wire``).
 
 The broker's coordinator (``gateway.broker.transactions``) keeps its rules
 (producer ids and epochs, fencing, the states of a transaction, timeouts)
 in cluster mode too; what it would write to a local log it hands to
-``TransactionalProducers`` (``Storage.cluster_transactions``), which gives
-each transactional id a transactional librdkafka producer of that same id on
-the cluster:
+``TransactionalProducers`` (``Storage.cluster_transactions``), which keeps,
+for each transactional id, a producer of that same id on the cluster: the
+cluster's producer id and epoch, and a sequence number per partition.
 
-- ``init`` (InitProducerId): a new producer for the id; its
-  ``init_transactions`` fences every older instance on the cluster, whether
-  it writes through this gateway, another one or straight to the cluster, and
-  has the cluster abort what an older instance left open.
-- ``begin`` (the first AddPartitionsToTxn or AddOffsetsToTxn of a
-  transaction): ``begin_transaction``.
-- ``produce`` (a transactional batch): its records produced through that
-  producer, acknowledged with the offsets the cluster gave them.
-- ``end`` (EndTxn, a timeout, a new instance): on commit, the offsets the
-  transaction committed (TxnOffsetCommit), with their leader epochs, are sent
-  with ``send_offsets_to_transaction``, then ``commit_transaction``; else
-  ``abort_transaction``. The cluster writes the markers and applies the
-  offsets.
+- ``init`` (InitProducerId): InitProducerId of the transactional id to its
+  coordinator on the cluster (FindCoordinator, key type TRANSACTION). It
+  fences every older instance on the cluster, whether it writes through this
+  gateway, another one or straight to the cluster, and has the cluster abort
+  what an older instance left open (the cluster answers
+  ``CONCURRENT_TRANSACTIONS`` until it did: the request is sent again).
+- ``begin``: nothing to send; the cluster's transaction opens with its first
+  partition or group.
+- ``produce`` (a transactional batch): the partition is added to the cluster's
+  transaction first (AddPartitionsToTxn, once per transaction), then the
+  client's batch goes to the cluster as one batch, in a Produce naming the
+  transactional id: its records, compression and timestamps as the client
+  sent them, its header re-stamped once with the cluster's producer id and
+  epoch and the partition's next sequence number (and its CRC computed again).
+  The client's own producer id and epoch are the broker's coordinator's, whose
+  epochs follow its own rules (its timeouts, EndTxn v5's bump, a new producer
+  id past the last epoch): the cluster's are the gateway's to keep. A batch
+  whose answer did not come is sent again, the same bytes, until the request
+  timeout: the cluster recognises a sequence it holds; so is it when the
+  client sends it again after the gateway answered the timeout.
+- ``end`` (EndTxn, a timeout, a new instance): on commit, for each group the
+  transaction committed offsets for (TxnOffsetCommit), AddOffsetsToTxn to the
+  transaction coordinator then TxnOffsetCommit, with the leader epochs, to the
+  group's coordinator, then EndTxn; else EndTxn (abort). The cluster writes
+  the markers and applies the offsets. A commit that fails on the way is
+  aborted on the cluster, and fails.
 - ``last_stable_offset``: the cluster's (ListOffsets read_committed), which
   holds for transactions of every producer of the cluster.
 
-Each producer's calls run one after another in a thread of a pool of the
-gateway's own (they block until the cluster answers). Offsets are sent for
-the group with generation -1 and no member id: the cluster's members of a
-group are the gateway's own consumers, not the client, so the cluster does
-not check the client's generation (the broker's coordinator checked the
-transaction's producer and epoch).
+Every request runs in the reactor thread, without a thread of its own;
+requests to a coordinator are sent again while it moved or is loading
+(``Coordinators.to_coordinator``). A producer the cluster fenced (a newer
+instance, or the cluster's own timeout) fails what comes next with
+``FENCED_PRODUCER``; its abort succeeds (the cluster ended its transaction).
+A batch the cluster refused, or may or may not hold (no answer by the
+timeout, and the client went on without sending it again), leaves the
+transaction able to abort only (the cluster's sequence has a gap, or may
+have); once it ended the producer takes a new epoch from the cluster (InitProducerId
+again, which also ends on the cluster what an abort could not), so the next
+transaction starts from sequence 0: the gateway heals without a restart.
+
+Offsets are sent for the group with generation -1 and no member id: the
+cluster's members of a group are the gateway's own consumers, not the
+client, so the cluster does not check the client's generation (the broker's
+coordinator checked the transaction's producer and epoch).
 
 Readers: the gateway reads the cluster read_committed (``gateway.cluster.reader``),
 so no reader of any protocol sees an aborted record, a marker, or a record of
@@ -38,194 +62,137 @@ a transaction still open.
 from __future__ import annotations
 
 import logging
-import struct
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from twisted.internet import defer, threads
-from twisted.python.threadpool import ThreadPool
+from twisted.internet import defer, task
 
 from gateway.broker.calls import first_failure
-from gateway.cluster.bridge import command_error, deferred_from
+from gateway.cluster.bridge import deferred_from
 from gateway.cluster.config import ClusterConfig
-from gateway.codec.formats import Columns
+from gateway.cluster.coordinator import GROUP, TRANSACTION, Coordinators
+from gateway.cluster.errors import as_model
+from gateway.cluster.wire import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
+    END_TXN,
+    INIT_PRODUCER_ID,
+    TXN_OFFSET_COMMIT,
+    WireError,
+)
+from gateway.cluster.writer import (
+    PRODUCER,
+    PRODUCER_AT,
+    RETRIABLE,
+    RETRY_BACKOFF_S,
+    Append,
+    Writer,
+    stamped,
+)
+from gateway.codecs.kafka.errors import Errors
 from gateway.model import CommandError, ErrorCode
+from gateway.shared import Shared
 
 log = logging.getLogger(__name__)
 
-THREADS = 8  # producers whose calls may block at once
-FLUSH_STEP_S = 0.1  # a produce waiting for its delivery reports checks this often whether it was fenced
-FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-          KafkaError.INVALID_PRODUCER_ID_MAPPING}
+# The cluster's answers that say a newer instance of the transactional id (or the cluster's own
+# timeout) took the producer's place.
+FENCED = frozenset({Errors.PRODUCER_FENCED, Errors.INVALID_PRODUCER_EPOCH, Errors.INVALID_PRODUCER_ID_MAPPING})
+# The transaction coordinator's answers after which a request is sent again as it is: the
+# transaction before is still ending (markers being written, an older instance being aborted).
+AGAIN = frozenset({Errors.CONCURRENT_TRANSACTIONS, Errors.COORDINATOR_LOAD_IN_PROGRESS})
 
 
-def group_metadata(group: str) -> bytes:
-    """What ``send_offsets_to_transaction`` takes for ``group``: librdkafka's serialised
-    consumer group metadata (``rd_kafka_consumer_group_metadata_write``) with generation -1,
-    no member id and no group instance id, as ``Consumer.consumer_group_metadata()`` gives it
-    for a consumer of the group that has not joined."""
-    return b"CGMDv2:" + struct.pack("=i", -1) + group.encode() + b"\0" + b"\0" + b"\x01"
-
-
-@attrs.define
+@attrs.define(eq=False)
 class Instance:
-    """One transactional id's producer on the cluster; ``tail`` fires when its last call ended."""
+    """One transactional id's producer on the cluster (see the module docstring)."""
 
     transactional_id: str
-    producer: Any
-    tail: defer.Deferred
+    timeout_ms: int
+    producer_id: int = -1  # the cluster's (-1: to take from the cluster, at the next use)
+    epoch: int = -1
+    sequences: dict[tuple[str, int], int] = attrs.Factory(dict)  # partition -> its next sequence
+    # partition -> the client's (epoch, first sequence) of a batch the cluster did not confirm in
+    # time, and the bytes sent for it: the client's retry of it sends them again
+    unconfirmed: dict[tuple[str, int], tuple[tuple[int, int], bytes]] = attrs.Factory(dict)
+    added: set[tuple[str, int]] = attrs.Factory(set)  # partitions of the cluster's open transaction
+    groups: set[str] = attrs.Factory(set)  # groups of the cluster's open transaction
     fenced: bool = False  # the cluster fenced it (a newer instance, or its own timeout)
+    broken: str | None = None  # why the open transaction can only abort
+    initializing: Shared | None = None  # the last InitProducerId (under way, or settled)
+    busy: int = 0  # steps under way
+    idle: list[defer.Deferred] = attrs.Factory(list)  # waiting for no step to be under way
 
 
 class TransactionalProducers:
     """Implements ``gateway.storage.interface.ClusterTransactions`` (see the module docstring)."""
 
-    def __init__(self, config: ClusterConfig, admin: AdminClient, reactor: Any):
-        self.config = config
+    def __init__(self, config: ClusterConfig, admin: AdminClient, coordinators: Coordinators, writer: Writer,
+                 reactor: Any):
         self.admin = admin
+        self.coordinators = coordinators
+        self.writer = writer
         self.reactor = reactor
-        self.by_producer: dict[int, Instance] = {}  # the broker's producer id -> its cluster producer
+        self.by_producer: dict[int, Instance] = {}  # the broker's producer id -> its producer on the cluster
         self.by_transactional_id: dict[str, int] = {}
-        self.pool = ThreadPool(0, THREADS, "polygate-cluster-transactions")
         self._timeout = config.request_timeout_ms / 1000
-
-    def start(self) -> None:
-        self.pool.start()
-
-    def stop(self) -> None:
-        """Stop the threads (a transaction still open is aborted by the cluster at its timeout)."""
-        self.pool.stop()
 
     # ------------------------------------------------------------------ the steps
 
     def init(self, transactional_id: str, producer_id: int, timeout_ms: int) -> defer.Deferred:
-        """*May wait.* A new cluster producer for ``transactional_id``, known by ``producer_id``,
-        once the cluster fenced the older instances and ended what they left open. The new
-        instance takes the old one's place at once: calls for it, and a further ``init`` of the
-        id, wait until it exists."""
+        """*May wait.* A new producer on the cluster for ``transactional_id``, known by
+        ``producer_id``, once the cluster fenced the older instances and ended what they left
+        open. The new instance takes the old one's place at once; it asks the cluster once the
+        old one's steps ended."""
         old_id = self.by_transactional_id.pop(transactional_id, None)
         old = self.by_producer.pop(old_id, None) if old_id is not None else None
-        ready: defer.Deferred = defer.Deferred()
-        instance = Instance(transactional_id, None, ready)
+        instance = Instance(transactional_id, timeout_ms)
         self.by_producer[producer_id] = instance
         self.by_transactional_id[transactional_id] = producer_id
-
-        def fatal(error: KafkaError) -> None:  # librdkafka's error callback, in the thread of a call
-            if error.fatal():
-                instance.fenced = True
-
-        settings = self.config.client(**{
-            "transactional.id": transactional_id, "transaction.timeout.ms": timeout_ms, "linger.ms": 0,
-            "client.id": f"{self.config.client_id}-txn", "error_cb": fatal})
-
-        def create() -> None:
-            if old is not None:
-                old.producer = None  # the last reference: librdkafka's instance ends here, not in the reactor
-            try:
-                producer = Producer(settings)
-                producer.init_transactions(self._timeout)
-            except KafkaException as e:
-                raise command_error(e, f"initialise transactional id {transactional_id!r} on the cluster") from None
-            instance.producer = producer
-            log.info("transactional id %s: a producer on the cluster (producer %d here)", transactional_id,
-                     producer_id)
 
         def failed(f: Any) -> Any:
             if self.by_producer.get(producer_id) is instance:
                 self.forget(producer_id)
             return f
 
-        def settle(outcome: Any) -> Any:
-            ready.callback(None)
-            return outcome
+        after = self._idle(old) if old is not None else defer.succeed(None)
+        return self._track(instance, after.addCallback(lambda _: self._ready(instance))).addErrback(failed)
 
-        after = old.tail if old is not None else defer.succeed(None)
-        return after.addBoth(lambda _: self._in_thread(create)).addErrback(failed).addBoth(settle)
+    def begin(self, producer_id: int) -> None:
+        """A new transaction of the producer: the cluster's opens with its first partition or group."""
 
-    def begin(self, producer_id: int) -> defer.Deferred:
-        """*May wait.* A new transaction of the producer."""
-        return self._call(producer_id, "begin a transaction", lambda p: p.begin_transaction())
-
-    def produce(self, producer_id: int, topic: str, partition: int, records: Columns,
-                timeout_ms: int) -> defer.Deferred:
-        """*May wait.* ``records`` produced to the partition in the producer's transaction:
-        ``(first offset, last offset)`` as the cluster assigned them, waited for up to ``timeout_ms``."""
-
+    def produce(self, producer_id: int, topic: str, partition: int, batch: bytes | memoryview,
+                records: int, timeout_ms: int) -> defer.Deferred:
+        """*May wait.* ``batch`` (one Kafka record batch of ``records`` records, as the client sent
+        it) appended to the partition in the producer's transaction: ``(first offset, last
+        offset)`` as the cluster assigned them, waited for up to ``timeout_ms`` (the client's)."""
         instance = self.by_producer.get(producer_id)
-
-        def produce(p: Any) -> tuple[int, int]:
-            offsets: list[int] = []
-            errors: list[Any] = []
-
-            def delivered(error: Any, message: Any) -> None:
-                if error is not None:
-                    errors.append(error)
-                else:
-                    offsets.append(message.offset())
-
-            headers = records.headers
-            for i in range(len(records)):
-                ts = records.timestamps[i]
-                p.produce(topic, records.values[i], records.keys[i], partition=partition, on_delivery=delivered,
-                          timestamp=ts if ts > 0 else 0,
-                          headers=list(headers[i]) if headers is not None and headers[i] else None)
-            deadline = time.monotonic() + timeout_ms / 1000
-            while p.flush(FLUSH_STEP_S):  # not all delivered yet
-                if instance is not None and instance.fenced:  # fenced: librdkafka delivers nothing more
-                    raise CommandError(ErrorCode.FENCED_PRODUCER, f"produce to {topic}/{partition}: the cluster "
-                                                                  f"fenced {instance.transactional_id!r}")
-                if time.monotonic() > deadline:
-                    raise CommandError(ErrorCode.REPLICATION_TIMEOUT, f"produce to {topic}/{partition}: the Kafka "
-                                                                      f"cluster did not confirm in time")
-            if errors:
-                raise KafkaException(errors[0])
-            return min(offsets), max(offsets)
-
-        return self._call(producer_id, f"produce to {topic}/{partition}", produce)
+        if instance is None:
+            return defer.fail(self._unknown(producer_id))
+        return self._track(instance, self._produce(instance, topic, partition, batch, records, timeout_ms))
 
     def end(self, producer_id: int, commit: bool,
             offsets: Iterable[tuple[str, Iterable[tuple[str, int, int, str, int]]]]) -> defer.Deferred:
         """*May wait.* Commit the producer's transaction, with the group ``offsets`` it committed
         (``(group, [(topic, partition, offset, metadata, leader epoch)])``, epoch -1: unknown),
-        or abort it. An abort of a producer the cluster fenced succeeds: the cluster ended its
-        transaction already."""
-        offsets = [(group, list(commits)) for group, commits in offsets]
-
-        def commit_(p: Any) -> None:
-            for group, commits in offsets:
-                p.send_offsets_to_transaction([TopicPartition(t, part, o, metadata=meta or "", leader_epoch=epoch)
-                                               for t, part, o, meta, epoch in commits], group_metadata(group),
-                                              self._timeout)
-            p.commit_transaction(self._timeout)
-
-        def abort(p: Any) -> None:
-            p.abort_transaction(self._timeout)
-
-        if commit:
-            return self._call(producer_id, "commit the transaction", commit_, abort_on_failure=True)
+        or abort it, once its other steps ended. An abort of a producer the cluster fenced
+        succeeds: the cluster ended its transaction already."""
         instance = self.by_producer.get(producer_id)
-        if instance is None or instance.fenced:
-            return defer.succeed(None)
-        return self._call(producer_id, "abort the transaction", abort).addErrback(self._fenced_is_ended, instance)
+        if instance is None:
+            return defer.fail(self._unknown(producer_id))
+        pending = [(group, list(commits)) for group, commits in offsets]
+        step = self._commit if commit else self._abort
+        return self._idle(instance).addCallback(lambda _: self._track(instance, step(instance, pending)))
 
     def forget(self, producer_id: int) -> None:
-        """The coordinator forgot the producer's transactional id: its producer here ends (after its last call)."""
+        """The coordinator forgot the producer's transactional id: so does the gateway (the
+        cluster expires its transactional ids itself)."""
         instance = self.by_producer.pop(producer_id, None)
-        if instance is None:
-            return
-        if self.by_transactional_id.get(instance.transactional_id) == producer_id:
+        if instance is not None and self.by_transactional_id.get(instance.transactional_id) == producer_id:
             del self.by_transactional_id[instance.transactional_id]
-
-        def close() -> None:
-            instance.producer = None  # the last reference: librdkafka's instance ends in this thread
-
-        instance.tail.addBoth(lambda _: self._in_thread(close)).addErrback(
-            lambda f: log.warning("transactional id %s: closing its producer: %s", instance.transactional_id,
-                                  f.getErrorMessage()))
 
     def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> defer.Deferred:
         """*May wait.* The cluster's last stable offset of the partition: its ListOffsets latest
@@ -246,53 +213,238 @@ class TransactionalProducers:
         return defer.gatherResults(asked, consumeErrors=True).addCallbacks(
             stable, first_failure)
 
-    # ------------------------------------------------------------------ calls, one at a time per producer
+    # ------------------------------------------------------------------ the producer on the cluster
 
-    def _call(self, producer_id: int, doing: str, fn: Callable[[Any], Any],
-              abort_on_failure: bool = False) -> defer.Deferred:
-        instance = self.by_producer.get(producer_id)
-        if instance is None:
-            return defer.fail(CommandError(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
-                                           f"producer {producer_id} has no transactional producer on the cluster"))
-        done: defer.Deferred = defer.Deferred()
+    def _ready(self, instance: Instance) -> defer.Deferred:
+        """Fires once the instance has a producer id and epoch from the cluster (InitProducerId,
+        one at a time; asked again at the next use when it failed)."""
+        if instance.producer_id >= 0:
+            return defer.succeed(None)
+        if instance.initializing is None or instance.initializing.settled:
+            instance.initializing = Shared(self._init_producer(instance))
+        return instance.initializing.wait()
 
-        def run() -> Any:
-            producer = instance.producer
-            if producer is None or instance.fenced:
-                raise CommandError(ErrorCode.FENCED_PRODUCER, f"{doing}: a newer instance of "
-                                                              f"{instance.transactional_id!r} fenced this one")
+    @defer.inlineCallbacks
+    def _init_producer(self, instance: Instance) -> Any:
+        tid = instance.transactional_id
+
+        def read(answer: Any) -> tuple[int, int]:
+            self._check(instance, answer.ErrorCode)
+            return answer.ProducerId, answer.ProducerEpoch
+
+        instance.producer_id, instance.epoch = yield self._to_coordinator(
+            instance, INIT_PRODUCER_ID, {"TransactionalId": tid, "TransactionTimeoutMs": instance.timeout_ms,
+                                         "ProducerId": -1, "ProducerEpoch": -1},
+            read, f"initialise transactional id {tid!r} on the cluster")
+        instance.sequences.clear()
+        instance.unconfirmed.clear()
+        instance.added.clear()
+        instance.groups.clear()
+        instance.broken = None
+        log.info("transactional id %s: producer %d epoch %d on the cluster", tid, instance.producer_id,
+                 instance.epoch)
+
+    @defer.inlineCallbacks
+    def _produce(self, instance: Instance, topic: str, partition: int, batch: bytes | memoryview,
+                 records: int, timeout_ms: int) -> Any:
+        doing = f"produce to {topic}/{partition}"
+        self._usable(instance, doing)
+        yield self._ready(instance)
+        tp = (topic, partition)
+        if tp not in instance.added:
+            yield self._add_partition(instance, tp)
+        self._usable(instance, doing)
+        _, client_epoch, client_sequence = PRODUCER.unpack_from(batch, PRODUCER_AT)
+        unconfirmed = instance.unconfirmed.pop(tp, None)
+        if unconfirmed is not None and unconfirmed[0] == (client_epoch, client_sequence):
+            out = unconfirmed[1]  # the client's retry: the same bytes again, which the cluster recognises
+        elif unconfirmed is not None:
+            instance.broken = f"{doing}: the client went on past a batch the cluster may or may not hold"
+            raise CommandError(ErrorCode.INVALID_TXN_STATE, instance.broken)
+        else:
+            sequence = instance.sequences.get(tp, 0)
+            instance.sequences[tp] = (sequence + records) & 0x7FFFFFFF
+            out = stamped(batch, instance.producer_id, instance.epoch, sequence)
+        a = Append(topic, partition, out, records, self.reactor.seconds() + timeout_ms / 1000, 0)
+        while True:
             try:
-                return fn(producer)
-            except CommandError:
-                raise
-            except Exception as e:  # noqa: BLE001 - librdkafka's error, or one it left set in a callback
-                error = e.args[0] if isinstance(e, KafkaException) and e.args and \
-                    isinstance(e.args[0], KafkaError) else None
-                if instance.fenced or (error is not None and (error.fatal() or error.code() in FENCED)):
-                    instance.fenced = True
-                    log.warning("transactional id %s: the cluster fenced this gateway's producer (a newer "
-                                "instance initialised, or the cluster timed the transaction out): %s",
-                                instance.transactional_id, e)
-                    raise CommandError(ErrorCode.FENCED_PRODUCER, f"{doing}: the cluster fenced "
-                                                                  f"{instance.transactional_id!r}: {e}") from None
-                if abort_on_failure and error is not None and error.txn_requires_abort():
-                    producer.abort_transaction(self._timeout)
-                raise command_error(e, doing) from None
+                base = yield self.writer.produce_once(a, out, -1, instance.transactional_id)
+                return base, base + records - 1
+            except WireError as e:
+                if e.code in FENCED:
+                    raise self._fenced(instance, doing, e.name) from None
+                if e.code in RETRIABLE and self.reactor.seconds() + RETRY_BACKOFF_S < a.deadline:
+                    yield task.deferLater(self.reactor, RETRY_BACKOFF_S, lambda: None)
+                    continue
+                code = as_model(e.code, clients_sequence=False)
+                if e.code in RETRIABLE:  # no answer in time: the cluster may hold the batch or not
+                    instance.unconfirmed[tp] = ((client_epoch, client_sequence), out)
+                    raise CommandError(code, f"{doing}: Kafka cluster error {e.name}: {e}") from None
+                # Refused: the cluster's sequence for the partition has a gap from here on.
+                instance.broken = f"{doing}: Kafka cluster error {e.name}: {e}"
+                raise CommandError(code, instance.broken) from None
 
-        def settle(outcome: Any) -> Any:
-            done.callback(None)
-            return outcome
+    def _add_partition(self, instance: Instance, tp: tuple[str, int]) -> defer.Deferred:
+        topic, partition = tp
 
-        result = instance.tail.addBoth(lambda _: self._in_thread(run))
-        instance.tail = done
-        return result.addBoth(settle)
+        def read(answer: Any) -> None:
+            for t in answer.ResultsByTopicV3AndBelow:
+                for p in t.ResultsByPartition:
+                    self._check(instance, p.PartitionErrorCode)
+            instance.added.add(tp)
 
-    def _in_thread(self, fn: Callable[[], Any]) -> defer.Deferred:
-        return threads.deferToThreadPool(self.reactor, self.pool, fn)
+        return self._to_coordinator(instance, ADD_PARTITIONS_TO_TXN, {
+            "V3AndBelowTransactionalId": instance.transactional_id, "V3AndBelowProducerId": instance.producer_id,
+            "V3AndBelowProducerEpoch": instance.epoch,
+            "V3AndBelowTopics": [{"Name": topic, "Partitions": [partition]}]},
+            read, f"add {topic}/{partition} to the transaction")
+
+    @defer.inlineCallbacks
+    def _commit(self, instance: Instance, offsets: list[tuple[str, list[tuple[str, int, int, str, int]]]]) -> Any:
+        if instance.fenced:
+            raise CommandError(ErrorCode.FENCED_PRODUCER, f"commit: the cluster fenced {instance.transactional_id!r}")
+        try:
+            if instance.unconfirmed and instance.broken is None:
+                instance.broken = "a batch the cluster did not confirm was not sent again"
+            if instance.broken is not None:
+                raise CommandError(ErrorCode.INVALID_TXN_STATE, f"the transaction can only abort: {instance.broken}")
+            for group, commits in offsets:
+                yield self._ready(instance)
+                yield self._send_offsets(instance, group, commits)
+            yield self._end_on_cluster(instance, True)
+        except CommandError as e:
+            if not instance.fenced:
+                log.warning("transactional id %s: the cluster did not commit: %s; aborting",
+                            instance.transactional_id, e.error.message)
+                yield self._abort(instance, [])
+            raise
+
+    @defer.inlineCallbacks
+    def _abort(self, instance: Instance, _: Any) -> Any:
+        if instance.fenced:
+            return
+        try:
+            yield self._end_on_cluster(instance, False)
+        except CommandError as e:
+            if instance.fenced:
+                return
+            # A new epoch from the cluster ends on the cluster what this abort did not.
+            log.warning("transactional id %s: the cluster did not abort: %s; taking a new epoch",
+                        instance.transactional_id, e.error.message)
+            self._renew(instance)
+
+    @defer.inlineCallbacks
+    def _end_on_cluster(self, instance: Instance, commit: bool) -> Any:
+        """EndTxn, if the cluster's transaction holds anything; a transaction that could only abort
+        then takes a new epoch (its sequences are uncertain)."""
+        if instance.producer_id >= 0 and (instance.added or instance.groups):
+
+            def read(answer: Any) -> None:
+                self._check(instance, answer.ErrorCode)
+
+            yield self._to_coordinator(instance, END_TXN, {
+                "TransactionalId": instance.transactional_id, "ProducerId": instance.producer_id,
+                "ProducerEpoch": instance.epoch, "Committed": commit},
+                read, "commit the transaction" if commit else "abort the transaction")
+        instance.added.clear()
+        instance.groups.clear()
+        if instance.broken is not None or instance.unconfirmed:
+            self._renew(instance)
+
+    def _renew(self, instance: Instance) -> None:
+        """A new epoch from the cluster for the next transaction, asked now (again at the next
+        use if the cluster does not answer); a new instance of the id waits for it."""
+        instance.producer_id = -1
+        instance.broken = None
+        self._track(instance, self._ready(instance)).addErrback(
+            lambda f: log.info("transactional id %s: no new epoch yet: %s", instance.transactional_id,
+                               f.getErrorMessage()))
+
+    @defer.inlineCallbacks
+    def _send_offsets(self, instance: Instance, group: str, commits: list[tuple[str, int, int, str, int]]) -> Any:
+        """The group's offsets in the cluster's transaction: AddOffsetsToTxn, then TxnOffsetCommit
+        to the group's coordinator."""
+        if group not in instance.groups:
+
+            def added(answer: Any) -> None:
+                self._check(instance, answer.ErrorCode)
+                instance.groups.add(group)
+
+            yield self._to_coordinator(instance, ADD_OFFSETS_TO_TXN, {
+                "TransactionalId": instance.transactional_id, "ProducerId": instance.producer_id,
+                "ProducerEpoch": instance.epoch, "GroupId": group}, added, f"add group {group} to the transaction")
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for topic, partition, offset, metadata, epoch in commits:
+            topics.setdefault(topic, []).append({"PartitionIndex": partition, "CommittedOffset": offset,
+                                                 "CommittedLeaderEpoch": epoch, "CommittedMetadata": metadata})
+
+        def committed(answer: Any) -> None:
+            for t in answer.Topics:
+                for p in t.Partitions:
+                    self._check(instance, p.ErrorCode)
+
+        yield self.coordinators.to_coordinator(GROUP, group, TXN_OFFSET_COMMIT, {
+            "TransactionalId": instance.transactional_id, "GroupId": group, "ProducerId": instance.producer_id,
+            "ProducerEpoch": instance.epoch, "GenerationId": -1, "MemberId": "", "GroupInstanceId": None,
+            "Topics": [{"Name": t, "Partitions": ps} for t, ps in topics.items()]},
+            committed, f"commit offsets of group {group} in the transaction", AGAIN)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _to_coordinator(self, instance: Instance, api_key: int, body: dict[str, Any], read: Any,
+                        doing: str) -> defer.Deferred:
+        return self.coordinators.to_coordinator(TRANSACTION, instance.transactional_id, api_key, body, read, doing,
+                                                AGAIN)
+
+    def _check(self, instance: Instance, code: int) -> None:
+        """Raise for the cluster's error ``code`` in an answer (0: none): fenced, or a ``WireError``
+        that ``Coordinators.to_coordinator`` sends again or turns into the client's error."""
+        if not code:
+            return
+        if code in FENCED:
+            raise self._fenced(instance, "", Errors(code).name)
+        raise WireError(code, "refused")
+
+    def _fenced(self, instance: Instance, doing: str, why: str) -> CommandError:
+        if not instance.fenced:
+            instance.fenced = True
+            log.warning("transactional id %s: the cluster fenced this gateway's producer (a newer instance "
+                        "initialised, or the cluster timed the transaction out): %s", instance.transactional_id, why)
+        return CommandError(ErrorCode.FENCED_PRODUCER, f"{doing}: the cluster fenced "
+                                                       f"{instance.transactional_id!r}: {why}".lstrip(": "))
+
+    def _usable(self, instance: Instance, doing: str) -> None:
+        if instance.fenced:
+            raise CommandError(ErrorCode.FENCED_PRODUCER, f"{doing}: the cluster fenced {instance.transactional_id!r}")
+        if instance.broken is not None:
+            raise CommandError(ErrorCode.INVALID_TXN_STATE, f"{doing}: the transaction can only abort: "
+                                                            f"{instance.broken}")
 
     @staticmethod
-    def _fenced_is_ended(failure: Any, instance: Instance) -> Any:
-        failure.trap(CommandError)
-        if instance.fenced:
-            return None
-        return failure
+    def _unknown(producer_id: int) -> CommandError:
+        return CommandError(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                            f"producer {producer_id} has no transactional producer on the cluster")
+
+    @staticmethod
+    def _track(instance: Instance, d: defer.Deferred) -> defer.Deferred:
+        """``d``, counted as a step under way of ``instance`` until it fires."""
+        instance.busy += 1
+
+        def settled(outcome: Any) -> Any:
+            instance.busy -= 1
+            if not instance.busy:
+                waiting, instance.idle = instance.idle, []
+                for w in waiting:
+                    w.callback(None)
+            return outcome
+
+        return d.addBoth(settled)
+
+    @staticmethod
+    def _idle(instance: Instance) -> defer.Deferred:
+        """Fires once no step of ``instance`` is under way."""
+        if not instance.busy:
+            return defer.succeed(None)
+        w: defer.Deferred = defer.Deferred()
+        instance.idle.append(w)
+        return w

@@ -58,20 +58,25 @@ log = logging.getLogger(__name__)
 PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_HANDSHAKE, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 0, 1, 3, 18, 17, 22, 36
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LEAVE_GROUP, OFFSET_DELETE = 8, 9, 10, 13, 47
 LIST_OFFSETS, DESCRIBE_CONFIGS = 2, 32
+ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 # The highest version of each API the client uses (Fetch 12: the last that names topics, not ids;
 # Metadata 10 and up: topic ids; FindCoordinator 3: the last of one group a request; OffsetFetch 9:
 # groups in a batch from v8, which ``OFFSET_FETCH_BATCHED`` names; LeaveGroup 3: the first that names
-# a static member).
+# a static member; the transaction APIs 3: the last before KIP-890, whose later versions are a
+# broker's or bump epochs).
 WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 12, INIT_PRODUCER_ID: 4, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2,
           OFFSET_COMMIT: 8, OFFSET_FETCH: 9, FIND_COORDINATOR: 3, LEAVE_GROUP: 4, OFFSET_DELETE: 0,
-          LIST_OFFSETS: 7, DESCRIBE_CONFIGS: 4}
+          LIST_OFFSETS: 7, DESCRIBE_CONFIGS: 4,
+          ADD_PARTITIONS_TO_TXN: 3, ADD_OFFSETS_TO_TXN: 3, END_TXN: 3, TXN_OFFSET_COMMIT: 3}
 OFFSET_FETCH_BATCHED = 8
 # The lowest each must reach: record batches (magic 2) need Produce 3 and Fetch 4; offsets kept by
 # the cluster itself, with a member's generation, OffsetCommit 2; all of a group's, OffsetFetch 2;
-# all topics (a null list), Metadata 1; one offset a partition, ListOffsets 1.
+# all topics (a null list), Metadata 1; one offset a partition, ListOffsets 1; a transaction's
+# offsets with their leader epochs, TxnOffsetCommit 2.
 NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 0,
           OFFSET_COMMIT: 2, OFFSET_FETCH: 2, FIND_COORDINATOR: 0, LEAVE_GROUP: 3, OFFSET_DELETE: 0,
-          LIST_OFFSETS: 1, DESCRIBE_CONFIGS: 0}
+          LIST_OFFSETS: 1, DESCRIBE_CONFIGS: 0,
+          ADD_PARTITIONS_TO_TXN: 0, ADD_OFFSETS_TO_TXN: 0, END_TXN: 0, TXN_OFFSET_COMMIT: 2}
 MAX_FRAME = 256 << 20
 _SIZE = struct.Struct(">i")
 SWEEP_S = 0.1  # how often requests are checked for their timeout
@@ -163,10 +168,10 @@ class BrokerConnection(protocol.Protocol):
         return self._send(correlation, (frame,), functools.partial(_by_schema, api_key, version), timeout_s)
 
     def produce(self, topic: str, partition: int, batch: bytes | memoryview, acks: int,
-                timeout_s: float) -> defer.Deferred:
-        """One Produce request of ``batch`` to one partition (``shapes``, without the schema), which
-        the broker and this connection wait ``timeout_s`` for: a Deferred of its
-        ``shapes.Produced``, or of a ``WireError``."""
+                timeout_s: float, transactional_id: str | None = None) -> defer.Deferred:
+        """One Produce request of ``batch`` to one partition (``shapes``, without the schema), of a
+        transaction of ``transactional_id`` if given, which the broker and this connection wait
+        ``timeout_s`` for: a Deferred of its ``shapes.Produced``, or of a ``WireError``."""
         if self.closed:
             return self._closed()
         version = self.versions[PRODUCE]
@@ -174,7 +179,8 @@ class BrokerConnection(protocol.Protocol):
         # A transport writes bytes only: a Kafka client's batch forwarded as it arrived is a memoryview.
         timeout_ms = max(1, int(timeout_s * 1000))
         pieces = shapes.produce_request(version, correlation, self._client_id, acks, timeout_ms, topic.encode(),
-                                        partition, batch if type(batch) is bytes else bytes(batch))
+                                        partition, batch if type(batch) is bytes else bytes(batch),
+                                        None if transactional_id is None else transactional_id.encode())
         return self._send(correlation, pieces, functools.partial(shapes.produced, version=version), timeout_s)
 
     def _closed(self) -> defer.Deferred:
@@ -353,12 +359,13 @@ class ClusterClient:
         return self.connection(node_id, lane).addCallback(send)
 
     def produce(self, node_id: int, topic: str, partition: int, batch: bytes | memoryview, acks: int,
-                timeout_s: float) -> defer.Deferred:
-        """One Produce of ``batch`` to ``topic``/``partition`` at broker ``node_id``, which the broker
-        and the client wait ``timeout_s`` for (the producing client's time left): a Deferred of its
+                timeout_s: float, transactional_id: str | None = None) -> defer.Deferred:
+        """One Produce of ``batch`` to ``topic``/``partition`` at broker ``node_id`` (in a
+        transaction of ``transactional_id`` if given), which the broker and the client wait
+        ``timeout_s`` for (the producing client's time left): a Deferred of its
         ``shapes.Produced``, or of a ``WireError``."""
         return self.connection(node_id, "produce").addCallbacks(
-            lambda conn: conn.produce(topic, partition, batch, acks, timeout_s), not_sent)
+            lambda conn: conn.produce(topic, partition, batch, acks, timeout_s, transactional_id), not_sent)
 
     def connection(self, node_id: int, lane: str) -> defer.Deferred:
         """A Deferred of a ready connection to ``node_id`` for ``lane``, opened if needed."""

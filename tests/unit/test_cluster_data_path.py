@@ -106,7 +106,7 @@ class ScriptedCluster:
         return defer.succeed(Container(ErrorCode=0, ProducerId=next(self.producer_ids), ProducerEpoch=0))
 
     def produce(self, node_id: int, topic: str, partition: int, batch: bytes, acks: int,
-                timeout_s: float) -> defer.Deferred:
+                timeout_s: float, transactional_id: str | None = None) -> defer.Deferred:
         producer_id, _, sequence = PRODUCER.unpack_from(batch, PRODUCER_AT)
         d: defer.Deferred = defer.Deferred()
         self.produced.append((producer_id, sequence, d))

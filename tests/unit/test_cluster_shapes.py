@@ -17,11 +17,11 @@ topics = st.text(st.characters(codec="ascii", exclude_characters="\0"), min_size
 
 
 def by_schema(version: int, correlation: int, client_id: str, acks: int, timeout_ms: int, topic: str,
-              partition: int, batch: bytes) -> bytes:
+              partition: int, batch: bytes, transactional_id: str | None = None) -> bytes:
     message = schema.MESSAGES[PRODUCE]
     header = {"RequestApiKey": PRODUCE, "RequestApiVersion": version, "CorrelationId": correlation,
               "ClientId": client_id}
-    body = {"TransactionalId": None, "Acks": acks, "TimeoutMs": timeout_ms, "TopicData": [
+    body = {"TransactionalId": transactional_id, "Acks": acks, "TimeoutMs": timeout_ms, "TopicData": [
         {"Name": topic, "PartitionData": [{"Index": partition, "Records": batch}]}]}
     return schema.build_frame(((schema.request_header(message.flexible(version)), header),
                                (message.request(version), body)))
@@ -40,12 +40,14 @@ def answer(version: int, topics: list[tuple[str, list[tuple[int, int, int, str |
 
 @given(version=st.sampled_from(VERSIONS), correlation=st.integers(0, 2**31 - 1), client_id=st.text(st.characters(codec="ascii"), max_size=40),
        acks=st.sampled_from([-1, 0, 1]), timeout_ms=st.integers(1, 2**31 - 1), topic=topics,
-       partition=st.integers(0, 2**31 - 1), batch=st.binary(max_size=300))
+       partition=st.integers(0, 2**31 - 1), batch=st.binary(max_size=300),
+       transactional_id=st.none() | topics)
 def test_the_fixed_produce_request_is_the_schemas(version, correlation, client_id, acks, timeout_ms, topic,
-                                                  partition, batch):
+                                                  partition, batch, transactional_id):
     pieces = shapes.produce_request(version, correlation, client_id.encode(), acks, timeout_ms, topic.encode(),
-                                    partition, batch)
-    assert b"".join(pieces) == by_schema(version, correlation, client_id, acks, timeout_ms, topic, partition, batch)
+                                    partition, batch, None if transactional_id is None else transactional_id.encode())
+    assert b"".join(pieces) == by_schema(version, correlation, client_id, acks, timeout_ms, topic, partition, batch,
+                                         transactional_id)
 
 
 @given(version=st.sampled_from(VERSIONS), topic=topics, partition=st.integers(0, 2**31 - 1), base=st.integers(0, 2**63 - 1),
