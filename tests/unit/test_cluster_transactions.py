@@ -91,7 +91,7 @@ class ScriptedCluster:
                 for t in body["Topics"]]))
         return defer.succeed(Container(ErrorCode=error))  # AddOffsetsToTxn, EndTxn
 
-    def produce(self, node_id: int, topic: str, partition: int, batch: bytes, acks: int, timeout_ms: int,
+    def produce(self, node_id: int, topic: str, partition: int, batch: bytes, acks: int, timeout_s: float,
                 transactional_id: str | None = None) -> defer.Deferred:
         self.sent.append((PRODUCE, (transactional_id, batch)))
         error = self._error(PRODUCE)
@@ -101,9 +101,12 @@ class ScriptedCluster:
         return defer.succeed(Produced(error, base))
 
 
+CLIENT_TIMEOUT_MS = 10_000  # the Produce's TimeoutMs of the client
+
+
 def producers_on(cluster: ScriptedCluster, reactor: MemoryReactorClock) -> TransactionalProducers:
     config = ClusterConfig("unused:9092", request_timeout_ms=10_000)
-    writer = Writer(config, cluster, reactor, FORMATS, lambda *_: None)  # type: ignore[arg-type]
+    writer = Writer(cluster, reactor, FORMATS, lambda *_: None)  # type: ignore[arg-type]
     return TransactionalProducers(config, None, Coordinators(cluster, reactor), writer,  # type: ignore[arg-type]
                                   reactor)
 
@@ -135,7 +138,7 @@ def test_a_transaction_speaks_kafkas_protocol_and_its_batches_go_as_the_client_s
 
     cluster.errors[ADD_PARTITIONS_TO_TXN] = [Errors.NOT_COORDINATOR]  # the coordinator moved: found again
     batch = clients_batch(0)
-    first = txns.produce(CLIENT_PRODUCER, "t", 0, memoryview(batch), 2)
+    first = txns.produce(CLIENT_PRODUCER, "t", 0, memoryview(batch), 2, CLIENT_TIMEOUT_MS)
     reactor.advance(0.2)
     assert outcome(first) == (40, 41)
     transactional_id, sent = produced(cluster)
@@ -145,7 +148,7 @@ def test_a_transaction_speaks_kafkas_protocol_and_its_batches_go_as_the_client_s
     assert sent[HEADER:] == batch[HEADER:] and len(sent) == len(batch)  # the client's records, as they are
     assert struct.unpack_from(">I", sent, 17)[0] == crc32c.crc32c(sent[21:])
 
-    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2)) == (42, 43)
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2, CLIENT_TIMEOUT_MS)) == (42, 43)
     assert PRODUCER.unpack_from(produced(cluster)[1], PRODUCER_AT) == (500, 3, 2)
     assert api_keys(cluster) == [PRODUCE]  # the partition is in the transaction already
 
@@ -167,7 +170,7 @@ def test_a_producer_the_cluster_fenced_fails_with_fenced_producer_and_its_abort_
     txns = producers_on(cluster, reactor)
     txns.init("app", CLIENT_PRODUCER, 60_000)
     cluster.errors[PRODUCE] = [Errors.INVALID_PRODUCER_EPOCH]  # a newer instance initialised elsewhere
-    failure = outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(0), 2))
+    failure = outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(0), 2, CLIENT_TIMEOUT_MS))
     assert failure.check(CommandError) and failure.value.error.code == ErrorCode.FENCED_PRODUCER
     api_keys(cluster)
     assert outcome(txns.end(CLIENT_PRODUCER, False, [])) is None
@@ -179,7 +182,7 @@ def test_a_producer_the_cluster_fenced_fails_with_fenced_producer_and_its_abort_
 def never_confirmed(cluster: ScriptedCluster, reactor: MemoryReactorClock, txns: TransactionalProducers) -> None:
     """A first batch the cluster does not answer in time, however often it is sent."""
     cluster.errors[PRODUCE] = [Errors.REQUEST_TIMED_OUT] * 200
-    lost = txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(0), 2)
+    lost = txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(0), 2, CLIENT_TIMEOUT_MS)
     for _ in range(120):
         reactor.advance(0.1)
     assert outcome(lost).value.error.code == ErrorCode.REPLICATION_TIMEOUT
@@ -194,9 +197,9 @@ def test_the_clients_retry_of_a_batch_the_cluster_never_confirmed_sends_the_same
     txns = producers_on(cluster, reactor)
     txns.init("app", CLIENT_PRODUCER, 60_000)
     never_confirmed(cluster, reactor, txns)
-    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(0), 2)) == (40, 41)  # the client's retry
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(0), 2, CLIENT_TIMEOUT_MS)) == (40, 41)  # the client's retry
     assert PRODUCER.unpack_from(produced(cluster)[1], PRODUCER_AT) == (500, 3, 0)
-    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2)) == (42, 43)
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2, CLIENT_TIMEOUT_MS)) == (42, 43)
     assert PRODUCER.unpack_from(produced(cluster)[1], PRODUCER_AT) == (500, 3, 2)
     assert outcome(txns.end(CLIENT_PRODUCER, True, [])) is None
     assert [body["Committed"] for k, body in cluster.sent if k == END_TXN] == [True]  # type: ignore[index]
@@ -207,7 +210,7 @@ def test_a_batch_the_cluster_never_confirmed_aborts_the_transaction_and_the_next
     txns = producers_on(cluster, reactor)
     txns.init("app", CLIENT_PRODUCER, 60_000)
     never_confirmed(cluster, reactor, txns)
-    refused = outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2))  # the client went on without it
+    refused = outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2, CLIENT_TIMEOUT_MS))  # the client went on without it
     assert refused.value.error.code == ErrorCode.INVALID_TXN_STATE
     api_keys(cluster)
 
@@ -218,5 +221,5 @@ def test_a_batch_the_cluster_never_confirmed_aborts_the_transaction_and_the_next
     assert api_keys(cluster)[-1] == INIT_PRODUCER_ID  # a new epoch at once
 
     txns.begin(CLIENT_PRODUCER)
-    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2)) == (40, 41)
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2, CLIENT_TIMEOUT_MS)) == (40, 41)
     assert PRODUCER.unpack_from(produced(cluster)[1], PRODUCER_AT) == (500, 4, 0)  # new epoch, sequence 0
