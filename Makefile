@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 SERVING := $(VENV)/.installed-serve
 DATA   ?= .data
 
-.PHONY: serve test unit unit-twins integration cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
+.PHONY: serve test unit unit-twins integration integration-parallel integration-spark cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
 
 MQTT   := plugins/polygate-mqtt
 HTTP   := plugins/polygate-http
@@ -70,11 +70,11 @@ INTEGRATION_TESTS := tests $(addsuffix /tests,$(PLUGINS)) --ignore=tests/unit $(
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 # Integration tests mostly wait on sockets and child processes, so more workers than cores pay: on
 # 2 cores, ten integration files took 113 s one at a time, 64 s on 4 workers, 58 s on 6, 75 s on 8.
-# Tests that must have the machine to themselves are marked serial and run after, one at a time.
-# The Spark tests form one group of the parallel pass (tests/conftest.py): one JVM for them all,
-# on one worker, while the other workers run the rest.
+# The Spark tests run beside them in one process of their own (one JVM for them all, where each
+# worker would start its own). Tests that must have the machine to themselves are marked serial
+# and run after, one at a time.
 WORKERS ?= 6
-PARALLEL := -n $(WORKERS) --dist loadgroup
+PARALLEL := -n $(WORKERS)
 
 # The protocol suites again with every gateway in cluster mode, each test on a Tansu cluster of its
 # own (tests of local-mode rules are marked local_only and skipped there).
@@ -96,8 +96,14 @@ unit-twins: $(STAMP)
 
 # Each pass ends with its slowest tests: where to look first when the run grows past its budget.
 integration: $(STAMP) java
-	$(PYTEST) $(PARALLEL) --durations=15 -m "not serial" $(INTEGRATION_TESTS)
+	$(MAKE) --no-print-directory -j2 --output-sync=target integration-parallel integration-spark
 	$(PYTEST) --durations=15 -m serial $(INTEGRATION_TESTS)
+
+integration-parallel: $(STAMP)
+	$(PYTEST) $(PARALLEL) --durations=15 -m "not serial and not spark" $(INTEGRATION_TESTS)
+
+integration-spark: $(STAMP) java
+	$(PYTEST) --durations=15 -m "spark and not serial" $(INTEGRATION_TESTS)
 
 cluster: $(STAMP)
 	POLYGATE_TEST_STORAGE=cluster $(PYTEST) $(PARALLEL) $(CLUSTER_SUITES)

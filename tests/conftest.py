@@ -16,11 +16,3 @@ def v1_gateway(gateway_factory):
     """A gateway serving V1 with the reference broker's test replication settings."""
     return gateway_factory(("v1",), ("--replication-factor", "3", "--min-insync-replicas", "2",
                                      "--ack-timeout-ms", "200"))
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every Spark test goes to one worker of the parallel pass (``--dist loadgroup``): one JVM
-    for them all, where each worker would start its own, while the other workers run the rest."""
-    for item in items:
-        if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.xdist_group("spark"))

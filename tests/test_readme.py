@@ -162,7 +162,7 @@ def test_the_readme_security_example_runs_as_written(tmp_path):
     assert password not in "".join(log) and (tmp_path / "alice.pw").read_text().strip() not in "".join(log)
 
 
-@pytest.mark.spark  # a JVM of its own: it runs on the Spark tests' worker, never beside another JVM
+@pytest.mark.spark  # a JVM of its own: it runs with the Spark tests, one test at a time
 def test_the_readme_spark_example_runs_as_written(tmp_path):
     """The Security section's Python block (Spark reading a topic) against a gateway holding records."""
     from gateway.clients.v1 import V1Client
