@@ -130,15 +130,21 @@ def in_rounds(section: str, paths: dict[str, Callable[[], Figures]], rounds: int
     return {"rounds": runs, "best": best}
 
 
-def kafka(tansu: Tansu, cluster: Gateway, local: Gateway, records: int, rounds: int) -> dict:
-    """confluent-kafka produce then consume ``records``: straight to the cluster, through the
+def three_ways(section: str, run: Callable[..., Figures], tansu: Tansu, cluster: Gateway, local: Gateway,
+               records: int, rounds: int) -> dict:
+    """``run(servers, records, **pids)`` in rounds: straight to the cluster, through the
     cluster-mode gateway, through the local-mode gateway."""
-    return in_rounds(f"1. Kafka, {records:,} x 100 B", {
-        "direct": lambda: kafka_client(tansu.bootstrap, records, tansu=tansu.proc.pid),
-        "cluster_gateway": lambda: kafka_client(cluster.address("kafka"), records,
-                                                gateway=cluster.proc.pid, tansu=tansu.proc.pid),
-        "local_gateway": lambda: kafka_client(local.address("kafka"), records, gateway=local.proc.pid),
+    return in_rounds(section, {
+        "direct": lambda: run(tansu.bootstrap, records, tansu=tansu.proc.pid),
+        "cluster_gateway": lambda: run(cluster.address("kafka"), records,
+                                       gateway=cluster.proc.pid, tansu=tansu.proc.pid),
+        "local_gateway": lambda: run(local.address("kafka"), records, gateway=local.proc.pid),
     }, rounds)
+
+
+def kafka(tansu: Tansu, cluster: Gateway, local: Gateway, records: int, rounds: int) -> dict:
+    """confluent-kafka produce then consume ``records``, three ways (``three_ways``)."""
+    return three_ways(f"1. Kafka, {records:,} x 100 B", kafka_client, tansu, cluster, local, records, rounds)
 
 
 def transactional_produce(servers: str, records: int, **pids: int) -> Figures:
@@ -162,14 +168,9 @@ def transactional_produce(servers: str, records: int, **pids: int) -> Figures:
 
 
 def transactions(tansu: Tansu, cluster: Gateway, local: Gateway, records: int, rounds: int) -> dict:
-    """``transactional_produce`` of ``records``: straight to the cluster, through the cluster-mode
-    gateway, through the local-mode gateway."""
-    return in_rounds(f"5. Kafka transactions, {records:,} x 100 B, {TRANSACTION_RECORDS:,} a transaction", {
-        "direct": lambda: transactional_produce(tansu.bootstrap, records, tansu=tansu.proc.pid),
-        "cluster_gateway": lambda: transactional_produce(cluster.address("kafka"), records,
-                                                         gateway=cluster.proc.pid, tansu=tansu.proc.pid),
-        "local_gateway": lambda: transactional_produce(local.address("kafka"), records, gateway=local.proc.pid),
-    }, rounds)
+    """``transactional_produce`` of ``records``, three ways (``three_ways``)."""
+    return three_ways(f"5. Kafka transactions, {records:,} x 100 B, {TRANSACTION_RECORDS:,} a transaction",
+                      transactional_produce, tansu, cluster, local, records, rounds)
 
 
 def tank_and_v1(gw: Gateway, messages: int, requests: int) -> Figures:
