@@ -121,7 +121,8 @@ class Clients(CodecConnection):
         another connection; then look again in ``FOLLOW_S``."""
         result = results[0]
         self.emit(Timer(FOLLOW_S, "follow"))
-        if result.error is not None:
+        if result.error is not None:  # (the topic may be missing: its creation failed at start)
+            self.emit(Handled.run((ENSURE_CLIENTS,), _nothing, ordered=False))
             return b""
         for batch in result.batches:
             for record in fmt.FORMAT.records(batch):
