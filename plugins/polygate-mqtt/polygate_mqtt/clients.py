@@ -4,8 +4,15 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
 * **Client identifiers.** Each connected client identifier is held by one connection
   (``claim``): a CONNECT with the identifier of a connected client takes it over, as 3.1.4-3
   asks and Mosquitto does (``handlers``: the earlier connection gets DISCONNECT 0x8E, MQTT 5, and
-  is closed; the session goes on on the new one). Within one gateway: two gateways of a cluster
-  do not see each other's connections.
+  is closed; the session goes on on the new one). Across the gateways of a cluster (and
+  the same in local mode): each CONNECT first writes a record to the compacted log topic
+  ``topics.CLIENTS_TOPIC`` (key: the client identifier; value: the connection's name, this
+  gateway's ``instance`` and a number), and answers only once it is stored (``announce``).
+  Every gateway follows that topic (``follow``, every ``FOLLOW_S``): a connection held here
+  whose client identifier has a later record naming another connection is taken over, without
+  its last commit (the session goes on elsewhere from what was committed: deliveries not yet
+  committed come again, at least once). Memory: the position in the topic only; records: one
+  per client identifier once compacted.
 * **Delayed wills** (MQTT 5 Will Delay Interval, 3.1.3.2.2): the will of a connection that ended
   is published once its delay is over (``delay_will``), unless a connection with the same
   client identifier came first and continues the session (``take_will``).
@@ -22,7 +29,9 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
 
 from __future__ import annotations
 
+import itertools
 import time
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +39,8 @@ from gateway import model as m
 from gateway.codec import CodecConnection, Handled, ListenerSettings, RunFor, Timer
 from gateway.codec.framing import LengthPrefixedFramer, varint_header
 
-from . import session
+from . import format as fmt
+from . import session, topics
 
 if TYPE_CHECKING:
     from .codec import MqttConnection
@@ -40,6 +50,11 @@ SWEPT_AT_ONCE = 256
 MAX_STORED_TO = 4096
 """The most log topics ``Clients.stored_to`` holds; past them it starts again (each log topic is then
 announced once more: ``stored``)."""
+FOLLOW_S = 0.2
+"""How often each gateway reads the records of ``topics.CLIENTS_TOPIC`` written since its last look."""
+FOLLOW_BYTES = 1 << 20
+"""The most bytes of ``topics.CLIENTS_TOPIC`` one look reads (the rest: the next looks)."""
+ENSURE_CLIENTS = m.CreateTopic(topics.CLIENTS_TOPIC, 1, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
 
 
 def _nothing(results: Sequence[object]) -> bytes:
@@ -57,6 +72,11 @@ class Clients(CodecConnection):
         self.sweep_every_s = settings.options["session_sweep_ms"] / 1000
         self.default_expiry_s = settings.options["session_expiry_s"]
         self.emit(Timer(self.sweep_every_s, "sweep"))
+        self.instance = uuid.uuid4().hex[:16]  # this gateway run, in the names of its connections
+        self.numbers = itertools.count()
+        self.position: int | None = None  # the next offset of ``topics.CLIENTS_TOPIC`` to read
+        self.emit(Handled.run((ENSURE_CLIENTS, m.ListOffsets(topics.CLIENTS_TOPIC, 0, m.OffsetSpec.LATEST)),
+                              self._started, ordered=False))
 
     # ------------------------------------------------------------------ client identifiers
 
@@ -67,10 +87,65 @@ class Clients(CodecConnection):
         self.holders[conn.client_id] = conn
         return before if before is not None and before is not conn and not before.closed else None
 
+    def announce(self, conn: MqttConnection, clean_start: bool) -> m.Produce:
+        """The record naming ``conn`` (from now on ``conn.held_as``) the holder of its client
+        identifier, cluster-wide, and whether it starts clean (the session taken over ends, its
+        will is published); once stored, its offset goes to ``conn.held_from``."""
+        conn.held_as = f"{self.instance}.{next(self.numbers)}"
+        key, now = conn.client_id.encode("utf-8"), int(time.time() * 1000)
+        value = f"{conn.held_as} {int(clean_start)}".encode("ascii")
+        record = fmt.encode_record(0, now, 0, key, value, b"")
+        return m.Produce(topics.CLIENTS_TOPIC, 0, m.Batch(fmt.NAME, record, 1, now), m.Acks.ALL, None, key)
+
     def release(self, conn: MqttConnection) -> None:
         """``conn`` ended: its client identifier is free, unless another connection took it."""
         if self.holders.get(conn.client_id) is conn:
             del self.holders[conn.client_id]
+
+    def _started(self, results: Sequence[Any]) -> bytes:
+        """Follow ``topics.CLIENTS_TOPIC`` from its end as this gateway starts."""
+        listed = results[1]
+        if listed.error is None:
+            self.position = listed.offset
+        self.emit(Timer(FOLLOW_S, "follow"))
+        return b""
+
+    def _follow(self) -> None:
+        if self.position is None:  # the topic's end was not known at start: from its start
+            self.position = m.OffsetSpec.EARLIEST
+        fetch = m.Fetch(topics.CLIENTS_TOPIC, 0, self.position, fmt.NAME, max_bytes=FOLLOW_BYTES)
+        self.emit(Handled.run((fetch,), self._read_claims, ordered=False))
+
+    def _read_claims(self, results: Sequence[m.FetchResult]) -> bytes:
+        """Take over the connections held here whose client identifier a later record gives to
+        another connection; then look again in ``FOLLOW_S``."""
+        result = results[0]
+        self.emit(Timer(FOLLOW_S, "follow"))
+        if result.error is not None:  # (the topic may be missing: its creation failed at start)
+            self.emit(Handled.run((ENSURE_CLIENTS,), _nothing, ordered=False))
+            return b""
+        for batch in result.batches:
+            for record in fmt.FORMAT.records(batch):
+                if record.offset is None or record.key is None:
+                    continue
+                self.position = record.offset + 1
+                holder = self.holders.get(record.key.decode("utf-8", "replace"))
+                if holder is not None:
+                    name, _, clean = (record.value or b"").decode("ascii", "replace").partition(" ")
+                    holder.claimed_since = (record.offset, name, clean == "1")
+                    self.settle(holder)
+        return b""
+
+    def settle(self, conn: MqttConnection) -> None:
+        """``conn`` is taken over if the latest record read for its client identifier
+        (``conn.claimed_since``) names another connection and came after ``conn``'s own (kept
+        until that one is stored: ``conn.held_from``)."""
+        if conn.claimed_since is None or conn.held_from is None or conn.closed:
+            return
+        offset, name, clean_start = conn.claimed_since
+        if offset > conn.held_from and name != conn.held_as and self.holders.get(conn.client_id) is conn:
+            self.release(conn)
+            conn.take_over(clean_start)  # its last commit is dropped: see above
 
     # ------------------------------------------------------------------ log topics as they are created
 
@@ -112,6 +187,8 @@ class Clients(CodecConnection):
             will = self.wills.pop(context[1], None)
             if will is not None:
                 self.emit(will)
+        elif context == "follow":
+            self._follow()
         elif context == "sweep":  # the next one is set now: a round that fails leaves no gap
             self.emit(Timer(self.sweep_every_s, "sweep"))
             self.emit(Handled.run((m.ListGroups(),), self._listed, ordered=False))

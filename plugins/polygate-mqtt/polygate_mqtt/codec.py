@@ -309,6 +309,9 @@ class MqttConnection(CodecConnection):
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
         self.will_delay_s = 0  # its MQTT 5 Will Delay Interval
         self.clients: Clients | None = settings.background  # what the gateway's MQTT connections share
+        self.held_as = ""  # this connection's name in ``topics.CLIENTS_TOPIC`` (``Clients.announce``)
+        self.held_from: int | None = None  # the offset of its record there, once stored
+        self.claimed_since: tuple[int, str, bool] | None = None  # the latest record read for its client id
         self.session_group: str | None = None  # the group of a persistent session (``session``)
         self.read_to: dict[tuple[str, int], int] = {}  # (log topic, partition) -> the next offset to take
         self.redeliver: dict[tuple[str, int, int], int] = {}  # a restored session's deliveries in flight: ids

@@ -152,9 +152,23 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
 
         def accepted() -> Handled:
             return Handled.run(handover, lambda _: starts(), hold=True)
+    if conn.clients is not None and c.client_id:  # CONNACK once the cluster knows who holds the identifier
+        announced, claim = accepted, conn.clients.announce(conn, f.clean_session)
+
+        def accepted() -> Handled:
+            return Handled.run((claim,), lambda results: _held(conn, results[0], announced), hold=True)
     if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
         return _with_retained_topic(conn, accepted)
     return accepted()
+
+
+def _held(conn: MqttConnection, result: m.ProduceResult, then: Callable[[], Handled]) -> Handled:
+    """The record of ``clients.announce`` is stored: from its offset on, a later record of another
+    connection takes this one over. (Not stored: only a CONNECT through this gateway can.)"""
+    if result.error is None and conn.clients is not None:
+        conn.held_from = result.base_offset
+        conn.clients.settle(conn)  # a later CONNECT elsewhere may have been read meanwhile
+    return then()
 
 
 def _claim(conn: MqttConnection, clean_start: bool) -> tuple[m.CommitOffsets, ...]:

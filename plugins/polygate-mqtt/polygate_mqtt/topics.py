@@ -53,7 +53,10 @@ one: a tombstone, a null value), in a compacted log topic shared by every gatewa
 SESSIONS_TOPIC = "_mqtt_sessions"
 """The log topic whose partition 0 carries, in the metadata of each session's commit, the session's
 subscriptions (``session``); nothing is written to it."""
-_OWN = frozenset((RETAINED_TOPIC, SESSIONS_TOPIC))
+CLIENTS_TOPIC = "_mqtt_clients"
+"""Which connection holds each client identifier, cluster-wide: one record per CONNECT, keyed by the
+client identifier, its value the connection's name (``clients``); compacted, one partition."""
+_OWN = frozenset((RETAINED_TOPIC, SESSIONS_TOPIC, CLIENTS_TOPIC))
 MAX_CACHED_NAMES = 4096  # names whose log topic each mapping remembers: a publisher sends to few names
 
 

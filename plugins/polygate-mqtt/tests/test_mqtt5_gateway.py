@@ -347,6 +347,21 @@ def test_a_delayed_will_is_not_published_when_the_session_goes_on_before_its_del
     back.close()
 
 
+@pytest.mark.xfail(strict=True, reason="departure: a delayed will is held in memory (README, docs/protocols/mqtt.md)")
+def test_a_delayed_will_survives_a_gateway_restart_and_is_published_once(gateway_factory, clients):
+    """3.1.3.2.2: the will of a connection lost is published once its delay is over, even if the
+    gateway restarted meanwhile."""
+    gw = gateway_factory(("mqtt",))
+    _will_client(gw.port("mqtt"), b"restarted", expiry=300, will_delay=8).close()
+    gw.restart()
+    watcher = clients(gw.port("mqtt"), "watcher")
+    assert watcher.subscribe(("gone/#", 1)) == [1]
+    [will] = watcher.wait_messages(1)
+    assert (will.topic, will.payload) == ("gone/restarted", b"gone")
+    with watcher.cond:
+        assert not watcher.cond.wait_for(lambda: len(watcher.messages) > 1, 2), "the will was published twice"
+
+
 def _auth(s: socket.socket, reason: int, mechanism: str, data: bytes) -> tuple[int, dict]:
     """Send AUTH ``reason`` with ``data``; the reason code and properties of the AUTH answering it."""
     s.sendall(packets.auth(reason, [(Property.AUTHENTICATION_METHOD, mechanism), (Property.AUTHENTICATION_DATA, data)]))

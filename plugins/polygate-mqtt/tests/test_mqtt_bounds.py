@@ -11,6 +11,7 @@ import threading
 import time
 
 from mqtt_support import connect_packet, subscribe_packet
+from polygate_mqtt.topics import own
 
 from gateway.clients.v1 import V1Client
 
@@ -101,7 +102,7 @@ def test_a_subscribe_naming_4000_topics_creates_none(tmp_path, device_factory):
             codes = data[-4000:]
             assert codes == bytes(MAX_AWAITED) + b"\x80" * (4000 - MAX_AWAITED)
             with V1Client("127.0.0.1", gw.port("v1")) as v1:
-                assert v1.list_topics() == {}  # nothing created
+                assert not [t for t in v1.list_topics() if not own(t)]  # nothing created (but the gateway's own)
                 v1.request("ADMIN_CREATE_TOPIC", "other", "30").check()  # another client's topics still fit
             device_factory(gw.port("mqtt")).publish("t5/x", b"hello")  # a PUBLISH creates t5
             while b"t5/x" not in data:  # the waiting subscription delivers it

@@ -14,6 +14,8 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from group_support import PARTITIONS, KafkaMember, partition_of, produce, wait
+from polygate_mqtt.properties import ReasonCode
+from test_mqtt5_gateway import Client5
 
 from gateway.clients.v1 import V1Client
 from gateway.launcher import Tansu
@@ -111,3 +113,18 @@ def test_shared_subscribers_on_two_gateways_and_a_native_consumer_are_one_cluste
         assert all(len(owned) == 1 for owned in owners) and set.union(*owners) == set(range(PARTITIONS))
     finally:
         native.close()
+
+
+def test_a_connect_on_one_gateway_takes_over_the_client_id_connected_to_another(pair):
+    """3.1.4-2, 3.1.4-3: a CONNECT with the client identifier of a client connected to another
+    gateway of the cluster closes that connection (MQTT 5: DISCONNECT 0x8E, Session taken over)."""
+    a, b, _ = pair
+    first = Client5(a.port("mqtt"), "twin-across")
+    first.client.reconnect_delay_set(60, 60)  # not back before the test ends: it would take over again
+    second = Client5(b.port("mqtt"), "twin-across")
+    try:
+        assert second.connack is not None and second.connack[1] == 0
+        assert first.wait_disconnect() == ReasonCode.SESSION_TAKEN_OVER
+    finally:
+        second.close()
+        first.close()
