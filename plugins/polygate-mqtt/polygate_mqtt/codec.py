@@ -305,7 +305,7 @@ class MqttConnection(CodecConnection):
         self.merging_name: bytes | None = None
         self.merging_retained = False
         self.merging_bytes = 0
-        self.stored_qos0: _Stored | None = None  # the answer of the last QoS 0 PUBLISH (``handlers.publish``)
+        self.stored_qos0: _Stored | None = None  # the answer of the last QoS 0 PUBLISH (``handlers._qos0_stored``)
         self.will: tuple[m.Produce, ...] = ()  # the will's commands (and its retained copy)
         self.will_delay_s = 0  # its MQTT 5 Will Delay Interval
         self.clients: Clients | None = settings.background  # what the gateway's MQTT connections share

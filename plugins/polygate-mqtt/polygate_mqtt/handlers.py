@@ -305,9 +305,7 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if qos == 0:
         if produce is None:
             return Handled.answer(b"")
-        stored = conn.stored_qos0  # the same for every QoS 0 PUBLISH to a name: a burst's is made once
-        if stored is None or stored.context[1] != name:
-            stored = conn.stored_qos0 = _Stored(b"", (conn, name, 0, None))
+        stored = _qos0_stored(conn, name)
     else:
         assert packet_id is not None  # QoS 1 and 2 carry one
         if qos == 2:
@@ -319,6 +317,15 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     # (hold, ordered, joins, merges) given by position: this runs once per PUBLISH
     return Handled.run((produce,), _announcing(conn, produce, stored), False, True, True,
                        _merge_key(conn, produce, False))
+
+
+def _qos0_stored(conn: MqttConnection, name: str) -> _Stored:
+    """The answer of a QoS 0 PUBLISH to ``name``: the same object for every one of a burst to one
+    name (made once, not once a PUBLISH)."""
+    stored = conn.stored_qos0
+    if stored is None or stored.context[1] != name:
+        stored = conn.stored_qos0 = _Stored(b"", (conn, name, 0, None))
+    return stored
 
 
 MERGED_BYTES = 1 << 20
@@ -441,9 +448,7 @@ def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int 
     if qos == 2:
         conn.awaiting_release.add(packet_id or 0)
     if qos == 0:
-        stored = conn.stored_qos0  # as ``publish``'s: the same answer for every QoS 0 PUBLISH to a name
-        if stored is None or stored.context[1] != name:
-            stored = conn.stored_qos0 = _Stored(b"", (conn, name, 0, None))
+        stored = _qos0_stored(conn, name)
     else:
         stored = _Stored(packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id or 0),
                          (conn, name, qos, packet_id))
