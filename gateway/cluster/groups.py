@@ -760,8 +760,12 @@ class ClusterGroups:
             for g in sorted(r.valid, key=lambda g: g.group_id))))
 
     def delete_offsets(self, cmd: m.DeleteOffsets) -> defer.Deferred:
-        """The cluster's OffsetDelete, sent to the group's coordinator (``Coordinators``)."""
-        return self.coordinators.delete_offsets(cmd.group, cmd.partitions).addCallback(
+        """The cluster's OffsetDelete, sent to the group's coordinator (``Coordinators``) once the
+        gateway's members of the group that left, or whose session ended, are gone from the
+        cluster's group: a Kafka client's LeaveGroup is answered at once, and from then on its
+        group no longer reads the topics only it read (as in Kafka, where the leave is done)."""
+        return self.expire((cmd.group,)).addBoth(
+            lambda _: self.coordinators.delete_offsets(cmd.group, cmd.partitions)).addCallback(
             lambda errors: m.DeleteOffsetsResult(cmd.group, errors))
 
     def delete(self, cmd: m.DeleteGroups) -> defer.Deferred:
