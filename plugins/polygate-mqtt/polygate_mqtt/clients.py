@@ -8,7 +8,9 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
   the same in local mode): each CONNECT first writes a record to the compacted log topic
   ``topics.CLIENTS_TOPIC`` (key: the client identifier; value: the connection's name, this
   gateway's ``instance`` and a number), and answers only once it is stored (``announce``).
-  Every gateway follows that topic (``follow``, every ``FOLLOW_S``): a connection held here
+  Every gateway follows that topic (``follow``: a read that waits up to ``FOLLOW_WAIT_MS`` for
+  the next record, so nothing is asked while nothing changes, and a record is seen as soon as it
+  is stored): a connection held here
   whose client identifier has a later record naming another connection is taken over, without
   its last commit (the session goes on elsewhere from what was committed: deliveries not yet
   committed come again, at least once). Memory: the position in the topic only; records: one
@@ -50,8 +52,10 @@ SWEPT_AT_ONCE = 256
 MAX_STORED_TO = 4096
 """The most log topics ``Clients.stored_to`` holds; past them it starts again (each log topic is then
 announced once more: ``stored``)."""
-FOLLOW_S = 0.2
-"""How often each gateway reads the records of ``topics.CLIENTS_TOPIC`` written since its last look."""
+FOLLOW_WAIT_MS = 10_000
+"""How long one read of ``topics.CLIENTS_TOPIC`` waits for a record (then the next read starts)."""
+FOLLOW_RETRY_S = 1.0
+"""How long a gateway waits before reading ``topics.CLIENTS_TOPIC`` again after a read failed."""
 FOLLOW_BYTES = 1 << 20
 """The most bytes of ``topics.CLIENTS_TOPIC`` one look reads (the rest: the next looks)."""
 ENSURE_CLIENTS = m.CreateTopic(topics.CLIENTS_TOPIC, 1, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
@@ -107,21 +111,22 @@ class Clients(CodecConnection):
         listed = results[1]
         if listed.error is None:
             self.position = listed.offset
-        self.emit(Timer(FOLLOW_S, "follow"))
+        self._follow()
         return b""
 
     def _follow(self) -> None:
         if self.position is None:  # the topic's end was not known at start: from its start
             self.position = m.OffsetSpec.EARLIEST
-        fetch = m.Fetch(topics.CLIENTS_TOPIC, 0, self.position, fmt.NAME, max_bytes=FOLLOW_BYTES)
+        fetch = m.Fetch(topics.CLIENTS_TOPIC, 0, self.position, fmt.NAME, max_bytes=FOLLOW_BYTES,
+                        max_wait_ms=FOLLOW_WAIT_MS)
         self.emit(Handled.run((fetch,), self._read_claims, ordered=False))
 
     def _read_claims(self, results: Sequence[m.FetchResult]) -> bytes:
         """Take over the connections held here whose client identifier a later record gives to
-        another connection; then look again in ``FOLLOW_S``."""
+        another connection; then read on at once (after ``FOLLOW_RETRY_S`` if the read failed)."""
         result = results[0]
-        self.emit(Timer(FOLLOW_S, "follow"))
         if result.error is not None:  # (the topic may be missing: its creation failed at start)
+            self.emit(Timer(FOLLOW_RETRY_S, "follow"))
             self.emit(Handled.run((ENSURE_CLIENTS,), _nothing, ordered=False))
             return b""
         for batch in result.batches:
@@ -134,6 +139,8 @@ class Clients(CodecConnection):
                     name, _, clean = (record.value or b"").decode("ascii", "replace").partition(" ")
                     holder.claimed_since = (record.offset, name, clean == "1")
                     self.settle(holder)
+            self.position = max(self.position or 0, batch.last_offset + 1)  # (a batch of no client's record)
+        self._follow()  # from past what was read
         return b""
 
     def settle(self, conn: MqttConnection) -> None:
