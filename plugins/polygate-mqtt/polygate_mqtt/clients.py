@@ -14,7 +14,8 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
   whose client identifier has a later record naming another connection is taken over, without
   its last commit (the session goes on elsewhere from what was committed: deliveries not yet
   committed come again, at least once). Memory: the position in the topic only; records: one
-  per client identifier once compacted.
+  per client identifier with a session once compacted: a client that leaves none behind, and a
+  session swept, get a tombstone (``leave``).
 * **Delayed wills** (MQTT 5 Will Delay Interval, 3.1.3.2.2): the will of a connection that ended
   is published once its delay is over (``delay_will``), unless a connection with the same
   client identifier came first and continues the session (``take_will``).
@@ -65,6 +66,14 @@ def _nothing(results: Sequence[object]) -> bytes:
     return b""
 
 
+def _client_record(client_id: str, value: bytes | None) -> m.Produce:
+    """The record of ``client_id`` in ``topics.CLIENTS_TOPIC``: ``value`` names the connection holding
+    it (``Clients.announce``), ``None`` is the tombstone of a client that left."""
+    key, now = client_id.encode("utf-8"), int(time.time() * 1000)
+    record = fmt.encode_record(0, now, 0, key, value, b"")
+    return m.Produce(topics.CLIENTS_TOPIC, 0, m.Batch(fmt.NAME, record, 1, now), m.Acks.ALL, None, key)
+
+
 class Clients(CodecConnection):
     """The connected client identifiers, the delayed wills, the sweep (module docstring)."""
 
@@ -96,15 +105,20 @@ class Clients(CodecConnection):
         identifier, cluster-wide, and whether it starts clean (the session taken over ends, its
         will is published); once stored, its offset goes to ``conn.held_from``."""
         conn.held_as = f"{self.instance}.{next(self.numbers)}"
-        key, now = conn.client_id.encode("utf-8"), int(time.time() * 1000)
-        value = f"{conn.held_as} {int(clean_start)}".encode("ascii")
-        record = fmt.encode_record(0, now, 0, key, value, b"")
-        return m.Produce(topics.CLIENTS_TOPIC, 0, m.Batch(fmt.NAME, record, 1, now), m.Acks.ALL, None, key)
+        return _client_record(conn.client_id, f"{conn.held_as} {int(clean_start)}".encode("ascii"))
 
     def release(self, conn: MqttConnection) -> None:
         """``conn`` ended: its client identifier is free, unless another connection took it."""
         if self.holders.get(conn.client_id) is conn:
             del self.holders[conn.client_id]
+
+    def leave(self, conn: MqttConnection) -> tuple[m.Produce, ...]:
+        """``conn`` ended (``release``): if it held its client identifier and leaves no session
+        behind, the tombstone of the identifier's record, so that compaction keeps no record of
+        a client that is gone (a session left behind gets its tombstone when it is swept)."""
+        held = self.holders.get(conn.client_id) is conn
+        self.release(conn)
+        return (_client_record(conn.client_id, None),) if held and conn.held_as and conn.session_group is None else ()
 
     def _started(self, results: Sequence[Any]) -> bytes:
         """Follow ``topics.CLIENTS_TOPIC`` from its end as this gateway starts."""
@@ -135,7 +149,7 @@ class Clients(CodecConnection):
                     continue
                 self.position = record.offset + 1
                 holder = self.holders.get(record.key.decode("utf-8", "replace"))
-                if holder is not None:
+                if holder is not None and record.value is not None:  # (a tombstone: a client that left)
                     name, _, clean = (record.value or b"").decode("ascii", "replace").partition(" ")
                     holder.claimed_since = (record.offset, name, clean == "1")
                     self.settle(holder)
@@ -227,5 +241,6 @@ class Clients(CodecConnection):
                     and group[len(session.GROUP_PREFIX):] not in self.holders:
                 expired.append(group)
         if expired:
-            self.emit(Handled.run((m.DeleteGroups(tuple(expired)),), _nothing, ordered=False))
+            gone = tuple(_client_record(group[len(session.GROUP_PREFIX):], None) for group in expired)
+            self.emit(Handled.run((m.DeleteGroups(tuple(expired)), *gone), _nothing, ordered=False))
         return self._read(rest)

@@ -446,17 +446,19 @@ class MqttConnection(CodecConnection):
         """The will message (and its retained copy), unless the client said DISCONNECT, or its
         Will Delay Interval hands it to ``clients`` to publish later (at the latest when the
         session ends: 3.1.3.2.2); and the persistent session's last commit, with the time the
-        client left. The client identifier is free again."""
+        client left. The client identifier is free again (with a tombstone of its record when the
+        client leaves no session behind: ``Clients.leave``)."""
         commit = self.session_commit(left_ms=int(time.time() * 1000))
         will = self.will
+        gone: tuple[m.Produce, ...] = ()
         if self.clients is not None and self.connected:
-            self.clients.release(self)
+            gone = self.clients.leave(self)
             delay = min(self.will_delay_s, self.session_expiry_s if self.session_group is not None else 0)
             if will and delay > 0:
                 caller = m.Caller(self.principal or m.ANONYMOUS, self.settings.peer.rpartition(":")[0])
                 self.clients.delay_will(self.client_id, RunFor(will, caller), delay)
                 will = ()
-        return (*will, *(() if commit is None else (commit,)), *shared.ended(self))
+        return (*will, *(() if commit is None else (commit,)), *shared.ended(self), *gone)
 
     def take_over(self, clean_start: bool) -> tuple[m.CommitOffsets, ...]:
         """Another connection's CONNECT claimed this one's client identifier (3.1.4-3): this one

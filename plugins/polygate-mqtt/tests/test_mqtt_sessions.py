@@ -10,6 +10,7 @@ import struct
 import subprocess
 import time
 
+import confluent_kafka as ck
 import paho.mqtt.client as mqtt
 import pytest
 from polygate_mqtt import packets
@@ -239,6 +240,36 @@ def test_a_connect_with_the_id_of_a_connected_client_takes_its_session_over(gate
     assert (topic, qos, payload, dup) == ("twin/a", 1, b"to the new connection", False)
     first.close()
     second.close()
+
+
+def _client_records(gw, client_id: bytes) -> list[bytes | None]:
+    """The values of ``client_id``'s records in ``_mqtt_clients``, oldest first (``None``: a tombstone)."""
+    consumer = ck.Consumer({"bootstrap.servers": gw.address("kafka"), "group.id": "unused"})
+    try:
+        partition = ck.TopicPartition("_mqtt_clients", 0)
+        end = consumer.get_watermark_offsets(partition, timeout=10)[1]
+        consumer.assign([ck.TopicPartition("_mqtt_clients", 0, ck.OFFSET_BEGINNING)])
+        values, position = [], 0
+        while position < end:
+            message = consumer.poll(10)
+            assert message is not None and message.error() is None, message and message.error()
+            position = message.offset() + 1
+            if message.key() == client_id:
+                values.append(message.value())
+        return values
+    finally:
+        consumer.close()
+
+
+def test_a_client_that_leaves_no_session_leaves_a_tombstone_in_mqtt_clients(gateway_factory):
+    """The record a CONNECT writes in ``_mqtt_clients`` gets a tombstone when its client leaves no
+    session behind, so that compaction keeps records only of clients that may come back."""
+    gw = gateway_factory(("kafka", "mqtt"))
+    left(Raw(gw.port("mqtt"), b"brief", clean=True))
+    left(Raw(gw.port("mqtt"), b"kept"))  # a persistent session: its record stays
+    brief, kept = _client_records(gw, b"brief"), _client_records(gw, b"kept")
+    assert len(brief) == 2 and brief[0] is not None and brief[1] is None, brief
+    assert len(kept) == 1 and kept[0] is not None, kept
 
 
 def _session_groups(gw) -> list[str]:
