@@ -117,7 +117,7 @@ class PartitionLog:
 
     @property
     def next_offset(self) -> int:
-        return self.segments[-1].next_offset  # ``active``'s, read on every append and watermark: inlined
+        return self.active.next_offset
 
     @property
     def log_start_offset(self) -> int:
@@ -143,7 +143,7 @@ class PartitionLog:
         """Append one batch, whole or not at all; raises ``OSError`` (``Fenced`` once fenced)."""
         if self.failure is not None:
             raise fileio.Fenced(self.failure.errno, f"{self.directory} refuses writes since {self.failure}")
-        active = self.segments[-1]
+        active = self.active
         if base_offset < active.next_offset:
             raise ValueError(f"offset {base_offset} below log end {active.next_offset}")
         try:  # ``_fencing``, without a generator per append

@@ -139,7 +139,7 @@ class Producer:
         m.check_appendable(cmd.topic)
         try:
             ensured = self.broker.topics.ensure(cmd.topic, cmd.auto_create)
-            return self._produce(cmd) if ensured is None else then(ensured, lambda _: self._produce(cmd))
+            return then(ensured, lambda _: self._produce(cmd))
         except CommandError as e:  # before or at the check (a cluster that does not answer): remembered too
             producer = cmd.batch.producer
             if producer is not None and cmd.partition is not None:

@@ -35,7 +35,16 @@ from twisted.python import failure
 
 from gateway import model as m
 from gateway.cluster.config import ClusterConfig
-from gateway.cluster.wire import DESCRIBE_CONFIGS, LIST_OFFSETS, METADATA, ClusterClient, WireError
+from gateway.cluster.wire import (
+    DESCRIBE_CONFIGS,
+    LIST_OFFSETS,
+    METADATA,
+    STALE_METADATA,
+    ClusterClient,
+    WireError,
+    at_leader,
+)
+from gateway.cluster.writer import command_error
 from gateway.codec import topic_configs
 from gateway.codecs.kafka.errors import Errors
 from gateway.model import CommandError, ErrorCode
@@ -47,7 +56,8 @@ PROBE_EVERY_S = 0.25  # a probe starts this long after the previous one started 
 PROBE_TIMEOUT_S = 1.0  # a probe not answered within this long: the cluster is unreachable
 MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
 LANE = "topics"  # the client's connections for the asks (closed when an ask is not answered in time)
-EARLIEST, LATEST = -2, -1  # ListOffsets' timestamps of a partition's first and next offset
+# ListOffsets' timestamps of a partition's first and next offset, and of its record of the latest time
+EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 TOPIC_RESOURCE = 2  # DescribeConfigs' resource type of a topic
 TOPIC_CONFIG, DEFAULT_CONFIG = 1, 5  # DescribeConfigs' sources of a value: set for the topic, Kafka's default
 
@@ -334,6 +344,34 @@ class Metadata:
                     marks[key[0]][key[1]] = (max(start, 0), max(end, 0))
 
         return defer.gatherResults([ask(EARLIEST), ask(LATEST)]).addCallback(combine)
+
+    def list_offset(self, topic: str, partition: int, timestamp: int,
+                    read_committed: bool = False) -> defer.Deferred:
+        """*May wait.* The partition's ``(offset, timestamp)`` for ``timestamp`` (``LATEST``,
+        ``MAX_TIMESTAMP``, or a time in ms: the first offset at or after it, -1 if none) as its
+        leader answers a ListOffsets, at read_committed if asked; fails with the client's
+        ``CommandError``. The one way the gateway asks the cluster for one partition's offset."""
+        doing = f"list offsets of {topic}/{partition}"
+        body = {"ReplicaId": -1, "IsolationLevel": int(read_committed), "Topics": [
+            {"Name": topic, "Partitions": [{"PartitionIndex": partition, "Timestamp": timestamp}]}]}
+
+        def read(answer: Any) -> tuple[int, int]:
+            for t in answer.Topics:
+                for p in t.Partitions:
+                    if p.ErrorCode:
+                        if p.ErrorCode in STALE_METADATA:
+                            self.client.stale(topic, partition)
+                        raise WireError(p.ErrorCode, doing, sent=True)
+                    return p.Offset, p.get("Timestamp", -1)
+            raise WireError(Errors.UNKNOWN_TOPIC_OR_PARTITION, f"{doing}: the answer names no partition", sent=True)
+
+        def failed(f: Any) -> Any:
+            f.trap(WireError)
+            raise command_error(f.value, doing)
+
+        timeout = self.config.request_timeout_ms / 1000
+        return at_leader(self.client, topic, partition, lambda leader: self.client.request(
+            leader.node_id, LANE, LIST_OFFSETS, body, timeout)).addCallback(read).addErrback(failed)
 
     def _describe(self, names: list[str], timeout: float) -> defer.Deferred:
         """The retention and segment settings the cluster reports as set (not defaulted) for

@@ -18,7 +18,6 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewPartitions,
     NewTopic,
-    OffsetSpec,
     ResourceType,
 )
 from twisted.internet import defer, threads
@@ -28,7 +27,7 @@ from gateway.cluster.bridge import deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.coordinator import Coordinators
 from gateway.cluster.groups import ClusterGroups
-from gateway.cluster.metadata import Metadata
+from gateway.cluster.metadata import MAX_TIMESTAMP, Metadata
 from gateway.cluster.producers import ProducerStates, header
 from gateway.cluster.reader import Reader
 from gateway.cluster.security import SecurityTopic
@@ -90,7 +89,7 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         self.groups = ClusterGroups(config, self.admin, coordinators, reactor)
         self.producers = ProducerStates(config, self.client, self.metadata, reactor, kafka_format(formats))
         self.security = SecurityTopic(config, self.admin, reactor)
-        self.transactions = TransactionalProducers(config, self.admin, coordinators, self.writer, reactor)
+        self.transactions = TransactionalProducers(self.metadata, coordinators, self.writer, reactor)
         self._timeout = config.request_timeout_ms / 1000
 
     def start(self) -> defer.Deferred:
@@ -393,18 +392,13 @@ class ClusterStore(ClusterTransactionStorage, OffsetDeleteStorage):
         return d
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> MayWait[int | None]:
-        return self._list_offset(topic, partition, OffsetSpec.for_timestamp(timestamp)).addCallback(
+        self.metadata.marks(topic, partition)
+        return self.metadata.list_offset(topic, partition, timestamp).addCallback(
             lambda found: found[0] if found[0] >= 0 else None)
 
     def max_timestamp_offset(self, topic: str, partition: int) -> MayWait[tuple[int, int]]:
-        return self._list_offset(topic, partition, OffsetSpec.max_timestamp())
-
-    def _list_offset(self, topic: str, partition: int, spec: Any) -> defer.Deferred:
         self.metadata.marks(topic, partition)
-        tp = TopicPartition(topic, partition)
-        futures = self.admin.list_offsets({tp: spec}, request_timeout=self._timeout)
-        return deferred_from(self.reactor, futures[tp], f"list offsets of {topic}/{partition}",
-                             lambda r: (r.offset, r.timestamp))
+        return self.metadata.list_offset(topic, partition, MAX_TIMESTAMP)
 
     # ------------------------------------------------------------------ producers
 

@@ -66,15 +66,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import attrs
-from confluent_kafka import IsolationLevel, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
-from twisted.internet import defer, task
+from twisted.internet import defer
 
 from gateway.broker.calls import first_failure
-from gateway.cluster.bridge import deferred_from
-from gateway.cluster.config import ClusterConfig
 from gateway.cluster.coordinator import GROUP, TRANSACTION, Coordinators
 from gateway.cluster.errors import as_model
+from gateway.cluster.metadata import LATEST, Metadata
 from gateway.cluster.wire import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
@@ -86,10 +83,9 @@ from gateway.cluster.wire import (
 from gateway.cluster.writer import (
     PRODUCER,
     PRODUCER_AT,
-    RETRIABLE,
-    RETRY_BACKOFF_S,
     Append,
     Writer,
+    retriable,
     stamped,
 )
 from gateway.codecs.kafka.errors import Errors
@@ -130,15 +126,13 @@ class Instance:
 class TransactionalProducers:
     """Implements ``gateway.storage.interface.ClusterTransactions`` (see the module docstring)."""
 
-    def __init__(self, config: ClusterConfig, admin: AdminClient, coordinators: Coordinators, writer: Writer,
-                 reactor: Any):
-        self.admin = admin
+    def __init__(self, metadata: Metadata, coordinators: Coordinators, writer: Writer, reactor: Any):
+        self.metadata = metadata
         self.coordinators = coordinators
         self.writer = writer
         self.reactor = reactor
         self.by_producer: dict[int, Instance] = {}  # the broker's producer id -> its producer on the cluster
         self.by_transactional_id: dict[str, int] = {}
-        self._timeout = config.request_timeout_ms / 1000
 
     # ------------------------------------------------------------------ the steps
 
@@ -200,14 +194,11 @@ class TransactionalProducers:
         open), else ``high_watermark``, the gateway's own, which is never older than the
         cluster's answers (Tansu 0.6 answers the first offset of a partition's last batch at both
         levels, 1 for a first batch of 10 records)."""
-        tp = TopicPartition(topic, partition)
-        asked = [deferred_from(self.reactor, self.admin.list_offsets(
-            {tp: OffsetSpec.latest()}, isolation_level=level, request_timeout=self._timeout)[tp],
-            f"the last stable offset of {topic}/{partition}", lambda r: r.offset)
-            for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)]
+        asked = [self.metadata.list_offset(topic, partition, LATEST, read_committed)
+                 for read_committed in (True, False)]
 
-        def stable(offsets: list[int]) -> int:
-            committed, uncommitted = offsets
+        def stable(answers: list[tuple[int, int]]) -> int:
+            (committed, _), (uncommitted, _) = answers
             return committed if committed < uncommitted else high_watermark
 
         return defer.gatherResults(asked, consumeErrors=True).addCallbacks(
@@ -266,23 +257,19 @@ class TransactionalProducers:
             instance.sequences[tp] = (sequence + records) & 0x7FFFFFFF
             out = stamped(batch, instance.producer_id, instance.epoch, sequence)
         a = Append(topic, partition, out, records, self.reactor.seconds() + timeout_ms / 1000, 0)
-        while True:
-            try:
-                base = yield self.writer.produce_once(a, out, -1, instance.transactional_id)
-                return base, base + records - 1
-            except WireError as e:
-                if e.code in FENCED:
-                    raise self._fenced(instance, doing, e.name) from None
-                if e.code in RETRIABLE and self.reactor.seconds() + RETRY_BACKOFF_S < a.deadline:
-                    yield task.deferLater(self.reactor, RETRY_BACKOFF_S, lambda: None)
-                    continue
-                code = as_model(e.code, clients_sequence=False)
-                if e.code in RETRIABLE:  # no answer in time: the cluster may hold the batch or not
-                    instance.unconfirmed[tp] = ((client_epoch, client_sequence), out)
-                    raise CommandError(code, f"{doing}: Kafka cluster error {e.name}: {e}") from None
-                # Refused: the cluster's sequence for the partition has a gap from here on.
-                instance.broken = f"{doing}: Kafka cluster error {e.name}: {e}"
-                raise CommandError(code, instance.broken) from None
+        try:
+            base = yield self.writer.send_until(a, out, -1, retriable, instance.transactional_id)
+        except WireError as e:
+            if e.code in FENCED:
+                raise self._fenced(instance, doing, e.name) from None
+            code = as_model(e.code, clients_sequence=False)
+            if retriable(e):  # no answer in time: the cluster may hold the batch or not
+                instance.unconfirmed[tp] = ((client_epoch, client_sequence), out)
+                raise CommandError(code, f"{doing}: Kafka cluster error {e.name}: {e}") from None
+            # Refused: the cluster's sequence for the partition has a gap from here on.
+            instance.broken = f"{doing}: Kafka cluster error {e.name}: {e}"
+            raise CommandError(code, instance.broken) from None
+        return base, base + records - 1
 
     def _add_partition(self, instance: Instance, tp: tuple[str, int]) -> defer.Deferred:
         topic, partition = tp

@@ -115,6 +115,14 @@ def not_sent(f: Any) -> Any:
     return f
 
 
+def at_leader(client: ClusterClient, topic: str, partition: int,
+              send: Callable[[PartitionLeader], defer.Deferred]) -> defer.Deferred:
+    """``send(leader)`` once ``client`` knows the partition's leader (at once, or after a lookup). A
+    failed lookup fails with its ``WireError`` marked not sent (``not_sent``)."""
+    found = client.leader(topic, partition)
+    return send(found) if not isinstance(found, defer.Deferred) else found.addCallbacks(send, not_sent)
+
+
 @attrs.define
 class _Pending:
     decode: Callable[[bytes | bytearray], Any]  # the answer's frame (correlation id first) -> its body

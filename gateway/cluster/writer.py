@@ -63,7 +63,7 @@ from typing import Any, Protocol, cast
 
 import attrs
 import crc32c
-from twisted.internet import defer, task
+from twisted.internet import defer
 
 from gateway import model as m
 from gateway.cluster.errors import as_model
@@ -73,7 +73,7 @@ from gateway.cluster.wire import (
     STALE_METADATA,
     ClusterClient,
     WireError,
-    not_sent,
+    at_leader,
 )
 from gateway.codec import BatchFormat
 from gateway.codec.formats import ColumnarFormat, Columns, TransactionalFormat
@@ -135,6 +135,18 @@ def stamped(batch: bytes | memoryview, producer_id: int, epoch: int, sequence: i
     records = view[_RECORDS_AT:]
     _CRC.pack_into(head, _CRC_AT, crc32c.crc32c(records, crc32c.crc32c(memoryview(head)[_CRC_FROM:])))
     return bytes(head) + records
+
+
+def not_stored(e: WireError) -> bool:
+    """Whether the cluster's answer ``e`` says the batch was not stored: sending it again, as it
+    is, cannot store it twice."""
+    return e.code in STALE_METADATA or not e.sent
+
+
+def retriable(e: WireError) -> bool:
+    """Whether a batch an idempotent producer stamped may be sent again after ``e``: the cluster
+    recognises a sequence it holds."""
+    return e.code in RETRIABLE
 
 
 def is_one_batch(payload: bytes) -> bool:
@@ -272,24 +284,37 @@ class Writer:
         """Send ``a`` as it is; again after an answer that says it was not stored."""
 
         def failed(f: Any) -> None:
-            e = f.value
-            if not isinstance(e, WireError):
-                a.deferred.errback(f)
-                return
-            again = e.code in STALE_METADATA or not e.sent
-            if again and self.reactor.seconds() + RETRY_BACKOFF_S < a.deadline:
-                task.deferLater(self.reactor, RETRY_BACKOFF_S, self._send_plain, a, acks)
+            if f.check(WireError):
+                a.deferred.errback(command_error(f.value, f"produce to {a.topic}/{a.partition}"))
             else:
-                a.deferred.errback(command_error(e, f"produce to {a.topic}/{a.partition}"))
+                a.deferred.errback(f)
 
-        self.produce_once(a, a.batch, acks).addCallbacks(
+        self.send_until(a, a.batch, acks, not_stored).addCallbacks(
             lambda base: a.deferred.callback((base, base + a.records - 1)), failed)
+
+    def send_until(self, a: Append, batch: bytes, acks: int, again: Callable[[WireError], bool],
+                   transactional_id: str | None = None) -> defer.Deferred:
+        """``batch`` produced for ``a`` (``produce_once``), and sent again after
+        ``RETRY_BACKOFF_S`` while the answer is a ``WireError`` that ``again`` accepts and ``a``'s
+        deadline leaves time: a Deferred of the base offset, or of the last failure."""
+        done: defer.Deferred = defer.Deferred()
+
+        def attempt() -> None:
+            self.produce_once(a, batch, acks, transactional_id).addCallbacks(done.callback, failed)
+
+        def failed(f: Any) -> None:
+            if f.check(WireError) and again(f.value) and self.reactor.seconds() + RETRY_BACKOFF_S < a.deadline:
+                self.reactor.callLater(RETRY_BACKOFF_S, attempt)
+            else:
+                done.errback(f)
+
+        attempt()
+        return done
 
     def produce_once(self, a: Append, batch: bytes, acks: int, transactional_id: str | None = None) -> defer.Deferred:
         """One Produce request for ``batch`` (of a transaction of ``transactional_id`` if given): a
         Deferred of its base offset, or of the ``WireError``. Not sent again: the caller decides."""
         client = self.client
-        found = client.leader(a.topic, a.partition)
 
         def send(leader: Any) -> defer.Deferred:
             # The cluster may take what is left of the client's time, and is waited for that long.
@@ -308,8 +333,7 @@ class Writer:
                 client.stale(a.topic, a.partition)
             return f
 
-        d = send(found) if not isinstance(found, defer.Deferred) else found.addCallbacks(send, not_sent)
-        return d.addCallback(answered).addErrback(lost)
+        return at_leader(client, a.topic, a.partition, send).addCallback(answered).addErrback(lost)
 
     # ------------------------------------------------------------------ the idempotent producer
 

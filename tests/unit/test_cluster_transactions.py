@@ -17,6 +17,7 @@ from twisted.internet.testing import MemoryReactorClock
 
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.coordinator import Coordinators
+from gateway.cluster.metadata import Metadata
 from gateway.cluster.shapes import Produced
 from gateway.cluster.transactions import TransactionalProducers
 from gateway.cluster.wire import (
@@ -25,6 +26,7 @@ from gateway.cluster.wire import (
     END_TXN,
     FIND_COORDINATOR,
     INIT_PRODUCER_ID,
+    LIST_OFFSETS,
     PRODUCE,
     TXN_OFFSET_COMMIT,
     PartitionLeader,
@@ -62,6 +64,7 @@ class ScriptedCluster:
         self.timeout_s = 10.0
         self.epochs = iter(range(3, 100))
         self.offset = 40
+        self.stable = 40  # the last stable offset
 
     def _error(self, api_key: int) -> int:
         queued = self.errors.get(api_key)
@@ -89,6 +92,12 @@ class ScriptedCluster:
             return defer.succeed(Container(Topics=[Container(Name=t["Name"], Partitions=[
                 Container(PartitionIndex=p["PartitionIndex"], ErrorCode=error) for p in t["Partitions"]])
                 for t in body["Topics"]]))
+        if api_key == LIST_OFFSETS:  # the latest offset: below the open transaction's, read_committed
+            (topic,) = body["Topics"]
+            (asked,) = topic["Partitions"]
+            offset = self.stable if body["IsolationLevel"] else self.offset
+            return defer.succeed(Container(Topics=[Container(Name=topic["Name"], Partitions=[Container(
+                PartitionIndex=asked["PartitionIndex"], ErrorCode=error, Offset=offset, Timestamp=-1)])]))
         return defer.succeed(Container(ErrorCode=error))  # AddOffsetsToTxn, EndTxn
 
     def produce(self, node_id: int, topic: str, partition: int, batch: bytes, acks: int, timeout_s: float,
@@ -107,8 +116,8 @@ CLIENT_TIMEOUT_MS = 10_000  # the Produce's TimeoutMs of the client
 def producers_on(cluster: ScriptedCluster, reactor: MemoryReactorClock) -> TransactionalProducers:
     config = ClusterConfig("unused:9092", request_timeout_ms=10_000)
     writer = Writer(cluster, reactor, FORMATS, lambda *_: None)  # type: ignore[arg-type]
-    return TransactionalProducers(config, None, Coordinators(cluster, reactor), writer,  # type: ignore[arg-type]
-                                  reactor)
+    metadata = Metadata(config, cluster, reactor)  # type: ignore[arg-type]
+    return TransactionalProducers(metadata, Coordinators(cluster, reactor), writer, reactor)  # type: ignore[arg-type]
 
 
 def outcome(d: defer.Deferred):
@@ -223,3 +232,20 @@ def test_a_batch_the_cluster_never_confirmed_aborts_the_transaction_and_the_next
     txns.begin(CLIENT_PRODUCER)
     assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, clients_batch(2), 2, CLIENT_TIMEOUT_MS)) == (40, 41)
     assert PRODUCER.unpack_from(produced(cluster)[1], PRODUCER_AT) == (500, 4, 0)  # new epoch, sequence 0
+
+
+def test_the_last_stable_offset_is_the_clusters_read_committed_latest_below_its_read_uncommitted_one():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    txns = producers_on(cluster, reactor)
+    cluster.offset, cluster.stable = 50, 44  # a transaction open from 44
+    assert outcome(txns.last_stable_offset("t", 0, 50)) == 44
+    asked = [body for key, body in cluster.sent if key == LIST_OFFSETS]
+    assert [b["IsolationLevel"] for b in asked] == [1, 0]  # read_committed, then read_uncommitted
+    assert {p["Timestamp"] for b in asked for t in b["Topics"] for p in t["Partitions"]} == {-1}  # the latest
+
+    cluster.stable = 50  # nothing open: the gateway's own high watermark, never older than the cluster's
+    assert outcome(txns.last_stable_offset("t", 0, 52)) == 52
+
+    cluster.errors[LIST_OFFSETS] = [Errors.NOT_LEADER_OR_FOLLOWER]
+    failed = outcome(txns.last_stable_offset("t", 0, 52))
+    assert failed.check(CommandError) and "list offsets of t/0" in failed.value.error.message
