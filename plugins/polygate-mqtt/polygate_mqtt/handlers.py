@@ -410,11 +410,15 @@ _ENSURE_RETAINED = m.CreateTopic(RETAINED_TOPIC, None, m.TopicConfig(cleanup_pol
 RETAINED_FETCH_BYTES = 4 << 20  # read per partition and round trip when a SUBSCRIBE scans the retained messages
 
 
-def _retained(conn: MqttConnection, name: str, qos: int, payload: bytes, headers: bytes) -> m.Produce:
-    """The command keeping ``payload`` as ``name``'s retained message (an empty one clears it)."""
-    key, ts = name.encode("utf-8"), conn.taken_at
-    record = fmt.encode_record(0, ts, qos, key, payload or None, headers if payload else b"")
-    return m.Produce(RETAINED_TOPIC, None, m.Batch(fmt.NAME, record, 1, ts), _LEADER, None, key, "murmur2", False)
+def _retained(produce: m.Produce, qos: int, payload: bytes) -> m.Produce:
+    """The command keeping the message ``produce`` stores as its name's retained message (an
+    empty one clears it). The record is the stored one (the same key, the MQTT topic name, and the
+    same fields): its bytes are shared, but for a tombstone."""
+    batch = produce.batch
+    if not payload:
+        ts = batch.max_timestamp
+        batch = m.Batch(fmt.NAME, fmt.encode_record(0, ts, qos, produce.key, None, b""), 1, ts)
+    return m.Produce(RETAINED_TOPIC, None, batch, _LEADER, None, produce.key, "murmur2", False)
 
 
 def _commands(conn: MqttConnection, name: str, qos: int, payload: bytes, retain: bool,
@@ -423,7 +427,7 @@ def _commands(conn: MqttConnection, name: str, qos: int, payload: bytes, retain:
     produce = _produce(conn, name, qos, payload, headers)
     if produce is None:
         return ()
-    return (produce, _retained(conn, name, qos, payload, headers)) if retain else (produce,)
+    return (produce, _retained(produce, qos, payload)) if retain else (produce,)
 
 
 def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> Handled:
