@@ -18,7 +18,13 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
   session swept, get a tombstone (``leave``).
 * **Delayed wills** (MQTT 5 Will Delay Interval, 3.1.3.2.2): the will of a connection that ended
   is published once its delay is over (``delay_will``), unless a connection with the same
-  client identifier came first and continues the session (``take_will``).
+  client identifier came first and continues the session (``take_will``). A delayed will is
+  written to the compacted log topic ``topics.WILLS_TOPIC`` (key: the client identifier; value:
+  its due time, the client's principal and address, its messages), which every gateway follows
+  from its start, so that it outlives the gateway that held it. When it is due (or its client
+  returns), a gateway writes a *claim* (to publish it) or a *cancel* (its session went on): the
+  first one after the will in the topic settles it, so one gateway alone publishes it, once,
+  and then writes its tombstone. A will whose write failed is kept in memory, as before.
 * **Log topics as they are created**: a PUBLISH stored in a log topic no PUBLISH through this
   gateway was stored in before (``stored``) has the subscriptions waiting for that log topic (or
   for any new one) look at once, rather than at their next poll: a subscriber of a topic that did
@@ -32,11 +38,15 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from gateway import model as m
 from gateway.codec import CodecConnection, Handled, ListenerSettings, RunFor, Timer
@@ -54,24 +64,60 @@ MAX_STORED_TO = 4096
 """The most log topics ``Clients.stored_to`` holds; past them it starts again (each log topic is then
 announced once more: ``stored``)."""
 FOLLOW_WAIT_MS = 10_000
-"""How long one read of ``topics.CLIENTS_TOPIC`` waits for a record (then the next read starts)."""
+"""How long one read of a followed topic (``topics.CLIENTS_TOPIC``, ``topics.WILLS_TOPIC``) waits
+for a record (then the next read starts)."""
 FOLLOW_RETRY_S = 1.0
-"""How long a gateway waits before reading ``topics.CLIENTS_TOPIC`` again after a read failed."""
+"""How long a gateway waits before reading a followed topic again after a read failed."""
 FOLLOW_BYTES = 1 << 20
-"""The most bytes of ``topics.CLIENTS_TOPIC`` one look reads (the rest: the next looks)."""
-ENSURE_CLIENTS = m.CreateTopic(topics.CLIENTS_TOPIC, 1, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
+"""The most bytes of a followed topic one read takes (the rest: the next reads)."""
+ENSURE = {name: m.CreateTopic(name, 1, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
+          for name in (topics.CLIENTS_TOPIC, topics.WILLS_TOPIC)}
+WILL, CLAIM, CANCEL = b"W", b"C", b"X"
+"""The first byte of a record's value in ``topics.WILLS_TOPIC``: a will, a claim to publish it, a cancel."""
 
 
 def _nothing(results: Sequence[object]) -> bytes:
     return b""
 
 
-def _client_record(client_id: str, value: bytes | None) -> m.Produce:
-    """The record of ``client_id`` in ``topics.CLIENTS_TOPIC``: ``value`` names the connection holding
-    it (``Clients.announce``), ``None`` is the tombstone of a client that left."""
+def _client_record(client_id: str, value: bytes | None, topic: str = topics.CLIENTS_TOPIC) -> m.Produce:
+    """The record of ``client_id`` in ``topic``: in ``topics.CLIENTS_TOPIC``, ``value`` names the
+    connection holding it (``Clients.announce``), ``None`` is the tombstone of a client that left;
+    in ``topics.WILLS_TOPIC``, see ``WILL``."""
     key, now = client_id.encode("utf-8"), int(time.time() * 1000)
     record = fmt.encode_record(0, now, 0, key, value, b"")
-    return m.Produce(topics.CLIENTS_TOPIC, 0, m.Batch(fmt.NAME, record, 1, now), m.Acks.ALL, None, key)
+    return m.Produce(topic, 0, m.Batch(fmt.NAME, record, 1, now), m.Acks.ALL, None, key)
+
+
+def encode_will(due_ms: int, will: RunFor) -> bytes:
+    """The value of a will's record in ``topics.WILLS_TOPIC``: ``WILL``, then JSON of its due time
+    (ms since the epoch), its client's principal and address, and its ``Produce`` commands."""
+    commands = [[c.topic, None if c.key is None else base64.b64encode(c.key).decode(),
+                 base64.b64encode(c.batch.payload).decode(), c.batch.count, c.batch.max_timestamp, int(c.acks),
+                 c.partitioner, c.auto_create] for c in will.commands]
+    return WILL + json.dumps({"due": due_ms, "principal": will.caller.principal, "host": will.caller.host,
+                              "commands": commands}).encode()
+
+
+def decode_will(value: bytes) -> tuple[int, RunFor]:
+    """``encode_will``'s due time and will; raises ``ValueError`` (or ``KeyError``) for another value."""
+    held = json.loads(value[len(WILL):])
+    commands = tuple(m.Produce(topic, None, m.Batch(fmt.NAME, base64.b64decode(payload), count, max_ts),
+                               m.Acks(acks), None, None if key is None else base64.b64decode(key), partitioner,
+                               auto_create)
+                     for topic, key, payload, count, max_ts, acks, partitioner, auto_create in held["commands"])
+    return int(held["due"]), RunFor(commands, m.Caller(held["principal"], held["host"]))
+
+
+@attrs.define(eq=False)
+class PendingWill:
+    """A will read from ``topics.WILLS_TOPIC`` that no claim or cancel settled yet."""
+
+    offset: int  # its record's
+    will: RunFor
+    claimed: bool = False  # this gateway is writing, or wrote, a claim or cancel for it
+    mine: int | None = None  # the offset of that claim or cancel, once written
+    first: tuple[int, bool] | None = None  # the first claim (True) or cancel read after the will
 
 
 class Clients(CodecConnection):
@@ -80,15 +126,21 @@ class Clients(CodecConnection):
     def __init__(self, settings: ListenerSettings):
         super().__init__(settings, LengthPrefixedFramer(varint_header(1, 4), 0))  # it receives no bytes
         self.holders: dict[str, MqttConnection] = {}  # client identifier -> its connection
-        self.wills: dict[str, RunFor] = {}  # client identifier -> its delayed will, for its client
+        self.wills: dict[str, RunFor] = {}  # client identifier -> its delayed will, held here only (not written)
+        self.pending: dict[str, PendingWill] = {}  # client identifier -> its will in ``topics.WILLS_TOPIC``
+        # client identifier -> a will written here, not read back yet, and what its client's return
+        # decided meanwhile (None: it did not return)
+        self.unread: dict[str, bool | None] = {}
         self.stored_to: set[str] = set()  # log topics PUBLISHes through this gateway were stored in
         self.sweep_every_s = settings.options["session_sweep_ms"] / 1000
         self.default_expiry_s = settings.options["session_expiry_s"]
         self.emit(Timer(self.sweep_every_s, "sweep"))
         self.instance = uuid.uuid4().hex[:16]  # this gateway run, in the names of its connections
         self.numbers = itertools.count()
-        self.position: int | None = None  # the next offset of ``topics.CLIENTS_TOPIC`` to read
-        self.emit(Handled.run((ENSURE_CLIENTS, m.ListOffsets(topics.CLIENTS_TOPIC, 0, m.OffsetSpec.LATEST)),
+        # the next offset of each followed topic to read (None: its start); the client identifiers'
+        # from their end, the wills' whole
+        self.positions: dict[str, int | None] = {topics.CLIENTS_TOPIC: None, topics.WILLS_TOPIC: None}
+        self.emit(Handled.run((*ENSURE.values(), m.ListOffsets(topics.CLIENTS_TOPIC, 0, m.OffsetSpec.LATEST)),
                               self._started, ordered=False))
 
     # ------------------------------------------------------------------ client identifiers
@@ -121,41 +173,46 @@ class Clients(CodecConnection):
         return (_client_record(conn.client_id, None),) if held and conn.held_as and conn.session_group is None else ()
 
     def _started(self, results: Sequence[Any]) -> bytes:
-        """Follow ``topics.CLIENTS_TOPIC`` from its end as this gateway starts."""
-        listed = results[1]
+        """Follow ``topics.CLIENTS_TOPIC`` from its end and ``topics.WILLS_TOPIC`` from its start as
+        this gateway starts."""
+        listed = results[-1]
         if listed.error is None:
-            self.position = listed.offset
-        self._follow()
+            self.positions[topics.CLIENTS_TOPIC] = listed.offset
+        for topic in self.positions:
+            self._follow(topic)
         return b""
 
-    def _follow(self) -> None:
-        if self.position is None:  # the topic's end was not known at start: from its start
-            self.position = m.OffsetSpec.EARLIEST
-        fetch = m.Fetch(topics.CLIENTS_TOPIC, 0, self.position, fmt.NAME, max_bytes=FOLLOW_BYTES,
-                        max_wait_ms=FOLLOW_WAIT_MS)
-        self.emit(Handled.run((fetch,), self._read_claims, ordered=False))
+    def _follow(self, topic: str) -> None:
+        """Read ``topic`` on from its position, waiting for its next record."""
+        position = self.positions[topic]
+        fetch = m.Fetch(topic, 0, m.OffsetSpec.EARLIEST if position is None else position, fmt.NAME,
+                        max_bytes=FOLLOW_BYTES, max_wait_ms=FOLLOW_WAIT_MS)
+        self.emit(Handled.run((fetch,), lambda results: self._followed(topic, results), ordered=False))
 
-    def _read_claims(self, results: Sequence[m.FetchResult]) -> bytes:
-        """Take over the connections held here whose client identifier a later record gives to
-        another connection; then read on at once (after ``FOLLOW_RETRY_S`` if the read failed)."""
+    def _followed(self, topic: str, results: Sequence[m.FetchResult]) -> bytes:
+        """Hand each record read to the topic's reader (``_client_read``, ``_will_read``); then
+        read on at once (after ``FOLLOW_RETRY_S`` if the read failed)."""
         result = results[0]
         if result.error is not None:  # (the topic may be missing: its creation failed at start)
-            self.emit(Timer(FOLLOW_RETRY_S, "follow"))
-            self.emit(Handled.run((ENSURE_CLIENTS,), _nothing, ordered=False))
+            self.emit(Timer(FOLLOW_RETRY_S, ("follow", topic)))
+            self.emit(Handled.run((ENSURE[topic],), _nothing, ordered=False))
             return b""
+        read = self._client_read if topic == topics.CLIENTS_TOPIC else self._will_read
         for batch in result.batches:
             for record in fmt.FORMAT.records(batch):
-                if record.offset is None or record.key is None:
-                    continue
-                self.position = record.offset + 1
-                holder = self.holders.get(record.key.decode("utf-8", "replace"))
-                if holder is not None and record.value is not None:  # (a tombstone: a client that left)
-                    name, _, clean = (record.value or b"").decode("ascii", "replace").partition(" ")
-                    holder.claimed_since = (record.offset, name, clean == "1")
-                    self.settle(holder)
-            self.position = max(self.position or 0, batch.last_offset + 1)  # (a batch of no client's record)
-        self._follow()  # from past what was read
+                if record.offset is not None and record.key is not None:
+                    read(record.offset, record.key.decode("utf-8", "replace"), record.value)
+            self.positions[topic] = batch.last_offset + 1
+        self._follow(topic)  # from past what was read
         return b""
+
+    def _client_read(self, offset: int, client_id: str, value: bytes | None) -> None:
+        """Take over the connection held here for ``client_id`` if the record names another one."""
+        holder = self.holders.get(client_id)
+        if holder is not None and value is not None:  # (a tombstone: a client that left)
+            name, _, clean = value.decode("ascii", "replace").partition(" ")
+            holder.claimed_since = (offset, name, clean == "1")
+            self.settle(holder)
 
     def settle(self, conn: MqttConnection) -> None:
         """``conn`` is taken over if the latest record read for its client identifier
@@ -186,14 +243,32 @@ class Clients(CodecConnection):
 
     def delay_will(self, client_id: str, will: RunFor, delay_s: float) -> None:
         """Publish ``will`` (for the client that left it) in ``delay_s`` seconds, unless
-        ``take_will`` takes it first."""
-        self.wills[client_id] = will
-        self.emit(Timer(delay_s, ("will", client_id)))
+        ``take_will`` takes it first: written to ``topics.WILLS_TOPIC`` (then it is the follower's,
+        ``_will_read``), or held here if the write fails."""
+        due_ms = int((time.time() + delay_s) * 1000)
+        write = _client_record(client_id, encode_will(due_ms, will), topics.WILLS_TOPIC)
+
+        def written(results: Sequence[m.ProduceResult]) -> bytes:
+            if results[0].error is not None:
+                decided = self.unread.pop(client_id, None)
+                if decided is None:
+                    self.wills[client_id] = will
+                    self.emit(Timer(max(0.0, due_ms / 1000 - time.time()), ("will", client_id)))
+                elif decided:
+                    self.emit(will)
+            return b""
+
+        self.unread[client_id] = None
+        self.emit(Handled.run((write,), written, ordered=False))
         self.settings.wake()
 
     def take_will(self, client_id: str, publish: bool) -> None:
         """A connection with ``client_id`` came: the will still delayed for it is published now
         if ``publish`` (its session ended), else never."""
+        if client_id in self.unread:  # written, not read back yet: settled once it is
+            self.unread[client_id] = publish
+        if client_id in self.pending:
+            self._settle_will(client_id, publish)
         will = self.wills.pop(client_id, None)
         if will is not None:
             self.emit(Timer(None, ("will", client_id)))
@@ -201,15 +276,78 @@ class Clients(CodecConnection):
                 self.emit(will)
             self.settings.wake()
 
+    def _will_read(self, offset: int, client_id: str, value: bytes | None) -> None:
+        """A record of ``topics.WILLS_TOPIC``: a will waits for its time (``Timer``); the first
+        claim or cancel after it settles it (``_resolve``); a tombstone ends it."""
+        if value is not None and value[:1] == WILL:
+            decided = self.unread.pop(client_id, None)
+            try:
+                due_ms, will = decode_will(value)
+            except (ValueError, KeyError, TypeError):
+                return  # not a will a gateway wrote: nothing to publish
+            self.pending[client_id] = PendingWill(offset, will)
+            self.emit(Timer(max(0.0, due_ms / 1000 - time.time()), ("will", client_id, offset)))
+            if decided is not None:  # its client came back before it was read
+                self._settle_will(client_id, decided)
+            return
+        pending = self.pending.get(client_id)
+        if pending is None or offset < pending.offset:
+            return
+        if value is None:
+            del self.pending[client_id]
+        elif pending.first is None:
+            pending.first = (offset, value[:1] == CLAIM)
+            self._resolve(client_id)
+
+    def _settle_will(self, client_id: str, publish: bool) -> None:
+        """Write a claim (``publish``) or a cancel of ``client_id``'s pending will, once per gateway;
+        ``_resolve`` tells whether it came first."""
+        pending = self.pending[client_id]
+        if pending.claimed or pending.first is not None:
+            return
+        pending.claimed = True
+
+        def written(results: Sequence[m.ProduceResult]) -> bytes:
+            if results[0].error is None:
+                pending.mine = results[0].base_offset
+            else:
+                pending.claimed = False  # (its due time passed, or its client returned: another gateway's)
+            if self.pending.get(client_id) is pending:
+                self._resolve(client_id)
+            return b""
+
+        value = (CLAIM if publish else CANCEL) + self.instance.encode()
+        self.emit(Handled.run((_client_record(client_id, value, topics.WILLS_TOPIC),), written, ordered=False))
+        self.settings.wake()
+
+    def _resolve(self, client_id: str) -> None:
+        """Once the first claim or cancel after ``client_id``'s pending will is read, and this
+        gateway's own (if it wrote one) is answered: the will is done, published here if that first
+        record is this gateway's claim (then its tombstone is written)."""
+        pending = self.pending[client_id]
+        if pending.first is None or (pending.claimed and pending.mine is None):
+            return
+        del self.pending[client_id]
+        offset, claim = pending.first
+        if claim and pending.mine == offset:
+            self.emit(pending.will)
+            self.emit(Handled.run((_client_record(client_id, None, topics.WILLS_TOPIC),), _nothing, ordered=False))
+            self.settings.wake()
+
     # ------------------------------------------------------------------ the sweep
 
     def timer(self, context: Any) -> None:
-        if type(context) is tuple:  # ("will", client identifier): its delay is over
-            will = self.wills.pop(context[1], None)
+        if type(context) is tuple and context[0] == "will":  # its delay is over
+            if len(context) == 3:  # ("will", client identifier, offset): a will in the topic
+                pending = self.pending.get(context[1])
+                if pending is not None and pending.offset == context[2]:
+                    self._settle_will(context[1], True)
+                return
+            will = self.wills.pop(context[1], None)  # ("will", client identifier): held here
             if will is not None:
                 self.emit(will)
-        elif context == "follow":
-            self._follow()
+        elif type(context) is tuple:  # ("follow", topic)
+            self._follow(context[1])
         elif context == "sweep":  # the next one is set now: a round that fails leaves no gap
             self.emit(Timer(self.sweep_every_s, "sweep"))
             self.emit(Handled.run((m.ListGroups(),), self._listed, ordered=False))

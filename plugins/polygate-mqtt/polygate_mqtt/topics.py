@@ -56,7 +56,10 @@ subscriptions (``session``); nothing is written to it."""
 CLIENTS_TOPIC = "_mqtt_clients"
 """Which connection holds each client identifier, cluster-wide: one record per CONNECT, keyed by the
 client identifier, its value the connection's name (``clients``); compacted, one partition."""
-_OWN = frozenset((RETAINED_TOPIC, SESSIONS_TOPIC, CLIENTS_TOPIC))
+WILLS_TOPIC = "_mqtt_wills"
+"""The delayed wills waiting for their time, cluster-wide, keyed by client identifier (``clients``):
+a will, then the claim or the cancel that settles it, then a tombstone; compacted, one partition."""
+_OWN = frozenset((RETAINED_TOPIC, SESSIONS_TOPIC, CLIENTS_TOPIC, WILLS_TOPIC))
 MAX_CACHED_NAMES = 4096  # names whose log topic each mapping remembers: a publisher sends to few names
 
 

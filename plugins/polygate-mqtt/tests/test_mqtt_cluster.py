@@ -128,3 +128,24 @@ def test_a_connect_on_one_gateway_takes_over_the_client_id_connected_to_another(
     finally:
         second.close()
         first.close()
+
+
+def test_a_delayed_will_is_published_once_by_the_gateways_of_a_cluster(pair):
+    """3.1.3.2.2 across gateways: every gateway follows the pending wills, and the first claim
+    after a will settles it, so it is published once, not once per gateway."""
+    from test_mqtt5_gateway import _will_client
+
+    a, b, topic = pair
+    watchers = [Client5(a.port("mqtt"), "watcher-a"), Client5(b.port("mqtt"), "watcher-b")]
+    try:
+        for w in watchers:
+            assert w.subscribe((f"{topic}/#", 1)) == [1]
+        _will_client(a.port("mqtt"), topic.encode(), expiry=300, will_delay=2, will_topic=f"{topic}/gone").close()
+        for w in watchers:
+            [will] = w.wait_messages(1)
+            assert (will.topic, will.payload) == (f"{topic}/gone", b"gone")
+        time.sleep(3)  # a second copy, from the other gateway, would have come by now
+        assert [len(w.messages) for w in watchers] == [1, 1]
+    finally:
+        for w in watchers:
+            w.close()
