@@ -823,6 +823,5 @@ def _owned(tps: Any) -> Assignment:
     return tuple((t, tuple(sorted(ps))) for t, ps in sorted(owned.items()))
 
 
-
 def _nothing() -> None:
     """A job of no work: the groups thread wakes for it."""

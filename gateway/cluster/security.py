@@ -158,7 +158,8 @@ class SecurityTopic:
             self._set(key, value)
         else:
             self.reactor.callFromThread(self._arrived, key, value)
-        return 0 <= end <= message.offset() + 1
+        offset = message.offset()
+        return offset is not None and 0 <= end <= offset + 1
 
     def _arrived(self, key: str, value: Any) -> None:
         if self.records.get(key) == value:
