@@ -16,6 +16,7 @@ from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from gateway import model as m
+from gateway.cluster.config import ClusterConfig
 from gateway.cluster.metadata import PartitionMarks
 from gateway.cluster.reader import Reader, batches_of
 from gateway.cluster.shapes import Produced
@@ -23,7 +24,9 @@ from gateway.cluster.wire import (
     API_VERSIONS,
     FETCH,
     INIT_PRODUCER_ID,
+    SWEEP_S,
     BrokerConnection,
+    ClusterClient,
     PartitionLeader,
     WireError,
 )
@@ -285,6 +288,27 @@ def test_a_request_that_times_out_fails_alone_and_retires_its_connection_for_the
     conn.dataReceived(versions_answer(1) + versions_answer(2))  # the late answer first, dropped
     assert outcome(long).ErrorCode == 0
     assert transport.disconnecting  # nothing waits on it any more
+
+
+def test_the_client_checks_timeouts_only_while_a_request_waits():
+    """An idle gateway's client sets no timer (its sweep stops once nothing waits); a request
+    starts it again, and times out as it did."""
+    reactor = MemoryReactorClock()
+    client = ClusterClient(ClusterConfig("127.0.0.1:1"), reactor)
+    conn = BrokerConnection(reactor, "polygate")
+    conn.makeConnection(StringTransport())
+    conn.versions[API_VERSIONS] = 0
+    client._connections[(0, "probe")] = conn  # a connection already open
+    client.start()
+    reactor.advance(SWEEP_S)
+    assert not reactor.getDelayedCalls()
+
+    asked = client.request(0, "probe", API_VERSIONS, {}, 1.0)
+    reactor.pump([SWEEP_S] * 11)
+    failure = outcome(asked)
+    assert failure is not None and failure.value.code == Errors.REQUEST_TIMED_OUT
+    reactor.advance(SWEEP_S)
+    assert not reactor.getDelayedCalls()
 
 
 def test_a_retired_connection_with_nothing_waiting_closes_at_once():
