@@ -97,7 +97,14 @@ class SecurityTopic:
             self._producer.produce(self.topic, payload, key.encode("utf-8"), on_delivery=delivered)
         except Exception as e:  # noqa: BLE001 - a full queue, a bad topic: the client hears it
             return defer.fail(command_error(e, "writing a security record"))
+        self.reactor.callInThread(self._deliver)
         return d
+
+    def _deliver(self) -> None:
+        """Poll the producer until its records are delivered (or the gateway stops): a write is
+        acknowledged at once, not once the thread's poll of the topic returns (up to POLL_S)."""
+        while len(self._producer) and not self._loop.stopping.is_set():
+            self._producer.poll(0.1)
 
     def _applied(self, key: str, value: Any, d: defer.Deferred) -> None:
         self._set(key, value)
