@@ -20,6 +20,9 @@ load from elsewhere on the machine hits every path alike.
 5. **Kafka transactions:** confluent-kafka's transactional producer writes N × 100 B to a
    one-partition topic, committing every 5,000 records: straight to the cluster, through
    the cluster-mode gateway, through the local-mode gateway.
+6. **Idle:** the CPU the cluster-mode gateway, the local-mode gateway and Tansu spend a
+   second while no client does anything, over ``--idle-seconds`` (measured first, before
+   any reader of the other sections keeps the cluster-mode gateway fetching).
 
 At the end, a table of the goals: gateway CPU per record in cluster mode at most 2× the
 local-mode figure (Kafka, Kafka transactions, TANK, V1); Kafka (and Kafka transactions)
@@ -41,7 +44,7 @@ is the ratio two gateways reach on free cores.
 ``results/cluster.png`` draws the goals (with matplotlib, as ``make bench`` installs).
 
     python benchmarks/cluster.py [--records N] [--messages N] [--requests N] [--samples N]
-                                 [--transaction-records N] [--rounds R]
+                                 [--transaction-records N] [--rounds R] [--idle-seconds S]
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ TXN_STEP = "txn_produce"
 STEP_NAMES = {"produce": "Kafka produce", "consume": "Kafka consume", "tank_produce": "TANK produce",
               "tank_consume": "TANK consume", "v1_produce": "V1 produce", TXN_STEP: "Kafka transactions"}
 TRANSACTION_RECORDS = 5_000  # records a transaction (5.)
+IDLE_SETTLE_S = 5.0  # the idle measure (6.) starts this long after the gateways started
 Figures = dict[str, float]
 T = TypeVar("T")
 
@@ -190,6 +194,21 @@ def tank_and_v1(gw: Gateway, messages: int, requests: int) -> Figures:
         out[f"{step}_records_s"] = round(count / seconds)
         out[f"{step}_gateway_cpu_us_per_record"] = us_per(m.used["gateway"], count)
     return out
+
+
+def idle(tansu: Tansu, cluster: Gateway, local: Gateway, seconds: float) -> Figures:
+    """The CPU ms a second each process spends over ``seconds`` in which no client does anything
+    (``<process>_idle_cpu_ms_s``; 0 seconds: not measured)."""
+    if seconds <= 0:
+        return {}
+    progress(f"6. idle: {seconds:g} s with no client, after {IDLE_SETTLE_S:g} s for the gateways' start to settle")
+    time.sleep(IDLE_SETTLE_S)
+    with Meter(cluster_gateway=cluster.proc.pid, local_gateway=local.proc.pid, tansu=tansu.proc.pid) as m:
+        time.sleep(seconds)
+    figures = {f"{name}_idle_cpu_ms_s": round(used / m.seconds * 1e3, 2) for name, used in m.used.items()}
+    progress("   " + ", ".join(f"{k.removesuffix('_idle_cpu_ms_s').replace('_', ' ')} {v:.2f} ms/s"
+                               for k, v in figures.items()))
+    return figures
 
 
 def cluster_vs_local(cluster: Gateway, local: Gateway, messages: int, requests: int, rounds: int) -> dict:
@@ -425,16 +444,19 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=5_000, help="latency samples per path (3.)")
     parser.add_argument("--transaction-records", type=int, default=500_000, help="transactional records (5.)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each section, paths taking turns")
+    parser.add_argument("--idle-seconds", type=float, default=60, help="idle CPU measured over this long (6.; 0: not)")
     args = parser.parse_args()
     with contextlib.ExitStack() as running:
         tansu = running.enter_context(Tansu())
         cluster = running.enter_context(Gateway(["kafka", "tank", "v1"], ("--storage", f"kafka://{tansu.bootstrap}")))
         local = running.enter_context(Gateway(["kafka", "tank", "v1"]))
+        quiet = idle(tansu, cluster, local, args.idle_seconds)  # first: no reader of another section fetches yet
         result = {"kafka": kafka(tansu, cluster, local, args.records, args.rounds),
                   "cluster_vs_local": cluster_vs_local(cluster, local, args.messages, args.requests, args.rounds),
                   "latency": latency(tansu, cluster, args.samples),
                   "scale_out": scale_out(tansu, args.messages, args.requests, args.rounds),
-                  "transactions": transactions(tansu, cluster, local, args.transaction_records, args.rounds)}
+                  "transactions": transactions(tansu, cluster, local, args.transaction_records, args.rounds),
+                  "idle": quiet}
     rows = goals(result)
     print_goals(rows, args.rounds)
     plot(rows)

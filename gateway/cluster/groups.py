@@ -104,6 +104,10 @@ SESSION_TIMEOUT_MS = REBALANCE_TIMEOUT_MS = 6_000
 # partitions (its next heartbeat fails with GENERATION_MISMATCH once they come, and it joins again):
 # the real clients read within 5 s, and a new group's first rebalance takes 3 s.
 SERVER_JOIN_WAIT_S = 4.0
+# The groups thread polls its members' consumers every POLL_S (their rebalances' callbacks run in a poll);
+# with no member it only waits for work, IDLE_WAIT_S at a time, so that an idle gateway does not wake it.
+POLL_S = 0.05
+IDLE_WAIT_S = 1.0
 NO_GROUP_ID = Error(ErrorCode.INVALID_REQUEST, "the cluster's client takes no empty group id")
 """The answer to offsets of the group "" (Kafka's own brokers take it; its admin client does not)."""
 STATES = {"STABLE": "Stable", "PREPARING_REBALANCING": "PreparingRebalance",
@@ -206,6 +210,8 @@ class ClusterGroups:
 
     def stop(self) -> None:
         """Stop the thread, then leave the cluster's groups (each member's consumer closes)."""
+        self._loop.stopping.set()
+        self._work.put(_nothing)  # ends the thread's wait for work at once
         self._loop.stop()
         for cluster in list(self._polled):
             self._unsubscribe(cluster)
@@ -234,7 +240,7 @@ class ClusterGroups:
 
     def _step(self) -> None:
         try:
-            job = self._work.get(timeout=0.05)
+            job = self._work.get(timeout=POLL_S if self._polled else IDLE_WAIT_S)
         except queue.Empty:
             job = None
         while job is not None:
@@ -816,3 +822,6 @@ def _owned(tps: Any) -> Assignment:
         owned.setdefault(tp.topic, []).append(tp.partition)
     return tuple((t, tuple(sorted(ps))) for t, ps in sorted(owned.items()))
 
+
+def _nothing() -> None:
+    """A job of no work: the groups thread wakes for it."""

@@ -52,7 +52,10 @@ from gateway.model import CommandError, ErrorCode
 log = logging.getLogger(__name__)
 
 FIRST_ASK_S = 5.0  # how long a start waits for the cluster before it serves anyway (and fails calls)
-PROBE_EVERY_S = 0.25  # a probe starts this long after the previous one started (at once after a failed one)
+# A probe starts this long after the previous one started: a cluster that stops answering is seen
+# within PROBE_EVERY_S + PROBE_TIMEOUT_S (1.5 s, within /readyz's 2 s), and an idle gateway makes
+# two small requests a second.
+PROBE_EVERY_S = 0.5
 PROBE_TIMEOUT_S = 1.0  # a probe not answered within this long: the cluster is unreachable
 MISS_REFRESH_S = 0.1  # a lookup of a topic not known asks the cluster again, at most this often
 LANE = "topics"  # the client's connections for the asks (closed when an ask is not answered in time)

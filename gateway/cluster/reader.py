@@ -3,7 +3,9 @@
 The reader fetches every partition someone reads or waits on, from the
 position a reader asked for, then onwards as records arrive, through the
 gateway's own client (``gateway.cluster.wire``): one Fetch at a time per
-broker, which the broker holds up to ``FETCH_WAIT_MS`` for new records. The
+broker, which the broker holds up to ``FETCH_WAIT_MS`` for new records; a
+broker's next fetch is sent as soon as an answer is kept, before the readers
+waiting on it are served, so that the cluster reads it meanwhile. The
 record batches the cluster answers are kept as they are (``StoredBatch``es
 of the Kafka format with the cluster's offsets): a Kafka reader gets those
 very bytes, other protocols' readers their conversion, as in local mode.
@@ -287,10 +289,12 @@ class Reader:
 
         def answered(answer: Any) -> None:
             self._fetching.discard(node_id)
-            for t in answer.Responses:
-                for p in t.Partitions:
-                    self._arrived(t.Topic, p, asked.get((t.Topic, p.PartitionIndex)))
-            self._fetch()
+            arrived = [kept for t in answer.Responses for p in t.Partitions
+                       if (kept := self._arrived(t.Topic, p, asked.get((t.Topic, p.PartitionIndex)))) is not None]
+            self._fetch()  # the next fetch first: the cluster reads it while these readers are served
+            for w, changed in arrived:
+                if self.windows.get((w.topic, w.partition)) is w:  # not moved by a reader served before it
+                    self._serve(w, changed)
 
         def failed(f: Any) -> None:
             self._fetching.discard(node_id)
@@ -311,12 +315,14 @@ class Reader:
         start = log_start if log_start >= 0 else marks.log_start_offset
         return start if w.next < start else marks.high_watermark
 
-    def _arrived(self, topic: str, p: Any, asked: tuple[int, int] | None) -> None:
-        """One partition's part of a fetch answer."""
+    def _arrived(self, topic: str, p: Any, asked: tuple[int, int] | None) -> tuple[Window, bool] | None:
+        """One partition's part of a fetch answer, kept in its window: the window and whether the
+        partition changed (new batches, a new watermark), for ``_serve``; None if there is nothing to
+        serve."""
         partition = p.PartitionIndex
         w = self.windows.get((topic, partition))
         if asked is None or w is None or w.version != asked[0] or w.next != asked[1]:
-            return  # fetched for a position nobody wants any more
+            return None  # fetched for a position nobody wants any more
         if p.ErrorCode:
             if p.ErrorCode == Errors.OFFSET_OUT_OF_RANGE:
                 w.next = w.start = self._in_range(w, p.get("LogStartOffset", -1))
@@ -324,7 +330,7 @@ class Reader:
                 self.client.stale(topic, partition)
             else:
                 log.warning("reading %s/%s from the cluster: %s", topic, partition, Errors(p.ErrorCode).name)
-            return
+            return None
         high = p.HighWatermark
         low = p.get("LogStartOffset", -1)
         moved = self.metadata.advance(topic, partition, high, low if low >= 0 else None)
@@ -338,6 +344,11 @@ class Reader:
         if full and not w.paused:
             w.paused = True  # nobody read these yet: stop fetching until someone does
         w.fresh = True
+        return w, bool(batches) or moved
+
+    def _serve(self, w: Window, changed: bool) -> None:
+        """Answer the reads waiting on the window (those it now covers or that are at the end) and,
+        if the partition ``changed``, wake its waiters."""
         if w.pending:
             waiting, w.pending = w.pending, []
             for offset, max_bytes, d in waiting:
@@ -349,8 +360,8 @@ class Reader:
                     d.callback([])
                 else:
                     w.pending.append((offset, max_bytes, d))
-        if batches or moved:
-            self.changed(topic, partition)
+        if changed:
+            self.changed(w.topic, w.partition)
 
 
 def fetch_body(partitions: Mapping[str, list[tuple[int, int]]], committed: bool, wait_ms: int) -> dict[str, Any]:

@@ -6,9 +6,12 @@ the security record's key, the value its msgpack encoding, a tombstone for a
 deleted record. Every gateway reads the topic from its start when it starts
 (before it serves, for up to ``FIRST_READ_S``, unless the cluster did not
 answer the gateway's first metadata request; what comes later is applied as
-it arrives) and then follows it, so a change any gateway makes reaches the
-others within about a second (``fetch.wait.max.ms``). A write is acknowledged
-once the cluster has it (acks=all).
+it arrives) and then follows it with fetches the cluster holds until a record
+comes, for up to ``FOLLOW_WAIT_MS``: a cluster that answers a held fetch as
+soon as a record comes (Kafka) shows every gateway a change at once, one that
+holds it to its end shows it within ``FOLLOW_WAIT_MS``, and a topic where
+nothing changes costs one fetch per ``FOLLOW_WAIT_MS``. A write is
+acknowledged once the cluster has it (acks=all).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from gateway.cluster.config import ClusterConfig
 log = logging.getLogger(__name__)
 
 FIRST_READ_S = 5.0
+FOLLOW_WAIT_MS = 1000  # the longest the cluster holds a fetch of the topic with nothing new (see above)
+POLL_S = 0.5  # how long the thread waits in one poll of the consumer: no longer than its stop waits
 
 
 class SecurityTopic:
@@ -43,7 +48,7 @@ class SecurityTopic:
         self._watcher: Callable[[str, Any], None] | None = None
         self._consumer = Consumer(config.client(**{
             "group.id": f"{config.prefix}-security", "enable.auto.commit": False, "enable.partition.eof": True,
-            "fetch.wait.max.ms": 200, "client.id": f"{config.client_id}-security"}))
+            "fetch.wait.max.ms": FOLLOW_WAIT_MS, "client.id": f"{config.client_id}-security"}))
         self._producer = Producer(config.client(**{"acks": "all", "linger.ms": 0,
                                                    "client.id": f"{config.client_id}-security"}))
         self._loop = Loop("polygate-cluster-security", self._step)
@@ -56,9 +61,11 @@ class SecurityTopic:
             try:
                 self._ensure_topic(FIRST_READ_S)
                 self._assign()
+                # Read up to the topic's end as it is now: a fetch at the end would be held FOLLOW_WAIT_MS.
+                _, end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), FIRST_READ_S)
                 deadline = time.monotonic() + FIRST_READ_S
-                while time.monotonic() < deadline:
-                    if self._poll(0.2, initial=True):
+                while end > 0 and time.monotonic() < deadline:
+                    if self._poll(0.2, initial=True, end=end):
                         break
             except Exception as e:  # noqa: BLE001 - the cluster is not up yet: the thread goes on
                 log.warning("security records: waiting for the Kafka cluster: %s", e)
@@ -90,7 +97,14 @@ class SecurityTopic:
             self._producer.produce(self.topic, payload, key.encode("utf-8"), on_delivery=delivered)
         except Exception as e:  # noqa: BLE001 - a full queue, a bad topic: the client hears it
             return defer.fail(command_error(e, "writing a security record"))
+        self.reactor.callInThread(self._deliver)
         return d
+
+    def _deliver(self) -> None:
+        """Poll the producer until its records are delivered (or the gateway stops): a write is
+        acknowledged at once, not once the thread's poll of the topic returns (up to POLL_S)."""
+        while len(self._producer) and not self._loop.stopping.is_set():
+            self._producer.poll(0.1)
 
     def _applied(self, key: str, value: Any, d: defer.Deferred) -> None:
         self._set(key, value)
@@ -128,10 +142,11 @@ class SecurityTopic:
                 log.debug("security records: %s", e)
                 self._loop.stopping.wait(1)
                 return
-        self._poll(0.2, initial=False)
+        self._poll(POLL_S, initial=False)
 
-    def _poll(self, timeout: float, initial: bool) -> bool:
-        """Apply what arrives within ``timeout``; True once the end of the topic was reached."""
+    def _poll(self, timeout: float, initial: bool, end: int = -1) -> bool:
+        """Apply what arrives within ``timeout``; True once the end of the topic (or the record
+        before offset ``end``) was reached."""
         message = self._consumer.poll(timeout)
         if message is None:
             return False
@@ -150,7 +165,8 @@ class SecurityTopic:
             self._set(key, value)
         else:
             self.reactor.callFromThread(self._arrived, key, value)
-        return False
+        offset = message.offset()
+        return offset is not None and 0 <= end <= offset + 1
 
     def _arrived(self, key: str, value: Any) -> None:
         if self.records.get(key) == value:

@@ -79,7 +79,7 @@ NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE
           ADD_PARTITIONS_TO_TXN: 0, ADD_OFFSETS_TO_TXN: 0, END_TXN: 0, TXN_OFFSET_COMMIT: 2}
 MAX_FRAME = 256 << 20
 _SIZE = struct.Struct(">i")
-SWEEP_S = 0.1  # how often requests are checked for their timeout
+SWEEP_S = 0.1  # how often requests are checked for their timeout, while any waits (an idle client sleeps)
 CONNECT_TIMEOUT_S = 5.0
 RETIRING_MAX = 4  # retired connections of one broker and lane kept open for their requests still waiting
 
@@ -338,7 +338,7 @@ class ClusterClient:
         self._bootstrap_turn = 0
 
     def start(self) -> None:
-        self._sweep.start(SWEEP_S, now=False)
+        self._sweeping()
 
     def stop(self) -> None:
         if self._sweep.running:
@@ -377,6 +377,7 @@ class ClusterClient:
 
     def connection(self, node_id: int, lane: str) -> defer.Deferred:
         """A Deferred of a ready connection to ``node_id`` for ``lane``, opened if needed."""
+        self._sweeping()  # every request, the handshake's too, comes through here
         key = (node_id, lane)
         conn = self._connections.get(key)
         if isinstance(conn, BrokerConnection):
@@ -508,6 +509,11 @@ class ClusterClient:
             self._retiring.remove((key, oldest))
             oldest.transport.abortConnection()
 
+    def _sweeping(self) -> None:
+        """Check requests for their timeout every ``SWEEP_S`` from now on, until none waits."""
+        if not self._sweep.running:
+            self._sweep.start(SWEEP_S, now=False)
+
     def _expire(self) -> None:
         now = self.reactor.seconds()
         self._retiring = [(key, conn) for key, conn in self._retiring if not conn.closed]
@@ -516,6 +522,9 @@ class ClusterClient:
                 conn.expire(now)
                 if conn.retired and self._connections.get(key) is conn:
                     self._retire(key, conn)
+        if not self._handshaking and all(isinstance(conn, BrokerConnection) and not conn.pending for conn in
+                                         [*self._connections.values(), *(c for _, c in self._retiring)]):
+            self._sweep.stop()  # no request waits, none is opening a connection: the next request starts it again
 
     # ------------------------------------------------------------------ metadata
 

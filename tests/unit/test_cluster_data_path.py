@@ -16,12 +16,17 @@ from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from gateway import model as m
-from gateway.cluster.reader import batches_of
+from gateway.cluster.config import ClusterConfig
+from gateway.cluster.metadata import PartitionMarks
+from gateway.cluster.reader import Reader, batches_of
 from gateway.cluster.shapes import Produced
 from gateway.cluster.wire import (
     API_VERSIONS,
+    FETCH,
     INIT_PRODUCER_ID,
+    SWEEP_S,
     BrokerConnection,
+    ClusterClient,
     PartitionLeader,
     WireError,
 )
@@ -69,6 +74,54 @@ def test_a_read_committed_fetch_replaces_aborted_batches_by_a_gap_and_keeps_the_
 
     uncommitted = batches_of(data, None, kafka)
     assert [r.value for b in uncommitted[1:2] for r in kafka.records(b)] == [b"a", b"b"]
+
+
+class FetchedCluster:
+    """The client's and the metadata's interfaces to one partition ``t``/0 led by broker 0: each
+    Fetch sent is kept in ``fetches`` (its body and Deferred), for the test to answer."""
+
+    def __init__(self) -> None:
+        self.leaders = {("t", 0): PartitionLeader(0, 0)}
+        self.brokers = {0: object()}
+        self.timeout_s = 1.0
+        self.fetches: list[tuple[dict, defer.Deferred]] = []
+        self.partition = PartitionMarks()
+
+    def request(self, node_id: int, lane: str, api_key: int, body, timeout_s=None) -> defer.Deferred:
+        assert api_key == FETCH
+        d: defer.Deferred = defer.Deferred()
+        self.fetches.append((body, d))
+        return d
+
+    def marks(self, topic: str, partition: int) -> PartitionMarks:
+        return self.partition
+
+    def advance(self, topic: str, partition: int, high_watermark: int, log_start_offset: int | None = None) -> bool:
+        moved = high_watermark > self.partition.high_watermark
+        self.partition.high_watermark = max(high_watermark, self.partition.high_watermark)
+        return moved
+
+    def answer(self, i: int, records: bytes, high_watermark: int) -> None:
+        self.fetches[i][1].callback(Container(Responses=[Container(Topic="t", Partitions=[Container(
+            PartitionIndex=0, ErrorCode=0, HighWatermark=high_watermark, LastStableOffset=high_watermark,
+            LogStartOffset=0, AbortedTransactions=None, Records=records)])]))
+
+
+def test_the_next_fetch_is_sent_before_the_reads_waiting_on_an_answer_are_served():
+    """The cluster reads the next fetch while the gateway converts and sends what the last one brought."""
+    cluster = FetchedCluster()
+    reader = Reader(cluster, cluster, MemoryReactorClock(), FORMATS["kafka"])  # type: ignore[arg-type]
+    read = reader.read("t", 0, 0, 1 << 20)
+    fetches_when_served = []
+    read.addCallback(lambda batches: fetches_when_served.append((len(cluster.fetches), batches)))
+    [(body, _)] = cluster.fetches
+    assert body["Topics"][0]["Partitions"][0]["FetchOffset"] == 0
+
+    cluster.answer(0, kafka_format.encode_batch(RECORDS, 0), 2)
+
+    [(fetches, batches)] = fetches_when_served
+    assert fetches == 2 and [(b.base_offset, b.last_offset) for b in batches] == [(0, 1)]
+    assert cluster.fetches[1][0]["Topics"][0]["Partitions"][0]["FetchOffset"] == 2
 
 
 def test_a_batch_whose_length_does_not_cover_its_header_ends_the_answer():
@@ -235,6 +288,27 @@ def test_a_request_that_times_out_fails_alone_and_retires_its_connection_for_the
     conn.dataReceived(versions_answer(1) + versions_answer(2))  # the late answer first, dropped
     assert outcome(long).ErrorCode == 0
     assert transport.disconnecting  # nothing waits on it any more
+
+
+def test_the_client_checks_timeouts_only_while_a_request_waits():
+    """An idle gateway's client sets no timer (its sweep stops once nothing waits); a request
+    starts it again, and times out as it did."""
+    reactor = MemoryReactorClock()
+    client = ClusterClient(ClusterConfig("127.0.0.1:1"), reactor)
+    conn = BrokerConnection(reactor, "polygate")
+    conn.makeConnection(StringTransport())
+    conn.versions[API_VERSIONS] = 0
+    client._connections[(0, "probe")] = conn  # a connection already open
+    client.start()
+    reactor.advance(SWEEP_S)
+    assert not reactor.getDelayedCalls()
+
+    asked = client.request(0, "probe", API_VERSIONS, {}, 1.0)
+    reactor.pump([SWEEP_S] * 11)
+    failure = outcome(asked)
+    assert failure is not None and failure.value.code == Errors.REQUEST_TIMED_OUT
+    reactor.advance(SWEEP_S)
+    assert not reactor.getDelayedCalls()
 
 
 def test_a_retired_connection_with_nothing_waiting_closes_at_once():

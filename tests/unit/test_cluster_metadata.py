@@ -17,7 +17,7 @@ from twisted.internet.testing import MemoryReactorClock
 
 from gateway import model as m
 from gateway.cluster.config import ClusterConfig
-from gateway.cluster.metadata import FIRST_ASK_S, LANE, Metadata
+from gateway.cluster.metadata import FIRST_ASK_S, LANE, PROBE_EVERY_S, Metadata
 from gateway.cluster.wire import DESCRIBE_CONFIGS, LIST_OFFSETS, METADATA, WANTED, WireError
 from gateway.codecs.kafka import schema
 from gateway.codecs.kafka.errors import Errors
@@ -266,7 +266,7 @@ def test_a_failed_ask_keeps_the_picture_and_the_probe_says_whether_it_answers(me
     assert list(metadata.topics) == ["a"]
     [probe] = client.pending(METADATA, lane="probe") or [None]
     assert probe is None  # probes start after the first ask, every PROBE_EVERY_S
-    reactor.advance(0.25)
+    reactor.advance(PROBE_EVERY_S)
     client.pending(METADATA, lane="probe")[0].deferred.callback(metadata_answer())
     assert metadata.reachable
 
