@@ -26,7 +26,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -333,11 +333,8 @@ class Metadata:
             topics.setdefault(name, []).append(p)
 
         def ask(timestamp: int) -> defer.Deferred:
-            body = {"ReplicaId": -1, "IsolationLevel": 0, "Topics": [
-                {"Name": name, "Partitions": [{"PartitionIndex": p, "Timestamp": timestamp} for p in ps]}
-                for name, ps in topics.items()]}
-            return self.client.request(leader, LANE, LIST_OFFSETS, body, timeout).addCallbacks(
-                _offsets_of, lambda f: {})
+            return self.client.request(leader, LANE, LIST_OFFSETS, list_offsets_body(topics, timestamp),
+                                       timeout).addCallbacks(_offsets_of, lambda f: {})
 
         def combine(answers: list[dict[tuple[str, int], int]]) -> None:
             earliest, latest = answers
@@ -355,8 +352,7 @@ class Metadata:
         leader answers a ListOffsets, at read_committed if asked; fails with the client's
         ``CommandError``. The one way the gateway asks the cluster for one partition's offset."""
         doing = f"list offsets of {topic}/{partition}"
-        body = {"ReplicaId": -1, "IsolationLevel": int(read_committed), "Topics": [
-            {"Name": topic, "Partitions": [{"PartitionIndex": partition, "Timestamp": timestamp}]}]}
+        body = list_offsets_body({topic: [partition]}, timestamp, read_committed)
 
         def read(answer: Any) -> tuple[int, int]:
             for t in answer.Topics:
@@ -431,6 +427,15 @@ def _topic_id(topic: Any) -> str:
     that gives none (Metadata before version 10)."""
     raw = topic.get("TopicId")
     return topic.Name if raw is None else base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def list_offsets_body(topics: Mapping[str, Iterable[int]], timestamp: int,
+                      read_committed: bool = False) -> dict[str, Any]:
+    """A ListOffsets request's body: ``timestamp`` (``EARLIEST``, ``LATEST``, ``MAX_TIMESTAMP`` or a
+    time in ms) for each partition of ``topics`` (name -> partitions)."""
+    return {"ReplicaId": -1, "IsolationLevel": int(read_committed), "Topics": [
+        {"Name": name, "Partitions": [{"PartitionIndex": p, "Timestamp": timestamp} for p in partitions]}
+        for name, partitions in topics.items()]}
 
 
 def _offsets_of(answer: Any) -> dict[tuple[str, int], int]:

@@ -80,10 +80,10 @@ def _nothing(results: Sequence[object]) -> bytes:
     return b""
 
 
-def _client_record(client_id: str, value: bytes | None, topic: str = topics.CLIENTS_TOPIC) -> m.Produce:
-    """The record of ``client_id`` in ``topic``: in ``topics.CLIENTS_TOPIC``, ``value`` names the
-    connection holding it (``Clients.announce``), ``None`` is the tombstone of a client that left;
-    in ``topics.WILLS_TOPIC``, see ``WILL``."""
+def _keyed_record(topic: str, client_id: str, value: bytes | None) -> m.Produce:
+    """The record of ``client_id`` in ``topic``, one of the compacted topics the gateways follow: in
+    ``topics.CLIENTS_TOPIC``, ``value`` names the connection holding it (``Clients.announce``); in
+    ``topics.WILLS_TOPIC``, see ``WILL``; ``None`` is a tombstone."""
     key, now = client_id.encode("utf-8"), int(time.time() * 1000)
     record = fmt.encode_record(0, now, 0, key, value, b"")
     return m.Produce(topic, 0, m.Batch(fmt.NAME, record, 1, now), m.Acks.ALL, None, key)
@@ -157,7 +157,7 @@ class Clients(CodecConnection):
         identifier, cluster-wide, and whether it starts clean (the session taken over ends, its
         will is published); once stored, its offset goes to ``conn.held_from``."""
         conn.held_as = f"{self.instance}.{next(self.numbers)}"
-        return _client_record(conn.client_id, f"{conn.held_as} {int(clean_start)}".encode("ascii"))
+        return _keyed_record(topics.CLIENTS_TOPIC, conn.client_id, f"{conn.held_as} {int(clean_start)}".encode("ascii"))
 
     def release(self, conn: MqttConnection) -> None:
         """``conn`` ended: its client identifier is free, unless another connection took it."""
@@ -170,7 +170,7 @@ class Clients(CodecConnection):
         a client that is gone (a session left behind gets its tombstone when it is swept)."""
         held = self.holders.get(conn.client_id) is conn
         self.release(conn)
-        return (_client_record(conn.client_id, None),) if held and conn.held_as and conn.session_group is None else ()
+        return (_keyed_record(topics.CLIENTS_TOPIC, conn.client_id, None),) if held and conn.held_as and conn.session_group is None else ()
 
     def _started(self, results: Sequence[Any]) -> bytes:
         """Follow ``topics.CLIENTS_TOPIC`` from its end and ``topics.WILLS_TOPIC`` from its start as
@@ -246,7 +246,7 @@ class Clients(CodecConnection):
         ``take_will`` takes it first: written to ``topics.WILLS_TOPIC`` (then it is the follower's,
         ``_will_read``), or held here if the write fails."""
         due_ms = int((time.time() + delay_s) * 1000)
-        write = _client_record(client_id, encode_will(due_ms, will), topics.WILLS_TOPIC)
+        write = _keyed_record(topics.WILLS_TOPIC, client_id, encode_will(due_ms, will))
 
         def written(results: Sequence[m.ProduceResult]) -> bytes:
             if results[0].error is not None:
@@ -317,7 +317,7 @@ class Clients(CodecConnection):
             return b""
 
         value = (CLAIM if publish else CANCEL) + self.instance.encode()
-        self.emit(Handled.run((_client_record(client_id, value, topics.WILLS_TOPIC),), written, ordered=False))
+        self.emit(Handled.run((_keyed_record(topics.WILLS_TOPIC, client_id, value),), written, ordered=False))
         self.settings.wake()
 
     def _resolve(self, client_id: str) -> None:
@@ -331,7 +331,7 @@ class Clients(CodecConnection):
         offset, claim = pending.first
         if claim and pending.mine == offset:
             self.emit(pending.will)
-            self.emit(Handled.run((_client_record(client_id, None, topics.WILLS_TOPIC),), _nothing, ordered=False))
+            self.emit(Handled.run((_keyed_record(topics.WILLS_TOPIC, client_id, None),), _nothing, ordered=False))
             self.settings.wake()
 
     # ------------------------------------------------------------------ the sweep
@@ -379,6 +379,6 @@ class Clients(CodecConnection):
                     and group[len(session.GROUP_PREFIX):] not in self.holders:
                 expired.append(group)
         if expired:
-            gone = tuple(_client_record(group[len(session.GROUP_PREFIX):], None) for group in expired)
+            gone = tuple(_keyed_record(topics.CLIENTS_TOPIC, group[len(session.GROUP_PREFIX):], None) for group in expired)
             self.emit(Handled.run((m.DeleteGroups(tuple(expired)), *gone), _nothing, ordered=False))
         return self._read(rest)
