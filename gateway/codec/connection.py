@@ -219,6 +219,10 @@ class Handled(NamedTuple):
       name: one append), and each of them is rendered from the merged commands'
       results, so that they succeed or fail together. The codec chooses keys that keep
       a merged command bounded.
+    * ``frames``: how many frames it answers, its own and the buffered ones like it that its
+      handler took with it (``LengthPrefixedFramer.cut``: a run of pipelined MQTT PUBLISHes to
+      one topic name, stored as one batch), which count against the adapter's limits as the
+      frames of a run of joined requests do.
 
     A ``NamedTuple`` for the reason ``Request`` is one: one is built per frame.
     """
@@ -232,6 +236,7 @@ class Handled(NamedTuple):
     ordered: bool = True
     joins: bool = False
     merges: Hashable = None
+    frames: int = 1
 
     @classmethod
     def answer(cls, data: bytes, close: bool = False, reason: str = "") -> Handled:
@@ -239,10 +244,10 @@ class Handled(NamedTuple):
 
     @classmethod
     def run(cls, commands: Sequence[Any], render: Render, hold: bool = False, ordered: bool = True,
-            joins: bool = False, merges: Hashable = None) -> Handled:
+            joins: bool = False, merges: Hashable = None, frames: int = 1) -> Handled:
         # Built as the tuple it is (one is built per frame; ``cls(...)`` would add a call).
         return _new_tuple(cls, (commands if type(commands) is tuple else tuple(commands), render, b"", False, "",
-                                hold, ordered, joins, merges))
+                                hold, ordered, joins, merges, frames))
 
 
 _new_tuple = tuple.__new__
@@ -290,7 +295,7 @@ class Run(NamedTuple):
 
     def requests(self) -> list[Request]:
         """The requests of the run's frames, as they are without joining."""
-        return [Request(part.commands, part, part.ordered) for part in self.parts]
+        return [Request(part.commands, part, part.ordered, part.frames) for part in self.parts]
 
 
 def merged_produce(fmt: BatchFormat, produces: Sequence[Produce]) -> Produce:
@@ -552,7 +557,7 @@ class CodecConnection(PushConnection, TimerConnection):
             if type(handled) is Handled and handled.render is not None and not handled.hold:
                 if handled.joins:
                     return self._run(handled)
-                return Request(handled.commands, handled, handled.ordered)  # the common case, first
+                return Request(handled.commands, handled, handled.ordered, handled.frames)  # the common case, first
             self.emit(handled)
         return events.popleft()
 
@@ -613,7 +618,7 @@ class CodecConnection(PushConnection, TimerConnection):
                 break
             join(handled)
         if len(parts) == 1:
-            return Request(first.commands, first, first.ordered)
+            return Request(first.commands, first, first.ordered, first.frames)
         return self._joined(parts)
 
     def _joined(self, parts: list[Handled]) -> Request:
@@ -622,12 +627,13 @@ class CodecConnection(PushConnection, TimerConnection):
         by position (``merge``: the first commands of the stretch into one, the second ones...),
         whose results the parts of the stretch share (``Run.starts``)."""
         n = len(parts)
+        frames = sum(part.frames for part in parts)
         keys = [part.merges for part in parts]
         if not any(key is not None and key == after for key, after in zip(keys, keys[1:])):  # nothing merges
             if all(len(part.commands) == 1 for part in parts):  # one command each: the usual run
-                return Request(tuple([part.commands[0] for part in parts]), Run(parts, _ONE_EACH[:n]), True, n)
+                return Request(tuple([part.commands[0] for part in parts]), Run(parts, _ONE_EACH[:n]), True, frames)
             every = tuple(command for part in parts for command in part.commands)
-            return Request(every, Run(parts, list(itertools.accumulate(len(part.commands) for part in parts))), True, n)
+            return Request(every, Run(parts, list(itertools.accumulate(len(part.commands) for part in parts))), True, frames)
         commands: list[Any] = []
         starts: list[int] = []
         ends: list[int] = []
@@ -652,7 +658,7 @@ class CodecConnection(PushConnection, TimerConnection):
                 starts.append(at)
                 ends.append(len(commands))
             i = j
-        return Request(tuple(commands), Run(parts, ends, starts), True, n)
+        return Request(tuple(commands), Run(parts, ends, starts), True, frames)
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
         context = request.context
@@ -675,7 +681,7 @@ class CodecConnection(PushConnection, TimerConnection):
             return
         if isinstance(item, Handled):
             if item.render is not None:
-                request = Request(item.commands, item, item.ordered)
+                request = Request(item.commands, item, item.ordered, item.frames)
                 if item.hold:
                     self.held = request
                 event: Event = request

@@ -3,6 +3,11 @@
  *
  * parse_publish(flags, body) -> (topic, qos, packet_id, payload)
  *     a 3.1.1 PUBLISH body: ``packets._parse_publish``, raising its MalformedPacket in its words.
+ * publish_run(first, header_byte, frames, timestamp, headers, ack_head, budget)
+ *         -> (records, count, acks, last_payload)
+ *     the records of a run of 3.1.1 PUBLISHes to one topic name at QoS 0 or 1: ``first`` (a body
+ *     ``parse_publish`` took), then the frames at the front of the deque ``frames`` that are like
+ *     it, popped: ``packets._publish_run``, the same bytes.
  * count_records(payload) -> int
  *     the records of ``payload`` (a bytes-like object), which must be whole records numbered
  *     0, 1, 2... with nothing after the last, at least one: ``format._count_records``; raises
@@ -403,8 +408,148 @@ done:
     return out;
 }
 
+static PyObject *popleft_name; /* "popleft" */
+
+/* The size of the record a PUBLISH body makes whose topic name field ends at ``field_end`` and
+ * whose payload starts at ``head`` (``publish_run``). */
+static inline Py_ssize_t
+run_record_size(Py_ssize_t body_len, Py_ssize_t field_end, Py_ssize_t head, Py_ssize_t headers_len)
+{
+    return HEAD_SIZE + (field_end - 2) + 4 + (body_len - head) + (headers_len ? 4 + headers_len : 0);
+}
+
+/* Whether ``item`` (a frame of ``frames``: ``(header, body)``, both bytes) is a PUBLISH like the
+ * run's: its first byte ``header_byte``, its body starting with the run's topic name field
+ * ``field`` (``field_end`` bytes) and as long as ``head`` at least. Its body in ``*body``. */
+static inline int
+like_run(PyObject *item, int header_byte, const char *field, Py_ssize_t field_end, Py_ssize_t head,
+         PyObject **body)
+{
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+        return 0;
+    PyObject *header = PyTuple_GET_ITEM(item, 0), *b = PyTuple_GET_ITEM(item, 1);
+    if (!PyBytes_Check(header) || !PyBytes_Check(b) || PyBytes_GET_SIZE(header) < 1
+        || (unsigned char)PyBytes_AS_STRING(header)[0] != header_byte || PyBytes_GET_SIZE(b) < head
+        || memcmp(PyBytes_AS_STRING(b), field, field_end) != 0)
+        return 0;
+    *body = b;
+    return 1;
+}
+
+static PyObject *
+publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "publish_run takes first, header_byte, frames, timestamp, headers, ack_head, budget");
+        return NULL;
+    }
+    long long header_byte, ts, budget;
+    if (field(args[1], 0, 0xFF, &header_byte) < 0 || field(args[3], INT64_MIN, INT64_MAX, &ts) < 0
+        || field(args[6], 0, PY_SSIZE_T_MAX, &budget) < 0)
+        return NULL;
+    int qos = (int)(header_byte >> 1) & 3;
+    if (qos > 1) {
+        PyErr_SetString(PyExc_ValueError, "a run is of QoS 0 or 1 PUBLISHes");
+        return NULL;
+    }
+    PyObject *first = args[0], *frames = args[2], *headers = args[4], *ack_head = args[5];
+    if (!PyBytes_Check(first) || !PyBytes_Check(headers) || (ack_head != Py_None && !PyBytes_Check(ack_head))) {
+        PyErr_SetString(PyExc_TypeError, "publish_run takes bytes");
+        return NULL;
+    }
+    const char *f = PyBytes_AS_STRING(first);
+    Py_ssize_t first_len = PyBytes_GET_SIZE(first);
+    if (first_len < 2) {
+        PyErr_SetString(PyExc_ValueError, "the first PUBLISH has no topic name");
+        return NULL;
+    }
+    Py_ssize_t field_end = 2 + ((Py_ssize_t)(unsigned char)f[0] << 8 | (unsigned char)f[1]);
+    Py_ssize_t head = field_end + (qos ? 2 : 0), hlen = PyBytes_GET_SIZE(headers);
+    if (first_len < head) {
+        PyErr_SetString(PyExc_ValueError, "the first PUBLISH is shorter than its topic name and packet identifier");
+        return NULL;
+    }
+    Py_ssize_t ack_len = ack_head == Py_None ? 0 : PyBytes_GET_SIZE(ack_head);
+    if (ack_head != Py_None && !qos) {
+        PyErr_SetString(PyExc_ValueError, "QoS 0 PUBLISHes are not acknowledged");
+        return NULL;
+    }
+    /* First pass: how many frames join the run, and the size of its records. */
+    Py_ssize_t total = run_record_size(first_len, field_end, head, hlen), count = 1;
+    Py_ssize_t available = PyObject_Length(frames);
+    if (available < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < available; i++) {
+        PyObject *item = PySequence_GetItem(frames, i), *body;
+        if (item == NULL)
+            return NULL;
+        int like = like_run(item, (int)header_byte, f, field_end, head, &body);
+        Py_ssize_t size = like ? run_record_size(PyBytes_GET_SIZE(body), field_end, head, hlen) : 0;
+        Py_DECREF(item);
+        if (!like || size > INT32_MAX || total + size > budget)
+            break;
+        total += size;
+        count++;
+    }
+    if (first_len - head > INT32_MAX || field_end - 2 > INT32_MAX || hlen > INT32_MAX) {
+        PyErr_SetString(struct_error, "a record field out of range");
+        return NULL;
+    }
+    PyObject *records = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *acks = PyBytes_FromStringAndSize(NULL, ack_head == Py_None ? 0 : count * (ack_len + 2));
+    PyObject *last = NULL, *out = NULL, *body = NULL;
+    if (records == NULL || acks == NULL)
+        goto done;
+    /* Second pass: the records (and acknowledgements) of the first and of each frame popped. */
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(records), *a = (unsigned char *)PyBytes_AS_STRING(acks);
+    uint64_t t = (uint64_t)ts;
+    Py_ssize_t key_len = field_end - 2;
+    body = Py_NewRef(first);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (k) {
+            PyObject *item = PyObject_CallMethodNoArgs(frames, popleft_name);
+            if (item == NULL)
+                goto done;
+            Py_SETREF(body, Py_NewRef(PyTuple_GET_ITEM(item, 1)));
+            Py_DECREF(item);
+        }
+        const char *p = PyBytes_AS_STRING(body);
+        Py_ssize_t value_len = PyBytes_GET_SIZE(body) - head;
+        put_u32(w, (uint32_t)k);
+        put_u32(w + 4, (uint32_t)(t >> 32));
+        put_u32(w + 8, (uint32_t)t);
+        w[12] = (unsigned char)(hlen ? HEADERS | qos : qos);
+        put_u32(w + 13, (uint32_t)key_len);
+        w += HEAD_SIZE;
+        memcpy(w, f + 2, key_len), w += key_len;
+        put_u32(w, (uint32_t)value_len), w += 4;
+        memcpy(w, p + head, value_len), w += value_len;
+        if (hlen) {
+            put_u32(w, (uint32_t)hlen);
+            memcpy(w + 4, PyBytes_AS_STRING(headers), hlen), w += 4 + hlen;
+        }
+        if (ack_head != Py_None) {
+            memcpy(a, PyBytes_AS_STRING(ack_head), ack_len);
+            a[ack_len] = p[field_end], a[ack_len + 1] = p[field_end + 1];
+            a += ack_len + 2;
+        }
+        if (k == count - 1)
+            last = PyBytes_FromStringAndSize(p + head, value_len);
+    }
+    if (last != NULL)
+        out = Py_BuildValue("(OnOO)", records, count, acks, last);
+done:
+    Py_XDECREF(body);
+    Py_XDECREF(records);
+    Py_XDECREF(acks);
+    Py_XDECREF(last);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"parse_publish", (PyCFunction)(void (*)(void))parse_publish, METH_FASTCALL, "A 3.1.1 PUBLISH body's fields."},
+    {"publish_run", (PyCFunction)(void (*)(void))publish_run, METH_FASTCALL, "The records of a run of PUBLISHes."},
     {"deliveries", (PyCFunction)(void (*)(void))deliveries, METH_FASTCALL, "The deliveries of a stored mqtt payload."},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL, "One mqtt record."},
     {"count_records", count_records, METH_O, "The records of an mqtt payload, numbered from 0; ValueError else."},
@@ -430,7 +575,8 @@ PyInit__speedups(void)
     malformed = PyObject_GetAttrString(properties, "MalformedPacket");
     Py_DECREF(properties);
     qos_numbers = Py_BuildValue("(iii)", 0, 1, 2);
-    if (malformed == NULL || qos_numbers == NULL)
+    popleft_name = PyUnicode_InternFromString("popleft");
+    if (malformed == NULL || qos_numbers == NULL || popleft_name == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

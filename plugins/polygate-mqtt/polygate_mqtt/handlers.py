@@ -282,6 +282,9 @@ def _aliased(conn: MqttConnection, name: str, properties: props.Properties) -> s
 
 
 def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
+    """A PUBLISH, stored before it is acknowledged. A 3.1.1 one at QoS 0 or 1 takes with it the
+    buffered PUBLISHes like it that follow (``packets.publish_run``): one record each, stored as
+    one batch, and acknowledged together, in order."""
     headers = b""
     if conn.version == 5:
         name, qos, packet_id, properties, payload = packets.parse_publish5(flags, body)
@@ -299,24 +302,44 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
     if qos == 2 and conn.version == 5 and len(conn.awaiting_release) >= conn.options["receive_maximum"]:
         raise Violation(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                         f"over {conn.options['receive_maximum']} QoS 2 messages awaiting release")
-    if flags & 1:  # the flag kept for Retain As Published subscribers
-        return _publish_retained(conn, name, qos, packet_id, payload, headers + _RETAINED)
-    produce = _produce(conn, name, qos, payload, headers)
-    if qos == 0:
-        if produce is None:
-            return Handled.answer(b"")
-        stored = _qos0_stored(conn, name)
+    retain = flags & 1
+    if retain:
+        headers += _RETAINED  # the flag kept for Retain As Published subscribers
+    destination = _destination(conn.mapping, name)
+    produce: m.Produce | None
+    if qos < 2 and conn.version != 5 and destination is not None:
+        produce, ok, payload = _run(conn, destination, body, flags, qos, headers)
     else:
-        assert packet_id is not None  # QoS 1 and 2 carry one
-        if qos == 2:
-            conn.awaiting_release.add(packet_id)
-        ack = packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id)
-        if produce is None:
-            return Handled.answer(ack)
-        stored = _Stored(ack, (conn, name, qos, packet_id))
-    # (hold, ordered, joins, merges) given by position: this runs once per PUBLISH
+        produce = None if destination is None else _produce(conn, destination, qos, payload, headers)
+        ok = b"" if not qos else packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC,
+                                                         packet_id or 0)
+    if qos == 2:
+        conn.awaiting_release.add(packet_id or 0)
+    stored = _qos0_stored(conn, name) if qos == 0 else _Stored(ok, (conn, name, qos, packet_id))
+    if produce is None:  # $SYS: acknowledged, dropped
+        return Handled.answer(stored.ok)
+    if retain:
+        return _publish_retained(conn, produce, _retained(produce, qos, payload, headers), stored)
+    # (hold, ordered, joins, merges, frames) given by position: this runs once per run of PUBLISHes
     return Handled.run((produce,), _announcing(conn, produce, stored), False, True, True,
-                       _merge_key(conn, produce, False))
+                       _merge_key(conn, produce, False), produce.batch.count)
+
+
+_PUBLISH_BYTE = PacketType.PUBLISH << 4  # a PUBLISH's first byte, but for its flags
+_PUBACK_HEAD = packets.with_packet_id(PacketType.PUBACK, 0)[:2]  # a PUBACK before its packet identifier
+
+
+def _run(conn: MqttConnection, destination: tuple[str, bytes], body: bytes, flags: int, qos: int,
+         headers: bytes) -> tuple[m.Produce, bytes, bytes]:
+    """The command storing the 3.1.1 PUBLISH ``body`` (at QoS 0 or 1, to ``destination``) and the
+    buffered ones like it that follow it (``packets.publish_run``, up to ``MERGED_BYTES``),
+    received now; their acknowledgements; the last one's payload."""
+    log_topic, key = destination
+    ts = conn.taken_at
+    records, count, acks, last = packets.publish_run(body, _PUBLISH_BYTE | flags, conn.framer.cut, ts, headers,
+                                                     _PUBACK_HEAD if qos else None, MERGED_BYTES)
+    return m.Produce(log_topic, None, m.Batch(fmt.NAME, records, count, ts), _LEADER, None, key, "murmur2",
+                     True), acks, last
 
 
 def _qos0_stored(conn: MqttConnection, name: str) -> _Stored:
@@ -390,13 +413,10 @@ def _destination(mapping: topics.Mapping, name: str) -> tuple[str, bytes] | None
     return log_topic, name.encode("utf-8")
 
 
-def _produce(conn: MqttConnection, name: str, qos: int, payload: bytes, headers: bytes) -> m.Produce | None:
-    """The command storing an application message published to ``name``, received now, with
-    ``headers`` (an encoded headers section: ``message.headers_of``) (None: a ``$SYS`` name,
-    nothing to store)."""
-    destination = _destination(conn.mapping, name)
-    if destination is None:
-        return None
+def _produce(conn: MqttConnection, destination: tuple[str, bytes], qos: int, payload: bytes,
+             headers: bytes) -> m.Produce:
+    """The command storing an application message published to ``destination`` (``_destination``),
+    received now, with ``headers`` (an encoded headers section: ``message.headers_of``)."""
     log_topic, key = destination
     ts = conn.taken_at
     record = fmt.encode_record(0, ts, qos, key, payload, headers)
@@ -410,24 +430,28 @@ _ENSURE_RETAINED = m.CreateTopic(RETAINED_TOPIC, None, m.TopicConfig(cleanup_pol
 RETAINED_FETCH_BYTES = 4 << 20  # read per partition and round trip when a SUBSCRIBE scans the retained messages
 
 
-def _retained(produce: m.Produce, qos: int, payload: bytes) -> m.Produce:
-    """The command keeping the message ``produce`` stores as its name's retained message (an
-    empty one clears it). The record is the stored one (the same key, the MQTT topic name, and the
-    same fields): its bytes are shared, but for a tombstone."""
+def _retained(produce: m.Produce, qos: int, payload: bytes, headers: bytes) -> m.Produce:
+    """The command keeping the last message ``produce`` stores (``payload``, with ``headers``) as
+    its name's retained message (an empty one clears it). The record is the stored one (the same
+    key, the MQTT topic name, and the same fields): its bytes are shared when ``produce`` stores
+    that one alone, and it is not a tombstone."""
     batch = produce.batch
-    if not payload:
+    if not payload or batch.count > 1:
         ts = batch.max_timestamp
-        batch = m.Batch(fmt.NAME, fmt.encode_record(0, ts, qos, produce.key, None, b""), 1, ts)
+        record = fmt.encode_record(0, ts, qos, produce.key, payload, headers) if payload \
+            else fmt.encode_record(0, ts, qos, produce.key, None, b"")
+        batch = m.Batch(fmt.NAME, record, 1, ts)
     return m.Produce(RETAINED_TOPIC, None, batch, _LEADER, None, produce.key, "murmur2", False)
 
 
 def _commands(conn: MqttConnection, name: str, qos: int, payload: bytes, retain: bool,
               headers: bytes) -> tuple[m.Produce, ...]:
     """The commands storing a message published to ``name``, and keeping it as retained."""
-    produce = _produce(conn, name, qos, payload, headers)
-    if produce is None:
+    destination = _destination(conn.mapping, name)
+    if destination is None:
         return ()
-    return (produce, _retained(produce, qos, payload)) if retain else (produce,)
+    produce = _produce(conn, destination, qos, payload, headers)
+    return (produce, _retained(produce, qos, payload, headers)) if retain else (produce,)
 
 
 def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> Handled:
@@ -443,25 +467,15 @@ def _with_retained_topic(conn: MqttConnection, then: Callable[[], Handled]) -> H
     return Handled.run((_ENSURE_RETAINED,), created, hold=True)
 
 
-def _publish_retained(conn: MqttConnection, name: str, qos: int, packet_id: int | None, payload: bytes,
-                      headers: bytes) -> Handled:
-    """A PUBLISH with RETAIN: stored as any other, and kept as ``name``'s retained message (both
-    before the acknowledgement, which a failure of either refuses). Delivered live without
-    RETAIN, as 3.3.1.3 says."""
-    commands = _commands(conn, name, qos, payload, True, headers)
-    if qos == 2:
-        conn.awaiting_release.add(packet_id or 0)
-    if qos == 0:
-        stored = _qos0_stored(conn, name)
-    else:
-        stored = _Stored(packets.with_packet_id(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id or 0),
-                         (conn, name, qos, packet_id))
-    if not commands:  # $SYS: acknowledged, dropped
-        return Handled.answer(stored.ok)
+def _publish_retained(conn: MqttConnection, produce: m.Produce, retained: m.Produce, stored: _Stored) -> Handled:
+    """PUBLISHes with RETAIN, stored by ``produce`` as any other, the last also kept as its
+    name's retained message by ``retained`` (both before the acknowledgement, which a failure of
+    either refuses). Delivered live without RETAIN, as 3.3.1.3 says."""
+    commands = (produce, retained)
     if conn.retained_ready:
-        return Handled.run(commands, stored, False, True, True, _merge_key(conn, commands[0], True))
-    return _with_retained_topic(conn, lambda: Handled.run(commands, stored, joins=True,
-                                                          merges=_merge_key(conn, commands[0], True)))
+        return Handled.run(commands, stored, False, True, True, _merge_key(conn, produce, True), produce.batch.count)
+    return _with_retained_topic(conn, lambda: Handled.run(commands, stored, joins=True, merges=_merge_key(conn, produce, True),
+                                                          frames=produce.batch.count))
 
 
 def _acknowledged(conn: MqttConnection, body: bytes) -> tuple[int, int]:

@@ -60,13 +60,21 @@ def command_fields(command) -> tuple:
 
 def drive(conn: MqttConnection) -> list:
     """Take every event, answering requests as the broker would; events in comparable form
-    (a run of joined PUBLISHes as the request of each)."""
+    (a run of joined PUBLISHes as the request of each, and so a run one PUBLISH took with it,
+    stored as one batch: each of its records as a request, answered by its share of the
+    acknowledgements)."""
     out: list = []
     while (taken := conn.next_event()) is not None:
         for event in per_frame(taken):
-            out.append(describe(conn, event, out))
-            if isinstance(event, Request):
-                out.append(("answer", conn.respond(event, results_for(event))))
+            described = describe(conn, event, out)
+            if not isinstance(event, Request):
+                out.append(described)
+                continue
+            answer = conn.respond(event, results_for(event))
+            count = event.commands[0].batch.count if isinstance(event.commands[0], m.Produce) else 1
+            share = len(answer) // count
+            for i in range(count):
+                out += [described, ("answer", answer[i * share : (i + 1) * share] if count > 1 else answer)]
     return out
 
 
