@@ -12,8 +12,9 @@ the group agreed on, as a Kafka leader would (``gateway.assignors``), to every m
 protocol it speaks.
 
 A member starts each assigned partition at the offset ``G`` committed there (records published
-after it are delivered), or, without one, at the end of the log (records published from then
-on); a log topic that did not exist at the SUBSCRIBE (granted, and waited for as an ordinary
+after it are delivered), or, without one, where the log ended at the SUBSCRIBE that made it read
+that log topic (records published from then on, also those published before the group assigned
+the partition: a new group's first rebalance may wait seconds); a log topic that did not exist at the SUBSCRIBE (granted, and waited for as an ordinary
 filter's is: ``MqttConnection.await_topic``) at the start of its log, all of it published since. It commits what it delivered every ``HEARTBEAT_S`` while it moved, under its generation:
 the first offset not yet delivered for good (a QoS 0 message sent, a QoS 1 one PUBACKed, a QoS 2
 one PUBRECed), so that a Kafka consumer, or another MQTT member, given the partition next reads
@@ -90,6 +91,7 @@ class Share:
     read_to: dict[tuple[str, int], int] = attrs.Factory(dict)  # (log topic, partition) -> next offset taken
     moved: bool = False  # delivered since the last commit
     appeared: set[str] = attrs.Factory(set)  # log topics created after the SUBSCRIBE: read from their start
+    since: dict[tuple[str, int], int] = attrs.Factory(dict)  # (log topic, partition) -> its end at the SUBSCRIBE
 
     @property
     def partitions(self) -> int:
@@ -128,6 +130,8 @@ def subscribe(conn: MqttConnection, group: str, topic_filter: str, granted: int,
         share.appeared.update(info.topic for info in infos)
     for info in infos:
         share.sizes[info.topic] = len(info.partitions)
+        for partition in info.partitions:
+            share.since.setdefault((info.topic, partition.partition), partition.high_watermark)
     if share.subscription != before or not share.epoch:
         _join(conn, share)
         return
@@ -145,6 +149,7 @@ def unsubscribe(conn: MqttConnection, group: str, topic_filter: str) -> bool:
     share.topics.pop(topic_filter)
     share.sizes = {topic: size for topic, size in share.sizes.items() if topic in share.subscription}
     share.appeared.intersection_update(share.subscription)
+    share.since = {at: offset for at, offset in share.since.items() if at[0] in share.sizes}
     if not share.filters:
         del conn.shares[group]
         leaving = _leaving(conn, share)
@@ -280,7 +285,7 @@ def _started(conn: MqttConnection, share: Share, epoch: int, partitions: tuple[t
     starts: dict[str, dict[int, int]] = {}
     for topic, p in partitions:
         starts.setdefault(topic, {})[p] = committed.get(
-            (topic, p), m.OffsetSpec.EARLIEST if topic in share.appeared else m.OffsetSpec.LATEST)
+            (topic, p), m.OffsetSpec.EARLIEST if topic in share.appeared else share.since.get((topic, p), m.OffsetSpec.LATEST))
     for topic, since in starts.items():
         sub = share.streams[topic] = conn.shared_subscription(share.group, topic, since)
         for topic_filter, granted in share.filters.items():

@@ -94,6 +94,23 @@ def test_a_shared_filter_waits_for_its_log_topic_as_an_ordinary_one_does(gateway
     assert got == [b"the first message", b"the second"]
 
 
+def test_a_shared_subscriber_gets_what_is_published_right_after_its_subscribe(gateway_factory, device_factory):
+    """Without a commit, a member starts where the log ended at its SUBSCRIBE, not where it ends
+    once the group assigns it the partitions: in cluster mode a new group's first rebalance waits
+    for the cluster's initial rebalance delay (seconds), and what is published in between is
+    delivered, as Paho's shared subscriptions scenario expects."""
+    gw = gateway_factory(("v1", "mqtt"))
+    topic, group = f"r{uuid.uuid4().hex[:8]}", f"g{uuid.uuid4().hex[:8]}"
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        v1.create_topic(topic, PARTITIONS)
+    member = device_factory(gw.port("mqtt"), "member")
+    assert member.subscribe((f"$share/{group}/{topic}/#", 1)) == [1]
+    publisher = device_factory(gw.port("mqtt"), "publisher")
+    publisher.publish(f"{topic}/a", b"right after the SUBSCRIBE", qos=1)
+    wait(lambda: member.wait_messages(0, 0), what="the message")
+    assert [payload for _, payload, _ in member.wait_messages(0, 0)] == [b"right after the SUBSCRIBE"]
+
+
 @pytest.fixture
 def gateway(gateway_factory):
     return gateway_factory(("v1", "mqtt"))
