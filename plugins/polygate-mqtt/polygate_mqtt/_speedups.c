@@ -3,11 +3,11 @@
  *
  * parse_publish(flags, body) -> (topic, qos, packet_id, payload)
  *     a 3.1.1 PUBLISH body: ``packets._parse_publish``, raising its MalformedPacket in its words.
- * publish_run(first, header_byte, frames, timestamp, headers, ack_head, budget)
+ * publish_run(first, header_byte, frames, timestamp, headers, ack_head, budget, version5)
  *         -> (records, count, acks, last_payload)
- *     the records of a run of 3.1.1 PUBLISHes to one topic name at QoS 0 or 1: ``first`` (a body
- *     ``parse_publish`` took), then the frames at the front of the deque ``frames`` that are like
- *     it, popped: ``packets._publish_run``, the same bytes.
+ *     the records of a run of PUBLISHes to one topic name at QoS 0 or 1 (MQTT 5 ones without
+ *     properties): ``first`` (a body the PUBLISH parse took), then the frames at the front of the
+ *     deque ``frames`` that are like it, popped: ``packets._publish_run``, the same bytes.
  * count_records(payload) -> int
  *     the records of ``payload`` (a bytes-like object), which must be whole records numbered
  *     0, 1, 2... with nothing after the last, at least one: ``format._count_records``; raises
@@ -420,10 +420,12 @@ run_record_size(Py_ssize_t body_len, Py_ssize_t field_end, Py_ssize_t head, Py_s
 
 /* Whether ``item`` (a frame of ``frames``: ``(header, body)``, both bytes) is a PUBLISH like the
  * run's: its first byte ``header_byte``, its body starting with the run's topic name field
- * ``field`` (``field_end`` bytes) and as long as ``head`` at least. Its body in ``*body``. */
+ * ``field`` (``field_end`` bytes) and as long as ``head`` at least; an MQTT 5 one (``version5``)
+ * with a packet identifier other than 0 (at QoS 1) and no properties (a property length of 0,
+ * the byte before ``head``). Its body in ``*body``. */
 static inline int
 like_run(PyObject *item, int header_byte, const char *field, Py_ssize_t field_end, Py_ssize_t head,
-         PyObject **body)
+         int version5, PyObject **body)
 {
     if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
         return 0;
@@ -432,6 +434,9 @@ like_run(PyObject *item, int header_byte, const char *field, Py_ssize_t field_en
         || (unsigned char)PyBytes_AS_STRING(header)[0] != header_byte || PyBytes_GET_SIZE(b) < head
         || memcmp(PyBytes_AS_STRING(b), field, field_end) != 0)
         return 0;
+    const char *p = PyBytes_AS_STRING(b);
+    if (version5 && (p[head - 1] != 0 || (head - field_end == 3 && p[field_end] == 0 && p[field_end + 1] == 0)))
+        return 0;
     *body = b;
     return 1;
 }
@@ -439,11 +444,14 @@ like_run(PyObject *item, int header_byte, const char *field, Py_ssize_t field_en
 static PyObject *
 publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
+    if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError,
-                        "publish_run takes first, header_byte, frames, timestamp, headers, ack_head, budget");
+                        "publish_run takes first, header_byte, frames, timestamp, headers, ack_head, budget, version5");
         return NULL;
     }
+    int version5 = PyObject_IsTrue(args[7]);
+    if (version5 < 0)
+        return NULL;
     long long header_byte, ts, budget;
     if (field(args[1], 0, 0xFF, &header_byte) < 0 || field(args[3], INT64_MIN, INT64_MAX, &ts) < 0
         || field(args[6], 0, PY_SSIZE_T_MAX, &budget) < 0)
@@ -465,9 +473,13 @@ publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t field_end = 2 + ((Py_ssize_t)(unsigned char)f[0] << 8 | (unsigned char)f[1]);
-    Py_ssize_t head = field_end + (qos ? 2 : 0), hlen = PyBytes_GET_SIZE(headers);
+    Py_ssize_t head = field_end + (qos ? 2 : 0) + version5, hlen = PyBytes_GET_SIZE(headers);
     if (first_len < head) {
         PyErr_SetString(PyExc_ValueError, "the first PUBLISH is shorter than its topic name and packet identifier");
+        return NULL;
+    }
+    if (version5 && f[head - 1] != 0) {
+        PyErr_SetString(PyExc_ValueError, "the first PUBLISH has properties");
         return NULL;
     }
     Py_ssize_t ack_len = ack_head == Py_None ? 0 : PyBytes_GET_SIZE(ack_head);
@@ -484,7 +496,7 @@ publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *item = PySequence_GetItem(frames, i), *body;
         if (item == NULL)
             return NULL;
-        int like = like_run(item, (int)header_byte, f, field_end, head, &body);
+        int like = like_run(item, (int)header_byte, f, field_end, head, version5, &body);
         Py_ssize_t size = like ? run_record_size(PyBytes_GET_SIZE(body), field_end, head, hlen) : 0;
         Py_DECREF(item);
         if (!like || size > INT32_MAX || total + size > budget)

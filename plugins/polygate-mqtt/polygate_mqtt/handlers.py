@@ -232,8 +232,9 @@ def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult,
 
 
 class _Stored(Acknowledgement):
-    """The answer to a PUBLISH once stored: ``ok`` is its PUBACK (QoS 1), PUBREC (QoS 2) or
-    nothing (QoS 0). ``context`` is ``(connection, topic name, qos, packet id)``."""
+    """The answer to a PUBLISH once stored: ``ok`` is its PUBACK (QoS 1; a run's, its PUBACKs:
+    ``_run``), PUBREC (QoS 2) or nothing (QoS 0). ``context`` is ``(connection, topic name, qos,
+    packet id)``, the packet id the first's."""
 
     __slots__ = ()
 
@@ -246,9 +247,13 @@ class _Stored(Acknowledgement):
         if connection.version == 5 and qos:  # MQTT 5 says "not stored" with the acknowledgement's reason code
             reason = ReasonCode.NOT_AUTHORIZED if error.code in m.AUTHORIZATION_ERRORS \
                 else ReasonCode.UNSPECIFIED_ERROR
+            text = f"not stored: {error.code.value}" if connection.problem_information else None
+            if qos == 1:  # each PUBLISH of a run: its packet id follows its PUBACK's two bytes
+                ok = self.ok
+                return b"".join(packets.ack5(PacketType.PUBACK, int.from_bytes(ok[i + 2 : i + 4], "big"), reason, text)
+                                for i in range(0, len(ok), 4))
             connection.awaiting_release.discard(packet_id)  # an error PUBREC ends the exchange (4.3.3)
-            return packets.ack5(PacketType.PUBACK if qos == 1 else PacketType.PUBREC, packet_id, reason,
-                                f"not stored: {error.code.value}" if connection.problem_information else None)
+            return packets.ack5(PacketType.PUBREC, packet_id, reason, text)
         # 3.1.1 has no negative acknowledgement: closing is the only way to say "not stored".
         connection.close(f"PUBLISH to {name!r} not stored: {error.code.value}: {error.message}")
         return b""
@@ -282,10 +287,12 @@ def _aliased(conn: MqttConnection, name: str, properties: props.Properties) -> s
 
 
 def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
-    """A PUBLISH, stored before it is acknowledged. A 3.1.1 one at QoS 0 or 1 takes with it the
-    buffered PUBLISHes like it that follow (``packets.publish_run``): one record each, stored as
-    one batch, and acknowledged together, in order."""
+    """A PUBLISH, stored before it is acknowledged. One at QoS 0 or 1 (MQTT 5: without
+    properties) takes with it the buffered PUBLISHes like it that follow
+    (``packets.publish_run``): one record each, stored as one batch, and acknowledged together,
+    in order."""
     headers = b""
+    properties: props.Properties = {}
     if conn.version == 5:
         name, qos, packet_id, properties, payload = packets.parse_publish5(flags, body)
         if properties:
@@ -307,7 +314,7 @@ def publish(conn: MqttConnection, body: bytes, flags: int) -> Handled:
         headers += _RETAINED  # the flag kept for Retain As Published subscribers
     destination = _destination(conn.mapping, name)
     produce: m.Produce | None
-    if qos < 2 and conn.version != 5 and destination is not None:
+    if qos < 2 and not properties and destination is not None and _plain(conn, destination, body, qos, payload):
         produce, ok, payload = _run(conn, destination, body, flags, qos, headers)
     else:
         produce = None if destination is None else _produce(conn, destination, qos, payload, headers)
@@ -329,15 +336,22 @@ _PUBLISH_BYTE = PacketType.PUBLISH << 4  # a PUBLISH's first byte, but for its f
 _PUBACK_HEAD = packets.with_packet_id(PacketType.PUBACK, 0)[:2]  # a PUBACK before its packet identifier
 
 
+def _plain(conn: MqttConnection, destination: tuple[str, bytes], body: bytes, qos: int, payload: bytes) -> bool:
+    """Whether the PUBLISH ``body`` is laid out as ``packets.publish_run`` reads it: its payload
+    right after its topic name and packet identifier (MQTT 5: and a property length of one byte,
+    0), as every client writes a PUBLISH without properties."""
+    return len(body) - len(payload) == 2 + len(destination[1]) + (2 if qos else 0) + (conn.version == 5)
+
+
 def _run(conn: MqttConnection, destination: tuple[str, bytes], body: bytes, flags: int, qos: int,
          headers: bytes) -> tuple[m.Produce, bytes, bytes]:
-    """The command storing the 3.1.1 PUBLISH ``body`` (at QoS 0 or 1, to ``destination``) and the
-    buffered ones like it that follow it (``packets.publish_run``, up to ``MERGED_BYTES``),
-    received now; their acknowledgements; the last one's payload."""
+    """The command storing the PUBLISH ``body`` (at QoS 0 or 1, to ``destination``; MQTT 5:
+    without properties) and the buffered ones like it that follow it (``packets.publish_run``, up
+    to ``MERGED_BYTES``), received now; their acknowledgements; the last one's payload."""
     log_topic, key = destination
     ts = conn.taken_at
     records, count, acks, last = packets.publish_run(body, _PUBLISH_BYTE | flags, conn.framer.cut, ts, headers,
-                                                     _PUBACK_HEAD if qos else None, MERGED_BYTES)
+                                                     _PUBACK_HEAD if qos else None, MERGED_BYTES, conn.version == 5)
     return m.Produce(log_topic, None, m.Batch(fmt.NAME, records, count, ts), _LEADER, None, key, "murmur2",
                      True), acks, last
 

@@ -256,19 +256,22 @@ def _parse_publish(flags: int, body: bytes) -> tuple[str, int, int | None, bytes
 
 
 def _publish_run(first: bytes, header_byte: int, frames: collections.deque[tuple[bytes, bytes | bytearray]],
-                 timestamp: int, headers: bytes, ack_head: bytes | None, budget: int) -> tuple[bytes, int, bytes, bytes]:
-    """The records of a run of 3.1.1 PUBLISHes to one topic name, at QoS 0 or 1, stored as one
-    batch: ``(records, count, acks, last_payload)`` (in C when built: ``_speedups.publish_run``,
-    the same bytes).
+                 timestamp: int, headers: bytes, ack_head: bytes | None, budget: int,
+                 version5: bool) -> tuple[bytes, int, bytes, bytes]:
+    """The records of a run of PUBLISHes to one topic name, at QoS 0 or 1, stored as one batch:
+    ``(records, count, acks, last_payload)`` (in C when built: ``_speedups.publish_run``, the
+    same bytes).
 
-    ``first`` is the body of the first (``parse_publish`` took it, so it is whole), and
-    ``header_byte`` its fixed header's first byte. Each frame at the front of ``frames`` (the
-    framer's cut frames, ``(header, body)``) joins the run while its first byte is
-    ``header_byte``, its body starts with the same topic name field and is long enough for its
-    packet identifier, and the records stay within ``budget`` bytes (the first always joins):
-    it is popped. Each PUBLISH makes the record ``format.encode_record`` makes of it (offset
-    deltas from 0, ``timestamp``, the QoS, the topic name as key, the payload, ``headers``);
-    ``acks`` is ``ack_head`` and the packet identifier of each (None at QoS 0: nothing), and
+    ``first`` is the body of the first (the PUBLISH parse took it, so it is whole), and
+    ``header_byte`` its fixed header's first byte; with ``version5``, the bodies are MQTT 5 ones,
+    and take part only without properties (a property length of 0; ``ValueError`` for a ``first``
+    with any). Each frame at the front of ``frames`` (the framer's cut frames, ``(header, body)``)
+    joins the run while its first byte is ``header_byte``, its body starts with the same topic
+    name field and is long enough for its packet identifier (MQTT 5: not 0, and no properties
+    after it), and the records stay within ``budget`` bytes (the first always joins): it is
+    popped. Each PUBLISH makes the record ``format.encode_record`` makes of it (offset deltas
+    from 0, ``timestamp``, the QoS, the topic name as key, the payload, ``headers``); ``acks`` is
+    ``ack_head`` and the packet identifier of each (None at QoS 0: nothing), and
     ``last_payload`` the last one's payload."""
     qos = (header_byte >> 1) & 3
     if qos > 1:
@@ -276,9 +279,11 @@ def _publish_run(first: bytes, header_byte: int, frames: collections.deque[tuple
     if ack_head is not None and not qos:
         raise ValueError("QoS 0 PUBLISHes are not acknowledged")
     field_end = 2 + _U16.unpack_from(first)[0]
-    head = field_end + (2 if qos else 0)
+    head = field_end + (2 if qos else 0) + (1 if version5 else 0)
     if len(first) < head:
         raise ValueError("the first PUBLISH is shorter than its topic name and packet identifier")
+    if version5 and first[head - 1]:
+        raise ValueError("the first PUBLISH has properties")
     field, key = first[:field_end], first[2:field_end]
     bodies = [first]
     size = len(fmt.encode_record(0, timestamp, qos, key, first[head:], headers))
@@ -286,13 +291,15 @@ def _publish_run(first: bytes, header_byte: int, frames: collections.deque[tuple
         header, body = frames[0]
         if not header or header[0] != header_byte or len(body) < head or body[:field_end] != field:
             break
+        if version5 and (body[head - 1] or (qos and body[field_end:field_end + 2] == b"\0\0")):
+            break
         size += fmt.HEAD_SIZE + len(key) + fmt.LEN.size + len(body) - head + (fmt.LEN.size + len(headers) if headers else 0)
         if size > budget:
             break
         bodies.append(bytes(frames.popleft()[1]))
     records = b"".join(fmt.encode_record(delta, timestamp, qos, key, body[head:], headers)
                        for delta, body in enumerate(bodies))
-    acks = b"" if ack_head is None else b"".join(ack_head + body[field_end:head] for body in bodies)
+    acks = b"" if ack_head is None else b"".join(ack_head + body[field_end:field_end + 2] for body in bodies)
     return records, len(bodies), acks, bodies[-1][head:]
 
 

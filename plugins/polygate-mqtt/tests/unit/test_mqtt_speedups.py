@@ -99,39 +99,51 @@ def test_the_c_publish_parse_gives_the_python_twins_fields_or_refusal(flags, bod
 _NAMES = st.sampled_from([b"a/b", b"a/c", b"", b"a/b/c"])
 
 
-def _frame(name: bytes, qos: int, packet_id: int, payload: bytes, flags: int) -> tuple[bytes, bytes]:
-    body = len(name).to_bytes(2, "big") + name + (packet_id.to_bytes(2, "big") if qos else b"") + payload
+def _frame(name: bytes, qos: int, packet_id: int, payload: bytes, flags: int, properties: bytes | None) -> tuple[bytes, bytes]:
+    """A PUBLISH frame; ``properties``, an MQTT 5 one's property section (None: 3.1.1)."""
+    body = len(name).to_bytes(2, "big") + name + (packet_id.to_bytes(2, "big") if qos else b"") + \
+        (properties if properties is not None else b"") + payload
     return bytes((0x30 | flags,)), body
 
 
-FRAMES = st.lists(st.tuples(_NAMES, st.integers(0, 65535), st.binary(max_size=30), st.sampled_from([0, 0, 0, 1, 8])),
-                  max_size=8)
+SECTIONS = st.sampled_from([b"\x00", b"\x00", b"\x00", b"\x02\x01\x01"])  # none (most), or a Payload Format Indicator
+FRAMES = st.lists(st.tuples(_NAMES, st.sampled_from([0, 1, 7, 65535]), st.binary(max_size=30),
+                            st.sampled_from([0, 0, 0, 1, 8]), SECTIONS), max_size=8)
 
 
 @built
-@given(st.sampled_from([0, 1]), st.binary(max_size=30), st.integers(0, 65535), FRAMES, st.integers(0, 400),
-       st.sampled_from([b"", mqtt_format.encode_headers([("r", b"1")])]), st.integers(-2**63, 2**63 - 1))
+@given(st.sampled_from([0, 1]), st.binary(max_size=30), st.integers(1, 65535), FRAMES, st.integers(0, 400),
+       st.sampled_from([b"", mqtt_format.encode_headers([("r", b"1")])]), st.integers(-2**63, 2**63 - 1), st.booleans())
 def test_the_c_publish_run_takes_the_python_twins_frames_and_gives_its_bytes(qos, payload, packet_id, frames, budget,
-                                                                              headers, timestamp):
-    """Frames like the first (same first byte, same topic name) join the run until one is not, or
-    the budget is spent; both twins pop the same frames and give the same records and acks."""
+                                                                              headers, timestamp, version5):
+    """Frames like the first (same first byte, same topic name; MQTT 5: no properties, a packet
+    identifier) join the run until one is not, or the budget is spent; both twins pop the same
+    frames and give the same records and acks."""
     header_byte = 0x30 | qos << 1
-    first = _frame(b"a/b", qos, packet_id, payload, 0)[1]
-    following = [_frame(name, qos, pid, body, extra | qos << 1) for name, pid, body, extra in frames]
+    first = _frame(b"a/b", qos, packet_id, payload, 0, b"\x00" if version5 else None)[1]
+    following = [_frame(name, qos, pid, body, extra | qos << 1, section if version5 else None)
+                 for name, pid, body, extra, section in frames]
     ack_head = b"\x40\x02" if qos else None
     outcomes = []
     for run in (packets._speedups.publish_run, packets._publish_run):
         left = collections.deque(following)
-        outcomes.append((run(first, header_byte, left, timestamp, headers, ack_head, budget), list(left)))
+        outcomes.append((run(first, header_byte, left, timestamp, headers, ack_head, budget, version5), list(left)))
     assert outcomes[0] == outcomes[1]
     (records, count, acks, last), left = outcomes[0]
     assert len(left) == len(following) - count + 1
     assert mqtt_format._count_records(records) == count
-    assert len(acks) == (4 * count if qos else 0)
+    assert acks[2:4] == (packet_id.to_bytes(2, "big") if qos else b"") and len(acks) == (4 * count if qos else 0)
+    taken = [first] + [body for _, body in following[: count - 1]]
+    assert last == taken[-1][len(first) - len(payload):]  # the last one's payload, where the first's starts
 
 
 @built
-def test_a_run_is_of_qos_0_or_1_in_both_twins():
+@pytest.mark.parametrize(("first", "header_byte", "ack_head", "version5"), [
+    (b"\x00\x01a\x00\x01", 0x34, b"\x50\x02", False),  # QoS 2
+    (b"\x00\x01a\x00\x01", 0x30, b"\x40\x02", False),  # QoS 0, acknowledged
+    (b"\x00\x01a\x00\x01\x02\x01\x01", 0x32, b"\x40\x02", True),  # an MQTT 5 one with properties
+])
+def test_what_is_not_a_run_is_refused_alike_by_both_twins(first, header_byte, ack_head, version5):
     for run in (packets._speedups.publish_run, packets._publish_run):
         with pytest.raises(ValueError):
-            run(b"\x00\x01a\x00\x01", 0x34, collections.deque(), 0, b"", b"\x50\x02", 1 << 20)
+            run(first, header_byte, collections.deque(), 0, b"", ack_head, 1 << 20, version5)
