@@ -16,9 +16,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from group_support import PARTITIONS, KafkaMember, partition_of, produce, wait
 from polygate_mqtt.properties import ReasonCode
 from test_mqtt5_gateway import Client5
+from test_mqtt_sessions import Raw, publisher
 
 from gateway.clients.v1 import V1Client
-from gateway.launcher import Tansu
+from gateway.launcher import Tansu, running_cluster
 from gateway.partitioners import murmur2
 
 
@@ -128,6 +129,29 @@ def test_a_connect_on_one_gateway_takes_over_the_client_id_connected_to_another(
     finally:
         second.close()
         first.close()
+
+
+def test_a_persistent_session_taken_over_through_another_gateway_goes_on_there(gateway_factory, device_factory):
+    """3.1.4-3 across gateways: a client that connects through another gateway with the id of a
+    connected persistent session closes that connection and goes on with the session there, its
+    subscriptions and all. On a cluster that keeps the metadata of committed offsets, where a
+    session lives, as Kafka does (Tansu 0.6 drops it): a polygate serving Kafka in local mode."""
+    with running_cluster("polygate") as bootstrap:
+        a, b = (gateway_factory(("v1", "mqtt"), ("--storage", f"kafka://{bootstrap}")) for _ in range(2))
+        with V1Client("127.0.0.1", a.port("v1")) as v1:
+            v1.create_topic("roam", 1)
+        first = Raw(a.port("mqtt"), b"roamer")
+        first.subscribe("roam/#", 1)
+        time.sleep(1)  # the session's commit after its SUBSCRIBE is stored
+        second = Raw(b.port("mqtt"), b"roamer")
+        assert second.session_present
+        first.sock.settimeout(5)
+        assert first.sock.recv(1) == b"", "the first connection is still open"
+        publisher(a, device_factory, ("roam/x", b"through the other gateway", 1))
+        [(topic, qos, _, payload, dup)] = second.publishes(1)
+        assert (topic, qos, payload, dup) == ("roam/x", 1, b"through the other gateway", False)
+        first.close()
+        second.close()
 
 
 def test_a_delayed_will_is_published_once_by_the_gateways_of_a_cluster(pair):
