@@ -404,11 +404,11 @@ class CodecProtocol(protocol.Protocol):
         fairness = self.factory.fairness
         self._deadline = fairness.deadline()
         try:
-            self._take_events()
+            spent = self._take_events()
         finally:
             self._pumping = False
         self._flush()
-        if not self.closing and fairness.clock() >= self._deadline:
+        if not self.closing and (spent or fairness.clock() >= self._deadline):
             self._yielded = True  # events may be left: the others first
             fairness.wait_turn(self)
         self._update_reading()
@@ -428,17 +428,18 @@ class CodecProtocol(protocol.Protocol):
         if not self.closing:
             self._pump()
 
-    def _take_events(self) -> None:
+    def _take_events(self) -> bool:
         """Take events, then run the commands of every request taken in one
         ``run_many`` call (so pipelined produces can share appends); again while
-        the answers release more events."""
+        the answers release more events. True when the last take stopped with its
+        room spent (``_take_some``)."""
         clock = self.factory.fairness.clock
         while True:
             requests: list[tuple[_Slot, Request]] = []
             began = self._pass_began = clock()
-            self._take_some(requests)
+            spent = self._take_some(requests)
             if not requests:
-                return
+                return spent
             started = clock()
             self._waited = 0
             self._run(requests)
@@ -451,31 +452,38 @@ class CodecProtocol(protocol.Protocol):
             if frames > self._waited:  # answered in this pass: their latency is the pass's
                 meter.latency.observe(clock() - began, frames - self._waited)
 
-    def _take_some(self, requests: list[tuple[_Slot, Request]]) -> None:
+    def _take_some(self, requests: list[tuple[_Slot, Request]]) -> bool:
         """Take events while we may: not closing or streaming, the peer draining its answers,
         fewer than ``max_in_flight`` requests, answers held and the answers the requests
         taken now may grow to under ``max_answer_bytes`` (the first request always), and
-        time left in the slice. Requests get their slot now and are run later."""
+        time left in the slice. Requests get their slot now and are run later.
+
+        True when it took events until its room was spent: more may be waiting, and when
+        none of those it took is a request, no answer comes to take them (a codec's
+        answer to one request may be many events: a SUBACK, streams, timers, a fetch), so
+        the pump goes on at the next turn."""
         factory, queue, unordered = self.factory, self.queue, self.unordered
         clock, deadline = factory.fairness.clock, self._deadline
         budget = factory.max_answer_bytes - self._held
         if budget <= 0:
-            return  # answers held for the peer: nothing runs until they are written
+            return False  # answers held for the peer: nothing runs until they are written
         if self.codec is None:
-            return  # the codec failed to start: the connection is closing
+            return False  # the codec failed to start: the connection is closing
         # Events that take a slot: below max_in_flight, and as many requests as the rest of the
         # slice may run at what this connection's requests cost so far.
         room = min(factory.max_in_flight - len(queue) - len(unordered) - self._run_frames,
                    max(1, min(MAX_PASS, int((deadline - clock()) / self._cost))))
+        if room <= 0:
+            return False  # in flight to the limit: their answers take the next events
         next_event = self.codec.next_event
         while room > 0 and not (self.closing or self.streaming or self.write_paused) and clock() < deadline:
             try:
                 event = next_event()
             except Exception:
                 self._codec_bug()
-                return
+                return False
             if event is None:
-                break
+                return False
             room -= 1
             self._events += 1
             if isinstance(event, Request):
@@ -512,6 +520,7 @@ class CodecProtocol(protocol.Protocol):
                 self._timers.set(event)
             else:  # pragma: no cover
                 raise TypeError(f"unknown codec event {event!r}")
+        return room <= 0
 
     def _run(self, requests: list[tuple[_Slot, Request]]) -> None:
         """Run the commands of ``requests`` in one ``run_many`` call; answer each request."""

@@ -124,6 +124,21 @@ def test_greeting_and_answers_in_request_order(script):
     assert transport.value() == b"a=1\nb=2\nnow\nc=3\n"
 
 
+def test_events_past_a_pass_are_taken_at_the_next_turn_when_no_answer_is_awaited(script):
+    """A pass takes at most its room of events (here ``max_in_flight``, 4). When none of those it
+    took is a request, no answer comes back to take the rest: the pump goes on at the next turn
+    (an MQTT SUBSCRIBE's answer is its streams, a timer, the SUBACK and a fetch; the SUBACK was
+    left unsent until the client's next packet)."""
+    factory, _ = script
+    proto, transport = connect(factory)
+    transport.clear()
+    proto.dataReceived(b"".join(b"reply %d\n" % i for i in range(10)))
+    assert transport.value() == b"0\n1\n2\n3\n"
+    factory.reactor.advance(0)
+    factory.reactor.advance(0)
+    assert transport.value() == b"".join(b"%d\n" % i for i in range(10))
+
+
 def test_byte_at_a_time_delivery(script):
     factory, waits = script
     proto, transport = connect(factory)
