@@ -279,7 +279,10 @@ class FaultProxy:
                     pair.upstream_eof = True
                 else:
                     pair.client_eof = True
-            elif data and self.mode in (Mode.PASSING, Mode.SLOW):
+            elif data and self.mode is not Mode.BLACKHOLE:
+                # Held while stalled, not dropped: a stalled socket is not watched, but an event of
+                # the select batch in which stall() took effect is still served after it. Only a
+                # blackhole loses bytes (and its connections are reset when it ends).
                 (pair.to_client if upstream else pair.to_upstream).extend(data)
         if events & selectors.EVENT_WRITE and (self.mode is Mode.PASSING or self.mode is Mode.SLOW and upstream):
             buffer = pair.to_upstream if upstream else pair.to_client

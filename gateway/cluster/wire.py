@@ -387,6 +387,10 @@ class ClusterClient:
         elif conn is not None:
             return conn.wait()
         opening = self._open(node_id, key)
+        if opening.called:
+            # Failed before any try (the metadata names no such broker): nothing for others to wait
+            # for, and kept it would answer every later request to the broker with this failure.
+            return opening
 
         def opened(c: BrokerConnection) -> BrokerConnection:
             if self._connections.get(key) is shared:

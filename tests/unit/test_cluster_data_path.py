@@ -311,6 +311,21 @@ def test_the_client_checks_timeouts_only_while_a_request_waits():
     assert not reactor.getDelayedCalls()
 
 
+def test_a_request_to_a_broker_not_in_the_metadata_fails_with_its_error_each_time():
+    """A connection that cannot even be tried (the metadata names no such broker) fails its request
+    at once with the client's error, and is not kept: the next request tries again rather than
+    hear the first one's failure, and the timeout sweep stops, as nothing waits."""
+    reactor = MemoryReactorClock()
+    client = ClusterClient(ClusterConfig("127.0.0.1:1"), reactor)
+    client.start()
+    for _ in range(2):
+        failure = outcome(client.request(7, "produce", API_VERSIONS, {}))
+        assert failure is not None and failure.check(WireError), failure
+        assert failure.value.code == Errors.LEADER_NOT_AVAILABLE
+    reactor.advance(SWEEP_S)
+    assert not reactor.getDelayedCalls()
+
+
 def test_a_retired_connection_with_nothing_waiting_closes_at_once():
     reactor, transport = MemoryReactorClock(), StringTransport()
     conn = BrokerConnection(reactor, "polygate")
