@@ -22,6 +22,10 @@
  *     payload is the record as ``format.encode_keyed(timestamp, key, value)`` writes it; acks is
  *     the third argument's text or None. None for every other line (the codec's general parser
  *     takes it).
+ * parse_produces(lines, timestamp, limit, max_len) -> [(cid, topic, key, payload, acks), ...]
+ *     ``parse_produce`` of each of the first lines of the iterable ``lines`` (bytes), as
+ *     ``codec._parse_produces`` takes them: up to ``limit`` of them, stopping before the first
+ *     line that is not a plain PRODUCE line or is longer than ``max_len`` bytes.
  */
 #include "_speedups.h"
 #include <string.h>
@@ -234,41 +238,36 @@ printable(const unsigned char *p, Py_ssize_t len, Py_ssize_t pos, int stop)
     return pos - start;
 }
 
+/* The fields of the plain PRODUCE line p[:len] (see parse_produce): a new tuple, a new
+ * reference to None for any other line, NULL with an exception set when memory runs out. */
 static PyObject *
-parse_produce(PyObject *self, PyObject *args)
+plain_produce(const unsigned char *p, Py_ssize_t len, long long timestamp)
 {
-    Py_buffer buf;
-    long long timestamp;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*L", &buf, &timestamp))
-        return NULL;
-    const unsigned char *p = buf.buf;
-    Py_ssize_t len = buf.len, pos, cid, topic, key, kv, acks = 0;
-    PyObject *out = NULL;
+    Py_ssize_t pos, cid, topic, key, kv, acks = 0;
     if (len < 3 || memcmp(p, "V1|", 3) != 0)
-        goto other;
+        return Py_NewRef(Py_None);
     pos = 3;
     if (!(cid = printable(p, len, pos, '|')) || len - pos - cid < 9 || memcmp(p + pos + cid, "|PRODUCE|", 9) != 0)
-        goto other;
+        return Py_NewRef(Py_None);
     pos += cid + 9;
     if (!(topic = printable(p, len, pos, -1)) || pos + topic >= len || p[pos + topic] != ' ')
-        goto other;
+        return Py_NewRef(Py_None);
     Py_ssize_t topic_at = pos, kv_at = pos + topic + 1;
     kv = printable(p, len, kv_at, -1);
     key = printable(p, len, kv_at, ':');
     if (!kv || key == kv)  /* no value separator: the general parser says why */
-        goto other;
+        return Py_NewRef(Py_None);
     pos = kv_at + kv;
     if (pos < len) {
         if (p[pos] != ' ' || !(acks = printable(p, len, pos + 1, -1)) || pos + 1 + acks != len)
-            goto other;
+            return Py_NewRef(Py_None);
     }
     Py_ssize_t value = kv - key - 1;
     PyObject *ack = acks ? PyUnicode_FromStringAndSize((const char *)p + pos + 1, acks) : Py_NewRef(Py_None);
     PyObject *payload = ack == NULL ? NULL : PyBytes_FromStringAndSize(NULL, 16 + key + 4 + value);
     if (payload == NULL) {
         Py_XDECREF(ack);
-        goto done;
+        return NULL;
     }
     unsigned char *w = (unsigned char *)PyBytes_AS_STRING(payload);
     w = put_be(w, 0, 4);
@@ -277,14 +276,60 @@ parse_produce(PyObject *self, PyObject *args)
     memcpy(w, p + kv_at, key);
     w = put_be(w + key, (uint64_t)value, 4);
     memcpy(w, p + kv_at + key + 1, value);
-    out = Py_BuildValue("(s#s#y#NN)", (const char *)p + 3, cid, (const char *)p + topic_at, topic,
-                        (const char *)p + kv_at, key, payload, ack);
-    goto done;
-other:
-    out = Py_NewRef(Py_None);
-done:
+    return Py_BuildValue("(s#s#y#NN)", (const char *)p + 3, cid, (const char *)p + topic_at, topic,
+                         (const char *)p + kv_at, key, payload, ack);
+}
+
+static PyObject *
+parse_produce(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    long long timestamp;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*L", &buf, &timestamp))
+        return NULL;
+    PyObject *out = plain_produce(buf.buf, buf.len, timestamp);
     PyBuffer_Release(&buf);
     return out;
+}
+
+static PyObject *
+parse_produces(PyObject *self, PyObject *args)
+{
+    PyObject *lines, *line;
+    long long timestamp;
+    Py_ssize_t limit, max_len;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLnn", &lines, &timestamp, &limit, &max_len))
+        return NULL;
+    PyObject *it = PyObject_GetIter(lines);
+    PyObject *out = it == NULL ? NULL : PyList_New(0);
+    if (out == NULL) {
+        Py_XDECREF(it);
+        return NULL;
+    }
+    while (PyList_GET_SIZE(out) < limit && (line = PyIter_Next(it)) != NULL) {
+        PyObject *fields = !PyBytes_Check(line) || PyBytes_GET_SIZE(line) > max_len
+            ? Py_NewRef(Py_None)
+            : plain_produce((const unsigned char *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), timestamp);
+        Py_DECREF(line);
+        if (fields == Py_None) {
+            Py_DECREF(fields);
+            break;
+        }
+        if (append_new(out, fields) < 0)
+            goto fail;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+fail:
+    Py_DECREF(it);
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -293,6 +338,7 @@ static PyMethodDef methods[] = {
     {"read_records", read_records, METH_VARARGS, "Append the fields of stored V1 records to column lists."},
     {"encode_records", encode_records, METH_VARARGS, "The payload of a V1 batch."},
     {"parse_produce", parse_produce, METH_VARARGS, "A plain PRODUCE line's fields and record, or None."},
+    {"parse_produces", parse_produces, METH_VARARGS, "The fields and records of the leading plain PRODUCE lines."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -593,11 +593,27 @@ class CodecConnection(PushConnection, TimerConnection):
                 return None
         return None
 
+    def taking_frames(self) -> bool:
+        """Whether ``next_event`` would handle the next buffered frame now: no event is waiting, no
+        frame waits for its login turn, no request holds the later ones, and the connection is
+        neither closed, ended nor refusing a login. A codec that takes a run of frames at once
+        (``join``) takes them only then."""
+        return not (self.events or self._deferred is not None or self.closed or self.held is not None
+                    or self.framer.finished or self.login_refused is not None)
+
     def _run(self, first: Handled) -> Request:
         """``first`` and the joining requests whose frames follow it, already buffered, as one
-        ``Request`` (``Handled.joins``, ``_joined``). The first frame that does not join ends
-        the run; its event comes next."""
-        parts = [first]
+        ``Request`` (``join``)."""
+        return self.join([first])
+
+    def join(self, parts: list[Handled]) -> Request:
+        """``parts`` (joining requests just taken, in order: at least one, at most ``RUN_MAX``)
+        and the joining requests whose frames follow them, already buffered, as one ``Request``
+        (``Handled.joins``, ``_joined``). The first frame that does not join ends the run; its
+        event comes next. ``next_event`` calls it with a request's first frame; a codec that
+        takes a run of frames at once calls it with theirs, so that the run goes on as it would
+        have frame by frame."""
+        first = parts[0]
         join = parts.append
         events, next_frame, handle_frame = self.events, self._next_frame, self.handle_frame
         while len(parts) < RUN_MAX and not events:

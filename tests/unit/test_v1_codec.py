@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway import model as m
-from gateway.codec import RUN_MAX, ListenerSettings, Reply, Request
+from gateway.codec import RUN_MAX, Close, ListenerSettings, Reply, Request
 from gateway.codec.testing import CodecConformance
 from gateway.codecs.v1 import codec as v1
 from gateway.codecs.v1.codec import V1Connection
@@ -213,16 +213,18 @@ def test_the_plain_produce_path_gives_what_the_general_parser_gives(parts):
         patch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)  # the codec's clock and the handlers'
         fast = events([line + b"\n"])
         patch.setattr(v1, "parse_produce", lambda body, now: None)
+        patch.setattr(v1, "parse_produces", lambda lines, now, limit, max_len: [])
         general = events([line + b"\n"])
     assert [describe_fully(e) for e in fast] == [describe_fully(e) for e in general]
 
 
 def describe_fully(event) -> tuple:
-    if isinstance(event, Reply):
-        return "reply", event.data
+    if isinstance(event, Reply | Close):
+        return type(event).__name__, event.data
     conn = V1Connection(ListenerSettings(256))
-    result = [m.ProduceResult("t", 1, 2, 2, 3)] if isinstance(event.commands[0], m.Produce) else [None]
-    answer = conn.respond(event, result) if result[0] is not None else b""
+    produces = isinstance(event.commands[0], m.Produce)  # each of a run of PRODUCE lines: its own offset
+    result = [m.ProduceResult("t", 1, 2 + i, 2 + i, 3 + i) for i in range(len(event.commands))] if produces else [None]
+    answer = conn.respond(event, result) if produces else b""
     return "request", event.commands, answer
 
 
@@ -232,3 +234,42 @@ def describe_fully(event) -> tuple:
 def test_c_and_python_parse_plain_produce_lines_alike(parts, prefixed):
     line = (b"V1|12|PRODUCE|" if prefixed else b"") + b"".join(parts)
     assert v1._speedups.parse_produce(line, 1234) == v1._parse_produce(line, 1234)
+
+
+RUN_LINES = st.sampled_from([b"V1|1|PRODUCE|t a:1", b"V1|2|PRODUCE|u b:2 acks=all", b"V1|3|PRODUCE|t c:3 acks=x",
+                             b"V1|4|PRODUCE|t  d:4", b"V1|5|PING|", b"V1|6|PRODUCE|t e:" + b"v" * 80, b"garbage",
+                             b"V1|7|PRODUCE|t f:6\r"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(RUN_LINES, max_size=RUN_MAX + 20), st.sampled_from([1, 7, 64, 100_000]), st.booleans())
+@example([b"V1|1|PRODUCE|t a:1"] * (RUN_MAX + 5), 100_000, False)
+def test_produce_lines_taken_in_one_pass_make_the_requests_and_runs_of_lines_taken_one_by_one(lines, step, auth):
+    """The plain PRODUCE lines at the front of those received, taken in one pass, give the same
+    events (the same runs, commands and answers) as the lines handled one by one, whatever the
+    chunking, the line limit (a 64-byte limit makes the long line too long) and a refused
+    anonymous client."""
+    data = b"".join(line + b"\n" for line in lines)
+    pieces = [data[i : i + step] for i in range(0, len(data), step)]
+
+    def taken() -> list:
+        conn = V1Connection(ListenerSettings(64, require_auth=auth))
+        out = []
+        for piece in pieces:
+            conn.receive_data(piece)
+            out += conn_events(conn)
+        return [(getattr(e, "frames", None), describe_fully(e)) for e in out]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)
+        one_pass = taken()
+        patch.setattr(v1, "parse_produces", lambda lines, now, limit, max_len: [])
+        one_by_one = taken()
+    assert one_pass == one_by_one
+
+
+@pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
+@settings(max_examples=300, deadline=None)
+@given(st.lists(RUN_LINES | st.binary(max_size=30), max_size=12), st.integers(0, 14), st.integers(0, 120))
+def test_c_and_python_take_the_leading_plain_produce_lines_alike(lines, limit, max_len):
+    assert v1._speedups.parse_produces(lines, 1234, limit, max_len) == v1._parse_produces(lines, 1234, limit, max_len)
