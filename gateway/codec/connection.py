@@ -639,9 +639,12 @@ class CodecConnection(PushConnection, TimerConnection):
         whose results the parts of the stretch share (``Run.starts``)."""
         n = len(parts)
         keys = [part.merges for part in parts]
-        if not any(key is not None and key == after for key, after in zip(keys, keys[1:])):  # nothing merges
-            if all(len(part.commands) == 1 for part in parts):  # one command each: the usual run
-                return Request(tuple([part.commands[0] for part in parts]), Run(parts, _ONE_EACH[:n]), True, n)
+        # (Told by counting, with no Python step per part, when no part has a key: runs of
+        # produces that do not merge, such as V1's lines, are built once per pipelined burst.)
+        if keys.count(None) == n or not any(key is not None and key == after for key, after in zip(keys, keys[1:])):
+            each = [part.commands for part in parts]
+            if set(map(len, each)) == {1}:  # one command each: the usual run
+                return Request(tuple([one for (one,) in each]), Run(parts, _ONE_EACH[:n]), True, n)
             every = tuple(command for part in parts for command in part.commands)
             return Request(every, Run(parts, list(itertools.accumulate(len(part.commands) for part in parts))), True, n)
         commands: list[Any] = []
