@@ -26,8 +26,15 @@
  *     ``parse_produce`` of each of the first lines of the iterable ``lines`` (bytes), as
  *     ``codec._parse_produces`` takes them: up to ``limit`` of them, stopping before the first
  *     line that is not a plain PRODUCE line or is longer than ``max_len`` bytes.
+ * stored_lines(parts, results, produced) -> bytes | None | NotImplemented
+ *     the answer lines of a run of plain PRODUCE lines (``parts``: their ``Handled``s, whose
+ *     render is a ``produced`` each) whose records were all stored (``results``: one
+ *     ``ProduceResult`` each, no error), as ``codec._stored_lines`` writes them; None for any
+ *     other run; NotImplemented for a run only the Python loop writes (an offset or a
+ *     correlation id it does not take).
  */
 #include "_speedups.h"
+#include <limits.h>
 #include <string.h>
 
 /* The i32-length-prefixed field at p[*pos] (None for a negative length); moves *pos past it. */
@@ -332,6 +339,140 @@ fail:
     return NULL;
 }
 
+/* The attribute names stored_lines reads, made once. */
+static PyObject *ERROR, *PARTITION, *BASE_OFFSET, *HIGH_WATERMARK, *CID;
+
+static int
+names(void)
+{
+    if (CID != NULL)
+        return 0;
+    ERROR = PyUnicode_InternFromString("error");
+    PARTITION = PyUnicode_InternFromString("partition");
+    BASE_OFFSET = PyUnicode_InternFromString("base_offset");
+    HIGH_WATERMARK = PyUnicode_InternFromString("high_watermark");
+    CID = PyUnicode_InternFromString("cid");
+    return CID == NULL || HIGH_WATERMARK == NULL || BASE_OFFSET == NULL || PARTITION == NULL || ERROR == NULL ? -1 : 0;
+}
+
+/* The int attribute ``name`` of ``obj`` in *out: 0; 1 for another type or an int outside 64 bits
+ * (which only Python writes); -1 with an exception set when ``obj`` has no such attribute. */
+static int
+int_attr(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL)
+        return -1;
+    int overflow = 0;
+    *out = PyLong_CheckExact(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : 0;
+    int other = !PyLong_CheckExact(value) || overflow || *out == LLONG_MIN;
+    Py_DECREF(value);
+    return other;
+}
+
+/* Write ``v`` in decimal at ``p``; the position after it. */
+static char *
+put_decimal(char *p, long long v)
+{
+    char digits[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    if (v < 0)
+        *p++ = '-';
+    do {
+        digits[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    while (n)
+        *p++ = digits[--n];
+    return p;
+}
+
+static PyObject *
+stored_lines(PyObject *self, PyObject *args)
+{
+    PyObject *parts, *results, *produced;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &parts, &results, &produced) || names() < 0)
+        return NULL;
+    if (!PyList_Check(parts) || !PyList_Check(results))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t n = PyList_GET_SIZE(parts);
+    if (PyList_GET_SIZE(results) != n)
+        Py_RETURN_NONE;
+    Py_ssize_t cap = 64 * n + 64, size = 0;
+    char *out = PyMem_Malloc(cap);
+    if (out == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *part = PyList_GET_ITEM(parts, i), *result = PyList_GET_ITEM(results, i);
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) < 2 || Py_TYPE(PyTuple_GET_ITEM(part, 1)) != (PyTypeObject *)produced)
+            goto other;
+        PyObject *error = PyObject_GetAttr(result, ERROR);
+        if (error == NULL)
+            goto fail;
+        Py_DECREF(error);
+        if (error != Py_None)
+            goto other;
+        long long partition, offset, hw;
+        int r = int_attr(result, PARTITION, &partition);
+        if (r == 0)
+            r = int_attr(result, BASE_OFFSET, &offset);
+        if (r == 0)
+            r = int_attr(result, HIGH_WATERMARK, &hw);
+        if (r != 0) {
+            if (r < 0)
+                goto fail;
+            goto python;
+        }
+        PyObject *cid = PyObject_GetAttr(PyTuple_GET_ITEM(part, 1), CID);
+        if (cid == NULL)
+            goto fail;
+        Py_ssize_t cid_len = 0;
+        const char *cid_text = PyUnicode_Check(cid) ? PyUnicode_AsUTF8AndSize(cid, &cid_len) : NULL;
+        if (cid_text == NULL) {
+            Py_DECREF(cid);
+            PyErr_Clear();
+            goto python;
+        }
+        if (cap - size < cid_len + 128) {
+            cap = 2 * cap + cid_len + 128;
+            char *grown = PyMem_Realloc(out, cap);
+            if (grown == NULL) {
+                Py_DECREF(cid);
+                PyErr_NoMemory();
+                goto fail;
+            }
+            out = grown;
+        }
+        char *w = out + size;
+        memcpy(w, "V1|", 3);
+        memcpy(w + 3, cid_text, cid_len);
+        Py_DECREF(cid);
+        w += 3 + cid_len;
+        memcpy(w, "|OK|partition=", 14);
+        w = put_decimal(w + 14, partition);
+        memcpy(w, " offset=", 8);
+        w = put_decimal(w + 8, offset);
+        memcpy(w, " hw=", 4);
+        w = put_decimal(w + 4, hw - 1);
+        *w++ = '\n';
+        size = w - out;
+    }
+    PyObject *answers = PyBytes_FromStringAndSize(out, size);
+    PyMem_Free(out);
+    return answers;
+python:
+    PyMem_Free(out);
+    return Py_NewRef(Py_NotImplemented);
+other:
+    PyMem_Free(out);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"number_records", number_records, METH_VARARGS, "A V1 payload with its records numbered 0, 1, 2..."},
     {"count_records", count_records, METH_VARARGS, "The number of whole records of a produced V1 payload."},
@@ -339,6 +480,7 @@ static PyMethodDef methods[] = {
     {"encode_records", encode_records, METH_VARARGS, "The payload of a V1 batch."},
     {"parse_produce", parse_produce, METH_VARARGS, "A plain PRODUCE line's fields and record, or None."},
     {"parse_produces", parse_produces, METH_VARARGS, "The fields and records of the leading plain PRODUCE lines."},
+    {"stored_lines", stored_lines, METH_VARARGS, "The answers of a run of stored plain PRODUCE lines, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -68,10 +68,25 @@ def _parse_produces(lines: Iterable[bytes], timestamp: int, limit: int,
     return out
 
 
+def _stored_lines(parts: list[Handled], results: Sequence[Any]) -> bytes | None:
+    """The answer lines of a run of plain PRODUCE lines (``parts``) whose records were all stored,
+    as each ``Produced`` writes its own (``results``: one each); None for any other run."""
+    answers = [stored_line(handled.render.cid, r) for handled, r in zip(parts, results)
+               if type(handled.render) is Produced and r.error is None]
+    return "".join(answers).encode() if len(answers) == len(parts) == len(results) else None
+
+
+def _stored_lines_in_c(parts: list[Handled], results: Sequence[Any]) -> bytes | None:
+    """``_speedups.stored_lines``, or the Python loop for what the C loop does not write."""
+    answers = _speedups.stored_lines(parts, results, Produced)
+    return _stored_lines(parts, results) if answers is NotImplemented else answers
+
+
 if _speedups is None:
-    parse_produce, parse_produces = _parse_produce, _parse_produces
+    parse_produce, parse_produces, stored_lines = _parse_produce, _parse_produces, _stored_lines
 else:
-    parse_produce, parse_produces = _speedups.parse_produce, _speedups.parse_produces
+    parse_produce, parse_produces, stored_lines = (
+        _speedups.parse_produce, _speedups.parse_produces, _stored_lines_in_c)
 
 
 class V1Connection(CodecConnection):
@@ -151,12 +166,8 @@ class V1Connection(CodecConnection):
         burst, as a rule) is answered in one step, as each ``Produced`` would answer; any
         other run as ``CodecConnection`` answers it. (Each ``Produced`` has one command, so
         a run of them has one result each.)"""
-        parts = run.parts
-        answers = [stored_line(handled.render.cid, r) for handled, r in zip(parts, results)
-                   if type(handled.render) is Produced and r.error is None]
-        if len(answers) == len(parts):
-            return "".join(answers).encode()
-        return super().render_run(run, results)
+        answers = stored_lines(run.parts, results)
+        return answers if answers is not None else super().render_run(run, results)
 
     def frame_too_large(self, error: FrameTooLarge) -> Handled:
         """An over-long line is answered once; its bytes are dropped up to its end."""

@@ -9,9 +9,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway import model as m
-from gateway.codec import RUN_MAX, Close, ListenerSettings, Reply, Request
+from gateway.codec import RUN_MAX, Close, Handled, ListenerSettings, Reply, Request
 from gateway.codec.testing import CodecConformance
 from gateway.codecs.v1 import codec as v1
+from gateway.codecs.v1 import handlers
 from gateway.codecs.v1.codec import V1Connection
 from gateway.codecs.v1.format import FORMAT
 
@@ -273,3 +274,38 @@ def test_produce_lines_taken_in_one_pass_make_the_requests_and_runs_of_lines_tak
 @given(st.lists(RUN_LINES | st.binary(max_size=30), max_size=12), st.integers(0, 14), st.integers(0, 120))
 def test_c_and_python_take_the_leading_plain_produce_lines_alike(lines, limit, max_len):
     assert v1._speedups.parse_produces(lines, 1234, limit, max_len) == v1._parse_produces(lines, 1234, limit, max_len)
+
+
+@pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["1", "c-7", "é", "\udcff", ""]), st.booleans(), st.booleans(),
+                          st.integers(-(2**64), 2**64), st.integers(-(2**64), 2**64)), max_size=6),
+       st.integers(-1, 1))
+def test_c_and_python_answer_a_run_of_stored_produce_lines_alike(lines, missing):
+    """The answers of a run, the C loop's (``stored_lines``) and the Python one's: the same
+    bytes, the same None (a part that is not a plain PRODUCE line, a record not stored, a
+    result too few or too many) and the same error (a correlation id UTF-8 cannot write)."""
+    parts, results = [], []
+    for cid, plain, stored, offset, hw in lines:
+        render = handlers.Produced(cid) if plain else handlers.Answer(cid, handlers._render_produce, [])
+        parts.append(Handled.run((), render, joins=True))
+        results.append(m.ProduceResult("t", offset % 7, offset, offset, hw,
+                                       error=None if stored else m.Error(m.ErrorCode.NOT_LEADER, "x")))
+    results = results[: len(results) + missing] if missing < 0 else results + results[:missing]
+
+    def answered(stored_lines):
+        try:
+            return stored_lines(parts, results)
+        except UnicodeEncodeError as e:
+            return type(e)
+
+    assert answered(v1.stored_lines) == answered(v1._stored_lines)
+
+
+@pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
+def test_the_c_loop_answers_the_usual_run_itself():
+    parts = [Handled.run((), handlers.Produced(cid), joins=True) for cid in ("1", "x-2")]
+    results = [m.ProduceResult("t", 2, 2**62, 2**62, 0), m.ProduceResult("t", 0, -5, -5, -(2**62))]
+    assert v1._speedups.stored_lines(parts, results, handlers.Produced) == (
+        b"V1|1|OK|partition=2 offset=4611686018427387904 hw=-1\n"
+        b"V1|x-2|OK|partition=0 offset=-5 hw=-4611686018427387905\n")
