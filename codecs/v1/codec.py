@@ -124,7 +124,7 @@ class V1Connection(CodecConnection):
                 commands = produce_record(topic, key, record, now, acks)
             except BadRequest:
                 break
-            parts.append(Handled.run(commands, Produced(cid), joins=True))
+            parts.append(Handled.joining(commands, Produced(cid)))
         for _ in parts:
             lines.popleft()
         return parts
@@ -138,7 +138,7 @@ class V1Connection(CodecConnection):
                 commands = produce_record(topic, key, record, now, acks)
             except BadRequest as e:
                 return Handled.answer(err(cid, "BAD_REQUEST", str(e)))
-            return Handled.run(commands, Produced(cid), joins=True)
+            return Handled.joining(commands, Produced(cid))
         parts = body.decode("utf-8", "surrogateescape").strip().split("|", 3)
         if len(parts) != 4:
             return Handled.answer(err("0", "BAD_REQUEST", "expected format V1|<correlation_id>|<command>|<args>"))

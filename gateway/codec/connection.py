@@ -244,6 +244,12 @@ class Handled(NamedTuple):
         return _new_tuple(cls, (commands if type(commands) is tuple else tuple(commands), render, b"", False, "",
                                 hold, ordered, joins, merges))
 
+    @classmethod
+    def joining(cls, commands: tuple[Any, ...], render: Render) -> Handled:
+        """``run(commands, render, joins=True)`` for a tuple of commands, with no keyword to
+        sort: the request of a frame that clients pipeline by the thousand (a codec's loop)."""
+        return _new_tuple(cls, (commands, render, b"", False, "", False, True, True, None))
+
 
 _new_tuple = tuple.__new__
 
