@@ -22,10 +22,14 @@
  *     payload is the record as ``format.encode_keyed(timestamp, key, value)`` writes it; acks is
  *     the third argument's text or None. None for every other line (the codec's general parser
  *     takes it).
- * parse_produces(lines, timestamp, limit, max_len) -> [(cid, topic, key, payload, acks), ...]
- *     ``parse_produce`` of each of the first lines of the iterable ``lines`` (bytes), as
- *     ``codec._parse_produces`` takes them: up to ``limit`` of them, stopping before the first
- *     line that is not a plain PRODUCE line or is longer than ``max_len`` bytes.
+ * take_produces(lines, timestamp, limit, max_len, kinds, modes, leader) -> [Handled, ...]
+ *     the requests of the first lines of the iterable ``lines`` (bytes), as ``codec._take_produces``
+ *     makes them: up to ``limit`` of them, stopping before the first line that is not a plain
+ *     PRODUCE line, is longer than ``max_len`` bytes or names an ack mode that is not one of
+ *     ``modes`` (lower-case text -> mode; none named: ``leader``). Each is
+ *     ``Handled((Produce(topic, None, Batch(format, record, 1, timestamp), mode, None, key,
+ *     partitioner, True),), Produced(cid), b"", False, "", False, True, True, None)``, with
+ *     ``kinds`` = (Produce, Batch, Produced, Handled, format, partitioner, b"", "").
  * stored_lines(parts, results, produced) -> bytes | None | NotImplemented
  *     the answer lines of a run of plain PRODUCE lines (``parts``: their ``Handled``s, whose
  *     render is a ``produced`` each) whose records were all stored (``results``: one
@@ -300,15 +304,90 @@ parse_produce(PyObject *self, PyObject *args)
     return out;
 }
 
+/* The ack mode of a plain PRODUCE line's third argument ``text`` (as ``handlers._acks`` reads it:
+ * ``acks=0|1|all``, any case) from ``modes`` (lower-case text -> mode): a borrowed reference, or
+ * NULL (no exception set) for any other text. */
 static PyObject *
-parse_produces(PyObject *self, PyObject *args)
+ack_mode(PyObject *modes, PyObject *text)
 {
-    PyObject *lines, *line;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    char lower[16];
+    if (n >= (Py_ssize_t)sizeof lower)
+        return NULL;
+    const char *ascii = PyUnicode_AsUTF8(text); /* printable ASCII: the parser took nothing else */
+    if (ascii == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        lower[i] = (char)(ascii[i] >= 'A' && ascii[i] <= 'Z' ? ascii[i] + 32 : ascii[i]);
+    PyObject *key = PyUnicode_FromStringAndSize(lower, n);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *mode = PyDict_GetItemWithError(modes, key);
+    Py_DECREF(key);
+    return mode;
+}
+
+/* ``handled((Produce(topic, None, Batch(name, payload, 1, timestamp), mode, None, key, partitioner, True),),
+ * produced(cid), b"", False, "", False, True, True, None)``: the request of one plain PRODUCE line. */
+static PyObject *
+produce_request(PyObject *kinds, PyObject *fields, PyObject *mode, long long timestamp)
+{
+    PyObject *produce = PyTuple_GET_ITEM(kinds, 0), *batch_type = PyTuple_GET_ITEM(kinds, 1),
+             *produced = PyTuple_GET_ITEM(kinds, 2), *name = PyTuple_GET_ITEM(kinds, 4),
+             *partitioner = PyTuple_GET_ITEM(kinds, 5), *empty = PyTuple_GET_ITEM(kinds, 6);
+    PyTypeObject *handled = (PyTypeObject *)PyTuple_GET_ITEM(kinds, 3);
+    PyObject *stamp = PyLong_FromLongLong(timestamp);
+    if (stamp == NULL)
+        return NULL;
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *batch_args[] = {name, PyTuple_GET_ITEM(fields, 3), one, stamp};
+    PyObject *batch = PyObject_Vectorcall(batch_type, batch_args, 4, NULL);
+    Py_DECREF(stamp);
+    Py_DECREF(one);
+    if (batch == NULL)
+        return NULL;
+    PyObject *command_args[] = {PyTuple_GET_ITEM(fields, 1), Py_None, batch, mode, Py_None,
+                                PyTuple_GET_ITEM(fields, 2), partitioner, Py_True};
+    PyObject *command = PyObject_Vectorcall(produce, command_args, 8, NULL);
+    Py_DECREF(batch);
+    if (command == NULL)
+        return NULL;
+    PyObject *commands = PyTuple_Pack(1, command);
+    Py_DECREF(command);
+    PyObject *cid = PyTuple_GET_ITEM(fields, 0);
+    PyObject *render = commands == NULL ? NULL : PyObject_Vectorcall(produced, &cid, 1, NULL);
+    PyObject *out = render == NULL ? NULL : handled->tp_alloc(handled, 9);
+    if (out == NULL) {
+        Py_XDECREF(commands);
+        Py_XDECREF(render);
+        return NULL;
+    }
+    PyObject *items[] = {commands, render, Py_NewRef(empty), Py_NewRef(Py_False), Py_NewRef(PyTuple_GET_ITEM(kinds, 7)),
+                         Py_NewRef(Py_False), Py_NewRef(Py_True), Py_NewRef(Py_True), Py_NewRef(Py_None)};
+    for (int i = 0; i < 9; i++)
+        PyTuple_SET_ITEM(out, i, items[i]);
+    return out;
+}
+
+static PyObject *
+take_produces(PyObject *self, PyObject *args)
+{
+    PyObject *lines, *kinds, *modes, *leader, *line;
     long long timestamp;
     Py_ssize_t limit, max_len;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OLnn", &lines, &timestamp, &limit, &max_len))
+    if (!PyArg_ParseTuple(args, "OLnnO!O!O", &lines, &timestamp, &limit, &max_len, &PyTuple_Type, &kinds,
+                          &PyDict_Type, &modes, &leader))
         return NULL;
+    if (PyTuple_GET_SIZE(kinds) != 8 || !PyType_Check(PyTuple_GET_ITEM(kinds, 3)) ||
+        !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(kinds, 3), &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "kinds: (Produce, Batch, Produced, Handled, format, partitioner, b'', '')");
+        return NULL;
+    }
     PyObject *it = PyObject_GetIter(lines);
     PyObject *out = it == NULL ? NULL : PyList_New(0);
     if (out == NULL) {
@@ -320,11 +399,21 @@ parse_produces(PyObject *self, PyObject *args)
             ? Py_NewRef(Py_None)
             : plain_produce((const unsigned char *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), timestamp);
         Py_DECREF(line);
+        if (fields == NULL)
+            goto fail;
         if (fields == Py_None) {
             Py_DECREF(fields);
             break;
         }
-        if (append_new(out, fields) < 0)
+        PyObject *acks = PyTuple_GET_ITEM(fields, 4);
+        PyObject *mode = acks == Py_None ? leader : ack_mode(modes, acks);
+        if (mode == NULL) { /* a wrong ack mode: handle_frame answers it */
+            Py_DECREF(fields);
+            break;
+        }
+        PyObject *request = produce_request(kinds, fields, mode, timestamp);
+        Py_DECREF(fields);
+        if (append_new(out, request) < 0)
             goto fail;
     }
     Py_DECREF(it);
@@ -479,7 +568,7 @@ static PyMethodDef methods[] = {
     {"read_records", read_records, METH_VARARGS, "Append the fields of stored V1 records to column lists."},
     {"encode_records", encode_records, METH_VARARGS, "The payload of a V1 batch."},
     {"parse_produce", parse_produce, METH_VARARGS, "A plain PRODUCE line's fields and record, or None."},
-    {"parse_produces", parse_produces, METH_VARARGS, "The fields and records of the leading plain PRODUCE lines."},
+    {"take_produces", take_produces, METH_VARARGS, "The requests of the leading plain PRODUCE lines."},
     {"stored_lines", stored_lines, METH_VARARGS, "The answers of a run of stored plain PRODUCE lines, or None."},
     {NULL, NULL, 0, NULL},
 };

@@ -214,7 +214,7 @@ def test_the_plain_produce_path_gives_what_the_general_parser_gives(parts):
         patch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)  # the codec's clock and the handlers'
         fast = events([line + b"\n"])
         patch.setattr(v1, "parse_produce", lambda body, now: None)
-        patch.setattr(v1, "parse_produces", lambda lines, now, limit, max_len: [])
+        patch.setattr(v1, "take_produces", lambda lines, now, limit, max_len: [])
         general = events([line + b"\n"])
     assert [describe_fully(e) for e in fast] == [describe_fully(e) for e in general]
 
@@ -264,16 +264,21 @@ def test_produce_lines_taken_in_one_pass_make_the_requests_and_runs_of_lines_tak
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)
         one_pass = taken()
-        patch.setattr(v1, "parse_produces", lambda lines, now, limit, max_len: [])
+        patch.setattr(v1, "take_produces", lambda lines, now, limit, max_len: [])
         one_by_one = taken()
     assert one_pass == one_by_one
 
 
 @pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
 @settings(max_examples=300, deadline=None)
-@given(st.lists(RUN_LINES | st.binary(max_size=30), max_size=12), st.integers(0, 14), st.integers(0, 120))
+@given(st.lists(RUN_LINES | st.sampled_from([b"V1|8|PRODUCE|t g:7 ACKS=All", b"V1|9|PRODUCE|t h:8 acks=0",
+                                             b"V1|a|PRODUCE|t i:9 acks=ALLL"]) | st.binary(max_size=30), max_size=12),
+       st.integers(0, 14), st.integers(0, 120))
 def test_c_and_python_take_the_leading_plain_produce_lines_alike(lines, limit, max_len):
-    assert v1._speedups.parse_produces(lines, 1234, limit, max_len) == v1._parse_produces(lines, 1234, limit, max_len)
+    def requests(take) -> list:
+        return [(type(h), h.commands, type(h.render), h.render.cid, tuple(h[2:])) for h in take(lines, 1234, limit, max_len)]
+
+    assert requests(v1._take_produces_in_c) == requests(v1._take_produces)
 
 
 @pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
