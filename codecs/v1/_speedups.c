@@ -22,8 +22,23 @@
  *     payload is the record as ``format.encode_keyed(timestamp, key, value)`` writes it; acks is
  *     the third argument's text or None. None for every other line (the codec's general parser
  *     takes it).
+ * take_produces(lines, timestamp, limit, max_len, kinds, modes, leader) -> [Handled, ...]
+ *     the requests of the first lines of the iterable ``lines`` (bytes), as ``codec._take_produces``
+ *     makes them: up to ``limit`` of them, stopping before the first line that is not a plain
+ *     PRODUCE line, is longer than ``max_len`` bytes or names an ack mode that is not one of
+ *     ``modes`` (lower-case text -> mode; none named: ``leader``). Each is
+ *     ``Handled((Produce(topic, None, Batch(format, record, 1, timestamp), mode, None, key,
+ *     partitioner, True),), Produced(cid), b"", False, "", False, True, True, None, 1)``, with
+ *     ``kinds`` = (Produce, Batch, Produced, Handled, format, partitioner, b"", "").
+ * stored_lines(parts, results, produced) -> bytes | None | NotImplemented
+ *     the answer lines of a run of plain PRODUCE lines (``parts``: their ``Handled``s, whose
+ *     render is a ``produced`` each) whose records were all stored (``results``: one
+ *     ``ProduceResult`` each, no error), as ``codec._stored_lines`` writes them; None for any
+ *     other run; NotImplemented for a run only the Python loop writes (an offset or a
+ *     correlation id it does not take).
  */
 #include "_speedups.h"
+#include <limits.h>
 #include <string.h>
 
 /* The i32-length-prefixed field at p[*pos] (None for a negative length); moves *pos past it. */
@@ -234,41 +249,36 @@ printable(const unsigned char *p, Py_ssize_t len, Py_ssize_t pos, int stop)
     return pos - start;
 }
 
+/* The fields of the plain PRODUCE line p[:len] (see parse_produce): a new tuple, a new
+ * reference to None for any other line, NULL with an exception set when memory runs out. */
 static PyObject *
-parse_produce(PyObject *self, PyObject *args)
+plain_produce(const unsigned char *p, Py_ssize_t len, long long timestamp)
 {
-    Py_buffer buf;
-    long long timestamp;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*L", &buf, &timestamp))
-        return NULL;
-    const unsigned char *p = buf.buf;
-    Py_ssize_t len = buf.len, pos, cid, topic, key, kv, acks = 0;
-    PyObject *out = NULL;
+    Py_ssize_t pos, cid, topic, key, kv, acks = 0;
     if (len < 3 || memcmp(p, "V1|", 3) != 0)
-        goto other;
+        return Py_NewRef(Py_None);
     pos = 3;
     if (!(cid = printable(p, len, pos, '|')) || len - pos - cid < 9 || memcmp(p + pos + cid, "|PRODUCE|", 9) != 0)
-        goto other;
+        return Py_NewRef(Py_None);
     pos += cid + 9;
     if (!(topic = printable(p, len, pos, -1)) || pos + topic >= len || p[pos + topic] != ' ')
-        goto other;
+        return Py_NewRef(Py_None);
     Py_ssize_t topic_at = pos, kv_at = pos + topic + 1;
     kv = printable(p, len, kv_at, -1);
     key = printable(p, len, kv_at, ':');
     if (!kv || key == kv)  /* no value separator: the general parser says why */
-        goto other;
+        return Py_NewRef(Py_None);
     pos = kv_at + kv;
     if (pos < len) {
         if (p[pos] != ' ' || !(acks = printable(p, len, pos + 1, -1)) || pos + 1 + acks != len)
-            goto other;
+            return Py_NewRef(Py_None);
     }
     Py_ssize_t value = kv - key - 1;
     PyObject *ack = acks ? PyUnicode_FromStringAndSize((const char *)p + pos + 1, acks) : Py_NewRef(Py_None);
     PyObject *payload = ack == NULL ? NULL : PyBytes_FromStringAndSize(NULL, 16 + key + 4 + value);
     if (payload == NULL) {
         Py_XDECREF(ack);
-        goto done;
+        return NULL;
     }
     unsigned char *w = (unsigned char *)PyBytes_AS_STRING(payload);
     w = put_be(w, 0, 4);
@@ -277,14 +287,280 @@ parse_produce(PyObject *self, PyObject *args)
     memcpy(w, p + kv_at, key);
     w = put_be(w + key, (uint64_t)value, 4);
     memcpy(w, p + kv_at + key + 1, value);
-    out = Py_BuildValue("(s#s#y#NN)", (const char *)p + 3, cid, (const char *)p + topic_at, topic,
-                        (const char *)p + kv_at, key, payload, ack);
-    goto done;
-other:
-    out = Py_NewRef(Py_None);
-done:
+    return Py_BuildValue("(s#s#y#NN)", (const char *)p + 3, cid, (const char *)p + topic_at, topic,
+                         (const char *)p + kv_at, key, payload, ack);
+}
+
+static PyObject *
+parse_produce(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    long long timestamp;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*L", &buf, &timestamp))
+        return NULL;
+    PyObject *out = plain_produce(buf.buf, buf.len, timestamp);
     PyBuffer_Release(&buf);
     return out;
+}
+
+/* The ack mode of a plain PRODUCE line's third argument ``text`` (as ``handlers._acks`` reads it:
+ * ``acks=0|1|all``, any case) from ``modes`` (lower-case text -> mode): a borrowed reference, or
+ * NULL (no exception set) for any other text. */
+static PyObject *
+ack_mode(PyObject *modes, PyObject *text)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    char lower[16];
+    if (n >= (Py_ssize_t)sizeof lower)
+        return NULL;
+    const char *ascii = PyUnicode_AsUTF8(text); /* printable ASCII: the parser took nothing else */
+    if (ascii == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        lower[i] = (char)(ascii[i] >= 'A' && ascii[i] <= 'Z' ? ascii[i] + 32 : ascii[i]);
+    PyObject *key = PyUnicode_FromStringAndSize(lower, n);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *mode = PyDict_GetItemWithError(modes, key);
+    Py_DECREF(key);
+    return mode;
+}
+
+/* ``handled((Produce(topic, None, Batch(name, payload, 1, timestamp), mode, None, key, partitioner, True),),
+ * produced(cid), b"", False, "", False, True, True, None, 1)``: the request of one plain PRODUCE line. */
+static PyObject *
+produce_request(PyObject *kinds, PyObject *fields, PyObject *mode, long long timestamp)
+{
+    PyObject *produce = PyTuple_GET_ITEM(kinds, 0), *batch_type = PyTuple_GET_ITEM(kinds, 1),
+             *produced = PyTuple_GET_ITEM(kinds, 2), *name = PyTuple_GET_ITEM(kinds, 4),
+             *partitioner = PyTuple_GET_ITEM(kinds, 5), *empty = PyTuple_GET_ITEM(kinds, 6);
+    PyTypeObject *handled = (PyTypeObject *)PyTuple_GET_ITEM(kinds, 3);
+    PyObject *stamp = PyLong_FromLongLong(timestamp);
+    if (stamp == NULL)
+        return NULL;
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *batch_args[] = {name, PyTuple_GET_ITEM(fields, 3), one, stamp};
+    PyObject *batch = PyObject_Vectorcall(batch_type, batch_args, 4, NULL);
+    Py_DECREF(stamp);
+    Py_DECREF(one);
+    if (batch == NULL)
+        return NULL;
+    PyObject *command_args[] = {PyTuple_GET_ITEM(fields, 1), Py_None, batch, mode, Py_None,
+                                PyTuple_GET_ITEM(fields, 2), partitioner, Py_True};
+    PyObject *command = PyObject_Vectorcall(produce, command_args, 8, NULL);
+    Py_DECREF(batch);
+    if (command == NULL)
+        return NULL;
+    PyObject *commands = PyTuple_Pack(1, command);
+    Py_DECREF(command);
+    PyObject *cid = PyTuple_GET_ITEM(fields, 0);
+    PyObject *render = commands == NULL ? NULL : PyObject_Vectorcall(produced, &cid, 1, NULL);
+    PyObject *out = render == NULL ? NULL : handled->tp_alloc(handled, 10);
+    if (out == NULL) {
+        Py_XDECREF(commands);
+        Py_XDECREF(render);
+        return NULL;
+    }
+    PyObject *items[] = {commands, render, Py_NewRef(empty), Py_NewRef(Py_False), Py_NewRef(PyTuple_GET_ITEM(kinds, 7)),
+                         Py_NewRef(Py_False), Py_NewRef(Py_True), Py_NewRef(Py_True), Py_NewRef(Py_None),
+                         PyLong_FromLong(1)};
+    for (int i = 0; i < 10; i++)
+        PyTuple_SET_ITEM(out, i, items[i]);
+    return out;
+}
+
+static PyObject *
+take_produces(PyObject *self, PyObject *args)
+{
+    PyObject *lines, *kinds, *modes, *leader, *line;
+    long long timestamp;
+    Py_ssize_t limit, max_len;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLnnO!O!O", &lines, &timestamp, &limit, &max_len, &PyTuple_Type, &kinds,
+                          &PyDict_Type, &modes, &leader))
+        return NULL;
+    if (PyTuple_GET_SIZE(kinds) != 8 || !PyType_Check(PyTuple_GET_ITEM(kinds, 3)) ||
+        !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(kinds, 3), &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "kinds: (Produce, Batch, Produced, Handled, format, partitioner, b'', '')");
+        return NULL;
+    }
+    PyObject *it = PyObject_GetIter(lines);
+    PyObject *out = it == NULL ? NULL : PyList_New(0);
+    if (out == NULL) {
+        Py_XDECREF(it);
+        return NULL;
+    }
+    while (PyList_GET_SIZE(out) < limit && (line = PyIter_Next(it)) != NULL) {
+        PyObject *fields = !PyBytes_Check(line) || PyBytes_GET_SIZE(line) > max_len
+            ? Py_NewRef(Py_None)
+            : plain_produce((const unsigned char *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), timestamp);
+        Py_DECREF(line);
+        if (fields == NULL)
+            goto fail;
+        if (fields == Py_None) {
+            Py_DECREF(fields);
+            break;
+        }
+        PyObject *acks = PyTuple_GET_ITEM(fields, 4);
+        PyObject *mode = acks == Py_None ? leader : ack_mode(modes, acks);
+        if (mode == NULL) { /* a wrong ack mode: handle_frame answers it */
+            Py_DECREF(fields);
+            break;
+        }
+        PyObject *request = produce_request(kinds, fields, mode, timestamp);
+        Py_DECREF(fields);
+        if (append_new(out, request) < 0)
+            goto fail;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+fail:
+    Py_DECREF(it);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* The attribute names stored_lines reads, made once. */
+static PyObject *ERROR, *PARTITION, *BASE_OFFSET, *HIGH_WATERMARK, *CID;
+
+static int
+names(void)
+{
+    if (CID != NULL)
+        return 0;
+    ERROR = PyUnicode_InternFromString("error");
+    PARTITION = PyUnicode_InternFromString("partition");
+    BASE_OFFSET = PyUnicode_InternFromString("base_offset");
+    HIGH_WATERMARK = PyUnicode_InternFromString("high_watermark");
+    CID = PyUnicode_InternFromString("cid");
+    return CID == NULL || HIGH_WATERMARK == NULL || BASE_OFFSET == NULL || PARTITION == NULL || ERROR == NULL ? -1 : 0;
+}
+
+/* The int attribute ``name`` of ``obj`` in *out: 0; 1 for another type or an int outside 64 bits
+ * (which only Python writes); -1 with an exception set when ``obj`` has no such attribute. */
+static int
+int_attr(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL)
+        return -1;
+    int overflow = 0;
+    *out = PyLong_CheckExact(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : 0;
+    int other = !PyLong_CheckExact(value) || overflow || *out == LLONG_MIN;
+    Py_DECREF(value);
+    return other;
+}
+
+/* Write ``v`` in decimal at ``p``; the position after it. */
+static char *
+put_decimal(char *p, long long v)
+{
+    char digits[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    if (v < 0)
+        *p++ = '-';
+    do {
+        digits[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    while (n)
+        *p++ = digits[--n];
+    return p;
+}
+
+static PyObject *
+stored_lines(PyObject *self, PyObject *args)
+{
+    PyObject *parts, *results, *produced;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &parts, &results, &produced) || names() < 0)
+        return NULL;
+    if (!PyList_Check(parts) || !PyList_Check(results))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t n = PyList_GET_SIZE(parts);
+    if (PyList_GET_SIZE(results) != n)
+        Py_RETURN_NONE;
+    Py_ssize_t cap = 64 * n + 64, size = 0;
+    char *out = PyMem_Malloc(cap);
+    if (out == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *part = PyList_GET_ITEM(parts, i), *result = PyList_GET_ITEM(results, i);
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) < 2 || Py_TYPE(PyTuple_GET_ITEM(part, 1)) != (PyTypeObject *)produced)
+            goto other;
+        PyObject *error = PyObject_GetAttr(result, ERROR);
+        if (error == NULL)
+            goto fail;
+        Py_DECREF(error);
+        if (error != Py_None)
+            goto other;
+        long long partition, offset, hw;
+        int r = int_attr(result, PARTITION, &partition);
+        if (r == 0)
+            r = int_attr(result, BASE_OFFSET, &offset);
+        if (r == 0)
+            r = int_attr(result, HIGH_WATERMARK, &hw);
+        if (r != 0) {
+            if (r < 0)
+                goto fail;
+            goto python;
+        }
+        PyObject *cid = PyObject_GetAttr(PyTuple_GET_ITEM(part, 1), CID);
+        if (cid == NULL)
+            goto fail;
+        Py_ssize_t cid_len = 0;
+        const char *cid_text = PyUnicode_Check(cid) ? PyUnicode_AsUTF8AndSize(cid, &cid_len) : NULL;
+        if (cid_text == NULL) {
+            Py_DECREF(cid);
+            PyErr_Clear();
+            goto python;
+        }
+        if (cap - size < cid_len + 128) {
+            cap = 2 * cap + cid_len + 128;
+            char *grown = PyMem_Realloc(out, cap);
+            if (grown == NULL) {
+                Py_DECREF(cid);
+                PyErr_NoMemory();
+                goto fail;
+            }
+            out = grown;
+        }
+        char *w = out + size;
+        memcpy(w, "V1|", 3);
+        memcpy(w + 3, cid_text, cid_len);
+        Py_DECREF(cid);
+        w += 3 + cid_len;
+        memcpy(w, "|OK|partition=", 14);
+        w = put_decimal(w + 14, partition);
+        memcpy(w, " offset=", 8);
+        w = put_decimal(w + 8, offset);
+        memcpy(w, " hw=", 4);
+        w = put_decimal(w + 4, hw - 1);
+        *w++ = '\n';
+        size = w - out;
+    }
+    PyObject *answers = PyBytes_FromStringAndSize(out, size);
+    PyMem_Free(out);
+    return answers;
+python:
+    PyMem_Free(out);
+    return Py_NewRef(Py_NotImplemented);
+other:
+    PyMem_Free(out);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(out);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -293,6 +569,8 @@ static PyMethodDef methods[] = {
     {"read_records", read_records, METH_VARARGS, "Append the fields of stored V1 records to column lists."},
     {"encode_records", encode_records, METH_VARARGS, "The payload of a V1 batch."},
     {"parse_produce", parse_produce, METH_VARARGS, "A plain PRODUCE line's fields and record, or None."},
+    {"take_produces", take_produces, METH_VARARGS, "The requests of the leading plain PRODUCE lines."},
+    {"stored_lines", stored_lines, METH_VARARGS, "The answers of a run of stored plain PRODUCE lines, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -161,18 +161,22 @@ def produce(conn: V1Connection, cid: str, args: list[str]) -> Handled:
     return Handled.run(commands, Answer(cid, _render_produce, args), joins=True)
 
 
+PARTITIONER = "fnv1a_32"  # how a PRODUCE line's key chooses its partition
+ACK_MODES = {"0": m.Acks.NONE, "1": m.Acks.LEADER, "all": m.Acks.ALL}  # ``acks=<value>`` (any case) -> mode
+
+
 def produce_record(topic: str, key: bytes, payload: bytes, timestamp: int, acks: str | None) -> tuple[Any, ...]:
     """The command of a PRODUCE of ``payload``, one record as ``format.encode_keyed`` writes it."""
     # Positional arguments: this runs once per PRODUCE line (topic, partition, batch, acks,
     # timeout_ms, key, partitioner, auto_create).
     return (m.Produce(topic, None, m.Batch(format.NAME, payload, 1, timestamp),
-                      _LEADER if acks is None else _acks(acks), None, key, "fnv1a_32", True),)
+                      _LEADER if acks is None else _acks(acks), None, key, PARTITIONER, True),)
 
 
 def _acks(option: str) -> m.Acks:
     """The ack mode of PRODUCE's third argument (``acks=0|1|all``; none: ``acks=1``)."""
     key, _, value = option.partition("=")
-    mode = {"0": m.Acks.NONE, "1": m.Acks.LEADER, "all": m.Acks.ALL}.get(value.lower())
+    mode = ACK_MODES.get(value.lower())
     if key.lower() != "acks" or mode is None:
         raise BadRequest("invalid ack mode; expected acks=0|1|all")
     return mode

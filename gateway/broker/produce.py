@@ -36,7 +36,7 @@ from gateway.broker.calls import (
     unknown_leader_epoch,
 )
 from gateway.codec import BatchFormat
-from gateway.codec.formats import has_leader_epochs, is_compressing
+from gateway.codec.formats import ONE_RECORD, has_leader_epochs, is_compressing
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.partitioners import choose
 from gateway.storage.interface import LeaderEpochStorage, MayWait, ReplicatingStorage
@@ -116,20 +116,20 @@ class Producer:
     def _route(self, cmd: m.Produce, partitions: int) -> int:
         """The partition of ``cmd``: its own, or its partitioner's choice for its key. A burst
         sends many records with one key (an MQTT topic name, a V1 key): the last keyed choice
-        is remembered."""
+        is remembered. The round-robin turn moves on with each choice that takes it (a keyless
+        or round-robin produce) only, so that remembering a keyed choice changes no turn."""
         if cmd.partition is not None:
             return cmd.partition
         if partitions == 1:  # every partitioner's choice, without hashing the key
             return 0
         key, partitioner = cmd.key, cmd.partitioner
-        keyed = key is not None and partitioner != "round_robin"
-        if keyed:
-            last_key, last_partitioner, last_partitions, partition = self._last_keyed
-            if key == last_key and partitioner == last_partitioner and partitions == last_partitions:
-                return partition
-        partition = choose(partitioner, key, partitions, next(self._round_robin))
-        if keyed:
-            self._last_keyed = (key, partitioner, partitions, partition)
+        if key is None or partitioner == "round_robin":
+            return choose(partitioner, key, partitions, next(self._round_robin))
+        last_key, last_partitioner, last_partitions, partition = self._last_keyed
+        if key == last_key and partitioner == last_partitioner and partitions == last_partitions:
+            return partition
+        partition = choose(partitioner, key, partitions, 0)  # (a keyed choice takes no turn)
+        self._last_keyed = (key, partitioner, partitions, partition)
         return partition
 
     # ------------------------------------------------------------------ one batch
@@ -322,16 +322,26 @@ class Producer:
         routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
         results: list[Any] = [None] * len(cmds)
         route = self._route
+        chosen: dict[tuple[bytes, str], int] = {}  # (key, partitioner) -> its partition, chosen once a run
         batches = [cmd.batch for cmd in cmds]
         checks = fmt.validate_each([batch.payload for batch in batches])
         compacted = self._compacted(topic)
         for i, cmd, batch, checked in zip(range(len(cmds)), cmds, batches, checks, strict=True):
-            refusal = refusal_of(checked, batch)
+            # (The usual batch, one record checked, is told at once: this runs once per produce.)
+            refusal = None if checked is ONE_RECORD and batch.count == 1 else refusal_of(checked, batch)
             missing = fmt.keyless(batch) if compacted and refusal is None else ()
             if missing:
                 results[i] = keyless_refused(topic, -1 if cmd.partition is None else cmd.partition, missing)
             elif refusal is None:
-                p = route(cmd, partitions)
+                p = cmd.partition
+                if p is None:
+                    key, partitioner = cmd.key, cmd.partitioner
+                    if key is None or partitioner == "round_robin":
+                        p = route(cmd, partitions)
+                    else:  # a keyed choice depends on the key and the partitioner alone
+                        p = chosen.get((key, partitioner))
+                        if p is None:
+                            p = chosen[key, partitioner] = route(cmd, partitions)
                 indexes = routed.get(p)
                 if indexes is None:
                     routed[p] = [i]
@@ -380,12 +390,11 @@ class Producer:
         try:
             self.check_leader(topic, partition)
             base = self.store.log_end_offset(topic, partition)
-            payloads, count, max_timestamp = [], 0, -1
-            for b in batches:
-                payloads.append(self.compressed(fmt, b.payload, topic))
-                count += b.count if b.count > 0 else 1
-                if b.max_timestamp > max_timestamp:
-                    max_timestamp = b.max_timestamp
+            payloads = [b.payload for b in batches]
+            if self.compressed is not _as_compressed and is_compressing(fmt):
+                payloads = [self.compressed(fmt, payload, topic) for payload in payloads]
+            count = sum([b.count if b.count > 0 else 1 for b in batches])
+            max_timestamp = max(-1, max([b.max_timestamp for b in batches]))
             payload = self.numbered(fmt, payloads[0] if len(payloads) == 1 else fmt.join(payloads), base,
                                     topic, partition)
             appended = self.store.append(topic, partition, fmt.name, payload, count, max_timestamp, None, acks,

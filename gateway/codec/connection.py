@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -249,8 +250,15 @@ class Handled(NamedTuple):
         return _new_tuple(cls, (commands if type(commands) is tuple else tuple(commands), render, b"", False, "",
                                 hold, ordered, joins, merges, frames))
 
+    @classmethod
+    def joining(cls, commands: tuple[Any, ...], render: Render) -> Handled:
+        """``run(commands, render, joins=True)`` for a tuple of commands, with no keyword to
+        sort: the request of a frame that clients pipeline by the thousand (a codec's loop)."""
+        return _new_tuple(cls, (commands, render, b"", False, "", False, True, True, None, 1))
+
 
 _new_tuple = tuple.__new__
+_FRAMES = operator.itemgetter(Handled._fields.index("frames"))  # a Handled's frames, in C (a run's sum)
 
 RUN_MAX = 256
 """The most requests ``CodecConnection`` joins into one run (``Handled.joins``)."""
@@ -598,11 +606,27 @@ class CodecConnection(PushConnection, TimerConnection):
                 return None
         return None
 
+    def taking_frames(self) -> bool:
+        """Whether ``next_event`` would handle the next buffered frame now: no event is waiting, no
+        frame waits for its login turn, no request holds the later ones, and the connection is
+        neither closed, ended nor refusing a login. A codec that takes a run of frames at once
+        (``join``) takes them only then."""
+        return not (self.events or self._deferred is not None or self.closed or self.held is not None
+                    or self.framer.finished or self.login_refused is not None)
+
     def _run(self, first: Handled) -> Request:
         """``first`` and the joining requests whose frames follow it, already buffered, as one
-        ``Request`` (``Handled.joins``, ``_joined``). The first frame that does not join ends
-        the run; its event comes next."""
-        parts = [first]
+        ``Request`` (``join``)."""
+        return self.join([first])
+
+    def join(self, parts: list[Handled]) -> Request:
+        """``parts`` (joining requests just taken, in order: at least one, at most ``RUN_MAX``)
+        and the joining requests whose frames follow them, already buffered, as one ``Request``
+        (``Handled.joins``, ``_joined``). The first frame that does not join ends the run; its
+        event comes next. ``next_event`` calls it with a request's first frame; a codec that
+        takes a run of frames at once calls it with theirs, so that the run goes on as it would
+        have frame by frame."""
+        first = parts[0]
         join = parts.append
         events, next_frame, handle_frame = self.events, self._next_frame, self.handle_frame
         while len(parts) < RUN_MAX and not events:
@@ -627,11 +651,14 @@ class CodecConnection(PushConnection, TimerConnection):
         by position (``merge``: the first commands of the stretch into one, the second ones...),
         whose results the parts of the stretch share (``Run.starts``)."""
         n = len(parts)
-        frames = sum(part.frames for part in parts)
+        frames = sum(map(_FRAMES, parts))
         keys = [part.merges for part in parts]
-        if not any(key is not None and key == after for key, after in zip(keys, keys[1:])):  # nothing merges
-            if all(len(part.commands) == 1 for part in parts):  # one command each: the usual run
-                return Request(tuple([part.commands[0] for part in parts]), Run(parts, _ONE_EACH[:n]), True, frames)
+        # (Told by counting, with no Python step per part, when no part has a key: runs of
+        # produces that do not merge, such as V1's lines, are built once per pipelined burst.)
+        if keys.count(None) == n or not any(key is not None and key == after for key, after in zip(keys, keys[1:])):
+            each = [part.commands for part in parts]
+            if set(map(len, each)) == {1}:  # one command each: the usual run
+                return Request(tuple([one for (one,) in each]), Run(parts, _ONE_EACH[:n]), True, frames)
             every = tuple(command for part in parts for command in part.commands)
             return Request(every, Run(parts, list(itertools.accumulate(len(part.commands) for part in parts))), True, frames)
         commands: list[Any] = []

@@ -474,6 +474,19 @@ class LineFramer(_Framer):
             raise FrameTooLarge(len(line), self.max_frame_size)
         return b"", line
 
+    def whole_lines(self) -> collections.deque[bytes]:
+        """The whole lines received and not yet returned, for a codec that takes a run of them
+        at once (popping them from the left) rather than by ``next_frame``: those already cut,
+        or, when there are none, those the buffer holds (cut now). Never raises: a line over
+        the limit and the end of the stream are left to ``next_frame`` to raise (a taker
+        leaves a line longer than ``max_frame_size`` in place)."""
+        lines = self._lines
+        if not lines and not (self._discarding or self.finished):
+            width = len(self.delimiter)
+            if self.buffer.rfind(self.delimiter, max(self._searched - width + 1, 0)) >= 0:
+                self._cut_lines()  # a delimiter is there: it cuts, and raises nothing
+        return lines
+
     def _cut_lines(self) -> bool:
         """Move the buffer's whole lines to ``_lines``: whether there are any now.
 

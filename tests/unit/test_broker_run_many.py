@@ -102,10 +102,18 @@ def test_merged_runs_stop_at_their_size_and_record_limits(rig):
 
 
 def test_run_many_answers_as_run_one_by_one(rig):
-    """Keys routed by a partitioner, explicit partitions, a follower partition,
-    an unknown topic, another acks level and other commands in between."""
+    """Keys routed by a partitioner (keys repeated, one key by other partitioners, no key), a
+    batch that lies about its count, explicit partitions, a follower partition, an unknown
+    topic, another acks level and other commands in between."""
     commands = [
         *(produce("t", None, b"r%d" % i, b"key%d" % i, partitioner="fnv1a_32") for i in range(12)),
+        *(produce("t", None, b"s%d" % i, b"key%d" % (i % 3), partitioner="fnv1a_32") for i in range(6)),
+        produce("t", None, b"m", b"key1", partitioner="murmur2"),
+        produce("t", None, b"rr", b"key1", partitioner="round_robin"),
+        produce("t", None, b"rr", b"key1", partitioner="round_robin"),
+        m.Produce("t", None, m.Batch("v1", encode_record(0, 1, None, b"nokey"), 1, 1), partitioner="fnv1a_32"),
+        m.Produce("t", None, m.Batch("v1", encode_record(0, 1, b"key1", b"lies"), 2, 1), key=b"key1",
+                  partitioner="fnv1a_32"),
         produce("t", 3, b"on the follower"),
         produce("t", 99, b"no such partition"),
         produce("nope", 0, b"unknown topic"),
@@ -124,9 +132,11 @@ def test_run_many_answers_as_run_one_by_one(rig):
                         [len(engine.read("t", p, 0, 1 << 20)) for p in range(3)]))
     (many, many_appends, many_batches), (one, one_appends, one_batches) = answers
     assert many == one
-    assert many[12].error.code is m.ErrorCode.NOT_LEADER
-    assert many[13].error.code is m.ErrorCode.UNKNOWN_PARTITION
-    assert many[14].error.code is m.ErrorCode.UNKNOWN_TOPIC
+    assert many[22].error.code is m.ErrorCode.CORRUPT_MESSAGE
+    assert many[23].error.code is m.ErrorCode.NOT_LEADER
+    assert many[24].error.code is m.ErrorCode.UNKNOWN_PARTITION
+    assert many[25].error.code is m.ErrorCode.UNKNOWN_TOPIC
+    assert len({r.partition for r in many[:12]}) > 1  # the keys spread: routing is checked
     assert many_appends < one_appends
     assert sum(many_batches) < sum(one_batches)
 

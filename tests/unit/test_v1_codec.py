@@ -9,9 +9,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway import model as m
-from gateway.codec import RUN_MAX, ListenerSettings, Reply, Request
+from gateway.codec import RUN_MAX, Close, Handled, ListenerSettings, Reply, Request
 from gateway.codec.testing import CodecConformance
 from gateway.codecs.v1 import codec as v1
+from gateway.codecs.v1 import handlers
 from gateway.codecs.v1.codec import V1Connection
 from gateway.codecs.v1.format import FORMAT
 
@@ -213,16 +214,18 @@ def test_the_plain_produce_path_gives_what_the_general_parser_gives(parts):
         patch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)  # the codec's clock and the handlers'
         fast = events([line + b"\n"])
         patch.setattr(v1, "parse_produce", lambda body, now: None)
+        patch.setattr(v1, "take_produces", lambda lines, now, limit, max_len: [])
         general = events([line + b"\n"])
     assert [describe_fully(e) for e in fast] == [describe_fully(e) for e in general]
 
 
 def describe_fully(event) -> tuple:
-    if isinstance(event, Reply):
-        return "reply", event.data
+    if isinstance(event, Reply | Close):
+        return type(event).__name__, event.data
     conn = V1Connection(ListenerSettings(256))
-    result = [m.ProduceResult("t", 1, 2, 2, 3)] if isinstance(event.commands[0], m.Produce) else [None]
-    answer = conn.respond(event, result) if result[0] is not None else b""
+    produces = isinstance(event.commands[0], m.Produce)  # each of a run of PRODUCE lines: its own offset
+    result = [m.ProduceResult("t", 1, 2 + i, 2 + i, 3 + i) for i in range(len(event.commands))] if produces else [None]
+    answer = conn.respond(event, result) if produces else b""
     return "request", event.commands, answer
 
 
@@ -232,3 +235,82 @@ def describe_fully(event) -> tuple:
 def test_c_and_python_parse_plain_produce_lines_alike(parts, prefixed):
     line = (b"V1|12|PRODUCE|" if prefixed else b"") + b"".join(parts)
     assert v1._speedups.parse_produce(line, 1234) == v1._parse_produce(line, 1234)
+
+
+RUN_LINES = st.sampled_from([b"V1|1|PRODUCE|t a:1", b"V1|2|PRODUCE|u b:2 acks=all", b"V1|3|PRODUCE|t c:3 acks=x",
+                             b"V1|4|PRODUCE|t  d:4", b"V1|5|PING|", b"V1|6|PRODUCE|t e:" + b"v" * 80, b"garbage",
+                             b"V1|7|PRODUCE|t f:6\r"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(RUN_LINES, max_size=RUN_MAX + 20), st.sampled_from([1, 7, 64, 100_000]), st.booleans())
+@example([b"V1|1|PRODUCE|t a:1"] * (RUN_MAX + 5), 100_000, False)
+def test_produce_lines_taken_in_one_pass_make_the_requests_and_runs_of_lines_taken_one_by_one(lines, step, auth):
+    """The plain PRODUCE lines at the front of those received, taken in one pass, give the same
+    events (the same runs, commands and answers) as the lines handled one by one, whatever the
+    chunking, the line limit (a 64-byte limit makes the long line too long) and a refused
+    anonymous client."""
+    data = b"".join(line + b"\n" for line in lines)
+    pieces = [data[i : i + step] for i in range(0, len(data), step)]
+
+    def taken() -> list:
+        conn = V1Connection(ListenerSettings(64, require_auth=auth))
+        out = []
+        for piece in pieces:
+            conn.receive_data(piece)
+            out += conn_events(conn)
+        return [(getattr(e, "frames", None), describe_fully(e)) for e in out]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)
+        one_pass = taken()
+        patch.setattr(v1, "take_produces", lambda lines, now, limit, max_len: [])
+        one_by_one = taken()
+    assert one_pass == one_by_one
+
+
+@pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
+@settings(max_examples=300, deadline=None)
+@given(st.lists(RUN_LINES | st.sampled_from([b"V1|8|PRODUCE|t g:7 ACKS=All", b"V1|9|PRODUCE|t h:8 acks=0",
+                                             b"V1|a|PRODUCE|t i:9 acks=ALLL"]) | st.binary(max_size=30), max_size=12),
+       st.integers(0, 14), st.integers(0, 120))
+def test_c_and_python_take_the_leading_plain_produce_lines_alike(lines, limit, max_len):
+    def requests(take) -> list:
+        return [(type(h), h.commands, type(h.render), h.render.cid, tuple(h[2:])) for h in take(lines, 1234, limit, max_len)]
+
+    assert requests(v1._take_produces_in_c) == requests(v1._take_produces)
+
+
+@pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["1", "c-7", "é", "\udcff", ""]), st.booleans(), st.booleans(),
+                          st.integers(-(2**64), 2**64), st.integers(-(2**64), 2**64)), max_size=6),
+       st.integers(-1, 1))
+def test_c_and_python_answer_a_run_of_stored_produce_lines_alike(lines, missing):
+    """The answers of a run, the C loop's (``stored_lines``) and the Python one's: the same
+    bytes, the same None (a part that is not a plain PRODUCE line, a record not stored, a
+    result too few or too many) and the same error (a correlation id UTF-8 cannot write)."""
+    parts, results = [], []
+    for cid, plain, stored, offset, hw in lines:
+        render = handlers.Produced(cid) if plain else handlers.Answer(cid, handlers._render_produce, [])
+        parts.append(Handled.run((), render, joins=True))
+        results.append(m.ProduceResult("t", offset % 7, offset, offset, hw,
+                                       error=None if stored else m.Error(m.ErrorCode.NOT_LEADER, "x")))
+    results = results[: len(results) + missing] if missing < 0 else results + results[:missing]
+
+    def answered(stored_lines):
+        try:
+            return stored_lines(parts, results)
+        except UnicodeEncodeError as e:
+            return type(e)
+
+    assert answered(v1.stored_lines) == answered(v1._stored_lines)
+
+
+@pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
+def test_the_c_loop_answers_the_usual_run_itself():
+    parts = [Handled.run((), handlers.Produced(cid), joins=True) for cid in ("1", "x-2")]
+    results = [m.ProduceResult("t", 2, 2**62, 2**62, 0), m.ProduceResult("t", 0, -5, -5, -(2**62))]
+    assert v1._speedups.stored_lines(parts, results, handlers.Produced) == (
+        b"V1|1|OK|partition=2 offset=4611686018427387904 hw=-1\n"
+        b"V1|x-2|OK|partition=0 offset=-5 hw=-4611686018427387905\n")
