@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from group_support import PARTITIONS, KafkaMember, partition_of, produce, wait
 from polygate_mqtt.properties import ReasonCode
 from test_mqtt5_gateway import Client5
-from test_mqtt_sessions import Raw, publisher
+from test_mqtt_sessions import Raw, taken_over
 
 from gateway.clients.v1 import V1Client
 from gateway.launcher import Tansu, running_cluster
@@ -143,15 +143,7 @@ def test_a_persistent_session_taken_over_through_another_gateway_goes_on_there(g
         first = Raw(a.port("mqtt"), b"roamer")
         first.subscribe("roam/#", 1)
         time.sleep(1)  # the session's commit after its SUBSCRIBE is stored
-        second = Raw(b.port("mqtt"), b"roamer")
-        assert second.session_present
-        first.sock.settimeout(5)
-        assert first.sock.recv(1) == b"", "the first connection is still open"
-        publisher(a, device_factory, ("roam/x", b"through the other gateway", 1))
-        [(topic, qos, _, payload, dup)] = second.publishes(1)
-        assert (topic, qos, payload, dup) == ("roam/x", 1, b"through the other gateway", False)
-        first.close()
-        second.close()
+        taken_over(first, b"roamer", b, a, device_factory, "roam/x")
 
 
 def test_a_delayed_will_is_published_once_by_the_gateways_of_a_cluster(pair):

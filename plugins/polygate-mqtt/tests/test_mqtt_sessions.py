@@ -225,21 +225,30 @@ def test_a_returning_session_gets_at_most_its_queued_bytes_of_what_it_missed(gat
     client.close()
 
 
+def taken_over(first: Raw, client_id: bytes, second_gw, publish_gw, device_factory, topic: str) -> None:
+    """A CONNECT through ``second_gw`` with the id of ``first``'s connected persistent session
+    closes ``first`` (3.1.1: without an answer), and the session goes on on the new connection,
+    its subscriptions and all: what is published to ``topic`` through ``publish_gw`` reaches it."""
+    second = Raw(second_gw.port("mqtt"), client_id)
+    try:
+        assert second.session_present
+        first.sock.settimeout(5)
+        assert first.sock.recv(1) == b"", "the first connection is still open"
+        publisher(publish_gw, device_factory, (topic, b"to the new connection", 1))
+        [(got, qos, _, payload, dup)] = second.publishes(1)
+        assert (got, qos, payload, dup) == (topic, 1, b"to the new connection", False)
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_connect_with_the_id_of_a_connected_client_takes_its_session_over(gateway_factory, device_factory):
     """3.1.4-3, as Mosquitto: the first connection is closed (3.1.1: without an answer), and the
     session goes on on the second, its subscriptions and all."""
     gw = gateway_factory(("v1", "mqtt"))
     first = Raw(gw.port("mqtt"), b"twin")
     first.subscribe("twin/#", 1)
-    second = Raw(gw.port("mqtt"), b"twin")
-    assert second.session_present
-    first.sock.settimeout(5)
-    assert first.sock.recv(1) == b"", "the first connection is still open"
-    publisher(gw, device_factory, ("twin/a", b"to the new connection", 1))
-    [(topic, qos, _, payload, dup)] = second.publishes(1)
-    assert (topic, qos, payload, dup) == ("twin/a", 1, b"to the new connection", False)
-    first.close()
-    second.close()
+    taken_over(first, b"twin", gw, gw, device_factory, "twin/a")
 
 
 def _client_records(gw, client_id: bytes) -> list[bytes | None]:
