@@ -221,9 +221,9 @@ class Handled(NamedTuple):
       results, so that they succeed or fail together. The codec chooses keys that keep
       a merged command bounded.
     * ``frames``: how many frames it answers, its own and the buffered ones like it that its
-      handler took with it (``LengthPrefixedFramer.cut``: a run of pipelined MQTT PUBLISHes to
-      one topic name, stored as one batch), which count against the adapter's limits as the
-      frames of a run of joined requests do.
+      handler took with it (``LengthPrefixedFramer.whole_frames``: a run of pipelined MQTT
+      PUBLISHes to one topic name, stored as one batch), which count against the adapter's
+      limits as the frames of a run of joined requests do.
 
     A ``NamedTuple`` for the reason ``Request`` is one: one is built per frame.
     """

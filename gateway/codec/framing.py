@@ -385,11 +385,11 @@ class LengthPrefixedFramer(_Framer):
     def partial_frame(self) -> bool:
         return self._assembly is not None or len(self.buffer) > 0 or len(self._cut) > 0
 
-    @property
-    def cut(self) -> collections.deque[tuple[bytes, bytes | bytearray]]:
+    def whole_frames(self) -> collections.deque[tuple[bytes, bytes | bytearray]]:
         """The whole frames already cut from the buffer and not yet taken, in order: what
-        ``next_frame`` returns next. A codec handling a frame may take a run of the ones like it
-        from the front (``popleft``), as though ``next_frame`` had returned each to it."""
+        ``next_frame`` returns next (``LineFramer.whole_lines``' twin, cutting nothing more). A
+        codec handling a frame may take a run of the ones like it from the front (``popleft``),
+        as though ``next_frame`` had returned each to it."""
         return self._cut
 
     def next_frame(self) -> tuple[bytes, bytes | bytearray] | None:

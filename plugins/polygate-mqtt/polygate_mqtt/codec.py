@@ -278,7 +278,7 @@ class _TopicSubscription:
 class MqttConnection(CodecConnection):
     """One client connection (see the module docstring)."""
 
-    framer: LengthPrefixedFramer  # whose cut frames a PUBLISH takes its run from (``handlers.publish``)
+    framer: LengthPrefixedFramer  # whose whole frames a PUBLISH takes its run from (``handlers.publish``)
 
     def __init__(self, settings: ListenerSettings):
         super().__init__(settings, LengthPrefixedFramer(FIXED_HEADER, settings.max_frame_size))

@@ -350,7 +350,7 @@ def _run(conn: MqttConnection, destination: tuple[str, bytes], body: bytes, flag
     to ``MERGED_BYTES``), received now; their acknowledgements; the last one's payload."""
     log_topic, key = destination
     ts = conn.taken_at
-    records, count, acks, last = packets.publish_run(body, _PUBLISH_BYTE | flags, conn.framer.cut, ts, headers,
+    records, count, acks, last = packets.publish_run(body, _PUBLISH_BYTE | flags, conn.framer.whole_frames(), ts, headers,
                                                      _PUBACK_HEAD if qos else None, MERGED_BYTES, conn.version == 5)
     return m.Produce(log_topic, None, m.Batch(fmt.NAME, records, count, ts), _LEADER, None, key, "murmur2",
                      True), acks, last

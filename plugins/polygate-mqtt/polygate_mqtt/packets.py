@@ -265,7 +265,7 @@ def _publish_run(first: bytes, header_byte: int, frames: collections.deque[tuple
     ``first`` is the body of the first (the PUBLISH parse took it, so it is whole), and
     ``header_byte`` its fixed header's first byte; with ``version5``, the bodies are MQTT 5 ones,
     and take part only without properties (a property length of 0; ``ValueError`` for a ``first``
-    with any). Each frame at the front of ``frames`` (the framer's cut frames, ``(header, body)``)
+    with any). Each frame at the front of ``frames`` (the framer's ``whole_frames()``, ``(header, body)``)
     joins the run while its first byte is ``header_byte``, its body starts with the same topic
     name field and is long enough for its packet identifier (MQTT 5: not 0, and no properties
     after it), and the records stay within ``budget`` bytes (the first always joins): it is
