@@ -285,22 +285,23 @@ def _publish_run(first: bytes, header_byte: int, frames: collections.deque[tuple
     if version5 and first[head - 1]:
         raise ValueError("the first PUBLISH has properties")
     field, key = first[:field_end], first[2:field_end]
-    bodies = [first]
-    size = len(fmt.encode_record(0, timestamp, qos, key, first[head:], headers))
+    bodies, records = [first], [fmt.encode_record(0, timestamp, qos, key, first[head:], headers)]
+    size = len(records[0])
     while frames:
         header, body = frames[0]
         if not header or header[0] != header_byte or len(body) < head or body[:field_end] != field:
             break
         if version5 and (body[head - 1] or (qos and body[field_end:field_end + 2] == b"\0\0")):
             break
-        size += fmt.HEAD_SIZE + len(key) + fmt.LEN.size + len(body) - head + (fmt.LEN.size + len(headers) if headers else 0)
+        record = fmt.encode_record(len(records), timestamp, qos, key, body[head:], headers)
+        size += len(record)
         if size > budget:
             break
-        bodies.append(bytes(frames.popleft()[1]))
-    records = b"".join(fmt.encode_record(delta, timestamp, qos, key, body[head:], headers)
-                       for delta, body in enumerate(bodies))
+        frames.popleft()
+        bodies.append(body)
+        records.append(record)
     acks = b"" if ack_head is None else b"".join(ack_head + body[field_end:field_end + 2] for body in bodies)
-    return records, len(bodies), acks, bodies[-1][head:]
+    return b"".join(records), len(bodies), acks, bytes(bodies[-1][head:])
 
 
 _speedups = load("polygate_mqtt._speedups")
