@@ -334,7 +334,9 @@ class Reader:
         high = p.HighWatermark
         low = p.get("LogStartOffset", -1)
         moved = self.metadata.advance(topic, partition, high, low if low >= 0 else None)
-        w.stable, w.stable_at = p.get("LastStableOffset", -1), self.metadata.marks(topic, partition).high_watermark
+        # The answer's own watermark, not the marks: an append this gateway made may have moved the
+        # marks past what the cluster had when it answered, and this stable offset predates it.
+        w.stable, w.stable_at = p.get("LastStableOffset", -1), high
         batches = batches_of(p.Records, p.AbortedTransactions if self.committed else None, self.kafka)
         full = False
         for batch in batches:

@@ -124,6 +124,25 @@ def test_the_next_fetch_is_sent_before_the_reads_waiting_on_an_answer_are_served
     assert cluster.fetches[1][0]["Topics"][0]["Partitions"][0]["FetchOffset"] == 2
 
 
+def test_an_answer_older_than_an_append_does_not_end_a_committed_read_at_its_stable_offset():
+    """A fetch answered before this gateway's append landed, and kept after the append moved the
+    watermark, says nothing of the appended records: a read of them waits for the next answer
+    (it used to answer empty at once, ending a V1 or Cursus reader's drain of the partition)."""
+    cluster = FetchedCluster()
+    reader = Reader(cluster, cluster, MemoryReactorClock(), FORMATS["kafka"])  # type: ignore[arg-type]
+    read = reader.read("t", 0, 0, 1 << 20)
+    served: list[list[m.StoredBatch]] = []
+    read.addCallback(served.append)
+    cluster.advance("t", 0, 2)  # the append's answer, as the store's delivery makes it
+
+    cluster.answer(0, b"", 0)  # the cluster answered with the log as it was before the append
+    assert served == []
+
+    cluster.answer(1, kafka_format.encode_batch(RECORDS, 0), 2)
+    [batches] = served
+    assert [(b.base_offset, b.last_offset) for b in batches] == [(0, 1)]
+
+
 def test_a_batch_whose_length_does_not_cover_its_header_ends_the_answer():
     """A fetched batch of length -12 would be read again at the same place for ever: the reader
     keeps the batches before it and skips the rest of the answer."""
