@@ -17,9 +17,11 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from polygate_mqtt import packets
 from polygate_mqtt import properties as props
 from polygate_mqtt.properties import Property, ReasonCode
+from polygate_mqtt.topics import WILLS_TOPIC
 from test_mqtt_gateway import recv_packet
 
 from gateway.clients.scram import client_final, client_first
+from gateway.clients.v1 import V1Client
 
 TIMEOUT = 15
 
@@ -353,9 +355,15 @@ def test_a_delayed_will_is_not_published_when_the_session_goes_on_before_its_del
 def test_a_delayed_will_survives_a_gateway_restart_and_is_published_once(gateway_factory, clients):
     """3.1.3.2.2: the will of a connection lost is published once its delay is over, even if the
     gateway restarted meanwhile."""
-    gw = gateway_factory(("mqtt",))
+    gw = gateway_factory(("mqtt", "v1"))
     _will_client(gw.port("mqtt"), b"restarted", expiry=300, will_delay=8).close()
-    time.sleep(1)  # the gateway sees the connection lost (a connection still open as it stops leaves no will)
+    # The gateway saw the connection lost and wrote its will down before it stops (a connection
+    # still open as it stops leaves no will).
+    with V1Client("127.0.0.1", gw.port("v1")) as v1:
+        deadline = time.monotonic() + TIMEOUT
+        while not list(v1.consume_all(WILLS_TOPIC, 0)):
+            assert time.monotonic() < deadline, "the delayed will was never written down"
+            time.sleep(0.1)
     gw.restart()
     watcher = clients(gw.port("mqtt"), "watcher")
     assert watcher.subscribe(("gone/#", 1)) == [1]
