@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 SERVING := $(VENV)/.installed-serve
 DATA   ?= .data
 
-.PHONY: serve test unit unit-twins integration integration-parallel integration-spark cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
+.PHONY: serve test bytecode unit unit-twins integration integration-parallel integration-spark cluster lint lint-tree typecheck hooks venv bench clean java mosquitto
 
 MQTT   := plugins/polygate-mqtt
 HTTP   := plugins/polygate-http
@@ -28,6 +28,14 @@ $(STAMP): $(SERVING)
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The sources' bytecode, written before the tests: where the environment tells Python not to write
+# it (PYTHONDONTWRITEBYTECODE), each of the thousand-odd gateway and CLI processes the tests start
+# would compile the project's 120-odd modules again, a third of its start (0.85 s -> 0.62 s of CPU
+# per gateway start measured here). Only what changed is compiled again; hidden directories (the
+# test tools' own environments under tests/) are left alone.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -x '(^|/)\.' gateway codecs storage $(PLUGINS) tests
 
 serve: $(SERVING)
 	$(VENV)/bin/gateway serve --data-dir $(DATA)
@@ -86,26 +94,26 @@ CLUSTER_SUITES := $(addprefix tests/,test_v1_gateway.py test_kafka_confluent.py 
 		test_mqtt5_gateway.py) \
 	$(addprefix $(HTTP)/tests/,test_http_rest_proxy.py)
 
-unit: $(STAMP)
+unit: bytecode
 	$(PYTEST) $(UNIT_TESTS)
 
 # The unit tests with the C twins, then again with their Python side only.
-unit-twins: $(STAMP)
+unit-twins: bytecode
 	$(PYTEST) $(UNIT_TESTS)
 	POLYGATE_NO_EXTENSIONS=1 $(PYTEST) $(UNIT_TESTS)
 
 # Each pass ends with its slowest tests: where to look first when the run grows past its budget.
-integration: $(STAMP) java
+integration: bytecode java
 	$(MAKE) --no-print-directory -j2 --output-sync=target integration-parallel integration-spark
 	$(PYTEST) --durations=15 -m serial $(INTEGRATION_TESTS)
 
-integration-parallel: $(STAMP)
+integration-parallel: bytecode
 	$(PYTEST) $(PARALLEL) --durations=15 -m "not serial and not spark" $(INTEGRATION_TESTS)
 
-integration-spark: $(STAMP) java
+integration-spark: bytecode java
 	$(PYTEST) --durations=15 -m "spark and not serial" $(INTEGRATION_TESTS)
 
-cluster: $(STAMP)
+cluster: bytecode
 	POLYGATE_TEST_STORAGE=cluster $(PYTEST) $(PARALLEL) $(CLUSTER_SUITES)
 
 # Everything: lint beside the unit tests (the type check is mostly one core, the unit tests the
