@@ -6,7 +6,7 @@ import logging
 import os
 import resource
 from collections.abc import Generator, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from twisted.internet import defer
@@ -21,7 +21,7 @@ from gateway.adapter import (
 )
 from gateway.admin import AdminAccess, AdminServer
 from gateway.broker import Broker, BrokerConfig
-from gateway.cluster import ClusterConfig, ClusterStore
+from gateway.cluster import ClusterConfig
 from gateway.codec import CodecPlugin, ListenerSettings, LoginLimits, Tokens, parse_options
 from gateway.local.store import LocalStore
 from gateway.registry import Registry
@@ -30,6 +30,9 @@ from gateway.security.tls import ReloadableTls, TlsConfig
 from gateway.security.users import UserStore
 from gateway.storage.engine import Engine, EngineConfig, StorageFailure
 from gateway.storage.interface import Storage, SyncingStorage
+
+if TYPE_CHECKING:
+    from gateway.cluster.store import ClusterStore
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +158,10 @@ class Gateway:
         store: Storage
         try:
             if self.cluster is not None:
+                # Imported here: a local-mode gateway never loads the cluster client (a tenth of a
+                # gateway's start, which the tests pay a thousand times).
+                from gateway.cluster.store import ClusterStore
+
                 self.cluster_store = ClusterStore(self.cluster, self.registry.batch_formats, self.reactor)
                 opened = self.cluster_store.start()
                 store = self.cluster_store

@@ -8,7 +8,8 @@ import pytest_twisted
 from store_conformance import FORMATS, StoreConformance, eventually
 from twisted.internet import defer, reactor
 
-from gateway.cluster import ClusterConfig, ClusterStore
+from gateway.cluster import ClusterConfig
+from gateway.cluster.store import ClusterStore
 from gateway.launcher import Tansu
 
 

@@ -31,6 +31,7 @@ group membership.
 """
 
 from gateway.cluster.config import ClusterConfig, parse_properties, parse_storage
-from gateway.cluster.store import ClusterStore
 
-__all__ = ["ClusterConfig", "ClusterStore", "parse_properties", "parse_storage"]
+# ``ClusterStore`` is imported from ``gateway.cluster.store`` by who uses it: this package is
+# imported by every ``gateway serve`` for its settings, and a local-mode one needs no more of it.
+__all__ = ["ClusterConfig", "parse_properties", "parse_storage"]
