@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 ACKS_TIMEOUT = Error(ErrorCode.REPLICATION_TIMEOUT, "acks=all timeout")
 MERGE_BYTES = 1 << 20  # a run of merged produces stops once its payloads reach this size...
 MERGE_RECORDS = 4096  # ...or this many records
+KEYED_CHOICES = 4096  # keyed partition choices remembered (all forgotten past this many), ...
+KEYED_KEY_BYTES = 256  # ... each for a key of at most this size: at most 1 MiB of keys
 
 
 class Producer:
@@ -71,7 +73,7 @@ class Producer:
             _as_compressed if store.compresses else self._compressed)
         self._round_robin = itertools.count()
         self._default_cleanup = store.topic_defaults().cleanup_policy or "delete"  # a topic's unless it sets one
-        self._last_keyed: tuple[bytes | None, str, int, int] = (None, "", 0, 0)  # see _route
+        self._keyed: dict[tuple[bytes, str, int], int] = {}  # see _route
         # (topic, partition, producer id) -> fires when that producer's last batch there is settled
         self._in_order: dict[tuple[str, int, Any], defer.Deferred] = {}
         self._sequences = idempotence.Sequences()
@@ -114,10 +116,11 @@ class Producer:
         return payload if wanted is None or wanted == "producer" else fmt.recompress(payload, wanted)
 
     def _route(self, cmd: m.Produce, partitions: int) -> int:
-        """The partition of ``cmd``: its own, or its partitioner's choice for its key. A burst
-        sends many records with one key (an MQTT topic name, a V1 key): the last keyed choice
-        is remembered. The round-robin turn moves on with each choice that takes it (a keyless
-        or round-robin produce) only, so that remembering a keyed choice changes no turn."""
+        """The partition of ``cmd``: its own, or its partitioner's choice for its key. Bursts
+        send many records with a few keys (MQTT topic names, V1 keys): keyed choices are
+        remembered, up to ``KEYED_CHOICES`` of them, of keys up to ``KEYED_KEY_BYTES``. The
+        round-robin turn moves on with each choice that takes it (a keyless or round-robin
+        produce) only, so that remembering a keyed choice changes no turn."""
         if cmd.partition is not None:
             return cmd.partition
         if partitions == 1:  # every partitioner's choice, without hashing the key
@@ -125,11 +128,14 @@ class Producer:
         key, partitioner = cmd.key, cmd.partitioner
         if key is None or partitioner == "round_robin":
             return choose(partitioner, key, partitions, next(self._round_robin))
-        last_key, last_partitioner, last_partitions, partition = self._last_keyed
-        if key == last_key and partitioner == last_partitioner and partitions == last_partitions:
-            return partition
-        partition = choose(partitioner, key, partitions, 0)  # (a keyed choice takes no turn)
-        self._last_keyed = (key, partitioner, partitions, partition)
+        if len(key) > KEYED_KEY_BYTES:
+            return choose(partitioner, key, partitions, 0)  # (a keyed choice takes no turn)
+        keyed = self._keyed
+        partition = keyed.get((key, partitioner, partitions))
+        if partition is None:
+            if len(keyed) >= KEYED_CHOICES:
+                keyed.clear()
+            partition = keyed[key, partitioner, partitions] = choose(partitioner, key, partitions, 0)
         return partition
 
     # ------------------------------------------------------------------ one batch
@@ -322,7 +328,6 @@ class Producer:
         routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
         results: list[Any] = [None] * len(cmds)
         route = self._route
-        chosen: dict[tuple[bytes, str], int] = {}  # (key, partitioner) -> its partition, chosen once a run
         batches = [cmd.batch for cmd in cmds]
         checks = fmt.validate_each([batch.payload for batch in batches])
         compacted = self._compacted(topic)
@@ -333,15 +338,7 @@ class Producer:
             if missing:
                 results[i] = keyless_refused(topic, -1 if cmd.partition is None else cmd.partition, missing)
             elif refusal is None:
-                p = cmd.partition
-                if p is None:
-                    key, partitioner = cmd.key, cmd.partitioner
-                    if key is None or partitioner == "round_robin":
-                        p = route(cmd, partitions)
-                    else:  # a keyed choice depends on the key and the partitioner alone
-                        p = chosen.get((key, partitioner))
-                        if p is None:
-                            p = chosen[key, partitioner] = route(cmd, partitions)
+                p = route(cmd, partitions)
                 indexes = routed.get(p)
                 if indexes is None:
                     routed[p] = [i]
