@@ -140,6 +140,7 @@ class Clients(CodecConnection):
         # the next offset of each followed topic to read (None: its start); the client identifiers'
         # from their end, the wills' whole
         self.positions: dict[str, int | None] = {topics.CLIENTS_TOPIC: None, topics.WILLS_TOPIC: None}
+        self.created = False  # whether ``topics.CLIENTS_TOPIC`` is known to be there (``announce``)
         self.emit(Handled.run((*ENSURE.values(), m.ListOffsets(topics.CLIENTS_TOPIC, 0, m.OffsetSpec.LATEST)),
                               self._started, ordered=False))
 
@@ -155,7 +156,10 @@ class Clients(CodecConnection):
     def announce(self, conn: MqttConnection, clean_start: bool) -> m.Produce:
         """The record naming ``conn`` (from now on ``conn.held_as``) the holder of its client
         identifier, cluster-wide, and whether it starts clean (the session taken over ends, its
-        will is published); once stored, its offset goes to ``conn.held_from``."""
+        will is published); once stored, its offset goes to ``conn.held_from``. Until ``created``,
+        the topic's creation (``ENSURE``) must be answered first: a CONNECT may come before the
+        start's creation was (in cluster mode the cluster answers it), and its record would be
+        refused."""
         conn.held_as = f"{self.instance}.{next(self.numbers)}"
         return _keyed_record(topics.CLIENTS_TOPIC, conn.client_id, f"{conn.held_as} {int(clean_start)}".encode("ascii"))
 
@@ -175,6 +179,7 @@ class Clients(CodecConnection):
     def _started(self, results: Sequence[Any]) -> bytes:
         """Follow ``topics.CLIENTS_TOPIC`` from its end and ``topics.WILLS_TOPIC`` from its start as
         this gateway starts."""
+        self.created = results[0].error is None  # (``ENSURE``'s first: ``topics.CLIENTS_TOPIC``)
         listed = results[-1]
         if listed.error is None:
             self.positions[topics.CLIENTS_TOPIC] = listed.offset
@@ -197,6 +202,8 @@ class Clients(CodecConnection):
             self.emit(Timer(FOLLOW_RETRY_S, ("follow", topic)))
             self.emit(Handled.run((ENSURE[topic],), _nothing, ordered=False))
             return b""
+        if topic == topics.CLIENTS_TOPIC:
+            self.created = True
         read = self._client_read if topic == topics.CLIENTS_TOPIC else self._will_read
         for batch in result.batches:
             for record in fmt.FORMAT.records(batch):

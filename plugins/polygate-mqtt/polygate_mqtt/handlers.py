@@ -23,7 +23,7 @@ from construct import Container
 from gateway import model as m
 from gateway.codec import Acknowledgement, Handled, Timer
 
-from . import auth, message, packets, session, shared, topics
+from . import auth, clients, message, packets, session, shared, topics
 from . import format as fmt
 from . import properties as props
 from .packets import MalformedPacket, PacketType
@@ -157,6 +157,11 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
 
         def accepted() -> Handled:
             return Handled.run((claim,), lambda results: _held(conn, results[0], announced), hold=True)
+        if not conn.clients.created:
+            claimed = accepted
+
+            def accepted() -> Handled:
+                return Handled.run((clients.ENSURE[topics.CLIENTS_TOPIC],), lambda _: claimed(), hold=True)
     if len(conn.will) > 1:  # a retained will: its topic must be there when the connection ends
         return _with_retained_topic(conn, accepted)
     return accepted()
