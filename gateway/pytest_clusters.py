@@ -5,7 +5,8 @@ cluster mode on demand.
 in cluster mode, each test on a Tansu cluster of its own (as each has a data dir of its own in
 local mode); ``cluster-polygate`` uses a polygate in local mode as the cluster instead. Tests of
 local-mode rules are marked ``local_only`` and skipped then; ``tansu_differs`` marks a test that a
-Tansu 0.6 shortcoming fails (it runs against the polygate cluster). polygate's suites and its
+Tansu 0.6 shortcoming fails, which gets a polygate cluster instead (as Kafka does, it keeps what
+Tansu drops), so that it still runs in cluster mode. polygate's suites and its
 plugins' share it and its ``gateway_factory``, which asks ``test_cluster`` for the cluster; a
 suite names the protocols its gateways serve by default (``default_protocols``).
 """
@@ -28,9 +29,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker("local_only")
     if marker is not None and CLUSTER_MODE:
         pytest.skip(f"a local-mode rule: {marker.args[0]}")
-    marker = item.get_closest_marker("tansu_differs")
-    if marker is not None and STORAGE == "cluster":
-        pytest.skip(f"Tansu 0.6 differs: {marker.args[0]}")
 
 
 @pytest.fixture
@@ -57,10 +55,12 @@ def gateway_factory(tmp_path: Any, test_cluster: str | None, default_protocols: 
 
 
 @pytest.fixture
-def test_cluster() -> Iterator[str | None]:
-    """The bootstrap servers of the test's cluster in cluster mode, else None."""
+def test_cluster(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The bootstrap servers of the test's cluster in cluster mode, else None: a Tansu, or a
+    polygate for ``cluster-polygate`` and for a test Tansu fails (``tansu_differs``)."""
     if not CLUSTER_MODE:
         yield None
     else:
-        with running_cluster("tansu" if STORAGE == "cluster" else "polygate") as bootstrap:
+        tansu = STORAGE == "cluster" and request.node.get_closest_marker("tansu_differs") is None
+        with running_cluster("tansu" if tansu else "polygate") as bootstrap:
             yield bootstrap
