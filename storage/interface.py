@@ -77,6 +77,10 @@ class ClusterTransactions(Protocol):
     def begin(self, producer_id: int) -> Any:
         """*May wait.* Open a transaction of the producer."""
 
+    def add_partitions(self, producer_id: int, partitions: Any) -> Any:
+        """*May wait.* Add ``partitions`` (``(topic, partition)`` pairs) to the producer's open
+        transaction (the client's AddPartitionsToTxn, answered once this settles)."""
+
     def produce(self, producer_id: int, topic: str, partition: int, batch: Any, records: int,
                 timeout_ms: int) -> Any:
         """*May wait.* Append ``batch`` (the client's transactional batch of ``records`` records) in
