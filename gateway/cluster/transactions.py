@@ -121,7 +121,7 @@ class Instance:
     sequences: dict[tuple[str, int], int] = attrs.Factory(dict)  # partition -> its next sequence
     # partition -> the client's (epoch, first sequence) of a batch the cluster did not confirm in
     # time, and the bytes sent for it: the client's retry of it sends them again
-    unconfirmed: dict[tuple[str, int], tuple[tuple[int, int], bytes]] = attrs.Factory(dict)
+    unconfirmed: dict[tuple[str, int], tuple[tuple[int, int], bytes | memoryview]] = attrs.Factory(dict)
     added: set[tuple[str, int]] = attrs.Factory(set)  # partitions of the cluster's open transaction
     adding: dict[tuple[str, int], Shared] = attrs.Factory(dict)  # partitions an AddPartitionsToTxn is adding
     groups: set[str] = attrs.Factory(set)  # groups of the cluster's open transaction

@@ -215,6 +215,19 @@ def test_the_clients_add_partitions_goes_to_the_cluster_at_once_and_its_batches_
     assert failure.value.error.code == ErrorCode.FENCED_PRODUCER
 
 
+def test_a_clients_batch_is_stamped_in_the_request_it_came_in_and_copied_once_into_the_clusters():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    txns = producers_on(cluster, reactor)
+    txns.init("app", CLIENT_PRODUCER, 60_000)
+    request = bytearray(b"head" + clients_batch(0))  # the client's Produce, as the codec's framer hands it
+    batch = memoryview(request)[4:]
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, batch, 2, CLIENT_TIMEOUT_MS)) == (40, 41)
+    _, sent = produced(cluster)
+    assert sent.obj is request  # no copy of its own: the Produce request to the cluster is the one
+    assert PRODUCER.unpack_from(request, 4 + PRODUCER_AT) == (500, 3, 0)
+    assert struct.unpack_from(">I", request, 4 + 17)[0] == crc32c.crc32c(request[4 + 21:])
+
+
 def test_a_producer_the_cluster_fenced_fails_with_fenced_producer_and_its_abort_succeeds():
     reactor, cluster = MemoryReactorClock(), ScriptedCluster()
     txns = producers_on(cluster, reactor)
