@@ -46,7 +46,7 @@ from typing import Any
 import attrs
 from twisted.internet import defer, endpoints, protocol, ssl, task
 
-from gateway.adapter import SEND_LIMIT
+from gateway.adapter import SEND_LIMIT, write_now
 from gateway.cluster import shapes
 from gateway.cluster.config import ClusterConfig
 from gateway.codec.framing import FrameTooLarge, LengthPrefixedFramer, fixed_header
@@ -215,7 +215,7 @@ class BrokerConnection(protocol.Protocol):
               timeout_s: float) -> defer.Deferred:
         d: defer.Deferred = defer.Deferred()
         self.pending[correlation] = _Pending(decode, d, self.clock.seconds() + timeout_s)
-        self.transport.write(frame)
+        write_now(self.transport, frame)
         return d
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
