@@ -16,13 +16,15 @@ cluster's producer id and epoch, and a sequence number per partition.
   ``CONCURRENT_TRANSACTIONS`` until it did: the request is sent again).
 - ``begin``: nothing to send; the cluster's transaction opens with its first
   partition or group.
-- ``add_partitions`` (the client's AddPartitionsToTxn): the partitions are
-  added to the cluster's transaction at once (AddPartitionsToTxn to its
-  transaction coordinator), and the client is answered once the cluster
-  answered. A client adds a partition as it starts writing to it, and sends
-  the partition's batch later (librdkafka once the answer came): the cluster's
-  round trip runs while the client is still making its batch, not between the
-  batch's arrival and its Produce to the cluster.
+- ``add_partitions`` (the client's AddPartitionsToTxn): the partitions start
+  being added to the cluster's transaction (AddPartitionsToTxn to its
+  transaction coordinator), and the client is answered without waiting for
+  the cluster. The client sends a partition's batch only once answered
+  (librdkafka asks when its batch is about to go, ``linger.ms`` after the
+  first record): the cluster's round trip then runs while the answer goes
+  back and the batch comes in, not after. A batch that waited for an add that
+  failed fails with its failure; one that comes after it adds the partition
+  again.
 - ``produce`` (a transactional batch): the partition is added to the cluster's
   transaction first if it is not yet (AddPartitionsToTxn, once per
   transaction; an add under way is waited for), then the
@@ -167,13 +169,16 @@ class TransactionalProducers:
     def begin(self, producer_id: int) -> None:
         """A new transaction of the producer: the cluster's opens with its first partition or group."""
 
-    def add_partitions(self, producer_id: int, partitions: Iterable[tuple[str, int]]) -> defer.Deferred:
-        """*May wait.* ``partitions`` (``(topic, partition)``) in the producer's open transaction on
-        the cluster: one AddPartitionsToTxn for those not in it yet."""
+    def add_partitions(self, producer_id: int, partitions: Iterable[tuple[str, int]]) -> None:
+        """Start adding ``partitions`` (``(topic, partition)``) to the producer's open transaction
+        on the cluster: one AddPartitionsToTxn for those not in it yet. A batch to one of them
+        while it is under way waits for it, and fails with its failure."""
         instance = self.by_producer.get(producer_id)
         if instance is None:
-            return defer.fail(self._unknown(producer_id))
-        return self._track(instance, self._add_partitions(instance, list(partitions)))
+            return
+        adding = self._track(instance, self._add_partitions(instance, list(partitions)))
+        adding.addErrback(lambda f: log.debug("transactional id %s: adding partitions failed: %s",
+                                              instance.transactional_id, f.getErrorMessage()))
 
     def produce(self, producer_id: int, topic: str, partition: int, batch: bytes | memoryview,
                 records: int, timeout_ms: int) -> defer.Deferred:

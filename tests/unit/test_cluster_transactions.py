@@ -189,33 +189,37 @@ def test_a_transaction_speaks_kafkas_protocol_and_its_batches_go_as_the_client_s
     assert api_keys(cluster) == []
 
 
-def test_the_clients_add_partitions_goes_to_the_cluster_at_once_and_its_batches_are_not_added_again():
+def test_the_clients_add_partitions_goes_to_the_cluster_at_once_and_its_batches_wait_for_it():
     reactor, cluster = MemoryReactorClock(), ScriptedCluster()
     txns = producers_on(cluster, reactor)
     txns.init("app", CLIENT_PRODUCER, 60_000)
     api_keys(cluster)
     cluster.holding.add(ADD_PARTITIONS_TO_TXN)
-    added: list = []
-    txns.add_partitions(CLIENT_PRODUCER, [("t", 0), ("t", 1), ("u", 0)]).addBoth(added.append)
+    txns.add_partitions(CLIENT_PRODUCER, [("t", 0), ("t", 1), ("u", 0)])  # the client is answered at once
     batch: list = []
-    txns.produce(CLIENT_PRODUCER, "t", 1, clients_batch(0), 2, CLIENT_TIMEOUT_MS).addBoth(batch.append)  # the add is under way
-    assert added == batch == []  # both wait for the cluster's answer
+    txns.produce(CLIENT_PRODUCER, "t", 1, clients_batch(0), 2, CLIENT_TIMEOUT_MS).addBoth(batch.append)
+    assert batch == []  # waits for the add under way
     adds = [body for k, body in cluster.sent if k == ADD_PARTITIONS_TO_TXN]
-    assert api_keys(cluster) == [ADD_PARTITIONS_TO_TXN]  # one request, which the produce waits for
+    assert api_keys(cluster) == [ADD_PARTITIONS_TO_TXN]  # one request
     assert adds[0]["V3AndBelowTopics"] == [{"Name": "t", "Partitions": [0, 1]}, {"Name": "u", "Partitions": [0]}]
     cluster.release()
-    assert added == [None] and batch == [(40, 41)]
+    assert batch == [(40, 41)]
     assert api_keys(cluster) == [PRODUCE]
-    assert outcome(txns.add_partitions(CLIENT_PRODUCER, [("t", 0)])) is None  # in the transaction already
+    txns.add_partitions(CLIENT_PRODUCER, [("t", 0)])  # in the transaction already: nothing sent
     assert api_keys(cluster) == []
 
+    cluster.errors[ADD_PARTITIONS_TO_TXN] = [Errors.TOPIC_AUTHORIZATION_FAILED]
+    txns.add_partitions(CLIENT_PRODUCER, [("v", 0)])
+    waited: list = []
+    txns.produce(CLIENT_PRODUCER, "v", 0, clients_batch(0), 2, CLIENT_TIMEOUT_MS).addBoth(waited.append)
+    cluster.release()
+    assert waited[0].value.error.code == ErrorCode.TOPIC_AUTHORIZATION  # the add's failure
     cluster.holding.clear()
-    cluster.errors[ADD_PARTITIONS_TO_TXN] = [Errors.PRODUCER_FENCED]  # a newer instance initialised elsewhere
-    failure = outcome(txns.add_partitions(CLIENT_PRODUCER, [("v", 0)]))
-    assert failure.value.error.code == ErrorCode.FENCED_PRODUCER
+    assert outcome(txns.produce(CLIENT_PRODUCER, "v", 0, clients_batch(0), 2, CLIENT_TIMEOUT_MS)) == (42, 43)
+    assert api_keys(cluster) == [ADD_PARTITIONS_TO_TXN, ADD_PARTITIONS_TO_TXN, PRODUCE]  # added again first
 
 
-def test_a_clients_batch_is_stamped_in_the_request_it_came_in_and_copied_once_into_the_clusters():
+def test_a_clients_batch_is_stamped_and_sent_from_the_request_it_came_in():
     reactor, cluster = MemoryReactorClock(), ScriptedCluster()
     txns = producers_on(cluster, reactor)
     txns.init("app", CLIENT_PRODUCER, 60_000)
@@ -223,7 +227,7 @@ def test_a_clients_batch_is_stamped_in_the_request_it_came_in_and_copied_once_in
     batch = memoryview(request)[4:]
     assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, batch, 2, CLIENT_TIMEOUT_MS)) == (40, 41)
     _, sent = produced(cluster)
-    assert sent.obj is request  # no copy of its own: the Produce request to the cluster is the one
+    assert sent.obj is request  # not copied
     assert PRODUCER.unpack_from(request, 4 + PRODUCER_AT) == (500, 3, 0)
     assert struct.unpack_from(">I", request, 4 + 17)[0] == crc32c.crc32c(request[4 + 21:])
 
