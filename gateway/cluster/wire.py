@@ -185,7 +185,7 @@ class BrokerConnection(protocol.Protocol):
                   "ClientId": self.client_id}
         frame = schema.build_frame(((schema.request_header(message.flexible(version)), header),
                                     (message.request(version), body)))
-        return self._send(correlation, frame, functools.partial(_by_schema, api_key, version), timeout_s)
+        return self._send(correlation, (frame,), functools.partial(_by_schema, api_key, version), timeout_s)
 
     def produce(self, topic: str, partition: int, batch: bytes | memoryview, acks: int,
                 timeout_s: float, transactional_id: str | None = None) -> defer.Deferred:
@@ -199,10 +199,8 @@ class BrokerConnection(protocol.Protocol):
         timeout_ms = max(1, int(timeout_s * 1000))
         pieces = shapes.produce_request(version, correlation, self._client_id, acks, timeout_ms, topic.encode(),
                                         partition, batch, None if transactional_id is None else transactional_id.encode())
-        # The batch's one copy: joined into the frame here (a Kafka client's batch is a view of the
-        # request it came in), the transport writes one bytes object as it is.
-        return self._send(correlation, b"".join(pieces), functools.partial(shapes.produced, version=version),
-                          timeout_s)
+        # A Kafka client's batch is a view of the request it came in: sent from there (write_now).
+        return self._send(correlation, pieces, functools.partial(shapes.produced, version=version), timeout_s)
 
     def _closed(self) -> defer.Deferred:
         return defer.fail(WireError(Errors.NETWORK_EXCEPTION, f"connection to {self.label} closed"))
@@ -211,11 +209,11 @@ class BrokerConnection(protocol.Protocol):
         self.correlation = (self.correlation + 1) & 0x7FFFFFFF
         return self.correlation
 
-    def _send(self, correlation: int, frame: bytes, decode: Callable[[bytes | bytearray], Any],
-              timeout_s: float) -> defer.Deferred:
+    def _send(self, correlation: int, pieces: tuple[bytes | memoryview, ...],
+              decode: Callable[[bytes | bytearray], Any], timeout_s: float) -> defer.Deferred:
         d: defer.Deferred = defer.Deferred()
         self.pending[correlation] = _Pending(decode, d, self.clock.seconds() + timeout_s)
-        write_now(self.transport, frame)
+        write_now(self.transport, pieces)
         return d
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name

@@ -128,9 +128,9 @@ def stamped(batch: bytes | memoryview, producer_id: int, epoch: int, sequence: i
     """``batch`` (one v2 record batch) as the idempotent producer ``producer_id`` sends it, CRC included.
 
     A writable batch (a Kafka client's, a view of the request it came in, which is the gateway's
-    own) is stamped in place: its half megabyte is copied once on the way out, into the Produce
-    request (``wire.BrokerConnection.produce``), and not before. A read-only one (a batch the
-    gateway made, which may go again with another sequence) is stamped in a copy."""
+    own) is stamped in place, and sent from there (``wire.BrokerConnection.produce``): its half
+    megabyte is not copied on its way out. A read-only one (a batch the gateway made, which may go
+    again with another sequence) is stamped in a copy."""
     view = memoryview(batch)
     if view.readonly:
         view = memoryview(bytearray(view))
