@@ -77,6 +77,11 @@ class ClusterTransactions(Protocol):
     def begin(self, producer_id: int) -> Any:
         """*May wait.* Open a transaction of the producer."""
 
+    def add_partitions(self, producer_id: int, partitions: Any) -> None:
+        """Start adding ``partitions`` (``(topic, partition)`` pairs) to the producer's open
+        transaction (the client's AddPartitionsToTxn); a batch to one of them in the transaction
+        (``produce``) while it is under way waits for it and fails with its failure."""
+
     def produce(self, producer_id: int, topic: str, partition: int, batch: Any, records: int,
                 timeout_ms: int) -> Any:
         """*May wait.* Append ``batch`` (the client's transactional batch of ``records`` records) in

@@ -33,7 +33,8 @@ On a store whose cluster performs transactions itself
 (``ClusterTransactionStorage``, cluster mode), the rules above stay here
 and the steps go to the cluster: an InitProducerId makes the producer the
 cluster's newest instance of its transactional id, a transaction opens there
-too, transactional batches are appended through it, and an end commits (with
+too, the partitions a producer adds start being added there (its batches wait
+for that), transactional batches are appended through it, and an end commits (with
 the pending offsets) or aborts it there; the cluster writes the markers and
 applies the offsets.
 
@@ -261,6 +262,8 @@ class Transactions:
         opened = self._open(txn)
         for tp in cmd.partitions:
             txn.partitions.setdefault(tp, -1)
+        if self.cluster is not None:  # on the cluster too, while the answer goes and the batches come
+            self.cluster.add_partitions(txn.producer_id, cmd.partitions)
         return self._durable(then(opened, lambda _: self._save(txn)), m.AddPartitionsToTxnResult(
             tuple((t, p, None) for t, p in cmd.partitions)))
 

@@ -16,8 +16,18 @@ cluster's producer id and epoch, and a sequence number per partition.
   ``CONCURRENT_TRANSACTIONS`` until it did: the request is sent again).
 - ``begin``: nothing to send; the cluster's transaction opens with its first
   partition or group.
+- ``add_partitions`` (the client's AddPartitionsToTxn): the partitions start
+  being added to the cluster's transaction (AddPartitionsToTxn to its
+  transaction coordinator), and the client is answered without waiting for
+  the cluster. The client sends a partition's batch only once answered
+  (librdkafka asks when its batch is about to go, ``linger.ms`` after the
+  first record): the cluster's round trip then runs while the answer goes
+  back and the batch comes in, not after. A batch that waited for an add that
+  failed fails with its failure; one that comes after it adds the partition
+  again.
 - ``produce`` (a transactional batch): the partition is added to the cluster's
-  transaction first (AddPartitionsToTxn, once per transaction), then the
+  transaction first if it is not yet (AddPartitionsToTxn, once per
+  transaction; an add under way is waited for), then the
   client's batch goes to the cluster as one batch, in a Produce naming the
   transactional id: its records, compression and timestamps as the client
   sent them, its header re-stamped once with the cluster's producer id and
@@ -113,8 +123,9 @@ class Instance:
     sequences: dict[tuple[str, int], int] = attrs.Factory(dict)  # partition -> its next sequence
     # partition -> the client's (epoch, first sequence) of a batch the cluster did not confirm in
     # time, and the bytes sent for it: the client's retry of it sends them again
-    unconfirmed: dict[tuple[str, int], tuple[tuple[int, int], bytes]] = attrs.Factory(dict)
+    unconfirmed: dict[tuple[str, int], tuple[tuple[int, int], bytes | memoryview]] = attrs.Factory(dict)
     added: set[tuple[str, int]] = attrs.Factory(set)  # partitions of the cluster's open transaction
+    adding: dict[tuple[str, int], Shared] = attrs.Factory(dict)  # partitions an AddPartitionsToTxn is adding
     groups: set[str] = attrs.Factory(set)  # groups of the cluster's open transaction
     fenced: bool = False  # the cluster fenced it (a newer instance, or its own timeout)
     broken: str | None = None  # why the open transaction can only abort
@@ -157,6 +168,17 @@ class TransactionalProducers:
 
     def begin(self, producer_id: int) -> None:
         """A new transaction of the producer: the cluster's opens with its first partition or group."""
+
+    def add_partitions(self, producer_id: int, partitions: Iterable[tuple[str, int]]) -> None:
+        """Start adding ``partitions`` (``(topic, partition)``) to the producer's open transaction
+        on the cluster: one AddPartitionsToTxn for those not in it yet. A batch to one of them
+        while it is under way waits for it, and fails with its failure."""
+        instance = self.by_producer.get(producer_id)
+        if instance is None:
+            return
+        adding = self._track(instance, self._add_partitions(instance, list(partitions)))
+        adding.addErrback(lambda f: log.debug("transactional id %s: adding partitions failed: %s",
+                                              instance.transactional_id, f.getErrorMessage()))
 
     def produce(self, producer_id: int, topic: str, partition: int, batch: bytes | memoryview,
                 records: int, timeout_ms: int) -> defer.Deferred:
@@ -230,6 +252,7 @@ class TransactionalProducers:
         instance.sequences.clear()
         instance.unconfirmed.clear()
         instance.added.clear()
+        instance.adding.clear()
         instance.groups.clear()
         instance.broken = None
         log.info("transactional id %s: producer %d epoch %d on the cluster", tid, instance.producer_id,
@@ -243,7 +266,7 @@ class TransactionalProducers:
         yield self._ready(instance)
         tp = (topic, partition)
         if tp not in instance.added:
-            yield self._add_partition(instance, tp)
+            yield self._add_partitions(instance, [tp])
         self._usable(instance, doing)
         _, client_epoch, client_sequence = PRODUCER.unpack_from(batch, PRODUCER_AT)
         unconfirmed = instance.unconfirmed.pop(tp, None)
@@ -271,20 +294,42 @@ class TransactionalProducers:
             raise CommandError(code, instance.broken) from None
         return base, base + records - 1
 
-    def _add_partition(self, instance: Instance, tp: tuple[str, int]) -> defer.Deferred:
-        topic, partition = tp
+    @defer.inlineCallbacks
+    def _add_partitions(self, instance: Instance, partitions: list[tuple[str, int]]) -> Any:
+        """The ``partitions`` not in the cluster's transaction yet added to it, once the instance is
+        ready: one AddPartitionsToTxn for those no add is under way for, and the adds under way
+        waited for."""
+        self._usable(instance, "add partitions to the transaction")
+        yield self._ready(instance)
+        new = [tp for tp in dict.fromkeys(partitions) if tp not in instance.added and tp not in instance.adding]
+        waits = [instance.adding[tp].wait() for tp in dict.fromkeys(partitions) if tp in instance.adding]
+        if new:
+            topics: dict[str, list[int]] = {}
+            for topic, partition in new:
+                topics.setdefault(topic, []).append(partition)
 
-        def read(answer: Any) -> None:
-            for t in answer.ResultsByTopicV3AndBelow:
-                for p in t.ResultsByPartition:
-                    self._check(instance, p.PartitionErrorCode)
-            instance.added.add(tp)
+            def read(answer: Any) -> None:
+                for t in answer.ResultsByTopicV3AndBelow:
+                    for p in t.ResultsByPartition:
+                        self._check(instance, p.PartitionErrorCode)
+                instance.added.update(new)
 
-        return self._to_coordinator(instance, ADD_PARTITIONS_TO_TXN, {
-            "V3AndBelowTransactionalId": instance.transactional_id, "V3AndBelowProducerId": instance.producer_id,
-            "V3AndBelowProducerEpoch": instance.epoch,
-            "V3AndBelowTopics": [{"Name": topic, "Partitions": [partition]}]},
-            read, f"add {topic}/{partition} to the transaction")
+            def settled(outcome: Any) -> Any:
+                for tp in new:
+                    instance.adding.pop(tp, None)
+                return outcome
+
+            adding = Shared(self._to_coordinator(instance, ADD_PARTITIONS_TO_TXN, {
+                "V3AndBelowTransactionalId": instance.transactional_id,
+                "V3AndBelowProducerId": instance.producer_id, "V3AndBelowProducerEpoch": instance.epoch,
+                "V3AndBelowTopics": [{"Name": t, "Partitions": ps} for t, ps in topics.items()]},
+                read, f"add {', '.join(f'{t}/{p}' for t, p in new)} to the transaction").addBoth(settled))
+            if not adding.settled:  # under way: a produce to one of them waits for it
+                for tp in new:
+                    instance.adding[tp] = adding
+            waits.append(adding.wait())
+        if waits:
+            yield defer.gatherResults(waits, consumeErrors=True).addErrback(first_failure)
 
     @defer.inlineCallbacks
     def _commit(self, instance: Instance, offsets: list[tuple[str, list[tuple[str, int, int, str, int]]]]) -> Any:

@@ -65,6 +65,13 @@ class ScriptedCluster:
         self.epochs = iter(range(3, 100))
         self.offset = 40
         self.stable = 40  # the last stable offset
+        self.holding: set[int] = set()  # api keys whose answers wait for ``release``
+        self.held: list[tuple[defer.Deferred, defer.Deferred]] = []
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for waiting, answer in held:
+            answer.chainDeferred(waiting)
 
     def _error(self, api_key: int) -> int:
         queued = self.errors.get(api_key)
@@ -78,6 +85,14 @@ class ScriptedCluster:
 
     def request(self, node_id: int, lane: str, api_key: int, body, timeout_s=None) -> defer.Deferred:
         self.sent.append((api_key, body))
+        answer = self._answer(api_key, body)
+        if api_key not in self.holding:
+            return answer
+        waiting: defer.Deferred = defer.Deferred()
+        self.held.append((waiting, answer))
+        return waiting
+
+    def _answer(self, api_key: int, body) -> defer.Deferred:
         error = self._error(api_key)
         if api_key == FIND_COORDINATOR:
             return defer.succeed(Container(ErrorCode=error, NodeId=1, Host="h", Port=1))
@@ -172,6 +187,49 @@ def test_a_transaction_speaks_kafkas_protocol_and_its_batches_go_as_the_client_s
 
     assert outcome(txns.end(CLIENT_PRODUCER, False, [])) is None  # nothing open on the cluster: nothing sent
     assert api_keys(cluster) == []
+
+
+def test_the_clients_add_partitions_goes_to_the_cluster_at_once_and_its_batches_wait_for_it():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    txns = producers_on(cluster, reactor)
+    txns.init("app", CLIENT_PRODUCER, 60_000)
+    api_keys(cluster)
+    cluster.holding.add(ADD_PARTITIONS_TO_TXN)
+    txns.add_partitions(CLIENT_PRODUCER, [("t", 0), ("t", 1), ("u", 0)])  # the client is answered at once
+    batch: list = []
+    txns.produce(CLIENT_PRODUCER, "t", 1, clients_batch(0), 2, CLIENT_TIMEOUT_MS).addBoth(batch.append)
+    assert batch == []  # waits for the add under way
+    adds = [body for k, body in cluster.sent if k == ADD_PARTITIONS_TO_TXN]
+    assert api_keys(cluster) == [ADD_PARTITIONS_TO_TXN]  # one request
+    assert adds[0]["V3AndBelowTopics"] == [{"Name": "t", "Partitions": [0, 1]}, {"Name": "u", "Partitions": [0]}]
+    cluster.release()
+    assert batch == [(40, 41)]
+    assert api_keys(cluster) == [PRODUCE]
+    txns.add_partitions(CLIENT_PRODUCER, [("t", 0)])  # in the transaction already: nothing sent
+    assert api_keys(cluster) == []
+
+    cluster.errors[ADD_PARTITIONS_TO_TXN] = [Errors.TOPIC_AUTHORIZATION_FAILED]
+    txns.add_partitions(CLIENT_PRODUCER, [("v", 0)])
+    waited: list = []
+    txns.produce(CLIENT_PRODUCER, "v", 0, clients_batch(0), 2, CLIENT_TIMEOUT_MS).addBoth(waited.append)
+    cluster.release()
+    assert waited[0].value.error.code == ErrorCode.TOPIC_AUTHORIZATION  # the add's failure
+    cluster.holding.clear()
+    assert outcome(txns.produce(CLIENT_PRODUCER, "v", 0, clients_batch(0), 2, CLIENT_TIMEOUT_MS)) == (42, 43)
+    assert api_keys(cluster) == [ADD_PARTITIONS_TO_TXN, ADD_PARTITIONS_TO_TXN, PRODUCE]  # added again first
+
+
+def test_a_clients_batch_is_stamped_and_sent_from_the_request_it_came_in():
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    txns = producers_on(cluster, reactor)
+    txns.init("app", CLIENT_PRODUCER, 60_000)
+    request = bytearray(b"head" + clients_batch(0))  # the client's Produce, as the codec's framer hands it
+    batch = memoryview(request)[4:]
+    assert outcome(txns.produce(CLIENT_PRODUCER, "t", 0, batch, 2, CLIENT_TIMEOUT_MS)) == (40, 41)
+    _, sent = produced(cluster)
+    assert sent.obj is request  # not copied
+    assert PRODUCER.unpack_from(request, 4 + PRODUCER_AT) == (500, 3, 0)
+    assert struct.unpack_from(">I", request, 4 + 17)[0] == crc32c.crc32c(request[4 + 21:])
 
 
 def test_a_producer_the_cluster_fenced_fails_with_fenced_producer_and_its_abort_succeeds():
