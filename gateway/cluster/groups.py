@@ -192,7 +192,10 @@ class DirectMember:
     group: str
     lane: str  # the member's connection to the coordinator, for its JoinGroup and SyncGroup
     codec: str
+    session_timeout_ms: int
     rebalance_timeout_ms: int
+    calls: int = 0  # its calls the cluster has not answered yet
+    last_seen: float = attrs.field(factory=time.monotonic)  # when it last called or was answered
 
 
 @attrs.define(eq=False)
@@ -442,6 +445,7 @@ class ClusterGroups:
         """Take out the members (of ``groups``; None: of every group) that stopped heartbeating:
         a Deferred that fires once the cluster was told that they left (for ``groups``: that
         every member of theirs that is leaving, an earlier sweep's too, left)."""
+        self._expire_direct(groups)
         now = time.monotonic()
         expired = []
         for member in self.members.values():
@@ -688,7 +692,7 @@ class ClusterGroups:
                     ErrorCode.INVALID_REQUEST, f"this gateway keeps at most {self.config.max_members} members "
                                                "of the cluster's groups (--cluster-max-members)"))
             session_timeout_ms = cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
-            member = DirectMember(cmd.group, f"member-{next(self._lanes)}", cmd.codec,
+            member = DirectMember(cmd.group, f"member-{next(self._lanes)}", cmd.codec, session_timeout_ms,
                                   cmd.rebalance_timeout_ms or session_timeout_ms)
 
         def joined(answer: Any) -> m.JoinGroupResult:
@@ -705,9 +709,9 @@ class ClusterGroups:
                 self._forget_direct(member)  # the cluster has no such member: its connection goes
             return m.JoinGroupResult(cmd.group, error=error)
 
-        return self.coordinators.join(member.lane, cmd.group, cmd.member_id, cmd.protocol_type, cmd.protocols,
-                                      cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
-                                      member.rebalance_timeout_ms).addCallbacks(joined, failed)
+        return self._call(member, self.coordinators.join(
+            member.lane, cmd.group, cmd.member_id, cmd.protocol_type, cmd.protocols, member.session_timeout_ms,
+            member.rebalance_timeout_ms)).addCallbacks(joined, failed)
 
     def _sync_direct(self, cmd: m.SyncGroup, member: DirectMember) -> defer.Deferred:
         def synced(assignment: bytes) -> m.SyncGroupResult:
@@ -715,12 +719,12 @@ class ClusterGroups:
             return m.SyncGroupResult(cmd.group, cmd.generation,
                                      tuple((t, tuple(sorted(ps))) for t, ps in sorted(owned.items())), assignment)
 
-        return self.coordinators.sync(member.lane, cmd.group, cmd.member_id, cmd.generation, cmd.assignments,
-                                      member.rebalance_timeout_ms).addCallbacks(
+        return self._call(member, self.coordinators.sync(member.lane, cmd.group, cmd.member_id, cmd.generation,
+                                                         cmd.assignments, member.rebalance_timeout_ms)).addCallbacks(
             synced, lambda f: m.SyncGroupResult(cmd.group, cmd.generation, error=self._direct_error(f, member)))
 
     def _heartbeat_direct(self, cmd: m.Heartbeat, member: DirectMember) -> defer.Deferred:
-        return self.coordinators.heartbeat(cmd.group, cmd.member_id, cmd.generation).addCallbacks(
+        return self._call(member, self.coordinators.heartbeat(cmd.group, cmd.member_id, cmd.generation)).addCallbacks(
             lambda _: m.HeartbeatResult(cmd.group, generation=cmd.generation),
             lambda f: m.HeartbeatResult(cmd.group, self._direct_error(f, member), cmd.generation))
 
@@ -728,6 +732,28 @@ class ClusterGroups:
         self._forget_direct(member)
         return self.coordinators.leave(cmd.group, cmd.member_id).addCallbacks(
             lambda _: m.LeaveGroupResult(cmd.group), lambda f: m.LeaveGroupResult(cmd.group, _refusal(f)))
+
+    def _call(self, member: DirectMember, call: defer.Deferred) -> defer.Deferred:
+        """``call``, one of ``member``'s: it is alive while it waits, and heard from when answered."""
+        member.calls += 1
+        member.last_seen = time.monotonic()
+
+        def answered(value: Any) -> Any:
+            member.calls -= 1
+            member.last_seen = time.monotonic()
+            return value
+
+        return call.addBoth(answered)
+
+    def _expire_direct(self, groups: Collection[str] | None) -> None:
+        """Forget the direct members (of ``groups``; None: of every group) not heard from within
+        their session timeout, none of their calls waiting: the cluster has ended their sessions
+        (a client that left while its JoinGroup waited never learnt its member id, to leave with)."""
+        now = time.monotonic()
+        for member in {mem for (g, _), mem in self.direct.items() if groups is None or g in groups}:
+            if not member.calls and now - member.last_seen > member.session_timeout_ms / 1000:
+                log.info("group %s: direct member %s expired", member.group, member.lane)
+                self._forget_direct(member)
 
     def _direct_error(self, f: Failure, member: DirectMember) -> Error:
         """The error of a direct member's failed call; a member the cluster no longer knows is forgotten."""

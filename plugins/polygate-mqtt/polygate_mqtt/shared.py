@@ -280,6 +280,10 @@ def _joined(conn: MqttConnection, share: Share, epoch: int, result: m.JoinGroupR
     if conn.shares.get(share.group) is share and share.epoch == epoch:
         share.joining = False
     if not _current(conn, share, epoch):
+        if result.error is None and not share.member_id and conn.shares.get(share.group) is not share \
+                and not conn.closed:  # it left while its first JoinGroup waited: without an id to leave with
+            conn.emit(Handled.run((m.LeaveGroup(share.group, result.member_id),), lambda results: b"",
+                                  ordered=False))
         return b""
     if result.error is not None:
         return _failed(conn, share, result.error)  # (which joins again, with what changed meanwhile)
