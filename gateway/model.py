@@ -610,6 +610,10 @@ class JoinGroup:
     A ``"consumer"`` member's ``topics`` are those of its subscription, read by its
     codec from ``protocols``; ``subscription_unreadable`` when it could not read
     them (Kafka then counts the member as reading every topic).
+    ``direct`` (a member that speaks the group protocol as a Kafka client does, leading when it is
+    elected: MQTT's shared subscriptions): in cluster mode, a member of the cluster's group
+    itself, whose calls go to the cluster's coordinator as they are (``gateway.cluster.groups``),
+    so that it joins whether or not the topics of its subscription exist yet.
     """
 
     group: str
@@ -627,6 +631,7 @@ class JoinGroup:
     new_member_id: str | None = None
     codec: str = ""
     subscription_unreadable: bool = False
+    direct: bool = False
 
 
 @frozen

@@ -212,7 +212,8 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
                    "(a Kafka client's produce waits as long as its own request's timeout says).")
 @click.option("--cluster-max-members", default=256, show_default=True, type=click.IntRange(min=1),
               help="Members of the cluster's groups the gateway keeps at once, each a librdkafka consumer "
-                   "(4 threads or more): one per group of V1 and Cursus members, one per Kafka client's member.")
+                   "(4 threads or more): one per group of V1 and Cursus members, one per Kafka client's member; "
+                   "or a connection to the group's coordinator: one per MQTT shared subscription's member.")
 @click.option("--tls", default="", metavar="CODEC[,CODEC...]|all",
               help="Listeners that speak TLS (Twisted over pyOpenSSL); needs --tls-cert and --tls-key.")
 @click.option("--tls-cert", default=None, metavar="FILE", help="The server certificate, then its chain (PEM).")

@@ -30,7 +30,8 @@ class ClusterConfig:
     client hears its protocol's timeout. ``max_members``: how many members of
     the cluster's groups the gateway keeps at once (each a librdkafka consumer,
     with its threads): one per group of V1 and Cursus members, one per Kafka
-    client's member."""
+    client's member; or a connection to the group's coordinator, one per MQTT
+    shared subscription's member."""
 
     bootstrap: str
     client_id: str = "polygate"

@@ -1,7 +1,13 @@
 """Requests to the cluster's coordinators, through the gateway's own Kafka client
 (``gateway.cluster.wire``): the group coordinators' committed offsets (OffsetDelete too, for which
-confluent-kafka has no call) and the removal of a static member; the transaction coordinators'
-requests (``gateway.cluster.transactions``) go through ``to_coordinator`` too.
+confluent-kafka has no call), the removal of a static member, and the membership calls of the
+members that speak the group protocol themselves (JoinGroup, SyncGroup, Heartbeat, LeaveGroup:
+``gateway.cluster.groups``' direct members); the transaction coordinators' requests
+(``gateway.cluster.transactions``) go through ``to_coordinator`` too.
+
+A JoinGroup waits at the coordinator until the group's rebalance completes, and a follower's
+SyncGroup until the leader's: a broker answers one connection's requests in order, so each goes
+on a *lane* of its member's own (the caller's), never on the lane of the commits and heartbeats.
 
 A committed offset's metadata is a Kafka string, which may hold any
 character, a NUL byte included. librdkafka's C API takes and gives it as a C
@@ -33,11 +39,14 @@ from twisted.internet import defer, task
 from gateway import model as m
 from gateway.cluster.wire import (
     FIND_COORDINATOR,
+    HEARTBEAT,
+    JOIN_GROUP,
     LEAVE_GROUP,
     OFFSET_COMMIT,
     OFFSET_DELETE,
     OFFSET_FETCH,
     OFFSET_FETCH_BATCHED,
+    SYNC_GROUP,
     Broker,
     ClusterClient,
     WireError,
@@ -154,27 +163,79 @@ class Coordinators:
 
         return self.to_coordinator(GROUP, group, OFFSET_DELETE, body, read, doing)
 
-    def leave(self, group: str, member_id: str, instance_id: str) -> defer.Deferred:
-        """Remove the static member ``instance_id`` (member ``member_id``) from ``group`` at once.
-        The cluster refuses it (``FENCED_INSTANCE_ID``) if the instance has rejoined as another member."""
-        doing = f"remove member {instance_id} of group {group}"
+    def leave(self, group: str, member_id: str, instance_id: str | None = None) -> defer.Deferred:
+        """Take member ``member_id`` (of the static instance ``instance_id``, if it is one) out of
+        ``group`` at once. The cluster refuses a static member's (``FENCED_INSTANCE_ID``) if the
+        instance has rejoined as another member."""
+        doing = f"remove member {instance_id or member_id} of group {group}"
         body = {"GroupId": group, "Members": [{"MemberId": member_id, "GroupInstanceId": instance_id}]}
 
         def read(answer: Any) -> None:
             code = answer.ErrorCode or next((mem.ErrorCode for mem in answer.Members if mem.ErrorCode), 0)
-            if code in MOVED:
-                raise WireError(code, Errors(code).name)
-            if code:
-                raise refused(code, doing)
+            _check(code, doing)
 
         return self.to_coordinator(GROUP, group, LEAVE_GROUP, body, read, doing)
 
     @defer.inlineCallbacks
+    def join(self, lane: str, group: str, member_id: str, protocol_type: str,
+             protocols: tuple[tuple[str, bytes], ...], session_timeout_ms: int, rebalance_timeout_ms: int) -> Any:
+        """JoinGroup, on ``lane`` (the member's own): a Deferred of the answer (its ``MemberId``,
+        ``GenerationId``, ``ProtocolName``, ``Leader`` and, for the leader, ``Members``) once the
+        group's rebalance completed, or of the ``CommandError`` of the cluster's refusal. A new
+        member whose id the cluster gives first (KIP-394's ``MEMBER_ID_REQUIRED``) joins again
+        with it."""
+        doing = f"join group {group}"
+        # The coordinator holds a JoinGroup up to the rebalance timeout before it answers.
+        timeout_s = rebalance_timeout_ms / 1000 + self.client.timeout_s
+
+        def read(answer: Any) -> Any:
+            if answer.ErrorCode != Errors.MEMBER_ID_REQUIRED:
+                _check(answer.ErrorCode, doing)
+            return answer
+
+        for _ in range(2):
+            body = {"GroupId": group, "SessionTimeoutMs": session_timeout_ms,
+                    "RebalanceTimeoutMs": rebalance_timeout_ms, "MemberId": member_id, "GroupInstanceId": None,
+                    "ProtocolType": protocol_type, "Protocols": [{"Name": name, "Metadata": metadata}
+                                                                 for name, metadata in protocols]}
+            answer = yield self.to_coordinator(GROUP, group, JOIN_GROUP, body, read, doing, lane=lane,
+                                               timeout_s=timeout_s)
+            if answer.ErrorCode != Errors.MEMBER_ID_REQUIRED:
+                return answer
+            member_id = answer.MemberId
+        raise refused(Errors.MEMBER_ID_REQUIRED, doing)
+
+    def sync(self, lane: str, group: str, member_id: str, generation: int,
+             assignments: tuple[tuple[str, bytes], ...], rebalance_timeout_ms: int) -> defer.Deferred:
+        """SyncGroup, on ``lane`` (the member's own; a follower's waits for the leader's): a
+        Deferred of the member's assignment bytes, or of the ``CommandError`` of the refusal."""
+        doing = f"sync group {group}"
+        body = {"GroupId": group, "GenerationId": generation, "MemberId": member_id, "GroupInstanceId": None,
+                "Assignments": [{"MemberId": member, "Assignment": assignment} for member, assignment in assignments]}
+
+        def read(answer: Any) -> bytes:
+            _check(answer.ErrorCode, doing)
+            return bytes(answer.Assignment)
+
+        return self.to_coordinator(GROUP, group, SYNC_GROUP, body, read, doing, lane=lane,
+                                   timeout_s=rebalance_timeout_ms / 1000 + self.client.timeout_s)
+
+    def heartbeat(self, group: str, member_id: str, generation: int) -> defer.Deferred:
+        """Heartbeat: a Deferred of None, or of the ``CommandError`` of the refusal (a rebalance
+        under way: ``REBALANCE_IN_PROGRESS``)."""
+        doing = f"heartbeat in group {group}"
+        body = {"GroupId": group, "GenerationId": generation, "MemberId": member_id, "GroupInstanceId": None}
+        return self.to_coordinator(GROUP, group, HEARTBEAT, body, lambda answer: _check(answer.ErrorCode, doing),
+                                   doing)
+
+    @defer.inlineCallbacks
     def to_coordinator(self, key_type: int, key: str, api_key: int,
                        body: Mapping[str, Any] | Callable[[int], Mapping[str, Any]], read: Callable[[Any], Any],
-                       doing: str, again: frozenset[int] = frozenset()) -> Any:
+                       doing: str, again: frozenset[int] = frozenset(), lane: str = LANE,
+                       timeout_s: float | None = None) -> Any:
         """Send ``body`` (or ``body(version)``, for the version agreed) to the coordinator of
-        ``key`` (a group or a transactional id, as ``key_type`` says) and ``read`` the answer
+        ``key`` (a group or a transactional id, as ``key_type`` says), on ``lane`` and within
+        ``timeout_s`` (None: the client's request timeout), and ``read`` the answer
         (which raises a ``WireError`` of the code that failed it); again while the error says the
         coordinator moved (it is looked up anew) or is one of ``again``, until the request
         timeout. Fails with the ``CommandError`` of the last error."""
@@ -182,7 +243,7 @@ class Coordinators:
         while True:
             try:
                 node = yield self._coordinator(key_type, key)
-                answer = yield self.client.request(node, LANE, api_key, body)
+                answer = yield self.client.request(node, lane, api_key, body, timeout_s)
                 return read(answer)
             except WireError as e:
                 if (e.code not in MOVED and e.code not in again) or self.reactor.seconds() + RETRY_BACKOFF_S > deadline:
@@ -204,6 +265,15 @@ class Coordinators:
         self.client.brokers.setdefault(answer.NodeId, Broker(answer.NodeId, answer.Host, answer.Port))
         self.coordinators[(key_type, key)] = answer.NodeId
         return answer.NodeId
+
+
+def _check(code: int, doing: str) -> None:
+    """Raise for the error ``code`` of a membership call's answer: a ``WireError`` where the
+    coordinator moved (``to_coordinator`` asks the new one), else its ``CommandError``."""
+    if code in MOVED:
+        raise WireError(code, Errors(code).name)
+    if code:
+        raise refused(code, doing)
 
 
 def as_result(group: str, errors: tuple[tuple[str, int, Error | None], ...], generation: int) -> m.CommitOffsetsResult:

@@ -48,6 +48,16 @@ gateway names it; the shared member of a gateway's V1 and Cursus members is
 ``<client id>-members``, described by its own gateway as those members (each by
 its id, protocol and partitions) and by other gateways as one member.
 
+A direct member (``m.JoinGroup.direct``: an MQTT shared subscription's) is a member of the
+cluster's group itself: its JoinGroup, SyncGroup, Heartbeat and LeaveGroup go to the group's
+coordinator as they are (``gateway.cluster.coordinator``), its JoinGroup and SyncGroup on a
+connection of its own (a JoinGroup waits there for the rebalance), and it leads the group when
+the cluster elects it, assigning as a Kafka leader does. So it joins while the topics of its
+subscription do not exist yet (a librdkafka consumer joins only once one of them does), and a
+member that joins early keeps the wait of a new group's first rebalance out of the way of the
+messages published later. It counts among ``--cluster-max-members``; its session is the
+cluster's, and it commits as itself.
+
 A Kafka client's static member (``group.instance.id``, KIP-345) is a static
 member of the cluster's group, of the same instance id: when the client comes
 back without a member id while the gateway still has its member (within its
@@ -68,6 +78,7 @@ tool's would. All librdkafka calls of the members run in one thread, in order.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import struct
@@ -87,7 +98,11 @@ from gateway.assignors import BY_KAFKA_NAME, assign
 from gateway.cluster.bridge import Loop, deferred_from
 from gateway.cluster.config import ClusterConfig
 from gateway.cluster.coordinator import Coordinators, as_result
-from gateway.codec.consumer_protocol import decode_subscription, encode_assignment
+from gateway.codec.consumer_protocol import (
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+)
 from gateway.model import CommandError, Error, ErrorCode
 from gateway.shared import Shared
 
@@ -171,6 +186,19 @@ class Member:
 
 
 @attrs.define(eq=False)
+class DirectMember:
+    """A client's member of the cluster's group itself (``m.JoinGroup.direct``)."""
+
+    group: str
+    lane: str  # the member's connection to the coordinator, for its JoinGroup and SyncGroup
+    codec: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    calls: int = 0  # its calls the cluster has not answered yet
+    last_seen: float = attrs.field(factory=time.monotonic)  # when it last called or was answered
+
+
+@attrs.define(eq=False)
 class GatewayGroup:
     """This gateway's V1 and Cursus members of one group and the member of the cluster's group
     they share; ``generation`` moves on at each change of how they split its partitions (from 1, so
@@ -201,6 +229,8 @@ class ClusterGroups:
         self.rejoins: dict[str, list[tuple[Member, defer.Deferred]]] = {}
         self.clusters: set[ClusterMember] = set()  # those whose consumer is open (or opening)
         self.leaving: dict[str, set[Shared]] = {}  # group -> the leaves of its members the cluster is being told of
+        self.direct: dict[tuple[str, str], DirectMember] = {}  # (group, member id) -> a direct member
+        self._lanes = itertools.count()
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._polled: list[ClusterMember] = []  # thread side
         self._loop = Loop("polygate-cluster-groups", self._step)
@@ -220,6 +250,7 @@ class ClusterGroups:
         self.rejoins.clear()
         self.shared.clear()
         self.clusters.clear()
+        self.direct.clear()  # (their sessions end in the cluster, as the gateway's connections close)
 
     def _in_thread(self, fn: Callable[[], Any]) -> defer.Deferred:
         """Run ``fn`` in the groups thread: a Deferred of its result in the reactor thread."""
@@ -414,6 +445,7 @@ class ClusterGroups:
         """Take out the members (of ``groups``; None: of every group) that stopped heartbeating:
         a Deferred that fires once the cluster was told that they left (for ``groups``: that
         every member of theirs that is leaving, an earlier sweep's too, left)."""
+        self._expire_direct(groups)
         now = time.monotonic()
         expired = []
         for member in self.members.values():
@@ -434,6 +466,8 @@ class ClusterGroups:
                                   consumeErrors=True)
 
     def join(self, cmd: m.JoinGroup) -> Any:
+        if cmd.direct:
+            return self._join_direct(cmd)
         if cmd.protocol_type == "consumer":
             return self._join_consumer(cmd)
         if cmd.protocol_type != "server":
@@ -584,6 +618,9 @@ class ClusterGroups:
         return d
 
     def sync(self, cmd: m.SyncGroup) -> Any:
+        direct = self.direct.get((cmd.group, cmd.member_id))
+        if direct is not None:
+            return self._sync_direct(cmd, direct)
         try:
             member = self._member(cmd.group, cmd.member_id, None)
             if member.kind == "consumer" and (not member.cluster.assigned or cmd.generation != member.cluster.generation):
@@ -607,6 +644,9 @@ class ClusterGroups:
         return generation, member.assignment
 
     def heartbeat(self, cmd: m.Heartbeat) -> Any:
+        direct = self.direct.get((cmd.group, cmd.member_id))
+        if direct is not None:
+            return self._heartbeat_direct(cmd, direct)
         try:
             member = self._member(cmd.group, cmd.member_id, None)
             if member.kind == "consumer" and (not member.cluster.assigned or cmd.generation != member.cluster.generation):
@@ -619,6 +659,9 @@ class ClusterGroups:
         return m.HeartbeatResult(cmd.group, generation=self._generation_of(member))
 
     def leave(self, cmd: m.LeaveGroup) -> Any:
+        direct = self.direct.get((cmd.group, cmd.member_id))
+        if direct is not None:
+            return self._leave_direct(cmd, direct)
         try:
             member = self._member(cmd.group, cmd.member_id, cmd.generation)
         except CommandError as e:
@@ -637,12 +680,106 @@ class ClusterGroups:
         """The generation this gateway's members of ``group`` know, -1 if none."""
         return max((self._generation_of(mem) for (g, _), mem in self.members.items() if g == group), default=-1)
 
+    # ------------------------------------------------------------------ direct members
+
+    def _join_direct(self, cmd: m.JoinGroup) -> Any:
+        """A direct member's JoinGroup, sent to the cluster's coordinator on its own connection
+        (a new member's: a new one, within ``--cluster-max-members``)."""
+        member = self.direct.get((cmd.group, cmd.member_id)) if cmd.member_id else None
+        if member is None:
+            if len(self.clusters) + len(self.direct) >= self.config.max_members:
+                return m.JoinGroupResult(cmd.group, error=Error(
+                    ErrorCode.INVALID_REQUEST, f"this gateway keeps at most {self.config.max_members} members "
+                                               "of the cluster's groups (--cluster-max-members)"))
+            session_timeout_ms = cmd.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
+            member = DirectMember(cmd.group, f"member-{next(self._lanes)}", cmd.codec, session_timeout_ms,
+                                  cmd.rebalance_timeout_ms or session_timeout_ms)
+
+        def joined(answer: Any) -> m.JoinGroupResult:
+            if self.direct.get((cmd.group, answer.MemberId)) is not member:
+                self._forget_direct(member, close=False)
+                self.direct[(cmd.group, answer.MemberId)] = member
+            return m.JoinGroupResult(cmd.group, answer.MemberId, answer.GenerationId, leader=answer.Leader,
+                                     protocol=answer.ProtocolName or "",
+                                     members=tuple((mem.MemberId, bytes(mem.Metadata)) for mem in answer.Members))
+
+        def failed(f: Failure) -> m.JoinGroupResult:
+            error = _refusal(f)
+            if error.code is ErrorCode.UNKNOWN_MEMBER or member not in self.direct.values():
+                self._forget_direct(member)  # the cluster has no such member: its connection goes
+            return m.JoinGroupResult(cmd.group, error=error)
+
+        return self._call(member, self.coordinators.join(
+            member.lane, cmd.group, cmd.member_id, cmd.protocol_type, cmd.protocols, member.session_timeout_ms,
+            member.rebalance_timeout_ms)).addCallbacks(joined, failed)
+
+    def _sync_direct(self, cmd: m.SyncGroup, member: DirectMember) -> defer.Deferred:
+        def synced(assignment: bytes) -> m.SyncGroupResult:
+            owned = decode_assignment(assignment)
+            return m.SyncGroupResult(cmd.group, cmd.generation,
+                                     tuple((t, tuple(sorted(ps))) for t, ps in sorted(owned.items())), assignment)
+
+        return self._call(member, self.coordinators.sync(member.lane, cmd.group, cmd.member_id, cmd.generation,
+                                                         cmd.assignments, member.rebalance_timeout_ms)).addCallbacks(
+            synced, lambda f: m.SyncGroupResult(cmd.group, cmd.generation, error=self._direct_error(f, member)))
+
+    def _heartbeat_direct(self, cmd: m.Heartbeat, member: DirectMember) -> defer.Deferred:
+        return self._call(member, self.coordinators.heartbeat(cmd.group, cmd.member_id, cmd.generation)).addCallbacks(
+            lambda _: m.HeartbeatResult(cmd.group, generation=cmd.generation),
+            lambda f: m.HeartbeatResult(cmd.group, self._direct_error(f, member), cmd.generation))
+
+    def _leave_direct(self, cmd: m.LeaveGroup, member: DirectMember) -> defer.Deferred:
+        self._forget_direct(member)
+        return self.coordinators.leave(cmd.group, cmd.member_id).addCallbacks(
+            lambda _: m.LeaveGroupResult(cmd.group), lambda f: m.LeaveGroupResult(cmd.group, _refusal(f)))
+
+    def _call(self, member: DirectMember, call: defer.Deferred) -> defer.Deferred:
+        """``call``, one of ``member``'s: it is alive while it waits, and heard from when answered."""
+        member.calls += 1
+        member.last_seen = time.monotonic()
+
+        def answered(value: Any) -> Any:
+            member.calls -= 1
+            member.last_seen = time.monotonic()
+            return value
+
+        return call.addBoth(answered)
+
+    def _expire_direct(self, groups: Collection[str] | None) -> None:
+        """Forget the direct members (of ``groups``; None: of every group) not heard from within
+        their session timeout, none of their calls waiting: the cluster has ended their sessions
+        (a client that left while its JoinGroup waited never learnt its member id, to leave with)."""
+        now = time.monotonic()
+        for member in {mem for (g, _), mem in self.direct.items() if groups is None or g in groups}:
+            if not member.calls and now - member.last_seen > member.session_timeout_ms / 1000:
+                log.info("group %s: direct member %s expired", member.group, member.lane)
+                self._forget_direct(member)
+
+    def _direct_error(self, f: Failure, member: DirectMember) -> Error:
+        """The error of a direct member's failed call; a member the cluster no longer knows is forgotten."""
+        error = _refusal(f)
+        if error.code is ErrorCode.UNKNOWN_MEMBER:
+            self._forget_direct(member)
+        return error
+
+    def _forget_direct(self, member: DirectMember, close: bool = True) -> None:
+        """Forget ``member``'s ids; ``close``: and its connection, with what waits on it."""
+        for key in [key for key, mem in self.direct.items() if mem is member]:
+            del self.direct[key]
+        if close:
+            self.coordinators.client.abandon(member.lane)
+
     # ------------------------------------------------------------------ offsets
 
     def commit(self, cmd: m.CommitOffsets) -> Any:
         if not cmd.group:
             return m.CommitOffsetsResult(cmd.group, error=NO_GROUP_ID)
         generation = self._generation(cmd.group)
+        if (cmd.group, cmd.member_id) in self.direct:  # the cluster checks its membership
+            d = self.coordinators.commit(cmd.group, cmd.offsets, cmd.leader_epochs,
+                                         -1 if cmd.generation is None else cmd.generation, cmd.member_id)
+            return d.addCallbacks(lambda errors: as_result(cmd.group, errors, generation),
+                                  lambda f: m.CommitOffsetsResult(cmd.group, error=_refusal(f), generation=generation))
         member = None
         try:
             if cmd.generation is not None or cmd.member_id and (cmd.group, cmd.member_id) in self.members:
@@ -730,6 +867,10 @@ class ClusterGroups:
         client id of its consumer (``<client id>-kafka:<member id>``), with the client's own client
         id, the start of its member id (``_client_id_of``); else the member itself."""
         shared = self.shared.get(group)
+        direct = self.direct.get((group, mem.member_id))
+        if direct is not None:
+            return [m.GroupMemberInfo(mem.member_id, "", mem.host, "consumer", codec=direct.codec,
+                                      partitions=_owned(mem.assignment.topic_partitions if mem.assignment else ()))]
         if shared is not None and shared.cluster.member_id == mem.member_id:
             return [m.GroupMemberInfo(member.member_id, "", mem.host, "consumer", codec=member.codec,
                                       partitions=member.assignment) for member in shared.members.values()]
@@ -802,6 +943,12 @@ def _choose(protocols: tuple[tuple[str, bytes], ...]) -> tuple[str, bytes]:
     if not protocols:
         raise CommandError(ErrorCode.INVALID_REQUEST, "no assignment protocol offered")
     return next((p for p in protocols if p[0] == "range"), protocols[0])
+
+
+def _refusal(f: Any) -> Error:
+    """The error of the cluster's refusal ``f`` (a ``CommandError``; any other failure goes on)."""
+    f.trap(CommandError)
+    return f.value.error
 
 
 def _client_id_of(member_id: str) -> str:

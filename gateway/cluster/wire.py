@@ -58,25 +58,27 @@ log = logging.getLogger(__name__)
 
 PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_HANDSHAKE, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 0, 1, 3, 18, 17, 22, 36
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LEAVE_GROUP, OFFSET_DELETE = 8, 9, 10, 13, 47
+JOIN_GROUP, HEARTBEAT, SYNC_GROUP = 11, 12, 14
 LIST_OFFSETS, DESCRIBE_CONFIGS = 2, 32
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 # The highest version of each API the client uses (Fetch 12: the last that names topics, not ids;
 # Metadata 10 and up: topic ids; FindCoordinator 3: the last of one group a request; OffsetFetch 9:
 # groups in a batch from v8, which ``OFFSET_FETCH_BATCHED`` names; LeaveGroup 3: the first that names
 # a static member; the transaction APIs 3: the last before KIP-890, whose later versions are a
-# broker's or bump epochs).
+# broker's or bump epochs; JoinGroup 5, SyncGroup 3 and Heartbeat 3: the first that name a static
+# member, before the flexible versions).
 WANTED = {PRODUCE: 9, FETCH: 12, METADATA: 12, INIT_PRODUCER_ID: 4, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2,
           OFFSET_COMMIT: 8, OFFSET_FETCH: 9, FIND_COORDINATOR: 3, LEAVE_GROUP: 4, OFFSET_DELETE: 0,
-          LIST_OFFSETS: 7, DESCRIBE_CONFIGS: 4,
+          LIST_OFFSETS: 7, DESCRIBE_CONFIGS: 4, JOIN_GROUP: 5, SYNC_GROUP: 3, HEARTBEAT: 3,
           ADD_PARTITIONS_TO_TXN: 3, ADD_OFFSETS_TO_TXN: 3, END_TXN: 3, TXN_OFFSET_COMMIT: 3}
 OFFSET_FETCH_BATCHED = 8
 # The lowest each must reach: record batches (magic 2) need Produce 3 and Fetch 4; offsets kept by
 # the cluster itself, with a member's generation, OffsetCommit 2; all of a group's, OffsetFetch 2;
 # all topics (a null list), Metadata 1; one offset a partition, ListOffsets 1; a transaction's
-# offsets with their leader epochs, TxnOffsetCommit 2.
+# offsets with their leader epochs, TxnOffsetCommit 2; a rebalance timeout, JoinGroup 1.
 NEEDED = {PRODUCE: 3, FETCH: 4, METADATA: 1, INIT_PRODUCER_ID: 0, SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 0,
           OFFSET_COMMIT: 2, OFFSET_FETCH: 2, FIND_COORDINATOR: 0, LEAVE_GROUP: 3, OFFSET_DELETE: 0,
-          LIST_OFFSETS: 1, DESCRIBE_CONFIGS: 0,
+          LIST_OFFSETS: 1, DESCRIBE_CONFIGS: 0, JOIN_GROUP: 1, SYNC_GROUP: 0, HEARTBEAT: 0,
           ADD_PARTITIONS_TO_TXN: 0, ADD_OFFSETS_TO_TXN: 0, END_TXN: 0, TXN_OFFSET_COMMIT: 2}
 MAX_FRAME = 256 << 20
 _SIZE = struct.Struct(">i")

@@ -25,8 +25,10 @@ def _string(s: str) -> bytes:
     return struct.pack(">h", len(raw)) + raw
 
 
-def encode_subscription(topics: list[str] | tuple[str, ...]) -> bytes:
-    return struct.pack(">hi", 0, len(topics)) + b"".join(map(_string, topics)) + struct.pack(">i", -1)
+def encode_subscription(topics: list[str] | tuple[str, ...], user_data: bytes | None = None) -> bytes:
+    """A member's subscription (version 0) of ``topics``, with ``user_data`` (None: null)."""
+    tail = struct.pack(">i", -1) if user_data is None else struct.pack(">i", len(user_data)) + user_data
+    return struct.pack(">hi", 0, len(topics)) + b"".join(map(_string, topics)) + tail
 
 
 def encode_assignment(partitions: Assignment) -> bytes:

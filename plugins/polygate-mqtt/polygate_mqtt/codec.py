@@ -627,9 +627,9 @@ class MqttConnection(CodecConnection):
 
     def _appeared(self, results: Sequence[m.ListTopicsResult]) -> bytes:
         """The awaited log topics that exist now get their streams, from their start (everything
-        in them was published after the SUBSCRIBE), and the shared subscriptions that wait for
-        them read them as members of their groups (``shared``); the others are looked for again
-        later."""
+        in them was published after the SUBSCRIBE), and the memberships of the shared
+        subscriptions that wait for them are told (``shared.appeared``); the others are looked for
+        again later."""
         for info in results[0].topics:
             filters = self.awaited.get(info.topic)
             if filters is None or info.error is not None or not info.partitions:
@@ -640,8 +640,8 @@ class MqttConnection(CodecConnection):
                 share = shared.parse(topic_filter)
                 if share is None:
                     own[topic_filter] = granted
-                elif shared.room(self, share[0], [info]):  # the group's member reads it from now on
-                    shared.subscribe(self, *share, granted, [info], appeared=True)
+                else:  # the group's member reads it, if assigned its partitions
+                    shared.appeared(self, share[0], info)
             if not own:
                 continue
             since = {p.partition: p.log_start_offset for p in info.partitions}

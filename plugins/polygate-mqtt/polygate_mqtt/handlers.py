@@ -649,8 +649,7 @@ def _subscribed(conn: MqttConnection, ctx: _Subscribe, results: Sequence[m.ListT
                     or not all(conn.await_topic(name, topic_filter, granted) for name in absent):
                 codes.append(packets.SUBACK_FAILURE)  # log topics named by the filter, readable, in bounds
                 continue
-            if existing:  # (the others join the membership as they appear: ``MqttConnection.await_topic``)
-                shared.subscribe(conn, share[0], share[1], granted, existing)
+            shared.subscribe(conn, share[0], share[1], granted, existing, absent)
             codes.append(granted)
             continue
         read = [info for info in named if info is None or info.topic not in absent]

@@ -14,9 +14,21 @@ protocol it speaks.
 A member starts each assigned partition at the offset ``G`` committed there (records published
 after it are delivered), or, without one, where the log ended at the SUBSCRIBE that made it read
 that log topic (records published from then on, also those published before the group assigned
-the partition: a new group's first rebalance may wait seconds); a log topic that did not exist at the SUBSCRIBE (granted, and waited for as an ordinary
-filter's is: ``MqttConnection.await_topic``) at the start of its log, all of it published since. It commits what it delivered every ``HEARTBEAT_S`` while it moved, under its generation:
-the first offset not yet delivered for good (a QoS 0 message sent, a QoS 1 one PUBACKed, a QoS 2
+the partition: a new group's first rebalance may wait seconds); a log topic that did not exist at
+the SUBSCRIBE (granted, and waited for as an ordinary filter's is: ``MqttConnection.await_topic``)
+at the start of its log, all of it published since. Such a filter's member joins at the SUBSCRIBE
+all the same, its subscription naming the log topic to come: the group forms meanwhile (a new
+group's first rebalance waits seconds, 3 s in a Kafka cluster, which the first messages would
+otherwise wait for), and its leader assigns the partitions of the log topics that exist by then.
+Elected leader, a member that assigned the partitions while one of the group's log topics did not
+exist yet joins again when it appears (``appeared``), with other metadata (its subscription's user
+data names the log topics it knows to exist), which rebalances the group. In cluster mode the
+member is one of the cluster's group itself (``m.JoinGroup.direct``): a librdkafka consumer joins
+only once a topic of its subscription exists. One JoinGroup at a time: a change while one is under
+way joins again once that generation is complete, with the member id it gave.
+
+It commits what it delivered every ``HEARTBEAT_S`` while it moved, under its generation: the first
+offset not yet delivered for good (a QoS 0 message sent, a QoS 1 one PUBACKed, a QoS 2
 one PUBRECed), so that a Kafka consumer, or another MQTT member, given the partition next reads
 on from there. It heartbeats every ``HEARTBEAT_S``; told the group rebalances it commits, stops
 its streams and joins again. UNSUBSCRIBE of its last filter of ``G``, or the connection's end,
@@ -52,8 +64,10 @@ if TYPE_CHECKING:
 PREFIX = "$share/"
 _SHARE_NAME = re.compile(r"[^/+#]+")
 PROTOCOLS = ("range", "roundrobin")  # librdkafka's defaults: a group with Kafka members agrees on one
-SESSION_TIMEOUT_MS = 10_000
-REBALANCE_TIMEOUT_MS = 10_000
+# Kafka's group.min.session.timeout.ms, the shortest a Kafka cluster takes: Tansu 0.6 answers every
+# JoinGroup after half of it (Kafka holds a new group's first rebalance group.initial.rebalance.delay.ms, 3 s).
+SESSION_TIMEOUT_MS = 6_000
+REBALANCE_TIMEOUT_MS = 6_000  # how long a coordinator waits for the members to rejoin: each does within HEARTBEAT_S
 HEARTBEAT_S = 1.0
 MAX_GROUPS = 64
 """The most groups one connection's shared subscriptions are members of (each heartbeats); a
@@ -85,6 +99,8 @@ class Share:
     member_id: str = ""
     generation: int = -1
     epoch: int = 0  # counts the joins: an answer to an earlier one is stale
+    joining: bool = False  # a JoinGroup is under way (one at a time: a new member's id comes with its answer)
+    again: bool = False  # the membership changed while it was: it joins again once answered
     stable: bool = False  # assigned, and heartbeating
     retry: bool = False  # a join or a sync failed: the timer joins again
     streams: dict[str, _TopicSubscription] = attrs.Factory(dict)  # by log topic
@@ -92,6 +108,7 @@ class Share:
     moved: bool = False  # delivered since the last commit
     appeared: set[str] = attrs.Factory(set)  # log topics created after the SUBSCRIBE: read from their start
     since: dict[tuple[str, int], int] = attrs.Factory(dict)  # (log topic, partition) -> its end at the SUBSCRIBE
+    missing: set[str] = attrs.Factory(set)  # leader: log topics of the group's subscriptions not there at its assignment
 
     @property
     def partitions(self) -> int:
@@ -115,19 +132,21 @@ def room(conn: MqttConnection, group: str, infos: Sequence[m.TopicInfo]) -> bool
 
 
 def subscribe(conn: MqttConnection, group: str, topic_filter: str, granted: int, infos: Sequence[m.TopicInfo],
-              appeared: bool = False) -> None:
-    """Add ``topic_filter`` (reading the log topics of ``infos``, which exist; ``appeared``: created
-    after the SUBSCRIBE) to the connection's membership of ``group``: a new member joins; one whose
-    subscription grows joins again (a rebalance)."""
+              absent: Sequence[str] = ()) -> None:
+    """Add ``topic_filter``, reading the log topics of ``infos``, which exist, and ``absent``, which
+    do not yet (``MqttConnection.await_topic`` looks for them, then ``appeared``), to the
+    connection's membership of ``group``: a new member joins, its subscription naming them all
+    (the group forms now, and its leader assigns the partitions of those that exist by then: a
+    new group's first rebalance may wait seconds, which the messages published later need not
+    wait for); one whose subscription grows joins again (a rebalance)."""
     share = conn.shares.get(group)
     if share is None:
         share = conn.shares[group] = Share(group)
     before = share.subscription
     share.filters[topic_filter] = granted
     share.topics[topic_filter] = tuple(dict.fromkeys((*share.topics.get(topic_filter, ()),
-                                                      *(info.topic for info in infos))))
-    if appeared:
-        share.appeared.update(info.topic for info in infos)
+                                                      *(info.topic for info in infos), *absent)))
+    share.appeared.update(absent)  # all of it published after the SUBSCRIBE
     for info in infos:
         share.sizes[info.topic] = len(info.partitions)
         for partition in info.partitions:
@@ -140,6 +159,28 @@ def subscribe(conn: MqttConnection, group: str, topic_filter: str, granted: int,
             sub.subscribe(topic_filter, granted, {})
 
 
+def appeared(conn: MqttConnection, group: str, info: m.TopicInfo) -> None:
+    """A log topic the membership of ``group`` awaited exists now (``info``). Past
+    ``max_partitions`` the member stops reading it (it joins again without it). Elected leader, a
+    member that assigned the partitions while it did not exist yet joins again, a rebalance in
+    which it assigns them (as a Kafka leader does once its metadata shows a topic of the group's
+    subscriptions)."""
+    share = conn.shares.get(group)
+    if share is None or info.topic not in share.subscription or info.topic in share.sizes:
+        return
+    if not room(conn, group, [info]):
+        share.topics = {topic_filter: tuple(t for t in topics if t != info.topic)
+                        for topic_filter, topics in share.topics.items()}
+        share.appeared.discard(info.topic)
+        share.missing.discard(info.topic)
+        _join(conn, share)
+        return
+    share.sizes[info.topic] = len(info.partitions)
+    if info.topic in share.missing:
+        share.missing.discard(info.topic)
+        _join(conn, share)
+
+
 def unsubscribe(conn: MqttConnection, group: str, topic_filter: str) -> bool:
     """Remove ``topic_filter`` from ``group``: the member leaves with its last filter, or joins
     again with a smaller subscription. False when the connection had no such subscription."""
@@ -149,6 +190,7 @@ def unsubscribe(conn: MqttConnection, group: str, topic_filter: str) -> bool:
     share.topics.pop(topic_filter)
     share.sizes = {topic: size for topic, size in share.sizes.items() if topic in share.subscription}
     share.appeared.intersection_update(share.subscription)
+    share.missing.intersection_update(share.subscription)
     share.since = {at: offset for at, offset in share.since.items() if at[0] in share.sizes}
     if not share.filters:
         del conn.shares[group]
@@ -210,25 +252,41 @@ def tick(conn: MqttConnection, group: str) -> None:
 
 
 def _join(conn: MqttConnection, share: Share) -> None:
-    """Commit what the member delivered, stop its streams and (re)join the group."""
+    """Commit what the member delivered, stop its streams and (re)join the group; while a join is
+    under way, once it is answered (a second JoinGroup without the member id the first is given
+    would make a second member, which holds the group's rebalance until its session ends)."""
+    if share.joining:
+        share.again = True
+        return
     commit = _commit(conn, share) if share.stable else None
     _stop(conn, share)
     share.epoch += 1
-    share.stable = share.retry = False
-    epoch, subscription = share.epoch, encode_subscription(share.subscription)
+    share.stable = share.retry = share.again = False
+    share.joining = True
+    # The user data, the log topics of the subscription known to exist, changes when one appears:
+    # a rejoin then changes the member's metadata, which rebalances the group on any coordinator
+    # (Kafka's also rebalances for a leader's rejoin, Tansu's not: it keeps the assignment it has).
+    known = ",".join(sorted(share.sizes)).encode()
+    epoch, subscription = share.epoch, encode_subscription(share.subscription, known)
     join = m.JoinGroup(share.group, share.member_id, share.subscription, protocol_type="consumer",
                        session_timeout_ms=SESSION_TIMEOUT_MS, rebalance_timeout_ms=REBALANCE_TIMEOUT_MS,
                        client_id=conn.client_id, client_host=conn.settings.peer.rpartition(":")[0],
-                       protocols=tuple((name, subscription) for name in PROTOCOLS), codec="mqtt")
+                       protocols=tuple((name, subscription) for name in PROTOCOLS), codec="mqtt", direct=True)
     commands = (join,) if commit is None else (commit, join)
     conn.emit(Handled.run(commands, lambda results: _joined(conn, share, epoch, results[-1]), ordered=False))
 
 
 def _joined(conn: MqttConnection, share: Share, epoch: int, result: m.JoinGroupResult) -> bytes | Handled:
+    if conn.shares.get(share.group) is share and share.epoch == epoch:
+        share.joining = False
     if not _current(conn, share, epoch):
+        if result.error is None and not share.member_id and conn.shares.get(share.group) is not share \
+                and not conn.closed:  # it left while its first JoinGroup waited: without an id to leave with
+            conn.emit(Handled.run((m.LeaveGroup(share.group, result.member_id),), lambda results: b"",
+                                  ordered=False))
         return b""
     if result.error is not None:
-        return _failed(conn, share, result.error)
+        return _failed(conn, share, result.error)  # (which joins again, with what changed meanwhile)
     share.member_id, share.generation = result.member_id, result.generation
     if result.leader != result.member_id:
         return _sync(conn, share, epoch, ())
@@ -251,6 +309,8 @@ def _assign(conn: MqttConnection, share: Share, epoch: int, assignor: str,
         return b""
     partitions = [(info.topic, p.partition) for info in listing.topics if info.error is None
                   for p in sorted(info.partitions, key=lambda p: p.partition)]
+    share.missing = {info.topic for info in listing.topics if info.error is not None
+                     and info.error.code is m.ErrorCode.UNKNOWN_TOPIC and info.topic in share.subscription}
     owned = assign(BY_KAFKA_NAME[assignor], subscriptions, partitions)
     return _sync(conn, share, epoch, tuple((member_id, encode_owned(parts)) for member_id, parts in owned.items()))
 
@@ -266,6 +326,9 @@ def _synced(conn: MqttConnection, share: Share, epoch: int, result: m.SyncGroupR
         return b""
     if result.error is not None:
         return _failed(conn, share, result.error)
+    if share.again:  # the generation is complete (a member that leaves it before its sync holds it up)
+        _join(conn, share)
+        return b""
     share.stable = True
     conn.emit(Timer(HEARTBEAT_S, ("share", share.group)))
     subscribed = set(share.subscription)

@@ -7,10 +7,13 @@ import base64
 import socket
 import threading
 import time
+import uuid
 
 import confluent_kafka as ck
 import paho.mqtt.client as mqtt
 import pytest
+from confluent_kafka import ConsumerGroupState
+from confluent_kafka.admin import AdminClient
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -225,6 +228,36 @@ def test_subscription_identifiers_come_back_with_the_messages(gateway, clients):
     c.publish("doors/front", b"open")
     [got] = c.wait_messages(1)
     assert (got.topic, got.payload, got.properties.SubscriptionIdentifier) == ("doors/front", b"open", [42])
+
+
+def test_shared_subscribers_form_their_group_before_their_log_topic_exists(gateway, clients):
+    """Paho's MQTT 5 shared subscriptions scenario: two clients subscribe ``$share/G/T/x`` (and a
+    plain filter) while log topic ``T`` does not exist yet, then one publishes to ``T/x``, which
+    creates it: exactly one of them gets the message. Both are members of ``G`` from their
+    SUBSCRIBE on, not from when ``T`` appears: a new group's first rebalance waits seconds (3 s
+    in a Kafka cluster), which the message published later must not wait for."""
+    topic, group = f"late{uuid.uuid4().hex[:8]}", f"share{uuid.uuid4().hex[:8]}"
+    a, b = clients(gateway.port("mqtt"), "shared-a"), clients(gateway.port("mqtt"), "shared-b")
+    for c in (a, b):
+        assert c.subscribe((f"$share/{group}/{topic}/x", 2), (f"{topic}-plain/y", 2)) == [2, 2]
+    admin = AdminClient({"bootstrap.servers": gateway.address("kafka")})
+
+    def state() -> ConsumerGroupState:
+        [described] = admin.describe_consumer_groups([group], request_timeout=TIMEOUT).values()
+        return described.result(TIMEOUT).state
+
+    deadline = time.monotonic() + TIMEOUT
+    while state() is not ConsumerGroupState.STABLE:  # (a Kafka cluster may describe no members)
+        assert time.monotonic() < deadline, f"group {group} did not form before {topic} existed"
+        time.sleep(0.1)
+    assert topic not in admin.list_topics(timeout=TIMEOUT).topics
+    b.publish(f"{topic}/x", b"once", qos=0)  # creates the log topic
+    deadline = time.monotonic() + TIMEOUT
+    while not a.messages and not b.messages:
+        assert time.monotonic() < deadline, "no shared subscriber got the message"
+        time.sleep(0.1)
+    time.sleep(1)  # and no second copy
+    assert [m.payload for m in a.messages + b.messages] == [b"once"]
 
 
 def _connect5(port: int, properties: list) -> socket.socket:

@@ -93,6 +93,21 @@ def test_a_qos1_delivery_is_committed_once_acknowledged_and_the_last_unsubscribe
     assert run(rig, m.DescribeGroups(("g",))).groups[0].members == ()
 
 
+def test_a_member_joins_at_its_subscribe_and_reads_its_log_topic_once_it_appears(rig):
+    """The group forms before the filter's log topic exists (a new group's first rebalance may
+    wait seconds); once it appears, the leader, which assigned without it, joins again and the
+    member reads it from its start."""
+    member = rig.client(b"early")
+    assert member.send(subscribe_packet(1, ("$share/g/later/#", 0))) == [(PacketType.SUBACK, 0, b"\x00\x01\x00")]
+    rig.reactor.pump([0.5] * 4)
+    group = run(rig, m.DescribeGroups(("g",))).groups[0]
+    assert group.state == "Stable" and len(group.members) == 1
+    run(rig, m.CreateTopic("later", PARTITIONS))
+    run(rig, m.Produce("later", 1, m.Batch("v1", v1_format.encode_record(0, 1, b"later/x", b"first"), 1, 1)))
+    rig.reactor.pump([0.5] * 8)  # the connection finds the log topic, the member joins again, reads it
+    assert values(member) == [b"first"]
+
+
 def test_shared_subscriptions_count_in_max_partitions_and_groups_are_bounded(tmp_path):
     rig = Rig(str(tmp_path), max_partitions=str(2 * PARTITIONS))
     try:
