@@ -93,6 +93,19 @@ SEND_LIMIT = 4 << 20
 """The most one send() of a TCP connection is given (Twisted's default is 128 KiB)."""
 
 
+def for_whole_frames(transport: Any) -> None:
+    """Set a TCP ``transport`` that writes whole frames (answers, requests to a cluster) to send
+    them as they are written: no Nagle, which would hold a frame's tail (or a small frame behind a
+    large one's unacknowledged tail) until the peer's delayed ACK; and up to ``SEND_LIMIT`` a
+    send, where Twisted hands the socket 128 KiB per writable event (a 1 MiB fetch answer took
+    eight sends and eight reactor rounds; the kernel takes what its buffer holds in one). Other
+    transports are left as they are."""
+    if hasattr(transport, "setTcpNoDelay"):
+        transport.setTcpNoDelay(True)
+    if hasattr(transport, "SEND_LIMIT"):
+        transport.SEND_LIMIT = SEND_LIMIT
+
+
 def write_now(transport: Any, pieces: Sequence[bytes | memoryview]) -> None:
     """Write ``pieces`` in turn: sent at once, in one ``sendmsg`` (no copy of the pieces), when
     ``transport`` is a plain TCP connection with nothing waiting to go out; what the socket does
@@ -324,16 +337,10 @@ class CodecProtocol(protocol.Protocol):
         self._caller = m.Caller(m.ANONYMOUS, self._peer_host)
         settings = attrs.evolve(self.factory.settings, peer=self.peer,
                                 clock=self.factory.reactor.seconds, wake=self._wake)
-        if hasattr(self.transport, "setTcpNoDelay"):
-            # Answers are whole frames: Nagle would hold their tails until the peer's delayed ACK.
-            self.transport.setTcpNoDelay(True)
+        for_whole_frames(self.transport)
         self.transport.registerProducer(self, True)
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = self.factory.limits.send_buffer_bytes  # full past this: we pause
-        if hasattr(self.transport, "SEND_LIMIT"):
-            # Twisted hands the socket 128 KiB per writable event: a 1 MiB fetch answer took eight
-            # sends and eight epoll rounds. The kernel takes what its buffer holds in one.
-            self.transport.SEND_LIMIT = SEND_LIMIT
         try:
             self.codec = self.factory.plugin.new_connection(settings)
             greeting = self.codec.connection_made()

@@ -46,7 +46,7 @@ from typing import Any
 import attrs
 from twisted.internet import defer, endpoints, protocol, ssl, task
 
-from gateway.adapter import SEND_LIMIT, write_now
+from gateway.adapter import for_whole_frames, write_now
 from gateway.cluster import shapes
 from gateway.cluster.config import ClusterConfig
 from gateway.codec.framing import FrameTooLarge, LengthPrefixedFramer, fixed_header
@@ -162,15 +162,7 @@ class BrokerConnection(protocol.Protocol):
         self.label = "?"
 
     def connectionMade(self) -> None:  # noqa: N802 - Twisted's name
-        if hasattr(self.transport, "setTcpNoDelay"):
-            # Requests are whole frames: Nagle would hold a small one (an EndTxn) behind the
-            # unacknowledged tail of a large one.
-            self.transport.setTcpNoDelay(True)
-        if hasattr(self.transport, "SEND_LIMIT"):
-            # Twisted hands the socket 128 KiB per writable event: a transaction's half-megabyte
-            # Produce took five sends and five epoll rounds. The kernel takes what its buffer holds
-            # in one.
-            self.transport.SEND_LIMIT = SEND_LIMIT
+        for_whole_frames(self.transport)  # (an EndTxn must not wait behind a half-megabyte Produce's tail)
 
     # ------------------------------------------------------------------ requests
 
