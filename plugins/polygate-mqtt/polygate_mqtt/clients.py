@@ -30,10 +30,13 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
   for any new one) look at once, rather than at their next poll: a subscriber of a topic that did
   not exist gets its first message as soon as a publisher here created it. (The polls stay, for
   log topics created otherwise: by another protocol, an admin, another gateway.)
-* **The sweep of persistent sessions that never return**: every ``session_sweep_ms``, the
-  groups of persistent sessions (``session.GROUP_PREFIX``) whose client left longer ago than the
-  session's expiry are deleted (their committed positions and subscriptions go with them), also
-  those left by a gateway that has restarted since.
+* **The sweep of persistent sessions that never return**: every gateway follows the records of
+  the persistent sessions (``topics.SESSIONS_TOPIC``, ``session``) from its start, and keeps when
+  each client now away left (memory: two numbers per session whose client is away). Every
+  ``session_sweep_ms``, the sessions whose client left longer ago than the session's expiry, and
+  is not connected here, end: their groups (``session.GROUP_PREFIX``) are deleted, their
+  committed positions with them, and their records get tombstones. This needs no listing of
+  groups (which Tansu 0.6 answers empty), and sweeps the sessions left before a restart too.
 """
 
 from __future__ import annotations
@@ -59,34 +62,25 @@ if TYPE_CHECKING:
     from .codec import MqttConnection
 
 SWEPT_AT_ONCE = 256
-"""The most session groups one round of a sweep reads the anchors of (the rest: the next rounds)."""
+"""The most sessions one round of a sweep ends (the rest: the next rounds)."""
 MAX_STORED_TO = 4096
 """The most log topics ``Clients.stored_to`` holds; past them it starts again (each log topic is then
 announced once more: ``stored``)."""
 FOLLOW_WAIT_MS = 10_000
-"""How long one read of a followed topic (``topics.CLIENTS_TOPIC``, ``topics.WILLS_TOPIC``) waits
-for a record (then the next read starts)."""
+"""How long one read of a followed topic (``topics.CLIENTS_TOPIC``, ``topics.WILLS_TOPIC``,
+``topics.SESSIONS_TOPIC``) waits for a record (then the next read starts)."""
 FOLLOW_RETRY_S = 1.0
 """How long a gateway waits before reading a followed topic again after a read failed."""
 FOLLOW_BYTES = 1 << 20
 """The most bytes of a followed topic one read takes (the rest: the next reads)."""
-ENSURE = {name: m.CreateTopic(name, 1, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
-          for name in (topics.CLIENTS_TOPIC, topics.WILLS_TOPIC)}
+ENSURE = {**{name: m.CreateTopic(name, 1, m.TopicConfig(cleanup_policy="compact"), if_not_exists=True)
+             for name in (topics.CLIENTS_TOPIC, topics.WILLS_TOPIC)}, topics.SESSIONS_TOPIC: session.ENSURE_SESSIONS}
 WILL, CLAIM, CANCEL = b"W", b"C", b"X"
 """The first byte of a record's value in ``topics.WILLS_TOPIC``: a will, a claim to publish it, a cancel."""
 
 
 def _nothing(results: Sequence[object]) -> bytes:
     return b""
-
-
-def _keyed_record(topic: str, client_id: str, value: bytes | None) -> m.Produce:
-    """The record of ``client_id`` in ``topic``, one of the compacted topics the gateways follow: in
-    ``topics.CLIENTS_TOPIC``, ``value`` names the connection holding it (``Clients.announce``); in
-    ``topics.WILLS_TOPIC``, see ``WILL``; ``None`` is a tombstone."""
-    key, now = client_id.encode("utf-8"), int(time.time() * 1000)
-    record = fmt.encode_record(0, now, 0, key, value, b"")
-    return m.Produce(topic, 0, m.Batch(fmt.NAME, record, 1, now), m.Acks.ALL, None, key)
 
 
 def encode_will(due_ms: int, will: RunFor) -> bytes:
@@ -137,9 +131,13 @@ class Clients(CodecConnection):
         self.emit(Timer(self.sweep_every_s, "sweep"))
         self.instance = uuid.uuid4().hex[:16]  # this gateway run, in the names of its connections
         self.numbers = itertools.count()
+        self.away: dict[str, tuple[int, int | None]] = {}  # client identifier -> when it left a session, its expiry
         # the next offset of each followed topic to read (None: its start); the client identifiers'
-        # from their end, the wills' whole
-        self.positions: dict[str, int | None] = {topics.CLIENTS_TOPIC: None, topics.WILLS_TOPIC: None}
+        # from their end, the wills' and the sessions' whole
+        self.positions: dict[str, int | None] = {topics.CLIENTS_TOPIC: None, topics.WILLS_TOPIC: None,
+                                                 topics.SESSIONS_TOPIC: None}
+        self.readers = {topics.CLIENTS_TOPIC: self._client_read, topics.WILLS_TOPIC: self._will_read,
+                        topics.SESSIONS_TOPIC: self._session_read}
         self.created = False  # whether ``topics.CLIENTS_TOPIC`` is known to be there (``announce``)
         self.emit(Handled.run((*ENSURE.values(), m.ListOffsets(topics.CLIENTS_TOPIC, 0, m.OffsetSpec.LATEST)),
                               self._started, ordered=False))
@@ -161,7 +159,7 @@ class Clients(CodecConnection):
         start's creation was (in cluster mode the cluster answers it), and its record would be
         refused."""
         conn.held_as = f"{self.instance}.{next(self.numbers)}"
-        return _keyed_record(topics.CLIENTS_TOPIC, conn.client_id, f"{conn.held_as} {int(clean_start)}".encode("ascii"))
+        return session.keyed_record(topics.CLIENTS_TOPIC, conn.client_id, f"{conn.held_as} {int(clean_start)}".encode("ascii"))
 
     def release(self, conn: MqttConnection) -> None:
         """``conn`` ended: its client identifier is free, unless another connection took it."""
@@ -174,11 +172,11 @@ class Clients(CodecConnection):
         a client that is gone (a session left behind gets its tombstone when it is swept)."""
         held = self.holders.get(conn.client_id) is conn
         self.release(conn)
-        return (_keyed_record(topics.CLIENTS_TOPIC, conn.client_id, None),) if held and conn.held_as and conn.session_group is None else ()
+        return (session.keyed_record(topics.CLIENTS_TOPIC, conn.client_id, None),) if held and conn.held_as and conn.session_group is None else ()
 
     def _started(self, results: Sequence[Any]) -> bytes:
-        """Follow ``topics.CLIENTS_TOPIC`` from its end and ``topics.WILLS_TOPIC`` from its start as
-        this gateway starts."""
+        """Follow ``topics.CLIENTS_TOPIC`` from its end, ``topics.WILLS_TOPIC`` and
+        ``topics.SESSIONS_TOPIC`` from their start, as this gateway starts."""
         self.created = results[0].error is None  # (``ENSURE``'s first: ``topics.CLIENTS_TOPIC``)
         listed = results[-1]
         if listed.error is None:
@@ -195,8 +193,8 @@ class Clients(CodecConnection):
         self.emit(Handled.run((fetch,), lambda results: self._followed(topic, results), ordered=False))
 
     def _followed(self, topic: str, results: Sequence[m.FetchResult]) -> bytes:
-        """Hand each record read to the topic's reader (``_client_read``, ``_will_read``); then
-        read on at once (after ``FOLLOW_RETRY_S`` if the read failed)."""
+        """Hand each record read to the topic's reader (``readers``); then read on at once (after
+        ``FOLLOW_RETRY_S`` if the read failed)."""
         result = results[0]
         if result.error is not None:  # (the topic may be missing: its creation failed at start)
             self.emit(Timer(FOLLOW_RETRY_S, ("follow", topic)))
@@ -204,7 +202,7 @@ class Clients(CodecConnection):
             return b""
         if topic == topics.CLIENTS_TOPIC:
             self.created = True
-        read = self._client_read if topic == topics.CLIENTS_TOPIC else self._will_read
+        read = self.readers[topic]
         for batch in result.batches:
             for record in fmt.FORMAT.records(batch):
                 if record.offset is not None and record.key is not None:
@@ -232,6 +230,27 @@ class Clients(CodecConnection):
             self.release(conn)
             conn.take_over(clean_start)  # its last commit is dropped: see above
 
+    # ------------------------------------------------------------------ persistent sessions
+
+    def keep(self, save: session.Save, caller: m.Caller) -> None:
+        """The last save of a session whose connection ended (``MqttConnection.connection_lost``):
+        its record written here, then the commit that names it run for ``caller``, the client."""
+        def written(results: Sequence[m.ProduceResult]) -> bytes:
+            anchor = save.anchor if results[0].error is not None else results[0].base_offset
+            self.emit(RunFor((save.commit(anchor),), caller))
+            return b""
+
+        self.emit(Handled.run((save.record(),), written, ordered=False))
+        self.settings.wake()
+
+    def _session_read(self, offset: int, client_id: str, value: bytes | None) -> None:
+        """A record of ``topics.SESSIONS_TOPIC``: whether, and since when, its client is away."""
+        kept = None if value is None else session.Session.decode(value)
+        if kept is None or not kept.left_ms:
+            self.away.pop(client_id, None)
+        else:
+            self.away[client_id] = (kept.left_ms, kept.expiry_s)
+
     # ------------------------------------------------------------------ log topics as they are created
 
     def stored(self, log_topic: str) -> None:
@@ -253,7 +272,7 @@ class Clients(CodecConnection):
         ``take_will`` takes it first: written to ``topics.WILLS_TOPIC`` (then it is the follower's,
         ``_will_read``), or held here if the write fails."""
         due_ms = int((time.time() + delay_s) * 1000)
-        write = _keyed_record(topics.WILLS_TOPIC, client_id, encode_will(due_ms, will))
+        write = session.keyed_record(topics.WILLS_TOPIC, client_id, encode_will(due_ms, will))
 
         def written(results: Sequence[m.ProduceResult]) -> bytes:
             if results[0].error is not None:
@@ -324,7 +343,7 @@ class Clients(CodecConnection):
             return b""
 
         value = (CLAIM if publish else CANCEL) + self.instance.encode()
-        self.emit(Handled.run((_keyed_record(topics.WILLS_TOPIC, client_id, value),), written, ordered=False))
+        self.emit(Handled.run((session.keyed_record(topics.WILLS_TOPIC, client_id, value),), written, ordered=False))
         self.settings.wake()
 
     def _resolve(self, client_id: str) -> None:
@@ -338,7 +357,7 @@ class Clients(CodecConnection):
         offset, claim = pending.first
         if claim and pending.mine == offset:
             self.emit(pending.will)
-            self.emit(Handled.run((_keyed_record(topics.WILLS_TOPIC, client_id, None),), _nothing, ordered=False))
+            self.emit(Handled.run((session.keyed_record(topics.WILLS_TOPIC, client_id, None),), _nothing, ordered=False))
             self.settings.wake()
 
     # ------------------------------------------------------------------ the sweep
@@ -357,35 +376,24 @@ class Clients(CodecConnection):
             self._follow(context[1])
         elif context == "sweep":  # the next one is set now: a round that fails leaves no gap
             self.emit(Timer(self.sweep_every_s, "sweep"))
-            self.emit(Handled.run((m.ListGroups(),), self._listed, ordered=False))
+            self._sweep(time.time() * 1000)
         else:
             super().timer(context)
 
-    def _listed(self, results: Sequence[m.ListGroupsResult]) -> bytes | Handled:
-        """Read the anchors of the sessions whose clients are not connected here."""
-        groups = tuple(listing.group for listing in results[0].groups
-                       if listing.group.startswith(session.GROUP_PREFIX)
-                       and listing.group[len(session.GROUP_PREFIX):] not in self.holders)
-        return self._read(groups)
-
-    def _read(self, groups: tuple[str, ...]) -> bytes | Handled:
-        if not groups:
-            return b""
-        now, rest = groups[:SWEPT_AT_ONCE], groups[SWEPT_AT_ONCE:]
-        return Handled.run(tuple(m.FetchOffsets(group, (session.ANCHOR,)) for group in now),
-                           lambda results: self._anchors(now, rest, results), ordered=False)
-
-    def _anchors(self, groups: tuple[str, ...], rest: tuple[str, ...],
-                 results: Sequence[m.FetchOffsetsResult]) -> bytes | Handled:
-        """Delete the groups of the sessions past their expiry; then the next round."""
-        now_ms = time.time() * 1000
-        expired = []
-        for group, result in zip(groups, results, strict=True):
-            anchor = session.restored(result.offsets)[0] if result.error is None else None
-            if anchor is not None and anchor.expired(now_ms, self.default_expiry_s) \
-                    and group[len(session.GROUP_PREFIX):] not in self.holders:
-                expired.append(group)
-        if expired:
-            gone = tuple(_keyed_record(topics.CLIENTS_TOPIC, group[len(session.GROUP_PREFIX):], None) for group in expired)
-            self.emit(Handled.run((m.DeleteGroups(tuple(expired)), *gone), _nothing, ordered=False))
-        return self._read(rest)
+    def _sweep(self, now_ms: float) -> None:
+        """End the sessions past their expiry whose client is not connected here (module docstring)."""
+        ended = []
+        for client_id, (left_ms, expiry_s) in self.away.items():
+            if client_id not in self.holders and \
+                    now_ms - left_ms >= (self.default_expiry_s if expiry_s is None else expiry_s) * 1000:
+                ended.append(client_id)
+                if len(ended) == SWEPT_AT_ONCE:
+                    break
+        if not ended:
+            return
+        for client_id in ended:
+            del self.away[client_id]
+        tombstones = tuple(session.keyed_record(topic, client_id, None) for client_id in ended
+                           for topic in (topics.SESSIONS_TOPIC, topics.CLIENTS_TOPIC))
+        self.emit(Handled.run((m.DeleteGroups(tuple(session.group_of(c) for c in ended)), *tombstones), _nothing,
+                              ordered=False))

@@ -6,7 +6,7 @@ What a client gets (see the README for the full list and its reasons):
   is answered CONNACK 0x01 (0x84 in MQTT 5's form for a level above 5) and closed.
   What MQTT 5 adds (properties, reason codes, limits, topic aliases, user properties as
   record headers, AUTH) is listed under "MQTT 5" below. Clean session 0 resumes or begins the
-  client's persistent session, kept as a consumer group of committed offsets
+  client's persistent session, kept as a record and a consumer group of committed offsets
   (``session``), and "session present" says which; clean session 1 ends it. A user name and password
   are checked against the gateway's user store: a wrong pair is answered
   CONNACK 4 (bad user name or password), late (``CodecConnection.refuse_login``), and the
@@ -136,6 +136,7 @@ from gateway.codec import (
     Handled,
     ListenerSettings,
     Option,
+    Render,
     RunFor,
     Subscribe,
     Timer,
@@ -322,6 +323,8 @@ class MqttConnection(CodecConnection):
         self.backlog: dict[tuple[str, int], int] = {}
         self.backlog_left = self.options["max_session_queued_bytes"]
         self.commit_pending = False
+        self.session_value: bytes | None = None  # the value of the last record of the session written (or being written)
+        self.session_anchor = -1  # the offset of the latest record of the session stored (-1: none known)
         self.retained_ready = False  # the retained messages' topic is known to exist (``topics.RETAINED_TOPIC``)
         self.shares: dict[str, shared.Share] = {}  # memberships of the groups of shared subscriptions, by group
         self.version = packets.PROTOCOL_LEVEL  # 5 once a CONNECT said so
@@ -447,31 +450,37 @@ class MqttConnection(CodecConnection):
     def connection_lost(self) -> tuple[m.Produce | m.CommitOffsets, ...]:
         """The will message (and its retained copy), unless the client said DISCONNECT, or its
         Will Delay Interval hands it to ``clients`` to publish later (at the latest when the
-        session ends: 3.1.3.2.2); and the persistent session's last commit, with the time the
-        client left. The client identifier is free again (with a tombstone of its record when the
-        client leaves no session behind: ``Clients.leave``)."""
-        commit = self.session_commit(left_ms=int(time.time() * 1000))
+        session ends: 3.1.3.2.2); and the persistent session's last save, with the time the
+        client left (its record written by ``clients``, which outlives the connection). The
+        client identifier is free again (with a tombstone of its record when the client leaves
+        no session behind: ``Clients.leave``)."""
+        save = self.session_save(left_ms=int(time.time() * 1000))
         will = self.will
         gone: tuple[m.Produce, ...] = ()
+        caller = m.Caller(self.principal or m.ANONYMOUS, self.settings.peer.rpartition(":")[0])
         if self.clients is not None and self.connected:
             gone = self.clients.leave(self)
             delay = min(self.will_delay_s, self.session_expiry_s if self.session_group is not None else 0)
             if will and delay > 0:
-                caller = m.Caller(self.principal or m.ANONYMOUS, self.settings.peer.rpartition(":")[0])
                 self.clients.delay_will(self.client_id, RunFor(will, caller), delay)
                 will = ()
-        return (*will, *(() if commit is None else (commit,)), *shared.ended(self), *gone)
+        last: tuple[m.CommitOffsets, ...] = ()
+        if save is not None and save.value is not None and self.clients is not None:
+            self.clients.keep(save, caller)
+        elif save is not None:  # (without ``clients``, a codec driven alone: the record stays as it was)
+            last = (save.commit(save.anchor),)
+        return (*will, *last, *shared.ended(self), *gone)
 
-    def take_over(self, clean_start: bool) -> tuple[m.CommitOffsets, ...]:
+    def take_over(self, clean_start: bool) -> session.Save | None:
         """Another connection's CONNECT claimed this one's client identifier (3.1.4-3): this one
         closes (MQTT 5: after DISCONNECT 0x8E, Session taken over). As Mosquitto does, the
         session goes on on the new connection unless that one starts clean: then, or when this
         one had no persistent session, its will is published as the connection ends (at once).
-        Returns what runs before the new connection's session starts: this one's last commit."""
-        handover: tuple[m.CommitOffsets, ...] = ()
+        Returns what the new connection runs before its session starts: this one's last save
+        (None: none)."""
+        handover = None
         if self.session_group is not None and not clean_start:
-            commit = self.session_commit(left_ms=int(time.time() * 1000))
-            handover = () if commit is None else (commit,)
+            handover = self.session_save(left_ms=int(time.time() * 1000))
             self.will = ()
         self.session_group = None  # nothing more of the session is this connection's
         self.emit(Close(packets.disconnect5(ReasonCode.SESSION_TAKEN_OVER) if self.version == 5 else b"",
@@ -797,13 +806,14 @@ class MqttConnection(CodecConnection):
             self.emit(Timer(self.options["commit_ms"] / 1000, "commit"))
 
     def commit_session(self) -> None:
-        """Commit the persistent session now (its answer, awaited by nothing, overtakes none)."""
-        commit = self.session_commit()
-        if commit is not None:
-            self.emit(Handled.run((commit,), ignored, ordered=False))
+        """Save the persistent session now (its answers, awaited by nothing, overtake none)."""
+        save = self.session_save()
+        if save is not None:
+            self.emit(self.saving(save, ignored, ordered=False))
 
-    def session_commit(self, left_ms: int = 0) -> m.CommitOffsets | None:
-        """The commit that keeps the persistent session (``session``'s docstring), None without one."""
+    def session_save(self, left_ms: int = 0) -> session.Save | None:
+        """The save that keeps the persistent session (``session``'s docstring), None without one:
+        its record only if it says something the last one written did not."""
         if self.session_group is None:
             return None
         filters: dict[str, int] = {}
@@ -825,16 +835,37 @@ class MqttConnection(CodecConnection):
                 lowest[(topic, partition)] = offset
             if msg.packet_id:
                 in_flight.setdefault((topic, partition), {})[offset] = msg.packet_id
-        offsets = [(*session.ANCHOR, 0, session.Anchor(filters, released, left_ms,
-                                                                   self.session_expiry_s,
-                                                                   self.filter_options).encode())]
+        marks = {}
         for (topic, partition), offset in lowest.items():
             reading = self.subscriptions.get(topic)
             since = {} if reading is None else {topic_filter: start[partition] for topic_filter, (_, start)
                                                 in reading.filters.items() if start.get(partition, 0) > offset}
-            position = session.Position(offset, since, in_flight.get((topic, partition), {}))
-            offsets.append((topic, partition, offset, position.encode()))
-        return m.CommitOffsets(self.session_group, tuple(offsets))
+            if since or (topic, partition) in in_flight:
+                marks[(topic, partition)] = session.Mark(since, in_flight.get((topic, partition), {}))
+        value = session.Session(filters, released, left_ms, self.session_expiry_s, self.filter_options,
+                                marks).encode()
+        written = value == self.session_value
+        self.session_value = value
+        return session.Save(self.session_group, self.client_id, None if written else value, self.session_anchor,
+                            tuple((topic, partition, offset) for (topic, partition), offset in lowest.items()))
+
+    def saving(self, save: session.Save, then: Render, **run: Any) -> Handled:
+        """Run ``save``, then render ``then`` (``Handled.run(..., **run)``): its record first,
+        when it has one, and then the commit that names it (or, its write refused, the record
+        before: the next save writes it again)."""
+        def written(results: Sequence[m.ProduceResult]) -> Handled:
+            anchor = results[0].base_offset
+            if results[0].error is None:
+                self.session_anchor = max(self.session_anchor, anchor)
+            else:
+                anchor = save.anchor
+                if self.session_value == save.value:
+                    self.session_value = None
+            return Handled.run((save.commit(anchor),), then, **run)
+
+        if save.value is None:
+            return Handled.run((save.commit(save.anchor),), then, **run)
+        return Handled.run((save.record(),), written, **run)
 
     def pending(self) -> itertools.chain[Outgoing]:
         """The QoS 1 and 2 deliveries not yet acknowledged: in flight, then waiting for room."""

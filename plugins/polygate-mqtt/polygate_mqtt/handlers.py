@@ -134,7 +134,8 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
     group = session.group_of(c.client_id)
     if not persistent:
         if c.client_id:  # a persistent session left by an earlier connection ends (3.1.2.4), unwaited for
-            conn.emit(Handled.run((m.DeleteGroups((group,)),), ignored, ordered=False))
+            conn.emit(Handled.run((m.DeleteGroups((group,)),), lambda results: _ended(conn, results[0]),
+                                  ordered=False))
 
         def accepted() -> Handled:
             return Handled.answer(connack(False))
@@ -145,13 +146,13 @@ def _accepted(conn: MqttConnection, c: Container, properties: props.Properties, 
     else:
         def accepted() -> Handled:
             return Handled.run((session.ENSURE_SESSIONS, m.FetchOffsets(group)),
-                               lambda results: _resume(conn, group, results[1], connack), hold=True)
+                               lambda results: _look_up(conn, group, results[1], connack), hold=True)
     handover = _claim(conn, f.clean_session)
-    if handover:  # then the session starts where the connection taken over left it
+    if handover is not None:  # then the session starts where the connection taken over left it
         starts = accepted
 
         def accepted() -> Handled:
-            return Handled.run(handover, lambda _: starts(), hold=True)
+            return conn.saving(handover, lambda _: starts(), hold=True)
     if conn.clients is not None and c.client_id:  # CONNACK once the cluster knows who holds the identifier
         announced, claim = accepted, conn.clients.announce(conn, f.clean_session)
 
@@ -176,16 +177,16 @@ def _held(conn: MqttConnection, result: m.ProduceResult, then: Callable[[], Hand
     return then()
 
 
-def _claim(conn: MqttConnection, clean_start: bool) -> tuple[m.CommitOffsets, ...]:
+def _claim(conn: MqttConnection, clean_start: bool) -> session.Save | None:
     """The connection holds its client identifier from now on (``clients``): a connection that
     held it is taken over (``MqttConnection.take_over``), and a will still delayed for it is
     published now if the session starts clean, else never (3.1.3.2.2). Returns what runs before
-    the session starts: the last commit of the connection taken over."""
+    the session starts: the last save of the connection taken over (None: none)."""
     if conn.clients is None or not conn.client_id:  # (an empty 3.1.1 identifier names no one)
-        return ()
+        return None
     conn.clients.take_will(conn.client_id, publish=clean_start)
     before = conn.clients.claim(conn)
-    return () if before is None else before.take_over(clean_start)
+    return None if before is None else before.take_over(clean_start)
 
 
 def ignored(results: Sequence[object]) -> bytes:
@@ -193,34 +194,63 @@ def ignored(results: Sequence[object]) -> bytes:
     return b""
 
 
+def _ended(conn: MqttConnection, result: m.DeleteGroupsResult) -> bytes:
+    """The group of the session that a clean connection ended is deleted: the session's record
+    gets its tombstone, unless there was no group (then there was no session: most clean
+    connections write nothing). Also where the store could not delete it (Tansu 0.6 cannot): the
+    record's tombstone alone ends the session."""
+    if any(error is None or error.code is not m.ErrorCode.GROUP_NOT_FOUND for _, error in result.errors):
+        conn.emit(Handled.run((session.keyed_record(topics.SESSIONS_TOPIC, conn.client_id, None),), ignored,
+                              ordered=False))
+    return b""
+
+
 def _begun(conn: MqttConnection, group: str) -> bytes:
-    """A new persistent session: its anchor committed, so that it is present when the client returns."""
+    """A new persistent session: its record written and anchored, so that it is present when the client returns."""
     conn.session_group = group
     conn.commit_session()
     return b""
 
 
-def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult,
-            connack: Callable[[bool], bytes]) -> bytes | Handled:
+def _look_up(conn: MqttConnection, group: str, result: m.FetchOffsetsResult,
+             connack: Callable[[bool], bytes]) -> bytes | Handled:
+    """Read the session's record from its anchor on (``session.Lookup``), then resume it."""
+    offsets = result.offsets if result.error is None else ()
+    anchor = session.anchor_of(offsets)
+    if anchor < 0:
+        return _resume(conn, group, None, offsets, connack)
+    lookup = session.Lookup(conn.client_id.encode("utf-8"), anchor)
+
+    def read(results: Sequence[m.FetchResult]) -> bytes | Handled:
+        if lookup.take(results[0]):
+            return Handled.run((lookup.fetch(),), read, hold=True)
+        conn.session_anchor, conn.session_value = lookup.found, lookup.value
+        return _resume(conn, group, lookup.session, offsets, connack)
+
+    return Handled.run((lookup.fetch(),), read, hold=True)
+
+
+def _resume(conn: MqttConnection, group: str, kept: session.Session | None,
+            offsets: Sequence[tuple[str, int, int, str]], connack: Callable[[bool], bytes]) -> bytes | Handled:
     """CONNACK for a persistent session, "session present" as it is: the session's filters read
     again from where it stood, deliveries in flight resent with DUP under their first packet ids
     and released ones' PUBREL resent (4.4). A session unused for its expiry (``session_expiry_s``,
     or the MQTT 5 Session Expiry Interval its last connection set) is gone: its
-    group is deleted before a new one begins. The connection commits the session only once it
+    group is deleted before a new one begins. The connection saves the session only once it
     holds it whole (``MqttConnection.session_group`` set), so that a connection lost meanwhile
     leaves the session as it was."""
-    anchor, positions = session.restored(result.offsets) if result.error is None else (None, {})
-    expired = anchor is not None and anchor.expired(time.time() * 1000, conn.options["session_expiry_s"])
-    if anchor is None or expired:
+    expired = kept is not None and kept.expired(time.time() * 1000, conn.options["session_expiry_s"])
+    if kept is None or expired:
         conn.emit(Handled.answer(connack(False)))
-        if positions or expired:  # what an expired session left: its positions would be taken for the new one's
+        if offsets or expired:  # what an expired session left: its positions would be taken for the new one's
             return Handled.run((m.DeleteGroups((group,)),), lambda _: _begun(conn, group),
                                hold=True)  # then anchor the new one
         return _begun(conn, group)
+    positions = session.positions(kept, offsets)
     conn.emit(Handled.answer(connack(True)))
-    conn.filter_options = dict(anchor.options)
+    conn.filter_options = dict(kept.options)
     out = []
-    for packet_id in anchor.released:
+    for packet_id in kept.released:
         msg = Outgoing(b"", b"", 2, packet_id=packet_id, sent_at=conn.clock(), released=True)
         conn.inflight[packet_id] = msg
         out.append(msg.packet(dup=True))
@@ -229,7 +259,7 @@ def _resume(conn: MqttConnection, group: str, result: m.FetchOffsetsResult,
         conn.emit(Handled.answer(b"".join(out)))
     conn.redeliver = {(topic, partition, offset): packet_id for (topic, partition), position in positions.items()
                       for offset, packet_id in position.inflight.items()}
-    entries = tuple((topic_filter, qos, _sources(conn, topic_filter)) for topic_filter, qos in anchor.filters.items())
+    entries = tuple((topic_filter, qos, _sources(conn, topic_filter)) for topic_filter, qos in kept.filters.items())
     if not entries:
         return _begun(conn, group)
     ctx = _Subscribe(None, entries, positions, group)
@@ -547,10 +577,10 @@ def pubrec(conn: MqttConnection, body: bytes, flags: int) -> Handled | None:
     msg.released = True
     msg.sent_at = conn.clock()
     pubrel = msg.packet(dup=False)
-    commit = conn.session_commit()
-    if commit is None:
+    save = conn.session_save()
+    if save is None:
         return Handled.answer(pubrel)
-    return Handled.run((commit,), lambda _: pubrel)
+    return conn.saving(save, lambda _: pubrel)
 
 
 MAX_GRANTED_QOS = 2

@@ -51,8 +51,10 @@ RETAINED_TOPIC = "_mqtt_retained"
 """The last retained message of each MQTT topic name, keyed by it, in the ``mqtt`` format (a cleared
 one: a tombstone, a null value), in a compacted log topic shared by every gateway of a cluster."""
 SESSIONS_TOPIC = "_mqtt_sessions"
-"""The log topic whose partition 0 carries, in the metadata of each session's commit, the session's
-subscriptions (``session``); nothing is written to it."""
+"""The persistent sessions, cluster-wide: one record per change of a session, keyed by the client
+identifier, its value the session's subscriptions and what its positions' offsets do not say
+(``session``); a session's group commits the offset of its record for partition 0. Compacted, one
+partition."""
 CLIENTS_TOPIC = "_mqtt_clients"
 """Which connection holds each client identifier, cluster-wide: one record per CONNECT, keyed by the
 client identifier, its value the connection's name (``clients``); compacted, one partition."""

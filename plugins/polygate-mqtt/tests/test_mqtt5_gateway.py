@@ -202,7 +202,6 @@ def test_topic_aliases_both_ways(gateway, clients):
         ("fleet/truck/7", b"1", 1), ("", b"2", 1)]
 
 
-@pytest.mark.tansu_differs("Tansu 0.6 drops the metadata of committed offsets, where a session keeps its filters")
 def test_a_session_with_an_expiry_outlives_its_connection(gateway, clients):
     port = gateway.port("mqtt")
     expiry = Properties(PacketTypes.CONNECT)
@@ -320,7 +319,6 @@ def session_expiry(seconds: int) -> Properties:
     return p
 
 
-@pytest.mark.tansu_differs("Tansu 0.6 drops the metadata of committed offsets, where a session keeps its filters")
 def test_a_connect_with_a_connected_client_id_takes_it_over_after_disconnect_0x8e(gateway, clients):
     """3.1.4-3, as Mosquitto: the first connection gets DISCONNECT 0x8E (Session taken over) and
     is closed; the session goes on on the second."""

@@ -12,14 +12,10 @@ import time
 
 import confluent_kafka as ck
 import paho.mqtt.client as mqtt
-import pytest
 from polygate_mqtt import packets
 from polygate_mqtt.packets import PacketType
 
 from gateway.launcher import GATEWAY
-
-# A session keeps its subscriptions in the metadata of its committed offsets, which Kafka keeps.
-pytestmark = pytest.mark.tansu_differs("Tansu 0.6 drops the metadata of committed offsets")
 
 
 class Raw:

@@ -37,8 +37,9 @@ def results_for(request: Request) -> list:
             out.append(m.ProduceResult(cmd.topic, 0, 0, 0, 1))
         elif isinstance(cmd, m.ServerInfo):
             out.append(m.ServerInfoResult(0.0, 1, 1))
-        elif isinstance(cmd, m.DeleteGroups):
-            out.append(m.DeleteGroupsResult(tuple((group, None) for group in cmd.groups)))
+        elif isinstance(cmd, m.DeleteGroups):  # (no client left a persistent session)
+            out.append(m.DeleteGroupsResult(tuple((group, m.Error(m.ErrorCode.GROUP_NOT_FOUND, "group not found"))
+                                                  for group in cmd.groups)))
         elif isinstance(cmd, m.CreateTopic):
             out.append(m.CreateTopicResult(cmd.topic, 1))
         elif isinstance(cmd, m.FetchOffsets):
