@@ -36,7 +36,7 @@ gateway-wide task (``CodecPlugin.background``, one for the ``mqtt`` and ``mqtt-w
   ``session_sweep_ms``, the sessions whose client left longer ago than the session's expiry, and
   is not connected here, end: their groups (``session.GROUP_PREFIX``) are deleted, their
   committed positions with them, and their records get tombstones. This needs no listing of
-  groups (which Tansu 0.6 answers empty), and sweeps the sessions left before a restart too.
+  the store's groups, and sweeps the sessions left before a restart too.
 """
 
 from __future__ import annotations

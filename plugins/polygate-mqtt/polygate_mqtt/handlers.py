@@ -197,8 +197,8 @@ def ignored(results: Sequence[object]) -> bytes:
 def _ended(conn: MqttConnection, result: m.DeleteGroupsResult) -> bytes:
     """The group of the session that a clean connection ended is deleted: the session's record
     gets its tombstone, unless there was no group (then there was no session: most clean
-    connections write nothing). Also where the store could not delete it (Tansu 0.6 cannot): the
-    record's tombstone alone ends the session."""
+    connections write nothing). Also where the store failed to delete it: the record's tombstone
+    alone ends the session."""
     if any(error is None or error.code is not m.ErrorCode.GROUP_NOT_FOUND for _, error in result.errors):
         conn.emit(Handled.run((session.keyed_record(topics.SESSIONS_TOPIC, conn.client_id, None),), ignored,
                               ordered=False))
