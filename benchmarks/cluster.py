@@ -15,8 +15,9 @@ load from elsewhere on the machine hits every path alike.
 3. **Latency:** one confluent-kafka produce at a time (``linger.ms=0``, acks=all),
    straight to the cluster and through the gateway in turn, sample by sample.
 4. **Scale-out:** V1 and TANK producers at once over two cluster-mode gateways, vs the
-   same load on one; each run also says how many cores the gateways, Tansu, the clients
-   (this process), other processes on the machine and nothing (idle) took.
+   same load on one, as they come and with each gateway's CPU capped; each run also says
+   how many cores the gateways, Tansu, the clients (this process), other processes on the
+   machine and nothing (idle) took.
 5. **Kafka transactions:** confluent-kafka's transactional producer writes N × 100 B to a
    one-partition topic, committing every 5,000 records: straight to the cluster, through
    the cluster-mode gateway, through the local-mode gateway.
@@ -33,30 +34,40 @@ gateways share this machine's cores, so rates are blurred and CPU per record is 
 steadier figure.
 
 Two gateways can only serve 1.8× one where cores are free for the second, so that goal
-is shown two ways. By the rates, beside the share of the machine's CPU that was idle
+is shown three ways. By the rates, beside the share of the machine's CPU that was idle
 during the run (from /proc/stat, whoever ran; under 10 % in every round, the run was
-CPU-bound and the table says so). And by the CPU per record: a gateway's data path runs
+CPU-bound and the table says so). By the CPU per record: a gateway's data path runs
 on its one reactor thread, so gateways add up as long as each spends as much CPU per
 record beside another as alone; 2 × (CPU per record on one) / (CPU per record on two)
-is the ratio two gateways reach on free cores.
+is the ratio two gateways reach on free cores. And by the rates where the gateways are
+the bottleneck: the same runs again, in the same rounds, with each gateway capped to
+``--gateway-cpu-cap`` cores (0.3 by default) by a cgroup of its own (cgroup v1's
+``cpu`` controller, as root: ``common.CpuCap``), Tansu and the clients not capped, and
+with ``CAPPED_LOAD`` (4) times the records, so that a run lasts some seconds. Those
+runs say how often the caps held the gateways back (the share of the CFS periods in
+which a gateway used up its quota) and how many cores were idle, so that the reader sees
+that the gateways, not Tansu or the clients, set the rate. Where no cgroup can be made,
+they are skipped and the table says why.
 
 ``results/cluster.json`` keeps every round's figures, the best ones and the goals table;
 ``results/cluster.png`` draws the goals (with matplotlib, as ``make bench`` installs).
 
     python benchmarks/cluster.py [--records N] [--messages N] [--requests N] [--samples N]
-                                 [--transaction-records N] [--rounds R] [--idle-seconds S]
+                                 [--transaction-records N] [--gateway-cpu-cap CORES] [--rounds R]
+                                 [--idle-seconds S]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import confluent_kafka as ck
@@ -64,6 +75,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
+    CpuCap,
     Gateway,
     Meter,
     best_of,
@@ -87,6 +99,9 @@ CPU_GOAL = 2.0  # gateway CPU per record, cluster mode / local mode: at most
 THROUGH_GOAL = 0.8  # Kafka records/s through a gateway / straight to the cluster: at least
 ADDED_P99_GOAL_MS = 2.0  # p99 of one produce at a time, through a gateway minus straight: at most
 SCALE_GOAL = 1.8  # two gateways / one: at least
+# The capped scale-out runs (4.) carry this many times the load: a run of a second on two gateways capped
+# to 0.3 core is a dozen of the caps' 100 ms periods, and its first and last one then sway the rate by ±10 %.
+CAPPED_LOAD = 4
 CPU_BOUND_IDLE_PCT = 10.0  # a run with less of the machine idle than this is CPU-bound
 KAFKA_STEPS = ("produce", "consume")
 TANK_V1_STEPS = ("tank_produce", "tank_consume", "v1_produce")
@@ -256,10 +271,12 @@ def latency(tansu: Tansu, gw: Gateway, samples: int) -> dict:
     return out
 
 
-def mixed_load(gateways: list[Gateway], tansu: Tansu, messages: int, requests: int) -> Figures:
+def mixed_load(gateways: list[Gateway], tansu: Tansu, messages: int, requests: int,
+               caps: Sequence[CpuCap] = ()) -> Figures:
     """V1 pipelined PRODUCE (2 connections per gateway) and TANK produce (1 per gateway) at once,
     the load split evenly over ``gateways``: records/s, the CPU per record of the gateways together,
-    of Tansu and of the clients (this process), and the share of the machine that was idle."""
+    of Tansu and of the clients (this process), and the share of the machine that was idle; with
+    the gateways' ``caps``, also the share of their CPU periods in which a cap stopped one."""
     topics = []
     for gw in gateways:
         topic = f"scale{time.time_ns()}"
@@ -280,19 +297,26 @@ def mixed_load(gateways: list[Gateway], tansu: Tansu, messages: int, requests: i
     for gw, topic in zip(gateways, topics, strict=True):
         threads.append(threading.Thread(target=guarded, args=(v1_drive, gw.port("v1"), 2, per_v1, 500)))
         threads.append(threading.Thread(target=guarded, args=(tank_produce, gw.port("tank"), topic, 100, per_tank)))
+    throttling = [cap.throttling() for cap in caps]
     with Meter(tansu=tansu.proc.pid, clients=os.getpid(), **{f"gw{i}": gw.proc.pid for i, gw in enumerate(gateways)}) as m:
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+    throttling = [tuple(now - then for now, then in zip(cap.throttling(), before, strict=True))
+                  for cap, before in zip(caps, throttling, strict=True)]
     if errors:
         raise errors[0]
     records = (per_v1 + per_tank) * len(gateways)
     gateway_cpu = sum(used for name, used in m.used.items() if name.startswith("gw"))
-    return {"records_s": round(records / m.seconds), "gateway_cpu_us_per_record": us_per(gateway_cpu, records),
-            "tansu_cpu_us_per_record": us_per(m.used["tansu"], records),
-            "clients_cpu_us_per_record": us_per(m.used["clients"], records),
-            "machine_idle_pct": round(m.machine_idle * 100, 1)}
+    figures = {"records_s": round(records / m.seconds), "gateway_cpu_us_per_record": us_per(gateway_cpu, records),
+               "tansu_cpu_us_per_record": us_per(m.used["tansu"], records),
+               "clients_cpu_us_per_record": us_per(m.used["clients"], records),
+               "machine_idle_pct": round(m.machine_idle * 100, 1)}
+    if caps:
+        periods, throttled = (sum(counts) for counts in zip(*throttling, strict=True))
+        figures["gateway_throttled_pct"] = round(100 * throttled / periods, 1) if periods else 0.0
+    return figures
 
 
 def cores(figures: Figures) -> dict[str, float]:
@@ -306,17 +330,52 @@ def cores(figures: Figures) -> dict[str, float]:
 
 
 def cores_text(figures: Figures) -> str:
-    return f"{figures_text(figures)}; cores: " + ", ".join(f"{name} {n:.2f}" for name, n in cores(figures).items())
+    throttled = figures.get("gateway_throttled_pct")
+    return (f"{figures_text(figures)}; cores: " + ", ".join(f"{name} {n:.2f}" for name, n in cores(figures).items())
+            + ("" if throttled is None else f"; gateways held back by their caps in {throttled:.0f} % of periods"))
 
 
-def scale_out(tansu: Tansu, messages: int, requests: int, rounds: int) -> dict:
+@contextlib.contextmanager
+def capped(caps: Sequence[CpuCap], cores: float) -> Iterator[None]:
+    """Each of ``caps`` limited to ``cores`` cores over the block, and no longer after it."""
+    try:
+        for cap in caps:
+            cap.limit(cores)
+        yield
+    finally:
+        for cap in caps:
+            cap.limit(None)
+
+
+def scale_out(tansu: Tansu, messages: int, requests: int, rounds: int, cap: float | None) -> dict:
+    """``mixed_load`` on one gateway and on two, as they come; with ``cap`` (cores), also with each
+    gateway capped to ``cap`` cores (a cgroup each, ``CpuCap``) and ``CAPPED_LOAD`` times the records,
+    where the gateways are what limits the rate while Tansu and the clients are not capped:
+    ``gateway_cap_cores``, and ``capped_skipped`` (why) where no cgroup can be made here."""
     args = ("--storage", f"kafka://{tansu.bootstrap}")
-    with Gateway(["tank", "v1"], args) as first, Gateway(["tank", "v1"], args) as second:
+    skipped = None if cap is None else CpuCap.unavailable()
+    with contextlib.ExitStack() as running:
+        gateways = [running.enter_context(Gateway(["tank", "v1"], args)) for _ in range(2)]
         progress("4. scale-out: warming both gateways up")
-        mixed_load([first, second], tansu, 2_000, 1_000)
-        return in_rounds(f"4. scale-out: V1 + TANK producers ({requests:,} requests, {messages:,} messages)", {
-            "1_gateway": lambda: mixed_load([first], tansu, messages, requests),
-            "2_gateways": lambda: mixed_load([first, second], tansu, messages, requests)}, rounds, cores_text)
+        mixed_load(gateways, tansu, 2_000, 1_000)
+        loads = {"1_gateway": gateways[:1], "2_gateways": gateways}
+        paths = {name: functools.partial(mixed_load, gws, tansu, messages, requests) for name, gws in loads.items()}
+        if cap is not None and skipped is None:
+            caps = [running.enter_context(CpuCap(f"polygate-bench-gw{i}", gw.proc.pid)) for i, gw in enumerate(gateways)]
+
+            def capped_load(gws: list[Gateway], cores: float) -> Figures:
+                mine = caps[: len(gws)]
+                with capped(mine, cores):
+                    return mixed_load(gws, tansu, messages * CAPPED_LOAD, requests * CAPPED_LOAD, mine)
+
+            paths |= {f"{name}_capped": functools.partial(capped_load, gws, cap) for name, gws in loads.items()}
+            progress(f"4. scale-out: in the capped runs, each gateway is limited to {cap:g} core, with "
+                     f"{CAPPED_LOAD}x as many records")
+        elif skipped:
+            progress(f"4. scale-out: the runs with capped gateways are skipped: {skipped}")
+        result = in_rounds(f"4. scale-out: V1 + TANK producers ({requests:,} requests, {messages:,} messages)",
+                           paths, rounds, cores_text)
+    return {**result, "gateway_cap_cores": cap, **({"capped_skipped": skipped} if skipped else {})}
 
 
 def goal_row(goal: str, path: str, measured: str, reference: str, value: float | None, target: float,
@@ -361,7 +420,7 @@ def goals(result: dict) -> list[dict]:
                          lat["added_by_gateway"]["p99_ms"], ADDED_P99_GOAL_MS, at_most=True, unit="ms",
                          note=f"p50 added {lat['added_by_gateway']['p50_ms']:+.2f} ms"))
     two, one = result["scale_out"]["best"]["2_gateways"], result["scale_out"]["best"]["1_gateway"]
-    runs = [f for rs in result["scale_out"]["rounds"].values() for f in rs]
+    runs = result["scale_out"]["rounds"]["1_gateway"] + result["scale_out"]["rounds"]["2_gateways"]
     idle = max(f["machine_idle_pct"] for f in runs)
     others = sorted(cores(f)["other processes"] for f in runs)
     bound = (f"CPU-bound: at most {idle:.0f} % of the machine idle in any round, other processes busy on "
@@ -373,7 +432,29 @@ def goals(result: dict) -> list[dict]:
     rows.append(goal_row("two gateways / one", "by CPU per record", f"{two['gateway_cpu_us_per_record']:.2f} µs on two",
                          f"{one['gateway_cpu_us_per_record']:.2f} µs on one", flat, SCALE_GOAL, at_most=False,
                          note="2 x CPU/record on one / CPU/record on two: the ratio on free cores"))
+    if result["scale_out"]["gateway_cap_cores"]:
+        rows.append(capped_row(result["scale_out"]))
     return rows
+
+
+def capped_row(scale: dict) -> dict:
+    """The goals table's line of two gateways against one, each capped (``scale_out``): by the
+    rates, with how often the caps held the gateways back and how much of the machine was idle,
+    so that the reader sees that the gateways, not Tansu or the clients, set the rate."""
+    path = f"records/s, each gateway capped to {scale['gateway_cap_cores']:g} core"
+    if "capped_skipped" in scale:
+        return goal_row("two gateways / one", path, "-", "-", None, SCALE_GOAL, at_most=False,
+                        note=f"skipped: {scale['capped_skipped']}")
+    two, one = scale["best"]["2_gateways_capped"], scale["best"]["1_gateway_capped"]
+    runs = scale["rounds"]["1_gateway_capped"] + scale["rounds"]["2_gateways_capped"]
+    throttled = sorted(f["gateway_throttled_pct"] for f in runs)
+    idle = sorted(cores(f)["idle"] for f in runs)
+    busy = max(f["machine_idle_pct"] for f in runs) < CPU_BOUND_IDLE_PCT
+    return goal_row("two gateways / one", path, f"{two['records_s']:,} rec/s", f"{one['records_s']:,} rec/s",
+                    ratio(two["records_s"], one["records_s"]), SCALE_GOAL, at_most=False,
+                    note=("CPU-bound even so, other processes took the room: " if busy else "")
+                    + f"the caps held the gateways back in {throttled[0]:.0f}-{throttled[-1]:.0f} % of periods; "
+                    f"{idle[0]:.2f}-{idle[-1]:.2f} of the machine's {os.cpu_count()} cores idle")
 
 
 def print_goals(rows: list[dict], rounds: int) -> None:
@@ -408,6 +489,12 @@ def comparisons(result: dict) -> list[dict]:
     two, one = result["scale_out"]["best"]["2_gateways"], result["scale_out"]["best"]["1_gateway"]
     out.append(comparison("V1+TANK on 2 gateways", "1 gateway", (two["records_s"], one["records_s"]),
                           (two["gateway_cpu_us_per_record"], one["gateway_cpu_us_per_record"])))
+    if "2_gateways_capped" in result["scale_out"]["best"]:
+        cap = result["scale_out"]["gateway_cap_cores"]
+        two, one = result["scale_out"]["best"]["2_gateways_capped"], result["scale_out"]["best"]["1_gateway_capped"]
+        out.append(comparison(f"V1+TANK on 2 gateways of {cap:g} core", f"1 gateway of {cap:g} core",
+                              (two["records_s"], one["records_s"]),
+                              (two["gateway_cpu_us_per_record"], one["gateway_cpu_us_per_record"])))
     return out
 
 
@@ -443,6 +530,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000, help="V1 PRODUCE requests (2. and 4.)")
     parser.add_argument("--samples", type=int, default=5_000, help="latency samples per path (3.)")
     parser.add_argument("--transaction-records", type=int, default=500_000, help="transactional records (5.)")
+    parser.add_argument("--gateway-cpu-cap", type=float, default=0.3, metavar="CORES",
+                        help="cores each gateway is capped to in the capped scale-out runs (4.; 0: none)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each section, paths taking turns")
     parser.add_argument("--idle-seconds", type=float, default=60, help="idle CPU measured over this long (6.; 0: not)")
     args = parser.parse_args()
@@ -454,7 +543,8 @@ def main() -> None:
         result = {"kafka": kafka(tansu, cluster, local, args.records, args.rounds),
                   "cluster_vs_local": cluster_vs_local(cluster, local, args.messages, args.requests, args.rounds),
                   "latency": latency(tansu, cluster, args.samples),
-                  "scale_out": scale_out(tansu, args.messages, args.requests, args.rounds),
+                  "scale_out": scale_out(tansu, args.messages, args.requests, args.rounds,
+                                         args.gateway_cpu_cap or None),
                   "transactions": transactions(tansu, cluster, local, args.transaction_records, args.rounds),
                   "idle": quiet}
     rows = goals(result)

@@ -116,6 +116,63 @@ class Meter:
         self.machine_idle = (idle - idle0) / (total - total0) if total > total0 else 0.0
 
 
+CPU_CGROUPS = "/sys/fs/cgroup/cpu"  # where cgroup v1 mounts its cpu controller
+
+
+class CpuCap:
+    """A cgroup of its own (cgroup v1's ``cpu`` controller, as root) for one process and its
+    threads, whose CPU ``limit`` caps to a number of cores by CFS bandwidth control: ``cores`` ×
+    the period of run time each period, the kernel's period of 100 ms, as a container's CPU limit.
+    Entered, the process joins it, not capped; left, the process goes back to the root group (if
+    it still runs) and the cgroup is removed.
+
+    ``unavailable()`` says why no such cgroup can be made here (``None``: it can)."""
+
+    def __init__(self, name: str, pid: int):
+        self.path = os.path.join(CPU_CGROUPS, f"{name}-{os.getpid()}")
+        self.pid = pid
+
+    @staticmethod
+    def unavailable() -> str | None:
+        probe = os.path.join(CPU_CGROUPS, f"polygate-probe-{os.getpid()}")
+        try:
+            os.mkdir(probe)
+            os.rmdir(probe)
+        except OSError as e:
+            return f"no cgroup v1 cpu controller to write at {CPU_CGROUPS} ({e.strerror})"
+        return None
+
+    def _write(self, path: str, value: object) -> None:
+        with open(path, "w") as f:
+            f.write(str(value))
+
+    def __enter__(self) -> CpuCap:
+        os.mkdir(self.path)
+        try:
+            self._write(os.path.join(self.path, "cgroup.procs"), self.pid)  # every thread of the process
+        except OSError:
+            os.rmdir(self.path)
+            raise
+        return self
+
+    def limit(self, cores: float | None) -> None:
+        """Cap the process to ``cores`` cores from now on (``None``: no cap)."""
+        with open(os.path.join(self.path, "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        self._write(os.path.join(self.path, "cpu.cfs_quota_us"), -1 if cores is None else round(cores * period))
+
+    def throttling(self) -> tuple[int, int]:
+        """(periods, periods in which the cap stopped the process) so far: from ``cpu.stat``."""
+        with open(os.path.join(self.path, "cpu.stat")) as f:
+            stat = dict(line.split() for line in f)
+        return int(stat["nr_periods"]), int(stat["nr_throttled"])
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(ProcessLookupError):  # a process that ended has left the cgroup already
+            self._write(os.path.join(CPU_CGROUPS, "cgroup.procs"), self.pid)
+        os.rmdir(self.path)
+
+
 def best_of(runs: list[dict[str, float]]) -> dict[str, float]:
     """The figures of several rounds of one thing, each key at its best: the least of a CPU
     figure (a key ending ``_cpu_us_per_record``), the most of any other (a rate)."""

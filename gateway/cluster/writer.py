@@ -300,18 +300,24 @@ class Writer:
         ``RETRY_BACKOFF_S`` while the answer is a ``WireError`` that ``again`` accepts and ``a``'s
         deadline leaves time: a Deferred of the base offset, or of the last failure."""
         done: defer.Deferred = defer.Deferred()
+        self._attempt(a, batch, acks, again, transactional_id, done)
+        return done
 
-        def attempt() -> None:
-            self.produce_once(a, batch, acks, transactional_id).addCallbacks(done.callback, failed)
+    def _attempt(self, a: Append, batch: bytes | memoryview, acks: int, again: Callable[[WireError], bool],
+                 transactional_id: str | None, done: defer.Deferred) -> None:
+        """One attempt of ``send_until``. The next one is called anew, not by a closure of this
+        one: two closures that call each other are a reference cycle, which kept the batch (and
+        the client's whole request it is a view of) until the cyclic garbage collector ran, rarely
+        in a serving gateway (``serve``'s thresholds): a gateway's memory grew by every byte
+        produced through it."""
 
         def failed(f: Any) -> None:
             if f.check(WireError) and again(f.value) and self.reactor.seconds() + RETRY_BACKOFF_S < a.deadline:
-                self.reactor.callLater(RETRY_BACKOFF_S, attempt)
+                self.reactor.callLater(RETRY_BACKOFF_S, self._attempt, a, batch, acks, again, transactional_id, done)
             else:
                 done.errback(f)
 
-        attempt()
-        return done
+        self.produce_once(a, batch, acks, transactional_id).addCallbacks(done.callback, failed)
 
     def produce_once(self, a: Append, batch: bytes | memoryview, acks: int, transactional_id: str | None = None) -> defer.Deferred:
         """One Produce request for ``batch`` (of a transaction of ``transactional_id`` if given): a

@@ -117,11 +117,39 @@ def test_greeting_and_answers_in_request_order(script):
     proto.dataReceived(b"wait a\nwait b\nreply now\nwait c\n")
     waits["c"].callback(3)
     waits["b"].callback(2)
-    factory.reactor.advance(0)  # answers that waited go out at the next turn of the reactor
+    factory.reactor.advance(0)
     assert transport.value() == b""  # a is not answered yet
     waits["a"].callback(1)
-    factory.reactor.advance(0)
     assert transport.value() == b"a=1\nb=2\nnow\nc=3\n"
+
+
+def test_the_last_answer_that_waited_is_written_at_once_with_those_that_came_before_it(script):
+    """An answer that waited for its results is written when they come, not a reactor round
+    later, once no other answer of the connection waits; answers that come together (a cluster's
+    acknowledgement of a merged append) are written once, by the last of them. The next requests
+    are taken at the next turn."""
+    factory, waits = script
+    proto, transport = connect(factory)
+    writes = []
+    write = transport.write
+    transport.write = lambda data: (writes.append(data), write(data))
+    proto.dataReceived(b"wait a\n")
+    waits["a"].callback(1)
+    assert writes == [b"a=1\n"]
+    proto.dataReceived(b"wait b\nwait c\nwait d\n")
+    waits["c"].callback(3)
+    waits["b"].callback(2)
+    assert writes == [b"a=1\n"]  # d still waits
+    waits["d"].callback(4)
+    assert writes == [b"a=1\n", b"b=2\nc=3\nd=4\n"]
+    proto.dataReceived(b"".join(b"wait e%d\n" % i for i in range(5)))  # over max_in_flight (4)
+    for i in range(4):
+        waits[f"e{i}"].callback(i)
+    assert writes[2:] == [b"e0=0\ne1=1\ne2=2\ne3=3\n"]
+    assert "e4" not in waits  # still in the codec
+    factory.reactor.advance(0)
+    waits["e4"].callback(4)
+    assert writes[3:] == [b"e4=4\n"]
 
 
 def test_events_past_a_pass_are_taken_at_the_next_turn_when_no_answer_is_awaited(script):

@@ -8,6 +8,7 @@ integration tests (``tests/test_cluster.py``) run the same code against real clu
 
 from __future__ import annotations
 
+import gc
 import struct
 
 import crc32c
@@ -225,6 +226,26 @@ def test_batches_answered_out_of_order_after_a_lost_answer_go_again_in_order_wit
         cluster.answer(i, base=20 + 2 * (i - 5))
     assert [outcome(d) for d in sent[:5]] == [(20, 21), (22, 23), (24, 25), (26, 27), (28, 29)]
     assert [(p, s) for p, s, _ in cluster.produced[10:]] == [(100, 10)]  # the sixth, after them
+
+
+def test_a_forwarded_batch_is_let_go_once_answered_without_the_cyclic_garbage_collector():
+    """A Kafka client's batch, a view of its whole request, is let go as soon as the cluster's
+    answer is relayed. Its attempts were two closures that called each other, a reference cycle
+    that held every batch until the cyclic collector ran: rarely, with ``serve``'s thresholds, so
+    that a cluster-mode gateway's memory grew by every byte produced through it."""
+    reactor, cluster = MemoryReactorClock(), ScriptedCluster()
+    writer = writer_on(cluster, reactor)
+    request = bytearray(kafka_format.encode_batch(RECORDS, 0))
+    gc.disable()
+    try:
+        d = writer.forward("t", 0, memoryview(request), 2, m.Acks.LEADER, 10_000)
+        cluster.answer(0, base=0)
+        assert outcome(d) == (0, 1)
+        del d
+        cluster.produced.clear()
+        request.extend(b"x")  # a bytearray that a view of it still holds cannot grow (BufferError)
+    finally:
+        gc.enable()
 
 
 def test_a_cluster_that_forgot_the_producer_gets_a_new_producer_id_and_sequences_from_zero():
