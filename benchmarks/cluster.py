@@ -426,15 +426,22 @@ def goals(result: dict) -> list[dict]:
     bound = (f"CPU-bound: at most {idle:.0f} % of the machine idle in any round, other processes busy on "
              f"{others[0]:.1f}-{others[-1]:.1f} of its {os.cpu_count()} cores: see the line below"
              if idle < CPU_BOUND_IDLE_PCT else f"up to {idle:.0f} % of the machine idle")
-    rows.append(goal_row("two gateways / one", "records/s", f"{two['records_s']:,} rec/s", f"{one['records_s']:,} rec/s",
-                         ratio(two["records_s"], one["records_s"]), SCALE_GOAL, at_most=False, note=bound))
-    flat = ratio(2 * one["gateway_cpu_us_per_record"], two["gateway_cpu_us_per_record"])
-    rows.append(goal_row("two gateways / one", "by CPU per record", f"{two['gateway_cpu_us_per_record']:.2f} µs on two",
-                         f"{one['gateway_cpu_us_per_record']:.2f} µs on one", flat, SCALE_GOAL, at_most=False,
-                         note="2 x CPU/record on one / CPU/record on two: the ratio on free cores"))
+    rows += scale_rows(two, one, "", bound, "2 x CPU/record on one / CPU/record on two: the ratio on free cores")
     if result["scale_out"]["gateway_cap_cores"]:
         rows += capped_rows(result["scale_out"])
     return rows
+
+
+def scale_rows(two: Figures, one: Figures, runs: str, rate_note: str, cpu_note: str) -> list[dict]:
+    """The goals table's lines of two gateways against one (``runs``: which, after the path's
+    name): by their rates, and by their CPU per record (2 x one's / two's)."""
+    return [goal_row("two gateways / one", f"records/s{runs}", f"{two['records_s']:,} rec/s",
+                     f"{one['records_s']:,} rec/s", ratio(two["records_s"], one["records_s"]), SCALE_GOAL,
+                     at_most=False, note=rate_note),
+            goal_row("two gateways / one", f"by CPU per record{runs}", f"{two['gateway_cpu_us_per_record']:.2f} µs on two",
+                     f"{one['gateway_cpu_us_per_record']:.2f} µs on one",
+                     ratio(2 * one["gateway_cpu_us_per_record"], two["gateway_cpu_us_per_record"]), SCALE_GOAL,
+                     at_most=False, note=cpu_note)]
 
 
 def capped_rows(scale: dict) -> list[dict]:
@@ -442,25 +449,19 @@ def capped_rows(scale: dict) -> list[dict]:
     rates, with how often the caps held the gateways back and how much of the machine was idle,
     so that the reader sees that the gateways, not Tansu or the clients, set the rate; and by CPU
     per record, where the clients and the cluster had room."""
-    path = f"records/s, each gateway capped to {scale['gateway_cap_cores']:g} core"
+    runs = f", each gateway capped to {scale['gateway_cap_cores']:g} core"
     if "capped_skipped" in scale:
-        return [goal_row("two gateways / one", path, "-", "-", None, SCALE_GOAL, at_most=False,
+        return [goal_row("two gateways / one", f"records/s{runs}", "-", "-", None, SCALE_GOAL, at_most=False,
                          note=f"skipped: {scale['capped_skipped']}")]
     two, one = scale["best"]["2_gateways_capped"], scale["best"]["1_gateway_capped"]
-    runs = scale["rounds"]["1_gateway_capped"] + scale["rounds"]["2_gateways_capped"]
-    throttled = sorted(f["gateway_throttled_pct"] for f in runs)
-    idle = sorted(cores(f)["idle"] for f in runs)
-    busy = max(f["machine_idle_pct"] for f in runs) < CPU_BOUND_IDLE_PCT
-    by_rate = goal_row("two gateways / one", path, f"{two['records_s']:,} rec/s", f"{one['records_s']:,} rec/s",
-                       ratio(two["records_s"], one["records_s"]), SCALE_GOAL, at_most=False,
-                       note=("CPU-bound even so, other processes took the room: " if busy else "")
-                       + f"the caps held the gateways back in {throttled[0]:.0f}-{throttled[-1]:.0f} % of periods; "
-                       f"{idle[0]:.2f}-{idle[-1]:.2f} of the machine's {os.cpu_count()} cores idle")
-    by_cpu = goal_row("two gateways / one", f"by CPU per record, each gateway capped to {scale['gateway_cap_cores']:g} core",
-                      f"{two['gateway_cpu_us_per_record']:.2f} µs on two", f"{one['gateway_cpu_us_per_record']:.2f} µs on one",
-                      ratio(2 * one["gateway_cpu_us_per_record"], two["gateway_cpu_us_per_record"]), SCALE_GOAL,
-                      at_most=False, note="as above, in the capped runs")
-    return [by_rate, by_cpu]
+    rounds = scale["rounds"]["1_gateway_capped"] + scale["rounds"]["2_gateways_capped"]
+    throttled = sorted(f["gateway_throttled_pct"] for f in rounds)
+    idle = sorted(cores(f)["idle"] for f in rounds)
+    busy = max(f["machine_idle_pct"] for f in rounds) < CPU_BOUND_IDLE_PCT
+    return scale_rows(two, one, runs, ("CPU-bound even so, other processes took the room: " if busy else "")
+                      + f"the caps held the gateways back in {throttled[0]:.0f}-{throttled[-1]:.0f} % of periods; "
+                      f"{idle[0]:.2f}-{idle[-1]:.2f} of the machine's {os.cpu_count()} cores idle",
+                      "as above, in the capped runs")
 
 
 def print_goals(rows: list[dict], rounds: int) -> None:

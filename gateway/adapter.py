@@ -91,6 +91,8 @@ class ConnectionLimits:
 
 SEND_LIMIT = 4 << 20
 """The most one send() of a TCP connection is given (Twisted's default is 128 KiB)."""
+SENDMSG_PIECES = 1024
+"""The most pieces one ``sendmsg`` takes (Linux's ``IOV_MAX``); more are joined first."""
 
 
 def for_whole_frames(transport: Any) -> None:
@@ -120,6 +122,8 @@ def write_now(transport: Any, pieces: Sequence[bytes | memoryview]) -> None:
     from the attributes ``write`` and ``doWrite`` keep (``dataBuffer``, ``offset``,
     ``_tempDataLen``, ``_writeDisconnected``); a TLS transport, one closing, or one holding data
     writes as usual."""
+    if len(pieces) > SENDMSG_PIECES:
+        pieces = (b"".join(pieces),)
     sent = 0
     if (isinstance(transport, tcp.Connection) and not transport.TLS and transport.connected
             and not transport.disconnecting and not transport._writeDisconnected
@@ -693,9 +697,8 @@ class CodecProtocol(protocol.Protocol):
 
     def _write(self, ready: list[bytes]) -> None:
         if ready:
-            data = ready[0] if len(ready) == 1 else b"".join(ready)
-            self._meter.bytes_out += len(data)
-            write_now(self.transport, (data,))
+            self._meter.bytes_out += sum(map(len, ready))
+            write_now(self.transport, ready)  # (in one sendmsg: not joined first)
             ready.clear()
 
     # ------------------------------------------------------------------ back-pressure

@@ -133,6 +133,12 @@ class CommandError(Exception):
         self.error = Error(code, message or code.value)
 
 
+def error_of(failure: Any) -> Error:
+    """The ``Error`` of a ``CommandError`` failure, for an errback (any other failure goes on)."""
+    failure.trap(CommandError)
+    return failure.value.error
+
+
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._=\-]{1,249}")
 
 

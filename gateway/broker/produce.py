@@ -399,7 +399,7 @@ class Producer:
         except CommandError as e:
             return e.error
         if isinstance(appended, defer.Deferred):
-            return appended.addErrback(_as_error)
+            return appended.addErrback(m.error_of)
         return appended
 
     # ------------------------------------------------------------------ acks
@@ -458,12 +458,6 @@ class Producer:
         state["timer"] = self.broker.reactor.callLater(timeout_ms / 1000, lambda: finish(False))
         check()
         return d
-
-
-def _as_error(f: Any) -> Error:
-    """A ``CommandError`` failure as its ``Error`` (other failures pass)."""
-    f.trap(CommandError)
-    return f.value.error
 
 
 def shielded(d: defer.Deferred) -> defer.Deferred:

@@ -704,7 +704,7 @@ class ClusterGroups:
                                      members=tuple((mem.MemberId, bytes(mem.Metadata)) for mem in answer.Members))
 
         def failed(f: Failure) -> m.JoinGroupResult:
-            error = _refusal(f)
+            error = m.error_of(f)
             if error.code is ErrorCode.UNKNOWN_MEMBER or member not in self.direct.values():
                 self._forget_direct(member)  # the cluster has no such member: its connection goes
             return m.JoinGroupResult(cmd.group, error=error)
@@ -731,7 +731,7 @@ class ClusterGroups:
     def _leave_direct(self, cmd: m.LeaveGroup, member: DirectMember) -> defer.Deferred:
         self._forget_direct(member)
         return self.coordinators.leave(cmd.group, cmd.member_id).addCallbacks(
-            lambda _: m.LeaveGroupResult(cmd.group), lambda f: m.LeaveGroupResult(cmd.group, _refusal(f)))
+            lambda _: m.LeaveGroupResult(cmd.group), lambda f: m.LeaveGroupResult(cmd.group, m.error_of(f)))
 
     def _call(self, member: DirectMember, call: defer.Deferred) -> defer.Deferred:
         """``call``, one of ``member``'s: it is alive while it waits, and heard from when answered."""
@@ -757,7 +757,7 @@ class ClusterGroups:
 
     def _direct_error(self, f: Failure, member: DirectMember) -> Error:
         """The error of a direct member's failed call; a member the cluster no longer knows is forgotten."""
-        error = _refusal(f)
+        error = m.error_of(f)
         if error.code is ErrorCode.UNKNOWN_MEMBER:
             self._forget_direct(member)
         return error
@@ -779,7 +779,7 @@ class ClusterGroups:
             d = self.coordinators.commit(cmd.group, cmd.offsets, cmd.leader_epochs,
                                          -1 if cmd.generation is None else cmd.generation, cmd.member_id)
             return d.addCallbacks(lambda errors: as_result(cmd.group, errors, generation),
-                                  lambda f: m.CommitOffsetsResult(cmd.group, error=_refusal(f), generation=generation))
+                                  lambda f: m.CommitOffsetsResult(cmd.group, error=m.error_of(f), generation=generation))
         member = None
         try:
             if cmd.generation is not None or cmd.member_id and (cmd.group, cmd.member_id) in self.members:
@@ -943,12 +943,6 @@ def _choose(protocols: tuple[tuple[str, bytes], ...]) -> tuple[str, bytes]:
     if not protocols:
         raise CommandError(ErrorCode.INVALID_REQUEST, "no assignment protocol offered")
     return next((p for p in protocols if p[0] == "range"), protocols[0])
-
-
-def _refusal(f: Any) -> Error:
-    """The error of the cluster's refusal ``f`` (a ``CommandError``; any other failure goes on)."""
-    f.trap(CommandError)
-    return f.value.error
 
 
 def _client_id_of(member_id: str) -> str:

@@ -50,7 +50,7 @@ def produce_request(version: int, correlation: int, client_id: bytes, acks: int,
                     topic: bytes, partition: int, batch: bytes | memoryview,
                     transactional_id: bytes | None = None) -> tuple[bytes, bytes | memoryview, bytes]:
     """A whole Produce frame (request header included) of ``batch`` to one partition, in three
-    pieces to join (the batch is not copied): as ``schema.build_frame`` builds it.
+    pieces to write in turn (the batch is not copied): as ``schema.build_frame`` builds it.
     ``transactional_id``: the producer's, for a batch of a transaction (None: null)."""
     if version >= _FIRST_FLEXIBLE:
         txn = b"\x00" if transactional_id is None else _uvarint(len(transactional_id) + 1) + transactional_id

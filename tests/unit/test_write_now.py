@@ -49,3 +49,16 @@ def test_a_transport_holding_data_keeps_the_order_of_writes():
     assert transport in reactor.writers
     transport.doWrite()
     assert peer.recv(100) == b"firstsecond"
+
+
+def test_more_pieces_than_one_sendmsg_takes_go_joined_in_order():
+    transport, peer, reactor = connected()
+    peer.settimeout(5)  # (queued for a reactor that never runs, nothing would come)
+    pieces = [b"%05d" % i for i in range(3000)]  # past IOV_MAX (1024): sendmsg would refuse them
+    write_now(transport, pieces)
+    expected = b"".join(pieces)
+    got = b""
+    while len(got) < len(expected):
+        got += peer.recv(1 << 16)
+    assert got == expected
+    assert reactor.writers == set()

@@ -236,8 +236,7 @@ class Clients(CodecConnection):
         """The last save of a session whose connection ended (``MqttConnection.connection_lost``):
         its record written here, then the commit that names it run for ``caller``, the client."""
         def written(results: Sequence[m.ProduceResult]) -> bytes:
-            anchor = save.anchor if results[0].error is not None else results[0].base_offset
-            self.emit(RunFor((save.commit(anchor),), caller))
+            self.emit(RunFor((save.commit_after(results[0]),), caller))
             return b""
 
         self.emit(Handled.run((save.record(),), written, ordered=False))

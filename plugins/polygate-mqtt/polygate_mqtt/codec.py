@@ -854,14 +854,11 @@ class MqttConnection(CodecConnection):
         when it has one, and then the commit that names it (or, its write refused, the record
         before: the next save writes it again)."""
         def written(results: Sequence[m.ProduceResult]) -> Handled:
-            anchor = results[0].base_offset
             if results[0].error is None:
-                self.session_anchor = max(self.session_anchor, anchor)
-            else:
-                anchor = save.anchor
-                if self.session_value == save.value:
-                    self.session_value = None
-            return Handled.run((save.commit(anchor),), then, **run)
+                self.session_anchor = max(self.session_anchor, results[0].base_offset)
+            elif self.session_value == save.value:
+                self.session_value = None
+            return Handled.run((save.commit_after(results[0]),), then, **run)
 
         if save.value is None:
             return Handled.run((save.commit(save.anchor),), then, **run)

@@ -162,6 +162,11 @@ class Save:
             offsets = ((*ANCHOR, anchor, ""), *offsets)
         return m.CommitOffsets(self.group, offsets)
 
+    def commit_after(self, written: m.ProduceResult) -> m.CommitOffsets:
+        """The commit once the write of ``record()`` was answered ``written``: naming that record,
+        or, the write refused, the one before."""
+        return self.commit(self.anchor if written.error is not None else written.base_offset)
+
 
 @attrs.define
 class Lookup:
