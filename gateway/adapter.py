@@ -41,10 +41,12 @@ from gateway.broker.calls import Share, first_failure, gather, waits
 from gateway.codec import (
     LOGIN_REFUSED,
     LOGIN_TURN,
+    Answer,
     Close,
     CodecPlugin,
     Connection,
     ListenerSettings,
+    Pieces,
     PushConnection,
     Reply,
     Request,
@@ -53,6 +55,7 @@ from gateway.codec import (
     Timer,
     TimerConnection,
     Unsubscribe,
+    answer_size,
 )
 from gateway.stats import ListenerStats
 
@@ -156,7 +159,7 @@ class _Slot:
     """One answer in the response queue; ``held`` is what its rendered answer counts against
     ``max_answer_bytes`` until it is written."""
 
-    data: bytes | None = None
+    data: Answer | None = None
     close: bool = False
     stream: Subscribe | None = None
     pending: defer.Deferred | None = None
@@ -633,7 +636,7 @@ class CodecProtocol(protocol.Protocol):
         except Exception:
             self._codec_bug()
             return
-        slot.held = len(slot.data)
+        slot.held = answer_size(slot.data)
         self._held += slot.held
         self._jump_queue(slot)
         if self._pumping:
@@ -672,7 +675,7 @@ class CodecProtocol(protocol.Protocol):
     def _flush(self) -> None:
         """Write the answers ready at the head of the queue, in order, in one write."""
         queue = self.queue
-        ready: list[bytes] = []
+        ready: list[bytes | memoryview] = []
         while queue:
             slot = queue[0]
             if slot.stream is not None:
@@ -685,7 +688,9 @@ class CodecProtocol(protocol.Protocol):
             queue.popleft()
             self._held -= slot.held
             self._run_frames -= slot.frames - 1
-            if slot.data:
+            if isinstance(slot.data, Pieces):
+                ready += slot.data
+            elif slot.data:
                 ready.append(slot.data)
             if slot.close:
                 self._write(ready)
@@ -695,7 +700,7 @@ class CodecProtocol(protocol.Protocol):
                 return
         self._write(ready)
 
-    def _write(self, ready: list[bytes]) -> None:
+    def _write(self, ready: list[bytes | memoryview]) -> None:
         if ready:
             self._meter.bytes_out += sum(map(len, ready))
             write_now(self.transport, ready)  # (in one sendmsg: not joined first)

@@ -66,7 +66,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway import model as m
-from gateway.codec import CodecConnection, Event, Handled, ListenerSettings
+from gateway.codec import Answer, CodecConnection, Event, Handled, ListenerSettings
 from gateway.codec.framing import FrameTooLarge, LengthPrefixedFramer, TruncatedFrame, fixed_header
 
 from . import format as fmt
@@ -143,7 +143,7 @@ class CursusConnection(CodecConnection):
     def truncated(self, error: TruncatedFrame) -> Handled:
         return Handled.answer(b"", close=True, reason="end of stream")
 
-    def render(self, handled: Handled, results: Sequence[Any]) -> bytes | Handled | Event:
+    def render(self, handled: Handled, results: Sequence[Any]) -> Answer | Handled | Event:
         """A ``Reject`` raised by a render (a check of the results) is the request's answer."""
         try:
             return handled.render(results)  # type: ignore[misc]  # a Request's Handled has a render

@@ -49,6 +49,7 @@ from gateway.codec.connection import (
     LOGIN_TURN,
     RUN_MAX,
     Acknowledgement,
+    Answer,
     Close,
     CodecConnection,
     Connection,
@@ -57,6 +58,7 @@ from gateway.codec.connection import (
     Framer,
     Handled,
     ListenerSettings,
+    Pieces,
     PushConnection,
     Render,
     Reply,
@@ -68,6 +70,8 @@ from gateway.codec.connection import (
     TimerConnection,
     Tokens,
     Unsubscribe,
+    answer_size,
+    joined,
     merged_produce,
 )
 from gateway.codec.formats import (
@@ -96,6 +100,7 @@ from gateway.codec.plugin import (
 
 __all__ = [
     "Acknowledgement",
+    "Answer",
     "BatchFormat",
     "BatchProducer",
     "Close",
@@ -119,6 +124,7 @@ __all__ = [
     "ONE_RECORD",
     "Option",
     "OptionError",
+    "Pieces",
     "PushConnection",
     "RecordLayoutFormat",
     "Render",
@@ -135,9 +141,11 @@ __all__ = [
     "TransactionalFormat",
     "Unsubscribe",
     "Validated",
+    "answer_size",
     "basic_login",
     "choice",
     "integer",
+    "joined",
     "merged_produce",
     "parse_options",
 ]

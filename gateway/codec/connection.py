@@ -117,6 +117,31 @@ class Request(NamedTuple):
     frames: int = 1
 
 
+class Pieces(tuple[bytes | memoryview, ...]):
+    """An answer as the buffers it is made of, in order, written as they are (in one
+    ``sendmsg`` where the socket takes them) rather than joined first. A render returns one
+    for an answer made mostly of stored batches (a TANK consume: views of what the store
+    read), whose join would be the answer's one copy in the gateway."""
+
+    __slots__ = ()
+
+    def size(self) -> int:
+        return sum(map(len, self))
+
+
+Answer = bytes | Pieces
+"""What ``respond`` returns: an answer's bytes, or its ``Pieces``."""
+
+
+def answer_size(answer: Answer) -> int:
+    return answer.size() if isinstance(answer, Pieces) else len(answer)
+
+
+def joined(answer: Answer) -> bytes:
+    """``answer`` as one bytes object (for a transport that frames it, as WebSocket does)."""
+    return b"".join(answer) if isinstance(answer, Pieces) else answer
+
+
 @attrs.frozen
 class Reply:
     """Bytes to send in request order, with no command to run."""
@@ -193,7 +218,7 @@ class RunFor:
 Event = Request | Reply | Close | Subscribe | Unsubscribe | Timer | RunFor
 
 
-Render = Callable[[Sequence[Any]], "bytes | Handled | Event"]
+Render = Callable[[Sequence[Any]], "bytes | Pieces | Handled | Event"]
 
 
 class Handled(NamedTuple):
@@ -203,7 +228,7 @@ class Handled(NamedTuple):
       run; ``close=True`` closes the connection after it (``reason`` is logged).
     * ``Handled.run(commands, render)``: the broker runs ``commands``; once all
       are done ``render(results)`` (results in the order of ``commands``)
-      returns the answer's bytes, or the next step: another ``Handled`` (a
+      returns the answer's bytes (or its ``Pieces``), or the next step: another ``Handled`` (a
       command that needs a second round trip to the broker) or an ``Event``
       (``Subscribe``, ``Close``...). ``hold=True`` holds every later frame of
       the connection back until this request (and every step it returns) has
@@ -336,7 +361,7 @@ class Connection(Protocol):
 
     def next_event(self) -> Event | None: ...
 
-    def respond(self, request: Request, results: Sequence[Any]) -> bytes: ...
+    def respond(self, request: Request, results: Sequence[Any]) -> Answer: ...
 
     def partial_frame(self) -> bool:
         """Whether bytes of a frame not yet whole are buffered (the adapter's frame
@@ -501,7 +526,7 @@ class CodecConnection(PushConnection, TimerConnection):
         produces)."""
         raise NotImplementedError(f"{type(self).__name__} gave merge keys but cannot merge")
 
-    def render(self, handled: Handled, results: Sequence[Any]) -> bytes | Handled | Event:
+    def render(self, handled: Handled, results: Sequence[Any]) -> Answer | Handled | Event:
         """``handled.render(results)``. A codec whose renders raise its own "answer with
         this error" exception (Cursus's ``Reject``) overrides this to answer it, so that
         the exception still ends the request's steps (and releases its hold)."""
@@ -687,7 +712,7 @@ class CodecConnection(PushConnection, TimerConnection):
             i = j
         return Request(tuple(commands), Run(parts, ends, starts), True, frames)
 
-    def respond(self, request: Request, results: Sequence[Any]) -> bytes:
+    def respond(self, request: Request, results: Sequence[Any]) -> Answer:
         context = request.context
         if type(context) is Run:
             return self.render_run(context, results)
@@ -695,7 +720,7 @@ class CodecConnection(PushConnection, TimerConnection):
         held = request is self.held
         if held:
             self.held = None
-        if type(out) is bytes or isinstance(out, bytes | bytearray):
+        if type(out) is bytes or isinstance(out, bytes | bytearray | Pieces):
             return out
         if held and isinstance(out, Handled) and out.render is not None and not out.hold:
             out = out._replace(hold=True)  # a held request holds through all its steps

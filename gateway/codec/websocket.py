@@ -67,6 +67,7 @@ from gateway.codec.connection import (
     Reply,
     Request,
     TimerConnection,
+    joined,
 )
 from gateway.codec.plugin import CodecPlugin
 
@@ -193,7 +194,7 @@ class WebSocketConnection(PushConnection, TimerConnection):
         return event  # a Request (answered through ``respond``), Subscribe, Unsubscribe, Timer or None
 
     def respond(self, request: Request, results: Sequence[Any]) -> bytes:
-        return message_frame(self.ws, self.inner.respond(request, results))
+        return message_frame(self.ws, joined(self.inner.respond(request, results)))
 
     def push(self, context: Any, result: Any) -> bytes:
         return message_frame(self.ws, cast(PushConnection, self.inner).push(context, result))
