@@ -143,6 +143,20 @@ def test_fetch_size_cuts_the_last_bundle(client, gw):
     assert [m.value[:1] for m in client.messages("cut", 0, 0, fetch_size=20)] == [b"A", b"B", b"C"]
 
 
+def test_a_large_fetch_size_is_answered_in_whole_bundles_of_a_few_mib(client):
+    """tank-cli asks for 128 MiB: the gateway answers up to READ_PER_PARTITION of whole bundles,
+    and the client reads the rest from where each answer ended."""
+    client.create_topic("big", 1)
+    rng = random.Random(7)
+    values = [rng.randbytes(1000) for _ in range(10_000)]  # 10 MB in bundles of 1000, not compressible
+    for at in range(0, len(values), 1000):
+        client.produce_messages("big", 0, values[at : at + 1000])
+    chunk = client.consume_chunk("big", 0, 1, fetch_size=128 << 20)
+    assert 3 << 20 < len(chunk.data) <= 4 << 20  # whole bundles of about 1 MB: none cut
+    seen = [m.value for m in client.messages("big", 0, 1, fetch_size=128 << 20)]
+    assert seen == values
+
+
 def test_tail_consume_long_polls_without_blocking_other_connections(client, gw):
     client.create_topic("tail", 2)
     client.produce_messages("tail", 0, [b"old"])

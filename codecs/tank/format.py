@@ -422,10 +422,11 @@ def _first_literal(block: bytes, pos: int, end: int) -> int:
 # --------------------------------------------------------------------------- consume chunks
 
 
-def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, int, bytes]:
-    """Join stored ``tank`` batches into a consume chunk.
+def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, int, list[bytes]]:
+    """The stored ``tank`` batches of a consume chunk, in order (written out as they are: not
+    joined, so that the answer copies them once).
 
-    Returns ``(first_sparse, first_seq, chunk)``: whether the first bundle
+    Returns ``(first_sparse, first_seq, parts)``: whether the first bundle
     is SPARSE and, if not, the sequence number of its first message. A
     batch that does not follow on from the previous one is re-encoded as one
     SPARSE bundle. Only the first bundle of each batch is looked at.
@@ -454,7 +455,7 @@ def build_chunk(batches: Iterable[StoredBatch], fmt: TankFormat) -> tuple[bool, 
             first_seq = seq
         parts.append(payload)
         next_seq = last + 1
-    return first_sparse, first_seq, b"".join(parts)
+    return first_sparse, first_seq, parts
 
 
 # --------------------------------------------------------------------------- storage format

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import model as m
 from gateway._extensions import load
-from gateway.codec import Acknowledgement, Handled
+from gateway.codec import Acknowledgement, Handled, Pieces
 
 from . import schema
 from .format import (
@@ -59,6 +59,13 @@ _speedups = load("gateway.codecs.tank._speedups")  # the C twins of the produce 
 
 U64_MAX = schema.U64_MAX
 MAX_CHUNK = 64 << 20  # TANK caps fetch size and min bytes at 64 MiB
+READ_PER_PARTITION = 4 << 20
+"""The most a consume reads of one partition (whole bundles; the first one always). tank-cli
+asks for 128 MiB, and a TANK broker answers with the file's bytes (``sendfile``); the gateway
+holds what it answers, and 64 MiB answers each went through fresh pages (blocks that large
+are mapped apart): 0.17 µs of gateway CPU per message and 3.7M messages/s, against 0.07 µs and
+9M at 4 MiB (tank-cli ``get`` of 3M messages of 100 B). A TANK client asks again from where an
+answer ended, as it does when a broker's answer stops at a segment's end."""
 MAX_WAIT_MS = 24 * 3600 * 1000
 MAX_TOPIC_NAME = 64
 MAX_PARTITIONS = 65530
@@ -364,22 +371,35 @@ def parse_consume(payload: bytes) -> tuple[int, int, int, list[tuple[str, list[t
     return request_id, max_wait, min_bytes, topics
 
 
+def _cut(parts: list[bytes], size: int) -> int:
+    """Cut ``parts`` in place to their first ``size`` bytes (the last one kept as a view, not
+    copied); returns their length."""
+    total = 0
+    for i, part in enumerate(parts):
+        if total + len(part) >= size:
+            if total + len(part) > size:
+                parts[i] = memoryview(part)[: size - total]
+            del parts[i + 1 :]
+            return size
+        total += len(part)
+    return total
+
+
 def _partition_answer(r: m.FetchResult, fetch_size: int, chunks: list[bytes]) -> bytes:
-    """One partition's consume response header; appends its chunk to ``chunks``."""
+    """One partition's consume response header; appends the pieces of its chunk to ``chunks``."""
     error = r.error
     hw = r.high_watermark
     if error is None:
         if r.batches:
             try:
-                sparse, first_seq, chunk = build_chunk(r.batches, FORMAT)
+                sparse, first_seq, parts = build_chunk(r.batches, FORMAT)
             except m.CommandError:
                 return _FAULT.pack(r.partition, ConsumeFlags.SYSTEM_ERROR)
-            if len(chunk) > fetch_size:
-                chunk = chunk[:fetch_size]
-            chunks.append(chunk)
+            size = _cut(parts, fetch_size)
+            chunks += parts
             if sparse:
-                return _SPARSE_DATA.pack(r.partition, ConsumeFlags.SPARSE_FIRST_BUNDLE, hw, len(chunk))
-            return _DATA.pack(r.partition, ConsumeFlags.OK, first_seq, hw, len(chunk))
+                return _SPARSE_DATA.pack(r.partition, ConsumeFlags.SPARSE_FIRST_BUNDLE, hw, size)
+            return _DATA.pack(r.partition, ConsumeFlags.OK, first_seq, hw, size)
         return _DATA.pack(r.partition, ConsumeFlags.OK, first_available(r.log_start_offset, hw), hw, 0)
     code = error.code
     if code is m.ErrorCode.OFFSET_OUT_OF_RANGE:
@@ -393,9 +413,10 @@ def _partition_answer(r: m.FetchResult, fetch_size: int, chunks: list[bytes]) ->
 
 
 def consume_response(request_id: int, layout: Sequence[tuple[str, Sequence[int]]], fetch_sizes: Sequence[int],
-                     results: Sequence[m.FetchResult]) -> bytes:
+                     results: Sequence[m.FetchResult]) -> Pieces:
     """The Consume response frame (``schema.ConsumeResponse``); ``layout`` maps each
-    requested topic to the indexes of its partitions' results."""
+    requested topic to the indexes of its partitions' results. Its chunks are the stored
+    bundles as read, not joined: the frame goes out as its pieces."""
     header = [struct.pack("<IB", request_id, len(layout))]
     chunks: list[bytes] = []
     for topic, indexes in layout:
@@ -409,7 +430,7 @@ def consume_response(request_id: int, layout: Sequence[tuple[str, Sequence[int]]
             header.append(_partition_answer(r, fetch_sizes[i], chunks))
     head = b"".join(header)
     size = 4 + len(head) + sum(len(c) for c in chunks)
-    return b"".join((HEADER.pack(MsgId.CONSUME, size), struct.pack("<I", len(head)), head, *chunks))
+    return Pieces((HEADER.pack(MsgId.CONSUME, size), struct.pack("<I", len(head)), head, *chunks))
 
 
 def consume(conn: TankConnection, payload: bytes) -> Handled:
@@ -424,14 +445,15 @@ def consume(conn: TankConnection, payload: bytes) -> Handled:
             size = max(min(fetch_size, MAX_CHUNK), 1)
             indexes.append(len(fetches))
             sizes.append(size)
-            # Ask for more than the fetch size so that the last bundle can be cut, as TANK's may be.
+            # More than the fetch size, so that the last bundle can be cut as TANK's may be; but
+            # no more than READ_PER_PARTITION.
             fetches.append(m.Fetch(topic, partition, _fetch_offset(seq), NAME,
-                                   max_bytes=size + min(size, 1 << 20)))
+                                   max_bytes=min(size + min(size, 1 << 20), READ_PER_PARTITION)))
         layout.append((topic, indexes))
     command = m.FetchMany(tuple(fetches), max_wait_ms=min(max_wait, MAX_WAIT_MS),
                           min_bytes=max(min(min_bytes, MAX_CHUNK), 1), max_bytes=MAX_CHUNK * 2)
 
-    def render(results: Sequence[m.FetchManyResult]) -> bytes:
+    def render(results: Sequence[m.FetchManyResult]) -> Pieces:
         return consume_response(request_id, layout, sizes, results[0].results)
 
     # A TANK client matches answers by request id: a long-poll holds back no later answer.

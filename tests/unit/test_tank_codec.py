@@ -12,7 +12,7 @@ from tank_support import captures
 
 from gateway import model as m
 from gateway.clients.tank import produce_request
-from gateway.codec import Close, ListenerSettings, Reply, Request
+from gateway.codec import Close, ListenerSettings, Reply, Request, joined
 from gateway.codec.testing import per_frame
 from gateway.codecs.tank import handlers, plugin, schema
 from gateway.codecs.tank.codec import PING, TankConnection
@@ -110,7 +110,7 @@ def test_consume_response_builder_agrees_with_the_schema():
         m.FetchResult("t", 6, error=m.Error(m.ErrorCode.STORAGE_ERROR)),
         m.FetchResult("u", 0, error=m.Error(m.ErrorCode.UNKNOWN_TOPIC)),
     ]
-    data = consume_response(9, [("t", range(7)), ("u", [7])], [1 << 20] * 7 + [5], results)
+    data = joined(consume_response(9, [("t", range(7)), ("u", [7])], [1 << 20] * 7 + [5], results))
     parsed = schema.ConsumeResponse.parse(data[5:])
     assert schema.ConsumeResponse.build(parsed) == data[5:]
     t, u = parsed.header.topics
@@ -179,7 +179,8 @@ def test_storage_format_round_trips_records_with_gaps(gaps, base):
 def test_chunks_renumber_a_bundle_after_a_gap():
     a = m.StoredBatch("tank", 0, 1, 0, frame(encode([(1, None, b"a"), (1, None, b"b")])))
     b = m.StoredBatch("tank", 10, 10, 0, frame(encode([(1, None, b"c")])))
-    sparse, first, chunk = build_chunk([a, b], FORMAT)
+    sparse, first, parts = build_chunk([a, b], FORMAT)
+    chunk = b"".join(parts)
     assert (sparse, first) == (False, 1)
     assert chunk.startswith(a.payload) and chunk != a.payload + b.payload
     second = framed_header(chunk[len(a.payload) :])
@@ -289,7 +290,7 @@ def test_pipelined_produce_requests_are_plain_produces_the_broker_may_join():
     joined = b"".join(c.batch.payload for c, in produces[:3])
     stored = m.StoredBatch("tank", 10, 12, 3, joined)
     assert [(r.offset, r.value) for r in FORMAT.records(stored)] == [(10, b"a"), (11, b"bb"), (12, b"c")]
-    assert build_chunk([stored], FORMAT) == (False, 11, joined)
+    assert build_chunk([stored], FORMAT) == (False, 11, [joined])
     acks = b"".join(conn.respond(e, [m.ProduceResult("t", 0, 10 + i, 10 + i)]) for i, e in enumerate(got[:3]))
     assert acks == b"".join(b"\x01\x05\x00\x00\x00" + bytes((rid, 0, 0, 0, 0)) for rid in (1, 2, 3))
     unknown = b"".join(conn.respond(e, [m.ProduceResult("t", error=m.Error(m.ErrorCode.UNKNOWN_TOPIC))])
