@@ -415,13 +415,23 @@ class Producer:
             return self.broker.when_durable(lambda: result(frozenset()))
         timeout_ms = cmd.timeout_ms if cmd.timeout_ms is not None else self.broker.config.ack_timeout_ms
 
-        def replicated() -> defer.Deferred:
+        def replicated() -> Any:
+            if all(self._replicated(cmd.topic, p, last) for p, last in lasts.items()):
+                return result(frozenset())  # the usual case, one replica or followers caught up: no wait
             waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, last in lasts.items()]
             d = waits[0].addCallback(lambda ok: [ok]) if len(waits) == 1 else defer.gatherResults(
                 waits, consumeErrors=True).addErrback(first_failure)
             return d.addCallback(lambda oks: result(frozenset(p for p, ok in zip(lasts, oks, strict=True) if not ok)))
 
         return self.broker.when_durable(replicated, lambda: result(frozenset()))
+
+    def _replicated(self, topic: str, partition: int, last: int) -> bool:
+        """Whether the high watermark is past ``last`` with enough replicas in sync (False when the
+        partition cannot tell: ``_await_replication`` answers that)."""
+        try:
+            return self.store.high_watermark(topic, partition) > last and self._enough_replicas(topic, partition)
+        except CommandError:
+            return False
 
     def _await_replication(self, topic: str, partition: int, last: int, timeout_ms: int) -> defer.Deferred:
         """Fire True once the high watermark passes ``last`` with enough
@@ -453,6 +463,7 @@ class Producer:
             timer = state.get("timer")
             if timer and timer.active():
                 timer.cancel()
+            state.clear()  # the timer's call and this closure held each other: no cycle left to collect
             d.callback(ok)
 
         state["timer"] = self.broker.reactor.callLater(timeout_ms / 1000, lambda: finish(False))

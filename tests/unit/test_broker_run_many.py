@@ -188,3 +188,13 @@ def test_a_bug_in_one_command_fails_only_its_answer(rig):
     assert isinstance(bad.result.value, TypeError)
     bad.addErrback(lambda f: None)
     assert good.base_offset == 0
+
+
+def test_acks_all_with_its_replicas_in_sync_is_answered_at_once_with_no_timer_left(rig):
+    """One replica (local mode's usual case): an acks=all produce is answered in its own call,
+    not through a Deferred and a timeout timer per produce."""
+    b, _, engine, reactor = rig("at-once")
+    engine.create_topic("r", 2)
+    results = b.run_many([produce("r", p, b"v%d" % p, acks=m.Acks.ALL) for p in (0, 1)])
+    assert [(type(r), r.base_offset, r.error) for r in results] == [(m.ProduceResult, 0, None)] * 2
+    assert reactor.getDelayedCalls() == []
