@@ -416,7 +416,11 @@ class Producer:
         timeout_ms = cmd.timeout_ms if cmd.timeout_ms is not None else self.broker.config.ack_timeout_ms
 
         def replicated() -> Any:
-            if all(self._replicated(cmd.topic, p, last) for p, last in lasts.items()):
+            try:
+                at_once = all(self._in_sync(cmd.topic, p, last) for p, last in lasts.items())
+            except CommandError:
+                at_once = False  # the wait answers it
+            if at_once:
                 return result(frozenset())  # the usual case, one replica or followers caught up: no wait
             waits = [self._await_replication(cmd.topic, p, last, timeout_ms) for p, last in lasts.items()]
             d = waits[0].addCallback(lambda ok: [ok]) if len(waits) == 1 else defer.gatherResults(
@@ -425,27 +429,21 @@ class Producer:
 
         return self.broker.when_durable(replicated, lambda: result(frozenset()))
 
-    def _replicated(self, topic: str, partition: int, last: int) -> bool:
-        """Whether the high watermark is past ``last`` with enough replicas in sync (False when the
-        partition cannot tell: ``_await_replication`` answers that)."""
-        try:
-            return self.store.high_watermark(topic, partition) > last and self._enough_replicas(topic, partition)
-        except CommandError:
-            return False
+    def _in_sync(self, topic: str, partition: int, last: int) -> bool:
+        """Whether the high watermark is past ``last`` with enough replicas in sync; raises
+        ``CommandError`` when the partition cannot tell."""
+        return self.store.high_watermark(topic, partition) > last and self._enough_replicas(topic, partition)
 
     def _await_replication(self, topic: str, partition: int, last: int, timeout_ms: int) -> defer.Deferred:
         """Fire True once the high watermark passes ``last`` with enough
         replicas in sync, False after ``timeout_ms``."""
-        store, enough_replicas = self.store, self._enough_replicas
+        store = self.store
         d: defer.Deferred = defer.Deferred()
         state: dict[str, Any] = {}
 
-        def satisfied() -> bool:
-            return store.high_watermark(topic, partition) > last and enough_replicas(topic, partition)
-
         def check() -> None:
             try:
-                ok = satisfied()
+                ok = self._in_sync(topic, partition, last)
             except CommandError:
                 ok = False
                 finish(False)
