@@ -78,8 +78,19 @@ def entry_parts(fmt: str, base_offset: int, last_offset: int, max_ts: int, paylo
 
 def parse_header(buf: bytes | memoryview, pos: int, file_pos: int) -> EntryHeader:
     crc, plen, base, delta, max_ts, flen = HEADER.unpack_from(buf, pos)
-    fmt = bytes(buf[pos + HEADER.size : pos + HEADER.size + flen]).decode("ascii", "replace")
+    fmt = _format_name(bytes(buf[pos + HEADER.size : pos + HEADER.size + flen]))
     return EntryHeader(file_pos, base, base + delta, max_ts, fmt, plen)
+
+
+_FORMAT_NAMES: dict[bytes, str] = {}
+"""The storage format names met in entries, as read (a handful: one per codec)."""
+
+
+def _format_name(name: bytes) -> str:
+    text = name.decode("ascii", "replace")
+    if len(_FORMAT_NAMES) < 64:  # (a damaged entry's name is not kept)
+        _FORMAT_NAMES[name] = text
+    return text
 
 
 class Segment:
@@ -343,34 +354,37 @@ class Segment:
 
     def _read_fd(self, fd: int, pos: int, offset: int, max_bytes: int, upto: int,
                  first_whole: bool) -> tuple[list[StoredBatch], int]:
+        # The entries' headers are read in place (``parse_header``'s fields, without an object
+        # each): a read of small batches spends most of its time here, once per batch.
         out: list[StoredBatch] = []
         total = 0
         want = max(max_bytes, 1 << 16) + HEADER.size + 255
+        unpack, fixed, names = HEADER.unpack_from, HEADER.size, _FORMAT_NAMES
         while pos < self.size:
             buf = os.pread(fd, min(want, self.size - pos), pos)
-            view = memoryview(buf)
+            end = len(buf)
             i = 0
-            while i + HEADER.size <= len(buf):
-                header = parse_header(view, i, pos + i)
-                size = header.size
-                if header.base_offset >= upto:
+            while i + fixed <= end:
+                _, plen, base, delta, max_ts, flen = unpack(buf, i)
+                size = fixed + flen + plen
+                if base >= upto:
                     return out, total
-                if i + size > len(buf):
+                if i + size > end:
                     if i == 0:  # one entry larger than the window
                         want = size
                     break
-                if header.last_offset >= offset:
-                    plen = header.payload_len
+                if base + delta >= offset:
                     if (out or not first_whole) and total + plen > max_bytes:
                         return out, total
+                    name = buf[i + fixed : i + fixed + flen]
+                    fmt = names.get(name) or _format_name(name)
                     start = i + size - plen
-                    out.append(StoredBatch(header.format, header.base_offset, header.last_offset,
-                                           header.max_timestamp, bytes(view[start : start + plen])))
+                    out.append(StoredBatch(fmt, base, base + delta, max_ts, buf[start : start + plen]))
                     total += plen
                     if total >= max_bytes:
                         return out, total
                 i += size
-            if i == 0 and want <= len(buf):
+            if i == 0 and want <= end:
                 break
             pos += i
         return out, total
