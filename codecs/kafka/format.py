@@ -96,13 +96,20 @@ class CorruptRecords(ValueError):
 # --------------------------------------------------------------------------- produce side
 
 
-def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = None) -> list[Batch]:
+def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = None,
+                  lone_crc: bool = True) -> list[Batch]:
     """The v2 batches of a produce request's ``records`` field, each checked.
 
     Magic 0/1 message sets are converted to one v2 batch, their compressed
     messages inflating to at most ``limit`` bytes (by default
     ``FORMAT.inflate_limit``). Raises ``CorruptRecords`` on a bad length,
     magic or CRC, or a message set over the limit.
+
+    ``lone_crc=False`` leaves the CRC of a field that is one batch (what
+    clients send) to ``KafkaFormat.validate``, which every produced batch
+    passes before it is stored: its refusal then refuses the whole field, as
+    here, and the batch is not summed twice. The CRCs of a field of several
+    batches are checked here, so that one bad batch refuses them all.
     """
     if len(data) < _PREFIX.size + 1:
         raise CorruptRecords("records too short")
@@ -126,13 +133,14 @@ def split_batches(data: bytes, now_ms: int | None = None, limit: int | None = No
             raise CorruptRecords(f"unsupported magic {magic} in a record batch")
         if length < BATCH_HEADER.size - BATCH_OVERHEAD or end > len(data) or last_delta < 0:
             raise CorruptRecords("record batch length out of range")
-        if crc32c.crc32c(view[pos + CRC_START : end]) != crc:
+        lone = pos == 0 and end == len(data)
+        if (lone_crc or not lone) and crc32c.crc32c(view[pos + CRC_START : end]) != crc:
             raise CorruptRecords("record batch CRC32C mismatch")
         producer = None
         if pid >= 0:
             producer = ProducerState(pid, epoch, base_seq, (base_seq + last_delta) & 0x7FFFFFFF,
                                      transactional=bool(attributes & ATTR_TRANSACTIONAL))
-        payload = data if pos == 0 and end == len(data) else bytes(view[pos:end])
+        payload = data if lone else bytes(view[pos:end])
         out.append(Batch(NAME, payload, last_delta + 1, max_ts, producer=producer))
         pos = end
     return out
