@@ -716,7 +716,7 @@ class KafkaFormat(RecordLayoutFormat, TransactionalFormat, LeaderEpochFormat, Co
     def join(self, payloads: Sequence[bytes]) -> bytes:
         """The batches one after the other, in a ``bytearray``: ``assign_offsets`` numbers them in
         place (one copy of a produce run's batches in all, where ``bytes`` would take three)."""
-        return bytearray().join(payloads)  # type: ignore[return-value]  # a bytes-like payload
+        return bytearray().join(payloads)
 
     def assign_offsets(self, payload: bytes, base_offset: int) -> bytes:
         return assign_offsets(payload, base_offset)
