@@ -65,7 +65,7 @@ def produce(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Hand
     for topic in req.TopicData:
         for part in topic.PartitionData:
             try:
-                batches = format.split_batches(part.Records or b"", now)
+                batches = format.split_batches(part.Records or b"", now, lone_crc=False)  # (validate sums it)
             except format.CorruptRecords:
                 slots.append((topic.Name, part.Index, len(commands), 0, Errors.CORRUPT_MESSAGE))
                 continue
