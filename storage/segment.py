@@ -87,9 +87,12 @@ _FORMAT_NAMES: dict[bytes, str] = {}
 
 
 def _format_name(name: bytes) -> str:
-    text = name.decode("ascii", "replace")
-    if len(_FORMAT_NAMES) < 64:  # (a damaged entry's name is not kept)
-        _FORMAT_NAMES[name] = text
+    """The format an entry's ``name`` says, decoded once per name met."""
+    text = _FORMAT_NAMES.get(name)
+    if text is None:
+        text = name.decode("ascii", "replace")
+        if len(_FORMAT_NAMES) < 64:  # bounded: damaged entries' names cannot grow it
+            _FORMAT_NAMES[name] = text
     return text
 
 
@@ -377,7 +380,7 @@ class Segment:
                     if (out or not first_whole) and total + plen > max_bytes:
                         return out, total
                     name = buf[i + fixed : i + fixed + flen]
-                    fmt = names.get(name) or _format_name(name)
+                    fmt = names.get(name) or _format_name(name)  # (the usual hit without a call)
                     start = i + size - plen
                     out.append(StoredBatch(fmt, base, base + delta, max_ts, buf[start : start + plen]))
                     total += plen

@@ -125,16 +125,13 @@ class Pieces(tuple[bytes | memoryview, ...]):
 
     __slots__ = ()
 
-    def size(self) -> int:
-        return sum(map(len, self))
-
 
 Answer = bytes | Pieces
 """What ``respond`` returns: an answer's bytes, or its ``Pieces``."""
 
 
 def answer_size(answer: Answer) -> int:
-    return answer.size() if isinstance(answer, Pieces) else len(answer)
+    return sum(map(len, answer)) if isinstance(answer, Pieces) else len(answer)
 
 
 def joined(answer: Answer) -> bytes:
