@@ -3,7 +3,7 @@
 with a state store on a compacted changelog topic, at-least-once and exactly-once. The application
 is killed (SIGKILL) mid-stream and started again with its local state gone, so it restores the
 store from the changelog; with exactly-once no count is repeated or skipped in what read_committed
-readers see.
+readers see (and Faust repeats only the outputs it sends outside its transactions: FAUST_OUTPUTS).
 
 The frameworks pin their own versions of what polygate's tests use too (Quix Streams an older
 confluent-kafka, Faust an older click), so they live in a venv of their own, ``tests/.frameworks``
@@ -59,6 +59,17 @@ PER_KEY = 60
 # below the words counted before them (the state restored from the changelog is never older than
 # what was counted), and the last word of every key is counted (the restarted worker was served to
 # the end of the log). Faust's exactly-once and both modes of Quix Streams count every word.
+#
+# FAUST_OUTPUTS: Faust's exactly-once keeps its table's changelog and its consumed offsets in one
+# transaction, but sends what an agent sends to another topic (here ``counts``) from its plain
+# producer, outside any transaction (open as faust-streaming issue 177). So a word counted after the
+# last commit before the kill has its output in ``counts`` for read_committed readers, while its
+# count and its offset were aborted with the transaction: the restarted worker counts it again, to
+# the same n, and ``counts`` holds that output twice. The stored batches show it: the outputs carry
+# no transaction, the changelog's do. Seen under load, when the kill comes after the first worker
+# counted a word of the second lot. For Faust the test checks what the transactions hold: every
+# output's n is its word's place among the key's words (no count lost or made twice), and the
+# outputs, repeats left out, are every word once, in order.
 
 
 def outputs(gw, isolation: str) -> list[tuple[bytes, dict]]:
@@ -118,9 +129,11 @@ def test_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, frameworks_
     for k in range(KEYS):
         counts = [v["n"] for key, v in seen if key == f"user{k}".encode()]
         words = [v["word"] for key, v in seen if key == f"user{k}".encode()]
-        if guarantee == "exactly-once":  # each word counted once, in order, none lost or repeated
-            assert counts == list(range(1, PER_KEY + 1)), (k, counts)
-            assert words == [f"w{i}" for i in range(k, KEYS * PER_KEY, KEYS)]
+        expected = [(f"w{i}", n) for n, i in enumerate(range(k, KEYS * PER_KEY, KEYS), 1)]
+        if guarantee == "exactly-once" and framework == "faust":  # see FAUST_OUTPUTS
+            assert list(dict.fromkeys(zip(words, counts))) == expected, (k, list(zip(words, counts)))
+        elif guarantee == "exactly-once":  # each word counted once, in order, none lost or repeated
+            assert list(zip(words, counts)) == expected, (k, list(zip(words, counts)))
         else:  # at least once: words after the last commit may be counted twice, but the state is never lost
             counted = [i for i in range(k, KEYS * PER_KEY, KEYS) if f"w{i}" in words]
             assert all(n >= counted.index(int(w[1:])) + 1 for w, n in zip(words, counts)), (k, list(zip(words, counts)))
