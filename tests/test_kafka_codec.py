@@ -24,6 +24,7 @@ from gateway.codec import (
     Handled,
     ListenerSettings,
     OptionError,
+    Pieces,
     Reply,
     Request,
     Timer,
@@ -99,6 +100,26 @@ def test_nullable_compact_and_tagged_fields():
     s = schema.MESSAGES[18].request(3)
     tagged = b"\x02a\x021\x01\x05\x02hi"  # ClientSoftwareName, ClientSoftwareVersion, tag 5 of 2 bytes
     assert schema.parse(s, tagged)[0].ClientSoftwareName == "a"
+
+
+@pytest.mark.parametrize("version", [4, 12])  # a records field sized by an int32, and by a compact varint
+def test_a_fetch_answer_keeps_its_large_batches_as_pieces(version):
+    message = schema.MESSAGES[1]
+    large, small = b"L" * schema.APART, b"s" * 100
+
+    def parts(records: tuple[bytes, ...]) -> tuple:
+        body = {"Responses": [{"Topic": "t", "Partitions": [{"PartitionIndex": p, "Records": records}
+                                                            for p in range(2)]}]}
+        return ((schema.response_header(1, message.flexible(version)), {"CorrelationId": 9}),
+                (message.response(version), body))
+
+    built = schema.build_frame_pieces(parts((small, large, small)))
+    assert isinstance(built, Pieces)
+    assert sum(piece is large for piece in built) == 2  # sent from where it is, not copied into the frame
+    assert b"".join(built) == schema.build_frame(parts((small, large, small)))
+    assert answer(1, version, b"".join(built))[1].Responses[0].Partitions[1].Records == small + large + small
+    unsplit = schema.build_frame_pieces(parts((small,)))
+    assert type(unsplit) is bytes and unsplit == schema.build_frame(parts((small,)))
 
 
 def test_api_versions_v3_golden_answer():

@@ -40,9 +40,18 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from construct import ConstructError
+from construct import Construct, ConstructError
 
-from gateway.codec import CodecConnection, Handled, ListenerSettings, Option, choice, integer, sasl
+from gateway.codec import (
+    CodecConnection,
+    Handled,
+    ListenerSettings,
+    Option,
+    Pieces,
+    choice,
+    integer,
+    sasl,
+)
 from gateway.codec.framing import LengthPrefixedFramer, fixed_header
 
 from . import schema
@@ -126,10 +135,7 @@ class KafkaConnection(CodecConnection):
             return _close(f"malformed request: {e}")
         self.client_id = request_header.ClientId or ""
 
-        def frame(response: dict[str, Any]) -> bytes:
-            return _frame(api_key, version, correlation_id, response)
-
-        return handler(self, version, request, frame)
+        return handler(self, version, request, _ResponseFrame(api_key, version, correlation_id))
 
     def _raw_sasl(self, token: bytes) -> Handled | None:
         """SaslHandshake v0: a raw token answered by a raw token; failure closes (after its delay)."""
@@ -183,8 +189,29 @@ def _close(reason: str) -> Handled:
     return Handled.answer(b"", close=True, reason=reason)
 
 
+class _ResponseFrame:
+    """``handlers.Frame`` of one request: its answer's frames."""
+
+    __slots__ = ("api_key", "version", "correlation_id")
+
+    def __init__(self, api_key: int, version: int, correlation_id: int):
+        self.api_key, self.version, self.correlation_id = api_key, version, correlation_id
+
+    def __call__(self, body: dict[str, Any]) -> bytes:
+        return _frame(self.api_key, self.version, self.correlation_id, body)
+
+    def pieces(self, body: dict[str, Any]) -> bytes | Pieces:
+        return schema.build_frame_pieces(_response(self.api_key, self.version, self.correlation_id, body))
+
+
 def _frame(api_key: int, version: int, correlation_id: int, body: dict[str, Any]) -> bytes:
     """The whole response frame: size, response header (its version follows the request's), body."""
+    return schema.build_frame(_response(api_key, version, correlation_id, body))
+
+
+def _response(api_key: int, version: int, correlation_id: int,
+              body: dict[str, Any]) -> tuple[tuple[Construct, Any], ...]:
+    """What a response frame is built from: its header (whose version follows the request's) and body."""
     message = schema.MESSAGES[api_key]
-    return schema.build_frame(((schema.response_header(api_key, message.flexible(version)),
-                                {"CorrelationId": correlation_id}), (message.response(version), body)))
+    return ((schema.response_header(api_key, message.flexible(version)), {"CorrelationId": correlation_id}),
+            (message.response(version), body))

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from gateway import model as m
-from gateway.codec import Handled, sasl, topic_configs
+from gateway.codec import Handled, Pieces, sasl, topic_configs
 from gateway.codec.consumer_protocol import (
     encode_assignment,
     encode_subscription,
@@ -38,7 +38,15 @@ from .fetch_session import FINAL_EPOCH, INITIAL_EPOCH, new_session
 if TYPE_CHECKING:
     from .codec import KafkaConnection
 
-Frame = Callable[[dict[str, Any]], bytes]  # a response body -> the whole response frame
+class Frame(Protocol):
+    """What a handler answers with: a response body -> the whole response frame."""
+
+    def __call__(self, body: dict[str, Any]) -> bytes: ...
+
+    def pieces(self, body: dict[str, Any]) -> bytes | Pieces:
+        """The frame as the ``Pieces`` it is made of, its stored batches not copied in
+        (``schema.build_frame_pieces``)."""
+        ...
 Handler = Callable[["KafkaConnection", int, Any, Frame], Handled | None]
 
 
@@ -172,7 +180,7 @@ def _fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handl
     cmd = m.FetchMany(fetches, max(req.MaxWaitMs, 0), req.MinBytes, max(max_bytes, 1))
     legacy_magic = None if version >= 4 else (0 if version < 2 else 1)
 
-    def render(results: Sequence[m.FetchManyResult]) -> bytes:
+    def render(results: Sequence[m.FetchManyResult]) -> bytes | Pieces:
         parts = []
         room, first = max(max_bytes, 1), True  # what is left of MaxBytes; no batch in the answer yet
         for f, r in zip(fetches, results[0].results, strict=True):
@@ -209,7 +217,7 @@ def _fetch(conn: KafkaConnection, version: int, req: Any, frame: Frame) -> Handl
             responses += [{"TopicId": topic_id, "Partitions": [
                 {"PartitionIndex": p, "ErrorCode": Errors.UNKNOWN_TOPIC_ID, "HighWatermark": -1,
                  "LastStableOffset": -1, "LogStartOffset": -1} for p in partitions]} for topic_id, partitions in unknown]
-        return frame({"SessionId": 0 if current is None else current.id, "Responses": responses})
+        return frame.pieces({"SessionId": 0 if current is None else current.id, "Responses": responses})
 
     return Handled.run((cmd,), render)
 

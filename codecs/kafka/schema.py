@@ -45,6 +45,7 @@ from construct import (
     stream_write,
 )
 
+from gateway.codec.connection import Pieces
 from gateway.codec.varint import uvarint
 
 MESSAGES_DIR = Path(__file__).with_name("messages")
@@ -508,3 +509,44 @@ def build_frame(parts: tuple[tuple[Construct, Any], ...]) -> bytes:
     stream.seek(0)
     stream.write(size.to_bytes(4, "big", signed=True))
     return stream.getvalue()
+
+
+APART = 1 << 14
+"""A buffer a ``records`` field is built from (a stored batch) at least this large stays a piece of
+its own in ``build_frame_pieces``; smaller ones are copied in with the fields around them."""
+
+
+class _PiecesStream:
+    """What ``build_frame_pieces`` builds into: the writes gathered into ``bytearray``s, but for
+    buffers of ``APART`` bytes and more, kept as they are between them."""
+
+    __slots__ = ("pieces", "gathering")
+
+    def __init__(self) -> None:
+        self.gathering = bytearray(4)  # the frame's size, set once it is known
+        self.pieces: list[bytes | bytearray | memoryview] = [self.gathering]
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = len(data)
+        if n < APART:
+            self.gathering += data
+        else:
+            self.gathering = bytearray()
+            self.pieces += (data, self.gathering)
+        return n
+
+
+def build_frame_pieces(parts: tuple[tuple[Construct, Any], ...]) -> bytes | Pieces:
+    """``build_frame``, with the large buffers of its ``records`` fields (given as tuples, a fetch
+    answer's stored batches) left where they are: the frame as the ``Pieces`` it is made of, which
+    are sent without being joined (bytes when there is no such buffer)."""
+    stream = _PiecesStream()
+    context = Container()
+    for s, value in parts:
+        s._build(value, stream, context, "")
+    pieces = [piece for piece in stream.pieces if piece]
+    size = sum(map(len, pieces)) - 4
+    head = pieces[0]
+    assert isinstance(head, bytearray)  # the first write is gathered: the size's own four bytes are in it
+    head[:4] = size.to_bytes(4, "big", signed=True)
+    return bytes(head) if len(pieces) == 1 else Pieces(pieces)
