@@ -42,6 +42,12 @@ from . import fileio
 
 HEADER = struct.Struct(">IIqIqB")
 INDEX_ENTRY = struct.Struct(">IIq")
+WINDOW = (1 << 16) + HEADER.size + 255
+"""What one read of entries takes: 64 KiB of payloads, or more, with a header and format name."""
+SMALL_WINDOW = 1 << 12
+"""The read after a large payload's: the next entry's header, and small entries after it."""
+DIRECT = 1 << 14
+"""A payload at least this large that a read does not hold whole is read by itself (``Segment._read_fd``)."""
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 
@@ -357,38 +363,53 @@ class Segment:
 
     def _read_fd(self, fd: int, pos: int, offset: int, max_bytes: int, upto: int,
                  first_whole: bool) -> tuple[list[StoredBatch], int]:
-        # The entries' headers are read in place (``parse_header``'s fields, without an object
-        # each): a read of small batches spends most of its time here, once per batch.
+        # Entries are read a window at a time, and their headers unpacked in place (``parse_header``'s
+        # fields, without an object each): a read of small batches spends most of its time here, once
+        # per batch. A large payload the window does not hold whole is read by itself, into the bytes
+        # it is returned as: sliced out of a window, it was copied once more (a fetch of 1 MiB
+        # batches spent a tenth of its CPU there); the window after it is small, since another large
+        # payload may follow, which a full one would read for nothing.
         out: list[StoredBatch] = []
         total = 0
-        want = max(max_bytes, 1 << 16) + HEADER.size + 255
         unpack, fixed, names = HEADER.unpack_from, HEADER.size, _FORMAT_NAMES
+        window = WINDOW
         while pos < self.size:
-            buf = os.pread(fd, min(want, self.size - pos), pos)
+            buf = os.pread(fd, min(window, self.size - pos), pos)
             end = len(buf)
+            window, again = WINDOW, False
             i = 0
             while i + fixed <= end:
                 _, plen, base, delta, max_ts, flen = unpack(buf, i)
                 size = fixed + flen + plen
                 if base >= upto:
                     return out, total
-                if i + size > end:
-                    if i == 0:  # one entry larger than the window
-                        want = size
-                    break
+                whole = i + size <= end
+                if not whole and pos + i + size > self.size:
+                    return out, total  # (the segment's size covers whole entries only)
+                if not whole and (plen < DIRECT or i + size - plen > end):
+                    if i == 0:  # the window, a small one, holds not even this one: read it whole
+                        window, again = size, True
+                    break  # a small entry, or a header, cut by the window's end: read again from it
                 if base + delta >= offset:
                     if (out or not first_whole) and total + plen > max_bytes:
                         return out, total
                     name = buf[i + fixed : i + fixed + flen]
                     fmt = names.get(name) or _format_name(name)  # (the usual hit without a call)
                     start = i + size - plen
-                    out.append(StoredBatch(fmt, base, base + delta, max_ts, buf[start : start + plen]))
+                    if whole:
+                        payload = buf[start : start + plen]
+                    else:
+                        payload = os.pread(fd, plen, pos + start)
+                        if len(payload) < plen:
+                            return out, total  # (the segment's size covers whole entries only)
+                        window = SMALL_WINDOW
+                    out.append(StoredBatch(fmt, base, base + delta, max_ts, payload))
                     total += plen
                     if total >= max_bytes:
                         return out, total
                 i += size
-            if i == 0 and want <= end:
-                break
+            if i == 0 and not again:
+                break  # not even one header: the segment ends here
             pos += i
         return out, total
 

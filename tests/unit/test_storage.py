@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.model import CommandError, ErrorCode, TopicConfig
+from gateway.storage import segment
 from gateway.storage.engine import Engine, EngineConfig
 from gateway.storage.journal import Journal
 
@@ -47,6 +50,40 @@ def test_max_bytes_caps_but_first_batch_is_whole(engine):
         append(engine, "t", 0, bytes([i]) * 100)
     assert len(engine.read("t", 0, 0, 10)) == 1
     assert len(engine.read("t", 0, 0, 250)) == 2
+
+
+# Payload sizes about the segment reads' windows: small ones, ones of a few KiB (more than the read
+# after a large payload holds), and ones of 16 KiB and more, read by themselves when a window cuts them.
+ENTRY_SIZES = st.sampled_from([1, 200, 3000, 9000, segment.DIRECT - 1, segment.DIRECT, 40_000,
+                               segment.WINDOW, 150_000])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(ENTRY_SIZES, min_size=1, max_size=10), st.data())
+def test_reads_return_every_entry_whole_whatever_its_size(tmp_path_factory, sizes, data):
+    e = Engine(str(tmp_path_factory.mktemp("data")), EngineConfig(segment_bytes=64 << 20))
+    try:
+        e.create_topic("t", 1)
+        entries = []
+        for i, size in enumerate(sizes):
+            payload = bytes([i]) * size
+            base, last = append(e, "t", 0, payload, count=2)
+            entries.append((base, last, payload))
+        offset = data.draw(st.integers(0, entries[-1][1]), "offset")
+        max_bytes = data.draw(st.sampled_from([1, 5000, 50_000, 200_000, 1 << 20]), "max_bytes")
+        expected, total = [], 0  # from the first entry holding offset: whole entries within max_bytes, one at least
+        for base, last, payload in entries:
+            if last < offset:
+                continue
+            if expected and total + len(payload) > max_bytes:
+                break
+            expected.append((base, last, payload))
+            total += len(payload)
+            if total >= max_bytes:
+                break
+        assert [(b.base_offset, b.last_offset, b.payload) for b in e.read("t", 0, offset, max_bytes)] == expected
+    finally:
+        e.close()
 
 
 def test_segments_roll_and_index_finds_any_offset(engine, tmp_path):
