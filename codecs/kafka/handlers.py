@@ -47,6 +47,8 @@ class Frame(Protocol):
         """The frame as the ``Pieces`` it is made of, its stored batches not copied in
         (``schema.build_frame_pieces``)."""
         ...
+
+
 Handler = Callable[["KafkaConnection", int, Any, Frame], Handled | None]
 
 

@@ -546,7 +546,7 @@ def build_frame_pieces(parts: tuple[tuple[Construct, Any], ...]) -> bytes | Piec
         s._build(value, stream, context, "")
     pieces = [piece for piece in stream.pieces if piece]
     size = sum(map(len, pieces)) - 4
-    head = pieces[0]
-    assert isinstance(head, bytearray)  # the first write is gathered: the size's own four bytes are in it
+    head = stream.pieces[0]
+    assert isinstance(head, bytearray)  # the stream starts with the size's four bytes, gathered
     head[:4] = size.to_bytes(4, "big", signed=True)
     return bytes(head) if len(pieces) == 1 else Pieces(pieces)
