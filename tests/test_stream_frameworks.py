@@ -60,6 +60,12 @@ PER_KEY = 60
 # what was counted), and the last word of every key is counted (the restarted worker was served to
 # the end of the log). Faust's exactly-once and both modes of Quix Streams count every word.
 #
+# QUIX_HANGING: Quix Streams names its transactional producer anew each time it starts, so the
+# transaction the killed application left open (when the kill comes after it counted a word of the
+# second lot) is not aborted by the restarted one, as it would be under the same transactional id:
+# it holds read_committed readers at its first output, as Kafka's would, until it times out
+# (quix_count.py sets 10 s) and the gateway aborts it. Seen in full runs here.
+#
 # FAUST_OUTPUTS: Faust's exactly-once keeps its table's changelog and its consumed offsets in one
 # transaction, but sends what an agent sends to another topic (here ``counts``) from its plain
 # producer, outside any transaction (open as faust-streaming issue 177). So a word counted after the
@@ -125,7 +131,15 @@ def test_state_survives_a_kill_and_a_lost_state_dir(gateway_factory, frameworks_
     out, _ = app.communicate(timeout=180)
     assert app.returncode == 0 and "stopped" in out, out[-3000:]
 
-    seen = outputs(gw, "read_committed")
+    # With exactly-once, read_committed readers see past a transaction the killed application left open
+    # once it is aborted: by the restarted one (Faust: the same transactional ids), or when it times out
+    # (QUIX_HANGING). (Faust's at-least-once may skip words: FAUST_SKIPS.)
+    def every_word_committed() -> list[tuple[bytes, dict]]:
+        seen = outputs(gw, "read_committed")
+        return seen if {v["word"] for _, v in seen} >= {f"w{i}" for i in range(total)} else []
+
+    seen = (wait_until(every_word_committed, 40, 1, "every word's count readable with read_committed")
+            if guarantee == "exactly-once" else outputs(gw, "read_committed"))
     for k in range(KEYS):
         counts = [v["n"] for key, v in seen if key == f"user{k}".encode()]
         words = [v["word"] for key, v in seen if key == f"user{k}".encode()]

@@ -14,7 +14,11 @@ app = Application(broker_address=broker, consumer_group=group, state_dir=state_d
                   processing_guarantee=guarantee, commit_interval=0.2, loglevel=os.environ.get("QUIX_LOGLEVEL", "WARNING"),
                   # a killed application's member is gone in 6 s (librdkafka's default keeps it 45 s, which
                   # its restart, joining the same group, would wait out)
-                  consumer_extra_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+                  consumer_extra_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+                  # Quix names its transactional producer anew at each start, so a killed application's
+                  # open transaction is not aborted by the next one's: it holds read_committed readers
+                  # until it times out (librdkafka's default: 60 s)
+                  producer_extra_config={"transaction.timeout.ms": 10000})
 words = app.topic("words", value_deserializer="json")
 counts = app.topic("counts", value_serializer="json")
 
