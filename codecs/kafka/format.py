@@ -187,9 +187,9 @@ def assign_offsets(payload: bytes | memoryview, base_offset: int,
                    leader_epoch: int | None = None) -> bytes | memoryview:
     """``payload`` with its baseOffset (and, given one, its partitionLeaderEpoch, which the CRC
     does not cover) set: patched in place when it is writable (a view of a produce request's
-    frame; batches ``KafkaFormat.join`` joined), else one copy. Several v2 batches one after the other (produces the broker joined)
-    are numbered in turn from ``base_offset``, each after the last offset of the one before, as
-    a Kafka broker numbers them."""
+    frame; batches ``KafkaFormat.join`` joined), else one copy. Several v2 batches one after the
+    other (produces the broker joined) are numbered in turn from ``base_offset``, each after the
+    last offset of the one before, as a Kafka broker numbers them."""
     if len(payload) > BATCH_OVERHEAD + _I32.unpack_from(payload, 8)[0]:
         return _assign_joined(payload, base_offset, leader_epoch)
     if isinstance(payload, memoryview) and not payload.readonly:

@@ -15,9 +15,8 @@ app = Application(broker_address=broker, consumer_group=group, state_dir=state_d
                   # a killed application's member is gone in 6 s (librdkafka's default keeps it 45 s, which
                   # its restart, joining the same group, would wait out)
                   consumer_extra_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
-                  # Quix names its transactional producer anew at each start, so a killed application's
-                  # open transaction is not aborted by the next one's: it holds read_committed readers
-                  # until it times out (librdkafka's default: 60 s)
+                  # a killed application's open transaction holds read_committed readers until it times
+                  # out (librdkafka's default: 60 s; QUIX_HANGING in test_stream_frameworks.py)
                   producer_extra_config={"transaction.timeout.ms": 10000})
 words = app.topic("words", value_deserializer="json")
 counts = app.topic("counts", value_serializer="json")
