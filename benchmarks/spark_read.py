@@ -12,6 +12,13 @@ the two runs). Parquet answers ``count()`` from its footers, so the full scan
 is the fair comparison; Spark reads the Parquet files itself, so that
 reference has no server process whose CPU time could be read.
 
+A third source, ``memory``, is the ceiling of any Spark Python data source on
+this machine: the same schema and as many rows of 100-byte values, in the
+same number of tasks, from Arrow batches built once in each task, with no
+network and no decoding. What it costs is Spark's own (a Python worker per
+task, Arrow to Spark's rows): memory/Parquet bounds what polygate/Parquet
+can reach, and polygate/memory says what polygate's reading adds.
+
     python benchmarks/spark_read.py [--records N]
 """
 
@@ -32,7 +39,10 @@ from common import Gateway, Meter, comparison, cpu_text, progress, us_per, write
 
 VALUE_SIZE = 100
 PARTITIONS = 3
-NO_SERVER = "Spark reads the Parquet files in its own processes: there is no server whose CPU time to read"
+NO_SERVER = {"parquet": "Spark reads the Parquet files in its own processes: there is no server whose CPU time to read",
+             "memory": "the memory source makes its rows in Spark's own Python workers: there is no server"}
+REFERENCES = {"parquet": "Parquet files (read by Spark)",
+              "memory": "a Python data source reading memory (the ceiling of one)"}
 
 
 def produce(servers: str, topic: str, records: int) -> float:
@@ -51,6 +61,66 @@ def produce(servers: str, topic: str, records: int) -> float:
                 producer.poll(0.01)
     assert producer.flush(120) == 0
     return time.perf_counter() - start
+
+
+class MemoryReader:
+    """The ``memory`` source's reader: ``PARTITIONS`` tasks, each yielding its share of the rows
+    from one Arrow batch of ``MEMORY_BATCH`` rows built when the task starts."""
+
+    MEMORY_BATCH = 10_000
+
+    def __init__(self, schema, records: int):
+        self.schema, self.records = schema, records
+
+    def partitions(self) -> list:
+        from pyspark.sql.datasource import InputPartition
+
+        share = -(-self.records // PARTITIONS)
+        return [InputPartition(min(share, self.records - i * share)) for i in range(PARTITIONS)]
+
+    def read(self, partition):
+        import numpy as np
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = to_arrow_schema(self.schema, timezone="UTC")
+        n = self.MEMORY_BATCH
+        sizes = pa.py_buffer((np.arange(n + 1, dtype=np.int32) * VALUE_SIZE).tobytes())
+        values = pa.Array.from_buffers(pa.binary(), n, [None, sizes, pa.py_buffer(b"v" * (VALUE_SIZE * n))])
+        no_headers = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)),
+                                              pa.array([], schema.field("headers").type.value_type))
+        batch = pa.RecordBatch.from_arrays(
+            [pa.nulls(n, pa.binary()), values, pa.array(["memory"] * n), pa.array(np.zeros(n, dtype=np.int32)),
+             pa.array(np.arange(n, dtype=np.int64)), pa.array(np.zeros(n, dtype=np.int64)).cast(schema.field(5).type),
+             pa.array(np.zeros(n, dtype=np.int32)), no_headers], schema=schema)
+        left = partition.value
+        while left:
+            rows = min(left, n)
+            left -= rows
+            yield batch if rows == n else batch.slice(0, rows)
+
+
+def memory_source(records: int) -> type:
+    """The ``memory`` data source class (Spark pickles it to its Python workers)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader
+
+    from gateway.spark import SCHEMA
+
+    class Reader(MemoryReader, DataSourceReader):
+        pass
+
+    class MemorySource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "memory"
+
+        def schema(self) -> str:
+            return SCHEMA
+
+        def reader(self, schema):
+            return Reader(schema, records)
+
+    return MemorySource
 
 
 def spark_session():
@@ -99,9 +169,12 @@ def main() -> None:
 
             split = (spark.read.format("polygate").option("bootstrap", servers).option("topic", topic)
                      .option("minPartitions", 4).load())
+            spark.dataSource.register(memory_source(n))
+            memory = spark.read.format("memory").load()
             results = {}
             for name, df, pids in (("polygate", polygate, {"server": gw.proc.pid}),
-                                   ("polygate_min4", split, {"server": gw.proc.pid}), ("parquet", parquet, {})):
+                                   ("polygate_min4", split, {"server": gw.proc.pid}), ("parquet", parquet, {}),
+                                   ("memory", memory, {})):
                 count_s, count_cpu, count = best_of(2, df.count, **pids)
                 scan_s, scan_cpu, (rows, size) = best_of(2, scan(df), **pids)
                 assert count == rows == n and size == n * VALUE_SIZE, (name, count, rows, size)
@@ -109,7 +182,7 @@ def main() -> None:
                                  "scan_s": scan_s, "scan_records_per_s": n / scan_s,
                                  **({"count_server_cpu_us_per_record": us_per(count_cpu["server"], n),
                                      "scan_server_cpu_us_per_record": us_per(scan_cpu["server"], n)}
-                                    if pids else {"server_cpu_note": NO_SERVER})}
+                                    if pids else {"server_cpu_note": NO_SERVER[name]})}
                 progress(f"{name:13}  count() {n / count_s:>12,.0f} records/s ({count_s:.2f} s), server CPU "
                          f"{cpu_text(results[name].get('count_server_cpu_us_per_record'))}   full scan "
                          f"{n / scan_s:>12,.0f} records/s ({scan_s:.2f} s), server CPU "
@@ -118,18 +191,25 @@ def main() -> None:
             spark.stop()
     shutil.rmtree(workdir, ignore_errors=True)
     ratios = {f"{name}_{kind}": results[name][f"{kind}_records_per_s"] / results["parquet"][f"{kind}_records_per_s"]
-              for name in ("polygate", "polygate_min4") for kind in ("scan", "count")}
+              for name in ("polygate", "polygate_min4", "memory") for kind in ("scan", "count")}
+    against_memory = {f"polygate_{kind}": results["polygate"][f"{kind}_records_per_s"]
+                      / results["memory"][f"{kind}_records_per_s"] for kind in ("scan", "count")}
     print(f"polygate/Parquet full scan: {ratios['polygate_scan']:.3f}x (3 tasks), "
           f"{ratios['polygate_min4_scan']:.3f}x (minPartitions 4); count(): {ratios['polygate_count']:.3f}x; "
-          f"export polygate -> Parquet {n / exported:,.0f} records/s; Parquet's server CPU: n/a, {NO_SERVER}")
+          f"export polygate -> Parquet {n / exported:,.0f} records/s; Parquet's server CPU: n/a, {NO_SERVER['parquet']}")
+    print(f"the ceiling of a Python data source, memory/Parquet: full scan {ratios['memory_scan']:.3f}x, "
+          f"count() {ratios['memory_count']:.3f}x; polygate/memory: full scan {against_memory['polygate_scan']:.3f}x, "
+          f"count() {against_memory['polygate_count']:.3f}x")
     comparisons = [comparison(f"{'count()' if kind == 'count' else 'full scan'}, {name.replace('_', ' ')}",
-                              "Parquet files (read by Spark)",
-                              (results[name][f"{kind}_records_per_s"], results["parquet"][f"{kind}_records_per_s"]),
-                              (results[name][f"{kind}_server_cpu_us_per_record"], None), NO_SERVER)
-                   for name in ("polygate", "polygate_min4") for kind in ("scan", "count")]
+                              REFERENCES[reference],
+                              (results[name][f"{kind}_records_per_s"], results[reference][f"{kind}_records_per_s"]),
+                              (results[name][f"{kind}_server_cpu_us_per_record"], None), NO_SERVER[reference])
+                   for reference, names in (("parquet", ("polygate", "polygate_min4")), ("memory", ("polygate",)))
+                   for name in names for kind in ("scan", "count")]
     path = write_result("spark_read", {"records": n, "value_size": VALUE_SIZE, "partitions": PARTITIONS,
                                        "spark": "local[2]", "produce_records_per_s": n / produced,
                                        "export_records_per_s": n / exported, **results, "ratios": ratios,
+                                       "ratios_to_memory": against_memory,
                                        "comparisons": comparisons})
     print(f"results: {path}")
 

@@ -13,6 +13,14 @@ shared machine hits both alike:
 * ``get -S -d beginning``: each of those topics read back from the first
   message (every message counted, so a lost one fails the run).
 
+The produce commands also drive a third server, the *floor*: a bare Twisted
+server that splits tank-cli's produce requests, writes each bundle to a file
+with one ``pwritev`` and acknowledges it, and does nothing else (no
+validation, no index, no topic). It is the least any Twisted server can do
+for these requests on this machine, as the line echo is for V1
+(``v1_produce.py``): polygate/floor says what polygate's layers cost, and
+floor/TANK what is left for them under a goal set against TANK.
+
 For each it prints the messages/s and the CPU time the broker's process spent
 per message (user + system, from /proc: tank-cli shares the 2 cores, so the
 rates are blurred and the CPU per message is what each broker itself costs),
@@ -68,6 +76,36 @@ SIZE = 100
 FETCH_SIZE = 4 << 20
 ACK = 10  # 01 | u32 len | u32 request id | u8 error, for a one-partition produce
 REFERENCE = "TANK 4.0 C++ broker (same machine, same run)"
+FLOOR = "bare Twisted server: frame, pwritev, acknowledge (same machine, same run)"
+FLOOR_SERVER = r"""
+import os, struct, sys, tempfile
+from twisted.internet import protocol, reactor
+
+log = tempfile.TemporaryFile(dir=sys.argv[1])
+written = 0
+
+class Floor(protocol.Protocol):
+    # tank-cli's produce: u8 1 | u32 size | u16 client version | u32 request id | ... ; the answer
+    # for its one partition: u8 1 | u32 5 | u32 request id | u8 0 (no error).
+    pending = b""
+
+    def dataReceived(self, data):
+        global written
+        buf = self.pending + data if self.pending else data
+        at = 0
+        while len(buf) - at >= 5:
+            end = at + 5 + struct.unpack_from("<I", buf, at + 1)[0]
+            if len(buf) < end:
+                break
+            written += os.pwritev(log.fileno(), [memoryview(buf)[at + 11:end]], written)
+            self.transport.write(b"\x01\x05\x00\x00\x00" + buf[at + 7:at + 11] + b"\x00")
+            at = end
+        self.pending = buf[at:]
+
+port = reactor.listenTCP(0, protocol.Factory.forProtocol(Floor), interface="127.0.0.1")
+print(port.getHost().port, flush=True)
+reactor.run()
+"""
 # the tank-cli cases: name -> (bundle size of the produce, or None for the consume of that produce's topic)
 CASES = ("produce 1000/request", "produce 1/request", "consume 1000-message bundles", "consume 1-message bundles")
 STATS = re.compile(rb"^>> ([\d,]+) messages$", re.MULTILINE)  # `get -S`: one line per response
@@ -183,11 +221,23 @@ def message_file(count: int, seed: int) -> Iterator[str]:
         yield f.name
 
 
+@contextlib.contextmanager
+def floor_server() -> Iterator[tuple[int, int]]:
+    """``FLOOR_SERVER`` in a process of its own, writing into a temporary directory: its port and pid."""
+    with tempfile.TemporaryDirectory(prefix="tank-floor-") as where:
+        floor = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, where], stdout=subprocess.PIPE, text=True)
+        try:
+            yield int(floor.stdout.readline()), floor.pid
+        finally:
+            floor.terminate()
+            floor.wait()
+
+
 class TankCli:
     """``tank-cli`` against one broker (``HOST:PORT``) whose process is ``pid``: each command timed and metered."""
 
-    def __init__(self, cli: str, broker: str, pid: int):
-        self.cli, self.broker, self.pid = cli, broker, pid
+    def __init__(self, cli: str, broker: str, pid: int, produce_only: bool = False):
+        self.cli, self.broker, self.pid, self.produce_only = cli, broker, pid, produce_only
 
     def run(self, topic: str, *command: str) -> tuple[bytes, Meter]:
         with Meter(server=self.pid) as meter:
@@ -199,14 +249,17 @@ class TankCli:
         return done.stdout, meter
 
     def round(self, tag: str, files: dict[int, tuple[str, int]]) -> dict[str, float]:
-        """One round of every case on fresh topics named after ``tag``: ``<case>_msgs_s`` and
+        """One round of every case (the produce cases alone for a ``produce_only`` server, which
+        has no topics) on fresh topics named after ``tag``: ``<case>_msgs_s`` and
         ``<case>_server_cpu_us_per_record`` for each case."""
         figures: dict[str, float] = {}
         for bundle, (path, count) in files.items():
             topic = f"bm{bundle}_{tag}"
-            self.run(topic, "create_topic", "1")
-            for case, command in ((f"produce {bundle}/request", ("produce", "-s", str(bundle), "-f", path)),
-                                  (f"consume {bundle}-message bundles", ("get", "-S", "-d", "beginning"))):
+            cases = [(f"produce {bundle}/request", ("produce", "-s", str(bundle), "-f", path))]
+            if not self.produce_only:
+                self.run(topic, "create_topic", "1")
+                cases.append((f"consume {bundle}-message bundles", ("get", "-S", "-d", "beginning")))
+            for case, command in cases:
                 out, meter = self.run(topic, *command)
                 if case.startswith("consume"):
                     got = sum(int(n.replace(b",", b"")) for n in STATS.findall(out))
@@ -222,23 +275,33 @@ def against_reference(args: argparse.Namespace) -> None:
     host, _, port = args.reference.rpartition(":")
     ref_pid = args.reference_pid or listener_pid(int(port))
     counts = {1000: args.messages, 1: args.single}
-    with Gateway(["tank"]) as gw, contextlib.ExitStack() as files_stack:
+    with (Gateway(["tank"]) as gw, floor_server() as (floor_port, floor_pid),
+          contextlib.ExitStack() as files_stack):
         files = {bundle: (files_stack.enter_context(message_file(n, bundle)), n) for bundle, n in counts.items()}
         brokers = {"polygate": TankCli(args.tank_cli, f"127.0.0.1:{gw.ports['tank']}", gw.proc.pid),
-                   "tank": TankCli(args.tank_cli, args.reference, ref_pid)}
+                   "tank": TankCli(args.tank_cli, args.reference, ref_pid),
+                   "floor": TankCli(args.tank_cli, f"127.0.0.1:{floor_port}", floor_pid, produce_only=True)}
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in brokers}
         tag = time.strftime("%H%M%S")
         for r in range(args.rounds):
-            for name in list(brokers)[r % 2 :] + list(brokers)[: r % 2]:  # turns: neither always first
+            turn = r % len(brokers)
+            for name in list(brokers)[turn:] + list(brokers)[:turn]:  # turns: none always first
                 rounds[name].append(brokers[name].round(f"{tag}_{r}", files))
                 progress(f"round {r + 1}, {name}: " + ", ".join(
                     f"{case} {rounds[name][-1][f'{case}_msgs_s']:,} msg/s "
-                    f"({rounds[name][-1][f'{case}_server_cpu_us_per_record']:.3f} µs)" for case in CASES))
+                    f"({rounds[name][-1][f'{case}_server_cpu_us_per_record']:.3f} µs)"
+                    for case in CASES if f"{case}_msgs_s" in rounds[name][-1]))
     results = {name: best_of(rs) for name, rs in rounds.items()}
-    ratios = {k: ratio(results["polygate"][k], results["tank"][k]) for k in results["polygate"]}
-    # the same ratio round by round (the two brokers of one round ran back to back): the spread
-    per_round = {k: [ratio(p[k], t[k]) for p, t in zip(rounds["polygate"], rounds["tank"], strict=True)]
-                 for k in ratios}
+
+    def ratios_of(a: str, b: str) -> tuple[dict[str, float | None], dict[str, list[float | None]]]:
+        """``a``/``b`` of the best figures, and round by round (the servers of one round ran back to
+        back: the spread), for the cases both ran."""
+        keys = [k for k in results[a] if k in results[b]]
+        return ({k: ratio(results[a][k], results[b][k]) for k in keys},
+                {k: [ratio(x[k], y[k]) for x, y in zip(rounds[a], rounds[b], strict=True)] for k in keys})
+
+    ratios, per_round = ratios_of("polygate", "tank")
+    floor_ratios = {"polygate/floor": ratios_of("polygate", "floor")[0], "floor/tank": ratios_of("floor", "tank")[0]}
 
     def spread(name: str, key: str) -> str:
         figures = [r[key] for r in rounds[name]]
@@ -250,16 +313,25 @@ def against_reference(args: argparse.Namespace) -> None:
         rate, cpu = f"{case}_msgs_s", f"{case}_server_cpu_us_per_record"
         print(f"{case:<29} " + "   ".join(
             f"{name} {results[name][rate]:>10,.0f} msg/s ({spread(name, rate)}), "
-            f"{results[name][cpu]:.3f} µs/msg ({spread(name, cpu)})" for name in rounds))
+            f"{results[name][cpu]:.3f} µs/msg ({spread(name, cpu)})" for name in rounds if rate in results[name]))
         print(f"{'':<29} polygate/TANK: msg/s {ratio_text(ratios[rate])} (rounds {per_round[rate]}), "
               f"server CPU per message {ratio_text(ratios[cpu])} (rounds {per_round[cpu]})")
-    comparisons = [comparison(case, REFERENCE, (results["polygate"][f"{case}_msgs_s"], results["tank"][f"{case}_msgs_s"]),
-                              (results["polygate"][f"{case}_server_cpu_us_per_record"],
-                               results["tank"][f"{case}_server_cpu_us_per_record"])) for case in CASES]
+        for name, these in floor_ratios.items():
+            if rate in these:
+                print(f"{'':<29} {name}: msg/s {ratio_text(these[rate])}, server CPU per message "
+                      f"{ratio_text(these[cpu])}")
+
+    def compared(case: str, name: str, reference: str) -> dict:
+        return comparison(case, reference, (results["polygate"][f"{case}_msgs_s"], results[name][f"{case}_msgs_s"]),
+                          (results["polygate"][f"{case}_server_cpu_us_per_record"],
+                           results[name][f"{case}_server_cpu_us_per_record"]))
+
+    comparisons = [compared(case, "tank", REFERENCE) for case in CASES]
+    comparisons += [compared(case, "floor", FLOOR) for case in CASES if f"{case}_msgs_s" in results["floor"]]
     path = write_result("tank_produce_consume", {
         "driver": "tank-cli", "messages": counts, "message_bytes": SIZE, "reference": args.reference,
         "rounds": rounds, "results": results, "ratios": ratios, "ratios_by_round": per_round,
-        "comparisons": comparisons})
+        "floor_ratios": floor_ratios, "comparisons": comparisons})
     progress(f"wrote {path}")
 
 
