@@ -47,7 +47,17 @@ def _frozen(cls: _C) -> _C:
             or isinstance(f.default, attrs.Factory) for f in fields):  # type: ignore[arg-type]
         return cls
     defaults = tuple(f.default for f in fields if f.default is not attrs.NOTHING)
-    cls.__init__ = _speedups.init(cls, tuple(f.name for f in fields), defaults)  # type: ignore[misc]  # meant
+    return stores_in_slots(cls, tuple(f.name for f in fields), defaults)
+
+
+def stores_in_slots(cls: _C, names: tuple[str, ...], defaults: tuple[Any, ...] = ()) -> _C:
+    """``cls`` (slotted) with the C ``__init__`` that stores its arguments, positional or by
+    keyword, in the slots ``names`` (the last ``len(defaults)`` with those defaults), where
+    ``gateway/_speedups.c`` is built. Elsewhere ``cls`` keeps its own ``__init__``, which must
+    take those arguments and store nothing else. The model's frozen classes get it (``frozen``);
+    so may a class outside the model made for every request of a burst (V1's ``Produced``)."""
+    if _speedups is not None:
+        cls.__init__ = _speedups.init(cls, names, defaults)  # type: ignore[misc]  # meant
     return cls
 
 

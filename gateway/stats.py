@@ -15,6 +15,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Sequence
+from operator import countOf
 from typing import Any
 
 from gateway import model as m
@@ -101,7 +102,10 @@ class ListenerStats:
     def ran(self, commands: Sequence[Any], results: Sequence[Any]) -> None:
         """Count ``commands`` (run now) and those of their ``results`` that are values; a
         result still waited for (a Deferred) is counted by ``finished`` once it is in."""
-        _count_elements(self.commands, map(type, commands))
+        if commands and countOf(map(type, commands), kind := type(commands[0])) == len(commands):
+            self.commands[kind] = self.commands.get(kind, 0) + len(commands)  # a burst: one kind, one count
+        else:
+            _count_elements(self.commands, map(type, commands))
         self.finished(commands, results)
 
     def finished(self, commands: Sequence[Any], results: Sequence[Any]) -> None:

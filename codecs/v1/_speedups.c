@@ -250,9 +250,11 @@ printable(const unsigned char *p, Py_ssize_t len, Py_ssize_t pos, int stop)
 }
 
 /* The fields of the plain PRODUCE line p[:len] (see parse_produce): a new tuple, a new
- * reference to None for any other line, NULL with an exception set when memory runs out. */
+ * reference to None for any other line, NULL with an exception set when memory runs out.
+ * ``topic_seen`` (or NULL) is a str the topic may equal, the previous line's: then it is the
+ * topic, not a new str (a burst's lines name one topic, and an equal object is hashed once). */
 static PyObject *
-plain_produce(const unsigned char *p, Py_ssize_t len, long long timestamp)
+plain_produce(const unsigned char *p, Py_ssize_t len, long long timestamp, PyObject *topic_seen)
 {
     Py_ssize_t pos, cid, topic, key, kv, acks = 0;
     if (len < 3 || memcmp(p, "V1|", 3) != 0)
@@ -287,8 +289,19 @@ plain_produce(const unsigned char *p, Py_ssize_t len, long long timestamp)
     memcpy(w, p + kv_at, key);
     w = put_be(w + key, (uint64_t)value, 4);
     memcpy(w, p + kv_at + key + 1, value);
-    return Py_BuildValue("(s#s#y#NN)", (const char *)p + 3, cid, (const char *)p + topic_at, topic,
-                         (const char *)p + kv_at, key, payload, ack);
+    int seen = topic_seen != NULL && PyUnicode_IS_COMPACT_ASCII(topic_seen) &&
+               PyUnicode_GET_LENGTH(topic_seen) == topic && memcmp(PyUnicode_DATA(topic_seen), p + topic_at, topic) == 0;
+    PyObject *fields[] = {PyUnicode_DecodeASCII((const char *)p + 3, cid, NULL),
+                          seen ? Py_NewRef(topic_seen) : PyUnicode_DecodeASCII((const char *)p + topic_at, topic, NULL),
+                          PyBytes_FromStringAndSize((const char *)p + kv_at, key), payload, ack};
+    PyObject *out = fields[0] && fields[1] && fields[2] ? PyTuple_New(5) : NULL;
+    for (int i = 0; i < 5; i++) {
+        if (out != NULL)
+            PyTuple_SET_ITEM(out, i, fields[i]);
+        else
+            Py_XDECREF(fields[i]);
+    }
+    return out;
 }
 
 static PyObject *
@@ -299,7 +312,7 @@ parse_produce(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "y*L", &buf, &timestamp))
         return NULL;
-    PyObject *out = plain_produce(buf.buf, buf.len, timestamp);
+    PyObject *out = plain_produce(buf.buf, buf.len, timestamp, NULL);
     PyBuffer_Release(&buf);
     return out;
 }
@@ -395,10 +408,12 @@ take_produces(PyObject *self, PyObject *args)
         Py_XDECREF(it);
         return NULL;
     }
+    PyObject *topic_seen = NULL; /* the last line's topic */
     while (PyList_GET_SIZE(out) < limit && (line = PyIter_Next(it)) != NULL) {
         PyObject *fields = !PyBytes_Check(line) || PyBytes_GET_SIZE(line) > max_len
             ? Py_NewRef(Py_None)
-            : plain_produce((const unsigned char *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), timestamp);
+            : plain_produce((const unsigned char *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), timestamp,
+                            topic_seen);
         Py_DECREF(line);
         if (fields == NULL)
             goto fail;
@@ -406,6 +421,7 @@ take_produces(PyObject *self, PyObject *args)
             Py_DECREF(fields);
             break;
         }
+        Py_XSETREF(topic_seen, Py_NewRef(PyTuple_GET_ITEM(fields, 1)));
         PyObject *acks = PyTuple_GET_ITEM(fields, 4);
         PyObject *mode = acks == Py_None ? leader : ack_mode(modes, acks);
         if (mode == NULL) { /* a wrong ack mode: handle_frame answers it */
@@ -418,6 +434,7 @@ take_produces(PyObject *self, PyObject *args)
             goto fail;
     }
     Py_DECREF(it);
+    Py_XDECREF(topic_seen);
     if (PyErr_Occurred()) {
         Py_DECREF(out);
         return NULL;
@@ -425,6 +442,7 @@ take_produces(PyObject *self, PyObject *args)
     return out;
 fail:
     Py_DECREF(it);
+    Py_XDECREF(topic_seen);
     Py_DECREF(out);
     return NULL;
 }

@@ -30,6 +30,7 @@ from gateway.codec import (
 from gateway.codec.framing import LengthPrefixedFramer, ReceiveBuffer, varint_header
 from gateway.codecs.v1 import plugin as v1_plugin
 from gateway.local.store import LocalStore
+from gateway.stats import ListenerStats
 from gateway.storage.engine import Engine
 from gateway.testing import Reactor, connect
 
@@ -746,3 +747,16 @@ def test_a_codecs_timer_replaces_the_pending_one_of_its_context_and_none_cancels
     task.stop()
     reactor.advance(5.0)
     assert alarms.fired == ["c", "a"]
+
+
+@pytest.mark.parametrize("kinds", [[], [m.Produce] * 5, [m.Produce, m.Fetch, m.Produce], [m.Fetch, m.Produce, m.Produce]],
+                         ids=["none", "a burst of one kind", "mixed", "mixed, the first alone"])
+def test_a_listener_counts_the_commands_of_a_pass_by_class_whatever_their_mix(kinds):
+    """``ListenerStats.ran`` counts a pass of one kind at once and a mixed one command by
+    command: the counts are the same either way, and add to what was counted before."""
+    stats = ListenerStats("v1")
+    stats.commands[m.Produce] = 2
+    commands = [kind.__new__(kind) for kind in kinds]
+    stats.ran(commands, [None] * len(commands))
+    expected = {m.Produce: 2 + kinds.count(m.Produce), **({m.Fetch: kinds.count(m.Fetch)} if m.Fetch in kinds else {})}
+    assert stats.commands == expected

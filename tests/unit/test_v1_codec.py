@@ -272,13 +272,28 @@ def test_produce_lines_taken_in_one_pass_make_the_requests_and_runs_of_lines_tak
 @pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
 @settings(max_examples=300, deadline=None)
 @given(st.lists(RUN_LINES | st.sampled_from([b"V1|8|PRODUCE|t g:7 ACKS=All", b"V1|9|PRODUCE|t h:8 acks=0",
-                                             b"V1|a|PRODUCE|t i:9 acks=ALLL"]) | st.binary(max_size=30), max_size=12),
+                                             b"V1|a|PRODUCE|t i:9 acks=ALLL", b"V1|b|PRODUCE|tt j:1"])
+                | st.binary(max_size=30), max_size=12),
        st.integers(0, 14), st.integers(0, 120))
 def test_c_and_python_take_the_leading_plain_produce_lines_alike(lines, limit, max_len):
+    """The same requests, their answers' ``Produced`` made alike too (the C ``__init__`` where it
+    is built), whatever the topics of consecutive lines (the C loop reuses an equal one's str)."""
     def requests(take) -> list:
-        return [(type(h), h.commands, type(h.render), h.render.cid, tuple(h[2:])) for h in take(lines, 1234, limit, max_len)]
+        return [(type(h), h.commands, type(h.render), h.render.cid, h.render.render, h.render.args, tuple(h[2:]))
+                for h in take(lines, 1234, limit, max_len)]
 
     assert requests(v1._take_produces_in_c) == requests(v1._take_produces)
+
+
+def test_a_produced_answer_is_made_from_its_correlation_id_alone_or_with_all_it_holds():
+    """``Produced``'s ``__init__`` (the C one where it is built, else its own) stores its
+    arguments, positional or by keyword, and defaults to a PRODUCE line's render."""
+    plain = handlers.Produced("c-7")
+    assert (plain.cid, plain.render, plain.args) == ("c-7", handlers._render_produce, [])
+    other = handlers.Produced("8", args=["t"], render=handlers._render_produce)
+    assert (other.cid, other.render, other.args) == ("8", handlers._render_produce, ["t"])
+    with pytest.raises(TypeError):
+        handlers.Produced()
 
 
 @pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
