@@ -9,6 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <structmember.h>
 
 /* The big-endian unsigned integer of n bytes at p. */
 static inline uint64_t
@@ -27,6 +28,31 @@ put_be(unsigned char *p, uint64_t v, int n)
     for (int i = n - 1; i >= 0; i--)
         *p++ = (unsigned char)(v >> (8 * i));
     return p;
+}
+
+/* Where ``type`` keeps its slot ``name`` (a member descriptor of an object, as ``__slots__`` and the
+ * model's frozen classes make): its offset in an instance, or -1 for any other attribute. */
+static inline Py_ssize_t
+slot_offset(PyTypeObject *type, PyObject *name)
+{
+    PyObject *descr = _PyType_Lookup(type, name); /* borrowed; the type's own lookup, through its MRO */
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type))
+        return -1;
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    return member->type == T_OBJECT_EX ? member->offset : -1;
+}
+
+/* ``obj.name`` (a new reference): read from the slot at ``offset`` (``slot_offset``) when ``obj`` is a
+ * ``type`` and the slot is set, with no attribute lookup; else by ``getattr``, with its exceptions. */
+static inline PyObject *
+slot_or_attr(PyObject *obj, PyTypeObject *type, Py_ssize_t offset, PyObject *name)
+{
+    if (offset >= 0 && Py_TYPE(obj) == type) {
+        PyObject *value = *(PyObject **)((char *)obj + offset);
+        if (value != NULL)
+            return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(obj, name);
 }
 
 /* Append a new reference to list and drop it; -1 (exception set) if item is NULL or the append fails. */

@@ -463,12 +463,27 @@ names(void)
     return CID == NULL || HIGH_WATERMARK == NULL || BASE_OFFSET == NULL || PARTITION == NULL || ERROR == NULL ? -1 : 0;
 }
 
-/* The int attribute ``name`` of ``obj`` in *out: 0; 1 for another type or an int outside 64 bits
- * (which only Python writes); -1 with an exception set when ``obj`` has no such attribute. */
-static int
-int_attr(PyObject *obj, PyObject *name, long long *out)
+/* What stored_lines reads of each result (a run's results are of one class): where that class keeps it. */
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t error, partition, base_offset, high_watermark;
+} ResultSlots;
+
+static ResultSlots
+result_slots(PyObject *result)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
+    PyTypeObject *type = Py_TYPE(result);
+    return (ResultSlots){type, slot_offset(type, ERROR), slot_offset(type, PARTITION), slot_offset(type, BASE_OFFSET),
+                         slot_offset(type, HIGH_WATERMARK)};
+}
+
+/* The int attribute ``name`` of ``obj`` (at ``offset`` of a ``type``: ``slot_or_attr``) in *out: 0; 1 for another
+ * type or an int outside 64 bits (which only Python writes); -1 with an exception set when ``obj`` has no such
+ * attribute. */
+static int
+int_attr(PyObject *obj, PyTypeObject *type, Py_ssize_t offset, PyObject *name, long long *out)
+{
+    PyObject *value = slot_or_attr(obj, type, offset, name);
     if (value == NULL)
         return -1;
     int overflow = 0;
@@ -508,7 +523,10 @@ stored_lines(PyObject *self, PyObject *args)
     Py_ssize_t n = PyList_GET_SIZE(parts);
     if (PyList_GET_SIZE(results) != n)
         Py_RETURN_NONE;
-    Py_ssize_t cap = 64 * n + 64, size = 0;
+    if (!PyType_Check(produced))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t cap = 64 * n + 64, size = 0, cid_at = slot_offset((PyTypeObject *)produced, CID);
+    ResultSlots at = n ? result_slots(PyList_GET_ITEM(results, 0)) : (ResultSlots){NULL, -1, -1, -1, -1};
     char *out = PyMem_Malloc(cap);
     if (out == NULL)
         return PyErr_NoMemory();
@@ -516,24 +534,24 @@ stored_lines(PyObject *self, PyObject *args)
         PyObject *part = PyList_GET_ITEM(parts, i), *result = PyList_GET_ITEM(results, i);
         if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) < 2 || Py_TYPE(PyTuple_GET_ITEM(part, 1)) != (PyTypeObject *)produced)
             goto other;
-        PyObject *error = PyObject_GetAttr(result, ERROR);
+        PyObject *error = slot_or_attr(result, at.type, at.error, ERROR);
         if (error == NULL)
             goto fail;
         Py_DECREF(error);
         if (error != Py_None)
             goto other;
         long long partition, offset, hw;
-        int r = int_attr(result, PARTITION, &partition);
+        int r = int_attr(result, at.type, at.partition, PARTITION, &partition);
         if (r == 0)
-            r = int_attr(result, BASE_OFFSET, &offset);
+            r = int_attr(result, at.type, at.base_offset, BASE_OFFSET, &offset);
         if (r == 0)
-            r = int_attr(result, HIGH_WATERMARK, &hw);
+            r = int_attr(result, at.type, at.high_watermark, HIGH_WATERMARK, &hw);
         if (r != 0) {
             if (r < 0)
                 goto fail;
             goto python;
         }
-        PyObject *cid = PyObject_GetAttr(PyTuple_GET_ITEM(part, 1), CID);
+        PyObject *cid = slot_or_attr(PyTuple_GET_ITEM(part, 1), (PyTypeObject *)produced, cid_at, CID);
         if (cid == NULL)
             goto fail;
         Py_ssize_t cid_len = 0;

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
+import attrs
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -299,18 +301,21 @@ def test_a_produced_answer_is_made_from_its_correlation_id_alone_or_with_all_it_
 @pytest.mark.skipif(v1._speedups is None, reason="built without a C compiler")
 @settings(max_examples=500, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["1", "c-7", "é", "\udcff", ""]), st.booleans(), st.booleans(),
-                          st.integers(-(2**64), 2**64), st.integers(-(2**64), 2**64)), max_size=6),
+                          st.integers(-(2**64), 2**64), st.integers(-(2**64), 2**64), st.booleans()), max_size=6),
        st.integers(-1, 1))
 def test_c_and_python_answer_a_run_of_stored_produce_lines_alike(lines, missing):
     """The answers of a run, the C loop's (``stored_lines``) and the Python one's: the same
     bytes, the same None (a part that is not a plain PRODUCE line, a record not stored, a
-    result too few or too many) and the same error (a correlation id UTF-8 cannot write)."""
+    result too few or too many) and the same error (a correlation id UTF-8 cannot write),
+    whether the results are all ``ProduceResult``s (read from their slots) or some are
+    look-alikes of another class (read by name)."""
     parts, results = [], []
-    for cid, plain, stored, offset, hw in lines:
+    for cid, plain, stored, offset, hw, look_alike in lines:
         render = handlers.Produced(cid) if plain else handlers.Answer(cid, handlers._render_produce, [])
         parts.append(Handled.run((), render, joins=True))
-        results.append(m.ProduceResult("t", offset % 7, offset, offset, hw,
-                                       error=None if stored else m.Error(m.ErrorCode.NOT_LEADER, "x")))
+        result = m.ProduceResult("t", offset % 7, offset, offset, hw,
+                                 error=None if stored else m.Error(m.ErrorCode.NOT_LEADER, "x"))
+        results.append(SimpleNamespace(**attrs.asdict(result, recurse=False)) if look_alike else result)
     results = results[: len(results) + missing] if missing < 0 else results + results[:missing]
 
     def answered(stored_lines):
