@@ -249,59 +249,67 @@ printable(const unsigned char *p, Py_ssize_t len, Py_ssize_t pos, int stop)
     return pos - start;
 }
 
-/* The fields of the plain PRODUCE line p[:len] (see parse_produce): a new tuple, a new
- * reference to None for any other line, NULL with an exception set when memory runs out.
- * ``topic_seen`` (or NULL) is a str the topic may equal, the previous line's: then it is the
- * topic, not a new str (a burst's lines name one topic, and an equal object is hashed once). */
-static PyObject *
-plain_produce(const unsigned char *p, Py_ssize_t len, long long timestamp, PyObject *topic_seen)
+/* A plain PRODUCE line's fields (see parse_produce), each a new reference. */
+typedef struct {
+    PyObject *cid, *topic, *key, *payload, *acks;
+} Fields;
+
+static void
+fields_clear(Fields *f)
+{
+    Py_CLEAR(f->cid);
+    Py_CLEAR(f->topic);
+    Py_CLEAR(f->key);
+    Py_CLEAR(f->payload);
+    Py_CLEAR(f->acks);
+}
+
+/* The fields of the plain PRODUCE line p[:len] in *f (see parse_produce): 1; 0 (*f untouched) for any other
+ * line; -1 with an exception set when memory runs out. ``topic_seen`` (or NULL) is a str the topic may equal,
+ * the previous line's: then it is the topic, not a new str (a burst's lines name one topic, and an equal
+ * object is hashed once). */
+static int
+plain_produce(const unsigned char *p, Py_ssize_t len, long long timestamp, PyObject *topic_seen, Fields *f)
 {
     Py_ssize_t pos, cid, topic, key, kv, acks = 0;
     if (len < 3 || memcmp(p, "V1|", 3) != 0)
-        return Py_NewRef(Py_None);
+        return 0;
     pos = 3;
     if (!(cid = printable(p, len, pos, '|')) || len - pos - cid < 9 || memcmp(p + pos + cid, "|PRODUCE|", 9) != 0)
-        return Py_NewRef(Py_None);
+        return 0;
     pos += cid + 9;
     if (!(topic = printable(p, len, pos, -1)) || pos + topic >= len || p[pos + topic] != ' ')
-        return Py_NewRef(Py_None);
+        return 0;
     Py_ssize_t topic_at = pos, kv_at = pos + topic + 1;
     kv = printable(p, len, kv_at, -1);
     key = printable(p, len, kv_at, ':');
     if (!kv || key == kv)  /* no value separator: the general parser says why */
-        return Py_NewRef(Py_None);
+        return 0;
     pos = kv_at + kv;
     if (pos < len) {
         if (p[pos] != ' ' || !(acks = printable(p, len, pos + 1, -1)) || pos + 1 + acks != len)
-            return Py_NewRef(Py_None);
+            return 0;
     }
     Py_ssize_t value = kv - key - 1;
-    PyObject *ack = acks ? PyUnicode_FromStringAndSize((const char *)p + pos + 1, acks) : Py_NewRef(Py_None);
-    PyObject *payload = ack == NULL ? NULL : PyBytes_FromStringAndSize(NULL, 16 + key + 4 + value);
-    if (payload == NULL) {
-        Py_XDECREF(ack);
-        return NULL;
+    int seen = topic_seen != NULL && PyUnicode_IS_COMPACT_ASCII(topic_seen) &&
+               PyUnicode_GET_LENGTH(topic_seen) == topic && memcmp(PyUnicode_DATA(topic_seen), p + topic_at, topic) == 0;
+    *f = (Fields){PyUnicode_DecodeASCII((const char *)p + 3, cid, NULL),
+                  seen ? Py_NewRef(topic_seen) : PyUnicode_DecodeASCII((const char *)p + topic_at, topic, NULL),
+                  PyBytes_FromStringAndSize((const char *)p + kv_at, key),
+                  PyBytes_FromStringAndSize(NULL, 16 + key + 4 + value),
+                  acks ? PyUnicode_DecodeASCII((const char *)p + pos + 1, acks, NULL) : Py_NewRef(Py_None)};
+    if (!f->cid || !f->topic || !f->key || !f->payload || !f->acks) {
+        fields_clear(f);
+        return -1;
     }
-    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(payload);
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(f->payload);
     w = put_be(w, 0, 4);
     w = put_be(w, (uint64_t)timestamp, 8);
     w = put_be(w, (uint64_t)key, 4);
     memcpy(w, p + kv_at, key);
     w = put_be(w + key, (uint64_t)value, 4);
     memcpy(w, p + kv_at + key + 1, value);
-    int seen = topic_seen != NULL && PyUnicode_IS_COMPACT_ASCII(topic_seen) &&
-               PyUnicode_GET_LENGTH(topic_seen) == topic && memcmp(PyUnicode_DATA(topic_seen), p + topic_at, topic) == 0;
-    PyObject *fields[] = {PyUnicode_DecodeASCII((const char *)p + 3, cid, NULL),
-                          seen ? Py_NewRef(topic_seen) : PyUnicode_DecodeASCII((const char *)p + topic_at, topic, NULL),
-                          PyBytes_FromStringAndSize((const char *)p + kv_at, key), payload, ack};
-    PyObject *out = fields[0] && fields[1] && fields[2] ? PyTuple_New(5) : NULL;
-    for (int i = 0; i < 5; i++) {
-        if (out != NULL)
-            PyTuple_SET_ITEM(out, i, fields[i]);
-        else
-            Py_XDECREF(fields[i]);
-    }
-    return out;
+    return 1;
 }
 
 static PyObject *
@@ -309,11 +317,16 @@ parse_produce(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
     long long timestamp;
+    Fields f;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*L", &buf, &timestamp))
         return NULL;
-    PyObject *out = plain_produce(buf.buf, buf.len, timestamp, NULL);
+    int parsed = plain_produce(buf.buf, buf.len, timestamp, NULL, &f);
     PyBuffer_Release(&buf);
+    if (parsed <= 0)
+        return parsed ? NULL : Py_NewRef(Py_None);
+    PyObject *out = PyTuple_Pack(5, f.cid, f.topic, f.key, f.payload, f.acks);
+    fields_clear(&f);
     return out;
 }
 
@@ -347,32 +360,26 @@ ack_mode(PyObject *modes, PyObject *text)
 /* ``handled((Produce(topic, None, Batch(name, payload, 1, timestamp), mode, None, key, partitioner, True),),
  * produced(cid), b"", False, "", False, True, True, None, 1)``: the request of one plain PRODUCE line. */
 static PyObject *
-produce_request(PyObject *kinds, PyObject *fields, PyObject *mode, long long timestamp)
+produce_request(PyObject *kinds, const Fields *f, PyObject *mode, PyObject *stamp)
 {
     PyObject *produce = PyTuple_GET_ITEM(kinds, 0), *batch_type = PyTuple_GET_ITEM(kinds, 1),
              *produced = PyTuple_GET_ITEM(kinds, 2), *name = PyTuple_GET_ITEM(kinds, 4),
              *partitioner = PyTuple_GET_ITEM(kinds, 5), *empty = PyTuple_GET_ITEM(kinds, 6);
     PyTypeObject *handled = (PyTypeObject *)PyTuple_GET_ITEM(kinds, 3);
-    PyObject *stamp = PyLong_FromLongLong(timestamp);
-    if (stamp == NULL)
-        return NULL;
     PyObject *one = PyLong_FromLong(1);
-    PyObject *batch_args[] = {name, PyTuple_GET_ITEM(fields, 3), one, stamp};
+    PyObject *batch_args[] = {name, f->payload, one, stamp};
     PyObject *batch = PyObject_Vectorcall(batch_type, batch_args, 4, NULL);
-    Py_DECREF(stamp);
     Py_DECREF(one);
     if (batch == NULL)
         return NULL;
-    PyObject *command_args[] = {PyTuple_GET_ITEM(fields, 1), Py_None, batch, mode, Py_None,
-                                PyTuple_GET_ITEM(fields, 2), partitioner, Py_True};
+    PyObject *command_args[] = {f->topic, Py_None, batch, mode, Py_None, f->key, partitioner, Py_True};
     PyObject *command = PyObject_Vectorcall(produce, command_args, 8, NULL);
     Py_DECREF(batch);
     if (command == NULL)
         return NULL;
     PyObject *commands = PyTuple_Pack(1, command);
     Py_DECREF(command);
-    PyObject *cid = PyTuple_GET_ITEM(fields, 0);
-    PyObject *render = commands == NULL ? NULL : PyObject_Vectorcall(produced, &cid, 1, NULL);
+    PyObject *render = commands == NULL ? NULL : PyObject_Vectorcall(produced, &f->cid, 1, NULL);
     PyObject *out = render == NULL ? NULL : handled->tp_alloc(handled, 10);
     if (out == NULL) {
         Py_XDECREF(commands);
@@ -408,33 +415,33 @@ take_produces(PyObject *self, PyObject *args)
         Py_XDECREF(it);
         return NULL;
     }
-    PyObject *topic_seen = NULL; /* the last line's topic */
+    PyObject *topic_seen = NULL;                       /* the last line's topic */
+    PyObject *stamp = PyLong_FromLongLong(timestamp); /* every record's: one int for them all */
+    if (stamp == NULL)
+        goto fail;
     while (PyList_GET_SIZE(out) < limit && (line = PyIter_Next(it)) != NULL) {
-        PyObject *fields = !PyBytes_Check(line) || PyBytes_GET_SIZE(line) > max_len
-            ? Py_NewRef(Py_None)
-            : plain_produce((const unsigned char *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), timestamp,
-                            topic_seen);
+        Fields f;
+        int parsed = PyBytes_Check(line) && PyBytes_GET_SIZE(line) <= max_len
+            ? plain_produce((const unsigned char *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), timestamp,
+                            topic_seen, &f)
+            : 0;
         Py_DECREF(line);
-        if (fields == NULL)
+        if (parsed < 0)
             goto fail;
-        if (fields == Py_None) {
-            Py_DECREF(fields);
+        if (parsed == 0)
             break;
-        }
-        Py_XSETREF(topic_seen, Py_NewRef(PyTuple_GET_ITEM(fields, 1)));
-        PyObject *acks = PyTuple_GET_ITEM(fields, 4);
-        PyObject *mode = acks == Py_None ? leader : ack_mode(modes, acks);
-        if (mode == NULL) { /* a wrong ack mode: handle_frame answers it */
-            Py_DECREF(fields);
+        Py_XSETREF(topic_seen, Py_NewRef(f.topic));
+        PyObject *mode = f.acks == Py_None ? leader : ack_mode(modes, f.acks);
+        PyObject *request = mode == NULL ? NULL : produce_request(kinds, &f, mode, stamp);
+        fields_clear(&f);
+        if (mode == NULL) /* a wrong ack mode: handle_frame answers it */
             break;
-        }
-        PyObject *request = produce_request(kinds, fields, mode, timestamp);
-        Py_DECREF(fields);
         if (append_new(out, request) < 0)
             goto fail;
     }
     Py_DECREF(it);
     Py_XDECREF(topic_seen);
+    Py_XDECREF(stamp);
     if (PyErr_Occurred()) {
         Py_DECREF(out);
         return NULL;
@@ -443,6 +450,7 @@ take_produces(PyObject *self, PyObject *args)
 fail:
     Py_DECREF(it);
     Py_XDECREF(topic_seen);
+    Py_XDECREF(stamp);
     Py_DECREF(out);
     return NULL;
 }
