@@ -74,7 +74,7 @@ class Producer:
             _as_compressed if store.compresses else self._compressed)
         self._round_robin = itertools.count()
         self._default_cleanup = store.topic_defaults().cleanup_policy or "delete"  # a topic's unless it sets one
-        self._keyed: dict[tuple[bytes, str, int], int] = {}  # see _route
+        self._keyed: dict[tuple[bytes | None, str, int], int] = {}  # see _route (it stores bytes keys only)
         # (topic, partition, producer id) -> fires when that producer's last batch there is settled
         self._in_order: dict[tuple[str, int, Any], defer.Deferred] = {}
         self._sequences = idempotence.Sequences()
@@ -119,7 +119,8 @@ class Producer:
     def _route(self, cmd: m.Produce, partitions: int) -> int:
         """The partition of ``cmd``: its own, or its partitioner's choice for its key. Bursts
         send many records with a few keys (MQTT topic names, V1 keys): keyed choices are
-        remembered, up to ``KEYED_CHOICES`` of them, of keys up to ``KEYED_KEY_BYTES``. The
+        remembered, up to ``KEYED_CHOICES`` of them, of keys up to ``KEYED_KEY_BYTES``
+        (``_produce_merged`` looks a remembered one up itself, before calling this). The
         round-robin turn moves on with each choice that takes it (a keyless or round-robin
         produce) only, so that remembering a keyed choice changes no turn."""
         if cmd.partition is not None:
@@ -328,7 +329,7 @@ class Producer:
             return [m.ProduceResult(topic, error=e.error)] * len(cmds)
         routed: dict[int, list[int]] = {}  # partition -> indexes of its commands, in order
         results: list[Any] = [None] * len(cmds)
-        route = self._route
+        route, remembered = self._route, self._keyed.get
         batches = [cmd.batch for cmd in cmds]
         checks = fmt.validate_each([batch.payload for batch in batches])
         compacted = self._compacted(topic)
@@ -339,7 +340,11 @@ class Producer:
             if missing:
                 results[i] = keyless_refused(topic, -1 if cmd.partition is None else cmd.partition, missing)
             elif refusal is None:
-                p = route(cmd, partitions)
+                # A keyed choice _route remembered, looked up without calling it (a burst repeats
+                # a few keys): only _route's own choices are there, so a miss is _route's to make.
+                p = cmd.partition
+                if p is None and (p := remembered((cmd.key, cmd.partitioner, partitions))) is None:
+                    p = route(cmd, partitions)
                 indexes = routed.get(p)
                 if indexes is None:
                     routed[p] = [i]
