@@ -16,10 +16,10 @@ shared machine hits both alike:
 The produce commands also drive a third server, the *floor*: a bare Twisted
 server that splits tank-cli's produce requests, writes each bundle to a file
 with one ``pwritev`` and acknowledges it, and does nothing else (no
-validation, no index, no topic). It is the least any Twisted server can do
-for these requests on this machine, as the line echo is for V1
-(``v1_produce.py``): polygate/floor says what polygate's layers cost, and
-floor/TANK what is left for them under a goal set against TANK.
+validation, no index, no topic): less than any broker does for each request,
+as the line echo is for V1 (``v1_produce.py``). polygate/floor says what
+polygate's work and layers cost, and floor/TANK what is left for them under a
+goal set against TANK.
 
 For each it prints the messages/s and the CPU time the broker's process spent
 per message (user + system, from /proc: tank-cli shares the 2 cores, so the
