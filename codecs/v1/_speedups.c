@@ -293,12 +293,17 @@ plain_produce(const unsigned char *p, Py_ssize_t len, long long timestamp, PyObj
     Py_ssize_t value = kv - key - 1;
     int seen = topic_seen != NULL && PyUnicode_IS_COMPACT_ASCII(topic_seen) &&
                PyUnicode_GET_LENGTH(topic_seen) == topic && memcmp(PyUnicode_DATA(topic_seen), p + topic_at, topic) == 0;
-    *f = (Fields){PyUnicode_DecodeASCII((const char *)p + 3, cid, NULL),
-                  seen ? Py_NewRef(topic_seen) : PyUnicode_DecodeASCII((const char *)p + topic_at, topic, NULL),
-                  PyBytes_FromStringAndSize((const char *)p + kv_at, key),
-                  PyBytes_FromStringAndSize(NULL, 16 + key + 4 + value),
-                  acks ? PyUnicode_DecodeASCII((const char *)p + pos + 1, acks, NULL) : Py_NewRef(Py_None)};
-    if (!f->cid || !f->topic || !f->key || !f->payload || !f->acks) {
+    /* Each made once the one before is (no call with an exception set): the last is NULL if any failed. */
+    f->cid = PyUnicode_DecodeASCII((const char *)p + 3, cid, NULL);
+    f->topic = f->cid == NULL ? NULL
+               : seen         ? Py_NewRef(topic_seen)
+                              : PyUnicode_DecodeASCII((const char *)p + topic_at, topic, NULL);
+    f->key = f->topic == NULL ? NULL : PyBytes_FromStringAndSize((const char *)p + kv_at, key);
+    f->payload = f->key == NULL ? NULL : PyBytes_FromStringAndSize(NULL, 16 + key + 4 + value);
+    f->acks = f->payload == NULL ? NULL
+              : acks             ? PyUnicode_DecodeASCII((const char *)p + pos + 1, acks, NULL)
+                                 : Py_NewRef(Py_None);
+    if (f->acks == NULL) {
         fields_clear(f);
         return -1;
     }

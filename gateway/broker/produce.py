@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 from twisted.internet import defer
@@ -380,8 +379,9 @@ class Producer:
                 # A burst of one-record produces, all below the high watermark (as acks=1 leaves
                 # them): their results made in C-level passes, not a Python step each.
                 offsets = range(base, base + n)
-                return list(map(result, repeat(topic, n), repeat(partition, n), offsets, offsets,
-                                range(base + 1, base + n + 1), repeat(start, n), repeat(False, n), repeat(error, n)))
+                same = itertools.repeat
+                return list(map(result, same(topic, n), same(partition, n), offsets, offsets,
+                                range(base + 1, base + n + 1), same(start, n), same(False, n), same(error, n)))
             out = []
             for batch in batches:  # one result per produce of a pipelined burst: kept lean
                 count = batch.count
