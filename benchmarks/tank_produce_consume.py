@@ -76,7 +76,7 @@ SIZE = 100
 FETCH_SIZE = 4 << 20
 ACK = 10  # 01 | u32 len | u32 request id | u8 error, for a one-partition produce
 REFERENCE = "TANK 4.0 C++ broker (same machine, same run)"
-FLOOR = "bare Twisted server: frame, pwritev, acknowledge (same machine, same run)"
+FLOOR = "a bare Twisted server that writes and acks (same run)"
 FLOOR_SERVER = r"""
 import os, struct, sys, tempfile
 from twisted.internet import protocol, reactor
