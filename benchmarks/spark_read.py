@@ -91,7 +91,7 @@ class MemoryReader:
                                               pa.array([], schema.field("headers").type.value_type))
         batch = pa.RecordBatch.from_arrays(
             [pa.nulls(n, pa.binary()), values, pa.array(["memory"] * n), pa.array(np.zeros(n, dtype=np.int32)),
-             pa.array(np.arange(n, dtype=np.int64)), pa.array(np.zeros(n, dtype=np.int64)).cast(schema.field(5).type),
+             pa.array(np.arange(n, dtype=np.int64)), pa.array(np.zeros(n, dtype=np.int64)).cast(schema.field("timestamp").type),
              pa.array(np.zeros(n, dtype=np.int32)), no_headers], schema=schema)
         left = partition.value
         while left:
