@@ -32,7 +32,6 @@
  *     runs too long: the framer's general path then takes it, with its errors.
  */
 #include "_speedups.h"
-#include <structmember.h>
 
 #define MAX_FIELDS 64
 
@@ -194,16 +193,8 @@ init(PyObject *module, PyObject *args)
         }
         PyUnicode_InternInPlace(&name);
         PyTuple_SET_ITEM(self->names, i, name);
-        PyObject *descr = PyObject_GetAttr((PyObject *)cls, name);
-        if (descr == NULL)
-            goto fail;
-        int is_slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                      ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
-                      !(((PyMemberDescrObject *)descr)->d_member->flags & READONLY);
-        if (is_slot)
-            self->offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
-        if (!is_slot) {
+        self->offsets[i] = slot_offset(cls, name, 1);
+        if (self->offsets[i] < 0) {
             PyErr_Format(PyExc_TypeError, "%U is not a slot of %s", name, cls->tp_name);
             goto fail;
         }

@@ -31,15 +31,16 @@ put_be(unsigned char *p, uint64_t v, int n)
 }
 
 /* Where ``type`` keeps its slot ``name`` (a member descriptor of an object, as ``__slots__`` and the
- * model's frozen classes make): its offset in an instance, or -1 for any other attribute. */
+ * model's frozen classes make): its offset in an instance, or -1 (no exception set) for any other
+ * attribute, and, when ``to_store``, for a read-only one. */
 static inline Py_ssize_t
-slot_offset(PyTypeObject *type, PyObject *name)
+slot_offset(PyTypeObject *type, PyObject *name, int to_store)
 {
     PyObject *descr = _PyType_Lookup(type, name); /* borrowed; the type's own lookup, through its MRO */
     if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type))
         return -1;
     PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-    return member->type == T_OBJECT_EX ? member->offset : -1;
+    return member->type == T_OBJECT_EX && !(to_store && (member->flags & READONLY)) ? member->offset : -1;
 }
 
 /* ``obj.name`` (a new reference): read from the slot at ``offset`` (``slot_offset``) when ``obj`` is a

@@ -486,8 +486,8 @@ static ResultSlots
 result_slots(PyObject *result)
 {
     PyTypeObject *type = Py_TYPE(result);
-    return (ResultSlots){type, slot_offset(type, ERROR), slot_offset(type, PARTITION), slot_offset(type, BASE_OFFSET),
-                         slot_offset(type, HIGH_WATERMARK)};
+    return (ResultSlots){type, slot_offset(type, ERROR, 0), slot_offset(type, PARTITION, 0),
+                         slot_offset(type, BASE_OFFSET, 0), slot_offset(type, HIGH_WATERMARK, 0)};
 }
 
 /* The int attribute ``name`` of ``obj`` (at ``offset`` of a ``type``: ``slot_or_attr``) in *out: 0; 1 for another
@@ -538,7 +538,7 @@ stored_lines(PyObject *self, PyObject *args)
         Py_RETURN_NONE;
     if (!PyType_Check(produced))
         return Py_NewRef(Py_NotImplemented);
-    Py_ssize_t cap = 64 * n + 64, size = 0, cid_at = slot_offset((PyTypeObject *)produced, CID);
+    Py_ssize_t cap = 64 * n + 64, size = 0, cid_at = slot_offset((PyTypeObject *)produced, CID, 0);
     ResultSlots at = n ? result_slots(PyList_GET_ITEM(results, 0)) : (ResultSlots){NULL, -1, -1, -1, -1};
     char *out = PyMem_Malloc(cap);
     if (out == NULL)
