@@ -462,6 +462,11 @@ class ClusterGroups:
             return closed
         closed.addErrback(lambda f: log.warning("groups %s: expired members leaving: %s", sorted(groups),
                                                 f.getErrorMessage()))
+        return self._left(groups)
+
+    def _left(self, groups: Collection[str]) -> defer.Deferred:
+        """A Deferred that fires once every member of ``groups`` the cluster is being told of as
+        leaving is out of the cluster's group (or failed to leave: that is logged where it fails)."""
         return defer.DeferredList([left.wait() for g in groups for left in self.leaving.get(g, ())],
                                   consumeErrors=True)
 
@@ -792,6 +797,15 @@ class ClusterGroups:
                         return m.CommitOffsetsResult(cmd.group, ((t, p, refused),), refused, generation)
         except CommandError as e:
             return m.CommitOffsetsResult(cmd.group, error=e.error, generation=generation)
+        if member is None and cmd.group in self.leaving:
+            # A commit of no member (an admin's) the cluster takes only once its group is empty. A Kafka
+            # client's LeaveGroup was answered at once, and in Kafka a leave is done when answered: the
+            # commit waits for the members that left through this gateway to be out of the cluster's group.
+            return self._left((cmd.group,)).addCallback(lambda _: self._checked_commit(cmd, None, generation))
+        return self._checked_commit(cmd, member, generation)
+
+    def _checked_commit(self, cmd: m.CommitOffsets, member: Member | None, generation: int) -> Any:
+        """``cmd``, its member checked, committed; with ``no_regression``, only where it moves no offset back."""
         if cmd.no_regression:
             return self.fetch(m.FetchOffsets(cmd.group, tuple((t, p) for t, p, _, _ in cmd.offsets))).addCallback(
                 self._unless_regressed, cmd, member, generation)
