@@ -229,7 +229,7 @@ class Gateways:
 
 
 #: The lowest port ``free_port`` picks: above the ports services commonly listen on.
-PORTS_BELOW_EPHEMERAL = 10000
+FREE_PORTS_FROM = 10000
 
 
 def free_port() -> int:
@@ -241,14 +241,14 @@ def free_port() -> int:
     """
     low = _ephemeral_low()
     for _ in range(100):
-        port = random.randrange(PORTS_BELOW_EPHEMERAL, low) if low > PORTS_BELOW_EPHEMERAL else 0
+        port = random.randrange(FREE_PORTS_FROM, low) if low > FREE_PORTS_FROM else 0
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return s.getsockname()[1]
-    raise RuntimeError(f"no free port found in {PORTS_BELOW_EPHEMERAL}..{low - 1}")
+    raise RuntimeError(f"no free port found in {FREE_PORTS_FROM}..{low - 1}")
 
 
 def _ephemeral_low() -> int:

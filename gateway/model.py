@@ -41,7 +41,7 @@ def _frozen(cls: _C) -> _C:
     """
     cls = attrs.frozen(cls)
     fields = attrs.fields(cls)
-    if _speedups is None or hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__") or any(
+    if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__") or any(
             f.converter is not None or f.validator is not None or not f.init or f.kw_only or f.alias != f.name
             # attrs types Factory as the function that makes one; it is the class of factory defaults
             or isinstance(f.default, attrs.Factory) for f in fields):  # type: ignore[arg-type]

@@ -38,6 +38,8 @@ import timeit
 from polygate_mqtt import packets
 from polygate_mqtt.packets import PacketType
 
+from gateway.launcher import free_port
+
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from common import Gateway, Meter, comparison, progress, ratio, ratio_text, us_per, write_result  # noqa: E402
@@ -167,12 +169,6 @@ def fan_out_qos0(port: int, messages: int, size: int, subscribers: int = 1, topi
         sub.close()
     pub.close()
     return messages * subscribers / elapsed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mosquitto() -> tuple[subprocess.Popen, int] | None:
